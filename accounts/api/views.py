@@ -1,0 +1,122 @@
+"""Control-plane endpoints for teams, their keys and their limits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from accounts import services
+from accounts.api.serializers import KeyCreateSerializer, LimitSerializer, TeamCreateSerializer
+from accounts.models import ApiKey, Team, TeamLimit
+from models_registry.api.views import validated
+
+
+def key_dict(key: ApiKey) -> dict[str, Any]:
+    """Return a key's public record: never the secret, never the hash."""
+    return {
+        "id": key.pk,
+        "team": key.team_id,
+        "name": key.name,
+        "prefix": key.prefix,
+        "created_at": key.created_at.isoformat(),
+        "last_used_at": key.last_used_at.isoformat() if key.last_used_at else None,
+        "revoked_at": key.revoked_at.isoformat() if key.revoked_at else None,
+    }
+
+
+def limit_dict(limit: TeamLimit) -> dict[str, Any]:
+    """Return a team limit as the API shows it."""
+    return {
+        "team": limit.team_id,
+        "model": limit.model_id,
+        "tokens_per_minute": limit.tokens_per_minute,
+        "max_concurrency": limit.max_concurrency,
+        "guaranteed_share": limit.guaranteed_share,
+    }
+
+
+def team_dict(team: Team) -> dict[str, Any]:
+    """Return a team with its limits."""
+    return {
+        "team": team.team,
+        "name": team.name,
+        "created_at": team.created_at.isoformat(),
+        "limits": [limit_dict(limit) for limit in team.limits.all()],
+    }
+
+
+class TeamListView(APIView):
+    """List teams or create one."""
+
+    @extend_schema(responses={200: dict})
+    def get(self, request: Request) -> Response:
+        teams = Team.objects.prefetch_related("limits")
+        return Response({"data": [team_dict(team) for team in teams]})
+
+    @extend_schema(request=TeamCreateSerializer, responses={201: dict})
+    def post(self, request: Request) -> Response:
+        body = validated(TeamCreateSerializer, request.data)
+        team = services.create_team(team_id=body["team"], name=body.get("name", ""))
+        return Response(team_dict(team), status=status.HTTP_201_CREATED)
+
+
+class TeamDetailView(APIView):
+    """One team with its limits."""
+
+    @extend_schema(responses={200: dict})
+    def get(self, request: Request, team: str) -> Response:
+        return Response(team_dict(services.get_team(team)))
+
+
+class KeyListView(APIView):
+    """List a team's keys (prefixes only) or issue a new one, shown once."""
+
+    @extend_schema(responses={200: dict})
+    def get(self, request: Request, team: str) -> Response:
+        services.get_team(team)
+        keys = ApiKey.objects.filter(team_id=team)
+        return Response({"data": [key_dict(key) for key in keys]})
+
+    @extend_schema(request=KeyCreateSerializer, responses={201: dict})
+    def post(self, request: Request, team: str) -> Response:
+        body = validated(KeyCreateSerializer, request.data or {})
+        key, secret = services.issue_key(team_id=team, name=body.get("name", ""))
+        return Response({**key_dict(key), "key": secret}, status=status.HTTP_201_CREATED)
+
+
+class KeyDetailView(APIView):
+    """Revoke a team's key."""
+
+    @extend_schema(responses={204: None})
+    def delete(self, request: Request, team: str, key_id: int) -> Response:
+        services.revoke_key(team_id=team, key_id=key_id, now=timezone.now())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class LimitView(APIView):
+    """Read or set a team's limits (seed: PUT /admin/teams/{team}/limits)."""
+
+    @extend_schema(responses={200: dict})
+    def get(self, request: Request, team: str) -> Response:
+        found = services.get_team(team)
+        return Response({"data": [limit_dict(limit) for limit in found.limits.all()]})
+
+    @extend_schema(request=LimitSerializer, responses={200: dict, 201: dict})
+    def put(self, request: Request, team: str) -> Response:
+        body = validated(LimitSerializer, request.data)
+        limit, created = services.set_team_limit(
+            team_id=team,
+            model_id=body["model"],
+            tokens_per_minute=body["tokens_per_minute"],
+            max_concurrency=body["max_concurrency"],
+            guaranteed_share=body["guaranteed_share"],
+        )
+        return Response(
+            limit_dict(limit), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        )

@@ -1,0 +1,1 @@
+"""Pure rules for teams, keys and limits: no Django, no Redis, no HTTP."""

@@ -1,0 +1,133 @@
+"""Teams, their limits, their API keys, and the admin tokens of the control plane."""
+
+from __future__ import annotations
+
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
+from django.db import models
+from django.db.models import Q
+
+from accounts.domain.limits import MAX_TOKENS_PER_MINUTE
+from accounts.domain.names import SLUG_PATTERN, SLUG_RULE
+
+slug_validator = RegexValidator(SLUG_PATTERN, f"Use {SLUG_RULE}.")
+sha256_validator = RegexValidator(r"^[0-9a-f]{64}$", "Must be 64 lowercase hex characters.")
+
+
+class Team(models.Model):
+    """A product team calling the API (the seed's teams table); ``team`` is its slug."""
+
+    team = models.CharField(primary_key=True, max_length=64, validators=[slug_validator])
+    name = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "teams"
+        ordering = ["team"]
+
+    def __str__(self) -> str:
+        return self.team
+
+
+class TeamLimit(models.Model):
+    """A team's limits on one model: token bucket size, stream cap, guaranteed share."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="limits")
+    model = models.ForeignKey(
+        "models_registry.Model", on_delete=models.CASCADE, related_name="team_limits"
+    )
+    tokens_per_minute = models.PositiveBigIntegerField(
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_TOKENS_PER_MINUTE)]
+    )
+    max_concurrency = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    guaranteed_share = models.FloatField(
+        default=0.0, validators=[MinValueValidator(0.0), MaxValueValidator(1.0)],
+        help_text="Fraction of every pool of this model reserved for the team (0-1).",
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "team_limits"
+        ordering = ["team_id", "model_id"]
+        constraints = [
+            models.UniqueConstraint(fields=["team", "model"], name="team_limit_unique"),
+            models.CheckConstraint(
+                condition=Q(tokens_per_minute__gte=1)
+                & Q(tokens_per_minute__lte=MAX_TOKENS_PER_MINUTE),
+                name="team_limit_tokens_positive",
+            ),
+            models.CheckConstraint(
+                condition=Q(max_concurrency__gte=1), name="team_limit_concurrency_positive"
+            ),
+            models.CheckConstraint(
+                condition=Q(guaranteed_share__gte=0.0) & Q(guaranteed_share__lte=1.0),
+                name="team_limit_share_fraction",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.team_id} on {self.model_id}"
+
+
+class SecretRecordQuerySet(models.QuerySet):
+    """Queries shared by API keys and admin tokens."""
+
+    def active(self) -> SecretRecordQuerySet:
+        """Return the records that have not been revoked."""
+        return self.filter(revoked_at__isnull=True)
+
+
+class SecretRecord(models.Model):
+    """A bearer secret stored as its SHA-256 and a display prefix, never in clear."""
+
+    key_hash = models.CharField(
+        max_length=64, unique=True, editable=False, validators=[sha256_validator]
+    )
+    prefix = models.CharField(max_length=24, editable=False)
+    name = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    objects = SecretRecordQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+
+    @property
+    def is_active(self) -> bool:
+        """True until the secret is revoked."""
+        return self.revoked_at is None
+
+
+class ApiKey(SecretRecord):
+    """A team's key for the OpenAI-compatible API."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="api_keys")
+
+    class Meta:
+        db_table = "api_keys"
+        ordering = ["-created_at"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(key_hash__regex=r"^[0-9a-f]{64}$"), name="api_key_hash_hex"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.team_id})"
+
+
+class AdminToken(SecretRecord):
+    """A bearer token for the control-plane REST API at /admin/."""
+
+    class Meta:
+        db_table = "admin_tokens"
+        ordering = ["-created_at"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(key_hash__regex=r"^[0-9a-f]{64}$"), name="admin_token_hash_hex"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.name or 'admin token'})"

@@ -1,0 +1,143 @@
+"""Use-cases for teams, keys, admin tokens and limits."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+
+from accounts.domain.keys import KeyKind, display_prefix, hash_secret, new_secret
+from accounts.domain.names import SLUG_RULE, is_valid_slug
+from accounts.domain.limits import LimitRecord, limit_errors, share_overflow
+from accounts.models import AdminToken, ApiKey, Team, TeamLimit
+from config.errors import Conflict, InvalidRequest, NotFound
+
+# last_used_at is written at most this often per secret: a write per request
+# would turn every authenticated call into a row update.
+LAST_USED_RESOLUTION = timedelta(seconds=60)
+
+
+def get_team(team_id: str) -> Team:
+    """Return the team or raise NotFound."""
+    try:
+        return Team.objects.get(pk=team_id)
+    except Team.DoesNotExist:
+        raise NotFound(f"no team named {team_id!r}", param="team") from None
+
+
+def create_team(*, team_id: str, name: str = "") -> Team:
+    """Create a team; its slug must be new and well formed."""
+    if not is_valid_slug(team_id):
+        raise InvalidRequest(f"team must be {SLUG_RULE}", param="team")
+    try:
+        with transaction.atomic():
+            return Team.objects.create(team=team_id, name=name or team_id)
+    except IntegrityError:
+        raise Conflict(f"team {team_id!r} already exists", param="team") from None
+
+
+def issue_key(*, team_id: str, name: str = "") -> tuple[ApiKey, str]:
+    """Create an API key for a team; return the record and the secret (shown once)."""
+    team = get_team(team_id)
+    secret = new_secret(KeyKind.TEAM)
+    key = ApiKey.objects.create(
+        team=team, key_hash=hash_secret(secret), prefix=display_prefix(secret), name=name
+    )
+    return key, secret
+
+
+def revoke_key(*, team_id: str, key_id: int, now: datetime) -> ApiKey:
+    """Revoke one of a team's keys; revoking twice keeps the first revocation time."""
+    get_team(team_id)
+    ApiKey.objects.filter(pk=key_id, team_id=team_id, revoked_at__isnull=True).update(
+        revoked_at=now
+    )
+    try:
+        return ApiKey.objects.get(pk=key_id, team_id=team_id)
+    except ApiKey.DoesNotExist:
+        raise NotFound(f"team {team_id!r} has no key {key_id}", param="key_id") from None
+
+
+def create_admin_token(*, name: str = "") -> tuple[AdminToken, str]:
+    """Create a control-plane admin token; return the record and the secret (shown once)."""
+    secret = new_secret(KeyKind.ADMIN)
+    token = AdminToken.objects.create(
+        key_hash=hash_secret(secret), prefix=display_prefix(secret), name=name
+    )
+    return token, secret
+
+
+def authenticate_admin_secret(secret: str, *, now: datetime) -> AdminToken | None:
+    """Return the active admin token for ``secret`` and note its use, or None."""
+    token = AdminToken.objects.active().filter(key_hash=hash_secret(secret)).first()
+    if token is not None:
+        _touch(AdminToken, token.pk, now)
+    return token
+
+
+def find_active_team_key(secret: str) -> ApiKey | None:
+    """Return the active team key for ``secret``, or None."""
+    return ApiKey.objects.active().filter(key_hash=hash_secret(secret)).first()
+
+
+def _touch(model: type[AdminToken] | type[ApiKey], pk: int, now: datetime) -> None:
+    # Compare-and-set: only rows not touched within the resolution are written.
+    model.objects.filter(pk=pk).filter(
+        Q(last_used_at__isnull=True) | Q(last_used_at__lt=now - LAST_USED_RESOLUTION)
+    ).update(last_used_at=now)
+
+
+def set_team_limit(
+    *,
+    team_id: str,
+    model_id: str,
+    tokens_per_minute: int,
+    max_concurrency: int,
+    guaranteed_share: float,
+) -> tuple[TeamLimit, bool]:
+    """Create or replace a team's limits on a model; return (limit, created).
+
+    Raises InvalidRequest when the guaranteed shares of all teams on the model would
+    add up to more than the whole pool.
+    """
+    from models_registry.models import Model
+
+    record = LimitRecord(
+        team=team_id,
+        model=model_id,
+        tokens_per_minute=tokens_per_minute,
+        max_concurrency=max_concurrency,
+        guaranteed_share=guaranteed_share,
+    )
+    errors = limit_errors(record)
+    if errors:
+        param, message = errors[0]
+        raise InvalidRequest(f"{param} {message}", param=param)
+    team = get_team(team_id)
+    with transaction.atomic():
+        # Lock the model row so two concurrent limit changes cannot both pass the
+        # share check and together promise more than the pool.
+        model = Model.objects.select_for_update().filter(pk=model_id).first()
+        if model is None:
+            raise NotFound(f"no model named {model_id!r}", param="model")
+        others = TeamLimit.objects.filter(model=model).exclude(team=team)
+        overflow = share_overflow(
+            [*others.values_list("guaranteed_share", flat=True), guaranteed_share]
+        )
+        if overflow:
+            raise InvalidRequest(
+                f"guaranteed shares on {model_id} would total {1 + overflow:.3f}; "
+                "the shares of all teams on a model must not exceed 1",
+                param="guaranteed_share",
+            )
+        limit, created = TeamLimit.objects.update_or_create(
+            team=team,
+            model=model,
+            defaults={
+                "tokens_per_minute": tokens_per_minute,
+                "max_concurrency": max_concurrency,
+                "guaranteed_share": guaranteed_share,
+            },
+        )
+    return limit, created

@@ -1,0 +1,178 @@
+"""Strict, typed readers for settings taken from the environment.
+
+Public surface: ``env_str``, ``env_int``, ``env_float``, ``env_bool``, ``env_list``,
+``env_secret``, ``parse_database_url`` and ``EnvError``.
+
+Every reader raises ``EnvError`` naming the variable when a value is present but
+malformed: a typo in production must stop the process at start, not fall back to a
+default silently. Each variable is documented in ``docs/configuration.md``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+__all__ = [
+    "EnvError",
+    "env_bool",
+    "env_float",
+    "env_int",
+    "env_list",
+    "env_secret",
+    "env_str",
+    "parse_database_url",
+]
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+class EnvError(ValueError):
+    """A variable is set but cannot be read as the type its setting needs."""
+
+
+def _raw(name: str, environ: Mapping[str, str] | None) -> str | None:
+    value = (os.environ if environ is None else environ).get(name)
+    if value is None or value.strip() == "":
+        return None
+    return value.strip()
+
+
+def env_str(name: str, default: str, environ: Mapping[str, str] | None = None) -> str:
+    """Return the variable as text, or ``default`` when unset or empty."""
+    value = _raw(name, environ)
+    return default if value is None else value
+
+
+def env_int(
+    name: str,
+    default: int,
+    environ: Mapping[str, str] | None = None,
+    *,
+    minimum: int | None = None,
+) -> int:
+    """Return the variable as an integer; reject anything else, and values below ``minimum``."""
+    value = _raw(name, environ)
+    if value is None:
+        return default
+    try:
+        number = int(value, 10)
+    except ValueError:
+        raise EnvError(f"{name} must be an integer, got {value!r}") from None
+    if minimum is not None and number < minimum:
+        raise EnvError(f"{name} must be at least {minimum}, got {number}")
+    return number
+
+
+def env_float(
+    name: str,
+    default: float,
+    environ: Mapping[str, str] | None = None,
+    *,
+    minimum: float | None = None,
+) -> float:
+    """Return the variable as a finite float; reject anything else."""
+    value = _raw(name, environ)
+    if value is None:
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        raise EnvError(f"{name} must be a number, got {value!r}") from None
+    if number != number or number in (float("inf"), float("-inf")):
+        raise EnvError(f"{name} must be a finite number, got {value!r}")
+    if minimum is not None and number < minimum:
+        raise EnvError(f"{name} must be at least {minimum}, got {number}")
+    return number
+
+
+def env_bool(
+    name: str, default: bool, environ: Mapping[str, str] | None = None
+) -> bool:
+    """Return the variable as a boolean; unknown spellings are an error, not False."""
+    value = _raw(name, environ)
+    if value is None:
+        return default
+    lowered = value.lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise EnvError(f"{name} must be one of {sorted(_TRUE | _FALSE)}, got {value!r}")
+
+
+def env_list(
+    name: str, default: list[str], environ: Mapping[str, str] | None = None
+) -> list[str]:
+    """Return a comma-separated variable as a list of non-empty, stripped items."""
+    value = _raw(name, environ)
+    if value is None:
+        return list(default)
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def env_secret(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """Return a secret from ``NAME`` or from the file named by ``NAME_FILE``.
+
+    A ``NAME_FILE`` that points at a missing or empty file is an error: a secret
+    that silently disappears is worse than a process that refuses to start.
+    """
+    direct = _raw(name, environ)
+    file_name = _raw(f"{name}_FILE", environ)
+    if direct is not None and file_name is not None:
+        raise EnvError(f"set {name} or {name}_FILE, not both")
+    if direct is not None:
+        return direct
+    if file_name is None:
+        return None
+    path = Path(file_name)
+    try:
+        secret = path.read_text().strip()
+    except OSError as exc:
+        raise EnvError(f"{name}_FILE={file_name} cannot be read: {exc}") from None
+    if not secret:
+        raise EnvError(f"{name}_FILE={file_name} is empty")
+    return secret
+
+
+def parse_database_url(url: str, *, base_dir: Path) -> dict[str, Any]:
+    """Turn ``sqlite:///path`` or ``postgresql://user:pw@host:port/name`` into DATABASES.
+
+    A relative SQLite path is taken relative to ``base_dir``. Query parameters of a
+    PostgreSQL URL become connection options (``?sslmode=require``).
+    """
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme == "sqlite":
+        raw_path = unquote(parts.path)
+        if parts.netloc:
+            raise EnvError("DATABASE_URL for SQLite has the form sqlite:///relative/path")
+        # sqlite:///db.sqlite3 -> "/db.sqlite3" (relative); sqlite:////abs -> "//abs"
+        name = raw_path[1:] if raw_path.startswith("/") else raw_path
+        if not name:
+            raise EnvError("DATABASE_URL for SQLite must name a file")
+        if name == ":memory:":
+            return {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}
+        path = Path(name)
+        if not path.is_absolute():
+            path = base_dir / path
+        return {"ENGINE": "django.db.backends.sqlite3", "NAME": str(path)}
+    if scheme in {"postgres", "postgresql", "pgsql"}:
+        name = unquote(parts.path.lstrip("/"))
+        if not name:
+            raise EnvError("DATABASE_URL for PostgreSQL must name a database")
+        options = dict(parse_qsl(parts.query))
+        return {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": name,
+            "USER": unquote(parts.username or ""),
+            "PASSWORD": unquote(parts.password or ""),
+            "HOST": parts.hostname or "",
+            "PORT": str(parts.port or ""),
+            "OPTIONS": options,
+        }
+    raise EnvError(f"DATABASE_URL scheme {scheme!r} is not supported (sqlite, postgresql)")

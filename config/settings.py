@@ -1,0 +1,262 @@
+"""Settings for the serving platform, read from the environment.
+
+Every variable is documented in docs/configuration.md. There is no local_settings.py:
+one process configuration is one environment.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from datetime import timedelta
+from pathlib import Path
+
+from django.core.exceptions import ImproperlyConfigured
+
+from config.env import (
+    EnvError,
+    env_bool,
+    env_float,
+    env_int,
+    env_list,
+    env_secret,
+    env_str,
+    parse_database_url,
+)
+
+logger = logging.getLogger("config")
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+LOCAL_DIR = BASE_DIR / ".local"
+
+# ---------------------------------------------------------------------------
+# Core
+# ---------------------------------------------------------------------------
+try:
+    DEBUG = env_bool("PLATFORM_DEBUG", False)
+    _secret_key = env_secret("SECRET_KEY")
+except EnvError as exc:
+    raise ImproperlyConfigured(str(exc)) from None
+
+# Without SECRET_KEY each process draws its own random key: nothing breaks, but
+# console sessions end at restart and differ between processes. `make up` writes a
+# persistent key to .local/secret_key; production sets SECRET_KEY or SECRET_KEY_FILE.
+SECRET_KEY_IS_EPHEMERAL = _secret_key is None
+SECRET_KEY = _secret_key or secrets.token_urlsafe(50)
+
+ALLOWED_HOSTS = env_list("PLATFORM_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("PLATFORM_CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "channels",
+    "django_prometheus",
+    "accounts",
+    "models_registry",
+    "routing",
+    "metering",
+    "rollouts",
+    "engine_nodes",
+    "drills",
+]
+
+MIDDLEWARE = [
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+ASGI_APPLICATION = "config.asgi.application"
+WSGI_APPLICATION = "config.wsgi.application"
+# The control plane owns /admin/ (the seed's paths); none of its URLs end in "/".
+APPEND_SLASH = False
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# ---------------------------------------------------------------------------
+# Database
+# ---------------------------------------------------------------------------
+try:
+    DATABASES = {
+        "default": parse_database_url(
+            env_str("DATABASE_URL", "sqlite:///.local/platform.sqlite3"),
+            base_dir=BASE_DIR,
+        )
+    }
+except EnvError as exc:
+    raise ImproperlyConfigured(str(exc)) from None
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    Path(DATABASES["default"]["NAME"]).parent.mkdir(parents=True, exist_ok=True)
+    # Waits for a writer instead of failing at once when the worker and the
+    # server write together.
+    DATABASES["default"]["OPTIONS"] = {"timeout": 20}
+else:
+    DATABASES["default"]["CONN_MAX_AGE"] = env_int("PLATFORM_DB_CONN_MAX_AGE_S", 60)
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# ---------------------------------------------------------------------------
+# Redis: broker, cache and channel layer. Optional; without it, stand-ins.
+# ---------------------------------------------------------------------------
+REDIS_URL = env_str("REDIS_URL", "")
+REDIS_KEY_PREFIX = env_str("PLATFORM_REDIS_PREFIX", "platform")
+
+if REDIS_URL:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": REDIS_KEY_PREFIX,
+        }
+    }
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": f"{REDIS_KEY_PREFIX}:asgi"},
+        }
+    }
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# ---------------------------------------------------------------------------
+# Auth, i18n, static
+# ---------------------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = LOCAL_DIR / "static"
+LOGIN_URL = "/console/login/"
+# Console sessions are read on every console page, so keep them in signed cookies
+# only if asked; the database backend is the safe default.
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SECURE = env_bool("PLATFORM_SECURE_COOKIES", False)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"
+
+# ---------------------------------------------------------------------------
+# REST framework (control plane at /admin/)
+# ---------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["accounts.auth.AdminTokenAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["accounts.auth.IsPlatformAdmin"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "EXCEPTION_HANDLER": "config.errors.api_exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Serving platform control plane",
+    "DESCRIPTION": "Models, versions, rollouts, aliases, teams, limits and pools.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SCHEMA_PATH_PREFIX": "/admin",
+}
+
+# ---------------------------------------------------------------------------
+# Platform
+# ---------------------------------------------------------------------------
+try:
+    PLATFORM_REGION = env_str("PLATFORM_REGION", "local")
+    PLATFORM_GPU_HOUR_USD = env_float("PLATFORM_GPU_HOUR_USD", 2.50, minimum=0.0)
+    # Replicas beat every PLATFORM_HEARTBEAT_S; after PLATFORM_MISSED_BEATS missed
+    # beats a replica leaves the ring and the reaper marks it gone.
+    PLATFORM_HEARTBEAT_S = env_float("PLATFORM_HEARTBEAT_S", 1.0, minimum=0.05)
+    PLATFORM_MISSED_BEATS = env_int("PLATFORM_MISSED_BEATS", 3, minimum=1)
+    PLATFORM_REAPER_INTERVAL_S = env_float("PLATFORM_REAPER_INTERVAL_S", 5.0, minimum=0.5)
+    # Weights, eval reports and batch files may live only under these URI prefixes.
+    PLATFORM_STORAGE_ROOTS = env_list(
+        "PLATFORM_STORAGE_ROOTS",
+        ["s3://models/", "gs://models/", f"file://{BASE_DIR / '.local' / 'weights'}/"],
+    )
+    # Served with the ASGI app itself (the console's CSS/JS) when no web server
+    # sits in front; `make up` turns it on.
+    PLATFORM_SERVE_STATIC = env_bool("PLATFORM_SERVE_STATIC", DEBUG)
+except EnvError as exc:
+    raise ImproperlyConfigured(str(exc)) from None
+
+# ---------------------------------------------------------------------------
+# Celery (worker + beat). JSON only; beat schedule lives here.
+# ---------------------------------------------------------------------------
+if REDIS_URL:
+    CELERY_BROKER_URL = REDIS_URL
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": f"{REDIS_KEY_PREFIX}:celery:"}
+else:
+    # A broker that needs no server: kombu's filesystem transport, shared by the
+    # worker and the processes that enqueue on this machine.
+    _broker_dir = LOCAL_DIR / "broker"
+    CELERY_BROKER_URL = "filesystem://"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_broker_dir / "queue"),
+        "data_folder_out": str(_broker_dir / "queue"),
+        "processed_folder": str(_broker_dir / "processed"),
+        "store_processed": False,
+    }
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_TASK_TIME_LIMIT = 300
+CELERY_TASK_SOFT_TIME_LIMIT = 240
+CELERY_RESULT_EXPIRES = 3600
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TIMEZONE = "UTC"
+CELERY_BEAT_SCHEDULE_FILENAME = str(LOCAL_DIR / "celerybeat-schedule")
+CELERY_BEAT_SCHEDULE = {
+    "reap-silent-replicas": {
+        "task": "engine_nodes.reap_silent_replicas",
+        "schedule": timedelta(seconds=PLATFORM_REAPER_INTERVAL_S),
+        # A reaping that could not start within its interval is superseded by the next.
+        "options": {"expires": PLATFORM_REAPER_INTERVAL_S * 0.9},
+    },
+}
+
+# ---------------------------------------------------------------------------
+# Logging: no secrets and no prompt text, ever.
+# ---------------------------------------------------------------------------
+LOG_LEVEL = env_str("PLATFORM_LOG_LEVEL", "INFO").upper()
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

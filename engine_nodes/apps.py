@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class EngineNodesConfig(AppConfig):
+    name = "engine_nodes"
+    default_auto_field = "django.db.models.BigAutoField"

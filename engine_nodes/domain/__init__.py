@@ -1,0 +1,1 @@
+"""Pure rules for engine replicas: states, liveness, (later) the performance model."""

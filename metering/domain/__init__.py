@@ -1,0 +1,1 @@
+"""Pure rules for usage and cost: minute keys, aggregation, hit rates, prices."""

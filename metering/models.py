@@ -1,0 +1,54 @@
+"""Usage: one row per team, model, version and minute (seed step 12)."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import F, Q
+
+
+class Usage(models.Model):
+    """What a team used of one model version in one minute.
+
+    The flush adds to a row with ``F()`` expressions under the unique key, so two
+    gateway processes (or a retried flush with its idempotency key) never lose or
+    double a count. ``cached_tokens`` is the part of ``prompt_tokens`` served from
+    the prefix cache. ``shed`` counts 503s; ``rate_limited`` counts 429s.
+    """
+
+    team = models.ForeignKey("accounts.Team", on_delete=models.PROTECT, related_name="+")
+    model = models.ForeignKey(
+        "models_registry.Model", on_delete=models.PROTECT, related_name="+"
+    )
+    version = models.ForeignKey(
+        "models_registry.ModelVersion", on_delete=models.PROTECT, related_name="+"
+    )
+    minute = models.DateTimeField()
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    cached_tokens = models.PositiveBigIntegerField(default=0)
+    output_tokens = models.PositiveBigIntegerField(default=0)
+    requests = models.PositiveBigIntegerField(default=0)
+    shed = models.PositiveBigIntegerField(default=0)
+    rate_limited = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        db_table = "usage"
+        ordering = ["-minute", "team_id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["team", "model", "version", "minute"], name="usage_team_model_minute"
+            ),
+            models.CheckConstraint(
+                condition=Q(cached_tokens__lte=F("prompt_tokens")),
+                name="usage_cached_within_prompt",
+            ),
+            models.CheckConstraint(
+                condition=Q(minute__second=0), name="usage_minute_truncated"
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["model", "minute"], name="usage_model_minute"),
+            models.Index(fields=["team", "minute"], name="usage_team_minute"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.team_id} {self.model_id}@{self.version_id} {self.minute:%Y-%m-%d %H:%M}"

@@ -1,0 +1,1 @@
+"""Pure rules for models and versions: identity, hashes, names, storage URIs, capacity."""

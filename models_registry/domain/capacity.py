@@ -1,0 +1,38 @@
+"""A version's measured capacity and what a pool can carry with it.
+
+Public surface: ``CapacityRecord``, ``pool_capacity_tokens``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["CapacityRecord", "pool_capacity_tokens"]
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityRecord:
+    """What the load-test gate measured for one version (None until it has run)."""
+
+    tokens_per_s: float | None
+    tokens_in_flight: int | None
+
+    @property
+    def is_measured(self) -> bool:
+        """True once the gate has saved both figures."""
+        return self.tokens_per_s is not None and self.tokens_in_flight is not None
+
+
+def pool_capacity_tokens(
+    serving_replicas: int, capacity: CapacityRecord, default_tokens_in_flight: int
+) -> int:
+    """Return the tokens in flight a pool can hold: serving replicas x measured capacity.
+
+    Until the load test has run, ``default_tokens_in_flight`` per replica stands in.
+    """
+    per_replica = (
+        capacity.tokens_in_flight
+        if capacity.tokens_in_flight is not None
+        else default_tokens_in_flight
+    )
+    return max(0, serving_replicas) * max(0, per_replica)

@@ -1,0 +1,157 @@
+"""A model version's identity: what must never change once a version is registered.
+
+Public surface: ``Precision``, ``VersionStatus``, ``IDENTITY_FIELDS``, ``ModelRef``,
+``is_sha256_hex``, ``sha256_text``, ``parse_model_ref``, ``is_valid_model_name``,
+``is_valid_version_label``, ``next_version_label``, ``uri_errors``,
+``engine_config_errors``.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from accounts.domain.names import is_valid_slug
+
+__all__ = [
+    "IDENTITY_FIELDS",
+    "ModelRef",
+    "Precision",
+    "VersionStatus",
+    "canonical_json",
+    "engine_config_errors",
+    "is_sha256_hex",
+    "is_valid_model_name",
+    "is_valid_version_label",
+    "next_version_label",
+    "parse_model_ref",
+    "sha256_text",
+    "uri_errors",
+]
+
+# The fields whose change would make a different version. A new chat template,
+# precision or engine flag is a new version and goes through a full rollout.
+IDENTITY_FIELDS: tuple[str, ...] = (
+    "model_id",
+    "version",
+    "weights_uri",
+    "weights_hash",
+    "tokenizer_hash",
+    "chat_template",
+    "chat_template_hash",
+    "precision",
+    "gpus_per_replica",
+    "engine_config",
+)
+
+MAX_GPUS_PER_REPLICA = 64
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_VERSION = re.compile(r"^v[1-9][0-9]{0,8}$")
+
+
+class Precision(enum.StrEnum):
+    """How a version's weights are stored; quantized weights do not shrink the KV cache."""
+
+    FP16 = "fp16"
+    INT8 = "int8"
+    BIT4 = "4bit"
+
+
+class VersionStatus(enum.StrEnum):
+    """Where a version is in its life (seed: register, gate, roll out, serve, retire)."""
+
+    REGISTERED = "registered"
+    GATING = "gating"
+    READY = "ready"
+    REJECTED = "rejected"
+    LIVE = "live"
+    RETIRED = "retired"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRef:
+    """A model name as a client writes it: ``chat-7b`` (the alias) or ``chat-7b@v13``."""
+
+    model: str
+    version: str | None
+
+
+def is_sha256_hex(value: str) -> bool:
+    """Return True for exactly 64 lowercase hex characters."""
+    return bool(_SHA256.match(value))
+
+
+def sha256_text(text: str) -> str:
+    """Return the hex SHA-256 of ``text`` as UTF-8 (used for chat templates)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def canonical_json(value: Any) -> str:
+    """Return ``value`` as JSON with sorted keys, so equal configs compare equal."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def is_valid_model_name(name: str) -> bool:
+    """Return True for a lowercase name of letters, digits, '.', '-' and '_' (no '@')."""
+    return is_valid_slug(name)
+
+
+def is_valid_version_label(label: str) -> bool:
+    """Return True for ``v1``, ``v2``, ... ``v13`` ...: versions are numbered, never reused."""
+    return bool(_VERSION.match(label))
+
+
+def parse_model_ref(text: str) -> ModelRef:
+    """Split ``chat-7b@v13`` into its model and pinned version.
+
+    Raises:
+        ValueError: the name or the version label is malformed.
+    """
+    model, sep, version = text.partition("@")
+    if not is_valid_model_name(model):
+        raise ValueError(f"{model!r} is not a valid model name")
+    if not sep:
+        return ModelRef(model=model, version=None)
+    if not is_valid_version_label(version):
+        raise ValueError(f"{version!r} is not a valid version label (v1, v2, ...)")
+    return ModelRef(model=model, version=version)
+
+
+def next_version_label(existing: Iterable[str]) -> str:
+    """Return the label after the highest existing one: versions are never renumbered."""
+    numbers = [int(label[1:]) for label in existing if is_valid_version_label(label)]
+    return f"v{max(numbers, default=0) + 1}"
+
+
+def uri_errors(uri: str, roots: Sequence[str]) -> list[str]:
+    """Return why ``uri`` may not be used; empty when it lies under a configured root.
+
+    A URI must start with one of ``roots`` and must not climb out of it with
+    ``..`` segments (also when percent-encoded).
+    """
+    if not uri:
+        return ["must not be empty"]
+    if any(ch.isspace() or ord(ch) < 32 for ch in uri):
+        return ["must not contain whitespace or control characters"]
+    path = unquote(urlsplit(uri).path)
+    if any(segment == ".." for segment in path.split("/")):
+        return ["must not contain '..' segments"]
+    if not any(uri.startswith(root) for root in roots):
+        return [f"must lie under a configured storage root ({', '.join(roots)})"]
+    return []
+
+
+def engine_config_errors(config: Any) -> list[str]:
+    """Return why an engine config is unusable; it must be a JSON object of flags."""
+    if not isinstance(config, dict):
+        return ["must be a JSON object of engine flags"]
+    for key in config:
+        if not isinstance(key, str) or not key:
+            return ["keys must be non-empty strings"]
+    return []

@@ -1,0 +1,1 @@
+"""Pure rules for rollouts: stages, allowed steps and (later) guard comparisons."""

@@ -1,0 +1,1 @@
+"""Pure routing decisions: tiers, (later) the hash ring, policies, buckets, admission."""
