@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django.utils import timezone
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.permissions import BasePermission
@@ -86,3 +87,13 @@ class IsPlatformAdmin(BasePermission):
 
     def has_permission(self, request: Request, view: object) -> bool:
         return bool(getattr(request.user, "is_admin", False))
+
+
+class AdminTokenScheme(OpenApiAuthenticationExtension):
+    """Describe the admin token in the OpenAPI schema as an HTTP bearer scheme."""
+
+    target_class = "accounts.auth.AdminTokenAuthentication"
+    name = "adminToken"
+
+    def get_security_definition(self, auto_schema: object) -> dict[str, str]:
+        return {"type": "http", "scheme": "bearer", "description": "An admin token."}

@@ -6,11 +6,12 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 from django.db.models import Q
 
+from accounts.domain.keys import SHA256_PATTERN
 from accounts.domain.limits import MAX_TOKENS_PER_MINUTE
 from accounts.domain.names import SLUG_PATTERN, SLUG_RULE
 
 slug_validator = RegexValidator(SLUG_PATTERN, f"Use {SLUG_RULE}.")
-sha256_validator = RegexValidator(r"^[0-9a-f]{64}$", "Must be 64 lowercase hex characters.")
+sha256_validator = RegexValidator(SHA256_PATTERN, "Must be 64 lowercase hex characters.")
 
 
 class Team(models.Model):
@@ -109,7 +110,7 @@ class ApiKey(SecretRecord):
         ordering = ["-created_at"]
         constraints = [
             models.CheckConstraint(
-                condition=Q(key_hash__regex=r"^[0-9a-f]{64}$"), name="api_key_hash_hex"
+                condition=Q(key_hash__regex=SHA256_PATTERN), name="api_key_hash_hex"
             ),
         ]
 
@@ -125,7 +126,7 @@ class AdminToken(SecretRecord):
         ordering = ["-created_at"]
         constraints = [
             models.CheckConstraint(
-                condition=Q(key_hash__regex=r"^[0-9a-f]{64}$"), name="admin_token_hash_hex"
+                condition=Q(key_hash__regex=SHA256_PATTERN), name="admin_token_hash_hex"
             ),
         ]
 

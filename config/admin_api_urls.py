@@ -1,14 +1,27 @@
 """The control-plane REST API, at the seed's paths under /admin/."""
 
 from django.urls import path
-from drf_spectacular.views import SpectacularAPIView
+from drf_spectacular.views import SpectacularJSONAPIView
+from rest_framework.renderers import JSONRenderer
 
 from accounts.api import views as accounts
 from models_registry.api import views as registry
 from rollouts.api import views as rollouts
 
+
+
+class SchemaView(SpectacularJSONAPIView):
+    """The OpenAPI schema (JSON); its refusals use the API's JSON error shape."""
+
+    def handle_exception(self, exc: Exception):  # type: ignore[no-untyped-def]
+        response = super().handle_exception(exc)
+        self.request.accepted_renderer = JSONRenderer()
+        self.request.accepted_media_type = "application/json"
+        return response
+
+
 urlpatterns = [
-    path("schema", SpectacularAPIView.as_view(), name="admin-schema"),
+    path("schema", SchemaView.as_view(), name="admin-schema"),
     path("models", registry.ModelListView.as_view(), name="admin-models"),
     path("models/<str:model>", registry.ModelDetailView.as_view(), name="admin-model"),
     path("models/<str:model>/versions", registry.VersionListView.as_view(),

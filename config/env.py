@@ -165,6 +165,10 @@ def parse_database_url(url: str, *, base_dir: Path) -> dict[str, Any]:
         name = unquote(parts.path.lstrip("/"))
         if not name:
             raise EnvError("DATABASE_URL for PostgreSQL must name a database")
+        try:
+            port = parts.port
+        except ValueError as exc:
+            raise EnvError(f"DATABASE_URL has an invalid port: {exc}") from None
         options = dict(parse_qsl(parts.query))
         return {
             "ENGINE": "django.db.backends.postgresql",
@@ -172,7 +176,7 @@ def parse_database_url(url: str, *, base_dir: Path) -> dict[str, Any]:
             "USER": unquote(parts.username or ""),
             "PASSWORD": unquote(parts.password or ""),
             "HOST": parts.hostname or "",
-            "PORT": str(parts.port or ""),
+            "PORT": str(port or ""),
             "OPTIONS": options,
         }
     raise EnvError(f"DATABASE_URL scheme {scheme!r} is not supported (sqlite, postgresql)")

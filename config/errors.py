@@ -89,19 +89,19 @@ def error_body(
     }
 
 
-def _first_validation_error(detail: Any, prefix: str = "") -> tuple[str | None, str]:
+def first_validation_error(detail: Any, prefix: str = "") -> tuple[str | None, str]:
     """Return (param, message) of the first error in a DRF ValidationError detail."""
     if isinstance(detail, dict):
         for key, value in detail.items():
             name = str(key)
             param = None if name == "non_field_errors" else f"{prefix}{name}"
-            inner_param, message = _first_validation_error(value, f"{param}." if param else "")
+            inner_param, message = first_validation_error(value, f"{param}." if param else "")
             return (inner_param or param), message
         return None, "invalid request"
     if isinstance(detail, list):
         for index, value in enumerate(detail):
             if isinstance(value, dict):
-                return _first_validation_error(value, f"{prefix}{index}.")
+                return first_validation_error(value, f"{prefix}{index}.")
             return None, str(value)
         return None, "invalid request"
     return None, str(detail)
@@ -127,7 +127,7 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
             status=status.HTTP_500_INTERNAL_SERVER_ERROR,
         )
     if isinstance(exc, drf_exceptions.ValidationError):
-        param, message = _first_validation_error(exc.detail)
+        param, message = first_validation_error(exc.detail)
         response.data = error_body(400, message, param=param)
     elif isinstance(exc, drf_exceptions.ParseError):
         response.data = error_body(400, f"body is not valid JSON: {exc.detail}")

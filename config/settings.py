@@ -186,6 +186,9 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "SCHEMA_PATH_PREFIX": "/admin",
+    # The schema is part of the control plane: same token, same refusal of team keys.
+    "SERVE_AUTHENTICATION": ["accounts.auth.AdminTokenAuthentication"],
+    "SERVE_PERMISSIONS": ["accounts.auth.IsPlatformAdmin"],
 }
 
 # ---------------------------------------------------------------------------

@@ -5,6 +5,8 @@ from django.http import HttpResponseRedirect
 from django.urls import include, path
 from django_prometheus import exports
 
+import config.checks  # noqa: F401  (registers the project's system checks)
+
 urlpatterns = [
     path("", lambda request: HttpResponseRedirect("/console/")),
     path("console/", admin.site.urls),

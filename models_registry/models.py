@@ -12,14 +12,16 @@ from django.db.models import Q
 from accounts.models import sha256_validator, slug_validator
 from models_registry.domain.identity import (
     IDENTITY_FIELDS,
+    SHA256_PATTERN,
+    VERSION_PATTERN,
     MAX_GPUS_PER_REPLICA,
     Precision,
     VersionStatus,
     canonical_json,
 )
 
-version_validator = RegexValidator(r"^v[1-9][0-9]{0,8}$", "Versions are labelled v1, v2, ...")
-_HEX64 = r"^[0-9a-f]{64}$"
+version_validator = RegexValidator(VERSION_PATTERN, "Versions are labelled v1, v2, ...")
+_HEX64 = SHA256_PATTERN
 
 
 class ImmutableVersionError(ValidationError):

@@ -14,7 +14,7 @@ from rest_framework.views import APIView
 from accounts import services
 from accounts.api.serializers import KeyCreateSerializer, LimitSerializer, TeamCreateSerializer
 from accounts.models import ApiKey, Team, TeamLimit
-from models_registry.api.views import validated
+from config.api import validated
 
 
 def key_dict(key: ApiKey) -> dict[str, Any]:
@@ -54,7 +54,7 @@ def team_dict(team: Team) -> dict[str, Any]:
 class TeamListView(APIView):
     """List teams or create one."""
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(operation_id="teams_list", responses={200: dict})
     def get(self, request: Request) -> Response:
         teams = Team.objects.prefetch_related("limits")
         return Response({"data": [team_dict(team) for team in teams]})

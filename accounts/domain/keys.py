@@ -16,10 +16,13 @@ import enum
 import hashlib
 import secrets
 
-__all__ = ["DISPLAY_PREFIX_LEN", "KeyKind", "display_prefix", "hash_secret", "kind_of",
+__all__ = ["DISPLAY_PREFIX_LEN", "SHA256_PATTERN", "KeyKind", "display_prefix", "hash_secret", "kind_of",
            "new_secret"]
 
 DISPLAY_PREFIX_LEN = 12
+# Lowercase hex SHA-256; \Z so that a trailing newline does not pass. Also used
+# by database check constraints (PostgreSQL's regex syntax knows \Z too).
+SHA256_PATTERN = r"^[0-9a-f]{64}\Z"
 
 
 class KeyKind(enum.StrEnum):

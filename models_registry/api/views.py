@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
@@ -11,7 +9,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from config.errors import InvalidRequest
+from config.api import validated
 from models_registry import services
 from models_registry.api.serializers import (
     AliasSerializer,
@@ -23,19 +21,10 @@ from models_registry.api.serializers import (
 from models_registry.models import Model
 
 
-def validated(serializer_class: type, data: Any) -> dict[str, Any]:
-    """Return the validated body or raise DRF's ValidationError (rendered as a 400)."""
-    if not isinstance(data, dict):
-        raise InvalidRequest("the body must be a JSON object")
-    serializer = serializer_class(data=data)
-    serializer.is_valid(raise_exception=True)
-    return dict(serializer.validated_data)
-
-
 class ModelListView(APIView):
     """List models or register a new model name."""
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(operation_id="models_list", responses={200: dict})
     def get(self, request: Request) -> Response:
         rows = Model.objects.values_list("model", flat=True)
         return Response({"data": [services.model_detail(m) for m in rows]})

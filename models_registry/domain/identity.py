@@ -17,11 +17,14 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from accounts.domain.keys import SHA256_PATTERN
 from accounts.domain.names import is_valid_slug
 
 __all__ = [
     "IDENTITY_FIELDS",
     "ModelRef",
+    "SHA256_PATTERN",
+    "VERSION_PATTERN",
     "Precision",
     "VersionStatus",
     "canonical_json",
@@ -51,8 +54,9 @@ IDENTITY_FIELDS: tuple[str, ...] = (
 )
 
 MAX_GPUS_PER_REPLICA = 64
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_VERSION = re.compile(r"^v[1-9][0-9]{0,8}$")
+VERSION_PATTERN = r"^v[1-9][0-9]{0,8}\Z"
+_SHA256 = re.compile(SHA256_PATTERN)
+_VERSION = re.compile(VERSION_PATTERN)
 
 
 class Precision(enum.StrEnum):
@@ -84,7 +88,7 @@ class ModelRef:
 
 def is_sha256_hex(value: str) -> bool:
     """Return True for exactly 64 lowercase hex characters."""
-    return bool(_SHA256.match(value))
+    return _SHA256.fullmatch(value) is not None
 
 
 def sha256_text(text: str) -> str:
@@ -104,7 +108,7 @@ def is_valid_model_name(name: str) -> bool:
 
 def is_valid_version_label(label: str) -> bool:
     """Return True for ``v1``, ``v2``, ... ``v13`` ...: versions are numbered, never reused."""
-    return bool(_VERSION.match(label))
+    return _VERSION.fullmatch(label) is not None
 
 
 def parse_model_ref(text: str) -> ModelRef:
@@ -124,9 +128,16 @@ def parse_model_ref(text: str) -> ModelRef:
 
 
 def next_version_label(existing: Iterable[str]) -> str:
-    """Return the label after the highest existing one: versions are never renumbered."""
+    """Return the label after the highest existing one: versions are never renumbered.
+
+    Raises:
+        ValueError: the next number would not fit a label (after v999999999).
+    """
     numbers = [int(label[1:]) for label in existing if is_valid_version_label(label)]
-    return f"v{max(numbers, default=0) + 1}"
+    label = f"v{max(numbers, default=0) + 1}"
+    if not is_valid_version_label(label):
+        raise ValueError("no version labels left")
+    return label
 
 
 def uri_errors(uri: str, roots: Sequence[str]) -> list[str]:
@@ -142,7 +153,9 @@ def uri_errors(uri: str, roots: Sequence[str]) -> list[str]:
     path = unquote(urlsplit(uri).path)
     if any(segment == ".." for segment in path.split("/")):
         return ["must not contain '..' segments"]
-    if not any(uri.startswith(root) for root in roots):
+    # Roots are matched on a path boundary: "s3://models" must not admit
+    # "s3://models-private/...".
+    if not any(uri.startswith(root if root.endswith("/") else f"{root}/") for root in roots):
         return [f"must lie under a configured storage root ({', '.join(roots)})"]
     return []
 

@@ -8,7 +8,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from models_registry.api.views import validated
+from config.api import validated
 from models_registry.services import get_model, rollout_dict
 from rollouts import services
 from rollouts.api.serializers import RolloutSerializer

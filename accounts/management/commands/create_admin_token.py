@@ -1,0 +1,21 @@
+"""Create a control-plane admin token and print it as the only line on stdout."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from accounts import services
+
+
+class Command(BaseCommand):
+    help = "Create an admin token for /admin/ and print it (shown once)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--name", default="", help="What the token is for.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        token, secret = services.create_admin_token(name=options["name"])
+        self.stderr.write(f"admin token {token.prefix}… created; it is not shown again")
+        self.stdout.write(secret)

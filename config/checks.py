@@ -1,0 +1,44 @@
+"""System checks for settings that are valid alone but wrong together."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+
+
+@register(Tags.security, deploy=True)
+def check_secret_key(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Warn when SECRET_KEY is drawn per process (sessions end at restart)."""
+    if settings.SECRET_KEY_IS_EPHEMERAL:
+        return [
+            Warning(
+                "SECRET_KEY is not set: each process uses its own random key, so "
+                "console sessions end at restart and differ between processes.",
+                hint="Set SECRET_KEY or SECRET_KEY_FILE.",
+                id="config.W001",
+            )
+        ]
+    return []
+
+
+@register()
+def check_storage_roots(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Every storage root must be an absolute URI with a scheme, ending in '/'."""
+    errors: list[CheckMessage] = []
+    if not settings.PLATFORM_STORAGE_ROOTS:
+        errors.append(Error("PLATFORM_STORAGE_ROOTS is empty: no weights can be "
+                            "registered.", id="config.E001"))
+    for root in settings.PLATFORM_STORAGE_ROOTS:
+        parts = urlsplit(root)
+        if not parts.scheme or not root.endswith("/"):
+            errors.append(
+                Error(
+                    f"storage root {root!r} must be a URI with a scheme that ends "
+                    "in '/' (s3://bucket/prefix/, file:///srv/weights/)",
+                    id="config.E002",
+                )
+            )
+    return errors

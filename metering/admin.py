@@ -1,0 +1,45 @@
+"""Console page for usage: read-only, because the gateway's flush owns every count."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest
+
+from metering.models import Usage
+
+
+@admin.register(Usage)
+class UsageAdmin(admin.ModelAdmin):
+    """Per-minute usage by team, model and version; viewable, never edited here.
+
+    Counts are added with F() expressions by the flush; a hand edit or a deletion
+    would silently change what teams are billed for.
+    """
+
+    list_display = (
+        "minute",
+        "team",
+        "model",
+        "version",
+        "requests",
+        "prompt_tokens",
+        "cached_tokens",
+        "output_tokens",
+        "shed",
+        "rate_limited",
+    )
+    list_filter = ("model", "team")
+    search_fields = ("team__team", "model__model", "version__version")
+    list_select_related = ("team", "model", "version")
+    date_hierarchy = "minute"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

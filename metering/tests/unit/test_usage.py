@@ -1,0 +1,118 @@
+"""Tests for usage-row helpers: minute keys, counter sums, hit rate and cost."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from metering.domain.usage import (
+    UsageCounts,
+    prefix_hit_rate,
+    truncate_to_minute,
+    usd_per_million_tokens,
+)
+
+
+def test_truncate_to_minute_drops_seconds_and_microseconds():
+    moment = datetime(2025, 3, 1, 12, 34, 56, 789_000, tzinfo=UTC)
+    assert truncate_to_minute(moment) == datetime(2025, 3, 1, 12, 34, tzinfo=UTC)
+
+
+def test_truncate_to_minute_keeps_timezone():
+    moment = datetime(2025, 3, 1, 12, 34, 56, tzinfo=UTC)
+    assert truncate_to_minute(moment).tzinfo is UTC
+
+
+def test_truncate_to_minute_is_idempotent_on_minute_start():
+    start = datetime(2025, 3, 1, 12, 34, tzinfo=UTC)
+    assert truncate_to_minute(start) == start
+
+
+def test_truncate_to_minute_last_instant_stays_in_its_minute():
+    moment = datetime(2025, 3, 1, 12, 59, 59, 999_999, tzinfo=UTC)
+    assert truncate_to_minute(moment) == datetime(2025, 3, 1, 12, 59, tzinfo=UTC)
+
+
+def test_usage_counts_default_to_zero():
+    assert UsageCounts() == UsageCounts(0, 0, 0, 0, 0, 0)
+
+
+def test_usage_counts_add_every_field():
+    first = UsageCounts(
+        prompt_tokens=100,
+        cached_tokens=40,
+        output_tokens=20,
+        requests=1,
+        shed=0,
+        rate_limited=2,
+    )
+    second = UsageCounts(
+        prompt_tokens=5,
+        cached_tokens=1,
+        output_tokens=7,
+        requests=3,
+        shed=4,
+        rate_limited=0,
+    )
+    assert first + second == UsageCounts(
+        prompt_tokens=105,
+        cached_tokens=41,
+        output_tokens=27,
+        requests=4,
+        shed=4,
+        rate_limited=2,
+    )
+
+
+def test_usage_counts_zero_is_identity():
+    counts = UsageCounts(prompt_tokens=9, output_tokens=3, requests=1)
+    assert counts + UsageCounts() == counts
+    assert UsageCounts() + counts == counts
+
+
+def test_usage_counts_sum_with_start_value():
+    rows = [UsageCounts(requests=1, output_tokens=10)] * 3
+    assert sum(rows, UsageCounts()) == UsageCounts(requests=3, output_tokens=30)
+
+
+def test_prefix_hit_rate_is_cached_share_of_prompt():
+    assert prefix_hit_rate(prompt_tokens=200, cached_tokens=50) == 0.25
+
+
+def test_prefix_hit_rate_zero_without_cache_hits():
+    assert prefix_hit_rate(prompt_tokens=200, cached_tokens=0) == 0.0
+
+
+@pytest.mark.parametrize("prompt_tokens", [0, -1])
+def test_prefix_hit_rate_none_without_traffic(prompt_tokens):
+    assert prefix_hit_rate(prompt_tokens=prompt_tokens, cached_tokens=0) is None
+
+
+def test_prefix_hit_rate_capped_at_one():
+    assert prefix_hit_rate(prompt_tokens=100, cached_tokens=150) == 1.0
+
+
+def test_usd_per_million_tokens_reproduces_seed_figure():
+    # 2.50 USD per GPU-hour, 1 GPU, 2,500 tok/s x 3,600 s = 9 M tokens an hour.
+    tokens_per_hour = 2_500 * 3_600
+    assert tokens_per_hour == 9_000_000
+    cost = usd_per_million_tokens(2.50, 1, tokens_per_hour)
+    assert cost == pytest.approx(2.5 / 9)
+    assert round(cost, 2) == 0.28
+
+
+def test_usd_per_million_tokens_doubles_when_half_busy():
+    cost = usd_per_million_tokens(2.50, 1, 4_500_000)
+    assert round(cost, 2) == 0.56
+
+
+def test_usd_per_million_tokens_scales_with_gpus():
+    one = usd_per_million_tokens(2.50, 1, 9_000_000)
+    assert usd_per_million_tokens(2.50, 4, 9_000_000) == pytest.approx(4 * one)
+
+
+@pytest.mark.parametrize("tokens_per_hour", [0, 0.0, -1.0])
+def test_usd_per_million_tokens_rejects_non_positive_throughput(tokens_per_hour):
+    with pytest.raises(ValueError, match="tokens_per_hour must be positive"):
+        usd_per_million_tokens(2.50, 1, tokens_per_hour)

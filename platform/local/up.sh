@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Run the platform on this machine: migrate, bootstrap the demo team and secrets,
+# start the Celery worker with beat, and serve the ASGI app on 127.0.0.1:8000.
+# Ctrl-C stops everything this script started.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+PY=.venv/bin/python
+HOST=${PLATFORM_HOST:-127.0.0.1}
+PORT=${PLATFORM_PORT:-8000}
+mkdir -p .local/logs .local/broker/queue .local/broker/processed .local/weights
+
+# A persistent secret key for console sessions, kept out of git.
+if [ -z "${SECRET_KEY:-}" ] && [ -z "${SECRET_KEY_FILE:-}" ]; then
+    if [ ! -s .local/secret_key ]; then
+        (umask 077 && $PY -c 'import secrets; print(secrets.token_urlsafe(50))' > .local/secret_key)
+    fi
+    export SECRET_KEY_FILE=.local/secret_key
+fi
+export PLATFORM_SERVE_STATIC=${PLATFORM_SERVE_STATIC:-true}
+export PLATFORM_ALLOWED_HOSTS=${PLATFORM_ALLOWED_HOSTS:-127.0.0.1,localhost,[::1],$HOST}
+
+$PY manage.py migrate --noinput >.local/logs/migrate.log
+CREDS=$($PY manage.py bootstrap_local --json)
+field() { printf '%s' "$CREDS" | $PY -c "import json,sys; print(json.load(sys.stdin)['$1'])"; }
+
+# Stop what an earlier run left behind (a killed terminal, a lost session).
+mkdir -p .local/run
+for pidfile in .local/run/*.pid; do
+    [ -e "$pidfile" ] || continue
+    kill "$(cat "$pidfile")" 2>/dev/null || true
+    rm -f "$pidfile"
+done
+
+pids=()
+cleanup() {
+    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -f .local/run/*.pid
+}
+trap cleanup EXIT INT TERM HUP
+
+.venv/bin/celery -A config worker -B --concurrency 1 --loglevel INFO \
+    >.local/logs/worker.log 2>&1 &
+pids+=($!); echo $! >.local/run/worker.pid
+
+.venv/bin/uvicorn config.asgi:application --host "$HOST" --port "$PORT" \
+    --no-access-log --log-level info >.local/logs/server.log 2>&1 &
+pids+=($!); echo $! >.local/run/server.pid
+
+# Poll until the server answers (or gave up), instead of sleeping a fixed time.
+for _ in $(seq 1 150); do
+    if $PY - "$HOST" "$PORT" <<'PYEOF' 2>/dev/null; then break; fi
+import socket, sys
+socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=0.2).close()
+PYEOF
+    if ! kill -0 "${pids[1]}" 2>/dev/null; then
+        echo "the server failed to start; see .local/logs/server.log" >&2
+        tail -n 20 .local/logs/server.log >&2
+        exit 1
+    fi
+    $PY -c 'import time; time.sleep(0.2)'
+done
+
+ADMIN_TOKEN=$(field admin_token)
+cat <<BANNER
+
+  Serving platform is up (region ${PLATFORM_REGION:-local}).
+
+  Console        http://$HOST:$PORT/console/
+                 user $(field console_user), password $(field console_password)
+  Admin token    $ADMIN_TOKEN
+  Team key       $(field team_key)   (team $(field team))
+  Metrics        http://$HOST:$PORT/metrics
+  Logs           .local/logs/server.log, .local/logs/worker.log
+
+  Try the control plane:
+    curl -s -H "Authorization: Bearer $ADMIN_TOKEN" http://$HOST:$PORT/admin/models/chat-7b
+    curl -s -H "Authorization: Bearer $ADMIN_TOKEN" http://$HOST:$PORT/admin/pools/chat-7b/state
+
+  Ctrl-C stops the server and the worker.
+BANNER
+
+wait -n "${pids[@]}"
+echo "a platform process exited; see .local/logs/" >&2
+exit 1

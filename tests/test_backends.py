@@ -1,0 +1,80 @@
+"""The platform runs on the servers it is given: PostgreSQL and Redis when configured."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+from django.conf import settings
+from django.core.cache import cache
+from django.core.checks import run_checks
+from django.db import connection
+
+from config.checks import check_secret_key, check_storage_roots
+from config.startup import describe_backends
+
+
+def test_database_is_the_one_configured():
+    url = os.environ.get("DATABASE_URL", "")
+    expected = "postgresql" if url.startswith(("postgres", "pgsql")) else "sqlite"
+    assert connection.vendor == expected
+
+
+@pytest.mark.skipif(not os.environ.get("DATABASE_URL", "").startswith("postgres"),
+                    reason="runs when DATABASE_URL names PostgreSQL")
+@pytest.mark.django_db
+def test_postgres_server_answers():
+    with connection.cursor() as cursor:
+        cursor.execute("select version()")
+        assert "PostgreSQL" in cursor.fetchone()[0]
+
+
+def test_redis_cache_round_trips_on_the_real_server(redis_url):
+    assert settings.REDIS_URL == redis_url
+    assert settings.CACHES["default"]["BACKEND"].endswith("RedisCache")
+    key = f"test:{uuid.uuid4()}"
+    cache.set(key, {"tokens": 5}, timeout=30)
+    assert cache.get(key) == {"tokens": 5}
+    cache.delete(key)
+    assert cache.get(key) is None
+
+
+def test_celery_broker_follows_redis_url():
+    if settings.REDIS_URL:
+        assert settings.CELERY_BROKER_URL == settings.REDIS_URL
+    else:
+        assert settings.CELERY_BROKER_URL == "filesystem://"
+
+
+def test_describe_backends_says_when_stand_ins_are_used(settings):
+    settings.REDIS_URL = ""
+    settings.SECRET_KEY_IS_EPHEMERAL = True
+    text = "\n".join(describe_backends())
+    assert "REDIS_URL unset" in text
+    assert "in-memory" in text
+    assert "SECRET_KEY unset" in text
+    settings.REDIS_URL = "redis://127.0.0.1:6379/0"
+    settings.SECRET_KEY_IS_EPHEMERAL = False
+    text = "\n".join(describe_backends())
+    assert "REDIS_URL unset" not in text
+    assert "secret key" not in text
+
+
+def test_secret_key_check_warns_only_when_ephemeral(settings):
+    settings.SECRET_KEY_IS_EPHEMERAL = True
+    assert [m.id for m in check_secret_key()] == ["config.W001"]
+    settings.SECRET_KEY_IS_EPHEMERAL = False
+    assert check_secret_key() == []
+
+
+def test_storage_roots_check(settings):
+    settings.PLATFORM_STORAGE_ROOTS = ["s3://models/", "/no/scheme/", "s3://no-slash"]
+    assert [m.id for m in check_storage_roots()] == ["config.E002", "config.E002"]
+    settings.PLATFORM_STORAGE_ROOTS = []
+    assert [m.id for m in check_storage_roots()] == ["config.E001"]
+
+
+def test_project_passes_its_system_checks():
+    errors = [m for m in run_checks() if m.is_serious()]
+    assert errors == []

@@ -1,0 +1,133 @@
+"""Management commands: secrets are the only line on stdout; errors are CommandErrors."""
+
+from __future__ import annotations
+
+import json
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import CommandError, call_command
+
+from accounts.domain.keys import hash_secret
+from accounts.models import AdminToken, ApiKey, Team, TeamLimit
+from models_registry.models import Model, ModelVersion, Pool
+from tests.factories import VERSION_BODY
+
+pytestmark = pytest.mark.django_db
+
+
+def run(*args: str) -> tuple[str, str]:
+    out, err = StringIO(), StringIO()
+    call_command(*args, stdout=out, stderr=err)
+    return out.getvalue(), err.getvalue()
+
+
+def test_create_admin_token_prints_only_the_token():
+    out, err = run("create_admin_token", "--name", "ops")
+    lines = out.splitlines()
+    assert len(lines) == 1
+    token = AdminToken.objects.get()
+    assert token.key_hash == hash_secret(lines[0])
+    assert token.name == "ops"
+    assert lines[0] not in err
+
+
+def test_create_team_and_issue_key():
+    out, _ = run("create_team", "search", "--name", "Search")
+    assert out.strip() == "search"
+    assert Team.objects.get().name == "Search"
+    out, _ = run("issue_key", "search")
+    lines = out.splitlines()
+    assert len(lines) == 1
+    assert ApiKey.objects.get(team_id="search").key_hash == hash_secret(lines[0])
+
+
+def test_create_team_twice_fails_clearly():
+    run("create_team", "search")
+    with pytest.raises(CommandError, match="already exists"):
+        run("create_team", "search")
+
+
+def test_issue_key_for_unknown_team_fails_clearly():
+    with pytest.raises(CommandError, match="no team"):
+        run("issue_key", "nope")
+
+
+def test_register_version_from_file(tmp_path: Path, chat_model):
+    path = tmp_path / "version.json"
+    path.write_text(json.dumps(VERSION_BODY))
+    out, _ = run("register_version", "chat-7b", "--file", str(path))
+    assert out.strip() == "chat-7b@v1"
+    assert ModelVersion.objects.get().weights_hash == VERSION_BODY["weights_hash"]
+    with pytest.raises(CommandError, match="already registered"):
+        run("register_version", "chat-7b", "--file", str(path))
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json", "not valid JSON"),
+        (json.dumps({**VERSION_BODY, "weights_hash": "xyz"}), "weights_hash"),
+        (json.dumps({k: v for k, v in VERSION_BODY.items() if k != "precision"}),
+         "precision"),
+    ],
+)
+def test_register_version_rejects_bad_files(tmp_path: Path, chat_model, content, message):
+    path = tmp_path / "version.json"
+    path.write_text(content)
+    with pytest.raises(CommandError, match=message):
+        run("register_version", "chat-7b", "--file", str(path))
+    assert not ModelVersion.objects.exists()
+
+
+def test_register_version_missing_file(tmp_path: Path, chat_model):
+    with pytest.raises(CommandError, match="cannot read"):
+        run("register_version", "chat-7b", "--file", str(tmp_path / "absent.json"))
+
+
+def test_example_version_files_register(tmp_path: Path):
+    """The example bodies shipped for operators are valid registrations."""
+    examples = Path(__file__).resolve().parent.parent / "platform" / "examples"
+    files = sorted(examples.glob("*-v1.json"))
+    assert files
+    for path in files:
+        model = path.name.removesuffix("-v1.json")
+        run("create_model", model)
+        out, _ = run("register_version", model, "--file", str(path))
+        assert out.strip() == f"{model}@v1"
+
+
+def test_bootstrap_local_is_idempotent(tmp_path: Path):
+    creds_path = tmp_path / "credentials.json"
+    first = json.loads(run("bootstrap_local", "--credentials", str(creds_path),
+                           "--json")[0])
+    second = json.loads(run("bootstrap_local", "--credentials", str(creds_path),
+                            "--json")[0])
+    assert first == second
+    assert creds_path.stat().st_mode & 0o777 == 0o600
+    assert AdminToken.objects.count() == 1
+    assert ApiKey.objects.count() == 1
+    assert ApiKey.objects.get().key_hash == hash_secret(first["team_key"])
+    assert get_user_model().objects.get(username="admin").check_password(
+        first["console_password"])
+    assert set(Model.objects.values_list("model", flat=True)) == {"chat-7b", "reason-70b"}
+    assert all(m.live_version_id for m in Model.objects.all())
+    assert Pool.objects.count() == 2
+    assert TeamLimit.objects.filter(team_id="demo").count() == 2
+
+
+def test_bootstrap_local_replaces_revoked_secrets(tmp_path: Path):
+    from django.utils import timezone
+
+    creds_path = tmp_path / "credentials.json"
+    first = json.loads(run("bootstrap_local", "--credentials", str(creds_path),
+                           "--json")[0])
+    ApiKey.objects.update(revoked_at=timezone.now())
+    AdminToken.objects.update(revoked_at=timezone.now())
+    second = json.loads(run("bootstrap_local", "--credentials", str(creds_path),
+                            "--json")[0])
+    assert second["team_key"] != first["team_key"]
+    assert second["admin_token"] != first["admin_token"]
+    assert ApiKey.objects.active().get().key_hash == hash_secret(second["team_key"])
