@@ -83,7 +83,9 @@ class AdminTokenAuthentication(BaseAuthentication):
 class IsPlatformAdmin(BasePermission):
     """Allow only callers holding an admin token."""
 
-    message = "this endpoint needs an admin token; team keys cannot use the control plane"
+    message = (
+        "this endpoint needs an admin token; team keys cannot use the control plane"
+    )
 
     def has_permission(self, request: Request, view: object) -> bool:
         return bool(getattr(request.user, "is_admin", False))

@@ -11,13 +11,17 @@ from accounts.domain.limits import MAX_TOKENS_PER_MINUTE
 from accounts.domain.names import SLUG_PATTERN, SLUG_RULE
 
 slug_validator = RegexValidator(SLUG_PATTERN, f"Use {SLUG_RULE}.")
-sha256_validator = RegexValidator(SHA256_PATTERN, "Must be 64 lowercase hex characters.")
+sha256_validator = RegexValidator(
+    SHA256_PATTERN, "Must be 64 lowercase hex characters."
+)
 
 
 class Team(models.Model):
     """A product team calling the API (the seed's teams table); ``team`` is its slug."""
 
-    team = models.CharField(primary_key=True, max_length=64, validators=[slug_validator])
+    team = models.CharField(
+        primary_key=True, max_length=64, validators=[slug_validator]
+    )
     name = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -41,7 +45,8 @@ class TeamLimit(models.Model):
     )
     max_concurrency = models.PositiveIntegerField(validators=[MinValueValidator(1)])
     guaranteed_share = models.FloatField(
-        default=0.0, validators=[MinValueValidator(0.0), MaxValueValidator(1.0)],
+        default=0.0,
+        validators=[MinValueValidator(0.0), MaxValueValidator(1.0)],
         help_text="Fraction of every pool of this model reserved for the team (0-1).",
     )
     updated_at = models.DateTimeField(auto_now=True)
@@ -57,7 +62,8 @@ class TeamLimit(models.Model):
                 name="team_limit_tokens_positive",
             ),
             models.CheckConstraint(
-                condition=Q(max_concurrency__gte=1), name="team_limit_concurrency_positive"
+                condition=Q(max_concurrency__gte=1),
+                name="team_limit_concurrency_positive",
             ),
             models.CheckConstraint(
                 condition=Q(guaranteed_share__gte=0.0) & Q(guaranteed_share__lte=1.0),

@@ -8,8 +8,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 
 from accounts.domain.keys import KeyKind, display_prefix, hash_secret, new_secret
-from accounts.domain.names import SLUG_RULE, is_valid_slug
 from accounts.domain.limits import LimitRecord, limit_errors, share_overflow
+from accounts.domain.names import SLUG_RULE, is_valid_slug
 from accounts.models import AdminToken, ApiKey, Team, TeamLimit
 from config.errors import Conflict, InvalidRequest, NotFound
 
@@ -42,7 +42,10 @@ def issue_key(*, team_id: str, name: str = "") -> tuple[ApiKey, str]:
     team = get_team(team_id)
     secret = new_secret(KeyKind.TEAM)
     key = ApiKey.objects.create(
-        team=team, key_hash=hash_secret(secret), prefix=display_prefix(secret), name=name
+        team=team,
+        key_hash=hash_secret(secret),
+        prefix=display_prefix(secret),
+        name=name,
     )
     return key, secret
 
@@ -56,7 +59,9 @@ def revoke_key(*, team_id: str, key_id: int, now: datetime) -> ApiKey:
     try:
         return ApiKey.objects.get(pk=key_id, team_id=team_id)
     except ApiKey.DoesNotExist:
-        raise NotFound(f"team {team_id!r} has no key {key_id}", param="key_id") from None
+        raise NotFound(
+            f"team {team_id!r} has no key {key_id}", param="key_id"
+        ) from None
 
 
 def create_admin_token(*, name: str = "") -> tuple[AdminToken, str]:

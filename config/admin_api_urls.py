@@ -9,7 +9,6 @@ from models_registry.api import views as registry
 from rollouts.api import views as rollouts
 
 
-
 class SchemaView(SpectacularJSONAPIView):
     """The OpenAPI schema (JSON); its refusals use the API's JSON error shape."""
 
@@ -24,16 +23,39 @@ urlpatterns = [
     path("schema", SchemaView.as_view(), name="admin-schema"),
     path("models", registry.ModelListView.as_view(), name="admin-models"),
     path("models/<str:model>", registry.ModelDetailView.as_view(), name="admin-model"),
-    path("models/<str:model>/versions", registry.VersionListView.as_view(),
-         name="admin-model-versions"),
-    path("models/<str:model>/rollout", rollouts.RolloutView.as_view(),
-         name="admin-model-rollout"),
-    path("models/<str:model>/alias", registry.AliasView.as_view(), name="admin-model-alias"),
-    path("pools/<str:model>/state", registry.PoolStateView.as_view(), name="admin-pool-state"),
+    path(
+        "models/<str:model>/versions",
+        registry.VersionListView.as_view(),
+        name="admin-model-versions",
+    ),
+    path(
+        "models/<str:model>/rollout",
+        rollouts.RolloutView.as_view(),
+        name="admin-model-rollout",
+    ),
+    path(
+        "models/<str:model>/alias",
+        registry.AliasView.as_view(),
+        name="admin-model-alias",
+    ),
+    path(
+        "pools/<str:model>/state",
+        registry.PoolStateView.as_view(),
+        name="admin-pool-state",
+    ),
     path("teams", accounts.TeamListView.as_view(), name="admin-teams"),
     path("teams/<str:team>", accounts.TeamDetailView.as_view(), name="admin-team"),
-    path("teams/<str:team>/limits", accounts.LimitView.as_view(), name="admin-team-limits"),
-    path("teams/<str:team>/keys", accounts.KeyListView.as_view(), name="admin-team-keys"),
-    path("teams/<str:team>/keys/<int:key_id>", accounts.KeyDetailView.as_view(),
-         name="admin-team-key"),
+    path(
+        "teams/<str:team>/limits",
+        accounts.LimitView.as_view(),
+        name="admin-team-limits",
+    ),
+    path(
+        "teams/<str:team>/keys", accounts.KeyListView.as_view(), name="admin-team-keys"
+    ),
+    path(
+        "teams/<str:team>/keys/<int:key_id>",
+        accounts.KeyDetailView.as_view(),
+        name="admin-team-key",
+    ),
 ]

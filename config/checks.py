@@ -29,8 +29,12 @@ def check_storage_roots(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
     """Every storage root must be an absolute URI with a scheme, ending in '/'."""
     errors: list[CheckMessage] = []
     if not settings.PLATFORM_STORAGE_ROOTS:
-        errors.append(Error("PLATFORM_STORAGE_ROOTS is empty: no weights can be "
-                            "registered.", id="config.E001"))
+        errors.append(
+            Error(
+                "PLATFORM_STORAGE_ROOTS is empty: no weights can be registered.",
+                id="config.E001",
+            )
+        )
     for root in settings.PLATFORM_STORAGE_ROOTS:
         parts = urlsplit(root)
         if not parts.scheme or not root.endswith("/"):

@@ -150,7 +150,9 @@ def parse_database_url(url: str, *, base_dir: Path) -> dict[str, Any]:
     if scheme == "sqlite":
         raw_path = unquote(parts.path)
         if parts.netloc:
-            raise EnvError("DATABASE_URL for SQLite has the form sqlite:///relative/path")
+            raise EnvError(
+                "DATABASE_URL for SQLite has the form sqlite:///relative/path"
+            )
         # sqlite:///db.sqlite3 -> "/db.sqlite3" (relative); sqlite:////abs -> "//abs"
         name = raw_path[1:] if raw_path.startswith("/") else raw_path
         if not name:
@@ -179,4 +181,6 @@ def parse_database_url(url: str, *, base_dir: Path) -> dict[str, Any]:
             "PORT": str(port or ""),
             "OPTIONS": options,
         }
-    raise EnvError(f"DATABASE_URL scheme {scheme!r} is not supported (sqlite, postgresql)")
+    raise EnvError(
+        f"DATABASE_URL scheme {scheme!r} is not supported (sqlite, postgresql)"
+    )

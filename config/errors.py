@@ -30,7 +30,9 @@ class PlatformError(Exception):
     status_code = status.HTTP_400_BAD_REQUEST
     error_type = "invalid_request_error"
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+    def __init__(
+        self, message: str, *, param: str | None = None, code: str | None = None
+    ):
         super().__init__(message)
         self.message = message
         self.param = param
@@ -81,7 +83,8 @@ def error_body(
     """Return the error document for ``status_code``."""
     return {
         "error": {
-            "type": error_type or _TYPE_BY_STATUS.get(status_code, "invalid_request_error"),
+            "type": error_type
+            or _TYPE_BY_STATUS.get(status_code, "invalid_request_error"),
             "message": message,
             "param": param,
             "code": code,
@@ -95,7 +98,9 @@ def first_validation_error(detail: Any, prefix: str = "") -> tuple[str | None, s
         for key, value in detail.items():
             name = str(key)
             param = None if name == "non_field_errors" else f"{prefix}{name}"
-            inner_param, message = first_validation_error(value, f"{param}." if param else "")
+            inner_param, message = first_validation_error(
+                value, f"{param}." if param else ""
+            )
             return (inner_param or param), message
         return None, "invalid request"
     if isinstance(detail, list):
@@ -111,8 +116,13 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
     """Render every control-plane failure in the one error shape."""
     if isinstance(exc, PlatformError):
         return Response(
-            error_body(exc.status_code, exc.message, param=exc.param, code=exc.code,
-                       error_type=exc.error_type),
+            error_body(
+                exc.status_code,
+                exc.message,
+                param=exc.param,
+                code=exc.code,
+                error_type=exc.error_type,
+            ),
             status=exc.status_code,
         )
     # Imported here: accounts.auth (loaded by rest_framework.views through the
@@ -121,7 +131,9 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
 
     response = drf_default_handler(exc, context)
     if response is None:
-        logger.exception("unhandled error in %s", context.get("view").__class__.__name__)
+        logger.exception(
+            "unhandled error in %s", context.get("view").__class__.__name__
+        )
         return Response(
             error_body(500, "internal error; the failure was logged"),
             status=status.HTTP_500_INTERNAL_SERVER_ERROR,
@@ -142,16 +154,21 @@ def _is_api_path(request: HttpRequest) -> bool:
     return request.path.startswith(API_PREFIXES)
 
 
-def handler404(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+def handler404(
+    request: HttpRequest, exception: Exception | None = None
+) -> HttpResponse:
     """Return a JSON 404 under the API prefixes and Django's page elsewhere."""
     if _is_api_path(request):
-        return JsonResponse(error_body(404, f"no such endpoint: {request.path}"), status=404)
+        return JsonResponse(
+            error_body(404, f"no such endpoint: {request.path}"), status=404
+        )
     return page_not_found(request, exception)  # type: ignore[arg-type]
 
 
 def handler500(request: HttpRequest) -> HttpResponse:
     """Return a JSON 500 under the API prefixes and Django's page elsewhere."""
     if _is_api_path(request):
-        return JsonResponse(error_body(500, "internal error; the failure was logged"),
-                            status=500)
+        return JsonResponse(
+            error_body(500, "internal error; the failure was logged"), status=500
+        )
     return server_error(request)

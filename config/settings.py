@@ -150,7 +150,9 @@ else:
 # Auth, i18n, static
 # ---------------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [
-    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {
+        "NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"
+    },
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
@@ -201,7 +203,9 @@ try:
     # beats a replica leaves the ring and the reaper marks it gone.
     PLATFORM_HEARTBEAT_S = env_float("PLATFORM_HEARTBEAT_S", 1.0, minimum=0.05)
     PLATFORM_MISSED_BEATS = env_int("PLATFORM_MISSED_BEATS", 3, minimum=1)
-    PLATFORM_REAPER_INTERVAL_S = env_float("PLATFORM_REAPER_INTERVAL_S", 5.0, minimum=0.5)
+    PLATFORM_REAPER_INTERVAL_S = env_float(
+        "PLATFORM_REAPER_INTERVAL_S", 5.0, minimum=0.5
+    )
     # Weights, eval reports and batch files may live only under these URI prefixes.
     PLATFORM_STORAGE_ROOTS = env_list(
         "PLATFORM_STORAGE_ROOTS",
@@ -218,7 +222,9 @@ except EnvError as exc:
 # ---------------------------------------------------------------------------
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
-    CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": f"{REDIS_KEY_PREFIX}:celery:"}
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "global_keyprefix": f"{REDIS_KEY_PREFIX}:celery:"
+    }
 else:
     # A broker that needs no server: kombu's filesystem transport, shared by the
     # worker and the processes that enqueue on this machine.
@@ -258,7 +264,9 @@ LOG_LEVEL = env_str("PLATFORM_LOG_LEVEL", "INFO").upper()
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}
+    },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {"django.db.backends": {"level": "WARNING"}},

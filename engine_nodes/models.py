@@ -29,7 +29,9 @@ class Replica(models.Model):
         "models_registry.Model", on_delete=models.CASCADE, related_name="replicas"
     )
     version = models.ForeignKey(
-        "models_registry.ModelVersion", on_delete=models.CASCADE, related_name="replicas"
+        "models_registry.ModelVersion",
+        on_delete=models.CASCADE,
+        related_name="replicas",
     )
     region = models.CharField(max_length=64)
     node = models.CharField(max_length=255)
@@ -58,12 +60,15 @@ class Replica(models.Model):
                 name="replica_state_known",
             ),
             models.CheckConstraint(
-                condition=Q(kv_cache_usage_perc__gte=0.0) & Q(kv_cache_usage_perc__lte=1.0),
+                condition=Q(kv_cache_usage_perc__gte=0.0)
+                & Q(kv_cache_usage_perc__lte=1.0),
                 name="replica_kv_usage_fraction",
             ),
         ]
         indexes = [
-            models.Index(fields=["model", "region", "state"], name="replica_pool_state"),
+            models.Index(
+                fields=["model", "region", "state"], name="replica_pool_state"
+            ),
             models.Index(fields=["state", "last_heartbeat"], name="replica_liveness"),
         ]
 

@@ -21,9 +21,12 @@ def reap_silent_replicas(*, now: datetime) -> list[str]:
     starting is reaped too. The update is a compare-and-set on the same condition:
     a replica whose heartbeat lands between the read and the write is left alone.
     """
-    cutoff = silence_cutoff(now, settings.PLATFORM_HEARTBEAT_S, settings.PLATFORM_MISSED_BEATS)
+    cutoff = silence_cutoff(
+        now, settings.PLATFORM_HEARTBEAT_S, settings.PLATFORM_MISSED_BEATS
+    )
     silent = Replica.objects.live().filter(
-        Q(last_heartbeat__lt=cutoff) | Q(last_heartbeat__isnull=True, created_at__lt=cutoff)
+        Q(last_heartbeat__lt=cutoff)
+        | Q(last_heartbeat__isnull=True, created_at__lt=cutoff)
     )
     reaped = []
     for replica_id in list(silent.values_list("replica_id", flat=True)):

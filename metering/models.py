@@ -15,7 +15,9 @@ class Usage(models.Model):
     the prefix cache. ``shed`` counts 503s; ``rate_limited`` counts 429s.
     """
 
-    team = models.ForeignKey("accounts.Team", on_delete=models.PROTECT, related_name="+")
+    team = models.ForeignKey(
+        "accounts.Team", on_delete=models.PROTECT, related_name="+"
+    )
     model = models.ForeignKey(
         "models_registry.Model", on_delete=models.PROTECT, related_name="+"
     )
@@ -35,7 +37,8 @@ class Usage(models.Model):
         ordering = ["-minute", "team_id"]
         constraints = [
             models.UniqueConstraint(
-                fields=["team", "model", "version", "minute"], name="usage_team_model_minute"
+                fields=["team", "model", "version", "minute"],
+                name="usage_team_model_minute",
             ),
             models.CheckConstraint(
                 condition=Q(cached_tokens__lte=F("prompt_tokens")),

@@ -12,9 +12,9 @@ from django.db.models import Q
 from accounts.models import sha256_validator, slug_validator
 from models_registry.domain.identity import (
     IDENTITY_FIELDS,
+    MAX_GPUS_PER_REPLICA,
     SHA256_PATTERN,
     VERSION_PATTERN,
-    MAX_GPUS_PER_REPLICA,
     Precision,
     VersionStatus,
     canonical_json,
@@ -35,13 +35,23 @@ class Model(models.Model):
     of conversations, split by a stable hash of the conversation id.
     """
 
-    model = models.CharField(primary_key=True, max_length=64, validators=[slug_validator])
+    model = models.CharField(
+        primary_key=True, max_length=64, validators=[slug_validator]
+    )
     description = models.CharField(max_length=300, blank=True)
     live_version = models.ForeignKey(
-        "ModelVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+        "ModelVersion",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
     )
     canary_version = models.ForeignKey(
-        "ModelVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+        "ModelVersion",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
     )
     canary_percent = models.FloatField(
         default=0.0, validators=[MinValueValidator(0.0), MaxValueValidator(100.0)]
@@ -72,7 +82,9 @@ class Model(models.Model):
         for field in ("live_version", "canary_version"):
             target = getattr(self, field)
             if target is not None and target.model_id != self.model:
-                raise ValidationError({field: f"{target} is not a version of {self.model}"})
+                raise ValidationError(
+                    {field: f"{target} is not a version of {self.model}"}
+                )
 
 
 class ModelVersionQuerySet(models.QuerySet):
@@ -137,12 +149,15 @@ class ModelVersion(models.Model):
         db_table = "model_versions"
         ordering = ["model_id", "-created_at"]
         constraints = [
-            models.UniqueConstraint(fields=["model", "version"], name="model_version_unique"),
+            models.UniqueConstraint(
+                fields=["model", "version"], name="model_version_unique"
+            ),
             models.CheckConstraint(
                 condition=Q(weights_hash__regex=_HEX64), name="version_weights_hash_hex"
             ),
             models.CheckConstraint(
-                condition=Q(tokenizer_hash__regex=_HEX64), name="version_tokenizer_hash_hex"
+                condition=Q(tokenizer_hash__regex=_HEX64),
+                name="version_tokenizer_hash_hex",
             ),
             models.CheckConstraint(
                 condition=Q(chat_template_hash__regex=_HEX64),
@@ -171,11 +186,6 @@ class ModelVersion(models.Model):
     def __str__(self) -> str:
         return f"{self.model_id}@{self.version}"
 
-    @property
-    def ref(self) -> str:
-        """The pinned name a client may send: ``chat-7b@v13``."""
-        return f"{self.model_id}@{self.version}"
-
     def save(self, *args: Any, **kwargs: Any) -> None:
         """Save, refusing any change to identity fields of an existing version."""
         if not self._state.adding:
@@ -194,6 +204,11 @@ class ModelVersion(models.Model):
                     )
         super().save(*args, **kwargs)
 
+    @property
+    def ref(self) -> str:
+        """The pinned name a client may send: ``chat-7b@v13``."""
+        return f"{self.model_id}@{self.version}"
+
 
 _IDENTITY_ATTRS = set(IDENTITY_FIELDS) | {"model"}
 
@@ -207,7 +222,9 @@ class Pool(models.Model):
     """The replicas of one version in one region, with the autoscaler's bounds."""
 
     model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="pools")
-    version = models.ForeignKey(ModelVersion, on_delete=models.CASCADE, related_name="pools")
+    version = models.ForeignKey(
+        ModelVersion, on_delete=models.CASCADE, related_name="pools"
+    )
     region = models.CharField(max_length=64, validators=[slug_validator])
     min_replicas = models.PositiveIntegerField(default=1)
     max_replicas = models.PositiveIntegerField(default=1)
@@ -217,12 +234,16 @@ class Pool(models.Model):
         db_table = "pools"
         ordering = ["model_id", "region", "version_id"]
         constraints = [
-            models.UniqueConstraint(fields=["version", "region"], name="pool_version_region"),
+            models.UniqueConstraint(
+                fields=["version", "region"], name="pool_version_region"
+            ),
             models.CheckConstraint(
                 condition=Q(min_replicas__lte=models.F("max_replicas")),
                 name="pool_min_le_max",
             ),
-            models.CheckConstraint(condition=Q(max_replicas__gte=1), name="pool_max_positive"),
+            models.CheckConstraint(
+                condition=Q(max_replicas__gte=1), name="pool_max_positive"
+            ),
         ]
         indexes = [models.Index(fields=["model", "region"], name="pool_model_region")]
 
@@ -232,6 +253,8 @@ class Pool(models.Model):
     def clean(self) -> None:
         """Keep the version and the model in agreement, and min <= max."""
         if self.version_id and self.model_id and self.version.model_id != self.model_id:
-            raise ValidationError({"version": f"{self.version} is not a version of {self.model_id}"})
+            raise ValidationError(
+                {"version": f"{self.version} is not a version of {self.model_id}"}
+            )
         if self.min_replicas > self.max_replicas:
             raise ValidationError({"min_replicas": "must not exceed max_replicas"})

@@ -13,6 +13,7 @@ from config.errors import Conflict, InvalidRequest, NotFound
 from engine_nodes.domain.liveness import ReplicaState, is_silent
 from models_registry.domain.capacity import CapacityRecord, pool_capacity_tokens
 from models_registry.domain.identity import (
+    MAX_GPUS_PER_REPLICA,
     Precision,
     VersionStatus,
     canonical_json,
@@ -24,7 +25,6 @@ from models_registry.domain.identity import (
     sha256_text,
     uri_errors,
 )
-from models_registry.domain.identity import MAX_GPUS_PER_REPLICA
 from models_registry.models import Model, ModelVersion, Pool
 
 # The window over which the pool state reports its prefix hit rate.
@@ -117,7 +117,9 @@ def register_version(
                 )
             if version is not None and other.version == version:
                 raise Conflict(
-                    f"{other.ref} already exists", param="version", code="duplicate_version"
+                    f"{other.ref} already exists",
+                    param="version",
+                    code="duplicate_version",
                 )
         label = version or next_version_label(v.version for v in existing)
         try:
@@ -137,7 +139,9 @@ def register_version(
                 )
         except IntegrityError:
             raise Conflict(
-                f"{model_id}@{label} already exists", param="version", code="duplicate_version"
+                f"{model_id}@{label} already exists",
+                param="version",
+                code="duplicate_version",
             ) from None
 
 
@@ -159,8 +163,13 @@ def _validate_identity(
     if eval_report_uri:
         problems = uri_errors(eval_report_uri, roots)
         if problems:
-            raise InvalidRequest(f"eval_report_uri {problems[0]}", param="eval_report_uri")
-    for param, value in (("weights_hash", weights_hash), ("tokenizer_hash", tokenizer_hash)):
+            raise InvalidRequest(
+                f"eval_report_uri {problems[0]}", param="eval_report_uri"
+            )
+    for param, value in (
+        ("weights_hash", weights_hash),
+        ("tokenizer_hash", tokenizer_hash),
+    ):
         if not is_sha256_hex(value):
             raise InvalidRequest(
                 f"{param} must be a SHA-256 digest: 64 hex characters", param=param
@@ -196,25 +205,34 @@ def set_alias(*, model_id: str, version: str) -> Model:
         target = get_version(model_id, version)
         if target.status in {VersionStatus.REJECTED, VersionStatus.RETIRED}:
             raise InvalidRequest(
-                f"{target.ref} is {target.status} and cannot take traffic", param="version"
+                f"{target.ref} is {target.status} and cannot take traffic",
+                param="version",
             )
         previous_id = model.live_version_id
         if previous_id is not None and previous_id != target.pk:
-            ModelVersion.objects.filter(pk=previous_id).update(status=VersionStatus.READY)
+            ModelVersion.objects.filter(pk=previous_id).update(
+                status=VersionStatus.READY
+            )
         ModelVersion.objects.filter(pk=target.pk).update(status=VersionStatus.LIVE)
         model.live_version = target
         model.canary_version = None
         model.canary_percent = 0.0
-        model.save(update_fields=["live_version", "canary_version", "canary_percent",
-                                  "updated_at"])
+        model.save(
+            update_fields=[
+                "live_version",
+                "canary_version",
+                "canary_percent",
+                "updated_at",
+            ]
+        )
         end_pending_rollout(model_id=model_id, live_version_id=target.pk)
     return model
 
 
 def model_detail(model_id: str) -> dict[str, Any]:
     """Return a model with its versions, pools and pending rollout."""
-    from rollouts.models import Rollout
     from rollouts.domain.plan import Decision
+    from rollouts.models import Rollout
 
     model = get_model(model_id)
     versions = list(ModelVersion.objects.filter(model=model).order_by("created_at"))
@@ -229,8 +247,12 @@ def model_detail(model_id: str) -> dict[str, Any]:
         "canary_percent": model.canary_percent,
         "versions": [version_dict(v) for v in versions],
         "pools": [
-            {"version": p.version.version, "region": p.region,
-             "min_replicas": p.min_replicas, "max_replicas": p.max_replicas}
+            {
+                "version": p.version.version,
+                "region": p.region,
+                "min_replicas": p.min_replicas,
+                "max_replicas": p.max_replicas,
+            }
             for p in pools
         ],
         "rollout": rollout_dict(pending) if pending else None,
@@ -272,7 +294,9 @@ def rollout_dict(rollout: Any) -> dict[str, Any]:
     }
 
 
-def pool_state(*, model_id: str, now: datetime, region: str | None = None) -> dict[str, Any]:
+def pool_state(
+    *, model_id: str, now: datetime, region: str | None = None
+) -> dict[str, Any]:
     """Return the seed's pool state: replicas, queue depth, tokens in flight, hit rate.
 
     Sums cover replicas that are serving and heard from within the missed-beat
@@ -313,7 +337,9 @@ def pool_state(*, model_id: str, now: datetime, region: str | None = None) -> di
                 "tokens_in_flight": replica.tokens_in_flight,
                 "kv_cache_usage_perc": replica.kv_cache_usage_perc,
                 "last_heartbeat": (
-                    replica.last_heartbeat.isoformat() if replica.last_heartbeat else None
+                    replica.last_heartbeat.isoformat()
+                    if replica.last_heartbeat
+                    else None
                 ),
             }
         )
@@ -343,7 +369,8 @@ def pool_state(*, model_id: str, now: datetime, region: str | None = None) -> di
         "replicas": replicas,
         "queue_depth": queue_depth,
         "tokens_in_flight": tokens_in_flight,
-        "prefix_hit_rate": prefix_hit_rate_since(model_id=model.model,
-                                                 since=now - HIT_RATE_WINDOW),
+        "prefix_hit_rate": prefix_hit_rate_since(
+            model_id=model.model, since=now - HIT_RATE_WINDOW
+        ),
         "pools": pools,
     }

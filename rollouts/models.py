@@ -19,7 +19,9 @@ class Rollout(models.Model):
         "models_registry.Model", on_delete=models.CASCADE, related_name="rollouts"
     )
     version = models.ForeignKey(
-        "models_registry.ModelVersion", on_delete=models.CASCADE, related_name="rollouts"
+        "models_registry.ModelVersion",
+        on_delete=models.CASCADE,
+        related_name="rollouts",
     )
     stage = models.CharField(max_length=16, choices=[(s.value, s.value) for s in Stage])
     percent = models.FloatField()
@@ -46,14 +48,17 @@ class Rollout(models.Model):
                 name="rollout_percent_range",
             ),
             models.CheckConstraint(
-                condition=Q(stage__in=[s.value for s in Stage]), name="rollout_stage_known"
+                condition=Q(stage__in=[s.value for s in Stage]),
+                name="rollout_stage_known",
             ),
             models.CheckConstraint(
                 condition=Q(decision__in=[d.value for d in Decision]),
                 name="rollout_decision_known",
             ),
         ]
-        indexes = [models.Index(fields=["model", "started_at"], name="rollout_model_started")]
+        indexes = [
+            models.Index(fields=["model", "started_at"], name="rollout_model_started")
+        ]
 
     def __str__(self) -> str:
         return f"{self.version} {self.stage} {self.percent:g}% ({self.decision})"

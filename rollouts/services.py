@@ -13,8 +13,9 @@ from rollouts.domain.plan import Decision, Stage, stage_errors
 from rollouts.models import Rollout
 
 
-def set_rollout(*, model_id: str, version: str, stage: str, percent: float,
-                now: datetime) -> Rollout:
+def set_rollout(
+    *, model_id: str, version: str, stage: str, percent: float, now: datetime
+) -> Rollout:
     """Put ``version`` at ``stage`` for ``percent`` of traffic (seed: PUT .../rollout).
 
     A canary sets the model's canary version and share, split by conversation id;
@@ -71,11 +72,15 @@ def end_pending_rollout(*, model_id: str, live_version_id: int) -> Rollout | Non
     Promoted when the alias now points at the rollout's version, rolled back when it
     points anywhere else. Call inside the alias change's transaction.
     """
-    pending = Rollout.objects.filter(model_id=model_id, decision=Decision.PENDING).first()
+    pending = Rollout.objects.filter(
+        model_id=model_id, decision=Decision.PENDING
+    ).first()
     if pending is None:
         return None
     decision = (
-        Decision.PROMOTED if pending.version_id == live_version_id else Decision.ROLLED_BACK
+        Decision.PROMOTED
+        if pending.version_id == live_version_id
+        else Decision.ROLLED_BACK
     )
     Rollout.objects.filter(pk=pending.pk, decision=Decision.PENDING).update(
         decision=decision, decided_at=timezone.now()

@@ -24,11 +24,22 @@ ENDPOINTS = [
     ("post", "/admin/models", {"model": "x-1"}),
     ("get", "/admin/models/chat-7b", None),
     ("post", "/admin/models/chat-7b/versions", version_body()),
-    ("put", "/admin/models/chat-7b/rollout", {"version": "v1", "stage": "canary",
-                                              "percent": 1}),
+    (
+        "put",
+        "/admin/models/chat-7b/rollout",
+        {"version": "v1", "stage": "canary", "percent": 1},
+    ),
     ("put", "/admin/models/chat-7b/alias", {"version": "v1"}),
-    ("put", "/admin/teams/search/limits", {"model": "chat-7b", "tokens_per_minute": 1000,
-                                           "max_concurrency": 2, "guaranteed_share": 0.1}),
+    (
+        "put",
+        "/admin/teams/search/limits",
+        {
+            "model": "chat-7b",
+            "tokens_per_minute": 1000,
+            "max_concurrency": 2,
+            "guaranteed_share": 0.1,
+        },
+    ),
     ("get", "/admin/pools/chat-7b/state", None),
     ("get", "/admin/teams", None),
     ("post", "/admin/teams", {"team": "ads"}),
@@ -52,16 +63,18 @@ def assert_error(response, status: int, error_type: str, param: str | None = Non
 
 
 @pytest.mark.parametrize(("method", "path", "body"), ENDPOINTS)
-def test_admin_endpoint_without_token_is_401(anon_client, chat_v1, team, method, path,
-                                             body):
+def test_admin_endpoint_without_token_is_401(
+    anon_client, chat_v1, team, method, path, body
+):
     response = getattr(anon_client, method)(path, body, format="json")
     assert_error(response, 401, "authentication_error")
     assert response["WWW-Authenticate"].startswith("Bearer")
 
 
 @pytest.mark.parametrize(("method", "path", "body"), ENDPOINTS)
-def test_admin_endpoint_with_team_key_is_403(anon_client, chat_v1, team_secret, method,
-                                             path, body):
+def test_admin_endpoint_with_team_key_is_403(
+    anon_client, chat_v1, team_secret, method, path, body
+):
     anon_client.credentials(HTTP_AUTHORIZATION=f"Bearer {team_secret}")
     response = getattr(anon_client, method)(path, body, format="json")
     assert_error(response, 403, "permission_error")
@@ -97,17 +110,24 @@ def test_unknown_admin_path_is_json_404(admin_client):
 
 
 def test_wrong_method_is_405_in_error_shape(admin_client, chat_model):
-    assert_error(admin_client.delete("/admin/models/chat-7b"), 405, "invalid_request_error")
+    assert_error(
+        admin_client.delete("/admin/models/chat-7b"), 405, "invalid_request_error"
+    )
 
 
 def test_invalid_json_body_is_400(admin_client, chat_model):
-    response = admin_client.post("/admin/models/chat-7b/versions", data="{not json",
-                                 content_type="application/json")
+    response = admin_client.post(
+        "/admin/models/chat-7b/versions",
+        data="{not json",
+        content_type="application/json",
+    )
     assert_error(response, 400, "invalid_request_error")
 
 
 def test_body_that_is_not_an_object_is_400(admin_client, chat_model):
-    response = admin_client.post("/admin/models/chat-7b/versions", [1, 2], format="json")
+    response = admin_client.post(
+        "/admin/models/chat-7b/versions", [1, 2], format="json"
+    )
     assert_error(response, 400, "invalid_request_error")
 
 
@@ -116,9 +136,13 @@ def test_schema_lists_the_seed_paths(admin_client):
     assert response.status_code == 200
     assert response["Content-Type"].startswith("application/vnd.oai.openapi+json")
     paths = json.loads(response.content)["paths"]
-    for path in ["/admin/models/{model}/versions", "/admin/models/{model}/rollout",
-                 "/admin/models/{model}/alias", "/admin/teams/{team}/limits",
-                 "/admin/pools/{model}/state"]:
+    for path in [
+        "/admin/models/{model}/versions",
+        "/admin/models/{model}/rollout",
+        "/admin/models/{model}/alias",
+        "/admin/teams/{team}/limits",
+        "/admin/pools/{model}/state",
+    ]:
         assert path in paths
 
 
@@ -126,7 +150,9 @@ def test_schema_lists_the_seed_paths(admin_client):
 
 
 def test_create_model(admin_client):
-    response = admin_client.post("/admin/models", {"model": "reason-70b"}, format="json")
+    response = admin_client.post(
+        "/admin/models", {"model": "reason-70b"}, format="json"
+    )
     assert response.status_code == 201
     assert response.json()["model"] == "reason-70b"
     assert Model.objects.filter(pk="reason-70b").exists()
@@ -173,8 +199,11 @@ def test_register_version_accepts_an_explicit_label(admin_client, chat_model):
 def test_register_same_identity_twice_is_409(admin_client, chat_v1):
     # Same identity with the engine config keys in another order is still a duplicate.
     config = dict(reversed(list(version_body()["engine_config"].items())))
-    response = admin_client.post("/admin/models/chat-7b/versions",
-                                 version_body(engine_config=config), format="json")
+    response = admin_client.post(
+        "/admin/models/chat-7b/versions",
+        version_body(engine_config=config),
+        format="json",
+    )
     assert_error(response, 409, "conflict_error")
     assert "chat-7b@v1" in response.json()["error"]["message"]
     assert ModelVersion.objects.count() == 1
@@ -187,8 +216,9 @@ def test_register_existing_label_is_409(admin_client, chat_v1):
 
 
 def test_register_version_for_unknown_model_is_404(admin_client):
-    response = admin_client.post("/admin/models/nope/versions", version_body(),
-                                 format="json")
+    response = admin_client.post(
+        "/admin/models/nope/versions", version_body(), format="json"
+    )
     assert_error(response, 404, "not_found_error", "model")
 
 
@@ -211,8 +241,9 @@ def test_register_version_for_unknown_model_is_404(admin_client):
     ],
 )
 def test_register_version_rejects_bad_fields(admin_client, chat_model, change, param):
-    response = admin_client.post("/admin/models/chat-7b/versions", version_body(**change),
-                                 format="json")
+    response = admin_client.post(
+        "/admin/models/chat-7b/versions", version_body(**change), format="json"
+    )
     assert_error(response, 400, "invalid_request_error", param)
     assert not ModelVersion.objects.exists()
 
@@ -224,8 +255,9 @@ def test_register_version_missing_field_names_it(admin_client, chat_model):
     assert_error(response, 400, "invalid_request_error", "tokenizer_hash")
 
 
-def test_register_version_accepts_uppercase_hash_and_stores_lowercase(admin_client,
-                                                                      chat_model):
+def test_register_version_accepts_uppercase_hash_and_stores_lowercase(
+    admin_client, chat_model
+):
     body = version_body(weights_hash=digest("w").upper())
     response = admin_client.post("/admin/models/chat-7b/versions", body, format="json")
     assert response.status_code == 201
@@ -241,7 +273,9 @@ def test_get_model_shows_versions_and_alias(admin_client, chat_v1):
 
 
 def test_get_unknown_model_is_404(admin_client):
-    assert_error(admin_client.get("/admin/models/nope"), 404, "not_found_error", "model")
+    assert_error(
+        admin_client.get("/admin/models/nope"), 404, "not_found_error", "model"
+    )
 
 
 # --- alias and rollout ---------------------------------------------------------------
@@ -252,14 +286,17 @@ def chat_v2(chat_v1):
     from models_registry import services
 
     services.set_alias(model_id="chat-7b", version="v1")
-    return services.register_version(model_id="chat-7b",
-                                     **version_body(weights_hash=digest("v2 weights")))
+    return services.register_version(
+        model_id="chat-7b", **version_body(weights_hash=digest("v2 weights"))
+    )
 
 
 def test_canary_rollout_sets_the_model_canary(admin_client, chat_v2):
-    response = admin_client.put("/admin/models/chat-7b/rollout",
-                                {"version": "v2", "stage": "canary", "percent": 10},
-                                format="json")
+    response = admin_client.put(
+        "/admin/models/chat-7b/rollout",
+        {"version": "v2", "stage": "canary", "percent": 10},
+        format="json",
+    )
     assert response.status_code == 200, response.content
     assert response.json()["stage"] == "canary"
     model = Model.objects.get(pk="chat-7b")
@@ -268,11 +305,16 @@ def test_canary_rollout_sets_the_model_canary(admin_client, chat_v2):
 
 
 def test_shadow_rollout_clears_the_canary(admin_client, chat_v2):
-    admin_client.put("/admin/models/chat-7b/rollout",
-                     {"version": "v2", "stage": "canary", "percent": 10}, format="json")
-    response = admin_client.put("/admin/models/chat-7b/rollout",
-                                {"version": "v2", "stage": "shadow", "percent": 1},
-                                format="json")
+    admin_client.put(
+        "/admin/models/chat-7b/rollout",
+        {"version": "v2", "stage": "canary", "percent": 10},
+        format="json",
+    )
+    response = admin_client.put(
+        "/admin/models/chat-7b/rollout",
+        {"version": "v2", "stage": "shadow", "percent": 1},
+        format="json",
+    )
     assert response.status_code == 200
     model = Model.objects.get(pk="chat-7b")
     assert model.canary_version_id is None
@@ -283,8 +325,12 @@ def test_shadow_rollout_clears_the_canary(admin_client, chat_v2):
 
 def test_repeating_a_rollout_is_idempotent(admin_client, chat_v2):
     body = {"version": "v2", "stage": "canary", "percent": 1}
-    first = admin_client.put("/admin/models/chat-7b/rollout", body, format="json").json()
-    second = admin_client.put("/admin/models/chat-7b/rollout", body, format="json").json()
+    first = admin_client.put(
+        "/admin/models/chat-7b/rollout", body, format="json"
+    ).json()
+    second = admin_client.put(
+        "/admin/models/chat-7b/rollout", body, format="json"
+    ).json()
     assert first["id"] == second["id"]
     assert Rollout.objects.count() == 1
 
@@ -308,17 +354,23 @@ def test_rollout_rejects_bad_requests(admin_client, chat_v2, body, status, param
 
 
 def test_rollout_on_unknown_model_is_404(admin_client):
-    response = admin_client.put("/admin/models/nope/rollout",
-                                {"version": "v1", "stage": "canary", "percent": 1},
-                                format="json")
+    response = admin_client.put(
+        "/admin/models/nope/rollout",
+        {"version": "v1", "stage": "canary", "percent": 1},
+        format="json",
+    )
     assert_error(response, 404, "not_found_error", "model")
 
 
 def test_alias_promotes_the_canary(admin_client, chat_v2):
-    admin_client.put("/admin/models/chat-7b/rollout",
-                     {"version": "v2", "stage": "canary", "percent": 50}, format="json")
-    response = admin_client.put("/admin/models/chat-7b/alias", {"version": "v2"},
-                                format="json")
+    admin_client.put(
+        "/admin/models/chat-7b/rollout",
+        {"version": "v2", "stage": "canary", "percent": 50},
+        format="json",
+    )
+    response = admin_client.put(
+        "/admin/models/chat-7b/alias", {"version": "v2"}, format="json"
+    )
     assert response.status_code == 200
     assert response.json()["live_version"] == "v2"
     model = Model.objects.get(pk="chat-7b")
@@ -330,10 +382,14 @@ def test_alias_promotes_the_canary(admin_client, chat_v2):
 
 
 def test_alias_back_to_old_version_rolls_back(admin_client, chat_v2):
-    admin_client.put("/admin/models/chat-7b/rollout",
-                     {"version": "v2", "stage": "canary", "percent": 10}, format="json")
-    response = admin_client.put("/admin/models/chat-7b/alias", {"version": "v1"},
-                                format="json")
+    admin_client.put(
+        "/admin/models/chat-7b/rollout",
+        {"version": "v2", "stage": "canary", "percent": 10},
+        format="json",
+    )
+    response = admin_client.put(
+        "/admin/models/chat-7b/alias", {"version": "v1"}, format="json"
+    )
     assert response.json()["live_version"] == "v1"
     assert response.json()["canary_version"] is None
     assert Rollout.objects.get().decision == "rolled_back"
@@ -341,15 +397,17 @@ def test_alias_back_to_old_version_rolls_back(admin_client, chat_v2):
 
 def test_alias_to_rejected_version_is_400(admin_client, chat_v2):
     ModelVersion.objects.filter(pk=chat_v2.pk).update(status="rejected")
-    response = admin_client.put("/admin/models/chat-7b/alias", {"version": "v2"},
-                                format="json")
+    response = admin_client.put(
+        "/admin/models/chat-7b/alias", {"version": "v2"}, format="json"
+    )
     assert_error(response, 400, "invalid_request_error", "version")
     assert Model.objects.get(pk="chat-7b").live_version.version == "v1"
 
 
 def test_alias_to_unknown_version_is_404(admin_client, chat_v1):
-    response = admin_client.put("/admin/models/chat-7b/alias", {"version": "v7"},
-                                format="json")
+    response = admin_client.put(
+        "/admin/models/chat-7b/alias", {"version": "v7"}, format="json"
+    )
     assert_error(response, 404, "not_found_error", "version")
 
 
@@ -357,8 +415,9 @@ def test_alias_to_unknown_version_is_404(admin_client, chat_v1):
 
 
 def test_create_team(admin_client):
-    response = admin_client.post("/admin/teams", {"team": "ads", "name": "Ads"},
-                                 format="json")
+    response = admin_client.post(
+        "/admin/teams", {"team": "ads", "name": "Ads"}, format="json"
+    )
     assert response.status_code == 201
     assert response.json() == {**response.json(), "team": "ads", "name": "Ads"}
 
@@ -374,7 +433,9 @@ def test_create_team_with_bad_slug_is_400(admin_client):
 
 
 def test_issue_key_returns_the_secret_once_and_stores_its_hash(admin_client, team):
-    response = admin_client.post("/admin/teams/search/keys", {"name": "ci"}, format="json")
+    response = admin_client.post(
+        "/admin/teams/search/keys", {"name": "ci"}, format="json"
+    )
     assert response.status_code == 201
     secret = response.json()["key"]
     stored = ApiKey.objects.get(pk=response.json()["id"])
@@ -393,7 +454,9 @@ def test_issue_key_for_unknown_team_is_404(admin_client):
 
 
 def test_revoke_key(admin_client, team):
-    key_id = admin_client.post("/admin/teams/search/keys", {}, format="json").json()["id"]
+    key_id = admin_client.post("/admin/teams/search/keys", {}, format="json").json()[
+        "id"
+    ]
     response = admin_client.delete(f"/admin/teams/search/keys/{key_id}")
     assert response.status_code == 204
     first = ApiKey.objects.get(pk=key_id).revoked_at
@@ -421,8 +484,12 @@ def test_revoke_other_teams_key_is_404(admin_client, team):
 
 
 def test_set_limits_creates_then_replaces(admin_client, team, chat_model):
-    body = {"model": "chat-7b", "tokens_per_minute": 60000, "max_concurrency": 20,
-            "guaranteed_share": 0.25}
+    body = {
+        "model": "chat-7b",
+        "tokens_per_minute": 60000,
+        "max_concurrency": 20,
+        "guaranteed_share": 0.25,
+    }
     response = admin_client.put("/admin/teams/search/limits", body, format="json")
     assert response.status_code == 201
     assert response.json() == {"team": "search", **body}
@@ -443,8 +510,13 @@ def test_set_limits_creates_then_replaces(admin_client, team, chat_model):
     ],
 )
 def test_set_limits_rejects_bad_values(admin_client, team, chat_model, change, param):
-    body = {"model": "chat-7b", "tokens_per_minute": 1000, "max_concurrency": 2,
-            "guaranteed_share": 0.1, **change}
+    body = {
+        "model": "chat-7b",
+        "tokens_per_minute": 1000,
+        "max_concurrency": 2,
+        "guaranteed_share": 0.1,
+        **change,
+    }
     response = admin_client.put("/admin/teams/search/limits", body, format="json")
     assert_error(response, 400, "invalid_request_error", param)
     assert not TeamLimit.objects.exists()
@@ -454,34 +526,52 @@ def test_set_limits_refuses_shares_over_the_whole_pool(admin_client, team, chat_
     from accounts import services
 
     services.create_team(team_id="ads")
-    services.set_team_limit(team_id="ads", model_id="chat-7b", tokens_per_minute=1000,
-                            max_concurrency=1, guaranteed_share=0.7)
-    body = {"model": "chat-7b", "tokens_per_minute": 1000, "max_concurrency": 2,
-            "guaranteed_share": 0.4}
+    services.set_team_limit(
+        team_id="ads",
+        model_id="chat-7b",
+        tokens_per_minute=1000,
+        max_concurrency=1,
+        guaranteed_share=0.7,
+    )
+    body = {
+        "model": "chat-7b",
+        "tokens_per_minute": 1000,
+        "max_concurrency": 2,
+        "guaranteed_share": 0.4,
+    }
     response = admin_client.put("/admin/teams/search/limits", body, format="json")
     assert_error(response, 400, "invalid_request_error", "guaranteed_share")
     body["guaranteed_share"] = 0.3
-    assert admin_client.put("/admin/teams/search/limits", body,
-                            format="json").status_code == 201
+    assert (
+        admin_client.put("/admin/teams/search/limits", body, format="json").status_code
+        == 201
+    )
 
 
 def test_set_limits_unknown_team_or_model_is_404(admin_client, team, chat_model):
     body = {"model": "chat-7b", "tokens_per_minute": 1000, "max_concurrency": 2}
     response = admin_client.put("/admin/teams/nope/limits", body, format="json")
     assert_error(response, 404, "not_found_error", "team")
-    response = admin_client.put("/admin/teams/search/limits", {**body, "model": "nope"},
-                                format="json")
+    response = admin_client.put(
+        "/admin/teams/search/limits", {**body, "model": "nope"}, format="json"
+    )
     assert_error(response, 404, "not_found_error", "model")
 
 
-def test_list_teams_has_fixed_query_count(admin_client, chat_model,
-                                          django_assert_max_num_queries):
+def test_list_teams_has_fixed_query_count(
+    admin_client, chat_model, django_assert_max_num_queries
+):
     from accounts import services
 
     for name in ["a", "b", "c", "d"]:
         services.create_team(team_id=name)
-        services.set_team_limit(team_id=name, model_id="chat-7b", tokens_per_minute=10,
-                                max_concurrency=1, guaranteed_share=0.1)
+        services.set_team_limit(
+            team_id=name,
+            model_id="chat-7b",
+            tokens_per_minute=10,
+            max_concurrency=1,
+            guaranteed_share=0.1,
+        )
     # Auth (token lookup + last-used update) + teams + prefetched limits.
     with django_assert_max_num_queries(4):
         response = admin_client.get("/admin/teams")
@@ -493,14 +583,18 @@ def test_list_teams_has_fixed_query_count(admin_client, chat_model,
 
 def test_pool_state_sums_serving_replicas(admin_client, chat_v1):
     now = timezone.now()
-    ReplicaFactory(version=chat_v1, queue_depth=2, tokens_in_flight=5000,
-                   last_heartbeat=now)
-    ReplicaFactory(version=chat_v1, queue_depth=1, tokens_in_flight=3000,
-                   last_heartbeat=now)
-    ReplicaFactory(version=chat_v1, state="loading", tokens_in_flight=999,
-                   last_heartbeat=now)
-    ReplicaFactory(version=chat_v1, state="gone", tokens_in_flight=777,
-                   last_heartbeat=now)
+    ReplicaFactory(
+        version=chat_v1, queue_depth=2, tokens_in_flight=5000, last_heartbeat=now
+    )
+    ReplicaFactory(
+        version=chat_v1, queue_depth=1, tokens_in_flight=3000, last_heartbeat=now
+    )
+    ReplicaFactory(
+        version=chat_v1, state="loading", tokens_in_flight=999, last_heartbeat=now
+    )
+    ReplicaFactory(
+        version=chat_v1, state="gone", tokens_in_flight=777, last_heartbeat=now
+    )
     data = admin_client.get("/admin/pools/chat-7b/state").json()
     assert data["queue_depth"] == 3
     assert data["tokens_in_flight"] == 8000
@@ -513,8 +607,11 @@ def test_pool_state_leaves_silent_replicas_out_of_the_sums(admin_client, chat_v1
 
     now = timezone.now()
     ReplicaFactory(version=chat_v1, tokens_in_flight=5000, last_heartbeat=now)
-    ReplicaFactory(version=chat_v1, tokens_in_flight=4000,
-                   last_heartbeat=now - timedelta(seconds=10))
+    ReplicaFactory(
+        version=chat_v1,
+        tokens_in_flight=4000,
+        last_heartbeat=now - timedelta(seconds=10),
+    )
     data = admin_client.get("/admin/pools/chat-7b/state").json()
     assert data["tokens_in_flight"] == 5000
     assert sorted(r["is_silent"] for r in data["replicas"]) == [False, True]
@@ -522,9 +619,16 @@ def test_pool_state_leaves_silent_replicas_out_of_the_sums(admin_client, chat_v1
 
 def test_pool_state_prefix_hit_rate_from_recent_usage(admin_client, chat_v1, team):
     minute = timezone.now().replace(second=0, microsecond=0)
-    Usage.objects.create(team=team, model_id="chat-7b", version=chat_v1, minute=minute,
-                         prompt_tokens=1200, cached_tokens=800, output_tokens=300,
-                         requests=1)
+    Usage.objects.create(
+        team=team,
+        model_id="chat-7b",
+        version=chat_v1,
+        minute=minute,
+        prompt_tokens=1200,
+        cached_tokens=800,
+        output_tokens=300,
+        requests=1,
+    )
     data = admin_client.get("/admin/pools/chat-7b/state").json()
     assert data["prefix_hit_rate"] == pytest.approx(800 / 1200)
 
@@ -539,8 +643,9 @@ def test_pool_state_filters_by_region(admin_client, chat_v1):
 
 
 def test_pool_state_unknown_model_is_404(admin_client):
-    assert_error(admin_client.get("/admin/pools/nope/state"), 404, "not_found_error",
-                 "model")
+    assert_error(
+        admin_client.get("/admin/pools/nope/state"), 404, "not_found_error", "model"
+    )
 
 
 def test_pool_state_query_count_does_not_grow_with_replicas(

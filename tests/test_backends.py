@@ -21,8 +21,10 @@ def test_database_is_the_one_configured():
     assert connection.vendor == expected
 
 
-@pytest.mark.skipif(not os.environ.get("DATABASE_URL", "").startswith("postgres"),
-                    reason="runs when DATABASE_URL names PostgreSQL")
+@pytest.mark.skipif(
+    not os.environ.get("DATABASE_URL", "").startswith("postgres"),
+    reason="runs when DATABASE_URL names PostgreSQL",
+)
 @pytest.mark.django_db
 def test_postgres_server_answers():
     with connection.cursor() as cursor:
@@ -31,7 +33,7 @@ def test_postgres_server_answers():
 
 
 def test_redis_cache_round_trips_on_the_real_server(redis_url):
-    assert settings.REDIS_URL == redis_url
+    assert redis_url == settings.REDIS_URL
     assert settings.CACHES["default"]["BACKEND"].endswith("RedisCache")
     key = f"test:{uuid.uuid4()}"
     cache.set(key, {"tokens": 5}, timeout=30)

@@ -70,11 +70,15 @@ def test_register_version_from_file(tmp_path: Path, chat_model):
     [
         ("{not json", "not valid JSON"),
         (json.dumps({**VERSION_BODY, "weights_hash": "xyz"}), "weights_hash"),
-        (json.dumps({k: v for k, v in VERSION_BODY.items() if k != "precision"}),
-         "precision"),
+        (
+            json.dumps({k: v for k, v in VERSION_BODY.items() if k != "precision"}),
+            "precision",
+        ),
     ],
 )
-def test_register_version_rejects_bad_files(tmp_path: Path, chat_model, content, message):
+def test_register_version_rejects_bad_files(
+    tmp_path: Path, chat_model, content, message
+):
     path = tmp_path / "version.json"
     path.write_text(content)
     with pytest.raises(CommandError, match=message):
@@ -101,18 +105,26 @@ def test_example_version_files_register(tmp_path: Path):
 
 def test_bootstrap_local_is_idempotent(tmp_path: Path):
     creds_path = tmp_path / "credentials.json"
-    first = json.loads(run("bootstrap_local", "--credentials", str(creds_path),
-                           "--json")[0])
-    second = json.loads(run("bootstrap_local", "--credentials", str(creds_path),
-                            "--json")[0])
+    first = json.loads(
+        run("bootstrap_local", "--credentials", str(creds_path), "--json")[0]
+    )
+    second = json.loads(
+        run("bootstrap_local", "--credentials", str(creds_path), "--json")[0]
+    )
     assert first == second
     assert creds_path.stat().st_mode & 0o777 == 0o600
     assert AdminToken.objects.count() == 1
     assert ApiKey.objects.count() == 1
     assert ApiKey.objects.get().key_hash == hash_secret(first["team_key"])
-    assert get_user_model().objects.get(username="admin").check_password(
-        first["console_password"])
-    assert set(Model.objects.values_list("model", flat=True)) == {"chat-7b", "reason-70b"}
+    assert (
+        get_user_model()
+        .objects.get(username="admin")
+        .check_password(first["console_password"])
+    )
+    assert set(Model.objects.values_list("model", flat=True)) == {
+        "chat-7b",
+        "reason-70b",
+    }
     assert all(m.live_version_id for m in Model.objects.all())
     assert Pool.objects.count() == 2
     assert TeamLimit.objects.filter(team_id="demo").count() == 2
@@ -122,12 +134,14 @@ def test_bootstrap_local_replaces_revoked_secrets(tmp_path: Path):
     from django.utils import timezone
 
     creds_path = tmp_path / "credentials.json"
-    first = json.loads(run("bootstrap_local", "--credentials", str(creds_path),
-                           "--json")[0])
+    first = json.loads(
+        run("bootstrap_local", "--credentials", str(creds_path), "--json")[0]
+    )
     ApiKey.objects.update(revoked_at=timezone.now())
     AdminToken.objects.update(revoked_at=timezone.now())
-    second = json.loads(run("bootstrap_local", "--credentials", str(creds_path),
-                            "--json")[0])
+    second = json.loads(
+        run("bootstrap_local", "--credentials", str(creds_path), "--json")[0]
+    )
     assert second["team_key"] != first["team_key"]
     assert second["admin_token"] != first["admin_token"]
     assert ApiKey.objects.active().get().key_hash == hash_secret(second["team_key"])

@@ -3,6 +3,7 @@ versions registered through the same service as the REST API."""
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import timedelta
 from typing import Any
@@ -324,6 +325,7 @@ def test_console_revoke_action_revokes_only_active_secrets(
 def version_form(**changes: Any) -> dict[str, Any]:
     """Return the console add form for chat-7b with ``changes`` applied."""
     body = version_body(**changes)
+    config = body["engine_config"]
     return {
         "model": "chat-7b",
         "version": "",
@@ -333,7 +335,8 @@ def version_form(**changes: Any) -> dict[str, Any]:
         "chat_template": body["chat_template"],
         "precision": body["precision"],
         "gpus_per_replica": body["gpus_per_replica"],
-        "engine_config": '{"max_num_seqs": 256, "enable_prefix_caching": true}',
+        # A string is sent as typed; the example's dict is sent as JSON.
+        "engine_config": config if isinstance(config, str) else json.dumps(config),
         "eval_report_uri": "",
     }
 
@@ -376,11 +379,13 @@ def test_console_version_label_is_optional_and_honored(
 @pytest.mark.parametrize(
     ("changes", "field", "message"),
     [
-        ({"weights_hash": "not-a-hash"}, "weights_hash", "SHA-256"),
-        ({"tokenizer_hash": "a" * 63}, "tokenizer_hash", "SHA-256"),
+        ({"weights_hash": "not-a-hash"}, "weights_hash", "64"),
+        ({"tokenizer_hash": "a" * 63}, "tokenizer_hash", "64"),
         ({"weights_uri": "s3://elsewhere/w/"}, "weights_uri", "storage root"),
         ({"weights_uri": "s3://models/../secrets/"}, "weights_uri", ".."),
-        ({"gpus_per_replica": 65}, "gpus_per_replica", "between 1 and 64"),
+        ({"gpus_per_replica": 65}, "gpus_per_replica", "64"),
+        ({"engine_config": "[1, 2]"}, "engine_config", "JSON object"),
+        ({"chat_template": "   "}, "chat_template", "required"),
     ],
 )
 def test_console_version_add_refuses_what_the_api_refuses(
@@ -627,3 +632,44 @@ def test_console_changelist_queries_do_not_grow_with_rows(
     add_rows(model, chat_v1, 5, start=2)
 
     assert count_queries() == few
+
+
+def inline_management(prefix: str, total: int, initial: int) -> dict[str, Any]:
+    """Return an inline formset's management form fields."""
+    return {
+        f"{prefix}-TOTAL_FORMS": str(total),
+        f"{prefix}-INITIAL_FORMS": str(initial),
+        f"{prefix}-MIN_NUM_FORMS": "0",
+        f"{prefix}-MAX_NUM_FORMS": "1000",
+    }
+
+
+def test_console_team_page_sets_limits_inline(
+    console: Client, team, chat_model
+) -> None:  # type: ignore[no-untyped-def]
+    key, _ = accounts_services.issue_key(team_id=team.team, name="ci")
+    form = {
+        "name": "Search and ranking",
+        **inline_management("limits", total=1, initial=0),
+        "limits-0-model": "chat-7b",
+        "limits-0-tokens_per_minute": "60000",
+        "limits-0-max_concurrency": "8",
+        "limits-0-guaranteed_share": "0.25",
+        **inline_management("api_keys", total=1, initial=1),
+        "api_keys-0-id": str(key.pk),
+        "api_keys-0-team": team.team,
+    }
+
+    response = console.post(url(Team, "change", team.pk), form)
+
+    assert response.status_code == 302, response.context["errors"]
+    limit = TeamLimit.objects.get()
+    assert (limit.team_id, limit.model_id, limit.guaranteed_share) == (
+        "search",
+        "chat-7b",
+        0.25,
+    )
+    team.refresh_from_db()
+    assert team.name == "Search and ranking"
+    key.refresh_from_db()
+    assert key.revoked_at is None

@@ -8,11 +8,30 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-APPS = ["accounts", "models_registry", "routing", "metering", "rollouts", "engine_nodes",
-        "drills"]
+APPS = [
+    "accounts",
+    "models_registry",
+    "routing",
+    "metering",
+    "rollouts",
+    "engine_nodes",
+    "drills",
+]
 FORBIDDEN = {
-    "django", "rest_framework", "channels", "celery", "redis", "httpx", "requests",
-    "aiohttp", "urllib3", "psycopg", "psycopg2", "uvicorn", "daphne", "drf_spectacular",
+    "django",
+    "rest_framework",
+    "channels",
+    "celery",
+    "redis",
+    "httpx",
+    "requests",
+    "aiohttp",
+    "urllib3",
+    "psycopg",
+    "psycopg2",
+    "uvicorn",
+    "daphne",
+    "drf_spectacular",
 }
 
 
@@ -31,7 +50,9 @@ def forbidden_imports(source: str) -> list[str]:
 
 
 def domain_modules() -> list[Path]:
-    return sorted(path for app in APPS for path in (ROOT / app / "domain").rglob("*.py"))
+    return sorted(
+        path for app in APPS for path in (ROOT / app / "domain").rglob("*.py")
+    )
 
 
 def test_every_app_has_a_domain_package():
@@ -39,7 +60,9 @@ def test_every_app_has_a_domain_package():
         assert (ROOT / app / "domain" / "__init__.py").is_file(), app
 
 
-@pytest.mark.parametrize("path", domain_modules(), ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize(
+    "path", domain_modules(), ids=lambda p: str(p.relative_to(ROOT))
+)
 def test_domain_module_imports_no_framework(path: Path):
     assert forbidden_imports(path.read_text()) == []
 

@@ -27,27 +27,44 @@ def raw_version(model: Model, **changes) -> ModelVersion:
 
 
 def test_usage_is_unique_per_team_model_version_minute(team, chat_v1):
-    Usage.objects.create(team=team, model_id="chat-7b", version=chat_v1, minute=MINUTE,
-                         prompt_tokens=10)
+    Usage.objects.create(
+        team=team, model_id="chat-7b", version=chat_v1, minute=MINUTE, prompt_tokens=10
+    )
     with pytest.raises(IntegrityError), transaction.atomic():
-        Usage.objects.create(team=team, model_id="chat-7b", version=chat_v1,
-                             minute=MINUTE, prompt_tokens=5)
+        Usage.objects.create(
+            team=team,
+            model_id="chat-7b",
+            version=chat_v1,
+            minute=MINUTE,
+            prompt_tokens=5,
+        )
     # Another minute, or another version, is another row.
-    Usage.objects.create(team=team, model_id="chat-7b", version=chat_v1,
-                         minute=MINUTE.replace(minute=1))
+    Usage.objects.create(
+        team=team, model_id="chat-7b", version=chat_v1, minute=MINUTE.replace(minute=1)
+    )
     assert Usage.objects.count() == 2
 
 
 def test_usage_minute_must_be_truncated(team, chat_v1):
     with pytest.raises(IntegrityError), transaction.atomic():
-        Usage.objects.create(team=team, model_id="chat-7b", version=chat_v1,
-                             minute=MINUTE.replace(second=30))
+        Usage.objects.create(
+            team=team,
+            model_id="chat-7b",
+            version=chat_v1,
+            minute=MINUTE.replace(second=30),
+        )
 
 
 def test_usage_cached_tokens_within_prompt_tokens(team, chat_v1):
     with pytest.raises(IntegrityError), transaction.atomic():
-        Usage.objects.create(team=team, model_id="chat-7b", version=chat_v1,
-                             minute=MINUTE, prompt_tokens=10, cached_tokens=11)
+        Usage.objects.create(
+            team=team,
+            model_id="chat-7b",
+            version=chat_v1,
+            minute=MINUTE,
+            prompt_tokens=10,
+            cached_tokens=11,
+        )
 
 
 @pytest.mark.parametrize(
@@ -71,8 +88,9 @@ def test_version_identity_cannot_change_through_save(chat_v1, field, value):
     assert getattr(chat_v1, field) != value
 
 
-@pytest.mark.parametrize("field", ["weights_hash", "chat_template_hash", "model",
-                                   "engine_config"])
+@pytest.mark.parametrize(
+    "field", ["weights_hash", "chat_template_hash", "model", "engine_config"]
+)
 def test_version_identity_cannot_change_through_update(chat_v1, field):
     value = {"model": "chat-7b", "engine_config": {}}.get(field, digest("x"))
     with pytest.raises(ImmutableVersionError):
@@ -122,48 +140,80 @@ def test_version_label_unique_per_model(chat_v1, chat_model):
 
 
 def test_team_limit_unique_and_bounded(team, chat_model):
-    TeamLimit.objects.create(team=team, model=chat_model, tokens_per_minute=1,
-                             max_concurrency=1, guaranteed_share=0.5)
+    TeamLimit.objects.create(
+        team=team,
+        model=chat_model,
+        tokens_per_minute=1,
+        max_concurrency=1,
+        guaranteed_share=0.5,
+    )
     with pytest.raises(IntegrityError), transaction.atomic():
-        TeamLimit.objects.create(team=team, model=chat_model, tokens_per_minute=1,
-                                 max_concurrency=1)
+        TeamLimit.objects.create(
+            team=team, model=chat_model, tokens_per_minute=1, max_concurrency=1
+        )
     TeamLimit.objects.all().delete()
-    for bad in [{"guaranteed_share": 1.01}, {"guaranteed_share": -0.01},
-                {"tokens_per_minute": 0}, {"max_concurrency": 0}]:
-        values = {"tokens_per_minute": 1, "max_concurrency": 1, "guaranteed_share": 0.0,
-                  **bad}
+    for bad in [
+        {"guaranteed_share": 1.01},
+        {"guaranteed_share": -0.01},
+        {"tokens_per_minute": 0},
+        {"max_concurrency": 0},
+    ]:
+        values = {
+            "tokens_per_minute": 1,
+            "max_concurrency": 1,
+            "guaranteed_share": 0.0,
+            **bad,
+        }
         with pytest.raises(IntegrityError), transaction.atomic():
             TeamLimit.objects.create(team=team, model=chat_model, **values)
 
 
 def test_pool_min_must_not_exceed_max(chat_v1):
     with pytest.raises(IntegrityError), transaction.atomic():
-        Pool.objects.create(model_id="chat-7b", version=chat_v1, region="eu",
-                            min_replicas=3, max_replicas=2)
-    Pool.objects.create(model_id="chat-7b", version=chat_v1, region="eu",
-                        min_replicas=2, max_replicas=2)
+        Pool.objects.create(
+            model_id="chat-7b",
+            version=chat_v1,
+            region="eu",
+            min_replicas=3,
+            max_replicas=2,
+        )
+    Pool.objects.create(
+        model_id="chat-7b", version=chat_v1, region="eu", min_replicas=2, max_replicas=2
+    )
     with pytest.raises(IntegrityError), transaction.atomic():
         Pool.objects.create(model_id="chat-7b", version=chat_v1, region="eu")
 
 
 def test_one_pending_rollout_per_model(chat_v1):
     now = MINUTE
-    Rollout.objects.create(model_id="chat-7b", version=chat_v1, stage="canary",
-                           percent=1, started_at=now)
+    Rollout.objects.create(
+        model_id="chat-7b", version=chat_v1, stage="canary", percent=1, started_at=now
+    )
     with pytest.raises(IntegrityError), transaction.atomic():
-        Rollout.objects.create(model_id="chat-7b", version=chat_v1, stage="canary",
-                               percent=10, started_at=now)
+        Rollout.objects.create(
+            model_id="chat-7b",
+            version=chat_v1,
+            stage="canary",
+            percent=10,
+            started_at=now,
+        )
     Rollout.objects.update(decision="rolled_back")
-    Rollout.objects.create(model_id="chat-7b", version=chat_v1, stage="canary",
-                           percent=10, started_at=now)
+    Rollout.objects.create(
+        model_id="chat-7b", version=chat_v1, stage="canary", percent=10, started_at=now
+    )
     assert Rollout.objects.count() == 2
 
 
 def test_rollout_percent_range(chat_v1):
     for bad in [0, -1, 100.5]:
         with pytest.raises(IntegrityError), transaction.atomic():
-            Rollout.objects.create(model_id="chat-7b", version=chat_v1, stage="canary",
-                                   percent=bad, started_at=MINUTE)
+            Rollout.objects.create(
+                model_id="chat-7b",
+                version=chat_v1,
+                stage="canary",
+                percent=bad,
+                started_at=MINUTE,
+            )
 
 
 def test_canary_share_needs_a_canary_version(chat_model):
@@ -173,7 +223,9 @@ def test_canary_share_needs_a_canary_version(chat_model):
 
 def test_api_key_hash_must_be_hex(team):
     with pytest.raises(IntegrityError), transaction.atomic():
-        ApiKey.objects.create(team=team, key_hash="sk-team-plaintext", prefix="sk-team-")
+        ApiKey.objects.create(
+            team=team, key_hash="sk-team-plaintext", prefix="sk-team-"
+        )
 
 
 def test_database_refuses_hash_with_trailing_newline(chat_model):

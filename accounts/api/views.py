@@ -12,7 +12,11 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts import services
-from accounts.api.serializers import KeyCreateSerializer, LimitSerializer, TeamCreateSerializer
+from accounts.api.serializers import (
+    KeyCreateSerializer,
+    LimitSerializer,
+    TeamCreateSerializer,
+)
 from accounts.models import ApiKey, Team, TeamLimit
 from config.api import validated
 
@@ -87,7 +91,9 @@ class KeyListView(APIView):
     def post(self, request: Request, team: str) -> Response:
         body = validated(KeyCreateSerializer, request.data or {})
         key, secret = services.issue_key(team_id=team, name=body.get("name", ""))
-        return Response({**key_dict(key), "key": secret}, status=status.HTTP_201_CREATED)
+        return Response(
+            {**key_dict(key), "key": secret}, status=status.HTTP_201_CREATED
+        )
 
 
 class KeyDetailView(APIView):
@@ -118,5 +124,6 @@ class LimitView(APIView):
             guaranteed_share=body["guaranteed_share"],
         )
         return Response(
-            limit_dict(limit), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
+            limit_dict(limit),
+            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
         )

@@ -16,8 +16,15 @@ import enum
 import hashlib
 import secrets
 
-__all__ = ["DISPLAY_PREFIX_LEN", "SHA256_PATTERN", "KeyKind", "display_prefix", "hash_secret", "kind_of",
-           "new_secret"]
+__all__ = [
+    "DISPLAY_PREFIX_LEN",
+    "SHA256_PATTERN",
+    "KeyKind",
+    "display_prefix",
+    "hash_secret",
+    "kind_of",
+    "new_secret",
+]
 
 DISPLAY_PREFIX_LEN = 12
 # Lowercase hex SHA-256; \Z so that a trailing newline does not pass. Also used

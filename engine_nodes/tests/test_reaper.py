@@ -22,7 +22,9 @@ def replicas(chat_v1, settings):
     settings.PLATFORM_MISSED_BEATS = 3
     with time_machine.travel(T0, tick=False):
         fresh = ReplicaFactory(version=chat_v1, last_heartbeat=T0)
-        stale = ReplicaFactory(version=chat_v1, last_heartbeat=T0 - timedelta(seconds=2))
+        stale = ReplicaFactory(
+            version=chat_v1, last_heartbeat=T0 - timedelta(seconds=2)
+        )
         never = ReplicaFactory(version=chat_v1, state="starting", last_heartbeat=None)
     return fresh, stale, never
 
@@ -51,8 +53,9 @@ def test_reaper_marks_replicas_silent_for_three_beats_gone(replicas):
 def test_reaper_reaps_replica_that_never_beat_once_it_is_old(replicas):
     fresh, stale, never = replicas
     reaped = services.reap_silent_replicas(now=T0 + timedelta(seconds=3.5))
-    assert sorted(reaped) == sorted([fresh.replica_id, stale.replica_id,
-                                     never.replica_id])
+    assert sorted(reaped) == sorted(
+        [fresh.replica_id, stale.replica_id, never.replica_id]
+    )
     assert set(states().values()) == {"gone"}
 
 
@@ -72,5 +75,6 @@ def test_reaper_task_wiring_uses_the_clock(replicas):
         result = tasks.reap_silent_replicas.apply()
     assert result.successful()
     assert result.result == 1
-    assert list(Replica.objects.filter(state="gone").values_list("replica_id", flat=True)
-                ) == [replicas[1].replica_id]
+    assert list(
+        Replica.objects.filter(state="gone").values_list("replica_id", flat=True)
+    ) == [replicas[1].replica_id]

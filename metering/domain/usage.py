@@ -9,8 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-__all__ = ["UsageCounts", "prefix_hit_rate", "truncate_to_minute",
-           "usd_per_million_tokens"]
+__all__ = [
+    "UsageCounts",
+    "prefix_hit_rate",
+    "truncate_to_minute",
+    "usd_per_million_tokens",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +51,9 @@ def prefix_hit_rate(prompt_tokens: int, cached_tokens: int) -> float | None:
     return min(1.0, cached_tokens / prompt_tokens)
 
 
-def usd_per_million_tokens(gpu_hour_usd: float, gpus: int, tokens_per_hour: float) -> float:
+def usd_per_million_tokens(
+    gpu_hour_usd: float, gpus: int, tokens_per_hour: float
+) -> float:
     """Return the cost of a million output tokens (seed: 2.50 USD / 9 M tokens = 0.28)."""
     if tokens_per_hour <= 0:
         raise ValueError("tokens_per_hour must be positive")

@@ -11,7 +11,9 @@ class ModelCreateSerializer(serializers.Serializer):
     """POST /admin/models."""
 
     model = serializers.CharField(max_length=64)
-    description = serializers.CharField(max_length=300, required=False, allow_blank=True)
+    description = serializers.CharField(
+        max_length=300, required=False, allow_blank=True
+    )
 
 
 class VersionRegisterSerializer(serializers.Serializer):
@@ -25,7 +27,9 @@ class VersionRegisterSerializer(serializers.Serializer):
     gpus_per_replica = serializers.IntegerField()
     engine_config = serializers.JSONField(required=False, default=dict)
     version = serializers.CharField(max_length=16, required=False)
-    eval_report_uri = serializers.CharField(max_length=1024, required=False, allow_blank=True)
+    eval_report_uri = serializers.CharField(
+        max_length=1024, required=False, allow_blank=True
+    )
 
 
 class AliasSerializer(serializers.Serializer):

@@ -35,7 +35,9 @@ class ModelListView(APIView):
         model = services.create_model(
             model_id=body["model"], description=body.get("description", "")
         )
-        return Response(services.model_detail(model.model), status=status.HTTP_201_CREATED)
+        return Response(
+            services.model_detail(model.model), status=status.HTTP_201_CREATED
+        )
 
 
 class ModelDetailView(APIView):
@@ -53,7 +55,9 @@ class VersionListView(APIView):
     def get(self, request: Request, model: str) -> Response:
         return Response({"data": services.model_detail(model)["versions"]})
 
-    @extend_schema(request=VersionRegisterSerializer, responses={201: VersionSerializer})
+    @extend_schema(
+        request=VersionRegisterSerializer, responses={201: VersionSerializer}
+    )
     def post(self, request: Request, model: str) -> Response:
         body = validated(VersionRegisterSerializer, request.data)
         version = services.register_version(model_id=model, **body)

@@ -22,9 +22,9 @@ from accounts.domain.names import is_valid_slug
 
 __all__ = [
     "IDENTITY_FIELDS",
-    "ModelRef",
     "SHA256_PATTERN",
     "VERSION_PATTERN",
+    "ModelRef",
     "Precision",
     "VersionStatus",
     "canonical_json",
@@ -155,7 +155,9 @@ def uri_errors(uri: str, roots: Sequence[str]) -> list[str]:
         return ["must not contain '..' segments"]
     # Roots are matched on a path boundary: "s3://models" must not admit
     # "s3://models-private/...".
-    if not any(uri.startswith(root if root.endswith("/") else f"{root}/") for root in roots):
+    if not any(
+        uri.startswith(root if root.endswith("/") else f"{root}/") for root in roots
+    ):
         return [f"must lie under a configured storage root ({', '.join(roots)})"]
     return []
 

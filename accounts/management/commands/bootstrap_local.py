@@ -36,7 +36,9 @@ CONSOLE_USER = "admin"
 
 
 class Command(BaseCommand):
-    help = "Create (or reuse) the demo team, its key, an admin token and a console user."
+    help = (
+        "Create (or reuse) the demo team, its key, an admin token and a console user."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
@@ -45,7 +47,9 @@ class Command(BaseCommand):
             default=settings.LOCAL_DIR / "credentials.json",
             help="Where the local secrets are kept between runs.",
         )
-        parser.add_argument("--json", action="store_true", help="Print the secrets as JSON.")
+        parser.add_argument(
+            "--json", action="store_true", help="Print the secrets as JSON."
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         path: Path = options["credentials"]
@@ -119,10 +123,15 @@ def _models() -> None:
     for model_id, (file_name, min_replicas, max_replicas, tpm) in DEMO_MODELS.items():
         if not Model.objects.filter(pk=model_id).exists():
             registry.create_model(model_id=model_id)
-        version = ModelVersion.objects.filter(model_id=model_id).order_by("created_at").first()
+        version = (
+            ModelVersion.objects.filter(model_id=model_id)
+            .order_by("created_at")
+            .first()
+        )
         if version is None:
             body = validated(
-                VersionRegisterSerializer, json.loads((examples / file_name).read_text())
+                VersionRegisterSerializer,
+                json.loads((examples / file_name).read_text()),
             )
             version = registry.register_version(model_id=model_id, **body)
         if Model.objects.get(pk=model_id).live_version_id is None:
@@ -130,11 +139,17 @@ def _models() -> None:
         Pool.objects.get_or_create(
             version=version,
             region=region,
-            defaults={"model_id": model_id, "min_replicas": min_replicas,
-                      "max_replicas": max_replicas},
+            defaults={
+                "model_id": model_id,
+                "min_replicas": min_replicas,
+                "max_replicas": max_replicas,
+            },
         )
         if not TeamLimit.objects.filter(team_id=DEMO_TEAM, model_id=model_id).exists():
             accounts.set_team_limit(
-                team_id=DEMO_TEAM, model_id=model_id, tokens_per_minute=tpm,
-                max_concurrency=100, guaranteed_share=0.25,
+                team_id=DEMO_TEAM,
+                model_id=model_id,
+                tokens_per_minute=tpm,
+                max_concurrency=100,
+                guaranteed_share=0.25,
             )

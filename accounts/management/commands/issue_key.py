@@ -19,7 +19,9 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            key, secret = services.issue_key(team_id=options["team"], name=options["name"])
+            key, secret = services.issue_key(
+                team_id=options["team"], name=options["name"]
+            )
         except PlatformError as exc:
             raise CommandError(exc.message) from None
         self.stderr.write(f"key {key.prefix}… issued to {key.team_id}; not shown again")
