@@ -18,6 +18,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.cache import add_never_cache_headers
+from django.utils.text import capfirst
 
 from accounts import services
 from accounts.domain.limits import share_overflow
@@ -238,7 +239,7 @@ class SecretRecordAdmin(admin.ModelAdmin):
         name = f"admin:{opts.app_label}_{opts.model_name}"
         context = {
             **self.admin_site.each_context(request),
-            "title": f"{self.secret_noun.capitalize()} created",
+            "title": f"{capfirst(self.secret_noun)} created",
             "opts": opts,
             "record": obj,
             "secret": secret,

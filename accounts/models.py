@@ -113,6 +113,7 @@ class ApiKey(SecretRecord):
 
     class Meta:
         db_table = "api_keys"
+        verbose_name = "API key"
         ordering = ["-created_at"]
         constraints = [
             models.CheckConstraint(
@@ -129,6 +130,7 @@ class AdminToken(SecretRecord):
 
     class Meta:
         db_table = "admin_tokens"
+        verbose_name = "admin token"
         ordering = ["-created_at"]
         constraints = [
             models.CheckConstraint(

@@ -37,13 +37,13 @@ GATE_FIELDS: tuple[str, ...] = (
 )
 # Schemes worth a link in the list; anything else is shown as text.
 _LINK_SCHEMES = frozenset({"http", "https", "s3", "gs", "file"})
-_STATUS_COLORS = {
-    VersionStatus.REGISTERED: "#6c757d",
-    VersionStatus.GATING: "#b26a00",
-    VersionStatus.READY: "#1f6feb",
-    VersionStatus.LIVE: "#1a7f37",
-    VersionStatus.REJECTED: "#cf222e",
-    VersionStatus.RETIRED: "#57606a",
+_STATUS_COLORS: dict[str, str] = {
+    VersionStatus.REGISTERED.value: "#6c757d",
+    VersionStatus.GATING.value: "#b26a00",
+    VersionStatus.READY.value: "#1f6feb",
+    VersionStatus.LIVE.value: "#1a7f37",
+    VersionStatus.REJECTED.value: "#cf222e",
+    VersionStatus.RETIRED.value: "#57606a",
 }
 
 
@@ -167,7 +167,7 @@ class VersionInline(admin.TabularInline):
 
 
 @admin.register(Model)
-class ModelAdmin(admin.ModelAdmin):
+class ServedModelAdmin(admin.ModelAdmin):
     """Model names, where their traffic goes, and their versions."""
 
     list_display = (
@@ -183,8 +183,29 @@ class ModelAdmin(admin.ModelAdmin):
     inlines = (VersionInline,)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
-        # The name is the primary key: editing it would save a second model.
-        return ("model",) if obj is not None else ()
+        # The name is the primary key: editing it would save a second model. The
+        # canary moves only through rollouts (PUT .../rollout or the Rollout page).
+        if obj is None:
+            return ("live_version", "canary_version", "canary_percent")
+        return ("model", "canary_version", "canary_percent")
+
+    def save_model(
+        self,
+        request: HttpRequest,
+        obj: Model,
+        form: Any,
+        change: bool,  # noqa: FBT001
+    ) -> None:
+        """Save the description; move the alias through ``set_alias`` like the API."""
+        if not change or "live_version" not in form.changed_data:
+            super().save_model(request, obj, form, change)
+            return
+        target = obj.live_version
+        obj.live_version_id = form.initial.get("live_version")
+        super().save_model(request, obj, form, change)
+        if target is not None:
+            services.set_alias(model_id=obj.model, version=target.version)
+            obj.refresh_from_db()
 
     def formfield_for_foreignkey(
         self, db_field: ForeignKey, request: HttpRequest, **kwargs: Any
@@ -252,7 +273,7 @@ class ModelVersionAdmin(admin.ModelAdmin):
         form: forms.ModelForm,
         change: bool,  # noqa: FBT001 (Django's signature)
     ) -> None:
-        # On add, the form's clean() already registered the version.
+        # On add, the form already registered the version while validating.
         if change:
             super().save_model(request, obj, form, change)
 
@@ -262,7 +283,7 @@ class ModelVersionAdmin(admin.ModelAdmin):
 
     @admin.display(description="status", ordering="status")
     def status_label(self, obj: ModelVersion) -> str:
-        color = _STATUS_COLORS.get(obj.status, "#6c757d")  # type: ignore[call-overload]
+        color = _STATUS_COLORS.get(obj.status, "#6c757d")
         return format_html(
             '<span style="color:#fff;background:{};padding:1px 6px;'
             'border-radius:3px;font-weight:bold">{}</span>',

@@ -88,5 +88,5 @@ class RolloutAdmin(admin.ModelAdmin):
         form: forms.ModelForm,
         change: bool,  # noqa: FBT001 (Django's signature)
     ) -> None:
-        # The form's clean() already started the rollout through the service.
+        # On add, the form already started the rollout while validating.
         return

@@ -483,8 +483,43 @@ def test_console_model_aliases_offer_only_its_own_versions(
 
     form = response.context["adminform"].form
     assert list(form.fields["live_version"].queryset) == [chat_v1]
-    assert list(form.fields["canary_version"].queryset) == [chat_v1]
+    # The canary moves only through rollouts, so it is not a form field.
+    assert "canary_version" not in form.fields
     assert other.ref not in response.content.decode()
+
+
+def test_console_alias_change_goes_through_set_alias(console: Client, chat_v1) -> None:  # type: ignore[no-untyped-def]
+    registry_services.set_alias(model_id="chat-7b", version="v1")
+    v2 = registry_services.register_version(
+        model_id="chat-7b", **version_body(weights_hash=digest("v2"))
+    )
+    rollout_services.set_rollout(
+        model_id="chat-7b",
+        version="v2",
+        stage="canary",
+        percent=10,
+        now=timezone.now(),
+    )
+
+    response = console.post(
+        url(Model, "change", "chat-7b"),
+        {
+            "description": "chat",
+            "live_version": v2.pk,
+            "versions-TOTAL_FORMS": "0",
+            "versions-INITIAL_FORMS": "0",
+        },
+    )
+
+    assert response.status_code == 302, response.content.decode()[:2000]
+    model = Model.objects.get(pk="chat-7b")
+    assert model.live_version_id == v2.pk
+    assert model.canary_version_id is None
+    assert dict(ModelVersion.objects.values_list("version", "status")) == {
+        "v1": "ready",
+        "v2": "live",
+    }
+    assert Rollout.objects.get().decision == "promoted"
 
 
 # --- limits, usage and rollouts -------------------------------------------------
