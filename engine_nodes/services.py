@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from datetime import datetime
 
 from django.conf import settings
+from django.db import transaction
 from django.db.models import Q
 
+from engine_nodes.domain.beats import ReplicaBeat
 from engine_nodes.domain.liveness import ReplicaState, silence_cutoff
 from engine_nodes.models import Replica
+from models_registry.models import Pool
 
 logger = logging.getLogger(__name__)
 
@@ -36,3 +40,101 @@ def reap_silent_replicas(*, now: datetime) -> list[str]:
     if reaped:
         logger.info("reaped %d silent replicas: %s", len(reaped), ", ".join(reaped))
     return reaped
+
+
+def replica_url(host: str, port: int) -> str:
+    """Return the base URL of a replica's OpenAI server."""
+    return f"http://{host}:{port}"
+
+
+def reconcile_pools(
+    *,
+    region: str,
+    node: str,
+    gpus_free: int,
+    allocate_port: Callable[[], int],
+    host: str,
+) -> tuple[list[Replica], list[str]]:
+    """Bring each pool of ``region`` to its target replica count; return the changes.
+
+    Short pools get new replicas on ``node`` (state ``starting``) while its free GPUs
+    last; pools above target get their newest non-draining replicas marked
+    ``draining``, whichever node holds them (that node's agent drains them). Runs
+    under a lock on the pool rows, so agents on several nodes do not both fill the
+    same gap. Returns (created replicas, ids marked draining).
+    """
+    created: list[Replica] = []
+    drained: list[str] = []
+    with transaction.atomic():
+        pools = list(
+            Pool.objects.select_for_update()
+            .filter(region=region)
+            .select_related("version")
+            .order_by("model_id", "version_id")
+        )
+        for pool in pools:
+            active = list(
+                Replica.objects.filter(version=pool.version, region=region)
+                .exclude(state__in=[ReplicaState.GONE, ReplicaState.DRAINING])
+                .order_by("-created_at", "-replica_id")
+            )
+            surplus = len(active) - pool.target_replicas
+            for replica in active[: max(0, surplus)]:
+                updated = Replica.objects.filter(
+                    pk=replica.pk, state=replica.state
+                ).update(state=ReplicaState.DRAINING)
+                if updated:
+                    drained.append(replica.replica_id)
+            for _ in range(max(0, -surplus)):
+                gpus = pool.version.gpus_per_replica
+                if gpus > gpus_free:
+                    break
+                port = allocate_port()
+                replica = Replica.objects.create(
+                    replica_id=f"{pool.model_id}-{pool.version.version}-{region}-"
+                    f"{node}-{port}",
+                    model_id=pool.model_id,
+                    version=pool.version,
+                    region=region,
+                    node=node,
+                    url=replica_url(host, port),
+                    state=ReplicaState.STARTING,
+                )
+                gpus_free -= gpus
+                created.append(replica)
+    return created, drained
+
+
+def set_replica_state(replica_id: str, *, expected: Iterable[str], state: str) -> bool:
+    """Move a replica to ``state`` if it is in one of ``expected``; True if it moved."""
+    return bool(
+        Replica.objects.filter(pk=replica_id, state__in=list(expected)).update(
+            state=state
+        )
+    )
+
+
+def record_heartbeats(beats: Iterable[ReplicaBeat], *, now: datetime) -> int:
+    """Write the latest load and ``last_heartbeat`` of beating replicas; return rows.
+
+    Replicas already marked gone stay gone: a late beat from a replica the reaper
+    gave up on does not revive it (its agent removes it and starts a new one).
+    """
+    written = 0
+    for beat in beats:
+        written += (
+            Replica.objects.live()
+            .filter(pk=beat.replica_id)
+            .update(
+                queue_depth=beat.queue_depth,
+                tokens_in_flight=beat.tokens_in_flight,
+                kv_cache_usage_perc=min(1.0, max(0.0, beat.kv_cache_usage_perc)),
+                last_heartbeat=now,
+            )
+        )
+    return written
+
+
+def remove_replica(replica_id: str) -> None:
+    """Delete a replica row once its process has stopped (seed: draining -> removed)."""
+    Replica.objects.filter(pk=replica_id).delete()

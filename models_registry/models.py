@@ -228,6 +228,12 @@ class Pool(models.Model):
     region = models.CharField(max_length=64, validators=[slug_validator])
     min_replicas = models.PositiveIntegerField(default=1)
     max_replicas = models.PositiveIntegerField(default=1)
+    desired_replicas = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Replicas the autoscaler wants; unset means min_replicas. "
+        "Always held within [min_replicas, max_replicas].",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -249,6 +255,16 @@ class Pool(models.Model):
 
     def __str__(self) -> str:
         return f"{self.version} in {self.region}"
+
+    @property
+    def target_replicas(self) -> int:
+        """How many replicas node agents keep running for this pool."""
+        wanted = (
+            self.min_replicas
+            if self.desired_replicas is None
+            else self.desired_replicas
+        )
+        return max(self.min_replicas, min(self.max_replicas, wanted))
 
     def clean(self) -> None:
         """Keep the version and the model in agreement, and min <= max."""

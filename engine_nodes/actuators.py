@@ -1,0 +1,310 @@
+"""Start and stop engine replicas: local processes, or Deployments on Kubernetes.
+
+Public surface: ``Actuator``, ``ReplicaHandle``, ``LocalProcessActuator``,
+``KubernetesActuator``, ``AppsV1Like``, ``VLLM_OFFLINE_ENV``.
+
+``LocalProcessActuator`` runs each replica as its own session (``setsid``), so the
+replica and everything it spawns (vLLM's EngineCore and workers) form one process
+group that ``stop`` signals as a whole: SIGTERM, up to ``grace_s`` for the group to
+exit, then SIGKILL for whatever is left. Output goes to ``<log_dir>/<replica>.log``.
+
+``KubernetesActuator`` manages one Deployment per pool through an ``AppsV1Api``-like
+object that the caller builds; this module never imports the ``kubernetes``
+package, so the platform runs without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from engine_nodes.domain.k8s import PoolSpec, render_deployment
+from engine_nodes.domain.launch import (
+    DEFAULT_SIM_PROFILE,
+    ReplicaSpec,
+    sim_replica_argv,
+    vllm_serve_argv,
+)
+
+logger = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# From the vLLM CPU research note: stay offline, send no usage stats, and keep the
+# engine's internal message queue on loopback instead of the node's interface.
+VLLM_OFFLINE_ENV: Mapping[str, str] = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "VLLM_HOST_IP": "127.0.0.1",
+}
+_GROUP_POLL_S = 0.05
+_UNSAFE_FILE_CHARS = re.compile(r"[^A-Za-z0-9._-]")
+
+
+@dataclass(frozen=True, eq=False)
+class ReplicaHandle:
+    """A started replica: its id, argv, log file and the process behind it."""
+
+    replica_id: str
+    argv: tuple[str, ...]
+    log_path: Path
+    process: subprocess.Popen[bytes] = field(repr=False)
+
+    @property
+    def pid(self) -> int:
+        """Return the leader's pid, which is also the process group id."""
+        return self.process.pid
+
+
+class Actuator(Protocol):
+    """Starts and stops one node's replicas."""
+
+    def start(self, spec: ReplicaSpec) -> ReplicaHandle:
+        """Start the replica ``spec`` describes; return at once (no health wait)."""
+        ...
+
+    def stop(self, handle: ReplicaHandle, *, grace_s: float) -> None:
+        """SIGTERM the replica, SIGKILL it after ``grace_s``; return once it is gone."""
+        ...
+
+    def is_running(self, handle: ReplicaHandle) -> bool:
+        """Return True while the replica's process has not exited."""
+        ...
+
+    def exit_code(self, handle: ReplicaHandle) -> int | None:
+        """Return the exit status (negative: killed by that signal), None if running."""
+        ...
+
+
+class LocalProcessActuator:
+    """Run replicas as child processes of the node agent.
+
+    ``kind="sim"`` runs ``python -m engine_nodes.sim`` from the project root;
+    ``kind="vllm"`` runs ``vllm serve`` with ``VLLM_OFFLINE_ENV`` on top of the
+    agent's environment (an empty ``VLLM_CPU_KVCACHE_SPACE`` is dropped: vLLM's
+    CPU worker crashes on it). ``env`` adds or overrides variables for both kinds.
+    """
+
+    def __init__(
+        self,
+        *,
+        kind: Literal["sim", "vllm"] = "sim",
+        python: str = sys.executable,
+        log_dir: Path,
+        vllm_executable: str = "vllm",
+        sim_profile: str = DEFAULT_SIM_PROFILE,
+        env: Mapping[str, str] | None = None,
+        cwd: Path = ROOT,
+    ) -> None:
+        if kind not in ("sim", "vllm"):
+            raise ValueError(f"kind must be 'sim' or 'vllm', not {kind!r}")
+        self.kind = kind
+        self.python = python
+        self.log_dir = Path(log_dir)
+        self.vllm_executable = vllm_executable
+        self.sim_profile = sim_profile
+        self.env = dict(env or {})
+        self.cwd = cwd
+
+    def argv_for(self, spec: ReplicaSpec) -> list[str]:
+        """Return the argv ``start`` would run for ``spec``."""
+        if self.kind == "vllm":
+            return vllm_serve_argv(spec, vllm_executable=self.vllm_executable)
+        return sim_replica_argv(spec, python=self.python, profile=self.sim_profile)
+
+    def environment(self) -> dict[str, str]:
+        """Return the environment a replica of this kind starts with."""
+        env = dict(os.environ)
+        env["PYTHONUNBUFFERED"] = "1"  # logs reach the file as they are written
+        if self.kind == "vllm":
+            env.update(VLLM_OFFLINE_ENV)
+            if not env.get("VLLM_CPU_KVCACHE_SPACE", "x"):
+                del env["VLLM_CPU_KVCACHE_SPACE"]
+        env.update(self.env)
+        return env
+
+    def start(self, spec: ReplicaSpec) -> ReplicaHandle:
+        """Spawn the replica in a new session, appending its output to its log.
+
+        Raises:
+            ValueError: the spec's engine config is unusable (see ``launch``).
+            OSError: the executable cannot be run.
+        """
+        argv = self.argv_for(spec)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_dir / f"{_UNSAFE_FILE_CHARS.sub('_', spec.replica_id)}.log"
+        with log_path.open("ab") as log:
+            log.write(f"==> starting {shlex.join(argv)}\n".encode())
+            log.flush()
+            process = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.environment(),
+                cwd=self.cwd,
+                start_new_session=True,
+            )
+        logger.info(
+            "started replica %s (pid %d, log %s)",
+            spec.replica_id,
+            process.pid,
+            log_path,
+        )
+        return ReplicaHandle(
+            replica_id=spec.replica_id,
+            argv=tuple(argv),
+            log_path=log_path,
+            process=process,
+        )
+
+    def stop(self, handle: ReplicaHandle, *, grace_s: float) -> None:
+        """Stop the replica's process group; return once the leader is reaped.
+
+        SIGTERM goes to the whole group. Once the leader has exited, the rest of
+        the group gets what is left of ``grace_s`` to follow, then SIGKILL; a
+        leader that outlives ``grace_s`` is killed with its group.
+        """
+        process = handle.process
+        deadline = time.monotonic() + max(grace_s, 0.0)
+        _signal_group(handle.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=max(deadline - time.monotonic(), 0.0))
+        except subprocess.TimeoutExpired:
+            logger.warning(
+                "replica %s ignored SIGTERM for %.1f s; killing it",
+                handle.replica_id,
+                grace_s,
+            )
+        else:
+            _wait_group_gone(handle.pid, deadline)
+        # Also reaps stragglers (engine workers) that outlived a clean leader exit.
+        _signal_group(handle.pid, signal.SIGKILL)
+        process.wait()
+        logger.info(
+            "replica %s stopped (exit %s)", handle.replica_id, process.returncode
+        )
+
+    def is_running(self, handle: ReplicaHandle) -> bool:
+        """Return True while the leader process has not exited."""
+        return handle.process.poll() is None
+
+    def exit_code(self, handle: ReplicaHandle) -> int | None:
+        """Return the leader's exit status, or None while it runs."""
+        return handle.process.poll()
+
+
+def _signal_group(pgid: int, signum: signal.Signals) -> None:
+    # The group is gone once all its members have exited: nothing to signal.
+    # EPERM can only mean the id now belongs to someone else's group: leave it.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
+
+
+def _wait_group_gone(pgid: int, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        # A short pause between polls of the group, bounded by the deadline.
+        time.sleep(_GROUP_POLL_S)
+
+
+class AppsV1Like(Protocol):
+    """The part of ``kubernetes.client.AppsV1Api`` the actuator uses.
+
+    Absent objects raise an exception whose ``status`` is 404, as
+    ``kubernetes.client.exceptions.ApiException`` does.
+    """
+
+    def read_namespaced_deployment(self, name: str, namespace: str) -> Any: ...
+
+    def create_namespaced_deployment(self, namespace: str, body: Any) -> Any: ...
+
+    def patch_namespaced_deployment(
+        self, name: str, namespace: str, body: Any
+    ) -> Any: ...
+
+    def patch_namespaced_deployment_scale(
+        self, name: str, namespace: str, body: Any
+    ) -> Any: ...
+
+    def delete_namespaced_deployment(self, name: str, namespace: str) -> Any: ...
+
+
+class KubernetesActuator:
+    """Keep one Deployment per pool in ``namespace`` equal to its ``PoolSpec``.
+
+    Build it with ``KubernetesActuator(kubernetes.client.AppsV1Api(), "serving")``
+    after ``kubernetes.config.load_incluster_config()`` (or a kubeconfig).
+    """
+
+    def __init__(self, api: AppsV1Like, namespace: str) -> None:
+        self.api = api
+        self.namespace = namespace
+
+    def apply_pool(self, spec: PoolSpec) -> str:
+        """Create the pool's Deployment, or patch it if it exists; return its name.
+
+        A create that loses a race to another writer (409) falls back to a patch.
+        """
+        manifest = render_deployment(namespace=self.namespace, spec=spec)
+        name: str = manifest["metadata"]["name"]
+        try:
+            self.api.read_namespaced_deployment(name=name, namespace=self.namespace)
+        except Exception as exc:
+            if _status(exc) != 404:
+                raise
+            try:
+                self.api.create_namespaced_deployment(
+                    namespace=self.namespace, body=manifest
+                )
+            except Exception as create_exc:
+                if _status(create_exc) != 409:
+                    raise
+            else:
+                logger.info("created deployment %s/%s", self.namespace, name)
+                return name
+        self.api.patch_namespaced_deployment(
+            name=name, namespace=self.namespace, body=manifest
+        )
+        logger.info("patched deployment %s/%s", self.namespace, name)
+        return name
+
+    def scale_pool(self, name: str, replicas: int) -> None:
+        """Set the Deployment's replica count through its scale subresource."""
+        if replicas < 0:
+            raise ValueError("replicas must not be negative")
+        self.api.patch_namespaced_deployment_scale(
+            name=name, namespace=self.namespace, body={"spec": {"replicas": replicas}}
+        )
+
+    def delete_pool(self, name: str) -> bool:
+        """Delete the Deployment; return False if it was already gone."""
+        try:
+            self.api.delete_namespaced_deployment(name=name, namespace=self.namespace)
+        except Exception as exc:
+            if _status(exc) != 404:
+                raise
+            return False
+        logger.info("deleted deployment %s/%s", self.namespace, name)
+        return True
+
+
+def _status(exc: BaseException) -> int | None:
+    status = getattr(exc, "status", None)
+    return status if isinstance(status, int) else None

@@ -1,0 +1,386 @@
+"""The node agent: runs this node's share of every pool, and beats for each replica.
+
+One agent runs per GPU node (``manage.py engine_agent --node N --region R``). Every
+beat it:
+
+1. reconciles the region's pools with the control plane: short pools get new
+   replicas on this node while its GPUs last, pools above target get replicas
+   marked draining (``engine_nodes.services.reconcile_pools``);
+2. moves each of its replicas along the seed's states: ``starting`` (weights pulled,
+   process started) -> ``loading`` (process up, ``/health`` not yet 200) ->
+   ``serving`` -> ``draining`` (no new work; waits for open streams) -> removed;
+3. scrapes each replica's ``/metrics`` and publishes a beat (queue depth, tokens in
+   flight, KV usage) to Redis and to the database.
+
+A replica whose process dies stops beating; after the missed-beat window the
+routers drop it and the reaper marks it gone, and the next reconcile starts a
+replacement. The agent keeps no state that the database does not also hold, except
+the process handles it started.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+from django.conf import settings
+from django.db import close_old_connections
+from django.utils import timezone
+
+from engine_nodes import services
+from engine_nodes.actuators import Actuator
+from engine_nodes.domain.beats import ReplicaBeat
+from engine_nodes.domain.launch import ReplicaSpec
+from engine_nodes.domain.liveness import ReplicaState
+from engine_nodes.domain.scrape import EngineStats, parse_metrics_text
+from engine_nodes.models import Replica
+from engine_nodes.weights import pull_weights
+
+logger = logging.getLogger(__name__)
+
+
+class BeatSink(Protocol):
+    """Where beats go besides the database (Redis in production)."""
+
+    def publish(self, beats: list[ReplicaBeat]) -> int: ...
+
+    def forget(self, replica_id: str, region: str) -> None: ...
+
+
+@dataclass
+class PortAllocator:
+    """Hands out free TCP ports from a range, skipping ones in use."""
+
+    host: str
+    first: int
+    last: int
+    taken: set[int] = field(default_factory=set)
+
+    def __call__(self) -> int:
+        for port in range(self.first, self.last + 1):
+            if port in self.taken:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                try:
+                    probe.bind((self.host, port))
+                except OSError:
+                    continue
+            self.taken.add(port)
+            return port
+        raise RuntimeError(f"no free port in {self.first}-{self.last}")
+
+    def release(self, port: int) -> None:
+        self.taken.discard(port)
+
+
+@dataclass
+class _Running:
+    handle: Any
+    port: int
+    started_at: float
+    drain_started_at: float | None = None
+
+
+class NodeAgent:
+    """Reconcile and beat for one node; ``tick()`` is one pass, ``run()`` loops."""
+
+    def __init__(
+        self,
+        *,
+        node: str,
+        region: str,
+        actuator: Actuator,
+        spec_for: Callable[[Replica, int], ReplicaSpec],
+        gpus: int,
+        host: str = "127.0.0.1",
+        ports: tuple[int, int] = (8001, 8099),
+        sink: BeatSink | None = None,
+        http: httpx.Client | None = None,
+        start_timeout_s: float = 120.0,
+        drain_timeout_s: float = 600.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.node = node
+        self.region = region
+        self.actuator = actuator
+        self.spec_for = spec_for
+        self.gpus = gpus
+        self.host = host
+        self.ports = PortAllocator(host, *ports)
+        self.sink = sink
+        self.http = http or httpx.Client(timeout=httpx.Timeout(1.0, connect=0.5))
+        self.start_timeout_s = start_timeout_s
+        self.drain_timeout_s = drain_timeout_s
+        self.clock = clock
+        self.running: dict[str, _Running] = {}
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def run(self, stop: threading.Event, *, beat_s: float | None = None) -> None:
+        """Tick every beat until ``stop`` is set, then stop every replica."""
+        beat_s = beat_s or settings.PLATFORM_HEARTBEAT_S
+        self.forget_previous_life()
+        next_tick = self.clock()
+        try:
+            while not stop.is_set():
+                try:
+                    self.tick(now=timezone.now())
+                except Exception:
+                    # One bad pass (database restarting, a replica answering
+                    # garbage) must not take the node's other replicas down.
+                    logger.exception("agent tick failed on node %s", self.node)
+                    close_old_connections()
+                next_tick += beat_s
+                stop.wait(max(0.0, next_tick - self.clock()))
+        finally:
+            self.shutdown()
+
+    def forget_previous_life(self) -> None:
+        """Mark replicas of this node that no process of ours runs as gone.
+
+        They belong to an agent that died; their ports are probed before reuse.
+        """
+        stale = Replica.objects.live().filter(node=self.node, region=self.region)
+        for replica_id in stale.exclude(replica_id__in=list(self.running)).values_list(
+            "replica_id", flat=True
+        ):
+            services.set_replica_state(
+                replica_id, expected=_LIVE_STATES, state=ReplicaState.GONE
+            )
+
+    def shutdown(self, *, grace_s: float = 10.0) -> None:
+        """Stop every replica this agent started and remove their rows."""
+        for replica_id in list(self.running):
+            self._stop(replica_id, grace_s=grace_s)
+
+    def tick(self, *, now: datetime) -> None:
+        """One pass: reconcile pools, advance replica states, publish beats."""
+        gpus_free = self.gpus - self._gpus_in_use()
+        created, drained = services.reconcile_pools(
+            region=self.region,
+            node=self.node,
+            gpus_free=gpus_free,
+            allocate_port=self.ports,
+            host=self.host,
+        )
+        for replica in created:
+            logger.info("replica %s planned on %s", replica.replica_id, self.node)
+        for replica_id in drained:
+            logger.info("replica %s marked draining", replica_id)
+        mine = {
+            r.replica_id: r
+            for r in Replica.objects.filter(
+                node=self.node, region=self.region
+            ).select_related("version")
+        }
+        beats: list[ReplicaBeat] = []
+        for replica in mine.values():
+            beat = self._advance(replica)
+            if beat is not None:
+                beats.append(beat)
+        # Processes whose rows were deleted elsewhere (an operator in the console).
+        for replica_id in set(self.running) - set(mine):
+            self._stop(replica_id, grace_s=5.0)
+        if beats:
+            services.record_heartbeats(beats, now=now)
+            if self.sink is not None:
+                try:
+                    self.sink.publish(beats)
+                except Exception:
+                    logger.warning(
+                        "publishing %d beats failed", len(beats), exc_info=True
+                    )
+
+    # -- one replica -------------------------------------------------------------------
+
+    def _advance(self, replica: Replica) -> ReplicaBeat | None:
+        state = replica.state
+        running = self.running.get(replica.replica_id)
+        if state == ReplicaState.GONE:
+            # Reaped (it stopped beating) or left over from an earlier agent.
+            if running is not None:
+                self._stop(replica.replica_id, grace_s=5.0)
+            else:
+                services.remove_replica(replica.replica_id)
+            return None
+        if state == ReplicaState.STARTING and running is None:
+            self._start(replica)
+            return None
+        if running is None:
+            # A row in a later state with no process of ours: the process is gone.
+            return None
+        if not self.actuator.is_running(running.handle):
+            logger.warning("replica %s process exited", replica.replica_id)
+            self.ports.release(running.port)
+            del self.running[replica.replica_id]
+            return None
+        if state == ReplicaState.LOADING:
+            if self._healthy(replica.url):
+                services.set_replica_state(
+                    replica.replica_id,
+                    expected=[ReplicaState.LOADING],
+                    state=ReplicaState.SERVING,
+                )
+                state = ReplicaState.SERVING
+            elif self.clock() - running.started_at > self.start_timeout_s:
+                logger.error("replica %s did not become healthy", replica.replica_id)
+                self._stop(replica.replica_id, grace_s=5.0)
+                return None
+            else:
+                # Loading takes minutes on a GPU (seed: cold start); the agent vouches
+                # for the live process so the reaper does not take it for dead.
+                return self._beat(replica, state, None)
+        stats = self._scrape(replica.url)
+        if state == ReplicaState.DRAINING:
+            # Still beating as "draining": routers see it and send nothing new.
+            if running.drain_started_at is None:
+                running.drain_started_at = self.clock()
+            idle = stats is not None and (
+                stats.num_requests_running + stats.num_requests_waiting == 0
+            )
+            overdue = self.clock() - running.drain_started_at > self.drain_timeout_s
+            if idle or overdue:
+                if overdue and not idle:
+                    logger.warning("replica %s drain timed out", replica.replica_id)
+                self._stop(replica.replica_id, grace_s=30.0)
+                return None
+        if stats is None:
+            # Process up but /metrics silent: a hung engine must miss its beats.
+            return None
+        return self._beat(replica, state, stats)
+
+    def _beat(
+        self, replica: Replica, state: str, stats: EngineStats | None
+    ) -> ReplicaBeat:
+        return ReplicaBeat(
+            replica_id=replica.replica_id,
+            model=replica.model_id,
+            version=replica.version.version,
+            region=replica.region,
+            node=replica.node,
+            url=replica.url,
+            state=str(state),
+            queue_depth=stats.queue_depth if stats else 0,
+            num_running=stats.num_requests_running if stats else 0,
+            tokens_in_flight=stats.kv_tokens_in_use if stats else 0,
+            kv_cache_usage_perc=stats.kv_cache_usage_perc if stats else 0.0,
+            beat_at=time.time(),
+        )
+
+    def _start(self, replica: Replica) -> None:
+        port = int(replica.url.rsplit(":", 1)[1])
+        self.ports.taken.add(port)
+        try:
+            spec = self.spec_for(replica, port)
+            handle = self.actuator.start(spec)
+        except Exception:
+            logger.exception("replica %s failed to start", replica.replica_id)
+            self.ports.release(port)
+            services.set_replica_state(
+                replica.replica_id,
+                expected=[ReplicaState.STARTING],
+                state=ReplicaState.GONE,
+            )
+            return
+        self.running[replica.replica_id] = _Running(
+            handle=handle, port=port, started_at=self.clock()
+        )
+        services.set_replica_state(
+            replica.replica_id,
+            expected=[ReplicaState.STARTING],
+            state=ReplicaState.LOADING,
+        )
+        logger.info("replica %s started on port %d", replica.replica_id, port)
+
+    def _stop(self, replica_id: str, *, grace_s: float) -> None:
+        running = self.running.pop(replica_id, None)
+        if running is not None:
+            self.actuator.stop(running.handle, grace_s=grace_s)
+            self.ports.release(running.port)
+        if self.sink is not None:
+            try:
+                self.sink.forget(replica_id, self.region)
+            except Exception:
+                logger.warning("could not forget beat of %s", replica_id, exc_info=True)
+        services.remove_replica(replica_id)
+        logger.info("replica %s stopped and removed", replica_id)
+
+    def _gpus_in_use(self) -> int:
+        rows = Replica.objects.live().filter(node=self.node, region=self.region)
+        return sum(r.version.gpus_per_replica for r in rows.select_related("version"))
+
+    def _healthy(self, url: str) -> bool:
+        try:
+            return self.http.get(f"{url}/health").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def _scrape(self, url: str) -> EngineStats | None:
+        try:
+            response = self.http.get(f"{url}/metrics")
+        except httpx.HTTPError:
+            return None
+        if response.status_code != 200:
+            return None
+        try:
+            return parse_metrics_text(response.text)
+        except ValueError:
+            logger.warning("unparseable /metrics from %s", url)
+            return None
+
+
+_LIVE_STATES = [
+    ReplicaState.STARTING,
+    ReplicaState.LOADING,
+    ReplicaState.SERVING,
+    ReplicaState.DRAINING,
+]
+
+
+def spec_builder(
+    *, kind: str, cache_dir: Path, storage_roots: list[str]
+) -> Callable[[Replica, int], ReplicaSpec]:
+    """Return the function that turns a replica row into what its process runs.
+
+    Weights are pulled to this node's cache and verified against the version's
+    hash before a process starts: always for ``vllm``, and for simulated replicas
+    whose weights live on a ``file://`` root (the simulator loads nothing, but a
+    mismatch must stop it all the same). A mismatch raises, and the agent marks the
+    replica gone instead of serving the wrong weights.
+    """
+
+    def build(replica: Replica, port: int) -> ReplicaSpec:
+        version = replica.version
+        weights_dir = ""
+        if kind == "vllm" or version.weights_uri.startswith("file://"):
+            weights_dir = str(
+                pull_weights(
+                    version.weights_uri,
+                    version.weights_hash,
+                    cache_dir=cache_dir,
+                    storage_roots=storage_roots,
+                )
+            )
+        return ReplicaSpec(
+            replica_id=replica.replica_id,
+            model=replica.model_id,
+            version=version.version,
+            served_model_name=replica.model_id,
+            precision=version.precision,
+            gpus_per_replica=version.gpus_per_replica,
+            engine_config=version.engine_config,
+            weights_dir=weights_dir,
+            host=replica.url.split("://", 1)[1].rsplit(":", 1)[0],
+            port=port,
+            max_model_len=version.engine_config.get("max_model_len"),
+        )
+
+    return build

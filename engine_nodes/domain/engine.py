@@ -1,0 +1,598 @@
+"""The vLLM V1 engine step loop of one simulated replica, pure and clock-free.
+
+Public surface: ``EngineConfig``, ``SimRequest``, ``TokenEvent``, ``FinishedRequest``,
+``StepOutput``, ``Engine``.
+
+The caller owns time: ``begin_step(now)`` schedules a step and returns how long it
+takes; the caller waits (really, or in virtual time) and calls ``end_step(now)`` at
+its end. Scheduling follows vLLM V1 (research spec §2.6, §6.3):
+
+1. Token budget = ``max_num_batched_tokens``.
+2. Running requests first, in order. Each needs ``num_tokens - num_computed`` tokens
+   (1 while decoding; the rest of its prompt, or of prompt + generated tokens after a
+   preemption, while prefilling), capped by the budget: chunked prefill. If the KV
+   blocks for them are not free, the **last** running request is preempted
+   (recompute): its blocks are freed (they stay in the prefix cache until evicted),
+   it goes to the **front** of the waiting queue and keeps its generated tokens; if
+   the request itself was last, the running pass stops.
+3. Unless something was preempted, waiting requests are admitted FCFS while budget
+   remains, fewer than ``max_num_seqs`` run, and blocks allow. Each does a prefix
+   lookup; on its first admission ``prefix_cache_queries += prompt_len`` and
+   ``prefix_cache_hits += hit tokens`` (resumed requests look up again, uncounted).
+4. The step lasts ``perf.step_time_from_totals_ms`` times a lognormal jitter.
+5. At ``end_step`` every scheduled request advances; newly full blocks (prompt blocks
+   during prefill, output blocks during decode) are hashed and cached; a request
+   whose computed tokens caught up with its known tokens (its prefill completed this
+   step, or it is decoding) samples one token. Reaching ``output_len`` finishes it:
+   its blocks are freed, last block first, to the LRU tail.
+
+Deviation from vLLM, deliberate: blocks are cached when the step **ends** (vLLM caches
+them when it schedules), so two identical prompts admitted in the same step both miss.
+
+Generated token ids are ``tokens.output_token_id(tokens.request_seed(request_id), i)``,
+so output blocks hash to what the streamed text re-encodes to when a client sends the
+reply back in its next turn.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+
+from engine_nodes.domain.perf import PerfProfile, jitter_factor
+from engine_nodes.domain.prefix_cache import (
+    NONE_HASH,
+    BlockPool,
+    hash_block_tokens,
+)
+from engine_nodes.domain.tokens import output_token_ids, request_seed
+
+__all__ = [
+    "Engine",
+    "EngineConfig",
+    "FinishedRequest",
+    "SimRequest",
+    "StepOutput",
+    "TokenEvent",
+]
+
+_FINISH_REASONS = frozenset({"length", "stop"})
+_WAITING, _RUNNING, _DONE = 0, 1, 2
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    """The scheduler and KV limits of one replica (vLLM's names).
+
+    Invariants: every size is positive; ``num_gpu_blocks >= 2`` (one is the null
+    block).
+    """
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    num_gpu_blocks: int
+    block_size: int = 16
+    max_model_len: int = 8192
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        sizes = (
+            self.max_num_seqs,
+            self.max_num_batched_tokens,
+            self.block_size,
+            self.max_model_len,
+        )
+        if min(sizes) < 1:
+            raise ValueError("engine sizes must be positive")
+        if self.num_gpu_blocks < 2:
+            raise ValueError(
+                "num_gpu_blocks must be at least 2 (one is the null block)"
+            )
+
+    @classmethod
+    def from_profile(cls, profile: PerfProfile, **overrides: object) -> EngineConfig:
+        """Return the profile's limits, with any field replaced by ``overrides``.
+
+        Raises:
+            TypeError: an override names no field.
+        """
+        values: dict[str, object] = {
+            "max_num_seqs": profile.max_num_seqs,
+            "max_num_batched_tokens": profile.max_num_batched_tokens,
+            "num_gpu_blocks": profile.num_gpu_blocks,
+            "block_size": profile.block_size,
+        }
+        unknown = set(overrides) - {f.name for f in fields(cls)}
+        if unknown:
+            raise TypeError(f"unknown EngineConfig fields: {sorted(unknown)}")
+        values.update(overrides)
+        return cls(**values)  # type: ignore[arg-type]
+
+
+@dataclass(slots=True)
+class SimRequest:
+    """One request as the engine sees it: prompt token ids and how long it runs."""
+
+    request_id: str
+    prompt_token_ids: Sequence[int]
+    output_len: int  # tokens generated before finishing (<= max_tokens)
+    finish_reason: str = "length"  # reported when output_len is reached
+
+
+@dataclass(slots=True, frozen=True)
+class TokenEvent:
+    """One output token, produced at the end of a step."""
+
+    request_id: str
+    index: int  # 0-based index of this output token
+    is_final: bool
+
+
+@dataclass(slots=True, frozen=True)
+class FinishedRequest:
+    """A request that finished or was aborted, with its timeline (caller's clock)."""
+
+    request_id: str
+    prompt_tokens: int
+    cached_tokens: int  # prefix-cache hit at first scheduling
+    output_tokens: int
+    finish_reason: str  # "length" | "stop" | "abort"
+    arrived_at: float
+    scheduled_at: float | None
+    first_token_at: float | None
+    finished_at: float
+    num_preemptions: int
+
+
+@dataclass(slots=True)
+class StepOutput:
+    """What one step produced."""
+
+    started_at: float
+    finished_at: float
+    tokens: list[TokenEvent]
+    finished: list[FinishedRequest]
+    num_tokens: int  # iteration tokens (decode + prefill) in this step
+    num_preemptions: int
+
+
+class _Request:
+    """The engine's mutable state of one unfinished request."""
+
+    __slots__ = (
+        "arrived_at",
+        "block_hashes",
+        "block_ids",
+        "cached_tokens",
+        "finish_reason",
+        "first_token_at",
+        "num_cached_blocks",
+        "num_computed",
+        "num_generated",
+        "num_preemptions",
+        "output_len",
+        "prompt",
+        "prompt_len",
+        "request_id",
+        "scheduled_at",
+        "seed",
+        "state",
+    )
+
+    def __init__(self, request: SimRequest, now: float) -> None:
+        self.request_id = request.request_id
+        self.prompt = list(request.prompt_token_ids)
+        self.prompt_len = len(self.prompt)
+        self.output_len = request.output_len
+        self.finish_reason = request.finish_reason
+        self.seed = request_seed(request.request_id)
+        self.num_generated = 0  # tokens sampled so far
+        self.num_computed = 0  # tokens whose KV is in (or scheduled into) blocks
+        self.block_ids: list[int] = []
+        self.block_hashes: list[
+            int
+        ] = []  # chained hashes of full blocks, computed lazily
+        self.num_cached_blocks = 0  # leading blocks already registered in the pool
+        self.cached_tokens = 0
+        self.arrived_at = now
+        self.scheduled_at: float | None = None
+        self.first_token_at: float | None = None
+        self.num_preemptions = 0
+        self.state = _WAITING
+
+
+class Engine:
+    """One replica's scheduler, KV block pool and step-time model.
+
+    Read-only state (for metrics and heartbeats): ``num_running``, ``num_waiting``,
+    ``kv_cache_usage_perc`` and the cumulative counters ``prefix_cache_queries`` and
+    ``prefix_cache_hits`` (tokens), ``prompt_tokens_computed`` (prefill tokens actually
+    computed: prefix hits excluded, recomputation after preemption included),
+    ``generation_tokens`` and ``num_preemptions``.
+
+    Invariants: at most one step is in flight; a request is in exactly one of waiting,
+    running or gone; only running requests hold blocks; unfinished requests are
+    tracked by id, finished ones are forgotten (memory is bounded by the live load).
+    """
+
+    __slots__ = (
+        "_jitter_cv",
+        "_pool",
+        "_requests",
+        "_rng",
+        "_running",
+        "_step",
+        "_step_num_tokens",
+        "_step_preemptions",
+        "_step_prefill_tokens",
+        "_step_started_at",
+        "_tokens_in_flight",
+        "_waiting",
+        "config",
+        "generation_tokens",
+        "num_preemptions",
+        "prefix_cache_hits",
+        "prefix_cache_queries",
+        "profile",
+        "prompt_tokens_computed",
+    )
+
+    def __init__(
+        self,
+        profile: PerfProfile,
+        config: EngineConfig | None = None,
+        *,
+        seed: int = 0,
+        jitter_cv: float = 0.04,
+    ) -> None:
+        self.profile = profile
+        self.config = (
+            config if config is not None else EngineConfig.from_profile(profile)
+        )
+        self._pool = BlockPool(
+            self.config.num_gpu_blocks,
+            self.config.block_size,
+            enable_caching=self.config.enable_prefix_caching,
+        )
+        self._rng = random.Random(seed)
+        self._jitter_cv = jitter_cv
+        self._requests: dict[str, _Request] = {}
+        self._waiting: deque[_Request] = deque()
+        self._running: list[_Request] = []
+        self._step: list[tuple[_Request, int]] | None = None
+        self._step_started_at = 0.0
+        self._step_num_tokens = 0
+        self._step_prefill_tokens = 0
+        self._step_preemptions = 0
+        self._tokens_in_flight = 0
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+        self.prompt_tokens_computed = 0
+        self.generation_tokens = 0
+        self.num_preemptions = 0
+
+    # -- read-only state ---------------------------------------------------------------
+
+    @property
+    def num_running(self) -> int:
+        """Requests in the running batch, including ones mid-prefill."""
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        """Queued requests, including preempted ones."""
+        return len(self._waiting)
+
+    @property
+    def kv_cache_usage_perc(self) -> float:
+        """``1 - free / (num_gpu_blocks - 1)``; cached idle blocks count as free."""
+        return self._pool.usage
+
+    @property
+    def block_pool(self) -> BlockPool:
+        """The KV block pool (read it; do not allocate from it)."""
+        return self._pool
+
+    def has_work(self) -> bool:
+        """Return True while any request is waiting or running."""
+        return bool(self._running or self._waiting)
+
+    def tokens_in_flight(self) -> int:
+        """Return Σ over unfinished requests of ``prompt_len + output_len - generated``.
+
+        A load measure in tokens: prompt tokens count in full even when cached or
+        already computed, so it only falls as tokens are generated and requests end.
+        """
+        return self._tokens_in_flight
+
+    def cached_tokens(self, request_id: str) -> int | None:
+        """Return the prefix hit (tokens) of an unfinished request once it was
+        scheduled; None before that or for unknown/finished ids."""
+        req = self._requests.get(request_id)
+        if req is None or req.scheduled_at is None:
+            return None
+        return req.cached_tokens
+
+    # -- requests ----------------------------------------------------------------------
+
+    def add_request(self, request: SimRequest, now: float) -> None:
+        """Queue a request at the back of the waiting queue.
+
+        Raises:
+            ValueError: duplicate id among unfinished requests, empty prompt,
+                ``output_len < 1``, unknown finish reason, ``prompt + output_len >
+                max_model_len``, or a request whose KV could never fit in the pool.
+        """
+        config = self.config
+        if request.request_id in self._requests:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        prompt_len = len(request.prompt_token_ids)
+        if prompt_len < 1:
+            raise ValueError("the prompt must have at least one token")
+        if request.output_len < 1:
+            raise ValueError("output_len must be at least 1")
+        if request.finish_reason not in _FINISH_REASONS:
+            raise ValueError(f"finish_reason must be one of {sorted(_FINISH_REASONS)}")
+        total = prompt_len + request.output_len
+        if total > config.max_model_len:
+            raise ValueError(
+                f"prompt ({prompt_len}) + output ({request.output_len}) tokens exceed "
+                f"max_model_len {config.max_model_len}"
+            )
+        # The last sampled token is never computed, so KV holds at most total - 1.
+        blocks = -(-(total - 1) // config.block_size)
+        if blocks > config.num_gpu_blocks - 1:
+            raise ValueError(
+                f"request needs {blocks} KV blocks; the pool has "
+                f"{config.num_gpu_blocks - 1}"
+            )
+        req = _Request(request, now)
+        self._requests[req.request_id] = req
+        self._waiting.append(req)
+        self._tokens_in_flight += total
+
+    def abort(self, request_id: str, now: float) -> FinishedRequest | None:
+        """Drop an unfinished request and free its blocks at once.
+
+        Works while it waits, runs, or is part of the step in flight (its tokens
+        from that step are then never emitted). Returns None for unknown ids.
+        """
+        req = self._requests.pop(request_id, None)
+        if req is None:
+            return None
+        if req.state == _RUNNING:
+            self._running.remove(req)
+            self._pool.free(req.block_ids)
+            req.block_ids = []
+        else:
+            self._waiting.remove(req)
+        req.state = _DONE
+        self._tokens_in_flight -= req.prompt_len + req.output_len - req.num_generated
+        return self._finished(req, "abort", now)
+
+    # -- the step loop -----------------------------------------------------------------
+
+    def begin_step(self, now: float) -> float | None:
+        """Schedule the next step at ``now``; return its duration in seconds, or None
+        when there is nothing to run.
+
+        Raises:
+            RuntimeError: a step is already in flight.
+        """
+        if self._step is not None:
+            raise RuntimeError("a step is already in flight; call end_step first")
+        config = self.config
+        pool = self._pool
+        block_size = config.block_size
+        running = self._running
+        budget = config.max_num_batched_tokens
+        scheduled: list[tuple[_Request, int]] = []
+        decode_seqs = kv_tokens = prefill_tokens = 0
+        prefill_work = 0.0
+        preempted = 0
+
+        index = 0
+        while index < len(running) and budget > 0:
+            req = running[index]
+            num_computed = req.num_computed
+            left = req.prompt_len + req.num_generated - num_computed
+            n = left if left < budget else budget
+            need_blocks = (num_computed + n + block_size - 1) // block_size - len(
+                req.block_ids
+            )
+            if need_blocks > 0:
+                while pool.num_free_blocks < need_blocks:
+                    victim = running.pop()
+                    self._preempt(victim)
+                    preempted += 1
+                    if victim is req:
+                        break
+                if req.state != _RUNNING:
+                    break
+                req.block_ids.extend(pool.allocate(need_blocks))
+            scheduled.append((req, n))
+            budget -= n
+            if left == 1 and req.num_generated:
+                decode_seqs += 1
+                kv_tokens += num_computed + 1
+            else:
+                prefill_tokens += n
+                prefill_work += n * (num_computed + n / 2)
+            index += 1
+
+        # vLLM admits no waiting request in a step that had to preempt; the `or`
+        # guards the (unreachable by construction) case where that would idle the
+        # engine with work queued.
+        if preempted == 0 or not scheduled:
+            waiting = self._waiting
+            max_num_seqs = config.max_num_seqs
+            caching = config.enable_prefix_caching
+            while waiting and budget > 0 and len(running) < max_num_seqs:
+                req = waiting[0]
+                num_tokens = req.prompt_len + req.num_generated
+                hit_ids: list[int] = []
+                if caching:
+                    max_blocks = (num_tokens - 1) // block_size
+                    self._ensure_hashes(req, max_blocks)
+                    hit_ids = pool.cached_block_ids(req.block_hashes, max_blocks)
+                hit_tokens = len(hit_ids) * block_size
+                left = num_tokens - hit_tokens
+                n = left if left < budget else budget
+                need_blocks = (hit_tokens + n + block_size - 1) // block_size - len(
+                    hit_ids
+                )
+                if need_blocks + pool.num_evictable(hit_ids) > pool.num_free_blocks:
+                    break
+                pool.touch(hit_ids)
+                hit_ids.extend(pool.allocate(need_blocks))
+                req.block_ids = hit_ids
+                req.num_computed = hit_tokens
+                req.num_cached_blocks = hit_tokens // block_size
+                req.state = _RUNNING
+                waiting.popleft()
+                running.append(req)
+                if req.scheduled_at is None:
+                    req.scheduled_at = now
+                    req.cached_tokens = hit_tokens
+                    if caching:
+                        self.prefix_cache_queries += num_tokens
+                        self.prefix_cache_hits += hit_tokens
+                scheduled.append((req, n))
+                budget -= n
+                if left == 1 and req.num_generated:
+                    decode_seqs += 1
+                    kv_tokens += num_tokens
+                else:
+                    prefill_tokens += n
+                    prefill_work += n * (hit_tokens + n / 2)
+
+        if not scheduled:
+            return None
+        self._step = scheduled
+        self._step_started_at = now
+        self._step_num_tokens = decode_seqs + prefill_tokens
+        self._step_prefill_tokens = prefill_tokens
+        self._step_preemptions = preempted
+        profile = self.profile
+        linear_ms = profile.ctok_ms * (decode_seqs + prefill_tokens)
+        step_ms = (
+            profile.a_ms
+            + (linear_ms if linear_ms > profile.w_ms else profile.w_ms)
+            + profile.b_ms * decode_seqs
+            + profile.kkv_us * 1e-3 * kv_tokens
+            + profile.katt * prefill_work
+        )
+        return step_ms * jitter_factor(self._rng, self._jitter_cv) / 1000.0
+
+    def end_step(self, now: float) -> StepOutput:
+        """Apply the step begun last; ``now`` is its end time.
+
+        Raises:
+            RuntimeError: no step is in flight.
+        """
+        step = self._step
+        if step is None:
+            raise RuntimeError("no step in flight; call begin_step first")
+        self._step = None
+        pool = self._pool
+        block_size = self.config.block_size
+        caching = self.config.enable_prefix_caching
+        tokens: list[TokenEvent] = []
+        finished: list[FinishedRequest] = []
+        for req, n in step:
+            if req.state != _RUNNING:
+                continue  # aborted while the step was in flight
+            num_computed = req.num_computed + n
+            req.num_computed = num_computed
+            if caching:
+                full = num_computed // block_size
+                if full > req.num_cached_blocks:
+                    self._ensure_hashes(req, full)
+                    block_ids = req.block_ids
+                    block_hashes = req.block_hashes
+                    for k in range(req.num_cached_blocks, full):
+                        pool.cache_block(block_ids[k], block_hashes[k])
+                    req.num_cached_blocks = full
+            generated = req.num_generated
+            if num_computed != req.prompt_len + generated:
+                continue  # a prefill chunk that did not finish the prompt
+            req.num_generated = generated + 1
+            if generated == 0:
+                req.first_token_at = now
+            is_final = generated + 1 == req.output_len
+            tokens.append(TokenEvent(req.request_id, generated, is_final))
+            if is_final:
+                req.state = _DONE
+                pool.free(req.block_ids)
+                req.block_ids = []
+                del self._requests[req.request_id]
+                self._tokens_in_flight -= req.prompt_len
+                finished.append(self._finished(req, req.finish_reason, now))
+        self._tokens_in_flight -= len(tokens)
+        self.generation_tokens += len(tokens)
+        self.prompt_tokens_computed += self._step_prefill_tokens
+        if finished:
+            self._running = [r for r in self._running if r.state == _RUNNING]
+        return StepOutput(
+            started_at=self._step_started_at,
+            finished_at=now,
+            tokens=tokens,
+            finished=finished,
+            num_tokens=self._step_num_tokens,
+            num_preemptions=self._step_preemptions,
+        )
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _preempt(self, req: _Request) -> None:
+        """Recompute-preempt: free the blocks, keep the tokens, queue at the front."""
+        self._pool.free(req.block_ids)
+        req.block_ids = []
+        req.num_computed = 0
+        req.num_cached_blocks = 0
+        req.state = _WAITING
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self._waiting.appendleft(req)
+
+    def _ensure_hashes(self, req: _Request, num_blocks: int) -> None:
+        """Extend ``req.block_hashes`` to its first ``num_blocks`` full blocks."""
+        hashes = req.block_hashes
+        done = len(hashes)
+        if done >= num_blocks:
+            return
+        block_size = self.config.block_size
+        prompt = req.prompt
+        prompt_len = req.prompt_len
+        parent = hashes[-1] if hashes else NONE_HASH
+        for k in range(done, num_blocks):
+            start = k * block_size
+            end = start + block_size
+            if end <= prompt_len:
+                block = prompt[start:end]
+            else:
+                block = prompt[start:prompt_len] if start < prompt_len else []
+                block.extend(
+                    output_token_ids(
+                        req.seed, max(start, prompt_len) - prompt_len, end - prompt_len
+                    )
+                )
+            parent = hash_block_tokens(parent, block)
+            hashes.append(parent)
+
+    @staticmethod
+    def _finished(req: _Request, reason: str, now: float) -> FinishedRequest:
+        return FinishedRequest(
+            request_id=req.request_id,
+            prompt_tokens=req.prompt_len,
+            cached_tokens=req.cached_tokens,
+            output_tokens=req.num_generated,
+            finish_reason=reason,
+            arrived_at=req.arrived_at,
+            scheduled_at=req.scheduled_at,
+            first_token_at=req.first_token_at,
+            finished_at=now,
+            num_preemptions=req.num_preemptions,
+        )

@@ -1,0 +1,256 @@
+"""A pool as a Kubernetes Deployment: one Deployment per (model, version, region).
+
+Public surface: ``PoolSpec``, ``render_deployment``, ``deployment_name``,
+``label_value``, ``pool_labels``.
+
+The manifest is a plain dict in the API's camelCase shape, ready for
+``AppsV1Api.create_namespaced_deployment(body=...)`` or ``kubectl apply``. It runs
+``argv`` (from ``launch.vllm_serve_argv``) in a container named ``vllm``:
+
+- ``resources``: ``nvidia.com/gpu`` = ``gpus_per_replica`` in both requests and
+  limits (extended resources must have them equal), written as a string quantity,
+  as the API returns it;
+- probes on ``GET /health``: a startup probe that allows ``startup_timeout_s``
+  (weights load and CUDA graph capture take minutes), then readiness (out of the
+  Service within ~15 s) and liveness (restart after ~60 s of failures);
+- the weights volume (a PVC or a host path) mounted read-only at ``weights_dir``,
+  and ``/dev/shm`` as an in-memory emptyDir, which tensor parallelism needs (the
+  container runtime's default 64 MiB is too small for NCCL);
+- ``terminationGracePeriodSeconds`` = ``drain_s``, so in-flight streams can finish
+  after SIGTERM; vLLM exits on SIGTERM once its server stops.
+
+The selector labels (name, model, version, region) never change for a given
+Deployment name: a Deployment's selector is immutable, so patching stays legal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "APP_NAME",
+    "CONTAINER_NAME",
+    "MAX_NAME_LEN",
+    "PoolSpec",
+    "deployment_name",
+    "label_value",
+    "pool_labels",
+    "render_deployment",
+]
+
+APP_NAME = "vllm"
+CONTAINER_NAME = "vllm"
+MANAGED_BY = "gpu-serving-platform"
+MAX_NAME_LEN = 63
+GPU_RESOURCE = "nvidia.com/gpu"
+HEALTH_PATH = "/health"
+STARTUP_PERIOD_S = 10
+
+_INVALID_NAME_CHARS = re.compile(r"[^a-z0-9-]+")
+_INVALID_LABEL_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
+_DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
+# Engine replicas read weights from the verified volume; they never reach the Hub.
+_CONTAINER_ENV = (
+    ("DO_NOT_TRACK", "1"),
+    ("HF_HUB_OFFLINE", "1"),
+    ("TRANSFORMERS_OFFLINE", "1"),
+    ("VLLM_NO_USAGE_STATS", "1"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSpec:
+    """The desired replicas of one version in one region, as a workload.
+
+    Invariants (``ValueError`` otherwise): ``replicas >= 0``,
+    ``gpus_per_replica >= 1``, ``argv`` is non-empty, ``weights_dir`` is absolute,
+    exactly one of ``weights_pvc`` / ``weights_host_path`` is set, ``port`` is a
+    valid port, ``startup_timeout_s`` and ``drain_s`` are positive.
+    """
+
+    model: str
+    version: str
+    region: str
+    replicas: int
+    image: str
+    gpus_per_replica: int
+    argv: tuple[str, ...]
+    weights_dir: str
+    weights_pvc: str | None = None
+    weights_host_path: str | None = None
+    weights_sub_path: str = ""
+    port: int = 8000
+    startup_timeout_s: int = 300
+    drain_s: int = 120
+    shm_size: str | None = "8Gi"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "argv", tuple(self.argv))
+        if self.replicas < 0:
+            raise ValueError("replicas must not be negative")
+        if self.gpus_per_replica < 1:
+            raise ValueError("gpus_per_replica must be at least 1")
+        if not self.argv or not all(isinstance(a, str) for a in self.argv):
+            raise ValueError("argv must be a non-empty sequence of strings")
+        if not self.image:
+            raise ValueError("image must not be empty")
+        if not self.weights_dir.startswith("/"):
+            raise ValueError("weights_dir must be an absolute path in the container")
+        if (self.weights_pvc is None) == (self.weights_host_path is None):
+            raise ValueError("set exactly one of weights_pvc and weights_host_path")
+        if self.weights_sub_path and self.weights_pvc is None:
+            raise ValueError("weights_sub_path applies to a PVC only")
+        if not 1 <= self.port <= 65535:
+            raise ValueError(f"port {self.port} is out of range")
+        if self.startup_timeout_s < 1 or self.drain_s < 1:
+            raise ValueError("startup_timeout_s and drain_s must be positive")
+
+    @property
+    def name(self) -> str:
+        """Return the Deployment name, ``vllm-<model>-<version>-<region>``."""
+        return deployment_name(self.model, self.version, self.region)
+
+
+def deployment_name(model: str, version: str, region: str) -> str:
+    """Return a DNS-1123 label (<= 63 chars) naming the pool's Deployment.
+
+    ``vllm-<model>-<version>-<region>``, lowercased, with every run of characters
+    outside ``[a-z0-9-]`` replaced by ``-``. A name that would be longer than 63
+    characters is cut and suffixed with 8 hex digits of its SHA-256, so two long
+    names that share a prefix still differ.
+    """
+    raw = f"{APP_NAME}-{model}-{version}-{region}".lower()
+    name = _INVALID_NAME_CHARS.sub("-", raw)
+    name = re.sub(r"-{2,}", "-", name).strip("-")
+    if len(name) > MAX_NAME_LEN:
+        digest = hashlib.sha256(raw.encode("utf-8")).hexdigest()[:8]
+        name = f"{name[: MAX_NAME_LEN - 9].rstrip('-')}-{digest}"
+    if _DNS_1123_LABEL.fullmatch(name) is None:  # pragma: no cover - by construction
+        raise ValueError(f"{name!r} is not a DNS-1123 label")
+    return name
+
+
+def label_value(text: str) -> str:
+    """Return ``text`` as a valid label value: <= 63 chars of ``[A-Za-z0-9._-]``.
+
+    Invalid runs become ``-``; leading and trailing non-alphanumerics are dropped.
+    """
+    value = _INVALID_LABEL_CHARS.sub("-", text)[:MAX_NAME_LEN]
+    return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", value)
+
+
+def pool_labels(spec: PoolSpec) -> dict[str, str]:
+    """Return the selector labels that identify the pool's pods."""
+    return {
+        "app.kubernetes.io/name": APP_NAME,
+        "platform/model": label_value(spec.model),
+        "platform/version": label_value(spec.version),
+        "platform/region": label_value(spec.region),
+    }
+
+
+def render_deployment(*, namespace: str, spec: PoolSpec) -> dict[str, Any]:
+    """Return the ``apps/v1`` Deployment manifest for ``spec`` in ``namespace``."""
+    name = spec.name
+    selector = pool_labels(spec)
+    labels = {
+        **selector,
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+    }
+    gpus = str(spec.gpus_per_replica)
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": spec.image,
+        "command": [spec.argv[0]],
+        "args": list(spec.argv[1:]),
+        "env": [{"name": key, "value": value} for key, value in _CONTAINER_ENV],
+        "ports": [{"name": "http", "containerPort": spec.port, "protocol": "TCP"}],
+        "resources": {
+            "limits": {GPU_RESOURCE: gpus},
+            "requests": {GPU_RESOURCE: gpus},
+        },
+        "startupProbe": _health_probe(
+            period_s=STARTUP_PERIOD_S,
+            failure_threshold=math.ceil(spec.startup_timeout_s / STARTUP_PERIOD_S),
+        ),
+        "readinessProbe": _health_probe(period_s=5, failure_threshold=3),
+        "livenessProbe": _health_probe(period_s=10, failure_threshold=6),
+        "volumeMounts": _volume_mounts(spec),
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": selector},
+            # Keep serving capacity while pods are replaced; a surge pod waits for
+            # a free GPU rather than taking a serving replica down first.
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+            },
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(spec.port),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": {
+                    "terminationGracePeriodSeconds": spec.drain_s,
+                    "containers": [container],
+                    "volumes": _volumes(spec),
+                    "tolerations": [
+                        {
+                            "key": GPU_RESOURCE,
+                            "operator": "Exists",
+                            "effect": "NoSchedule",
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def _health_probe(*, period_s: int, failure_threshold: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": HEALTH_PATH, "port": "http"},
+        "periodSeconds": period_s,
+        "timeoutSeconds": 5,
+        "failureThreshold": failure_threshold,
+    }
+
+
+def _volume_mounts(spec: PoolSpec) -> list[dict[str, Any]]:
+    weights: dict[str, Any] = {
+        "name": "weights",
+        "mountPath": spec.weights_dir,
+        "readOnly": True,
+    }
+    if spec.weights_sub_path:
+        weights["subPath"] = spec.weights_sub_path
+    return [weights, {"name": "dshm", "mountPath": "/dev/shm"}]
+
+
+def _volumes(spec: PoolSpec) -> list[dict[str, Any]]:
+    weights: dict[str, Any] = {"name": "weights"}
+    if spec.weights_pvc is not None:
+        weights["persistentVolumeClaim"] = {
+            "claimName": spec.weights_pvc,
+            "readOnly": True,
+        }
+    else:
+        weights["hostPath"] = {"path": spec.weights_host_path, "type": "Directory"}
+    shm: dict[str, Any] = {"medium": "Memory"}
+    if spec.shm_size is not None:
+        shm["sizeLimit"] = spec.shm_size
+    return [weights, {"name": "dshm", "emptyDir": shm}]

@@ -1,0 +1,391 @@
+"""The command line that starts one engine replica: ``vllm serve`` or the simulator.
+
+Public surface: ``ReplicaSpec``, ``vllm_serve_argv``, ``sim_replica_argv``,
+``sim_profile_for``, ``engine_flag_args``, ``DEFAULT_QUANTIZATION_4BIT``,
+``RESERVED_KEYS``.
+
+A version's ``engine_config`` is a JSON object of vLLM flags spelled with
+underscores (``{"max_num_seqs": 256}``). It is turned into argv items, never into a
+shell string, so shell metacharacters are inert; what is guarded against is a key or
+a value smuggling *another flag* into the argv (``--api-key``, ``--port``):
+
+- keys must match ``^[a-z][a-z0-9_]*$``; ``max_num_seqs`` becomes ``--max-num-seqs``;
+- string values must not start with ``-`` and must not contain NUL;
+- the flags the platform sets itself (host, port, served model name, model path,
+  tensor parallelism = ``gpus_per_replica``, prompt-token details) cannot be set by
+  the config (``RESERVED_KEYS``), except to restate the same value.
+
+Value spelling (vLLM's argparse): ``True`` -> bare ``--flag``; ``False`` ->
+``--no-flag`` (``argparse.BooleanOptionalAction``, which vLLM uses for its boolean
+flags); ints and finite floats -> ``str()``; a list -> the flag once followed by
+each item as its own argv item (``--served-model-name a b`` style ``nargs="+"``,
+never comma-joined, so an item may itself contain commas); an object (``dict``) ->
+one compact JSON argument with sorted keys (``--kv-events-config '{...}'``).
+``None`` and empty lists are refused: leave the key out instead.
+
+Precision (the version's identity, not a tunable):
+
+- ``fp16``: ``--dtype float16``; a ``quantization`` key is refused, since the
+  weights would then not be what the version says they are.
+- ``int8``: the checkpoint is pre-quantized (W8A8, e.g. compressed-tensors or
+  SmoothQuant exports) and carries its quantization config, which vLLM reads on its
+  own. We pass ``--dtype float16`` for the activations and ``--quantization X`` only
+  when ``engine_config`` names ``X``; guessing a method would break checkpoints whose
+  config vLLM would have read correctly.
+- ``4bit``: ``--dtype float16 --quantization awq`` (AWQ kernels run in float16),
+  or the method ``engine_config["quantization"]`` names (``gptq``, ``awq_marlin``...).
+
+``engine_config["dtype"]`` may replace ``float16`` (``bfloat16`` for checkpoints
+trained in bf16). Keys starting with ``sim_`` configure the simulated replica and
+never reach vLLM.
+
+Argv order is deterministic: the fixed platform flags, then the precision flags,
+then the remaining config flags sorted by key, then ``spec.extra`` verbatim.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from models_registry.domain.identity import Precision
+
+__all__ = [
+    "DEFAULT_QUANTIZATION_4BIT",
+    "DEFAULT_SIM_PROFILE",
+    "RESERVED_KEYS",
+    "ReplicaSpec",
+    "engine_flag_args",
+    "sim_profile_for",
+    "sim_replica_argv",
+    "vllm_serve_argv",
+]
+
+DEFAULT_QUANTIZATION_4BIT = "awq"
+DEFAULT_DTYPE = "float16"
+DEFAULT_SIM_PROFILE = "a100-8b"
+
+# Flags the platform owns: the gateway must find the replica at host:port under
+# the served name, metering needs prompt-token details, and the GPU count is the
+# version's gpus_per_replica.
+RESERVED_KEYS = frozenset(
+    {
+        "model",
+        "served_model_name",
+        "host",
+        "port",
+        "uds",
+        "api_key",
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "data_parallel_size",
+        "enable_prompt_tokens_details",
+    }
+)
+# Reserved keys the config may restate when the value equals the platform's own.
+_RESTATABLE = frozenset(
+    {
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "data_parallel_size",
+        "enable_prompt_tokens_details",
+    }
+)
+# Consumed by the fixed part of the argv (precision and prefix caching).
+_CONSUMED_KEYS = frozenset({"dtype", "quantization", "enable_prefix_caching"})
+# The flags the simulated replica shares with ``vllm serve``.
+_SIM_FLAG_KEYS = ("max_model_len", "max_num_batched_tokens", "max_num_seqs")
+_SIM_PREFIX = "sim_"
+
+_FLAG_KEY = re.compile(r"^[a-z][a-z0-9_]*\Z")
+_PROFILE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}\Z")
+_PRECISIONS = frozenset(p.value for p in Precision)
+
+# (precision, gpus_per_replica) -> simulator profile, for shapes the fleet runs.
+_SIM_PROFILES: Mapping[tuple[str, int], str] = MappingProxyType(
+    {
+        (Precision.FP16.value, 1): "a100-8b",
+        (Precision.INT8.value, 2): "h100-70b-int8-tp2",
+        (Precision.FP16.value, 4): "h100-70b-tp4",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSpec:
+    """Everything needed to start one replica of one version on this node.
+
+    Invariants (checked on construction, ``ValueError`` otherwise): ``precision`` is
+    a known precision, ``gpus_per_replica >= 1``, ``1 <= port <= 65535``,
+    ``max_model_len`` is None or positive, ``extra`` holds strings without NUL.
+    ``engine_config`` is copied into a read-only mapping, so a caller mutating its
+    dict afterwards cannot change a spec; it takes no part in ``hash()``.
+    ``extra`` is trusted operator input (the node agent's settings), appended
+    verbatim after the config flags.
+    """
+
+    replica_id: str
+    model: str
+    version: str
+    served_model_name: str
+    precision: str
+    gpus_per_replica: int
+    engine_config: Mapping[str, Any] = field(hash=False)
+    weights_dir: str
+    host: str
+    port: int
+    max_model_len: int | None = None
+    extra: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.replica_id:
+            raise ValueError("replica_id must not be empty")
+        if not self.served_model_name:
+            raise ValueError("served_model_name must not be empty")
+        if self.precision not in _PRECISIONS:
+            raise ValueError(
+                f"precision {self.precision!r} is not one of {sorted(_PRECISIONS)}"
+            )
+        if _is_bool(self.gpus_per_replica) or self.gpus_per_replica < 1:
+            raise ValueError("gpus_per_replica must be a positive integer")
+        if _is_bool(self.port) or not 1 <= self.port <= 65535:
+            raise ValueError(f"port {self.port!r} is out of range")
+        if self.max_model_len is not None and (
+            _is_bool(self.max_model_len) or self.max_model_len < 1
+        ):
+            raise ValueError("max_model_len must be a positive integer or None")
+        for text in (self.model, self.weights_dir, self.host, self.served_model_name):
+            _check_value_text(text, "spec")
+        if any(not isinstance(arg, str) or "\0" in arg for arg in self.extra):
+            raise ValueError("extra args must be strings without NUL")
+        object.__setattr__(self, "extra", tuple(self.extra))
+        object.__setattr__(
+            self, "engine_config", MappingProxyType(dict(self.engine_config))
+        )
+
+
+def vllm_serve_argv(spec: ReplicaSpec, *, vllm_executable: str = "vllm") -> list[str]:
+    """Return the ``vllm serve`` argv for ``spec`` (see the module docstring).
+
+    Raises:
+        ValueError: the config sets a reserved flag to another value, names an
+            unsafe flag or value, or asks for a quantization its precision forbids.
+    """
+    if not spec.weights_dir:
+        raise ValueError("vllm serve needs a weights_dir")
+    config = dict(spec.engine_config)
+    _check_reserved(config, spec)
+    argv = [
+        vllm_executable,
+        "serve",
+        spec.weights_dir,
+        "--served-model-name",
+        spec.served_model_name,
+        "--host",
+        spec.host,
+        "--port",
+        str(spec.port),
+        "--tensor-parallel-size",
+        str(spec.gpus_per_replica),
+        _prefix_caching_flag(config),
+        "--enable-prompt-tokens-details",
+        *_precision_args(spec.precision, config),
+    ]
+    flags = {
+        key: value
+        for key, value in config.items()
+        if key not in RESERVED_KEYS
+        and key not in _CONSUMED_KEYS
+        and not key.startswith(_SIM_PREFIX)
+    }
+    _merge_max_model_len(flags, spec)
+    argv.extend(engine_flag_args(flags))
+    argv.extend(spec.extra)
+    return argv
+
+
+def sim_replica_argv(
+    spec: ReplicaSpec, *, python: str = "python", profile: str = DEFAULT_SIM_PROFILE
+) -> list[str]:
+    """Return the argv of a simulated replica standing in for ``spec``.
+
+    The simulator takes ``vllm serve``'s flag names where they exist. Only the
+    flags it models are passed (``max_model_len``, ``max_num_batched_tokens``,
+    ``max_num_seqs``, prefix caching); the profile comes from
+    ``sim_profile_for(spec, default=profile)``. ``--model`` is the weights
+    directory, or the model name when no weights were pulled.
+
+    Raises:
+        ValueError: as ``vllm_serve_argv``, or the profile name is not a slug.
+    """
+    config = dict(spec.engine_config)
+    _check_reserved(config, spec)
+    argv = [
+        python,
+        "-m",
+        "engine_nodes.sim",
+        "--model",
+        spec.weights_dir or spec.model,
+        "--served-model-name",
+        spec.served_model_name,
+        "--host",
+        spec.host,
+        "--port",
+        str(spec.port),
+        "--sim-profile",
+        sim_profile_for(spec, default=profile),
+        _prefix_caching_flag(config),
+        "--enable-prompt-tokens-details",
+    ]
+    flags = {key: config[key] for key in _SIM_FLAG_KEYS if key in config}
+    _merge_max_model_len(flags, spec)
+    argv.extend(engine_flag_args(flags))
+    argv.extend(spec.extra)
+    return argv
+
+
+def sim_profile_for(spec: ReplicaSpec, *, default: str = DEFAULT_SIM_PROFILE) -> str:
+    """Return the simulator profile for ``spec``.
+
+    ``engine_config["sim_profile"]`` wins; else the (precision, GPUs) table
+    (fp16 x1 -> ``a100-8b``, int8 x2 -> ``h100-70b-int8-tp2``, fp16 x4 ->
+    ``h100-70b-tp4``); else ``default``.
+
+    Raises:
+        ValueError: the chosen name is not a lowercase slug.
+    """
+    chosen = spec.engine_config.get("sim_profile")
+    if chosen is None:
+        chosen = _SIM_PROFILES.get((spec.precision, spec.gpus_per_replica), default)
+    if not isinstance(chosen, str) or _PROFILE.fullmatch(chosen) is None:
+        raise ValueError(f"sim profile {chosen!r} is not a lowercase slug")
+    return chosen
+
+
+def engine_flag_args(flags: Mapping[str, Any]) -> list[str]:
+    """Return argv items for ``flags``, sorted by key (spelling in the module doc).
+
+    Raises:
+        ValueError: a key is not a safe flag name, or a value is None, an empty
+            list, a non-finite float, or a string that starts with '-' or has NUL.
+    """
+    args: list[str] = []
+    for key in sorted(flags):
+        value = flags[key]
+        if not isinstance(key, str) or _FLAG_KEY.fullmatch(key) is None:
+            raise ValueError(f"engine_config key {key!r} is not a safe flag name")
+        flag = "--" + key.replace("_", "-")
+        if _is_bool(value):
+            args.append(flag if value else "--no-" + key.replace("_", "-"))
+        elif isinstance(value, list | tuple):
+            if not value:
+                raise ValueError(f"engine_config[{key!r}] is an empty list")
+            args.append(flag)
+            args.extend(_scalar_text(key, item) for item in value)
+        elif isinstance(value, dict):
+            args.extend([flag, _json_text(key, value)])
+        else:
+            args.extend([flag, _scalar_text(key, value)])
+    return args
+
+
+def _check_reserved(config: Mapping[str, Any], spec: ReplicaSpec) -> None:
+    own: dict[str, Any] = {
+        "tensor_parallel_size": spec.gpus_per_replica,
+        "pipeline_parallel_size": 1,
+        "data_parallel_size": 1,
+        "enable_prompt_tokens_details": True,
+    }
+    for key in sorted(RESERVED_KEYS & config.keys()):
+        value = config[key]
+        # bool is an int: True must not pass for tensor_parallel_size 1.
+        if key in _RESTATABLE and type(value) is type(own[key]) and value == own[key]:
+            continue
+        raise ValueError(
+            f"engine_config may not set {key!r}: the platform controls it"
+            + (f" (it is {own[key]!r} here)" if key in own else "")
+        )
+
+
+def _prefix_caching_flag(config: Mapping[str, Any]) -> str:
+    # On unless the version turns it off: prefix-affinity routing depends on it.
+    value = config.get("enable_prefix_caching", True)
+    if not _is_bool(value):
+        raise ValueError("engine_config['enable_prefix_caching'] must be a boolean")
+    return "--enable-prefix-caching" if value else "--no-enable-prefix-caching"
+
+
+def _precision_args(precision: str, config: Mapping[str, Any]) -> list[str]:
+    dtype = config.get("dtype", DEFAULT_DTYPE)
+    args = ["--dtype", _scalar_text("dtype", dtype)]
+    quantization = config.get("quantization")
+    if precision == Precision.FP16.value:
+        if quantization is not None:
+            raise ValueError(
+                "an fp16 version takes no 'quantization'; register the quantized "
+                "weights as an int8 or 4bit version"
+            )
+    elif precision == Precision.INT8.value:
+        # Pre-quantized W8A8: the checkpoint's own quantization config decides
+        # unless the version names a method explicitly.
+        if quantization is not None:
+            args.extend(["--quantization", _scalar_text("quantization", quantization)])
+    else:
+        method = DEFAULT_QUANTIZATION_4BIT if quantization is None else quantization
+        args.extend(["--quantization", _scalar_text("quantization", method)])
+    return args
+
+
+def _merge_max_model_len(flags: dict[str, Any], spec: ReplicaSpec) -> None:
+    if spec.max_model_len is None:
+        return
+    configured = flags.get("max_model_len")
+    if configured is not None and configured != spec.max_model_len:
+        raise ValueError(
+            f"max_model_len {spec.max_model_len} conflicts with "
+            f"engine_config['max_model_len'] = {configured!r}"
+        )
+    flags["max_model_len"] = spec.max_model_len
+
+
+def _scalar_text(key: str, value: Any) -> str:
+    if _is_bool(value):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"engine_config[{key!r}] must be finite")
+        return repr(value)
+    if isinstance(value, str):
+        _check_value_text(value, f"engine_config[{key!r}]")
+        return value
+    raise ValueError(
+        f"engine_config[{key!r}] = {value!r} is not a string, number or boolean"
+    )
+
+
+def _json_text(key: str, value: Mapping[str, Any]) -> str:
+    try:
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"engine_config[{key!r}] is not plain JSON: {exc}") from None
+    return text
+
+
+def _check_value_text(text: str, where: str) -> None:
+    if not isinstance(text, str):
+        raise ValueError(f"{where}: {text!r} is not a string")
+    if text.startswith("-"):
+        raise ValueError(f"{where}: {text!r} starts with '-' and could pose as a flag")
+    if "\0" in text:
+        raise ValueError(f"{where}: value contains NUL")
+
+
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool)

@@ -1,0 +1,88 @@
+"""``manage.py engine_agent --node N --region R``: run this node's replicas."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from engine_nodes.actuators import LocalProcessActuator
+from engine_nodes.agent import NodeAgent, spec_builder
+
+
+class Command(BaseCommand):
+    help = "Run the node agent: start, watch, drain and beat for this node's replicas."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--node", required=True, help="This node's name.")
+        parser.add_argument(
+            "--region", default=None, help="Defaults to PLATFORM_REGION."
+        )
+        parser.add_argument("--gpus", type=int, default=8, help="GPUs on this node.")
+        parser.add_argument(
+            "--kind",
+            choices=["sim", "vllm"],
+            default="sim",
+            help="Run simulated replicas or real `vllm serve`.",
+        )
+        parser.add_argument(
+            "--host", default="127.0.0.1", help="Address replicas bind."
+        )
+        parser.add_argument(
+            "--ports", default="8001-8099", help="Port range, FIRST-LAST."
+        )
+        parser.add_argument(
+            "--log-dir", type=Path, default=settings.LOCAL_DIR / "logs" / "replicas"
+        )
+        parser.add_argument(
+            "--weights-cache",
+            type=Path,
+            default=settings.LOCAL_DIR / "weights-cache",
+            help="Where this node keeps pulled, verified weights.",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            first, last = (int(p) for p in options["ports"].split("-", 1))
+        except ValueError:
+            raise CommandError("--ports must look like 8001-8099") from None
+        region = options["region"] or settings.PLATFORM_REGION
+        spec_for = spec_builder(
+            kind=options["kind"],
+            cache_dir=options["weights_cache"],
+            storage_roots=settings.PLATFORM_STORAGE_ROOTS,
+        )
+        sink = None
+        if settings.REDIS_URL:
+            from engine_nodes.heartbeats import RedisBeatStore
+
+            sink = RedisBeatStore.from_url(
+                settings.REDIS_URL,
+                prefix=settings.REDIS_KEY_PREFIX,
+                ttl_s=settings.PLATFORM_HEARTBEAT_S * settings.PLATFORM_MISSED_BEATS,
+            )
+        agent = NodeAgent(
+            node=options["node"],
+            region=region,
+            actuator=LocalProcessActuator(
+                kind=options["kind"], python=sys.executable, log_dir=options["log_dir"]
+            ),
+            spec_for=spec_for,
+            gpus=options["gpus"],
+            host=options["host"],
+            ports=(first, last),
+            sink=sink,
+        )
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        self.stderr.write(
+            f"node agent {options['node']} in {region}: {options['gpus']} GPUs, "
+            f"{options['kind']} replicas, beats to {'Redis and ' if sink else ''}the database"
+        )
+        agent.run(stop)

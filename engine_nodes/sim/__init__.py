@@ -1,0 +1,5 @@
+"""The simulated vLLM replica server (``python -m engine_nodes.sim``).
+
+Imports no Django: a replica starts in well under a second and several run on one
+machine.
+"""

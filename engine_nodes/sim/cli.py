@@ -1,0 +1,143 @@
+"""Command line of the simulated replica; flag names follow ``vllm serve``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import asdict
+
+from engine_nodes.domain.perf import PROFILES
+from engine_nodes.sim.server import Faults, SimOptions, build_app
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the argument parser (shared by ``manage.py sim_replica``)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m engine_nodes.sim",
+        description="A simulated vLLM replica: vLLM's HTTP surface on a performance model.",
+    )
+    add = parser.add_argument
+    add(
+        "--model",
+        required=True,
+        help="Model path or name (shown as root in /v1/models).",
+    )
+    add(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        help="Names clients use; defaults to --model.",
+    )
+    add("--host", default="127.0.0.1")
+    add("--port", type=int, default=8000)
+    add("--max-model-len", type=int, default=8192)
+    add("--max-num-seqs", type=int, default=None)
+    add("--max-num-batched-tokens", type=int, default=None)
+    add("--num-gpu-blocks-override", type=int, default=None)
+    add("--block-size", type=int, default=16)
+    add("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    add("--enable-prompt-tokens-details", action="store_true")
+    add("--enable-force-include-usage", action="store_true")
+    add("--enable-request-id-headers", action="store_true")
+    add(
+        "--max-num-queued-reqs",
+        type=int,
+        default=0,
+        help="Reject with 503 past this many waiting+running requests (0: never).",
+    )
+    add("--sim-profile", choices=sorted(PROFILES), default="a100-8b")
+    add("--sim-jitter-cv", type=float, default=0.04)
+    add("--sim-frontend-ms", type=float, default=5.0)
+    add(
+        "--sim-output-len",
+        choices=["lognormal", "max"],
+        default="lognormal",
+        help="max: always generate max_tokens; lognormal: sample a length (ignore_eos "
+        "in the request forces max).",
+    )
+    add("--sim-output-mean", type=float, default=250.0)
+    add("--sim-output-cv", type=float, default=0.6)
+    add("--sim-seed", type=int, default=0)
+    add("--sim-admin-token", default=None, help="Bearer token for /sim/faults.")
+    add("--sim-crash-after-tokens", type=int, default=None)
+    add("--sim-stall", action="store_true")
+    add("--sim-fail-next", type=int, default=0)
+    add("--sim-fail-rate", type=float, default=0.0)
+    add(
+        "--sim-startup-s",
+        type=float,
+        default=0.0,
+        help="Answer 503 on /health and requests for this long (slow start).",
+    )
+    add("--sim-degraded", action="store_true")
+    add("--log-level", default="warning")
+    return parser
+
+
+def options_from_args(args: argparse.Namespace) -> tuple[SimOptions, Faults]:
+    """Turn parsed flags into the server's options and initial faults."""
+    names = args.served_model_name or [args.model]
+    options = SimOptions(
+        model=args.model,
+        served_model_names=list(names),
+        profile=args.sim_profile,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        num_gpu_blocks=args.num_gpu_blocks_override,
+        block_size=args.block_size,
+        enable_prefix_caching=args.enable_prefix_caching,
+        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+        enable_force_include_usage=args.enable_force_include_usage,
+        enable_request_id_headers=args.enable_request_id_headers,
+        max_num_queued_reqs=args.max_num_queued_reqs,
+        jitter_cv=args.sim_jitter_cv,
+        frontend_ms=args.sim_frontend_ms,
+        output_len_policy=args.sim_output_len,
+        output_len_mean=args.sim_output_mean,
+        output_len_cv=args.sim_output_cv,
+        seed=args.sim_seed,
+        admin_token=args.sim_admin_token,
+    )
+    faults = Faults(
+        crash_after_tokens=args.sim_crash_after_tokens,
+        stall=args.sim_stall,
+        fail_next=args.sim_fail_next,
+        fail_rate=args.sim_fail_rate,
+        ready_in_s=args.sim_startup_s,
+        degraded=args.sim_degraded,
+    )
+    return options, faults
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Parse flags and serve until interrupted."""
+    import uvicorn
+
+    args = build_parser().parse_args(argv)
+    options, faults = options_from_args(args)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    app = build_app(options, faults=faults)
+    logging.getLogger("engine_nodes.sim").warning(
+        "simulated replica %s (profile %s) on %s:%d; faults %s",
+        ",".join(options.served_model_names),
+        options.profile,
+        args.host,
+        args.port,
+        json.dumps({k: v for k, v in asdict(faults).items() if v}),
+    )
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=False,
+        lifespan="on",
+        # vLLM's server keeps idle connections 5 s; clients pool against that.
+        timeout_keep_alive=5,
+    )

@@ -1,0 +1,205 @@
+"""Tests for the pool Deployment manifest."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from engine_nodes.domain.k8s import (
+    PoolSpec,
+    deployment_name,
+    label_value,
+    render_deployment,
+)
+
+ARGV = (
+    "vllm",
+    "serve",
+    "/weights/chat-70b",
+    "--served-model-name",
+    "chat-70b@v2",
+    "--host",
+    "0.0.0.0",
+    "--port",
+    "8000",
+    "--tensor-parallel-size",
+    "2",
+)
+DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
+
+
+def make_pool(**overrides: Any) -> PoolSpec:
+    fields: dict[str, Any] = {
+        "model": "chat-70b",
+        "version": "v2",
+        "region": "us-east",
+        "replicas": 3,
+        "image": "vllm/vllm-openai:v0.32.0",
+        "gpus_per_replica": 2,
+        "argv": ARGV,
+        "weights_dir": "/weights/chat-70b",
+        "weights_pvc": "model-weights",
+    }
+    fields.update(overrides)
+    return PoolSpec(**fields)
+
+
+def container_of(manifest: dict[str, Any]) -> dict[str, Any]:
+    [container] = manifest["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def test_render_deployment_identity_and_labels():
+    manifest = render_deployment(namespace="serving", spec=make_pool())
+    assert manifest["apiVersion"] == "apps/v1"
+    assert manifest["kind"] == "Deployment"
+    assert manifest["metadata"]["name"] == "vllm-chat-70b-v2-us-east"
+    assert manifest["metadata"]["namespace"] == "serving"
+    selector = {
+        "app.kubernetes.io/name": "vllm",
+        "platform/model": "chat-70b",
+        "platform/version": "v2",
+        "platform/region": "us-east",
+    }
+    assert manifest["spec"]["selector"] == {"matchLabels": selector}
+    pod_labels = manifest["spec"]["template"]["metadata"]["labels"]
+    assert pod_labels.items() >= selector.items()
+    assert manifest["metadata"]["labels"] == pod_labels
+    assert manifest["spec"]["replicas"] == 3
+
+
+def test_render_deployment_container_runs_argv_with_gpus():
+    container = container_of(render_deployment(namespace="ns", spec=make_pool()))
+    assert container["name"] == "vllm"
+    assert container["image"] == "vllm/vllm-openai:v0.32.0"
+    assert [*container["command"], *container["args"]] == list(ARGV)
+    assert container["command"] == ["vllm"]
+    assert container["resources"] == {
+        "limits": {"nvidia.com/gpu": "2"},
+        "requests": {"nvidia.com/gpu": "2"},
+    }
+    assert container["ports"] == [
+        {"name": "http", "containerPort": 8000, "protocol": "TCP"}
+    ]
+    env = {item["name"]: item["value"] for item in container["env"]}
+    assert env["HF_HUB_OFFLINE"] == "1"
+    assert env["VLLM_NO_USAGE_STATS"] == "1"
+
+
+def test_render_deployment_probes_health_with_a_long_startup():
+    container = container_of(render_deployment(namespace="ns", spec=make_pool()))
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] == 300
+
+
+def test_render_deployment_startup_budget_rounds_up():
+    pool = make_pool(startup_timeout_s=605)
+    startup = container_of(render_deployment(namespace="ns", spec=pool))["startupProbe"]
+    assert startup["failureThreshold"] == 61
+
+
+def test_render_deployment_mounts_weights_read_only_and_shm_in_memory():
+    manifest = render_deployment(namespace="ns", spec=make_pool())
+    pod = manifest["spec"]["template"]["spec"]
+    mounts = {m["name"]: m for m in container_of(manifest)["volumeMounts"]}
+    assert mounts["weights"] == {
+        "name": "weights",
+        "mountPath": "/weights/chat-70b",
+        "readOnly": True,
+    }
+    assert mounts["dshm"]["mountPath"] == "/dev/shm"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["weights"]["persistentVolumeClaim"] == {
+        "claimName": "model-weights",
+        "readOnly": True,
+    }
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "8Gi"}
+    assert pod["terminationGracePeriodSeconds"] == 120
+
+
+def test_render_deployment_host_path_weights_and_sub_path():
+    pool = make_pool(weights_pvc=None, weights_host_path="/srv/weights/abc")
+    volumes = render_deployment(namespace="ns", spec=pool)["spec"]["template"]["spec"][
+        "volumes"
+    ]
+    assert volumes[0] == {
+        "name": "weights",
+        "hostPath": {"path": "/srv/weights/abc", "type": "Directory"},
+    }
+    sub = container_of(
+        render_deployment(namespace="ns", spec=make_pool(weights_sub_path="abc"))
+    )["volumeMounts"][0]
+    assert sub["subPath"] == "abc"
+
+
+def test_render_deployment_tolerates_gpu_taint_and_keeps_capacity_on_update():
+    manifest = render_deployment(namespace="ns", spec=make_pool())
+    assert manifest["spec"]["strategy"]["rollingUpdate"] == {
+        "maxSurge": 1,
+        "maxUnavailable": 0,
+    }
+    assert {
+        "key": "nvidia.com/gpu",
+        "operator": "Exists",
+        "effect": "NoSchedule",
+    } in manifest["spec"]["template"]["spec"]["tolerations"]
+
+
+def test_deployment_name_sanitizes_to_dns_label():
+    assert deployment_name("Chat_7B.instruct", "v13", "EU--West") == (
+        "vllm-chat-7b-instruct-v13-eu-west"
+    )
+
+
+def test_deployment_name_long_names_are_cut_and_stay_distinct():
+    one = deployment_name("m" * 64, "v1", "us-east-1")
+    two = deployment_name("m" * 64, "v2", "us-east-1")
+    assert len(one) == 63
+    assert DNS_1123_LABEL.fullmatch(one)
+    assert DNS_1123_LABEL.fullmatch(two)
+    assert one != two
+
+
+@pytest.mark.parametrize(
+    ("model", "version", "region"),
+    [
+        ("chat-7b", "v1", "local"),
+        ("a" * 64, "v999999999", "b" * 64),
+        ("x.y_z", "v2", "-edge-"),
+        ("m", "v1", "r" * 50 + "-" + "s" * 5),
+    ],
+)
+def test_deployment_name_is_always_a_dns_label(model, version, region):
+    name = deployment_name(model, version, region)
+    assert len(name) <= 63
+    assert DNS_1123_LABEL.fullmatch(name), name
+
+
+def test_label_value_is_valid_for_long_and_odd_text():
+    assert label_value("chat-7b") == "chat-7b"
+    assert label_value("_odd name!_") == "odd-name"
+    assert len(label_value("a" * 100)) == 63
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"replicas": -1},
+        {"gpus_per_replica": 0},
+        {"argv": ()},
+        {"image": ""},
+        {"weights_dir": "weights"},
+        {"weights_pvc": None},
+        {"weights_host_path": "/srv/w"},
+        {"weights_pvc": None, "weights_host_path": "/w", "weights_sub_path": "x"},
+        {"port": 0},
+        {"drain_s": 0},
+    ],
+)
+def test_pool_spec_rejects_invalid_fields(overrides):
+    with pytest.raises(ValueError):
+        make_pool(**overrides)

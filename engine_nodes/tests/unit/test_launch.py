@@ -1,0 +1,437 @@
+"""Tests for the replica command lines: exact argv for vLLM and the simulator."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from engine_nodes.domain.launch import (
+    ReplicaSpec,
+    engine_flag_args,
+    sim_profile_for,
+    sim_replica_argv,
+    vllm_serve_argv,
+)
+from engine_nodes.domain.perf import PROFILES
+
+WEIGHTS = "/var/lib/platform/weights/" + "a" * 64
+
+
+def make_spec(**overrides: Any) -> ReplicaSpec:
+    fields: dict[str, Any] = {
+        "replica_id": "chat-7b-v3-local-0",
+        "model": "chat-7b",
+        "version": "v3",
+        "served_model_name": "chat-7b@v3",
+        "precision": "fp16",
+        "gpus_per_replica": 1,
+        "engine_config": {},
+        "weights_dir": WEIGHTS,
+        "host": "127.0.0.1",
+        "port": 8101,
+    }
+    fields.update(overrides)
+    return ReplicaSpec(**fields)
+
+
+def test_vllm_serve_argv_fp16_7b_on_one_gpu():
+    spec = make_spec(
+        engine_config={"max_num_seqs": 256, "enable_prefix_caching": True},
+    )
+    assert vllm_serve_argv(spec) == [
+        "vllm",
+        "serve",
+        WEIGHTS,
+        "--served-model-name",
+        "chat-7b@v3",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8101",
+        "--tensor-parallel-size",
+        "1",
+        "--enable-prefix-caching",
+        "--enable-prompt-tokens-details",
+        "--dtype",
+        "float16",
+        "--max-num-seqs",
+        "256",
+    ]
+
+
+def test_vllm_serve_argv_int8_70b_on_tp2_relies_on_checkpoint_quantization():
+    spec = make_spec(
+        model="chat-70b",
+        served_model_name="chat-70b@v1",
+        precision="int8",
+        gpus_per_replica=2,
+        engine_config={
+            "tensor_parallel_size": 2,
+            "gpu_memory_utilization": 0.92,
+            "max_num_batched_tokens": 8192,
+        },
+        max_model_len=32768,
+        host="0.0.0.0",
+        port=8000,
+    )
+    assert vllm_serve_argv(spec, vllm_executable="/opt/vllm/bin/vllm") == [
+        "/opt/vllm/bin/vllm",
+        "serve",
+        WEIGHTS,
+        "--served-model-name",
+        "chat-70b@v1",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+        "--tensor-parallel-size",
+        "2",
+        "--enable-prefix-caching",
+        "--enable-prompt-tokens-details",
+        "--dtype",
+        "float16",
+        "--gpu-memory-utilization",
+        "0.92",
+        "--max-model-len",
+        "32768",
+        "--max-num-batched-tokens",
+        "8192",
+    ]
+
+
+def test_vllm_serve_argv_int8_passes_quantization_only_when_named():
+    spec = make_spec(precision="int8", engine_config={"quantization": "experts_int8"})
+    argv = vllm_serve_argv(spec)
+    assert argv[13:] == [
+        "--dtype",
+        "float16",
+        "--quantization",
+        "experts_int8",
+    ]
+
+
+def test_vllm_serve_argv_4bit_defaults_to_awq():
+    spec = make_spec(precision="4bit", engine_config={"max_num_seqs": 128})
+    assert vllm_serve_argv(spec) == [
+        "vllm",
+        "serve",
+        WEIGHTS,
+        "--served-model-name",
+        "chat-7b@v3",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8101",
+        "--tensor-parallel-size",
+        "1",
+        "--enable-prefix-caching",
+        "--enable-prompt-tokens-details",
+        "--dtype",
+        "float16",
+        "--quantization",
+        "awq",
+        "--max-num-seqs",
+        "128",
+    ]
+
+
+def test_vllm_serve_argv_4bit_takes_the_configured_method():
+    spec = make_spec(precision="4bit", engine_config={"quantization": "gptq"})
+    assert vllm_serve_argv(spec)[13:] == [
+        "--dtype",
+        "float16",
+        "--quantization",
+        "gptq",
+    ]
+
+
+def test_vllm_serve_argv_dtype_override():
+    spec = make_spec(engine_config={"dtype": "bfloat16"})
+    assert vllm_serve_argv(spec)[13:] == ["--dtype", "bfloat16"]
+
+
+def test_vllm_serve_argv_fp16_refuses_quantization():
+    with pytest.raises(ValueError, match="fp16 version takes no 'quantization'"):
+        vllm_serve_argv(make_spec(engine_config={"quantization": "fp8"}))
+
+
+def test_vllm_serve_argv_false_becomes_no_flag():
+    spec = make_spec(
+        engine_config={"enable_prefix_caching": False, "enable_chunked_prefill": False}
+    )
+    argv = vllm_serve_argv(spec)
+    assert argv[11] == "--no-enable-prefix-caching"
+    assert "--enable-prefix-caching" not in argv
+    assert argv[-1] == "--no-enable-chunked-prefill"
+
+
+def test_vllm_serve_argv_sorts_config_flags_and_appends_extra():
+    spec = make_spec(
+        engine_config={
+            "max_num_seqs": 64,
+            "enforce_eager": True,
+            "kv_cache_dtype": "fp8",
+            "block_size": 16,
+        },
+        extra=("--kv-cache-memory-bytes", "67108864"),
+    )
+    assert vllm_serve_argv(spec)[15:] == [
+        "--block-size",
+        "16",
+        "--enforce-eager",
+        "--kv-cache-dtype",
+        "fp8",
+        "--max-num-seqs",
+        "64",
+        "--kv-cache-memory-bytes",
+        "67108864",
+    ]
+
+
+def test_vllm_serve_argv_never_passes_sim_keys():
+    spec = make_spec(engine_config={"sim_profile": "h100-8b", "sim_jitter_cv": 0.0})
+    assert not any(arg.startswith("--sim") for arg in vllm_serve_argv(spec))
+
+
+def test_vllm_serve_argv_is_independent_of_config_key_order():
+    one = make_spec(engine_config={"max_num_seqs": 8, "block_size": 16})
+    two = make_spec(engine_config={"block_size": 16, "max_num_seqs": 8})
+    assert vllm_serve_argv(one) == vllm_serve_argv(two)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"host": "0.0.0.0"},
+        {"port": 9000},
+        {"served_model_name": "other"},
+        {"model": "/elsewhere"},
+        {"api_key": "sk-123"},
+        {"tensor_parallel_size": 2},
+        {"tensor_parallel_size": True},
+        {"pipeline_parallel_size": 2},
+        {"enable_prompt_tokens_details": False},
+    ],
+)
+def test_vllm_serve_argv_rejects_platform_controlled_keys(config):
+    with pytest.raises(ValueError, match="the platform controls it"):
+        vllm_serve_argv(make_spec(engine_config=config))
+
+
+def test_vllm_serve_argv_accepts_restated_tensor_parallel_size():
+    spec = make_spec(gpus_per_replica=4, engine_config={"tensor_parallel_size": 4})
+    assert vllm_serve_argv(spec).count("--tensor-parallel-size") == 1
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "max_num_seqs; rm -rf /",
+        "max-num-seqs",
+        "Max_num_seqs",
+        "_private",
+        "9lives",
+        "max_num_seqs\n",
+        "",
+    ],
+)
+def test_vllm_serve_argv_rejects_unsafe_keys(key):
+    with pytest.raises(ValueError, match="not a safe flag name"):
+        vllm_serve_argv(make_spec(engine_config={key: 1}))
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"kv_cache_dtype": "--api-key"}, "could pose as a flag"),
+        ({"kv_cache_dtype": "-x"}, "could pose as a flag"),
+        ({"served_model_alias": ["ok", "--port"]}, "could pose as a flag"),
+        ({"quantization": "-awq"}, "could pose as a flag"),
+        ({"kv_cache_dtype": "fp8\0--api-key"}, "NUL"),
+        ({"max_num_seqs": None}, "not a string, number or boolean"),
+        ({"max_num_seqs": []}, "empty list"),
+        ({"gpu_memory_utilization": float("nan")}, "finite"),
+        ({"kv_events_config": {"x": float("inf")}}, "not plain JSON"),
+        ({"enable_prefix_caching": "yes"}, "must be a boolean"),
+    ],
+)
+def test_vllm_serve_argv_rejects_unsafe_values(config, message):
+    spec = make_spec(precision="4bit", engine_config=config)
+    with pytest.raises(ValueError, match=message):
+        vllm_serve_argv(spec)
+
+
+def test_vllm_serve_argv_keeps_shell_metacharacters_in_one_item():
+    argv = vllm_serve_argv(make_spec(engine_config={"chat_template": "a; rm -rf /"}))
+    assert argv[-2:] == ["--chat-template", "a; rm -rf /"]
+
+
+def test_vllm_serve_argv_needs_weights_dir():
+    with pytest.raises(ValueError, match="weights_dir"):
+        vllm_serve_argv(make_spec(weights_dir=""))
+
+
+def test_vllm_serve_argv_max_model_len_conflict_is_refused():
+    spec = make_spec(engine_config={"max_model_len": 4096}, max_model_len=8192)
+    with pytest.raises(ValueError, match="conflicts"):
+        vllm_serve_argv(spec)
+
+
+def test_engine_flag_args_spells_lists_and_objects():
+    args = engine_flag_args(
+        {
+            "kv_events_config": {"topic": "kv", "enable_kv_cache_events": True},
+            "middleware": ["a.b", "c,d"],
+            "swap_space": 4.5,
+        }
+    )
+    assert args == [
+        "--kv-events-config",
+        '{"enable_kv_cache_events":true,"topic":"kv"}',
+        "--middleware",
+        "a.b",
+        "c,d",
+        "--swap-space",
+        "4.5",
+    ]
+
+
+def test_replica_spec_copies_engine_config():
+    config = {"max_num_seqs": 8}
+    spec = make_spec(engine_config=config)
+    config["max_num_seqs"] = 9
+    assert spec.engine_config["max_num_seqs"] == 8
+    with pytest.raises(TypeError):
+        spec.engine_config["max_num_seqs"] = 10  # type: ignore[index]
+
+
+def test_replica_spec_is_hashable_and_compares_by_value():
+    assert hash(make_spec(engine_config={"a": 1})) == hash(make_spec())
+    assert make_spec(engine_config={"a": 1}) == make_spec(engine_config={"a": 1})
+    assert make_spec(engine_config={"a": 1}) != make_spec(engine_config={"a": 2})
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"precision": "fp8"},
+        {"gpus_per_replica": 0},
+        {"port": 0},
+        {"port": 70000},
+        {"max_model_len": 0},
+        {"served_model_name": "--api-key"},
+        {"weights_dir": "-rf"},
+        {"extra": ("ok", "bad\0")},
+        {"replica_id": ""},
+    ],
+)
+def test_replica_spec_rejects_invalid_fields(overrides):
+    with pytest.raises(ValueError):
+        make_spec(**overrides)
+
+
+def test_sim_replica_argv_fp16_7b():
+    spec = make_spec(
+        engine_config={
+            "max_num_seqs": 256,
+            "max_num_batched_tokens": 2048,
+            "gpu_memory_utilization": 0.9,
+            "kv_cache_dtype": "fp8",
+        },
+        max_model_len=8192,
+    )
+    assert sim_replica_argv(spec, python="/usr/bin/python3") == [
+        "/usr/bin/python3",
+        "-m",
+        "engine_nodes.sim",
+        "--model",
+        WEIGHTS,
+        "--served-model-name",
+        "chat-7b@v3",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8101",
+        "--sim-profile",
+        "a100-8b",
+        "--enable-prefix-caching",
+        "--enable-prompt-tokens-details",
+        "--max-model-len",
+        "8192",
+        "--max-num-batched-tokens",
+        "2048",
+        "--max-num-seqs",
+        "256",
+    ]
+
+
+def test_sim_replica_argv_uses_model_name_without_weights_and_passes_extra():
+    spec = make_spec(
+        weights_dir="",
+        engine_config={"enable_prefix_caching": False},
+        extra=("--sim-time-scale", "10"),
+    )
+    assert sim_replica_argv(spec) == [
+        "python",
+        "-m",
+        "engine_nodes.sim",
+        "--model",
+        "chat-7b",
+        "--served-model-name",
+        "chat-7b@v3",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8101",
+        "--sim-profile",
+        "a100-8b",
+        "--no-enable-prefix-caching",
+        "--enable-prompt-tokens-details",
+        "--sim-time-scale",
+        "10",
+    ]
+
+
+def test_sim_replica_argv_rejects_reserved_keys_too():
+    with pytest.raises(ValueError, match="the platform controls it"):
+        sim_replica_argv(make_spec(engine_config={"port": 1}))
+
+
+@pytest.mark.parametrize(
+    ("precision", "gpus", "expected"),
+    [
+        ("fp16", 1, "a100-8b"),
+        ("int8", 2, "h100-70b-int8-tp2"),
+        ("fp16", 4, "h100-70b-tp4"),
+        ("4bit", 1, "fallback"),
+        ("fp16", 2, "fallback"),
+    ],
+)
+def test_sim_profile_for_picks_by_precision_and_gpus(precision, gpus, expected):
+    spec = make_spec(precision=precision, gpus_per_replica=gpus)
+    assert sim_profile_for(spec, default="fallback") == expected
+
+
+def test_sim_profile_for_engine_config_override_wins():
+    spec = make_spec(
+        precision="int8", gpus_per_replica=2, engine_config={"sim_profile": "h100-8b"}
+    )
+    assert sim_profile_for(spec) == "h100-8b"
+    assert sim_replica_argv(spec)[11:13] == ["--sim-profile", "h100-8b"]
+
+
+def test_sim_profile_table_names_profiles_the_simulator_knows():
+    shapes = [("fp16", 1), ("int8", 2), ("fp16", 4), ("4bit", 1)]
+    chosen = {
+        sim_profile_for(make_spec(precision=precision, gpus_per_replica=gpus))
+        for precision, gpus in shapes
+    }
+    assert chosen <= set(PROFILES)
+
+
+@pytest.mark.parametrize("profile", ["--api-key", "A100", "", 7])
+def test_sim_profile_for_rejects_non_slug_names(profile):
+    spec = make_spec(engine_config={"sim_profile": profile})
+    with pytest.raises(ValueError, match="slug"):
+        sim_profile_for(spec)
