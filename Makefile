@@ -24,6 +24,12 @@ test: venv
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest
 
+## Benchmarks: the engine model in virtual time and the replica server in real time.
+## Results go to bench/results/*.json (not committed).
+bench: venv
+	$(PY) bench/engine_model.py --out bench/results/engine_model.json
+	$(PY) bench/sim_server.py --out bench/results/sim_server.json
+
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

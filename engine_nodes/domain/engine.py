@@ -119,6 +119,10 @@ class SimRequest:
     prompt_token_ids: Sequence[int]
     output_len: int  # tokens generated before finishing (<= max_tokens)
     finish_reason: str = "length"  # reported when output_len is reached
+    # Seed of the generated tokens (tokens.output_token_ids); None derives it from
+    # the request id. The server passes the seed of the text it streams, so a reply
+    # sent back in the next turn hits the blocks its generation filled.
+    output_seed: int | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -187,7 +191,11 @@ class _Request:
         self.prompt_len = len(self.prompt)
         self.output_len = request.output_len
         self.finish_reason = request.finish_reason
-        self.seed = request_seed(request.request_id)
+        self.seed = (
+            request_seed(request.request_id)
+            if request.output_seed is None
+            else request.output_seed
+        )
         self.num_generated = 0  # tokens sampled so far
         self.num_computed = 0  # tokens whose KV is in (or scheduled into) blocks
         self.block_ids: list[int] = []

@@ -239,6 +239,7 @@ class SimReplica:
                 prompt_token_ids=prompt_token_ids,
                 output_len=output_len,
                 finish_reason=finish_reason,
+                output_seed=text_seed,
             ),
             time.monotonic(),
         )

@@ -409,3 +409,27 @@ def test_crash_after_k_tokens_kills_the_stream_and_process(tmp_path: Path):
         assert 1 <= received <= 20
         wait_until(lambda: process.popen.poll() is not None, message="the crash")
         assert process.popen.returncode == 70
+
+
+def test_next_turn_hits_the_blocks_of_the_previous_reply(replica: Process):
+    client = client_for(replica)
+    history = [{"role": "user", "content": "write at length " * 10}]
+    first = client.chat.completions.create(
+        model="chat-7b",
+        messages=history,
+        max_tokens=64,
+        seed=11,
+        extra_body={"ignore_eos": True},
+    )
+    turn = [
+        *history,
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "more"},
+    ]
+    second = client.chat.completions.create(
+        model="chat-7b", messages=turn, max_tokens=2
+    )
+    # The prompt, and the reply generated into the cache, are reused.
+    assert second.usage.prompt_tokens_details.cached_tokens >= (
+        (first.usage.prompt_tokens + 48) // 16 * 16
+    )

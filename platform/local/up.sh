@@ -44,9 +44,15 @@ trap cleanup EXIT INT TERM HUP
     >.local/logs/worker.log 2>&1 &
 pids+=($!); echo $! >.local/run/worker.pid
 
+# The node agent runs this machine's replicas: two simulated chat-7b and one
+# reason-70b, from the pools make up registered.
+$PY manage.py engine_agent --node "${PLATFORM_NODE:-local-1}" --gpus "${PLATFORM_NODE_GPUS:-8}" \
+    --ports "${PLATFORM_REPLICA_PORTS:-8001-8099}" >.local/logs/agent.log 2>&1 &
+AGENT_PID=$!; pids+=($AGENT_PID); echo $AGENT_PID >.local/run/agent.pid
+
 .venv/bin/uvicorn config.asgi:application --host "$HOST" --port "$PORT" \
     --no-access-log --log-level info >.local/logs/server.log 2>&1 &
-pids+=($!); echo $! >.local/run/server.pid
+SERVER_PID=$!; pids+=($SERVER_PID); echo $SERVER_PID >.local/run/server.pid
 
 # Poll until the server answers (or gave up), instead of sleeping a fixed time.
 for _ in $(seq 1 150); do
@@ -54,13 +60,27 @@ for _ in $(seq 1 150); do
 import socket, sys
 socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=0.2).close()
 PYEOF
-    if ! kill -0 "${pids[1]}" 2>/dev/null; then
+    if ! kill -0 "$SERVER_PID" 2>/dev/null; then
         echo "the server failed to start; see .local/logs/server.log" >&2
         tail -n 20 .local/logs/server.log >&2
         exit 1
     fi
     $PY -c 'import time; time.sleep(0.2)'
 done
+
+# Wait for the agent to bring the replicas up (it polls their /health).
+for _ in $(seq 1 150); do
+    serving=$($PY manage.py list_replicas --state serving --count 2>/dev/null || echo 0)
+    [ "$serving" -ge 3 ] && break
+    if ! kill -0 "$AGENT_PID" 2>/dev/null; then
+        echo "the node agent failed; see .local/logs/agent.log" >&2
+        tail -n 20 .local/logs/agent.log >&2
+        exit 1
+    fi
+    $PY -c 'import time; time.sleep(0.2)'
+done
+REPLICAS=$($PY manage.py list_replicas --state serving | sed 's/^/                 /')
+CHAT_URL=$($PY manage.py list_replicas --state serving --model chat-7b | awk 'NR==1 {print $3}')
 
 ADMIN_TOKEN=$(field admin_token)
 cat <<BANNER
@@ -72,13 +92,19 @@ cat <<BANNER
   Admin token    $ADMIN_TOKEN
   Team key       $(field team_key)   (team $(field team))
   Metrics        http://$HOST:$PORT/metrics
-  Logs           .local/logs/server.log, .local/logs/worker.log
+  Replicas (simulated vLLM, through the node agent):
+$REPLICAS
+  Logs           .local/logs/{server,worker,agent}.log, .local/logs/replicas/
 
   Try the control plane:
     curl -s -H "Authorization: Bearer $ADMIN_TOKEN" http://$HOST:$PORT/admin/models/chat-7b
     curl -s -H "Authorization: Bearer $ADMIN_TOKEN" http://$HOST:$PORT/admin/pools/chat-7b/state
 
-  Ctrl-C stops the server and the worker.
+  Talk to a replica directly (the gateway at /v1 comes with the online path):
+    curl -s $CHAT_URL/v1/chat/completions -H 'Content-Type: application/json' \\
+      -d '{"model": "chat-7b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}'
+
+  Ctrl-C stops the server, the worker, the agent and its replicas.
 BANNER
 
 wait -n "${pids[@]}"

@@ -1,0 +1,273 @@
+"""The node agent with real simulated replica processes, real Redis and the database."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import threading
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+from django.utils import timezone
+
+from engine_nodes import services
+from engine_nodes.actuators import LocalProcessActuator
+from engine_nodes.agent import NodeAgent, spec_builder
+from engine_nodes.heartbeats import RedisBeatStore
+from engine_nodes.models import Replica
+from models_registry import services as registry
+from models_registry.models import Pool
+from tests.factories import version_body
+from tests.processes import free_port, wait_until
+
+pytestmark = [pytest.mark.django_db, pytest.mark.e2e]
+
+
+@pytest.fixture
+def beat_store(redis_url: str):
+    prefix = f"test-{uuid.uuid4().hex[:8]}"
+    store = RedisBeatStore(redis.Redis.from_url(redis_url), prefix=prefix, ttl_s=3.0)
+    yield store
+    for key in store.client.scan_iter(f"{prefix}:*"):
+        store.client.delete(key)
+
+
+@pytest.fixture
+def pool(chat_v1):
+    return Pool.objects.create(
+        model_id="chat-7b",
+        version=chat_v1,
+        region="test",
+        min_replicas=1,
+        max_replicas=4,
+    )
+
+
+def make_agent(tmp_path: Path, sink=None, **kwargs) -> NodeAgent:
+    first = free_port()
+    # The engine on each replica: a fast profile keeps the tests short.
+    return NodeAgent(
+        node="node-a",
+        region="test",
+        actuator=LocalProcessActuator(kind="sim", log_dir=tmp_path / "logs"),
+        spec_for=spec_builder(
+            kind="sim",
+            cache_dir=tmp_path / "cache",
+            storage_roots=[f"file://{tmp_path}/", "s3://models/"],
+        ),
+        gpus=kwargs.pop("gpus", 4),
+        ports=(first, first + 40),
+        sink=sink,
+        start_timeout_s=30,
+        **kwargs,
+    )
+
+
+def tick_until(agent: NodeAgent, condition, message: str, timeout_s: float = 30.0):
+    def step():
+        agent.tick(now=timezone.now())
+        return condition()
+
+    return wait_until(step, timeout_s=timeout_s, interval_s=0.05, message=message)
+
+
+def states() -> dict[str, str]:
+    return dict(Replica.objects.values_list("replica_id", "state"))
+
+
+def test_agent_starts_replicas_that_serve_and_beat_to_redis(tmp_path, pool, beat_store):
+    pool.min_replicas = 2
+    pool.save()
+    agent = make_agent(tmp_path, sink=beat_store)
+    try:
+        tick_until(
+            agent,
+            lambda: list(states().values()) == ["serving", "serving"],
+            "two serving replicas",
+        )
+        for replica in Replica.objects.all():
+            assert httpx.get(f"{replica.url}/health").status_code == 200
+            assert replica.last_heartbeat is not None
+        beats = tick_until(
+            agent, lambda: beat_store.read_region("test"), "beats in Redis"
+        )
+        assert {b.replica_id for b in beats} == set(states())
+        assert {b.state for b in beats} == {"serving"}
+        ttl_ms = beat_store.client.pttl(
+            f"{beat_store.prefix}:beat:{beats[0].replica_id}"
+        )
+        assert 0 < ttl_ms <= 3000
+    finally:
+        agent.shutdown(grace_s=5)
+    assert Replica.objects.count() == 0
+    assert beat_store.read_region("test") == []
+
+
+def test_draining_waits_for_the_open_stream(tmp_path, pool):
+    pool.min_replicas = 2
+    pool.save()
+    agent = make_agent(tmp_path)
+    try:
+        tick_until(
+            agent,
+            lambda: list(states().values()) == ["serving", "serving"],
+            "two serving replicas",
+        )
+        newest = Replica.objects.order_by("-created_at", "-replica_id").first()
+        results: dict[str, object] = {}
+
+        def long_answer() -> None:
+            results["body"] = httpx.post(
+                f"{newest.url}/v1/chat/completions",
+                timeout=60,
+                json={
+                    "model": "chat-7b",
+                    "messages": [{"role": "user", "content": "x"}],
+                    "max_tokens": 150,
+                    "ignore_eos": True,
+                },
+            ).json()
+
+        thread = threading.Thread(target=long_answer)
+        thread.start()
+        wait_until(
+            lambda: (
+                b"vllm:num_requests_running{"
+                in httpx.get(f"{newest.url}/metrics").content
+                and _running(newest.url) == 1
+            ),
+            message="the stream to start",
+        )
+        Pool.objects.filter(pk=pool.pk).update(min_replicas=1, desired_replicas=1)
+        agent.tick(now=timezone.now())
+        assert states()[newest.replica_id] == "draining"
+        # While the answer streams, the replica stays, draining.
+        agent.tick(now=timezone.now())
+        if thread.is_alive():
+            assert states().get(newest.replica_id) == "draining"
+            assert agent.actuator.is_running(agent.running[newest.replica_id].handle)
+        tick_until(
+            agent,
+            lambda: newest.replica_id not in states(),
+            "the drained replica to be removed",
+        )
+        thread.join(timeout=30)
+        assert results["body"]["usage"]["completion_tokens"] == 150
+        assert len(states()) == 1
+    finally:
+        agent.shutdown(grace_s=5)
+
+
+def _running(url: str) -> int:
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith("vllm:num_requests_running{"):
+            return int(float(line.rsplit(" ", 1)[1]))
+    return 0
+
+
+def test_killed_replica_is_reaped_after_three_missed_beats_and_replaced(
+    tmp_path, pool, settings
+):
+    settings.PLATFORM_HEARTBEAT_S = 1.0
+    settings.PLATFORM_MISSED_BEATS = 3
+    agent = make_agent(tmp_path)
+    try:
+        tick_until(agent, lambda: list(states().values()) == ["serving"], "a replica")
+        victim = Replica.objects.get()
+        os.killpg(agent.running[victim.replica_id].handle.pid, signal.SIGKILL)
+        tick_until(
+            agent,
+            lambda: victim.replica_id not in agent.running,
+            "the agent to notice the dead process",
+        )
+        last_beat = Replica.objects.get(pk=victim.replica_id).last_heartbeat
+        agent.tick(now=timezone.now())
+        # No beat was written for the dead replica.
+        assert Replica.objects.get(pk=victim.replica_id).last_heartbeat == last_beat
+        assert (
+            services.reap_silent_replicas(now=last_beat + timedelta(seconds=2.9)) == []
+        )
+        assert services.reap_silent_replicas(
+            now=last_beat + timedelta(seconds=3.1)
+        ) == [victim.replica_id]
+        tick_until(
+            agent,
+            lambda: (
+                victim.replica_id not in states()
+                and list(states().values()) == ["serving"]
+            ),
+            "a replacement replica",
+        )
+    finally:
+        agent.shutdown(grace_s=5)
+
+
+def test_weights_with_wrong_hash_are_refused(tmp_path, chat_model, settings):
+    settings.PLATFORM_STORAGE_ROOTS = [f"file://{tmp_path}/"]
+    weights = tmp_path / "weights" / "chat"
+    weights.mkdir(parents=True)
+    (weights / "model.safetensors").write_bytes(b"not the registered weights")
+    version = registry.register_version(
+        model_id="chat-7b",
+        **version_body(
+            weights_uri=f"file://{weights}/",
+            weights_hash=hashlib.sha256(b"other").hexdigest(),
+        ),
+    )
+    Pool.objects.create(model_id="chat-7b", version=version, region="test")
+    agent = make_agent(tmp_path)
+    try:
+        agent.tick(now=timezone.now())
+        assert list(states().values()) == ["gone"]
+        assert agent.running == {}
+        assert not any((tmp_path / "cache").glob("*/model.safetensors"))
+    finally:
+        agent.shutdown(grace_s=5)
+
+
+def test_agent_fills_only_the_gpus_it_has(tmp_path, chat_v1):
+    Pool.objects.create(
+        model_id="chat-7b",
+        version=chat_v1,
+        region="test",
+        min_replicas=3,
+        max_replicas=3,
+    )
+    agent = make_agent(tmp_path, gpus=2)
+    try:
+        agent.tick(now=timezone.now())
+        assert len(states()) == 2
+        agent.tick(now=timezone.now())
+        assert len(states()) == 2
+    finally:
+        agent.shutdown(grace_s=5)
+
+
+def test_weights_with_the_registered_hash_are_pulled_then_served(
+    tmp_path, chat_model, settings
+):
+    from engine_nodes.weights import tree_digest
+
+    settings.PLATFORM_STORAGE_ROOTS = [f"file://{tmp_path}/"]
+    weights = tmp_path / "weights" / "chat"
+    weights.mkdir(parents=True)
+    (weights / "model.safetensors").write_bytes(b"registered weights")
+    version = registry.register_version(
+        model_id="chat-7b",
+        **version_body(
+            weights_uri=f"file://{weights}/", weights_hash=tree_digest(weights)
+        ),
+    )
+    Pool.objects.create(model_id="chat-7b", version=version, region="test")
+    agent = make_agent(tmp_path)
+    try:
+        tick_until(agent, lambda: list(states().values()) == ["serving"], "a replica")
+        cached = tmp_path / "cache" / version.weights_hash / "model.safetensors"
+        assert cached.read_bytes() == b"registered weights"
+    finally:
+        agent.shutdown(grace_s=5)
