@@ -25,6 +25,19 @@ def check_secret_key(app_configs: Any = None, **kwargs: Any) -> list[CheckMessag
 
 
 @register()
+def check_heartbeats(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """The database may hear beats less often than Redis, never more often."""
+    if settings.PLATFORM_HEARTBEAT_DB_S < settings.PLATFORM_HEARTBEAT_S:
+        return [
+            Error(
+                "PLATFORM_HEARTBEAT_DB_S must not be shorter than PLATFORM_HEARTBEAT_S",
+                id="config.E003",
+            )
+        ]
+    return []
+
+
+@register()
 def check_storage_roots(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """Every storage root must be an absolute URI with a scheme, ending in '/'."""
     errors: list[CheckMessage] = []

@@ -203,6 +203,12 @@ try:
     # beats a replica leaves the ring and the reaper marks it gone.
     PLATFORM_HEARTBEAT_S = env_float("PLATFORM_HEARTBEAT_S", 1.0, minimum=0.05)
     PLATFORM_MISSED_BEATS = env_int("PLATFORM_MISSED_BEATS", 3, minimum=1)
+    # Beats reach Redis every PLATFORM_HEARTBEAT_S (routers act on those); the
+    # database gets them every PLATFORM_HEARTBEAT_DB_S, and the reaper and the pool
+    # state judge silence against that slower clock.
+    PLATFORM_HEARTBEAT_DB_S = env_float(
+        "PLATFORM_HEARTBEAT_DB_S", PLATFORM_HEARTBEAT_S, minimum=0.05
+    )
     PLATFORM_REAPER_INTERVAL_S = env_float(
         "PLATFORM_REAPER_INTERVAL_S", 5.0, minimum=0.5
     )

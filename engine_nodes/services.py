@@ -26,7 +26,7 @@ def reap_silent_replicas(*, now: datetime) -> list[str]:
     a replica whose heartbeat lands between the read and the write is left alone.
     """
     cutoff = silence_cutoff(
-        now, settings.PLATFORM_HEARTBEAT_S, settings.PLATFORM_MISSED_BEATS
+        now, settings.PLATFORM_HEARTBEAT_DB_S, settings.PLATFORM_MISSED_BEATS
     )
     silent = Replica.objects.live().filter(
         Q(last_heartbeat__lt=cutoff)

@@ -306,7 +306,7 @@ def pool_state(
     from metering.services import prefix_hit_rate_since
 
     model = get_model(model_id)
-    beat_s = settings.PLATFORM_HEARTBEAT_S
+    beat_s = settings.PLATFORM_HEARTBEAT_DB_S
     missed = settings.PLATFORM_MISSED_BEATS
     replicas_qs = Replica.objects.live().filter(model=model).select_related("version")
     pools_qs = Pool.objects.filter(model=model).select_related("version")

@@ -80,3 +80,13 @@ def test_storage_roots_check(settings):
 def test_project_passes_its_system_checks():
     errors = [m for m in run_checks() if m.is_serious()]
     assert errors == []
+
+
+def test_heartbeat_check_refuses_a_faster_database_beat(settings):
+    from config.checks import check_heartbeats
+
+    settings.PLATFORM_HEARTBEAT_S = 1.0
+    settings.PLATFORM_HEARTBEAT_DB_S = 0.5
+    assert [m.id for m in check_heartbeats()] == ["config.E003"]
+    settings.PLATFORM_HEARTBEAT_DB_S = 5.0
+    assert check_heartbeats() == []

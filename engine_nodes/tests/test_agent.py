@@ -64,6 +64,7 @@ def make_agent(tmp_path: Path, sink=None, **kwargs) -> NodeAgent:
         ports=(first, first + 40),
         sink=sink,
         start_timeout_s=30,
+        db_every_s=kwargs.pop("db_every_s", 0.0),
         **kwargs,
     )
 
@@ -174,6 +175,7 @@ def test_killed_replica_is_reaped_after_three_missed_beats_and_replaced(
     tmp_path, pool, settings
 ):
     settings.PLATFORM_HEARTBEAT_S = 1.0
+    settings.PLATFORM_HEARTBEAT_DB_S = 1.0
     settings.PLATFORM_MISSED_BEATS = 3
     agent = make_agent(tmp_path)
     try:
@@ -270,4 +272,24 @@ def test_weights_with_the_registered_hash_are_pulled_then_served(
         cached = tmp_path / "cache" / version.weights_hash / "model.safetensors"
         assert cached.read_bytes() == b"registered weights"
     finally:
+        agent.shutdown(grace_s=5)
+
+
+def test_database_hears_beats_at_its_own_rate(tmp_path, pool, beat_store):
+    now = [0.0]
+    agent = make_agent(tmp_path, sink=beat_store, db_every_s=5.0)
+    try:
+        tick_until(agent, lambda: list(states().values()) == ["serving"], "a replica")
+        first = Replica.objects.get().last_heartbeat
+        agent.clock = lambda: now[0]
+        agent._db_written_at = 0.0
+        now[0] = 1.0
+        agent.tick(now=timezone.now())
+        assert Replica.objects.get().last_heartbeat == first  # Redis only
+        assert beat_store.read_region("test")
+        now[0] = 5.0
+        agent.tick(now=timezone.now())
+        assert Replica.objects.get().last_heartbeat > first
+    finally:
+        agent.clock = __import__("time").monotonic
         agent.shutdown(grace_s=5)

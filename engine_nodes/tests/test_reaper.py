@@ -19,6 +19,7 @@ T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 @pytest.fixture
 def replicas(chat_v1, settings):
     settings.PLATFORM_HEARTBEAT_S = 1.0
+    settings.PLATFORM_HEARTBEAT_DB_S = 1.0
     settings.PLATFORM_MISSED_BEATS = 3
     with time_machine.travel(T0, tick=False):
         fresh = ReplicaFactory(version=chat_v1, last_heartbeat=T0)
@@ -65,8 +66,9 @@ def test_reaper_is_idempotent(replicas):
     assert services.reap_silent_replicas(now=now) == []
 
 
-def test_reaper_respects_configured_beat(replicas, settings):
-    settings.PLATFORM_HEARTBEAT_S = 5.0
+def test_reaper_judges_by_the_database_beat(replicas, settings):
+    # Beats reach the database every 5 s: 10 s of silence is 2 missed beats.
+    settings.PLATFORM_HEARTBEAT_DB_S = 5.0
     assert services.reap_silent_replicas(now=T0 + timedelta(seconds=10)) == []
 
 
