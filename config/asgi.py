@@ -1,8 +1,14 @@
-"""ASGI entry point: Channels routes HTTP to Django (the gateway joins it later)."""
+"""ASGI entry point: ``/v1/*`` and ``/healthz`` to the gateway, the rest to Django.
+
+Channels' ``ProtocolTypeRouter`` sits on top; the gateway is a raw ASGI app (the
+token stream is the hottest path and measured against a bare relay), Django serves
+the console, the control plane and ``/metrics``.
+"""
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from django.core.asgi import get_asgi_application
 
@@ -14,11 +20,24 @@ from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from config.startup import log_backends  # noqa: E402
+from routing.runtime import get_gateway  # noqa: E402
 
-http_app = (
+django_http = (
     ASGIStaticFilesHandler(django_asgi_app)
     if settings.PLATFORM_SERVE_STATIC
     else django_asgi_app
 )
-application = ProtocolTypeRouter({"http": http_app})
+gateway = get_gateway()
+
+
+async def http_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Send the OpenAI API to the gateway and everything else to Django."""
+    path = scope["path"]
+    if path.startswith("/v1/") or path == "/healthz":
+        await gateway(scope, receive, send)
+    else:
+        await django_http(scope, receive, send)
+
+
+application = ProtocolTypeRouter({"http": http_app, "lifespan": gateway})
 log_backends()

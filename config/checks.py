@@ -59,3 +59,19 @@ def check_storage_roots(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
                 )
             )
     return errors
+
+
+@register()
+def check_routing_policy(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """The default routing policy must name a registered policy."""
+    from routing.domain.policies import POLICIES
+
+    if settings.PLATFORM_ROUTING_POLICY not in POLICIES:
+        return [
+            Error(
+                f"PLATFORM_ROUTING_POLICY={settings.PLATFORM_ROUTING_POLICY!r} is not a "
+                f"routing policy ({', '.join(sorted(POLICIES))})",
+                id="routing.E001",
+            )
+        ]
+    return []

@@ -217,9 +217,39 @@ try:
         "PLATFORM_STORAGE_ROOTS",
         ["s3://models/", "gs://models/", f"file://{BASE_DIR / '.local' / 'weights'}/"],
     )
+    # The gateway (/v1). Teams without a limits row on a model may call it with
+    # these defaults; 0 tokens per minute means explicit grants only.
+    PLATFORM_DEFAULT_TOKENS_PER_MINUTE = env_int(
+        "PLATFORM_DEFAULT_TOKENS_PER_MINUTE", 600_000, minimum=0
+    )
+    PLATFORM_DEFAULT_MAX_CONCURRENCY = env_int(
+        "PLATFORM_DEFAULT_MAX_CONCURRENCY", 64, minimum=0
+    )
+    PLATFORM_DEFAULT_MAX_TOKENS = env_int(
+        "PLATFORM_DEFAULT_MAX_TOKENS", 1024, minimum=1
+    )
+    PLATFORM_MAX_BODY_BYTES = env_int(
+        "PLATFORM_MAX_BODY_BYTES", 4 * 1024 * 1024, minimum=1024
+    )
+    PLATFORM_ROUTING_POLICY = env_str("PLATFORM_ROUTING_POLICY", "prefix_affinity")
+    # Below this many tokens in flight no replica counts as overloaded, so light
+    # traffic keeps its prefix affinity (about 15% of a 7B replica's capacity).
+    PLATFORM_AFFINITY_MIN_BOUND_TOKENS = env_int(
+        "PLATFORM_AFFINITY_MIN_BOUND_TOKENS", 16_384, minimum=0
+    )
+    PLATFORM_RETRY_RATIO = env_float("PLATFORM_RETRY_RATIO", 0.1, minimum=0.0)
+    PLATFORM_SNAPSHOT_REFRESH_S = env_float(
+        "PLATFORM_SNAPSHOT_REFRESH_S", 2.0, minimum=0.1
+    )
+    PLATFORM_UPSTREAM_CONNECT_TIMEOUT_S = env_float(
+        "PLATFORM_UPSTREAM_CONNECT_TIMEOUT_S", 2.0, minimum=0.05
+    )
     # Served with the ASGI app itself (the console's CSS/JS) when no web server
     # sits in front; `make up` turns it on.
     PLATFORM_SERVE_STATIC = env_bool("PLATFORM_SERVE_STATIC", DEBUG)
+    # How often usage counted in Redis reaches the database (and how often an
+    # embedded gateway flushes its own ledger).
+    PLATFORM_USAGE_FLUSH_S = env_float("PLATFORM_USAGE_FLUSH_S", 15.0, minimum=1.0)
 except EnvError as exc:
     raise ImproperlyConfigured(str(exc)) from None
 
@@ -260,6 +290,11 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": timedelta(seconds=PLATFORM_REAPER_INTERVAL_S),
         # A reaping that could not start within its interval is superseded by the next.
         "options": {"expires": PLATFORM_REAPER_INTERVAL_S * 0.9},
+    },
+    "flush-usage": {
+        "task": "metering.flush_usage",
+        "schedule": timedelta(seconds=PLATFORM_USAGE_FLUSH_S),
+        "options": {"expires": PLATFORM_USAGE_FLUSH_S * 0.9},
     },
 }
 

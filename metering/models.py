@@ -9,9 +9,10 @@ from django.db.models import F, Q
 class Usage(models.Model):
     """What a team used of one model version in one minute.
 
-    The flush adds to a row with ``F()`` expressions under the unique key, so two
-    gateway processes (or a retried flush with its idempotency key) never lose or
-    double a count. ``cached_tokens`` is the part of ``prompt_tokens`` served from
+    With Redis, each minute's totals accumulate in Redis and the flush writes them
+    (never lowering a stored total), so running it twice or after a crash neither
+    loses nor doubles a count. In the embedded mode each gateway process adds its
+    drained counts with ``F()`` expressions. ``cached_tokens`` is the part of ``prompt_tokens`` served from
     the prefix cache. ``shed`` counts 503s; ``rate_limited`` counts 429s.
     """
 

@@ -1,13 +1,306 @@
-"""Use-cases for usage: reading hit rates (recording arrives with the gateway)."""
+"""Use-cases for usage: flushing the gateway's counts to rows, and reading hit rates.
+
+Two ways in, one per deployment mode (seed step 12):
+
+- With Redis, gateways add to per-minute hashes of running totals
+  (``metering.counters.RedisUsageCounter``) and ``flush_redis_usage`` (the beat
+  task ``metering.flush_usage``) writes each closed minute's totals to its row. The
+  flush runs in three phases that are separately callable: ``read_closed_usage``,
+  ``write_usage_rows`` (one transaction) and ``forget_flushed`` (Redis cleanup,
+  after the commit).
+- Embedded (no Redis), each gateway process drains its own ledger and calls
+  ``flush_memory_usage``, which adds to the rows.
+"""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import asdict, dataclass
 from datetime import datetime
+from functools import partial
 
-from django.db.models import Sum
+import redis
+from django.db import IntegrityError, models, transaction
+from django.db.models import F, Sum, Value
+from django.db.models.functions import Greatest
 
-from metering.domain.usage import prefix_hit_rate
+from accounts.models import Team
+from metering.counters import (
+    USAGE_KEEP_FLUSHED_S,
+    check_counts,
+    parse_usage_hash_key,
+    usage_index_key,
+)
+from metering.domain.usage import (
+    COUNTER_FIELDS,
+    UsageCounts,
+    UsageKey,
+    prefix_hit_rate,
+)
 from metering.models import Usage
+from models_registry.models import ModelVersion
+
+logger = logging.getLogger(__name__)
+
+# Forget a flushed hash only if it still holds what the flush read: a gateway that
+# added in between leaves it indexed, and the next flush writes the new totals.
+# The hash itself is kept (shorter TTL) so that late counts still add to the full
+# totals. KEYS: index, hash. ARGV: keep_ms, then the field/value pairs read.
+_FORGET_IF_UNCHANGED = """
+local current = redis.call('HGETALL', KEYS[2])
+if #current ~= #ARGV - 1 then return 0 end
+local read = {}
+for i = 2, #ARGV, 2 do read[ARGV[i]] = ARGV[i + 1] end
+for i = 1, #current, 2 do
+  if read[current[i]] ~= current[i + 1] then return 0 end
+end
+redis.call('SREM', KEYS[1], KEYS[2])
+local ttl = redis.call('PTTL', KEYS[2])
+if ttl == -1 or ttl > tonumber(ARGV[1]) then
+  redis.call('PEXPIRE', KEYS[2], ARGV[1])
+end
+return 1
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class PendingUsage:
+    """A closed minute's usage hash as the flush read it.
+
+    ``fields`` are the hash's field/value pairs verbatim, for the compare in
+    ``forget_flushed``.
+    """
+
+    hash_key: str
+    key: UsageKey
+    counts: UsageCounts
+    fields: tuple[tuple[str, str], ...]
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _decode_counts(fields: Iterable[tuple[str, str]]) -> UsageCounts | None:
+    values = dict(fields)
+    try:
+        counts = UsageCounts(**{f: int(values.get(f, 0)) for f in COUNTER_FIELDS})
+        check_counts(counts)
+    except ValueError:
+        return None
+    return counts
+
+
+def read_closed_usage(
+    *, client: redis.Redis, prefix: str, now: datetime, grace_s: float = 5.0
+) -> list[PendingUsage]:
+    """Return the indexed usage hashes whose minute closed ``grace_s`` before ``now``.
+
+    The grace covers gateways whose clocks run a little behind and adds still in
+    flight. Index members that are malformed, or whose hash holds counts no row may
+    hold, are dropped from Redis with a warning; members whose hash expired leave
+    the index.
+    """
+    index = usage_index_key(prefix)
+    cutoff = now.timestamp() - 60 - grace_s
+    closed: list[tuple[str, UsageKey]] = []
+    garbage: list[str] = []
+    for member in client.smembers(index):
+        hash_key = _text(member)
+        key = parse_usage_hash_key(prefix, hash_key)
+        if key is None:
+            garbage.append(hash_key)
+        elif key.minute_epoch <= cutoff:
+            closed.append((hash_key, key))
+    closed.sort(key=lambda item: item[0])
+    pipe = client.pipeline(transaction=False)
+    for hash_key, _ in closed:
+        pipe.hgetall(hash_key)
+    pending: list[PendingUsage] = []
+    expired: list[PendingUsage] = []
+    for (hash_key, key), raw in zip(closed, pipe.execute(), strict=True):
+        fields = tuple(sorted((_text(f), _text(v)) for f, v in raw.items()))
+        counts = _decode_counts(fields)
+        if not fields:
+            expired.append(PendingUsage(hash_key, key, UsageCounts(), fields))
+        elif counts is None:
+            garbage.append(hash_key)
+        else:
+            pending.append(PendingUsage(hash_key, key, counts, fields))
+    if garbage:
+        logger.warning("Dropping %d malformed usage hashes: %s", len(garbage), garbage)
+    if garbage or expired:
+        forget_flushed(client=client, prefix=prefix, flushed=expired, dropped=garbage)
+    return pending
+
+
+def _versions_by_name(
+    keys: Collection[UsageKey],
+) -> tuple[set[str], dict[tuple[str, str], int]]:
+    """Return the known teams and the ids of the known (model, version) pairs."""
+    teams = set(
+        Team.objects.filter(team__in={k.team for k in keys}).values_list(
+            "team", flat=True
+        )
+    )
+    rows = ModelVersion.objects.filter(
+        model_id__in={k.model for k in keys}, version__in={k.version for k in keys}
+    ).values_list("pk", "model_id", "version")
+    return teams, {(model, version): pk for pk, model, version in rows}
+
+
+def _write_rows(
+    *,
+    entries: Mapping[UsageKey, UsageCounts],
+    merge: Callable[[str, int], models.Expression | F],
+) -> list[UsageKey]:
+    """Upsert one row per known key with ``merge(counter, value)``; return the keys."""
+    teams, versions = _versions_by_name(entries.keys())
+    written: list[UsageKey] = []
+    with transaction.atomic():
+        # A fixed order, so two flushes lock the same rows in the same order and
+        # cannot deadlock.
+        order = sorted(
+            entries, key=lambda k: (k.minute_epoch, k.team, k.model, k.version)
+        )
+        for key in order:
+            counts = entries[key]
+            try:
+                check_counts(counts)
+            except ValueError:
+                logger.warning(
+                    "Skipping impossible usage counts for %s: %s", key, counts
+                )
+                continue
+            version_id = versions.get((key.model, key.version))
+            if key.team not in teams or version_id is None:
+                logger.warning(
+                    "Skipping usage of unknown team or version: %s %s@%s at %s",
+                    key.team,
+                    key.model,
+                    key.version,
+                    key.minute_at,
+                )
+                continue
+            lookup = {
+                "team_id": key.team,
+                "model_id": key.model,
+                "version_id": version_id,
+                "minute": key.minute_at,
+            }
+            updates = {f: merge(f, getattr(counts, f)) for f in COUNTER_FIELDS}
+            if not Usage.objects.filter(**lookup).update(**updates):
+                try:
+                    # A savepoint: a concurrent insert of the same row must not
+                    # break the whole flush; it becomes an update instead.
+                    with transaction.atomic():
+                        Usage.objects.create(**lookup, **asdict(counts))
+                except IntegrityError:
+                    Usage.objects.filter(**lookup).update(**updates)
+            written.append(key)
+    return written
+
+
+def _at_least(field: str, value: int) -> models.Expression:
+    return Greatest(
+        F(field), Value(value), output_field=models.PositiveBigIntegerField()
+    )
+
+
+def _plus(field: str, value: int) -> F | models.Expression:
+    return F(field) + value if value else F(field)
+
+
+def write_usage_rows(*, entries: Mapping[UsageKey, UsageCounts]) -> list[UsageKey]:
+    """Write each minute's full totals to its row, in one transaction; return the keys.
+
+    SET semantics, so writing the same totals twice (a second flush, or a flush
+    after a crash between the commit and the Redis cleanup) never double counts.
+    A total is never lowered: ``GREATEST(row, totals)``. Redis totals only grow, so
+    for one Redis this equals a plain SET; it matters when two flushes overlap and
+    the one that read the older totals commits last.
+
+    Keys naming a team or version that no longer exists are skipped with a warning
+    and left out of the result.
+
+    Known limit: one writer per row key. Each region has one Redis, and a row has
+    no region column, so two regions serving the same team, model, version and
+    minute would overwrite each other's totals (the larger wins); serving one model
+    version from several regions needs a region column first. The Redis flush and
+    ``flush_memory_usage`` must not both feed the same rows either.
+    """
+    return _write_rows(entries=entries, merge=_at_least)
+
+
+def forget_flushed(
+    *,
+    client: redis.Redis,
+    prefix: str,
+    flushed: Iterable[PendingUsage],
+    dropped: Collection[str] = (),
+    keep_s: float = USAGE_KEEP_FLUSHED_S,
+) -> int:
+    """Take flushed hashes out of the index; delete the ``dropped`` ones; one round trip.
+
+    Call only after the rows are committed. A flushed hash leaves the index only if
+    it still holds what was read (else the next flush writes its new totals), and
+    is kept ``keep_s`` more, so counts arriving late for its minute add to the full
+    totals and re-index it. Return how many hashes left the index.
+    """
+    index = usage_index_key(prefix)
+    forget = client.register_script(_FORGET_IF_UNCHANGED)
+    keep_ms = max(1, round(keep_s * 1000))
+    pipe = client.pipeline(transaction=False)
+    items = list(flushed)
+    for item in items:
+        args: list[str | int] = [keep_ms]
+        for field, value in item.fields:
+            args += [field, value]
+        forget(keys=[index, item.hash_key], args=args, client=pipe)
+    for hash_key in dropped:
+        pipe.delete(hash_key)
+        pipe.srem(index, hash_key)
+    results = pipe.execute()
+    forgotten = sum(1 for result in results[: len(items)] if result == 1)
+    return forgotten + len(set(dropped))
+
+
+def flush_redis_usage(
+    *, client: redis.Redis, prefix: str, now: datetime, grace_s: float = 5.0
+) -> int:
+    """Write the usage of every closed minute found in Redis to rows; return how many.
+
+    Idempotent: the rows get the minutes' full totals (``write_usage_rows``), and
+    Redis forgets them only after the commit (``forget_flushed``, run on commit),
+    so a crash at any point loses nothing and a rerun double counts nothing. Hashes
+    naming an unknown team or version are dropped with a warning.
+    """
+    pending = read_closed_usage(client=client, prefix=prefix, now=now, grace_s=grace_s)
+    if not pending:
+        return 0
+    written = set(write_usage_rows(entries={p.key: p.counts for p in pending}))
+    transaction.on_commit(
+        partial(
+            forget_flushed,
+            client=client,
+            prefix=prefix,
+            flushed=[p for p in pending if p.key in written],
+            dropped=[p.hash_key for p in pending if p.key not in written],
+        )
+    )
+    return len(written)
+
+
+def flush_memory_usage(*, entries: Mapping[UsageKey, UsageCounts]) -> int:
+    """Add a gateway's drained ledger to the rows, in one transaction; return how many.
+
+    ADD semantics (``F()`` increments): each gateway process drains its own ledger,
+    so every entry is written once. Keys naming an unknown team or version are
+    skipped with a warning. Known limit of the embedded mode: a gateway that dies
+    loses the counts of its last flush interval.
+    """
+    return len(_write_rows(entries=entries, merge=_plus))
 
 
 def prefix_hit_rate_since(*, model_id: str, since: datetime) -> float | None:

@@ -1,16 +1,19 @@
 """Usage rows are per team, model, version and minute; these helpers keep them honest.
 
-Public surface: ``UsageCounts``, ``truncate_to_minute``, ``prefix_hit_rate``,
-``usd_per_million_tokens``.
+Public surface: ``UsageCounts``, ``UsageKey``, ``UsageLedger``, ``COUNTER_FIELDS``,
+``truncate_to_minute``, ``prefix_hit_rate``, ``usd_per_million_tokens``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, fields
+from datetime import UTC, datetime
 
 __all__ = [
+    "COUNTER_FIELDS",
     "UsageCounts",
+    "UsageKey",
+    "UsageLedger",
     "prefix_hit_rate",
     "truncate_to_minute",
     "usd_per_million_tokens",
@@ -37,6 +40,75 @@ class UsageCounts:
             shed=self.shed + other.shed,
             rate_limited=self.rate_limited + other.rate_limited,
         )
+
+
+COUNTER_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(UsageCounts))
+
+
+@dataclass(frozen=True, slots=True)
+class UsageKey:
+    """The key of one usage row: team, model and version slugs, and the minute.
+
+    ``minute_epoch`` is the unix second at which the minute starts (a multiple of 60).
+    """
+
+    team: str
+    model: str
+    version: str
+    minute_epoch: int
+
+    def __post_init__(self) -> None:
+        if self.minute_epoch % 60:
+            raise ValueError(f"minute_epoch {self.minute_epoch} is not a minute start")
+
+    @classmethod
+    def from_time(cls, team: str, model: str, version: str, t: float) -> UsageKey:
+        """Return the key of the minute holding unix time ``t``."""
+        return cls(team, model, version, int(t // 60) * 60)
+
+    @property
+    def minute_at(self) -> datetime:
+        """Return the start of the minute as an aware UTC datetime (the row's key)."""
+        return datetime.fromtimestamp(self.minute_epoch, tz=UTC)
+
+
+class UsageLedger:
+    """Sum usage counts per key in memory, until drained.
+
+    Its size is bounded by the keys of the minutes not yet drained (teams x models x
+    versions per minute), never by the number of requests. Not thread-safe: one
+    owner (an event loop, or a caller holding a lock).
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[UsageKey, UsageCounts] = {}
+
+    def add(self, key: UsageKey, counts: UsageCounts) -> None:
+        """Add ``counts`` to the sums of ``key``."""
+        current = self._entries.get(key)
+        self._entries[key] = counts if current is None else current + counts
+
+    def drain(
+        self, before_minute_epoch: int | None = None
+    ) -> dict[UsageKey, UsageCounts]:
+        """Remove and return the entries of minutes starting before the given one.
+
+        With ``None``, remove and return every entry, the open minute's included.
+        """
+        if before_minute_epoch is None:
+            drained, self._entries = self._entries, {}
+            return drained
+        drained = {
+            key: counts
+            for key, counts in self._entries.items()
+            if key.minute_epoch < before_minute_epoch
+        }
+        for key in drained:
+            del self._entries[key]
+        return drained
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
 
 def truncate_to_minute(moment: datetime) -> datetime:

@@ -1,0 +1,272 @@
+"""Flushing usage to rows: closed minutes only, idempotent, crash-safe, late-safe."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import pytest
+import redis
+
+from metering.counters import RedisUsageCounter, usage_hash_key, usage_index_key
+from metering.domain.usage import UsageCounts, UsageKey
+from metering.models import Usage
+from metering.services import (
+    flush_memory_usage,
+    flush_redis_usage,
+    forget_flushed,
+    read_closed_usage,
+    write_usage_rows,
+)
+from metering.tasks import flush_usage
+
+MINUTE = 1_740_830_400  # 2025-03-01 12:00 UTC
+KEY = UsageKey("search", "chat-7b", "v1", MINUTE)
+AFTER_CLOSE = datetime.fromtimestamp(MINUTE + 66, tz=UTC)
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def prefix(client: redis.Redis) -> Iterator[str]:
+    prefix = f"test-{uuid.uuid4().hex[:8]}"
+    yield prefix
+    for key in client.scan_iter(f"{prefix}:*"):
+        client.delete(key)
+
+
+@pytest.fixture
+def add(redis_url: str, prefix: str):  # type: ignore[no-untyped-def]
+    """Return add(key, counts): record usage as a gateway does."""
+
+    def add(key: UsageKey, counts: UsageCounts) -> None:
+        async def main() -> None:
+            counter = RedisUsageCounter.from_url(redis_url, prefix=prefix)
+            try:
+                await counter.add(key, counts)
+            finally:
+                await counter.aclose()
+
+        asyncio.run(main())
+
+    return add
+
+
+@pytest.fixture
+def flush(client, prefix, django_capture_on_commit_callbacks):  # type: ignore[no-untyped-def]
+    """Return flush(now): a full flush whose on-commit cleanup runs."""
+
+    def flush(now: datetime = AFTER_CLOSE) -> int:
+        with django_capture_on_commit_callbacks(execute=True):
+            return flush_redis_usage(client=client, prefix=prefix, now=now)
+
+    return flush
+
+
+def row(key: UsageKey = KEY) -> UsageCounts:
+    usage = Usage.objects.get(
+        team_id=key.team,
+        model_id=key.model,
+        version__version=key.version,
+        minute=key.minute_at,
+    )
+    return UsageCounts(
+        prompt_tokens=usage.prompt_tokens,
+        cached_tokens=usage.cached_tokens,
+        output_tokens=usage.output_tokens,
+        requests=usage.requests,
+        shed=usage.shed,
+        rate_limited=usage.rate_limited,
+    )
+
+
+def indexed(client: redis.Redis, prefix: str) -> set[str]:
+    return {m.decode() for m in client.smembers(usage_index_key(prefix))}
+
+
+TEN = UsageCounts(prompt_tokens=10, cached_tokens=4, output_tokens=7, requests=1)
+
+
+def test_flush_writes_closed_minutes_only(team, chat_v1, add, flush, client, prefix):
+    open_key = UsageKey("search", "chat-7b", "v1", MINUTE + 60)
+    add(KEY, TEN)
+    add(open_key, TEN)
+
+    # 12:01:04 - the 12:00 minute closed 4 s ago, inside the 5 s grace.
+    assert flush(datetime.fromtimestamp(MINUTE + 64, tz=UTC)) == 0
+    assert flush(AFTER_CLOSE) == 1
+
+    assert row() == TEN
+    assert Usage.objects.count() == 1
+    assert indexed(client, prefix) == {usage_hash_key(prefix, open_key)}
+
+
+def test_flush_twice_never_double_counts(team, chat_v1, add, flush):
+    add(KEY, TEN)
+    add(KEY, TEN)
+    assert flush() == 1
+    assert flush() == 0
+    assert row() == TEN + TEN
+
+
+def test_overlapping_flushes_never_double_count(team, chat_v1, add, client, prefix):
+    """GIVEN two flushes that read the same minute before either cleaned up
+    WHEN both write and clean up
+    THEN the row holds the totals once.
+    """
+    add(KEY, TEN)
+    first = read_closed_usage(client=client, prefix=prefix, now=AFTER_CLOSE)
+    second = read_closed_usage(client=client, prefix=prefix, now=AFTER_CLOSE)
+    for pending in (first, second):
+        write_usage_rows(entries={p.key: p.counts for p in pending})
+    for pending in (first, second):
+        forget_flushed(client=client, prefix=prefix, flushed=pending)
+
+    assert row() == TEN
+    assert indexed(client, prefix) == set()
+
+
+def test_crash_between_commit_and_cleanup_loses_and_doubles_nothing(
+    team, chat_v1, add, flush, client, prefix
+):
+    """GIVEN a flush that committed its rows but died before the Redis cleanup
+    WHEN the next flush runs
+    THEN the rows hold the totals once, and Redis forgets the minute.
+    """
+    add(KEY, TEN)
+    pending = read_closed_usage(client=client, prefix=prefix, now=AFTER_CLOSE)
+    assert write_usage_rows(entries={p.key: p.counts for p in pending}) == [KEY]
+    assert indexed(client, prefix) == {usage_hash_key(prefix, KEY)}
+
+    assert flush() == 1
+
+    assert row() == TEN
+    assert indexed(client, prefix) == set()
+    assert flush() == 0
+    assert row() == TEN
+
+
+def test_counts_added_between_read_and_cleanup_are_flushed_next(
+    team, chat_v1, add, flush, client, prefix
+):
+    add(KEY, TEN)
+    pending = read_closed_usage(client=client, prefix=prefix, now=AFTER_CLOSE)
+    write_usage_rows(entries={p.key: p.counts for p in pending})
+    add(KEY, TEN)  # lands after the read, before the cleanup
+
+    assert forget_flushed(client=client, prefix=prefix, flushed=pending) == 0
+    assert indexed(client, prefix) == {usage_hash_key(prefix, KEY)}
+    assert row() == TEN
+
+    assert flush() == 1
+    assert row() == TEN + TEN
+
+
+def test_late_counts_for_a_flushed_minute_are_written_next_flush(
+    team, chat_v1, add, flush, client, prefix
+):
+    add(KEY, TEN)
+    assert flush() == 1
+    assert indexed(client, prefix) == set()
+    # The flushed hash is kept a while, shorter than a week.
+    assert 0 < client.ttl(usage_hash_key(prefix, KEY)) <= 3600
+
+    add(KEY, UsageCounts(output_tokens=5, rate_limited=1))
+    assert flush() == 1
+
+    assert row() == TEN + UsageCounts(output_tokens=5, rate_limited=1)
+
+
+def test_write_usage_rows_never_lowers_a_total(team, chat_v1):
+    """An overlapping flush that read older totals and commits last changes nothing."""
+    newer = TEN + TEN
+    write_usage_rows(entries={KEY: newer})
+    write_usage_rows(entries={KEY: TEN})
+    assert row() == newer
+
+
+def test_flush_skips_an_unknown_team_and_drops_its_hash(
+    team, chat_v1, add, flush, client, prefix, caplog
+):
+    ghost = UsageKey("ghost", "chat-7b", "v1", MINUTE)
+    old_version = UsageKey("search", "chat-7b", "v9", MINUTE)
+    add(KEY, TEN)
+    add(ghost, TEN)
+    add(old_version, TEN)
+
+    with caplog.at_level(logging.WARNING, logger="metering.services"):
+        assert flush() == 1
+
+    assert row() == TEN
+    assert Usage.objects.count() == 1
+    assert "ghost" in caplog.text and "v9" in caplog.text
+    assert indexed(client, prefix) == set()
+    assert not client.exists(usage_hash_key(prefix, ghost))
+    assert not client.exists(usage_hash_key(prefix, old_version))
+
+
+def test_flush_drops_malformed_index_members(team, chat_v1, flush, client, prefix):
+    bad = f"{prefix}:usage:{MINUTE}:search:chat-7b"
+    impossible = usage_hash_key(prefix, KEY)
+    client.hset(impossible, mapping={"prompt_tokens": 1, "cached_tokens": 2})
+    client.sadd(usage_index_key(prefix), bad, impossible)
+
+    assert flush() == 0
+
+    assert Usage.objects.count() == 0
+    assert indexed(client, prefix) == set()
+    assert not client.exists(impossible)
+
+
+def test_flush_memory_usage_adds_to_rows(team, chat_v1):
+    other = UsageKey("search", "chat-7b", "v1", MINUTE + 60)
+    assert flush_memory_usage(entries={KEY: TEN, other: TEN}) == 2
+    assert flush_memory_usage(entries={KEY: UsageCounts(shed=3)}) == 1
+
+    assert row() == TEN + UsageCounts(shed=3)
+    assert row(other) == TEN
+
+
+def test_flush_memory_usage_skips_unknown_versions(team, chat_v1):
+    unknown = UsageKey("search", "chat-7b", "v9", MINUTE)
+    assert flush_memory_usage(entries={KEY: TEN, unknown: TEN}) == 1
+    assert Usage.objects.count() == 1
+
+
+def test_flush_usage_task_flushes_redis(
+    team,
+    chat_v1,
+    add,
+    client,
+    prefix,
+    settings,
+    redis_url,
+    django_capture_on_commit_callbacks,
+):
+    settings.REDIS_URL = redis_url
+    settings.REDIS_KEY_PREFIX = prefix
+    key = UsageKey.from_time("search", "chat-7b", "v1", time.time() - 180)
+    add(key, TEN)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        result = flush_usage.apply()
+
+    assert result.get() == 1
+    assert row(key) == TEN
+    assert indexed(client, prefix) == set()
+
+
+def test_flush_usage_task_returns_zero_without_redis(settings):
+    settings.REDIS_URL = ""
+    assert flush_usage.apply().get() == 0

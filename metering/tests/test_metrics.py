@@ -1,0 +1,164 @@
+"""The gateway's Prometheus collectors: names, bounded labels, per-pool cleanup."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from prometheus_client import REGISTRY
+
+from metering import metrics
+
+POOL = ("model", "version", "region")
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "labels"),
+    [
+        ("platform_output_tokens", "counter", POOL),
+        ("platform_prompt_tokens", "counter", POOL),
+        ("platform_cached_tokens", "counter", POOL),
+        ("platform_tokens_in_flight", "gauge", POOL),
+        ("platform_queue_depth", "gauge", POOL),
+        ("platform_ttft_seconds", "histogram", POOL),
+        ("platform_time_per_output_token_seconds", "histogram", POOL),
+        ("platform_requests", "counter", (*POOL, "outcome")),
+        ("platform_upstream_retries", "counter", POOL),
+        ("platform_shadow_requests", "counter", (*POOL, "outcome")),
+        ("platform_shadow_ttft_seconds", "histogram", POOL),
+        ("platform_team_tokens", "counter", ("team", "model", "kind")),
+        ("platform_team_rate_limited", "counter", ("team", "model", "tier")),
+        ("platform_team_shed", "counter", ("team", "model", "tier")),
+        ("platform_snapshot_age_seconds", "gauge", ()),
+        ("platform_control_plane_up", "gauge", ()),
+    ],
+)
+def test_collector_is_registered_with_bounded_labels(name, kind, labels):
+    collector = REGISTRY._names_to_collectors[name]
+    assert collector._type == kind
+    assert collector._labelnames == labels
+
+
+def test_histogram_buckets_cover_their_ranges():
+    assert metrics.TTFT_BUCKETS[0] <= 0.005 and metrics.TTFT_BUCKETS[-1] >= 10
+    assert metrics.TPOT_BUCKETS[0] <= 0.005 and metrics.TPOT_BUCKETS[-1] >= 0.5
+
+
+def pool_labels() -> dict[str, str]:
+    return {"model": f"m-{uuid.uuid4().hex[:8]}", "version": "v1", "region": "eu"}
+
+
+def test_observe_request_counts_tokens_and_latency():
+    pool = pool_labels()
+    metrics.observe_request(
+        **pool,
+        outcome="ok",
+        prompt_tokens=100,
+        cached_tokens=40,
+        output_tokens=7,
+        ttft_s=0.2,
+        time_per_output_token_s=0.02,
+    )
+    metrics.observe_request(**pool, outcome="client_closed", output_tokens=3)
+
+    value = REGISTRY.get_sample_value
+    assert value("platform_requests_total", {**pool, "outcome": "ok"}) == 1
+    assert value("platform_requests_total", {**pool, "outcome": "client_closed"}) == 1
+    assert value("platform_prompt_tokens_total", pool) == 100
+    assert value("platform_cached_tokens_total", pool) == 40
+    assert value("platform_output_tokens_total", pool) == 10
+    assert value("platform_ttft_seconds_count", pool) == 1
+    assert value("platform_ttft_seconds_bucket", {**pool, "le": "0.25"}) == 1
+    assert value("platform_time_per_output_token_seconds_sum", pool) == 0.02
+
+
+def test_observe_request_derives_time_per_token_and_team_tokens():
+    pool = pool_labels()
+    team = f"t-{uuid.uuid4().hex[:8]}"
+    metrics.observe_request(
+        **pool,
+        outcome="ok",
+        team=team,
+        prompt_tokens=50,
+        output_tokens=11,
+        ttft_s=0.5,
+        duration_s=1.5,
+    )
+
+    value = REGISTRY.get_sample_value
+    assert value("platform_time_per_output_token_seconds_sum", pool) == 0.1
+    labels = {"team": team, "model": pool["model"]}
+    assert value("platform_team_tokens_total", {**labels, "kind": "prompt"}) == 50
+    assert value("platform_team_tokens_total", {**labels, "kind": "output"}) == 11
+
+
+def test_count_rejection_splits_rate_limited_from_shed():
+    team = f"t-{uuid.uuid4().hex[:8]}"
+    metrics.count_rejection(team=team, model="chat-7b", tier="batch", status=429)
+    metrics.count_rejection(team=team, model="chat-7b", tier="batch", status=503)
+    metrics.count_rejection(team=team, model="chat-7b", tier="batch", status=503)
+
+    value = REGISTRY.get_sample_value
+    labels = {"team": team, "model": "chat-7b", "tier": "batch"}
+    assert value("platform_team_rate_limited_total", labels) == 1
+    assert value("platform_team_shed_total", labels) == 2
+
+
+def test_set_control_plane_sets_both_gauges():
+    metrics.set_control_plane(up=False, snapshot_age_s=12.5)
+    assert REGISTRY.get_sample_value("platform_control_plane_up") == 0
+    assert REGISTRY.get_sample_value("platform_snapshot_age_seconds") == 12.5
+    metrics.set_control_plane(up=True, snapshot_age_s=0.0)
+    assert REGISTRY.get_sample_value("platform_control_plane_up") == 1
+
+
+def test_team_helpers_count_by_kind_and_tier():
+    team = f"t-{uuid.uuid4().hex[:8]}"
+    metrics.observe_team_tokens(
+        team=team, model="chat-7b", prompt_tokens=5, output_tokens=2
+    )
+    metrics.count_rate_limited(team=team, model="chat-7b", tier="batch")
+    metrics.count_shed(team=team, model="chat-7b", tier="batch")
+    metrics.count_shed(team=team, model="chat-7b", tier="batch")
+
+    value = REGISTRY.get_sample_value
+    labels = {"team": team, "model": "chat-7b"}
+    assert value("platform_team_tokens_total", {**labels, "kind": "prompt"}) == 5
+    assert value("platform_team_tokens_total", {**labels, "kind": "output"}) == 2
+    assert value("platform_team_tokens_total", {**labels, "kind": "cached"}) is None
+    assert value("platform_team_rate_limited_total", {**labels, "tier": "batch"}) == 1
+    assert value("platform_team_shed_total", {**labels, "tier": "batch"}) == 2
+
+
+def test_forget_pool_removes_its_series_only():
+    gone, kept = pool_labels(), pool_labels()
+    for pool in (gone, kept):
+        metrics.observe_request(**pool, outcome="error", output_tokens=1, ttft_s=0.1)
+        metrics.count_retry(**pool)
+        metrics.set_pool_load(**pool, tokens_in_flight=10, queue_depth=2)
+        metrics.observe_shadow(**pool, outcome="ok", ttft_s=0.1)
+
+    metrics.forget_pool(gone["model"], gone["version"], gone["region"])
+
+    value = REGISTRY.get_sample_value
+    for name in (
+        "platform_output_tokens_total",
+        "platform_ttft_seconds_count",
+        "platform_upstream_retries_total",
+        "platform_tokens_in_flight",
+        "platform_queue_depth",
+        "platform_shadow_ttft_seconds_count",
+    ):
+        assert value(name, gone) is None, name
+        assert value(name, kept) is not None, name
+    assert value("platform_requests_total", {**gone, "outcome": "error"}) is None
+    assert value("platform_requests_total", {**kept, "outcome": "error"}) == 1
+
+
+def test_a_forgotten_pool_counts_from_zero_when_it_returns():
+    pool = pool_labels()
+    metrics.observe_request(**pool, outcome="ok", output_tokens=5)
+    metrics.forget_pool(pool["model"], pool["version"], pool["region"])
+    metrics.observe_request(**pool, outcome="ok", output_tokens=2)
+
+    assert REGISTRY.get_sample_value("platform_output_tokens_total", pool) == 2

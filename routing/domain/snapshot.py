@@ -1,0 +1,127 @@
+"""The gateway's view of the control plane: immutable records built off the hot path.
+
+Public surface: ``KeyRecord``, ``LimitRecord``, ``VersionRecord``, ``ModelRecord``,
+``ReplicaRecord``, ``ConfigSnapshot``, ``NodeSnapshot``.
+
+A ``ConfigSnapshot`` is rebuilt in the background (every couple of seconds) from the
+database and swapped in whole; request handling only reads it, so it never touches
+the ORM. ``NodeSnapshot`` is one replica as a routing policy sees it at decision
+time: its static identity plus the live load summed over every gateway process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+__all__ = [
+    "ConfigSnapshot",
+    "KeyRecord",
+    "LimitRecord",
+    "ModelRecord",
+    "NodeSnapshot",
+    "ReplicaRecord",
+    "VersionRecord",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRecord:
+    """An active team API key, by the SHA-256 of its secret."""
+
+    key_id: int
+    team: str
+
+
+@dataclass(frozen=True, slots=True)
+class LimitRecord:
+    """A team's limits on a model (team_limits)."""
+
+    team: str
+    model: str
+    tokens_per_minute: int
+    max_concurrency: int
+    guaranteed_share: float
+
+
+@dataclass(frozen=True, slots=True)
+class VersionRecord:
+    """A registered version, with what routing and admission need of it."""
+
+    model: str
+    version: str
+    status: str
+    max_model_len: int
+    load_test_tokens_in_flight: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRecord:
+    """A model name and where its traffic goes."""
+
+    model: str
+    live_version: str | None
+    canary_version: str | None
+    canary_percent: float
+    shadow_version: str | None
+    shadow_percent: float
+    policy: str = "prefix_affinity"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaRecord:
+    """A replica as the control plane last recorded it."""
+
+    replica_id: str
+    model: str
+    version: str
+    region: str
+    url: str
+    state: str
+    queue_depth: int
+    tokens_in_flight: int
+    kv_cache_usage_perc: float
+    last_heartbeat_at: float | None  # unix seconds
+
+
+def _frozen(mapping: Mapping) -> Mapping:  # type: ignore[type-arg]
+    return MappingProxyType(dict(mapping))
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigSnapshot:
+    """Everything the gateway needs from the control plane, at one instant.
+
+    ``keys`` maps SHA-256 hex of a secret to its key; ``limits`` maps (team, model);
+    ``versions`` maps (model, version); ``replicas`` lists this region's replicas.
+    """
+
+    built_at: float  # unix seconds
+    region: str
+    keys: Mapping[str, KeyRecord] = field(default_factory=lambda: _frozen({}))
+    teams: frozenset[str] = frozenset()
+    limits: Mapping[tuple[str, str], LimitRecord] = field(
+        default_factory=lambda: _frozen({})
+    )
+    models: Mapping[str, ModelRecord] = field(default_factory=lambda: _frozen({}))
+    versions: Mapping[tuple[str, str], VersionRecord] = field(
+        default_factory=lambda: _frozen({})
+    )
+    replicas: tuple[ReplicaRecord, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSnapshot:
+    """One replica at decision time: identity plus live load over all gateways.
+
+    ``tokens_in_flight`` is prompt plus remaining output tokens of every request the
+    gateways have outstanding on it (this process's share exact and live, the other
+    processes' as published within the last second).
+    """
+
+    replica_id: str
+    url: str
+    tokens_in_flight: int
+    queue_depth: int = 0
+    kv_cache_usage_perc: float = 0.0
