@@ -27,6 +27,26 @@ def _service_missing(what: str) -> None:
 
 
 @pytest.fixture(scope="session")
+def django_db_setup(django_test_environment: None, django_db_blocker, django_db_keepdb):  # type: ignore[no-untyped-def]
+    """Create the test database whenever any test runs, not only for `db` tests.
+
+    pytest-django sets up only the databases that the selected tests mark; the
+    end-to-end tests share the database with processes they start and never use
+    the `db` fixture, and without this they would write to the development
+    database when run alone.
+    """
+    from django.test.utils import setup_databases, teardown_databases
+
+    with django_db_blocker.unblock():
+        config = setup_databases(
+            verbosity=0, interactive=False, keepdb=django_db_keepdb, aliases={"default"}
+        )
+    yield
+    with django_db_blocker.unblock():
+        teardown_databases(config, verbosity=0, keepdb=django_db_keepdb)
+
+
+@pytest.fixture(scope="session")
 def redis_url() -> str:
     """Return a reachable REDIS_URL, or skip (fail under REQUIRE_SERVICES=1)."""
     import redis

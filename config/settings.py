@@ -116,7 +116,16 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     Path(DATABASES["default"]["NAME"]).parent.mkdir(parents=True, exist_ok=True)
     # Waits for a writer instead of failing at once when the worker and the
     # server write together.
-    DATABASES["default"]["OPTIONS"] = {"timeout": 20}
+    # WAL lets the gateway's snapshot reads run beside the agent's heartbeat
+    # writes; IMMEDIATE transactions wait for the lock instead of deadlocking.
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 20,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "transaction_mode": "IMMEDIATE",
+    }
+    # A file, not memory, so end-to-end tests can share it with the processes
+    # they start (gateway, node agent).
+    DATABASES["default"]["TEST"] = {"NAME": str(LOCAL_DIR / "test-platform.sqlite3")}
 else:
     DATABASES["default"]["CONN_MAX_AGE"] = env_int("PLATFORM_DB_CONN_MAX_AGE_S", 60)
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True

@@ -282,6 +282,27 @@ class Gateway:
             await self.live.exchange()
         except Exception as exc:
             logger.warning("live load exchange failed: %s", type(exc).__name__)
+        self._publish_pool_gauges()
+
+    def _publish_pool_gauges(self) -> None:
+        """Set each pool's tokens in flight and queue depth (once a second)."""
+        snapshot = self.snapshot
+        if snapshot is None:
+            return
+        pools: dict[tuple[str, str], list[int]] = {}
+        for replica in snapshot.replicas:
+            totals = pools.setdefault((replica.model, replica.version), [0, 0])
+            totals[0] += self.live.tokens_in_flight(replica.replica_id)
+            beat = self.live.beats.get(replica.replica_id)
+            totals[1] += beat.queue_depth if beat else replica.queue_depth
+        for (model, version), (tokens_in_flight, queue_depth) in pools.items():
+            metrics.set_pool_load(
+                model=model,
+                version=version,
+                region=self.settings.region,
+                tokens_in_flight=tokens_in_flight,
+                queue_depth=queue_depth,
+            )
 
     async def _every(
         self, interval_s: float, job: Callable[[], Awaitable[None]]

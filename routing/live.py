@@ -91,7 +91,10 @@ class LiveLoad:
         ejected = self._ejected_until
         use_beats = self.redis is not None
         window_s = self.beat_s * self.missed_beats
-        wall = time.time()
+        # Database beats are judged as of the snapshot that carries them: when the
+        # database is unreachable, the replicas alive in the last snapshot keep
+        # serving instead of all looking silent.
+        as_of = snapshot.built_at
         nodes = []
         for replica in snapshot.replicas:
             if replica.model != model or replica.version != version:
@@ -107,7 +110,7 @@ class LiveLoad:
                     continue
                 queue_depth, kv = beat.queue_depth, beat.kv_cache_usage_perc
             else:
-                if not _db_alive(replica, wall, window_s):
+                if not _db_alive(replica, as_of, window_s):
                     continue
                 queue_depth, kv = replica.queue_depth, replica.kv_cache_usage_perc
             nodes.append(

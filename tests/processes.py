@@ -135,3 +135,73 @@ def _listening(port: int) -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.2)
         return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+class TcpProxy:
+    """A loopback TCP forwarder that a test can cut, to make a server unreachable.
+
+    Runs its own event loop in a thread; ``cut()`` closes the listener and every
+    open connection, as a database host going away would.
+    """
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        import asyncio
+        import threading
+
+        self.target = (target_host, target_port)
+        self.port = free_port()
+        self._loop = asyncio.new_event_loop()
+        self._writers: set = set()
+        self._server = None
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(ready,), daemon=True)
+        self._thread.start()
+        if not ready.wait(10):
+            raise AssertionError("proxy did not start")
+
+    def _run(self, ready) -> None:  # type: ignore[no-untyped-def]
+        import asyncio
+
+        async def pipe(reader, writer) -> None:  # type: ignore[no-untyped-def]
+            try:
+                while chunk := await reader.read(65536):
+                    writer.write(chunk)
+                    await writer.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                writer.close()
+
+        async def handle(reader, writer) -> None:  # type: ignore[no-untyped-def]
+            try:
+                up_reader, up_writer = await asyncio.open_connection(*self.target)
+            except OSError:
+                writer.close()
+                return
+            self._writers.update({writer, up_writer})
+            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+        async def start() -> None:
+            self._server = await asyncio.start_server(handle, "127.0.0.1", self.port)
+            ready.set()
+
+        self._loop.run_until_complete(start())
+        self._loop.run_forever()
+
+    def cut(self) -> None:
+        """Refuse new connections and drop the open ones."""
+        import asyncio
+
+        async def close() -> None:
+            if self._server is not None:
+                self._server.close()
+            for writer in list(self._writers):
+                writer.transport.abort()
+
+        asyncio.run_coroutine_threadsafe(close(), self._loop).result(5)
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self.cut()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)

@@ -369,6 +369,7 @@ class SimReplica:
             "generation_tokens": engine.generation_tokens,
             "faults": asdict(self.faults),
             "is_ready": self.is_ready,
+            "pid": os.getpid(),
         }
 
 

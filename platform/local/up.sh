@@ -83,6 +83,19 @@ REPLICAS=$($PY manage.py list_replicas --state serving | sed 's/^/              
 CHAT_URL=$($PY manage.py list_replicas --state serving --model chat-7b | awk 'NR==1 {print $3}')
 
 ADMIN_TOKEN=$(field admin_token)
+TEAM_KEY=$(field team_key)
+# Wait until the gateway routes to the replicas (its snapshot refreshes every 2 s).
+for _ in $(seq 1 100); do
+    if $PY - "http://$HOST:$PORT" "$TEAM_KEY" <<'PYEOF' 2>/dev/null; then break; fi
+import sys, httpx
+r = httpx.post(f"{sys.argv[1]}/v1/chat/completions", timeout=5,
+               headers={"Authorization": f"Bearer {sys.argv[2]}"},
+               json={"model": "chat-7b", "messages": [{"role": "user", "content": "ping"}],
+                     "max_tokens": 1})
+sys.exit(0 if r.status_code == 200 else 1)
+PYEOF
+    $PY -c 'import time; time.sleep(0.2)'
+done
 cat <<BANNER
 
   Serving platform is up (region ${PLATFORM_REGION:-local}).
@@ -90,7 +103,7 @@ cat <<BANNER
   Console        http://$HOST:$PORT/console/
                  user $(field console_user), password $(field console_password)
   Admin token    $ADMIN_TOKEN
-  Team key       $(field team_key)   (team $(field team))
+  Team key       $TEAM_KEY   (team $(field team))
   Metrics        http://$HOST:$PORT/metrics
   Replicas (simulated vLLM, through the node agent):
 $REPLICAS
@@ -100,9 +113,13 @@ $REPLICAS
     curl -s -H "Authorization: Bearer $ADMIN_TOKEN" http://$HOST:$PORT/admin/models/chat-7b
     curl -s -H "Authorization: Bearer $ADMIN_TOKEN" http://$HOST:$PORT/admin/pools/chat-7b/state
 
-  Talk to a replica directly (the gateway at /v1 comes with the online path):
-    curl -s $CHAT_URL/v1/chat/completions -H 'Content-Type: application/json' \\
-      -d '{"model": "chat-7b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}'
+  Call the API as team $(field team) (OpenAI-compatible, streaming):
+    curl -N http://$HOST:$PORT/v1/chat/completions -H "Authorization: Bearer $TEAM_KEY" \\
+      -H 'Content-Type: application/json' -H 'x-conversation-id: demo-1' \\
+      -d '{"model": "chat-7b", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 16, "stream": true}'
+
+  Or with the openai SDK:
+    .venv/bin/python -c "from openai import OpenAI; c = OpenAI(base_url='http://$HOST:$PORT/v1', api_key='$TEAM_KEY'); r = c.chat.completions.create(model='chat-7b', messages=[{'role': 'user', 'content': 'Hello'}], max_tokens=16); print(r.choices[0].message.content, r.usage)"
 
   Ctrl-C stops the server, the worker, the agent and its replicas.
 BANNER

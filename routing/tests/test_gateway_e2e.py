@@ -1,0 +1,417 @@
+"""The gateway end to end: real gateway, agent and replica processes, the openai SDK."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from datetime import timedelta
+
+import httpx
+import openai
+import pytest
+from django.utils import timezone
+
+from engine_nodes import services as engine_services
+from metering.models import Usage
+from models_registry import services as registry
+from rollouts import services as rollouts
+from tests.live import LivePlatform, start_platform
+from tests.processes import wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def platform(django_db_setup, django_db_blocker, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("platform")
+    with (
+        django_db_blocker.unblock(),
+        start_platform(
+            tmp, pools={"v1": 3, "v2": 1}, PLATFORM_AFFINITY_MIN_BOUND_TOKENS="0"
+        ) as live,
+    ):
+        yield live
+
+
+@pytest.fixture
+def unblocked(django_db_blocker):
+    with django_db_blocker.unblock():
+        yield
+
+
+def chat(
+    platform: LivePlatform,
+    conversation: str,
+    *,
+    team: str = "alpha",
+    max_tokens: int = 4,
+    content: str = "hello",
+    **extra,
+):
+    """Send one streaming request; return (chunks, final event dict)."""
+    stream = platform.client(team).chat.completions.create(
+        model="chat-7b",
+        messages=[{"role": "user", "content": content}],
+        max_tokens=max_tokens,
+        stream=True,
+        extra_headers={"x-conversation-id": conversation},
+        **extra,
+    )
+    chunks = list(stream)
+    return chunks, chunks[-1].model_extra | {"usage": chunks[-1].usage.model_dump()}
+
+
+def test_stream_ends_with_usage_version_region_and_replica(platform: LivePlatform):
+    chunks, final = chat(
+        platform, "conv-usage", max_tokens=6, extra_body={"ignore_eos": True}
+    )
+    content = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(content) == 6
+    assert chunks[-1].choices == []
+    assert final["usage"]["completion_tokens"] == 6
+    assert final["usage"]["total_tokens"] == final["usage"]["prompt_tokens"] + 6
+    assert "cached_tokens" in final["usage"]
+    assert final["model_version"] == "v1"
+    assert final["region"] == "e2e"
+    assert final["replica_id"].startswith("chat-7b-v1-e2e-")
+
+
+def test_response_headers_and_raw_stream_end(platform: LivePlatform):
+    with httpx.stream(
+        "POST",
+        f"{platform.url}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {platform.keys['alpha']}"},
+        json={
+            "model": "chat-7b",
+            "messages": [{"role": "user", "content": "x"}],
+            "max_tokens": 2,
+            "stream": True,
+        },
+    ) as response:
+        assert response.status_code == 200
+        assert response.headers["x-model-version"] == "v1"
+        assert response.headers["x-region"] == "e2e"
+        assert response.headers["x-replica-id"].startswith("chat-7b-v1")
+        assert response.headers["x-request-id"].startswith("chatcmpl-")
+        raw = response.read().decode()
+    events = [e for e in raw.split("\n\n") if e]
+    assert events[-1] == "data: [DONE]"
+    final = json.loads(events[-2].removeprefix("data: "))
+    assert final["replica_id"] == response.headers["x-replica-id"]
+
+
+def test_non_streaming_answer(platform: LivePlatform):
+    answer = platform.client().chat.completions.create(
+        model="chat-7b",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=5,
+        extra_body={"ignore_eos": True},
+    )
+    assert answer.object == "chat.completion"
+    assert answer.choices[0].message.content
+    assert answer.usage.completion_tokens == 5
+    assert answer.model_extra["model_version"] == "v1"
+
+
+def test_second_turn_lands_on_the_same_replica_with_cached_tokens(
+    platform: LivePlatform,
+):
+    system = {"role": "system", "content": "You answer briefly. " * 40}
+    first = platform.client().chat.completions.create(
+        model="chat-7b",
+        messages=[system, {"role": "user", "content": "one"}],
+        max_tokens=8,
+        extra_body={"ignore_eos": True},
+    )
+    follow = [
+        system,
+        {"role": "user", "content": "one"},
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "two"},
+    ]
+    second = platform.client().chat.completions.create(
+        model="chat-7b", messages=follow, max_tokens=4
+    )
+    assert second.model_extra["replica_id"] == first.model_extra["replica_id"]
+    assert second.usage.model_extra["cached_tokens"] > 0
+    assert second.usage.prompt_tokens_details.cached_tokens > 0
+
+
+def test_models_lists_what_the_team_may_call(platform: LivePlatform):
+    models = platform.client().models.list()
+    assert [m.id for m in models.data] == ["chat-7b"]
+
+
+@pytest.mark.parametrize(
+    ("headers", "body", "status", "param"),
+    [
+        ({"x-priority": "urgent"}, {}, 400, "x-priority"),
+        ({}, {"model": "nope"}, 404, "model"),
+        ({}, {"model": "chat-7b@v9"}, 404, "model"),
+        ({}, {"messages": []}, 400, "messages"),
+        ({}, {"max_tokens": 0}, 400, "max_tokens"),
+        ({}, {"temperature": 5}, 400, "temperature"),
+        ({}, {"max_tokens": 9000}, 400, "messages"),
+    ],
+)
+def test_bad_requests_get_openai_errors(
+    platform: LivePlatform, headers, body, status, param
+):
+    payload = {
+        "model": "chat-7b",
+        "messages": [{"role": "user", "content": "x"}],
+        **body,
+    }
+    response = httpx.post(
+        f"{platform.url}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {platform.keys['alpha']}", **headers},
+        json=payload,
+    )
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["param"] == param
+    assert error["message"]
+
+
+def test_bad_key_is_401_and_oversized_body_is_413(platform: LivePlatform):
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(
+            base_url=f"{platform.url}/v1", api_key="sk-team-nope", max_retries=0
+        ).models.list()
+    response = httpx.post(
+        f"{platform.url}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {platform.keys['alpha']}"},
+        content=b"x" * (5 * 1024 * 1024),
+    )
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "request_too_large"
+
+
+def test_pinned_version_is_served_by_that_version(platform: LivePlatform):
+    answer = platform.client().chat.completions.create(
+        model="chat-7b@v2", messages=[{"role": "user", "content": "x"}], max_tokens=2
+    )
+    assert answer.model_extra["model_version"] == "v2"
+    assert answer.model_extra["replica_id"].startswith("chat-7b-v2")
+
+
+def test_bounded_load_moves_traffic_off_a_hot_replica(platform: LivePlatform):
+    _, first = chat(platform, "conv-hot")
+    owner = first["replica_id"]
+    started = threading.Event()
+    done = threading.Event()
+
+    def long_stream() -> None:
+        try:
+            stream = platform.client().chat.completions.create(
+                model="chat-7b",
+                messages=[{"role": "user", "content": "hello"}],
+                max_tokens=400,
+                stream=True,
+                extra_body={"ignore_eos": True},
+                extra_headers={"x-conversation-id": "conv-hot"},
+            )
+            for _ in stream:
+                started.set()
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=long_stream)
+    thread.start()
+    try:
+        assert started.wait(timeout=30)
+        # While the owner holds a long answer, the same conversation goes elsewhere.
+        _, moved = chat(platform, "conv-hot")
+        assert moved["replica_id"] != owner
+        assert not done.is_set()
+    finally:
+        thread.join(timeout=60)
+    _, back = chat(platform, "conv-hot")
+    assert back["replica_id"] == owner
+
+
+def test_canary_split_is_stable_per_conversation(platform: LivePlatform, unblocked):
+    rollouts.set_rollout(
+        model_id="chat-7b", version="v2", stage="canary", percent=50, now=timezone.now()
+    )
+    try:
+        wait_until(
+            lambda: any(
+                chat(platform, f"conv-canary-{i}")[1]["model_version"] == "v2"
+                for i in range(12)
+            ),
+            timeout_s=15,
+            message="the canary to reach the gateway",
+        )
+        seen = {}
+        for i in range(24):
+            versions = {
+                chat(platform, f"conv-split-{i}")[1]["model_version"] for _ in range(3)
+            }
+            assert len(versions) == 1, f"conversation {i} changed version: {versions}"
+            seen[i] = versions.pop()
+        assert set(seen.values()) == {"v1", "v2"}
+    finally:
+        registry.set_alias(model_id="chat-7b", version="v1")
+
+
+def test_usage_rows_are_written_per_team_and_minute(platform: LivePlatform, unblocked):
+    chat(
+        platform,
+        "conv-usage-beta",
+        team="beta",
+        max_tokens=7,
+        extra_body={"ignore_eos": True},
+    )
+    flush_usage(platform)
+    row = wait_until(
+        lambda: flush_usage(platform) or Usage.objects.filter(team_id="beta").first(),
+        timeout_s=20,
+        message="beta's usage row",
+    )
+    assert row.output_tokens >= 7
+    assert row.requests >= 1
+    assert row.prompt_tokens > 0
+
+
+def flush_usage(platform: LivePlatform) -> None:
+    """Flush closed and open minutes (Redis mode); the embedded gateway flushes itself."""
+    if not os.environ.get("REDIS_URL"):
+        return None
+    import redis
+
+    from metering.services import flush_redis_usage
+
+    client = redis.Redis.from_url(os.environ["REDIS_URL"])
+    flush_redis_usage(
+        client=client, prefix=platform.prefix, now=timezone.now() + timedelta(minutes=2)
+    )
+    return None
+
+
+def test_usage_flush_is_idempotent(platform: LivePlatform, unblocked):
+    if not os.environ.get("REDIS_URL"):
+        pytest.skip("the Redis flush needs REDIS_URL")
+    chat(platform, "conv-idem", team="beta", max_tokens=3)
+    flush_usage(platform)
+    before = list(Usage.objects.order_by("id").values())
+    flush_usage(platform)
+    assert list(Usage.objects.order_by("id").values()) == before
+
+
+def test_replica_killed_before_first_token_is_retried_invisibly(
+    platform: LivePlatform, unblocked
+):
+    _, first = chat(platform, "conv-victim")
+    victim = first["replica_id"]
+    url = next(r.url for r in platform.serving() if r.replica_id == victim)
+    pid = httpx.get(f"{url}/sim/state").json()["pid"]
+    os.kill(pid, signal.SIGKILL)
+    _, again = chat(platform, "conv-victim")
+    assert again["replica_id"] != victim
+    assert again["usage"]["completion_tokens"] >= 1
+    _replace_dead_replicas(platform, victim)
+
+
+def test_replica_killed_mid_stream_gives_an_error_event_and_usage(
+    platform: LivePlatform, unblocked
+):
+    _, first = chat(platform, "conv-crash", team="beta")
+    target = first["replica_id"]
+    url = next(r.url for r in platform.serving() if r.replica_id == target)
+    httpx.post(f"{url}/sim/faults", json={"crash_after_tokens": 5}).raise_for_status()
+    before = sum(
+        Usage.objects.filter(team_id="beta").values_list("requests", flat=True)
+    )
+    received = 0
+    with pytest.raises(openai.APIError) as caught:
+        stream = platform.client("beta").chat.completions.create(
+            model="chat-7b",
+            messages=[{"role": "user", "content": "hello"}],
+            max_tokens=200,
+            stream=True,
+            extra_body={"ignore_eos": True},
+            extra_headers={"x-conversation-id": "conv-crash"},
+        )
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                received += 1
+    assert 1 <= received <= 5
+    assert "mid-stream" in str(caught.value)
+    wait_until(
+        lambda: (
+            flush_usage(platform)
+            or sum(
+                Usage.objects.filter(team_id="beta").values_list("requests", flat=True)
+            )
+            > before
+        ),
+        timeout_s=20,
+        message="the broken stream's usage row",
+    )
+    _replace_dead_replicas(platform, target)
+
+
+def _replace_dead_replicas(platform: LivePlatform, victim: str) -> None:
+    """Reap the dead replica (as the beat task would) and wait for a replacement."""
+    wait_until(
+        lambda: (
+            engine_services.reap_silent_replicas(now=timezone.now()) is not None
+            and victim not in {r.replica_id for r in platform.serving()}
+            and len(platform.serving("v1")) == 3
+        ),
+        timeout_s=40,
+        message="a replacement replica",
+    )
+
+
+def test_gateway_keeps_serving_with_the_database_unreachable(
+    platform: LivePlatform, tmp_path
+):
+    from django.db import connection
+
+    from tests.live import start_gateway
+    from tests.processes import TcpProxy
+
+    settings = connection.settings_dict
+    if not settings["ENGINE"].endswith("postgresql"):
+        pytest.skip("needs PostgreSQL: the drill cuts the database's network path")
+    proxy = TcpProxy(
+        settings.get("HOST") or "127.0.0.1", int(settings.get("PORT") or 5432)
+    )
+    user = settings.get("USER") or "postgres"
+    env = dict(
+        platform.env,
+        DATABASE_URL=f"postgresql://{user}@127.0.0.1:{proxy.port}/{settings['NAME']}",
+        PLATFORM_DB_CONN_MAX_AGE_S="0",
+    )
+    gateway = start_gateway(env, tmp_path, name="gateway-db-drill")
+    try:
+        client = openai.OpenAI(
+            base_url=f"{gateway.url}/v1", api_key=platform.keys["alpha"], max_retries=0
+        )
+        ask = dict(
+            model="chat-7b", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+        )
+        assert client.chat.completions.create(**ask).usage.completion_tokens == 3
+        proxy.cut()
+        health = wait_until(
+            lambda: (
+                (h := httpx.get(f"{gateway.url}/healthz").json())["control_plane"]
+                == "unreachable"
+                and h
+            ),
+            timeout_s=20,
+            message="the gateway to notice the database is gone",
+        )
+        assert health["status"] == "degraded"
+        for _ in range(3):
+            assert client.chat.completions.create(**ask).usage.completion_tokens == 3
+        assert httpx.get(f"{gateway.url}/healthz").json()["snapshot_age_s"] > 0
+        exported = httpx.get(f"{gateway.url}/metrics").text
+        assert "platform_control_plane_up 0.0" in exported
+    finally:
+        gateway.stop()
+        proxy.stop()

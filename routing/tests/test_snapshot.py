@@ -1,0 +1,77 @@
+"""The gateway's snapshot of the control plane, built from the database."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from django.utils import timezone
+
+from accounts import services as accounts
+from rollouts import services as rollouts
+from routing.services import build_snapshot
+from tests.factories import ReplicaFactory, digest, version_body
+
+pytestmark = pytest.mark.django_db
+
+
+def test_snapshot_holds_only_active_keys(team):
+    _, kept = accounts.issue_key(team_id=team.team)
+    revoked, secret = accounts.issue_key(team_id=team.team)
+    accounts.revoke_key(team_id=team.team, key_id=revoked.pk, now=timezone.now())
+    snapshot = build_snapshot(region="local", default_policy="prefix_affinity")
+    assert hashlib.sha256(kept.encode()).hexdigest() in snapshot.keys
+    assert hashlib.sha256(secret.encode()).hexdigest() not in snapshot.keys
+    assert snapshot.keys[hashlib.sha256(kept.encode()).hexdigest()].team == team.team
+
+
+def test_snapshot_carries_limits_aliases_canary_and_shadow(team, chat_v1):
+    from models_registry import services as registry
+
+    registry.set_alias(model_id="chat-7b", version="v1")
+    registry.register_version(
+        model_id="chat-7b", **version_body(weights_hash=digest("v2"))
+    )
+    accounts.set_team_limit(
+        team_id=team.team,
+        model_id="chat-7b",
+        tokens_per_minute=1000,
+        max_concurrency=3,
+        guaranteed_share=0.2,
+    )
+    rollouts.set_rollout(
+        model_id="chat-7b", version="v2", stage="shadow", percent=1, now=timezone.now()
+    )
+    snapshot = build_snapshot(region="local", default_policy="least_tokens")
+    model = snapshot.models["chat-7b"]
+    assert (model.live_version, model.canary_version) == ("v1", None)
+    assert (model.shadow_version, model.shadow_percent) == ("v2", 1.0)
+    assert model.policy == "least_tokens"
+    assert snapshot.limits[(team.team, "chat-7b")].max_concurrency == 3
+    assert snapshot.versions[("chat-7b", "v1")].max_model_len == 8192
+    rollouts.set_rollout(
+        model_id="chat-7b", version="v2", stage="canary", percent=10, now=timezone.now()
+    )
+    model = build_snapshot(region="local", default_policy="x").models["chat-7b"]
+    assert (model.canary_version, model.canary_percent) == ("v2", 10.0)
+    assert model.shadow_version is None
+
+
+def test_snapshot_lists_live_replicas_of_its_region(chat_v1):
+    now = timezone.now()
+    ReplicaFactory(version=chat_v1, region="local", last_heartbeat=now)
+    ReplicaFactory(version=chat_v1, region="local", state="gone", last_heartbeat=now)
+    ReplicaFactory(version=chat_v1, region="elsewhere", last_heartbeat=now)
+    snapshot = build_snapshot(region="local", default_policy="prefix_affinity")
+    assert len(snapshot.replicas) == 1
+    replica = snapshot.replicas[0]
+    assert (replica.version, replica.state) == ("v1", "serving")
+    assert replica.last_heartbeat_at == pytest.approx(now.timestamp())
+
+
+def test_snapshot_query_count_is_fixed(chat_v1, team, django_assert_max_num_queries):
+    for _ in range(5):
+        ReplicaFactory(version=chat_v1, last_heartbeat=timezone.now())
+        accounts.issue_key(team_id=team.team)
+    with django_assert_max_num_queries(8):
+        build_snapshot(region="local", default_policy="prefix_affinity")

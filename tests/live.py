@@ -1,0 +1,257 @@
+"""A live platform for end-to-end tests: the gateway and the node agent as processes.
+
+``start_platform`` writes the control-plane rows into the test database (committed,
+so the processes see them), starts ``manage.py engine_agent`` (which starts the
+simulated replicas) and the gateway under uvicorn, and waits until the gateway
+serves. Everything talks HTTP on loopback; Redis is used when REDIS_URL is set.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from django.core.management import call_command
+from django.db import connection
+
+from accounts import services as accounts
+from engine_nodes.models import Replica
+from models_registry import services as registry
+from models_registry.models import Pool
+from tests.factories import digest, version_body
+from tests.processes import ROOT, Process, free_port, wait_until
+
+
+def database_url() -> str:
+    """Return a URL for the test database that other processes can open."""
+    settings = connection.settings_dict
+    if settings["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{Path(settings['NAME']).resolve()}"
+    user = settings.get("USER") or ""
+    password = f":{settings['PASSWORD']}" if settings.get("PASSWORD") else ""
+    host = settings.get("HOST") or "127.0.0.1"
+    port = f":{settings['PORT']}" if settings.get("PORT") else ""
+    return f"postgresql://{user}{password}@{host}{port}/{settings['NAME']}"
+
+
+@dataclass
+class LivePlatform:
+    """What a test needs of the running platform."""
+
+    url: str
+    region: str
+    keys: dict[str, str]
+    env: dict[str, str]
+    gateway: Process
+    agent: Process
+    prefix: str
+    extra: list[Process] = field(default_factory=list)
+
+    def client(self, team: str = "alpha", **kwargs: Any) -> Any:
+        import openai
+
+        return openai.OpenAI(
+            base_url=f"{self.url}/v1", api_key=self.keys[team], max_retries=0, **kwargs
+        )
+
+    def serving(self, version: str | None = None) -> list[Replica]:
+        replicas = Replica.objects.filter(region=self.region, state="serving")
+        if version is not None:
+            replicas = replicas.filter(version__version=version)
+        return list(replicas.order_by("replica_id"))
+
+
+def spawn(argv: list[str], env: dict[str, str], log_path: Path, url: str) -> Process:
+    """Start a platform process in its own session, logging to ``log_path``."""
+    with log_path.open("wb") as log:
+        popen = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return Process(popen=popen, url=url, log_path=log_path)
+
+
+def gateway_env(base: dict[str, str], **overrides: str) -> dict[str, str]:
+    """Return the environment of a gateway or agent process."""
+    env = dict(base)
+    env.update(overrides)
+    return env
+
+
+def start_gateway(env: dict[str, str], tmp: Path, name: str = "gateway") -> Process:
+    """Start a gateway process and wait until it has a snapshot."""
+    port = free_port()
+    process = spawn(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "config.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--lifespan",
+            "on",
+            "--no-access-log",
+            "--log-level",
+            "warning",
+        ],
+        env,
+        tmp / f"{name}-{port}.log",
+        f"http://127.0.0.1:{port}",
+    )
+    wait_until(
+        lambda: _healthz(process) or process.popen.poll() is not None,
+        timeout_s=60,
+        message=f"{name} to load its snapshot",
+    )
+    if process.popen.poll() is not None:
+        raise AssertionError(f"{name} exited:\n{process.log()}")
+    return process
+
+
+def _healthz(process: Process) -> bool:
+    try:
+        return httpx.get(f"{process.url}/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@contextmanager
+def start_platform(
+    tmp: Path, *, pools: dict[str, int], canary: bool = False, **env_overrides: str
+) -> Iterator[LivePlatform]:
+    """Run a platform with ``pools`` ({version: replicas}) of chat-7b in region e2e."""
+    test_name = connection.settings_dict.get("TEST", {}).get("NAME")
+    name = str(connection.settings_dict["NAME"])
+    if not (name.startswith("test_") or name == test_name):
+        raise RuntimeError(f"refusing to run end-to-end tests against {name}")
+    region = "e2e"
+    prefix = f"e2e-{uuid.uuid4().hex[:8]}"
+    accounts.create_team(team_id="alpha")
+    accounts.create_team(team_id="beta")
+    keys = {
+        "alpha": accounts.issue_key(team_id="alpha")[1],
+        "beta": accounts.issue_key(team_id="beta")[1],
+    }
+    registry.create_model(model_id="chat-7b")
+    for index, (label, count) in enumerate(sorted(pools.items())):
+        version = registry.register_version(
+            model_id="chat-7b",
+            **version_body(weights_hash=digest(f"weights {label}"), version=label),
+        )
+        Pool.objects.create(
+            model_id="chat-7b",
+            version=version,
+            region=region,
+            min_replicas=count,
+            max_replicas=max(count, 1),
+        )
+        if index == 0:
+            registry.set_alias(model_id="chat-7b", version=label)
+    for team in ("alpha", "beta"):
+        accounts.set_team_limit(
+            team_id=team,
+            model_id="chat-7b",
+            tokens_per_minute=10**9,
+            max_concurrency=10_000,
+            guaranteed_share=0.0,
+        )
+    env = gateway_env(
+        os.environ,  # type: ignore[arg-type]
+        DATABASE_URL=database_url(),
+        PLATFORM_REGION=region,
+        PLATFORM_REDIS_PREFIX=prefix,
+        PLATFORM_SNAPSHOT_REFRESH_S="0.5",
+        PLATFORM_USAGE_FLUSH_S="1",
+        PLATFORM_DEFAULT_TOKENS_PER_MINUTE="0",
+        SECRET_KEY="e2e-only",
+        **env_overrides,
+    )
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    first = free_port()
+    agent = spawn(
+        [
+            sys.executable,
+            "manage.py",
+            "engine_agent",
+            "--node",
+            "e2e-node",
+            "--region",
+            region,
+            "--gpus",
+            "16",
+            "--ports",
+            f"{first}-{first + 60}",
+            "--log-dir",
+            str(tmp / "replicas"),
+        ],
+        env,
+        tmp / "agent.log",
+        "",
+    )
+    gateway = None
+    try:
+        total = sum(pools.values())
+        wait_until(
+            lambda: (
+                Replica.objects.filter(region=region, state="serving").count() == total
+                or agent.popen.poll() is not None
+            ),
+            timeout_s=60,
+            message=f"{total} serving replicas",
+        )
+        if agent.popen.poll() is not None:
+            raise AssertionError(f"agent exited:\n{agent.log()}")
+        gateway = start_gateway(env, tmp)
+        platform = LivePlatform(
+            url=gateway.url,
+            region=region,
+            keys=keys,
+            env=env,
+            gateway=gateway,
+            agent=agent,
+            prefix=prefix,
+        )
+        # The gateway serves once it has seen the replicas beat.
+        wait_until(
+            lambda: _can_serve(platform),
+            timeout_s=30,
+            message="the gateway to route to a replica",
+        )
+        yield platform
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        agent.stop(grace_s=20)
+        call_command("flush", interactive=False, verbosity=0)
+
+
+def _can_serve(platform: LivePlatform) -> bool:
+    try:
+        response = httpx.post(
+            f"{platform.url}/v1/chat/completions",
+            headers={"Authorization": f"Bearer {platform.keys['alpha']}"},
+            json={
+                "model": "chat-7b",
+                "messages": [{"role": "user", "content": "ping"}],
+                "max_tokens": 1,
+            },
+            timeout=10,
+        )
+    except httpx.HTTPError:
+        return False
+    return response.status_code == 200
