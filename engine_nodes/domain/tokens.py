@@ -39,6 +39,7 @@ import hashlib
 import re
 import zlib
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 __all__ = [
     "OUTPUT_WORDS",
@@ -46,6 +47,7 @@ __all__ = [
     "count_chat_tokens",
     "decode_token",
     "encode",
+    "message_text",
     "output_text",
     "output_token_id",
     "output_token_ids",
@@ -79,10 +81,29 @@ def _piece_id(piece: str) -> int:
     return _FIRST_PIECE_ID + zlib.crc32(piece.encode("utf-8")) % _PIECE_ID_SPAN
 
 
-def render_chat(messages: Sequence[Mapping[str, str]]) -> str:
+def message_text(content: Any) -> str:
+    """Return a message's text: a string as is, the text parts of a list joined.
+
+    OpenAI clients send content as a string or as ``[{"type": "text", "text": ...}]``
+    parts; other parts (images) carry no text; ``None`` is empty.
+    """
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            str(part.get("text", ""))
+            for part in content
+            if isinstance(part, Mapping) and part.get("type") == "text"
+        )
+    return ""
+
+
+def render_chat(messages: Sequence[Mapping[str, Any]]) -> str:
     """Return the prompt text: ``<|role|>\\ncontent<|end|>\\n`` per message, then
     ``<|assistant|>\\n``."""
-    parts = [f"<|{m['role']}|>\n{m['content']}<|end|>\n" for m in messages]
+    parts = [
+        f"<|{m['role']}|>\n{message_text(m.get('content'))}<|end|>\n" for m in messages
+    ]
     parts.append("<|assistant|>\n")
     return "".join(parts)
 
@@ -92,7 +113,7 @@ def encode(text: str) -> list[int]:
     return [_piece_id(piece) for piece in _PIECE_RE.findall(text)]
 
 
-def count_chat_tokens(messages: Sequence[Mapping[str, str]]) -> int:
+def count_chat_tokens(messages: Sequence[Mapping[str, Any]]) -> int:
     """Return the number of prompt tokens of a chat request."""
     return len(encode(render_chat(messages)))
 

@@ -447,22 +447,6 @@ async def _read_body(receive: Receive) -> bytes:
             return b"".join(chunks)
 
 
-def _message_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, Mapping) and part.get("type") == "text":
-                parts.append(str(part.get("text", "")))
-        return "".join(parts)
-    if content is None:
-        return ""
-    raise HttpError(
-        400, "message content must be a string or a list of parts", "messages"
-    )
-
-
 def _stable_seed(*parts: Any) -> int:
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big")
@@ -616,11 +600,15 @@ class SimApp:
                 raise HttpError(
                     400, "each message needs a role and content", "messages"
                 )
+            content = message.get("content")
+            if content is not None and not isinstance(content, str | list):
+                raise HttpError(
+                    400,
+                    "message content must be a string or a list of parts",
+                    "messages",
+                )
             rendered.append(
-                {
-                    "role": str(message["role"]),
-                    "content": _message_text(message.get("content")),
-                }
+                {"role": str(message["role"]), "content": tokens.message_text(content)}
             )
         return rendered
 

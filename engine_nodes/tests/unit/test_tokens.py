@@ -154,3 +154,18 @@ def test_decode_token_inverts_markers_and_output_words():
 def test_request_seed_is_stable():
     assert request_seed("req-1") == request_seed("req-1")
     assert request_seed("req-1") != request_seed("req-2")
+
+
+def test_message_text_joins_text_parts_and_counts_like_a_string():
+    from engine_nodes.domain.tokens import count_chat_tokens, message_text
+
+    parts = [
+        {"type": "text", "text": "Hello "},
+        {"type": "image_url", "image_url": {}},
+        {"type": "text", "text": "there"},
+    ]
+    assert message_text(parts) == "Hello there"
+    assert message_text(None) == ""
+    as_parts = [{"role": "user", "content": parts}]
+    as_text = [{"role": "user", "content": "Hello there"}]
+    assert count_chat_tokens(as_parts) == count_chat_tokens(as_text)
