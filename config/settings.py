@@ -241,6 +241,17 @@ try:
         "PLATFORM_MAX_BODY_BYTES", 4 * 1024 * 1024, minimum=1024
     )
     PLATFORM_ROUTING_POLICY = env_str("PLATFORM_ROUTING_POLICY", "prefix_affinity")
+    # Admission (per pool): capacity = serving replicas x the version's load-tested
+    # tokens in flight, or this default per replica until a load test has run.
+    PLATFORM_DEFAULT_REPLICA_TOKENS_IN_FLIGHT = env_int(
+        "PLATFORM_DEFAULT_REPLICA_TOKENS_IN_FLIGHT", 110_000, minimum=1
+    )
+    PLATFORM_ADMISSION_MAX_QUEUE = env_int("PLATFORM_ADMISSION_MAX_QUEUE", 256, minimum=1)
+    PLATFORM_ADMISSION_MAX_WAIT_S = env_float(
+        "PLATFORM_ADMISSION_MAX_WAIT_S", 10.0, minimum=0.1
+    )
+    # Batch runs only on idle capacity: below this fraction of the pool's capacity.
+    PLATFORM_BATCH_CEILING = env_float("PLATFORM_BATCH_CEILING", 0.9, minimum=0.0)
     # Below this many tokens in flight no replica counts as overloaded, so light
     # traffic keeps its prefix affinity (about 15% of a 7B replica's capacity).
     PLATFORM_AFFINITY_MIN_BOUND_TOKENS = env_int(

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from routing.domain.snapshot import LimitRecord
 from routing.domain.tiers import Tier
 
 
@@ -27,6 +28,7 @@ class AdmissionRequest:
     tier: Tier
     prompt_tokens: int
     max_tokens: int
+    limit: LimitRecord | None = None
 
     @property
     def charge_tokens(self) -> int:

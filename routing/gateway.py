@@ -30,6 +30,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import random
 import secrets
 import time
@@ -183,7 +184,7 @@ class Gateway:
         self.load_snapshot = load_snapshot
         self.live = live
         self.usage_counter = usage_counter
-        self.admission = admission or OpenAdmission()
+        self.admission: Admission = admission or OpenAdmission()
         self.snapshot_refresh_s = snapshot_refresh_s
         self.exchange_s = exchange_s
         self.flush_usage = flush_usage
@@ -465,7 +466,8 @@ class Gateway:
             raise GatewayError(
                 503, str(exc), param="model", headers={"retry-after": "5"}
             ) from None
-        if self._limit(snapshot, team, resolution.model) is None:
+        limit = self._limit(snapshot, team, resolution.model)
+        if limit is None:
             raise GatewayError(
                 403,
                 f"team {team!r} may not use model {resolution.model!r}",
@@ -510,18 +512,12 @@ class Gateway:
                     tier=tier,
                     prompt_tokens=prompt_tokens,
                     max_tokens=max_tokens,
+                    limit=limit,
                 )
             )
         except Rejected as exc:
-            metrics.count_rejection(
-                team=team, model=resolution.model, tier=tier.value, status=exc.status
-            )
-            retry_after = max(1, round(exc.retry_after_s + self._random.random()))
-            raise GatewayError(
-                exc.status,
-                exc.message,
-                code=exc.code,
-                headers={"retry-after": str(retry_after), **exc.headers},
+            raise self._rejection(
+                exc, team=team, tier=tier, resolution=resolution
             ) from None
         upstream_body = dict(body)
         for name in _GATEWAY_FIELDS:
@@ -544,6 +540,43 @@ class Gateway:
                 else 0
             )
             await ticket.release(used_tokens=used)
+
+    def _rejection(
+        self, exc: Rejected, *, team: str, tier: Tier, resolution: Resolution
+    ) -> GatewayError:
+        """Count a refusal (metrics and usage) and turn it into the client's error.
+
+        Every 429 and 503 carries Retry-After with up to a second of jitter, so that
+        refused clients do not all come back in the same instant (retry storms).
+        """
+        headers = dict(exc.headers)
+        if exc.status in (429, 503):
+            metrics.count_rejection(
+                team=team, model=resolution.model, tier=tier.value, status=exc.status
+            )
+            counts = (
+                UsageCounts(rate_limited=1)
+                if exc.status == 429
+                else UsageCounts(shed=1)
+            )
+            self._spawn(
+                self.usage_counter.add(
+                    UsageKey.from_time(
+                        team, resolution.model, resolution.version, time.time()
+                    ),
+                    counts,
+                )
+            )
+            jittered = max(1, math.ceil(exc.retry_after_s + self._random.random()))
+            headers["retry-after"] = str(jittered)
+        error_type = "rate_limit_error" if exc.status == 429 else None
+        return GatewayError(
+            exc.status,
+            exc.message,
+            code=exc.code,
+            headers=headers,
+            error_type=error_type,
+        )
 
     async def _relay(
         self,

@@ -11,14 +11,22 @@ import logging
 import os
 import secrets
 import socket
+import time
 from typing import Any
 
 from channels.db import database_sync_to_async
 from django.conf import settings
 
-from routing.admission import Admission, OpenAdmission
+from routing.admission import Admission
 from routing.domain.snapshot import ConfigSnapshot
 from routing.gateway import Gateway, GatewaySettings
+from routing.limiter_store import (
+    MemoryBucketStore,
+    MemoryConcurrency,
+    RedisBucketStore,
+    RedisConcurrency,
+)
+from routing.limits import TieredAdmission
 from routing.live import LiveLoad
 from routing.services import build_snapshot
 
@@ -103,15 +111,51 @@ def build_gateway(*, admission: Admission | None = None) -> Gateway:
                     await counter.add(key, counts)
                 raise
 
-    return Gateway(
+    gateway = Gateway(
         settings=gateway_settings(),
         load_snapshot=load,
         live=live,
         usage_counter=counter,
-        admission=admission or OpenAdmission(),
+        admission=admission,
         snapshot_refresh_s=settings.PLATFORM_SNAPSHOT_REFRESH_S,
         flush_usage=flush,
         flush_usage_s=settings.PLATFORM_USAGE_FLUSH_S,
+    )
+    if admission is None:
+        gateway.admission = tiered_admission(gateway, redis_client)
+    return gateway
+
+
+def tiered_admission(gateway: Gateway, redis_client: Any | None) -> TieredAdmission:
+    """Return team limits and tiers over Redis (shared by gateways) or memory."""
+    if redis_client is not None:
+        buckets: Any = RedisBucketStore(redis_client, settings.REDIS_KEY_PREFIX)
+        concurrency: Any = RedisConcurrency(redis_client, settings.REDIS_KEY_PREFIX)
+    else:
+        buckets, concurrency = MemoryBucketStore(), MemoryConcurrency()
+    default_per_replica = settings.PLATFORM_DEFAULT_REPLICA_TOKENS_IN_FLIGHT
+
+    def capacity_of(model: str, version: str) -> int:
+        snapshot = gateway.snapshot
+        if snapshot is None:
+            return 0
+        record = snapshot.versions.get((model, version))
+        per_replica = (
+            record.load_test_tokens_in_flight
+            if record is not None and record.load_test_tokens_in_flight
+            else default_per_replica
+        )
+        serving = len(gateway.live.nodes(snapshot, model, version, time.monotonic()))
+        return serving * per_replica
+
+    return TieredAdmission(
+        live=gateway.live,
+        buckets=buckets,
+        concurrency=concurrency,
+        capacity_of=capacity_of,
+        max_queue=settings.PLATFORM_ADMISSION_MAX_QUEUE,
+        max_wait_s=settings.PLATFORM_ADMISSION_MAX_WAIT_S,
+        batch_ceiling=settings.PLATFORM_BATCH_CEILING,
     )
 
 

@@ -9,8 +9,6 @@ serves. Everything talks HTTP on loopback; Redis is used when REDIS_URL is set.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,23 +21,17 @@ from django.core.management import call_command
 from django.db import connection
 
 from accounts import services as accounts
+from drills.launch import (
+    Process,
+    database_url,
+    start_agent,
+    start_gateway,
+    wait_until,
+)
 from engine_nodes.models import Replica
 from models_registry import services as registry
 from models_registry.models import Pool
 from tests.factories import digest, version_body
-from tests.processes import ROOT, Process, free_port, wait_until
-
-
-def database_url() -> str:
-    """Return a URL for the test database that other processes can open."""
-    settings = connection.settings_dict
-    if settings["ENGINE"].endswith("sqlite3"):
-        return f"sqlite:///{Path(settings['NAME']).resolve()}"
-    user = settings.get("USER") or ""
-    password = f":{settings['PASSWORD']}" if settings.get("PASSWORD") else ""
-    host = settings.get("HOST") or "127.0.0.1"
-    port = f":{settings['PORT']}" if settings.get("PORT") else ""
-    return f"postgresql://{user}{password}@{host}{port}/{settings['NAME']}"
 
 
 @dataclass
@@ -69,65 +61,11 @@ class LivePlatform:
         return list(replicas.order_by("replica_id"))
 
 
-def spawn(argv: list[str], env: dict[str, str], log_path: Path, url: str) -> Process:
-    """Start a platform process in its own session, logging to ``log_path``."""
-    with log_path.open("wb") as log:
-        popen = subprocess.Popen(
-            argv,
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    return Process(popen=popen, url=url, log_path=log_path)
-
-
 def gateway_env(base: dict[str, str], **overrides: str) -> dict[str, str]:
     """Return the environment of a gateway or agent process."""
     env = dict(base)
     env.update(overrides)
     return env
-
-
-def start_gateway(env: dict[str, str], tmp: Path, name: str = "gateway") -> Process:
-    """Start a gateway process and wait until it has a snapshot."""
-    port = free_port()
-    process = spawn(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "config.asgi:application",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--lifespan",
-            "on",
-            "--no-access-log",
-            "--log-level",
-            "warning",
-        ],
-        env,
-        tmp / f"{name}-{port}.log",
-        f"http://127.0.0.1:{port}",
-    )
-    wait_until(
-        lambda: _healthz(process) or process.popen.poll() is not None,
-        timeout_s=60,
-        message=f"{name} to load its snapshot",
-    )
-    if process.popen.poll() is not None:
-        raise AssertionError(f"{name} exited:\n{process.log()}")
-    return process
-
-
-def _healthz(process: Process) -> bool:
-    try:
-        return httpx.get(f"{process.url}/healthz", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 @contextmanager
@@ -182,27 +120,7 @@ def start_platform(
         **env_overrides,
     )
     env.pop("DJANGO_SETTINGS_MODULE", None)
-    first = free_port()
-    agent = spawn(
-        [
-            sys.executable,
-            "manage.py",
-            "engine_agent",
-            "--node",
-            "e2e-node",
-            "--region",
-            region,
-            "--gpus",
-            "16",
-            "--ports",
-            f"{first}-{first + 60}",
-            "--log-dir",
-            str(tmp / "replicas"),
-        ],
-        env,
-        tmp / "agent.log",
-        "",
-    )
+    agent = start_agent(env, tmp, region=region, node="e2e-node")
     gateway = None
     try:
         total = sum(pools.values())

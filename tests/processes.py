@@ -1,88 +1,36 @@
-"""Start real platform processes for end-to-end tests, and wait on conditions.
+"""Test-only process helpers: a simulated replica per test, a TCP proxy to cut.
 
-Nothing here sleeps a fixed time to wait for something: ``wait_until`` polls a
-condition against a deadline and fails with a message when the deadline passes.
+The shared helpers live in ``drills.launch`` and are re-exported here.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
-import httpx
+from drills.launch import (
+    ROOT,
+    Process,
+    free_port,
+    is_healthy,
+    start_gateway,
+    wait_until,
+)
 
-ROOT = Path(__file__).resolve().parent.parent
-T = TypeVar("T")
-
-
-def wait_until(
-    condition: Callable[[], T],
-    *,
-    timeout_s: float = 15.0,
-    interval_s: float = 0.02,
-    message: str = "condition",
-) -> T:
-    """Return the first truthy value of ``condition()``; fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {message}")
-        # A short pause between polls, not a wait for the condition itself.
-        time.sleep(interval_s)
-
-
-def free_port() -> int:
-    """Return a TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@dataclass
-class Process:
-    """A running child process and the URL it serves."""
-
-    popen: subprocess.Popen[bytes]
-    url: str
-    log_path: Path
-
-    def log(self) -> str:
-        return (
-            self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        )
-
-    def stop(self, *, grace_s: float = 5.0) -> int:
-        """Stop the process group; return the exit code."""
-        if self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait(grace_s)
-        return int(self.popen.returncode)
-
-
-def is_healthy(url: str) -> bool:
-    """Return True if ``GET url/health`` answers 200."""
-    try:
-        return httpx.get(f"{url}/health", timeout=0.5).status_code == 200
-    except httpx.HTTPError:
-        return False
+__all__ = [
+    "ROOT",
+    "Process",
+    "TcpProxy",
+    "free_port",
+    "is_healthy",
+    "sim_replica",
+    "start_gateway",
+    "wait_until",
+]
 
 
 @contextlib.contextmanager

@@ -372,7 +372,7 @@ def test_gateway_keeps_serving_with_the_database_unreachable(
 ):
     from django.db import connection
 
-    from tests.live import start_gateway
+    from drills.launch import start_gateway
     from tests.processes import TcpProxy
 
     settings = connection.settings_dict

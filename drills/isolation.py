@@ -1,0 +1,272 @@
+"""Run the isolation test live: gateway + simulated replicas + Redis + load on loopback.
+
+``run_isolation`` registers a scratch model, pool and three teams (two quiet, one
+noisy with a small limit), starts a node agent and a gateway, measures the quiet
+teams alone (baseline), then again while the noisy team sends ``flood_factor``
+times its token limit, and removes everything it created.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import secrets
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+from django.conf import settings
+
+from accounts import services as accounts
+from accounts.models import Team
+from drills.domain.isolation import Sample
+from drills.launch import (
+    database_url,
+    serving_replicas,
+    start_agent,
+    start_gateway,
+    wait_until,
+)
+from engine_nodes.models import Replica
+from metering.models import Usage
+from models_registry import services as registry
+from models_registry.models import Model, ModelVersion, Pool
+from rollouts.models import Rollout
+
+logger = logging.getLogger(__name__)
+
+PROMPT = "Summarise the quarterly report for the board in three short bullet points."
+
+
+@dataclass(frozen=True)
+class IsolationPlan:
+    """The shape of one run."""
+
+    phase_s: float = 20.0
+    quiet_teams: int = 2
+    quiet_streams: int = 4  # closed-loop clients per quiet team
+    max_tokens: int = 48
+    noisy_tokens_per_minute: int = 3_000
+    flood_factor: float = 10.0
+    replicas: int = 2
+
+
+async def _one(
+    session: aiohttp.ClientSession,
+    url: str,
+    key: str,
+    team: str,
+    phase: str,
+    max_tokens: int,
+    conversation: str,
+) -> Sample:
+    body = {
+        "model": "iso-chat",
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": max_tokens,
+        "stream": True,
+    }
+    headers = {"Authorization": f"Bearer {key}", "x-conversation-id": conversation}
+    started = time.perf_counter()
+    ttft = None
+    try:
+        async with session.post(
+            f"{url}/v1/chat/completions", json=body, headers=headers
+        ) as response:
+            if response.status != 200:
+                await response.read()
+                return Sample(
+                    team=team, phase=phase, status=response.status, ttft_s=None
+                )
+            async for line in response.content:
+                if ttft is None and line.startswith(b"data: {"):
+                    ttft = time.perf_counter() - started
+            return Sample(team=team, phase=phase, status=200, ttft_s=ttft)
+    except (TimeoutError, aiohttp.ClientError):
+        return Sample(team=team, phase=phase, status=599, ttft_s=None)
+
+
+async def _load(
+    url: str, keys: dict[str, str], plan: IsolationPlan, phase: str, *, noisy: bool
+) -> list[Sample]:
+    samples: list[Sample] = []
+    deadline = time.perf_counter() + plan.phase_s
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+
+        async def quiet_client(team: str, index: int) -> None:
+            n = 0
+            while time.perf_counter() < deadline:
+                n += 1
+                samples.append(
+                    await _one(
+                        session,
+                        url,
+                        keys[team],
+                        team,
+                        phase,
+                        plan.max_tokens,
+                        f"{team}-{index}-{n}",
+                    )
+                )
+
+        async def flood() -> None:
+            # Open loop at flood_factor x the limit, in requests of known size.
+            tokens_per_request = 30 + plan.max_tokens
+            per_s = (
+                plan.flood_factor
+                * plan.noisy_tokens_per_minute
+                / 60
+                / tokens_per_request
+            )
+            pending = []
+            n = 0
+            start = time.perf_counter()
+            while time.perf_counter() < deadline:
+                n += 1
+                pending.append(
+                    asyncio.ensure_future(
+                        _one(
+                            session,
+                            url,
+                            keys["iso-noisy"],
+                            "iso-noisy",
+                            phase,
+                            plan.max_tokens,
+                            f"noisy-{n}",
+                        )
+                    )
+                )
+                await asyncio.sleep(max(0.0, start + n / per_s - time.perf_counter()))
+            samples.extend(await asyncio.gather(*pending))
+
+        jobs = [
+            quiet_client(team, i)
+            for team in keys
+            if team != "iso-noisy"
+            for i in range(plan.quiet_streams)
+        ]
+        if noisy:
+            jobs.append(flood())
+        await asyncio.gather(*jobs)
+    return samples
+
+
+def run_isolation(plan: IsolationPlan) -> list[Sample]:
+    """Run both phases against a fresh gateway and replicas; return every sample."""
+    region = f"iso-{secrets.token_hex(3)}"
+    prefix = f"{settings.REDIS_KEY_PREFIX}-iso-{secrets.token_hex(3)}"
+    keys = _register(plan, region)
+    env = dict(os.environ)
+    env.update(
+        DATABASE_URL=database_url(),
+        PLATFORM_REGION=region,
+        PLATFORM_REDIS_PREFIX=prefix,
+        PLATFORM_SNAPSHOT_REFRESH_S="1",
+        PLATFORM_DEFAULT_TOKENS_PER_MINUTE="0",
+        SECRET_KEY=settings.SECRET_KEY,
+    )
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    tmp = Path(tempfile.mkdtemp(prefix="isolation-"))
+    agent = start_agent(env, tmp, region=region, node="iso-node", gpus=plan.replicas)
+    gateway = None
+    try:
+        wait_until(
+            lambda: (
+                serving_replicas(region) == plan.replicas
+                or agent.popen.poll() is not None
+            ),
+            timeout_s=60,
+            message="the isolation pool's replicas",
+        )
+        if agent.popen.poll() is not None:
+            raise RuntimeError(f"the node agent exited:\n{agent.log()}")
+        gateway = start_gateway(env, tmp, name="iso-gateway")
+        warm = asyncio.run(
+            _load(
+                gateway.url,
+                keys,
+                IsolationPlan(
+                    phase_s=2.0,
+                    quiet_teams=plan.quiet_teams,
+                    quiet_streams=1,
+                    max_tokens=plan.max_tokens,
+                ),
+                "warmup",
+                noisy=False,
+            )
+        )
+        if not any(s.status == 200 for s in warm):
+            raise RuntimeError(f"the gateway did not serve: {warm[:3]}")
+        samples = asyncio.run(_load(gateway.url, keys, plan, "baseline", noisy=False))
+        samples += asyncio.run(_load(gateway.url, keys, plan, "noisy", noisy=True))
+        return samples
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        agent.stop(grace_s=20)
+        _cleanup(region, list(keys))
+
+
+def _register(plan: IsolationPlan, region: str) -> dict[str, str]:
+    _cleanup(region, [])
+    if not Model.objects.filter(pk="iso-chat").exists():
+        registry.create_model(model_id="iso-chat", description="isolation drill")
+    version = ModelVersion.objects.filter(model_id="iso-chat").first()
+    if version is None:
+        version = registry.register_version(
+            model_id="iso-chat",
+            weights_uri="s3://models/iso-chat/drill/",
+            weights_hash=hashlib.sha256(b"iso-chat drill weights").hexdigest(),
+            tokenizer_hash=hashlib.sha256(b"iso-chat drill tokenizer").hexdigest(),
+            chat_template="{% for m in messages %}{{ m.content }}{% endfor %}",
+            precision="fp16",
+            gpus_per_replica=1,
+            engine_config={"max_num_seqs": 256, "max_model_len": 8192},
+        )
+        registry.set_alias(model_id="iso-chat", version=version.version)
+    Pool.objects.create(
+        model_id="iso-chat",
+        version=version,
+        region=region,
+        min_replicas=plan.replicas,
+        max_replicas=plan.replicas,
+    )
+    keys = {}
+    teams = [f"iso-quiet-{chr(ord('a') + i)}" for i in range(plan.quiet_teams)]
+    for team in [*teams, "iso-noisy"]:
+        Team.objects.filter(pk=team).delete()
+        accounts.create_team(team_id=team)
+        keys[team] = accounts.issue_key(team_id=team, name="isolation drill")[1]
+        noisy = team == "iso-noisy"
+        accounts.set_team_limit(
+            team_id=team,
+            model_id="iso-chat",
+            tokens_per_minute=plan.noisy_tokens_per_minute if noisy else 10_000_000,
+            max_concurrency=10_000,
+            guaranteed_share=0.0 if noisy else 0.3,
+        )
+    return keys
+
+
+def _cleanup(region: str, teams: list[str]) -> None:
+    Replica.objects.filter(region=region).delete()
+    Pool.objects.filter(region=region).delete()
+    if teams:
+        Usage.objects.filter(team_id__in=teams).delete()
+        Team.objects.filter(pk__in=teams).delete()
+    if not Pool.objects.filter(model_id="iso-chat").exists():
+        Usage.objects.filter(model_id="iso-chat").delete()
+        Rollout.objects.filter(model_id="iso-chat").delete()
+        Model.objects.filter(pk="iso-chat").update(
+            live_version=None, canary_version=None, canary_percent=0.0
+        )
+        ModelVersion.objects.filter(model_id="iso-chat").delete()
+        Model.objects.filter(pk="iso-chat").delete()
+
+
+__all__ = ["IsolationPlan", "run_isolation"]

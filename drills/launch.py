@@ -1,0 +1,204 @@
+"""Start platform processes (gateway, node agent) and wait on conditions.
+
+Public surface: ``ROOT``, ``wait_until``, ``free_port``, ``Process``, ``spawn``,
+``is_healthy``, ``database_url``, ``start_gateway``, ``start_agent``,
+``serving_replicas``.
+
+Used by the drills (``manage.py isolation_test``), the benchmarks and the end-to-end
+tests. Nothing here sleeps a fixed time to wait for something: ``wait_until`` polls
+a condition against a deadline and fails with a message when the deadline passes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
+
+
+def wait_until(
+    condition: Callable[[], T],
+    *,
+    timeout_s: float = 15.0,
+    interval_s: float = 0.02,
+    message: str = "condition",
+) -> T:
+    """Return the first truthy value of ``condition()``; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {message}")
+        # A short pause between polls, not a wait for the condition itself.
+        time.sleep(interval_s)
+
+
+def free_port() -> int:
+    """Return a TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Process:
+    """A running child process and the URL it serves."""
+
+    popen: subprocess.Popen[bytes]
+    url: str
+    log_path: Path
+
+    def log(self) -> str:
+        return (
+            self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        )
+
+    def stop(self, *, grace_s: float = 5.0) -> int:
+        """Stop the process group; return the exit code."""
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(grace_s)
+        return int(self.popen.returncode)
+
+
+def is_healthy(url: str) -> bool:
+    """Return True if ``GET url/health`` answers 200."""
+    try:
+        return httpx.get(f"{url}/health", timeout=0.5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def database_url() -> str:
+    """Return a URL for the test database that other processes can open."""
+    from django.db import connection
+
+    settings = connection.settings_dict
+    if settings["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{Path(settings['NAME']).resolve()}"
+    user = settings.get("USER") or ""
+    password = f":{settings['PASSWORD']}" if settings.get("PASSWORD") else ""
+    host = settings.get("HOST") or "127.0.0.1"
+    port = f":{settings['PORT']}" if settings.get("PORT") else ""
+    return f"postgresql://{user}{password}@{host}{port}/{settings['NAME']}"
+
+
+def spawn(argv: list[str], env: dict[str, str], log_path: Path, url: str) -> Process:
+    """Start a platform process in its own session, logging to ``log_path``."""
+    with log_path.open("wb") as log:
+        popen = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return Process(popen=popen, url=url, log_path=log_path)
+
+
+def start_gateway(env: dict[str, str], tmp: Path, name: str = "gateway") -> Process:
+    """Start a gateway process and wait until it has a snapshot."""
+    port = free_port()
+    process = spawn(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "config.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--lifespan",
+            "on",
+            "--no-access-log",
+            "--log-level",
+            "warning",
+        ],
+        env,
+        tmp / f"{name}-{port}.log",
+        f"http://127.0.0.1:{port}",
+    )
+    wait_until(
+        lambda: _healthz(process) or process.popen.poll() is not None,
+        timeout_s=60,
+        message=f"{name} to load its snapshot",
+    )
+    if process.popen.poll() is not None:
+        raise AssertionError(f"{name} exited:\n{process.log()}")
+    return process
+
+
+def _healthz(process: Process) -> bool:
+    try:
+        return httpx.get(f"{process.url}/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _healthz(process: Process) -> bool:
+    try:
+        return httpx.get(f"{process.url}/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def start_agent(
+    env: dict[str, str],
+    tmp: Path,
+    *,
+    region: str,
+    node: str = "drill-node",
+    gpus: int = 16,
+) -> Process:
+    """Start a node agent that runs simulated replicas for ``region``'s pools."""
+    first = free_port()
+    return spawn(
+        [
+            sys.executable,
+            "manage.py",
+            "engine_agent",
+            "--node",
+            node,
+            "--region",
+            region,
+            "--gpus",
+            str(gpus),
+            "--ports",
+            f"{first}-{first + 60}",
+            "--log-dir",
+            str(tmp / "replicas"),
+        ],
+        env,
+        tmp / f"agent-{node}.log",
+        "",
+    )
+
+
+def serving_replicas(region: str) -> int:
+    """Return how many replicas of ``region`` are serving (database view)."""
+    from engine_nodes.models import Replica
+
+    return Replica.objects.filter(region=region, state="serving").count()

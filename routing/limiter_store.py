@@ -1,0 +1,526 @@
+"""Where the gateway keeps its token buckets and concurrency slots.
+
+Public surface: ``BucketStore`` and ``ConcurrencyStore`` (the protocols),
+``MemoryBucketStore``, ``RedisBucketStore``, ``MemoryConcurrency``,
+``RedisConcurrency``, ``BUCKET_TTL_MARGIN_S``.
+
+The arithmetic lives in ``routing.domain.limiter`` (pure). This module only stores
+its state: in a dict (the embedded default, one process) or in Redis (shared by
+every gateway of a region), where one Lua script per operation makes each charge,
+refund and acquire atomic. The Lua repeats the pure arithmetic step for step, in
+IEEE doubles like Python's floats, so both stores give the same ``Charge`` for the
+same history (``routing/tests/test_limiter_store.py`` checks this on random
+histories).
+
+Time is passed in by the caller (``now``, unix seconds) and never read here, so
+both stores run on an injected clock in tests. Every gateway writes its own
+``now`` into shared buckets, so gateway hosts need synchronised clocks (NTP), as
+every multi-host limiter does; a bucket last written by a host whose clock is
+ahead refills nothing until the others' clocks pass that time.
+
+In Redis, a bucket is the hash ``{prefix}:bucket:{key}`` (``tokens``,
+``updated_at``) that expires once it would have refilled from empty (plus
+``BUCKET_TTL_MARGIN_S``): an absent bucket is a full one, so idle buckets cost no
+memory. Concurrency slots are the sorted set ``{prefix}:conc:{key}`` of request
+ids scored by their expiry time, so slots that a crashed gateway never released
+expire after ``ttl_s``.
+
+This module is async-side code: it imports no models.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+import redis.asyncio
+
+from routing.domain import limiter
+from routing.domain.limiter import Bucket, Charge
+
+__all__ = [
+    "BUCKET_TTL_MARGIN_S",
+    "BucketStore",
+    "ConcurrencyStore",
+    "MemoryBucketStore",
+    "MemoryConcurrency",
+    "RedisBucketStore",
+    "RedisConcurrency",
+]
+
+# A Redis bucket outlives its time to refill from empty by this much, so that it
+# never vanishes (reads as full) while a gateway whose clock is behind would
+# still see it partly empty. Covers clock skew between hosts; costs idle memory.
+BUCKET_TTL_MARGIN_S = 10.0
+
+
+class BucketStore(Protocol):
+    """Charge and refund token buckets by key, atomically per call."""
+
+    async def charge(
+        self, key: str, *, capacity: int, refill_per_s: float, amount: int, now: float
+    ) -> Charge:
+        """Refill the bucket to ``now`` and take ``amount`` if it holds that much.
+
+        Raises:
+            ChargeTooLarge: ``amount > capacity`` (no bucket could ever allow it);
+                the stored state is left untouched.
+            ValueError: what ``limiter.charge`` rejects, or a ``now`` that is not
+                finite; the stored state is left untouched.
+        """
+        ...
+
+    async def refund(
+        self, key: str, *, capacity: int, refill_per_s: float, amount: int, now: float
+    ) -> None:
+        """Give back ``amount`` tokens (never above ``capacity``)."""
+        ...
+
+
+class ConcurrencyStore(Protocol):
+    """Count requests in flight per key, with a cap and an expiry per slot."""
+
+    async def acquire(
+        self,
+        key: str,
+        *,
+        limit: int,
+        request_id: str,
+        now: float,
+        ttl_s: float = 900.0,
+    ) -> bool:
+        """Take a slot for ``request_id`` unless ``limit`` unexpired slots are held.
+
+        A slot expires at ``now + ttl_s`` unless released first. Acquiring again
+        with a ``request_id`` that holds a slot succeeds and extends its expiry.
+        """
+        ...
+
+    async def release(self, key: str, *, request_id: str) -> None:
+        """Free the slot of ``request_id`` (a no-op if it holds none)."""
+        ...
+
+    async def count(self, key: str, now: float) -> int:
+        """Return the number of slots held at ``now`` (unexpired)."""
+        ...
+
+
+def _check_now(now: float) -> None:
+    # A NaN or infinite clock would be stored and poison the bucket for good.
+    if not math.isfinite(now):
+        raise ValueError("now must be a finite number of seconds")
+
+
+@dataclass(slots=True)
+class _Entry:
+    bucket: Bucket
+    capacity: int
+    refill_per_s: float
+
+
+class MemoryBucketStore:
+    """Keep buckets in this process (the embedded default, without Redis).
+
+    Memory is bounded by the buckets not yet full: every ``sweep_every`` charges,
+    buckets that have refilled to capacity by that charge's ``now`` are dropped.
+    Dropping one is invisible (an absent bucket is a full one), with the same two
+    exceptions as an expired Redis key: it forgets the bucket's time (a later
+    call with an earlier ``now`` starts from there), and fullness was judged by
+    the limits of the bucket's last call, so after a limit is raised (or its
+    refill slowed) a dropped bucket starts full at the new capacity, where a kept
+    one would refill lazily towards it. Meant for one event loop: each call runs
+    without awaiting, so calls on the same loop never interleave.
+    """
+
+    def __init__(self, *, sweep_every: int = 1024) -> None:
+        if sweep_every < 1:
+            raise ValueError("sweep_every must be 1 or more")
+        self.sweep_every = sweep_every
+        self._buckets: dict[str, _Entry] = {}
+        self._charges = 0
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+    async def charge(
+        self, key: str, *, capacity: int, refill_per_s: float, amount: int, now: float
+    ) -> Charge:
+        """Refill the bucket to ``now`` and take ``amount`` if it holds that much."""
+        _check_now(now)
+        entry = self._buckets.get(key)
+        result = limiter.charge(
+            entry.bucket if entry else None,
+            now,
+            capacity=capacity,
+            refill_per_s=refill_per_s,
+            amount=amount,
+        )
+        self._buckets[key] = _Entry(result.bucket, capacity, refill_per_s)
+        self._charges += 1
+        if self._charges % self.sweep_every == 0:
+            self.sweep(now)
+        return result
+
+    async def refund(
+        self, key: str, *, capacity: int, refill_per_s: float, amount: int, now: float
+    ) -> None:
+        """Give back ``amount`` tokens (never above ``capacity``)."""
+        _check_now(now)
+        entry = self._buckets.get(key)
+        bucket = limiter.refund(
+            entry.bucket if entry else None,
+            now,
+            capacity=capacity,
+            refill_per_s=refill_per_s,
+            amount=amount,
+        )
+        self._buckets[key] = _Entry(bucket, capacity, refill_per_s)
+
+    async def peek(
+        self, key: str, *, capacity: int, refill_per_s: float, now: float
+    ) -> Bucket:
+        """Return the bucket as refilled to ``now``, without storing it."""
+        entry = self._buckets.get(key)
+        return limiter.refill(
+            entry.bucket if entry else None,
+            now,
+            capacity=capacity,
+            refill_per_s=refill_per_s,
+        )
+
+    def sweep(self, now: float) -> int:
+        """Drop the buckets that are full at ``now``; return how many."""
+        full = [
+            key
+            for key, entry in self._buckets.items()
+            if limiter.refill(
+                entry.bucket,
+                now,
+                capacity=entry.capacity,
+                refill_per_s=entry.refill_per_s,
+            ).tokens
+            >= entry.capacity
+        ]
+        for key in full:
+            del self._buckets[key]
+        return len(full)
+
+
+# The scripts repeat ``limiter.refill``, ``charge`` and ``refund`` operation for
+# operation (same order, same tolerance, same min/max), so that Lua's doubles round
+# exactly as Python's floats do; keep them in step with that module. Floats travel
+# as text both ways: into Lua as repr() read by tonumber() (exact), out as %.17g
+# (exact), because Redis truncates Lua numbers in replies to integers and
+# tostring() keeps only 14 digits.
+_REFILL_LUA = """
+local function num(x) return string.format('%.17g', x) end
+local capacity = tonumber(ARGV[1])
+local rate = tonumber(ARGV[2])
+local amount = tonumber(ARGV[3])
+local now = tonumber(ARGV[4])
+local tokens = capacity
+local updated_at = now
+local state = redis.call('HMGET', KEYS[1], 'tokens', 'updated_at')
+if state[1] and state[2] then
+  tokens = tonumber(state[1])
+  updated_at = tonumber(state[2])
+  local elapsed = now - updated_at
+  if elapsed <= 0 then
+    -- A clock going backwards refills nothing and keeps the later time.
+    if tokens > capacity then tokens = capacity end
+  else
+    tokens = math.min(capacity, tokens + elapsed * rate)
+    updated_at = now
+  end
+end
+"""
+
+_CHARGE_LUA = (
+    _REFILL_LUA
+    + """
+local slack = TOLERANCE * capacity
+local allowed = 0
+local retry_after = 0
+if tokens + slack >= amount then
+  allowed = 1
+  tokens = math.max(0.0, tokens - amount)
+else
+  local wait_s = (amount - tokens) / rate
+  retry_after = math.max(1, math.ceil(wait_s - TOLERANCE * math.max(1.0, wait_s)))
+end
+redis.call('HSET', KEYS[1], 'tokens', num(tokens), 'updated_at', num(updated_at))
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+return {allowed, num(tokens), num(updated_at), num(math.floor(tokens + slack)),
+        num(retry_after), num((capacity - tokens) / rate)}
+""".replace("TOLERANCE", repr(limiter._TOLERANCE))
+)
+
+_REFUND_LUA = (
+    _REFILL_LUA
+    + """
+tokens = math.min(capacity, tokens + amount)
+redis.call('HSET', KEYS[1], 'tokens', num(tokens), 'updated_at', num(updated_at))
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+return {num(tokens), num(updated_at)}
+"""
+)
+
+
+def _float_arg(value: float) -> str:
+    return repr(float(value))
+
+
+def _int_reply(value: bytes | str) -> int:
+    # An integral double as %.17g text ("12", "1e+20") is parsed exactly by float().
+    return int(float(value))
+
+
+class RedisBucketStore:
+    """Keep buckets in Redis, shared by every gateway of a region.
+
+    Each charge and each refund is one Lua script (one round trip, atomic), so
+    concurrent gateways never both spend the same tokens. Arguments are checked
+    in Python first, so a ``ChargeTooLarge`` never reaches Redis.
+    """
+
+    def __init__(self, client: redis.asyncio.Redis, prefix: str) -> None:
+        self.client = client
+        self.prefix = prefix
+        self._charge = client.register_script(_CHARGE_LUA)
+        self._refund = client.register_script(_REFUND_LUA)
+
+    def bucket_key(self, key: str) -> str:
+        """Return the Redis key of ``key``'s bucket hash."""
+        return f"{self.prefix}:bucket:{key}"
+
+    @staticmethod
+    def ttl_ms(*, capacity: int, refill_per_s: float) -> int:
+        """Return how long an untouched bucket is kept: refill from empty + margin."""
+        return math.ceil((capacity / refill_per_s + BUCKET_TTL_MARGIN_S) * 1000)
+
+    def _args(
+        self, *, capacity: int, refill_per_s: float, amount: int, now: float
+    ) -> list[str]:
+        return [
+            str(capacity),
+            _float_arg(refill_per_s),
+            str(amount),
+            _float_arg(now),
+            str(self.ttl_ms(capacity=capacity, refill_per_s=refill_per_s)),
+        ]
+
+    async def charge(
+        self, key: str, *, capacity: int, refill_per_s: float, amount: int, now: float
+    ) -> Charge:
+        """Refill the bucket to ``now`` and take ``amount`` if it holds that much.
+
+        Raises:
+            ChargeTooLarge: ``amount > capacity``; Redis is not called.
+            redis.RedisError: Redis is unreachable; the caller decides.
+        """
+        # Reject what the pure math rejects (same exceptions) before Redis is
+        # called: running it on a fresh bucket costs a few microseconds and keeps
+        # no second copy of its rules here.
+        _check_now(now)
+        limiter.charge(
+            None, now, capacity=capacity, refill_per_s=refill_per_s, amount=amount
+        )
+        allowed, tokens, updated_at, remaining, retry_after, reset = await self._charge(
+            keys=[self.bucket_key(key)],
+            args=self._args(
+                capacity=capacity, refill_per_s=refill_per_s, amount=amount, now=now
+            ),
+        )
+        return Charge(
+            allowed=allowed == 1,
+            bucket=Bucket(tokens=float(tokens), updated_at=float(updated_at)),
+            limit=capacity,
+            remaining=_int_reply(remaining),
+            retry_after_s=_int_reply(retry_after),
+            reset_s=float(reset),
+        )
+
+    async def refund(
+        self, key: str, *, capacity: int, refill_per_s: float, amount: int, now: float
+    ) -> None:
+        """Give back ``amount`` tokens (never above ``capacity``)."""
+        _check_now(now)
+        limiter.refund(
+            None, now, capacity=capacity, refill_per_s=refill_per_s, amount=amount
+        )
+        await self._refund(
+            keys=[self.bucket_key(key)],
+            args=self._args(
+                capacity=capacity, refill_per_s=refill_per_s, amount=amount, now=now
+            ),
+        )
+
+    async def peek(
+        self, key: str, *, capacity: int, refill_per_s: float, now: float
+    ) -> Bucket:
+        """Return the bucket as refilled to ``now``, without storing it."""
+        tokens, updated_at = await self.client.hmget(
+            self.bucket_key(key), ["tokens", "updated_at"]
+        )
+        stored = (
+            Bucket(tokens=float(tokens), updated_at=float(updated_at))
+            if tokens is not None and updated_at is not None
+            else None
+        )
+        return limiter.refill(stored, now, capacity=capacity, refill_per_s=refill_per_s)
+
+
+class MemoryConcurrency:
+    """Keep concurrency slots in this process (the embedded default).
+
+    Memory is bounded: a key's expired slots are dropped whenever it is acquired,
+    an empty key is dropped, and every ``sweep_every`` acquires all keys are
+    swept, so slots that were never released (a bug, a lost task) go after
+    ``ttl_s``. Meant for one event loop, like ``MemoryBucketStore``.
+    """
+
+    def __init__(self, *, sweep_every: int = 1024) -> None:
+        if sweep_every < 1:
+            raise ValueError("sweep_every must be 1 or more")
+        self.sweep_every = sweep_every
+        # key -> request_id -> expiry time (unix seconds)
+        self._slots: dict[str, dict[str, float]] = {}
+        self._acquires = 0
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    async def acquire(
+        self,
+        key: str,
+        *,
+        limit: int,
+        request_id: str,
+        now: float,
+        ttl_s: float = 900.0,
+    ) -> bool:
+        """Take a slot for ``request_id`` unless ``limit`` unexpired slots are held."""
+        _check_now(now)
+        _check_ttl(ttl_s)
+        self._acquires += 1
+        if self._acquires % self.sweep_every == 0:
+            self.sweep(now)
+        slots = self._slots.get(key, {})
+        _drop_expired(slots, now)
+        # Same order as the Lua: a holder re-acquires, else the count decides.
+        allowed = request_id in slots or len(slots) < limit
+        if allowed:
+            slots[request_id] = now + ttl_s
+        if slots:
+            self._slots[key] = slots
+        else:
+            self._slots.pop(key, None)
+        return allowed
+
+    async def release(self, key: str, *, request_id: str) -> None:
+        """Free the slot of ``request_id`` (a no-op if it holds none)."""
+        slots = self._slots.get(key)
+        if slots is None:
+            return
+        slots.pop(request_id, None)
+        if not slots:
+            del self._slots[key]
+
+    async def count(self, key: str, now: float) -> int:
+        """Return the number of slots held at ``now`` (unexpired)."""
+        return sum(
+            1 for expires_at in self._slots.get(key, {}).values() if expires_at > now
+        )
+
+    def sweep(self, now: float) -> None:
+        """Drop expired slots everywhere, and keys left without slots."""
+        for key in list(self._slots):
+            slots = self._slots[key]
+            _drop_expired(slots, now)
+            if not slots:
+                del self._slots[key]
+
+
+def _check_ttl(ttl_s: float) -> None:
+    if not (ttl_s > 0 and math.isfinite(ttl_s)):
+        raise ValueError("ttl_s must be a positive number of seconds")
+
+
+def _drop_expired(slots: dict[str, float], now: float) -> None:
+    # Expired means expires_at <= now, as ZREMRANGEBYSCORE -inf now (inclusive).
+    for request_id in [rid for rid, at in slots.items() if at <= now]:
+        del slots[request_id]
+
+
+# The key expires with its longest-lived slot (only ever extended), so an
+# abandoned set goes away; slots themselves expire by score, on the caller's clock.
+_ACQUIRE_LUA = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+if redis.call('ZSCORE', KEYS[1], ARGV[3])
+    or redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[2]) then
+  redis.call('ZADD', KEYS[1], ARGV[4], ARGV[3])
+  if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[5]) then
+    redis.call('PEXPIRE', KEYS[1], ARGV[5])
+  end
+  return 1
+end
+return 0
+"""
+
+
+class RedisConcurrency:
+    """Keep concurrency slots in Redis, shared by every gateway of a region.
+
+    Acquire is one Lua script (expire, count, add: atomic), release one ZREM.
+    """
+
+    def __init__(self, client: redis.asyncio.Redis, prefix: str) -> None:
+        self.client = client
+        self.prefix = prefix
+        self._acquire = client.register_script(_ACQUIRE_LUA)
+
+    def slots_key(self, key: str) -> str:
+        """Return the Redis key of ``key``'s sorted set of slots."""
+        return f"{self.prefix}:conc:{key}"
+
+    async def acquire(
+        self,
+        key: str,
+        *,
+        limit: int,
+        request_id: str,
+        now: float,
+        ttl_s: float = 900.0,
+    ) -> bool:
+        """Take a slot for ``request_id`` unless ``limit`` unexpired slots are held.
+
+        Raises:
+            ValueError: ``now`` is not finite or ``ttl_s`` not a positive number.
+            redis.RedisError: Redis is unreachable; the caller decides.
+        """
+        _check_now(now)
+        _check_ttl(ttl_s)
+        # The expiry is computed here, as in MemoryConcurrency, not in Lua.
+        expires_at = now + ttl_s
+        acquired = await self._acquire(
+            keys=[self.slots_key(key)],
+            args=[
+                _float_arg(now),
+                str(limit),
+                request_id,
+                _float_arg(expires_at),
+                str(math.ceil(ttl_s * 1000)),
+            ],
+        )
+        return acquired == 1
+
+    async def release(self, key: str, *, request_id: str) -> None:
+        """Free the slot of ``request_id`` (a no-op if it holds none)."""
+        await self.client.zrem(self.slots_key(key), request_id)
+
+    async def count(self, key: str, now: float) -> int:
+        """Return the number of slots held at ``now`` (unexpired)."""
+        return int(
+            await self.client.zcount(self.slots_key(key), f"({_float_arg(now)}", "+inf")
+        )

@@ -1,0 +1,234 @@
+"""Team limits and tiers at the admission seam, in process, on an injected clock."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from routing.admission import AdmissionRequest, Rejected
+from routing.domain.snapshot import LimitRecord
+from routing.domain.tiers import Tier
+from routing.limiter_store import MemoryBucketStore, MemoryConcurrency
+from routing.limits import TieredAdmission, pool_key
+from routing.live import LiveLoad
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def build(capacity: int = 10_000, **kwargs) -> tuple[TieredAdmission, Clock]:
+    clock = Clock()
+    live = LiveLoad(
+        gateway_id="g", region="r", redis=None, prefix="p", beat_s=1.0, missed_beats=3
+    )
+    admission = TieredAdmission(
+        live=live,
+        buckets=MemoryBucketStore(),
+        concurrency=MemoryConcurrency(),
+        capacity_of=lambda model, version: capacity,
+        clock=clock,
+        pump_interval_s=3600.0,
+        **kwargs,
+    )
+    return admission, clock
+
+
+def request(
+    team: str,
+    tokens: int,
+    *,
+    tier: Tier = Tier.STANDARD,
+    tokens_per_minute: int = 10**9,
+    max_concurrency: int = 10**6,
+    share: float = 0.0,
+) -> AdmissionRequest:
+    return AdmissionRequest(
+        team=team,
+        model="chat-7b",
+        version="v1",
+        tier=tier,
+        prompt_tokens=tokens // 2,
+        max_tokens=tokens - tokens // 2,
+        limit=LimitRecord(
+            team=team,
+            model="chat-7b",
+            tokens_per_minute=tokens_per_minute,
+            max_concurrency=max_concurrency,
+            guaranteed_share=share,
+        ),
+    )
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_bucket_charges_up_front_and_refunds_the_unused_part():
+    async def scenario():
+        admission, clock = build()
+        first = await admission.admit(request("a", 600, tokens_per_minute=1000))
+        assert first.headers["x-ratelimit-remaining-tokens"] == "400"
+        with pytest.raises(Rejected) as refused:
+            await admission.admit(request("a", 600, tokens_per_minute=1000))
+        assert refused.value.status == 429
+        # 200 tokens short at 1000/60 per second: 12 s.
+        assert refused.value.retry_after_s == 12
+        assert refused.value.headers["x-ratelimit-limit-tokens"] == "1000"
+        await first.release(used_tokens=100)  # 500 refunded
+        second = await admission.admit(request("a", 600, tokens_per_minute=1000))
+        assert second.headers["x-ratelimit-remaining-tokens"] == "300"
+        await second.release(used_tokens=600)
+        clock.now += 42  # 700 tokens refill: the bucket is full again
+        third = await admission.admit(request("a", 1000, tokens_per_minute=1000))
+        assert third.headers["x-ratelimit-remaining-tokens"] == "0"
+
+    run(scenario())
+
+
+def test_release_twice_refunds_once():
+    async def scenario():
+        admission, _ = build()
+        ticket = await admission.admit(request("a", 600, tokens_per_minute=1000))
+        await ticket.release(used_tokens=0)
+        await ticket.release(used_tokens=0)
+        again = await admission.admit(request("a", 1000, tokens_per_minute=1000))
+        assert again.headers["x-ratelimit-remaining-tokens"] == "0"
+
+    run(scenario())
+
+
+def test_charge_above_the_whole_bucket_is_a_400():
+    async def scenario():
+        admission, _ = build()
+        with pytest.raises(Rejected) as refused:
+            await admission.admit(request("a", 1001, tokens_per_minute=1000))
+        assert refused.value.status == 400
+        assert refused.value.code == "request_exceeds_token_limit"
+
+    run(scenario())
+
+
+def test_concurrency_cap_refuses_then_frees_and_refunds():
+    async def scenario():
+        admission, _ = build()
+        tickets = [
+            await admission.admit(
+                request("a", 100, max_concurrency=2, tokens_per_minute=1000)
+            )
+            for _ in range(2)
+        ]
+        with pytest.raises(Rejected) as refused:
+            await admission.admit(
+                request("a", 100, max_concurrency=2, tokens_per_minute=1000)
+            )
+        assert (refused.value.status, refused.value.code) == (
+            429,
+            "concurrency_limit_exceeded",
+        )
+        await tickets[0].release(used_tokens=100)
+        third = await admission.admit(
+            request("a", 100, max_concurrency=2, tokens_per_minute=1000)
+        )
+        # 3 admitted x 100, 1 refused and refunded: 700 left.
+        assert third.headers["x-ratelimit-remaining-tokens"] == "700"
+
+    run(scenario())
+
+
+def test_overload_order_batch_pauses_over_share_refused_standard_queues():
+    """GIVEN a pool of 10,000 tokens shared by gold (0.5, interactive), silver (0.3,
+    standard), greedy (0.1, standard) and bronze (batch)
+    WHEN the pool fills
+    THEN batch pauses first, greedy (over share) gets 429, silver and gold queue and
+    are admitted in tier order as capacity frees; nobody inside a guarantee is shed.
+    """
+
+    async def scenario():
+        admission, _ = build(batch_ceiling=0.9)
+        bronze = await admission.admit(request("bronze", 2000, tier=Tier.BATCH))
+        gold = await admission.admit(
+            request("gold", 4000, tier=Tier.INTERACTIVE, share=0.5)
+        )
+        silver = await admission.admit(request("silver", 2000, share=0.3))
+        # 8,000 in flight: a second batch request would pass the idle ceiling.
+        batch_wait = asyncio.ensure_future(
+            admission.admit(request("bronze", 1000, tier=Tier.BATCH))
+        )
+        greedy = await admission.admit(request("greedy", 2000, share=0.1))  # bursts
+        with pytest.raises(Rejected) as refused:
+            await admission.admit(request("greedy", 1000, share=0.1))
+        assert (refused.value.status, refused.value.code) == (
+            429,
+            "over_guaranteed_share",
+        )
+        silver_wait = asyncio.ensure_future(
+            admission.admit(request("silver", 1000, share=0.3))
+        )
+        gold_wait = asyncio.ensure_future(
+            admission.admit(request("gold", 1000, tier=Tier.INTERACTIVE, share=0.5))
+        )
+        await asyncio.sleep(0)
+        assert [c.team for c in admission._queues[("chat-7b", "v1")].waiting()] == [
+            "gold",
+            "silver",
+            "bronze",
+        ]
+        # Freeing 2,000 lets gold (interactive) in first, then silver.
+        await greedy.release(used_tokens=2000)
+        gold_more = await asyncio.wait_for(gold_wait, 1)
+        silver_more = await asyncio.wait_for(silver_wait, 1)
+        assert not batch_wait.done()  # batch still paused: the pool is full
+        for ticket in (gold, silver, bronze, gold_more, silver_more):
+            await ticket.release(used_tokens=0)
+        batch_more = await asyncio.wait_for(batch_wait, 1)
+        assert admission.live.tokens_in_flight(pool_key("chat-7b", "v1")) == 1000
+        await batch_more.release(used_tokens=0)
+
+    run(scenario())
+
+
+def test_queue_limit_sheds_batch_before_interactive_in_guarantee():
+    async def scenario():
+        admission, _ = build(max_queue=2)
+        hog = await admission.admit(request("hog", 10_000, share=1.0))
+        batch = asyncio.ensure_future(
+            admission.admit(request("b", 500, tier=Tier.BATCH))
+        )
+        standard = asyncio.ensure_future(admission.admit(request("s", 500, share=0.0)))
+        with pytest.raises(Rejected) as refused:  # the pool is full, s has no share
+            await asyncio.wait_for(standard, 1)
+        assert refused.value.status == 429
+        inter = [
+            asyncio.ensure_future(
+                admission.admit(request(f"i{n}", 500, tier=Tier.INTERACTIVE, share=0.2))
+            )
+            for n in range(3)
+        ]
+        with pytest.raises(Rejected) as shed:
+            await asyncio.wait_for(batch, 1)
+        assert (shed.value.status, shed.value.code) == (503, "pool_overloaded")
+        assert not any(task.done() for task in inter)  # never shed, even past the limit
+        await hog.release(used_tokens=0)
+        for task in inter:
+            await (await asyncio.wait_for(task, 1)).release(used_tokens=0)
+
+    run(scenario())
+
+
+def test_refused_admission_gives_the_bucket_back():
+    async def scenario():
+        admission, _ = build(capacity=1000)
+        hog = await admission.admit(request("hog", 1000, share=1.0))
+        with pytest.raises(Rejected):
+            await admission.admit(request("a", 600, tokens_per_minute=1000, share=0.0))
+        await hog.release(used_tokens=0)
+        again = await admission.admit(request("a", 1000, tokens_per_minute=1000))
+        assert again.headers["x-ratelimit-remaining-tokens"] == "0"
+
+    run(scenario())
