@@ -101,6 +101,7 @@ class Client(asyncio.Protocol):
         self.chunk_left = -1  # -1: expecting a size line
         self.buf.clear()
         self.sse.clear()
+        self.body_text = b""
 
     # -- asyncio.Protocol ---------------------------------------------------------------
 
@@ -171,41 +172,39 @@ class Client(asyncio.Protocol):
         buf = self.buf
         if not self.chunked:
             if self.length < 0 or len(buf) < self.length:
-                return  # a body without length is not expected here
-            self.sse += buf[: self.length]
+                return  # a body without a length is not expected here
+            self._payload(bytes(buf[: self.length]), now)
             del buf[: self.length]
-            self._events(now)
             self._finish_response()
             return
         while True:
-            if self.chunk_left < 0:
+            if self.chunk_left == -1:  # a size line
                 end = buf.find(_CRLF)
                 if end < 0:
                     break
                 size = int(bytes(buf[:end]).split(b";", 1)[0], 16)
                 del buf[: end + 2]
-                self.chunk_left = size
-                if size == 0:
-                    # Last chunk: no trailers expected, just the closing CRLF.
-                    if len(buf) >= 2:
-                        del buf[:2]
-                        self._events(now)
-                        self._finish_response()
-                        return
-                    self.chunk_left = -2
+                self.chunk_left = size if size else -2
+                continue
+            if self.chunk_left == -2:  # the CRLF after the last chunk
+                if len(buf) < 2:
                     break
-            elif self.chunk_left == -2:
-                break
+                del buf[:2]
+                self._finish_response()
+                return
             if len(buf) < self.chunk_left + 2:
                 break
-            self.sse += buf[: self.chunk_left]
+            self._payload(bytes(buf[: self.chunk_left]), now)
             del buf[: self.chunk_left + 2]
             self.chunk_left = -1
-        if self.chunk_left == -2 and len(buf) >= 2:
-            del buf[:2]
-            self._events(now)
-            self._finish_response()
+
+    def _payload(self, data: bytes, now: float) -> None:
+        assert self.result is not None
+        if self.result.status != 200:
+            if len(self.body_text) < 300:
+                self.body_text += data
             return
+        self.sse += data
         self._events(now)
 
     def _events(self, now: float) -> None:
@@ -217,9 +216,6 @@ class Client(asyncio.Protocol):
             return
         chunk = bytes(sse[:end])
         del sse[: end + 2]
-        if result.status != 200:
-            self.body_text = chunk[:300]
-            return
         window = self.window
         inside = window.start <= now < window.end
         for event in chunk.split(_EVENT_END):
@@ -310,51 +306,53 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         host, port, netloc = targets[index % len(targets)]
         client: Client | None = None
         sent = 0
-        while time.perf_counter() < stop_at:
-            if client is None or client.closed:
+        try:
+            while time.perf_counter() < stop_at:
+                if client is None or client.closed:
+                    try:
+                        _, client = await loop.create_connection(
+                            lambda: Client(window), host, port
+                        )
+                    except OSError as exc:
+                        failed = Result(time.perf_counter())
+                        failed.error = f"connect: {type(exc).__name__}"
+                        failed.ended = failed.started
+                        record(failed)
+                        client = None
+                        await asyncio.sleep(0.5)
+                        continue
+                sent += 1
+                conv = f"bench-{run_id}-{index}-{sent}"
+                content = f"Request {conv}: tell me a long story about streams."
+                body = json.dumps(
+                    {
+                        "model": args.model,
+                        "messages": [{"role": "user", "content": content}],
+                        "max_tokens": args.max_tokens,
+                        "stream": True,
+                    },
+                    separators=(",", ":"),
+                ).encode()
+                future = client.request(
+                    build_request(netloc, args.path, args.key, conv, body)
+                )
                 try:
-                    _, client = await loop.create_connection(
-                        lambda: Client(window), host, port
-                    )
-                except OSError as exc:
-                    failed = Result(time.perf_counter())
-                    failed.error = f"connect: {type(exc).__name__}"
-                    failed.ended = failed.started
-                    record(failed)
-                    client = None
-                    await asyncio.sleep(0.5)
-                    continue
-            sent += 1
-            conv = f"bench-{run_id}-{index}-{sent}"
-            content = f"Request {conv}: tell me a long story about streams."
-            body = json.dumps(
-                {
-                    "model": args.model,
-                    "messages": [{"role": "user", "content": content}],
-                    "max_tokens": args.max_tokens,
-                    "stream": True,
-                },
-                separators=(",", ":"),
-            ).encode()
-            future = client.request(
-                build_request(netloc, args.path, args.key, conv, body)
-            )
-            try:
-                result = await asyncio.wait_for(future, request_timeout)
-            except TimeoutError:
-                result = client.result or Result(time.perf_counter())
-                result.error = "timeout"
-                result.ended = time.perf_counter()
-                client.result = None
-                if client.transport is not None:
+                    result = await asyncio.wait_for(future, request_timeout)
+                except TimeoutError:
+                    result = client.result or Result(time.perf_counter())
+                    result.error = "timeout"
+                    result.ended = time.perf_counter()
+                    client.result = None
+                    client.closed = True
+                record(result)
+                if result.error and client.transport is not None:
                     client.transport.close()
-                client = None
-            record(result)
-            if result.error and client is not None and client.transport is not None:
+                    client = None
+        finally:
+            # Answers in flight at the end are cut off: they belong to no window.
+            if client is not None and client.transport is not None:
+                client.result = None
                 client.transport.close()
-                client = None
-        if client is not None and client.transport is not None:
-            client.transport.close()
 
     async def marks() -> None:
         await asyncio.sleep(max(0.0, window.start - time.perf_counter()))
