@@ -162,6 +162,7 @@ class _Call:
     finish_reason: str | None = None
     retried: int = 0
     response_headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    watch: _DisconnectWatch | None = None
 
 
 class Gateway:
@@ -443,6 +444,37 @@ class Gateway:
         headers = {name: value for name, value in scope.get("headers", ())}
         team = self._authenticate(scope, snapshot)
         body = await _read_json(receive, headers, self.settings.max_body_bytes)
+        # From here on a client that goes away cancels this task (queued admission
+        # included); reads from the engine need no per-chunk race with the client.
+        task = asyncio.current_task()
+        assert task is not None
+        watch = _DisconnectWatch(task)
+        watcher = asyncio.ensure_future(_wait_disconnect(receive))
+        watcher.add_done_callback(watch.on_disconnect)
+        try:
+            await self._admitted_chat(
+                scope, headers, team, body, snapshot, started_at, send, watch
+            )
+        except asyncio.CancelledError:
+            if not watch.fired:
+                raise
+            task.uncancel()
+            raise _ClientGone from None
+        finally:
+            watch.finished = True
+            watcher.cancel()
+
+    async def _admitted_chat(
+        self,
+        scope: Scope,
+        headers: Mapping[bytes, bytes],
+        team: str,
+        body: dict[str, Any],
+        snapshot: ConfigSnapshot,
+        started_at: float,
+        send: Send,
+        watch: _DisconnectWatch,
+    ) -> None:
         try:
             tier = parse_tier(_header(headers, b"x-priority"))
         except ValueError as exc:
@@ -519,6 +551,16 @@ class Gateway:
             raise self._rejection(
                 exc, team=team, tier=tier, resolution=resolution
             ) from None
+        except Exception as exc:
+            # The limiter's store (Redis) failed: refuse clearly rather than admit
+            # without limits or answer a bare 500.
+            logger.warning("admission unavailable: %s", type(exc).__name__)
+            raise GatewayError(
+                503,
+                "limits cannot be checked right now; retry shortly",
+                code="admission_unavailable",
+                headers={"retry-after": "1"},
+            ) from None
         upstream_body = dict(body)
         for name in _GATEWAY_FIELDS:
             upstream_body.pop(name, None)
@@ -532,14 +574,19 @@ class Gateway:
         if resolution.shadow_version is not None:
             self._spawn(self._shadow(snapshot, resolution, payload, key))
         try:
-            await self._relay(call, snapshot, key, payload, receive, send, ticket)
+            await self._relay(call, snapshot, key, payload, send, ticket, watch)
         finally:
             used = (
                 self._final_usage(call)["total_tokens"]
                 if call.first_token_at is not None
                 else 0
             )
-            await ticket.release(used_tokens=used)
+            try:
+                await ticket.release(used_tokens=used)
+            except Exception as exc:
+                # The answer is complete: a failed refund must not break the
+                # connection. The bucket refills by itself; the slot expires.
+                logger.warning("releasing admission failed: %s", type(exc).__name__)
 
     def _rejection(
         self, exc: Rejected, *, team: str, tier: Tier, resolution: Resolution
@@ -584,10 +631,11 @@ class Gateway:
         snapshot: ConfigSnapshot,
         key: str,
         payload: bytes,
-        receive: Receive,
         send: Send,
         ticket: Ticket,
+        watch: _DisconnectWatch,
     ) -> None:
+        call.watch = watch
         model, version = call.resolution.model, call.resolution.version
         pool = (model, version)
         policy = self._policies.get(pool)
@@ -618,7 +666,6 @@ class Gateway:
             now,
         )
         urls = {node.replica_id: node.url for node in nodes}
-        disconnected = asyncio.ensure_future(_wait_disconnect(receive))
         outcome = "error"
         try:
             for attempt, replica_id in enumerate(decision.candidates):
@@ -631,16 +678,10 @@ class Gateway:
                     )
                 try:
                     outcome = await self._attempt(
-                        call,
-                        replica_id,
-                        urls[replica_id],
-                        payload,
-                        send,
-                        disconnected,
-                        ticket,
+                        call, replica_id, urls[replica_id], payload, send, ticket
                     )
                     return
-                except _ClientGone:
+                except asyncio.CancelledError:
                     outcome = "client_closed"
                     raise
                 except _UpstreamFailed as exc:
@@ -657,7 +698,6 @@ class Gateway:
                 headers={"retry-after": retry_after},
             )
         finally:
-            disconnected.cancel()
             self._finish(call, outcome)
 
     async def _attempt(
@@ -667,7 +707,6 @@ class Gateway:
         url: str,
         payload: bytes,
         send: Send,
-        disconnected: asyncio.Future[None],
         ticket: Ticket,
     ) -> str:
         """Stream one attempt; return the outcome, or raise ``_UpstreamFailed``."""
@@ -678,13 +717,10 @@ class Gateway:
         response: aiohttp.ClientResponse | None = None
         try:
             try:
-                response = await _race(
-                    self._session.post(
-                        f"{url}/v1/chat/completions",
-                        data=payload,
-                        headers={"content-type": "application/json"},
-                    ),
-                    disconnected,
+                response = await self._session.post(
+                    f"{url}/v1/chat/completions",
+                    data=payload,
+                    headers={"content-type": "application/json"},
                 )
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 raise _UpstreamFailed(type(exc).__name__) from None
@@ -693,7 +729,7 @@ class Gateway:
             if response.status != 200:
                 raw = await response.read()
                 raise _upstream_client_error(response.status, raw)
-            return await self._forward(call, response, send, disconnected, ticket)
+            return await self._forward(call, response, send, ticket)
         finally:
             if response is not None:
                 response.release() if call.usage else response.close()
@@ -705,7 +741,6 @@ class Gateway:
         call: _Call,
         response: aiohttp.ClientResponse,
         send: Send,
-        disconnected: asyncio.Future[None],
         ticket: Ticket,
     ) -> str:
         """Relay the engine's SSE events; return the outcome."""
@@ -714,7 +749,7 @@ class Gateway:
         reader = response.content
         while True:
             try:
-                chunk = await _race(reader.readany(), disconnected)
+                chunk = await reader.readany()
             except (TimeoutError, aiohttp.ClientError, OSError):
                 chunk = b""
             if not chunk:
@@ -723,11 +758,27 @@ class Gateway:
                     raise _UpstreamFailed("connection closed before the first token")
                 await self._send_stream_error(call, send)
                 return "error"
-            buffer += chunk
+            buffer = buffer + chunk if buffer else chunk
             end = buffer.rfind(_EVENT_END)
             if end < 0:
                 continue
             complete, buffer = buffer[: end + 2], buffer[end + 2 :]
+            if (
+                started
+                and call.stream
+                and b"data: [DONE]" not in complete
+                and _USAGE_MARK not in complete
+                and b'{"error"' not in complete
+            ):
+                # The common case: token events only. Forward the bytes as they
+                # came, counting events, without splitting and joining them.
+                events = complete.count(_EVENT_END)
+                call.events += events
+                call.in_flight = self._shrink(call, events)
+                await send(
+                    {"type": "http.response.body", "body": complete, "more_body": True}
+                )
+                continue
             out = []
             done = False
             for event in complete.split(_EVENT_END):
@@ -812,6 +863,10 @@ class Gateway:
         }
 
     async def _finish_response(self, call: _Call, send: Send) -> None:
+        # The last send completes the response, after which the server reports a
+        # disconnect: that must not cancel the refund and metering that follow.
+        if call.watch is not None:
+            call.watch.finished = True
         usage = self._final_usage(call)
         call.usage = {**(call.usage or {}), **usage}
         created = int(time.time())
@@ -966,6 +1021,23 @@ class _ClientGone(Exception):
     """The client disconnected."""
 
 
+class _DisconnectWatch:
+    """Cancel a request's task when its client disconnects, until it has finished."""
+
+    __slots__ = ("finished", "fired", "task")
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+        self.finished = False
+        self.fired = False
+
+    def on_disconnect(self, watcher: asyncio.Future[None]) -> None:
+        if watcher.cancelled() or self.finished:
+            return
+        self.fired = True
+        self.task.cancel()
+
+
 def _collect(call: _Call, events: list[bytes]) -> None:
     """Gather a non-streaming answer's text from the engine's chunks."""
     for event in events:
@@ -976,22 +1048,6 @@ def _collect(call: _Call, events: list[bytes]) -> None:
                 call.content.append(delta["content"])
             if choice.get("finish_reason"):
                 call.finish_reason = choice["finish_reason"]
-
-
-async def _race(awaitable: Awaitable[Any], disconnected: asyncio.Future[None]) -> Any:
-    """Await ``awaitable`` unless the client disconnects first."""
-    if disconnected.done():
-        raise _ClientGone
-    task = asyncio.ensure_future(awaitable)
-    done, _ = await asyncio.wait(
-        {task, disconnected}, return_when=asyncio.FIRST_COMPLETED
-    )
-    if task in done:
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(BaseException):
-        await task
-    raise _ClientGone
 
 
 async def _wait_disconnect(receive: Receive) -> None:
