@@ -47,6 +47,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from drills.launch import free_port, gateway_argv  # noqa: E402
+
 BENCH = ROOT / "bench"
 LOG_DIR = ROOT / ".local" / "bench-gateway"
 PY = sys.executable
@@ -207,14 +210,6 @@ def wait_for(
         if time.monotonic() > deadline:
             raise RuntimeError(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(0.1)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # -- the platform's state: database, rows, Redis beats --------------------------------------
@@ -451,23 +446,7 @@ class Bench:
 
     def start_gateway(self, workers: int) -> tuple[subprocess.Popen[bytes], str]:
         port = free_port()
-        argv = [
-            PY,
-            "-m",
-            "uvicorn",
-            "config.asgi:application",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--lifespan",
-            "on",
-            "--no-access-log",
-            "--log-level",
-            "warning",
-        ]
-        if workers > 1:
-            argv += ["--workers", str(workers)]
+        argv = gateway_argv(port, workers=workers)
         popen = self.procs.start(
             f"gateway-w{workers}",
             argv,

@@ -118,25 +118,33 @@ def spawn(argv: list[str], env: dict[str, str], log_path: Path, url: str) -> Pro
     return Process(popen=popen, url=url, log_path=log_path)
 
 
+def gateway_argv(port: int, *, workers: int = 1) -> list[str]:
+    """Return the command line of a gateway process (uvicorn on the ASGI app)."""
+    argv = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "config.asgi:application",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--lifespan",
+        "on",
+        "--no-access-log",
+        "--log-level",
+        "warning",
+    ]
+    if workers > 1:
+        argv += ["--workers", str(workers)]
+    return argv
+
+
 def start_gateway(env: dict[str, str], tmp: Path, name: str = "gateway") -> Process:
     """Start a gateway process and wait until it has a snapshot."""
     port = free_port()
     process = spawn(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "config.asgi:application",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--lifespan",
-            "on",
-            "--no-access-log",
-            "--log-level",
-            "warning",
-        ],
+        gateway_argv(port),
         env,
         tmp / f"{name}-{port}.log",
         f"http://127.0.0.1:{port}",
