@@ -29,6 +29,7 @@ test: venv
 bench: venv
 	$(PY) bench/engine_model.py --out bench/results/engine_model.json
 	$(PY) bench/sim_server.py --out bench/results/sim_server.json
+	$(PY) bench/gateway.py --out bench/results/gateway.json --levels 100,500,1000
 
 lint: venv
 	$(VENV)/bin/ruff check .
