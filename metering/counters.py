@@ -110,6 +110,7 @@ class RedisUsageCounter:
         self.client = client
         self.prefix = prefix
         self.index_key = usage_index_key(prefix)
+        self._add_script = client.register_script(_ADD_SCRIPT)
 
     @classmethod
     def from_url(
@@ -135,7 +136,7 @@ class RedisUsageCounter:
         await self.client.aclose()
 
     async def add(self, key: UsageKey, counts: UsageCounts) -> None:
-        """Add ``counts`` in one round trip (MULTI/EXEC); zero counters are skipped.
+        """Add ``counts`` in one round trip (one Lua script); zero counters are skipped.
 
         Raises:
             ValueError: a key or counts that no usage row may hold.
@@ -148,14 +149,24 @@ class RedisUsageCounter:
         ]
         if not increments:
             return
-        # One transaction: the flusher never sees a hash half-updated (prompt
-        # tokens without their cached part) or a hash missing from the index.
-        async with self.client.pipeline(transaction=True) as pipe:
-            for name, value in increments:
-                pipe.hincrby(hash_key, name, value)
-            pipe.expire(hash_key, USAGE_TTL_S)
-            pipe.sadd(self.index_key, hash_key)
-            await pipe.execute()
+        # One script, so one command and one round trip per request; scripts run
+        # atomically, so the flusher never sees a hash half-updated (prompt tokens
+        # without their cached part) or a hash missing from the index.
+        args: list[str | int] = [USAGE_TTL_S]
+        for name, value in increments:
+            args += [name, value]
+        await self._add_script(keys=[hash_key, self.index_key], args=args)
+
+
+# KEYS: the minute's hash, the index; ARGV: the TTL, then field/increment pairs.
+_ADD_SCRIPT = """
+for i = 2, #ARGV, 2 do
+  redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
+end
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+redis.call('SADD', KEYS[2], KEYS[1])
+return 1
+"""
 
 
 class MemoryUsageCounter:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hashlib
 import json
 import logging
@@ -229,6 +230,10 @@ class Gateway:
             self._tasks.append(
                 asyncio.create_task(self._every(self.flush_usage_s, self.flush_usage))
             )
+        # Django, the app registry and the first snapshot are long-lived: move them
+        # out of the collector's generations so relaying tokens does not rescan them.
+        gc.collect()
+        gc.freeze()
 
     async def stop(self) -> None:
         """Stop background loops, flush usage, close the upstream pool."""
