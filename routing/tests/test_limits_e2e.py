@@ -120,15 +120,20 @@ def test_two_gateways_never_admit_more_than_the_limit(two_gateways):
 
 def test_refund_returns_exactly_what_was_not_used(two_gateways):
     live, _ = two_gateways
+    rate = LIMIT / 60
 
-    async def scenario() -> tuple[float, float, float, float, int]:
+    async def level_at(now: float) -> float:
         client = redis_asyncio.Redis.from_url(os.environ["REDIS_URL"])
-        store = RedisBucketStore(client, live.prefix)
-        rate = LIMIT / 60
-        t0 = time.time()
-        level0 = (
-            await store.peek("alpha:chat-7b", capacity=LIMIT, refill_per_s=rate, now=t0)
-        ).tokens
+        try:
+            store = RedisBucketStore(client, live.prefix)
+            bucket = await store.peek(
+                "alpha:chat-7b", capacity=LIMIT, refill_per_s=rate, now=now
+            )
+        finally:
+            await client.aclose()
+        return bucket.tokens
+
+    async def ask() -> dict:
         async with (
             aiohttp.ClientSession() as session,
             session.post(
@@ -143,22 +148,26 @@ def test_refund_returns_exactly_what_was_not_used(two_gateways):
             ) as response,
         ):
             data = await response.json()
-        assert response.status == 200, data
-        used = data["usage"]["total_tokens"]
-        t1 = time.time()
-        level1 = (
-            await store.peek("alpha:chat-7b", capacity=LIMIT, refill_per_s=rate, now=t1)
-        ).tokens
-        await client.aclose()
-        return level0, level1, t0, t1, used
+            assert response.status == 200, data
+            return data
 
-    level0, level1, t0, t1, used = asyncio.run(scenario())
+    t0 = time.time()
+    level0 = asyncio.run(level_at(t0))
+    used = asyncio.run(ask())["usage"]["total_tokens"]
     assert used < 1200  # the answer stopped early: most of the charge came back
-    # Charged prompt + 1,200 up front, refunded the unused part: the level moved
-    # by exactly what was used, plus the refill in between.
-    expected = level0 - used + LIMIT / 60 * (t1 - t0)
+
+    def refunded() -> tuple[float, float] | None:
+        # The gateway refunds just after the answer's last bytes: poll for it.
+        t1 = time.time()
+        level1 = asyncio.run(level_at(t1))
+        expected = level0 - used + rate * (t1 - t0)
+        # The bucket was full until the charge, so refill between t0 and the
+        # charge (the request's way through the gateway, well under 100 ms) did not
+        # count; a missing refund would be off by the ~1,000 unused tokens.
+        if expected - rate * 0.1 <= level1 <= expected + 0.01:
+            return level1, expected
+        return None
+
+    level1, expected = wait_until(refunded, timeout_s=5, message="the refund")
     assert expected < LIMIT  # not hidden by the bucket's cap
-    # The bucket was full until the charge, so refill between t0 and the charge
-    # (the request's way through the gateway, well under 100 ms) did not count;
-    # a missing refund would be off by the ~1,000 unused tokens.
-    assert expected - LIMIT / 60 * 0.1 <= level1 <= expected + 0.01
+    assert level1 < level0  # what was used stayed spent
