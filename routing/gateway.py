@@ -76,6 +76,11 @@ _JSON = (b"content-type", b"application/json")
 _DONE = b"data: [DONE]\n\n"
 _EVENT_END = b"\n\n"
 _USAGE_MARK = b'"choices":[]'
+_DONE_MARK = b"data: [DONE]"
+_ERROR_MARK = b'{"error"'
+# Tokens in flight are lowered every this many events (not per event): cheap, and
+# within a few tokens of exact for routing.
+_SHRINK_EVERY = 8
 _ALLOWED_ROLES = {"system", "developer", "user", "assistant", "tool"}
 # Body fields the gateway sets itself; everything else passes to the engine.
 _GATEWAY_FIELDS = {
@@ -750,6 +755,8 @@ class Gateway:
     ) -> str:
         """Relay the engine's SSE events; return the outcome."""
         started = False
+        fast = False  # streaming, past the first event: forward bytes as they come
+        unshrunk = 0  # events not yet taken off the replica's tokens in flight
         buffer = b""
         reader = response.content
         while True:
@@ -763,27 +770,33 @@ class Gateway:
                     raise _UpstreamFailed("connection closed before the first token")
                 await self._send_stream_error(call, send)
                 return "error"
-            buffer = buffer + chunk if buffer else chunk
-            end = buffer.rfind(_EVENT_END)
-            if end < 0:
-                continue
-            complete, buffer = buffer[: end + 2], buffer[end + 2 :]
+            if buffer:
+                chunk = buffer + chunk
+                buffer = b""
             if (
-                started
-                and call.stream
-                and b"data: [DONE]" not in complete
-                and _USAGE_MARK not in complete
-                and b'{"error"' not in complete
+                fast
+                and chunk.endswith(_EVENT_END)
+                and _DONE_MARK not in chunk
+                and _USAGE_MARK not in chunk
+                and _ERROR_MARK not in chunk
             ):
-                # The common case: token events only. Forward the bytes as they
-                # came, counting events, without splitting and joining them.
-                events = complete.count(_EVENT_END)
+                # The common case: whole token events only. Forward the bytes as
+                # they came, counting events, without splitting or copying them.
+                events = chunk.count(_EVENT_END)
                 call.events += events
-                call.in_flight = self._shrink(call, events)
+                unshrunk += events
+                if unshrunk >= _SHRINK_EVERY:
+                    call.in_flight = self._shrink(call, unshrunk)
+                    unshrunk = 0
                 await send(
-                    {"type": "http.response.body", "body": complete, "more_body": True}
+                    {"type": "http.response.body", "body": chunk, "more_body": True}
                 )
                 continue
+            end = chunk.rfind(_EVENT_END)
+            if end < 0:
+                buffer = chunk
+                continue
+            complete, buffer = chunk[: end + 2], chunk[end + 2 :]
             out = []
             done = False
             for event in complete.split(_EVENT_END):
@@ -804,6 +817,7 @@ class Gateway:
             if out:
                 if not started:
                     started = True
+                    fast = call.stream
                     call.first_token_at = time.monotonic()
                     await self._start_response(call, send, ticket)
                 # Role chunk included: an estimate until the usage chunk arrives.
