@@ -29,9 +29,6 @@ from models_registry.models import Model, ModelVersion, Pool
 
 # The window over which the pool state reports its prefix hit rate.
 HIT_RATE_WINDOW = timedelta(minutes=15)
-# Tokens in flight per replica assumed until a version's load test has run:
-# 83 streams x (1,200 prompt + 150 remaining output tokens), rounded.
-DEFAULT_TOKENS_IN_FLIGHT = 110_000
 
 
 def get_model(model_id: str, *, for_update: bool = False) -> Model:
@@ -358,7 +355,9 @@ def pool_state(
                 "max_replicas": pool.max_replicas,
                 "serving_replicas": serving,
                 "capacity_tokens_in_flight": pool_capacity_tokens(
-                    serving, capacity, DEFAULT_TOKENS_IN_FLIGHT
+                    serving,
+                    capacity,
+                    settings.PLATFORM_DEFAULT_REPLICA_TOKENS_IN_FLIGHT,
                 ),
                 "capacity_is_measured": capacity.is_measured,
             }

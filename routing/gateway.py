@@ -166,7 +166,6 @@ class _Call:
     usage: dict[str, Any] | None = None
     content: list[str] = field(default_factory=list)
     finish_reason: str | None = None
-    retried: int = 0
     response_headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     watch: _DisconnectWatch | None = None
 
@@ -682,7 +681,6 @@ class Gateway:
                 if attempt > 0:
                     if not budget.try_spend(time.monotonic()):
                         break
-                    call.retried += 1
                     metrics.count_retry(
                         model=model, version=version, region=self.settings.region
                     )

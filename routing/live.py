@@ -13,8 +13,6 @@ the database heartbeats in the snapshot.
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Iterable
 from typing import Any
 
 from engine_nodes.domain.beats import (
@@ -51,7 +49,6 @@ class LiveLoad:
         self.own: dict[str, int] = {}
         self.others: dict[str, int] = {}
         self.beats: dict[str, ReplicaBeat] = {}
-        self.beats_read_at = 0.0
         self._ejected_until: dict[str, float] = {}
         self._load_key = f"{prefix}:load:{region}:{gateway_id}"
         self._gateways_key = f"{prefix}:gateways:{region}"
@@ -166,7 +163,6 @@ class LiveLoad:
             if beat is not None:
                 beats[replica_id] = beat
         self.beats = beats
-        self.beats_read_at = time.monotonic()
 
     async def leave(self) -> None:
         """Remove this process's share at shutdown."""
@@ -176,10 +172,6 @@ class LiveLoad:
         pipe.delete(self._load_key)
         pipe.srem(self._gateways_key, self.gateway_id)
         await pipe.execute()
-
-    def pool_tokens_in_flight(self, replica_ids: Iterable[str]) -> int:
-        """Return the tokens in flight summed over some replicas."""
-        return sum(self.tokens_in_flight(replica_id) for replica_id in replica_ids)
 
 
 def _db_alive(replica: ReplicaRecord, wall_now: float, window_s: float) -> bool:

@@ -17,6 +17,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from django.conf import settings
 
+from models_registry.domain.capacity import CapacityRecord, pool_capacity_tokens
 from routing.admission import Admission
 from routing.domain.snapshot import ConfigSnapshot
 from routing.gateway import Gateway, GatewaySettings
@@ -140,13 +141,11 @@ def tiered_admission(gateway: Gateway, redis_client: Any | None) -> TieredAdmiss
         if snapshot is None:
             return 0
         record = snapshot.versions.get((model, version))
-        per_replica = (
-            record.load_test_tokens_in_flight
-            if record is not None and record.load_test_tokens_in_flight
-            else default_per_replica
-        )
+        measured = record.load_test_tokens_in_flight if record is not None else None
         serving = len(gateway.live.nodes(snapshot, model, version, time.monotonic()))
-        return serving * per_replica
+        # A figure of 0 is no measurement: keep the pool usable on the default.
+        capacity = CapacityRecord(tokens_per_s=None, tokens_in_flight=measured or None)
+        return pool_capacity_tokens(serving, capacity, default_per_replica)
 
     return TieredAdmission(
         live=gateway.live,
