@@ -1,0 +1,149 @@
+"""``manage.py capacity_plan``: the seed's capacity arithmetic for any scenario."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from drills.domain.capacity_plan import Figure, Plan, Scenario, ScenarioError, plan
+
+
+class Command(BaseCommand):
+    help = (
+        "Recompute the seed's capacity plan (replicas, GPUs, cost, prefill, KV cache, "
+        "cold start) from a scenario whose defaults are the seed's figures. "
+        "Keys and formulas: docs/capacity-plan.md."
+    )
+    # Pure arithmetic: it needs neither the database nor the system checks.
+    requires_system_checks: list[str] = []
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--scenario",
+            type=Path,
+            help="YAML or JSON file of scenario keys (see drills/scenarios/seed.yaml)",
+        )
+        parser.add_argument(
+            "--set",
+            dest="overrides",
+            action="extend",
+            nargs="+",
+            default=[],
+            metavar="KEY=VALUE",
+            help="override a key after the file, e.g. --set big.peak_streams=80",
+        )
+        parser.add_argument("--json", action="store_true", help="print JSON")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            scenario = Scenario()
+            if options["scenario"] is not None:
+                scenario = Scenario.from_mapping(_read_scenario(options["scenario"]))
+            scenario = scenario.with_overrides(options["overrides"])
+        except ScenarioError as exc:
+            raise CommandError(f"invalid scenario: {exc}") from None
+        result = plan(scenario)
+        if options["json"]:
+            self.stdout.write(json.dumps(result.as_dict(), indent=2))
+        else:
+            self.stdout.write(render_table(result))
+
+
+def _read_scenario(path: Path) -> dict[str, object]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CommandError(f"cannot read scenario file {path}: {exc}") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise CommandError(f"scenario file {path} is not valid: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise CommandError(
+            f"scenario file {path} must hold a mapping of keys, not "
+            f"{type(data).__name__}"
+        )
+    return data
+
+
+def render_table(result: Plan) -> str:
+    """Return the plan as text: one section per seed section, then the 70B options."""
+    changed = result.scenario.overrides()
+    lines = [
+        "Capacity plan: the seed's scenario"
+        + (
+            " with " + ", ".join(f"{k}={v:g}" for k, v in changed.items())
+            if changed
+            else ""
+        )
+    ]
+    names = [f.name for f in result.figures]
+    name_w = max(len(n) for n in names)
+    value_w = max(len(_value(f)) for f in result.figures)
+    unit_w = max(len(f.unit) for f in result.figures)
+    section = None
+    for figure in result.figures:
+        if figure.section != section:
+            section = figure.section
+            lines += ["", section]
+        lines.append(
+            f"  {figure.name:<{name_w}}  {_value(figure):>{value_w}}  "
+            f"{figure.unit:<{unit_w}}  {figure.how}"
+        )
+    s = result.scenario
+    lines += [
+        "",
+        f"70B precision options ({s.big_model.params_b:g} B parameters, "
+        f"{s.model.gpu_memory_gb:g} GB GPUs, at least "
+        f"{s.big_model.min_cache_gb:g} GB of cache)",
+    ]
+    header = (
+        "precision",
+        "weights GB",
+        "GPUs/replica",
+        "cache GB",
+        f"cache GB on {s.big.gpus_per_replica} GPUs",
+        "70B GPUs",
+        "fleet GPUs",
+    )
+    rows = [
+        (
+            o.precision,
+            f"{o.weights_gb:g}",
+            _or_dash(o.gpus_per_replica),
+            _or_dash(o.cache_gb_left),
+            f"{o.cache_gb_at_fleet_gpus:g}",
+            _or_dash(o.big_gpus_total),
+            _or_dash(o.fleet_gpus_total),
+        )
+        for o in result.precision_options
+    ]
+    widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
+    for row in (header, *rows):
+        lines.append(
+            "  "
+            + "  ".join(
+                cell.ljust(w) if i == 0 else cell.rjust(w)
+                for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
+    if result.warnings:
+        lines += ["", "Warnings"]
+        lines += [f"  - {warning}" for warning in result.warnings]
+    return "\n".join(lines)
+
+
+def _value(figure: Figure) -> str:
+    if isinstance(figure.value, int):
+        return f"{figure.value:,}"
+    return f"{figure.value:,.{figure.places}f}"
+
+
+def _or_dash(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
