@@ -703,7 +703,8 @@ class Bench:
                 str(int(self.args.duration_s)),
                 "--rate",
                 "200",
-                "--nonblocking",
+                # Native frames (uvloop, the interpreter) need the process paused.
+                *(["--native"] if self.args.profile_native else ["--nonblocking"]),
                 "--format",
                 "raw",
                 "--output",
@@ -1009,6 +1010,11 @@ def main() -> None:
         "--retries", type=int, default=1, help="extra attempts per failed/noisy run"
     )
     parser.add_argument("--idle-threshold", type=float, default=0.15)
+    parser.add_argument(
+        "--profile-native",
+        action="store_true",
+        help="profile C frames too (uvloop, CPython); pauses the gateway per sample",
+    )
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/14")
     parser.add_argument(
         "--profile",
