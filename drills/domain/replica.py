@@ -1,0 +1,491 @@
+"""One replica of the fleet simulator: the engine's step-time model and prefix cache,
+advanced many steps at a time.
+
+Public surface: ``FleetRequest``, ``FleetReplica``, ``Segment``.
+
+The simulated replica server runs ``engine_nodes.domain.engine.Engine``, which
+walks every request on every step: exact, and far too slow for twelve replicas
+over an hour (a million steps of ~80 requests each). A fleet replica keeps the
+same physics with a different bookkeeping:
+
+- **Same step time.** Every step costs ``perf.step_time_from_totals_ms`` of the
+  replica's ``PerfProfile`` (decode sequences, KV tokens read, prefill tokens and
+  prefill attention work), times the same lognormal jitter, drawn once per
+  segment instead of once per step.
+- **Same prefix cache.** KV blocks live in ``engine_nodes.domain.prefix_cache.
+  BlockPool`` (vLLM's block pool: LRU free queue, hash map, ref counts), looked up
+  and touched on admission, cached when full and computed, freed last block first.
+  Block hashes are synthetic: block ``k`` of conversation ``c``'s token stream is
+  ``(c + 1) << 24 | k``, so turns of one conversation share blocks exactly where
+  their tokens are the same and nothing else does. Blocks that no later request can
+  match (a turn's own new text) are not hashed; eviction order is unchanged by that.
+- **Same scheduler, coarser.** Waiting requests are admitted first come, first
+  served while fewer than ``max_num_seqs`` run and the pool has blocks; a step
+  gives every decoding request one token and spends the rest of
+  ``max_num_batched_tokens`` on prefill chunks (chunked prefill), first admitted
+  first. The first token comes at the end of the step that finishes the prompt.
+- **Segments, not steps.** While nothing prefills, every running request gains one
+  token per step and the batch only changes when one finishes, so a *segment* of
+  ``K`` decode steps (up to the next finish) is computed in O(1): step ``j`` lasts
+  ``T0 + j * d`` (the KV read grows by one token per sequence per step). A request
+  arriving mid-segment cuts it at the end of the step in progress
+  (``interrupt``), exactly where the engine would have admitted it.
+
+Deviations from ``Engine``, deliberate and small at fleet scale: a request's KV
+blocks for its whole answer (``prompt + max_tokens``) are reserved on admission,
+so the pool never preempts (it admits less instead); jitter is per segment.
+``tests`` compare this replica with ``Engine`` on the same workload.
+
+Time is the caller's: ``plan(now)`` returns when the planned segment ends,
+``complete(now)`` applies it and returns the requests that produced their first
+token or finished.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import deque
+from dataclasses import dataclass
+
+from engine_nodes.domain.perf import PerfProfile, jitter_factor
+from engine_nodes.domain.prefix_cache import BlockPool
+
+__all__ = ["FleetReplica", "FleetRequest", "Segment", "stream_block_hash"]
+
+_STREAM_SHIFT = 24  # block index bits of a synthetic block hash
+_MAX_DECODE_STEPS = 512  # a segment never runs longer than this many steps
+
+
+def stream_block_hash(conversation: int, block: int) -> int:
+    """Return the synthetic hash of block ``block`` of a conversation's token stream."""
+    return (conversation + 1) << _STREAM_SHIFT | block
+
+
+class FleetRequest:
+    """One request through the fleet: what the workload asked and what happened.
+
+    ``stream_tokens`` counts the leading tokens of prompt plus answer that lie on the
+    conversation's own token stream (and so can be shared with its other turns);
+    ``history_tokens`` the leading prompt tokens an earlier turn already produced
+    (what a warm replica can serve from its cache).
+    """
+
+    __slots__ = (
+        "arrived_at",
+        "attempts",
+        "block_ids",
+        "cached_tokens",
+        "charged",
+        "clock0",
+        "computed",
+        "conversation",
+        "finished_at",
+        "first_token_at",
+        "gen0",
+        "history_tokens",
+        "max_tokens",
+        "outcome",
+        "output_tokens",
+        "prompt_tokens",
+        "replica_id",
+        "request_id",
+        "routed_at",
+        "stream_tokens",
+        "taken",
+        "team",
+        "tier",
+        "tokens_at_failure",
+    )
+
+    def __init__(
+        self,
+        request_id: int,
+        *,
+        team: str,
+        tier: str,
+        conversation: int,
+        prompt_tokens: int,
+        output_tokens: int,
+        max_tokens: int,
+        history_tokens: int,
+        stream_tokens: int,
+        arrived_at: float,
+    ) -> None:
+        if prompt_tokens < 1 or output_tokens < 1 or max_tokens < output_tokens:
+            raise ValueError(
+                "a request needs prompt >= 1, output >= 1 and max_tokens >= output"
+            )
+        self.request_id = request_id
+        self.team = team
+        self.tier = tier
+        self.conversation = conversation
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens
+        self.max_tokens = max_tokens
+        self.history_tokens = min(history_tokens, prompt_tokens)
+        self.stream_tokens = stream_tokens
+        self.arrived_at = arrived_at
+        self.routed_at: float | None = None
+        self.replica_id: str | None = None
+        self.attempts = 0
+        self.charged = 0  # tokens charged to the team's bucket, not yet refunded
+        self.taken = False  # counted in the pool's tokens in flight by admission
+        self.outcome = ""  # ok | error | rate_limited | shed | no_replica
+        self.first_token_at: float | None = None
+        self.finished_at: float | None = None
+        self.tokens_at_failure = 0
+        self._reset_engine_state()
+
+    def _reset_engine_state(self) -> None:
+        self.block_ids: list[int] = []
+        self.cached_tokens = 0
+        self.computed = 0
+        self.gen0 = 0
+        self.clock0 = 0
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Time from arrival at the gateway to the first token, or None."""
+        if self.first_token_at is None:
+            return None
+        return self.first_token_at - self.arrived_at
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Mean time per output token after the first, or None."""
+        if (
+            self.first_token_at is None
+            or self.finished_at is None
+            or self.output_tokens < 2
+            or self.outcome != "ok"
+        ):
+            return None
+        return (self.finished_at - self.first_token_at) / (self.output_tokens - 1)
+
+    def cacheable_tokens(self, block_size: int) -> int:
+        """Return the history a warm cache can serve: whole blocks, below the last
+        prompt token (vLLM always computes at least one)."""
+        limit = (self.prompt_tokens - 1) // block_size * block_size
+        return min(self.history_tokens // block_size * block_size, limit)
+
+
+@dataclass(slots=True)
+class Segment:
+    """Steps planned from ``started_at``: ``steps`` of them, step ``j`` lasting
+    ``(base_ms + j * growth_ms) * jitter`` ms; ``chunks`` are this step's prefill
+    (only in a one-step segment)."""
+
+    started_at: float
+    steps: int
+    base_ms: float
+    growth_ms: float
+    jitter: float
+    chunks: list[tuple[FleetRequest, int]]
+
+    def elapsed_s(self, steps: int) -> float:
+        """Return the time the first ``steps`` steps take."""
+        ms = steps * self.base_ms + self.growth_ms * steps * (steps - 1) / 2
+        return ms * self.jitter / 1000.0
+
+    def ends_at(self) -> float:
+        return self.started_at + self.elapsed_s(self.steps)
+
+    def steps_done(self, now: float) -> int:
+        """Return the steps completed by ``now``: the largest ``m <= steps`` with
+        ``elapsed_s(m) <= now - started_at``."""
+        elapsed = now - self.started_at
+        if elapsed <= 0:
+            return 0
+        per_step = self.base_ms * self.jitter / 1000.0
+        m = min(self.steps, int(elapsed / per_step))
+        while m > 0 and self.elapsed_s(m) > elapsed:
+            m -= 1
+        while m < self.steps and self.elapsed_s(m + 1) <= elapsed:
+            m += 1
+        return m
+
+
+class FleetReplica:
+    """A replica of the fleet: a perf profile, a block pool and a batch.
+
+    Read-only state: ``tokens_in_flight`` (prompt plus ``max_tokens`` minus tokens
+    generated, over every request it holds: the gateway's load measure),
+    ``num_running``, ``num_waiting``, ``kv_cache_usage_perc``, and the counters
+    ``generated_tokens``, ``prefill_tokens`` (computed, hits excluded) and
+    ``busy_s`` (time spent in steps).
+    """
+
+    def __init__(
+        self,
+        replica_id: str,
+        profile: PerfProfile,
+        *,
+        block_size: int | None = None,
+        num_gpu_blocks: int | None = None,
+        seed: int = 0,
+        jitter_cv: float = 0.04,
+    ) -> None:
+        self.replica_id = replica_id
+        self.profile = profile
+        self.block_size = block_size or profile.block_size
+        # The same KV memory, in blocks of this replica's size.
+        kv_tokens = (profile.num_gpu_blocks - 1) * profile.block_size
+        blocks = (
+            num_gpu_blocks
+            if num_gpu_blocks is not None
+            else kv_tokens // self.block_size + 1
+        )
+        self.pool = BlockPool(blocks, self.block_size)
+        self.max_num_seqs = profile.max_num_seqs
+        self.max_num_batched_tokens = profile.max_num_batched_tokens
+        self._rng = random.Random(seed)
+        self._jitter_cv = jitter_cv
+        self.waiting: deque[FleetRequest] = deque()
+        self.prefilling: list[FleetRequest] = []
+        self.decoding: dict[int, FleetRequest] = {}
+        self._finish_heap: list[tuple[int, int]] = []  # (finish clock, request id)
+        self.clock = 0  # decode steps taken by every decoding request
+        self._kv_base = 0  # Σ (prompt + gen0 - clock0) over decoding requests
+        self._gen_base = 0  # Σ (gen0 - clock0) over decoding requests
+        self._held_tokens = 0  # Σ (prompt + max_tokens) over every request held
+        self.segment: Segment | None = None
+        self.generated_tokens = 0
+        self.prefill_tokens = 0
+        self.busy_s = 0.0
+        self.alive = True
+
+    # -- read-only state ---------------------------------------------------------------
+
+    @property
+    def num_running(self) -> int:
+        return len(self.decoding) + len(self.prefilling)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def kv_cache_usage_perc(self) -> float:
+        return self.pool.usage
+
+    def tokens_in_flight(self, now: float | None = None) -> int:
+        """Return prompt + max_tokens - generated over every request held, counting
+        the steps of the running segment done by ``now`` (if given)."""
+        clock = self.clock
+        segment = self.segment
+        if now is not None and segment is not None and segment.steps > 1:
+            clock += segment.steps_done(now)
+        return self._held_tokens - self._gen_base - len(self.decoding) * clock
+
+    def holds(self) -> list[FleetRequest]:
+        """Return every request on this replica (waiting, prefilling, decoding)."""
+        return [*self.waiting, *self.prefilling, *self.decoding.values()]
+
+    def generated_by(self, request: FleetRequest) -> int:
+        """Return the tokens ``request`` has produced here so far."""
+        if request.request_id in self.decoding:
+            return request.gen0 + self.clock - request.clock0
+        return 0
+
+    # -- requests ----------------------------------------------------------------------
+
+    def add(self, request: FleetRequest) -> None:
+        """Queue ``request`` (the caller then calls ``interrupt`` or ``plan``)."""
+        request.replica_id = self.replica_id
+        request._reset_engine_state()
+        self.waiting.append(request)
+        self._held_tokens += request.prompt_tokens + request.max_tokens
+
+    def interrupt(self, now: float) -> float | None:
+        """Cut the running segment at the end of the step in progress at ``now``.
+
+        Returns the segment's new end, or None when nothing changed (no segment, a
+        one-step segment, or ``now`` already in its last step).
+        """
+        segment = self.segment
+        if segment is None or segment.steps <= 1:
+            return None
+        keep = segment.steps_done(now) + 1
+        if keep >= segment.steps:
+            return None
+        segment.steps = keep
+        return segment.ends_at()
+
+    def plan(self, now: float) -> float | None:
+        """Admit what fits and plan the next segment from ``now``; return its end,
+        or None when the replica has nothing to run."""
+        if self.segment is not None:
+            raise RuntimeError("a segment is already planned")
+        self._admit()
+        decoders = len(self.decoding)
+        if not decoders and not self.prefilling:
+            return None
+        profile = self.profile
+        kv_tokens = self._kv_base + decoders * self.clock
+        if self.prefilling:
+            budget = self.max_num_batched_tokens - decoders
+            chunks: list[tuple[FleetRequest, int]] = []
+            prefill_tokens = 0
+            prefill_work = 0.0
+            for request in self.prefilling:
+                if budget <= 0:
+                    break
+                left = request.prompt_tokens - request.computed
+                n = left if left < budget else budget
+                chunks.append((request, n))
+                budget -= n
+                prefill_tokens += n
+                prefill_work += n * (request.computed + n / 2)
+            steps, growth = 1, 0.0
+        else:
+            chunks = []
+            prefill_tokens, prefill_work = 0, 0.0
+            steps = min(self._finish_heap[0][0] - self.clock, _MAX_DECODE_STEPS)
+            growth = profile.kkv_us * 1e-3 * decoders
+        linear = profile.ctok_ms * (decoders + prefill_tokens)
+        base = (
+            profile.a_ms
+            + (linear if linear > profile.w_ms else profile.w_ms)
+            + profile.b_ms * decoders
+            + profile.kkv_us * 1e-3 * kv_tokens
+            + profile.katt * prefill_work
+        )
+        self.segment = Segment(
+            started_at=now,
+            steps=steps,
+            base_ms=base,
+            growth_ms=growth,
+            jitter=jitter_factor(self._rng, self._jitter_cv),
+            chunks=chunks,
+        )
+        return self.segment.ends_at()
+
+    def complete(self, now: float) -> tuple[list[FleetRequest], list[FleetRequest]]:
+        """Apply the planned segment, which ends at ``now``.
+
+        Returns ``(first_tokens, finished)``: requests whose first token came out
+        in it, and requests that produced their last token (their blocks freed).
+        """
+        segment = self.segment
+        if segment is None:
+            raise RuntimeError("no segment is planned")
+        self.segment = None
+        self.busy_s += now - segment.started_at
+        decoders = len(self.decoding)
+        self.clock += segment.steps
+        self.generated_tokens += decoders * segment.steps
+        first: list[FleetRequest] = []
+        finished: list[FleetRequest] = []
+        # Prefill chunks (a one-step segment): prompts that complete sample a token.
+        for request, n in segment.chunks:
+            request.computed += n
+            self.prefill_tokens += n
+            if request.computed < request.prompt_tokens:
+                continue
+            self.prefilling.remove(request)
+            self._cache_stream_blocks(request, request.prompt_tokens)
+            request.first_token_at = now
+            first.append(request)
+            self.generated_tokens += 1
+            if request.output_tokens == 1:
+                finished.append(self._release(request, now))
+                continue
+            request.gen0 = 1
+            request.clock0 = self.clock
+            self.decoding[request.request_id] = request
+            self._kv_base += request.prompt_tokens + 1 - self.clock
+            self._gen_base += 1 - self.clock
+            heapq.heappush(
+                self._finish_heap,
+                (self.clock + request.output_tokens - 1, request.request_id),
+            )
+        heap = self._finish_heap
+        while heap and heap[0][0] <= self.clock:
+            _, request_id = heapq.heappop(heap)
+            request = self.decoding.pop(request_id, None)
+            if request is None:
+                continue  # removed earlier (failed over)
+            self._kv_base -= request.prompt_tokens + request.gen0 - request.clock0
+            self._gen_base -= request.gen0 - request.clock0
+            self._cache_stream_blocks(
+                request, request.prompt_tokens + request.output_tokens - 1
+            )
+            finished.append(self._release(request, now))
+        return first, finished
+
+    def fail(self, now: float) -> list[FleetRequest]:
+        """Lose the replica: return every request it held, with the tokens each had
+        produced in ``tokens_at_failure``; the replica is dead afterwards."""
+        lost = []
+        for request in self.waiting:
+            request.tokens_at_failure = 0
+            lost.append(request)
+        for request in self.prefilling:
+            request.tokens_at_failure = 0
+            lost.append(request)
+        for request in self.decoding.values():
+            request.tokens_at_failure = request.gen0 + self.clock - request.clock0
+            lost.append(request)
+        self.waiting.clear()
+        self.prefilling.clear()
+        self.decoding.clear()
+        self._finish_heap.clear()
+        self._held_tokens = self._kv_base = self._gen_base = 0
+        self.segment = None
+        self.alive = False
+        return lost
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _admit(self) -> None:
+        pool = self.pool
+        block_size = self.block_size
+        waiting = self.waiting
+        while waiting and len(self.decoding) + len(self.prefilling) < self.max_num_seqs:
+            request = waiting[0]
+            total = request.prompt_tokens + request.max_tokens
+            # As the engine: the hit stops below the last prompt token.
+            max_hit = (request.prompt_tokens - 1) // block_size
+            stream_blocks = min(request.stream_tokens // block_size, max_hit)
+            hit_ids = pool.cached_block_ids(
+                [
+                    stream_block_hash(request.conversation, k)
+                    for k in range(stream_blocks)
+                ]
+            )
+            need = -(-(total - 1) // block_size) - len(hit_ids)
+            if need + pool.num_evictable(hit_ids) > pool.num_free_blocks:
+                if not self.decoding and not self.prefilling:
+                    # It can never fit: refuse it rather than stall the replica.
+                    raise ValueError(
+                        f"request needs {need} KV blocks; the pool has "
+                        f"{pool.num_free_blocks} free"
+                    )
+                break
+            waiting.popleft()
+            pool.touch(hit_ids)
+            hit_ids.extend(pool.allocate(need))
+            request.block_ids = hit_ids
+            request.cached_tokens = request.computed = (
+                len(hit_ids) - need
+            ) * block_size
+            self.prefilling.append(request)
+
+    def _cache_stream_blocks(self, request: FleetRequest, computed: int) -> None:
+        """Hash the full blocks of ``request`` that lie on its conversation's stream."""
+        block_size = self.block_size
+        full = min(computed, request.stream_tokens) // block_size
+        first = request.cached_tokens // block_size
+        pool = self.pool
+        conversation = request.conversation
+        block_ids = request.block_ids
+        for k in range(first, full):
+            pool.cache_block(block_ids[k], stream_block_hash(conversation, k))
+
+    def _release(self, request: FleetRequest, now: float) -> FleetRequest:
+        self.pool.free(request.block_ids)
+        request.block_ids = []
+        self._held_tokens -= request.prompt_tokens + request.max_tokens
+        request.finished_at = now
+        return request

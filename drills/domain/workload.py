@@ -1,0 +1,332 @@
+"""What the fleet simulator's clients send: conversations, teams, tiers and traces.
+
+Public surface: ``TeamSpec``, ``ChatWorkload``, ``TraceRequest``, ``read_trace``,
+``Arrival``, ``Conversations``.
+
+``ChatWorkload`` is the seed's traffic: ``users`` (``arrival_rate *
+message_interval_s`` of them) each send a message every ``message_interval_s`` on
+average, as independent Poisson processes, so arrivals are Poisson at
+``arrival_rate`` and each comes from a user drawn uniformly. Users belong to teams
+in proportion to ``TeamSpec.weight``; each team's arrivals are their own Poisson
+stream, so a team can surge alone. Two conversation shapes:
+
+- ``"seed"``: every prompt has ``prompt_tokens`` tokens, of which the first
+  ``history_tokens`` are the conversation's history (the same tokens every turn,
+  the part a warm replica holds) and the rest are new; answers are
+  ``answer_tokens`` long and not part of the next prompt.
+- ``"growing"``: a real chat. The first prompt is ``prompt_tokens -
+  history_tokens`` new tokens; every later prompt is the previous prompt, the
+  previous answer and ``prompt_tokens - history_tokens`` new tokens. A conversation
+  whose next turn would pass ``max_context_tokens`` starts afresh.
+
+``conversation_turns`` (when set) makes a user start a new conversation after that
+many turns, so some requests find no history anywhere.
+
+A logged trace (JSONL, one request per line) replays exactly: ``t`` (seconds from
+the start), ``team``, ``tier``, ``conversation``, ``prompt_tokens`` or ``prompt``
+(text, counted with the platform's tokenizer) or ``messages``, ``max_tokens``, and
+optionally ``output_tokens`` (default ``max_tokens``) and ``history_tokens``. The
+history of a turn is, by default, the prefix it shares with its conversation's
+previous turn: counted on tokens for text, else the previous prompt plus answer.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine_nodes.domain import tokens as tokenizer
+from routing.domain.tiers import Tier
+
+__all__ = [
+    "Arrival",
+    "ChatWorkload",
+    "Conversations",
+    "TeamSpec",
+    "TraceRequest",
+    "read_trace",
+    "trace_arrivals",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class TeamSpec:
+    """One team of clients: its share of users, tier and limits.
+
+    ``tokens_per_minute`` 0 means no bucket; ``guaranteed_share`` is its share of
+    the pool under overload (``routing.domain.admission``).
+    """
+
+    name: str
+    weight: float = 1.0
+    tier: str = Tier.STANDARD.value
+    tokens_per_minute: int = 0
+    guaranteed_share: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.weight > 0:
+            raise ValueError(f"team {self.name}: weight must be positive")
+        Tier(self.tier)
+        if self.tokens_per_minute < 0:
+            raise ValueError(f"team {self.name}: tokens_per_minute must be >= 0")
+        if not 0.0 <= self.guaranteed_share <= 1.0:
+            raise ValueError(f"team {self.name}: guaranteed_share must be in [0, 1]")
+
+
+@dataclass(frozen=True, slots=True)
+class ChatWorkload:
+    """The seed's chat traffic (defaults are the seed's figures)."""
+
+    arrival_rate: float = 100.0  # requests/s over all teams
+    message_interval_s: float = 40.0
+    prompt_tokens: int = 1200
+    history_tokens: int = 800
+    answer_tokens: int = 300
+    max_tokens: int = 300
+    mode: str = "seed"  # "seed" | "growing"
+    conversation_turns: int | None = None
+    max_context_tokens: int = 8192
+    teams: tuple[TeamSpec, ...] = field(default=(TeamSpec("default"),))
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("seed", "growing"):
+            raise ValueError("mode must be 'seed' or 'growing'")
+        if not (self.arrival_rate > 0 and self.message_interval_s > 0):
+            raise ValueError("arrival_rate and message_interval_s must be positive")
+        if not 0 <= self.history_tokens < self.prompt_tokens:
+            raise ValueError("history_tokens must be in [0, prompt_tokens)")
+        if not 1 <= self.answer_tokens <= self.max_tokens:
+            raise ValueError("answer_tokens must be in [1, max_tokens]")
+        if not self.teams:
+            raise ValueError("a workload needs at least one team")
+        if len({team.name for team in self.teams}) != len(self.teams):
+            raise ValueError("team names must be unique")
+        if self.conversation_turns is not None and self.conversation_turns < 1:
+            raise ValueError("conversation_turns must be at least 1")
+        if self.prompt_tokens + self.max_tokens > self.max_context_tokens:
+            raise ValueError("prompt_tokens + max_tokens exceed max_context_tokens")
+
+    @property
+    def users(self) -> int:
+        """Users sending messages: arrival rate x interval between their messages."""
+        return max(1, round(self.arrival_rate * self.message_interval_s))
+
+    def team_users(self) -> dict[str, range]:
+        """Return each team's users as a range of user numbers (by weight)."""
+        total = sum(team.weight for team in self.teams)
+        users = self.users
+        ranges: dict[str, range] = {}
+        start = 0
+        cumulative = 0.0
+        for team in self.teams:
+            cumulative += team.weight
+            end = max(start + 1, round(users * cumulative / total))
+            ranges[team.name] = range(start, end)
+            start = end
+        return ranges
+
+    def team_rate(self, team: TeamSpec) -> float:
+        """Return the team's share of the base arrival rate (requests/s)."""
+        return self.arrival_rate * team.weight / sum(t.weight for t in self.teams)
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """One request as the gateway receives it."""
+
+    at: float
+    team: str
+    tier: str
+    conversation: int
+    prompt_tokens: int
+    output_tokens: int
+    max_tokens: int
+    history_tokens: int
+    stream_tokens: int
+
+
+class Conversations:
+    """The per-user state of a ``ChatWorkload``: who talks in which conversation."""
+
+    def __init__(self, workload: ChatWorkload, rng: random.Random) -> None:
+        self.workload = workload
+        self.rng = rng
+        self._next_conversation = 0
+        # user -> [conversation, turn, stream length so far]
+        self._state: dict[int, list[int]] = {}
+
+    def _new_conversation(self) -> int:
+        conversation = self._next_conversation
+        self._next_conversation += 1
+        return conversation
+
+    def next_request(self, user: int, team: TeamSpec, at: float) -> Arrival:
+        """Return user ``user``'s next message at ``at``."""
+        w = self.workload
+        state = self._state.get(user)
+        if state is None or (
+            w.conversation_turns is not None and state[1] >= w.conversation_turns
+        ):
+            state = self._state[user] = [self._new_conversation(), 0, 0]
+        conversation, turn, stream = state
+        new_tokens = w.prompt_tokens - w.history_tokens
+        if w.mode == "seed":
+            prompt = w.prompt_tokens
+            history = w.history_tokens if turn else 0
+            stream_tokens = w.history_tokens
+        else:
+            prompt = stream + new_tokens
+            if prompt + w.max_tokens > w.max_context_tokens:
+                state[:] = [self._new_conversation(), 0, 0]
+                conversation, turn, stream = state
+                prompt = new_tokens
+            history = stream
+            stream_tokens = prompt + w.answer_tokens
+            state[2] = stream_tokens
+        state[1] = turn + 1
+        return Arrival(
+            at=at,
+            team=team.name,
+            tier=team.tier,
+            conversation=conversation,
+            prompt_tokens=prompt,
+            output_tokens=w.answer_tokens,
+            max_tokens=w.max_tokens,
+            history_tokens=history,
+            stream_tokens=stream_tokens,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    """One line of a logged trace, as read."""
+
+    t: float
+    team: str
+    tier: str
+    conversation: str
+    prompt_tokens: int
+    max_tokens: int
+    output_tokens: int
+    history_tokens: int | None
+    prompt_ids: tuple[int, ...] | None = None
+
+
+def _trace_line(number: int, raw: dict[str, object]) -> TraceRequest:
+    def need(name: str) -> object:
+        if name not in raw:
+            raise ValueError(f"trace line {number}: missing {name!r}")
+        return raw[name]
+
+    prompt_ids: tuple[int, ...] | None = None
+    if "prompt_tokens" in raw:
+        prompt_tokens = int(raw["prompt_tokens"])  # type: ignore[arg-type]
+    elif "messages" in raw:
+        prompt_ids = tuple(tokenizer.encode(tokenizer.render_chat(raw["messages"])))  # type: ignore[arg-type]
+        prompt_tokens = len(prompt_ids)
+    elif "prompt" in raw:
+        prompt_ids = tuple(tokenizer.encode(str(raw["prompt"])))
+        prompt_tokens = len(prompt_ids)
+    else:
+        raise ValueError(
+            f"trace line {number}: needs prompt_tokens, prompt or messages"
+        )
+    max_tokens = int(need("max_tokens"))  # type: ignore[arg-type]
+    output = int(raw.get("output_tokens", max_tokens))  # type: ignore[arg-type]
+    history = raw.get("history_tokens")
+    request = TraceRequest(
+        t=float(need("t")),  # type: ignore[arg-type]
+        team=str(raw.get("team", "default")),
+        tier=str(raw.get("tier", Tier.STANDARD.value)),
+        conversation=str(raw.get("conversation", f"line-{number}")),
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        output_tokens=min(output, max_tokens),
+        history_tokens=None if history is None else int(history),  # type: ignore[arg-type]
+        prompt_ids=prompt_ids,
+    )
+    if request.t < 0 or request.prompt_tokens < 1 or request.output_tokens < 1:
+        raise ValueError(
+            f"trace line {number}: t must be >= 0, prompt and output tokens >= 1"
+        )
+    Tier(request.tier)
+    return request
+
+
+def read_trace(path: Path | str) -> list[TraceRequest]:
+    """Read a JSONL trace, sorted by time (stable).
+
+    Raises:
+        ValueError: a line that is not JSON or lacks a field, naming the line.
+    """
+    requests = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                raw = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"trace line {number}: not JSON ({exc.msg})") from None
+            if not isinstance(raw, dict):
+                raise ValueError(f"trace line {number}: not a JSON object")
+            requests.append(_trace_line(number, raw))
+    requests.sort(key=lambda r: r.t)
+    return requests
+
+
+def trace_arrivals(trace: Iterable[TraceRequest]) -> Iterator[Arrival]:
+    """Turn trace lines into arrivals, working out each turn's shared history.
+
+    A conversation is one token stream while each turn extends the last (prompt,
+    then answer, then the next prompt). A turn that shares less than that (an
+    edited history) starts a new stream with no history: its hits are then
+    under-counted, never invented.
+    """
+    # conversation -> (stream id, prompt ids or None, stream length)
+    last: dict[str, tuple[int, tuple[int, ...] | None, int]] = {}
+    streams = 0
+    for request in trace:
+        previous = last.get(request.conversation)
+        history = 0
+        if previous is None:
+            stream = streams
+            streams += 1
+        else:
+            stream, prev_ids, prev_len = previous
+            if request.history_tokens is not None:
+                history = request.history_tokens
+            elif request.prompt_ids is not None and prev_ids is not None:
+                shared = _common_prefix(request.prompt_ids, prev_ids)
+                # All of the last prompt: the turn extends it through the answer.
+                history = prev_len if shared == len(prev_ids) else shared
+            else:
+                history = prev_len
+            history = min(history, request.prompt_tokens)
+            if history < min(prev_len, request.prompt_tokens):
+                stream, history = streams, 0
+                streams += 1
+        stream_tokens = request.prompt_tokens + request.output_tokens
+        last[request.conversation] = (stream, request.prompt_ids, stream_tokens)
+        yield Arrival(
+            at=request.t,
+            team=request.team,
+            tier=request.tier,
+            conversation=stream,
+            prompt_tokens=request.prompt_tokens,
+            output_tokens=request.output_tokens,
+            max_tokens=request.max_tokens,
+            history_tokens=history,
+            stream_tokens=stream_tokens,
+        )
+
+
+def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
