@@ -1,8 +1,9 @@
 """Where the gateway keeps its token buckets and concurrency slots.
 
-Public surface: ``BucketStore`` and ``ConcurrencyStore`` (the protocols),
-``MemoryBucketStore``, ``RedisBucketStore``, ``MemoryConcurrency``,
-``RedisConcurrency``, ``BUCKET_TTL_MARGIN_S``.
+Public surface: ``BucketStore``, ``ConcurrencyStore`` and ``LimitStore`` (the
+protocols), ``MemoryBucketStore``, ``RedisBucketStore``, ``MemoryConcurrency``,
+``RedisConcurrency``, ``MemoryLimits``, ``RedisLimits``, ``Claim``,
+``BUCKET_TTL_MARGIN_S``.
 
 The arithmetic lives in ``routing.domain.limiter`` (pure). This module only stores
 its state: in a dict (the embedded default, one process) or in Redis (shared by
@@ -11,6 +12,11 @@ refund and acquire atomic. The Lua repeats the pure arithmetic step for step, in
 IEEE doubles like Python's floats, so both stores give the same ``Charge`` for the
 same history (``routing/tests/test_limiter_store.py`` checks this on random
 histories).
+
+Admission takes a bucket charge and a concurrency slot for every request and gives
+both back when it ends, so a ``LimitStore`` (``buckets.pair(slots)``) does each pair
+in one step: ``charge_and_acquire`` and ``refund_and_release``, one Lua script and
+one Redis round trip each, instead of two.
 
 Time is passed in by the caller (``now``, unix seconds) and never read here, so
 both stores run on an injected clock in tests. Every gateway writes its own
@@ -42,11 +48,15 @@ from routing.domain.limiter import Bucket, Charge
 __all__ = [
     "BUCKET_TTL_MARGIN_S",
     "BucketStore",
+    "Claim",
     "ConcurrencyStore",
+    "LimitStore",
     "MemoryBucketStore",
     "MemoryConcurrency",
+    "MemoryLimits",
     "RedisBucketStore",
     "RedisConcurrency",
+    "RedisLimits",
 ]
 
 # A Redis bucket outlives its time to refill from empty by this much, so that it
@@ -75,6 +85,79 @@ class BucketStore(Protocol):
         self, key: str, *, capacity: int, refill_per_s: float, amount: int, now: float
     ) -> None:
         """Give back ``amount`` tokens (never above ``capacity``)."""
+        ...
+
+    def pair(self, slots: ConcurrencyStore) -> LimitStore:
+        """Return the store that charges here and takes ``slots`` in one step.
+
+        Raises:
+            TypeError: ``slots`` is not kept where this store keeps its buckets.
+        """
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What charging a bucket and taking a concurrency slot together gave.
+
+    ``has_slot`` is true only when the bucket allowed the charge and a slot was
+    free: then the charge is stored and the slot held. Otherwise nothing is held.
+    A charge the bucket refused stores only its refill, as ``charge`` does, and
+    takes no slot. A charge the bucket allowed but the cap refused is not stored
+    at all (the bucket is untouched); ``charge`` is then the charge of 0 tokens at
+    ``now``: the bucket's level refilled to ``now``, what the rate-limit headers
+    should show since nothing was taken.
+    """
+
+    charge: Charge
+    has_slot: bool
+
+
+class LimitStore(Protocol):
+    """A bucket charge and a concurrency slot per key, taken and given back together.
+
+    Each call is atomic: no other call on the same key runs in between.
+    """
+
+    async def charge_and_acquire(
+        self,
+        key: str,
+        *,
+        capacity: int,
+        refill_per_s: float,
+        amount: int,
+        limit: int,
+        request_id: str,
+        now: float,
+        ttl_s: float = 900.0,
+    ) -> Claim:
+        """Charge ``amount`` to ``key``'s bucket and take a slot for ``request_id``.
+
+        Both or neither (see ``Claim``). The bucket is judged first: a refused
+        charge never looks at the slots.
+
+        Raises:
+            ChargeTooLarge: ``amount > capacity``; nothing is touched.
+            ValueError: what ``BucketStore.charge`` or ``ConcurrencyStore.acquire``
+                reject; nothing is touched.
+        """
+        ...
+
+    async def refund_and_release(
+        self,
+        key: str,
+        *,
+        capacity: int,
+        refill_per_s: float,
+        amount: int,
+        request_id: str,
+        now: float,
+    ) -> None:
+        """Give ``amount`` tokens back (never above ``capacity``) and free the slot.
+
+        A refund of 0 leaves the bucket as it is; freeing a slot that
+        ``request_id`` does not hold is a no-op.
+        """
         ...
 
 
@@ -148,18 +231,14 @@ class MemoryBucketStore:
     ) -> Charge:
         """Refill the bucket to ``now`` and take ``amount`` if it holds that much."""
         _check_now(now)
-        entry = self._buckets.get(key)
         result = limiter.charge(
-            entry.bucket if entry else None,
+            self._stored(key),
             now,
             capacity=capacity,
             refill_per_s=refill_per_s,
             amount=amount,
         )
-        self._buckets[key] = _Entry(result.bucket, capacity, refill_per_s)
-        self._charges += 1
-        if self._charges % self.sweep_every == 0:
-            self.sweep(now)
+        self._store_charged(key, result.bucket, capacity, refill_per_s, now)
         return result
 
     async def refund(
@@ -167,9 +246,39 @@ class MemoryBucketStore:
     ) -> None:
         """Give back ``amount`` tokens (never above ``capacity``)."""
         _check_now(now)
+        self._refund(
+            key, capacity=capacity, refill_per_s=refill_per_s, amount=amount, now=now
+        )
+
+    def pair(self, slots: ConcurrencyStore) -> MemoryLimits:
+        """Return the store that charges here and takes ``slots`` in one step.
+
+        Raises:
+            TypeError: ``slots`` is not a ``MemoryConcurrency``.
+        """
+        if not isinstance(slots, MemoryConcurrency):
+            raise TypeError(
+                f"memory buckets pair with MemoryConcurrency, not {type(slots).__name__}"
+            )
+        return MemoryLimits(self, slots)
+
+    def _stored(self, key: str) -> Bucket | None:
         entry = self._buckets.get(key)
+        return entry.bucket if entry else None
+
+    def _store_charged(
+        self, key: str, bucket: Bucket, capacity: int, refill_per_s: float, now: float
+    ) -> None:
+        self._buckets[key] = _Entry(bucket, capacity, refill_per_s)
+        self._charges += 1
+        if self._charges % self.sweep_every == 0:
+            self.sweep(now)
+
+    def _refund(
+        self, key: str, *, capacity: int, refill_per_s: float, amount: int, now: float
+    ) -> None:
         bucket = limiter.refund(
-            entry.bucket if entry else None,
+            self._stored(key),
             now,
             capacity=capacity,
             refill_per_s=refill_per_s,
@@ -356,6 +465,19 @@ class RedisBucketStore:
             ),
         )
 
+    def pair(self, slots: ConcurrencyStore) -> RedisLimits:
+        """Return the store that charges here and takes ``slots`` in one step.
+
+        Raises:
+            TypeError: ``slots`` is not a ``RedisConcurrency`` on this client.
+        """
+        if not isinstance(slots, RedisConcurrency) or slots.client is not self.client:
+            raise TypeError(
+                "Redis buckets pair with a RedisConcurrency on the same client, not "
+                f"{type(slots).__name__}"
+            )
+        return RedisLimits(self, slots)
+
     async def peek(
         self, key: str, *, capacity: int, refill_per_s: float, now: float
     ) -> Bucket:
@@ -403,6 +525,17 @@ class MemoryConcurrency:
         """Take a slot for ``request_id`` unless ``limit`` unexpired slots are held."""
         _check_now(now)
         _check_ttl(ttl_s)
+        return self._acquire(
+            key, limit=limit, request_id=request_id, now=now, ttl_s=ttl_s
+        )
+
+    async def release(self, key: str, *, request_id: str) -> None:
+        """Free the slot of ``request_id`` (a no-op if it holds none)."""
+        self._release(key, request_id=request_id)
+
+    def _acquire(
+        self, key: str, *, limit: int, request_id: str, now: float, ttl_s: float
+    ) -> bool:
         self._acquires += 1
         if self._acquires % self.sweep_every == 0:
             self.sweep(now)
@@ -418,8 +551,7 @@ class MemoryConcurrency:
             self._slots.pop(key, None)
         return allowed
 
-    async def release(self, key: str, *, request_id: str) -> None:
-        """Free the slot of ``request_id`` (a no-op if it holds none)."""
+    def _release(self, key: str, *, request_id: str) -> None:
         slots = self._slots.get(key)
         if slots is None:
             return
@@ -523,4 +655,221 @@ class RedisConcurrency:
         """Return the number of slots held at ``now`` (unexpired)."""
         return int(
             await self.client.zcount(self.slots_key(key), f"({_float_arg(now)}", "+inf")
+        )
+
+
+# -- a bucket charge and a slot together ---------------------------------------------
+
+
+class MemoryLimits:
+    """Charge and take a slot (refund and free it) in one step, in this process.
+
+    Each call runs without awaiting, so it is atomic on its event loop, and it
+    gives the same answers and leaves the same state as ``RedisLimits``.
+    """
+
+    def __init__(self, buckets: MemoryBucketStore, slots: MemoryConcurrency) -> None:
+        self.buckets = buckets
+        self.slots = slots
+
+    async def charge_and_acquire(
+        self,
+        key: str,
+        *,
+        capacity: int,
+        refill_per_s: float,
+        amount: int,
+        limit: int,
+        request_id: str,
+        now: float,
+        ttl_s: float = 900.0,
+    ) -> Claim:
+        """Charge ``amount`` to ``key``'s bucket and take a slot for ``request_id``."""
+        _check_now(now)
+        _check_ttl(ttl_s)
+        stored = self.buckets._stored(key)
+        result = limiter.charge(
+            stored, now, capacity=capacity, refill_per_s=refill_per_s, amount=amount
+        )
+        if result.allowed and not self.slots._acquire(
+            key, limit=limit, request_id=request_id, now=now, ttl_s=ttl_s
+        ):
+            # The cap refused: the bucket stays as stored; report it untaken.
+            untaken = limiter.charge(
+                stored, now, capacity=capacity, refill_per_s=refill_per_s, amount=0
+            )
+            return Claim(untaken, has_slot=False)
+        self.buckets._store_charged(key, result.bucket, capacity, refill_per_s, now)
+        return Claim(result, has_slot=result.allowed)
+
+    async def refund_and_release(
+        self,
+        key: str,
+        *,
+        capacity: int,
+        refill_per_s: float,
+        amount: int,
+        request_id: str,
+        now: float,
+    ) -> None:
+        """Give ``amount`` tokens back (never above ``capacity``) and free the slot."""
+        _check_now(now)
+        limiter.refund(
+            None, now, capacity=capacity, refill_per_s=refill_per_s, amount=amount
+        )
+        if amount > 0:
+            self.buckets._refund(
+                key,
+                capacity=capacity,
+                refill_per_s=refill_per_s,
+                amount=amount,
+                now=now,
+            )
+        self.slots._release(key, request_id=request_id)
+
+
+# KEYS: the bucket, the slots. ARGV 1-5 as for _CHARGE_LUA, then the slot cap, the
+# request id, its expiry time and the slot key's TTL in ms (as _ACQUIRE_LUA).
+# The same steps as _CHARGE_LUA then _ACQUIRE_LUA, except that the charge is
+# stored only once the slot is taken: a refused slot leaves the bucket as it was.
+_CLAIM_LUA = (
+    _REFILL_LUA
+    + """
+local slack = TOLERANCE * capacity
+if tokens + slack < amount then
+  -- Refused by the bucket: store the refill, as a refused charge does; no slot.
+  local wait_s = (amount - tokens) / rate
+  local retry_after = math.max(1, math.ceil(wait_s - TOLERANCE * math.max(1.0, wait_s)))
+  redis.call('HSET', KEYS[1], 'tokens', num(tokens), 'updated_at', num(updated_at))
+  redis.call('PEXPIRE', KEYS[1], ARGV[5])
+  return {0, 0, num(tokens), num(updated_at), num(math.floor(tokens + slack)),
+          num(retry_after), num((capacity - tokens) / rate)}
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[4])
+local has_slot = 0
+if redis.call('ZSCORE', KEYS[2], ARGV[7])
+    or redis.call('ZCARD', KEYS[2]) < tonumber(ARGV[6]) then
+  has_slot = 1
+  redis.call('ZADD', KEYS[2], ARGV[8], ARGV[7])
+  if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[9]) then
+    redis.call('PEXPIRE', KEYS[2], ARGV[9])
+  end
+  tokens = math.max(0.0, tokens - amount)
+  redis.call('HSET', KEYS[1], 'tokens', num(tokens), 'updated_at', num(updated_at))
+  redis.call('PEXPIRE', KEYS[1], ARGV[5])
+end
+-- Without a slot nothing was stored: the reply is the charge of 0 tokens.
+return {1, has_slot, num(tokens), num(updated_at), num(math.floor(tokens + slack)),
+        num(0), num((capacity - tokens) / rate)}
+""".replace("TOLERANCE", repr(limiter._TOLERANCE))
+)
+
+# KEYS: the bucket, the slots. ARGV 1-5 as for _REFUND_LUA, then the request id.
+# A refund of 0 leaves the bucket alone (not even refilled), as memory does.
+_GIVE_BACK_LUA = (
+    "if tonumber(ARGV[3]) > 0 then\n"
+    + _REFILL_LUA
+    + """
+tokens = math.min(capacity, tokens + amount)
+redis.call('HSET', KEYS[1], 'tokens', num(tokens), 'updated_at', num(updated_at))
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+end
+redis.call('ZREM', KEYS[2], ARGV[6])
+return 1
+"""
+)
+
+
+class RedisLimits:
+    """Charge and take a slot (refund and free it) in one Lua script each, in Redis.
+
+    One round trip per call instead of two, atomic across both keys. Both keys
+    live on one Redis server (a Redis Cluster would need them in one hash slot).
+    """
+
+    def __init__(self, buckets: RedisBucketStore, slots: RedisConcurrency) -> None:
+        self.buckets = buckets
+        self.slots = slots
+        self._claim = buckets.client.register_script(_CLAIM_LUA)
+        self._give_back = buckets.client.register_script(_GIVE_BACK_LUA)
+
+    async def charge_and_acquire(
+        self,
+        key: str,
+        *,
+        capacity: int,
+        refill_per_s: float,
+        amount: int,
+        limit: int,
+        request_id: str,
+        now: float,
+        ttl_s: float = 900.0,
+    ) -> Claim:
+        """Charge ``amount`` to ``key``'s bucket and take a slot for ``request_id``.
+
+        Raises:
+            ChargeTooLarge: ``amount > capacity``; Redis is not called.
+            redis.RedisError: Redis is unreachable; the caller decides.
+        """
+        _check_now(now)
+        _check_ttl(ttl_s)
+        limiter.charge(
+            None, now, capacity=capacity, refill_per_s=refill_per_s, amount=amount
+        )
+        (
+            allowed,
+            has_slot,
+            tokens,
+            updated_at,
+            remaining,
+            retry_after,
+            reset,
+        ) = await self._claim(
+            keys=[self.buckets.bucket_key(key), self.slots.slots_key(key)],
+            args=[
+                *self.buckets._args(
+                    capacity=capacity,
+                    refill_per_s=refill_per_s,
+                    amount=amount,
+                    now=now,
+                ),
+                str(limit),
+                request_id,
+                _float_arg(now + ttl_s),
+                str(math.ceil(ttl_s * 1000)),
+            ],
+        )
+        charge = Charge(
+            allowed=allowed == 1,
+            bucket=Bucket(tokens=float(tokens), updated_at=float(updated_at)),
+            limit=capacity,
+            remaining=_int_reply(remaining),
+            retry_after_s=_int_reply(retry_after),
+            reset_s=float(reset),
+        )
+        return Claim(charge, has_slot=has_slot == 1)
+
+    async def refund_and_release(
+        self,
+        key: str,
+        *,
+        capacity: int,
+        refill_per_s: float,
+        amount: int,
+        request_id: str,
+        now: float,
+    ) -> None:
+        """Give ``amount`` tokens back (never above ``capacity``) and free the slot."""
+        _check_now(now)
+        limiter.refund(
+            None, now, capacity=capacity, refill_per_s=refill_per_s, amount=amount
+        )
+        await self._give_back(
+            keys=[self.buckets.bucket_key(key), self.slots.slots_key(key)],
+            args=[
+                *self.buckets._args(
+                    capacity=capacity, refill_per_s=refill_per_s, amount=amount, now=now
+                ),
+                request_id,
+            ],
         )

@@ -13,6 +13,10 @@ For each request, in this order:
 Whatever was taken is given back when the answer ends: the unused part of the
 charge is refunded, the concurrency slot freed, the pool's tokens released.
 
+Steps 1 and 2 are one call to the limit store (one Redis round trip), and so is
+giving both back: a request refused by its concurrency cap leaves the bucket as it
+was, and one refused by its bucket never holds a slot.
+
 Pool and team tokens in flight are shared by the gateway processes of a region
 through ``LiveLoad`` (this process exact, the others as of the last second), so a
 pool's fullness is judged over all gateways within a second.
@@ -21,7 +25,6 @@ pool's fullness is judged over all gateways within a second.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 import time
@@ -32,6 +35,7 @@ from typing import Any
 from routing.admission import AdmissionRequest, Rejected, Ticket
 from routing.domain.admission import AdmissionQueue, Candidate, Outcome, PoolState
 from routing.domain.limiter import ChargeTooLarge, rate_limit_headers
+from routing.domain.snapshot import LimitRecord
 from routing.domain.tiers import Tier
 from routing.limiter_store import BucketStore, ConcurrencyStore
 from routing.live import LiveLoad
@@ -55,6 +59,7 @@ class _Ticket:
 
     owner: TieredAdmission
     request: AdmissionRequest
+    limit: LimitRecord
     request_id: str
     charged: int
     headers: dict[str, str] = field(default_factory=dict)
@@ -92,6 +97,8 @@ class TieredAdmission:
         self.live = live
         self.buckets = buckets
         self.concurrency = concurrency
+        # Charge and slot are taken (and given back) together: one round trip each.
+        self.limits = buckets.pair(concurrency)
         self.capacity_of = capacity_of
         self.max_queue = max_queue
         self.max_wait_s = max_wait_s
@@ -116,14 +123,17 @@ class TieredAdmission:
             )
         now = self.clock()
         amount = request.charge_tokens
-        bucket_key = f"{request.team}:{request.model}"
+        key = f"{request.team}:{request.model}"
         rate = limit.tokens_per_minute / 60.0
+        request_id = secrets.token_hex(8)
         try:
-            charge = await self.buckets.charge(
-                bucket_key,
+            claim = await self.limits.charge_and_acquire(
+                key,
                 capacity=limit.tokens_per_minute,
                 refill_per_s=rate,
                 amount=amount,
+                limit=limit.max_concurrency,
+                request_id=request_id,
                 now=now,
             )
         except ChargeTooLarge:
@@ -135,6 +145,7 @@ class TieredAdmission:
                 retry_after_s=0,
                 code="request_exceeds_token_limit",
             ) from None
+        charge = claim.charge
         headers = rate_limit_headers(charge)
         if not charge.allowed:
             raise Rejected(
@@ -145,33 +156,33 @@ class TieredAdmission:
                 code="rate_limit_exceeded",
                 headers=headers,
             )
-        request_id = secrets.token_hex(8)
-        concurrency_key = f"{request.team}:{request.model}"
-        try:
-            acquired = await self.concurrency.acquire(
-                concurrency_key,
-                limit=limit.max_concurrency,
-                request_id=request_id,
-                now=now,
+        if not claim.has_slot:
+            # Nothing was charged: the headers show the bucket as it stands.
+            raise Rejected(
+                429,
+                f"team {request.team!r} already has {limit.max_concurrency} streams "
+                f"in flight on {request.model}",
+                retry_after_s=1,
+                code="concurrency_limit_exceeded",
+                headers=headers,
             )
-            if not acquired:
-                raise Rejected(
-                    429,
-                    f"team {request.team!r} already has {limit.max_concurrency} streams "
-                    f"in flight on {request.model}",
-                    retry_after_s=1,
-                    code="concurrency_limit_exceeded",
-                    headers=headers,
-                )
+        try:
             await self._enter_pool(request, request_id, limit.guaranteed_share, now)
         except BaseException:
-            await self._refund(request, amount, now=self.clock())
-            with contextlib.suppress(Exception):
-                await self.concurrency.release(concurrency_key, request_id=request_id)
+            # Refused by the pool, or the client left while queued.
+            await self.limits.refund_and_release(
+                key,
+                capacity=limit.tokens_per_minute,
+                refill_per_s=rate,
+                amount=amount,
+                request_id=request_id,
+                now=self.clock(),
+            )
             raise
         return _Ticket(
             owner=self,
             request=request,
+            limit=limit,
             request_id=request_id,
             charged=amount,
             headers=headers,
@@ -326,33 +337,21 @@ class TieredAdmission:
 
     async def _give_back(self, ticket: _Ticket, *, used_tokens: int) -> None:
         request = ticket.request
+        limit = ticket.limit
         pool = (request.model, request.version)
         self.live.remove(pool_key(*pool), ticket.charged)
         self.live.remove(team_key(*pool, request.team), ticket.charged)
-        now = self.clock()
-        unused = max(0, ticket.charged - max(0, used_tokens))
         try:
-            if unused:
-                await self._refund(request, unused, now=now)
-            await self.concurrency.release(
-                f"{request.team}:{request.model}", request_id=ticket.request_id
+            await self.limits.refund_and_release(
+                f"{request.team}:{request.model}",
+                capacity=limit.tokens_per_minute,
+                refill_per_s=limit.tokens_per_minute / 60.0,
+                amount=max(0, ticket.charged - max(0, used_tokens)),
+                request_id=ticket.request_id,
+                now=self.clock(),
             )
         finally:
             self.pump(pool)
-
-    async def _refund(
-        self, request: AdmissionRequest, amount: int, *, now: float
-    ) -> None:
-        limit = request.limit
-        if limit is None or amount <= 0:
-            return
-        await self.buckets.refund(
-            f"{request.team}:{request.model}",
-            capacity=limit.tokens_per_minute,
-            refill_per_s=limit.tokens_per_minute / 60.0,
-            amount=amount,
-            now=now,
-        )
 
 
 __all__ = ["Tier", "TieredAdmission", "pool_key", "team_key"]

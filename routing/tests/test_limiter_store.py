@@ -23,8 +23,10 @@ from routing.limiter_store import (
     BUCKET_TTL_MARGIN_S,
     MemoryBucketStore,
     MemoryConcurrency,
+    MemoryLimits,
     RedisBucketStore,
     RedisConcurrency,
+    RedisLimits,
 )
 
 T0 = 1_740_830_400.123456  # a unix time with a fraction, as time.time() gives
@@ -607,3 +609,306 @@ def test_concurrency_stores_agree_on_random_histories(redis_url, prefix):
 
     run_redis(redis_url, work)
     assert outcomes == {"acquire": {True, False}, "count": {0, 1, 2, 3, 4}}
+
+
+# -- a charge and a slot together (one round trip each way) ----------------------------
+
+LIMITS = {"capacity": 100, "refill_per_s": 100 / 60}
+
+
+def test_claim_charges_the_bucket_and_takes_a_slot(backend):
+    async def scenario(buckets: Any, slots: Any) -> tuple[Any, ...]:
+        limits = buckets.pair(slots)
+        claim = await limits.charge_and_acquire(
+            "t:m", amount=30, limit=2, request_id="r1", now=T0, **LIMITS
+        )
+        return (
+            claim,
+            await slots.count("t:m", T0),
+            await buckets.peek("t:m", now=T0, **LIMITS),
+        )
+
+    claim, held, level = backend(scenario)
+    assert claim.has_slot is True
+    assert (claim.charge.allowed, claim.charge.bucket) == (True, Bucket(70.0, T0))
+    assert (claim.charge.remaining, claim.charge.retry_after_s) == (70, 0)
+    assert (held, level) == (1, Bucket(70.0, T0))
+
+
+def test_claim_refused_by_the_cap_leaves_the_bucket_untouched(backend):
+    """GIVEN a bucket charged 30 at T0 and the team's only slot held
+    WHEN another request that the bucket could pay for claims at T0 + 6
+    THEN it gets no slot, nothing is charged or stored, and the claim reports the
+    bucket as refilled to T0 + 6 with nothing taken.
+    """
+
+    async def scenario(buckets: Any, slots: Any) -> tuple[Any, ...]:
+        limits = buckets.pair(slots)
+        await limits.charge_and_acquire(
+            "t:m", amount=30, limit=1, request_id="r1", now=T0, **LIMITS
+        )
+        refused = await limits.charge_and_acquire(
+            "t:m", amount=20, limit=1, request_id="r2", now=T0 + 6, **LIMITS
+        )
+        held = await slots.count("t:m", T0 + 6)
+        # Peeking at T0 shows the stored bucket as is: a write at T0 + 6 would
+        # have moved its time (a clock going backwards refills nothing).
+        stored = await buckets.peek("t:m", now=T0, **LIMITS)
+        # r2 holds nothing: once r1 is freed, no slot is left.
+        await slots.release("t:m", request_id="r1")
+        return refused, held, stored, await slots.count("t:m", T0 + 6)
+
+    refused, held, stored, left = backend(scenario)
+    assert refused.has_slot is False
+    refilled = 70.0 + 6 * (100 / 60)
+    assert refused.charge.allowed is True
+    assert refused.charge.bucket == Bucket(refilled, T0 + 6)
+    assert refused.charge.remaining == 80  # 80 tokens, not 60: nothing was taken
+    assert refused.charge.reset_s == (100 - refilled) / (100 / 60)
+    assert (held, stored, left) == (1, Bucket(70.0, T0), 0)
+
+
+def test_claim_refused_by_the_bucket_takes_no_slot(backend):
+    async def scenario(buckets: Any, slots: Any) -> tuple[Any, ...]:
+        limits = buckets.pair(slots)
+        await buckets.charge("t:m", amount=95, now=T0, **LIMITS)
+        refused = await limits.charge_and_acquire(
+            "t:m", amount=20, limit=5, request_id="r1", now=T0 + 3, **LIMITS
+        )
+        # The bucket's refusal comes first, even when the cap is full too.
+        also_capped = await limits.charge_and_acquire(
+            "t:m", amount=20, limit=0, request_id="r2", now=T0 + 3, **LIMITS
+        )
+        return (
+            refused,
+            also_capped,
+            await slots.count("t:m", T0 + 3),
+            await buckets.peek("t:m", now=T0, **LIMITS),
+        )
+
+    refused, also_capped, held, stored = backend(scenario)
+    assert (refused.has_slot, refused.charge.allowed) == (False, False)
+    # 10 tokens at T0 + 3, 10 short at 100/60 per second: 6 s.
+    assert refused.charge.retry_after_s == 6
+    assert also_capped == refused
+    assert held == 0
+    # A refused charge stores its refill, as ``charge`` does.
+    assert stored == Bucket(5.0 + 3 * (100 / 60), T0 + 3)
+
+
+def test_claim_that_cannot_be_made_touches_nothing(backend):
+    async def scenario(buckets: Any, slots: Any) -> tuple[Any, ...]:
+        limits = buckets.pair(slots)
+        args = {"limit": 5, "request_id": "r1", **LIMITS}
+        with pytest.raises(ChargeTooLarge):
+            await limits.charge_and_acquire("t:m", amount=101, now=T0, **args)
+        for bad in ({"ttl_s": 0.0}, {"now": float("nan")}, {"amount": -1}):
+            with pytest.raises(ValueError):
+                await limits.charge_and_acquire(
+                    "t:m", **{"amount": 1, "now": T0, **args, **bad}
+                )
+        with pytest.raises(ValueError):
+            await limits.refund_and_release(
+                "t:m", amount=-1, request_id="r1", now=T0, **LIMITS
+            )
+        return (
+            await slots.count("t:m", T0),
+            await buckets.peek("t:m", now=T0 - 1, **LIMITS),
+        )
+
+    assert backend(scenario) == (0, Bucket(100.0, T0 - 1))
+
+
+def test_give_back_refunds_at_most_capacity_and_frees_the_slot(backend):
+    async def scenario(buckets: Any, slots: Any) -> list[Any]:
+        limits = buckets.pair(slots)
+        claim = {"limit": 1, "request_id": "r1", **LIMITS}
+        await limits.charge_and_acquire("t:m", amount=40, now=T0, **claim)
+        seen: list[Any] = [await slots.count("t:m", T0)]
+        await limits.refund_and_release(
+            "t:m", amount=500, request_id="r1", now=T0 + 3, **LIMITS
+        )
+        seen += [
+            await slots.count("t:m", T0 + 3),
+            await buckets.peek("t:m", now=T0 + 3, **LIMITS),
+        ]
+        # A refund of 0 frees the slot and leaves the bucket as stored (its time
+        # too); freeing a slot nobody holds is a no-op.
+        await limits.charge_and_acquire("t:m", amount=40, now=T0 + 4, **claim)
+        await limits.refund_and_release(
+            "t:m", amount=0, request_id="r1", now=T0 + 5, **LIMITS
+        )
+        await limits.refund_and_release(
+            "t:m", amount=0, request_id="never", now=T0 + 5, **LIMITS
+        )
+        seen += [
+            await slots.count("t:m", T0 + 5),
+            await buckets.peek("t:m", now=T0, **LIMITS),
+        ]
+        # The slot is free again: a new request gets it.
+        again = await limits.charge_and_acquire("t:m", amount=1, now=T0 + 5, **claim)
+        seen.append(again.has_slot)
+        return seen
+
+    assert backend(scenario) == [
+        1,
+        0,
+        Bucket(100.0, T0 + 3),
+        0,
+        Bucket(60.0, T0 + 4),
+        True,
+    ]
+
+
+def test_redis_claim_refused_by_the_cap_writes_nothing(redis_url, prefix, sync_redis):
+    bucket_key = f"{prefix}:bucket:t:m"
+
+    async def first(client: Any) -> None:
+        limits = RedisBucketStore(client, prefix).pair(RedisConcurrency(client, prefix))
+        await limits.charge_and_acquire(
+            "t:m", amount=30, limit=1, request_id="r1", now=T0, **LIMITS
+        )
+
+    async def refused(client: Any) -> Any:
+        limits = RedisBucketStore(client, prefix).pair(RedisConcurrency(client, prefix))
+        return await limits.charge_and_acquire(
+            "t:m", amount=30, limit=1, request_id="r2", now=T0 + 1, **LIMITS
+        )
+
+    run_redis(redis_url, first)
+    stored = sync_redis.hgetall(bucket_key)
+    sync_redis.persist(bucket_key)  # a write would set a TTL again
+    assert run_redis(redis_url, refused).has_slot is False
+    assert sync_redis.hgetall(bucket_key) == stored
+    assert sync_redis.pttl(bucket_key) == -1
+    assert sync_redis.zrange(f"{prefix}:conc:t:m", 0, -1) == [b"r1"]
+
+
+def test_redis_claims_take_exactly_the_cap_and_charge_only_those(
+    redis_url, prefix, sync_redis
+):
+    """60 concurrent claims of 10 tokens from two gateways, 10 slots, 1000 tokens."""
+
+    async def work(client: Any) -> list[Any]:
+        other = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            gateways = [
+                RedisBucketStore(c, prefix).pair(RedisConcurrency(c, prefix))
+                for c in (client, other)
+            ]
+            return await asyncio.gather(
+                *(
+                    gateways[i % 2].charge_and_acquire(
+                        "t:m",
+                        capacity=1000,
+                        refill_per_s=1000 / 60,
+                        amount=10,
+                        limit=10,
+                        request_id=f"r{i}",
+                        now=T0,
+                    )
+                    for i in range(60)
+                )
+            )
+        finally:
+            await other.aclose()
+
+    claims = run_redis(redis_url, work)
+    taken = [c for c in claims if c.has_slot]
+    assert len(taken) == 10
+    assert sorted(c.charge.remaining for c in taken) == list(range(900, 1000, 10))
+    # Every refused claim saw the bucket allowed and untouched by the others.
+    assert {c.charge.allowed for c in claims} == {True}
+    assert {c.charge.remaining for c in claims if not c.has_slot} == {900}
+    assert sync_redis.hget(f"{prefix}:bucket:t:m", "tokens") == b"900"
+    assert sync_redis.zcard(f"{prefix}:conc:t:m") == 10
+
+
+def test_limit_stores_agree_on_random_histories(redis_url, prefix):
+    """Claims, give-backs and the single operations, mixed, on both stores."""
+    seen: dict[str, set[Any]] = {"claim": set(), "count": set()}
+
+    async def work(client: Any) -> None:
+        redis_buckets = RedisBucketStore(client, prefix)
+        redis_slots = RedisConcurrency(client, prefix)
+        shared = redis_buckets.pair(redis_slots)
+        for run in range(150):
+            rng = random.Random(f"claims-{run}")
+            memory_buckets = MemoryBucketStore(sweep_every=3)
+            memory_slots = MemoryConcurrency(sweep_every=5)
+            memory = memory_buckets.pair(memory_slots)
+            key = f"run{run}"
+            capacity, rate = random_limit(rng)
+            limit = rng.randint(0, 3)
+            now = T0 + rng.uniform(0, 1e6)
+            for step in range(50):
+                now += random_step(rng, capacity, rate)
+                request_id = f"r{rng.randint(0, 5)}"
+                where = f"{key} step {step} at {now!r} ({capacity}, {rate!r})"
+                limits = {"capacity": capacity, "refill_per_s": rate}
+                roll = rng.random()
+                if roll < 0.5:
+                    amount = random_amount(rng, capacity)
+                    args = {
+                        "amount": amount,
+                        "limit": limit,
+                        "request_id": request_id,
+                        "now": now,
+                        "ttl_s": rng.choice([1.0, 30.0, 900.0]),
+                        **limits,
+                    }
+                    if amount > capacity:
+                        for store in (memory, shared):
+                            with pytest.raises(ChargeTooLarge):
+                                await store.charge_and_acquire(key, **args)
+                        continue
+                    expected = await memory.charge_and_acquire(key, **args)
+                    got = await shared.charge_and_acquire(key, **args)
+                    assert got == expected, f"claim {amount}: {where}"
+                    seen["claim"].add((expected.charge.allowed, expected.has_slot))
+                elif roll < 0.8:
+                    top = 2 * capacity if rng.random() < 0.2 else max(1, capacity // 4)
+                    args = {
+                        "amount": rng.choice([0, rng.randint(0, top)]),
+                        "request_id": request_id,
+                        "now": now,
+                        **limits,
+                    }
+                    await memory.refund_and_release(key, **args)
+                    await shared.refund_and_release(key, **args)
+                elif roll < 0.9:
+                    amount = rng.randint(0, capacity)
+                    args = {"amount": amount, "now": now, **limits}
+                    expected_charge = await memory_buckets.charge(key, **args)
+                    got_charge = await redis_buckets.charge(key, **args)
+                    assert got_charge == expected_charge, f"charge: {where}"
+                else:
+                    await memory_slots.release(key, request_id=request_id)
+                    await redis_slots.release(key, request_id=request_id)
+                level = await memory_buckets.peek(key, now=now, **limits)
+                assert await redis_buckets.peek(key, now=now, **limits) == level, (
+                    f"level: {where}"
+                )
+                counted = await memory_slots.count(key, now)
+                assert await redis_slots.count(key, now) == counted, f"count: {where}"
+                seen["count"].add(counted)
+
+    run_redis(redis_url, work)
+    # Every outcome of a claim happened: taken, refused by the cap, by the bucket.
+    assert seen["claim"] == {(True, True), (True, False), (False, False)}
+    assert seen["count"] == {0, 1, 2, 3}
+
+
+def test_pair_needs_slots_kept_in_the_same_place():
+    client = redis.asyncio.Redis()  # never connects: pairing makes no call
+    other = redis.asyncio.Redis()
+    with pytest.raises(TypeError):
+        MemoryBucketStore().pair(RedisConcurrency(client, "p"))
+    with pytest.raises(TypeError):
+        RedisBucketStore(client, "p").pair(MemoryConcurrency())
+    with pytest.raises(TypeError):
+        RedisBucketStore(client, "p").pair(RedisConcurrency(other, "p"))
+    assert isinstance(MemoryBucketStore().pair(MemoryConcurrency()), MemoryLimits)
+    assert isinstance(
+        RedisBucketStore(client, "p").pair(RedisConcurrency(client, "p")), RedisLimits
+    )

@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
+import redis
+import redis.asyncio
 
 from routing.admission import AdmissionRequest, Rejected
 from routing.domain.snapshot import LimitRecord
 from routing.domain.tiers import Tier
-from routing.limiter_store import MemoryBucketStore, MemoryConcurrency
+from routing.limiter_store import (
+    MemoryBucketStore,
+    MemoryConcurrency,
+    RedisBucketStore,
+    RedisConcurrency,
+)
 from routing.limits import TieredAdmission, pool_key
 from routing.live import LiveLoad
 
@@ -22,15 +32,18 @@ class Clock:
         return self.now
 
 
-def build(capacity: int = 10_000, **kwargs) -> tuple[TieredAdmission, Clock]:
+def build(
+    capacity: int = 10_000, *, stores: tuple[Any, Any] | None = None, **kwargs
+) -> tuple[TieredAdmission, Clock]:
     clock = Clock()
     live = LiveLoad(
         gateway_id="g", region="r", redis=None, prefix="p", beat_s=1.0, missed_beats=3
     )
+    buckets, concurrency = stores or (MemoryBucketStore(), MemoryConcurrency())
     admission = TieredAdmission(
         live=live,
-        buckets=MemoryBucketStore(),
-        concurrency=MemoryConcurrency(),
+        buckets=buckets,
+        concurrency=concurrency,
         capacity_of=lambda model, version: capacity,
         clock=clock,
         pump_interval_s=3600.0,
@@ -131,11 +144,13 @@ def test_concurrency_cap_refuses_then_frees_and_refunds():
             429,
             "concurrency_limit_exceeded",
         )
+        # The refused request was not charged: its headers show 800 left.
+        assert refused.value.headers["x-ratelimit-remaining-tokens"] == "800"
         await tickets[0].release(used_tokens=100)
         third = await admission.admit(
             request("a", 100, max_concurrency=2, tokens_per_minute=1000)
         )
-        # 3 admitted x 100, 1 refused and refunded: 700 left.
+        # 3 admitted x 100, 1 refused without a charge: 700 left.
         assert third.headers["x-ratelimit-remaining-tokens"] == "700"
 
     run(scenario())
@@ -232,3 +247,73 @@ def test_refused_admission_gives_the_bucket_back():
         assert again.headers["x-ratelimit-remaining-tokens"] == "0"
 
     run(scenario())
+
+
+class CountingRedis(redis.asyncio.Redis):
+    """A Redis client that records the commands it sends (one per round trip)."""
+
+    sent: list[str]
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        self.sent.append(str(args[0]))
+        return await super().execute_command(*args, **options)
+
+
+@pytest.fixture
+def redis_prefix(redis_url: str) -> Iterator[str]:
+    prefix = f"test-limits-{uuid.uuid4().hex[:8]}"
+    yield prefix
+    client = redis.Redis.from_url(redis_url)
+    for key in client.scan_iter(f"{prefix}:*"):
+        client.delete(key)
+    client.close()
+
+
+def test_admit_and_release_are_one_redis_round_trip_each(redis_url, redis_prefix):
+    """GIVEN admission over Redis stores (scripts already loaded)
+    WHEN a request is admitted and released, and others are refused
+    THEN each admit, refusal and release sends one command to Redis.
+    """
+
+    async def scenario() -> dict[str, list[str]]:
+        client = CountingRedis.from_url(redis_url)
+        client.sent = []
+        stores = (
+            RedisBucketStore(client, redis_prefix),
+            RedisConcurrency(client, redis_prefix),
+        )
+        admission, _ = build(stores=stores)
+        limits = {"tokens_per_minute": 1000, "max_concurrency": 1}
+        try:
+            warm = await admission.admit(request("a", 10, **limits))
+            await warm.release(used_tokens=10)
+            sent: dict[str, list[str]] = {}
+            client.sent = []
+            ticket = await admission.admit(request("a", 100, **limits))
+            sent["admit"], client.sent = client.sent, []
+            with pytest.raises(Rejected) as capped:
+                await admission.admit(request("a", 100, **limits))
+            assert capped.value.code == "concurrency_limit_exceeded"
+            sent["capped"], client.sent = client.sent, []
+            await ticket.release(used_tokens=40)
+            sent["release"], client.sent = client.sent, []
+            with pytest.raises(Rejected) as limited:
+                await admission.admit(request("a", 1000, **limits))
+            assert limited.value.code == "rate_limit_exceeded"
+            sent["limited"], client.sent = client.sent, []
+            bucket = await stores[0].peek(
+                "a:chat-7b", capacity=1000, refill_per_s=1000 / 60, now=1000.0
+            )
+            # 10 + 100 charged, 60 refunded; the capped request charged nothing.
+            assert bucket.tokens == 1000 - 10 - 40
+            assert await stores[1].count("a:chat-7b", 1000.0) == 0
+            return sent
+        finally:
+            await client.aclose()
+
+    assert run(scenario()) == {
+        "admit": ["EVALSHA"],
+        "capped": ["EVALSHA"],
+        "release": ["EVALSHA"],
+        "limited": ["EVALSHA"],
+    }
