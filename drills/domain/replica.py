@@ -418,6 +418,10 @@ class FleetReplica:
         """Lose the replica: return every request it held, with the tokens each had
         produced in ``tokens_at_failure``; the replica is dead afterwards."""
         lost = []
+        clock = self.clock
+        segment = self.segment
+        if segment is not None and segment.steps > 1:
+            clock += segment.steps_done(now)
         for request in self.waiting:
             request.tokens_at_failure = 0
             lost.append(request)
@@ -425,7 +429,7 @@ class FleetReplica:
             request.tokens_at_failure = 0
             lost.append(request)
         for request in self.decoding.values():
-            request.tokens_at_failure = request.gen0 + self.clock - request.clock0
+            request.tokens_at_failure = request.gen0 + clock - request.clock0
             lost.append(request)
         self.waiting.clear()
         self.prefilling.clear()

@@ -1,0 +1,61 @@
+"""``manage.py routing_ab``: the table, the JSON and the plot."""
+
+from __future__ import annotations
+
+import json
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+
+
+def test_json_has_one_row_per_policy_and_writes_the_plot(tmp_path):
+    out = StringIO()
+    plot = tmp_path / "ab.png"
+    call_command(
+        "routing_ab",
+        "--replicas=3",
+        "--minutes=1",
+        "--warmup-minutes=0.5",
+        "--rate=12",
+        "--json",
+        f"--plot={plot}",
+        stdout=out,
+    )
+    data = json.loads(out.getvalue())
+    assert [row["policy"] for row in data["policies"]] == [
+        "round_robin",
+        "least_tokens",
+        "prefix_affinity",
+    ]
+    for row in data["policies"]:
+        assert set(row) >= {
+            "prefix_hit_rate",
+            "ttft_p95_s",
+            "imbalance_mean",
+            "imbalance_peak",
+            "uncached_prefill_tokens_per_s",
+        }
+    assert data["scenario"]["replicas"] == 3
+    assert data["scenario"]["arrival_rate"] == 12
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_table_names_units(tmp_path):
+    out = StringIO()
+    call_command(
+        "routing_ab",
+        "--replicas=2",
+        "--minutes=0.5",
+        "--warmup-minutes=0",
+        "--rate=5",
+        f"--plot={tmp_path / 'p.png'}",
+        stdout=out,
+    )
+    text = out.getvalue()
+    assert "prefix_affinity" in text and "tokens/s" in text and "hit rate" in text
+
+
+def test_a_missing_trace_is_a_command_error(tmp_path):
+    with pytest.raises(CommandError):
+        call_command("routing_ab", f"--trace={tmp_path / 'none.jsonl'}")

@@ -1,0 +1,221 @@
+"""The fleet simulator: determinism, the gateway's own policy objects, failures,
+trace replay, and the routing A/B's shape on small fleets."""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from drills.domain.fleet import FleetConfig, FleetEvent, FleetSim
+from drills.domain.routing_ab import generate_arrivals, run_routing_ab
+from drills.domain.workload import (
+    ChatWorkload,
+    TeamSpec,
+    read_trace,
+    trace_arrivals,
+)
+from routing.domain import policies
+from routing.domain.policies.prefix_affinity import PrefixAffinityPolicy
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def small(policy="prefix_affinity", **overrides):
+    values = {"replicas": 4, "policy": policy, "seed": 5, **overrides}
+    return FleetConfig(**values)
+
+
+def test_a_run_is_deterministic_for_a_seed_and_changes_with_it():
+    def run(seed):
+        sim = FleetSim(small(seed=seed), ChatWorkload(arrival_rate=20.0))
+        return sim.run(60.0, warmup_s=20.0).summary()
+
+    first, again, other = run(1), run(1), run(2)
+    assert first == again
+    assert first["requests"] != other["requests"] or first != other
+
+
+def test_it_routes_with_the_gateways_policy_objects(monkeypatch):
+    calls = []
+    original = PrefixAffinityPolicy.choose
+
+    def spy(self, req, nodes, now):
+        decision = original(self, req, nodes, now)
+        calls.append((req.routing_key, decision.chosen))
+        return decision
+
+    monkeypatch.setattr(PrefixAffinityPolicy, "choose", spy)
+    sim = FleetSim(small(), ChatWorkload(arrival_rate=10.0))
+    assert type(sim.policy) is policies.POLICIES["prefix_affinity"]
+    result = sim.run(30.0, drain_s=60.0)
+    routed = [r for r in result.requests if r.routed_at is not None]
+    assert len(calls) >= len(routed) > 0
+    # Each request went where the policy said.
+    by_key = {}
+    for key, chosen in calls:
+        by_key.setdefault(key, []).append(chosen)
+    for request in routed:
+        assert request.replica_id in by_key[f"conv-{request.conversation}"]
+
+
+def test_no_routing_policy_is_defined_outside_routing_domain():
+    for path in (ROOT / "drills").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                methods = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+                assert "choose" not in methods, f"{path}: {node.name} is a policy copy"
+
+
+def test_a_lost_replica_retries_requests_without_tokens_and_errors_the_rest():
+    sim = FleetSim(
+        small(retry_ratio=1.0, retry_min=1000),
+        ChatWorkload(arrival_rate=20.0),
+        events=[FleetEvent(at=30.0, kind="lose_replica")],
+    )
+    result = sim.run(60.0, drain_s=60.0)
+    retried = [r for r in result.requests if r.attempts == 2]
+    errors = [r for r in result.requests if r.outcome == "error"]
+    assert retried and all(r.outcome == "ok" for r in retried)
+    assert errors and all(0 < r.output_tokens < r.max_tokens for r in errors)
+    assert any("lost" in text for _, text in result.events)
+    assert result.samples[-1].replicas == 3
+
+
+def test_without_retry_budget_requests_without_tokens_fail_too():
+    sim = FleetSim(
+        small(retry_ratio=0.0, retry_min=0),
+        ChatWorkload(arrival_rate=20.0),
+        events=[FleetEvent(at=30.0, kind="lose_replica", count=1)],
+    )
+    result = sim.run(60.0, drain_s=60.0)
+    assert not [r for r in result.requests if r.attempts > 1]
+    assert [r for r in result.requests if r.outcome == "error" and r.output_tokens == 0]
+
+
+def test_an_added_replica_serves_after_its_cold_start():
+    sim = FleetSim(
+        small(cold_start_s=20.0),
+        ChatWorkload(arrival_rate=20.0),
+        events=[FleetEvent(at=10.0, kind="add_replica")],
+    )
+    result = sim.run(60.0)
+    counts = [(s.at, s.replicas) for s in result.samples]
+    assert (29.0, 4) in counts and (31.0, 5) in counts
+    assert any(r.replica_id == "r04" for r in result.requests)
+
+
+def test_a_team_surge_raises_only_that_teams_arrivals():
+    teams = (TeamSpec("a"), TeamSpec("b"))
+    sim = FleetSim(
+        small(),
+        ChatWorkload(arrival_rate=10.0, teams=teams),
+        events=[FleetEvent(at=0.0, kind="team_rate", team="b", factor=4.0)],
+    )
+    result = sim.run(120.0)
+    by_team = result.by("team")
+    assert by_team["b"]["requests"] > 3 * by_team["a"]["requests"]
+
+
+def test_token_limits_charge_the_teams_bucket_and_refuse_over_it():
+    teams = (TeamSpec("quiet"), TeamSpec("noisy", tokens_per_minute=30_000))
+    sim = FleetSim(small(), ChatWorkload(arrival_rate=10.0, teams=teams))
+    by_team = sim.run(120.0, warmup_s=30.0).by("team")
+    # 5 req/s x 1,500 tokens = 450,000 a minute against a limit of 30,000.
+    assert by_team["noisy"]["rate_limited"] > 0.8 * by_team["noisy"]["requests"]
+    assert by_team["quiet"]["rate_limited"] == 0
+
+
+def test_trace_replay_works_out_each_turns_history(tmp_path):
+    turn_one = [{"role": "user", "content": "hello there " * 40}]
+    turn_two = [
+        *turn_one,
+        {"role": "assistant", "content": "an answer"},
+        {"role": "user", "content": "and more " * 10},
+    ]
+    edited = [{"role": "user", "content": "hello, there " * 40}]
+    lines = [
+        {"t": 0.0, "conversation": "a", "messages": turn_one, "max_tokens": 20},
+        {"t": 1.0, "conversation": "b", "prompt_tokens": 300, "max_tokens": 10},
+        {
+            "t": 5.0,
+            "conversation": "a",
+            "messages": turn_two,
+            "max_tokens": 20,
+            "team": "x",
+            "tier": "batch",
+        },
+        {"t": 6.0, "conversation": "b", "prompt_tokens": 400, "max_tokens": 10},
+        {"t": 7.0, "conversation": "a", "messages": edited, "max_tokens": 20},
+    ]
+    path = tmp_path / "trace.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    arrivals = list(trace_arrivals(read_trace(path)))
+    assert [a.history_tokens for a in arrivals[:2]] == [0, 0]
+    # The whole first turn, prompt and answer, is the second turn's history.
+    assert arrivals[2].history_tokens == arrivals[0].prompt_tokens + 20
+    assert arrivals[2].conversation == arrivals[0].conversation
+    assert arrivals[3].history_tokens == 310
+    assert arrivals[2].tier == "batch" and arrivals[2].team == "x"
+    # An edited history shares too little: a new stream, with no history.
+    assert arrivals[4].history_tokens == 0
+    assert arrivals[4].conversation not in {a.conversation for a in arrivals[:4]}
+    sim = FleetSim(small(replicas=1), arrivals=arrivals)
+    result = sim.run(30.0)
+    assert [r.outcome for r in result.requests] == ["ok"] * 5
+    assert result.requests[3].cached_tokens >= 256  # b's first prompt, in 64s
+
+
+def test_a_bad_trace_line_is_named(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"t": 0, "max_tokens": 5}\n')
+    with pytest.raises(ValueError, match="line 1"):
+        read_trace(path)
+
+
+def test_routing_ab_shape_on_a_small_fleet():
+    workload = ChatWorkload(arrival_rate=24.0)
+    arrivals = generate_arrivals(workload, 240.0, seed=2)
+    rows = {
+        o.policy: o
+        for o in run_routing_ab(
+            small(seed=2), arrivals, duration_s=180.0, warmup_s=60.0
+        )
+    }
+    rr, lt, pa = rows["round_robin"], rows["least_tokens"], rows["prefix_affinity"]
+    # The same replay: the same requests in every run.
+    assert rr.requests == lt.requests == pa.requests
+    # Affinity finds the history far more often and computes less prefill.
+    assert pa.prefix_hit_rate > rr.prefix_hit_rate + 0.4
+    assert pa.uncached_prefill_tokens_per_s < 0.8 * rr.uncached_prefill_tokens_per_s
+    # Bounded load keeps the hottest replica near 1.25x the average.
+    assert pa.imbalance_peak < 1.45
+    assert lt.imbalance_mean < pa.imbalance_mean
+
+
+def test_arrivals_follow_the_workloads_rate_and_users():
+    workload = ChatWorkload(arrival_rate=50.0, message_interval_s=40.0)
+    arrivals = generate_arrivals(workload, 200.0, seed=1)
+    assert len(arrivals) == pytest.approx(50.0 * 200.0, rel=0.05)
+    assert len({a.conversation for a in arrivals}) <= workload.users == 2000
+    times = [a.at for a in arrivals]
+    assert times == sorted(times)
+    turns = [a for a in arrivals if a.history_tokens]
+    assert all(a.history_tokens == 800 and a.prompt_tokens == 1200 for a in turns)
+
+
+def test_growing_conversations_carry_their_whole_history():
+    workload = ChatWorkload(arrival_rate=1.0, message_interval_s=2.0, mode="growing")
+    arrivals = generate_arrivals(workload, 60.0, seed=1)
+    by_conv = {}
+    for a in arrivals:
+        by_conv.setdefault(a.conversation, []).append(a)
+    turns = max(by_conv.values(), key=len)
+    assert len(turns) > 3
+    for before, after in itertools.pairwise(turns):
+        assert after.history_tokens == before.prompt_tokens + before.output_tokens
+        assert after.prompt_tokens == after.history_tokens + 400
