@@ -8,9 +8,17 @@ answers a streaming chat completion the way vLLM does: a role chunk, one
 on an absolute schedule (token k at start + k / rate; the first one at once), and
 one timer loop ticks every open stream, so 1,000 streams cost a few thousand heap
 operations a second rather than one sleeping task each. ``GET /health`` answers
-200 and ``GET /metrics`` a minimal vLLM exposition. Run from the repository root:
+200 and ``GET /metrics`` a minimal vLLM exposition.
 
-    .venv/bin/python bench/fake_upstream.py --port 9101 [--rate 30]
+``--tokens-per-event N`` coalesces tokens as vLLM does under load (or with
+``--stream-interval N``): after the first token, which still leaves at once and
+alone, each event carries the next N tokens and leaves when the last of them is
+due; the final event carries what is left. Every token is the text ``" word"``
+(so a client counts an event's tokens by counting it), and the usage chunk
+counts tokens, not events. Run from the repository root:
+
+    .venv/bin/python bench/fake_upstream.py --port 9101 [--rate 30] \
+        [--tokens-per-event 1]
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ except ImportError:  # pragma: no cover - the bench venv has it
     uvloop = None  # type: ignore[assignment]
 
 MODEL = "chat-7b"
+TOKEN_TEXT = " word"  # every token's text: clients count tokens by it
 _HEAD_END = b"\r\n\r\n"
 _SSE_HEAD = (
     b"HTTP/1.1 200 OK\r\n"
@@ -80,6 +89,7 @@ class Stream:
         "prompt",
         "regular",
         "rid",
+        "started_at",
         "total",
     )
 
@@ -90,9 +100,10 @@ class Stream:
         self.total = total
         self.left = total
         self.prompt = prompt
+        self.started_at = now
         self.next_at = now
         self.done = False
-        self.regular: bytes | None = None
+        self.regular: bytes | None = None  # the event of a full group, once built
 
     def common(self) -> dict[str, object]:
         return {
@@ -117,13 +128,14 @@ class Stream:
         }
         return _frame(_event(role))
 
-    def token(self, *, last: bool) -> bytes:
+    def tokens(self, count: int, *, last: bool) -> bytes:
+        """One event carrying ``count`` tokens."""
         chunk = {
             **self.common(),
             "choices": [
                 {
                     "index": 0,
-                    "delta": {"content": " word"},
+                    "delta": {"content": TOKEN_TEXT * count},
                     "logprobs": None,
                     "finish_reason": "length" if last else None,
                 }
@@ -154,11 +166,16 @@ class Ticker:
     """
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, rate: float, min_step_s: float = 0.001
+        self,
+        loop: asyncio.AbstractEventLoop,
+        rate: float,
+        min_step_s: float = 0.001,
+        tokens_per_event: int = 1,
     ) -> None:
         self.loop = loop
         self.interval = 1.0 / rate
         self.min_step_s = min_step_s
+        self.tokens_per_event = tokens_per_event
         self.heap: list[tuple[float, int, Stream]] = []
         self.seq = itertools.count()
         self.wake = asyncio.Event()
@@ -182,31 +199,42 @@ class Ticker:
             while heap and heap[0][0] <= now:
                 _, _, stream = pop(heap)
                 if self.emit(stream):
-                    stream.next_at += self.interval
                     push(heap, (stream.next_at, next(self.seq), stream))
             if heap:
                 delay = max(heap[0][0] - loop.time(), self.min_step_s)
                 await asyncio.sleep(delay)
 
     def emit(self, stream: Stream) -> bool:
-        """Send the stream's next token; return whether it has more to send."""
+        """Send the stream's next event; return whether it has more to send.
+
+        The first event carries one token, the others up to ``tokens_per_event``;
+        ``next_at`` becomes the due time of the last token of the next event.
+        """
         conn = stream.conn
         if conn.closed or stream.done:
             if not stream.done:
                 stream.done = True
                 Stats.running -= 1
             return False
-        stream.left -= 1
-        Stats.generation_tokens += 1
+        first = stream.left == stream.total
+        count = 1 if first else min(self.tokens_per_event, stream.left)
+        stream.left -= count
+        Stats.generation_tokens += count
         if stream.left <= 0:
-            conn.transport.write(stream.token(last=True) + stream.tail())
+            conn.transport.write(stream.tokens(count, last=True) + stream.tail())
             stream.done = True
             Stats.running -= 1
             conn.finish_stream()
             return False
-        if stream.regular is None:
-            stream.regular = stream.token(last=False)
-        conn.transport.write(stream.regular)
+        if count != self.tokens_per_event:
+            conn.transport.write(stream.tokens(count, last=False))
+        else:
+            if stream.regular is None:
+                stream.regular = stream.tokens(count, last=False)
+            conn.transport.write(stream.regular)
+        sent = stream.total - stream.left
+        last_due = sent - 1 + min(self.tokens_per_event, stream.left)
+        stream.next_at = stream.started_at + last_due * self.interval
         return True
 
 
@@ -310,7 +338,6 @@ class Connection(asyncio.Protocol):
         self.transport.write(_SSE_HEAD + stream.first())
         # The first token leaves at once, with the role chunk (the schedule's t=0).
         if self.ticker.emit(stream):
-            stream.next_at += self.ticker.interval
             self.ticker.add(stream)
 
 
@@ -333,16 +360,20 @@ def metrics_text() -> bytes:
     return "\n".join(lines).encode()
 
 
-async def serve(host: str, port: int, rate: float) -> None:
+async def serve(host: str, port: int, rate: float, tokens_per_event: int) -> None:
     loop = asyncio.get_running_loop()
-    ticker = Ticker(loop, rate)
+    ticker = Ticker(loop, rate, tokens_per_event=tokens_per_event)
     Connection.ticker = ticker
     server = await loop.create_server(Connection, host, port, backlog=4096)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     task = asyncio.create_task(ticker.run())
-    print(f"fake upstream on http://{host}:{port} at {rate:g} tokens/s", flush=True)
+    print(
+        f"fake upstream on http://{host}:{port} at {rate:g} tokens/s, "
+        f"{tokens_per_event} per event",
+        flush=True,
+    )
     await stop.wait()
     task.cancel()
     server.close()
@@ -353,10 +384,18 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--rate", type=float, default=30.0, help="tokens/s per stream")
+    parser.add_argument(
+        "--tokens-per-event",
+        type=int,
+        default=1,
+        help="tokens coalesced into one SSE event after the first (vLLM under load)",
+    )
     args = parser.parse_args()
+    if args.tokens_per_event < 1:
+        parser.error("--tokens-per-event must be 1 or more")
     if uvloop is not None:
         uvloop.install()
-    asyncio.run(serve(args.host, args.port, args.rate))
+    asyncio.run(serve(args.host, args.port, args.rate, args.tokens_per_event))
 
 
 if __name__ == "__main__":

@@ -13,16 +13,24 @@ SSE, 300 tokens at 30 tokens/s), for each concurrency level, interleaved:
    Worker counts above 1 (``--gateway-workers``) run at levels of at least
    ``--multi-worker-min-level``.
 
-Per run: events/s, TTFT and inter-token gap percentiles, errors (from the load
-generator, over a window after one stream length of ramp-up), and the relay's CPU
-(utime + stime of the process and its children from /proc over the window) per
-10,000 relayed events. By default the relay is pinned to CPU 0 and the upstream and
+4. **baseline** (with ``--baseline-tree PATH``): the gateway again, run from another
+   checkout (say, the code before a change), against the same database and Redis,
+   so that before and after are measured side by side in one run.
+
+Per run: events/s, tokens/s, TTFT and gap percentiles (between content events),
+errors (from the load generator, over a window after one stream length of
+ramp-up), and the relay's CPU (utime + stime of the process and its children from
+/proc over the window) per 10,000 relayed events, per 10,000 relayed tokens and per
+request. ``--tokens-per-event 1,4`` repeats everything with the upstream putting
+up to N tokens in one SSE event (as vLLM does under load), restarted on the same
+ports for each N. By default the relay is pinned to CPU 0 and the upstream and
 load generator to CPU 1 (``--pin none`` turns this off; multi-worker gateways get
 both CPUs). Every process started is stopped and the database dropped on exit,
 Ctrl-C included. Run from the repository root:
 
     .venv/bin/python bench/gateway.py --out bench/results/gateway.json \
-        [--levels 100,500,1000] [--duration-s 20] [--repeat 1] [--profile]
+        [--levels 100,500,1000] [--duration-s 20] [--repeat 1] [--profile] \
+        [--tokens-per-event 1,4] [--baseline-tree /tmp/before]
 """
 
 from __future__ import annotations
@@ -56,6 +64,7 @@ PY = sys.executable
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 REGION = "bench"
 MODEL = "chat-7b"
+TOKEN_TEXT = " word"  # the fake upstream's text of every token
 PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 TARGETS = {
     "gateway_cpu_ratio_max": 1.3,
@@ -81,6 +90,7 @@ class Processes:
         cpus: str | None = None,
         nice: int = 0,
         stdout: int | None = None,
+        cwd: Path = ROOT,
     ) -> subprocess.Popen[bytes]:
         prefix: list[str] = []
         if cpus and shutil.which("taskset"):
@@ -92,7 +102,7 @@ class Processes:
         try:
             popen = subprocess.Popen(
                 prefix + argv,
-                cwd=ROOT,
+                cwd=cwd,
                 env=env,
                 stdout=stdout if stdout is not None else log,
                 stderr=log,
@@ -375,12 +385,20 @@ class Bench:
         self.relay_cpus = "0" if pin else None
         self.harness_cpus = "1" if pin else None
         self.nice = args.nice if os.geteuid() == 0 else 0
+        self.tokens_per_event = 1
 
     # upstream -------------------------------------------------------------------------
 
-    def start_upstreams(self) -> None:
+    def start_upstreams(self, tokens_per_event: int) -> None:
+        """Start the upstreams, or restart them on the same ports (the gateway's
+        replica rows name them) to change how many tokens go in one event."""
+        ports = [int(url.rsplit(":", 1)[1]) for _, url in self.upstreams]
+        for popen, _ in self.upstreams:
+            self.procs.stop(popen)
+        self.upstreams = []
+        self.tokens_per_event = tokens_per_event
         for index in range(self.args.upstreams):
-            port = free_port()
+            port = ports[index] if ports else free_port()
             popen = self.procs.start(
                 f"upstream-{index}",
                 [
@@ -390,6 +408,8 @@ class Bench:
                     str(port),
                     "--rate",
                     str(self.args.rate),
+                    "--tokens-per-event",
+                    str(tokens_per_event),
                 ],
                 cpus=self.harness_cpus,
                 nice=self.nice,
@@ -444,15 +464,20 @@ class Bench:
         self._probe(url, popen, successes=3)
         return popen, url
 
-    def start_gateway(self, workers: int) -> tuple[subprocess.Popen[bytes], str]:
+    def start_gateway(
+        self, workers: int, target: str = "gateway"
+    ) -> tuple[subprocess.Popen[bytes], str]:
         port = free_port()
         argv = gateway_argv(port, workers=workers)
         popen = self.procs.start(
-            f"gateway-w{workers}",
+            f"{target}-w{workers}",
             argv,
             env=self.platform.env(),
             cpus=self.relay_cpus if workers == 1 else None,
             nice=self.nice,
+            # The baseline's code comes from its own tree (python -m puts the
+            # working directory first on sys.path).
+            cwd=self.args.baseline_tree if target == "baseline" else ROOT,
         )
         url = f"http://127.0.0.1:{port}"
         wait_for(lambda: http(f"{url}/healthz")[0] == 200, 90, "the gateway", popen)
@@ -487,7 +512,8 @@ class Bench:
     def run(self, level: int, target: str, workers: int, repeat: int) -> dict[str, Any]:
         args = self.args
         busy_before = wait_idle(args.idle_wait_s, args.idle_threshold)
-        log_name = f"gateway-w{workers}" if target == "gateway" else target
+        gateway_like = target in GATEWAYS
+        log_name = f"{target}-w{workers}" if gateway_like else target
         log_name = None if target == "direct" else log_name
         log_path = LOG_DIR / f"{log_name}.log" if log_name else None
         log_from = log_path.stat().st_size if log_path and log_path.exists() else 0
@@ -500,7 +526,7 @@ class Bench:
                 relay, url = self.start_bare(target)
                 urls = [url]
             else:
-                relay, url = self.start_gateway(workers)
+                relay, url = self.start_gateway(workers, target)
                 urls = [url]
             idle_cores = None
             if relay is not None and args.idle_sample_s > 0:
@@ -527,6 +553,8 @@ class Bench:
                 str(args.warmup_s),
                 "--duration-s",
                 str(args.duration_s),
+                "--token-text",
+                TOKEN_TEXT,
             ]
             loadgen = self.procs.start(
                 "loadgen",
@@ -573,14 +601,19 @@ class Bench:
         loadgen_cpu = cpu_delta(before["loadgen"], after["loadgen"])
         busy = after["busy"] - before["busy"]
         events = result["events_in_window"]
+        tokens = result["tokens_in_window"]
+        requests = result["requests_ended_in_window"]
         record = {
             "level": level,
             "target": target,
-            "workers": workers if target == "gateway" else (1 if relay else 0),
+            "workers": workers if gateway_like else (1 if relay else 0),
             "repeat": repeat,
+            "tokens_per_event": self.tokens_per_event,
             "window_s": window,
             "events_per_s": result["events_per_s"],
+            "content_events_per_s": result["content_events_per_s"],
             "tokens_per_s": result["tokens_per_s"],
+            "tokens_per_content_event": result["tokens_per_content_event"],
             "nominal_tokens_per_s": level
             * args.max_tokens
             / ((args.max_tokens - 1) / args.rate),
@@ -598,6 +631,13 @@ class Bench:
             "relay_idle_cores": idle_cores,
             "relay_cpu_s_per_10k_events": (relay_cpu / events * 10_000)
             if relay and events
+            else None,
+            "relay_cpu_s_per_10k_tokens": (relay_cpu / tokens * 10_000)
+            if relay and tokens
+            else None,
+            "requests_ended_in_window": requests,
+            "relay_cpu_us_per_request": (relay_cpu / requests * 1e6)
+            if relay and requests
             else None,
             "upstream_cores": upstream_cpu / window,
             "loadgen_cores": loadgen_cpu / window,
@@ -620,11 +660,12 @@ class Bench:
         ``kept`` (the summary uses only kept runs).
         """
         args = self.args
-        label = target if target != "gateway" else f"gateway-w{workers}"
+        label = f"{target}-w{workers}" if target in GATEWAYS else target
         attempts: list[dict[str, Any]] = []
         for attempt in range(1 + max(0, args.retries)):
             print(
-                f"[{time.monotonic() - started:6.0f}s] C={level} {label} "
+                f"[{time.monotonic() - started:6.0f}s] C={level} "
+                f"N={self.tokens_per_event} {label} "
                 f"(repeat {repeat + 1}/{args.repeat}, attempt {attempt + 1})",
                 flush=True,
             )
@@ -638,6 +679,7 @@ class Bench:
                         "target": target,
                         "workers": workers,
                         "repeat": repeat,
+                        "tokens_per_event": self.tokens_per_event,
                         "failed": str(exc),
                     }
                 )
@@ -647,6 +689,7 @@ class Bench:
             attempts.append(record)
             print(
                 f"  tok/s {record['tokens_per_s']:.0f}, "
+                f"CPU-s/10k tok {_fmt(record['relay_cpu_s_per_10k_tokens'], 3)}, "
                 f"TTFT p99 {_fmt(record['ttft_ms']['p99'])} ms, "
                 f"gap p99 {_fmt(record['gap_ms']['p99'])} ms, "
                 f"errors {record['errors']}, relay cores "
@@ -817,30 +860,40 @@ def _median(values: list[float | None]) -> float | None:
 
 
 def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Median over repeats of each (level, target, workers), with added TTFT."""
-    groups: dict[tuple[int, str, int], list[dict[str, Any]]] = defaultdict(list)
+    """Median over repeats of each (N, level, target, workers), with added TTFT."""
+    groups: dict[tuple[int, int, str, int], list[dict[str, Any]]] = defaultdict(list)
     for run in runs:
-        groups[(run["level"], run["target"], run["workers"])].append(run)
-    direct: dict[tuple[int, int], dict[str, Any]] = {
-        (r["level"], r["repeat"]): r for r in runs if r["target"] == "direct"
+        key = (run.get("tokens_per_event", 1), run["level"], run["target"])
+        groups[(*key, run["workers"])].append(run)
+    direct: dict[tuple[int, int, int], dict[str, Any]] = {
+        (r.get("tokens_per_event", 1), r["level"], r["repeat"]): r
+        for r in runs
+        if r["target"] == "direct"
     }
     rows = []
-    for (level, target, workers), group in sorted(
+    for (tpe, level, target, workers), group in sorted(
         groups.items(),
-        key=lambda kv: (kv[0][0], _ORDER.get(kv[0][1], 2), kv[0][1], kv[0][2]),
+        key=lambda kv: (
+            kv[0][0],
+            kv[0][1],
+            _ORDER.get(kv[0][2], 2),
+            kv[0][2],
+            kv[0][3],
+        ),
     ):
 
         def med(fn: Any, group: list[dict[str, Any]] = group) -> float | None:
             return _median([fn(r) for r in group])
 
         def added(r: dict[str, Any], q: str) -> float | None:
-            base = direct.get((r["level"], r["repeat"]))
+            base = direct.get((r.get("tokens_per_event", 1), r["level"], r["repeat"]))
             if base is None or r["ttft_ms"][q] is None or base["ttft_ms"][q] is None:
                 return None
             return r["ttft_ms"][q] - base["ttft_ms"][q]
 
         rows.append(
             {
+                "tokens_per_event": tpe,
                 "level": level,
                 "target": target,
                 "workers": workers,
@@ -860,26 +913,34 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "relay_cpu_s_per_10k_events": med(
                     lambda r: r["relay_cpu_s_per_10k_events"]
                 ),
+                "relay_cpu_s_per_10k_tokens": med(
+                    lambda r: r.get("relay_cpu_s_per_10k_tokens")
+                ),
+                "relay_cpu_us_per_request": med(
+                    lambda r: r.get("relay_cpu_us_per_request")
+                ),
                 "upstream_cores": med(lambda r: r["upstream_cores"]),
                 "loadgen_cores": med(lambda r: r["loadgen_cores"]),
                 "foreign_cores": med(lambda r: r["foreign_cores"]),
             }
         )
     bare = {
-        r["level"]: r["relay_cpu_s_per_10k_events"]
+        (r["tokens_per_event"], r["level"]): r["relay_cpu_s_per_10k_tokens"]
         for r in rows
         if r["target"] == "bare"
     }
     for row in rows:
-        base = bare.get(row["level"])
-        mine = row["relay_cpu_s_per_10k_events"]
+        # Per token: the same as per event when both relay the same stream.
+        base = bare.get((row["tokens_per_event"], row["level"]))
+        mine = row["relay_cpu_s_per_10k_tokens"]
         row["cpu_ratio_vs_bare"] = (
             mine / base if row["target"] != "direct" and base and mine else None
         )
     return rows
 
 
-_ORDER = {"direct": 0, "bare": 1, "gateway": 3}
+_ORDER = {"direct": 0, "bare": 1, "baseline": 3, "gateway": 4}
+GATEWAYS = ("gateway", "baseline")
 
 
 def check_targets(
@@ -895,7 +956,10 @@ def check_targets(
             and row["tokens_per_s"] >= nominal_ok * row["nominal_tokens_per_s"]
         )
 
-    gateway_rows = [r for r in rows if r["target"] == "gateway"]
+    # The targets are set for one token per event (vLLM at low load).
+    gateway_rows = [
+        r for r in rows if r["target"] == "gateway" and r["tokens_per_event"] == 1
+    ]
     ratios = {
         f"c{r['level']}_w{r['workers']}": r["cpu_ratio_vs_bare"]
         for r in gateway_rows
@@ -935,21 +999,27 @@ def _fmt(value: float | None, digits: int = 1) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     header = (
-        f"{'C':>5} {'target':<15} {'ev/s':>7} {'tok/s':>7} {'nominal':>7} "
+        f"{'N':>2} {'C':>5} {'target':<15} {'ev/s':>7} {'tok/s':>7} {'nominal':>7} "
         f"{'TTFT p50/p99 ms':>16} {'added p50/p99':>14} {'gap p50/p99 ms':>15} "
-        f"{'err':>4} {'cores':>5} {'CPU-s/10k':>9} {'ratio':>5} {'foreign':>7}"
+        f"{'err':>4} {'cores':>5} {'CPU-s/10k ev':>12} {'CPU-s/10k tok':>13} "
+        f"{'us/req':>7} {'ratio':>5} {'foreign':>7}"
     )
     lines = [header, "-" * len(header)]
     for r in rows:
-        name = r["target"] if r["target"] != "gateway" else f"gateway-w{r['workers']}"
+        name = r["target"]
+        if name in GATEWAYS:
+            name = f"{name}-w{r['workers']}"
         lines.append(
-            f"{r['level']:>5} {name:<15} {_fmt(r['events_per_s'], 0):>7} "
+            f"{r['tokens_per_event']:>2} {r['level']:>5} {name:<15} "
+            f"{_fmt(r['events_per_s'], 0):>7} "
             f"{_fmt(r['tokens_per_s'], 0):>7} {_fmt(r['nominal_tokens_per_s'], 0):>7} "
             f"{_fmt(r['ttft_p50_ms']) + '/' + _fmt(r['ttft_p99_ms']):>16} "
             f"{_fmt(r['added_ttft_p50_ms']) + '/' + _fmt(r['added_ttft_p99_ms']):>14} "
             f"{_fmt(r['gap_p50_ms']) + '/' + _fmt(r['gap_p99_ms']):>15} "
             f"{r['errors']:>4} {_fmt(r['relay_cores'], 2):>5} "
-            f"{_fmt(r['relay_cpu_s_per_10k_events'], 3):>9} "
+            f"{_fmt(r['relay_cpu_s_per_10k_events'], 3):>12} "
+            f"{_fmt(r['relay_cpu_s_per_10k_tokens'], 3):>13} "
+            f"{_fmt(r['relay_cpu_us_per_request'], 0):>7} "
             f"{_fmt(r['cpu_ratio_vs_bare'], 2):>5} {_fmt(r['foreign_cores'], 2):>7}"
         )
     return "\n".join(lines)
@@ -972,7 +1042,21 @@ def main() -> None:
         "--targets",
         default="direct,bare,gateway",
         help="also bare+race, bare+parse, bare+race+parse: the bare relay with "
-        "pieces of the gateway's relay loop (see bench/bare_relay.py)",
+        "pieces of the gateway's relay loop (see bench/bare_relay.py); baseline: "
+        "the gateway from --baseline-tree",
+    )
+    parser.add_argument(
+        "--baseline-tree",
+        type=Path,
+        default=None,
+        help="a checkout whose gateway runs as the 'baseline' target (added to "
+        "--targets when given), e.g. a copy of this tree before a change",
+    )
+    parser.add_argument(
+        "--tokens-per-event",
+        default="1",
+        help="comma-separated: tokens the upstream puts in one SSE event after "
+        "the first (each value runs every level and target)",
     )
     parser.add_argument(
         "--gateway-workers",
@@ -1029,6 +1113,17 @@ def main() -> None:
     args.profile_now = False
     levels = [int(x) for x in args.levels.split(",") if x]
     targets = [t for t in args.targets.split(",") if t]
+    if args.baseline_tree is not None:
+        args.baseline_tree = args.baseline_tree.resolve()
+        if not (args.baseline_tree / "config" / "asgi.py").exists():
+            parser.error(f"--baseline-tree {args.baseline_tree}: no config/asgi.py")
+        if "baseline" not in targets:
+            targets.append("baseline")
+    elif "baseline" in targets:
+        parser.error("the baseline target needs --baseline-tree")
+    per_event = [int(x) for x in args.tokens_per_event.split(",") if x]
+    if not per_event or min(per_event) < 1:
+        parser.error("--tokens-per-event takes numbers of 1 or more")
     workers_list = [int(x) for x in args.gateway_workers.split(",") if x]
     signal.signal(signal.SIGTERM, _interrupt)
     LOG_DIR.mkdir(parents=True, exist_ok=True)
@@ -1055,25 +1150,30 @@ def main() -> None:
     }
     started = time.monotonic()
     try:
-        bench.start_upstreams()
+        bench.start_upstreams(per_event[0])
         replica_urls = [
             bench.upstream_urls()[i % args.upstreams] for i in range(args.replicas)
         ]
-        if "gateway" in targets:
+        if any(t in GATEWAYS for t in targets):
             bench.platform.create(replica_urls)
             bench.platform.start_beats()
-        for repeat in range(args.repeat):
-            for level in levels:
-                plan: list[tuple[str, int]] = []
-                for target in targets:
-                    if target != "gateway":
-                        plan.append((target, 1))
-                        continue
-                    for workers in workers_list:
-                        if workers == 1 or level >= args.multi_worker_min_level:
-                            plan.append(("gateway", workers))
-                for target, workers in plan:
-                    runs.extend(bench.measure(level, target, workers, repeat, started))
+        for tokens_per_event in per_event:
+            if tokens_per_event != bench.tokens_per_event:
+                bench.start_upstreams(tokens_per_event)
+            for repeat in range(args.repeat):
+                for level in levels:
+                    plan: list[tuple[str, int]] = []
+                    for target in targets:
+                        if target not in GATEWAYS:
+                            plan.append((target, 1))
+                            continue
+                        for workers in workers_list:
+                            if workers == 1 or level >= args.multi_worker_min_level:
+                                plan.append((target, workers))
+                    for target, workers in plan:
+                        runs.extend(
+                            bench.measure(level, target, workers, repeat, started)
+                        )
         if args.profile and "gateway" in targets:
             level = args.profile_level or (500 if 500 in levels else max(levels))
             print(f"profiling the gateway at C={level} (py-spy)", flush=True)

@@ -5,8 +5,13 @@ keep-alive connection and sends ``POST /v1/chat/completions`` (stream: true) wit
 unique ``x-conversation-id`` again as soon as its previous answer ends. Responses
 are parsed with a hand-written HTTP/1.1 + chunked + SSE parser in an
 ``asyncio.Protocol`` (httpx costs several times more per event than the relays
-under test). Per request: TTFT to the first content event, inter-token gaps, and
-errors (non-200, error events, missing ``[DONE]``, timeouts, broken connections).
+under test). Per request: TTFT to the first content event, gaps between content
+events, tokens, errors (non-200, error events, missing ``[DONE]``, timeouts,
+broken connections) and short answers (other than ``--max-tokens`` tokens).
+
+A content event is one token unless ``--token-text`` is given: then it is as many
+tokens as its content holds that text (``bench/fake_upstream.py`` writes every
+token as ``" word"`` and, with ``--tokens-per-event N``, several per event).
 
 The measurement window opens ``--warmup-s`` after the first user starts and lasts
 ``--duration-s``; the tool prints ``window start`` and ``window end`` lines as it
@@ -47,8 +52,9 @@ class Window:
         self.start = math.inf
         self.end = math.inf
         self.events = 0  # SSE events received in the window (all kinds)
-        self.tokens = 0  # content events received in the window
-        self.gaps = array("d")  # inter-token gaps (s) ending in the window
+        self.content_events = 0  # events carrying tokens received in the window
+        self.tokens = 0  # tokens those events carried
+        self.gaps = array("d")  # gaps (s) between content events, ending in it
         self.gaps_all = 0
 
     def inside(self, now: float) -> bool:
@@ -83,8 +89,9 @@ class Result:
 class Client(asyncio.Protocol):
     """One keep-alive connection; one request at a time."""
 
-    def __init__(self, window: Window) -> None:
+    def __init__(self, window: Window, token_text: bytes = b"") -> None:
         self.window = window
+        self.token_text = token_text
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.buf = bytearray()
@@ -233,6 +240,10 @@ class Client(asyncio.Protocol):
             at = event.find(_CONTENT)
             if at < 0 or event[at + 11 : at + 12] == b'"':
                 continue  # role chunk, usage chunk
+            tokens = 1
+            if self.token_text:
+                start = at + 11
+                tokens = event.count(self.token_text, start, event.find(b'"', start))
             if result.tokens == 0:
                 result.first = now
             else:
@@ -240,8 +251,9 @@ class Client(asyncio.Protocol):
                 if inside:
                     window.gaps.append(now - result.last)
             if inside:
-                window.tokens += 1
-            result.tokens += 1
+                window.content_events += 1
+                window.tokens += tokens
+            result.tokens += tokens
             result.last = now
 
     def _finish_response(self) -> None:
@@ -283,6 +295,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         parts = urlsplit(url)
         targets.append((parts.hostname or "127.0.0.1", parts.port or 80, parts.netloc))
     run_id = secrets.token_hex(3)
+    token_text = args.token_text.encode()
     results: list[Result] = []
     errors_by_kind: dict[str, int] = {}
     samples: list[str] = []
@@ -311,7 +324,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
                 if client is None or client.closed:
                     try:
                         _, client = await loop.create_connection(
-                            lambda: Client(window), host, port
+                            lambda: Client(window, token_text), host, port
                         )
                     except OSError as exc:
                         failed = Result(time.perf_counter())
@@ -390,10 +403,18 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         "window_s": duration,
         "requests_completed": len(results),
         "requests_started_in_window": len(in_window),
+        "requests_ended_in_window": sum(
+            1 for r in results if window.start <= r.ended < window.end
+        ),
         "events_per_s": window.events / duration,
+        "content_events_per_s": window.content_events / duration,
         "tokens_per_s": window.tokens / duration,
         "events_in_window": window.events,
+        "content_events_in_window": window.content_events,
         "tokens_in_window": window.tokens,
+        "tokens_per_content_event": (
+            window.tokens / window.content_events if window.content_events else None
+        ),
         "nominal_tokens_per_s": args.concurrency * args.rate,
         "ttft_ms": {
             "n": len(ttft),
@@ -432,6 +453,12 @@ def main() -> None:
     parser.add_argument("--model", default="chat-7b")
     parser.add_argument("--max-tokens", type=int, default=300)
     parser.add_argument("--rate", type=float, default=30.0, help="engine tokens/s")
+    parser.add_argument(
+        "--token-text",
+        default="",
+        help="count a content event's tokens as the times its content holds this "
+        "text (default: one token per content event)",
+    )
     parser.add_argument("--ramp-s", type=float, default=10.0)
     parser.add_argument("--warmup-s", type=float, default=10.0)
     parser.add_argument("--duration-s", type=float, default=20.0)
