@@ -33,6 +33,12 @@ class Command(BaseCommand):
         parser.add_argument("--mode", choices=["seed", "growing"], default="seed")
         parser.add_argument("--profile", default="a100-8b")
         parser.add_argument(
+            "--load-factor",
+            type=float,
+            default=1.25,
+            help="prefix affinity's bound over the pool average (seed: 1.25)",
+        )
+        parser.add_argument(
             "--trace", type=Path, help="replay this JSONL trace instead"
         )
         parser.add_argument("--json", action="store_true")
@@ -48,6 +54,7 @@ class Command(BaseCommand):
                 replicas=options["replicas"],
                 profile=options["profile"],
                 seed=options["seed"],
+                load_factor=options["load_factor"],
                 min_bound_tokens=settings.PLATFORM_AFFINITY_MIN_BOUND_TOKENS,
                 replica_tokens_in_flight=settings.PLATFORM_DEFAULT_REPLICA_TOKENS_IN_FLIGHT,
             )
