@@ -1,0 +1,264 @@
+"""Headless plots of the isolation test, the overload drill and the capacity test.
+
+Public surface: ``default_plot_path``, ``plot_isolation``, ``plot_overload``,
+``plot_capacity``.
+
+matplotlib with the Agg backend (no display); each function writes one PNG and
+returns its path, creating the folder if needed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+
+from drills.domain.capacity_test import CapacityAnswer
+from drills.domain.isolation_sim import NOISY_TEAM, IsolationOutcome
+from drills.domain.overload import TIERS, OverloadOutcome
+from drills.domain.timeline import percentile_in_bins
+
+__all__ = ["default_plot_path", "plot_capacity", "plot_isolation", "plot_overload"]
+
+_TIER_COLOURS = {"interactive": "#2ca02c", "standard": "#1f77b4", "batch": "#ff7f0e"}
+_BASELINE, _NOISY = "#1f77b4", "#d62728"
+
+
+def default_plot_path(name: str) -> Path:
+    """Return ``.local/drills/<name>.png`` under the repository root."""
+    root = Path(__file__).resolve().parent.parent
+    return root / ".local" / "drills" / f"{name}.png"
+
+
+def _save(fig: plt.Figure, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_isolation(outcome: IsolationOutcome, path: Path, *, title: str) -> Path:
+    """p95 TTFT and 429s per team in both runs, and the quiet teams' p95 over time."""
+    fig = plt.figure(figsize=(13, 8), layout="constrained")
+    grid = fig.add_gridspec(2, 2)
+    rows = outcome.rows
+    names = [row.team for row in rows]
+    xs = range(len(rows))
+    width = 0.38
+
+    ax = fig.add_subplot(grid[0, 0])
+    base = [(row.p95_ttft_ms_baseline or 0.0) for row in rows]
+    loud = [(row.p95_ttft_ms_noisy or 0.0) for row in rows]
+    ax.bar([x - width / 2 for x in xs], base, width, label="baseline", color=_BASELINE)
+    ax.bar([x + width / 2 for x in xs], loud, width, label="with noise", color=_NOISY)
+    tolerance = outcome.scenario.tolerance
+    ax.scatter(
+        list(xs),
+        [b * (1 + tolerance) for b in base],
+        marker="_",
+        s=400,
+        color="black",
+        label=f"baseline + {tolerance:.0%} (limit)",
+    )
+    ax.set_xticks(list(xs), names)
+    ax.set_ylim(0, max([*base, *loud, 1.0]) * (1 + tolerance) * 1.3)
+    ax.set_ylabel("p95 time to first token (ms)")
+    ax.set_title("p95 TTFT per team")
+    ax.legend(loc="upper center", ncol=3, fontsize=8)
+
+    ax = fig.add_subplot(grid[0, 1])
+    base_429 = [row.rate_limited_baseline for row in rows]
+    loud_429 = [row.rate_limited_noisy for row in rows]
+    ax.bar(
+        [x - width / 2 for x in xs], base_429, width, label="baseline", color=_BASELINE
+    )
+    ax.bar(
+        [x + width / 2 for x in xs], loud_429, width, label="with noise", color=_NOISY
+    )
+    for x, value in enumerate(loud_429):
+        ax.annotate(f"{value:,}", (x + width / 2, value), ha="center", va="bottom")
+    ax.set_xticks(list(xs), names)
+    ax.set_ylabel("requests answered 429")
+    ax.set_title("429s per team (only the noisy team may see any)")
+    ax.legend(loc="upper left")
+
+    ax = fig.add_subplot(grid[1, :])
+    bin_s = 10.0
+    for label, result, colour in (
+        ("baseline", outcome.baseline, _BASELINE),
+        ("with noise", outcome.noisy, _NOISY),
+    ):
+        points = [
+            (r.arrived_at, r.ttft_s * 1000)
+            for r in result.requests
+            if r.team != NOISY_TEAM and r.outcome == "ok" and r.ttft_s is not None
+        ]
+        values = percentile_in_bins(
+            points, result.started_at, result.ended_at, bin_s, 0.95
+        )
+        minutes = [
+            (result.started_at + (i + 0.5) * bin_s) / 60 for i in range(len(values))
+        ]
+        ax.plot(minutes, values, label=label, color=colour, linewidth=1.0)
+    flood_start_s = outcome.scenario.flood_start_s
+    if flood_start_s > outcome.noisy.started_at:
+        ax.axvline(
+            flood_start_s / 60,
+            color="black",
+            linestyle="--",
+            linewidth=0.8,
+            label="flood starts",
+        )
+    ax.set_xlabel("simulated time (minutes)")
+    ax.set_ylabel("p95 TTFT of the quiet teams (ms)")
+    ax.set_title(f"Quiet teams' p95 TTFT per {bin_s:g} s")
+    ax.legend(loc="upper right")
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+def plot_overload(outcome: OverloadOutcome, path: Path, *, title: str) -> Path:
+    """Arrival rate, queue depth, 429s and sheds, and p95 TTFT per tier over time."""
+    bins = outcome.bins
+    scenario = outcome.scenario
+    minutes = [(start + scenario.bin_s / 2) / 60 for start in bins.starts_s]
+    fig, axes = plt.subplots(4, 1, figsize=(12, 12), sharex=True, layout="constrained")
+    ax = axes[0]
+    ax.step(
+        minutes,
+        [f * scenario.capacity_rps for f in bins.factors],
+        where="mid",
+        color="black",
+        label="offered",
+    )
+    ax.axhline(
+        scenario.capacity_rps,
+        color="grey",
+        linestyle="--",
+        linewidth=0.8,
+        label=f"planned capacity ({scenario.capacity_rps:,.0f} req/s)",
+    )
+    ax.stackplot(
+        minutes,
+        *[[n / scenario.bin_s for n in bins.served[tier]] for tier in TIERS],
+        labels=[f"{tier} served" for tier in TIERS],
+        colors=[_TIER_COLOURS[tier] for tier in TIERS],
+        alpha=0.5,
+    )
+    ax.set_ylabel("requests/s")
+    ax.set_title("Offered load and requests served in full, per tier (stacked)")
+    ax.legend(loc="upper left", fontsize=8)
+    for tier in TIERS:
+        colour = _TIER_COLOURS[tier]
+        axes[1].plot(minutes, bins.queued_max[tier], label=tier, color=colour)
+        axes[2].plot(minutes, bins.shed[tier], label=f"{tier} shed (503)", color=colour)
+        if tier != "batch":  # batch waits or is shed, never 429 (admission rule 5)
+            axes[2].plot(
+                minutes,
+                bins.rate_limited[tier],
+                label=f"{tier} 429",
+                color=colour,
+                linestyle=":",
+            )
+        values = bins.ttft_p95_s[tier]
+        axes[3].plot(
+            minutes,
+            [v if v is not None else float("nan") for v in values],
+            label=tier,
+            color=colour,
+        )
+    axes[1].set_ylabel("requests queued (max per bin)")
+    axes[1].set_title("Admission queue depth per tier")
+    axes[2].set_ylabel(f"requests per {scenario.bin_s:g} s")
+    axes[2].set_title("Refused per tier: 503 shed (solid) and 429 (dotted)")
+    axes[3].set_ylabel("p95 TTFT (s)")
+    axes[3].set_yscale("log")
+    axes[3].axhline(1.0, color="grey", linestyle="--", linewidth=0.8, label="1 s")
+    axes[3].set_title(f"p95 time to first token per tier, per {scenario.bin_s:g} s")
+    axes[3].set_xlabel("simulated time (minutes)")
+    axes[0].set_ylim(bottom=0)
+    for ax in axes[1:]:
+        ax.legend(loc="upper left", fontsize=8, ncol=2)
+    for ax in axes:
+        for index in range(1, len(scenario.factors)):
+            ax.axvline(
+                scenario.step_start_s(index) / 60,
+                color="grey",
+                linewidth=0.5,
+                linestyle=":",
+            )
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+def plot_capacity(answer: CapacityAnswer, path: Path, *, title: str) -> Path:
+    """Output tokens/s, p95 TTFT and stream rate against the offered load."""
+    steps = answer.steps
+    criteria = answer.criteria
+    offered = [s.offered_tokens_per_s for s in steps]
+    colours = ["#2ca02c" if s.holds else "#d62728" for s in steps]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 5), layout="constrained")
+
+    ax = axes[0]
+    ax.plot(offered, [s.output_tokens_per_s for s in steps], color="black")
+    ax.scatter(offered, [s.output_tokens_per_s for s in steps], c=colours, zorder=3)
+    ax.plot(offered, offered, color="grey", linestyle=":", label="served = offered")
+    if answer.tokens_per_s is not None:
+        ax.axhline(
+            answer.tokens_per_s,
+            color="#2ca02c",
+            linestyle="--",
+            label=f"capacity {answer.tokens_per_s:,.0f} tokens/s",
+        )
+    ax.set_xlabel("offered output tokens/s")
+    ax.set_ylabel("served output tokens/s")
+    ax.set_title("Throughput (green: step holds, red: fails)")
+    ax.legend(loc="upper left")
+
+    ax = axes[1]
+    ax.plot(
+        offered,
+        [s.ttft_p95_s if s.ttft_p95_s is not None else float("nan") for s in steps],
+        marker="o",
+        label="p95 TTFT",
+    )
+    ax.axhline(
+        criteria.ttft_p95_max_s,
+        color="#d62728",
+        linestyle="--",
+        label=f"bound {criteria.ttft_p95_max_s:g} s",
+    )
+    ax.set_yscale("log")
+    ax.set_xlabel("offered output tokens/s")
+    ax.set_ylabel("p95 time to first token (s)")
+    ax.set_title("p95 TTFT")
+    ax.legend(loc="upper left")
+
+    ax = axes[2]
+    for label, attribute in (
+        ("median stream", "stream_tokens_per_s_p50"),
+        ("5th percentile stream", "stream_tokens_per_s_p5"),
+    ):
+        values = [getattr(s, attribute) for s in steps]
+        ax.plot(
+            offered,
+            [v if v is not None else float("nan") for v in values],
+            marker="o",
+            label=label,
+        )
+    ax.axhline(
+        criteria.stream_min_tokens_per_s,
+        color="#d62728",
+        linestyle="--",
+        label=f"minimum {criteria.stream_min_tokens_per_s:g} tokens/s",
+    )
+    ax.set_xlabel("offered output tokens/s")
+    ax.set_ylabel("stream rate, 1 / TPOT (tokens/s)")
+    ax.set_title("Per-stream token rate")
+    ax.legend(loc="upper right")
+    fig.suptitle(title)
+    return _save(fig, path)
