@@ -21,8 +21,9 @@ What runs is the gateway's decision code, not a copy of it:
 
 Replicas are ``drills.domain.replica.FleetReplica`` (the engine's step-time model
 and vLLM's block pool, advanced a segment of steps at a time). Everything is
-deterministic for a seed: one ``random.Random`` per replica and one for arrivals,
-and a heap of events ordered by (time, sequence).
+deterministic for a seed: one ``random.Random`` per replica and one per team for
+its arrivals (so one team's surge leaves the others' requests unchanged), and a
+heap of events ordered by (time, kind, sequence).
 
 Simplifications, each a modelling choice rather than a second policy: one gateway
 with exact, live load per replica (real gateways share their shares through Redis
@@ -272,6 +273,9 @@ class FleetSim:
         profile = config.perf_profile
         self.profile = profile
         self._rng = random.Random(config.seed)
+        # One stream per team: changing one team's rate leaves every other team's
+        # requests exactly as they were, so scenarios compare request for request.
+        self._team_rngs: dict[str, random.Random] = {}
         self.policy = make_policy(config.policy)
         if hasattr(self.policy, "min_bound_tokens"):
             self.policy.min_bound_tokens = config.min_bound_tokens  # type: ignore[attr-defined]
@@ -461,8 +465,14 @@ class FleetSim:
         self._arrival_version[team] = version
         if rate <= 0:
             return
-        at = after + self._rng.expovariate(rate)
+        at = after + self._team_rng(team).expovariate(rate)
         self._push(at, _ARRIVAL, (team, version))
+
+    def _team_rng(self, team: str) -> random.Random:
+        rng = self._team_rngs.get(team)
+        if rng is None:
+            rng = self._team_rngs[team] = random.Random(f"{self.config.seed}:{team}")
+        return rng
 
     def _next_trace_arrival(self) -> None:
         assert self._trace is not None
@@ -482,7 +492,7 @@ class FleetSim:
                 return  # the team's rate changed; a fresh arrival was drawn
             self._schedule_arrival(team, self.now)
             users = self._team_users[team]
-            user = users.start + self._rng.randrange(len(users))
+            user = users.start + self._team_rng(team).randrange(len(users))
             assert self._conversations is not None
             arrival = self._conversations.next_request(user, self.teams[team], self.now)
         self._next_request_id += 1

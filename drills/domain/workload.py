@@ -154,14 +154,15 @@ class Conversations:
     def __init__(self, workload: ChatWorkload, rng: random.Random) -> None:
         self.workload = workload
         self.rng = rng
-        self._next_conversation = 0
+        self._restarts: dict[int, int] = {}
         # user -> [conversation, turn, stream length so far]
         self._state: dict[int, list[int]] = {}
 
-    def _new_conversation(self) -> int:
-        conversation = self._next_conversation
-        self._next_conversation += 1
-        return conversation
+    def _new_conversation(self, user: int) -> int:
+        # Numbered per user, so one team's traffic never renumbers another's.
+        restarts = self._restarts.get(user, 0)
+        self._restarts[user] = restarts + 1
+        return user << 20 | restarts
 
     def next_request(self, user: int, team: TeamSpec, at: float) -> Arrival:
         """Return user ``user``'s next message at ``at``."""
@@ -170,7 +171,7 @@ class Conversations:
         if state is None or (
             w.conversation_turns is not None and state[1] >= w.conversation_turns
         ):
-            state = self._state[user] = [self._new_conversation(), 0, 0]
+            state = self._state[user] = [self._new_conversation(user), 0, 0]
         conversation, turn, stream = state
         new_tokens = w.prompt_tokens - w.history_tokens
         if w.mode == "seed":
@@ -180,7 +181,7 @@ class Conversations:
         else:
             prompt = stream + new_tokens
             if prompt + w.max_tokens > w.max_context_tokens:
-                state[:] = [self._new_conversation(), 0, 0]
+                state[:] = [self._new_conversation(user), 0, 0]
                 conversation, turn, stream = state
                 prompt = new_tokens
             history = stream

@@ -24,6 +24,11 @@ from routing.domain.policies.prefix_affinity import PrefixAffinityPolicy
 ROOT = Path(__file__).resolve().parents[3]
 
 
+# Long prompts take ~0.3 s to prefill, so a lost replica always holds some requests
+# that have no token yet.
+LONG_PROMPTS = ChatWorkload(arrival_rate=20.0, prompt_tokens=4000, history_tokens=0)
+
+
 def small(policy="prefix_affinity", **overrides):
     values = {"replicas": 4, "policy": policy, "seed": 5, **overrides}
     return FleetConfig(**values)
@@ -74,7 +79,7 @@ def test_no_routing_policy_is_defined_outside_routing_domain():
 def test_a_lost_replica_retries_requests_without_tokens_and_errors_the_rest():
     sim = FleetSim(
         small(retry_ratio=1.0, retry_min=1000),
-        ChatWorkload(arrival_rate=20.0),
+        LONG_PROMPTS,
         events=[FleetEvent(at=30.0, kind="lose_replica")],
     )
     result = sim.run(60.0, drain_s=60.0)
@@ -89,7 +94,7 @@ def test_a_lost_replica_retries_requests_without_tokens_and_errors_the_rest():
 def test_without_retry_budget_requests_without_tokens_fail_too():
     sim = FleetSim(
         small(retry_ratio=0.0, retry_min=0),
-        ChatWorkload(arrival_rate=20.0),
+        LONG_PROMPTS,
         events=[FleetEvent(at=30.0, kind="lose_replica", count=1)],
     )
     result = sim.run(60.0, drain_s=60.0)
@@ -219,3 +224,22 @@ def test_growing_conversations_carry_their_whole_history():
     for before, after in itertools.pairwise(turns):
         assert after.history_tokens == before.prompt_tokens + before.output_tokens
         assert after.prompt_tokens == after.history_tokens + 400
+
+
+def test_one_teams_surge_leaves_the_other_teams_requests_unchanged():
+    teams = (TeamSpec("a"), TeamSpec("b"))
+
+    def quiet_arrivals(events):
+        sim = FleetSim(
+            small(), ChatWorkload(arrival_rate=10.0, teams=teams), events=events
+        )
+        result = sim.run(60.0)
+        return [
+            (r.arrived_at, r.conversation) for r in result.requests if r.team == "a"
+        ]
+
+    calm = quiet_arrivals([])
+    surge = quiet_arrivals(
+        [FleetEvent(at=10.0, kind="team_rate", team="b", factor=5.0)]
+    )
+    assert calm and calm == surge
