@@ -24,12 +24,14 @@ test: venv
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest
 
-## Benchmarks: the engine model in virtual time and the replica server in real time.
+## Benchmarks: the engine model in virtual time, the replica server and the gateway in
+## real time, and the fleet simulator's speed.
 ## Results go to bench/results/*.json (not committed).
 bench: venv
 	$(PY) bench/engine_model.py --out bench/results/engine_model.json
 	$(PY) bench/sim_server.py --out bench/results/sim_server.json
 	$(PY) bench/gateway.py --out bench/results/gateway.json --levels 100,500,1000
+	$(PY) bench/fleet.py --out bench/results/fleet.json
 
 lint: venv
 	$(VENV)/bin/ruff check .
