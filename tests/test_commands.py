@@ -12,6 +12,7 @@ from django.core.management import CommandError, call_command
 
 from accounts.domain.keys import hash_secret
 from accounts.models import AdminToken, ApiKey, Team, TeamLimit
+from engine_nodes.weights import tokenizer_digest, tree_digest
 from models_registry.models import Model, ModelVersion, Pool
 from tests.factories import VERSION_BODY
 
@@ -89,6 +90,49 @@ def test_register_version_rejects_bad_files(
 def test_register_version_missing_file(tmp_path: Path, chat_model):
     with pytest.raises(CommandError, match="cannot read"):
         run("register_version", "chat-7b", "--file", str(tmp_path / "absent.json"))
+
+
+def test_register_version_from_a_weights_directory(
+    tmp_path: Path, chat_model, settings
+):
+    """The identity is computed from the files; --file supplies only the rest."""
+    settings.PLATFORM_STORAGE_ROOTS = [f"file://{tmp_path}/"]
+    weights = tmp_path / "tiny"
+    weights.mkdir()
+    (weights / "model.safetensors").write_bytes(b"\x00" * 32)
+    (weights / "tokenizer.json").write_text("{}")
+    (weights / "chat_template.jinja").write_text("{{ messages }}")
+    body = tmp_path / "rest.json"
+    body.write_text(json.dumps({"engine_config": {"max_model_len": 2048}}))
+    out, _ = run(
+        "register_version", "chat-7b", "--dir", str(weights), "--file", str(body)
+    )
+    assert out.strip() == "chat-7b@v1"
+    version = ModelVersion.objects.get()
+    assert version.weights_uri == f"file://{weights}/"
+    assert version.weights_hash == tree_digest(weights)
+    assert version.tokenizer_hash == tokenizer_digest(weights)
+    assert version.chat_template == "{{ messages }}"
+    assert version.precision == "fp16"
+    assert version.engine_config == {"max_model_len": 2048}
+    body.write_text(json.dumps({"weights_hash": "0" * 64}))
+    with pytest.raises(CommandError, match="come from --dir"):
+        run("register_version", "chat-7b", "--dir", str(weights), "--file", str(body))
+    with pytest.raises(CommandError, match="give --file, --dir or both"):
+        run("register_version", "chat-7b")
+
+
+def test_make_tiny_model_needs_the_vllm_venv(tmp_path: Path):
+    with pytest.raises(CommandError, match="make vllm-cpu"):
+        run(
+            "make_tiny_model",
+            str(tmp_path / "tiny"),
+            "--python",
+            str(tmp_path / "no-python"),
+        )
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(CommandError, match="already exists"):
+        run("make_tiny_model", str(tmp_path / "taken"))
 
 
 def test_example_version_files_register(tmp_path: Path):

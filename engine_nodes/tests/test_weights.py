@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import sys
 from pathlib import Path
 
@@ -19,7 +20,11 @@ from engine_nodes.weights import (
     WeightsMismatch,
     WeightsUriRefused,
     file_sha256,
+    local_identity,
+    local_path,
     pull_weights,
+    read_chat_template,
+    tokenizer_digest,
     tree_digest,
     verify_weights,
 )
@@ -277,3 +282,65 @@ def test_pull_weights_through_fsspec(cache):
         ]
     finally:
         fs.rm("/models", recursive=True)
+
+
+def checkpoint(root: Path, *, template_file: bool = True) -> Path:
+    """Write a small Hugging Face-shaped checkpoint: weights, tokenizer, template."""
+    root.mkdir(parents=True)
+    (root / "model.safetensors").write_bytes(b"\x01" * 64)
+    (root / "config.json").write_text('{"model_type": "llama"}')
+    (root / "tokenizer.json").write_text('{"model": {"type": "BPE"}}')
+    config = {"bos_token": "<s>"}
+    if template_file:
+        (root / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
+    else:
+        config["chat_template"] = "from the config"
+    (root / "tokenizer_config.json").write_text(json.dumps(config))
+    return root
+
+
+def test_tokenizer_digest_covers_only_the_tokenizer_files(tmp_path: Path):
+    root = checkpoint(tmp_path / "m")
+    expected = expected_hash(
+        {
+            "tokenizer.json": (root / "tokenizer.json").read_bytes(),
+            "tokenizer_config.json": (root / "tokenizer_config.json").read_bytes(),
+        }
+    )
+    assert tokenizer_digest(root) == expected
+    (root / "model.safetensors").write_bytes(b"\x02" * 64)
+    assert tokenizer_digest(root) == expected
+    (root / "tokenizer.json").write_text("{}")
+    assert tokenizer_digest(root) != expected
+
+
+def test_tokenizer_digest_needs_a_tokenizer(tmp_path: Path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(WeightsError, match="no tokenizer files"):
+        tokenizer_digest(tmp_path)
+
+
+def test_chat_template_file_wins_over_the_tokenizer_config(tmp_path: Path):
+    assert read_chat_template(checkpoint(tmp_path / "a")) == (
+        "{{ messages[0]['content'] }}"
+    )
+    assert (
+        read_chat_template(checkpoint(tmp_path / "b", template_file=False))
+        == "from the config"
+    )
+    with pytest.raises(WeightsError, match="no chat template"):
+        read_chat_template(tmp_path)
+
+
+def test_local_identity_is_computed_from_the_files(tmp_path: Path):
+    root = checkpoint(tmp_path / "tiny")
+    identity = local_identity(tmp_path / "tiny")
+    assert identity == {
+        "weights_uri": f"file://{root.resolve()}/",
+        "weights_hash": tree_digest(root),
+        "tokenizer_hash": tokenizer_digest(root),
+        "chat_template": "{{ messages[0]['content'] }}",
+    }
+    assert local_path(identity["weights_uri"]) == root.resolve()
+    assert local_path("s3://models/x/") is None
+    assert local_path("file://elsewhere/x/") is None
