@@ -266,6 +266,9 @@ try:
     PLATFORM_UPSTREAM_CONNECT_TIMEOUT_S = env_float(
         "PLATFORM_UPSTREAM_CONNECT_TIMEOUT_S", 2.0, minimum=0.05
     )
+    # The key engines (vLLM's --api-key, passed as VLLM_API_KEY) demand on /v1: the
+    # node agent starts replicas with it and the gateway sends it upstream.
+    PLATFORM_ENGINE_API_KEY = env_secret("PLATFORM_ENGINE_API_KEY") or ""
     # Served with the ASGI app itself (the console's CSS/JS) when no web server
     # sits in front; `make up` turns it on.
     PLATFORM_SERVE_STATIC = env_bool("PLATFORM_SERVE_STATIC", DEBUG)

@@ -10,7 +10,8 @@ rebuilt in the background, and load comes from ``LiveLoad``.
 
 One request (seed steps 6-9 and 12):
 1. key -> team (SHA-256 looked up in the snapshot), tier from ``x-priority``;
-2. body checked, prompt tokens counted with the shared tokenizer;
+2. body checked, prompt tokens counted with the version's tokenizer and chat
+   template (``routing.prompt_tokens``; the stand-in for simulated versions);
 3. model name resolved (alias, ``@vN`` pin, canary by conversation, shadow share);
 4. admission (the seam for token buckets and tiers) charges prompt + max tokens;
 5. a replica is chosen by the pool's policy on the routing key; on a connect error
@@ -42,7 +43,6 @@ from typing import Any
 import aiohttp
 
 from config.errors import error_body
-from engine_nodes.domain import tokens
 from metering import metrics
 from metering.domain.usage import UsageCounts, UsageKey
 from routing.admission import (
@@ -65,6 +65,7 @@ from routing.domain.routing_key import routing_key
 from routing.domain.snapshot import ConfigSnapshot, LimitRecord
 from routing.domain.tiers import Tier, parse_tier
 from routing.live import LiveLoad
+from routing.prompt_tokens import PromptRejected, VersionCounters
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +108,7 @@ class GatewaySettings:
     first_token_timeout_s: float = 60.0
     shadow_concurrency: int = 16
     affinity_min_bound_tokens: int = 16_384
+    engine_api_key: str = ""
 
 
 class GatewayError(Exception):
@@ -205,6 +207,12 @@ class Gateway:
         self._shadow_slots = asyncio.Semaphore(settings.shadow_concurrency)
         self._background: set[asyncio.Task[Any]] = set()
         self._random = random.Random()
+        self.prompt_counters = VersionCounters()
+        self._upstream_headers = {"content-type": "application/json"}
+        if settings.engine_api_key:
+            self._upstream_headers["authorization"] = (
+                f"Bearer {settings.engine_api_key}"
+            )
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -273,6 +281,7 @@ class Gateway:
             return
         self.snapshot = snapshot
         self.snapshot_ok_at = time.monotonic()
+        self.prompt_counters.prepare(snapshot.versions.values())
         if not self.control_plane_up:
             logger.info(
                 "control plane snapshot loaded (%d models, %d replicas)",
@@ -518,7 +527,10 @@ class Gateway:
             )
         version = snapshot.versions.get((resolution.model, resolution.version))
         max_model_len = version.max_model_len if version else 8192
-        prompt_tokens = tokens.count_chat_tokens(messages)
+        try:
+            prompt_tokens = await self.prompt_counters.count(version, messages)
+        except PromptRejected as exc:
+            raise GatewayError(400, str(exc), param="messages") from None
         if max_tokens_asked is None:
             max_tokens = max(
                 1, min(self.settings.default_max_tokens, max_model_len - prompt_tokens)
@@ -728,12 +740,18 @@ class Gateway:
                 response = await self._session.post(
                     f"{url}/v1/chat/completions",
                     data=payload,
-                    headers={"content-type": "application/json"},
+                    headers=self._upstream_headers,
                 )
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 raise _UpstreamFailed(type(exc).__name__) from None
             if response.status >= 500:
                 raise _UpstreamFailed(f"HTTP {response.status}")
+            if response.status in (401, 403):
+                # The engine refused the gateway's engine key (vLLM: 401
+                # {"error":"Unauthorized"}): the platform's fault, not the client's.
+                raise _UpstreamFailed(
+                    f"HTTP {response.status}: the replica refused the engine API key"
+                )
             if response.status != 200:
                 raw = await response.read()
                 raise _upstream_client_error(response.status, raw)
@@ -1014,7 +1032,7 @@ class Gateway:
                 async with self._session.post(
                     f"{node.url}/v1/chat/completions",
                     data=payload,
-                    headers={"content-type": "application/json"},
+                    headers=self._upstream_headers,
                 ) as response:
                     first = None
                     async for _ in response.content.iter_any():

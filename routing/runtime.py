@@ -47,6 +47,7 @@ def gateway_settings() -> GatewaySettings:
         retry_ratio=settings.PLATFORM_RETRY_RATIO,
         connect_timeout_s=settings.PLATFORM_UPSTREAM_CONNECT_TIMEOUT_S,
         affinity_min_bound_tokens=settings.PLATFORM_AFFINITY_MIN_BOUND_TOKENS,
+        engine_api_key=settings.PLATFORM_ENGINE_API_KEY,
     )
 
 

@@ -58,6 +58,9 @@ def build_snapshot(*, region: str, default_policy: str) -> ConfigSnapshot:
             status=version.status,
             max_model_len=int(config.get("max_model_len") or DEFAULT_MAX_MODEL_LEN),
             load_test_tokens_in_flight=version.load_test_tokens_in_flight,
+            weights_uri=version.weights_uri,
+            tokenizer_hash=version.tokenizer_hash,
+            chat_template=version.chat_template,
         )
     shadows = {
         rollout.model_id: (labels.get(rollout.version_id), rollout.percent)

@@ -47,13 +47,20 @@ class LimitRecord:
 
 @dataclass(frozen=True, slots=True)
 class VersionRecord:
-    """A registered version, with what routing and admission need of it."""
+    """A registered version, with what routing and admission need of it.
+
+    ``weights_uri``, ``tokenizer_hash`` and ``chat_template`` let the gateway count
+    prompt tokens with the version's own tokenizer (``routing.prompt_tokens``).
+    """
 
     model: str
     version: str
     status: str
     max_model_len: int
     load_test_tokens_in_flight: int | None
+    weights_uri: str = ""
+    tokenizer_hash: str = ""
+    chat_template: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from django.utils import timezone
 from accounts import services as accounts
 from rollouts import services as rollouts
 from routing.services import build_snapshot
-from tests.factories import ReplicaFactory, digest, version_body
+from tests.factories import VERSION_BODY, ReplicaFactory, digest, version_body
 
 pytestmark = pytest.mark.django_db
 
@@ -48,7 +48,14 @@ def test_snapshot_carries_limits_aliases_canary_and_shadow(team, chat_v1):
     assert (model.shadow_version, model.shadow_percent) == ("v2", 1.0)
     assert model.policy == "least_tokens"
     assert snapshot.limits[(team.team, "chat-7b")].max_concurrency == 3
-    assert snapshot.versions[("chat-7b", "v1")].max_model_len == 8192
+    v1 = snapshot.versions[("chat-7b", "v1")]
+    assert v1.max_model_len == 8192
+    # What the gateway needs to count prompt tokens with the version's tokenizer.
+    assert (v1.weights_uri, v1.tokenizer_hash, v1.chat_template) == (
+        VERSION_BODY["weights_uri"],
+        VERSION_BODY["tokenizer_hash"],
+        VERSION_BODY["chat_template"],
+    )
     rollouts.set_rollout(
         model_id="chat-7b", version="v2", stage="canary", percent=10, now=timezone.now()
     )

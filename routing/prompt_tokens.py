@@ -1,0 +1,377 @@
+"""Count a chat request's prompt tokens the way the version's engine will.
+
+Public surface: ``ChatTokenCounter``, ``StandInCounter``, ``TemplateCounter``,
+``load_counter``, ``VersionCounters``, ``PromptRejected``, ``STAND_IN``.
+
+A version whose weights live in a ``file://`` directory that holds a
+``tokenizer.json`` is counted with that tokenizer and the version's registered chat
+template, as vLLM does (transformers' ``apply_chat_template``: the template rendered
+in a sandboxed Jinja2 environment with ``trim_blocks``/``lstrip_blocks``, the special
+tokens as variables, ``add_generation_prompt=True``; the result encoded without
+adding special tokens). The tokenizer files must still have the version's
+``tokenizer_hash``. Every other version (the simulated fleet, weights on object
+storage) is counted with the stand-in tokenizer the simulated replica shares
+(``engine_nodes.domain.tokens``). Either way the engine's own usage stays the
+number that is metered; this count is what admission charges and what the
+context-length check uses before the engine is asked.
+
+Message content is shaped as vLLM shapes it for text-only requests: a list of text
+parts is joined with newlines when the template reads ``content`` as a string, and
+kept as ``[{"type": "text", "text": ...}]`` parts when it loops over it; a
+``developer`` message becomes ``system`` when the template has no developer role.
+Tools, images and per-request template arguments are outside the count.
+
+Loading a tokenizer reads and hashes files and takes milliseconds: ``VersionCounters``
+does it in a worker thread, once per version (versions are immutable). Encoding
+holds the GIL in ``Tokenizer.encode`` but not in ``encode_batch``, so prompts past
+a few hundred characters are encoded in a worker thread with ``encode_batch``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from engine_nodes.domain import tokens
+from engine_nodes.weights import WeightsError, local_path, tokenizer_digest
+from routing.domain.snapshot import VersionRecord
+
+__all__ = [
+    "STAND_IN",
+    "ChatTokenCounter",
+    "PromptRejected",
+    "StandInCounter",
+    "TemplateCounter",
+    "VersionCounters",
+    "load_counter",
+]
+
+logger = logging.getLogger(__name__)
+
+# Below this many characters of rendered prompt, encoding inline (~0.2 ms) is
+# cheaper than a hop to a worker thread.
+INLINE_CHARS = 512
+_SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
+
+
+class PromptRejected(ValueError):
+    """The version's chat template refused the messages (as the engine would: 400)."""
+
+
+class ChatTokenCounter(Protocol):
+    """Counts the prompt tokens of a list of chat messages."""
+
+    name: str
+
+    def count(self, messages: Sequence[Mapping[str, Any]]) -> int: ...
+
+
+class StandInCounter:
+    """The deterministic stand-in tokenizer and template (simulated replicas)."""
+
+    name = "stand-in"
+
+    def count(self, messages: Sequence[Mapping[str, Any]]) -> int:
+        return tokens.count_chat_tokens(messages)
+
+
+STAND_IN = StandInCounter()
+
+
+@dataclass(frozen=True, eq=False)
+class TemplateCounter:
+    """A version's real tokenizer (``tokenizers``) and chat template (Jinja2)."""
+
+    name: str
+    tokenizer: Any  # tokenizers.Tokenizer
+    template: Any  # jinja2.Template
+    content_format: Literal["string", "openai"]
+    has_developer_role: bool
+    special_tokens: Mapping[str, str] = field(default_factory=dict)
+
+    def render(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        """Return the prompt text the engine builds from ``messages``."""
+        conversation = [self._message(m) for m in messages]
+        if not self.has_developer_role and any(
+            m["role"] == "developer" for m in conversation
+        ):
+            conversation = _developer_as_system(conversation)
+        text: str = self.template.render(
+            messages=conversation,
+            tools=None,
+            documents=None,
+            add_generation_prompt=True,
+            **self.special_tokens,
+        )
+        return text
+
+    def count(self, messages: Sequence[Mapping[str, Any]]) -> int:
+        """Return the number of prompt tokens (encodes in this thread)."""
+        return self.count_text(self.render(messages))
+
+    def count_text(self, text: str) -> int:
+        # encode_batch releases the GIL; encode does not.
+        encoding = self.tokenizer.encode_batch([text], add_special_tokens=False)[0]
+        return len(encoding.ids)
+
+    def _message(self, message: Mapping[str, Any]) -> dict[str, Any]:
+        content = message.get("content")
+        shaped: dict[str, Any] = {"role": message["role"]}
+        parts = (
+            [{"type": "text", "text": content}]
+            if isinstance(content, str)
+            else [
+                {"type": "text", "text": str(p.get("text", ""))}
+                for p in content or ()
+                if isinstance(p, Mapping) and p.get("type") == "text"
+            ]
+        )
+        if self.content_format == "openai":
+            shaped["content"] = parts
+        else:
+            shaped["content"] = "\n".join(p["text"] for p in parts)
+        for key in ("name", "tool_call_id"):
+            if isinstance(message.get(key), str):
+                shaped[key] = message[key]
+        if message.get("tool_calls") is not None:
+            shaped["tool_calls"] = message["tool_calls"]
+        return shaped
+
+
+def load_counter(version: VersionRecord) -> ChatTokenCounter:
+    """Return the counter for ``version``: its own tokenizer where it has one.
+
+    Falls back to the stand-in (and says why in the log) when the weights are not
+    in a local directory with a ``tokenizer.json``, when the tokenizer files no
+    longer have the registered ``tokenizer_hash``, or when they cannot be loaded.
+    """
+    ref = f"{version.model}@{version.version}"
+    root = local_path(version.weights_uri)
+    if root is None or not (root / "tokenizer.json").is_file():
+        return STAND_IN
+    try:
+        digest = tokenizer_digest(root)
+    except (WeightsError, OSError) as exc:
+        logger.warning(
+            "%s: tokenizer unreadable, counting with the stand-in: %s", ref, exc
+        )
+        return STAND_IN
+    if digest != version.tokenizer_hash:
+        logger.error(
+            "%s: tokenizer files in %s do not match the registered tokenizer_hash; "
+            "counting with the stand-in",
+            ref,
+            root,
+        )
+        return STAND_IN
+    try:
+        counter = _template_counter(ref, root, version.chat_template)
+    except Exception as exc:
+        logger.warning(
+            "%s: cannot load tokenizer, counting with the stand-in: %r", ref, exc
+        )
+        return STAND_IN
+    logger.info("%s: counting prompt tokens with its own tokenizer", ref)
+    return counter
+
+
+def _template_counter(ref: str, root: Path, chat_template: str) -> TemplateCounter:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(root / "tokenizer.json"))
+    special: dict[str, str] = {}
+    config_path = root / "tokenizer_config.json"
+    if config_path.is_file():
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+        for key in _SPECIAL_TOKEN_KEYS:
+            value = config.get(key)
+            if isinstance(value, Mapping):
+                value = value.get("content")
+            if isinstance(value, str):
+                special[key] = value
+    return TemplateCounter(
+        name=f"{ref} tokenizer",
+        tokenizer=tokenizer,
+        template=_compile(chat_template),
+        content_format=_content_format(chat_template),
+        has_developer_role=(
+            '"developer"' in chat_template or "'developer'" in chat_template
+        ),
+        special_tokens=special,
+    )
+
+
+def _compile(chat_template: str) -> Any:
+    """Compile a chat template in the environment transformers renders it in."""
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class GenerationTag(jinja2.ext.Extension):
+        # transformers' {% generation %} marks assistant spans; it renders its body.
+        tags = {"generation"}
+
+        def parse(self, parser: Any) -> Any:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            call = self.call_method("_body", [])
+            return jinja2.nodes.CallBlock(call, [], [], body).set_lineno(lineno)
+
+        def _body(self, caller: Any) -> str:
+            return str(caller())
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(
+        value: Any,
+        ensure_ascii: bool = False,  # noqa: FBT001, FBT002 (Jinja passes positionally)
+        indent: int | None = None,
+        separators: Any = None,
+        sort_keys: bool = False,  # noqa: FBT001, FBT002
+    ) -> str:
+        return json.dumps(
+            value,
+            ensure_ascii=ensure_ascii,
+            indent=indent,
+            separators=separators,
+            sort_keys=sort_keys,
+        )
+
+    def strftime_now(fmt: str) -> str:
+        return datetime.now().strftime(fmt)  # noqa: DTZ005 (templates print local dates)
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[GenerationTag, jinja2.ext.loopcontrols],
+    )
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    return env.from_string(chat_template)
+
+
+def _content_format(chat_template: str) -> Literal["string", "openai"]:
+    """Return "openai" when the template loops over a message's content parts.
+
+    vLLM's rule, simplified: a ``for`` whose iterable is ``x['content']``,
+    ``x.content`` or a variable named ``content``.
+    """
+    import jinja2
+    from jinja2 import nodes
+
+    try:
+        ast = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(
+            chat_template
+        )
+    except jinja2.TemplateSyntaxError:
+        return "string"
+    for loop in ast.find_all(nodes.For):
+        target = loop.iter
+        while isinstance(target, nodes.Filter | nodes.Test) and target.node is not None:
+            target = target.node
+        if isinstance(target, nodes.Name) and target.name == "content":
+            return "openai"
+        if isinstance(target, nodes.Getattr) and target.attr == "content":
+            return "openai"
+        if (
+            isinstance(target, nodes.Getitem)
+            and isinstance(target.arg, nodes.Const)
+            and target.arg.value == "content"
+        ):
+            return "openai"
+    return "string"
+
+
+def _developer_as_system(conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Turn developer messages into one leading system message, as vLLM does."""
+    converted = [
+        {**m, "role": "system"} if m["role"] == "developer" else m for m in conversation
+    ]
+    systems = [i for i, m in enumerate(converted) if m["role"] == "system"]
+    if not systems or systems == [0]:
+        return converted
+    texts = []
+    for i in systems:
+        content = converted[i].get("content", "")
+        if isinstance(content, list):
+            content = "\n".join(str(p.get("text", "")) for p in content)
+        if content:
+            texts.append(content)
+    rest = [m for m in converted if m["role"] != "system"]
+    return [{"role": "system", "content": "\n\n".join(texts)}, *rest]
+
+
+class VersionCounters:
+    """The gateway's prompt counters, one per version, loaded off the event loop.
+
+    ``prepare`` (called with each new snapshot) starts loading counters for
+    versions not seen before; ``count`` uses a loaded counter, or waits for the
+    load in progress (never blocking the loop). Versions are immutable, so a
+    counter is kept for the life of the process; retired versions are dropped
+    when a snapshot no longer lists them.
+    """
+
+    def __init__(self, *, inline_chars: int = INLINE_CHARS) -> None:
+        self.inline_chars = inline_chars
+        self._counters: dict[tuple[str, str], ChatTokenCounter] = {}
+        self._loading: dict[tuple[str, str], asyncio.Future[ChatTokenCounter]] = {}
+
+    def prepare(self, versions: Iterable[VersionRecord]) -> None:
+        """Start loading counters for new versions; forget vanished ones."""
+        wanted = {(v.model, v.version): v for v in versions}
+        for key in set(self._counters) - set(wanted):
+            del self._counters[key]
+        for key, version in wanted.items():
+            if key not in self._counters and key not in self._loading:
+                self._start(key, version)
+
+    def counter_for(self, model: str, version: str) -> ChatTokenCounter | None:
+        """Return the loaded counter of a version, None if it is not loaded yet."""
+        return self._counters.get((model, version))
+
+    async def count(
+        self, version: VersionRecord | None, messages: Sequence[Mapping[str, Any]]
+    ) -> int:
+        """Return the prompt tokens of ``messages`` for ``version``."""
+        if version is None:
+            return STAND_IN.count(messages)
+        key = (version.model, version.version)
+        counter = self._counters.get(key)
+        if counter is None:
+            future = self._loading.get(key) or self._start(key, version)
+            counter = await asyncio.shield(future)
+        if not isinstance(counter, TemplateCounter):
+            return counter.count(messages)
+        try:
+            text = counter.render(messages)
+        except Exception as exc:
+            # A template may raise_exception() on messages it does not accept
+            # (roles out of order); vLLM answers those with a 400 as well.
+            raise PromptRejected(
+                f"the chat template rejected the messages: {exc}"
+            ) from None
+        if len(text) <= self.inline_chars:
+            return counter.count_text(text)
+        return await asyncio.to_thread(counter.count_text, text)
+
+    def _start(
+        self, key: tuple[str, str], version: VersionRecord
+    ) -> asyncio.Future[ChatTokenCounter]:
+        future = asyncio.ensure_future(asyncio.to_thread(load_counter, version))
+        self._loading[key] = future
+
+        def loaded(done: asyncio.Future[ChatTokenCounter]) -> None:
+            self._loading.pop(key, None)
+            if not done.cancelled() and done.exception() is None:
+                self._counters[key] = done.result()
+
+        future.add_done_callback(loaded)
+        return future
