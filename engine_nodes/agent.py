@@ -12,6 +12,15 @@ beat it:
 3. scrapes each replica's ``/metrics`` and publishes a beat (queue depth, tokens in
    flight, KV usage) to Redis and to the database.
 
+Scrapes run in threads, all replicas at once, and a tick waits for them at most
+``scrape_timeout_s``: one slow replica must not delay the others' beats. A scrape
+still running then is not started again; its answer counts at the next tick. A
+replica whose ``/metrics`` is slow but whose process lives keeps beating with its
+last answer for up to ``scrape_grace_s``: real vLLM's API server can leave
+``/metrics`` unanswered for seconds while it streams (measured on CPU: 3.6 s during
+one 2,000-token stream), and a busy replica must not fall out of the ring. One that
+stays silent longer misses its beats like a dead one.
+
 A replica whose process dies stops beating; after the missed-beat window the
 routers drop it and the reaper marks it gone, and the next reconcile starts a
 replacement. The agent keeps no state that the database does not also hold, except
@@ -24,7 +33,8 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -106,6 +116,8 @@ class NodeAgent:
         http: httpx.Client | None = None,
         start_timeout_s: float = 120.0,
         drain_timeout_s: float = 600.0,
+        scrape_timeout_s: float = 0.8,
+        scrape_grace_s: float = 10.0,
         db_every_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -120,12 +132,21 @@ class NodeAgent:
         self.http = http or httpx.Client(timeout=httpx.Timeout(1.0, connect=0.5))
         self.start_timeout_s = start_timeout_s
         self.drain_timeout_s = drain_timeout_s
+        self.scrape_timeout_s = scrape_timeout_s
+        self.scrape_grace_s = scrape_grace_s
         self.clock = clock
         self.db_every_s = (
             settings.PLATFORM_HEARTBEAT_DB_S if db_every_s is None else db_every_s
         )
         self._db_written_at = float("-inf")
         self.running: dict[str, _Running] = {}
+        # By replica URL: the last successful scrape and when it was taken, and
+        # scrapes still running.
+        self._last_stats: dict[str, tuple[EngineStats, float]] = {}
+        self._scraping: dict[str, Future[EngineStats | None]] = {}
+        self._scrapers = ThreadPoolExecutor(
+            max_workers=16, thread_name_prefix="agent-scrape"
+        )
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -136,6 +157,7 @@ class NodeAgent:
         next_tick = self.clock()
         try:
             while not stop.is_set():
+                started = self.clock()
                 try:
                     self.tick(now=timezone.now())
                 except Exception:
@@ -143,6 +165,11 @@ class NodeAgent:
                     # garbage) must not take the node's other replicas down.
                     logger.exception("agent tick failed on node %s", self.node)
                     close_old_connections()
+                took_s = self.clock() - started
+                if took_s > beat_s:
+                    logger.warning(
+                        "agent tick took %.2f s (beat %.2f s)", took_s, beat_s
+                    )
                 next_tick += beat_s
                 stop.wait(max(0.0, next_tick - self.clock()))
         finally:
@@ -186,9 +213,17 @@ class NodeAgent:
                 node=self.node, region=self.region
             ).select_related("version")
         }
+        scraped = self._scrape_all(
+            [
+                r.url
+                for r in mine.values()
+                if r.replica_id in self.running
+                and r.state in (ReplicaState.SERVING, ReplicaState.DRAINING)
+            ]
+        )
         beats: list[ReplicaBeat] = []
         for replica in mine.values():
-            beat = self._advance(replica)
+            beat = self._advance(replica, scraped)
             if beat is not None:
                 beats.append(beat)
         # Processes whose rows were deleted elsewhere (an operator in the console).
@@ -210,7 +245,9 @@ class NodeAgent:
 
     # -- one replica -------------------------------------------------------------------
 
-    def _advance(self, replica: Replica) -> ReplicaBeat | None:
+    def _advance(
+        self, replica: Replica, scraped: Mapping[str, EngineStats | None]
+    ) -> ReplicaBeat | None:
         state = replica.state
         running = self.running.get(replica.replica_id)
         if state == ReplicaState.GONE:
@@ -230,6 +267,7 @@ class NodeAgent:
             logger.warning("replica %s process exited", replica.replica_id)
             self.ports.release(running.port)
             del self.running[replica.replica_id]
+            self._last_stats.pop(replica.url, None)
             return None
         if state == ReplicaState.LOADING:
             if self._healthy(replica.url):
@@ -247,13 +285,23 @@ class NodeAgent:
                 # Loading takes minutes on a GPU (seed: cold start); the agent vouches
                 # for the live process so the reaper does not take it for dead.
                 return self._beat(replica, state, None)
-        stats = self._scrape(replica.url)
+        if replica.url in scraped:
+            stats = scraped[replica.url]
+        else:
+            stats = self._scrape(replica.url)
+        fresh = stats is not None
+        if stats is not None:
+            self._last_stats[replica.url] = (stats, self.clock())
+        else:
+            stats = self._recent_stats(replica.url)
         if state == ReplicaState.DRAINING:
             # Still beating as "draining": routers see it and send nothing new.
             if running.drain_started_at is None:
                 running.drain_started_at = self.clock()
-            idle = stats is not None and (
-                stats.num_requests_running + stats.num_requests_waiting == 0
+            idle = (
+                fresh
+                and stats is not None
+                and (stats.num_requests_running + stats.num_requests_waiting == 0)
             )
             overdue = self.clock() - running.drain_started_at > self.drain_timeout_s
             if idle or overdue:
@@ -262,7 +310,8 @@ class NodeAgent:
                 self._stop(replica.replica_id, grace_s=30.0)
                 return None
         if stats is None:
-            # Process up but /metrics silent: a hung engine must miss its beats.
+            # Process up but /metrics silent past the grace: a hung engine must
+            # miss its beats.
             return None
         return self._beat(replica, state, stats)
 
@@ -331,6 +380,38 @@ class NodeAgent:
             return self.http.get(f"{url}/health").status_code == 200
         except httpx.HTTPError:
             return False
+
+    def _scrape_all(self, urls: list[str]) -> dict[str, EngineStats | None]:
+        """Scrape every URL at once; return each one's stats (None: no answer yet).
+
+        Waits at most ``scrape_timeout_s``; a scrape still running is kept for the
+        next tick instead of being started again.
+        """
+        futures = {}
+        for url in urls:
+            future = self._scraping.get(url)
+            if future is None:
+                future = self._scraping[url] = self._scrapers.submit(self._scrape, url)
+            futures[url] = future
+        done, _ = wait(futures.values(), timeout=self.scrape_timeout_s)
+        stats: dict[str, EngineStats | None] = {}
+        for url, future in futures.items():
+            if future in done:
+                del self._scraping[url]
+                stats[url] = future.result()
+            else:
+                stats[url] = None
+        for url in set(self._last_stats) - set(urls):
+            # Replicas gone or no longer scraped (stopped, loading again).
+            del self._last_stats[url]
+        return stats
+
+    def _recent_stats(self, url: str) -> EngineStats | None:
+        """Return the last scrape if it is younger than ``scrape_grace_s``."""
+        last = self._last_stats.get(url)
+        if last is None or self.clock() - last[1] > self.scrape_grace_s:
+            return None
+        return last[0]
 
     def _scrape(self, url: str) -> EngineStats | None:
         try:

@@ -6,6 +6,7 @@ import hashlib
 import os
 import signal
 import threading
+import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -205,6 +206,36 @@ def test_killed_replica_is_reaped_after_three_missed_beats_and_replaced(
             ),
             "a replacement replica",
         )
+    finally:
+        agent.shutdown(grace_s=5)
+
+
+def test_a_replica_slow_to_answer_metrics_beats_on_within_the_grace(tmp_path, pool):
+    """GIVEN a serving replica whose /metrics stops answering (its process frozen)
+    THEN a tick still ends within the scrape timeout and beats with the last scrape,
+    until the grace has passed; after that the replica misses its beats.
+    """
+    clock = [0.0]
+    agent = make_agent(
+        tmp_path, scrape_timeout_s=0.2, scrape_grace_s=5.0, clock=lambda: clock[0]
+    )
+    try:
+        tick_until(agent, lambda: list(states().values()) == ["serving"], "a replica")
+        agent.tick(now=timezone.now())
+        replica = Replica.objects.get()
+        pid = agent.running[replica.replica_id].handle.pid
+        os.killpg(pid, signal.SIGSTOP)
+        try:
+            beat_at = timezone.now()
+            started = time.monotonic()
+            agent.tick(now=beat_at)
+            assert time.monotonic() - started < 1.0
+            assert Replica.objects.get().last_heartbeat == beat_at
+            clock[0] = 6.0
+            agent.tick(now=timezone.now())
+            assert Replica.objects.get().last_heartbeat == beat_at
+        finally:
+            os.killpg(pid, signal.SIGCONT)
     finally:
         agent.shutdown(grace_s=5)
 

@@ -31,6 +31,19 @@ class Command(BaseCommand):
             help="Run simulated replicas or real `vllm serve`.",
         )
         parser.add_argument(
+            "--vllm-executable",
+            default="vllm",
+            help="The `vllm` command for --kind vllm (e.g. .vllm/bin/vllm, which "
+            "`make vllm-cpu` builds).",
+        )
+        parser.add_argument(
+            "--start-timeout-s",
+            type=float,
+            default=120.0,
+            help="How long a replica may take to answer /health before it is "
+            "stopped (vLLM: model load and warm-up).",
+        )
+        parser.add_argument(
             "--host", default="127.0.0.1", help="Address replicas bind."
         )
         parser.add_argument(
@@ -57,6 +70,12 @@ class Command(BaseCommand):
             cache_dir=options["weights_cache"],
             storage_roots=settings.PLATFORM_STORAGE_ROOTS,
         )
+        # vLLM reads its --api-key from VLLM_API_KEY: the key stays out of argv.
+        engine_env = (
+            {"VLLM_API_KEY": settings.PLATFORM_ENGINE_API_KEY}
+            if settings.PLATFORM_ENGINE_API_KEY
+            else {}
+        )
         sink = None
         if settings.REDIS_URL:
             from engine_nodes.heartbeats import RedisBeatStore
@@ -70,13 +89,18 @@ class Command(BaseCommand):
             node=options["node"],
             region=region,
             actuator=LocalProcessActuator(
-                kind=options["kind"], python=sys.executable, log_dir=options["log_dir"]
+                kind=options["kind"],
+                python=sys.executable,
+                log_dir=options["log_dir"],
+                vllm_executable=options["vllm_executable"],
+                env=engine_env,
             ),
             spec_for=spec_for,
             gpus=options["gpus"],
             host=options["host"],
             ports=(first, last),
             sink=sink,
+            start_timeout_s=options["start_timeout_s"],
         )
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):

