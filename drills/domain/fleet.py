@@ -11,7 +11,9 @@ What runs is the gateway's decision code, not a copy of it:
   ``RouteRequest`` and ``NodeSnapshot`` objects the gateway builds, one policy
   instance per pool, the conversation id as routing key;
 - token limits: ``routing.domain.limiter.charge`` / ``refund`` per team, charging
-  prompt + ``max_tokens`` and refunding what was not generated;
+  prompt + ``max_tokens`` and refunding what was not generated, and the team's
+  ``max_concurrency`` streams (a request without a slot is refused uncharged, as
+  ``routing.limits.TieredAdmission``);
 - tiers and overload: ``routing.domain.admission.AdmissionQueue`` with the pool's
   capacity from ``models_registry.domain.capacity.pool_capacity_tokens``, pumped
   when an answer ends and on a short tick, as ``routing.limits.TieredAdmission``;
@@ -304,6 +306,7 @@ class FleetSim:
         self._queued: dict[str, FleetRequest] = {}
         self._pool_in_flight = 0
         self._team_in_flight: dict[str, int] = {}
+        self._team_slots: dict[str, int] = {}  # concurrency slots held per team
         self._pump_scheduled = False
         self._next_request_id = 0
         self._rate_factor = 1.0
@@ -532,11 +535,19 @@ class FleetSim:
             except limiter.ChargeTooLarge:
                 self._end(request, "too_large")
                 return
-            self._buckets[team.name] = charge.bucket
             if not charge.allowed:
+                self._buckets[team.name] = charge.bucket
                 self._end(request, "rate_limited")
                 return
+            if not self._take_slot(team, request):
+                # As the gateway: no slot, nothing charged.
+                self._end(request, "rate_limited")
+                return
+            self._buckets[team.name] = charge.bucket
             request.charged = amount
+        elif not self._take_slot(team, request):
+            self._end(request, "rate_limited")
+            return
         if not self.config.admission:
             self._route(request, first=True)
             return
@@ -572,6 +583,22 @@ class FleetSim:
                 "rate_limited" if verdict.outcome == Outcome.RATE_LIMITED else "shed"
             )
             self._end(request, outcome)
+
+    def _take_slot(self, team: TeamSpec, request: FleetRequest) -> bool:
+        """Take one of the team's concurrency slots; False when all are held."""
+        if not team.max_concurrency:
+            return True
+        held = self._team_slots.get(team.name, 0)
+        if held >= team.max_concurrency:
+            return False
+        self._team_slots[team.name] = held + 1
+        request.holds_slot = True
+        return True
+
+    def _release_slot(self, request: FleetRequest) -> None:
+        if request.holds_slot:
+            request.holds_slot = False
+            self._team_slots[request.team] -= 1
 
     def _pool_capacity(self) -> int:
         return pool_capacity_tokens(
@@ -657,8 +684,9 @@ class FleetSim:
         self._kick(replica)
 
     def _give_back(self, request: FleetRequest, *, used: int) -> None:
-        """The answer ended: refund the bucket, free the pool's tokens, meter it."""
+        """The answer ended: refund the bucket, free the slot and the pool's tokens."""
         self._refund(request, used=used)
+        self._release_slot(request)
         if request.taken:
             request.taken = False
             amount = request.prompt_tokens + request.max_tokens
@@ -684,6 +712,7 @@ class FleetSim:
             )
 
     def _end(self, request: FleetRequest, outcome: str) -> None:
+        self._release_slot(request)
         request.outcome = outcome
         request.finished_at = self.now
 

@@ -84,6 +84,7 @@ class FleetRequest:
         "first_token_at",
         "gen0",
         "history_tokens",
+        "holds_slot",
         "max_tokens",
         "outcome",
         "output_tokens",
@@ -131,6 +132,7 @@ class FleetRequest:
         self.attempts = 0
         self.charged = 0  # tokens charged to the team's bucket, not yet refunded
         self.taken = False  # counted in the pool's tokens in flight by admission
+        self.holds_slot = False  # one of its team's max_concurrency streams
         self.outcome = ""  # ok | error | rate_limited | shed | no_replica
         self.first_token_at: float | None = None
         self.finished_at: float | None = None

@@ -56,8 +56,9 @@ __all__ = [
 class TeamSpec:
     """One team of clients: its share of users, tier and limits.
 
-    ``tokens_per_minute`` 0 means no bucket; ``guaranteed_share`` is its share of
-    the pool under overload (``routing.domain.admission``).
+    ``tokens_per_minute`` 0 means no bucket; ``max_concurrency`` 0 means no cap on
+    its streams in flight; ``guaranteed_share`` is its share of the pool under
+    overload (``routing.domain.admission``).
     """
 
     name: str
@@ -65,6 +66,7 @@ class TeamSpec:
     tier: str = Tier.STANDARD.value
     tokens_per_minute: int = 0
     guaranteed_share: float = 0.0
+    max_concurrency: int = 0  # streams in flight at once; 0 means no cap
 
     def __post_init__(self) -> None:
         if not self.weight > 0:
@@ -72,6 +74,8 @@ class TeamSpec:
         Tier(self.tier)
         if self.tokens_per_minute < 0:
             raise ValueError(f"team {self.name}: tokens_per_minute must be >= 0")
+        if self.max_concurrency < 0:
+            raise ValueError(f"team {self.name}: max_concurrency must be >= 0")
         if not 0.0 <= self.guaranteed_share <= 1.0:
             raise ValueError(f"team {self.name}: guaranteed_share must be in [0, 1]")
 

@@ -243,3 +243,26 @@ def test_one_teams_surge_leaves_the_other_teams_requests_unchanged():
         [FleetEvent(at=10.0, kind="team_rate", team="b", factor=5.0)]
     )
     assert calm and calm == surge
+
+
+def test_a_teams_concurrency_cap_refuses_streams_beyond_it_uncharged():
+    teams = (TeamSpec("capped", max_concurrency=3, tokens_per_minute=10**9),)
+    sim = FleetSim(small(), ChatWorkload(arrival_rate=5.0, teams=teams))
+    result = sim.run(60.0, drain_s=60.0)
+    capped = [r for r in result.requests if r.outcome == "rate_limited"]
+    assert capped  # 5 req/s x 10 s answers is about 50 streams wanted, 3 allowed
+    for sample in result.samples:
+        assert (
+            sum(
+                1
+                for r in result.requests
+                if r.routed_at
+                and r.routed_at <= sample.at
+                and (r.finished_at or 1e9) > sample.at
+            )
+            <= 3
+        )
+    assert all(r.charged == 0 and not r.holds_slot for r in capped)
+    ended = [r for r in result.requests if r.outcome == "ok"]
+    assert ended and not any(r.holds_slot for r in ended)
+    assert 0 <= sim._team_slots["capped"] <= 3
