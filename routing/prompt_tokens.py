@@ -195,11 +195,12 @@ def _template_counter(ref: str, root: Path, chat_template: str) -> TemplateCount
                 value = value.get("content")
             if isinstance(value, str):
                 special[key] = value
+    template = _compile(chat_template)
     return TemplateCounter(
         name=f"{ref} tokenizer",
         tokenizer=tokenizer,
-        template=_compile(chat_template),
-        content_format=_content_format(chat_template),
+        template=template,
+        content_format=_content_format(template.environment.parse(chat_template)),
         has_developer_role=(
             '"developer"' in chat_template or "'developer'" in chat_template
         ),
@@ -258,21 +259,14 @@ def _compile(chat_template: str) -> Any:
     return env.from_string(chat_template)
 
 
-def _content_format(chat_template: str) -> Literal["string", "openai"]:
-    """Return "openai" when the template loops over a message's content parts.
+def _content_format(ast: Any) -> Literal["string", "openai"]:
+    """Return "openai" when the template (its parsed ``ast``) loops over content parts.
 
     vLLM's rule, simplified: a ``for`` whose iterable is ``x['content']``,
     ``x.content`` or a variable named ``content``.
     """
-    import jinja2
     from jinja2 import nodes
 
-    try:
-        ast = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(
-            chat_template
-        )
-    except jinja2.TemplateSyntaxError:
-        return "string"
     for loop in ast.find_all(nodes.For):
         target = loop.iter
         while isinstance(target, nodes.Filter | nodes.Test) and target.node is not None:

@@ -201,3 +201,14 @@ def test_a_template_refusing_the_messages_is_a_prompt_rejection(checkpoint):
 
     with pytest.raises(PromptRejected, match="system first"):
         asyncio.run(scenario())
+
+
+def test_transformers_template_extensions_render(checkpoint):
+    template = (
+        "{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}"
+        "{% generation %}{{ m | tojson }}{% endgeneration %}{% endfor %}"
+    )
+    counter = load_counter(version_of(checkpoint, template))
+    assert isinstance(counter, TemplateCounter)
+    rendered = counter.render([{"role": "user", "content": "é"}, {"role": "x"}])
+    assert rendered == '{"role": "user", "content": "é"}'
