@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Callable, Iterable
 from datetime import datetime
 
@@ -91,8 +92,10 @@ def reconcile_pools(
                     break
                 port = allocate_port()
                 replica = Replica.objects.create(
+                    # A port is reused once its replica is gone, and gone rows stay
+                    # for the record: the suffix keeps ids unique.
                     replica_id=f"{pool.model_id}-{pool.version.version}-{region}-"
-                    f"{node}-{port}",
+                    f"{node}-{port}-{secrets.token_hex(3)}",
                     model_id=pool.model_id,
                     version=pool.version,
                     region=region,
