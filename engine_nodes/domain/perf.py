@@ -4,16 +4,25 @@ Public surface: ``PerfProfile``, ``PROFILES``, ``DEFAULT_PROFILE``, ``step_time_
 ``step_time_from_totals_ms``, ``jitter_factor``.
 
 One engine step with ``B_dec`` decode sequences reading ``S_kv`` KV tokens, plus
-prefill chunks of ``n_i`` tokens over ``c_i`` already-cached tokens, takes::
+``P`` prefill chunks of ``n_i`` tokens over ``c_i`` already-cached tokens, takes::
 
     N_tok = B_dec + Σ n_i
     A_pf  = Σ n_i · (c_i + n_i / 2)
-    T_ms  = a + max(W, c_tok · N_tok) + b · B_dec + k_kv · S_kv / 1000 + k_att · A_pf
+    T_dev = a + max(W, c_tok · N_tok) + b · B_dec + p · P
+            + k_kv · S_kv / 1000 + k_att · A_pf
+    T_ms  = max(T_dev, h · (B_dec + P))
 
 ``k_kv`` is in µs per KV token (hence the ``/ 1000``); every other constant is in ms.
 The step is memory-bound (``W``, reading the weights) until ``c_tok · N_tok > W``,
-then compute-bound. A lognormal multiplier with mean 1 (``jitter_factor``) models
-step-to-step noise.
+then compute-bound. ``p`` is a fixed cost per prefill chunk (its attention set-up
+and sampling state), 0 in the GPU profiles; on CPU it is measured (``cpu-tiny``: a
+prefill step costs about 1.5 ms more than a decode step before its first token).
+``h`` is the host's time per sequence in the step (scheduling, sampling, output
+processing, detokenizing and streaming), which overlaps the device's work: the
+step takes the longer of the two, so past some batch size a replica is host-bound
+and its step time grows by ``h`` per sequence instead of ``b``. It is 0 in the GPU
+profiles (not measured there); ``cpu-tiny`` turns host-bound at about 16 sequences.
+A lognormal multiplier with mean 1 (``jitter_factor``) models step-to-step noise.
 """
 
 from __future__ import annotations
@@ -54,9 +63,23 @@ class PerfProfile:
     block_size: int = 16
     gpus: int = 1
     description: str = ""
+    # The API server's time before a request reaches the engine (HTTP, chat
+    # template, tokenizer), counted in TTFT; the simulated replica waits this long.
+    frontend_ms: float = 5.0
+    p_ms: float = 0.0  # per prefill chunk in the step
+    h_ms: float = 0.0  # host time per sequence in the step, overlapping the device
 
     def __post_init__(self) -> None:
-        times = (self.a_ms, self.ctok_ms, self.b_ms, self.kkv_us, self.katt)
+        times = (
+            self.a_ms,
+            self.ctok_ms,
+            self.b_ms,
+            self.kkv_us,
+            self.katt,
+            self.frontend_ms,
+            self.p_ms,
+            self.h_ms,
+        )
         if self.w_ms <= 0 or min(times) < 0:
             raise ValueError(f"profile {self.name}: time constants must be positive")
         if min(self.num_gpu_blocks - 1, self.max_num_batched_tokens) < 1:
@@ -151,6 +174,36 @@ PROFILES: dict[str, PerfProfile] = {
                 "/ (16 tokens · 320 KiB)."
             ),
         ),
+        PerfProfile(
+            name="cpu-tiny",
+            a_ms=2.138,
+            w_ms=0.006691,
+            ctok_ms=0.006691,
+            b_ms=0.06789,
+            kkv_us=0.06333,
+            katt=1.309e-05,
+            p_ms=1.799,
+            h_ms=0.28,
+            frontend_ms=4.04,
+            num_gpu_blocks=1024,
+            max_num_batched_tokens=2048,
+            max_num_seqs=32,
+            block_size=128,
+            gpus=1,
+            description=(
+                "Real vLLM 0.32.0, CPU build, serving the tiny Llama (manage.py "
+                "make_tiny_model: 2 layers, hidden 128, bf16) on a 2-core AMD EPYC "
+                "box: --enforce-eager, 64 MiB of KV cache = 1,024 blocks of 128 "
+                "tokens, max_num_seqs 32, max_num_batched_tokens 2048, prefix "
+                "caching on, EngineCore and Worker at nice 10. Fitted by "
+                "bench/vllm_fidelity.py on 2026-11-30 (least squares on the "
+                "engine's own histograms: single prefills of 128-1,536 tokens and "
+                "their decode, closed loops of 1/4/16/32 streams), pooled over 2 "
+                "runs. No weight-read floor (W = c_tok); p is a prefill step's "
+                "set-up; h is host time per sequence (scheduler, detokenizer and "
+                "API server share one core): host-bound from about 16 sequences."
+            ),
+        ),
     )
 }
 DEFAULT_PROFILE = PROFILES["a100-8b"]
@@ -163,19 +216,23 @@ def step_time_from_totals_ms(
     kv_tokens: int,
     prefill_tokens: int,
     prefill_work: float,
+    prefill_seqs: int = 0,
 ) -> float:
     """Return the step time in ms from per-step totals (the engine's fast path).
 
-    ``prefill_tokens`` is ``Σ n_i`` and ``prefill_work`` is ``Σ n_i · (c_i + n_i/2)``.
+    ``prefill_tokens`` is ``Σ n_i``, ``prefill_work`` is ``Σ n_i · (c_i + n_i/2)``
+    and ``prefill_seqs`` the number of prefill chunks ``P``.
     """
     linear_ms = profile.ctok_ms * (decode_seqs + prefill_tokens)
-    return (
+    device_ms = (
         profile.a_ms
         + max(profile.w_ms, linear_ms)
         + profile.b_ms * decode_seqs
+        + profile.p_ms * prefill_seqs
         + profile.kkv_us * 1e-3 * kv_tokens
         + profile.katt * prefill_work
     )
+    return max(device_ms, profile.h_ms * (decode_seqs + prefill_seqs))
 
 
 def step_time_ms(
@@ -193,10 +250,11 @@ def step_time_ms(
         prefill_chunks: ``(n, ctx)`` per prefill chunk: ``n`` new tokens computed on
             top of ``ctx`` tokens already in the KV cache.
     """
-    prefill_tokens = 0
+    prefill_tokens = prefill_seqs = 0
     prefill_work = 0.0
     for n, ctx in prefill_chunks:
         prefill_tokens += n
+        prefill_seqs += 1
         prefill_work += n * (ctx + n / 2)
     return step_time_from_totals_ms(
         profile,
@@ -204,6 +262,7 @@ def step_time_ms(
         kv_tokens=kv_tokens,
         prefill_tokens=prefill_tokens,
         prefill_work=prefill_work,
+        prefill_seqs=prefill_seqs,
     )
 
 

@@ -11,6 +11,19 @@ from dataclasses import asdict
 from engine_nodes.domain.perf import PROFILES
 from engine_nodes.sim.server import Faults, SimOptions, build_app
 
+# The step-time constants a flag may replace, as the research spec's command line
+# names them (engine_nodes.domain.perf.PerfProfile field -> flag).
+PROFILE_FLAGS = {
+    "a_ms": "--sim-a-ms",
+    "w_ms": "--sim-w-ms",
+    "ctok_ms": "--sim-ctok-ms",
+    "b_ms": "--sim-b-ms",
+    "kkv_us": "--sim-kkv-us",
+    "katt": "--sim-katt",
+    "p_ms": "--sim-p-ms",
+    "h_ms": "--sim-h-ms",
+}
+
 
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser (shared by ``manage.py sim_replica``)."""
@@ -48,8 +61,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="Reject with 503 past this many waiting+running requests (0: never).",
     )
     add("--sim-profile", choices=sorted(PROFILES), default="a100-8b")
+    for name, flag in PROFILE_FLAGS.items():
+        add(
+            flag,
+            dest=f"sim_{name}",
+            type=float,
+            default=None,
+            help=f"Replace the profile's {name} (engine_nodes.domain.perf).",
+        )
     add("--sim-jitter-cv", type=float, default=0.04)
-    add("--sim-frontend-ms", type=float, default=5.0)
+    add(
+        "--sim-frontend-ms",
+        type=float,
+        default=None,
+        help="Frontend time before the engine sees a request (default: the "
+        "profile's frontend_ms).",
+    )
     add(
         "--sim-output-len",
         choices=["lognormal", "max"],
@@ -83,6 +110,11 @@ def options_from_args(args: argparse.Namespace) -> tuple[SimOptions, Faults]:
         model=args.model,
         served_model_names=list(names),
         profile=args.sim_profile,
+        profile_overrides={
+            name: value
+            for name in PROFILE_FLAGS
+            if (value := getattr(args, f"sim_{name}")) is not None
+        },
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,

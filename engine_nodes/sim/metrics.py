@@ -4,6 +4,12 @@ Every series carries ``model_name`` (the served model name) and ``engine="0"``, 
 vLLM V1 does. Counters are exposed with ``_total`` (and ``_created``) by
 prometheus_client, exactly like vLLM's own exporter. Gauges are set once per engine
 step, so a 50 ms scraper sees the same jitter it would see on a real replica.
+
+The families, their labels and buckets are those of vLLM 0.32 and are checked
+against a capture of real vLLM (``engine_nodes/tests/test_sim_conformance.py``).
+Labelled families are created with every label value up front, as vLLM does, so a
+scraper sees the same series before and after the first request. Families for
+what is not simulated (external KV transfer, multimodal inputs) stay at zero.
 """
 
 from __future__ import annotations
@@ -87,6 +93,48 @@ LATENCY_BUCKETS = (
     7680.0,
 )
 ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
+PREEMPTIONS_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+WAITING_REASONS = ("capacity", "deferred")
+SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
+PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+CACHE_HIT_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
+ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
+# vllm:cache_config_info's labels (vLLM's CacheConfig, one label per field) with the
+# values of a plain config; the ones the simulator knows are filled in per replica.
+CACHE_CONFIG_DEFAULTS = {
+    "_block_size_resolved": "True",
+    "cache_dtype": "auto",
+    "cache_hit_alignment_tokens": "None",
+    "enable_mamba_shared_prefix_checkpoint": "False",
+    "gpu_memory_utilization": "0.92",
+    "hash_block_size": "None",
+    "is_attention_free": "False",
+    "kv_cache_dtype_skip_layers": "[]",
+    "kv_cache_layout": "None",
+    "kv_cache_memory_bytes": "None",
+    "kv_offloading_backend": "native",
+    "kv_offloading_size": "None",
+    "kv_sharing_fast_prefill": "False",
+    "mamba_block_size": "None",
+    "mamba_cache_dtype": "auto",
+    "mamba_cache_mode": "none",
+    "mamba_page_size_padded": "None",
+    "mamba_ssm_cache_dtype": "float32",
+    "num_cpu_blocks": "None",
+    "num_gpu_blocks_override": "None",
+    "prefix_cache_retention_interval": "0",
+    "prefix_caching_hash_algo": "sha256",
+    "prefix_match_unit": "None",
+    "replayssm_buffer_len": "16",
+    "skip_page_size_padded": "None",
+    "sliding_window": "None",
+    "swa_bounded_replay": "True",
+    "use_kda_recoverssm": "False",
+    "use_replayssm": "False",
+    "user_specified_block_size": "True",
+}
 
 
 def build_1_2_5_buckets(max_value: int) -> tuple[float, ...]:
@@ -115,6 +163,7 @@ class EngineMetrics:
         enable_prefix_caching: bool,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self.model_name = model_name
         labels = ["model_name", "engine"]
         values = {"model_name": model_name, "engine": "0"}
         reg = self.registry
@@ -130,6 +179,16 @@ class EngineMetrics:
                 **values
             )
 
+        def by_label(
+            kind: type[Gauge] | type[Counter],
+            name: str,
+            doc: str,
+            label: str,
+            label_values: tuple[str, ...],
+        ) -> dict[str, Gauge | Counter]:
+            family = kind(name, doc, [*labels, label], registry=reg)
+            return {v: family.labels(**values, **{label: v}) for v in label_values}
+
         self.num_requests_running = gauge(
             "vllm:num_requests_running",
             "Number of requests in model execution batches.",
@@ -137,6 +196,22 @@ class EngineMetrics:
         self.num_requests_waiting = gauge(
             "vllm:num_requests_waiting", "Number of requests waiting to be processed."
         )
+        self.num_requests_waiting_by_reason = by_label(
+            Gauge,
+            "vllm:num_requests_waiting_by_reason",
+            "Number of waiting requests by reason.",
+            "reason",
+            WAITING_REASONS,
+        )
+        sleep_state = by_label(
+            Gauge,
+            "vllm:engine_sleep_state",
+            "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 "
+            "means engine is awake.",
+            "sleep_state",
+            SLEEP_STATES,
+        )
+        sleep_state["awake"].set(1)
         self.kv_cache_usage_perc = gauge(
             "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."
         )
@@ -148,22 +223,55 @@ class EngineMetrics:
             "vllm:prefix_cache_hits",
             "Prefix cache hits, in terms of number of cached tokens.",
         )
+        # Nothing comes from another instance's KV or from multimodal inputs here.
+        counter("vllm:external_prefix_cache_queries", "External prefix cache queries.")
+        counter("vllm:external_prefix_cache_hits", "External prefix cache hits.")
+        counter("vllm:mm_cache_queries", "Multi-modal cache queries.")
+        counter("vllm:mm_cache_hits", "Multi-modal cache hits.")
         self.num_preemptions = counter(
             "vllm:num_preemptions", "Cumulative number of preemption from the engine."
         )
         self.prompt_tokens = counter(
             "vllm:prompt_tokens", "Number of prefill tokens processed."
         )
+        self.prompt_tokens_by_source = by_label(
+            Counter,
+            "vllm:prompt_tokens_by_source",
+            "Number of prompt tokens by source.",
+            "source",
+            PROMPT_SOURCES,
+        )
+        self.prompt_tokens_cached = counter(
+            "vllm:prompt_tokens_cached",
+            "Number of cached prompt tokens (local + external).",
+        )
+        self.prompt_tokens_cached_by_source = by_label(
+            Counter,
+            "vllm:prompt_tokens_cached_by_source",
+            "Prefix-cache hit tokens by the cache tier that supplied them.",
+            "source",
+            CACHE_HIT_SOURCES,
+        )
         self.generation_tokens = counter(
             "vllm:generation_tokens", "Number of generation tokens processed."
         )
-        self._request_success = Counter(
+        self.request_success = by_label(
+            Counter,
             "vllm:request_success",
             "Count of successfully processed requests.",
-            [*labels, "finished_reason"],
+            "finished_reason",
+            FINISHED_REASONS,
+        )
+        rejections = Counter(
+            "vllm:admission_rejections",
+            "Number of admission attempts rejected by a queue limit, by reason.",
+            ["model_name", "reason"],
             registry=reg,
         )
-        self._success_labels = values
+        self.admission_rejections = {
+            reason: rejections.labels(model_name=model_name, reason=reason)
+            for reason in ADMISSION_REASONS
+        }
         token_buckets = build_1_2_5_buckets(max_model_len)
         self.request_prompt_tokens = histogram(
             "vllm:request_prompt_tokens",
@@ -184,6 +292,16 @@ class EngineMetrics:
             "vllm:iteration_tokens_total",
             "Histogram of number of tokens per engine_step.",
             ITERATION_BUCKETS,
+        )
+        self.request_max_num_generation_tokens = histogram(
+            "vllm:request_max_num_generation_tokens",
+            "Histogram of maximum number of requested generation tokens.",
+            token_buckets,
+        )
+        self.request_params_n = histogram(
+            "vllm:request_params_n",
+            "Histogram of the n request parameter.",
+            PARAMS_N_BUCKETS,
         )
         self.time_to_first_token = histogram(
             "vllm:time_to_first_token_seconds",
@@ -225,32 +343,42 @@ class EngineMetrics:
             "Histogram of time spent in DECODE phase for request.",
             LATENCY_BUCKETS,
         )
-        cache_info = Gauge(
+        self.request_num_preemptions = histogram(
+            "vllm:request_num_preemptions",
+            "Histogram of the number of times a request was preempted.",
+            PREEMPTIONS_BUCKETS,
+        )
+        self.request_prefill_kv_computed_tokens = histogram(
+            "vllm:request_prefill_kv_computed_tokens",
+            "Histogram of new KV tokens computed during prefill (excluding cached "
+            "tokens).",
+            token_buckets,
+        )
+        # vLLM's num_gpu_blocks counts its null block, as EngineConfig's does.
+        kv_tokens = num_gpu_blocks * block_size
+        cache_config = {
+            **CACHE_CONFIG_DEFAULTS,
+            "block_size": str(block_size),
+            "effective_attention_block_size": str(block_size),
+            "enable_prefix_caching": str(enable_prefix_caching),
+            "engine": "0",
+            "kv_cache_max_concurrency": str(kv_tokens / max_model_len),
+            "kv_cache_size_tokens": str(kv_tokens),
+            "num_gpu_blocks": str(num_gpu_blocks),
+        }
+        # model_name is not a label of this family in vLLM.
+        Gauge(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",
-            [
-                "block_size",
-                "cache_dtype",
-                "enable_prefix_caching",
-                "num_gpu_blocks",
-                "engine",
-                "model_name",
-            ],
+            sorted(cache_config),
             registry=reg,
-        )
-        cache_info.labels(
-            block_size=str(block_size),
-            cache_dtype="auto",
-            enable_prefix_caching=str(enable_prefix_caching),
-            num_gpu_blocks=str(num_gpu_blocks),
-            engine="0",
-            model_name=model_name,
-        ).set(1)
+        ).labels(**cache_config).set(1)
         # Counted so far, to turn the engine's cumulative counters into increments.
         self._seen = {
             "queries": 0,
             "hits": 0,
             "prompt": 0,
+            "cached": 0,
             "generation": 0,
             "preempt": 0,
         }
@@ -264,39 +392,65 @@ class EngineMetrics:
         iteration_tokens: int,
         prefix_cache_queries: int,
         prefix_cache_hits: int,
-        prompt_tokens_computed: int,
+        prompt_tokens_total: int,
+        prompt_tokens_cached: int,
         generation_tokens: int,
         num_preemptions: int,
     ) -> None:
-        """Set the gauges and advance the counters from the engine's cumulative state."""
+        """Set the gauges and advance the counters from the engine's cumulative state.
+
+        As in vLLM, ``vllm:prompt_tokens`` counts whole prompts (cached tokens
+        included) once each prefill completes; the ``by_source`` split and
+        ``prompt_tokens_cached`` count the same prompts' computed and cached parts.
+        """
         self.num_requests_running.set(num_running)
         self.num_requests_waiting.set(num_waiting)
+        # Every simulated wait is for capacity (no LoRA budget, no KV transfer).
+        self.num_requests_waiting_by_reason["capacity"].set(num_waiting)
         self.kv_cache_usage_perc.set(kv_cache_usage_perc)
         if iteration_tokens:
             self.iteration_tokens.observe(iteration_tokens)
         seen = self._seen
+        cached = prompt_tokens_cached - seen["cached"]
+        computed = prompt_tokens_total - seen["prompt"] - cached
+        if cached > 0:
+            self.prompt_tokens_cached.inc(cached)
+            self.prompt_tokens_by_source["local_cache_hit"].inc(cached)
+            self.prompt_tokens_cached_by_source["device"].inc(cached)
+        if computed > 0:
+            self.prompt_tokens_by_source["local_compute"].inc(computed)
         for key, total, collector in (
             ("queries", prefix_cache_queries, self.prefix_cache_queries),
             ("hits", prefix_cache_hits, self.prefix_cache_hits),
-            ("prompt", prompt_tokens_computed, self.prompt_tokens),
+            ("prompt", prompt_tokens_total, self.prompt_tokens),
+            ("cached", prompt_tokens_cached, None),
             ("generation", generation_tokens, self.generation_tokens),
             ("preempt", num_preemptions, self.num_preemptions),
         ):
             delta = total - seen[key]
             if delta > 0:
-                collector.inc(delta)
+                if collector is not None:
+                    collector.inc(delta)
                 seen[key] = total
+
+    def record_admission_rejection(self, reason: str) -> None:
+        """Count a request refused by a queue limit (``ADMISSION_REASONS``)."""
+        self.admission_rejections[reason].inc()
 
     def record_finished(
         self, done: FinishedRequest, *, arrived_at: float, max_tokens: int
     ) -> None:
         """Observe one finished request's histograms (times from frontend arrival)."""
-        self._request_success.labels(
-            finished_reason=done.finish_reason, **self._success_labels
-        ).inc()
+        self.request_success[done.finish_reason].inc()
         self.request_prompt_tokens.observe(done.prompt_tokens)
         self.request_generation_tokens.observe(done.output_tokens)
         self.request_params_max_tokens.observe(max_tokens)
+        self.request_max_num_generation_tokens.observe(done.output_tokens)
+        self.request_params_n.observe(1)
+        self.request_num_preemptions.observe(done.num_preemptions)
+        self.request_prefill_kv_computed_tokens.observe(
+            done.prompt_tokens - done.cached_tokens
+        )
         self.e2e_request_latency.observe(max(0.0, done.finished_at - arrived_at))
         if done.scheduled_at is not None:
             self.request_queue_time.observe(
@@ -313,10 +467,11 @@ class EngineMetrics:
             self.request_decode_time.observe(
                 max(0.0, done.finished_at - done.first_token_at)
             )
-            if done.output_tokens > 1:
-                self.request_time_per_output_token.observe(
-                    (done.finished_at - done.first_token_at) / (done.output_tokens - 1)
-                )
+            # vLLM observes every finished request, a one-token answer as 0.
+            self.request_time_per_output_token.observe(
+                (done.finished_at - done.first_token_at)
+                / max(done.output_tokens - 1, 1)
+            )
 
     def render(self) -> bytes:
         """Return the exposition text for ``GET /metrics``."""

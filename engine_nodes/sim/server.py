@@ -1,6 +1,7 @@
 """The simulated vLLM replica: vLLM's HTTP surface around the pure engine model.
 
-Public surface: ``SimOptions``, ``Faults``, ``SimReplica`` and ``build_app``.
+Public surface: ``SimOptions``, ``Faults``, ``SimReplica``, ``build_app`` and
+``next_step_start``.
 
 One process is one replica: an engine loop that sleeps until each step's end on the
 event loop's monotonic clock, and a raw ASGI app (no framework: this process relays
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -44,6 +46,9 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 VLLM_VERSION = "0.32.0"
+# How far behind model time the engine loop may wake and still start the next step
+# where the last one ended (see SimReplica._engine_loop).
+_MAX_LAG_S = 0.005
 SYSTEM_FINGERPRINT = f"vllm-{VLLM_VERSION}-sim"
 MAX_BODY_BYTES = 32 * 1024 * 1024
 DEGRADED_PIECES = (
@@ -67,6 +72,8 @@ class SimOptions:
     model: str
     served_model_names: list[str]
     profile: str = "a100-8b"
+    # Step-time constants replacing the profile's (``--sim-a-ms`` ...).
+    profile_overrides: dict[str, float] = field(default_factory=dict)
     max_model_len: int = 8192
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
@@ -78,7 +85,7 @@ class SimOptions:
     enable_request_id_headers: bool = False
     max_num_queued_reqs: int = 0
     jitter_cv: float = 0.04
-    frontend_ms: float = 5.0
+    frontend_ms: float | None = None  # None: the profile's frontend_ms
     output_len_policy: str = "lognormal"  # or "max": always max_tokens
     output_len_mean: float = 250.0
     output_len_cv: float = 0.6
@@ -135,7 +142,12 @@ class SimReplica:
     ) -> None:
         self.options = options
         self.faults = faults or Faults()
-        profile = PROFILES[options.profile]
+        profile = dataclasses.replace(
+            PROFILES[options.profile], **options.profile_overrides
+        )
+        self.frontend_ms = (
+            profile.frontend_ms if options.frontend_ms is None else options.frontend_ms
+        )
         overrides: dict[str, Any] = {
             "block_size": options.block_size,
             "max_model_len": options.max_model_len,
@@ -169,6 +181,7 @@ class SimReplica:
         self._crash_budget = self.faults.crash_after_tokens
         self._on_crash = on_crash or _crash_process
         self._random = random.Random(options.seed)
+        self._last_arrival = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -233,6 +246,7 @@ class SimReplica:
             pieces=pieces,
         )
         self._streams[request_id] = stream
+        self._last_arrival = time.monotonic()
         self.engine.add_request(
             SimRequest(
                 request_id=request_id,
@@ -241,7 +255,7 @@ class SimReplica:
                 finish_reason=finish_reason,
                 output_seed=text_seed,
             ),
-            time.monotonic(),
+            self._last_arrival,
         )
         self._publish_gauges(0)
         self._wake.set()
@@ -267,19 +281,25 @@ class SimReplica:
     # -- the engine loop ----------------------------------------------------------------
 
     async def _engine_loop(self) -> None:
-        loop = asyncio.get_running_loop()
+        # time.monotonic, not loop.time(): uvloop's loop clock has 1 ms steps, as
+        # long as a whole step of a small model (profile cpu-tiny).
+        clock = time.monotonic
+        ended: float | None = None  # model time the last step ended, if busy
         while True:
             await self._unstalled.wait()
-            start = loop.time()
+            now = clock()
+            start = next_step_start(now, ended, self._last_arrival)
             duration_s = self.engine.begin_step(start)
             if duration_s is None:
+                ended = None
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            # Sleep to the step's absolute end; a late wake-up is not made up for
-            # by the next step (a real GPU does not run faster to catch up either).
-            await asyncio.sleep(max(0.0, start + duration_s - loop.time()))
-            output = self.engine.end_step(max(loop.time(), start + duration_s))
+            ended = start + duration_s
+            delay = ended - clock()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            output = self.engine.end_step(ended)
             self._dispatch(output.tokens, output.finished, output.finished_at)
             self._publish_gauges(output.num_tokens)
 
@@ -328,7 +348,8 @@ class SimReplica:
             iteration_tokens=iteration_tokens,
             prefix_cache_queries=engine.prefix_cache_queries,
             prefix_cache_hits=engine.prefix_cache_hits,
-            prompt_tokens_computed=engine.prompt_tokens_computed,
+            prompt_tokens_total=engine.prompt_tokens_total,
+            prompt_tokens_cached=engine.prompt_tokens_cached,
             generation_tokens=engine.generation_tokens,
             num_preemptions=engine.num_preemptions,
         )
@@ -371,6 +392,25 @@ class SimReplica:
             "is_ready": self.is_ready,
             "pid": os.getpid(),
         }
+
+
+def next_step_start(
+    now: float, ended: float | None, last_arrival: float, max_lag_s: float = _MAX_LAG_S
+) -> float:
+    """Return when the next engine step starts, in model time.
+
+    A step starts when the previous one ended (``ended``): the work this process
+    does between steps (waking streams, writing SSE, timer granularity) is the
+    simulator's own cost, not the model's, and is absorbed as long as the loop
+    wakes at most ``max_lag_s`` late; so the steps keep the model's pace. Later
+    than that (the host stalled) or after an idle spell (``ended`` is None) the
+    step starts ``now``: a real GPU does not run faster to catch up on a stall
+    either. Never before ``last_arrival``, so no request is scheduled, or gets a
+    token, before it arrived.
+    """
+    if ended is None or now - ended > max_lag_s:
+        return now
+    return max(ended, last_arrival)
 
 
 def _crash_process() -> None:
@@ -659,6 +699,7 @@ class SimApp:
             raise HttpError(503, "The server is starting up")
         limit = self.options.max_num_queued_reqs
         if limit and replica.queued_requests >= limit:
+            replica.metrics.record_admission_rejection("max_num_queued_reqs")
             raise HttpError(503, "The server is overloaded: too many queued requests")
         if replica.roll_failure():
             raise HttpError(500, "simulated engine failure before the first token")
@@ -677,9 +718,9 @@ class SimApp:
             ignore_eos=bool(body.get("ignore_eos")),
             seed=_stable_seed(request_seed, prompt_ids[-32:], prompt_len, max_tokens),
         )
-        if self.options.frontend_ms > 0:
+        if replica.frontend_ms > 0:
             # Tokenization and request set-up, counted in TTFT as vLLM counts it.
-            await asyncio.sleep(self.options.frontend_ms / 1000.0)
+            await asyncio.sleep(replica.frontend_ms / 1000.0)
         request_id = f"chatcmpl-{secrets.token_hex(8)}"
         stream = replica.submit(
             request_id=request_id,
@@ -705,6 +746,8 @@ class SimApp:
                 replica.abort(request_id)
 
     def _usage(self, stream: _Stream) -> dict[str, Any]:
+        """Return vLLM's usage object (the streamed form; ``_complete`` adds the
+        null fields a plain answer carries)."""
         done = stream.done
         assert done is not None
         usage: dict[str, Any] = {
@@ -713,7 +756,17 @@ class SimApp:
             "completion_tokens": done.output_tokens,
         }
         if self.options.enable_prompt_tokens_details:
-            usage["prompt_tokens_details"] = {"cached_tokens": done.cached_tokens}
+            # vLLM: the prompt's full blocks, once cached, minus those it hit
+            # (PrefillStats.finalize); nothing is written with caching off.
+            created = 0
+            if self.replica.config.enable_prefix_caching:
+                block_size = self.replica.config.block_size
+                full = done.prompt_tokens // block_size * block_size
+                created = max(0, full - done.cached_tokens)
+            usage["prompt_tokens_details"] = {
+                "cached_tokens": done.cached_tokens,
+                "created_cache_tokens": created,
+            }
         return usage
 
     async def _wait(self, stream: _Stream, disconnected: asyncio.Task[Any]) -> bool:
@@ -743,6 +796,12 @@ class SimApp:
             '"delta":{"content":'
         )
         tail = '},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n'
+        # Without a usage chunk vLLM puts the fingerprint on the chunk that finishes.
+        finish_end = (
+            "}\n\n"
+            if include_usage
+            else f',"system_fingerprint":"{SYSTEM_FINGERPRINT}"}}\n\n'
+        )
         disconnected = asyncio.ensure_future(_wait_disconnect(receive))
         try:
             await send(
@@ -793,7 +852,7 @@ class SimApp:
                                     head
                                     + json.dumps(piece, ensure_ascii=False)
                                     + f'}},"logprobs":null,"finish_reason":"{reason}",'
-                                    '"stop_reason":null,"token_ids":null}]}\n\n'
+                                    '"stop_reason":null,"token_ids":null}]' + finish_end
                                 ).encode()
                             )
                         else:
@@ -852,7 +911,12 @@ class SimApp:
         done = stream.done
         text = "".join(stream.pieces[: done.output_tokens])
         usage = self._usage(stream)
-        usage.setdefault("prompt_tokens_details", None)
+        details = usage.get("prompt_tokens_details")
+        if details is not None:
+            details["multimodal_tokens"] = None
+        usage["prompt_tokens_details"] = details
+        usage["completion_tokens_details"] = None
+        # vLLM 0.32's body, null fields included (engine_nodes/tests/data).
         body = {
             "id": stream.request_id,
             "object": "chat.completion",
@@ -861,14 +925,31 @@ class SimApp:
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": text, "tool_calls": []},
+                    "message": {
+                        "role": "assistant",
+                        "content": text,
+                        "refusal": None,
+                        "annotations": None,
+                        "audio": None,
+                        "function_call": None,
+                        "reasoning": None,
+                    },
                     "logprobs": None,
                     "finish_reason": done.finish_reason,
                     "stop_reason": None,
+                    "token_ids": None,
+                    "routed_experts": None,
                 }
             ],
-            "usage": usage,
+            "service_tier": None,
             "system_fingerprint": SYSTEM_FINGERPRINT,
+            "usage": usage,
+            "prompt_logprobs": None,
+            "prompt_token_ids": None,
+            "prompt_text": None,
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "metrics": None,
         }
         await _respond(send, 200, _json_bytes(body), extra_headers=headers)
 

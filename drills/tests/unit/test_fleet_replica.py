@@ -3,6 +3,7 @@ and agreement with the exact engine on the same arrivals."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -237,3 +238,34 @@ def test_the_fleet_replica_agrees_with_the_exact_engine_on_the_same_arrivals(rat
         assert f == pytest.approx(e, rel=0.15), name
     assert fast[3] == exact[3]  # every token made, once
     assert fast[2] == pytest.approx(exact[2], rel=0.05)  # the same prefix hits
+
+
+def _run_both(profile):
+    """Run 40 decoding requests on a fleet replica and on the exact engine."""
+    replica = FleetReplica("r", profile, block_size=16, jitter_cv=0)
+    engine = Engine(
+        profile, EngineConfig.from_profile(profile, block_size=16), jitter_cv=0
+    )
+    for i in range(40):
+        replica.add(request(i, prompt=100, output=400, stream=0))
+        prompt = list(range(1000 + 100 * i, 1100 + 100 * i))
+        engine.add_request(SimRequest(str(i), prompt, output_len=400), 0.0)
+    _, finished, end = run_alone(replica)
+    now = 0.0
+    while (duration := engine.begin_step(now)) is not None:
+        now += duration
+        engine.end_step(now)
+    assert len(finished) == 40
+    return end, now
+
+
+def test_host_bound_steps_take_the_hosts_time_then_the_devices():
+    """GIVEN 40 decodes whose host time (12.4 ms) first exceeds the device's step
+    (about 11.7 ms, growing with the KV read) and later falls behind it
+    THEN the fleet replica's steps last the longer of the two, as the engine's.
+    """
+    device_only, _ = _run_both(PROFILE)
+    fleet, engine = _run_both(dataclasses.replace(PROFILE, h_ms=0.31))
+
+    assert fleet == pytest.approx(engine, rel=1e-6)
+    assert fleet > device_only

@@ -322,3 +322,31 @@ def test_step_calls_must_alternate():
     engine.begin_step(0.0)
     with pytest.raises(RuntimeError, match="in flight"):
         engine.begin_step(0.0)
+
+
+def test_prompt_counters_count_whole_prompts_once_prefilled():
+    engine = quiet_engine(block_size=16)
+    engine.add_request(SimRequest("a", prompt(100), output_len=3), 0.0)
+    now, _ = run(engine)
+    engine.add_request(SimRequest("b", prompt(100), output_len=3), now)
+    run(engine, now)
+
+    # b hit the 6 full blocks a left: 96 tokens, counted once with its prompt.
+    assert engine.prompt_tokens_total == 200
+    assert engine.prompt_tokens_cached == 96
+    assert engine.prompt_tokens_computed == 200 - 96
+
+
+def test_a_step_pays_per_prefill_chunk():
+    profile = PROFILES["cpu-tiny"]
+    engine = Engine(profile, EngineConfig.from_profile(profile), jitter_cv=0.0)
+    engine.add_request(SimRequest("a", prompt(300), output_len=2), 0.0)
+    engine.add_request(SimRequest("b", prompt(200, start=5000), output_len=2), 0.0)
+
+    duration = engine.begin_step(0.0)
+
+    expected_ms = step_time_ms(
+        profile, decode_seqs=0, kv_tokens=0, prefill_chunks=[(300, 0), (200, 0)]
+    )
+    assert duration * 1000 == pytest.approx(expected_ms)
+    assert expected_ms > 2 * profile.p_ms

@@ -97,6 +97,31 @@ def test_profiles_carry_the_spec_constants(name, expected):
     assert p.description
 
 
+def test_each_prefill_chunk_pays_the_per_chunk_cost():
+    profile = PROFILES["cpu-tiny"]
+    one = step_time_ms(profile, decode_seqs=4, kv_tokens=0, prefill_chunks=[(64, 0)])
+    two = step_time_ms(
+        profile, decode_seqs=4, kv_tokens=0, prefill_chunks=[(32, 0), (32, 0)]
+    )
+    # Same tokens; the second chunk adds p and its smaller attention work.
+    work_delta = profile.katt * (32 * 16 * 2 - 64 * 32)
+
+    assert two - one == pytest.approx(profile.p_ms + work_delta)
+    assert PROFILES["a100-8b"].p_ms == 0.0
+
+
+def test_cpu_tiny_is_the_vllm_cpu_server_it_was_fitted_to():
+    profile = PROFILES["cpu-tiny"]
+
+    assert (profile.block_size, profile.num_gpu_blocks) == (128, 1024)
+    assert (profile.max_num_seqs, profile.max_num_batched_tokens) == (32, 2048)
+    # No weight-read floor on CPU: the step grows from the first token.
+    assert profile.w_ms == profile.ctok_ms
+    assert "bench/vllm_fidelity.py" in profile.description
+    # A decode step of one sequence, as measured: about 2 ms.
+    assert 1.5 < step_time_ms(profile, decode_seqs=1, kv_tokens=600) < 2.5
+
+
 def test_int8_tp2_blocks_follow_the_documented_formula():
     kv_bytes = 0.9 * 160e9 - 70e9 - 3e9
 

@@ -1,0 +1,86 @@
+"""Real vLLM against its committed capture: what the simulated replica is held to.
+
+``engine_nodes/tests/test_sim_conformance.py`` diffs the simulated replica against
+the reference files in ``engine_nodes/tests/data/``. This module re-captures them
+from a live real vLLM (the CPU build, tiny Llama, the agent's flags) and diffs the
+live capture against the committed one in the same way, so a vLLM upgrade that
+changes a metric, a chunk or the body fails here, loudly, instead of leaving the
+simulator quietly out of date. ``UPDATE_VLLM_REFERENCE=1 make test-vllm`` writes
+the live capture over the reference (then review the diff and commit it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from engine_nodes.sim.conformance import (
+    REFERENCE_DIR,
+    Capture,
+    capture,
+    diff_json_shapes,
+    diff_metrics,
+    diff_stream,
+    json_shape,
+    read_capture,
+    write_capture,
+)
+from tests.vllm_server import MODEL, require_tiny_model, vllm_server
+
+pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
+
+# The capture server: the tiny model's registered flags plus the limits the
+# simulated replica is diffed with (engine_nodes.sim.conformance).
+CAPTURE_ENGINE_CONFIG = {
+    "block_size": 128,
+    "max_num_seqs": 32,
+    "max_model_len": 2048,
+    "enable_prefix_caching": True,
+}
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Capture:
+    model_dir = require_tiny_model()
+    tmp = tmp_path_factory.mktemp("vllm-fidelity")
+    with vllm_server(
+        tmp, engine_config=CAPTURE_ENGINE_CONFIG, model_dir=model_dir
+    ) as url:
+        captured = capture(url, MODEL)
+    if os.environ.get("UPDATE_VLLM_REFERENCE", "") == "1":
+        write_capture(captured, REFERENCE_DIR)
+    return captured
+
+
+@pytest.fixture(scope="module")
+def reference() -> Capture:
+    return read_capture()
+
+
+def test_vllm_metrics_match_the_reference(live: Capture, reference: Capture):
+    assert diff_metrics(reference.metrics, live.metrics) == []
+
+
+def test_vllm_stream_with_usage_matches_the_reference(
+    live: Capture, reference: Capture
+):
+    assert diff_stream(reference.stream, live.stream) == []
+    assert live.stream_content_type == reference.stream_content_type
+
+
+def test_vllm_stream_without_usage_matches_the_reference(
+    live: Capture, reference: Capture
+):
+    assert diff_stream(reference.stream_no_usage, live.stream_no_usage) == []
+
+
+def test_vllm_plain_answer_matches_the_reference(live: Capture, reference: Capture):
+    ref = json_shape(json.loads(reference.completion))
+    got = json_shape(json.loads(live.completion))
+    assert diff_json_shapes(ref, got) == []
+
+
+def test_vllm_prefix_hit_matches_the_reference(live: Capture, reference: Capture):
+    assert live.cached_tokens == reference.cached_tokens

