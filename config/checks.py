@@ -75,3 +75,18 @@ def check_routing_policy(app_configs: Any = None, **kwargs: Any) -> list[CheckMe
             )
         ]
     return []
+
+
+@register()
+def check_batch_ceiling(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Batch must be admissible below some share of the pool: (0, 1]."""
+    ceiling = settings.PLATFORM_BATCH_CEILING
+    if not 0.0 < ceiling <= 1.0:
+        return [
+            Error(
+                f"PLATFORM_BATCH_CEILING={ceiling} must be above 0 and at most 1 (the "
+                "share of a pool's capacity below which batch requests are admitted)",
+                id="routing.E002",
+            )
+        ]
+    return []

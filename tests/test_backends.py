@@ -90,3 +90,16 @@ def test_heartbeat_check_refuses_a_faster_database_beat(settings):
     assert [m.id for m in check_heartbeats()] == ["config.E003"]
     settings.PLATFORM_HEARTBEAT_DB_S = 5.0
     assert check_heartbeats() == []
+
+
+@pytest.mark.parametrize(
+    ("ceiling", "ids"),
+    [(0.0, ["routing.E002"]), (1.5, ["routing.E002"]), (0.9, []), (1.0, [])],
+)
+def test_batch_ceiling_check_keeps_it_in_the_admission_queues_range(
+    settings, ceiling, ids
+):
+    from config.checks import check_batch_ceiling
+
+    settings.PLATFORM_BATCH_CEILING = ceiling
+    assert [m.id for m in check_batch_ceiling()] == ids
