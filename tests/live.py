@@ -68,6 +68,24 @@ def gateway_env(base: dict[str, str], **overrides: str) -> dict[str, str]:
     return env
 
 
+def platform_env(*, region: str, prefix: str, **overrides: str) -> dict[str, str]:
+    """Return the environment of an end-to-end platform's gateway and agent: the
+    test database, one region, its own Redis prefix, fast refresh and flush."""
+    env = gateway_env(
+        os.environ,  # type: ignore[arg-type]
+        DATABASE_URL=database_url(),
+        PLATFORM_REGION=region,
+        PLATFORM_REDIS_PREFIX=prefix,
+        PLATFORM_SNAPSHOT_REFRESH_S="0.5",
+        PLATFORM_USAGE_FLUSH_S="1",
+        PLATFORM_DEFAULT_TOKENS_PER_MINUTE="0",
+        SECRET_KEY="e2e-only",
+        **overrides,
+    )
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    return env
+
+
 @contextmanager
 def start_platform(
     tmp: Path, *, pools: dict[str, int], canary: bool = False, **env_overrides: str
@@ -108,18 +126,7 @@ def start_platform(
             max_concurrency=10_000,
             guaranteed_share=0.0,
         )
-    env = gateway_env(
-        os.environ,  # type: ignore[arg-type]
-        DATABASE_URL=database_url(),
-        PLATFORM_REGION=region,
-        PLATFORM_REDIS_PREFIX=prefix,
-        PLATFORM_SNAPSHOT_REFRESH_S="0.5",
-        PLATFORM_USAGE_FLUSH_S="1",
-        PLATFORM_DEFAULT_TOKENS_PER_MINUTE="0",
-        SECRET_KEY="e2e-only",
-        **env_overrides,
-    )
-    env.pop("DJANGO_SETTINGS_MODULE", None)
+    env = platform_env(region=region, prefix=prefix, **env_overrides)
     agent = start_agent(env, tmp, region=region, node="e2e-node")
     gateway = None
     try:
@@ -146,7 +153,7 @@ def start_platform(
         )
         # The gateway serves once it has seen the replicas beat.
         wait_until(
-            lambda: _can_serve(platform),
+            lambda: can_serve(platform),
             timeout_s=30,
             message="the gateway to route to a replica",
         )
@@ -158,17 +165,20 @@ def start_platform(
         call_command("flush", interactive=False, verbosity=0)
 
 
-def _can_serve(platform: LivePlatform) -> bool:
+def can_serve(
+    platform: LivePlatform, model: str = "chat-7b", *, timeout_s: float = 10
+) -> bool:
+    """Return True once team alpha gets a one-token answer from ``model``."""
     try:
         response = httpx.post(
             f"{platform.url}/v1/chat/completions",
             headers={"Authorization": f"Bearer {platform.keys['alpha']}"},
             json={
-                "model": "chat-7b",
+                "model": model,
                 "messages": [{"role": "user", "content": "ping"}],
                 "max_tokens": 1,
             },
-            timeout=10,
+            timeout=timeout_s,
         )
     except httpx.HTTPError:
         return False

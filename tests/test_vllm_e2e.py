@@ -36,7 +36,6 @@ from django.utils import timezone
 
 from accounts import services as accounts
 from drills.launch import (
-    database_url,
     free_port,
     spawn,
     start_gateway,
@@ -48,7 +47,7 @@ from engine_nodes.weights import local_identity
 from metering.models import Usage
 from models_registry import services as registry
 from models_registry.models import Pool
-from tests.live import LivePlatform, gateway_env
+from tests.live import LivePlatform, can_serve, platform_env
 from tests.vllm_server import (
     MODEL,
     VERSION_BODY,
@@ -115,18 +114,7 @@ def start_vllm_platform(tmp: Path, model_dir: Path) -> Iterator[LivePlatform]:
         max_concurrency=1000,
         guaranteed_share=0.0,
     )
-    env = gateway_env(
-        os.environ,  # type: ignore[arg-type]
-        DATABASE_URL=database_url(),
-        PLATFORM_REGION=REGION,
-        PLATFORM_REDIS_PREFIX=prefix,
-        PLATFORM_SNAPSHOT_REFRESH_S="0.5",
-        PLATFORM_USAGE_FLUSH_S="1",
-        PLATFORM_DEFAULT_TOKENS_PER_MINUTE="0",
-        PLATFORM_ENGINE_API_KEY=ENGINE_KEY,
-        SECRET_KEY="e2e-only",
-    )
-    env.pop("DJANGO_SETTINGS_MODULE", None)
+    env = platform_env(region=REGION, prefix=prefix, PLATFORM_ENGINE_API_KEY=ENGINE_KEY)
     env.pop("VLLM_CPU_KVCACHE_SPACE", None)
     first = free_port()
     agent = spawn(
@@ -187,7 +175,7 @@ def start_vllm_platform(tmp: Path, model_dir: Path) -> Iterator[LivePlatform]:
             prefix=prefix,
         )
         wait_until(
-            lambda: _can_serve(live),
+            lambda: can_serve(live, MODEL, timeout_s=30),
             timeout_s=30,
             message="the gateway to route to a vLLM replica",
         )
@@ -204,23 +192,6 @@ def _replica_logs(tmp: Path) -> str:
         f"--- {path.name}\n{path.read_text(errors='replace')[-3000:]}"
         for path in sorted((tmp / "replicas").glob("*.log"))
     )
-
-
-def _can_serve(platform: LivePlatform) -> bool:
-    try:
-        response = httpx.post(
-            f"{platform.url}/v1/chat/completions",
-            headers={"Authorization": f"Bearer {platform.keys['alpha']}"},
-            json={
-                "model": MODEL,
-                "messages": [{"role": "user", "content": "ping"}],
-                "max_tokens": 1,
-            },
-            timeout=30,
-        )
-    except httpx.HTTPError:
-        return False
-    return response.status_code == 200
 
 
 def replica_urls(platform: LivePlatform) -> dict[str, str]:
