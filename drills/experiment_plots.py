@@ -1,7 +1,8 @@
-"""Headless plots of the isolation test, the overload drill and the capacity test.
+"""Headless plots of the fleet experiments: the routing A/B, the isolation test, the
+overload drill and the capacity test.
 
-Public surface: ``default_plot_path``, ``plot_isolation``, ``plot_overload``,
-``plot_capacity``.
+Public surface: ``default_plot_path``, ``plot_routing_ab``, ``plot_isolation``,
+``plot_overload``, ``plot_capacity``.
 
 matplotlib with the Agg backend (no display); each function writes one PNG and
 returns its path, creating the folder if needed.
@@ -9,6 +10,7 @@ returns its path, creating the folder if needed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
@@ -20,9 +22,16 @@ import matplotlib.pyplot as plt
 from drills.domain.capacity_test import CapacityAnswer
 from drills.domain.isolation_sim import NOISY_TEAM, IsolationOutcome
 from drills.domain.overload import TIERS, OverloadOutcome
+from drills.domain.routing_ab import PolicyOutcome
 from drills.domain.timeline import percentile_in_bins
 
-__all__ = ["default_plot_path", "plot_capacity", "plot_isolation", "plot_overload"]
+__all__ = [
+    "default_plot_path",
+    "plot_capacity",
+    "plot_isolation",
+    "plot_overload",
+    "plot_routing_ab",
+]
 
 _TIER_COLOURS = {"interactive": "#2ca02c", "standard": "#1f77b4", "batch": "#ff7f0e"}
 _BASELINE, _NOISY = "#1f77b4", "#d62728"
@@ -259,6 +268,71 @@ def plot_capacity(answer: CapacityAnswer, path: Path, *, title: str) -> Path:
     ax.set_xlabel("offered output tokens/s")
     ax.set_ylabel("stream rate, 1 / TPOT (tokens/s)")
     ax.set_title("Per-stream token rate")
+    ax.legend(loc="upper right")
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+_POLICY_COLOURS = {
+    "round_robin": "#d62728",
+    "least_tokens": "#ff7f0e",
+    "prefix_affinity": "#2ca02c",
+}
+
+
+def plot_routing_ab(
+    outcomes: Sequence[PolicyOutcome], path: Path, *, title: str
+) -> Path:
+    """Draw the A/B: four bar charts and the imbalance over time; return ``path``."""
+    fig = plt.figure(figsize=(13, 8), layout="constrained")
+    grid = fig.add_gridspec(2, 4)
+    names = [o.policy for o in outcomes]
+    colours = [_POLICY_COLOURS.get(name, "#1f77b4") for name in names]
+    bars = [
+        ("Prefix hit rate", "share of history served from cache", "prefix_hit_rate", 1),
+        ("p95 time to first token", "seconds", "ttft_p95_s", 1),
+        (
+            "Uncached prefill",
+            "prompt tokens/s computed",
+            "uncached_prefill_tokens_per_s",
+            1,
+        ),
+        ("Imbalance (mean)", "max / mean tokens in flight", "imbalance_mean", 1),
+    ]
+    for column, (label, unit, attribute, _) in enumerate(bars):
+        ax = fig.add_subplot(grid[0, column])
+        values = [getattr(o, attribute) or 0.0 for o in outcomes]
+        ax.bar(range(len(names)), values, color=colours)
+        ax.set_xticks(range(len(names)), [n.replace("_", "\n") for n in names])
+        ax.set_title(label)
+        ax.set_ylabel(unit)
+        for x, value in enumerate(values):
+            ax.annotate(
+                f"{value:,.2f}" if value < 100 else f"{value:,.0f}",
+                (x, value),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
+    ax = fig.add_subplot(grid[1, :])
+    for outcome, colour in zip(outcomes, colours, strict=True):
+        samples = [
+            (s.at, s.imbalance)
+            for s in outcome.result.samples
+            if s.imbalance is not None
+        ]
+        if samples:
+            ax.plot(
+                [t / 60 for t, _ in samples],
+                [v for _, v in samples],
+                label=outcome.policy,
+                color=colour,
+                linewidth=0.8,
+            )
+    ax.axhline(1.25, color="grey", linestyle="--", linewidth=0.8, label="bound 1.25")
+    ax.set_xlabel("simulated time (minutes)")
+    ax.set_ylabel("highest / mean tokens in flight")
+    ax.set_title("Imbalance over time, sampled every second")
     ax.legend(loc="upper right")
     fig.suptitle(title)
     return _save(fig, path)

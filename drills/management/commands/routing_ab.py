@@ -97,7 +97,7 @@ class Command(BaseCommand):
             simulator_cpu_s=round(cpu_s, 2),
         )
         plot = options["plot"] or _default_plot()
-        from drills.plotting import plot_routing_ab
+        from drills.experiment_plots import plot_routing_ab
 
         title = (
             f"Routing A/B: {config.replicas} x {config.profile}, "
@@ -143,7 +143,7 @@ class Command(BaseCommand):
 
 
 def _default_plot() -> Path:
-    from drills.plotting import default_plot_path
+    from drills.experiment_plots import default_plot_path
 
     return default_plot_path("routing_ab")
 
