@@ -38,9 +38,10 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from drills.domain.isolation import percentile
 from drills.domain.replica import FleetReplica, FleetRequest
 from drills.domain.workload import (
     Arrival,
@@ -150,15 +151,6 @@ class FleetEvent:
             raise ValueError("events need at >= 0, count >= 1 and factor >= 0")
         if self.kind == "team_rate" and not self.team:
             raise ValueError("a team_rate event names its team")
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Return the ``q`` quantile (0-1) of ``values`` by nearest rank, or None."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q * len(ordered)))
-    return ordered[rank - 1]
 
 
 @dataclass(slots=True)
