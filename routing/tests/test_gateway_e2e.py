@@ -255,6 +255,17 @@ def test_canary_split_is_stable_per_conversation(platform: LivePlatform, unblock
         assert set(seen.values()) == {"v1", "v2"}
     finally:
         registry.set_alias(model_id="chat-7b", version="v1")
+        # Later tests assume every conversation is on v1 (three replicas) again:
+        # wait until the gateway's snapshot has dropped the canary, or a test that
+        # kills "its" replica may have killed v2's only one.
+        wait_until(
+            lambda: all(
+                chat(platform, f"conv-canary-{i}")[1]["model_version"] == "v1"
+                for i in range(12)
+            ),
+            timeout_s=15,
+            message="the canary to end at the gateway",
+        )
 
 
 def test_usage_rows_are_written_per_team_and_minute(platform: LivePlatform, unblocked):
