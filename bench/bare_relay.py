@@ -13,7 +13,10 @@ gateway's relay loop (copied from ``routing/gateway.py``), comma-separated:
 ``race`` races every upstream read against the client's disconnect (a task and
 ``asyncio.wait`` per read, as ``_race`` does); ``parse`` splits the stream into
 whole SSE events, checks each for ``[DONE]``, usage and error markers and sends the
-complete ones joined. Run from the repository root:
+complete ones joined; ``deep`` relays from six coroutine calls down (the depth of
+the gateway's call chain), to price resuming a deep chain on every chunk;
+``consumer`` serves the relay as a Channels ``AsyncHttpConsumer`` (``send_body``
+per chunk), the issue's "minimal Channels consumer". Run from the repository root:
 
     BARE_RELAY_UPSTREAMS=http://127.0.0.1:9101 .venv/bin/uvicorn bench.bare_relay:application \
         --port 8200 --loop uvloop --http httptools --no-access-log --lifespan off
@@ -85,7 +88,7 @@ async def relay(scope: dict[str, Any], receive: Any, send: Any) -> None:
                 "headers": [(b"content-type", content_type.encode())],
             }
         )
-        if not MODE:
+        if not MODE & {"race", "parse"}:
             async for chunk in response.content.iter_any():
                 await send(
                     {"type": "http.response.body", "body": chunk, "more_body": True}
@@ -176,4 +179,52 @@ async def _wait_disconnect(receive: Any) -> None:
             return
 
 
-application = ProtocolTypeRouter({"http": relay})
+_DEPTH = 6  # the gateway's await chain below the router: http_app .. _forward
+
+
+async def _nested(
+    scope: dict[str, Any], receive: Any, send: Any, depth: int = _DEPTH
+) -> None:
+    """Relay from ``depth`` coroutine calls down, as a deep call chain would."""
+    if depth:
+        await _nested(scope, receive, send, depth - 1)
+    else:
+        await relay(scope, receive, send)
+
+
+def _consumer_app() -> Any:
+    """The issue's "minimal Channels consumer that only forwards bytes"."""
+    from django.conf import settings
+
+    if not settings.configured:
+        settings.configure()  # no CHANNEL_LAYERS: a consumer without a channel layer
+    from channels.generic.http import AsyncHttpConsumer
+
+    class RelayConsumer(AsyncHttpConsumer):
+        async def handle(self, body: bytes) -> None:
+            if self.scope["path"] == "/healthz":
+                await self.send_response(200, b"ok")
+                return
+            conversation = dict(self.scope["headers"]).get(b"x-conversation-id", b"")
+            upstream = UPSTREAMS[zlib.crc32(conversation) % len(UPSTREAMS)]
+            async with session().post(
+                upstream + self.scope["path"],
+                data=body,
+                headers={"content-type": "application/json"},
+            ) as response:
+                content_type = response.headers.get("content-type", "text/event-stream")
+                await self.send_headers(
+                    status=response.status,
+                    headers=[(b"content-type", content_type.encode())],
+                )
+                async for chunk in response.content.iter_any():
+                    await self.send_body(chunk, more_body=True)
+            await self.send_body(b"")
+
+    return RelayConsumer.as_asgi()
+
+
+if "consumer" in MODE:
+    application = ProtocolTypeRouter({"http": _consumer_app()})
+else:
+    application = ProtocolTypeRouter({"http": _nested if "deep" in MODE else relay})
