@@ -3,9 +3,9 @@
 Public surface: ``EngineStats``, ``parse_metrics_text``.
 
 vLLM exports no "tokens in flight", so it is derived from what it does export: KV
-blocks in use (``vllm:kv_cache_usage_perc`` x ``num_gpu_blocks`` x ``block_size``,
-from ``vllm:cache_config_info``) is the prompt and output tokens held by running
-requests. The gateway (online-path issue) knows its own share exactly; this figure
+blocks in use (``vllm:kv_cache_usage_perc`` x (``num_gpu_blocks`` - 1), in whole
+blocks, x ``block_size``, from ``vllm:cache_config_info``; vLLM's usage leaves out its
+null block) is the prompt and output tokens held by running requests. The gateway (online-path issue) knows its own share exactly; this figure
 is the replica's view, which also covers traffic from other gateways.
 """
 
@@ -37,8 +37,13 @@ class EngineStats:
 
     @property
     def kv_tokens_in_use(self) -> int:
-        """Tokens held in KV blocks by running requests."""
-        return round(self.kv_cache_usage_perc * self.num_gpu_blocks * self.block_size)
+        """Tokens held in KV blocks by running requests (whole blocks).
+
+        vLLM's usage is ``1 - free / (num_gpu_blocks - 1)``: its null block is never
+        free and not counted, so scaling by ``num_gpu_blocks`` overstated it.
+        """
+        blocks = round(self.kv_cache_usage_perc * max(0, self.num_gpu_blocks - 1))
+        return blocks * self.block_size
 
 
 def _labels(text: str) -> dict[str, str]:
