@@ -332,7 +332,10 @@ def test_replica_killed_mid_stream_gives_an_error_event_and_usage(
     _, first = chat(platform, "conv-crash", team="beta")
     target = first["replica_id"]
     url = next(r.url for r in platform.serving() if r.replica_id == target)
-    httpx.post(f"{url}/sim/faults", json={"crash_after_tokens": 5}).raise_for_status()
+    # Not too few tokens before the crash: on a loaded machine the engine could make
+    # them all before its handler wrote the first, and the gateway would then
+    # (rightly) retry the request elsewhere instead of breaking the stream.
+    httpx.post(f"{url}/sim/faults", json={"crash_after_tokens": 20}).raise_for_status()
     before = sum(
         Usage.objects.filter(team_id="beta").values_list("requests", flat=True)
     )
@@ -349,7 +352,7 @@ def test_replica_killed_mid_stream_gives_an_error_event_and_usage(
         for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
                 received += 1
-    assert 1 <= received <= 5
+    assert 1 <= received <= 20
     assert "mid-stream" in str(caught.value)
     wait_until(
         lambda: (
