@@ -62,6 +62,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.loadgen import Client, Window, build_request, percentile  # noqa: E402
+from drills.launch import server_pgid  # noqa: E402
 from engine_nodes.domain.perf import PROFILES  # noqa: E402
 from engine_nodes.domain.scrape import parse_metrics_text  # noqa: E402
 from engine_nodes.sim.cli import PROFILE_FLAGS  # noqa: E402
@@ -335,22 +336,6 @@ def group_cpu_s(pgids: Sequence[int]) -> float:
             continue
         total += int(fields[11]) + int(fields[12])
     return total / CLK_TCK
-
-
-def server_pgid(url: str) -> int:
-    """Return the process group of the server listening on ``url``'s port."""
-    port = url.rsplit(":", 1)[1].encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            pid = int(entry.name)
-            if port in argv and os.getpgid(pid) == pid:
-                return pid
-        except OSError:
-            continue
-    raise LookupError(f"no process group leader serves port {port.decode()}")
 
 
 def scrape(url: str) -> str:

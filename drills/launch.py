@@ -82,6 +82,30 @@ class Process:
         return int(self.popen.returncode)
 
 
+def server_pgid(url: str, *, argv_has: bytes = b"") -> int:
+    """Return the process group leader whose command line names ``url``'s port.
+
+    With ``argv_has``, its command line must also hold that word (``b"serve"`` for
+    ``vllm serve``). Raises LookupError when there is none.
+    """
+    port = url.rsplit(":", 1)[1].encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            pid = int(entry.name)
+            if (
+                port in argv
+                and (not argv_has or argv_has in argv)
+                and os.getpgid(pid) == pid
+            ):
+                return pid
+        except OSError:
+            continue
+    raise LookupError(f"no process group leader serves port {port.decode()}")
+
+
 def is_healthy(url: str) -> bool:
     """Return True if ``GET url/health`` answers 200."""
     try:

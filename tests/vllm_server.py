@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from drills.launch import ROOT, free_port, is_healthy, wait_until
+from drills.launch import ROOT, free_port, is_healthy, server_pgid, wait_until
 from engine_nodes.actuators import LocalProcessActuator
 from engine_nodes.domain.launch import ReplicaSpec
 
@@ -164,18 +164,7 @@ def wait_for_other_vllm_servers(timeout_s: float) -> bool:
 
 def engine_pid(url: str) -> int:
     """Return the pid of the `vllm serve` process (its process group's leader)."""
-    port = url.rsplit(":", 1)[1]
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            pid = int(entry.name)
-            if b"serve" in argv and port.encode() in argv and os.getpgid(pid) == pid:
-                return pid
-        except OSError:
-            continue
-    raise AssertionError(f"no vllm serve process on port {port}")
+    return server_pgid(url, argv_has=b"serve")
 
 
 def engine_core_pids(leader: int) -> list[int]:
