@@ -57,18 +57,23 @@ def session() -> aiohttp.ClientSession:
     return _session
 
 
+def _upstream(scope: dict[str, Any]) -> str:
+    """The upstream a request's ``x-conversation-id`` hashes to."""
+    conversation = b""
+    for name, value in scope["headers"]:
+        if name == b"x-conversation-id":
+            conversation = value
+            break
+    return UPSTREAMS[zlib.crc32(conversation) % len(UPSTREAMS)]
+
+
 async def relay(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """Forward one request to an upstream and its answer back, byte for byte."""
     if scope["path"] == "/healthz":
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
         return
-    conversation = b""
-    for name, value in scope["headers"]:
-        if name == b"x-conversation-id":
-            conversation = value
-            break
-    upstream = UPSTREAMS[zlib.crc32(conversation) % len(UPSTREAMS)]
+    upstream = _upstream(scope)
     body = b""
     while True:
         message = await receive()
@@ -205,10 +210,8 @@ def _consumer_app() -> Any:
             if self.scope["path"] == "/healthz":
                 await self.send_response(200, b"ok")
                 return
-            conversation = dict(self.scope["headers"]).get(b"x-conversation-id", b"")
-            upstream = UPSTREAMS[zlib.crc32(conversation) % len(UPSTREAMS)]
             async with session().post(
-                upstream + self.scope["path"],
+                _upstream(self.scope) + self.scope["path"],
                 data=body,
                 headers={"content-type": "application/json"},
             ) as response:
