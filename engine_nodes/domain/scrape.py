@@ -5,8 +5,9 @@ Public surface: ``EngineStats``, ``parse_metrics_text``.
 vLLM exports no "tokens in flight", so it is derived from what it does export: KV
 blocks in use (``vllm:kv_cache_usage_perc`` x (``num_gpu_blocks`` - 1), in whole
 blocks, x ``block_size``, from ``vllm:cache_config_info``; vLLM's usage leaves out its
-null block) is the prompt and output tokens held by running requests. The gateway (online-path issue) knows its own share exactly; this figure
-is the replica's view, which also covers traffic from other gateways.
+null block) is the prompt and output tokens held by running requests. The gateway
+(online-path issue) knows its own share exactly; this figure is the replica's view,
+which also covers traffic from other gateways.
 """
 
 from __future__ import annotations

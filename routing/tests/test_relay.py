@@ -80,8 +80,15 @@ def _call(stream: bool = True, max_tokens: int = 5) -> _Call:
     )
 
 
-def _relay(chunks: list[bytes], stream: bool = True) -> tuple[str, _Call, list[Any]]:
-    gateway, call, sent = _gateway(), _call(stream), []
+def _relay(
+    chunks: list[bytes],
+    stream: bool = True,
+    *,
+    call: _Call | None = None,
+    gateway: Gateway | None = None,
+) -> tuple[str, _Call, list[Any]]:
+    """Run ``_forward`` over ``chunks``; return its outcome, the call and what was sent."""
+    gateway, call, sent = gateway or _gateway(), call or _call(stream), []
     gateway.live.add("rep-1", call.in_flight)
 
     async def send(message: Any) -> None:
@@ -134,14 +141,10 @@ def test_the_usage_chunk_in_the_same_read_as_tokens_is_not_forwarded_raw():
 
 
 def test_tokens_in_flight_fall_as_events_pass_and_leave_the_prompt():
-    gateway, call, sent = _gateway(), _call(max_tokens=40), []
-    gateway.live.add("rep-1", call.in_flight)
-
-    async def send(message: Any) -> None:
-        sent.append(message)
+    gateway, call = _gateway(), _call(max_tokens=40)
 
     events = [EVENTS[0], *TOKEN_EVENTS[1:5] * 5]  # 21 events, one read each
-    asyncio.run(gateway._forward(call, _Response(events), send, _Ticket()))
+    _relay(events, call=call, gateway=gateway)
 
     # Lowered in steps of a few events, never below the prompt.
     exact = call.prompt_tokens + call.max_tokens - len(events)
