@@ -8,7 +8,8 @@ cd "$(dirname "$0")/../.."
 PY=.venv/bin/python
 HOST=${PLATFORM_HOST:-127.0.0.1}
 PORT=${PLATFORM_PORT:-8000}
-mkdir -p .local/logs .local/broker/queue .local/broker/processed .local/weights
+# The filesystem broker's folders (no REDIS_URL) are made by config/settings.py.
+mkdir -p .local/logs .local/weights
 
 # A persistent secret key for console sessions, kept out of git.
 if [ -z "${SECRET_KEY:-}" ] && [ -z "${SECRET_KEY_FILE:-}" ]; then
