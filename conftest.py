@@ -1,14 +1,17 @@
 """Fixtures shared by every app's tests.
 
-With ``REQUIRE_SERVICES=1`` (CI), a PostgreSQL or Redis server named by
-``DATABASE_URL`` / ``REDIS_URL`` that cannot be reached fails the run instead of
-skipping the tests that need it.
+Every skip for a missing service goes through one path: a test that needs
+PostgreSQL or Redis takes the ``postgres`` or ``redis_url`` fixture, which skips
+when the server is not configured or unreachable, and with ``REQUIRE_SERVICES=1``
+(CI) fails the run instead. Real vLLM has its own gate, ``REQUIRE_VLLM``, in the
+``tiny_model`` fixture. ``tests/test_skips.py`` holds tests to these paths.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from rest_framework.test import APIClient
@@ -18,6 +21,7 @@ from models_registry import services as registry_services
 from tests.factories import VERSION_BODY
 
 REQUIRE_SERVICES = os.environ.get("REQUIRE_SERVICES", "") == "1"
+REQUIRE_VLLM = os.environ.get("REQUIRE_VLLM", "") == "1"
 
 
 def _service_missing(what: str) -> None:
@@ -59,6 +63,36 @@ def redis_url() -> str:
     except redis.RedisError as exc:
         _service_missing(f"Redis at {url} ({exc})")
     return url
+
+
+@pytest.fixture(scope="session")
+def postgres() -> None:
+    """Skip unless the tests run on PostgreSQL (fail under REQUIRE_SERVICES=1)."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        _service_missing("PostgreSQL (DATABASE_URL names no PostgreSQL server)")
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    """Return the tiny checkpoint, built here if `make tiny-model` has not run.
+
+    Skips where real vLLM cannot run here (its CPU build is missing); with
+    ``REQUIRE_VLLM=1`` (CI's `make test-vllm`) that is a failure.
+    """
+    from django.core.management import call_command
+
+    from engine_nodes.local_vllm import TINY_MODEL, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is not None:
+        if REQUIRE_VLLM:
+            pytest.fail(f"{reason} (REQUIRE_VLLM=1)")
+        pytest.skip(reason)
+    if not (TINY_MODEL / "config.json").exists():
+        call_command("make_tiny_model", str(TINY_MODEL))
+    return TINY_MODEL
 
 
 @pytest.fixture

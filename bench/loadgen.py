@@ -32,12 +32,18 @@ import secrets
 import sys
 import time
 from array import array
+from pathlib import Path
 from urllib.parse import urlsplit
 
 try:
     import uvloop
 except ImportError:  # pragma: no cover - the bench venv has it
     uvloop = None  # type: ignore[assignment]
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from engine_nodes.domain.percentiles import percentile  # noqa: E402
 
 _CRLF = b"\r\n"
 _HEAD_END = b"\r\n\r\n"
@@ -279,14 +285,6 @@ def build_request(host: str, path: str, key: str, conv: str, body: bytes) -> byt
     return head.encode() + body
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))
-    return ordered[index]
-
-
 async def run(args: argparse.Namespace) -> dict[str, object]:
     loop = asyncio.get_running_loop()
     window = Window()
@@ -418,16 +416,16 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         "nominal_tokens_per_s": args.concurrency * args.rate,
         "ttft_ms": {
             "n": len(ttft),
-            "p50": percentile(ttft, 50),
-            "p90": percentile(ttft, 90),
-            "p99": percentile(ttft, 99),
+            "p50": percentile(ttft, 0.50),
+            "p90": percentile(ttft, 0.90),
+            "p99": percentile(ttft, 0.99),
             "max": max(ttft) if ttft else None,
         },
         "gap_ms": {
             "n": len(gaps),
-            "p50": percentile(gaps, 50),
-            "p99": percentile(gaps, 99),
-            "p999": percentile(gaps, 99.9),
+            "p50": percentile(gaps, 0.50),
+            "p99": percentile(gaps, 0.99),
+            "p999": percentile(gaps, 0.999),
             "max": max(gaps) if gaps else None,
         },
         "errors": sum(1 for r in results if r.error),

@@ -26,9 +26,9 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from drills.launch import free_port, is_healthy, wait_until  # noqa: E402
 from engine_nodes.domain import tokens  # noqa: E402
 from engine_nodes.domain.scrape import parse_metrics_text  # noqa: E402
+from engine_nodes.local_processes import free_port, is_healthy, wait_until  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 

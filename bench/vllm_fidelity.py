@@ -61,10 +61,11 @@ from prometheus_client.parser import text_string_to_metric_families
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.loadgen import Client, Window, build_request, percentile  # noqa: E402
-from drills.launch import server_pgid  # noqa: E402
+from bench.loadgen import Client, Window, build_request  # noqa: E402
+from engine_nodes.domain.percentiles import percentile  # noqa: E402
 from engine_nodes.domain.perf import PROFILES  # noqa: E402
 from engine_nodes.domain.scrape import parse_metrics_text  # noqa: E402
+from engine_nodes.local_processes import server_pgid  # noqa: E402
 from engine_nodes.sim.cli import PROFILE_FLAGS  # noqa: E402
 
 MODEL = "tiny-llama"
@@ -499,10 +500,10 @@ def closed_loop(
         "errors": len(errors),
         "output_tokens_per_s": (last.generation_tokens - first.generation_tokens)
         / (t1 - t0),
-        "ttft_p50_ms": percentile(ttft, 50),
-        "ttft_p95_ms": percentile(ttft, 95),
+        "ttft_p50_ms": percentile(ttft, 0.50),
+        "ttft_p95_ms": percentile(ttft, 0.95),
         "tpot_ms": statistics.fmean(tpot) if tpot else math.nan,
-        "tpot_p50_ms": percentile(tpot, 50),
+        "tpot_p50_ms": percentile(tpot, 0.50),
         "cached_tokens_per_request": (
             statistics.fmean(o.cached_tokens for o in window) if window else math.nan
         ),
@@ -1056,7 +1057,7 @@ def main() -> int:
             print(render_table(compare(saved["real"], saved["sim"])))
         return 0
 
-    from tests.vllm_server import (
+    from engine_nodes.local_vllm import (
         TINY_MODEL,
         lower_engine_priority,
         unavailable_reason,
@@ -1082,7 +1083,7 @@ def main() -> int:
         "warmup_s": args.warmup_s,
         "duration_s": args.duration_s,
     }
-    from tests.processes import sim_replica
+    from engine_nodes.local_processes import sim_replica
 
     started = time.monotonic()
     result: dict[str, Any] = {

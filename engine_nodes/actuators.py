@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from engine_nodes.domain.k8s import PoolSpec, render_deployment
-from engine_nodes.domain.launch import (
+from engine_nodes.domain.replica_argv import (
     DEFAULT_SIM_PROFILE,
     ReplicaSpec,
     sim_replica_argv,
@@ -140,7 +140,7 @@ class LocalProcessActuator:
         """Spawn the replica in a new session, appending its output to its log.
 
         Raises:
-            ValueError: the spec's engine config is unusable (see ``launch``).
+            ValueError: the spec's engine config is unusable (see ``replica_argv``).
             OSError: the executable cannot be run.
         """
         argv = self.argv_for(spec)

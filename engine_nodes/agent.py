@@ -48,8 +48,8 @@ from django.utils import timezone
 from engine_nodes import services
 from engine_nodes.actuators import Actuator
 from engine_nodes.domain.beats import ReplicaBeat
-from engine_nodes.domain.launch import ReplicaSpec
 from engine_nodes.domain.liveness import ReplicaState
+from engine_nodes.domain.replica_argv import ReplicaSpec
 from engine_nodes.domain.scrape import EngineStats, parse_metrics_text
 from engine_nodes.models import Replica
 from engine_nodes.weights import pull_weights

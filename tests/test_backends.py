@@ -21,12 +21,8 @@ def test_database_is_the_one_configured():
     assert connection.vendor == expected
 
 
-@pytest.mark.skipif(
-    not os.environ.get("DATABASE_URL", "").startswith("postgres"),
-    reason="runs when DATABASE_URL names PostgreSQL",
-)
 @pytest.mark.django_db
-def test_postgres_server_answers():
+def test_postgres_server_answers(postgres: None) -> None:
     with connection.cursor() as cursor:
         cursor.execute("select version()")
         assert "PostgreSQL" in cursor.fetchone()[0]

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
+from engine_nodes.local_vllm import MODEL, vllm_server
 from engine_nodes.sim.conformance import (
     REFERENCE_DIR,
     Capture,
@@ -27,7 +29,6 @@ from engine_nodes.sim.conformance import (
     read_capture,
     write_capture,
 )
-from tests.vllm_server import MODEL, require_tiny_model, vllm_server
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 
@@ -42,11 +43,10 @@ CAPTURE_ENGINE_CONFIG = {
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Capture:
-    model_dir = require_tiny_model()
+def live(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Capture:
     tmp = tmp_path_factory.mktemp("vllm-fidelity")
     with vllm_server(
-        tmp, engine_config=CAPTURE_ENGINE_CONFIG, model_dir=model_dir
+        tmp, engine_config=CAPTURE_ENGINE_CONFIG, model_dir=tiny_model
     ) as url:
         captured = capture(url, MODEL)
     if os.environ.get("UPDATE_VLLM_REFERENCE", "") == "1":

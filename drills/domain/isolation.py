@@ -9,11 +9,12 @@ only the noisy team may see 429s." Here "must not move" is: within
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Sample", "TeamPhase", "Verdict", "judge", "percentile", "summarise"]
+from engine_nodes.domain.percentiles import percentile
+
+__all__ = ["Sample", "TeamPhase", "Verdict", "judge", "summarise"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,15 +47,6 @@ class Verdict:
 
     passed: bool
     reasons: tuple[str, ...]
-
-
-def percentile(values: Sequence[float], fraction: float) -> float | None:
-    """Return the nearest-rank percentile of ``values`` (None when empty)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, math.ceil(fraction * len(ordered)))
-    return ordered[rank - 1]
 
 
 def summarise(samples: Iterable[Sample]) -> list[TeamPhase]:

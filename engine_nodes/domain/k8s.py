@@ -5,7 +5,7 @@ Public surface: ``PoolSpec``, ``render_deployment``, ``deployment_name``,
 
 The manifest is a plain dict in the API's camelCase shape, ready for
 ``AppsV1Api.create_namespaced_deployment(body=...)`` or ``kubectl apply``. It runs
-``argv`` (from ``launch.vllm_serve_argv``) in a container named ``vllm``:
+``argv`` (from ``replica_argv.vllm_serve_argv``) in a container named ``vllm``:
 
 - ``resources``: ``nvidia.com/gpu`` = ``gpus_per_replica`` in both requests and
   limits (extended resources must have them equal), written as a string quantity,

@@ -17,6 +17,7 @@ import random
 from dataclasses import dataclass
 
 from engine_nodes.domain.engine import Engine, FinishedRequest, SimRequest
+from engine_nodes.domain.percentiles import percentile
 from engine_nodes.domain.perf import PerfProfile
 
 __all__ = ["LoadResult", "run_closed_loop"]
@@ -145,13 +146,14 @@ def run_closed_loop(
         for r in done
         if r.first_token_at is not None and r.output_tokens > 1
     ]
+    p95_ttft_ms = percentile(ttfts_ms, 0.95)
     return LoadResult(
         streams=streams,
         duration_s=window_s,
         output_tokens_per_s=tokens / window_s if window_s > 0 else 0.0,
         mean_tpot_ms=sum(tpots_ms) / len(tpots_ms) if tpots_ms else math.nan,
         mean_ttft_ms=sum(ttfts_ms) / len(ttfts_ms) if ttfts_ms else math.nan,
-        p95_ttft_ms=_percentile(ttfts_ms, 0.95),
+        p95_ttft_ms=math.nan if p95_ttft_ms is None else p95_ttft_ms,
         requests_completed=len(done),
         steps=steps,
         prefix_hit_rate=hits / queries if queries else 0.0,
@@ -159,11 +161,3 @@ def run_closed_loop(
         simulated_output_tokens=engine.generation_tokens,
         simulated_prompt_tokens=engine.prompt_tokens_computed,
     )
-
-
-def _percentile(sorted_values: list[float], q: float) -> float:
-    """Return the nearest-rank ``q`` quantile of already sorted values (nan if none)."""
-    if not sorted_values:
-        return math.nan
-    rank = max(math.ceil(q * len(sorted_values)) - 1, 0)
-    return sorted_values[rank]

@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from drills.domain.fleet import percentile
 from drills.domain.replica import FleetReplica, FleetRequest
 from engine_nodes.domain.engine import Engine, EngineConfig, SimRequest
+from engine_nodes.domain.percentiles import percentile
 from engine_nodes.domain.perf import PROFILES, step_time_from_totals_ms
 
 PROFILE = PROFILES["a100-8b"]

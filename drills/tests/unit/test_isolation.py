@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from drills.domain.isolation import Sample, judge, percentile, summarise
+from drills.domain.isolation import Sample, judge, summarise
 
 
 def samples(team: str, phase: str, ttfts_ms: list[float], *, statuses=None):
@@ -16,12 +16,6 @@ def samples(team: str, phase: str, ttfts_ms: list[float], *, statuses=None):
         )
         for ms, status in zip(ttfts_ms, statuses, strict=True)
     ]
-
-
-def test_percentile_is_nearest_rank():
-    assert percentile([5.0, 1.0, 3.0, 2.0, 4.0], 0.95) == 5.0
-    assert percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.0
-    assert percentile([], 0.95) is None
 
 
 def test_summarise_counts_statuses_and_ttfts():

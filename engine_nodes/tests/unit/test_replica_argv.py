@@ -6,14 +6,14 @@ from typing import Any
 
 import pytest
 
-from engine_nodes.domain.launch import (
+from engine_nodes.domain.perf import PROFILES
+from engine_nodes.domain.replica_argv import (
     ReplicaSpec,
     engine_flag_args,
     sim_profile_for,
     sim_replica_argv,
     vllm_serve_argv,
 )
-from engine_nodes.domain.perf import PROFILES
 
 WEIGHTS = "/var/lib/platform/weights/" + "a" * 64
 
@@ -35,7 +35,7 @@ def make_spec(**overrides: Any) -> ReplicaSpec:
     return ReplicaSpec(**fields)
 
 
-def test_vllm_serve_argv_fp16_7b_on_one_gpu():
+def test_vllm_serve_argv_fp16_7b_on_one_gpu() -> None:
     spec = make_spec(
         engine_config={"max_num_seqs": 256, "enable_prefix_caching": True},
     )
@@ -60,7 +60,7 @@ def test_vllm_serve_argv_fp16_7b_on_one_gpu():
     ]
 
 
-def test_vllm_serve_argv_int8_70b_on_tp2_relies_on_checkpoint_quantization():
+def test_vllm_serve_argv_int8_70b_on_tp2_relies_on_checkpoint_quantization() -> None:
     spec = make_spec(
         model="chat-70b",
         served_model_name="chat-70b@v1",
@@ -100,7 +100,7 @@ def test_vllm_serve_argv_int8_70b_on_tp2_relies_on_checkpoint_quantization():
     ]
 
 
-def test_vllm_serve_argv_int8_passes_quantization_only_when_named():
+def test_vllm_serve_argv_int8_passes_quantization_only_when_named() -> None:
     spec = make_spec(precision="int8", engine_config={"quantization": "experts_int8"})
     argv = vllm_serve_argv(spec)
     assert argv[13:] == [
@@ -111,7 +111,7 @@ def test_vllm_serve_argv_int8_passes_quantization_only_when_named():
     ]
 
 
-def test_vllm_serve_argv_4bit_defaults_to_awq():
+def test_vllm_serve_argv_4bit_defaults_to_awq() -> None:
     spec = make_spec(precision="4bit", engine_config={"max_num_seqs": 128})
     assert vllm_serve_argv(spec) == [
         "vllm",
@@ -136,7 +136,7 @@ def test_vllm_serve_argv_4bit_defaults_to_awq():
     ]
 
 
-def test_vllm_serve_argv_4bit_takes_the_configured_method():
+def test_vllm_serve_argv_4bit_takes_the_configured_method() -> None:
     spec = make_spec(precision="4bit", engine_config={"quantization": "gptq"})
     assert vllm_serve_argv(spec)[13:] == [
         "--dtype",
@@ -146,17 +146,17 @@ def test_vllm_serve_argv_4bit_takes_the_configured_method():
     ]
 
 
-def test_vllm_serve_argv_dtype_override():
+def test_vllm_serve_argv_dtype_override() -> None:
     spec = make_spec(engine_config={"dtype": "bfloat16"})
     assert vllm_serve_argv(spec)[13:] == ["--dtype", "bfloat16"]
 
 
-def test_vllm_serve_argv_fp16_refuses_quantization():
+def test_vllm_serve_argv_fp16_refuses_quantization() -> None:
     with pytest.raises(ValueError, match="fp16 version takes no 'quantization'"):
         vllm_serve_argv(make_spec(engine_config={"quantization": "fp8"}))
 
 
-def test_vllm_serve_argv_false_becomes_no_flag():
+def test_vllm_serve_argv_false_becomes_no_flag() -> None:
     spec = make_spec(
         engine_config={"enable_prefix_caching": False, "enable_chunked_prefill": False}
     )
@@ -166,7 +166,7 @@ def test_vllm_serve_argv_false_becomes_no_flag():
     assert argv[-1] == "--no-enable-chunked-prefill"
 
 
-def test_vllm_serve_argv_sorts_config_flags_and_appends_extra():
+def test_vllm_serve_argv_sorts_config_flags_and_appends_extra() -> None:
     spec = make_spec(
         engine_config={
             "max_num_seqs": 64,
@@ -189,12 +189,12 @@ def test_vllm_serve_argv_sorts_config_flags_and_appends_extra():
     ]
 
 
-def test_vllm_serve_argv_never_passes_sim_keys():
+def test_vllm_serve_argv_never_passes_sim_keys() -> None:
     spec = make_spec(engine_config={"sim_profile": "h100-8b", "sim_jitter_cv": 0.0})
     assert not any(arg.startswith("--sim") for arg in vllm_serve_argv(spec))
 
 
-def test_vllm_serve_argv_is_independent_of_config_key_order():
+def test_vllm_serve_argv_is_independent_of_config_key_order() -> None:
     one = make_spec(engine_config={"max_num_seqs": 8, "block_size": 16})
     two = make_spec(engine_config={"block_size": 16, "max_num_seqs": 8})
     assert vllm_serve_argv(one) == vllm_serve_argv(two)
@@ -214,12 +214,14 @@ def test_vllm_serve_argv_is_independent_of_config_key_order():
         {"enable_prompt_tokens_details": False},
     ],
 )
-def test_vllm_serve_argv_rejects_platform_controlled_keys(config):
+def test_vllm_serve_argv_rejects_platform_controlled_keys(
+    config: dict[str, object],
+) -> None:
     with pytest.raises(ValueError, match="the platform controls it"):
         vllm_serve_argv(make_spec(engine_config=config))
 
 
-def test_vllm_serve_argv_accepts_restated_tensor_parallel_size():
+def test_vllm_serve_argv_accepts_restated_tensor_parallel_size() -> None:
     spec = make_spec(gpus_per_replica=4, engine_config={"tensor_parallel_size": 4})
     assert vllm_serve_argv(spec).count("--tensor-parallel-size") == 1
 
@@ -236,7 +238,7 @@ def test_vllm_serve_argv_accepts_restated_tensor_parallel_size():
         "",
     ],
 )
-def test_vllm_serve_argv_rejects_unsafe_keys(key):
+def test_vllm_serve_argv_rejects_unsafe_keys(key: str) -> None:
     with pytest.raises(ValueError, match="not a safe flag name"):
         vllm_serve_argv(make_spec(engine_config={key: 1}))
 
@@ -256,29 +258,31 @@ def test_vllm_serve_argv_rejects_unsafe_keys(key):
         ({"enable_prefix_caching": "yes"}, "must be a boolean"),
     ],
 )
-def test_vllm_serve_argv_rejects_unsafe_values(config, message):
+def test_vllm_serve_argv_rejects_unsafe_values(
+    config: dict[str, object], message: str
+) -> None:
     spec = make_spec(precision="4bit", engine_config=config)
     with pytest.raises(ValueError, match=message):
         vllm_serve_argv(spec)
 
 
-def test_vllm_serve_argv_keeps_shell_metacharacters_in_one_item():
+def test_vllm_serve_argv_keeps_shell_metacharacters_in_one_item() -> None:
     argv = vllm_serve_argv(make_spec(engine_config={"chat_template": "a; rm -rf /"}))
     assert argv[-2:] == ["--chat-template", "a; rm -rf /"]
 
 
-def test_vllm_serve_argv_needs_weights_dir():
+def test_vllm_serve_argv_needs_weights_dir() -> None:
     with pytest.raises(ValueError, match="weights_dir"):
         vllm_serve_argv(make_spec(weights_dir=""))
 
 
-def test_vllm_serve_argv_max_model_len_conflict_is_refused():
+def test_vllm_serve_argv_max_model_len_conflict_is_refused() -> None:
     spec = make_spec(engine_config={"max_model_len": 4096}, max_model_len=8192)
     with pytest.raises(ValueError, match="conflicts"):
         vllm_serve_argv(spec)
 
 
-def test_engine_flag_args_spells_lists_and_objects():
+def test_engine_flag_args_spells_lists_and_objects() -> None:
     args = engine_flag_args(
         {
             "kv_events_config": {"topic": "kv", "enable_kv_cache_events": True},
@@ -297,16 +301,17 @@ def test_engine_flag_args_spells_lists_and_objects():
     ]
 
 
-def test_replica_spec_copies_engine_config():
+def test_replica_spec_copies_engine_config() -> None:
     config = {"max_num_seqs": 8}
     spec = make_spec(engine_config=config)
     config["max_num_seqs"] = 9
     assert spec.engine_config["max_num_seqs"] == 8
     with pytest.raises(TypeError):
+        # A read-only Mapping: the checker refuses the write that this test makes.
         spec.engine_config["max_num_seqs"] = 10  # type: ignore[index]
 
 
-def test_replica_spec_is_hashable_and_compares_by_value():
+def test_replica_spec_is_hashable_and_compares_by_value() -> None:
     assert hash(make_spec(engine_config={"a": 1})) == hash(make_spec())
     assert make_spec(engine_config={"a": 1}) == make_spec(engine_config={"a": 1})
     assert make_spec(engine_config={"a": 1}) != make_spec(engine_config={"a": 2})
@@ -326,12 +331,12 @@ def test_replica_spec_is_hashable_and_compares_by_value():
         {"replica_id": ""},
     ],
 )
-def test_replica_spec_rejects_invalid_fields(overrides):
+def test_replica_spec_rejects_invalid_fields(overrides: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         make_spec(**overrides)
 
 
-def test_sim_replica_argv_fp16_7b():
+def test_sim_replica_argv_fp16_7b() -> None:
     spec = make_spec(
         engine_config={
             "max_num_seqs": 256,
@@ -366,7 +371,7 @@ def test_sim_replica_argv_fp16_7b():
     ]
 
 
-def test_sim_replica_argv_uses_model_name_without_weights_and_passes_extra():
+def test_sim_replica_argv_uses_model_name_without_weights_and_passes_extra() -> None:
     spec = make_spec(
         weights_dir="",
         engine_config={"enable_prefix_caching": False},
@@ -393,7 +398,7 @@ def test_sim_replica_argv_uses_model_name_without_weights_and_passes_extra():
     ]
 
 
-def test_sim_replica_argv_rejects_reserved_keys_too():
+def test_sim_replica_argv_rejects_reserved_keys_too() -> None:
     with pytest.raises(ValueError, match="the platform controls it"):
         sim_replica_argv(make_spec(engine_config={"port": 1}))
 
@@ -408,12 +413,14 @@ def test_sim_replica_argv_rejects_reserved_keys_too():
         ("fp16", 2, "fallback"),
     ],
 )
-def test_sim_profile_for_picks_by_precision_and_gpus(precision, gpus, expected):
+def test_sim_profile_for_picks_by_precision_and_gpus(
+    precision: str, gpus: int, expected: str
+) -> None:
     spec = make_spec(precision=precision, gpus_per_replica=gpus)
     assert sim_profile_for(spec, default="fallback") == expected
 
 
-def test_sim_profile_for_engine_config_override_wins():
+def test_sim_profile_for_engine_config_override_wins() -> None:
     spec = make_spec(
         precision="int8", gpus_per_replica=2, engine_config={"sim_profile": "h100-8b"}
     )
@@ -421,7 +428,7 @@ def test_sim_profile_for_engine_config_override_wins():
     assert sim_replica_argv(spec)[11:13] == ["--sim-profile", "h100-8b"]
 
 
-def test_sim_profile_table_names_profiles_the_simulator_knows():
+def test_sim_profile_table_names_profiles_the_simulator_knows() -> None:
     shapes = [("fp16", 1), ("int8", 2), ("fp16", 4), ("4bit", 1)]
     chosen = {
         sim_profile_for(make_spec(precision=precision, gpus_per_replica=gpus))
@@ -431,7 +438,7 @@ def test_sim_profile_table_names_profiles_the_simulator_knows():
 
 
 @pytest.mark.parametrize("profile", ["--api-key", "A100", "", 7])
-def test_sim_profile_for_rejects_non_slug_names(profile):
+def test_sim_profile_for_rejects_non_slug_names(profile: object) -> None:
     spec = make_spec(engine_config={"sim_profile": profile})
     with pytest.raises(ValueError, match="slug"):
         sim_profile_for(spec)

@@ -1,14 +1,16 @@
-"""Real vLLM (the CPU build, the tiny Llama) for tests and benchmarks.
+"""Real vLLM on this machine (the CPU build in .vllm/, the tiny Llama) as a process.
 
-Public surface: ``VLLM``, ``VLLM_READY``, ``TINY_MODEL``, ``VERSION_BODY``,
-``MODEL``, ``unavailable_reason``, ``require_tiny_model``, ``vllm_server``,
+Public surface: ``VLLM``, ``VLLM_READY``, ``TINY_MODEL``, ``TINY_VERSION_FILE``,
+``MODEL``, ``unavailable_reason``, ``tiny_engine_config``, ``vllm_server``,
 ``other_vllm_servers``, ``wait_for_other_vllm_servers``, ``engine_pid``,
 ``engine_core_pids``, ``lower_engine_priority``.
 
 ``vllm_server`` runs one ``vllm serve`` the way the node agent does: the same
 actuator (offline env, own session, process-group teardown) and the same argv
 builder over the tiny model's registered ``engine_config``
-(``platform/examples/tiny-llama-cpu.json``), plus any flags the caller adds.
+(``platform/examples/tiny-llama-cpu.json``), plus any flags the caller adds. Used by
+the real-vLLM tests (whose skip, governed by ``REQUIRE_VLLM``, is the root
+``conftest.py``'s ``tiny_model`` fixture) and by ``bench/vllm_fidelity.py``.
 """
 
 from __future__ import annotations
@@ -22,21 +24,27 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from drills.launch import ROOT, free_port, is_healthy, server_pgid, wait_until
 from engine_nodes.actuators import LocalProcessActuator
-from engine_nodes.domain.launch import ReplicaSpec
+from engine_nodes.domain.replica_argv import ReplicaSpec
+from engine_nodes.local_processes import (
+    ROOT,
+    free_port,
+    is_healthy,
+    server_pgid,
+    wait_until,
+)
 
 __all__ = [
     "MODEL",
     "TINY_MODEL",
-    "VERSION_BODY",
+    "TINY_VERSION_FILE",
     "VLLM",
     "VLLM_READY",
     "engine_core_pids",
     "engine_pid",
     "lower_engine_priority",
     "other_vllm_servers",
-    "require_tiny_model",
+    "tiny_engine_config",
     "unavailable_reason",
     "vllm_server",
     "wait_for_other_vllm_servers",
@@ -45,7 +53,7 @@ __all__ = [
 VLLM = ROOT / ".vllm" / "bin" / "vllm"
 VLLM_READY = ROOT / ".vllm" / ".installed"
 TINY_MODEL = ROOT / ".local" / "weights" / "tiny-llama"
-VERSION_BODY = ROOT / "platform" / "examples" / "tiny-llama-cpu.json"
+TINY_VERSION_FILE = ROOT / "platform" / "examples" / "tiny-llama-cpu.json"
 MODEL = "tiny-llama"
 START_TIMEOUT_S = 300
 
@@ -60,26 +68,9 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def require_tiny_model() -> Path:
-    """Return the tiny checkpoint for a test, built here if `make tiny-model` has
-    not run; skip the test where real vLLM cannot run (fail with REQUIRE_VLLM=1).
-    """
-    import pytest
-    from django.core.management import call_command
-
-    reason = unavailable_reason()
-    if reason is not None:
-        if os.environ.get("REQUIRE_VLLM", "") == "1":
-            pytest.fail(f"{reason} (REQUIRE_VLLM=1)")
-        pytest.skip(reason)
-    if not (TINY_MODEL / "config.json").exists():
-        call_command("make_tiny_model", str(TINY_MODEL))
-    return TINY_MODEL
-
-
 def tiny_engine_config() -> dict[str, Any]:
     """Return the registered tiny model's ``engine_config`` (vLLM flags)."""
-    return dict(json.loads(VERSION_BODY.read_text())["engine_config"])
+    return dict(json.loads(TINY_VERSION_FILE.read_text())["engine_config"])
 
 
 @contextmanager

@@ -1,12 +1,16 @@
-"""Start platform processes (gateway, node agent) and wait on conditions.
+"""Start the platform's processes on this machine and wait on them.
 
 Public surface: ``ROOT``, ``wait_until``, ``free_port``, ``Process``, ``spawn``,
-``is_healthy``, ``database_url``, ``start_gateway``, ``start_agent``,
-``serving_replicas``.
+``server_pgid``, ``is_healthy``, ``database_url``, ``gateway_argv``,
+``start_gateway``, ``start_agent``, ``sim_replica``, ``serving_replicas``.
 
-Used by the drills (``manage.py isolation_test``), the benchmarks and the end-to-end
-tests. Nothing here sleeps a fixed time to wait for something: ``wait_until`` polls
-a condition against a deadline and fails with a message when the deadline passes.
+The gateway (uvicorn on the ASGI app), the node agent (``manage.py engine_agent``)
+and one simulated replica (``python -m engine_nodes.sim``), each in its own
+session so that stopping it stops its children. Used by the live drills
+(``manage.py isolation_test``), the benchmarks and the end-to-end tests; real vLLM
+is ``engine_nodes.local_vllm``. Nothing here sleeps a fixed time to wait for
+something: ``wait_until`` polls a condition against a deadline and fails with a
+message when the deadline passes.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -164,8 +168,18 @@ def gateway_argv(port: int, *, workers: int = 1) -> list[str]:
     return argv
 
 
-def start_gateway(env: dict[str, str], tmp: Path, name: str = "gateway") -> Process:
-    """Start a gateway process and wait until it has a snapshot."""
+def start_gateway(
+    env: dict[str, str],
+    tmp: Path,
+    name: str = "gateway",
+    *,
+    wait_for_snapshot: bool = True,
+) -> Process:
+    """Start a gateway process and wait until it has a snapshot.
+
+    With ``wait_for_snapshot=False``, wait only until it answers ``/healthz`` at all
+    (a gateway started with the control plane down answers 503 there).
+    """
     port = free_port()
     process = spawn(
         gateway_argv(port),
@@ -174,27 +188,24 @@ def start_gateway(env: dict[str, str], tmp: Path, name: str = "gateway") -> Proc
         f"http://127.0.0.1:{port}",
     )
     wait_until(
-        lambda: _healthz(process) or process.popen.poll() is not None,
+        lambda: (
+            _healthz(process, any_status=not wait_for_snapshot)
+            or process.popen.poll() is not None
+        ),
         timeout_s=60,
-        message=f"{name} to load its snapshot",
+        message=f"{name} to load its snapshot" if wait_for_snapshot else name,
     )
     if process.popen.poll() is not None:
         raise AssertionError(f"{name} exited:\n{process.log()}")
     return process
 
 
-def _healthz(process: Process) -> bool:
+def _healthz(process: Process, *, any_status: bool = False) -> bool:
     try:
-        return httpx.get(f"{process.url}/healthz", timeout=1).status_code == 200
+        status = httpx.get(f"{process.url}/healthz", timeout=1).status_code
     except httpx.HTTPError:
         return False
-
-
-def _healthz(process: Process) -> bool:
-    try:
-        return httpx.get(f"{process.url}/healthz", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
+    return any_status or status == 200
 
 
 def start_agent(
@@ -227,6 +238,60 @@ def start_agent(
         tmp / f"agent-{node}.log",
         "",
     )
+
+
+@contextlib.contextmanager
+def sim_replica(
+    log_dir: Path, *flags: str, model: str = "chat-7b", wait_healthy: bool = True
+) -> Iterator[Process]:
+    """Run ``python -m engine_nodes.sim`` on a free port while the block runs.
+
+    Yields once ``/health`` answers 200 (once the port listens, with
+    ``wait_healthy=False``, for a replica told to warm up slowly); stops it on exit.
+    """
+    port = free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "engine_nodes.sim",
+        "--model",
+        model,
+        "--served-model-name",
+        model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *flags,
+    ]
+    process = spawn(
+        argv, dict(os.environ), log_dir / f"sim-{port}.log", f"http://127.0.0.1:{port}"
+    )
+    popen = process.popen
+    try:
+        if wait_healthy:
+            wait_until(
+                lambda: is_healthy(process.url) or popen.poll() is not None,
+                timeout_s=30,
+                message=f"sim replica on {port}",
+            )
+            if popen.poll() is not None:
+                raise AssertionError(f"sim replica exited:\n{process.log()}")
+        else:
+            wait_until(
+                lambda: _is_listening(port) or popen.poll() is not None,
+                timeout_s=30,
+                message=f"sim replica listening on {port}",
+            )
+        yield process
+    finally:
+        process.stop()
+
+
+def _is_listening(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def serving_replicas(region: str) -> int:
