@@ -106,8 +106,6 @@ def set_team_limit(
     Raises InvalidRequest when the guaranteed shares of all teams on the model would
     add up to more than the whole pool.
     """
-    from models_registry.models import Model
-
     record = LimitRecord(
         team=team_id,
         model=model_id,
@@ -122,11 +120,18 @@ def set_team_limit(
     team = get_team(team_id)
     with transaction.atomic():
         # Lock the model row so two concurrent limit changes cannot both pass the
-        # share check and together promise more than the pool.
-        model = Model.objects.select_for_update().filter(pk=model_id).first()
-        if model is None:
+        # share check and together promise more than the pool. The row is reached
+        # through TeamLimit's foreign key: accounts sits below the registry and
+        # imports none of its modules (tests/test_layering.py).
+        registry_models = TeamLimit._meta.get_field("model").related_model
+        locked = (
+            registry_models._default_manager.select_for_update()
+            .filter(pk=model_id)
+            .first()
+        )
+        if locked is None:
             raise NotFound(f"no model named {model_id!r}", param="model")
-        others = TeamLimit.objects.filter(model=model).exclude(team=team)
+        others = TeamLimit.objects.filter(model_id=model_id).exclude(team=team)
         overflow = share_overflow(
             [*others.values_list("guaranteed_share", flat=True), guaranteed_share]
         )
@@ -138,7 +143,7 @@ def set_team_limit(
             )
         limit, created = TeamLimit.objects.update_or_create(
             team=team,
-            model=model,
+            model_id=model_id,
             defaults={
                 "tokens_per_minute": tokens_per_minute,
                 "max_concurrency": max_concurrency,

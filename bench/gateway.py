@@ -56,7 +56,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from drills.launch import free_port, gateway_argv  # noqa: E402
+from engine_nodes.local_processes import free_port, gateway_argv  # noqa: E402
 
 BENCH = ROOT / "bench"
 LOG_DIR = ROOT / ".local" / "bench-gateway"
@@ -233,32 +233,39 @@ def wait_for(
 REGISTER = """
 import json, os
 from django.utils import timezone
-from accounts import services as accounts
-from models_registry import services as registry
-from models_registry.models import Pool
+from drills.seeding import (
+    LimitSeed, ModelSeed, PlatformSeed, TeamSeed, VersionSeed, digest, seed_platform,
+    version_body,
+)
 from engine_nodes.models import Replica
-from tests.factories import digest, version_body
 
 urls = json.loads(os.environ["BENCH_REPLICA_URLS"])
-accounts.create_team(team_id="bench")
-_, secret = accounts.issue_key(team_id="bench")
-registry.create_model(model_id="chat-7b")
-version = registry.register_version(
-    model_id="chat-7b", **version_body(weights_hash=digest("bench"), version="v1")
+now = timezone.now()
+seeded = seed_platform(
+    seed=PlatformSeed(
+        region="bench",
+        teams=(TeamSeed("bench"),),
+        models=(
+            ModelSeed("chat-7b", versions=(
+                VersionSeed("v1", version_body(weights_hash=digest("bench")),
+                            min_replicas=len(urls), max_replicas=len(urls)),
+            )),
+        ),
+        limits=(
+            LimitSeed("bench", "chat-7b", tokens_per_minute=10**12,
+                      max_concurrency=1_000_000),
+        ),
+    ),
+    now=now,
 )
-Pool.objects.create(model_id="chat-7b", version=version, region="bench",
-                    min_replicas=len(urls), max_replicas=len(urls))
-registry.set_alias(model_id="chat-7b", version="v1")
-accounts.set_team_limit(team_id="bench", model_id="chat-7b",
-                        tokens_per_minute=10**12, max_concurrency=1_000_000,
-                        guaranteed_share=0.0)
+version = seeded.versions["chat-7b"][0]
 for index, url in enumerate(urls):
     Replica.objects.create(
         replica_id=f"bench-r{index}", model_id="chat-7b", version=version,
         region="bench", node="bench-node", url=url, state="serving",
-        last_heartbeat=timezone.now(),
+        last_heartbeat=now,
     )
-print("BENCH " + json.dumps({"key": secret, "version": version.version}))
+print("BENCH " + json.dumps({"key": seeded.keys["bench"], "version": version.version}))
 """
 
 

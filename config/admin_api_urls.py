@@ -3,8 +3,10 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularJSONAPIView
 from rest_framework.renderers import JSONRenderer
+from rest_framework.response import Response
 
 from accounts.api import views as accounts
+from engine_nodes.api import views as engine_nodes
 from models_registry.api import views as registry
 from rollouts.api import views as rollouts
 
@@ -12,7 +14,7 @@ from rollouts.api import views as rollouts
 class SchemaView(SpectacularJSONAPIView):
     """The OpenAPI schema (JSON); its refusals use the API's JSON error shape."""
 
-    def handle_exception(self, exc: Exception):  # type: ignore[no-untyped-def]
+    def handle_exception(self, exc: Exception) -> Response:
         response = super().handle_exception(exc)
         self.request.accepted_renderer = JSONRenderer()
         self.request.accepted_media_type = "application/json"
@@ -21,8 +23,8 @@ class SchemaView(SpectacularJSONAPIView):
 
 urlpatterns = [
     path("schema", SchemaView.as_view(), name="admin-schema"),
-    path("models", registry.ModelListView.as_view(), name="admin-models"),
-    path("models/<str:model>", registry.ModelDetailView.as_view(), name="admin-model"),
+    path("models", rollouts.ModelListView.as_view(), name="admin-models"),
+    path("models/<str:model>", rollouts.ModelDetailView.as_view(), name="admin-model"),
     path(
         "models/<str:model>/versions",
         registry.VersionListView.as_view(),
@@ -35,12 +37,12 @@ urlpatterns = [
     ),
     path(
         "models/<str:model>/alias",
-        registry.AliasView.as_view(),
+        rollouts.AliasView.as_view(),
         name="admin-model-alias",
     ),
     path(
         "pools/<str:model>/state",
-        registry.PoolStateView.as_view(),
+        engine_nodes.PoolStateView.as_view(),
         name="admin-pool-state",
     ),
     path("teams", accounts.TeamListView.as_view(), name="admin-teams"),

@@ -9,7 +9,6 @@ times its token limit, and removes everything it created.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import os
 import secrets
@@ -20,11 +19,20 @@ from pathlib import Path
 
 import aiohttp
 from django.conf import settings
+from django.utils import timezone
 
-from accounts import services as accounts
 from accounts.models import Team
 from drills.domain.isolation import Sample
-from drills.launch import (
+from drills.seeding import (
+    LimitSeed,
+    ModelSeed,
+    PlatformSeed,
+    TeamSeed,
+    VersionSeed,
+    digest,
+    seed_platform,
+)
+from engine_nodes.local_processes import (
     database_url,
     serving_replicas,
     start_agent,
@@ -33,13 +41,21 @@ from drills.launch import (
 )
 from engine_nodes.models import Replica
 from metering.models import Usage
-from models_registry import services as registry
 from models_registry.models import Model, ModelVersion, Pool
 from rollouts.models import Rollout
 
 logger = logging.getLogger(__name__)
 
 PROMPT = "Summarise the quarterly report for the board in three short bullet points."
+ISO_VERSION_BODY = {
+    "weights_uri": "s3://models/iso-chat/drill/",
+    "weights_hash": digest("iso-chat drill weights"),
+    "tokenizer_hash": digest("iso-chat drill tokenizer"),
+    "chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}",
+    "precision": "fp16",
+    "gpus_per_replica": 1,
+    "engine_config": {"max_num_seqs": 256, "max_model_len": 8192},
+}
 
 
 @dataclass(frozen=True)
@@ -214,43 +230,47 @@ def run_isolation(plan: IsolationPlan) -> list[Sample]:
 
 def _register(plan: IsolationPlan, region: str) -> dict[str, str]:
     _cleanup(region, [])
-    if not Model.objects.filter(pk="iso-chat").exists():
-        registry.create_model(model_id="iso-chat", description="isolation drill")
-    version = ModelVersion.objects.filter(model_id="iso-chat").first()
-    if version is None:
-        version = registry.register_version(
-            model_id="iso-chat",
-            weights_uri="s3://models/iso-chat/drill/",
-            weights_hash=hashlib.sha256(b"iso-chat drill weights").hexdigest(),
-            tokenizer_hash=hashlib.sha256(b"iso-chat drill tokenizer").hexdigest(),
-            chat_template="{% for m in messages %}{{ m.content }}{% endfor %}",
-            precision="fp16",
-            gpus_per_replica=1,
-            engine_config={"max_num_seqs": 256, "max_model_len": 8192},
-        )
-        registry.set_alias(model_id="iso-chat", version=version.version)
-    Pool.objects.create(
-        model_id="iso-chat",
-        version=version,
-        region=region,
-        min_replicas=plan.replicas,
-        max_replicas=plan.replicas,
+    quiet = [f"iso-quiet-{chr(ord('a') + i)}" for i in range(plan.quiet_teams)]
+    teams = [*quiet, "iso-noisy"]
+    # Fresh teams each run: no key or limit of a previous run carries over.
+    Team.objects.filter(pk__in=teams).delete()
+    seeded = seed_platform(
+        seed=PlatformSeed(
+            region=region,
+            teams=tuple(TeamSeed(team) for team in teams),
+            models=(
+                ModelSeed(
+                    model_id="iso-chat",
+                    description="isolation drill",
+                    versions=(
+                        VersionSeed(
+                            "v1",
+                            ISO_VERSION_BODY,
+                            min_replicas=plan.replicas,
+                            max_replicas=plan.replicas,
+                        ),
+                    ),
+                ),
+            ),
+            limits=tuple(
+                LimitSeed(
+                    team_id=team,
+                    model_id="iso-chat",
+                    tokens_per_minute=(
+                        plan.noisy_tokens_per_minute
+                        if team == "iso-noisy"
+                        else 10_000_000
+                    ),
+                    max_concurrency=10_000,
+                    guaranteed_share=0.0 if team == "iso-noisy" else 0.3,
+                )
+                for team in teams
+            ),
+            key_name="isolation drill",
+        ),
+        now=timezone.now(),
     )
-    keys = {}
-    teams = [f"iso-quiet-{chr(ord('a') + i)}" for i in range(plan.quiet_teams)]
-    for team in [*teams, "iso-noisy"]:
-        Team.objects.filter(pk=team).delete()
-        accounts.create_team(team_id=team)
-        keys[team] = accounts.issue_key(team_id=team, name="isolation drill")[1]
-        noisy = team == "iso-noisy"
-        accounts.set_team_limit(
-            team_id=team,
-            model_id="iso-chat",
-            tokens_per_minute=plan.noisy_tokens_per_minute if noisy else 10_000_000,
-            max_concurrency=10_000,
-            guaranteed_share=0.0 if noisy else 0.3,
-        )
-    return keys
+    return dict(seeded.keys)
 
 
 def _cleanup(region: str, teams: list[str]) -> None:

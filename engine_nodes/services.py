@@ -1,22 +1,29 @@
-"""Use-cases for replicas: heartbeats and the reaper."""
+"""Use-cases for replicas: heartbeats, the reaper, and a pool's live state."""
 
 from __future__ import annotations
 
 import logging
 import secrets
 from collections.abc import Callable, Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 
 from engine_nodes.domain.beats import ReplicaBeat
-from engine_nodes.domain.liveness import ReplicaState, silence_cutoff
+from engine_nodes.domain.liveness import ReplicaState, is_silent, silence_cutoff
 from engine_nodes.models import Replica
+from metering.services import prefix_hit_rate_since
+from models_registry.domain.capacity import CapacityRecord, pool_capacity_tokens
 from models_registry.models import Pool
+from models_registry.services import get_model
 
 logger = logging.getLogger(__name__)
+
+# The window over which the pool state reports its prefix hit rate.
+HIT_RATE_WINDOW = timedelta(minutes=15)
 
 
 def reap_silent_replicas(*, now: datetime) -> list[str]:
@@ -141,3 +148,84 @@ def record_heartbeats(beats: Iterable[ReplicaBeat], *, now: datetime) -> int:
 def remove_replica(replica_id: str) -> None:
     """Delete a replica row once its process has stopped (seed: draining -> removed)."""
     Replica.objects.filter(pk=replica_id).delete()
+
+
+def pool_state(
+    *, model_id: str, now: datetime, region: str | None = None
+) -> dict[str, Any]:
+    """Return the seed's pool state: replicas, queue depth, tokens in flight, hit rate.
+
+    Sums cover replicas that are serving and heard from within the missed-beat
+    window; every non-gone replica is listed with its state and silence.
+    """
+    model = get_model(model_id)
+    beat_s = settings.PLATFORM_HEARTBEAT_DB_S
+    missed = settings.PLATFORM_MISSED_BEATS
+    replicas_qs = Replica.objects.live().filter(model=model).select_related("version")
+    pools_qs = Pool.objects.filter(model=model).select_related("version")
+    if region is not None:
+        replicas_qs = replicas_qs.filter(region=region)
+        pools_qs = pools_qs.filter(region=region)
+    replicas = []
+    serving_by_pool: dict[tuple[int, str], int] = {}
+    queue_depth = 0
+    tokens_in_flight = 0
+    for replica in replicas_qs:
+        silent = is_silent(replica.last_heartbeat, now, beat_s, missed)
+        is_serving = replica.state == ReplicaState.SERVING and not silent
+        if is_serving:
+            queue_depth += replica.queue_depth
+            tokens_in_flight += replica.tokens_in_flight
+            key = (replica.version_id, replica.region)
+            serving_by_pool[key] = serving_by_pool.get(key, 0) + 1
+        replicas.append(
+            {
+                "replica_id": replica.replica_id,
+                "version": replica.version.version,
+                "region": replica.region,
+                "node": replica.node,
+                "state": replica.state,
+                "is_silent": silent,
+                "queue_depth": replica.queue_depth,
+                "tokens_in_flight": replica.tokens_in_flight,
+                "kv_cache_usage_perc": replica.kv_cache_usage_perc,
+                "last_heartbeat": (
+                    replica.last_heartbeat.isoformat()
+                    if replica.last_heartbeat
+                    else None
+                ),
+            }
+        )
+    pools = []
+    for pool in pools_qs:
+        serving = serving_by_pool.get((pool.version_id, pool.region), 0)
+        capacity = CapacityRecord(
+            tokens_per_s=pool.version.load_test_tokens_per_s,
+            tokens_in_flight=pool.version.load_test_tokens_in_flight,
+        )
+        pools.append(
+            {
+                "version": pool.version.version,
+                "region": pool.region,
+                "min_replicas": pool.min_replicas,
+                "max_replicas": pool.max_replicas,
+                "serving_replicas": serving,
+                "capacity_tokens_in_flight": pool_capacity_tokens(
+                    serving,
+                    capacity,
+                    settings.PLATFORM_DEFAULT_REPLICA_TOKENS_IN_FLIGHT,
+                ),
+                "capacity_is_measured": capacity.is_measured,
+            }
+        )
+    return {
+        "model": model.model,
+        "region": region,
+        "replicas": replicas,
+        "queue_depth": queue_depth,
+        "tokens_in_flight": tokens_in_flight,
+        "prefix_hit_rate": prefix_hit_rate_since(
+            model_id=model.model, since=now - HIT_RATE_WINDOW
+        ),
+        "pools": pools,
+    }

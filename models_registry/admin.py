@@ -1,4 +1,7 @@
-"""Console pages for models, their immutable versions, and pools.
+"""Console pages for models' immutable versions and pools.
+
+The page of a model itself (its alias, canary and versions) is where its traffic
+goes, so it lives in ``rollouts.admin``, beside the rollouts that move it.
 
 A version is registered through ``models_registry.services.register_version``, so
 the console applies the same rules as the REST API (storage roots, hash format,
@@ -14,16 +17,14 @@ from urllib.parse import urlsplit
 from django import forms
 from django.conf import settings
 from django.contrib import admin
-from django.contrib.admin.utils import unquote
 from django.db import transaction
-from django.db.models import ForeignKey
 from django.http import HttpRequest
 from django.utils.html import format_html
 
 from config.errors import PlatformError
 from models_registry import services
 from models_registry.domain.identity import IDENTITY_FIELDS, VersionStatus, uri_errors
-from models_registry.models import Model, ModelVersion, Pool
+from models_registry.models import ModelVersion, Pool
 
 # The identity as form field names: the foreign key is "model", not "model_id".
 IDENTITY_FORM_FIELDS: tuple[str, ...] = tuple(
@@ -164,64 +165,6 @@ class VersionInline(admin.TabularInline):
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
-
-
-@admin.register(Model)
-class ServedModelAdmin(admin.ModelAdmin):
-    """Model names, where their traffic goes, and their versions."""
-
-    list_display = (
-        "model",
-        "description",
-        "live_version",
-        "canary_version",
-        "canary_percent",
-        "updated_at",
-    )
-    search_fields = ("model", "description")
-    list_select_related = ("live_version", "canary_version")
-    inlines = (VersionInline,)
-
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
-        # The name is the primary key: editing it would save a second model. The
-        # canary moves only through rollouts (PUT .../rollout or the Rollout page).
-        if obj is None:
-            return ("live_version", "canary_version", "canary_percent")
-        return ("model", "canary_version", "canary_percent")
-
-    def save_model(
-        self,
-        request: HttpRequest,
-        obj: Model,
-        form: Any,
-        change: bool,  # noqa: FBT001
-    ) -> None:
-        """Save the description; move the alias through ``set_alias`` like the API."""
-        if not change or "live_version" not in form.changed_data:
-            super().save_model(request, obj, form, change)
-            return
-        target = obj.live_version
-        obj.live_version_id = form.initial.get("live_version")
-        super().save_model(request, obj, form, change)
-        if target is not None:
-            services.set_alias(model_id=obj.model, version=target.version)
-            obj.refresh_from_db()
-
-    def formfield_for_foreignkey(
-        self, db_field: ForeignKey, request: HttpRequest, **kwargs: Any
-    ) -> forms.ModelChoiceField | None:
-        if db_field.name in ("live_version", "canary_version"):
-            kwargs["queryset"] = _versions_of_edited_model(request)
-        return super().formfield_for_foreignkey(db_field, request, **kwargs)
-
-
-def _versions_of_edited_model(request: HttpRequest) -> Any:
-    # On the add page the model has no versions yet, so nothing can be chosen.
-    match = request.resolver_match
-    object_id = match.kwargs.get("object_id") if match is not None else None
-    if object_id is None:
-        return ModelVersion.objects.none()
-    return ModelVersion.objects.filter(model_id=unquote(object_id))
 
 
 @admin.register(ModelVersion)

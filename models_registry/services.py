@@ -1,8 +1,11 @@
-"""Use-cases for models, versions, aliases and pool state."""
+"""Use-cases for models, versions and pools: what exists, not where traffic goes.
+
+Moving the alias and rollouts is ``rollouts.services``; a pool's live state (its
+replicas and hit rate) is ``engine_nodes.services.pool_state``.
+"""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -10,12 +13,9 @@ from django.db import IntegrityError, transaction
 
 from accounts.domain.names import SLUG_RULE
 from config.errors import Conflict, InvalidRequest, NotFound
-from engine_nodes.domain.liveness import ReplicaState, is_silent
-from models_registry.domain.capacity import CapacityRecord, pool_capacity_tokens
 from models_registry.domain.identity import (
     MAX_GPUS_PER_REPLICA,
     Precision,
-    VersionStatus,
     canonical_json,
     engine_config_errors,
     is_sha256_hex,
@@ -26,9 +26,6 @@ from models_registry.domain.identity import (
     uri_errors,
 )
 from models_registry.models import Model, ModelVersion, Pool
-
-# The window over which the pool state reports its prefix hit rate.
-HIT_RATE_WINDOW = timedelta(minutes=15)
 
 
 def get_model(model_id: str, *, for_update: bool = False) -> Model:
@@ -188,53 +185,14 @@ def _validate_identity(
         raise InvalidRequest(f"engine_config {problems[0]}", param="engine_config")
 
 
-def set_alias(*, model_id: str, version: str) -> Model:
-    """Point the model name at ``version``: promote a candidate or roll back.
+def model_dict(model: Model) -> dict[str, Any]:
+    """Return a model with its versions and pools as the API shows it.
 
-    The previous live version stays registered and loaded (status ``ready``), so a
-    rollback is this same call with the old label. A pending rollout ends: promoted
-    if its version is the new alias target, rolled back otherwise.
+    Where its traffic goes beyond the alias (the pending rollout) is added by
+    ``rollouts.services.model_detail``, which sits on top of the registry.
     """
-    from rollouts.services import end_pending_rollout
-
-    with transaction.atomic():
-        model = get_model(model_id, for_update=True)
-        target = get_version(model_id, version)
-        if target.status in {VersionStatus.REJECTED, VersionStatus.RETIRED}:
-            raise InvalidRequest(
-                f"{target.ref} is {target.status} and cannot take traffic",
-                param="version",
-            )
-        previous_id = model.live_version_id
-        if previous_id is not None and previous_id != target.pk:
-            ModelVersion.objects.filter(pk=previous_id).update(
-                status=VersionStatus.READY
-            )
-        ModelVersion.objects.filter(pk=target.pk).update(status=VersionStatus.LIVE)
-        model.live_version = target
-        model.canary_version = None
-        model.canary_percent = 0.0
-        model.save(
-            update_fields=[
-                "live_version",
-                "canary_version",
-                "canary_percent",
-                "updated_at",
-            ]
-        )
-        end_pending_rollout(model_id=model_id, live_version_id=target.pk)
-    return model
-
-
-def model_detail(model_id: str) -> dict[str, Any]:
-    """Return a model with its versions, pools and pending rollout."""
-    from rollouts.domain.plan import Decision
-    from rollouts.models import Rollout
-
-    model = get_model(model_id)
     versions = list(ModelVersion.objects.filter(model=model).order_by("created_at"))
-    by_pk = {v.pk: v.version for v in versions}
-    pending = Rollout.objects.filter(model=model, decision=Decision.PENDING).first()
+    by_pk: dict[int | None, str] = {v.pk: v.version for v in versions}
     pools = Pool.objects.filter(model=model).select_related("version")
     return {
         "model": model.model,
@@ -252,7 +210,6 @@ def model_detail(model_id: str) -> dict[str, Any]:
             }
             for p in pools
         ],
-        "rollout": rollout_dict(pending) if pending else None,
     }
 
 
@@ -273,103 +230,4 @@ def version_dict(version: ModelVersion) -> dict[str, Any]:
         "load_test_tokens_in_flight": version.load_test_tokens_in_flight,
         "status": version.status,
         "created_at": version.created_at.isoformat(),
-    }
-
-
-def rollout_dict(rollout: Any) -> dict[str, Any]:
-    """Return a rollout row as the API shows it."""
-    return {
-        "id": rollout.pk,
-        "model": rollout.model_id,
-        "version": rollout.version.version,
-        "stage": rollout.stage,
-        "percent": rollout.percent,
-        "started_at": rollout.started_at.isoformat(),
-        "guard_metrics": rollout.guard_metrics,
-        "decision": rollout.decision,
-        "decided_at": rollout.decided_at.isoformat() if rollout.decided_at else None,
-    }
-
-
-def pool_state(
-    *, model_id: str, now: datetime, region: str | None = None
-) -> dict[str, Any]:
-    """Return the seed's pool state: replicas, queue depth, tokens in flight, hit rate.
-
-    Sums cover replicas that are serving and heard from within the missed-beat
-    window; every non-gone replica is listed with its state and silence.
-    """
-    from engine_nodes.models import Replica
-    from metering.services import prefix_hit_rate_since
-
-    model = get_model(model_id)
-    beat_s = settings.PLATFORM_HEARTBEAT_DB_S
-    missed = settings.PLATFORM_MISSED_BEATS
-    replicas_qs = Replica.objects.live().filter(model=model).select_related("version")
-    pools_qs = Pool.objects.filter(model=model).select_related("version")
-    if region is not None:
-        replicas_qs = replicas_qs.filter(region=region)
-        pools_qs = pools_qs.filter(region=region)
-    replicas = []
-    serving_by_pool: dict[tuple[int, str], int] = {}
-    queue_depth = 0
-    tokens_in_flight = 0
-    for replica in replicas_qs:
-        silent = is_silent(replica.last_heartbeat, now, beat_s, missed)
-        is_serving = replica.state == ReplicaState.SERVING and not silent
-        if is_serving:
-            queue_depth += replica.queue_depth
-            tokens_in_flight += replica.tokens_in_flight
-            key = (replica.version_id, replica.region)
-            serving_by_pool[key] = serving_by_pool.get(key, 0) + 1
-        replicas.append(
-            {
-                "replica_id": replica.replica_id,
-                "version": replica.version.version,
-                "region": replica.region,
-                "node": replica.node,
-                "state": replica.state,
-                "is_silent": silent,
-                "queue_depth": replica.queue_depth,
-                "tokens_in_flight": replica.tokens_in_flight,
-                "kv_cache_usage_perc": replica.kv_cache_usage_perc,
-                "last_heartbeat": (
-                    replica.last_heartbeat.isoformat()
-                    if replica.last_heartbeat
-                    else None
-                ),
-            }
-        )
-    pools = []
-    for pool in pools_qs:
-        serving = serving_by_pool.get((pool.version_id, pool.region), 0)
-        capacity = CapacityRecord(
-            tokens_per_s=pool.version.load_test_tokens_per_s,
-            tokens_in_flight=pool.version.load_test_tokens_in_flight,
-        )
-        pools.append(
-            {
-                "version": pool.version.version,
-                "region": pool.region,
-                "min_replicas": pool.min_replicas,
-                "max_replicas": pool.max_replicas,
-                "serving_replicas": serving,
-                "capacity_tokens_in_flight": pool_capacity_tokens(
-                    serving,
-                    capacity,
-                    settings.PLATFORM_DEFAULT_REPLICA_TOKENS_IN_FLIGHT,
-                ),
-                "capacity_is_measured": capacity.is_measured,
-            }
-        )
-    return {
-        "model": model.model,
-        "region": region,
-        "replicas": replicas,
-        "queue_depth": queue_depth,
-        "tokens_in_flight": tokens_in_flight,
-        "prefix_hit_rate": prefix_hit_rate_since(
-            model_id=model.model, since=now - HIT_RATE_WINDOW
-        ),
-        "pools": pools,
     }

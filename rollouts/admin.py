@@ -1,8 +1,9 @@
-"""Console pages for rollouts: start one through the service, then read its history.
+"""Console pages for where traffic goes: a model's alias, and its rollouts.
 
-A rollout row is history: stages advance, and rollouts end, through the services
-(``set_rollout``, ``set_alias``), which also move the model's canary. Editing a
-row by hand would leave the model's traffic split behind, so rows are view-only.
+A model's page moves its alias through ``set_alias``, like the API. A rollout row is
+history: stages advance, and rollouts end, through the services (``set_rollout``,
+``set_alias``), which also move the model's canary. Editing a row by hand would
+leave the model's traffic split behind, so rows are view-only.
 """
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin
+from django.contrib.admin.utils import unquote
+from django.db.models import ForeignKey
 from django.http import HttpRequest
 from django.utils import timezone
 
 from config.errors import InvalidRequest
-from models_registry.admin import ServiceAddForm
+from models_registry.admin import ServiceAddForm, VersionInline
+from models_registry.models import Model, ModelVersion
 from rollouts import services
 from rollouts.models import Rollout
 
@@ -90,3 +94,61 @@ class RolloutAdmin(admin.ModelAdmin):
     ) -> None:
         # On add, the form already started the rollout while validating.
         return
+
+
+@admin.register(Model)
+class ServedModelAdmin(admin.ModelAdmin):
+    """Model names, where their traffic goes, and their versions."""
+
+    list_display = (
+        "model",
+        "description",
+        "live_version",
+        "canary_version",
+        "canary_percent",
+        "updated_at",
+    )
+    search_fields = ("model", "description")
+    list_select_related = ("live_version", "canary_version")
+    inlines = (VersionInline,)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        # The name is the primary key: editing it would save a second model. The
+        # canary moves only through rollouts (PUT .../rollout or the Rollout page).
+        if obj is None:
+            return ("live_version", "canary_version", "canary_percent")
+        return ("model", "canary_version", "canary_percent")
+
+    def save_model(
+        self,
+        request: HttpRequest,
+        obj: Model,
+        form: Any,
+        change: bool,  # noqa: FBT001
+    ) -> None:
+        """Save the description; move the alias through ``set_alias`` like the API."""
+        if not change or "live_version" not in form.changed_data:
+            super().save_model(request, obj, form, change)
+            return
+        target = obj.live_version
+        obj.live_version_id = form.initial.get("live_version")
+        super().save_model(request, obj, form, change)
+        if target is not None:
+            services.set_alias(model_id=obj.model, version=target.version)
+            obj.refresh_from_db()
+
+    def formfield_for_foreignkey(
+        self, db_field: ForeignKey, request: HttpRequest, **kwargs: Any
+    ) -> forms.ModelChoiceField | None:
+        if db_field.name in ("live_version", "canary_version"):
+            kwargs["queryset"] = _versions_of_edited_model(request)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+
+def _versions_of_edited_model(request: HttpRequest) -> Any:
+    # On the add page the model has no versions yet, so nothing can be chosen.
+    match = request.resolver_match
+    object_id = match.kwargs.get("object_id") if match is not None else None
+    if object_id is None:
+        return ModelVersion.objects.none()
+    return ModelVersion.objects.filter(model_id=unquote(object_id))

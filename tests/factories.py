@@ -1,35 +1,18 @@
-"""Shared test data: a valid version body, and factories for rows tests need in bulk."""
+"""Shared test data: a valid version body, and factories for rows tests need in bulk.
+
+The version body and its helpers are the platform seeding's (``drills.seeding``),
+so the tests, the drills and the benchmarks register the same versions.
+"""
 
 from __future__ import annotations
-
-import hashlib
-from typing import Any
 
 import factory
 
 from accounts.models import Team
+from drills.seeding import VERSION_BODY, digest, version_body
 from engine_nodes.models import Replica
 
-
-def digest(text: str) -> str:
-    """Return a SHA-256 hex digest, for building valid hashes in tests."""
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-VERSION_BODY: dict[str, Any] = {
-    "weights_uri": "s3://models/chat-7b/2026-11-01/",
-    "weights_hash": digest("chat-7b weights"),
-    "tokenizer_hash": digest("chat-7b tokenizer"),
-    "chat_template": "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}",
-    "precision": "fp16",
-    "gpus_per_replica": 1,
-    "engine_config": {"max_num_seqs": 256, "enable_prefix_caching": True},
-}
-
-
-def version_body(**changes: Any) -> dict[str, Any]:
-    """Return a copy of the example version body with ``changes`` applied."""
-    return {**VERSION_BODY, **changes}
+__all__ = ["VERSION_BODY", "ReplicaFactory", "TeamFactory", "digest", "version_body"]
 
 
 class TeamFactory(factory.django.DjangoModelFactory):

@@ -1,9 +1,9 @@
 """A live platform for end-to-end tests: the gateway and the node agent as processes.
 
-``start_platform`` writes the control-plane rows into the test database (committed,
-so the processes see them), starts ``manage.py engine_agent`` (which starts the
-simulated replicas) and the gateway under uvicorn, and waits until the gateway
-serves. Everything talks HTTP on loopback; Redis is used when REDIS_URL is set.
+``start_platform`` seeds the control-plane rows into the test database
+(``drills.seeding``; committed, so the processes see them), starts ``manage.py
+engine_agent`` (which starts the simulated replicas) and the gateway under uvicorn,
+and waits until the gateway serves. Everything talks HTTP on loopback; Redis is used when REDIS_URL is set.
 """
 
 from __future__ import annotations
@@ -19,9 +19,19 @@ from typing import Any
 import httpx
 from django.core.management import call_command
 from django.db import connection
+from django.utils import timezone
 
-from accounts import services as accounts
-from drills.launch import (
+from drills.seeding import (
+    LimitSeed,
+    ModelSeed,
+    PlatformSeed,
+    TeamSeed,
+    VersionSeed,
+    digest,
+    seed_platform,
+    version_body,
+)
+from engine_nodes.local_processes import (
     Process,
     database_url,
     start_agent,
@@ -29,9 +39,6 @@ from drills.launch import (
     wait_until,
 )
 from engine_nodes.models import Replica
-from models_registry import services as registry
-from models_registry.models import Pool
-from tests.factories import digest, version_body
 
 
 @dataclass
@@ -97,35 +104,38 @@ def start_platform(
         raise RuntimeError(f"refusing to run end-to-end tests against {name}")
     region = "e2e"
     prefix = f"e2e-{uuid.uuid4().hex[:8]}"
-    accounts.create_team(team_id="alpha")
-    accounts.create_team(team_id="beta")
-    keys = {
-        "alpha": accounts.issue_key(team_id="alpha")[1],
-        "beta": accounts.issue_key(team_id="beta")[1],
-    }
-    registry.create_model(model_id="chat-7b")
-    for index, (label, count) in enumerate(sorted(pools.items())):
-        version = registry.register_version(
-            model_id="chat-7b",
-            **version_body(weights_hash=digest(f"weights {label}"), version=label),
-        )
-        Pool.objects.create(
-            model_id="chat-7b",
-            version=version,
+    teams = ("alpha", "beta")
+    seeded = seed_platform(
+        seed=PlatformSeed(
             region=region,
-            min_replicas=count,
-            max_replicas=max(count, 1),
-        )
-        if index == 0:
-            registry.set_alias(model_id="chat-7b", version=label)
-    for team in ("alpha", "beta"):
-        accounts.set_team_limit(
-            team_id=team,
-            model_id="chat-7b",
-            tokens_per_minute=10**9,
-            max_concurrency=10_000,
-            guaranteed_share=0.0,
-        )
+            teams=tuple(TeamSeed(team) for team in teams),
+            models=(
+                ModelSeed(
+                    model_id="chat-7b",
+                    versions=tuple(
+                        VersionSeed(
+                            label,
+                            version_body(weights_hash=digest(f"weights {label}")),
+                            min_replicas=count,
+                            max_replicas=max(count, 1),
+                        )
+                        for label, count in sorted(pools.items())
+                    ),
+                ),
+            ),
+            limits=tuple(
+                LimitSeed(
+                    team_id=team,
+                    model_id="chat-7b",
+                    tokens_per_minute=10**9,
+                    max_concurrency=10_000,
+                )
+                for team in teams
+            ),
+        ),
+        now=timezone.now(),
+    )
+    keys = dict(seeded.keys)
     env = platform_env(region=region, prefix=prefix, **env_overrides)
     agent = start_agent(env, tmp, region=region, node="e2e-node")
     gateway = None

@@ -272,6 +272,13 @@ def test_get_model_shows_versions_and_alias(admin_client, chat_v1):
     assert "chat_template" not in data["versions"][0]
 
 
+def test_version_schema_names_the_fields_the_api_returns(admin_client, chat_v1):
+    from models_registry.api.serializers import VersionSerializer
+
+    data = admin_client.get("/admin/models/chat-7b/versions").json()["data"]
+    assert set(VersionSerializer().fields) == set(data[0])
+
+
 def test_get_unknown_model_is_404(admin_client):
     assert_error(
         admin_client.get("/admin/models/nope"), 404, "not_found_error", "model"
@@ -284,8 +291,9 @@ def test_get_unknown_model_is_404(admin_client):
 @pytest.fixture
 def chat_v2(chat_v1):
     from models_registry import services
+    from rollouts.services import set_alias
 
-    services.set_alias(model_id="chat-7b", version="v1")
+    set_alias(model_id="chat-7b", version="v1")
     return services.register_version(
         model_id="chat-7b", **version_body(weights_hash=digest("v2 weights"))
     )
@@ -579,6 +587,18 @@ def test_list_teams_has_fixed_query_count(
 
 
 # --- pool state -----------------------------------------------------------------------
+
+
+def test_pool_state_schema_names_the_fields_the_api_returns(admin_client, chat_v1):
+    from engine_nodes.api.serializers import (
+        PoolStateSerializer,
+        ReplicaStateSerializer,
+    )
+
+    ReplicaFactory(version=chat_v1, last_heartbeat=timezone.now())
+    data = admin_client.get("/admin/pools/chat-7b/state").json()
+    assert set(PoolStateSerializer().fields) == set(data)
+    assert set(ReplicaStateSerializer().fields) == set(data["replicas"][0])
 
 
 def test_pool_state_sums_serving_replicas(admin_client, chat_v1):

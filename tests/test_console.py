@@ -489,7 +489,7 @@ def test_console_model_aliases_offer_only_its_own_versions(
 
 
 def test_console_alias_change_goes_through_set_alias(console: Client, chat_v1) -> None:  # type: ignore[no-untyped-def]
-    registry_services.set_alias(model_id="chat-7b", version="v1")
+    rollout_services.set_alias(model_id="chat-7b", version="v1")
     v2 = registry_services.register_version(
         model_id="chat-7b", **version_body(weights_hash=digest("v2"))
     )

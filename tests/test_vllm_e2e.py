@@ -34,29 +34,33 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
-from accounts import services as accounts
-from drills.launch import (
+from drills.seeding import (
+    LimitSeed,
+    ModelSeed,
+    PlatformSeed,
+    TeamSeed,
+    VersionSeed,
+    seed_platform,
+)
+from engine_nodes.domain.scrape import parse_metrics_text
+from engine_nodes.local_processes import (
     free_port,
     spawn,
     start_gateway,
     wait_until,
 )
-from engine_nodes.domain.scrape import parse_metrics_text
-from engine_nodes.models import Replica
-from engine_nodes.weights import local_identity
-from metering.models import Usage
-from models_registry import services as registry
-from models_registry.models import Pool
-from tests.live import LivePlatform, can_serve, platform_env
-from tests.vllm_server import (
+from engine_nodes.local_vllm import (
     MODEL,
-    VERSION_BODY,
+    TINY_VERSION_FILE,
     VLLM,
     engine_core_pids,
     engine_pid,
     lower_engine_priority,
-    require_tiny_model,
 )
+from engine_nodes.models import Replica
+from engine_nodes.weights import local_identity
+from metering.models import Usage
+from tests.live import LivePlatform, can_serve, platform_env
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 
@@ -64,12 +68,6 @@ REGION = "e2e-vllm"
 ENGINE_KEY = "sk-engine-e2e"
 MAX_MODEL_LEN = 2048
 SERVING_TIMEOUT_S = 300
-
-
-@pytest.fixture(scope="module")
-def tiny_model() -> Path:
-    """The tiny checkpoint, built here if `make tiny-model` has not run."""
-    return require_tiny_model()
 
 
 @pytest.fixture(scope="module")
@@ -93,27 +91,31 @@ def start_vllm_platform(tmp: Path, model_dir: Path) -> Iterator[LivePlatform]:
     if not (name.startswith("test_") or name == test_name):
         raise RuntimeError(f"refusing to run end-to-end tests against {name}")
     prefix = f"e2e-{uuid.uuid4().hex[:8]}"
-    accounts.create_team(team_id="alpha")
-    keys = {"alpha": accounts.issue_key(team_id="alpha")[1]}
-    registry.create_model(model_id=MODEL)
     # The identity comes from the files (hashes computed, not typed): the agent
     # verifies the weights and the gateway loads the tokenizer against them.
-    version = registry.register_version(
-        model_id=MODEL,
-        **local_identity(model_dir),
-        **json.loads(VERSION_BODY.read_text()),
+    body = {**local_identity(model_dir), **json.loads(TINY_VERSION_FILE.read_text())}
+    seeded = seed_platform(
+        seed=PlatformSeed(
+            region=REGION,
+            teams=(TeamSeed("alpha"),),
+            models=(
+                ModelSeed(
+                    model_id=MODEL,
+                    versions=(VersionSeed("v1", body, min_replicas=2, max_replicas=2),),
+                ),
+            ),
+            limits=(
+                LimitSeed(
+                    team_id="alpha",
+                    model_id=MODEL,
+                    tokens_per_minute=10**9,
+                    max_concurrency=1000,
+                ),
+            ),
+        ),
+        now=timezone.now(),
     )
-    Pool.objects.create(
-        model_id=MODEL, version=version, region=REGION, min_replicas=2, max_replicas=2
-    )
-    registry.set_alias(model_id=MODEL, version=version.version)
-    accounts.set_team_limit(
-        team_id="alpha",
-        model_id=MODEL,
-        tokens_per_minute=10**9,
-        max_concurrency=1000,
-        guaranteed_share=0.0,
-    )
+    keys = dict(seeded.keys)
     env = platform_env(region=REGION, prefix=prefix, PLATFORM_ENGINE_API_KEY=ENGINE_KEY)
     env.pop("VLLM_CPU_KVCACHE_SPACE", None)
     first = free_port()

@@ -1,10 +1,16 @@
-"""Request bodies of the rollout endpoint."""
+"""Request bodies of the alias and rollout endpoints."""
 
 from __future__ import annotations
 
 from rest_framework import serializers
 
 from rollouts.domain.plan import Stage
+
+
+class AliasSerializer(serializers.Serializer):
+    """PUT /admin/models/{model}/alias."""
+
+    version = serializers.CharField(max_length=16)
 
 
 class RolloutSerializer(serializers.Serializer):

@@ -1,19 +1,64 @@
-"""Control-plane endpoint for rollouts."""
+"""Control-plane endpoints for where a model's traffic goes.
+
+A model is shown with its alias, canary and pending rollout, so the model endpoints
+(list, create, detail) live here with the alias and the rollout, on top of the
+registry; the registry's own endpoint is a model's versions.
+"""
 
 from __future__ import annotations
 
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
+from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from config.api import validated
-from models_registry.services import get_model, rollout_dict
+from models_registry import services as registry
+from models_registry.api.serializers import ModelCreateSerializer
+from models_registry.models import Model
 from rollouts import services
-from rollouts.api.serializers import RolloutSerializer
+from rollouts.api.serializers import AliasSerializer, RolloutSerializer
 from rollouts.domain.plan import Decision
 from rollouts.models import Rollout
+
+
+class ModelListView(APIView):
+    """List models or register a new model name."""
+
+    @extend_schema(operation_id="models_list", responses={200: dict})
+    def get(self, request: Request) -> Response:
+        rows = Model.objects.values_list("model", flat=True)
+        return Response({"data": [services.model_detail(m) for m in rows]})
+
+    @extend_schema(request=ModelCreateSerializer, responses={201: dict})
+    def post(self, request: Request) -> Response:
+        body = validated(ModelCreateSerializer, request.data)
+        model = registry.create_model(
+            model_id=body["model"], description=body.get("description", "")
+        )
+        return Response(
+            services.model_detail(model.model), status=status.HTTP_201_CREATED
+        )
+
+
+class ModelDetailView(APIView):
+    """A model with its versions, pools and pending rollout."""
+
+    @extend_schema(responses={200: dict})
+    def get(self, request: Request, model: str) -> Response:
+        return Response(services.model_detail(model))
+
+
+class AliasView(APIView):
+    """Point a model name at a version (seed: PUT /admin/models/{model}/alias)."""
+
+    @extend_schema(request=AliasSerializer, responses={200: dict})
+    def put(self, request: Request, model: str) -> Response:
+        body = validated(AliasSerializer, request.data)
+        services.set_alias(model_id=model, version=body["version"])
+        return Response(services.model_detail(model))
 
 
 class RolloutView(APIView):
@@ -21,13 +66,13 @@ class RolloutView(APIView):
 
     @extend_schema(responses={200: dict})
     def get(self, request: Request, model: str) -> Response:
-        get_model(model)
+        registry.get_model(model)
         rows = Rollout.objects.filter(model_id=model).select_related("version")[:50]
         pending = next((r for r in rows if r.decision == Decision.PENDING), None)
         return Response(
             {
-                "pending": rollout_dict(pending) if pending else None,
-                "history": [rollout_dict(r) for r in rows],
+                "pending": services.rollout_dict(pending) if pending else None,
+                "history": [services.rollout_dict(r) for r in rows],
             }
         )
 
@@ -35,4 +80,4 @@ class RolloutView(APIView):
     def put(self, request: Request, model: str) -> Response:
         body = validated(RolloutSerializer, request.data)
         rollout = services.set_rollout(model_id=model, now=timezone.now(), **body)
-        return Response(rollout_dict(rollout))
+        return Response(services.rollout_dict(rollout))

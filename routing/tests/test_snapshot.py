@@ -6,8 +6,11 @@ import hashlib
 
 import pytest
 from django.utils import timezone
+from pytest_django import DjangoAssertNumQueries
 
 from accounts import services as accounts
+from accounts.models import Team
+from models_registry.models import ModelVersion
 from rollouts import services as rollouts
 from routing.services import build_snapshot
 from tests.factories import VERSION_BODY, ReplicaFactory, digest, version_body
@@ -15,7 +18,7 @@ from tests.factories import VERSION_BODY, ReplicaFactory, digest, version_body
 pytestmark = pytest.mark.django_db
 
 
-def test_snapshot_holds_only_active_keys(team):
+def test_snapshot_holds_only_active_keys(team: Team) -> None:
     _, kept = accounts.issue_key(team_id=team.team)
     revoked, secret = accounts.issue_key(team_id=team.team)
     accounts.revoke_key(team_id=team.team, key_id=revoked.pk, now=timezone.now())
@@ -25,10 +28,12 @@ def test_snapshot_holds_only_active_keys(team):
     assert snapshot.keys[hashlib.sha256(kept.encode()).hexdigest()].team == team.team
 
 
-def test_snapshot_carries_limits_aliases_canary_and_shadow(team, chat_v1):
+def test_snapshot_carries_limits_aliases_canary_and_shadow(
+    team: Team, chat_v1: ModelVersion
+) -> None:
     from models_registry import services as registry
 
-    registry.set_alias(model_id="chat-7b", version="v1")
+    rollouts.set_alias(model_id="chat-7b", version="v1")
     registry.register_version(
         model_id="chat-7b", **version_body(weights_hash=digest("v2"))
     )
@@ -64,7 +69,7 @@ def test_snapshot_carries_limits_aliases_canary_and_shadow(team, chat_v1):
     assert model.shadow_version is None
 
 
-def test_snapshot_lists_live_replicas_of_its_region(chat_v1):
+def test_snapshot_lists_live_replicas_of_its_region(chat_v1: ModelVersion) -> None:
     now = timezone.now()
     ReplicaFactory(version=chat_v1, region="local", last_heartbeat=now)
     ReplicaFactory(version=chat_v1, region="local", state="gone", last_heartbeat=now)
@@ -76,7 +81,11 @@ def test_snapshot_lists_live_replicas_of_its_region(chat_v1):
     assert replica.last_heartbeat_at == pytest.approx(now.timestamp())
 
 
-def test_snapshot_query_count_is_fixed(chat_v1, team, django_assert_max_num_queries):
+def test_snapshot_query_count_is_fixed(
+    chat_v1: ModelVersion,
+    team: Team,
+    django_assert_max_num_queries: DjangoAssertNumQueries,
+) -> None:
     for _ in range(5):
         ReplicaFactory(version=chat_v1, last_heartbeat=timezone.now())
         accounts.issue_key(team_id=team.team)

@@ -5,6 +5,10 @@ instead: ``weights_uri`` (``file://`` + its path), ``weights_hash`` (the tree's
 manifest digest, what the node agent verifies before serving), ``tokenizer_hash``
 and ``chat_template`` are computed from its files, never typed. ``--file`` then
 supplies the rest (``precision``, ``gpus_per_replica``, ``engine_config``...).
+
+The command lives with the node's weights code (``engine_nodes.weights``) because
+``--dir`` computes the digests the node agent verifies; the registry, below the
+engine nodes, imports nothing of theirs.
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 
 Idempotent: the secrets are kept in a credentials file (mode 600, under .local/,
 never committed) and reused while they still open the platform; anything missing
-or revoked is created anew.
+or revoked is created anew. The platform's rows come from ``drills.seeding``, like
+those of the tests, the drills and the benchmarks; the console user is this
+command's own.
 """
 
 from __future__ import annotations
@@ -19,12 +21,15 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 from django.utils import timezone
 
-from accounts import services as accounts
-from accounts.models import Team, TeamLimit
-from config.api import validated
-from models_registry import services as registry
-from models_registry.api.serializers import VersionRegisterSerializer
-from models_registry.models import Model, ModelVersion, Pool
+from drills.seeding import (
+    AdminTokenSeed,
+    LimitSeed,
+    ModelSeed,
+    PlatformSeed,
+    TeamSeed,
+    VersionSeed,
+    seed_platform,
+)
 
 DEMO_TEAM = "demo"
 DEMO_MODELS = {
@@ -33,6 +38,7 @@ DEMO_MODELS = {
     "reason-70b": ("reason-70b-v1.json", 1, 3, 60_000),
 }
 CONSOLE_USER = "admin"
+KEY_NAME = "make up"
 
 
 class Command(BaseCommand):
@@ -55,20 +61,53 @@ class Command(BaseCommand):
         path: Path = options["credentials"]
         saved = _read(path)
         with transaction.atomic():
+            seeded = seed_platform(seed=_demo_seed(saved), now=timezone.now())
+            assert seeded.admin_token is not None
             creds = {
-                "admin_token": _admin_token(saved.get("admin_token")),
+                "admin_token": seeded.admin_token,
                 "team": DEMO_TEAM,
-                "team_key": _team_key(saved.get("team_key")),
+                "team_key": seeded.keys[DEMO_TEAM],
                 "console_user": CONSOLE_USER,
                 "console_password": _console_password(saved.get("console_password")),
             }
-            _models()
         _write(path, creds)
         if options["json"]:
             self.stdout.write(json.dumps(creds))
             return
         for name, value in creds.items():
             self.stdout.write(f"{name}={value}")
+
+
+def _demo_seed(saved: dict[str, str]) -> PlatformSeed:
+    """Return the demo platform: one team on both example models, in this region."""
+    examples = settings.BASE_DIR / "platform" / "examples"
+    models = []
+    limits = []
+    for model_id, (file_name, min_replicas, max_replicas, tpm) in DEMO_MODELS.items():
+        body = json.loads((examples / file_name).read_text())
+        models.append(
+            ModelSeed(
+                model_id=model_id,
+                versions=(VersionSeed("v1", body, min_replicas, max_replicas),),
+            )
+        )
+        limits.append(
+            LimitSeed(
+                team_id=DEMO_TEAM,
+                model_id=model_id,
+                tokens_per_minute=tpm,
+                max_concurrency=100,
+                guaranteed_share=0.25,
+            )
+        )
+    return PlatformSeed(
+        region=settings.PLATFORM_REGION,
+        teams=(TeamSeed(DEMO_TEAM, name="Demo team", saved_key=saved.get("team_key")),),
+        models=tuple(models),
+        limits=tuple(limits),
+        admin_token=AdminTokenSeed(KEY_NAME, saved_secret=saved.get("admin_token")),
+        key_name=KEY_NAME,
+    )
 
 
 def _read(path: Path) -> dict[str, str]:
@@ -87,22 +126,6 @@ def _write(path: Path, creds: dict[str, str]) -> None:
     path.chmod(0o600)
 
 
-def _admin_token(saved: str | None) -> str:
-    if saved and accounts.authenticate_admin_secret(saved, now=timezone.now()):
-        return saved
-    return accounts.create_admin_token(name="make up")[1]
-
-
-def _team_key(saved: str | None) -> str:
-    if not Team.objects.filter(pk=DEMO_TEAM).exists():
-        accounts.create_team(team_id=DEMO_TEAM, name="Demo team")
-    if saved:
-        key = accounts.find_active_team_key(saved)
-        if key is not None and key.team_id == DEMO_TEAM:
-            return saved
-    return accounts.issue_key(team_id=DEMO_TEAM, name="make up")[1]
-
-
 def _console_password(saved: str | None) -> str:
     user_model = get_user_model()
     user = user_model.objects.filter(username=CONSOLE_USER).first()
@@ -115,41 +138,3 @@ def _console_password(saved: str | None) -> str:
         user.set_password(password)
         user.save(update_fields=["password"])
     return password
-
-
-def _models() -> None:
-    examples = settings.BASE_DIR / "platform" / "examples"
-    region = settings.PLATFORM_REGION
-    for model_id, (file_name, min_replicas, max_replicas, tpm) in DEMO_MODELS.items():
-        if not Model.objects.filter(pk=model_id).exists():
-            registry.create_model(model_id=model_id)
-        version = (
-            ModelVersion.objects.filter(model_id=model_id)
-            .order_by("created_at")
-            .first()
-        )
-        if version is None:
-            body = validated(
-                VersionRegisterSerializer,
-                json.loads((examples / file_name).read_text()),
-            )
-            version = registry.register_version(model_id=model_id, **body)
-        if Model.objects.get(pk=model_id).live_version_id is None:
-            registry.set_alias(model_id=model_id, version=version.version)
-        Pool.objects.get_or_create(
-            version=version,
-            region=region,
-            defaults={
-                "model_id": model_id,
-                "min_replicas": min_replicas,
-                "max_replicas": max_replicas,
-            },
-        )
-        if not TeamLimit.objects.filter(team_id=DEMO_TEAM, model_id=model_id).exists():
-            accounts.set_team_limit(
-                team_id=DEMO_TEAM,
-                model_id=model_id,
-                tokens_per_minute=tpm,
-                max_concurrency=100,
-                guaranteed_share=0.25,
-            )
