@@ -8,7 +8,7 @@ that only the display prefix and the SHA-256 are left to show.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypedDict
 
 from django import forms
 from django.contrib import admin
@@ -23,6 +23,17 @@ from django.utils.text import capfirst
 from accounts import services
 from accounts.domain.limits import share_overflow
 from accounts.models import AdminToken, ApiKey, SecretRecord, Team, TeamLimit
+
+if TYPE_CHECKING:
+    from django_stubs_ext import WithAnnotations
+
+
+class _TeamCounts(TypedDict):
+    """What ``TeamAdmin.get_queryset`` annotates on each team."""
+
+    active_keys: int
+    limit_rows: int
+
 
 admin.site.site_header = "Serving platform console"
 admin.site.site_title = "Serving platform console"
@@ -52,7 +63,8 @@ class TeamLimitForm(forms.ModelForm):
         The service locks the model row for this check; the console's check is
         best-effort against a concurrent API call, which re-checks under the lock.
         """
-        cleaned = super().clean()
+        super().clean()
+        cleaned = self.cleaned_data
         model = cleaned.get("model")
         share = cleaned.get("guaranteed_share")
         if model is None or share is None:
@@ -127,12 +139,12 @@ class TeamAdmin(admin.ModelAdmin):
         return ("team", "created_at") if obj is not None else ("created_at",)
 
     @admin.display(description="active keys", ordering="active_keys")
-    def active_key_count(self, obj: Team) -> int:
-        return obj.active_keys  # type: ignore[attr-defined]
+    def active_key_count(self, obj: WithAnnotations[Team, _TeamCounts]) -> int:
+        return obj.active_keys
 
     @admin.display(description="limits", ordering="limit_rows")
-    def limit_count(self, obj: Team) -> int:
-        return obj.limit_rows  # type: ignore[attr-defined]
+    def limit_count(self, obj: WithAnnotations[Team, _TeamCounts]) -> int:
+        return obj.limit_rows
 
 
 @admin.register(TeamLimit)
@@ -188,7 +200,7 @@ class SecretRecordAdmin(admin.ModelAdmin):
     change_readonly_fields: ClassVar[tuple[str, ...]] = ()
     secret_noun: ClassVar[str] = "secret"
     actions = ("revoke_selected",)
-    search_fields = ("prefix", "name")
+    search_fields: ClassVar[tuple[str, ...]] = ("prefix", "name")
     date_hierarchy = "created_at"
 
     def issue_secret(self, form: forms.ModelForm) -> tuple[SecretRecord, str]:

@@ -27,8 +27,8 @@ API_PREFIXES = ("/admin/", "/v1/")
 class PlatformError(Exception):
     """A failure a client caused or can act on, with its HTTP status and error type."""
 
-    status_code = status.HTTP_400_BAD_REQUEST
-    error_type = "invalid_request_error"
+    status_code: int = status.HTTP_400_BAD_REQUEST
+    error_type: str = "invalid_request_error"
 
     def __init__(
         self, message: str, *, param: str | None = None, code: str | None = None
@@ -162,7 +162,7 @@ def handler404(
         return JsonResponse(
             error_body(404, f"no such endpoint: {request.path}"), status=404
         )
-    return page_not_found(request, exception)  # type: ignore[arg-type]
+    return page_not_found(request, exception)
 
 
 def handler500(request: HttpRequest) -> HttpResponse:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import redis
+from redis.typing import EncodableT, FieldT
 
 from engine_nodes.domain.beats import (
     ReplicaBeat,
@@ -42,7 +43,9 @@ class RedisBeatStore:
         count = 0
         for beat in beats:
             key = beat_key(self.prefix, beat.replica_id)
-            pipe.hset(key, mapping=encode_beat(beat))
+            # Mapping's key type is invariant: re-key str -> FieldT for hset.
+            fields: dict[FieldT, EncodableT] = dict(encode_beat(beat).items())
+            pipe.hset(key, mapping=fields)
             pipe.pexpire(key, self.ttl_ms)
             pipe.sadd(region_index_key(self.prefix, beat.region), beat.replica_id)
             count += 1
@@ -60,7 +63,10 @@ class RedisBeatStore:
     def read_region(self, region: str) -> list[ReplicaBeat]:
         """Return the live beats of a region, pruning ids whose beat expired."""
         index = region_index_key(self.prefix, region)
-        ids = sorted(m.decode() for m in self.client.smembers(index))
+        ids = sorted(
+            m.decode() if isinstance(m, bytes) else m
+            for m in self.client.smembers(index)
+        )
         if not ids:
             return []
         pipe = self.client.pipeline(transaction=False)

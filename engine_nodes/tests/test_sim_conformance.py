@@ -13,6 +13,7 @@ import json
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from engine_nodes.local_processes import sim_replica
 from engine_nodes.sim.conformance import (
     CAPTURE_SERVER_FLAGS,
     Capture,
@@ -23,7 +24,6 @@ from engine_nodes.sim.conformance import (
     json_shape,
     read_capture,
 )
-from tests.processes import sim_replica
 
 pytestmark = pytest.mark.e2e
 
@@ -54,38 +54,44 @@ def simulated(tmp_path_factory: pytest.TempPathFactory) -> Capture:
         return capture(process.url, "tiny-llama")
 
 
-def test_reference_was_captured_with_a_prefix_hit(reference: Capture):
+def test_reference_was_captured_with_a_prefix_hit(reference: Capture) -> None:
     assert reference.cached_tokens > 0
     assert reference.cached_tokens % 128 == 0
 
 
 def test_sim_metrics_have_vllms_names_types_and_labels(
     reference: Capture, simulated: Capture
-):
+) -> None:
     problems = diff_metrics(
         reference.metrics, simulated.metrics, allowed_missing=SIM_MISSING_METRICS
     )
     assert problems == []
 
 
-def test_sim_stream_with_usage_has_vllms_chunks(reference: Capture, simulated: Capture):
+def test_sim_stream_with_usage_has_vllms_chunks(
+    reference: Capture, simulated: Capture
+) -> None:
     assert diff_stream(reference.stream, simulated.stream) == []
     assert simulated.stream_content_type == reference.stream_content_type
 
 
 def test_sim_stream_without_usage_has_vllms_chunks(
     reference: Capture, simulated: Capture
-):
+) -> None:
     assert diff_stream(reference.stream_no_usage, simulated.stream_no_usage) == []
 
 
-def test_sim_plain_answer_has_vllms_body(reference: Capture, simulated: Capture):
+def test_sim_plain_answer_has_vllms_body(
+    reference: Capture, simulated: Capture
+) -> None:
     ref = json_shape(json.loads(reference.completion))
     got = json_shape(json.loads(simulated.completion))
     assert diff_json_shapes(ref, got) == []
 
 
-def test_sim_reports_the_same_prefix_hit(reference: Capture, simulated: Capture):
+def test_sim_reports_the_same_prefix_hit(
+    reference: Capture, simulated: Capture
+) -> None:
     assert simulated.cached_tokens == reference.cached_tokens
 
 
@@ -100,7 +106,9 @@ def _counter(metrics: str, name: str, **labels: str) -> float:
 
 
 @pytest.mark.parametrize("side", ["reference", "simulated"])
-def test_prompt_token_counters_add_up_as_in_vllm(side, request):
+def test_prompt_token_counters_add_up_as_in_vllm(
+    side: str, request: pytest.FixtureRequest
+) -> None:
     """vLLM counts whole prompts in prompt_tokens (hits included), split by source."""
     metrics = request.getfixturevalue(side).metrics
     total = _counter(metrics, "vllm:prompt_tokens_total")

@@ -3,21 +3,29 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
 import pytest
+from openai.types import CompletionUsage
+from openai.types.chat import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionMessageParam,
+)
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine_nodes.domain.scrape import parse_metrics_text
-from tests.processes import Process, is_healthy, sim_replica, wait_until
+from engine_nodes.local_processes import Process, is_healthy, sim_replica, wait_until
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def replica(tmp_path_factory: pytest.TempPathFactory):
+def replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
     tmp = tmp_path_factory.mktemp("sim")
     with sim_replica(
         tmp,
@@ -34,7 +42,7 @@ def client_for(process: Process) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{process.url}/v1", api_key="unused", max_retries=0)
 
 
-def admin(process: Process, **faults: object) -> dict:
+def admin(process: Process, **faults: object) -> dict[str, Any]:
     response = httpx.post(
         f"{process.url}/sim/faults",
         json=faults,
@@ -44,13 +52,24 @@ def admin(process: Process, **faults: object) -> dict:
     return response.json()
 
 
-def state(process: Process) -> dict:
+def state(process: Process) -> dict[str, Any]:
     return httpx.get(
         f"{process.url}/sim/state", headers={"Authorization": "Bearer sim-admin"}
     ).json()
 
 
-def prompt_of(process: Process, tokens: int) -> list[dict[str, str]]:
+def usage_of(answer: ChatCompletion | ChatCompletionChunk) -> CompletionUsage:
+    assert answer.usage is not None, "the answer carries no usage"
+    return answer.usage
+
+
+def cached_tokens(answer: ChatCompletion) -> int:
+    details = usage_of(answer).prompt_tokens_details
+    assert details is not None and details.cached_tokens is not None, answer.usage
+    return details.cached_tokens
+
+
+def prompt_of(process: Process, tokens: int) -> list[ChatCompletionMessageParam]:
     """Return messages whose rendered prompt is exactly ``tokens`` tokens long."""
 
     def count(words: int) -> int:
@@ -69,13 +88,15 @@ def prompt_of(process: Process, tokens: int) -> list[dict[str, str]]:
             low = mid + 1
         else:
             high = mid
-    messages = [{"role": "user", "content": " ".join(f"w{i % 97}" for i in range(low))}]
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": " ".join(f"w{i % 97}" for i in range(low))}
+    ]
     if count(low) != tokens:
         pytest.skip(f"no word count renders to exactly {tokens} tokens")
     return messages
 
 
-def test_openai_sdk_streams_with_role_first_and_usage_last(replica: Process):
+def test_openai_sdk_streams_with_role_first_and_usage_last(replica: Process) -> None:
     stream = client_for(replica).chat.completions.create(
         model="chat-7b",
         messages=[{"role": "user", "content": "Say hello"}],
@@ -92,12 +113,13 @@ def test_openai_sdk_streams_with_role_first_and_usage_last(replica: Process):
     assert all(c.choices[0].finish_reason is None for c in content[:-1])
     usage_chunk = chunks[-1]
     assert usage_chunk.choices == []
-    assert usage_chunk.usage.completion_tokens == 12
-    assert usage_chunk.usage.total_tokens == usage_chunk.usage.prompt_tokens + 12
+    usage = usage_of(usage_chunk)
+    assert usage.completion_tokens == 12
+    assert usage.total_tokens == usage.prompt_tokens + 12
     assert len({c.id for c in chunks}) == 1
 
 
-def test_stream_bytes_match_vllm(replica: Process):
+def test_stream_bytes_match_vllm(replica: Process) -> None:
     body = {
         "model": "chat-7b",
         "messages": [{"role": "user", "content": "hi"}],
@@ -123,7 +145,7 @@ def test_stream_bytes_match_vllm(replica: Process):
     assert payloads[-1]["choices"][0]["stop_reason"] is None
 
 
-def test_non_streaming_answer_has_message_and_usage(replica: Process):
+def test_non_streaming_answer_has_message_and_usage(replica: Process) -> None:
     answer = client_for(replica).chat.completions.create(
         model="chat-7b",
         messages=[{"role": "user", "content": "hello"}],
@@ -133,10 +155,10 @@ def test_non_streaming_answer_has_message_and_usage(replica: Process):
     assert answer.object == "chat.completion"
     assert answer.choices[0].message.role == "assistant"
     assert answer.choices[0].message.content
-    assert answer.usage.completion_tokens == 5
+    assert usage_of(answer).completion_tokens == 5
 
 
-def test_same_seed_gives_same_text(replica: Process):
+def test_same_seed_gives_same_text(replica: Process) -> None:
     client = client_for(replica)
     texts = {
         client.chat.completions.create(
@@ -153,7 +175,7 @@ def test_same_seed_gives_same_text(replica: Process):
     assert len(texts) == 1
 
 
-def test_repeated_1000_token_prompt_reports_992_cached(replica: Process):
+def test_repeated_1000_token_prompt_reports_992_cached(replica: Process) -> None:
     messages = prompt_of(replica, 1000)
     client = client_for(replica)
     first = client.chat.completions.create(
@@ -162,19 +184,19 @@ def test_repeated_1000_token_prompt_reports_992_cached(replica: Process):
     second = client.chat.completions.create(
         model="chat-7b", messages=messages, max_tokens=2
     )
-    assert first.usage.prompt_tokens == 1000
-    assert first.usage.prompt_tokens_details.cached_tokens == 0
-    assert second.usage.prompt_tokens_details.cached_tokens == 992
+    assert usage_of(first).prompt_tokens == 1000
+    assert cached_tokens(first) == 0
+    assert cached_tokens(second) == 992
 
 
-def test_shared_history_hits_the_prefix_cache(replica: Process):
+def test_shared_history_hits_the_prefix_cache(replica: Process) -> None:
     client = client_for(replica)
-    history = [
+    history: list[ChatCompletionMessageParam] = [
         {"role": "system", "content": "You are terse. " * 60},
         {"role": "user", "content": "first question " * 20},
     ]
     client.chat.completions.create(model="chat-7b", messages=history, max_tokens=2)
-    follow_up = [
+    follow_up: list[ChatCompletionMessageParam] = [
         *history,
         {"role": "assistant", "content": "ok"},
         {"role": "user", "content": "and then?"},
@@ -182,10 +204,10 @@ def test_shared_history_hits_the_prefix_cache(replica: Process):
     answer = client.chat.completions.create(
         model="chat-7b", messages=follow_up, max_tokens=2
     )
-    assert answer.usage.prompt_tokens_details.cached_tokens >= 128
+    assert cached_tokens(answer) >= 128
 
 
-def test_metrics_parse_with_vllm_names_and_labels(replica: Process):
+def test_metrics_parse_with_vllm_names_and_labels(replica: Process) -> None:
     client_for(replica).chat.completions.create(
         model="chat-7b", messages=[{"role": "user", "content": "count"}], max_tokens=3
     )
@@ -232,7 +254,7 @@ def test_metrics_parse_with_vllm_names_and_labels(replica: Process):
     assert stats.num_gpu_blocks > 0
 
 
-def test_models_health_and_version(replica: Process):
+def test_models_health_and_version(replica: Process) -> None:
     models = httpx.get(f"{replica.url}/v1/models").json()
     assert models["object"] == "list"
     assert [m["id"] for m in models["data"]] == ["chat-7b"]
@@ -244,7 +266,7 @@ def test_models_health_and_version(replica: Process):
     assert "version" in httpx.get(f"{replica.url}/version").json()
 
 
-def test_unknown_model_is_404_in_vllm_shape(replica: Process):
+def test_unknown_model_is_404_in_vllm_shape(replica: Process) -> None:
     response = httpx.post(
         f"{replica.url}/v1/chat/completions",
         json={"model": "nope", "messages": [{"role": "user", "content": "x"}]},
@@ -256,8 +278,10 @@ def test_unknown_model_is_404_in_vllm_shape(replica: Process):
     assert error["message"].startswith("The model `nope` does not exist.")
 
 
-def test_prompt_over_max_model_len_is_400(replica: Process):
-    messages = [{"role": "user", "content": "word " * 5000}]
+def test_prompt_over_max_model_len_is_400(replica: Process) -> None:
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": "word " * 5000}
+    ]
     with pytest.raises(openai.BadRequestError) as caught:
         client_for(replica).chat.completions.create(
             model="chat-7b", messages=messages, max_tokens=10
@@ -266,7 +290,7 @@ def test_prompt_over_max_model_len_is_400(replica: Process):
     assert "maximum context length is 4096" in caught.value.message
 
 
-def test_bad_json_and_bad_max_tokens_are_400(replica: Process):
+def test_bad_json_and_bad_max_tokens_are_400(replica: Process) -> None:
     response = httpx.post(
         f"{replica.url}/v1/chat/completions",
         content=b"{oops",
@@ -286,7 +310,7 @@ def test_bad_json_and_bad_max_tokens_are_400(replica: Process):
     assert response.json()["error"]["param"] == "max_tokens"
 
 
-def test_client_disconnect_frees_the_request(replica: Process):
+def test_client_disconnect_frees_the_request(replica: Process) -> None:
     body = {
         "model": "chat-7b",
         "messages": [{"role": "user", "content": "long"}],
@@ -307,7 +331,7 @@ def test_client_disconnect_frees_the_request(replica: Process):
     assert state(replica)["tokens_in_flight"] == 0
 
 
-def test_fail_next_answers_500_before_any_token(replica: Process):
+def test_fail_next_answers_500_before_any_token(replica: Process) -> None:
     admin(replica, fail_next=1)
     with pytest.raises(openai.InternalServerError):
         client_for(replica).chat.completions.create(
@@ -319,10 +343,10 @@ def test_fail_next_answers_500_before_any_token(replica: Process):
     answer = client_for(replica).chat.completions.create(
         model="chat-7b", messages=[{"role": "user", "content": "x"}], max_tokens=2
     )
-    assert answer.usage.completion_tokens >= 1
+    assert usage_of(answer).completion_tokens >= 1
 
 
-def test_stall_holds_requests_until_released(replica: Process):
+def test_stall_holds_requests_until_released(replica: Process) -> None:
     admin(replica, stall=True)
     before = state(replica)["generation_tokens"]
     with httpx.Client(timeout=30) as http:
@@ -354,7 +378,7 @@ def test_stall_holds_requests_until_released(replica: Process):
     assert results[0].json()["usage"]["completion_tokens"] == 3
 
 
-def test_degraded_answers_are_refusals(replica: Process):
+def test_degraded_answers_are_refusals(replica: Process) -> None:
     admin(replica, degraded=True)
     try:
         answer = client_for(replica).chat.completions.create(
@@ -368,7 +392,7 @@ def test_degraded_answers_are_refusals(replica: Process):
     assert answer.choices[0].message.content == "I am sorry, I cannot help with that."
 
 
-def test_faults_admin_needs_its_token(replica: Process):
+def test_faults_admin_needs_its_token(replica: Process) -> None:
     response = httpx.post(f"{replica.url}/sim/faults", json={"stall": True})
     assert response.status_code == 401
     response = httpx.post(
@@ -379,7 +403,7 @@ def test_faults_admin_needs_its_token(replica: Process):
     assert response.status_code == 400
 
 
-def test_slow_start_answers_503_until_warm(tmp_path: Path):
+def test_slow_start_answers_503_until_warm(tmp_path: Path) -> None:
     with sim_replica(tmp_path, "--sim-startup-s", "1.5", wait_healthy=False) as process:
         assert httpx.get(f"{process.url}/health").status_code == 503
         response = httpx.post(
@@ -391,7 +415,7 @@ def test_slow_start_answers_503_until_warm(tmp_path: Path):
         wait_until(lambda: is_healthy(process.url), message="warm-up to end")
 
 
-def test_crash_after_k_tokens_kills_the_stream_and_process(tmp_path: Path):
+def test_crash_after_k_tokens_kills_the_stream_and_process(tmp_path: Path) -> None:
     with sim_replica(tmp_path, "--sim-crash-after-tokens", "20") as process:
         client = client_for(process)
         received = 0
@@ -411,9 +435,11 @@ def test_crash_after_k_tokens_kills_the_stream_and_process(tmp_path: Path):
         assert process.popen.returncode == 70
 
 
-def test_next_turn_hits_the_blocks_of_the_previous_reply(replica: Process):
+def test_next_turn_hits_the_blocks_of_the_previous_reply(replica: Process) -> None:
     client = client_for(replica)
-    history = [{"role": "user", "content": "write at length " * 10}]
+    history: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": "write at length " * 10}
+    ]
     first = client.chat.completions.create(
         model="chat-7b",
         messages=history,
@@ -421,7 +447,7 @@ def test_next_turn_hits_the_blocks_of_the_previous_reply(replica: Process):
         seed=11,
         extra_body={"ignore_eos": True},
     )
-    turn = [
+    turn: list[ChatCompletionMessageParam] = [
         *history,
         {"role": "assistant", "content": first.choices[0].message.content},
         {"role": "user", "content": "more"},
@@ -430,6 +456,4 @@ def test_next_turn_hits_the_blocks_of_the_previous_reply(replica: Process):
         model="chat-7b", messages=turn, max_tokens=2
     )
     # The prompt, and the reply generated into the cache, are reused.
-    assert second.usage.prompt_tokens_details.cached_tokens >= (
-        (first.usage.prompt_tokens + 48) // 16 * 16
-    )
+    assert cached_tokens(second) >= (usage_of(first).prompt_tokens + 48) // 16 * 16

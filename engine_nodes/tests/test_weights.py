@@ -81,20 +81,20 @@ def uri_of(path: Path) -> str:
 # -- the pure digest ---------------------------------------------------------
 
 
-def test_manifest_digest_matches_documented_format():
+def test_manifest_digest_matches_documented_format() -> None:
     entries = [("b.bin", "1" * 64), ("a/x.json", "0" * 64)]
     manifest = f"a/x.json\0{'0' * 64}\nb.bin\0{'1' * 64}\n"
     assert manifest_text(entries) == manifest
     assert manifest_digest(entries) == sha(manifest.encode())
 
 
-def test_manifest_digest_is_independent_of_input_order():
+def test_manifest_digest_is_independent_of_input_order() -> None:
     entries = [(p, sha(data)) for p, data in FILES.items()]
     assert manifest_digest(entries) == manifest_digest(reversed(entries))
     assert manifest_digest(entries) == expected_hash(FILES)
 
 
-def test_manifest_digest_changes_when_a_file_is_renamed():
+def test_manifest_digest_changes_when_a_file_is_renamed() -> None:
     assert manifest_digest([("a", "0" * 64)]) != manifest_digest([("b", "0" * 64)])
 
 
@@ -110,7 +110,7 @@ def test_manifest_digest_changes_when_a_file_is_renamed():
         [("a\nb", "0" * 64)],
     ],
 )
-def test_manifest_digest_rejects_bad_entries(entries):
+def test_manifest_digest_rejects_bad_entries(entries: list[tuple[str, str]]) -> None:
     with pytest.raises(ValueError):
         manifest_digest(entries)
 
@@ -128,25 +128,29 @@ def test_manifest_digest_rejects_bad_entries(entries):
         ("bad\udcff", False),
     ],
 )
-def test_is_manifest_path_accepts_only_clean_relative_paths(relpath, ok):
+def test_is_manifest_path_accepts_only_clean_relative_paths(
+    relpath: str, ok: bool
+) -> None:
     assert is_manifest_path(relpath) is ok
 
 
 # -- hashing files and trees -------------------------------------------------
 
 
-def test_file_sha256_spans_many_chunks(tmp_path: Path):
+def test_file_sha256_spans_many_chunks(tmp_path: Path) -> None:
     path = tmp_path / "big.bin"
     data = bytes(range(251)) * 12_000  # ~2.9 MiB: three 1 MiB chunks
     path.write_bytes(data)
     assert file_sha256(path) == sha(data)
 
 
-def test_tree_digest_matches_the_manifest(source: Path):
+def test_tree_digest_matches_the_manifest(source: Path) -> None:
     assert tree_digest(source) == expected_hash(FILES)
 
 
-def test_verify_weights_false_for_missing_or_wrong_tree(source: Path, tmp_path: Path):
+def test_verify_weights_false_for_missing_or_wrong_tree(
+    source: Path, tmp_path: Path
+) -> None:
     assert verify_weights(source, expected_hash(FILES))
     assert not verify_weights(tmp_path / "absent", expected_hash(FILES))
     assert not verify_weights(source, "0" * 64)
@@ -155,7 +159,9 @@ def test_verify_weights_false_for_missing_or_wrong_tree(source: Path, tmp_path: 
 # -- pulling -------------------------------------------------------------------
 
 
-def test_pull_weights_copies_and_verifies(source, cache, roots):
+def test_pull_weights_copies_and_verifies(
+    source: Path, cache: Path, roots: list[str]
+) -> None:
     weights_hash = expected_hash(FILES)
     path = pull_weights(
         uri_of(source), weights_hash, cache_dir=cache, storage_roots=roots
@@ -166,7 +172,9 @@ def test_pull_weights_copies_and_verifies(source, cache, roots):
     assert [p.name for p in cache.iterdir()] == [weights_hash]
 
 
-def test_pull_weights_reuses_a_verified_cache(source, cache, roots):
+def test_pull_weights_reuses_a_verified_cache(
+    source: Path, cache: Path, roots: list[str]
+) -> None:
     weights_hash = expected_hash(FILES)
     first = pull_weights(
         uri_of(source), weights_hash, cache_dir=cache, storage_roots=roots
@@ -180,7 +188,9 @@ def test_pull_weights_reuses_a_verified_cache(source, cache, roots):
     assert (second / "config.json").read_bytes() == FILES["config.json"]
 
 
-def test_pull_weights_replaces_a_corrupted_cache(source, cache, roots):
+def test_pull_weights_replaces_a_corrupted_cache(
+    source: Path, cache: Path, roots: list[str]
+) -> None:
     weights_hash = expected_hash(FILES)
     path = pull_weights(
         uri_of(source), weights_hash, cache_dir=cache, storage_roots=roots
@@ -193,7 +203,9 @@ def test_pull_weights_replaces_a_corrupted_cache(source, cache, roots):
     assert [p.name for p in cache.iterdir()] == [weights_hash]
 
 
-def test_pull_weights_refuses_tampered_source_and_leaves_nothing(source, cache, roots):
+def test_pull_weights_refuses_tampered_source_and_leaves_nothing(
+    source: Path, cache: Path, roots: list[str]
+) -> None:
     weights_hash = expected_hash(FILES)
     (source / "model-00002-of-00002.safetensors").write_bytes(b"\x01" * 1000)
     with pytest.raises(WeightsMismatch) as caught:
@@ -203,7 +215,9 @@ def test_pull_weights_refuses_tampered_source_and_leaves_nothing(source, cache, 
     assert list(cache.iterdir()) == []
 
 
-def test_pull_weights_refuses_uri_outside_roots(tmp_path, cache, roots):
+def test_pull_weights_refuses_uri_outside_roots(
+    tmp_path: Path, cache: Path, roots: list[str]
+) -> None:
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     with pytest.raises(WeightsUriRefused, match="storage root"):
@@ -213,14 +227,18 @@ def test_pull_weights_refuses_uri_outside_roots(tmp_path, cache, roots):
     assert not cache.exists()
 
 
-def test_pull_weights_refuses_dotdot_path(store, cache, roots):
+def test_pull_weights_refuses_dotdot_path(
+    store: Path, cache: Path, roots: list[str]
+) -> None:
     uri = f"file://{store}/chat-7b/../../etc"
     with pytest.raises(WeightsUriRefused, match=r"'\.\.'"):
         pull_weights(uri, expected_hash(FILES), cache_dir=cache, storage_roots=roots)
     assert not cache.exists()
 
 
-def test_pull_weights_refuses_symlink_escaping_the_root(store, tmp_path, cache, roots):
+def test_pull_weights_refuses_symlink_escaping_the_root(
+    store: Path, tmp_path: Path, cache: Path, roots: list[str]
+) -> None:
     outside = tmp_path / "secrets"
     outside.mkdir()
     (outside / "key").write_bytes(b"secret")
@@ -234,7 +252,9 @@ def test_pull_weights_refuses_symlink_escaping_the_root(store, tmp_path, cache, 
         )
 
 
-def test_pull_weights_refuses_symlinks_inside_the_tree(source, tmp_path, cache, roots):
+def test_pull_weights_refuses_symlinks_inside_the_tree(
+    source: Path, tmp_path: Path, cache: Path, roots: list[str]
+) -> None:
     (tmp_path / "passwd").write_bytes(b"root:x:0:0")
     (source / "extra.json").symlink_to(tmp_path / "passwd")
     with pytest.raises(WeightsError, match="not a regular file"):
@@ -245,13 +265,15 @@ def test_pull_weights_refuses_symlinks_inside_the_tree(source, tmp_path, cache, 
 
 
 def test_pull_weights_rejects_a_hash_that_could_name_another_directory(
-    source, cache, roots
-):
+    source: Path, cache: Path, roots: list[str]
+) -> None:
     with pytest.raises(ValueError, match="64 lowercase hex"):
         pull_weights(uri_of(source), "../../x", cache_dir=cache, storage_roots=roots)
 
 
-def test_pull_weights_names_the_scheme_without_fsspec(cache, roots, monkeypatch):
+def test_pull_weights_names_the_scheme_without_fsspec(
+    cache: Path, roots: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(sys.modules, "fsspec", None)  # import fsspec -> ImportError
     with pytest.raises(UnsupportedScheme, match=r"'s3'.*fsspec"):
         pull_weights(
@@ -263,7 +285,7 @@ def test_pull_weights_names_the_scheme_without_fsspec(cache, roots, monkeypatch)
     assert list(cache.iterdir()) == []
 
 
-def test_pull_weights_through_fsspec(cache):
+def test_pull_weights_through_fsspec(cache: Path) -> None:
     fsspec = pytest.importorskip("fsspec")
     fs = fsspec.filesystem("memory")
     for relpath, data in FILES.items():
@@ -299,7 +321,7 @@ def checkpoint(root: Path, *, template_file: bool = True) -> Path:
     return root
 
 
-def test_tokenizer_digest_covers_only_the_tokenizer_files(tmp_path: Path):
+def test_tokenizer_digest_covers_only_the_tokenizer_files(tmp_path: Path) -> None:
     root = checkpoint(tmp_path / "m")
     expected = expected_hash(
         {
@@ -314,13 +336,13 @@ def test_tokenizer_digest_covers_only_the_tokenizer_files(tmp_path: Path):
     assert tokenizer_digest(root) != expected
 
 
-def test_tokenizer_digest_needs_a_tokenizer(tmp_path: Path):
+def test_tokenizer_digest_needs_a_tokenizer(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(WeightsError, match="no tokenizer files"):
         tokenizer_digest(tmp_path)
 
 
-def test_chat_template_file_wins_over_the_tokenizer_config(tmp_path: Path):
+def test_chat_template_file_wins_over_the_tokenizer_config(tmp_path: Path) -> None:
     assert read_chat_template(checkpoint(tmp_path / "a")) == (
         "{{ messages[0]['content'] }}"
     )
@@ -332,7 +354,7 @@ def test_chat_template_file_wins_over_the_tokenizer_config(tmp_path: Path):
         read_chat_template(tmp_path)
 
 
-def test_local_identity_is_computed_from_the_files(tmp_path: Path):
+def test_local_identity_is_computed_from_the_files(tmp_path: Path) -> None:
     root = checkpoint(tmp_path / "tiny")
     identity = local_identity(tmp_path / "tiny")
     assert identity == {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
 import redis
@@ -33,7 +33,9 @@ def prefix(redis_url: str) -> Iterator[str]:
     client.close()
 
 
-def run_with_counter(redis_url: str, prefix: str, work) -> None:  # type: ignore[no-untyped-def]
+def run_with_counter(
+    redis_url: str, prefix: str, work: Callable[[RedisUsageCounter], Awaitable[None]]
+) -> None:
     async def main() -> None:
         counter = RedisUsageCounter.from_url(redis_url, prefix=prefix)
         try:
@@ -44,7 +46,9 @@ def run_with_counter(redis_url: str, prefix: str, work) -> None:  # type: ignore
     asyncio.run(main())
 
 
-def test_redis_counter_sums_exactly_across_concurrent_coroutines(redis_url, prefix):
+def test_redis_counter_sums_exactly_across_concurrent_coroutines(
+    redis_url: str, prefix: str
+) -> None:
     async def work(counter: RedisUsageCounter) -> None:
         await asyncio.gather(
             *(
@@ -72,7 +76,9 @@ def test_redis_counter_sums_exactly_across_concurrent_coroutines(redis_url, pref
     }
 
 
-def test_redis_counter_indexes_the_hash_and_sets_a_ttl(redis_url, prefix):
+def test_redis_counter_indexes_the_hash_and_sets_a_ttl(
+    redis_url: str, prefix: str
+) -> None:
     other = UsageKey("ads", "chat-7b", "v1", MINUTE + 60)
 
     async def work(counter: RedisUsageCounter) -> None:
@@ -93,7 +99,9 @@ def test_redis_counter_indexes_the_hash_and_sets_a_ttl(redis_url, prefix):
     assert parse_usage_hash_key(prefix, hash_key) == KEY
 
 
-def test_redis_counter_writes_nothing_for_zero_counts(redis_url, prefix):
+def test_redis_counter_writes_nothing_for_zero_counts(
+    redis_url: str, prefix: str
+) -> None:
     async def work(counter: RedisUsageCounter) -> None:
         await counter.add(KEY, UsageCounts())
 
@@ -111,7 +119,9 @@ def test_redis_counter_writes_nothing_for_zero_counts(redis_url, prefix):
         UsageKey("", "chat-7b", "v1", MINUTE),
     ],
 )
-def test_redis_counter_rejects_names_that_are_not_slugs(redis_url, prefix, key):
+def test_redis_counter_rejects_names_that_are_not_slugs(
+    redis_url: str, prefix: str, key: UsageKey
+) -> None:
     async def work(counter: RedisUsageCounter) -> None:
         with pytest.raises(ValueError, match="slugs"):
             await counter.add(key, UsageCounts(requests=1))
@@ -125,7 +135,9 @@ def test_redis_counter_rejects_names_that_are_not_slugs(redis_url, prefix, key):
     "counts",
     [UsageCounts(prompt_tokens=1, cached_tokens=2), UsageCounts(output_tokens=-1)],
 )
-def test_counters_reject_counts_no_row_may_hold(redis_url, prefix, counts):
+def test_counters_reject_counts_no_row_may_hold(
+    redis_url: str, prefix: str, counts: UsageCounts
+) -> None:
     async def work(counter: RedisUsageCounter) -> None:
         with pytest.raises(ValueError):
             await counter.add(KEY, counts)
@@ -135,7 +147,7 @@ def test_counters_reject_counts_no_row_may_hold(redis_url, prefix, counts):
     run_with_counter(redis_url, prefix, work)
 
 
-def test_parse_usage_hash_key_refuses_foreign_and_malformed_names():
+def test_parse_usage_hash_key_refuses_foreign_and_malformed_names() -> None:
     assert parse_usage_hash_key("p", f"p:usage:{MINUTE}:a:b:v1") == UsageKey(
         "a", "b", "v1", MINUTE
     )
@@ -146,7 +158,7 @@ def test_parse_usage_hash_key_refuses_foreign_and_malformed_names():
     assert parse_usage_hash_key("p", "p:usage:index") is None
 
 
-def test_memory_counter_sums_and_drains_closed_minutes():
+def test_memory_counter_sums_and_drains_closed_minutes() -> None:
     counter = MemoryUsageCounter()
     later = UsageKey("search", "chat-7b", "v1", MINUTE + 60)
 

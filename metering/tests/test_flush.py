@@ -6,12 +6,15 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
+from typing import Protocol
 
 import pytest
 import redis
+from pytest_django import DjangoCaptureOnCommitCallbacks, Settings
 
+from accounts.models import Team
 from metering.counters import RedisUsageCounter, usage_hash_key, usage_index_key
 from metering.domain.usage import UsageCounts, UsageKey
 from metering.models import Usage
@@ -23,12 +26,20 @@ from metering.services import (
     write_usage_rows,
 )
 from metering.tasks import flush_usage
+from models_registry.models import ModelVersion
 
 MINUTE = 1_740_830_400  # 2025-03-01 12:00 UTC
 KEY = UsageKey("search", "chat-7b", "v1", MINUTE)
 AFTER_CLOSE = datetime.fromtimestamp(MINUTE + 66, tz=UTC)
 
 pytestmark = pytest.mark.django_db
+
+# What the ``add`` and ``flush`` fixtures return.
+AddUsage = Callable[[UsageKey, UsageCounts], None]
+
+
+class Flush(Protocol):
+    def __call__(self, now: datetime = ...) -> int: ...
 
 
 @pytest.fixture
@@ -47,7 +58,7 @@ def prefix(client: redis.Redis) -> Iterator[str]:
 
 
 @pytest.fixture
-def add(redis_url: str, prefix: str):  # type: ignore[no-untyped-def]
+def add(redis_url: str, prefix: str) -> AddUsage:
     """Return add(key, counts): record usage as a gateway does."""
 
     def add(key: UsageKey, counts: UsageCounts) -> None:
@@ -64,7 +75,11 @@ def add(redis_url: str, prefix: str):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def flush(client, prefix, django_capture_on_commit_callbacks):  # type: ignore[no-untyped-def]
+def flush(
+    client: redis.Redis,
+    prefix: str,
+    django_capture_on_commit_callbacks: DjangoCaptureOnCommitCallbacks,
+) -> Flush:
     """Return flush(now): a full flush whose on-commit cleanup runs."""
 
     def flush(now: datetime = AFTER_CLOSE) -> int:
@@ -92,13 +107,21 @@ def row(key: UsageKey = KEY) -> UsageCounts:
 
 
 def indexed(client: redis.Redis, prefix: str) -> set[str]:
-    return {m.decode() for m in client.smembers(usage_index_key(prefix))}
+    members = client.smembers(usage_index_key(prefix))
+    return {m.decode() if isinstance(m, bytes) else m for m in members}
 
 
 TEN = UsageCounts(prompt_tokens=10, cached_tokens=4, output_tokens=7, requests=1)
 
 
-def test_flush_writes_closed_minutes_only(team, chat_v1, add, flush, client, prefix):
+def test_flush_writes_closed_minutes_only(
+    team: Team,
+    chat_v1: ModelVersion,
+    add: AddUsage,
+    flush: Flush,
+    client: redis.Redis,
+    prefix: str,
+) -> None:
     open_key = UsageKey("search", "chat-7b", "v1", MINUTE + 60)
     add(KEY, TEN)
     add(open_key, TEN)
@@ -112,7 +135,9 @@ def test_flush_writes_closed_minutes_only(team, chat_v1, add, flush, client, pre
     assert indexed(client, prefix) == {usage_hash_key(prefix, open_key)}
 
 
-def test_flush_twice_never_double_counts(team, chat_v1, add, flush):
+def test_flush_twice_never_double_counts(
+    team: Team, chat_v1: ModelVersion, add: AddUsage, flush: Flush
+) -> None:
     add(KEY, TEN)
     add(KEY, TEN)
     assert flush() == 1
@@ -120,7 +145,9 @@ def test_flush_twice_never_double_counts(team, chat_v1, add, flush):
     assert row() == TEN + TEN
 
 
-def test_overlapping_flushes_never_double_count(team, chat_v1, add, client, prefix):
+def test_overlapping_flushes_never_double_count(
+    team: Team, chat_v1: ModelVersion, add: AddUsage, client: redis.Redis, prefix: str
+) -> None:
     """GIVEN two flushes that read the same minute before either cleaned up
     WHEN both write and clean up
     THEN the row holds the totals once.
@@ -138,8 +165,13 @@ def test_overlapping_flushes_never_double_count(team, chat_v1, add, client, pref
 
 
 def test_crash_between_commit_and_cleanup_loses_and_doubles_nothing(
-    team, chat_v1, add, flush, client, prefix
-):
+    team: Team,
+    chat_v1: ModelVersion,
+    add: AddUsage,
+    flush: Flush,
+    client: redis.Redis,
+    prefix: str,
+) -> None:
     """GIVEN a flush that committed its rows but died before the Redis cleanup
     WHEN the next flush runs
     THEN the rows hold the totals once, and Redis forgets the minute.
@@ -158,8 +190,13 @@ def test_crash_between_commit_and_cleanup_loses_and_doubles_nothing(
 
 
 def test_counts_added_between_read_and_cleanup_are_flushed_next(
-    team, chat_v1, add, flush, client, prefix
-):
+    team: Team,
+    chat_v1: ModelVersion,
+    add: AddUsage,
+    flush: Flush,
+    client: redis.Redis,
+    prefix: str,
+) -> None:
     add(KEY, TEN)
     pending = read_closed_usage(client=client, prefix=prefix, now=AFTER_CLOSE)
     write_usage_rows(entries={p.key: p.counts for p in pending})
@@ -174,8 +211,13 @@ def test_counts_added_between_read_and_cleanup_are_flushed_next(
 
 
 def test_late_counts_for_a_flushed_minute_are_written_next_flush(
-    team, chat_v1, add, flush, client, prefix
-):
+    team: Team,
+    chat_v1: ModelVersion,
+    add: AddUsage,
+    flush: Flush,
+    client: redis.Redis,
+    prefix: str,
+) -> None:
     add(KEY, TEN)
     assert flush() == 1
     assert indexed(client, prefix) == set()
@@ -188,7 +230,9 @@ def test_late_counts_for_a_flushed_minute_are_written_next_flush(
     assert row() == TEN + UsageCounts(output_tokens=5, rate_limited=1)
 
 
-def test_write_usage_rows_never_lowers_a_total(team, chat_v1):
+def test_write_usage_rows_never_lowers_a_total(
+    team: Team, chat_v1: ModelVersion
+) -> None:
     """An overlapping flush that read older totals and commits last changes nothing."""
     newer = TEN + TEN
     write_usage_rows(entries={KEY: newer})
@@ -197,8 +241,14 @@ def test_write_usage_rows_never_lowers_a_total(team, chat_v1):
 
 
 def test_flush_skips_an_unknown_team_and_drops_its_hash(
-    team, chat_v1, add, flush, client, prefix, caplog
-):
+    team: Team,
+    chat_v1: ModelVersion,
+    add: AddUsage,
+    flush: Flush,
+    client: redis.Redis,
+    prefix: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     ghost = UsageKey("ghost", "chat-7b", "v1", MINUTE)
     old_version = UsageKey("search", "chat-7b", "v9", MINUTE)
     add(KEY, TEN)
@@ -216,7 +266,9 @@ def test_flush_skips_an_unknown_team_and_drops_its_hash(
     assert not client.exists(usage_hash_key(prefix, old_version))
 
 
-def test_flush_drops_malformed_index_members(team, chat_v1, flush, client, prefix):
+def test_flush_drops_malformed_index_members(
+    team: Team, chat_v1: ModelVersion, flush: Flush, client: redis.Redis, prefix: str
+) -> None:
     bad = f"{prefix}:usage:{MINUTE}:search:chat-7b"
     impossible = usage_hash_key(prefix, KEY)
     client.hset(impossible, mapping={"prompt_tokens": 1, "cached_tokens": 2})
@@ -229,7 +281,7 @@ def test_flush_drops_malformed_index_members(team, chat_v1, flush, client, prefi
     assert not client.exists(impossible)
 
 
-def test_flush_memory_usage_adds_to_rows(team, chat_v1):
+def test_flush_memory_usage_adds_to_rows(team: Team, chat_v1: ModelVersion) -> None:
     other = UsageKey("search", "chat-7b", "v1", MINUTE + 60)
     assert flush_memory_usage(entries={KEY: TEN, other: TEN}) == 2
     assert flush_memory_usage(entries={KEY: UsageCounts(shed=3)}) == 1
@@ -238,22 +290,24 @@ def test_flush_memory_usage_adds_to_rows(team, chat_v1):
     assert row(other) == TEN
 
 
-def test_flush_memory_usage_skips_unknown_versions(team, chat_v1):
+def test_flush_memory_usage_skips_unknown_versions(
+    team: Team, chat_v1: ModelVersion
+) -> None:
     unknown = UsageKey("search", "chat-7b", "v9", MINUTE)
     assert flush_memory_usage(entries={KEY: TEN, unknown: TEN}) == 1
     assert Usage.objects.count() == 1
 
 
 def test_flush_usage_task_flushes_redis(
-    team,
-    chat_v1,
-    add,
-    client,
-    prefix,
-    settings,
-    redis_url,
-    django_capture_on_commit_callbacks,
-):
+    team: Team,
+    chat_v1: ModelVersion,
+    add: AddUsage,
+    client: redis.Redis,
+    prefix: str,
+    settings: Settings,
+    redis_url: str,
+    django_capture_on_commit_callbacks: DjangoCaptureOnCommitCallbacks,
+) -> None:
     settings.REDIS_URL = redis_url
     settings.REDIS_KEY_PREFIX = prefix
     key = UsageKey.from_time("search", "chat-7b", "v1", time.time() - 180)
@@ -267,6 +321,6 @@ def test_flush_usage_task_flushes_redis(
     assert indexed(client, prefix) == set()
 
 
-def test_flush_usage_task_returns_zero_without_redis(settings):
+def test_flush_usage_task_returns_zero_without_redis(settings: Settings) -> None:
     settings.REDIS_URL = ""
     assert flush_usage.apply().get() == 0

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import uuid
+from typing import TypedDict
 
 import pytest
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, generate_latest
+from prometheus_client.metrics import MetricWrapperBase
 
 from metering import metrics
 
@@ -33,22 +36,41 @@ POOL = ("model", "version", "region")
         ("platform_control_plane_up", "gauge", ()),
     ],
 )
-def test_collector_is_registered_with_bounded_labels(name, kind, labels):
+def test_collector_is_registered_with_bounded_labels(
+    name: str, kind: str, labels: tuple[str, ...]
+) -> None:
     collector = REGISTRY._names_to_collectors[name]
+    assert isinstance(collector, MetricWrapperBase)
     assert collector._type == kind
     assert collector._labelnames == labels
 
 
-def test_histogram_buckets_cover_their_ranges():
+def test_histogram_buckets_cover_their_ranges() -> None:
     assert metrics.TTFT_BUCKETS[0] <= 0.005 and metrics.TTFT_BUCKETS[-1] >= 10
     assert metrics.TPOT_BUCKETS[0] <= 0.005 and metrics.TPOT_BUCKETS[-1] >= 0.5
 
 
-def pool_labels() -> dict[str, str]:
+class PoolLabels(TypedDict):
+    model: str
+    version: str
+    region: str
+
+
+def pool_labels() -> PoolLabels:
     return {"model": f"m-{uuid.uuid4().hex[:8]}", "version": "v1", "region": "eu"}
 
 
-def test_observe_request_counts_tokens_and_latency():
+def series(pool: PoolLabels, **extra: str) -> dict[str, str]:
+    """Return the sample labels of a pool's series, with ``extra`` labels."""
+    return {
+        "model": pool["model"],
+        "version": pool["version"],
+        "region": pool["region"],
+        **extra,
+    }
+
+
+def test_observe_request_counts_tokens_and_latency() -> None:
     pool = pool_labels()
     metrics.observe_request(
         **pool,
@@ -62,17 +84,17 @@ def test_observe_request_counts_tokens_and_latency():
     metrics.observe_request(**pool, outcome="client_closed", output_tokens=3)
 
     value = REGISTRY.get_sample_value
-    assert value("platform_requests_total", {**pool, "outcome": "ok"}) == 1
-    assert value("platform_requests_total", {**pool, "outcome": "client_closed"}) == 1
-    assert value("platform_prompt_tokens_total", pool) == 100
-    assert value("platform_cached_tokens_total", pool) == 40
-    assert value("platform_output_tokens_total", pool) == 10
-    assert value("platform_ttft_seconds_count", pool) == 1
-    assert value("platform_ttft_seconds_bucket", {**pool, "le": "0.25"}) == 1
-    assert value("platform_time_per_output_token_seconds_sum", pool) == 0.02
+    assert value("platform_requests_total", series(pool, outcome="ok")) == 1
+    assert value("platform_requests_total", series(pool, outcome="client_closed")) == 1
+    assert value("platform_prompt_tokens_total", series(pool)) == 100
+    assert value("platform_cached_tokens_total", series(pool)) == 40
+    assert value("platform_output_tokens_total", series(pool)) == 10
+    assert value("platform_ttft_seconds_count", series(pool)) == 1
+    assert value("platform_ttft_seconds_bucket", series(pool, le="0.25")) == 1
+    assert value("platform_time_per_output_token_seconds_sum", series(pool)) == 0.02
 
 
-def test_observe_request_derives_time_per_token_and_team_tokens():
+def test_observe_request_derives_time_per_token_and_team_tokens() -> None:
     pool = pool_labels()
     team = f"t-{uuid.uuid4().hex[:8]}"
     metrics.observe_request(
@@ -86,13 +108,13 @@ def test_observe_request_derives_time_per_token_and_team_tokens():
     )
 
     value = REGISTRY.get_sample_value
-    assert value("platform_time_per_output_token_seconds_sum", pool) == 0.1
+    assert value("platform_time_per_output_token_seconds_sum", series(pool)) == 0.1
     labels = {"team": team, "model": pool["model"]}
     assert value("platform_team_tokens_total", {**labels, "kind": "prompt"}) == 50
     assert value("platform_team_tokens_total", {**labels, "kind": "output"}) == 11
 
 
-def test_count_rejection_splits_rate_limited_from_shed():
+def test_count_rejection_splits_rate_limited_from_shed() -> None:
     team = f"t-{uuid.uuid4().hex[:8]}"
     metrics.count_rejection(team=team, model="chat-7b", tier="batch", status=429)
     metrics.count_rejection(team=team, model="chat-7b", tier="batch", status=503)
@@ -104,7 +126,7 @@ def test_count_rejection_splits_rate_limited_from_shed():
     assert value("platform_team_shed_total", labels) == 2
 
 
-def test_set_control_plane_sets_both_gauges():
+def test_set_control_plane_sets_both_gauges() -> None:
     metrics.set_control_plane(up=False, snapshot_age_s=12.5)
     assert REGISTRY.get_sample_value("platform_control_plane_up") == 0
     assert REGISTRY.get_sample_value("platform_snapshot_age_seconds") == 12.5
@@ -112,7 +134,20 @@ def test_set_control_plane_sets_both_gauges():
     assert REGISTRY.get_sample_value("platform_control_plane_up") == 1
 
 
-def test_team_helpers_count_by_kind_and_tier():
+def test_set_control_plane_without_a_snapshot_reads_nan() -> None:
+    # A gateway that started with the database down has no snapshot, so no age:
+    # the gauge says "no value" instead of raising (Gauge.set(None) is a TypeError).
+    metrics.set_control_plane(up=False, snapshot_age_s=None)
+    assert REGISTRY.get_sample_value("platform_control_plane_up") == 0
+    age = REGISTRY.get_sample_value("platform_snapshot_age_seconds")
+    assert age is not None
+    assert math.isnan(age)
+    assert "platform_snapshot_age_seconds NaN" in generate_latest().decode()
+    metrics.set_control_plane(up=True, snapshot_age_s=0.0)
+    assert REGISTRY.get_sample_value("platform_snapshot_age_seconds") == 0.0
+
+
+def test_team_helpers_count_by_kind_and_tier() -> None:
     team = f"t-{uuid.uuid4().hex[:8]}"
     metrics.observe_team_tokens(
         team=team, model="chat-7b", prompt_tokens=5, output_tokens=2
@@ -130,7 +165,7 @@ def test_team_helpers_count_by_kind_and_tier():
     assert value("platform_team_shed_total", {**labels, "tier": "batch"}) == 2
 
 
-def test_forget_pool_removes_its_series_only():
+def test_forget_pool_removes_its_series_only() -> None:
     gone, kept = pool_labels(), pool_labels()
     for pool in (gone, kept):
         metrics.observe_request(**pool, outcome="error", output_tokens=1, ttft_s=0.1)
@@ -149,16 +184,16 @@ def test_forget_pool_removes_its_series_only():
         "platform_queue_depth",
         "platform_shadow_ttft_seconds_count",
     ):
-        assert value(name, gone) is None, name
-        assert value(name, kept) is not None, name
-    assert value("platform_requests_total", {**gone, "outcome": "error"}) is None
-    assert value("platform_requests_total", {**kept, "outcome": "error"}) == 1
+        assert value(name, series(gone)) is None, name
+        assert value(name, series(kept)) is not None, name
+    assert value("platform_requests_total", series(gone, outcome="error")) is None
+    assert value("platform_requests_total", series(kept, outcome="error")) == 1
 
 
-def test_a_forgotten_pool_counts_from_zero_when_it_returns():
+def test_a_forgotten_pool_counts_from_zero_when_it_returns() -> None:
     pool = pool_labels()
     metrics.observe_request(**pool, outcome="ok", output_tokens=5)
     metrics.forget_pool(pool["model"], pool["version"], pool["region"])
     metrics.observe_request(**pool, outcome="ok", output_tokens=2)
 
-    assert REGISTRY.get_sample_value("platform_output_tokens_total", pool) == 2
+    assert REGISTRY.get_sample_value("platform_output_tokens_total", series(pool)) == 2

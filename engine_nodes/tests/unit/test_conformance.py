@@ -24,7 +24,7 @@ def reference() -> Capture:
     return read_capture()
 
 
-def test_json_shape_keeps_keys_and_types_only():
+def test_json_shape_keeps_keys_and_types_only() -> None:
     shape = json_shape({"a": 1, "b": [{"c": None, "d": 1.5}], "e": [], "f": True})
 
     assert shape == {
@@ -39,7 +39,7 @@ def test_json_shape_keeps_keys_and_types_only():
     ]
 
 
-def test_reference_stream_is_vllms_chunk_sequence(reference: Capture):
+def test_reference_stream_is_vllms_chunk_sequence(reference: Capture) -> None:
     facts = stream_facts(reference.stream)
 
     assert facts["order"] == ["role", "content*", "finish", "usage", "done"]
@@ -58,7 +58,7 @@ def test_reference_stream_is_vllms_chunk_sequence(reference: Capture):
     ]
 
 
-def test_stream_diff_is_empty_for_the_same_shape(reference: Capture):
+def test_stream_diff_is_empty_for_the_same_shape(reference: Capture) -> None:
     other = reference.stream.replace('"content":"case"', '"content":"x"')
 
     assert diff_stream(reference.stream, other) == []
@@ -82,19 +82,21 @@ def test_stream_diff_is_empty_for_the_same_shape(reference: Capture):
         ),
     ],
 )
-def test_stream_diff_names_what_changed(reference: Capture, old, new, problem):
+def test_stream_diff_names_what_changed(
+    reference: Capture, old: str, new: str, problem: str
+) -> None:
     assert old in reference.stream
     problems = diff_stream(reference.stream, reference.stream.replace(old, new))
 
     assert any(problem in p for p in problems), problems
 
 
-def test_metrics_diff_is_empty_against_itself(reference: Capture):
+def test_metrics_diff_is_empty_against_itself(reference: Capture) -> None:
     assert diff_metrics(reference.metrics, reference.metrics) == []
     assert set(metric_shapes(reference.metrics)) >= PLATFORM_METRICS
 
 
-def test_metrics_diff_catches_labels_names_and_buckets(reference: Capture):
+def test_metrics_diff_catches_labels_names_and_buckets(reference: Capture) -> None:
     renamed = reference.metrics.replace('reason="capacity"', 'cause="capacity"')
     rebucketed = reference.metrics.replace('le="0.001"', 'le="0.002"')
     extra = reference.metrics + 'vllm:made_up_total{engine="0"} 1.0\n'
@@ -110,7 +112,9 @@ def test_metrics_diff_catches_labels_names_and_buckets(reference: Capture):
     assert any("vllm:made_up" in p for p in diff_metrics(reference.metrics, extra))
 
 
-def test_allowances_cannot_cover_platform_metrics_or_go_stale(reference: Capture):
+def test_allowances_cannot_cover_platform_metrics_or_go_stale(
+    reference: Capture,
+) -> None:
     without = "\n".join(
         line
         for line in reference.metrics.splitlines()
@@ -130,7 +134,7 @@ def test_allowances_cannot_cover_platform_metrics_or_go_stale(reference: Capture
     assert "vllm:gone: allowed missing but not in the reference" in problems
 
 
-def test_reference_plain_body_has_vllms_usage(reference: Capture):
+def test_reference_plain_body_has_vllms_usage(reference: Capture) -> None:
     usage = json.loads(reference.completion)["usage"]
 
     assert set(usage["prompt_tokens_details"]) == {

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Unpack
 
 import pytest
 
 from engine_nodes.domain.engine import (
     Engine,
     EngineConfig,
+    EngineOverrides,
     FinishedRequest,
     SimRequest,
     StepOutput,
@@ -23,7 +25,7 @@ def prompt(n: int, start: int = 1000) -> list[int]:
     return list(range(start, start + n))
 
 
-def quiet_engine(**overrides: object) -> Engine:
+def quiet_engine(**overrides: Unpack[EngineOverrides]) -> Engine:
     """An a100-8b engine without jitter, so step times are exact."""
     config = EngineConfig.from_profile(A100, **overrides)
     return Engine(A100, config, seed=0, jitter_cv=0.0)
@@ -42,49 +44,62 @@ def run_steps(engine: Engine, now: float, n: int) -> tuple[float, list[StepOutpu
     """Run exactly ``n`` steps from ``now``."""
     outputs = []
     for _ in range(n):
-        now += engine.begin_step(now)
+        now += begin(engine, now)
         outputs.append(engine.end_step(now))
     return now, outputs
+
+
+def begin(engine: Engine, now: float) -> float:
+    """Begin a step of an engine that has work; return the step's duration."""
+    duration = engine.begin_step(now)
+    assert duration is not None, "the engine had no work"
+    return duration
+
+
+def first_token_at(done: FinishedRequest) -> float:
+    assert done.first_token_at is not None, f"{done.request_id} never emitted"
+    return done.first_token_at
 
 
 def finished(outputs: list[StepOutput]) -> dict[str, FinishedRequest]:
     return {f.request_id: f for out in outputs for f in out.finished}
 
 
-def test_config_from_profile_takes_limits_and_overrides():
+def test_config_from_profile_takes_limits_and_overrides() -> None:
     config = EngineConfig.from_profile(A100, max_num_seqs=4)
 
     assert (config.max_num_seqs, config.max_num_batched_tokens) == (4, 2048)
     assert (config.num_gpu_blocks, config.block_size) == (26_000, 16)
     with pytest.raises(TypeError, match="bogus"):
-        EngineConfig.from_profile(A100, bogus=1)
+        # No such field: the checker refuses it, and so must the run-time check.
+        EngineConfig.from_profile(A100, bogus=1)  # type: ignore[call-arg]
 
 
-def test_single_stream_decodes_at_10_6_ms_per_token():
+def test_single_stream_decodes_at_10_6_ms_per_token() -> None:
     engine = quiet_engine()
     engine.add_request(SimRequest("a", prompt(1000), output_len=21), 0.0)
     _, outputs = run(engine)
 
     done = finished(outputs)["a"]
-    tpot_ms = (done.finished_at - done.first_token_at) * 1000 / 20
+    tpot_ms = (done.finished_at - first_token_at(done)) * 1000 / 20
     decode_steps_ms = [(o.finished_at - o.started_at) * 1000 for o in outputs[1:]]
     assert tpot_ms == pytest.approx(10.6, abs=0.05)
     assert all(s == pytest.approx(10.61, abs=0.01) for s in decode_steps_ms)
 
 
-def test_ttft_of_a_650_token_prompt_is_48_ms():
+def test_ttft_of_a_650_token_prompt_is_48_ms() -> None:
     engine = quiet_engine()
     engine.add_request(SimRequest("a", prompt(650), output_len=2), 1.0)
     _, outputs = run(engine, now=1.0)
 
     done = finished(outputs)["a"]
     assert done.scheduled_at == 1.0
-    assert (done.first_token_at - done.arrived_at) * 1000 == pytest.approx(47.946425)
+    assert (first_token_at(done) - done.arrived_at) * 1000 == pytest.approx(47.946425)
     assert outputs[0].num_tokens == 650
     assert [t.index for t in outputs[0].tokens] == [0]
 
 
-def test_chunked_prefill_splits_a_long_prompt_across_steps():
+def test_chunked_prefill_splits_a_long_prompt_across_steps() -> None:
     engine = quiet_engine()
     engine.add_request(SimRequest("a", prompt(5000), output_len=2), 0.0)
     _, outputs = run(engine)
@@ -100,20 +115,20 @@ def test_chunked_prefill_splits_a_long_prompt_across_steps():
     assert engine.prompt_tokens_computed == 5000
 
 
-def test_decodes_share_a_step_with_a_prefill_chunk():
+def test_decodes_share_a_step_with_a_prefill_chunk() -> None:
     engine = quiet_engine()
     engine.add_request(SimRequest("a", prompt(100), output_len=50), 0.0)
     now, _ = run_steps(engine, 0.0, 3)
     engine.add_request(SimRequest("b", prompt(3000, start=9000), output_len=5), now)
 
-    duration = engine.begin_step(now)
+    duration = begin(engine, now)
     out = engine.end_step(now + duration)
 
     assert out.num_tokens == 2048  # 1 decode + 2047 prompt tokens of b
     assert [t.request_id for t in out.tokens] == ["a"]
 
 
-def test_max_num_seqs_caps_running_and_the_rest_wait():
+def test_max_num_seqs_caps_running_and_the_rest_wait() -> None:
     engine = quiet_engine(max_num_seqs=4)
     for i in range(10):
         engine.add_request(SimRequest(f"r{i}", prompt(50, 1000 + 100 * i), 3), 0.0)
@@ -127,7 +142,7 @@ def test_max_num_seqs_caps_running_and_the_rest_wait():
     assert len(finished(outputs)) == 10
 
 
-def test_preemption_recomputes_and_every_request_finishes():
+def test_preemption_recomputes_and_every_request_finishes() -> None:
     """GIVEN a pool of 19 usable blocks and 4 requests that need 13 blocks each
     WHEN they run to completion
     THEN requests get preempted, yet each emits exactly output_len tokens, in order."""
@@ -154,26 +169,26 @@ def test_preemption_recomputes_and_every_request_finishes():
     assert engine.tokens_in_flight() == 0
 
 
-def test_preempted_request_goes_to_the_front_of_waiting():
+def test_preempted_request_goes_to_the_front_of_waiting() -> None:
     engine = quiet_engine(num_gpu_blocks=20)
     for i in range(3):
         engine.add_request(SimRequest(f"r{i}", prompt(100, 1000 + 500 * i), 200), 0.0)
     now = 0.0
     while engine.num_preemptions == 0:
-        now += engine.begin_step(now)
+        now += begin(engine, now)
         engine.end_step(now)
 
     assert engine._waiting[0].request_id == "r1"  # the last runner, not r2
 
 
-def test_abort_mid_step_frees_blocks_and_emits_nothing_more():
+def test_abort_mid_step_frees_blocks_and_emits_nothing_more() -> None:
     engine = quiet_engine()
     engine.add_request(SimRequest("a", prompt(100), output_len=50), 0.0)
     engine.add_request(SimRequest("b", prompt(100, 5000), output_len=50), 0.0)
     now, _ = run_steps(engine, 0.0, 3)
     usage_both = engine.kv_cache_usage_perc
 
-    duration = engine.begin_step(now)
+    duration = begin(engine, now)
     aborted = engine.abort("a", now + duration / 2)
     out = engine.end_step(now + duration)
 
@@ -186,7 +201,7 @@ def test_abort_mid_step_frees_blocks_and_emits_nothing_more():
     assert engine.abort("a", 9.0) is None
 
 
-def test_abort_of_a_waiting_request():
+def test_abort_of_a_waiting_request() -> None:
     engine = quiet_engine()
     engine.add_request(SimRequest("a", prompt(10), output_len=5), 0.0)
 
@@ -202,7 +217,7 @@ def test_abort_of_a_waiting_request():
     assert engine.begin_step(1.0) is None
 
 
-def test_same_seed_gives_the_same_run():
+def test_same_seed_gives_the_same_run() -> None:
     def trace(seed: int) -> list[tuple[float, list[tuple[str, int]]]]:
         engine = Engine(A100, seed=seed)
         for i in range(20):
@@ -217,14 +232,14 @@ def test_same_seed_gives_the_same_run():
     assert trace(7) != trace(8)
 
 
-def test_second_identical_prompt_reports_cached_tokens():
+def test_second_identical_prompt_reports_cached_tokens() -> None:
     engine = quiet_engine()
     engine.add_request(SimRequest("a", prompt(1000), output_len=3), 0.0)
     now, first = run(engine)
     engine.add_request(SimRequest("b", prompt(1000), output_len=3), now)
 
     assert engine.cached_tokens("b") is None  # not scheduled yet
-    now += engine.begin_step(now)
+    now += begin(engine, now)
     assert engine.cached_tokens("b") == 992
     engine.end_step(now)
     _, second = run(engine, now)
@@ -234,20 +249,20 @@ def test_second_identical_prompt_reports_cached_tokens():
     assert (engine.prefix_cache_queries, engine.prefix_cache_hits) == (2000, 992)
 
 
-def test_cache_hit_shortens_ttft():
+def test_cache_hit_shortens_ttft() -> None:
     engine = quiet_engine()
     engine.add_request(SimRequest("a", prompt(1000), output_len=2), 0.0)
     now, first = run(engine)
     engine.add_request(SimRequest("b", prompt(1000), output_len=2), now)
     _, second = run(engine, now)
 
-    ttft_a = finished(first)["a"].first_token_at - 0.0
-    ttft_b = finished(second)["b"].first_token_at - now
+    ttft_a = first_token_at(finished(first)["a"]) - 0.0
+    ttft_b = first_token_at(finished(second)["b"]) - now
     assert ttft_a * 1000 == pytest.approx(0.5 + 72.0 + 3.06e-6 * 500_000)
     assert ttft_b * 1000 == pytest.approx(10.5 + 3.06e-6 * 8 * (992 + 4))
 
 
-def test_next_turn_hits_the_previous_reply():
+def test_next_turn_hits_the_previous_reply() -> None:
     """Output blocks are hashed with the ids the streamed text re-encodes to."""
     engine = quiet_engine()
     first_prompt = prompt(100)
@@ -263,7 +278,7 @@ def test_next_turn_hits_the_previous_reply():
     assert engine.prefix_cache_hits == 144
 
 
-def test_caching_can_be_disabled():
+def test_caching_can_be_disabled() -> None:
     engine = quiet_engine(enable_prefix_caching=False)
     for name in ("a", "b"):
         engine.add_request(SimRequest(name, prompt(500), output_len=2), 0.0)
@@ -273,7 +288,7 @@ def test_caching_can_be_disabled():
     assert engine.block_pool.num_cached_blocks == 0
 
 
-def test_finish_reason_and_tokens_in_flight():
+def test_finish_reason_and_tokens_in_flight() -> None:
     engine = quiet_engine()
     engine.add_request(SimRequest("a", prompt(10), 4, finish_reason="stop"), 0.0)
     engine.add_request(SimRequest("b", prompt(20, 50), 6), 0.0)
@@ -299,12 +314,14 @@ def test_finish_reason_and_tokens_in_flight():
         ),
     ],
 )
-def test_add_request_rejects_invalid_requests(request_, message):
+def test_add_request_rejects_invalid_requests(
+    request_: SimRequest, message: str
+) -> None:
     with pytest.raises(ValueError, match=message):
         quiet_engine().add_request(request_, 0.0)
 
 
-def test_add_request_rejects_duplicates_and_requests_larger_than_the_pool():
+def test_add_request_rejects_duplicates_and_requests_larger_than_the_pool() -> None:
     engine = quiet_engine(num_gpu_blocks=5)
     engine.add_request(SimRequest("x", prompt(5), 2), 0.0)
 
@@ -314,7 +331,7 @@ def test_add_request_rejects_duplicates_and_requests_larger_than_the_pool():
         engine.add_request(SimRequest("y", prompt(60), 10), 0.0)
 
 
-def test_step_calls_must_alternate():
+def test_step_calls_must_alternate() -> None:
     engine = quiet_engine()
     with pytest.raises(RuntimeError, match="no step"):
         engine.end_step(0.0)
@@ -324,7 +341,7 @@ def test_step_calls_must_alternate():
         engine.begin_step(0.0)
 
 
-def test_prompt_counters_count_whole_prompts_once_prefilled():
+def test_prompt_counters_count_whole_prompts_once_prefilled() -> None:
     engine = quiet_engine(block_size=16)
     engine.add_request(SimRequest("a", prompt(100), output_len=3), 0.0)
     now, _ = run(engine)
@@ -337,13 +354,13 @@ def test_prompt_counters_count_whole_prompts_once_prefilled():
     assert engine.prompt_tokens_computed == 200 - 96
 
 
-def test_a_step_pays_per_prefill_chunk():
+def test_a_step_pays_per_prefill_chunk() -> None:
     profile = PROFILES["cpu-tiny"]
     engine = Engine(profile, EngineConfig.from_profile(profile), jitter_cv=0.0)
     engine.add_request(SimRequest("a", prompt(300), output_len=2), 0.0)
     engine.add_request(SimRequest("b", prompt(200, start=5000), output_len=2), 0.0)
 
-    duration = engine.begin_step(0.0)
+    duration = begin(engine, 0.0)
 
     expected_ms = step_time_ms(
         profile, decode_seqs=0, kv_tokens=0, prefill_chunks=[(300, 0), (200, 0)]

@@ -51,7 +51,7 @@ def container_of(manifest: dict[str, Any]) -> dict[str, Any]:
     return container
 
 
-def test_render_deployment_identity_and_labels():
+def test_render_deployment_identity_and_labels() -> None:
     manifest = render_deployment(namespace="serving", spec=make_pool())
     assert manifest["apiVersion"] == "apps/v1"
     assert manifest["kind"] == "Deployment"
@@ -70,7 +70,7 @@ def test_render_deployment_identity_and_labels():
     assert manifest["spec"]["replicas"] == 3
 
 
-def test_render_deployment_container_runs_argv_with_gpus():
+def test_render_deployment_container_runs_argv_with_gpus() -> None:
     container = container_of(render_deployment(namespace="ns", spec=make_pool()))
     assert container["name"] == "vllm"
     assert container["image"] == "vllm/vllm-openai:v0.32.0"
@@ -88,7 +88,7 @@ def test_render_deployment_container_runs_argv_with_gpus():
     assert env["VLLM_NO_USAGE_STATS"] == "1"
 
 
-def test_render_deployment_probes_health_with_a_long_startup():
+def test_render_deployment_probes_health_with_a_long_startup() -> None:
     container = container_of(render_deployment(namespace="ns", spec=make_pool()))
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}
@@ -96,13 +96,13 @@ def test_render_deployment_probes_health_with_a_long_startup():
     assert startup["periodSeconds"] * startup["failureThreshold"] == 300
 
 
-def test_render_deployment_startup_budget_rounds_up():
+def test_render_deployment_startup_budget_rounds_up() -> None:
     pool = make_pool(startup_timeout_s=605)
     startup = container_of(render_deployment(namespace="ns", spec=pool))["startupProbe"]
     assert startup["failureThreshold"] == 61
 
 
-def test_render_deployment_mounts_weights_read_only_and_shm_in_memory():
+def test_render_deployment_mounts_weights_read_only_and_shm_in_memory() -> None:
     manifest = render_deployment(namespace="ns", spec=make_pool())
     pod = manifest["spec"]["template"]["spec"]
     mounts = {m["name"]: m for m in container_of(manifest)["volumeMounts"]}
@@ -121,7 +121,7 @@ def test_render_deployment_mounts_weights_read_only_and_shm_in_memory():
     assert pod["terminationGracePeriodSeconds"] == 120
 
 
-def test_render_deployment_host_path_weights_and_sub_path():
+def test_render_deployment_host_path_weights_and_sub_path() -> None:
     pool = make_pool(weights_pvc=None, weights_host_path="/srv/weights/abc")
     volumes = render_deployment(namespace="ns", spec=pool)["spec"]["template"]["spec"][
         "volumes"
@@ -136,7 +136,7 @@ def test_render_deployment_host_path_weights_and_sub_path():
     assert sub["subPath"] == "abc"
 
 
-def test_render_deployment_tolerates_gpu_taint_and_keeps_capacity_on_update():
+def test_render_deployment_tolerates_gpu_taint_and_keeps_capacity_on_update() -> None:
     manifest = render_deployment(namespace="ns", spec=make_pool())
     assert manifest["spec"]["strategy"]["rollingUpdate"] == {
         "maxSurge": 1,
@@ -149,13 +149,13 @@ def test_render_deployment_tolerates_gpu_taint_and_keeps_capacity_on_update():
     } in manifest["spec"]["template"]["spec"]["tolerations"]
 
 
-def test_deployment_name_sanitizes_to_dns_label():
+def test_deployment_name_sanitizes_to_dns_label() -> None:
     assert deployment_name("Chat_7B.instruct", "v13", "EU--West") == (
         "vllm-chat-7b-instruct-v13-eu-west"
     )
 
 
-def test_deployment_name_long_names_are_cut_and_stay_distinct():
+def test_deployment_name_long_names_are_cut_and_stay_distinct() -> None:
     one = deployment_name("m" * 64, "v1", "us-east-1")
     two = deployment_name("m" * 64, "v2", "us-east-1")
     assert len(one) == 63
@@ -173,13 +173,15 @@ def test_deployment_name_long_names_are_cut_and_stay_distinct():
         ("m", "v1", "r" * 50 + "-" + "s" * 5),
     ],
 )
-def test_deployment_name_is_always_a_dns_label(model, version, region):
+def test_deployment_name_is_always_a_dns_label(
+    model: str, version: str, region: str
+) -> None:
     name = deployment_name(model, version, region)
     assert len(name) <= 63
     assert DNS_1123_LABEL.fullmatch(name), name
 
 
-def test_label_value_is_valid_for_long_and_odd_text():
+def test_label_value_is_valid_for_long_and_odd_text() -> None:
     assert label_value("chat-7b") == "chat-7b"
     assert label_value("_odd name!_") == "odd-name"
     assert len(label_value("a" * 100)) == 63
@@ -200,6 +202,6 @@ def test_label_value_is_valid_for_long_and_odd_text():
         {"drain_s": 0},
     ],
 )
-def test_pool_spec_rejects_invalid_fields(overrides):
+def test_pool_spec_rejects_invalid_fields(overrides: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         make_pool(**overrides)

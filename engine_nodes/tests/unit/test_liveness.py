@@ -14,19 +14,19 @@ MISSED_BEATS = 3
 CUTOFF = NOW - timedelta(seconds=3)
 
 
-def test_silence_cutoff_is_beats_times_interval_before_now():
+def test_silence_cutoff_is_beats_times_interval_before_now() -> None:
     assert silence_cutoff(NOW, BEAT_S, MISSED_BEATS) == CUTOFF
 
 
-def test_silence_cutoff_handles_fractional_beats():
+def test_silence_cutoff_handles_fractional_beats() -> None:
     assert silence_cutoff(NOW, 0.25, 3) == NOW - timedelta(milliseconds=750)
 
 
-def test_is_silent_false_exactly_at_cutoff():
+def test_is_silent_false_exactly_at_cutoff() -> None:
     assert not is_silent(CUTOFF, NOW, BEAT_S, MISSED_BEATS)
 
 
-def test_is_silent_true_just_past_cutoff():
+def test_is_silent_true_just_past_cutoff() -> None:
     last = CUTOFF - timedelta(microseconds=1)
     assert is_silent(last, NOW, BEAT_S, MISSED_BEATS)
 
@@ -34,26 +34,26 @@ def test_is_silent_true_just_past_cutoff():
 @pytest.mark.parametrize(
     "age", [timedelta(0), timedelta(seconds=1), timedelta(seconds=2.999999)]
 )
-def test_is_silent_false_for_recent_heartbeat(age):
+def test_is_silent_false_for_recent_heartbeat(age: timedelta) -> None:
     assert not is_silent(NOW - age, NOW, BEAT_S, MISSED_BEATS)
 
 
-def test_is_silent_false_for_heartbeat_after_now():
+def test_is_silent_false_for_heartbeat_after_now() -> None:
     # Clock skew between processes: a beat "from the future" is not silence.
     assert not is_silent(NOW + timedelta(seconds=1), NOW, BEAT_S, MISSED_BEATS)
 
 
-def test_is_silent_true_when_never_beat():
+def test_is_silent_true_when_never_beat() -> None:
     assert is_silent(None, NOW, BEAT_S, MISSED_BEATS)
 
 
-def test_is_silent_depends_on_missed_beats():
+def test_is_silent_depends_on_missed_beats() -> None:
     last = NOW - timedelta(seconds=4)
     assert is_silent(last, NOW, BEAT_S, missed_beats=3)
     assert not is_silent(last, NOW, BEAT_S, missed_beats=5)
 
 
-def test_replica_state_values_are_the_seed_states_plus_gone():
+def test_replica_state_values_are_the_seed_states_plus_gone() -> None:
     assert [s.value for s in ReplicaState] == [
         "starting",
         "loading",

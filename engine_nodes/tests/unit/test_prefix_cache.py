@@ -36,7 +36,7 @@ def compute_and_free(pool: BlockPool, token_ids: list[int]) -> list[int]:
     return block_ids
 
 
-def test_repeated_1000_token_prompt_hits_992_tokens():
+def test_repeated_1000_token_prompt_hits_992_tokens() -> None:
     pool = BlockPool(100, B)
     prompt = tokens(1000)
     compute_and_free(pool, prompt)
@@ -47,7 +47,7 @@ def test_repeated_1000_token_prompt_hits_992_tokens():
     assert hit_blocks * B == 992
 
 
-def test_17_token_prompt_hits_16_after_the_first_run():
+def test_17_token_prompt_hits_16_after_the_first_run() -> None:
     pool = BlockPool(10, B)
     prompt = tokens(17)
     hashes = hash_full_blocks(prompt, B)
@@ -57,7 +57,7 @@ def test_17_token_prompt_hits_16_after_the_first_run():
     assert pool.lookup(hashes, num_tokens=17) * B == 16
 
 
-def test_last_token_is_always_recomputed():
+def test_last_token_is_always_recomputed() -> None:
     """A 32-token prompt has 2 full blocks but may hit only 1 (max (n-1)//B)."""
     pool = BlockPool(10, B)
     prompt = tokens(32)
@@ -67,7 +67,7 @@ def test_last_token_is_always_recomputed():
     assert pool.lookup(hash_full_blocks(prompt, B)) == 2  # uncapped walk
 
 
-def test_partial_blocks_are_never_hashed_or_hit():
+def test_partial_blocks_are_never_hashed_or_hit() -> None:
     pool = BlockPool(10, B)
     compute_and_free(pool, tokens(20))  # one full block + 4 tokens
     longer = tokens(40)
@@ -77,7 +77,7 @@ def test_partial_blocks_are_never_hashed_or_hit():
     assert pool.lookup(hash_full_blocks(longer, B), num_tokens=40) == 1
 
 
-def test_hash_chains_the_parent():
+def test_hash_chains_the_parent() -> None:
     """The same block content after a different prefix is a different block."""
     shared_block = tokens(B, start=5000)
     first = tokens(B, start=1000) + shared_block
@@ -92,7 +92,7 @@ def test_hash_chains_the_parent():
     assert hash_full_blocks(first, B)[0] == hash_block_tokens(NONE_HASH, first[:B])
 
 
-def test_free_appends_in_reverse_and_evicts_from_the_head():
+def test_free_appends_in_reverse_and_evicts_from_the_head() -> None:
     pool = BlockPool(5, B)  # blocks 1-4 usable
     prompt = tokens(33)  # 3 blocks, 2 full
     block_ids = compute_and_free(pool, prompt)
@@ -109,7 +109,7 @@ def test_free_appends_in_reverse_and_evicts_from_the_head():
     assert pool.free_queue() == [1]
 
 
-def test_touching_a_cached_block_takes_it_off_the_free_queue():
+def test_touching_a_cached_block_takes_it_off_the_free_queue() -> None:
     pool = BlockPool(5, B)
     prompt = tokens(17)
     compute_and_free(pool, prompt)
@@ -128,7 +128,7 @@ def test_touching_a_cached_block_takes_it_off_the_free_queue():
     assert pool.free_queue()[-1] == hit_ids[0]
 
 
-def test_usage_excludes_the_null_block_and_counts_cached_blocks_as_free():
+def test_usage_excludes_the_null_block_and_counts_cached_blocks_as_free() -> None:
     pool = BlockPool(11, B)  # 10 usable blocks
     block_ids = pool.allocate(4)
 
@@ -141,14 +141,14 @@ def test_usage_excludes_the_null_block_and_counts_cached_blocks_as_free():
     assert pool.num_cached_blocks == 4
 
 
-def test_allocate_refuses_more_than_free():
+def test_allocate_refuses_more_than_free() -> None:
     pool = BlockPool(4, B)
 
     with pytest.raises(ValueError, match="3 free"):
         pool.allocate(4)
 
 
-def test_duplicate_content_is_cached_once():
+def test_duplicate_content_is_cached_once() -> None:
     pool = BlockPool(10, B)
     first, second = pool.allocate(2)
 
@@ -157,7 +157,7 @@ def test_duplicate_content_is_cached_once():
     assert pool.cached_block_ids([123]) == [first]
 
 
-def test_caching_disabled_never_hits():
+def test_caching_disabled_never_hits() -> None:
     pool = BlockPool(10, B, enable_caching=False)
     prompt = tokens(40)
     compute_and_free(pool, prompt)
@@ -165,7 +165,7 @@ def test_caching_disabled_never_hits():
     assert pool.lookup(hash_full_blocks(prompt, B), num_tokens=40) == 0
 
 
-def test_engine_hits_never_exceed_queries():
+def test_engine_hits_never_exceed_queries() -> None:
     """GIVEN prompts that share system prompts of different lengths
     WHEN they run through an engine with a small pool (so blocks get evicted)
     THEN hits are positive and never more than queries."""

@@ -13,7 +13,7 @@ USAGE_LINE = 'vllm:kv_cache_usage_perc{engine="0",model_name="tiny-llama"} 0.0'
 
 
 @pytest.mark.parametrize("blocks_used", [0, 1, 3, 4, 16, 500, 1023])
-def test_kv_tokens_in_use_are_whole_blocks_of_vllms_usage(blocks_used: int):
+def test_kv_tokens_in_use_are_whole_blocks_of_vllms_usage(blocks_used: int) -> None:
     # vLLM's BlockPool.get_usage(): 1 - free / (num_gpu_blocks - 1), the null
     # block left out. The capture has num_gpu_blocks=1024, block_size=128.
     usable = 1024 - 1

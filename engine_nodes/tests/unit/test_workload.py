@@ -22,7 +22,7 @@ def chat_load(streams: int, *, duration_s: float = 60.0, **kwargs: int) -> LoadR
     )
 
 
-def test_83_streams_give_2500_tokens_per_second_at_33_ms_tpot():
+def test_83_streams_give_2500_tokens_per_second_at_33_ms_tpot() -> None:
     result = chat_load(83)
 
     assert result.output_tokens_per_s == pytest.approx(2500, rel=0.10)
@@ -31,7 +31,7 @@ def test_83_streams_give_2500_tokens_per_second_at_33_ms_tpot():
     assert result.num_preemptions == 0
 
 
-def test_single_stream_tpot_is_10_6_ms():
+def test_single_stream_tpot_is_10_6_ms() -> None:
     result = chat_load(1)
 
     assert result.mean_tpot_ms == pytest.approx(10.6, abs=1.0)
@@ -39,7 +39,7 @@ def test_single_stream_tpot_is_10_6_ms():
     assert result.output_tokens_per_s == pytest.approx(93, rel=0.05)
 
 
-def test_throughput_rises_with_concurrency_and_saturates():
+def test_throughput_rises_with_concurrency_and_saturates() -> None:
     levels = (8, 32, 83, 128)
     rates = [chat_load(s, duration_s=30.0).output_tokens_per_s for s in levels]
     gains_per_stream = [
@@ -52,7 +52,7 @@ def test_throughput_rises_with_concurrency_and_saturates():
     assert gains_per_stream[-1] < gains_per_stream[0] / 4
 
 
-def test_shared_prefix_hits_the_cache():
+def test_shared_prefix_hits_the_cache() -> None:
     result = chat_load(16, duration_s=20.0, shared_prefix_tokens=512)
     unshared = chat_load(16, duration_s=20.0)
 
@@ -61,12 +61,12 @@ def test_shared_prefix_hits_the_cache():
     assert result.mean_ttft_ms < unshared.mean_ttft_ms
 
 
-def test_same_seed_gives_the_same_result():
+def test_same_seed_gives_the_same_result() -> None:
     assert chat_load(16, duration_s=10.0, seed=3) == chat_load(
         16, duration_s=10.0, seed=3
     )
 
 
-def test_rejects_a_shared_prefix_as_long_as_the_prompt():
+def test_rejects_a_shared_prefix_as_long_as_the_prompt() -> None:
     with pytest.raises(ValueError, match="shared_prefix_tokens"):
         chat_load(1, shared_prefix_tokens=650)

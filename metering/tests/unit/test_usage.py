@@ -14,31 +14,31 @@ from metering.domain.usage import (
 )
 
 
-def test_truncate_to_minute_drops_seconds_and_microseconds():
+def test_truncate_to_minute_drops_seconds_and_microseconds() -> None:
     moment = datetime(2025, 3, 1, 12, 34, 56, 789_000, tzinfo=UTC)
     assert truncate_to_minute(moment) == datetime(2025, 3, 1, 12, 34, tzinfo=UTC)
 
 
-def test_truncate_to_minute_keeps_timezone():
+def test_truncate_to_minute_keeps_timezone() -> None:
     moment = datetime(2025, 3, 1, 12, 34, 56, tzinfo=UTC)
     assert truncate_to_minute(moment).tzinfo is UTC
 
 
-def test_truncate_to_minute_is_idempotent_on_minute_start():
+def test_truncate_to_minute_is_idempotent_on_minute_start() -> None:
     start = datetime(2025, 3, 1, 12, 34, tzinfo=UTC)
     assert truncate_to_minute(start) == start
 
 
-def test_truncate_to_minute_last_instant_stays_in_its_minute():
+def test_truncate_to_minute_last_instant_stays_in_its_minute() -> None:
     moment = datetime(2025, 3, 1, 12, 59, 59, 999_999, tzinfo=UTC)
     assert truncate_to_minute(moment) == datetime(2025, 3, 1, 12, 59, tzinfo=UTC)
 
 
-def test_usage_counts_default_to_zero():
+def test_usage_counts_default_to_zero() -> None:
     assert UsageCounts() == UsageCounts(0, 0, 0, 0, 0, 0)
 
 
-def test_usage_counts_add_every_field():
+def test_usage_counts_add_every_field() -> None:
     first = UsageCounts(
         prompt_tokens=100,
         cached_tokens=40,
@@ -65,35 +65,35 @@ def test_usage_counts_add_every_field():
     )
 
 
-def test_usage_counts_zero_is_identity():
+def test_usage_counts_zero_is_identity() -> None:
     counts = UsageCounts(prompt_tokens=9, output_tokens=3, requests=1)
     assert counts + UsageCounts() == counts
     assert UsageCounts() + counts == counts
 
 
-def test_usage_counts_sum_with_start_value():
+def test_usage_counts_sum_with_start_value() -> None:
     rows = [UsageCounts(requests=1, output_tokens=10)] * 3
     assert sum(rows, UsageCounts()) == UsageCounts(requests=3, output_tokens=30)
 
 
-def test_prefix_hit_rate_is_cached_share_of_prompt():
+def test_prefix_hit_rate_is_cached_share_of_prompt() -> None:
     assert prefix_hit_rate(prompt_tokens=200, cached_tokens=50) == 0.25
 
 
-def test_prefix_hit_rate_zero_without_cache_hits():
+def test_prefix_hit_rate_zero_without_cache_hits() -> None:
     assert prefix_hit_rate(prompt_tokens=200, cached_tokens=0) == 0.0
 
 
 @pytest.mark.parametrize("prompt_tokens", [0, -1])
-def test_prefix_hit_rate_none_without_traffic(prompt_tokens):
+def test_prefix_hit_rate_none_without_traffic(prompt_tokens: int) -> None:
     assert prefix_hit_rate(prompt_tokens=prompt_tokens, cached_tokens=0) is None
 
 
-def test_prefix_hit_rate_capped_at_one():
+def test_prefix_hit_rate_capped_at_one() -> None:
     assert prefix_hit_rate(prompt_tokens=100, cached_tokens=150) == 1.0
 
 
-def test_usd_per_million_tokens_reproduces_seed_figure():
+def test_usd_per_million_tokens_reproduces_seed_figure() -> None:
     # 2.50 USD per GPU-hour, 1 GPU, 2,500 tok/s x 3,600 s = 9 M tokens an hour.
     tokens_per_hour = 2_500 * 3_600
     assert tokens_per_hour == 9_000_000
@@ -102,17 +102,19 @@ def test_usd_per_million_tokens_reproduces_seed_figure():
     assert round(cost, 2) == 0.28
 
 
-def test_usd_per_million_tokens_doubles_when_half_busy():
+def test_usd_per_million_tokens_doubles_when_half_busy() -> None:
     cost = usd_per_million_tokens(2.50, 1, 4_500_000)
     assert round(cost, 2) == 0.56
 
 
-def test_usd_per_million_tokens_scales_with_gpus():
+def test_usd_per_million_tokens_scales_with_gpus() -> None:
     one = usd_per_million_tokens(2.50, 1, 9_000_000)
     assert usd_per_million_tokens(2.50, 4, 9_000_000) == pytest.approx(4 * one)
 
 
 @pytest.mark.parametrize("tokens_per_hour", [0, 0.0, -1.0])
-def test_usd_per_million_tokens_rejects_non_positive_throughput(tokens_per_hour):
+def test_usd_per_million_tokens_rejects_non_positive_throughput(
+    tokens_per_hour: float,
+) -> None:
     with pytest.raises(ValueError, match="tokens_per_hour must be positive"):
         usd_per_million_tokens(2.50, 1, tokens_per_hour)
