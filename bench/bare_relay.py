@@ -9,7 +9,7 @@ parsing anything: no auth, no routing, no metering. Upstreams come from
 ``x-conversation-id`` hashes to.
 
 ``BARE_RELAY_MODE`` adds, for decomposing the gateway's cost, pieces of the
-gateway's relay loop (copied from ``routing/gateway.py``), comma-separated:
+gateway's relay loop (copied from ``routing/relay.py``), comma-separated:
 ``race`` races every upstream read against the client's disconnect (a task and
 ``asyncio.wait`` per read, as ``_race`` does); ``parse`` splits the stream into
 whole SSE events, checks each for ``[DONE]``, usage and error markers and sends the
@@ -32,6 +32,8 @@ from typing import Any
 
 import aiohttp
 from channels.routing import ProtocolTypeRouter
+
+from config.asgi_io import wait_disconnect
 
 UPSTREAMS = [
     url.rstrip("/")
@@ -109,7 +111,7 @@ async def _relay_like_gateway(
     """The gateway's relay loop, with only the pieces named in ``MODE``."""
     race = "race" in MODE
     parse = "parse" in MODE
-    disconnected = asyncio.ensure_future(_wait_disconnect(receive)) if race else None
+    disconnected = asyncio.ensure_future(wait_disconnect(receive)) if race else None
     reader = response.content
     buffer = b""
     try:
@@ -177,14 +179,7 @@ async def _race(awaitable: Any, disconnected: asyncio.Future[None]) -> Any:
     raise _ClientGone
 
 
-async def _wait_disconnect(receive: Any) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-_DEPTH = 6  # the gateway's await chain below the router: http_app .. _forward
+_DEPTH = 6  # the gateway's await chain below the router: http_app .. Relay.run
 
 
 async def _nested(

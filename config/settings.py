@@ -24,6 +24,12 @@ from config.env import (
     parse_database_url,
 )
 
+# Pure modules (no Django): the platform's admission and routing defaults.
+from routing.domain.admission_control import AdmissionOptions
+from routing.domain.policies import DEFAULT_POLICY_OPTIONS
+
+_ADMISSION = AdmissionOptions()
+
 logger = logging.getLogger("config")
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -246,18 +252,24 @@ try:
     PLATFORM_DEFAULT_REPLICA_TOKENS_IN_FLIGHT = env_int(
         "PLATFORM_DEFAULT_REPLICA_TOKENS_IN_FLIGHT", 110_000, minimum=1
     )
+    # The defaults of admission and routing are the domain's own (one set, shared
+    # with the fleet simulator): AdmissionOptions and PolicyOptions.
     PLATFORM_ADMISSION_MAX_QUEUE = env_int(
-        "PLATFORM_ADMISSION_MAX_QUEUE", 256, minimum=1
+        "PLATFORM_ADMISSION_MAX_QUEUE", _ADMISSION.max_queue, minimum=1
     )
     PLATFORM_ADMISSION_MAX_WAIT_S = env_float(
-        "PLATFORM_ADMISSION_MAX_WAIT_S", 10.0, minimum=0.1
+        "PLATFORM_ADMISSION_MAX_WAIT_S", _ADMISSION.max_wait_s, minimum=0.1
     )
     # Batch runs only on idle capacity: below this fraction of the pool's capacity.
-    PLATFORM_BATCH_CEILING = env_float("PLATFORM_BATCH_CEILING", 0.9, minimum=0.0)
+    PLATFORM_BATCH_CEILING = env_float(
+        "PLATFORM_BATCH_CEILING", _ADMISSION.batch_ceiling, minimum=0.0
+    )
     # Below this many tokens in flight no replica counts as overloaded, so light
     # traffic keeps its prefix affinity (about 15% of a 7B replica's capacity).
     PLATFORM_AFFINITY_MIN_BOUND_TOKENS = env_int(
-        "PLATFORM_AFFINITY_MIN_BOUND_TOKENS", 16_384, minimum=0
+        "PLATFORM_AFFINITY_MIN_BOUND_TOKENS",
+        DEFAULT_POLICY_OPTIONS.min_bound_tokens,
+        minimum=0,
     )
     PLATFORM_RETRY_RATIO = env_float("PLATFORM_RETRY_RATIO", 0.1, minimum=0.0)
     PLATFORM_SNAPSHOT_REFRESH_S = env_float(
@@ -283,20 +295,26 @@ except EnvError as exc:
 # ---------------------------------------------------------------------------
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
-    CELERY_BROKER_TRANSPORT_OPTIONS = {
+    CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, str | bool] = {
         "global_keyprefix": f"{REDIS_KEY_PREFIX}:celery:"
     }
 else:
     # A broker that needs no server: kombu's filesystem transport, shared by the
-    # worker and the processes that enqueue on this machine.
+    # worker and the processes that enqueue on this machine. Every folder is named:
+    # kombu's defaults are relative to the working directory (its exchange tables
+    # went to ./control/), and it creates none of them but the last level of
+    # `control_folder`.
     _broker_dir = LOCAL_DIR / "broker"
     CELERY_BROKER_URL = "filesystem://"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_broker_dir / "queue"),
         "data_folder_out": str(_broker_dir / "queue"),
         "processed_folder": str(_broker_dir / "processed"),
+        "control_folder": str(_broker_dir / "control"),
         "store_processed": False,
     }
+    for _folder in ("queue", "processed", "control"):
+        (_broker_dir / _folder).mkdir(parents=True, exist_ok=True)
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_ACCEPT_CONTENT = ["json"]

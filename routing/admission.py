@@ -1,85 +1,246 @@
-"""The admission seam of the gateway: what runs between parsing a request and routing it.
+"""Admission in the gateway: the pure sequence driven over the live stores.
 
-Public surface: ``AdmissionRequest``, ``Ticket``, ``Admission``, ``OpenAdmission``,
-``Rejected``.
+Public surface: ``Admission`` (the seam the gateway calls), ``LiveAdmission``,
+``LivePoolView``, ``pool_key``, ``team_key``.
 
-Every admitted request holds a ``Ticket`` until its answer ends; ``release`` is
-called exactly once with the tokens actually used (on success, errors, client
-disconnects and retries alike), so whatever admission charged can be refunded.
-Token buckets, concurrency caps and tiered queues plug in here.
+The sequence itself (charge and slot, tiered queue, give back) is
+``routing.domain.admission_control.AdmissionControl``, shared with the fleet
+simulator. This module performs its effects: bucket charges and slots on a
+``LimitStore`` (Redis, shared by a region's gateways, or memory), queue waits on
+futures resolved by a pump that runs while anything waits (every
+``pump_interval_s``, and whenever an answer ends here).
+
+Pool and team tokens in flight are shared by the gateway processes of a region
+through ``LiveLoad`` (this process exact, the others as of the last second), so a
+pool's fullness is judged over all gateways within a second.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Callable
 from typing import Protocol
 
-from routing.domain.snapshot import LimitRecord
-from routing.domain.tiers import Tier
+from models_registry.domain.capacity import CapacityRecord, pool_capacity_tokens
+from routing.domain.admission import Outcome, PoolState, Verdict
+from routing.domain.admission_control import (
+    AdmissionControl,
+    AdmissionRequest,
+    ChargeAndAcquire,
+    Effect,
+    RefundAndRelease,
+    ShedWaiting,
+    Ticket,
+    WaitInQueue,
+)
+from routing.domain.limit_table import Claim
+from routing.domain.snapshot import ConfigSnapshot
+from routing.limiter_store import LimitStore
+from routing.live import LiveLoad
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Admission", "LiveAdmission", "LivePoolView", "pool_key", "team_key"]
 
 
-@dataclass(frozen=True, slots=True)
-class AdmissionRequest:
-    """What admission knows of a request before it is routed."""
-
-    team: str
-    model: str
-    version: str
-    tier: Tier
-    prompt_tokens: int
-    max_tokens: int
-    limit: LimitRecord | None = None
-
-    @property
-    def charge_tokens(self) -> int:
-        """The tokens charged up front: prompt plus the most the answer may use."""
-        return self.prompt_tokens + self.max_tokens
+def pool_key(model: str, version: str) -> str:
+    """Return the live-load key of a pool's admitted tokens."""
+    return f"p|{model}|{version}"
 
 
-class Rejected(Exception):
-    """Admission refused the request: 429 (over a team limit) or 503 (shed)."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        retry_after_s: float,
-        code: str,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.retry_after_s = retry_after_s
-        self.code = code
-        self.headers = headers or {}
-
-
-class Ticket(Protocol):
-    """An admitted request's claim on limits and capacity."""
-
-    headers: dict[str, str]
-
-    async def release(self, *, used_tokens: int) -> None: ...
+def team_key(model: str, version: str, team: str) -> str:
+    """Return the live-load key of a team's admitted tokens in a pool."""
+    return f"t|{model}|{version}|{team}"
 
 
 class Admission(Protocol):
     """Decides whether (and when) a request may go to a replica."""
 
-    async def admit(self, request: AdmissionRequest) -> Ticket: ...
+    async def admit(self, request: AdmissionRequest) -> Ticket:
+        """Admit ``request`` or raise ``Rejected``; may wait in the pool's queue."""
+        ...
+
+    async def release(self, ticket: Ticket, *, used_tokens: int) -> None:
+        """Give back what ``ticket`` took, refunding all but ``used_tokens``; once."""
+        ...
 
 
-@dataclass(slots=True)
-class _OpenTicket:
-    headers: dict[str, str]
+class LivePoolView:
+    """Pools as this region's gateways see them: the snapshot plus live load.
 
-    async def release(self, *, used_tokens: int) -> None:
-        return None
+    A pool's capacity is its serving replicas (heard from recently, not ejected
+    here) times the version's load-tested tokens in flight, or
+    ``default_replica_tokens_in_flight`` where no load test has run.
+    """
+
+    def __init__(
+        self,
+        *,
+        snapshot: Callable[[], ConfigSnapshot | None],
+        live: LiveLoad,
+        default_replica_tokens_in_flight: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.snapshot = snapshot
+        self.live = live
+        self.default_replica_tokens_in_flight = default_replica_tokens_in_flight
+        self.clock = clock
+
+    def capacity(self, model: str, version: str) -> int:
+        """Return the tokens in flight the pool can hold now (0 without replicas)."""
+        snapshot = self.snapshot()
+        if snapshot is None:
+            return 0
+        record = snapshot.versions.get((model, version))
+        measured = record.load_test_tokens_in_flight if record is not None else None
+        serving = len(self.live.nodes(snapshot, model, version, self.clock()))
+        # A figure of 0 is no measurement: keep the pool usable on the default.
+        capacity = CapacityRecord(tokens_per_s=None, tokens_in_flight=measured or None)
+        return pool_capacity_tokens(
+            serving, capacity, self.default_replica_tokens_in_flight
+        )
+
+    def state(self, model: str, version: str) -> PoolState | None:
+        """Return the pool's load over all gateways; None while it has no capacity."""
+        capacity = self.capacity(model, version)
+        if capacity <= 0:
+            return None
+        live = self.live
+        prefix = f"t|{model}|{version}|"
+        teams: dict[str, int] = {}
+        for source in (live.own, live.others):
+            for key, tokens in source.items():
+                if key.startswith(prefix):
+                    team = key[len(prefix) :]
+                    teams[team] = teams.get(team, 0) + tokens
+        return PoolState(
+            capacity=capacity,
+            in_flight=live.tokens_in_flight(pool_key(model, version)),
+            team_in_flight=teams,
+        )
+
+    def take(self, model: str, version: str, team: str, tokens: int) -> None:
+        """Count admitted tokens into the pool and the team's share (this process)."""
+        self.live.add(pool_key(model, version), tokens)
+        self.live.add(team_key(model, version, team), tokens)
+
+    def give_back(self, model: str, version: str, team: str, tokens: int) -> None:
+        """Take an ended request's tokens out of the pool and the team's share."""
+        self.live.remove(pool_key(model, version), tokens)
+        self.live.remove(team_key(model, version, team), tokens)
 
 
-class OpenAdmission:
-    """Admit everything (no limits): the seam before token buckets and tiers."""
+class LiveAdmission:
+    """Token buckets, concurrency caps and per-pool tiered queues, live."""
+
+    def __init__(
+        self,
+        *,
+        control: AdmissionControl,
+        limits: LimitStore,
+        pump_interval_s: float = 0.05,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.control = control
+        # Charge and slot are taken (and given back) together: one round trip each.
+        self.limits = limits
+        self.pump_interval_s = pump_interval_s
+        self.clock = clock
+        self._waiters: dict[str, asyncio.Future[Verdict]] = {}
+        self._pumps: dict[tuple[str, str], asyncio.Task[None]] = {}
 
     async def admit(self, request: AdmissionRequest) -> Ticket:
-        return _OpenTicket(headers={})
+        """Admit ``request`` or raise ``Rejected``; may wait in the pool's queue."""
+        steps = self.control.admit(request, secrets.token_hex(8), self.clock())
+        reply: Claim | Verdict | None = None
+        error: BaseException | None = None
+        while True:
+            try:
+                effect = steps.send(reply) if error is None else steps.throw(error)
+            except StopIteration as done:
+                return done.value
+            reply, error = None, None
+            try:
+                reply = await self._perform(effect)
+            except BaseException as exc:
+                # Handed to the sequence (a cancelled wait, a refused charge), which
+                # gives back what it took and raises it again.
+                error = exc
+
+    async def release(self, ticket: Ticket, *, used_tokens: int) -> None:
+        """Give back what ``ticket`` took, refunding all but ``used_tokens``; once."""
+        refund = self.control.release(ticket, used_tokens=used_tokens)
+        if refund is None:
+            return
+        try:
+            await self._perform(refund)
+        finally:
+            request = ticket.request
+            self.pump((request.model, request.version))
+
+    def pump(self, pool: tuple[str, str]) -> None:
+        """Run the pool's queue once and wake whom it admitted or shed."""
+        pumped = self.control.pump(pool, self.clock())
+        for admission_id in pumped.admitted:
+            self._wake(admission_id, Verdict(Outcome.ADMIT))
+        for admission_id, retry_after_s in pumped.shed:
+            self._wake(admission_id, Verdict(Outcome.SHED, retry_after_s))
+
+    async def _perform(self, effect: Effect) -> Claim | Verdict | None:
+        if isinstance(effect, ChargeAndAcquire):
+            return await self.limits.charge_and_acquire(
+                effect.key,
+                capacity=effect.capacity,
+                refill_per_s=effect.refill_per_s,
+                amount=effect.amount,
+                limit=effect.limit,
+                request_id=effect.request_id,
+                now=self.clock(),
+            )
+        if isinstance(effect, RefundAndRelease):
+            await self.limits.refund_and_release(
+                effect.key,
+                capacity=effect.capacity,
+                refill_per_s=effect.refill_per_s,
+                amount=effect.amount,
+                request_id=effect.request_id,
+                now=self.clock(),
+            )
+            return None
+        if isinstance(effect, ShedWaiting):
+            for admission_id, retry_after_s in effect.shed:
+                self._wake(admission_id, Verdict(Outcome.SHED, retry_after_s))
+            return None
+        return await self._wait(effect)
+
+    async def _wait(self, effect: WaitInQueue) -> Verdict:
+        future: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
+        self._waiters[effect.admission_id] = future
+        self._ensure_pump(effect.pool)
+        try:
+            return await future
+        finally:
+            self._waiters.pop(effect.admission_id, None)
+
+    def _wake(self, admission_id: str, verdict: Verdict) -> None:
+        future = self._waiters.pop(admission_id, None)
+        if future is not None and not future.done():
+            future.set_result(verdict)
+
+    def _ensure_pump(self, pool: tuple[str, str]) -> None:
+        task = self._pumps.get(pool)
+        if task is None or task.done():
+            self._pumps[pool] = asyncio.get_running_loop().create_task(
+                self._pump_loop(pool)
+            )
+
+    async def _pump_loop(self, pool: tuple[str, str]) -> None:
+        """Admit queued requests as capacity frees (here or in other gateways)."""
+        while self.control.queued(pool):
+            self.pump(pool)
+            if not self.control.queued(pool):
+                return
+            await asyncio.sleep(self.pump_interval_s)

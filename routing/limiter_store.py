@@ -1,52 +1,35 @@
 """Where the gateway keeps its token buckets and concurrency slots.
 
 Public surface: ``BucketStore``, ``ConcurrencyStore`` and ``LimitStore`` (the
-protocols), ``MemoryBucketStore``, ``RedisBucketStore``, ``MemoryConcurrency``,
-``RedisConcurrency``, ``MemoryLimits``, ``RedisLimits``, ``Claim``,
-``BUCKET_TTL_MARGIN_S``.
+protocols), ``MemoryBucketStore``, ``MemoryConcurrency``, ``MemoryLimits``, and
+``Claim`` (from ``routing.domain.limit_table``). The Redis stores are in
+``routing.limiter_redis``.
 
-The arithmetic lives in ``routing.domain.limiter`` (pure). This module only stores
-its state: in a dict (the embedded default, one process) or in Redis (shared by
-every gateway of a region), where one Lua script per operation makes each charge,
-refund and acquire atomic. The Lua repeats the pure arithmetic step for step, in
-IEEE doubles like Python's floats, so both stores give the same ``Charge`` for the
-same history (``routing/tests/test_limiter_store.py`` checks this on random
-histories).
+The arithmetic lives in ``routing.domain.limiter`` (pure). A store only keeps its
+state: in memory (the embedded default, one process: async faces of
+``routing.domain.limit_table``, which the fleet simulator uses directly) or in Redis
+(shared by every gateway of a region, one Lua script per operation). Both give the
+same ``Charge`` for the same history (``routing/tests/test_limiter_store.py``
+checks this on random histories).
 
 Admission takes a bucket charge and a concurrency slot for every request and gives
 both back when it ends, so a ``LimitStore`` (``buckets.pair(slots)``) does each pair
-in one step: ``charge_and_acquire`` and ``refund_and_release``, one Lua script and
-one Redis round trip each, instead of two.
+in one step: ``charge_and_acquire`` and ``refund_and_release``, one Redis round
+trip each.
 
 Time is passed in by the caller (``now``, unix seconds) and never read here, so
-both stores run on an injected clock in tests. Every gateway writes its own
-``now`` into shared buckets, so gateway hosts need synchronised clocks (NTP), as
-every multi-host limiter does; a bucket last written by a host whose clock is
-ahead refills nothing until the others' clocks pass that time.
-
-In Redis, a bucket is the hash ``{prefix}:bucket:{key}`` (``tokens``,
-``updated_at``) that expires once it would have refilled from empty (plus
-``BUCKET_TTL_MARGIN_S``): an absent bucket is a full one, so idle buckets cost no
-memory. Concurrency slots are the sorted set ``{prefix}:conc:{key}`` of request
-ids scored by their expiry time, so slots that a crashed gateway never released
-expire after ``ttl_s``.
-
-This module is async-side code: it imports no models.
+every store runs on an injected clock in tests. This module is async-side code: it
+imports no models.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Protocol
 
-import redis.asyncio
-
-from routing.domain import limiter
+from routing.domain.limit_table import BucketTable, Claim, LimitTable, SlotTable
 from routing.domain.limiter import Bucket, Charge
 
 __all__ = [
-    "BUCKET_TTL_MARGIN_S",
     "BucketStore",
     "Claim",
     "ConcurrencyStore",
@@ -54,15 +37,7 @@ __all__ = [
     "MemoryBucketStore",
     "MemoryConcurrency",
     "MemoryLimits",
-    "RedisBucketStore",
-    "RedisConcurrency",
-    "RedisLimits",
 ]
-
-# A Redis bucket outlives its time to refill from empty by this much, so that it
-# never vanishes (reads as full) while a gateway whose clock is behind would
-# still see it partly empty. Covers clock skew between hosts; costs idle memory.
-BUCKET_TTL_MARGIN_S = 10.0
 
 
 class BucketStore(Protocol):
@@ -94,23 +69,6 @@ class BucketStore(Protocol):
             TypeError: ``slots`` is not kept where this store keeps its buckets.
         """
         ...
-
-
-@dataclass(frozen=True, slots=True)
-class Claim:
-    """What charging a bucket and taking a concurrency slot together gave.
-
-    ``has_slot`` is true only when the bucket allowed the charge and a slot was
-    free: then the charge is stored and the slot held. Otherwise nothing is held.
-    A charge the bucket refused stores only its refill, as ``charge`` does, and
-    takes no slot. A charge the bucket allowed but the cap refused is not stored
-    at all (the bucket is untouched); ``charge`` is then the charge of 0 tokens at
-    ``now``: the bucket's level refilled to ``now``, what the rate-limit headers
-    should show since nothing was taken.
-    """
-
-    charge: Charge
-    has_slot: bool
 
 
 class LimitStore(Protocol):
@@ -189,64 +147,33 @@ class ConcurrencyStore(Protocol):
         ...
 
 
-def _check_now(now: float) -> None:
-    # A NaN or infinite clock would be stored and poison the bucket for good.
-    if not math.isfinite(now):
-        raise ValueError("now must be a finite number of seconds")
-
-
-@dataclass(slots=True)
-class _Entry:
-    bucket: Bucket
-    capacity: int
-    refill_per_s: float
-
-
 class MemoryBucketStore:
     """Keep buckets in this process (the embedded default, without Redis).
 
-    Memory is bounded by the buckets not yet full: every ``sweep_every`` charges,
-    buckets that have refilled to capacity by that charge's ``now`` are dropped.
-    Dropping one is invisible (an absent bucket is a full one), with the same two
-    exceptions as an expired Redis key: it forgets the bucket's time (a later
-    call with an earlier ``now`` starts from there), and fullness was judged by
-    the limits of the bucket's last call, so after a limit is raised (or its
-    refill slowed) a dropped bucket starts full at the new capacity, where a kept
-    one would refill lazily towards it. Meant for one event loop: each call runs
-    without awaiting, so calls on the same loop never interleave.
+    The async face of ``routing.domain.limit_table.BucketTable`` (see there for how
+    memory stays bounded). Meant for one event loop: each call runs without
+    awaiting, so calls on the same loop never interleave.
     """
 
     def __init__(self, *, sweep_every: int = 1024) -> None:
-        if sweep_every < 1:
-            raise ValueError("sweep_every must be 1 or more")
-        self.sweep_every = sweep_every
-        self._buckets: dict[str, _Entry] = {}
-        self._charges = 0
+        self.table = BucketTable(sweep_every=sweep_every)
 
     def __len__(self) -> int:
-        return len(self._buckets)
+        return len(self.table)
 
     async def charge(
         self, key: str, *, capacity: int, refill_per_s: float, amount: int, now: float
     ) -> Charge:
         """Refill the bucket to ``now`` and take ``amount`` if it holds that much."""
-        _check_now(now)
-        result = limiter.charge(
-            self._stored(key),
-            now,
-            capacity=capacity,
-            refill_per_s=refill_per_s,
-            amount=amount,
+        return self.table.charge(
+            key, capacity=capacity, refill_per_s=refill_per_s, amount=amount, now=now
         )
-        self._store_charged(key, result.bucket, capacity, refill_per_s, now)
-        return result
 
     async def refund(
         self, key: str, *, capacity: int, refill_per_s: float, amount: int, now: float
     ) -> None:
         """Give back ``amount`` tokens (never above ``capacity``)."""
-        _check_now(now)
-        self._refund(
+        self.table.refund(
             key, capacity=capacity, refill_per_s=refill_per_s, amount=amount, now=now
         )
 
@@ -260,258 +187,33 @@ class MemoryBucketStore:
             raise TypeError(
                 f"memory buckets pair with MemoryConcurrency, not {type(slots).__name__}"
             )
-        return MemoryLimits(self, slots)
-
-    def _stored(self, key: str) -> Bucket | None:
-        entry = self._buckets.get(key)
-        return entry.bucket if entry else None
-
-    def _store_charged(
-        self, key: str, bucket: Bucket, capacity: int, refill_per_s: float, now: float
-    ) -> None:
-        self._buckets[key] = _Entry(bucket, capacity, refill_per_s)
-        self._charges += 1
-        if self._charges % self.sweep_every == 0:
-            self.sweep(now)
-
-    def _refund(
-        self, key: str, *, capacity: int, refill_per_s: float, amount: int, now: float
-    ) -> None:
-        bucket = limiter.refund(
-            self._stored(key),
-            now,
-            capacity=capacity,
-            refill_per_s=refill_per_s,
-            amount=amount,
-        )
-        self._buckets[key] = _Entry(bucket, capacity, refill_per_s)
+        return MemoryLimits(LimitTable(self.table, slots.table))
 
     async def peek(
         self, key: str, *, capacity: int, refill_per_s: float, now: float
     ) -> Bucket:
         """Return the bucket as refilled to ``now``, without storing it."""
-        entry = self._buckets.get(key)
-        return limiter.refill(
-            entry.bucket if entry else None,
-            now,
-            capacity=capacity,
-            refill_per_s=refill_per_s,
+        return self.table.peek(
+            key, capacity=capacity, refill_per_s=refill_per_s, now=now
         )
 
     def sweep(self, now: float) -> int:
         """Drop the buckets that are full at ``now``; return how many."""
-        full = [
-            key
-            for key, entry in self._buckets.items()
-            if limiter.refill(
-                entry.bucket,
-                now,
-                capacity=entry.capacity,
-                refill_per_s=entry.refill_per_s,
-            ).tokens
-            >= entry.capacity
-        ]
-        for key in full:
-            del self._buckets[key]
-        return len(full)
-
-
-# The scripts repeat ``limiter.refill``, ``charge`` and ``refund`` operation for
-# operation (same order, same tolerance, same min/max), so that Lua's doubles round
-# exactly as Python's floats do; keep them in step with that module. Floats travel
-# as text both ways: into Lua as repr() read by tonumber() (exact), out as %.17g
-# (exact), because Redis truncates Lua numbers in replies to integers and
-# tostring() keeps only 14 digits.
-_REFILL_LUA = """
-local function num(x) return string.format('%.17g', x) end
-local capacity = tonumber(ARGV[1])
-local rate = tonumber(ARGV[2])
-local amount = tonumber(ARGV[3])
-local now = tonumber(ARGV[4])
-local tokens = capacity
-local updated_at = now
-local state = redis.call('HMGET', KEYS[1], 'tokens', 'updated_at')
-if state[1] and state[2] then
-  tokens = tonumber(state[1])
-  updated_at = tonumber(state[2])
-  local elapsed = now - updated_at
-  if elapsed <= 0 then
-    -- A clock going backwards refills nothing and keeps the later time.
-    if tokens > capacity then tokens = capacity end
-  else
-    tokens = math.min(capacity, tokens + elapsed * rate)
-    updated_at = now
-  end
-end
-"""
-
-_CHARGE_LUA = (
-    _REFILL_LUA
-    + """
-local slack = TOLERANCE * capacity
-local allowed = 0
-local retry_after = 0
-if tokens + slack >= amount then
-  allowed = 1
-  tokens = math.max(0.0, tokens - amount)
-else
-  local wait_s = (amount - tokens) / rate
-  retry_after = math.max(1, math.ceil(wait_s - TOLERANCE * math.max(1.0, wait_s)))
-end
-redis.call('HSET', KEYS[1], 'tokens', num(tokens), 'updated_at', num(updated_at))
-redis.call('PEXPIRE', KEYS[1], ARGV[5])
-return {allowed, num(tokens), num(updated_at), num(math.floor(tokens + slack)),
-        num(retry_after), num((capacity - tokens) / rate)}
-""".replace("TOLERANCE", repr(limiter._TOLERANCE))
-)
-
-_REFUND_LUA = (
-    _REFILL_LUA
-    + """
-tokens = math.min(capacity, tokens + amount)
-redis.call('HSET', KEYS[1], 'tokens', num(tokens), 'updated_at', num(updated_at))
-redis.call('PEXPIRE', KEYS[1], ARGV[5])
-return {num(tokens), num(updated_at)}
-"""
-)
-
-
-def _float_arg(value: float) -> str:
-    return repr(float(value))
-
-
-def _int_reply(value: bytes | str) -> int:
-    # An integral double as %.17g text ("12", "1e+20") is parsed exactly by float().
-    return int(float(value))
-
-
-class RedisBucketStore:
-    """Keep buckets in Redis, shared by every gateway of a region.
-
-    Each charge and each refund is one Lua script (one round trip, atomic), so
-    concurrent gateways never both spend the same tokens. Arguments are checked
-    in Python first, so a ``ChargeTooLarge`` never reaches Redis.
-    """
-
-    def __init__(self, client: redis.asyncio.Redis, prefix: str) -> None:
-        self.client = client
-        self.prefix = prefix
-        self._charge = client.register_script(_CHARGE_LUA)
-        self._refund = client.register_script(_REFUND_LUA)
-
-    def bucket_key(self, key: str) -> str:
-        """Return the Redis key of ``key``'s bucket hash."""
-        return f"{self.prefix}:bucket:{key}"
-
-    @staticmethod
-    def ttl_ms(*, capacity: int, refill_per_s: float) -> int:
-        """Return how long an untouched bucket is kept: refill from empty + margin."""
-        return math.ceil((capacity / refill_per_s + BUCKET_TTL_MARGIN_S) * 1000)
-
-    def _args(
-        self, *, capacity: int, refill_per_s: float, amount: int, now: float
-    ) -> list[str]:
-        return [
-            str(capacity),
-            _float_arg(refill_per_s),
-            str(amount),
-            _float_arg(now),
-            str(self.ttl_ms(capacity=capacity, refill_per_s=refill_per_s)),
-        ]
-
-    async def charge(
-        self, key: str, *, capacity: int, refill_per_s: float, amount: int, now: float
-    ) -> Charge:
-        """Refill the bucket to ``now`` and take ``amount`` if it holds that much.
-
-        Raises:
-            ChargeTooLarge: ``amount > capacity``; Redis is not called.
-            redis.RedisError: Redis is unreachable; the caller decides.
-        """
-        # Reject what the pure math rejects (same exceptions) before Redis is
-        # called: running it on a fresh bucket costs a few microseconds and keeps
-        # no second copy of its rules here.
-        _check_now(now)
-        limiter.charge(
-            None, now, capacity=capacity, refill_per_s=refill_per_s, amount=amount
-        )
-        allowed, tokens, updated_at, remaining, retry_after, reset = await self._charge(
-            keys=[self.bucket_key(key)],
-            args=self._args(
-                capacity=capacity, refill_per_s=refill_per_s, amount=amount, now=now
-            ),
-        )
-        return Charge(
-            allowed=allowed == 1,
-            bucket=Bucket(tokens=float(tokens), updated_at=float(updated_at)),
-            limit=capacity,
-            remaining=_int_reply(remaining),
-            retry_after_s=_int_reply(retry_after),
-            reset_s=float(reset),
-        )
-
-    async def refund(
-        self, key: str, *, capacity: int, refill_per_s: float, amount: int, now: float
-    ) -> None:
-        """Give back ``amount`` tokens (never above ``capacity``)."""
-        _check_now(now)
-        limiter.refund(
-            None, now, capacity=capacity, refill_per_s=refill_per_s, amount=amount
-        )
-        await self._refund(
-            keys=[self.bucket_key(key)],
-            args=self._args(
-                capacity=capacity, refill_per_s=refill_per_s, amount=amount, now=now
-            ),
-        )
-
-    def pair(self, slots: ConcurrencyStore) -> RedisLimits:
-        """Return the store that charges here and takes ``slots`` in one step.
-
-        Raises:
-            TypeError: ``slots`` is not a ``RedisConcurrency`` on this client.
-        """
-        if not isinstance(slots, RedisConcurrency) or slots.client is not self.client:
-            raise TypeError(
-                "Redis buckets pair with a RedisConcurrency on the same client, not "
-                f"{type(slots).__name__}"
-            )
-        return RedisLimits(self, slots)
-
-    async def peek(
-        self, key: str, *, capacity: int, refill_per_s: float, now: float
-    ) -> Bucket:
-        """Return the bucket as refilled to ``now``, without storing it."""
-        tokens, updated_at = await self.client.hmget(
-            self.bucket_key(key), ["tokens", "updated_at"]
-        )
-        stored = (
-            Bucket(tokens=float(tokens), updated_at=float(updated_at))
-            if tokens is not None and updated_at is not None
-            else None
-        )
-        return limiter.refill(stored, now, capacity=capacity, refill_per_s=refill_per_s)
+        return self.table.sweep(now)
 
 
 class MemoryConcurrency:
     """Keep concurrency slots in this process (the embedded default).
 
-    Memory is bounded: a key's expired slots are dropped whenever it is acquired,
-    an empty key is dropped, and every ``sweep_every`` acquires all keys are
-    swept, so slots that were never released (a bug, a lost task) go after
-    ``ttl_s``. Meant for one event loop, like ``MemoryBucketStore``.
+    The async face of ``routing.domain.limit_table.SlotTable`` (see there for how
+    memory stays bounded). Meant for one event loop, like ``MemoryBucketStore``.
     """
 
     def __init__(self, *, sweep_every: int = 1024) -> None:
-        if sweep_every < 1:
-            raise ValueError("sweep_every must be 1 or more")
-        self.sweep_every = sweep_every
-        # key -> request_id -> expiry time (unix seconds)
-        self._slots: dict[str, dict[str, float]] = {}
-        self._acquires = 0
+        self.table = SlotTable(sweep_every=sweep_every)
 
     def __len__(self) -> int:
-        return len(self._slots)
+        return len(self.table)
 
     async def acquire(
         self,
@@ -523,139 +225,21 @@ class MemoryConcurrency:
         ttl_s: float = 900.0,
     ) -> bool:
         """Take a slot for ``request_id`` unless ``limit`` unexpired slots are held."""
-        _check_now(now)
-        _check_ttl(ttl_s)
-        return self._acquire(
+        return self.table.acquire(
             key, limit=limit, request_id=request_id, now=now, ttl_s=ttl_s
         )
 
     async def release(self, key: str, *, request_id: str) -> None:
         """Free the slot of ``request_id`` (a no-op if it holds none)."""
-        self._release(key, request_id=request_id)
-
-    def _acquire(
-        self, key: str, *, limit: int, request_id: str, now: float, ttl_s: float
-    ) -> bool:
-        self._acquires += 1
-        if self._acquires % self.sweep_every == 0:
-            self.sweep(now)
-        slots = self._slots.get(key, {})
-        _drop_expired(slots, now)
-        # Same order as the Lua: a holder re-acquires, else the count decides.
-        allowed = request_id in slots or len(slots) < limit
-        if allowed:
-            slots[request_id] = now + ttl_s
-        if slots:
-            self._slots[key] = slots
-        else:
-            self._slots.pop(key, None)
-        return allowed
-
-    def _release(self, key: str, *, request_id: str) -> None:
-        slots = self._slots.get(key)
-        if slots is None:
-            return
-        slots.pop(request_id, None)
-        if not slots:
-            del self._slots[key]
+        self.table.release(key, request_id=request_id)
 
     async def count(self, key: str, now: float) -> int:
         """Return the number of slots held at ``now`` (unexpired)."""
-        return sum(
-            1 for expires_at in self._slots.get(key, {}).values() if expires_at > now
-        )
+        return self.table.count(key, now)
 
     def sweep(self, now: float) -> None:
         """Drop expired slots everywhere, and keys left without slots."""
-        for key in list(self._slots):
-            slots = self._slots[key]
-            _drop_expired(slots, now)
-            if not slots:
-                del self._slots[key]
-
-
-def _check_ttl(ttl_s: float) -> None:
-    if not (ttl_s > 0 and math.isfinite(ttl_s)):
-        raise ValueError("ttl_s must be a positive number of seconds")
-
-
-def _drop_expired(slots: dict[str, float], now: float) -> None:
-    # Expired means expires_at <= now, as ZREMRANGEBYSCORE -inf now (inclusive).
-    for request_id in [rid for rid, at in slots.items() if at <= now]:
-        del slots[request_id]
-
-
-# The key expires with its longest-lived slot (only ever extended), so an
-# abandoned set goes away; slots themselves expire by score, on the caller's clock.
-_ACQUIRE_LUA = """
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
-if redis.call('ZSCORE', KEYS[1], ARGV[3])
-    or redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[2]) then
-  redis.call('ZADD', KEYS[1], ARGV[4], ARGV[3])
-  if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[5]) then
-    redis.call('PEXPIRE', KEYS[1], ARGV[5])
-  end
-  return 1
-end
-return 0
-"""
-
-
-class RedisConcurrency:
-    """Keep concurrency slots in Redis, shared by every gateway of a region.
-
-    Acquire is one Lua script (expire, count, add: atomic), release one ZREM.
-    """
-
-    def __init__(self, client: redis.asyncio.Redis, prefix: str) -> None:
-        self.client = client
-        self.prefix = prefix
-        self._acquire = client.register_script(_ACQUIRE_LUA)
-
-    def slots_key(self, key: str) -> str:
-        """Return the Redis key of ``key``'s sorted set of slots."""
-        return f"{self.prefix}:conc:{key}"
-
-    async def acquire(
-        self,
-        key: str,
-        *,
-        limit: int,
-        request_id: str,
-        now: float,
-        ttl_s: float = 900.0,
-    ) -> bool:
-        """Take a slot for ``request_id`` unless ``limit`` unexpired slots are held.
-
-        Raises:
-            ValueError: ``now`` is not finite or ``ttl_s`` not a positive number.
-            redis.RedisError: Redis is unreachable; the caller decides.
-        """
-        _check_now(now)
-        _check_ttl(ttl_s)
-        # The expiry is computed here, as in MemoryConcurrency, not in Lua.
-        expires_at = now + ttl_s
-        acquired = await self._acquire(
-            keys=[self.slots_key(key)],
-            args=[
-                _float_arg(now),
-                str(limit),
-                request_id,
-                _float_arg(expires_at),
-                str(math.ceil(ttl_s * 1000)),
-            ],
-        )
-        return acquired == 1
-
-    async def release(self, key: str, *, request_id: str) -> None:
-        """Free the slot of ``request_id`` (a no-op if it holds none)."""
-        await self.client.zrem(self.slots_key(key), request_id)
-
-    async def count(self, key: str, now: float) -> int:
-        """Return the number of slots held at ``now`` (unexpired)."""
-        return int(
-            await self.client.zcount(self.slots_key(key), f"({_float_arg(now)}", "+inf")
-        )
+        self.table.sweep(now)
 
 
 # -- a bucket charge and a slot together ---------------------------------------------
@@ -664,13 +248,13 @@ class RedisConcurrency:
 class MemoryLimits:
     """Charge and take a slot (refund and free it) in one step, in this process.
 
-    Each call runs without awaiting, so it is atomic on its event loop, and it
-    gives the same answers and leaves the same state as ``RedisLimits``.
+    The async face of ``routing.domain.limit_table.LimitTable``: each call runs
+    without awaiting, so it is atomic on its event loop, and it gives the same
+    answers and leaves the same state as ``RedisLimits``.
     """
 
-    def __init__(self, buckets: MemoryBucketStore, slots: MemoryConcurrency) -> None:
-        self.buckets = buckets
-        self.slots = slots
+    def __init__(self, table: LimitTable) -> None:
+        self.table = table
 
     async def charge_and_acquire(
         self,
@@ -685,22 +269,16 @@ class MemoryLimits:
         ttl_s: float = 900.0,
     ) -> Claim:
         """Charge ``amount`` to ``key``'s bucket and take a slot for ``request_id``."""
-        _check_now(now)
-        _check_ttl(ttl_s)
-        stored = self.buckets._stored(key)
-        result = limiter.charge(
-            stored, now, capacity=capacity, refill_per_s=refill_per_s, amount=amount
+        return self.table.charge_and_acquire(
+            key,
+            capacity=capacity,
+            refill_per_s=refill_per_s,
+            amount=amount,
+            limit=limit,
+            request_id=request_id,
+            now=now,
+            ttl_s=ttl_s,
         )
-        if result.allowed and not self.slots._acquire(
-            key, limit=limit, request_id=request_id, now=now, ttl_s=ttl_s
-        ):
-            # The cap refused: the bucket stays as stored; report it untaken.
-            untaken = limiter.charge(
-                stored, now, capacity=capacity, refill_per_s=refill_per_s, amount=0
-            )
-            return Claim(untaken, has_slot=False)
-        self.buckets._store_charged(key, result.bucket, capacity, refill_per_s, now)
-        return Claim(result, has_slot=result.allowed)
 
     async def refund_and_release(
         self,
@@ -713,163 +291,11 @@ class MemoryLimits:
         now: float,
     ) -> None:
         """Give ``amount`` tokens back (never above ``capacity``) and free the slot."""
-        _check_now(now)
-        limiter.refund(
-            None, now, capacity=capacity, refill_per_s=refill_per_s, amount=amount
-        )
-        if amount > 0:
-            self.buckets._refund(
-                key,
-                capacity=capacity,
-                refill_per_s=refill_per_s,
-                amount=amount,
-                now=now,
-            )
-        self.slots._release(key, request_id=request_id)
-
-
-# KEYS: the bucket, the slots. ARGV 1-5 as for _CHARGE_LUA, then the slot cap, the
-# request id, its expiry time and the slot key's TTL in ms (as _ACQUIRE_LUA).
-# The same steps as _CHARGE_LUA then _ACQUIRE_LUA, except that the charge is
-# stored only once the slot is taken: a refused slot leaves the bucket as it was.
-_CLAIM_LUA = (
-    _REFILL_LUA
-    + """
-local slack = TOLERANCE * capacity
-if tokens + slack < amount then
-  -- Refused by the bucket: store the refill, as a refused charge does; no slot.
-  local wait_s = (amount - tokens) / rate
-  local retry_after = math.max(1, math.ceil(wait_s - TOLERANCE * math.max(1.0, wait_s)))
-  redis.call('HSET', KEYS[1], 'tokens', num(tokens), 'updated_at', num(updated_at))
-  redis.call('PEXPIRE', KEYS[1], ARGV[5])
-  return {0, 0, num(tokens), num(updated_at), num(math.floor(tokens + slack)),
-          num(retry_after), num((capacity - tokens) / rate)}
-end
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[4])
-local has_slot = 0
-if redis.call('ZSCORE', KEYS[2], ARGV[7])
-    or redis.call('ZCARD', KEYS[2]) < tonumber(ARGV[6]) then
-  has_slot = 1
-  redis.call('ZADD', KEYS[2], ARGV[8], ARGV[7])
-  if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[9]) then
-    redis.call('PEXPIRE', KEYS[2], ARGV[9])
-  end
-  tokens = math.max(0.0, tokens - amount)
-  redis.call('HSET', KEYS[1], 'tokens', num(tokens), 'updated_at', num(updated_at))
-  redis.call('PEXPIRE', KEYS[1], ARGV[5])
-end
--- Without a slot nothing was stored: the reply is the charge of 0 tokens.
-return {1, has_slot, num(tokens), num(updated_at), num(math.floor(tokens + slack)),
-        num(0), num((capacity - tokens) / rate)}
-""".replace("TOLERANCE", repr(limiter._TOLERANCE))
-)
-
-# KEYS: the bucket, the slots. ARGV 1-5 as for _REFUND_LUA, then the request id.
-# A refund of 0 leaves the bucket alone (not even refilled), as memory does.
-_GIVE_BACK_LUA = (
-    "if tonumber(ARGV[3]) > 0 then\n"
-    + _REFILL_LUA
-    + """
-tokens = math.min(capacity, tokens + amount)
-redis.call('HSET', KEYS[1], 'tokens', num(tokens), 'updated_at', num(updated_at))
-redis.call('PEXPIRE', KEYS[1], ARGV[5])
-end
-redis.call('ZREM', KEYS[2], ARGV[6])
-return 1
-"""
-)
-
-
-class RedisLimits:
-    """Charge and take a slot (refund and free it) in one Lua script each, in Redis.
-
-    One round trip per call instead of two, atomic across both keys. Both keys
-    live on one Redis server (a Redis Cluster would need them in one hash slot).
-    """
-
-    def __init__(self, buckets: RedisBucketStore, slots: RedisConcurrency) -> None:
-        self.buckets = buckets
-        self.slots = slots
-        self._claim = buckets.client.register_script(_CLAIM_LUA)
-        self._give_back = buckets.client.register_script(_GIVE_BACK_LUA)
-
-    async def charge_and_acquire(
-        self,
-        key: str,
-        *,
-        capacity: int,
-        refill_per_s: float,
-        amount: int,
-        limit: int,
-        request_id: str,
-        now: float,
-        ttl_s: float = 900.0,
-    ) -> Claim:
-        """Charge ``amount`` to ``key``'s bucket and take a slot for ``request_id``.
-
-        Raises:
-            ChargeTooLarge: ``amount > capacity``; Redis is not called.
-            redis.RedisError: Redis is unreachable; the caller decides.
-        """
-        _check_now(now)
-        _check_ttl(ttl_s)
-        limiter.charge(
-            None, now, capacity=capacity, refill_per_s=refill_per_s, amount=amount
-        )
-        (
-            allowed,
-            has_slot,
-            tokens,
-            updated_at,
-            remaining,
-            retry_after,
-            reset,
-        ) = await self._claim(
-            keys=[self.buckets.bucket_key(key), self.slots.slots_key(key)],
-            args=[
-                *self.buckets._args(
-                    capacity=capacity,
-                    refill_per_s=refill_per_s,
-                    amount=amount,
-                    now=now,
-                ),
-                str(limit),
-                request_id,
-                _float_arg(now + ttl_s),
-                str(math.ceil(ttl_s * 1000)),
-            ],
-        )
-        charge = Charge(
-            allowed=allowed == 1,
-            bucket=Bucket(tokens=float(tokens), updated_at=float(updated_at)),
-            limit=capacity,
-            remaining=_int_reply(remaining),
-            retry_after_s=_int_reply(retry_after),
-            reset_s=float(reset),
-        )
-        return Claim(charge, has_slot=has_slot == 1)
-
-    async def refund_and_release(
-        self,
-        key: str,
-        *,
-        capacity: int,
-        refill_per_s: float,
-        amount: int,
-        request_id: str,
-        now: float,
-    ) -> None:
-        """Give ``amount`` tokens back (never above ``capacity``) and free the slot."""
-        _check_now(now)
-        limiter.refund(
-            None, now, capacity=capacity, refill_per_s=refill_per_s, amount=amount
-        )
-        await self._give_back(
-            keys=[self.buckets.bucket_key(key), self.slots.slots_key(key)],
-            args=[
-                *self.buckets._args(
-                    capacity=capacity, refill_per_s=refill_per_s, amount=amount, now=now
-                ),
-                request_id,
-            ],
+        self.table.refund_and_release(
+            key,
+            capacity=capacity,
+            refill_per_s=refill_per_s,
+            amount=amount,
+            request_id=request_id,
+            now=now,
         )

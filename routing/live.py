@@ -1,6 +1,6 @@
 """Live replica load shared by the gateway processes of a region.
 
-Public surface: ``LiveLoad``.
+Public surface: ``LiveLoad``, ``AttemptLoad``.
 
 Each gateway process knows exactly, and at every instant, the tokens it has in
 flight on each replica (prompt plus remaining output of its open requests). Once a
@@ -172,6 +172,38 @@ class LiveLoad:
         pipe.delete(self._load_key)
         pipe.srem(self._gateways_key, self.gateway_id)
         await pipe.execute()
+
+
+class AttemptLoad:
+    """One attempt's tokens in flight on its replica, lowered as its output arrives.
+
+    Counted into ``live`` when built (prompt plus ``max_tokens``, the most it can
+    hold), lowered by ``shrink`` as output tokens stream (never below the prompt,
+    which stays in the replica's KV cache until the answer ends), and taken off
+    entirely by ``drop``.
+    """
+
+    __slots__ = ("floor", "live", "replica_id", "tokens")
+
+    def __init__(
+        self, live: LiveLoad, replica_id: str, *, tokens: int, floor: int
+    ) -> None:
+        self.live = live
+        self.replica_id = replica_id
+        self.floor = floor
+        self.tokens = tokens
+        live.add(replica_id, tokens)
+
+    def shrink(self, output_tokens: int) -> None:
+        """Count ``output_tokens`` more as generated."""
+        left = max(self.floor, self.tokens - output_tokens)
+        self.live.remove(self.replica_id, self.tokens - left)
+        self.tokens = left
+
+    def drop(self) -> None:
+        """The attempt ended: take all its tokens off the replica."""
+        self.live.remove(self.replica_id, self.tokens)
+        self.tokens = 0
 
 
 def _db_alive(replica: ReplicaRecord, wall_now: float, window_s: float) -> bool:

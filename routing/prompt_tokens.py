@@ -67,7 +67,10 @@ class PromptRejected(ValueError):
 class ChatTokenCounter(Protocol):
     """Counts the prompt tokens of a list of chat messages."""
 
-    name: str
+    @property
+    def name(self) -> str:
+        """Say which tokenizer counts (for logs)."""
+        ...
 
     def count(self, messages: Sequence[Mapping[str, Any]]) -> int: ...
 

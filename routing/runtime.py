@@ -1,37 +1,39 @@
-"""Public surface: ``get_gateway``, ``build_gateway``, ``reset_for_tests``.
+"""Public surface: ``get_gateway``, ``build_gateway``, ``gateway_settings``,
+``reset_for_tests``.
 
-The gateway of this process, built once from settings: its snapshot loader, live
-load, usage counter and admission. Mutable routing state (rings, cursors, retry
-budgets) lives in that object, never in module globals of the domain code.
+The gateway of this process, built once from settings, in one pass: its snapshot
+holder, live load, admission (over Redis or memory) with its pool view, usage
+counter, upstream session and chat service are each built with what they need and
+handed to the ``Gateway``. Mutable routing state (rings, cursors, retry budgets,
+queues) lives in those objects, never in module globals of the domain code.
 """
 
 from __future__ import annotations
 
-import logging
 import os
+import random
 import secrets
 import socket
-import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from channels.db import database_sync_to_async
 from django.conf import settings
 
-from models_registry.domain.capacity import CapacityRecord, pool_capacity_tokens
-from routing.admission import Admission
+from routing.admission import LiveAdmission, LivePoolView
+from routing.chat import BackgroundTasks, ChatService, UsageCounter
+from routing.domain.admission_control import AdmissionControl, AdmissionOptions
+from routing.domain.policies import PolicyOptions
 from routing.domain.snapshot import ConfigSnapshot
-from routing.gateway import Gateway, GatewaySettings
-from routing.limiter_store import (
-    MemoryBucketStore,
-    MemoryConcurrency,
-    RedisBucketStore,
-    RedisConcurrency,
-)
-from routing.limits import TieredAdmission
+from routing.gateway import Gateway
+from routing.limiter_redis import RedisBucketStore, RedisConcurrency
+from routing.limiter_store import LimitStore, MemoryBucketStore, MemoryConcurrency
 from routing.live import LiveLoad
+from routing.plan import GatewaySettings
+from routing.prompt_tokens import VersionCounters
 from routing.services import build_snapshot
-
-logger = logging.getLogger(__name__)
+from routing.snapshots import SnapshotHolder
+from routing.upstream import Upstream
 
 _gateway: Gateway | None = None
 
@@ -46,29 +48,26 @@ def gateway_settings() -> GatewaySettings:
         default_max_concurrency=settings.PLATFORM_DEFAULT_MAX_CONCURRENCY,
         retry_ratio=settings.PLATFORM_RETRY_RATIO,
         connect_timeout_s=settings.PLATFORM_UPSTREAM_CONNECT_TIMEOUT_S,
-        affinity_min_bound_tokens=settings.PLATFORM_AFFINITY_MIN_BOUND_TOKENS,
+        policy_options=PolicyOptions(
+            min_bound_tokens=settings.PLATFORM_AFFINITY_MIN_BOUND_TOKENS
+        ),
         engine_api_key=settings.PLATFORM_ENGINE_API_KEY,
     )
 
 
-def build_gateway(*, admission: Admission | None = None) -> Gateway:
+def admission_options() -> AdmissionOptions:
+    """Return the admission queue's bounds from Django settings."""
+    return AdmissionOptions(
+        max_queue=settings.PLATFORM_ADMISSION_MAX_QUEUE,
+        max_wait_s=settings.PLATFORM_ADMISSION_MAX_WAIT_S,
+        batch_ceiling=settings.PLATFORM_BATCH_CEILING,
+    )
+
+
+def build_gateway() -> Gateway:
     """Build this process's gateway from settings (Redis when REDIS_URL is set)."""
     region = settings.PLATFORM_REGION
-    redis_client: Any | None = None
-    if settings.REDIS_URL:
-        import redis.asyncio as redis_asyncio
-
-        # A blocking pool: a burst of requests ending together waits for a
-        # connection instead of failing with "too many connections".
-        redis_client = redis_asyncio.Redis(
-            connection_pool=redis_asyncio.BlockingConnectionPool.from_url(
-                settings.REDIS_URL,
-                max_connections=64,
-                timeout=2.0,
-                socket_timeout=1.0,
-                socket_connect_timeout=1.0,
-            )
-        )
+    redis_client = _redis_client()
     live = LiveLoad(
         gateway_id=f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}",
         region=region,
@@ -89,74 +88,105 @@ def build_gateway(*, admission: Admission | None = None) -> Gateway:
             region=region, default_policy=settings.PLATFORM_ROUTING_POLICY
         )
 
-    flush = None
-    if redis_client is not None:
-        from metering.counters import RedisUsageCounter
-
-        counter: Any = RedisUsageCounter(redis_client, settings.REDIS_KEY_PREFIX)
-    else:
-        from metering.counters import MemoryUsageCounter
-        from metering.services import flush_memory_usage
-
-        counter = MemoryUsageCounter()
-        write = database_sync_to_async(flush_memory_usage)
-
-        async def flush() -> None:
-            entries = counter.drain()
-            if not entries:
-                return
-            try:
-                await write(entries=entries)
-            except Exception:
-                # Keep the counts for the next flush rather than lose them.
-                for key, counts in entries.items():
-                    await counter.add(key, counts)
-                raise
-
-    gateway = Gateway(
-        settings=gateway_settings(),
-        load_snapshot=load,
+    snapshots = SnapshotHolder(load, prompt_counters=VersionCounters())
+    admission = LiveAdmission(
+        control=AdmissionControl(
+            LivePoolView(
+                snapshot=lambda: snapshots.current,
+                live=live,
+                default_replica_tokens_in_flight=(
+                    settings.PLATFORM_DEFAULT_REPLICA_TOKENS_IN_FLIGHT
+                ),
+            ),
+            admission_options(),
+        ),
+        limits=_limit_store(redis_client),
+    )
+    counter, flush = _usage_counter(redis_client)
+    config = gateway_settings()
+    upstream = Upstream(
+        connect_timeout_s=config.connect_timeout_s,
+        engine_api_key=config.engine_api_key,
+    )
+    background = BackgroundTasks()
+    chat = ChatService(
+        settings=config,
         live=live,
-        usage_counter=counter,
         admission=admission,
+        upstream=upstream,
+        usage_counter=counter,
+        background=background,
+        rng=random.Random(),
+    )
+    return Gateway(
+        settings=config,
+        snapshots=snapshots,
+        live=live,
+        chat=chat,
+        upstream=upstream,
+        background=background,
         snapshot_refresh_s=settings.PLATFORM_SNAPSHOT_REFRESH_S,
         flush_usage=flush,
         flush_usage_s=settings.PLATFORM_USAGE_FLUSH_S,
     )
-    if admission is None:
-        gateway.admission = tiered_admission(gateway, redis_client)
-    return gateway
 
 
-def tiered_admission(gateway: Gateway, redis_client: Any | None) -> TieredAdmission:
-    """Return team limits and tiers over Redis (shared by gateways) or memory."""
-    if redis_client is not None:
-        buckets: Any = RedisBucketStore(redis_client, settings.REDIS_KEY_PREFIX)
-        concurrency: Any = RedisConcurrency(redis_client, settings.REDIS_KEY_PREFIX)
-    else:
-        buckets, concurrency = MemoryBucketStore(), MemoryConcurrency()
-    default_per_replica = settings.PLATFORM_DEFAULT_REPLICA_TOKENS_IN_FLIGHT
+def _redis_client() -> Any | None:
+    if not settings.REDIS_URL:
+        return None
+    import redis.asyncio as redis_asyncio
 
-    def capacity_of(model: str, version: str) -> int:
-        snapshot = gateway.snapshot
-        if snapshot is None:
-            return 0
-        record = snapshot.versions.get((model, version))
-        measured = record.load_test_tokens_in_flight if record is not None else None
-        serving = len(gateway.live.nodes(snapshot, model, version, time.monotonic()))
-        # A figure of 0 is no measurement: keep the pool usable on the default.
-        capacity = CapacityRecord(tokens_per_s=None, tokens_in_flight=measured or None)
-        return pool_capacity_tokens(serving, capacity, default_per_replica)
-
-    return TieredAdmission(
-        live=gateway.live,
-        buckets=buckets,
-        concurrency=concurrency,
-        capacity_of=capacity_of,
-        max_queue=settings.PLATFORM_ADMISSION_MAX_QUEUE,
-        max_wait_s=settings.PLATFORM_ADMISSION_MAX_WAIT_S,
-        batch_ceiling=settings.PLATFORM_BATCH_CEILING,
+    # A blocking pool: a burst of requests ending together waits for a connection
+    # instead of failing with "too many connections".
+    return redis_asyncio.Redis(
+        connection_pool=redis_asyncio.BlockingConnectionPool.from_url(
+            settings.REDIS_URL,
+            max_connections=64,
+            timeout=2.0,
+            socket_timeout=1.0,
+            socket_connect_timeout=1.0,
+        )
     )
+
+
+def _limit_store(redis_client: Any | None) -> LimitStore:
+    """Return team buckets and slots over Redis (shared by gateways) or memory."""
+    if redis_client is not None:
+        prefix = settings.REDIS_KEY_PREFIX
+        return RedisBucketStore(redis_client, prefix).pair(
+            RedisConcurrency(redis_client, prefix)
+        )
+    return MemoryBucketStore().pair(MemoryConcurrency())
+
+
+def _usage_counter(
+    redis_client: Any | None,
+) -> tuple[UsageCounter, Callable[[], Awaitable[None]] | None]:
+    """Return the usage counter, and the flush the gateway runs (memory only)."""
+    if redis_client is not None:
+        from metering.counters import RedisUsageCounter
+
+        # Redis counters are flushed by the Celery beat task.
+        return RedisUsageCounter(redis_client, settings.REDIS_KEY_PREFIX), None
+    from metering.counters import MemoryUsageCounter
+    from metering.services import flush_memory_usage
+
+    counter = MemoryUsageCounter()
+    write = database_sync_to_async(flush_memory_usage)
+
+    async def flush() -> None:
+        entries = counter.drain()
+        if not entries:
+            return
+        try:
+            await write(entries=entries)
+        except Exception:
+            # Keep the counts for the next flush rather than lose them.
+            for key, counts in entries.items():
+                await counter.add(key, counts)
+            raise
+
+    return counter, flush
 
 
 def get_gateway() -> Gateway:

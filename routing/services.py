@@ -73,8 +73,8 @@ def build_snapshot(*, region: str, default_policy: str) -> ConfigSnapshot:
         shadow_version, shadow_percent = shadows.get(model.model, (None, 0.0))
         models[model.model] = ModelRecord(
             model=model.model,
-            live_version=labels.get(model.live_version_id),
-            canary_version=labels.get(model.canary_version_id),
+            live_version=_label(labels, model.live_version_id),
+            canary_version=_label(labels, model.canary_version_id),
             canary_percent=model.canary_percent,
             shadow_version=shadow_version,
             shadow_percent=shadow_percent,
@@ -107,3 +107,7 @@ def build_snapshot(*, region: str, default_policy: str) -> ConfigSnapshot:
         versions=versions,
         replicas=replicas,
     )
+
+
+def _label(labels: dict[int, str], version_id: int | None) -> str | None:
+    return labels.get(version_id) if version_id is not None else None

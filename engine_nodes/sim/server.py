@@ -24,14 +24,16 @@ import os
 import random
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from config.asgi_io import Receive, Scope, Send, wait_disconnect
 from engine_nodes.domain import tokens
 from engine_nodes.domain.engine import (
     Engine,
     EngineConfig,
+    EngineOverrides,
     FinishedRequest,
     SimRequest,
     TokenEvent,
@@ -40,10 +42,6 @@ from engine_nodes.domain.perf import PROFILES
 from engine_nodes.sim.metrics import EngineMetrics
 
 logger = logging.getLogger("engine_nodes.sim")
-
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 VLLM_VERSION = "0.32.0"
 # How far behind model time the engine loop may wake and still start the next step
@@ -142,13 +140,14 @@ class SimReplica:
     ) -> None:
         self.options = options
         self.faults = faults or Faults()
-        profile = dataclasses.replace(
-            PROFILES[options.profile], **options.profile_overrides
-        )
+        # The overrides name PerfProfile's float fields (sim.cli.PROFILE_FLAGS);
+        # replace() refuses any other name at run time.
+        profile_overrides: dict[str, Any] = dict(options.profile_overrides)
+        profile = dataclasses.replace(PROFILES[options.profile], **profile_overrides)
         self.frontend_ms = (
             profile.frontend_ms if options.frontend_ms is None else options.frontend_ms
         )
-        overrides: dict[str, Any] = {
+        overrides: EngineOverrides = {
             "block_size": options.block_size,
             "max_model_len": options.max_model_len,
             "enable_prefix_caching": options.enable_prefix_caching,
@@ -802,7 +801,7 @@ class SimApp:
             if include_usage
             else f',"system_fingerprint":"{SYSTEM_FINGERPRINT}"}}\n\n'
         )
-        disconnected = asyncio.ensure_future(_wait_disconnect(receive))
+        disconnected = asyncio.ensure_future(wait_disconnect(receive))
         try:
             await send(
                 {
@@ -820,7 +819,7 @@ class SimApp:
                 if not await self._wait(stream, disconnected):
                     return
                 produced = stream.produced
-                finished = stream.done is not None
+                done = stream.done
                 if produced > sent:
                     pieces = stream.pieces[sent:produced]
                     parts = []
@@ -845,8 +844,8 @@ class SimApp:
                     last_index = produced - 1
                     for offset, piece in enumerate(pieces):
                         index = sent + offset
-                        if finished and index == last_index:
-                            reason = stream.done.finish_reason  # type: ignore[union-attr]
+                        if done is not None and index == last_index:
+                            reason = done.finish_reason
                             parts.append(
                                 (
                                     head
@@ -869,7 +868,7 @@ class SimApp:
                             "more_body": True,
                         }
                     )
-                if finished:
+                if done is not None:
                     break
             final = b""
             if include_usage:
@@ -901,7 +900,7 @@ class SimApp:
         model: str,
         headers: list[tuple[bytes, bytes]],
     ) -> None:
-        disconnected = asyncio.ensure_future(_wait_disconnect(receive))
+        disconnected = asyncio.ensure_future(wait_disconnect(receive))
         try:
             while stream.done is None:
                 if not await self._wait(stream, disconnected):
@@ -952,13 +951,6 @@ class SimApp:
             "metrics": None,
         }
         await _respond(send, 200, _json_bytes(body), extra_headers=headers)
-
-
-async def _wait_disconnect(receive: Receive) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
 
 
 def build_app(

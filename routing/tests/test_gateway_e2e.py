@@ -14,11 +14,10 @@ import pytest
 from django.utils import timezone
 
 from engine_nodes import services as engine_services
+from engine_nodes.local_processes import wait_until
 from metering.models import Usage
-from models_registry import services as registry
 from rollouts import services as rollouts
 from tests.live import LivePlatform, start_platform
-from tests.processes import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -254,7 +253,7 @@ def test_canary_split_is_stable_per_conversation(platform: LivePlatform, unblock
             seen[i] = versions.pop()
         assert set(seen.values()) == {"v1", "v2"}
     finally:
-        registry.set_alias(model_id="chat-7b", version="v1")
+        rollouts.set_alias(model_id="chat-7b", version="v1")
         # Later tests assume every conversation is on v1 (three replicas) again:
         # wait until the gateway's snapshot has dropped the canary, or a test that
         # kills "its" replica may have killed v2's only one.
@@ -302,9 +301,7 @@ def flush_usage(platform: LivePlatform) -> None:
     return None
 
 
-def test_usage_flush_is_idempotent(platform: LivePlatform, unblocked):
-    if not os.environ.get("REDIS_URL"):
-        pytest.skip("the Redis flush needs REDIS_URL")
+def test_usage_flush_is_idempotent(redis_url: str, platform: LivePlatform, unblocked):
     chat(platform, "conv-idem", team="beta", max_tokens=3)
     flush_usage(platform)
     before = list(Usage.objects.order_by("id").values())
@@ -382,16 +379,15 @@ def _replace_dead_replicas(platform: LivePlatform, victim: str) -> None:
 
 
 def test_gateway_keeps_serving_with_the_database_unreachable(
-    platform: LivePlatform, tmp_path
+    postgres: None, platform: LivePlatform, tmp_path
 ):
+    """The drill cuts the database's network path, so it needs PostgreSQL."""
     from django.db import connection
 
-    from drills.launch import start_gateway
-    from tests.processes import TcpProxy
+    from engine_nodes.local_processes import start_gateway
+    from tests.tcp_proxy import TcpProxy
 
     settings = connection.settings_dict
-    if not settings["ENGINE"].endswith("postgresql"):
-        pytest.skip("needs PostgreSQL: the drill cuts the database's network path")
     proxy = TcpProxy(
         settings.get("HOST") or "127.0.0.1", int(settings.get("PORT") or 5432)
     )
@@ -429,3 +425,81 @@ def test_gateway_keeps_serving_with_the_database_unreachable(
     finally:
         gateway.stop()
         proxy.stop()
+
+
+def test_gateway_started_with_the_database_down_serves_once_it_answers(
+    postgres: None, platform: LivePlatform, tmp_path
+):
+    """GIVEN a gateway started while its database is unreachable
+    WHEN it is asked to serve, and then the database comes back
+    THEN it starts anyway, says degraded in /healthz and its metrics, refuses chats
+    with a 503 and Retry-After, and serves as soon as a refresh reaches the database.
+    """
+    from django.db import connection
+
+    from engine_nodes.local_processes import start_gateway
+    from tests.tcp_proxy import TcpProxy
+
+    settings = connection.settings_dict
+    proxy = TcpProxy(
+        settings.get("HOST") or "127.0.0.1",
+        int(settings.get("PORT") or 5432),
+        listening=False,
+    )
+    user = settings.get("USER") or "postgres"
+    env = dict(
+        platform.env,
+        DATABASE_URL=f"postgresql://{user}@127.0.0.1:{proxy.port}/{settings['NAME']}",
+        PLATFORM_DB_CONN_MAX_AGE_S="0",
+    )
+    gateway = start_gateway(
+        env, tmp_path, name="gateway-db-down", wait_for_snapshot=False
+    )
+    try:
+        health = httpx.get(f"{gateway.url}/healthz")
+        assert health.status_code == 503
+        assert health.json() == {
+            "status": "degraded",
+            "control_plane": "unreachable",
+            "snapshot_age_s": None,
+            "region": platform.region,
+        }
+        exported = httpx.get(f"{gateway.url}/metrics").text
+        assert "platform_control_plane_up 0.0" in exported
+        assert "platform_snapshot_age_seconds NaN" in exported
+        client = openai.OpenAI(
+            base_url=f"{gateway.url}/v1", api_key=platform.keys["alpha"], max_retries=0
+        )
+        ask = dict(
+            model="chat-7b", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+        )
+        with pytest.raises(openai.APIStatusError) as refused:
+            client.chat.completions.create(**ask)
+        assert refused.value.status_code == 503
+        assert refused.value.response.headers["retry-after"] == "2"
+        assert gateway.popen.poll() is None  # still running, not crashed
+
+        proxy.resume()
+        wait_until(
+            lambda: httpx.get(f"{gateway.url}/healthz").status_code == 200,
+            timeout_s=30,
+            message="the gateway to load its first snapshot",
+        )
+        assert httpx.get(f"{gateway.url}/healthz").json()["control_plane"] == "up"
+        wait_until(
+            lambda: _answers(client, ask),
+            timeout_s=20,
+            message="the gateway to see its replicas beat",
+        )
+        assert client.chat.completions.create(**ask).usage.completion_tokens == 3
+    finally:
+        gateway.stop()
+        proxy.stop()
+
+
+def _answers(client: openai.OpenAI, ask: dict) -> bool:
+    try:
+        client.chat.completions.create(**ask)
+    except openai.APIStatusError:
+        return False
+    return True

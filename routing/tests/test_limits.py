@@ -4,24 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypedDict, TypeVar
 
 import pytest
 import redis
 import redis.asyncio
 
-from routing.admission import AdmissionRequest, Rejected
+from routing.admission import LiveAdmission, LivePoolView, pool_key
+from routing.domain.admission_control import (
+    AdmissionControl,
+    AdmissionOptions,
+    AdmissionRequest,
+    Rejected,
+)
 from routing.domain.snapshot import LimitRecord
 from routing.domain.tiers import Tier
-from routing.limiter_store import (
-    MemoryBucketStore,
-    MemoryConcurrency,
-    RedisBucketStore,
-    RedisConcurrency,
-)
-from routing.limits import TieredAdmission, pool_key
+from routing.limiter_redis import RedisBucketStore, RedisConcurrency
+from routing.limiter_store import MemoryBucketStore, MemoryConcurrency
 from routing.live import LiveLoad
+
+T = TypeVar("T")
 
 
 class Clock:
@@ -32,24 +35,46 @@ class Clock:
         return self.now
 
 
+class FixedPool(LivePoolView):
+    """A pool of a fixed capacity; its load is the real live load."""
+
+    def __init__(self, live: LiveLoad, capacity: int) -> None:
+        super().__init__(
+            snapshot=lambda: None, live=live, default_replica_tokens_in_flight=1
+        )
+        self.fixed = capacity
+
+    def capacity(self, model: str, version: str) -> int:
+        return self.fixed
+
+
 def build(
-    capacity: int = 10_000, *, stores: tuple[Any, Any] | None = None, **kwargs
-) -> tuple[TieredAdmission, Clock]:
+    capacity: int = 10_000,
+    *,
+    stores: tuple[Any, Any] | None = None,
+    max_queue: int = 256,
+    batch_ceiling: float = 1.0,
+) -> tuple[LiveAdmission, LiveLoad, Clock]:
     clock = Clock()
     live = LiveLoad(
         gateway_id="g", region="r", redis=None, prefix="p", beat_s=1.0, missed_beats=3
     )
     buckets, concurrency = stores or (MemoryBucketStore(), MemoryConcurrency())
-    admission = TieredAdmission(
-        live=live,
-        buckets=buckets,
-        concurrency=concurrency,
-        capacity_of=lambda model, version: capacity,
+    admission = LiveAdmission(
+        control=AdmissionControl(
+            FixedPool(live, capacity),
+            AdmissionOptions(max_queue=max_queue, batch_ceiling=batch_ceiling),
+        ),
+        limits=buckets.pair(concurrency),
         clock=clock,
         pump_interval_s=3600.0,
-        **kwargs,
     )
-    return admission, clock
+    return admission, live, clock
+
+
+class Limits(TypedDict, total=False):
+    tokens_per_minute: int
+    max_concurrency: int
 
 
 def request(
@@ -78,13 +103,13 @@ def request(
     )
 
 
-def run(coro):
+def run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
 
 
-def test_bucket_charges_up_front_and_refunds_the_unused_part():
-    async def scenario():
-        admission, clock = build()
+def test_bucket_charges_up_front_and_refunds_the_unused_part() -> None:
+    async def scenario() -> None:
+        admission, _, clock = build()
         first = await admission.admit(request("a", 600, tokens_per_minute=1000))
         assert first.headers["x-ratelimit-remaining-tokens"] == "400"
         with pytest.raises(Rejected) as refused:
@@ -93,10 +118,10 @@ def test_bucket_charges_up_front_and_refunds_the_unused_part():
         # 200 tokens short at 1000/60 per second: 12 s.
         assert refused.value.retry_after_s == 12
         assert refused.value.headers["x-ratelimit-limit-tokens"] == "1000"
-        await first.release(used_tokens=100)  # 500 refunded
+        await admission.release(first, used_tokens=100)  # 500 refunded
         second = await admission.admit(request("a", 600, tokens_per_minute=1000))
         assert second.headers["x-ratelimit-remaining-tokens"] == "300"
-        await second.release(used_tokens=600)
+        await admission.release(second, used_tokens=600)
         clock.now += 42  # 700 tokens refill: the bucket is full again
         third = await admission.admit(request("a", 1000, tokens_per_minute=1000))
         assert third.headers["x-ratelimit-remaining-tokens"] == "0"
@@ -104,21 +129,21 @@ def test_bucket_charges_up_front_and_refunds_the_unused_part():
     run(scenario())
 
 
-def test_release_twice_refunds_once():
-    async def scenario():
-        admission, _ = build()
+def test_release_twice_refunds_once() -> None:
+    async def scenario() -> None:
+        admission, _, _ = build()
         ticket = await admission.admit(request("a", 600, tokens_per_minute=1000))
-        await ticket.release(used_tokens=0)
-        await ticket.release(used_tokens=0)
+        await admission.release(ticket, used_tokens=0)
+        await admission.release(ticket, used_tokens=0)
         again = await admission.admit(request("a", 1000, tokens_per_minute=1000))
         assert again.headers["x-ratelimit-remaining-tokens"] == "0"
 
     run(scenario())
 
 
-def test_charge_above_the_whole_bucket_is_a_400():
-    async def scenario():
-        admission, _ = build()
+def test_charge_above_the_whole_bucket_is_a_400() -> None:
+    async def scenario() -> None:
+        admission, _, _ = build()
         with pytest.raises(Rejected) as refused:
             await admission.admit(request("a", 1001, tokens_per_minute=1000))
         assert refused.value.status == 400
@@ -127,9 +152,9 @@ def test_charge_above_the_whole_bucket_is_a_400():
     run(scenario())
 
 
-def test_concurrency_cap_refuses_then_frees_and_refunds():
-    async def scenario():
-        admission, _ = build()
+def test_concurrency_cap_refuses_then_frees_and_refunds() -> None:
+    async def scenario() -> None:
+        admission, _, _ = build()
         tickets = [
             await admission.admit(
                 request("a", 100, max_concurrency=2, tokens_per_minute=1000)
@@ -146,7 +171,7 @@ def test_concurrency_cap_refuses_then_frees_and_refunds():
         )
         # The refused request was not charged: its headers show 800 left.
         assert refused.value.headers["x-ratelimit-remaining-tokens"] == "800"
-        await tickets[0].release(used_tokens=100)
+        await admission.release(tickets[0], used_tokens=100)
         third = await admission.admit(
             request("a", 100, max_concurrency=2, tokens_per_minute=1000)
         )
@@ -156,7 +181,7 @@ def test_concurrency_cap_refuses_then_frees_and_refunds():
     run(scenario())
 
 
-def test_overload_order_batch_pauses_over_share_refused_standard_queues():
+def test_overload_order_batch_pauses_over_share_refused_standard_queues() -> None:
     """GIVEN a pool of 10,000 tokens shared by gold (0.5, interactive), silver (0.3,
     standard), greedy (0.1, standard) and bronze (batch)
     WHEN the pool fills
@@ -164,8 +189,8 @@ def test_overload_order_batch_pauses_over_share_refused_standard_queues():
     are admitted in tier order as capacity frees; nobody inside a guarantee is shed.
     """
 
-    async def scenario():
-        admission, _ = build(batch_ceiling=0.9)
+    async def scenario() -> None:
+        admission, live, _ = build(batch_ceiling=0.9)
         bronze = await admission.admit(request("bronze", 2000, tier=Tier.BATCH))
         gold = await admission.admit(
             request("gold", 4000, tier=Tier.INTERACTIVE, share=0.5)
@@ -189,28 +214,28 @@ def test_overload_order_batch_pauses_over_share_refused_standard_queues():
             admission.admit(request("gold", 1000, tier=Tier.INTERACTIVE, share=0.5))
         )
         await asyncio.sleep(0)
-        assert [c.team for c in admission._queues[("chat-7b", "v1")].waiting()] == [
+        assert [c.team for c in admission.control.waiting(("chat-7b", "v1"))] == [
             "gold",
             "silver",
             "bronze",
         ]
         # Freeing 2,000 lets gold (interactive) in first, then silver.
-        await greedy.release(used_tokens=2000)
+        await admission.release(greedy, used_tokens=2000)
         gold_more = await asyncio.wait_for(gold_wait, 1)
         silver_more = await asyncio.wait_for(silver_wait, 1)
         assert not batch_wait.done()  # batch still paused: the pool is full
         for ticket in (gold, silver, bronze, gold_more, silver_more):
-            await ticket.release(used_tokens=0)
+            await admission.release(ticket, used_tokens=0)
         batch_more = await asyncio.wait_for(batch_wait, 1)
-        assert admission.live.tokens_in_flight(pool_key("chat-7b", "v1")) == 1000
-        await batch_more.release(used_tokens=0)
+        assert live.tokens_in_flight(pool_key("chat-7b", "v1")) == 1000
+        await admission.release(batch_more, used_tokens=0)
 
     run(scenario())
 
 
-def test_queue_limit_sheds_batch_before_interactive_in_guarantee():
-    async def scenario():
-        admission, _ = build(max_queue=2)
+def test_queue_limit_sheds_batch_before_interactive_in_guarantee() -> None:
+    async def scenario() -> None:
+        admission, _, _ = build(max_queue=2)
         hog = await admission.admit(request("hog", 10_000, share=1.0))
         batch = asyncio.ensure_future(
             admission.admit(request("b", 500, tier=Tier.BATCH))
@@ -229,20 +254,20 @@ def test_queue_limit_sheds_batch_before_interactive_in_guarantee():
             await asyncio.wait_for(batch, 1)
         assert (shed.value.status, shed.value.code) == (503, "pool_overloaded")
         assert not any(task.done() for task in inter)  # never shed, even past the limit
-        await hog.release(used_tokens=0)
+        await admission.release(hog, used_tokens=0)
         for task in inter:
-            await (await asyncio.wait_for(task, 1)).release(used_tokens=0)
+            await admission.release(await asyncio.wait_for(task, 1), used_tokens=0)
 
     run(scenario())
 
 
-def test_refused_admission_gives_the_bucket_back():
-    async def scenario():
-        admission, _ = build(capacity=1000)
+def test_refused_admission_gives_the_bucket_back() -> None:
+    async def scenario() -> None:
+        admission, _, _ = build(capacity=1000)
         hog = await admission.admit(request("hog", 1000, share=1.0))
         with pytest.raises(Rejected):
             await admission.admit(request("a", 600, tokens_per_minute=1000, share=0.0))
-        await hog.release(used_tokens=0)
+        await admission.release(hog, used_tokens=0)
         again = await admission.admit(request("a", 1000, tokens_per_minute=1000))
         assert again.headers["x-ratelimit-remaining-tokens"] == "0"
 
@@ -269,7 +294,9 @@ def redis_prefix(redis_url: str) -> Iterator[str]:
     client.close()
 
 
-def test_admit_and_release_are_one_redis_round_trip_each(redis_url, redis_prefix):
+def test_admit_and_release_are_one_redis_round_trip_each(
+    redis_url: str, redis_prefix: str
+) -> None:
     """GIVEN admission over Redis stores (scripts already loaded)
     WHEN a request is admitted and released, and others are refused
     THEN each admit, refusal and release sends one command to Redis.
@@ -277,16 +304,17 @@ def test_admit_and_release_are_one_redis_round_trip_each(redis_url, redis_prefix
 
     async def scenario() -> dict[str, list[str]]:
         client = CountingRedis.from_url(redis_url)
+        assert isinstance(client, CountingRedis)
         client.sent = []
         stores = (
             RedisBucketStore(client, redis_prefix),
             RedisConcurrency(client, redis_prefix),
         )
-        admission, _ = build(stores=stores)
-        limits = {"tokens_per_minute": 1000, "max_concurrency": 1}
+        admission, _, _ = build(stores=stores)
+        limits = Limits(tokens_per_minute=1000, max_concurrency=1)
         try:
             warm = await admission.admit(request("a", 10, **limits))
-            await warm.release(used_tokens=10)
+            await admission.release(warm, used_tokens=10)
             sent: dict[str, list[str]] = {}
             client.sent = []
             ticket = await admission.admit(request("a", 100, **limits))
@@ -295,7 +323,7 @@ def test_admit_and_release_are_one_redis_round_trip_each(redis_url, redis_prefix
                 await admission.admit(request("a", 100, **limits))
             assert capped.value.code == "concurrency_limit_exceeded"
             sent["capped"], client.sent = client.sent, []
-            await ticket.release(used_tokens=40)
+            await admission.release(ticket, used_tokens=40)
             sent["release"], client.sent = client.sent, []
             with pytest.raises(Rejected) as limited:
                 await admission.admit(request("a", 1000, **limits))

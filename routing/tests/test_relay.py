@@ -1,9 +1,10 @@
-"""The gateway's relay loop on recorded vLLM bytes, however the network splits them.
+"""The SSE relay on recorded vLLM bytes, however the network splits them.
 
-``Gateway._forward`` forwards whole runs of token events untouched and only looks
-inside a read that holds anything else (the usage chunk, an error event, ``[DONE]``
-or a cut event). These tests feed it a stream captured from real vLLM, cut at every
-size, and check what reaches the client byte for byte.
+``Relay.run`` forwards whole runs of token events untouched and only looks inside
+a read that holds anything else (the usage chunk, an error event, ``[DONE]`` or a
+cut event). These tests feed it a stream captured from real vLLM, cut at every
+size, and check what reaches the client byte for byte, and what the answer's end
+(``routing.responses``) is built from. No gateway is constructed.
 """
 
 from __future__ import annotations
@@ -15,10 +16,14 @@ from typing import Any
 
 import pytest
 
-from routing.domain.resolve import Resolution
-from routing.domain.tiers import Tier
-from routing.gateway import Gateway, GatewaySettings, _Call, _UpstreamFailed
-from routing.live import LiveLoad
+from routing.live import AttemptLoad, LiveLoad
+from routing.relay import Relay, RelayOutcome, UpstreamFailed
+from routing.responses import (
+    FinalUsage,
+    final_event,
+    stream_error_event,
+    whole_answer,
+)
 
 CAPTURE = (
     Path(__file__).resolve().parents[2] / "engine_nodes/tests/data/vllm_stream.txt"
@@ -27,9 +32,12 @@ STREAM = CAPTURE.read_bytes()
 EVENTS = [e + b"\n\n" for e in STREAM.split(b"\n\n") if e]
 TOKEN_EVENTS = [e for e in EVENTS if b'"choices":[{' in e]
 UPSTREAM_USAGE = json.loads(EVENTS[-2][6:])["usage"]
+SIZES = [1, 2, 7, 64, 300, 1000, len(STREAM)]
 
 
-class _Reader:
+class Reader:
+    """The engine's side: hands out the given chunks, then end of stream."""
+
     def __init__(self, chunks: list[bytes]) -> None:
         self.chunks = list(chunks)
 
@@ -37,156 +45,201 @@ class _Reader:
         return self.chunks.pop(0) if self.chunks else b""
 
 
-class _Response:
-    def __init__(self, chunks: list[bytes]) -> None:
-        self.content = _Reader(chunks)
+class Run:
+    """One relay over ``chunks``: what it returned, sent and reported."""
+
+    def __init__(self, chunks: list[bytes], *, stream: bool = True) -> None:
+        self.sent: list[dict[str, Any]] = []
+        self.started = 0
+        self.reported: list[int] = []
+
+        async def send(message: Any) -> None:
+            self.sent.append(message)
+
+        async def on_first() -> None:
+            self.started += 1
+            self.sent.append({"type": "http.response.start", "status": 200})
+
+        self.relay = Relay(
+            send=send, stream=stream, on_first=on_first, on_tokens=self.reported.append
+        )
+        self.is_done = asyncio.run(self.relay.run(Reader(chunks)))
+        self.outcome: RelayOutcome = self.relay.outcome()
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(
+            m.get("body", b"") for m in self.sent if m["type"] == "http.response.body"
+        )
 
 
-class _Ticket:
-    headers: dict[str, str] = {}
+def cut(data: bytes, size: int) -> list[bytes]:
+    return [data[i : i + size] for i in range(0, len(data), size)]
 
 
-def _gateway() -> Gateway:
-    live = LiveLoad(
-        gateway_id="test", region="r1", redis=None, prefix="t", beat_s=1, missed_beats=3
-    )
-    return Gateway(
-        settings=GatewaySettings(region="r1"),
-        load_snapshot=None,  # type: ignore[arg-type]
-        live=live,
-        usage_counter=None,
-    )
+@pytest.mark.parametrize("size", SIZES)
+def test_relay_passes_token_events_byte_for_byte_and_keeps_the_usage(size: int) -> None:
+    run = Run(cut(STREAM, size))
+
+    assert run.is_done is True
+    assert run.started == 1
+    assert run.sent[0]["type"] == "http.response.start"
+    # Every token event, unchanged and in order; nothing of the usage or [DONE].
+    assert run.body == b"".join(TOKEN_EVENTS)
+    assert all(m.get("more_body", True) for m in run.sent[1:])
+    assert run.outcome.events == len(TOKEN_EVENTS)
+    assert run.outcome.usage == UPSTREAM_USAGE
+    assert run.outcome.first_token_at is not None
 
 
-def _call(stream: bool = True, max_tokens: int = 5) -> _Call:
-    return _Call(
+@pytest.mark.parametrize("size", SIZES)
+def test_final_event_carries_the_engines_usage_and_who_served(size: int) -> None:
+    run = Run(cut(STREAM, size))
+    usage = FinalUsage.of(run.outcome, prompt_tokens=999)
+
+    end = final_event(
         request_id="chatcmpl-test",
-        team="team-a",
         model_ref="chat-7b",
-        resolution=Resolution(
-            model="chat-7b",
-            version="v1",
-            is_pinned=False,
-            is_canary=False,
-            shadow_version=None,
-        ),
-        tier=Tier.STANDARD,
-        prompt_tokens=11,
-        max_tokens=max_tokens,
-        stream=stream,
-        started_at=0.0,
+        version="v1",
+        region="r1",
         replica_id="rep-1",
-        in_flight=11 + max_tokens,
+        usage=usage,
     )
 
+    event, done = end.split(b"\n\n", 1)
+    assert done == b"data: [DONE]\n\n"
+    final = json.loads(event.removeprefix(b"data: "))
+    assert final["choices"] == []
+    assert (final["model_version"], final["region"], final["replica_id"]) == (
+        "v1",
+        "r1",
+        "rep-1",
+    )
+    assert final["usage"]["prompt_tokens"] == UPSTREAM_USAGE["prompt_tokens"]
+    assert final["usage"]["completion_tokens"] == UPSTREAM_USAGE["completion_tokens"]
+    cached = (UPSTREAM_USAGE.get("prompt_tokens_details") or {}).get("cached_tokens")
+    assert final["usage"]["cached_tokens"] == (cached or 0)
+    assert final["usage"]["total_tokens"] == usage.total_tokens
 
-def _relay(
+
+def test_relay_does_not_forward_a_usage_chunk_read_with_tokens() -> None:
+    last_tokens_and_usage = b"".join(EVENTS[-3:-1])
+    chunks = [b"".join(EVENTS[:-3]), last_tokens_and_usage, EVENTS[-1]]
+
+    run = Run(chunks)
+
+    assert run.is_done is True
+    assert b"created_cache_tokens" not in run.body  # vLLM's own usage chunk
+    assert run.body == b"".join(TOKEN_EVENTS)
+    assert run.outcome.events == len(TOKEN_EVENTS)
+
+
+def test_relay_reports_output_tokens_in_small_steps() -> None:
+    events = [EVENTS[0], *TOKEN_EVENTS[1:5] * 5]  # 21 events, one read each
+
+    run = Run(events)
+
+    assert run.is_done is False  # no [DONE]: the engine went away after tokens
+    assert sum(run.reported) <= len(events) < sum(run.reported) + 8
+    assert all(0 < n <= 8 for n in run.reported)
+
+
+def test_attempt_load_falls_with_output_and_keeps_the_prompt() -> None:
+    live = LiveLoad(
+        gateway_id="t", region="r1", redis=None, prefix="t", beat_s=1, missed_beats=3
+    )
+    load = AttemptLoad(live, "rep-1", tokens=11 + 40, floor=11)
+    assert live.tokens_in_flight("rep-1") == 51
+
+    load.shrink(8)
+    assert live.tokens_in_flight("rep-1") == 43
+    load.shrink(100)  # more than max_tokens: the prompt stays in flight
+    assert live.tokens_in_flight("rep-1") == 11
+    load.drop()
+    assert live.tokens_in_flight("rep-1") == 0
+
+
+def test_relay_stops_at_an_error_event_after_tokens() -> None:
+    error = b'data: {"error": {"message": "engine died", "code": 500}}\n\n'
+
+    run = Run([b"".join(EVENTS[:3]), error])
+
+    assert run.is_done is False
+    assert run.body == b"".join(TOKEN_EVENTS[:3])
+    assert b"engine died" not in run.body
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        [b'data: {"error": {"message": "engine died", "code": 500}}\n\n'],
+        [EVENTS[0][:20]],
+        [],
+        [EVENTS[-2], EVENTS[-1]],  # usage and [DONE] but no token
+    ],
+    ids=["error-event", "cut-first-event", "empty", "no-token"],
+)
+def test_relay_failing_before_the_first_token_can_be_retried(
     chunks: list[bytes],
-    stream: bool = True,
-    *,
-    call: _Call | None = None,
-    gateway: Gateway | None = None,
-) -> tuple[str, _Call, list[Any]]:
-    """Run ``_forward`` over ``chunks``; return its outcome, the call and what was sent."""
-    gateway, call, sent = gateway or _gateway(), call or _call(stream), []
-    gateway.live.add("rep-1", call.in_flight)
+) -> None:
+    sent: list[Any] = []
 
     async def send(message: Any) -> None:
         sent.append(message)
 
-    outcome = asyncio.run(gateway._forward(call, _Response(chunks), send, _Ticket()))
-    return outcome, call, sent
+    async def on_first() -> None:
+        raise AssertionError("no answer may start")
+
+    relay = Relay(send=send, stream=True, on_first=on_first, on_tokens=lambda n: None)
+    with pytest.raises(UpstreamFailed):
+        asyncio.run(relay.run(Reader(chunks)))
+    assert sent == []
 
 
-def _cut(data: bytes, size: int) -> list[bytes]:
-    return [data[i : i + size] for i in range(0, len(data), size)]
+def test_relay_broken_after_tokens_returns_false_and_counts_what_was_sent() -> None:
+    run = Run([b"".join(EVENTS[:4]), EVENTS[4][:30]])
+
+    assert run.is_done is False
+    assert run.outcome.events == 4
+    assert run.outcome.usage is None
+    usage = FinalUsage.of(run.outcome, prompt_tokens=11)
+    # Without the engine's usage: the gateway's prompt, events less the role chunk.
+    assert (usage.prompt_tokens, usage.completion_tokens) == (11, 3)
 
 
-def _body(sent: list[Any]) -> bytes:
-    return b"".join(
-        m.get("body", b"") for m in sent if m["type"] == "http.response.body"
-    )
+def test_stream_error_event_is_openais_error_shape_then_done() -> None:
+    event, done = stream_error_event(replica_id="rep-1").split(b"\n\n", 1)
 
-
-@pytest.mark.parametrize("size", [1, 2, 7, 64, 300, 1000, len(STREAM)])
-def test_token_events_pass_byte_for_byte_then_the_gateways_usage(size: int):
-    outcome, call, sent = _relay(_cut(STREAM, size))
-
-    assert outcome == "ok"
-    assert sent[0]["type"] == "http.response.start"
-    body = _body(sent)
-    forwarded = b"".join(TOKEN_EVENTS)
-    assert body.startswith(forwarded)
-    final_event, done = body[len(forwarded) :].split(b"\n\n", 1)
     assert done == b"data: [DONE]\n\n"
-    final = json.loads(final_event.removeprefix(b"data: "))
-    assert final["choices"] == []
-    assert final["replica_id"] == "rep-1"
-    assert final["usage"]["completion_tokens"] == UPSTREAM_USAGE["completion_tokens"]
-    assert final["usage"]["prompt_tokens"] == UPSTREAM_USAGE["prompt_tokens"]
-    assert sent[-1]["more_body"] is False
-    assert call.events == len(TOKEN_EVENTS)
-    assert call.usage["completion_tokens"] == UPSTREAM_USAGE["completion_tokens"]
+    error = json.loads(event.removeprefix(b"data: "))["error"]
+    assert error["code"] == "upstream_failed"
+    assert error["type"] == "server_error"
+    assert error["replica_id"] == "rep-1"
 
 
-def test_the_usage_chunk_in_the_same_read_as_tokens_is_not_forwarded_raw():
-    last_tokens_and_usage = b"".join(EVENTS[-3:-1])
-    chunks = [b"".join(EVENTS[:-3]), last_tokens_and_usage, EVENTS[-1]]
+@pytest.mark.parametrize("size", [1, 64, len(STREAM)])
+def test_non_streaming_relay_collects_the_text_and_sends_nothing(size: int) -> None:
+    run = Run(cut(STREAM, size), stream=False)
 
-    outcome, call, sent = _relay(chunks)
-
-    assert outcome == "ok"
-    assert b"created_cache_tokens" not in _body(sent)  # vLLM's own usage chunk
-    assert call.events == len(TOKEN_EVENTS)
-
-
-def test_tokens_in_flight_fall_as_events_pass_and_leave_the_prompt():
-    gateway, call = _gateway(), _call(max_tokens=40)
-
-    events = [EVENTS[0], *TOKEN_EVENTS[1:5] * 5]  # 21 events, one read each
-    _relay(events, call=call, gateway=gateway)
-
-    # Lowered in steps of a few events, never below the prompt.
-    exact = call.prompt_tokens + call.max_tokens - len(events)
-    assert exact <= call.in_flight < exact + 8
-    assert gateway.live.tokens_in_flight("rep-1") == call.in_flight
-
-
-def test_an_error_event_after_tokens_ends_the_stream_with_an_error():
-    error = b'data: {"error": {"message": "engine died", "code": 500}}\n\n'
-
-    outcome, _, sent = _relay([b"".join(EVENTS[:3]), error])
-
-    assert outcome == "error"
-    body = _body(sent)
-    assert body.startswith(b"".join(TOKEN_EVENTS[:3]))
-    assert b'"code": "upstream_failed"' in body
-    assert body.endswith(b"data: [DONE]\n\n")
-
-
-def test_an_error_or_a_close_before_the_first_token_can_be_retried():
-    error = b'data: {"error": {"message": "engine died", "code": 500}}\n\n'
-    for chunks in ([error], [EVENTS[0][:20]], []):
-        with pytest.raises(_UpstreamFailed):
-            _relay(chunks)
-
-
-def test_a_stream_that_breaks_after_tokens_ends_with_an_error_event():
-    outcome, call, sent = _relay([b"".join(EVENTS[:4]), EVENTS[4][:30]])
-
-    assert outcome == "error"
-    assert call.events == 4
-    assert b'"code": "upstream_failed"' in _body(sent)
-
-
-def test_a_non_streaming_answer_collects_the_text():
-    outcome, _, sent = _relay(_cut(STREAM, 64), stream=False)
-
-    assert outcome == "ok"
-    answer = json.loads(_body(sent))
+    assert run.is_done is True
+    assert run.body == b""
     text = "".join(
         json.loads(e[6:])["choices"][0]["delta"].get("content") or ""
         for e in TOKEN_EVENTS
     )
+    assert "".join(run.outcome.content) == text
+    answer = json.loads(
+        whole_answer(
+            request_id="chatcmpl-test",
+            model_ref="chat-7b",
+            version="v1",
+            region="r1",
+            replica_id="rep-1",
+            outcome=run.outcome,
+            usage=FinalUsage.of(run.outcome, prompt_tokens=11),
+        )
+    )
+    assert answer["object"] == "chat.completion"
     assert answer["choices"][0]["message"]["content"] == text
+    assert answer["choices"][0]["finish_reason"] == run.outcome.finish_reason
     assert answer["usage"]["completion_tokens"] == UPSTREAM_USAGE["completion_tokens"]

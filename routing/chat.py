@@ -1,0 +1,504 @@
+"""One planned chat request, served: admitted, routed, relayed, metered, given back.
+
+Public surface: ``ChatService``, ``BackgroundTasks``, ``UsageCounter``.
+
+The steps (seed steps 6-9 and 12), each taking what the one before produced:
+
+1. admission (``routing.admission``) turns the ``ChatPlan`` into a ``Ticket`` or a
+   429/503 with Retry-After (jittered, so refused clients do not all return at
+   once); a shadow copy goes out if the plan's resolution names one;
+2. the pool's routing policy orders the replicas for the routing key; on a connect
+   error or a 5xx before the first token the next one is tried, within the pool's
+   retry budget; the replica that failed is ejected for the missed-beat window;
+3. the ``Relay`` forwards the engine's events; the answer ends with the final
+   event (``routing.responses``), or with an error event after a mid-stream
+   failure;
+4. the ``FinalUsage`` is worked out once, when the answer ends (a client that left
+   included), and used for the refund, the metrics and the usage row.
+
+The request's tokens in flight on its replica are counted in ``LiveLoad`` while it
+streams (prompt plus remaining output), so routing sees them at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import aiohttp
+
+from config.asgi_io import Send
+from metering import metrics
+from metering.domain.usage import UsageCounts, UsageKey
+from routing.admission import Admission
+from routing.domain.admission_control import AdmissionRequest, Rejected, Ticket
+from routing.domain.policies import RouteRequest, RoutingPolicy, make_policy
+from routing.domain.retry_budget import RetryBudget
+from routing.domain.snapshot import ConfigSnapshot
+from routing.live import AttemptLoad, LiveLoad
+from routing.plan import ChatPlan, GatewaySettings
+from routing.relay import Relay, UpstreamFailed
+from routing.responses import (
+    FinalUsage,
+    GatewayError,
+    answer_headers,
+    final_event,
+    respond,
+    stream_error_event,
+    upstream_client_error,
+    whole_answer,
+)
+from routing.shadow import Shadow
+from routing.upstream import Upstream
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["BackgroundTasks", "ChatService", "UsageCounter"]
+
+_DEFAULT_POLICY = "prefix_affinity"
+
+
+class UsageCounter(Protocol):
+    """Where usage is counted until the flush (Redis, or memory)."""
+
+    async def add(self, key: UsageKey, counts: UsageCounts) -> None:
+        """Add ``counts`` to the row of ``key``."""
+        ...
+
+
+class BackgroundTasks:
+    """Fire-and-forget tasks of the gateway (usage counts, shadow copies).
+
+    Kept referenced until done (asyncio holds only weak references), failures
+    logged, and awaited at shutdown.
+    """
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Future[Any]] = set()
+
+    def spawn(self, coro: Awaitable[Any]) -> None:
+        """Run ``coro`` in the background."""
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(_log_failure)
+
+    async def drain(self) -> None:
+        """Wait for every task still running."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+class _Served:
+    """How far one request got: its current attempt and, at the end, its usage.
+
+    Written only by ``ChatService._route`` and ``_attempt``; read in ``serve``'s
+    ``finally`` (which runs after a client disconnect too).
+    """
+
+    __slots__ = ("outcome", "relay", "replica_id", "usage")
+
+    def __init__(self) -> None:
+        self.outcome: metrics.Outcome = "error"
+        self.replica_id = ""
+        self.relay: Relay | None = None
+        self.usage: FinalUsage | None = None
+
+    @property
+    def first_token_at(self) -> float | None:
+        return self.relay.first_token_at if self.relay is not None else None
+
+    def final_usage(self, plan: ChatPlan) -> FinalUsage | None:
+        """Return the answer's usage; None when no token reached the client."""
+        relay = self.relay
+        if self.usage is None and relay is not None and relay.first_token_at:
+            self.usage = FinalUsage.of(
+                relay.outcome(), prompt_tokens=plan.prompt_tokens
+            )
+        return self.usage
+
+
+class ChatService:
+    """Admit, route, relay and meter planned chat requests (one per gateway)."""
+
+    def __init__(
+        self,
+        *,
+        settings: GatewaySettings,
+        live: LiveLoad,
+        admission: Admission,
+        upstream: Upstream,
+        usage_counter: UsageCounter,
+        background: BackgroundTasks,
+        rng: random.Random,
+    ) -> None:
+        self.settings = settings
+        self.live = live
+        self.admission = admission
+        self.upstream = upstream
+        self.usage_counter = usage_counter
+        self.background = background
+        self.rng = rng
+        self.shadow = Shadow(
+            live=live,
+            upstream=upstream,
+            region=settings.region,
+            concurrency=settings.shadow_concurrency,
+        )
+        # Mutable routing state, one of each per pool (model, version).
+        self._policies: dict[tuple[str, str], RoutingPolicy] = {}
+        self._budgets: dict[tuple[str, str], RetryBudget] = {}
+
+    async def serve(
+        self,
+        plan: ChatPlan,
+        snapshot: ConfigSnapshot,
+        send: Send,
+        *,
+        before_last_send: Callable[[], None],
+    ) -> None:
+        """Answer ``plan`` on ``send``.
+
+        ``before_last_send`` is called just before the message that completes the
+        answer: after it the server reports the client gone, which must no longer
+        cancel the refund and metering that follow.
+
+        Raises:
+            GatewayError: refused before any byte of the answer was sent.
+        """
+        ticket = await self._admit(plan)
+        resolution = plan.resolution
+        if resolution.shadow_version is not None:
+            self.background.spawn(
+                self.shadow.copy(
+                    snapshot,
+                    model=resolution.model,
+                    version=resolution.shadow_version,
+                    payload=plan.payload,
+                )
+            )
+        served = _Served()
+        try:
+            await self._route(plan, snapshot, send, ticket, served, before_last_send)
+        finally:
+            usage = served.final_usage(plan)
+            self._meter(plan, served, usage)
+            try:
+                await self.admission.release(
+                    ticket, used_tokens=usage.total_tokens if usage else 0
+                )
+            except Exception as exc:
+                # The answer is complete: a failed refund must not break the
+                # connection. The bucket refills by itself; the slot expires.
+                logger.warning("releasing admission failed: %s", type(exc).__name__)
+
+    # -- admission ------------------------------------------------------------------
+
+    async def _admit(self, plan: ChatPlan) -> Ticket:
+        resolution = plan.resolution
+        try:
+            return await self.admission.admit(
+                AdmissionRequest(
+                    team=plan.team,
+                    model=resolution.model,
+                    version=resolution.version,
+                    tier=plan.tier,
+                    prompt_tokens=plan.prompt_tokens,
+                    max_tokens=plan.max_tokens,
+                    limit=plan.limit,
+                )
+            )
+        except Rejected as exc:
+            raise self._refusal(exc, plan) from None
+        except Exception as exc:
+            # The limiter's store (Redis) failed: refuse clearly rather than admit
+            # without limits or answer a bare 500.
+            logger.warning("admission unavailable: %s", type(exc).__name__)
+            raise GatewayError(
+                503,
+                "limits cannot be checked right now; retry shortly",
+                code="admission_unavailable",
+                headers={"retry-after": "1"},
+            ) from None
+
+    def _refusal(self, exc: Rejected, plan: ChatPlan) -> GatewayError:
+        """Count a refusal (metrics and usage) and turn it into the client's error.
+
+        Every 429 and 503 carries Retry-After with up to a second of jitter, so that
+        refused clients do not all come back in the same instant (retry storms).
+        """
+        resolution = plan.resolution
+        headers = dict(exc.headers)
+        if exc.status in (429, 503):
+            metrics.count_rejection(
+                team=plan.team,
+                model=resolution.model,
+                tier=plan.tier.value,
+                status=exc.status,
+            )
+            counts = (
+                UsageCounts(rate_limited=1)
+                if exc.status == 429
+                else UsageCounts(shed=1)
+            )
+            self.background.spawn(
+                self.usage_counter.add(
+                    UsageKey.from_time(
+                        plan.team, resolution.model, resolution.version, time.time()
+                    ),
+                    counts,
+                )
+            )
+            jittered = max(1, math.ceil(exc.retry_after_s + self.rng.random()))
+            headers["retry-after"] = str(jittered)
+        return GatewayError(
+            exc.status,
+            exc.message,
+            code=exc.code,
+            headers=headers,
+            error_type="rate_limit_error" if exc.status == 429 else None,
+        )
+
+    # -- routing ----------------------------------------------------------------------
+
+    def _policy(
+        self, snapshot: ConfigSnapshot, model: str, version: str
+    ) -> RoutingPolicy:
+        """Return the pool's policy, built anew if the model's policy changed."""
+        record = snapshot.models.get(model)
+        name = record.policy if record else _DEFAULT_POLICY
+        policy = self._policies.get((model, version))
+        if policy is None or policy.name != name:
+            policy = self._policies[(model, version)] = make_policy(
+                name, self.settings.policy_options
+            )
+        return policy
+
+    def _budget(self, pool: tuple[str, str]) -> RetryBudget:
+        budget = self._budgets.get(pool)
+        if budget is None:
+            budget = self._budgets[pool] = RetryBudget(
+                ratio=self.settings.retry_ratio, min_retries=self.settings.retry_min
+            )
+        return budget
+
+    async def _route(
+        self,
+        plan: ChatPlan,
+        snapshot: ConfigSnapshot,
+        send: Send,
+        ticket: Ticket,
+        served: _Served,
+        before_last_send: Callable[[], None],
+    ) -> None:
+        model, version = plan.resolution.model, plan.resolution.version
+        policy = self._policy(snapshot, model, version)
+        budget = self._budget((model, version))
+        now = time.monotonic()
+        budget.record_request(now)
+        nodes = self.live.nodes(snapshot, model, version, now)
+        decision = policy.choose(
+            RouteRequest(
+                model=model,
+                version=version,
+                routing_key=plan.routing_key,
+                team=plan.team,
+                request_tokens=plan.request_tokens,
+            ),
+            nodes,
+            now,
+        )
+        urls = {node.replica_id: node.url for node in nodes}
+        for attempt, replica_id in enumerate(decision.candidates):
+            if attempt > 0:
+                if not budget.try_spend(time.monotonic()):
+                    break
+                metrics.count_retry(
+                    model=model, version=version, region=self.settings.region
+                )
+            try:
+                served.outcome = await self._attempt(
+                    plan,
+                    replica_id,
+                    urls[replica_id],
+                    send,
+                    ticket,
+                    served,
+                    before_last_send,
+                )
+                return
+            except asyncio.CancelledError:
+                served.outcome = "client_closed"
+                raise
+            except UpstreamFailed as exc:
+                logger.warning(
+                    "replica %s failed before the first token: %s", replica_id, exc
+                )
+                self.live.eject(replica_id, time.monotonic())
+        raise GatewayError(
+            503,
+            f"no replica of {model}@{version} can serve right now",
+            code="no_replica_available",
+            headers={"retry-after": str(1 + self.rng.randint(0, 2))},
+        )
+
+    async def _attempt(
+        self,
+        plan: ChatPlan,
+        replica_id: str,
+        url: str,
+        send: Send,
+        ticket: Ticket,
+        served: _Served,
+        before_last_send: Callable[[], None],
+    ) -> metrics.Outcome:
+        """Stream one attempt; return the outcome, or raise ``UpstreamFailed``."""
+        region = self.settings.region
+        version = plan.resolution.version
+
+        def headers() -> list[tuple[bytes, bytes]]:
+            return answer_headers(
+                request_id=plan.request_id,
+                version=version,
+                region=region,
+                replica_id=replica_id,
+                rate_limit=ticket.headers,
+                stream=plan.stream,
+            )
+
+        async def start() -> None:
+            if plan.stream:
+                await send(
+                    {"type": "http.response.start", "status": 200, "headers": headers()}
+                )
+
+        load = AttemptLoad(
+            self.live, replica_id, tokens=plan.request_tokens, floor=plan.prompt_tokens
+        )
+        relay = Relay(
+            send=send, stream=plan.stream, on_first=start, on_tokens=load.shrink
+        )
+        served.replica_id, served.relay = replica_id, relay
+        response: aiohttp.ClientResponse | None = None
+        is_done = False
+        try:
+            try:
+                response = await self.upstream.chat(url, plan.payload)
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                raise UpstreamFailed(type(exc).__name__) from None
+            if response.status >= 500:
+                raise UpstreamFailed(f"HTTP {response.status}")
+            if response.status in (401, 403):
+                # The engine refused the gateway's engine key (vLLM: 401
+                # {"error":"Unauthorized"}): the platform's fault, not the client's.
+                raise UpstreamFailed(
+                    f"HTTP {response.status}: the replica refused the engine API key"
+                )
+            if response.status != 200:
+                raise upstream_client_error(response.status, await response.read())
+            # The relay loop runs as a task of its own: each engine chunk then
+            # resumes this one coroutine, not the whole chain of frames above it
+            # (the server, the router, the gateway ... _attempt), which cost about
+            # 10% of the relay's CPU per token. Cancelling this task cancels it.
+            is_done = await asyncio.ensure_future(relay.run(response.content))
+            if not is_done:
+                await self._end_broken(plan, replica_id, send, before_last_send)
+                return "error"
+            outcome = relay.outcome()
+            usage = served.usage = FinalUsage.of(
+                outcome, prompt_tokens=plan.prompt_tokens
+            )
+            served_by = {
+                "request_id": plan.request_id,
+                "model_ref": plan.model_ref,
+                "version": version,
+                "region": region,
+                "replica_id": replica_id,
+            }
+            before_last_send()
+            if plan.stream:
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "body": final_event(**served_by, usage=usage),
+                        "more_body": False,
+                    }
+                )
+            else:
+                body = whole_answer(**served_by, outcome=outcome, usage=usage)
+                await respond(send, 200, body, raw_headers=headers())
+            return "ok"
+        finally:
+            if response is not None:
+                # A stream read to [DONE] leaves a reusable connection.
+                response.release() if is_done else response.close()
+            load.drop()
+
+    async def _end_broken(
+        self,
+        plan: ChatPlan,
+        replica_id: str,
+        send: Send,
+        before_last_send: Callable[[], None],
+    ) -> None:
+        """Tell the client its answer broke after tokens were sent (no retry then)."""
+        if not plan.stream:
+            raise GatewayError(
+                502,
+                "the replica failed while answering; the answer is incomplete",
+                code="upstream_failed",
+                error_type="server_error",
+            )
+        before_last_send()
+        try:
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": stream_error_event(replica_id=replica_id),
+                    "more_body": False,
+                }
+            )
+        except Exception as exc:  # the client may be gone already
+            logger.info("could not send the stream's error event: %r", exc)
+
+    # -- metering ---------------------------------------------------------------------
+
+    def _meter(self, plan: ChatPlan, served: _Served, usage: FinalUsage | None) -> None:
+        """Meter the request once, whatever happened (disconnects included)."""
+        model, version = plan.resolution.model, plan.resolution.version
+        first_token_at = served.first_token_at
+        metrics.observe_request(
+            model=model,
+            version=version,
+            region=self.settings.region,
+            team=plan.team,
+            outcome=served.outcome,
+            ttft_s=(first_token_at - plan.started_at) if first_token_at else None,
+            duration_s=time.monotonic() - plan.started_at,
+            prompt_tokens=usage.prompt_tokens if usage else 0,
+            cached_tokens=usage.cached_tokens if usage else 0,
+            output_tokens=usage.completion_tokens if usage else 0,
+        )
+        if usage is None:
+            return
+        counts = UsageCounts(
+            prompt_tokens=usage.prompt_tokens,
+            cached_tokens=min(usage.cached_tokens, usage.prompt_tokens),
+            output_tokens=usage.completion_tokens,
+            requests=1,
+        )
+        self.background.spawn(
+            self.usage_counter.add(
+                UsageKey.from_time(plan.team, model, version, time.time()), counts
+            )
+        )
+
+
+def _log_failure(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.warning("background task failed: %r", task.exception())

@@ -1,0 +1,222 @@
+"""The SSE relay: an engine's event stream passed to the client as bytes.
+
+Public surface: ``Relay``, ``RelayOutcome``, ``ChunkReader``, ``UpstreamFailed``,
+``EVENT_END``.
+
+vLLM (and the simulated replica) stream ``data: {...}\\n\\n`` events: a role chunk,
+token chunks (each with a non-empty ``choices`` list), one usage chunk
+(``"choices":[]``) and ``data: [DONE]``. ``Relay.run`` forwards the token events
+untouched, never re-serialised, and keeps only what the gateway needs of the
+rest: the engine's usage, and for a non-streaming answer its text and finish
+reason. It does not send the end of the answer: it returns, and the caller adds
+the final event (``routing.responses``) or the error event.
+
+The common read, whole token events and nothing else, costs two scans: the count
+of event ends must equal the count of ``"choices":[{`` marks. Anything else (a cut
+event, the usage chunk, an error event, ``[DONE]``) is split into events.
+
+A failure before the first token raises ``UpstreamFailed``, and the caller may try
+another replica; after it, ``run`` returns False and the answer is incomplete.
+Output tokens are reported to ``on_tokens`` every few events (the caller lowers
+the replica's tokens in flight), not per event: cheap, and within a few tokens of
+exact for routing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import aiohttp
+
+from config.asgi_io import Send
+
+__all__ = ["EVENT_END", "ChunkReader", "Relay", "RelayOutcome", "UpstreamFailed"]
+
+EVENT_END = b"\n\n"
+_USAGE_MARK = b'"choices":[]'
+# Every token event of vLLM (and the simulator) has a non-empty choices list; the
+# usage chunk, error events and [DONE] do not.
+_CONTENT_MARK = b'"choices":[{'
+_SHRINK_EVERY = 8
+
+
+class UpstreamFailed(Exception):
+    """The replica failed before the first token: another may be tried."""
+
+
+class ChunkReader(Protocol):
+    """Where the engine's bytes come from (aiohttp's ``StreamReader``)."""
+
+    async def readany(self) -> bytes:
+        """Return the next bytes that arrived; b"" once the stream has ended."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class RelayOutcome:
+    """What a relay saw: events forwarded, first token time, the engine's usage.
+
+    ``events`` counts content events, the role chunk included. ``content`` and
+    ``finish_reason`` are gathered only for a non-streaming answer.
+    """
+
+    events: int
+    first_token_at: float | None
+    usage: dict[str, Any] | None
+    content: tuple[str, ...] = ()
+    finish_reason: str | None = None
+
+
+class Relay:
+    """Relay one engine stream (one attempt) to the client.
+
+    Its counters are written only by ``run``, and read after it returns or is
+    cancelled (a client that left still gets metered for what it was sent).
+    """
+
+    __slots__ = (
+        "_clock",
+        "_content",
+        "_on_first",
+        "_on_tokens",
+        "_send",
+        "_stream",
+        "events",
+        "finish_reason",
+        "first_token_at",
+        "usage",
+    )
+
+    def __init__(
+        self,
+        *,
+        send: Send,
+        stream: bool,
+        on_first: Callable[[], Awaitable[None]],
+        on_tokens: Callable[[int], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._send = send
+        self._stream = stream
+        self._on_first = on_first
+        self._on_tokens = on_tokens
+        self._clock = clock
+        self._content: list[str] = []
+        self.events = 0
+        self.first_token_at: float | None = None
+        self.usage: dict[str, Any] | None = None
+        self.finish_reason: str | None = None
+
+    def outcome(self) -> RelayOutcome:
+        """Return what the relay has seen so far."""
+        return RelayOutcome(
+            events=self.events,
+            first_token_at=self.first_token_at,
+            usage=self.usage,
+            content=tuple(self._content),
+            finish_reason=self.finish_reason,
+        )
+
+    async def run(self, reader: ChunkReader) -> bool:
+        """Relay until ``[DONE]`` (True) or a failure after the first token (False).
+
+        Before the first token, ``on_first`` is awaited (the caller starts the
+        answer), and the usage chunk and ``[DONE]`` are never forwarded.
+
+        Raises:
+            UpstreamFailed: the engine failed, sent an error event or ended
+                before the first token.
+        """
+        send = self._send
+        started = False
+        fast = False  # streaming, past the first event: forward bytes as they come
+        unshrunk = 0  # events not yet reported to on_tokens
+        buffer = b""
+        while True:
+            try:
+                chunk = await reader.readany()
+            except (TimeoutError, aiohttp.ClientError, OSError):
+                chunk = b""
+            if not chunk:
+                # The engine went away before [DONE].
+                if not started:
+                    raise UpstreamFailed("connection closed before the first token")
+                return False
+            if buffer:
+                chunk = buffer + chunk
+                buffer = b""
+            if (
+                fast
+                and chunk.endswith(EVENT_END)
+                and (events := chunk.count(EVENT_END)) == chunk.count(_CONTENT_MARK)
+            ):
+                # The common case: whole token events only. Forward the bytes as
+                # they came, counting events, without splitting or copying them.
+                self.events += events
+                unshrunk += events
+                if unshrunk >= _SHRINK_EVERY:
+                    self._on_tokens(unshrunk)
+                    unshrunk = 0
+                await send(
+                    {"type": "http.response.body", "body": chunk, "more_body": True}
+                )
+                continue
+            end = chunk.rfind(EVENT_END)
+            if end < 0:
+                buffer = chunk
+                continue
+            complete, buffer = chunk[: end + 2], chunk[end + 2 :]
+            out = []
+            done = False
+            for event in complete.split(EVENT_END):
+                if not event:
+                    continue
+                if event.startswith(b"data: [DONE]"):
+                    done = True
+                    continue
+                if _USAGE_MARK in event:
+                    self.usage = json.loads(event[6:]).get("usage") or {}
+                    continue
+                if event.startswith(b'data: {"error"'):
+                    if not started:
+                        raise UpstreamFailed("error event before the first token")
+                    return False
+                out.append(event)
+            if out:
+                if not started:
+                    started = True
+                    fast = self._stream
+                    self.first_token_at = self._clock()
+                    await self._on_first()
+                # Role chunk included: an estimate until the usage chunk arrives.
+                self.events += len(out)
+                self._on_tokens(len(out))
+                if self._stream:
+                    await send(
+                        {
+                            "type": "http.response.body",
+                            "body": EVENT_END.join(out) + EVENT_END,
+                            "more_body": True,
+                        }
+                    )
+                else:
+                    self._collect(out)
+            if done:
+                if not started:
+                    raise UpstreamFailed("no tokens before [DONE]")
+                return True
+
+    def _collect(self, events: list[bytes]) -> None:
+        """Gather a non-streaming answer's text from the engine's chunks."""
+        for event in events:
+            chunk = json.loads(event[6:])
+            for choice in chunk.get("choices") or ():
+                delta = choice.get("delta") or {}
+                if delta.get("content"):
+                    self._content.append(delta["content"])
+                if choice.get("finish_reason"):
+                    self.finish_reason = choice["finish_reason"]
