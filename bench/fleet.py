@@ -23,7 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from drills.domain.fleet import FleetConfig, FleetSim  # noqa: E402
+from drills.domain.fleet import FleetSim  # noqa: E402
+from drills.domain.fleet_config import FleetConfig  # noqa: E402
 from drills.domain.workload import ChatWorkload  # noqa: E402
 
 TARGET_CPU_S = 60.0

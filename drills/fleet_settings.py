@@ -9,7 +9,7 @@ from typing import Any
 
 from django.conf import settings
 
-from drills.domain.fleet import FleetConfig
+from drills.domain.fleet_config import FleetConfig
 
 __all__ = ["platform_fleet_config"]
 

@@ -30,8 +30,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from drills.domain.fleet import FleetConfig, FleetSim, percentile
+from drills.domain.fleet import FleetSim
+from drills.domain.fleet_config import FleetConfig
 from drills.domain.workload import ChatWorkload
+from engine_nodes.domain.percentiles import percentile
 
 __all__ = [
     "CapacityAnswer",

@@ -1,22 +1,23 @@
 """The fleet simulator: the platform's own decisions over modelled replicas, in
 virtual time.
 
-Public surface: ``FleetConfig``, ``FleetEvent``, ``FleetSim``, ``FleetResult``,
-``percentile``.
+Public surface: ``FleetPool``, ``FleetSim`` (configured by
+``drills.domain.fleet_config``, measured in ``drills.domain.fleet_result``).
 
 What runs is the gateway's decision code, not a copy of it:
 
-- routing: ``routing.domain.policies.make_policy(name)`` (round robin, least tokens
-  in flight, prefix affinity with bounded load), called with the same
+- routing: ``routing.domain.policies.make_policy(name, options)`` (round robin,
+  least tokens in flight, prefix affinity with bounded load), called with the same
   ``RouteRequest`` and ``NodeSnapshot`` objects the gateway builds, one policy
   instance per pool, the conversation id as routing key;
-- token limits: ``routing.domain.limiter.charge`` / ``refund`` per team, charging
-  prompt + ``max_tokens`` and refunding what was not generated, and the team's
-  ``max_concurrency`` streams (a request without a slot is refused uncharged, as
-  ``routing.limits.TieredAdmission``);
-- tiers and overload: ``routing.domain.admission.AdmissionQueue`` with the pool's
-  capacity from ``models_registry.domain.capacity.pool_capacity_tokens``, pumped
-  when an answer ends and on a short tick, as ``routing.limits.TieredAdmission``;
+- admission: ``routing.domain.admission_control.AdmissionControl``, the gateway's
+  own sequence (team token bucket charged prompt + ``max_tokens`` and a
+  ``max_concurrency`` slot taken together, the pool's tiered queue, refunds of what
+  was not used), its effects performed here on ``routing.domain.limit_table``
+  (the gateway's in-memory limits) in virtual time; a queued request's sequence is
+  resumed by the pump, which runs when an answer ends and on a short tick, as the
+  gateway's does; the pool's capacity is
+  ``models_registry.domain.capacity.pool_capacity_tokens``;
 - failures: ``routing.domain.retry_budget.RetryBudget`` (a request that lost its
   replica before its first token is retried on the next candidate within the
   budget; one that had tokens ends with an error and is metered for them).
@@ -39,9 +40,10 @@ import heapq
 import math
 import random
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from typing import cast
 
-from drills.domain.isolation import percentile
+from drills.domain.fleet_config import FleetConfig, FleetEvent
+from drills.domain.fleet_result import FleetResult, Sample
 from drills.domain.replica import FleetReplica, FleetRequest
 from drills.domain.workload import (
     Arrival,
@@ -49,203 +51,89 @@ from drills.domain.workload import (
     Conversations,
     TeamSpec,
 )
-from engine_nodes.domain.perf import PROFILES, PerfProfile
 from models_registry.domain.capacity import CapacityRecord, pool_capacity_tokens
-from routing.domain import limiter
-from routing.domain.admission import AdmissionQueue, Candidate, Outcome, PoolState
-from routing.domain.policies import RouteRequest, make_policy
+from routing.domain.admission import Outcome, PoolState, Verdict
+from routing.domain.admission_control import (
+    AdmissionControl,
+    AdmissionRequest,
+    ChargeAndAcquire,
+    RefundAndRelease,
+    Rejected,
+    ShedWaiting,
+    Steps,
+    Ticket,
+)
+from routing.domain.limit_table import BucketTable, Claim, LimitTable, SlotTable
+from routing.domain.limiter import ChargeTooLarge
+from routing.domain.policies import (
+    RouteRequest,
+    make_policy,
+)
 from routing.domain.retry_budget import RetryBudget
-from routing.domain.snapshot import NodeSnapshot
+from routing.domain.snapshot import LimitRecord, NodeSnapshot
 from routing.domain.tiers import Tier
 
-__all__ = [
-    "FleetConfig",
-    "FleetEvent",
-    "FleetResult",
-    "FleetSim",
-    "percentile",
-]
+__all__ = ["FleetPool", "FleetSim"]
 
 _MODEL, _VERSION = "chat-7b", "v1"
+_POOL = (_MODEL, _VERSION)
+# A team without a token limit or a concurrency cap (0 in its TeamSpec) gets a
+# bucket and a cap no request can reach, so it runs the same sequence as others.
+_NO_TOKEN_LIMIT = 10**12
+_NO_CONCURRENCY_CAP = 10**9
+# What the simulator calls a refused request, by the refusal's status.
+_REFUSED = {400: "too_large", 429: "rate_limited", 503: "shed"}
 # Event kinds, in the order simultaneous events run (then by sequence).
 _WAKE, _READY, _SCENARIO, _ARRIVAL, _PUMP, _SAMPLE = range(6)
 _PUMP_S = 0.05  # the admission queue's tick while anything waits (as the gateway)
-# "unfinished": still running when the drain after the window ran out.
-OUTCOMES = (
-    "ok",
-    "error",
-    "rate_limited",
-    "shed",
-    "no_replica",
-    "too_large",
-    "unfinished",
-)
 
 
-@dataclass(frozen=True, slots=True)
-class FleetConfig:
-    """The fleet and the platform settings the simulation runs with.
+class FleetPool:
+    """The simulated gateway's view of its one pool, for admission.
 
-    ``min_bound_tokens`` and ``replica_tokens_in_flight`` default to the platform's
-    settings (``PLATFORM_AFFINITY_MIN_BOUND_TOKENS``,
-    ``PLATFORM_DEFAULT_REPLICA_TOKENS_IN_FLIGHT``); ``block_size`` is the simulated
-    KV block (the same memory in fewer, larger blocks is faster to simulate; hits
-    are then whole blocks of this size).
+    Load is exact and live (one gateway); capacity is the serving replicas times
+    ``replica_tokens_in_flight``. Without tiered admission (``is_tiered`` false)
+    the pool reports no state, so admission takes every request that passed its
+    team's limits straight to routing, as the gateway does for a pool it cannot
+    judge.
     """
 
-    replicas: int = 12
-    profile: str = "a100-8b"
-    policy: str = "prefix_affinity"
-    block_size: int = 64
-    load_factor: float = 1.25
-    min_bound_tokens: int = 16_384
-    admission: bool = False
-    replica_tokens_in_flight: int = 110_000
-    max_queue: int = 256
-    max_wait_s: float = 10.0
-    batch_ceiling: float = 1.0
-    retry_ratio: float = 0.1
-    retry_min: int = 3
-    cold_start_s: float = 0.0
-    sample_s: float = 1.0
-    jitter_cv: float = 0.04
-    seed: int = 0
+    def __init__(
+        self,
+        serving: list[FleetReplica],
+        *,
+        replica_tokens_in_flight: int,
+        is_tiered: bool,
+    ) -> None:
+        self.serving = serving  # the simulator's list, updated as replicas come and go
+        self.replica_tokens_in_flight = replica_tokens_in_flight
+        self.is_tiered = is_tiered
+        self.in_flight = 0
+        self.team_in_flight: dict[str, int] = {}
 
-    def __post_init__(self) -> None:
-        if self.replicas < 1:
-            raise ValueError("a fleet needs at least one replica")
-        if self.profile not in PROFILES:
-            raise ValueError(
-                f"unknown profile {self.profile!r}; known: {', '.join(PROFILES)}"
-            )
-        if self.block_size < 1 or self.sample_s <= 0:
-            raise ValueError("block_size and sample_s must be positive")
-
-    @property
-    def perf_profile(self) -> PerfProfile:
-        return PROFILES[self.profile]
-
-
-@dataclass(frozen=True, slots=True)
-class FleetEvent:
-    """Something that happens to the fleet at ``at`` seconds.
-
-    Kinds: ``lose_replica`` (``replica`` or else the ``count`` most loaded die),
-    ``add_replica`` (``count`` new replicas, serving after ``cold_start_s``),
-    ``rate`` (all arrivals run at ``factor`` times the base rate from now on),
-    ``team_rate`` (``team``'s arrivals run at ``factor`` times its base rate).
-    """
-
-    at: float
-    kind: str
-    count: int = 1
-    factor: float = 1.0
-    replica: str | None = None
-    team: str | None = None
-
-    def __post_init__(self) -> None:
-        kinds = ("lose_replica", "add_replica", "rate", "team_rate")
-        if self.kind not in kinds:
-            raise ValueError(f"event kind must be one of {', '.join(kinds)}")
-        if self.at < 0 or self.count < 1 or self.factor < 0:
-            raise ValueError("events need at >= 0, count >= 1 and factor >= 0")
-        if self.kind == "team_rate" and not self.team:
-            raise ValueError("a team_rate event names its team")
-
-
-@dataclass(slots=True)
-class Sample:
-    """The fleet at one sampling instant."""
-
-    at: float
-    replicas: int
-    tokens_in_flight: list[int]
-    queued: dict[str, int]
-    engine_waiting: int
-
-    @property
-    def imbalance(self) -> float | None:
-        """Highest tokens in flight over the pool average (None when idle)."""
-        if not self.tokens_in_flight:
+    def state(self, model: str, version: str) -> PoolState | None:
+        if not self.is_tiered:
             return None
-        mean = sum(self.tokens_in_flight) / len(self.tokens_in_flight)
-        return max(self.tokens_in_flight) / mean if mean > 0 else None
-
-
-@dataclass(slots=True)
-class FleetResult:
-    """Requests that arrived inside the measured window, and the samples."""
-
-    config: FleetConfig
-    started_at: float
-    ended_at: float
-    block_size: int
-    requests: list[FleetRequest] = field(default_factory=list)
-    samples: list[Sample] = field(default_factory=list)
-    generated_tokens: int = 0
-    prefill_tokens: int = 0
-    events: list[tuple[float, str]] = field(default_factory=list)
-
-    @property
-    def duration_s(self) -> float:
-        return self.ended_at - self.started_at
-
-    def summary(self) -> dict[str, object]:
-        """Return the headline figures of the run (see the module docstring)."""
-        ok = [r for r in self.requests if r.outcome == "ok"]
-        cacheable = sum(r.cacheable_tokens(self.block_size) for r in ok)
-        cached = sum(
-            min(r.cached_tokens, r.cacheable_tokens(self.block_size)) for r in ok
+        capacity = pool_capacity_tokens(
+            len(self.serving),
+            CapacityRecord(tokens_per_s=None, tokens_in_flight=None),
+            self.replica_tokens_in_flight,
         )
-        prompt = sum(r.prompt_tokens for r in ok)
-        ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
-        tpots = [r.tpot_s for r in ok if r.tpot_s is not None]
-        imbalances = [s.imbalance for s in self.samples if s.imbalance is not None]
-        duration = max(self.duration_s, 1e-9)
-        outcomes = {name: 0 for name in OUTCOMES}
-        for request in self.requests:
-            outcomes[request.outcome] = outcomes.get(request.outcome, 0) + 1
-        return {
-            "duration_s": self.duration_s,
-            "requests": len(self.requests),
-            "outcomes": outcomes,
-            "prefix_hit_rate": cached / cacheable if cacheable else None,
-            "cached_token_share": sum(r.cached_tokens for r in ok) / prompt
-            if prompt
-            else None,
-            "ttft_p50_s": percentile(ttfts, 0.50),
-            "ttft_p95_s": percentile(ttfts, 0.95),
-            "ttft_p99_s": percentile(ttfts, 0.99),
-            "tpot_p50_s": percentile(tpots, 0.50),
-            "tpot_p95_s": percentile(tpots, 0.95),
-            "output_tokens_per_s": self.generated_tokens / duration,
-            "prefill_tokens_per_s": sum(r.prompt_tokens for r in ok) / duration,
-            "uncached_prefill_tokens_per_s": sum(
-                r.prompt_tokens - r.cached_tokens for r in ok
-            )
-            / duration,
-            "imbalance_mean": sum(imbalances) / len(imbalances) if imbalances else None,
-            "imbalance_peak": max(imbalances) if imbalances else None,
-        }
+        if capacity <= 0:
+            return None
+        return PoolState(
+            capacity=capacity,
+            in_flight=self.in_flight,
+            team_in_flight=self.team_in_flight,
+        )
 
-    def by(self, attribute: str) -> dict[str, dict[str, object]]:
-        """Return per-team or per-tier figures: requests, outcomes, TTFT p50/p95."""
-        groups: dict[str, list[FleetRequest]] = {}
-        for request in self.requests:
-            groups.setdefault(getattr(request, attribute), []).append(request)
-        table: dict[str, dict[str, object]] = {}
-        for name, requests in sorted(groups.items()):
-            ttfts = [r.ttft_s for r in requests if r.outcome == "ok" and r.ttft_s]
-            counts = {outcome: 0 for outcome in OUTCOMES}
-            for request in requests:
-                counts[request.outcome] += 1
-            table[name] = {
-                "requests": len(requests),
-                **counts,
-                "ttft_p50_s": percentile(ttfts, 0.50),
-                "ttft_p95_s": percentile(ttfts, 0.95),
-            }
-        return table
+    def take(self, model: str, version: str, team: str, tokens: int) -> None:
+        self.in_flight += tokens
+        self.team_in_flight[team] = self.team_in_flight.get(team, 0) + tokens
+
+    def give_back(self, model: str, version: str, team: str, tokens: int) -> None:
+        self.in_flight -= tokens
+        self.team_in_flight[team] -= tokens
 
 
 class FleetSim:
@@ -270,23 +158,22 @@ class FleetSim:
         # One stream per team: changing one team's rate leaves every other team's
         # requests exactly as they were, so scenarios compare request for request.
         self._team_rngs: dict[str, random.Random] = {}
-        self.policy = make_policy(config.policy)
-        if hasattr(self.policy, "min_bound_tokens"):
-            self.policy.min_bound_tokens = config.min_bound_tokens  # type: ignore[attr-defined]
-        if hasattr(self.policy, "load_factor"):
-            self.policy.load_factor = config.load_factor  # type: ignore[attr-defined]
+        self.policy = make_policy(config.policy, config.policy_options)
         self.budget = RetryBudget(
             ratio=config.retry_ratio, min_retries=config.retry_min
-        )
-        self.queue = AdmissionQueue(
-            max_queue=config.max_queue,
-            max_wait_s=config.max_wait_s,
-            batch_ceiling=config.batch_ceiling,
         )
         team_list = list(workload.teams if workload is not None else ()) + list(teams)
         self.teams: dict[str, TeamSpec] = {team.name: team for team in team_list}
         self.replicas: dict[str, FleetReplica] = {}
         self.serving: list[FleetReplica] = []
+        self.pool = FleetPool(
+            self.serving,
+            replica_tokens_in_flight=config.replica_tokens_in_flight,
+            is_tiered=config.admission,
+        )
+        self.admission = AdmissionControl(self.pool, config.admission_options)
+        self.limits = LimitTable(BucketTable(), SlotTable())
+        self._team_limits: dict[str, LimitRecord] = {}
         self._replica_count = 0
         for _ in range(config.replicas):
             self._serve(self._new_replica())
@@ -294,11 +181,9 @@ class FleetSim:
         self._seq = 0
         self._wake_version: dict[str, int] = {}
         self._events = sorted(events, key=lambda e: e.at)
-        self._buckets: dict[str, limiter.Bucket] = {}
-        self._queued: dict[str, FleetRequest] = {}
-        self._pool_in_flight = 0
-        self._team_in_flight: dict[str, int] = {}
-        self._team_slots: dict[str, int] = {}  # concurrency slots held per team
+        # Requests waiting in the admission queue, and their paused sequences.
+        self._queued: dict[str, tuple[FleetRequest, Steps]] = {}
+        self._tickets: dict[int, Ticket] = {}  # admitted, by request id
         self._pump_scheduled = False
         self._next_request_id = 0
         self._rate_factor = 1.0
@@ -367,10 +252,11 @@ class FleetSim:
                 generated0 = self._generated()
                 prefill0 = self._prefilled()
             self.now = at
+            # The payload's type follows from its kind (see _push's callers).
             if kind == _WAKE:
-                self._on_wake(payload)  # type: ignore[arg-type]
+                self._on_wake(cast(tuple[FleetReplica, int], payload))
             elif kind == _ARRIVAL:
-                self._on_arrival(payload)  # type: ignore[arg-type]
+                self._on_arrival(cast(Arrival | tuple[str, int], payload))
             elif kind == _PUMP:
                 self._pump_scheduled = False
                 self._pump()
@@ -378,10 +264,11 @@ class FleetSim:
                 self._sample()
                 self._push(at + self.config.sample_s, _SAMPLE, None)
             elif kind == _SCENARIO:
-                self._on_event(payload)  # type: ignore[arg-type]
+                self._on_event(cast(FleetEvent, payload))
             elif kind == _READY:
-                self._serve(payload)  # type: ignore[arg-type]
-                result.events.append((at, f"replica {payload.replica_id} serving"))  # type: ignore[attr-defined]
+                replica = cast(FleetReplica, payload)
+                self._serve(replica)
+                result.events.append((at, f"replica {replica.replica_id} serving"))
         if not counted:
             result.generated_tokens = self._generated() - generated0
             result.prefill_tokens = self._prefilled() - prefill0
@@ -475,14 +362,14 @@ class FleetSim:
         if arrival is not None:
             self._push(arrival.at, _ARRIVAL, arrival)
 
-    def _on_arrival(self, payload: object) -> None:
+    def _on_arrival(self, payload: Arrival | tuple[str, int]) -> None:
         if isinstance(payload, Arrival):
             arrival = payload
             self._next_trace_arrival()
             if arrival.team not in self.teams:
                 self.teams[arrival.team] = TeamSpec(arrival.team, tier=arrival.tier)
         else:
-            team, version = payload  # type: ignore[misc]
+            team, version = payload
             if self._arrival_version.get(team) != version:
                 return  # the team's rate changed; a fresh arrival was drawn
             self._schedule_arrival(team, self.now)
@@ -511,107 +398,86 @@ class FleetSim:
     # -- the gateway's decisions ----------------------------------------------------------
 
     def _admit(self, request: FleetRequest) -> None:
-        team = self.teams[request.team]
-        amount = request.prompt_tokens + request.max_tokens
-        now = self.now
-        if team.tokens_per_minute:
-            capacity = team.tokens_per_minute
+        """Run the gateway's admission sequence for a request that just arrived."""
+        steps = self.admission.admit(
+            AdmissionRequest(
+                team=request.team,
+                model=_MODEL,
+                version=_VERSION,
+                tier=Tier(request.tier),
+                prompt_tokens=request.prompt_tokens,
+                max_tokens=request.max_tokens,
+                limit=self._limit(request.team),
+            ),
+            str(request.request_id),
+            self.now,
+        )
+        self._advance(request, steps, None)
+
+    def _advance(
+        self, request: FleetRequest, steps: Steps, reply: Claim | Verdict | None
+    ) -> None:
+        """Perform the sequence's effects until it admits, refuses or waits."""
+        error: Exception | None = None
+        while True:
             try:
-                charge = limiter.charge(
-                    self._buckets.get(team.name),
-                    now,
-                    capacity=capacity,
-                    refill_per_s=capacity / 60.0,
-                    amount=amount,
-                )
-            except limiter.ChargeTooLarge:
-                self._end(request, "too_large")
+                effect = steps.send(reply) if error is None else steps.throw(error)
+            except StopIteration as done:
+                self._tickets[request.request_id] = done.value
+                self._route(request, first=True)
                 return
-            if not charge.allowed:
-                self._buckets[team.name] = charge.bucket
-                self._end(request, "rate_limited")
+            except Rejected as refused:
+                self._end(request, _REFUSED[refused.status])
                 return
-            if not self._take_slot(team, request):
-                # As the gateway: no slot, nothing charged.
-                self._end(request, "rate_limited")
+            reply, error = None, None
+            if isinstance(effect, ChargeAndAcquire):
+                try:
+                    reply = self.limits.charge_and_acquire(
+                        effect.key,
+                        capacity=effect.capacity,
+                        refill_per_s=effect.refill_per_s,
+                        amount=effect.amount,
+                        limit=effect.limit,
+                        request_id=effect.request_id,
+                        now=self.now,
+                    )
+                except ChargeTooLarge as exc:
+                    error = exc
+            elif isinstance(effect, RefundAndRelease):
+                self._refund(effect)
+            elif isinstance(effect, ShedWaiting):
+                for admission_id, retry_after_s in effect.shed:
+                    self._wake(admission_id, Verdict(Outcome.SHED, retry_after_s))
+            else:  # WaitInQueue: the pump resumes it
+                self._queued[effect.admission_id] = (request, steps)
+                self._schedule_pump()
                 return
-            self._buckets[team.name] = charge.bucket
-            request.charged = amount
-        elif not self._take_slot(team, request):
-            self._end(request, "rate_limited")
-            return
-        if not self.config.admission:
-            self._route(request, first=True)
-            return
-        capacity = self._pool_capacity()
-        if capacity <= 0:
-            self._refund(request, used=0)
-            self._end(request, "no_replica")
-            return
-        candidate = Candidate(
-            request_id=str(request.request_id),
-            team=team.name,
-            tier=Tier(request.tier),
-            tokens=amount,
-            guaranteed_share=team.guaranteed_share,
-            arrived_at=now,
-        )
-        try:
-            verdict, shed = self.queue.offer(candidate, self._pool_state(capacity), now)
-        except limiter.ChargeTooLarge:
-            self._refund(request, used=0)
-            self._end(request, "too_large")
-            return
-        self._shed(shed)
-        if verdict.outcome == Outcome.ADMIT:
-            self._take(request)
-            self._route(request, first=True)
-        elif verdict.outcome == Outcome.QUEUE:
-            self._queued[candidate.request_id] = request
-            self._schedule_pump()
-        else:
-            self._refund(request, used=0)
-            outcome = (
-                "rate_limited" if verdict.outcome == Outcome.RATE_LIMITED else "shed"
+
+    def _wake(self, admission_id: str, verdict: Verdict) -> None:
+        request, steps = self._queued.pop(admission_id)
+        self._advance(request, steps, verdict)
+
+    def _limit(self, team_name: str) -> LimitRecord:
+        limit = self._team_limits.get(team_name)
+        if limit is None:
+            team = self.teams[team_name]
+            limit = self._team_limits[team_name] = LimitRecord(
+                team=team.name,
+                model=_MODEL,
+                tokens_per_minute=team.tokens_per_minute or _NO_TOKEN_LIMIT,
+                max_concurrency=team.max_concurrency or _NO_CONCURRENCY_CAP,
+                guaranteed_share=team.guaranteed_share,
             )
-            self._end(request, outcome)
+        return limit
 
-    def _take_slot(self, team: TeamSpec, request: FleetRequest) -> bool:
-        """Take one of the team's concurrency slots; False when all are held."""
-        if not team.max_concurrency:
-            return True
-        held = self._team_slots.get(team.name, 0)
-        if held >= team.max_concurrency:
-            return False
-        self._team_slots[team.name] = held + 1
-        request.holds_slot = True
-        return True
-
-    def _release_slot(self, request: FleetRequest) -> None:
-        if request.holds_slot:
-            request.holds_slot = False
-            self._team_slots[request.team] -= 1
-
-    def _pool_capacity(self) -> int:
-        return pool_capacity_tokens(
-            len(self.serving),
-            CapacityRecord(tokens_per_s=None, tokens_in_flight=None),
-            self.config.replica_tokens_in_flight,
-        )
-
-    def _pool_state(self, capacity: int) -> PoolState:
-        return PoolState(
-            capacity=capacity,
-            in_flight=self._pool_in_flight,
-            team_in_flight=self._team_in_flight,
-        )
-
-    def _take(self, request: FleetRequest) -> None:
-        amount = request.prompt_tokens + request.max_tokens
-        request.taken = True
-        self._pool_in_flight += amount
-        self._team_in_flight[request.team] = (
-            self._team_in_flight.get(request.team, 0) + amount
+    def _refund(self, effect: RefundAndRelease) -> None:
+        self.limits.refund_and_release(
+            effect.key,
+            capacity=effect.capacity,
+            refill_per_s=effect.refill_per_s,
+            amount=effect.amount,
+            request_id=effect.request_id,
+            now=self.now,
         )
 
     def _schedule_pump(self) -> None:
@@ -622,23 +488,13 @@ class FleetSim:
     def _pump(self) -> None:
         if not self._queued:
             return
-        capacity = self._pool_capacity()
-        if capacity > 0:
-            pumped = self.queue.pump(self._pool_state(capacity), self.now)
-            self._shed(pumped.shed)
-            for request_id in pumped.admitted:
-                request = self._queued.pop(request_id)
-                self._take(request)
-                self._route(request, first=True)
+        pumped = self.admission.pump(_POOL, self.now)
+        for admission_id, retry_after_s in pumped.shed:
+            self._wake(admission_id, Verdict(Outcome.SHED, retry_after_s))
+        for admission_id in pumped.admitted:
+            self._wake(admission_id, Verdict(Outcome.ADMIT))
         if self._queued:
             self._schedule_pump()
-
-    def _shed(self, shed: Iterable[tuple[str, int]]) -> None:
-        for request_id, _retry_after in shed:
-            request = self._queued.pop(request_id, None)
-            if request is not None:
-                self._refund(request, used=0)
-                self._end(request, "shed")
 
     def _route(self, request: FleetRequest, *, first: bool) -> None:
         now = self.now
@@ -677,34 +533,15 @@ class FleetSim:
 
     def _give_back(self, request: FleetRequest, *, used: int) -> None:
         """The answer ended: refund the bucket, free the slot and the pool's tokens."""
-        self._refund(request, used=used)
-        self._release_slot(request)
-        if request.taken:
-            request.taken = False
-            amount = request.prompt_tokens + request.max_tokens
-            self._pool_in_flight -= amount
-            self._team_in_flight[request.team] -= amount
+        ticket = self._tickets.pop(request.request_id, None)
+        if ticket is not None:
+            refund = self.admission.release(ticket, used_tokens=used)
+            if refund is not None:
+                self._refund(refund)
         if request.finished_at is None:
             request.finished_at = self.now
 
-    def _refund(self, request: FleetRequest, *, used: int) -> None:
-        if not request.charged:
-            return
-        team = self.teams[request.team]
-        capacity = team.tokens_per_minute
-        unused = max(0, request.charged - used)
-        request.charged = 0
-        if unused:
-            self._buckets[team.name] = limiter.refund(
-                self._buckets.get(team.name),
-                self.now,
-                capacity=capacity,
-                refill_per_s=capacity / 60.0,
-                amount=unused,
-            )
-
     def _end(self, request: FleetRequest, outcome: str) -> None:
-        self._release_slot(request)
         request.outcome = outcome
         request.finished_at = self.now
 
@@ -773,7 +610,7 @@ class FleetSim:
         if not self._window[0] <= self.now <= self._window[1]:
             return
         queued: dict[str, int] = {tier.value: 0 for tier in Tier}
-        for request in self._queued.values():
+        for request, _steps in self._queued.values():
             queued[request.tier] += 1
         self._result.samples.append(
             Sample(

@@ -36,7 +36,9 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from drills.domain.fleet import FleetConfig, FleetResult, FleetSim
+from drills.domain.fleet import FleetSim
+from drills.domain.fleet_config import FleetConfig
+from drills.domain.fleet_result import FleetResult
 from drills.domain.isolation import Sample, TeamPhase, Verdict, judge, summarise
 from drills.domain.workload import Arrival, ChatWorkload, Conversations, TeamSpec
 from routing.domain.tiers import Tier

@@ -43,8 +43,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from drills.domain.fleet import FleetConfig, FleetEvent, FleetResult, FleetSim
-from drills.domain.fleet import percentile as nearest_rank
+from drills.domain.fleet import FleetSim
+from drills.domain.fleet_config import FleetConfig, FleetEvent
+from drills.domain.fleet_result import FleetResult
 from drills.domain.replica import FleetRequest
 from drills.domain.timeline import (
     bin_starts,
@@ -53,6 +54,7 @@ from drills.domain.timeline import (
     percentile_in_bins,
 )
 from drills.domain.workload import ChatWorkload, TeamSpec
+from engine_nodes.domain.percentiles import percentile as nearest_rank
 from routing.domain.tiers import Tier
 
 __all__ = [

@@ -77,7 +77,6 @@ class FleetRequest:
         "attempts",
         "block_ids",
         "cached_tokens",
-        "charged",
         "clock0",
         "computed",
         "conversation",
@@ -85,7 +84,6 @@ class FleetRequest:
         "first_token_at",
         "gen0",
         "history_tokens",
-        "holds_slot",
         "max_tokens",
         "outcome",
         "output_tokens",
@@ -94,7 +92,6 @@ class FleetRequest:
         "request_id",
         "routed_at",
         "stream_tokens",
-        "taken",
         "team",
         "tier",
         "tokens_at_failure",
@@ -131,9 +128,6 @@ class FleetRequest:
         self.routed_at: float | None = None
         self.replica_id: str | None = None
         self.attempts = 0
-        self.charged = 0  # tokens charged to the team's bucket, not yet refunded
-        self.taken = False  # counted in the pool's tokens in flight by admission
-        self.holds_slot = False  # one of its team's max_concurrency streams
         self.outcome = ""  # ok | error | rate_limited | shed | no_replica
         self.first_token_at: float | None = None
         self.finished_at: float | None = None

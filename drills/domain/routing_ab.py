@@ -17,7 +17,9 @@ import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from drills.domain.fleet import FleetConfig, FleetEvent, FleetResult, FleetSim
+from drills.domain.fleet import FleetSim
+from drills.domain.fleet_config import FleetConfig, FleetEvent
+from drills.domain.fleet_result import FleetResult
 from drills.domain.workload import Arrival, ChatWorkload, Conversations
 
 __all__ = [

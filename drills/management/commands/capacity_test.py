@@ -17,7 +17,7 @@ from drills.domain.capacity_test import (
     run_capacity_test,
     step_rates,
 )
-from drills.domain.fleet import FleetConfig
+from drills.domain.fleet_config import FleetConfig
 from drills.domain.workload import ChatWorkload
 
 # The seed's peak: 1,000 streams at 30 tokens/s.

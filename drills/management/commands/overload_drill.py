@@ -10,7 +10,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from drills.domain.fleet import FleetConfig
+from drills.domain.fleet_config import FleetConfig
 from drills.domain.overload import (
     TIERS,
     OverloadOutcome,

@@ -10,7 +10,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from drills.domain.fleet import FleetConfig
+from drills.domain.fleet_config import FleetConfig
 from drills.domain.routing_ab import POLICY_ORDER, generate_arrivals, run_routing_ab
 from drills.domain.workload import ChatWorkload, read_trace, trace_arrivals
 

@@ -11,7 +11,7 @@ from drills.domain.capacity_test import (
     run_capacity_test,
     step_rates,
 )
-from drills.domain.fleet import FleetConfig
+from drills.domain.fleet_config import FleetConfig
 from drills.domain.isolation_sim import (
     NOISY_TEAM,
     IsolationScenario,

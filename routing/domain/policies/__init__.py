@@ -1,14 +1,17 @@
 """Routing policies: pick the replica order for one request, with one signature.
 
 Public surface: ``RoutingPolicy``, ``RouteRequest``, ``RouteDecision``,
-``register_policy``, ``POLICIES``, ``make_policy``, and the policy classes
-``RoundRobinPolicy``, ``LeastTokensPolicy``, ``PrefixAffinityPolicy``.
+``PolicyOptions``, ``DEFAULT_POLICY_OPTIONS``, ``register_policy``, ``POLICIES``,
+``make_policy``, and the policy classes ``RoundRobinPolicy``,
+``LeastTokensPolicy``, ``PrefixAffinityPolicy``.
 
 Invariants:
 
-- Every policy is a class with ``name: ClassVar[str]``, a sync
-  ``choose(req, nodes, now) -> RouteDecision`` and ``reset()``; nothing else is
-  called by the gateway or the simulator.
+- Every policy is a class with ``name: ClassVar[str]``, a classmethod
+  ``from_options(options)``, a sync ``choose(req, nodes, now) -> RouteDecision`` and
+  ``reset()``; nothing else is called by the gateway or the simulator. Both build
+  their policies with ``make_policy(name, options)``, and ``PolicyOptions`` holds
+  the platform's one set of defaults.
 - ``nodes`` are already eligible (serving, heard from recently) and have unique
   replica ids. ``RouteDecision.candidates`` is a permutation of their ids: the
   choice first, then the fallbacks to retry on. No nodes gives no candidates.
@@ -21,15 +24,17 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Protocol, TypeVar
+from typing import ClassVar, Protocol, Self, TypeVar
 
 from routing.domain.snapshot import NodeSnapshot
 
 __all__ = [
+    "DEFAULT_POLICY_OPTIONS",
     "POLICIES",
     "LeastTokensPolicy",
+    "PolicyOptions",
     "PrefixAffinityPolicy",
     "RoundRobinPolicy",
     "RouteDecision",
@@ -74,10 +79,39 @@ class RouteDecision:
         return self.candidates[0] if self.candidates else None
 
 
+@dataclass(frozen=True, slots=True)
+class PolicyOptions:
+    """What the platform lets an operator tune about routing, with its defaults.
+
+    ``load_factor`` is prefix affinity's bound over the pool average (the seed's
+    125%). ``min_bound_tokens`` is the floor under that bound: below it no replica
+    counts as overloaded, so light traffic keeps its affinity (about 15% of a 7B
+    replica's tokens in flight). ``PLATFORM_AFFINITY_MIN_BOUND_TOKENS`` and the fleet
+    simulator default to these values; policies without a bound ignore both.
+    """
+
+    load_factor: float = 1.25
+    min_bound_tokens: int = 16_384
+
+    def __post_init__(self) -> None:
+        if not self.load_factor >= 1.0:
+            raise ValueError("load_factor must be at least 1.0")
+        if self.min_bound_tokens < 0:
+            raise ValueError("min_bound_tokens must not be negative")
+
+
+DEFAULT_POLICY_OPTIONS: PolicyOptions = PolicyOptions()
+
+
 class RoutingPolicy(Protocol):
     """Order eligible replicas for one request."""
 
     name: ClassVar[str]
+
+    @classmethod
+    def from_options(cls, options: PolicyOptions) -> Self:
+        """Return a fresh policy configured by ``options``."""
+        ...
 
     def choose(
         self, req: RouteRequest, nodes: Sequence[NodeSnapshot], now: float
@@ -117,18 +151,20 @@ def register_policy(cls: _P) -> _P:
     return cls
 
 
-def make_policy(name: str) -> RoutingPolicy:
-    """Return a new instance of the policy registered as ``name``, with defaults.
+def make_policy(name: str, options: PolicyOptions | None = None) -> RoutingPolicy:
+    """Return a new instance of the policy registered as ``name``.
+
+    ``options`` default to ``DEFAULT_POLICY_OPTIONS``, the platform's defaults.
 
     Raises:
         KeyError: no such policy; the message lists the known names.
     """
-    factory: Callable[[], RoutingPolicy] | None = POLICIES.get(name)
-    if factory is None:
+    cls = POLICIES.get(name)
+    if cls is None:
         raise KeyError(
             f"unknown routing policy {name!r}; known: {', '.join(sorted(POLICIES))}"
         )
-    return factory()
+    return cls.from_options(options or DEFAULT_POLICY_OPTIONS)
 
 
 # Imported after the definitions above, which the modules use while registering.

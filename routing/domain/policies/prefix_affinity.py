@@ -1,6 +1,6 @@
 """Prefix affinity with bounded load: a conversation returns to its warm replica.
 
-Public surface: ``PrefixAffinityPolicy``, ``DEFAULT_LOAD_FACTOR``.
+Public surface: ``PrefixAffinityPolicy``.
 """
 
 from __future__ import annotations
@@ -8,13 +8,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
-from routing.domain.policies import RouteDecision, RouteRequest, register_policy
+from routing.domain.policies import (
+    DEFAULT_POLICY_OPTIONS,
+    PolicyOptions,
+    RouteDecision,
+    RouteRequest,
+    register_policy,
+)
 from routing.domain.ring import DEFAULT_VNODES, HashRing
 from routing.domain.snapshot import NodeSnapshot
 
-__all__ = ["DEFAULT_LOAD_FACTOR", "PrefixAffinityPolicy"]
-
-DEFAULT_LOAD_FACTOR = 1.25
+__all__ = ["PrefixAffinityPolicy"]
 
 
 @register_policy
@@ -33,9 +37,12 @@ class PrefixAffinityPolicy:
     ceiling in Mirrokni et al.'s bounded-load hashing: every node can hold at least
     one request); without it an idle pool of n >= 2 would put every node over the
     bound, and the ring owner must win when everything is idle.
-    ``min_bound_tokens`` (default 0) is a floor below which no replica counts as
-    overloaded: at low traffic every replica has room, and moving a conversation
-    off its warm replica only because the others are idler costs its prefix hits.
+    ``min_bound_tokens`` is a floor below which no replica counts as overloaded:
+    at low traffic every replica has room, and moving a conversation off its warm
+    replica only because the others are idler costs its prefix hits. Built with
+    ``from_options`` (as the gateway and the simulator do) both come from
+    ``PolicyOptions``; the constructor's own defaults are the bare rule, with no
+    floor.
 
     Invariants:
 
@@ -54,18 +61,23 @@ class PrefixAffinityPolicy:
 
     def __init__(
         self,
-        load_factor: float = DEFAULT_LOAD_FACTOR,
+        load_factor: float = DEFAULT_POLICY_OPTIONS.load_factor,
         vnodes: int = DEFAULT_VNODES,
         min_bound_tokens: int = 0,
     ) -> None:
-        if not load_factor >= 1.0:
-            raise ValueError("load_factor must be at least 1.0")
-        if min_bound_tokens < 0:
-            raise ValueError("min_bound_tokens must not be negative")
+        # PolicyOptions checks the two tunables; the bare rule has no floor.
+        PolicyOptions(load_factor=load_factor, min_bound_tokens=min_bound_tokens)
         self.load_factor = load_factor
         self.min_bound_tokens = min_bound_tokens
         self.vnodes = vnodes
         self._ring = HashRing((), vnodes)
+
+    @classmethod
+    def from_options(cls, options: PolicyOptions) -> PrefixAffinityPolicy:
+        """Return a fresh policy with ``options``' bound and floor."""
+        return cls(
+            load_factor=options.load_factor, min_bound_tokens=options.min_bound_tokens
+        )
 
     @property
     def ring(self) -> HashRing:

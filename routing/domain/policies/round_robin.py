@@ -8,7 +8,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
-from routing.domain.policies import RouteDecision, RouteRequest, register_policy
+from routing.domain.policies import (
+    PolicyOptions,
+    RouteDecision,
+    RouteRequest,
+    register_policy,
+)
 from routing.domain.snapshot import NodeSnapshot
 
 __all__ = ["RoundRobinPolicy"]
@@ -29,6 +34,11 @@ class RoundRobinPolicy:
 
     def __init__(self) -> None:
         self._cursor = 0
+
+    @classmethod
+    def from_options(cls, options: PolicyOptions) -> RoundRobinPolicy:
+        """Return a fresh policy; it has no options."""
+        return cls()
 
     def reset(self) -> None:
         """Restart the rotation at the lowest replica id."""

@@ -1,0 +1,101 @@
+"""What a fleet simulation runs with: the fleet, the platform's options, the scenario.
+
+Public surface: ``FleetConfig``, ``FleetEvent``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine_nodes.domain.perf import PROFILES, PerfProfile
+from routing.domain.admission_control import AdmissionOptions
+from routing.domain.policies import DEFAULT_POLICY_OPTIONS, PolicyOptions
+
+__all__ = ["FleetConfig", "FleetEvent"]
+
+_DEFAULT_ADMISSION = AdmissionOptions()
+
+
+@dataclass(frozen=True, slots=True)
+class FleetConfig:
+    """The fleet and the platform settings the simulation runs with.
+
+    Routing and admission options default to the platform's defaults
+    (``PolicyOptions``, ``AdmissionOptions``; ``drills.fleet_settings`` reads the
+    settings instead); ``block_size`` is the simulated
+    KV block (the same memory in fewer, larger blocks is faster to simulate; hits
+    are then whole blocks of this size).
+    """
+
+    replicas: int = 12
+    profile: str = "a100-8b"
+    policy: str = "prefix_affinity"
+    block_size: int = 64
+    load_factor: float = DEFAULT_POLICY_OPTIONS.load_factor
+    min_bound_tokens: int = DEFAULT_POLICY_OPTIONS.min_bound_tokens
+    admission: bool = False
+    replica_tokens_in_flight: int = 110_000
+    max_queue: int = _DEFAULT_ADMISSION.max_queue
+    max_wait_s: float = _DEFAULT_ADMISSION.max_wait_s
+    batch_ceiling: float = _DEFAULT_ADMISSION.batch_ceiling
+    retry_ratio: float = 0.1
+    retry_min: int = 3
+    cold_start_s: float = 0.0
+    sample_s: float = 1.0
+    jitter_cv: float = 0.04
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError("a fleet needs at least one replica")
+        if self.profile not in PROFILES:
+            raise ValueError(
+                f"unknown profile {self.profile!r}; known: {', '.join(PROFILES)}"
+            )
+        if self.block_size < 1 or self.sample_s <= 0:
+            raise ValueError("block_size and sample_s must be positive")
+
+    @property
+    def perf_profile(self) -> PerfProfile:
+        return PROFILES[self.profile]
+
+    @property
+    def policy_options(self) -> PolicyOptions:
+        return PolicyOptions(
+            load_factor=self.load_factor, min_bound_tokens=self.min_bound_tokens
+        )
+
+    @property
+    def admission_options(self) -> AdmissionOptions:
+        return AdmissionOptions(
+            max_queue=self.max_queue,
+            max_wait_s=self.max_wait_s,
+            batch_ceiling=self.batch_ceiling,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class FleetEvent:
+    """Something that happens to the fleet at ``at`` seconds.
+
+    Kinds: ``lose_replica`` (``replica`` or else the ``count`` most loaded die),
+    ``add_replica`` (``count`` new replicas, serving after ``cold_start_s``),
+    ``rate`` (all arrivals run at ``factor`` times the base rate from now on),
+    ``team_rate`` (``team``'s arrivals run at ``factor`` times its base rate).
+    """
+
+    at: float
+    kind: str
+    count: int = 1
+    factor: float = 1.0
+    replica: str | None = None
+    team: str | None = None
+
+    def __post_init__(self) -> None:
+        kinds = ("lose_replica", "add_replica", "rate", "team_rate")
+        if self.kind not in kinds:
+            raise ValueError(f"event kind must be one of {', '.join(kinds)}")
+        if self.at < 0 or self.count < 1 or self.factor < 0:
+            raise ValueError("events need at >= 0, count >= 1 and factor >= 0")
+        if self.kind == "team_rate" and not self.team:
+            raise ValueError("a team_rate event names its team")

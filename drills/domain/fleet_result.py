@@ -1,0 +1,120 @@
+"""What a fleet simulation measured: every request of the window, and samples.
+
+Public surface: ``OUTCOMES``, ``Sample``, ``FleetResult``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from drills.domain.fleet_config import FleetConfig
+from drills.domain.replica import FleetRequest
+from engine_nodes.domain.percentiles import percentile
+
+__all__ = ["OUTCOMES", "FleetResult", "Sample"]
+
+# "unfinished": still running when the drain after the window ran out.
+OUTCOMES = (
+    "ok",
+    "error",
+    "rate_limited",
+    "shed",
+    "no_replica",
+    "too_large",
+    "unfinished",
+)
+
+
+@dataclass(slots=True)
+class Sample:
+    """The fleet at one sampling instant."""
+
+    at: float
+    replicas: int
+    tokens_in_flight: list[int]
+    queued: dict[str, int]
+    engine_waiting: int
+
+    @property
+    def imbalance(self) -> float | None:
+        """Highest tokens in flight over the pool average (None when idle)."""
+        if not self.tokens_in_flight:
+            return None
+        mean = sum(self.tokens_in_flight) / len(self.tokens_in_flight)
+        return max(self.tokens_in_flight) / mean if mean > 0 else None
+
+
+@dataclass(slots=True)
+class FleetResult:
+    """Requests that arrived inside the measured window, and the samples."""
+
+    config: FleetConfig
+    started_at: float
+    ended_at: float
+    block_size: int
+    requests: list[FleetRequest] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+    generated_tokens: int = 0
+    prefill_tokens: int = 0
+    events: list[tuple[float, str]] = field(default_factory=list)
+
+    @property
+    def duration_s(self) -> float:
+        return self.ended_at - self.started_at
+
+    def summary(self) -> dict[str, object]:
+        """Return the headline figures of the run (see the module docstring)."""
+        ok = [r for r in self.requests if r.outcome == "ok"]
+        cacheable = sum(r.cacheable_tokens(self.block_size) for r in ok)
+        cached = sum(
+            min(r.cached_tokens, r.cacheable_tokens(self.block_size)) for r in ok
+        )
+        prompt = sum(r.prompt_tokens for r in ok)
+        ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
+        tpots = [r.tpot_s for r in ok if r.tpot_s is not None]
+        imbalances = [s.imbalance for s in self.samples if s.imbalance is not None]
+        duration = max(self.duration_s, 1e-9)
+        outcomes = {name: 0 for name in OUTCOMES}
+        for request in self.requests:
+            outcomes[request.outcome] = outcomes.get(request.outcome, 0) + 1
+        return {
+            "duration_s": self.duration_s,
+            "requests": len(self.requests),
+            "outcomes": outcomes,
+            "prefix_hit_rate": cached / cacheable if cacheable else None,
+            "cached_token_share": sum(r.cached_tokens for r in ok) / prompt
+            if prompt
+            else None,
+            "ttft_p50_s": percentile(ttfts, 0.50),
+            "ttft_p95_s": percentile(ttfts, 0.95),
+            "ttft_p99_s": percentile(ttfts, 0.99),
+            "tpot_p50_s": percentile(tpots, 0.50),
+            "tpot_p95_s": percentile(tpots, 0.95),
+            "output_tokens_per_s": self.generated_tokens / duration,
+            "prefill_tokens_per_s": sum(r.prompt_tokens for r in ok) / duration,
+            "uncached_prefill_tokens_per_s": sum(
+                r.prompt_tokens - r.cached_tokens for r in ok
+            )
+            / duration,
+            "imbalance_mean": sum(imbalances) / len(imbalances) if imbalances else None,
+            "imbalance_peak": max(imbalances) if imbalances else None,
+        }
+
+    def by(self, attribute: str) -> dict[str, dict[str, object]]:
+        """Return per-team or per-tier figures: requests, outcomes, TTFT p50/p95."""
+        groups: dict[str, list[FleetRequest]] = {}
+        for request in self.requests:
+            groups.setdefault(getattr(request, attribute), []).append(request)
+        table: dict[str, dict[str, object]] = {}
+        for name, requests in sorted(groups.items()):
+            ttfts = [r.ttft_s for r in requests if r.outcome == "ok" and r.ttft_s]
+            counts = {outcome: 0 for outcome in OUTCOMES}
+            for request in requests:
+                counts[request.outcome] += 1
+            table[name] = {
+                "requests": len(requests),
+                **counts,
+                "ttft_p50_s": percentile(ttfts, 0.50),
+                "ttft_p95_s": percentile(ttfts, 0.95),
+            }
+        return table
