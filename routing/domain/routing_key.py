@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 __all__ = ["routing_key", "stable_fraction"]
 
@@ -27,9 +26,7 @@ _OPENING_ROLES = frozenset({"system", "developer"})
 _TWO_TO_53 = float(2**53)
 
 
-def routing_key(
-    conversation_id: str | None, messages: Sequence[Mapping[str, Any]]
-) -> str:
+def routing_key(conversation_id: str | None, messages: Sequence[object]) -> str:
     """Return the routing key of a chat request (see the module invariants).
 
     A conversation id is stripped; blank counts as absent. Message content may be a
@@ -59,7 +56,7 @@ def routing_key(
     return "open:" + digest
 
 
-def _text_of(content: Any) -> str:
+def _text_of(content: object) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, Sequence):

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TypeVar
 
 __all__ = [
     "ConfigSnapshot",
@@ -92,7 +93,11 @@ class ReplicaRecord:
     last_heartbeat_at: float | None  # unix seconds
 
 
-def _frozen(mapping: Mapping) -> Mapping:  # type: ignore[type-arg]
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+def _frozen(mapping: Mapping[_K, _V]) -> Mapping[_K, _V]:
     return MappingProxyType(dict(mapping))
 
 

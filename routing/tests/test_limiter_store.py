@@ -8,30 +8,101 @@ Lua cannot drift from ``routing.domain.limiter``. Time is always injected.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import NotRequired, Protocol, TypedDict, TypeVar
 
 import pytest
 import redis
 import redis.asyncio
 
-from routing.domain.limiter import Bucket, ChargeTooLarge
-from routing.limiter_store import (
+from routing.domain.limiter import Bucket, Charge, ChargeTooLarge
+from routing.limiter_redis import (
     BUCKET_TTL_MARGIN_S,
-    MemoryBucketStore,
-    MemoryConcurrency,
-    MemoryLimits,
     RedisBucketStore,
     RedisConcurrency,
     RedisLimits,
 )
+from routing.limiter_store import (
+    BucketStore,
+    Claim,
+    ConcurrencyStore,
+    LimitStore,
+    MemoryBucketStore,
+    MemoryConcurrency,
+    MemoryLimits,
+)
 
 T0 = 1_740_830_400.123456  # a unix time with a fraction, as time.time() gives
 
-Scenario = Callable[[Any, Any], Awaitable[Any]]
+T = TypeVar("T")
+
+
+class Buckets(BucketStore, Protocol):
+    """A bucket store that can also be read without a write, as both stores can."""
+
+    async def peek(
+        self, key: str, *, capacity: int, refill_per_s: float, now: float
+    ) -> Bucket:
+        """Return the bucket refilled to ``now``, storing nothing."""
+        ...
+
+
+# A scenario runs on one side's stores, seen through the protocols the gateway uses.
+Scenario = Callable[[Buckets, ConcurrencyStore], Awaitable[T]]
+
+
+class Limits(TypedDict):
+    """A bucket's limits, as the stores' keyword arguments."""
+
+    capacity: int
+    refill_per_s: float
+
+
+class ChargeArgs(Limits):
+    """The keyword arguments of a charge or a refund, but ``now``."""
+
+    amount: int
+
+
+class PeekArgs(Limits):
+    """The keyword arguments of ``peek``."""
+
+    now: float
+
+
+class SlotArgs(TypedDict):
+    """The keyword arguments of ``acquire``, but ``ttl_s``."""
+
+    limit: int
+    request_id: str
+    now: float
+
+
+class ClaimArgs(Limits):
+    """The keyword arguments of ``charge_and_acquire``, but the charge and time."""
+
+    limit: int
+    request_id: str
+
+
+class FullClaimArgs(ClaimArgs):
+    """Every keyword argument of ``charge_and_acquire``."""
+
+    amount: int
+    now: float
+    ttl_s: NotRequired[float]
+
+
+class GiveBackArgs(Limits):
+    """The keyword arguments of ``refund_and_release``."""
+
+    amount: int
+    request_id: str
+    now: float
 
 
 @pytest.fixture
@@ -51,10 +122,10 @@ def sync_redis(redis_url: str) -> Iterator[redis.Redis]:
     client.close()
 
 
-def run_redis(redis_url: str, work: Callable[[Any], Awaitable[Any]]) -> Any:
+def run_redis(redis_url: str, work: Callable[[redis.asyncio.Redis], Awaitable[T]]) -> T:
     """Run ``work(client)`` on a fresh event loop with its own async client."""
 
-    async def main() -> Any:
+    async def main() -> T:
         client = redis.asyncio.Redis.from_url(redis_url)
         try:
             return await work(client)
@@ -72,11 +143,15 @@ class Backend:
     redis_url: str = ""
     prefix: str = ""
 
-    def __call__(self, scenario: Scenario) -> Any:
+    def __call__(self, scenario: Scenario[T]) -> T:
         if self.kind == "memory":
-            return asyncio.run(scenario(MemoryBucketStore(), MemoryConcurrency()))
 
-        async def work(client: Any) -> Any:
+            async def alone() -> T:
+                return await scenario(MemoryBucketStore(), MemoryConcurrency())
+
+            return asyncio.run(alone())
+
+        async def work(client: redis.asyncio.Redis) -> T:
             return await scenario(
                 RedisBucketStore(client, self.prefix),
                 RedisConcurrency(client, self.prefix),
@@ -165,7 +240,11 @@ async def replay_bucket_history(
         roll = rng.random()
         if roll < 0.65:
             amount = random_amount(rng, capacity)
-            args = {"capacity": capacity, "refill_per_s": rate, "amount": amount}
+            args: ChargeArgs = {
+                "capacity": capacity,
+                "refill_per_s": rate,
+                "amount": amount,
+            }
             if amount > capacity:
                 with pytest.raises(ChargeTooLarge):
                     await memory.charge(key, now=now, **args)
@@ -192,22 +271,22 @@ async def replay_bucket_history(
             args = {"capacity": capacity, "refill_per_s": rate, "amount": amount}
             await memory.refund(key, now=now, **args)
             await shared.refund(key, now=now, **args)
-        args = {"capacity": capacity, "refill_per_s": rate, "now": now}
-        level = await memory.peek(key, **args)
-        assert await shared.peek(key, **args) == level, f"level: {where}"
+        peek_args: PeekArgs = {"capacity": capacity, "refill_per_s": rate, "now": now}
+        level = await memory.peek(key, **peek_args)
+        assert await shared.peek(key, **peek_args) == level, f"level: {where}"
         tally.full += level.tokens == capacity
     for key, (capacity, rate) in limits.items():
         for at in (now, now + 0.5, now + 2 * capacity / rate):
-            args = {"capacity": capacity, "refill_per_s": rate, "now": at}
-            assert await shared.peek(key, **args) == await memory.peek(key, **args), (
-                f"final level of {key} at {at!r}"
-            )
+            peek_args = {"capacity": capacity, "refill_per_s": rate, "now": at}
+            assert await shared.peek(key, **peek_args) == await memory.peek(
+                key, **peek_args
+            ), f"final level of {key} at {at!r}"
 
 
-def test_bucket_stores_agree_on_random_histories(redis_url, prefix):
+def test_bucket_stores_agree_on_random_histories(redis_url: str, prefix: str) -> None:
     tally = Tally()
 
-    async def work(client: Any) -> None:
+    async def work(client: redis.asyncio.Redis) -> None:
         shared = RedisBucketStore(client, prefix)
         for run in range(300):
             # Seeded per history, so a failing one replays alone by its number.
@@ -226,7 +305,7 @@ def test_bucket_stores_agree_on_random_histories(redis_url, prefix):
     assert tally.swept > 100
 
 
-def test_bucket_stores_agree_at_knife_edges(redis_url, prefix):
+def test_bucket_stores_agree_at_knife_edges(redis_url: str, prefix: str) -> None:
     """GIVEN buckets refilled to exactly, or within rounding of, the amount
     WHEN they are charged that amount on both stores
     THEN both allow it, with the same remaining tokens and reset time.
@@ -239,14 +318,15 @@ def test_bucket_stores_agree_at_knife_edges(redis_url, prefix):
         (3, 0.1, 3, 10.0, 1),  # 0.1 * 10 rounds
     ]
 
-    async def work(client: Any) -> list[tuple[bool, int]]:
+    async def work(client: redis.asyncio.Redis) -> list[tuple[bool, int]]:
         shared = RedisBucketStore(client, prefix)
         memory = MemoryBucketStore()
         seen = []
         for i, (capacity, rate, first, wait_s, second) in enumerate(cases):
             key = f"edge{i}"
-            args = {"capacity": capacity, "refill_per_s": rate}
-            for store in (memory, shared):
+            args: Limits = {"capacity": capacity, "refill_per_s": rate}
+            stores: tuple[Buckets, ...] = (memory, shared)
+            for store in stores:
                 await store.charge(key, amount=first, now=T0, **args)
             expected = await memory.charge(key, amount=second, now=T0 + wait_s, **args)
             got = await shared.charge(key, amount=second, now=T0 + wait_s, **args)
@@ -261,11 +341,11 @@ def test_bucket_stores_agree_at_knife_edges(redis_url, prefix):
 
 
 def test_redis_charge_admits_exactly_capacity_under_concurrency(
-    redis_url, prefix, sync_redis
-):
+    redis_url: str, prefix: str, sync_redis: redis.Redis
+) -> None:
     """200 concurrent charges of 1 from two gateways on a bucket of 100."""
 
-    async def work(client: Any) -> list[Any]:
+    async def work(client: redis.asyncio.Redis) -> list[Charge]:
         other = redis.asyncio.Redis.from_url(redis_url)
         try:
             gateways = [
@@ -297,9 +377,9 @@ def test_redis_charge_admits_exactly_capacity_under_concurrency(
     assert stored == {b"tokens": b"0", b"updated_at": repr(T0).encode()}
 
 
-def test_bucket_refund_never_exceeds_capacity(backend):
-    async def scenario(buckets: Any, _: Any) -> list[Bucket]:
-        args = {"capacity": 100, "refill_per_s": 100 / 60}
+def test_bucket_refund_never_exceeds_capacity(backend: Backend) -> None:
+    async def scenario(buckets: Buckets, _: ConcurrencyStore) -> list[Bucket]:
+        args: Limits = {"capacity": 100, "refill_per_s": 100 / 60}
         await buckets.charge("a", amount=30, now=T0, **args)
         await buckets.refund("a", amount=500, now=T0, **args)
         # Charged 100, half refilled by T0 + 30; refunding all 100 still caps.
@@ -322,11 +402,13 @@ def test_bucket_refund_never_exceeds_capacity(backend):
 
 
 def test_redis_bucket_hash_holds_exact_floats_never_above_capacity(
-    redis_url, prefix, sync_redis
-):
-    args = {"capacity": 100, "refill_per_s": 100 / 60}
+    redis_url: str, prefix: str, sync_redis: redis.Redis
+) -> None:
+    args: Limits = {"capacity": 100, "refill_per_s": 100 / 60}
 
-    async def work(client: Any) -> Any:
+    async def work(
+        client: redis.asyncio.Redis,
+    ) -> tuple[Charge, dict[bytes | str, bytes | str]]:
         buckets = RedisBucketStore(client, prefix)
         await buckets.charge("a", amount=2, now=T0, **args)
         charged = await buckets.charge("a", amount=1, now=T0 + 0.1, **args)
@@ -345,15 +427,21 @@ def test_redis_bucket_hash_holds_exact_floats_never_above_capacity(
     assert float(refunded[b"tokens"]) == 100.0
 
 
-def test_bucket_charge_too_large_leaves_state_untouched(backend):
-    async def scenario(buckets: Any, _: Any) -> tuple[Bucket, Bucket, int]:
-        args = {"capacity": 100, "refill_per_s": 2.0}
+def test_bucket_charge_too_large_leaves_state_untouched(backend: Backend) -> None:
+    async def scenario(
+        buckets: Buckets, _: ConcurrencyStore
+    ) -> tuple[Bucket, Bucket, int]:
+        args: Limits = {"capacity": 100, "refill_per_s": 2.0}
         await buckets.charge("a", amount=40, now=T0, **args)
         with pytest.raises(ChargeTooLarge) as raised:
             await buckets.charge("a", amount=101, now=T0 + 5, **args)
-        for bad in ({"amount": -1}, {"amount": 1, "capacity": 0}):
+        bads: list[ChargeArgs] = [
+            {**args, "amount": -1},
+            {**args, "amount": 1, "capacity": 0},
+        ]
+        for bad in bads:
             with pytest.raises(ValueError):
-                await buckets.charge("a", now=T0 + 5, **{**args, "amount": 1, **bad})
+                await buckets.charge("a", now=T0 + 5, **bad)
         with pytest.raises(ChargeTooLarge):
             await buckets.charge("fresh", amount=101, now=T0, **args)
         # Peeking at T0 shows the stored bucket as is (a clock going backwards
@@ -367,10 +455,13 @@ def test_bucket_charge_too_large_leaves_state_untouched(backend):
     assert backend(scenario) == (Bucket(60.0, T0), Bucket(100.0, T0 - 1), 100)
 
 
-def test_bucket_clock_going_backwards_refills_nothing(backend):
-    async def scenario(buckets: Any, _: Any) -> list[tuple[bool, Bucket]]:
-        args = {"capacity": 10, "refill_per_s": 1.0, "amount": 1}
-        await buckets.charge("a", now=T0 + 10, **{**args, "amount": 10})
+def test_bucket_clock_going_backwards_refills_nothing(backend: Backend) -> None:
+    async def scenario(
+        buckets: Buckets, _: ConcurrencyStore
+    ) -> list[tuple[bool, Bucket]]:
+        args: ChargeArgs = {"capacity": 10, "refill_per_s": 1.0, "amount": 1}
+        emptying: ChargeArgs = {**args, "amount": 10}
+        await buckets.charge("a", now=T0 + 10, **emptying)
         seen = []
         # Another gateway's clock is 10 s behind, then 0.5 s and 0 s ahead.
         for now in (T0, T0 + 10.5, T0 + 11):
@@ -385,9 +476,9 @@ def test_bucket_clock_going_backwards_refills_nothing(backend):
     ]
 
 
-def test_bucket_rejects_a_clock_that_is_not_finite(backend):
-    async def scenario(buckets: Any, _: Any) -> Bucket:
-        args = {"capacity": 10, "refill_per_s": 1.0, "amount": 1}
+def test_bucket_rejects_a_clock_that_is_not_finite(backend: Backend) -> None:
+    async def scenario(buckets: Buckets, _: ConcurrencyStore) -> Bucket:
+        args: ChargeArgs = {"capacity": 10, "refill_per_s": 1.0, "amount": 1}
         for now in (float("nan"), float("inf")):
             with pytest.raises(ValueError):
                 await buckets.charge("a", now=now, **args)
@@ -399,17 +490,17 @@ def test_bucket_rejects_a_clock_that_is_not_finite(backend):
 
 
 def test_redis_bucket_ttl_is_time_to_refill_from_empty_plus_margin(
-    redis_url, prefix, sync_redis
-):
+    redis_url: str, prefix: str, sync_redis: redis.Redis
+) -> None:
     key = f"{prefix}:bucket:team:chat-7b"
-    args = {"capacity": 120, "refill_per_s": 2.0}
+    args: Limits = {"capacity": 120, "refill_per_s": 2.0}
 
-    async def charge(client: Any) -> None:
+    async def charge(client: redis.asyncio.Redis) -> None:
         await RedisBucketStore(client, prefix).charge(
             "team:chat-7b", amount=1, now=T0, **args
         )
 
-    async def refund(client: Any) -> None:
+    async def refund(client: redis.asyncio.Redis) -> None:
         await RedisBucketStore(client, prefix).refund(
             "team:chat-7b", amount=1, now=T0, **args
         )
@@ -422,8 +513,10 @@ def test_redis_bucket_ttl_is_time_to_refill_from_empty_plus_margin(
     assert ttl_ms - 2000 < sync_redis.pttl(key) <= ttl_ms
 
 
-def test_redis_bucket_that_expired_is_full(redis_url, prefix, sync_redis):
-    async def charge(client: Any) -> Any:
+def test_redis_bucket_that_expired_is_full(
+    redis_url: str, prefix: str, sync_redis: redis.Redis
+) -> None:
+    async def charge(client: redis.asyncio.Redis) -> Charge:
         return await RedisBucketStore(client, prefix).charge(
             "a", capacity=10, refill_per_s=1.0, amount=10, now=T0
         )
@@ -434,8 +527,8 @@ def test_redis_bucket_that_expired_is_full(redis_url, prefix, sync_redis):
     assert run_redis(redis_url, charge).allowed is True
 
 
-def test_memory_bucket_store_sweeps_full_buckets_only():
-    args = {"capacity": 10, "refill_per_s": 1.0}
+def test_memory_bucket_store_sweeps_full_buckets_only() -> None:
+    args: Limits = {"capacity": 10, "refill_per_s": 1.0}
 
     async def scenario() -> list[int]:
         store = MemoryBucketStore(sweep_every=4)
@@ -464,9 +557,9 @@ def test_memory_bucket_store_sweeps_full_buckets_only():
 # -- concurrency slots -----------------------------------------------------------------
 
 
-def test_concurrency_caps_at_limit_and_release_frees_a_slot(backend):
-    async def scenario(_: Any, slots: Any) -> list[Any]:
-        seen: list[Any] = []
+def test_concurrency_caps_at_limit_and_release_frees_a_slot(backend: Backend) -> None:
+    async def scenario(_: Buckets, slots: ConcurrencyStore) -> list[bool | int]:
+        seen: list[bool | int] = []
         for request_id in ("r1", "r2", "r3"):
             seen.append(
                 await slots.acquire("t:m", limit=2, request_id=request_id, now=T0)
@@ -488,8 +581,8 @@ def test_concurrency_caps_at_limit_and_release_frees_a_slot(backend):
     assert backend(scenario) == [True, True, False, 2, True, 1, True, 2, 0, False]
 
 
-def test_concurrency_slots_expire_after_ttl(backend):
-    async def scenario(_: Any, slots: Any) -> list[Any]:
+def test_concurrency_slots_expire_after_ttl(backend: Backend) -> None:
+    async def scenario(_: Buckets, slots: ConcurrencyStore) -> list[bool | int]:
         return [
             await slots.acquire("k", limit=1, request_id="r1", now=T0, ttl_s=30.0),
             await slots.count("k", T0 + 29.5),
@@ -503,8 +596,8 @@ def test_concurrency_slots_expire_after_ttl(backend):
     assert backend(scenario) == [True, 1, False, 0, True, 1]
 
 
-def test_concurrency_reacquire_by_holder_extends_its_slot(backend):
-    async def scenario(_: Any, slots: Any) -> list[Any]:
+def test_concurrency_reacquire_by_holder_extends_its_slot(backend: Backend) -> None:
+    async def scenario(_: Buckets, slots: ConcurrencyStore) -> list[bool]:
         return [
             await slots.acquire("k", limit=1, request_id="r1", now=T0, ttl_s=10.0),
             await slots.acquire("k", limit=1, request_id="r1", now=T0 + 5, ttl_s=10.0),
@@ -515,8 +608,8 @@ def test_concurrency_reacquire_by_holder_extends_its_slot(backend):
     assert backend(scenario) == [True, True, False, True]
 
 
-def test_concurrency_rejects_a_bad_ttl_or_clock(backend):
-    async def scenario(_: Any, slots: Any) -> int:
+def test_concurrency_rejects_a_bad_ttl_or_clock(backend: Backend) -> None:
+    async def scenario(_: Buckets, slots: ConcurrencyStore) -> int:
         for ttl_s in (0.0, -1.0, float("inf"), float("nan")):
             with pytest.raises(ValueError):
                 await slots.acquire("k", limit=1, request_id="r", now=T0, ttl_s=ttl_s)
@@ -527,7 +620,7 @@ def test_concurrency_rejects_a_bad_ttl_or_clock(backend):
     assert backend(scenario) == 0
 
 
-def test_memory_concurrency_forgets_released_and_expired_keys():
+def test_memory_concurrency_forgets_released_and_expired_keys() -> None:
     async def scenario() -> list[int]:
         slots = MemoryConcurrency(sweep_every=3)
         sizes = []
@@ -545,9 +638,9 @@ def test_memory_concurrency_forgets_released_and_expired_keys():
 
 
 def test_redis_concurrency_key_expires_with_its_longest_slot(
-    redis_url, prefix, sync_redis
-):
-    async def work(client: Any) -> None:
+    redis_url: str, prefix: str, sync_redis: redis.Redis
+) -> None:
+    async def work(client: redis.asyncio.Redis) -> None:
         slots = RedisConcurrency(client, prefix)
         await slots.acquire("k", limit=5, request_id="long", now=T0, ttl_s=900.0)
         await slots.acquire("k", limit=5, request_id="short", now=T0, ttl_s=5.0)
@@ -562,9 +655,9 @@ def test_redis_concurrency_key_expires_with_its_longest_slot(
 
 
 def test_redis_concurrency_admits_exactly_the_limit_under_concurrency(
-    redis_url, prefix, sync_redis
-):
-    async def work(client: Any) -> list[bool]:
+    redis_url: str, prefix: str, sync_redis: redis.Redis
+) -> None:
+    async def work(client: redis.asyncio.Redis) -> list[bool]:
         slots = RedisConcurrency(client, prefix)
         return await asyncio.gather(
             *(
@@ -577,10 +670,12 @@ def test_redis_concurrency_admits_exactly_the_limit_under_concurrency(
     assert sync_redis.zcard(f"{prefix}:conc:k") == 10
 
 
-def test_concurrency_stores_agree_on_random_histories(redis_url, prefix):
-    outcomes: dict[str, set[Any]] = {"acquire": set(), "count": set()}
+def test_concurrency_stores_agree_on_random_histories(
+    redis_url: str, prefix: str
+) -> None:
+    outcomes: dict[str, set[bool | int]] = {"acquire": set(), "count": set()}
 
-    async def work(client: Any) -> None:
+    async def work(client: redis.asyncio.Redis) -> None:
         shared = RedisConcurrency(client, prefix)
         memory = MemoryConcurrency(sweep_every=5)
         for run in range(150):
@@ -595,7 +690,11 @@ def test_concurrency_stores_agree_on_random_histories(redis_url, prefix):
                 roll = rng.random()
                 if roll < 0.5:
                     ttl_s = rng.choice([0.5, 1.0, 5.0, 30.0, 900.0])
-                    args = {"limit": limit, "request_id": request_id, "now": now}
+                    args: SlotArgs = {
+                        "limit": limit,
+                        "request_id": request_id,
+                        "now": now,
+                    }
                     got = await shared.acquire(key, ttl_s=ttl_s, **args)
                     expected = await memory.acquire(key, ttl_s=ttl_s, **args)
                     assert got == expected, f"acquire: {where}"
@@ -613,11 +712,13 @@ def test_concurrency_stores_agree_on_random_histories(redis_url, prefix):
 
 # -- a charge and a slot together (one round trip each way) ----------------------------
 
-LIMITS = {"capacity": 100, "refill_per_s": 100 / 60}
+LIMITS: Limits = {"capacity": 100, "refill_per_s": 100 / 60}
 
 
-def test_claim_charges_the_bucket_and_takes_a_slot(backend):
-    async def scenario(buckets: Any, slots: Any) -> tuple[Any, ...]:
+def test_claim_charges_the_bucket_and_takes_a_slot(backend: Backend) -> None:
+    async def scenario(
+        buckets: Buckets, slots: ConcurrencyStore
+    ) -> tuple[Claim, int, Bucket]:
         limits = buckets.pair(slots)
         claim = await limits.charge_and_acquire(
             "t:m", amount=30, limit=2, request_id="r1", now=T0, **LIMITS
@@ -635,14 +736,18 @@ def test_claim_charges_the_bucket_and_takes_a_slot(backend):
     assert (held, level) == (1, Bucket(70.0, T0))
 
 
-def test_claim_refused_by_the_cap_leaves_the_bucket_untouched(backend):
+def test_claim_refused_by_the_cap_leaves_the_bucket_untouched(
+    backend: Backend,
+) -> None:
     """GIVEN a bucket charged 30 at T0 and the team's only slot held
     WHEN another request that the bucket could pay for claims at T0 + 6
     THEN it gets no slot, nothing is charged or stored, and the claim reports the
     bucket as refilled to T0 + 6 with nothing taken.
     """
 
-    async def scenario(buckets: Any, slots: Any) -> tuple[Any, ...]:
+    async def scenario(
+        buckets: Buckets, slots: ConcurrencyStore
+    ) -> tuple[Claim, int, Bucket, int]:
         limits = buckets.pair(slots)
         await limits.charge_and_acquire(
             "t:m", amount=30, limit=1, request_id="r1", now=T0, **LIMITS
@@ -668,8 +773,10 @@ def test_claim_refused_by_the_cap_leaves_the_bucket_untouched(backend):
     assert (held, stored, left) == (1, Bucket(70.0, T0), 0)
 
 
-def test_claim_refused_by_the_bucket_takes_no_slot(backend):
-    async def scenario(buckets: Any, slots: Any) -> tuple[Any, ...]:
+def test_claim_refused_by_the_bucket_takes_no_slot(backend: Backend) -> None:
+    async def scenario(
+        buckets: Buckets, slots: ConcurrencyStore
+    ) -> tuple[Claim, Claim, int, Bucket]:
         limits = buckets.pair(slots)
         await buckets.charge("t:m", amount=95, now=T0, **LIMITS)
         refused = await limits.charge_and_acquire(
@@ -696,17 +803,20 @@ def test_claim_refused_by_the_bucket_takes_no_slot(backend):
     assert stored == Bucket(5.0 + 3 * (100 / 60), T0 + 3)
 
 
-def test_claim_that_cannot_be_made_touches_nothing(backend):
-    async def scenario(buckets: Any, slots: Any) -> tuple[Any, ...]:
+def test_claim_that_cannot_be_made_touches_nothing(backend: Backend) -> None:
+    async def scenario(buckets: Buckets, slots: ConcurrencyStore) -> tuple[int, Bucket]:
         limits = buckets.pair(slots)
-        args = {"limit": 5, "request_id": "r1", **LIMITS}
+        args: ClaimArgs = {"limit": 5, "request_id": "r1", **LIMITS}
         with pytest.raises(ChargeTooLarge):
             await limits.charge_and_acquire("t:m", amount=101, now=T0, **args)
-        for bad in ({"ttl_s": 0.0}, {"now": float("nan")}, {"amount": -1}):
+        bads: list[FullClaimArgs] = [
+            {"amount": 1, "now": T0, **args, "ttl_s": 0.0},
+            {"amount": 1, **args, "now": math.nan},
+            {"now": T0, **args, "amount": -1},
+        ]
+        for bad in bads:
             with pytest.raises(ValueError):
-                await limits.charge_and_acquire(
-                    "t:m", **{"amount": 1, "now": T0, **args, **bad}
-                )
+                await limits.charge_and_acquire("t:m", **bad)
         with pytest.raises(ValueError):
             await limits.refund_and_release(
                 "t:m", amount=-1, request_id="r1", now=T0, **LIMITS
@@ -719,12 +829,16 @@ def test_claim_that_cannot_be_made_touches_nothing(backend):
     assert backend(scenario) == (0, Bucket(100.0, T0 - 1))
 
 
-def test_give_back_refunds_at_most_capacity_and_frees_the_slot(backend):
-    async def scenario(buckets: Any, slots: Any) -> list[Any]:
+def test_give_back_refunds_at_most_capacity_and_frees_the_slot(
+    backend: Backend,
+) -> None:
+    async def scenario(
+        buckets: Buckets, slots: ConcurrencyStore
+    ) -> list[int | Bucket | bool]:
         limits = buckets.pair(slots)
-        claim = {"limit": 1, "request_id": "r1", **LIMITS}
+        claim: ClaimArgs = {"limit": 1, "request_id": "r1", **LIMITS}
         await limits.charge_and_acquire("t:m", amount=40, now=T0, **claim)
-        seen: list[Any] = [await slots.count("t:m", T0)]
+        seen: list[int | Bucket | bool] = [await slots.count("t:m", T0)]
         await limits.refund_and_release(
             "t:m", amount=500, request_id="r1", now=T0 + 3, **LIMITS
         )
@@ -760,16 +874,18 @@ def test_give_back_refunds_at_most_capacity_and_frees_the_slot(backend):
     ]
 
 
-def test_redis_claim_refused_by_the_cap_writes_nothing(redis_url, prefix, sync_redis):
+def test_redis_claim_refused_by_the_cap_writes_nothing(
+    redis_url: str, prefix: str, sync_redis: redis.Redis
+) -> None:
     bucket_key = f"{prefix}:bucket:t:m"
 
-    async def first(client: Any) -> None:
+    async def first(client: redis.asyncio.Redis) -> None:
         limits = RedisBucketStore(client, prefix).pair(RedisConcurrency(client, prefix))
         await limits.charge_and_acquire(
             "t:m", amount=30, limit=1, request_id="r1", now=T0, **LIMITS
         )
 
-    async def refused(client: Any) -> Any:
+    async def refused(client: redis.asyncio.Redis) -> Claim:
         limits = RedisBucketStore(client, prefix).pair(RedisConcurrency(client, prefix))
         return await limits.charge_and_acquire(
             "t:m", amount=30, limit=1, request_id="r2", now=T0 + 1, **LIMITS
@@ -785,11 +901,11 @@ def test_redis_claim_refused_by_the_cap_writes_nothing(redis_url, prefix, sync_r
 
 
 def test_redis_claims_take_exactly_the_cap_and_charge_only_those(
-    redis_url, prefix, sync_redis
-):
+    redis_url: str, prefix: str, sync_redis: redis.Redis
+) -> None:
     """60 concurrent claims of 10 tokens from two gateways, 10 slots, 1000 tokens."""
 
-    async def work(client: Any) -> list[Any]:
+    async def work(client: redis.asyncio.Redis) -> list[Claim]:
         other = redis.asyncio.Redis.from_url(redis_url)
         try:
             gateways = [
@@ -824,11 +940,11 @@ def test_redis_claims_take_exactly_the_cap_and_charge_only_those(
     assert sync_redis.zcard(f"{prefix}:conc:t:m") == 10
 
 
-def test_limit_stores_agree_on_random_histories(redis_url, prefix):
+def test_limit_stores_agree_on_random_histories(redis_url: str, prefix: str) -> None:
     """Claims, give-backs and the single operations, mixed, on both stores."""
-    seen: dict[str, set[Any]] = {"claim": set(), "count": set()}
+    seen: dict[str, set[tuple[bool, bool] | int]] = {"claim": set(), "count": set()}
 
-    async def work(client: Any) -> None:
+    async def work(client: redis.asyncio.Redis) -> None:
         redis_buckets = RedisBucketStore(client, prefix)
         redis_slots = RedisConcurrency(client, prefix)
         shared = redis_buckets.pair(redis_slots)
@@ -845,11 +961,11 @@ def test_limit_stores_agree_on_random_histories(redis_url, prefix):
                 now += random_step(rng, capacity, rate)
                 request_id = f"r{rng.randint(0, 5)}"
                 where = f"{key} step {step} at {now!r} ({capacity}, {rate!r})"
-                limits = {"capacity": capacity, "refill_per_s": rate}
+                limits: Limits = {"capacity": capacity, "refill_per_s": rate}
                 roll = rng.random()
                 if roll < 0.5:
                     amount = random_amount(rng, capacity)
-                    args = {
+                    args: FullClaimArgs = {
                         "amount": amount,
                         "limit": limit,
                         "request_id": request_id,
@@ -858,7 +974,8 @@ def test_limit_stores_agree_on_random_histories(redis_url, prefix):
                         **limits,
                     }
                     if amount > capacity:
-                        for store in (memory, shared):
+                        stores: tuple[LimitStore, ...] = (memory, shared)
+                        for store in stores:
                             with pytest.raises(ChargeTooLarge):
                                 await store.charge_and_acquire(key, **args)
                         continue
@@ -868,19 +985,21 @@ def test_limit_stores_agree_on_random_histories(redis_url, prefix):
                     seen["claim"].add((expected.charge.allowed, expected.has_slot))
                 elif roll < 0.8:
                     top = 2 * capacity if rng.random() < 0.2 else max(1, capacity // 4)
-                    args = {
+                    give_back: GiveBackArgs = {
                         "amount": rng.choice([0, rng.randint(0, top)]),
                         "request_id": request_id,
                         "now": now,
                         **limits,
                     }
-                    await memory.refund_and_release(key, **args)
-                    await shared.refund_and_release(key, **args)
+                    await memory.refund_and_release(key, **give_back)
+                    await shared.refund_and_release(key, **give_back)
                 elif roll < 0.9:
                     amount = rng.randint(0, capacity)
-                    args = {"amount": amount, "now": now, **limits}
-                    expected_charge = await memory_buckets.charge(key, **args)
-                    got_charge = await redis_buckets.charge(key, **args)
+                    charge_args: ChargeArgs = {"amount": amount, **limits}
+                    expected_charge = await memory_buckets.charge(
+                        key, now=now, **charge_args
+                    )
+                    got_charge = await redis_buckets.charge(key, now=now, **charge_args)
                     assert got_charge == expected_charge, f"charge: {where}"
                 else:
                     await memory_slots.release(key, request_id=request_id)
@@ -899,7 +1018,7 @@ def test_limit_stores_agree_on_random_histories(redis_url, prefix):
     assert seen["count"] == {0, 1, 2, 3}
 
 
-def test_pair_needs_slots_kept_in_the_same_place():
+def test_pair_needs_slots_kept_in_the_same_place() -> None:
     client = redis.asyncio.Redis()  # never connects: pairing makes no call
     other = redis.asyncio.Redis()
     with pytest.raises(TypeError):

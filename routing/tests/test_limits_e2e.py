@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import aiohttp
 import pytest
 import redis.asyncio as redis_asyncio
+from pytest_django import DjangoDbBlocker
 
 from accounts import services as accounts
-from drills.launch import start_gateway, wait_until
-from routing.limiter_store import RedisBucketStore
+from engine_nodes.local_processes import start_gateway, wait_until
+from routing.limiter_redis import RedisBucketStore
 from tests.live import LivePlatform, start_platform
 
 pytestmark = pytest.mark.e2e
@@ -22,7 +26,12 @@ DURATION_S = float(os.environ.get("PLATFORM_TEST_LIMIT_DURATION_S", "60"))
 
 
 @pytest.fixture(scope="module")
-def two_gateways(django_db_setup, django_db_blocker, tmp_path_factory, redis_url):
+def two_gateways(
+    django_db_setup: None,
+    django_db_blocker: DjangoDbBlocker,
+    tmp_path_factory: pytest.TempPathFactory,
+    redis_url: str,
+) -> Iterator[tuple[LivePlatform, str]]:
     tmp = tmp_path_factory.mktemp("limits")
     with django_db_blocker.unblock(), start_platform(tmp, pools={"v1": 2}) as live:
         for team in ("alpha", "beta"):
@@ -37,13 +46,17 @@ def two_gateways(django_db_setup, django_db_blocker, tmp_path_factory, redis_url
         try:
             for url in (live.url, second.url):
                 wait_until(
-                    lambda url=url: _limit_header(url, live) == str(LIMIT),
+                    functools.partial(_has_the_limit, url, live),
                     timeout_s=20,
                     message="the new limit in every gateway",
                 )
             yield live, second.url
         finally:
             second.stop()
+
+
+def _has_the_limit(url: str, live: LivePlatform) -> bool:
+    return _limit_header(url, live) == str(LIMIT)
 
 
 def _limit_header(url: str, live: LivePlatform) -> str | None:
@@ -64,7 +77,7 @@ def _limit_header(url: str, live: LivePlatform) -> str | None:
 
 async def _hammer(
     urls: list[str], key: str, seconds: float
-) -> tuple[list, float, float]:
+) -> tuple[list[tuple[int, int, float]], float, float]:
     """Send requests from 12 clients alternating between gateways; return outcomes."""
     outcomes: list[tuple[int, int, float]] = []  # (status, charged tokens, time)
     body = {
@@ -102,7 +115,9 @@ async def _hammer(
     return outcomes, started, time.time()
 
 
-def test_two_gateways_never_admit_more_than_the_limit(two_gateways):
+def test_two_gateways_never_admit_more_than_the_limit(
+    two_gateways: tuple[LivePlatform, str],
+) -> None:
     live, second = two_gateways
     outcomes, started, ended = asyncio.run(
         _hammer([live.url, second], live.keys["beta"], DURATION_S)
@@ -118,7 +133,9 @@ def test_two_gateways_never_admit_more_than_the_limit(two_gateways):
     assert sum(o[1] for o in admitted) >= LIMIT
 
 
-def test_refund_returns_exactly_what_was_not_used(two_gateways):
+def test_refund_returns_exactly_what_was_not_used(
+    two_gateways: tuple[LivePlatform, str],
+) -> None:
     live, _ = two_gateways
     rate = LIMIT / 60
 
@@ -133,7 +150,7 @@ def test_refund_returns_exactly_what_was_not_used(two_gateways):
             await client.aclose()
         return bucket.tokens
 
-    async def ask() -> dict:
+    async def ask() -> dict[str, Any]:
         async with (
             aiohttp.ClientSession() as session,
             session.post(
@@ -168,6 +185,8 @@ def test_refund_returns_exactly_what_was_not_used(two_gateways):
             return level1, expected
         return None
 
-    level1, expected = wait_until(refunded, timeout_s=5, message="the refund")
+    found = wait_until(refunded, timeout_s=5, message="the refund")
+    assert found is not None  # wait_until returns only a truthy value
+    level1, expected = found
     assert expected < LIMIT  # not hidden by the bucket's cap
     assert level1 < level0  # what was used stayed spent

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Iterator
 
 import pytest
 import redis
@@ -41,7 +42,7 @@ def snapshot(*replicas: ReplicaRecord, built_at: float = 101.0) -> ConfigSnapsho
     return ConfigSnapshot(built_at=built_at, region="r", replicas=tuple(replicas))
 
 
-def test_own_share_adds_and_removes():
+def test_own_share_adds_and_removes() -> None:
     live = LiveLoad(
         gateway_id="g", region="r", redis=None, prefix="p", beat_s=1.0, missed_beats=3
     )
@@ -54,7 +55,7 @@ def test_own_share_adds_and_removes():
     assert "a" not in live.own
 
 
-def test_database_liveness_is_judged_as_of_the_snapshot():
+def test_database_liveness_is_judged_as_of_the_snapshot() -> None:
     live = LiveLoad(
         gateway_id="g", region="r", redis=None, prefix="p", beat_s=1.0, missed_beats=3
     )
@@ -70,7 +71,7 @@ def test_database_liveness_is_judged_as_of_the_snapshot():
     ]
 
 
-def test_ejected_replica_returns_after_the_missed_beat_window():
+def test_ejected_replica_returns_after_the_missed_beat_window() -> None:
     live = LiveLoad(
         gateway_id="g", region="r", redis=None, prefix="p", beat_s=1.0, missed_beats=3
     )
@@ -81,7 +82,7 @@ def test_ejected_replica_returns_after_the_missed_beat_window():
 
 
 @pytest.fixture
-def prefix(redis_url: str):
+def prefix(redis_url: str) -> Iterator[str]:
     value = f"test-live-{uuid.uuid4().hex[:8]}"
     yield value
     client = redis.Redis.from_url(redis_url)
@@ -89,7 +90,9 @@ def prefix(redis_url: str):
         client.delete(key)
 
 
-def test_gateways_share_tokens_in_flight_and_read_beats(redis_url: str, prefix: str):
+def test_gateways_share_tokens_in_flight_and_read_beats(
+    redis_url: str, prefix: str
+) -> None:
     store = RedisBeatStore(redis.Redis.from_url(redis_url), prefix=prefix, ttl_s=3.0)
     store.publish(
         [

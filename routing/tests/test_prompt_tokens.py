@@ -8,9 +8,10 @@ count against real vLLM's ``prompt_tokens``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, Unpack
 
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -47,7 +48,7 @@ SPECIALS = [
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("tiny")
     tokenizer = Tokenizer(models.BPE(unk_token=None))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -69,19 +70,27 @@ def checkpoint(tmp_path_factory) -> Path:
     return root
 
 
-def version_of(root: Path, template: str = TEMPLATE, **changes: Any) -> VersionRecord:
-    fields: dict[str, Any] = {
-        "model": "tiny",
-        "version": "v1",
-        "status": "live",
-        "max_model_len": 2048,
-        "load_test_tokens_in_flight": None,
-        "weights_uri": f"file://{root}/",
-        "tokenizer_hash": tokenizer_digest(root),
-        "chat_template": template,
-    }
-    fields.update(changes)
-    return VersionRecord(**fields)
+class VersionChanges(TypedDict, total=False):
+    """The fields of the tiny version a test may change."""
+
+    weights_uri: str
+    tokenizer_hash: str
+
+
+def version_of(
+    root: Path, template: str = TEMPLATE, **changes: Unpack[VersionChanges]
+) -> VersionRecord:
+    version = VersionRecord(
+        model="tiny",
+        version="v1",
+        status="live",
+        max_model_len=2048,
+        load_test_tokens_in_flight=None,
+        weights_uri=f"file://{root}/",
+        tokenizer_hash=tokenizer_digest(root),
+        chat_template=template,
+    )
+    return dataclasses.replace(version, **changes)
 
 
 def encoded(root: Path, text: str) -> int:
@@ -89,7 +98,9 @@ def encoded(root: Path, text: str) -> int:
     return len(tokenizer.encode(text, add_special_tokens=False).ids)
 
 
-def test_counter_counts_the_rendered_template_with_the_real_tokenizer(checkpoint):
+def test_counter_counts_the_rendered_template_with_the_real_tokenizer(
+    checkpoint: Path,
+) -> None:
     counter = load_counter(version_of(checkpoint))
     assert isinstance(counter, TemplateCounter)
     messages = [
@@ -106,8 +117,11 @@ def test_counter_counts_the_rendered_template_with_the_real_tokenizer(checkpoint
     assert counter.count(messages) < tokens.count_chat_tokens(messages) * 3
 
 
-def test_text_parts_are_joined_with_newlines_for_a_string_template(checkpoint):
+def test_text_parts_are_joined_with_newlines_for_a_string_template(
+    checkpoint: Path,
+) -> None:
     counter = load_counter(version_of(checkpoint))
+    assert isinstance(counter, TemplateCounter)
     parts = [
         {"type": "text", "text": "one"},
         {"type": "image_url", "image_url": {"url": "x"}},
@@ -121,7 +135,9 @@ def test_text_parts_are_joined_with_newlines_for_a_string_template(checkpoint):
     )
 
 
-def test_a_template_that_loops_over_parts_gets_parts_and_special_tokens(checkpoint):
+def test_a_template_that_loops_over_parts_gets_parts_and_special_tokens(
+    checkpoint: Path,
+) -> None:
     counter = load_counter(version_of(checkpoint, PARTS_TEMPLATE))
     assert isinstance(counter, TemplateCounter)
     assert counter.content_format == "openai"
@@ -139,8 +155,11 @@ def test_a_template_that_loops_over_parts_gets_parts_and_special_tokens(checkpoi
     assert rendered == "<s>[user](a)(b)"
 
 
-def test_developer_messages_become_one_leading_system_message(checkpoint):
+def test_developer_messages_become_one_leading_system_message(
+    checkpoint: Path,
+) -> None:
     counter = load_counter(version_of(checkpoint))
+    assert isinstance(counter, TemplateCounter)
     rendered = counter.render(
         [
             {"role": "system", "content": "sys"},
@@ -162,11 +181,13 @@ def test_developer_messages_become_one_leading_system_message(checkpoint):
     ],
     ids=["object-storage", "tokenizer-changed", "no-tokenizer"],
 )
-def test_versions_without_a_usable_tokenizer_use_the_stand_in(checkpoint, changes):
+def test_versions_without_a_usable_tokenizer_use_the_stand_in(
+    checkpoint: Path, changes: VersionChanges
+) -> None:
     assert load_counter(version_of(checkpoint, **changes)) is STAND_IN
 
 
-def test_version_counters_load_off_the_loop_and_count(checkpoint):
+def test_version_counters_load_off_the_loop_and_count(checkpoint: Path) -> None:
     version = version_of(checkpoint)
     messages = [{"role": "user", "content": "the quick brown fox " * 50}]
 
@@ -189,7 +210,9 @@ def test_version_counters_load_off_the_loop_and_count(checkpoint):
     assert stand_in == tokens.count_chat_tokens(messages)
 
 
-def test_a_template_refusing_the_messages_is_a_prompt_rejection(checkpoint):
+def test_a_template_refusing_the_messages_is_a_prompt_rejection(
+    checkpoint: Path,
+) -> None:
     version = version_of(
         checkpoint,
         "{% if messages[0]['role'] != 'system' %}"
@@ -203,7 +226,7 @@ def test_a_template_refusing_the_messages_is_a_prompt_rejection(checkpoint):
         asyncio.run(scenario())
 
 
-def test_transformers_template_extensions_render(checkpoint):
+def test_transformers_template_extensions_render(checkpoint: Path) -> None:
     template = (
         "{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}"
         "{% generation %}{{ m | tojson }}{% endgeneration %}{% endfor %}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from typing import TypedDict
 
 import pytest
 
@@ -28,6 +29,29 @@ from routing.domain.tiers import Tier
 CAP = 1000
 INT, STD, BAT = Tier.INTERACTIVE, Tier.STANDARD, Tier.BATCH
 IN, OUT = 1.0, 0.0  # guaranteed shares that put a lone request inside / outside
+
+
+class TeamShare(TypedDict):
+    """``cand`` keyword arguments naming a request's team and its share."""
+
+    team: str
+    share: float
+
+
+class QueueSettings(TypedDict, total=False):
+    """Keyword arguments of ``AdmissionQueue``."""
+
+    max_queue: int
+    max_wait_s: float
+    batch_ceiling: float
+    drain_tokens_per_s: float | None
+
+
+class CandidateValues(TypedDict, total=False):
+    """The ``cand`` keyword arguments that ``Candidate`` validates."""
+
+    tokens: int
+    share: float
 
 
 def cand(
@@ -99,7 +123,7 @@ def enqueue_class(queue: AdmissionQueue, name: str, request_id: str, at: float) 
 
 @pytest.mark.parametrize("tier", list(Tier))
 @pytest.mark.parametrize("share", [IN, OUT])
-def test_admission_idle_pool_admits_every_tier(tier, share):
+def test_admission_idle_pool_admits_every_tier(tier: Tier, share: float) -> None:
     queue = AdmissionQueue()
     verdict, shed = queue.offer(cand("r", tier, share=share), IDLE, 0.0)
     assert verdict == Verdict(Outcome.ADMIT)
@@ -107,13 +131,13 @@ def test_admission_idle_pool_admits_every_tier(tier, share):
     assert len(queue) == 0
 
 
-def test_admission_team_bursts_beyond_its_share_into_idle_capacity():
+def test_admission_team_bursts_beyond_its_share_into_idle_capacity() -> None:
     queue = AdmissionQueue()
     c = cand("r", STD, share=0.1, team="a")
     assert outcome(queue, c, pool(800, a=800)) is Outcome.ADMIT  # 900 of its 100
 
 
-def test_admission_request_that_exactly_fills_the_pool_is_admitted():
+def test_admission_request_that_exactly_fills_the_pool_is_admitted() -> None:
     queue = AdmissionQueue()
     assert outcome(queue, cand("r", STD, tokens=100), pool(900)) is Outcome.ADMIT
     assert outcome(queue, cand("q", STD, tokens=101), pool(900)) is Outcome.QUEUE
@@ -126,7 +150,9 @@ QUEUED_TIER_COMBOS = [
 
 @pytest.mark.parametrize("queued", QUEUED_TIER_COMBOS)
 @pytest.mark.parametrize("tier", list(Tier))
-def test_admission_busy_pool_admits_only_when_nothing_is_queued_ahead(queued, tier):
+def test_admission_busy_pool_admits_only_when_nothing_is_queued_ahead(
+    queued: tuple[Tier, ...], tier: Tier
+) -> None:
     queue = AdmissionQueue()
     for i, queued_tier in enumerate(queued):
         enqueue(queue, cand(f"q{i}", queued_tier, at=float(i)))
@@ -140,7 +166,7 @@ def test_admission_busy_pool_admits_only_when_nothing_is_queued_ahead(queued, ti
     assert shed == ()
 
 
-def test_admission_inside_request_is_admitted_past_queued_outside_ones():
+def test_admission_inside_request_is_admitted_past_queued_outside_ones() -> None:
     queue = AdmissionQueue()
     enqueue_class(queue, "i_in", "anchor", 0.0)
     enqueue_class(queue, "s_out", "late_payer", 1.0)
@@ -171,8 +197,8 @@ NEWCOMERS = [
 @pytest.mark.parametrize("queued", QUEUED_TIER_COMBOS)
 @pytest.mark.parametrize(("tier", "share", "expected"), NEWCOMERS)
 def test_admission_full_pool_outcome_and_place_with_any_queued_tiers(
-    queued, tier, share, expected
-):
+    queued: tuple[Tier, ...], tier: Tier, share: float, expected: Outcome
+) -> None:
     queue = AdmissionQueue()
     for i, queued_tier in enumerate(queued):
         enqueue(queue, cand(f"q_{queued_tier}", queued_tier, at=float(i)))
@@ -196,18 +222,18 @@ def test_admission_full_pool_outcome_and_place_with_any_queued_tiers(
     assert queue.pump(IDLE, 10.0) == Pumped(tuple(expected_order), ())
 
 
-def test_admission_over_share_team_gets_429_only_while_the_pool_is_full():
+def test_admission_over_share_team_gets_429_only_while_the_pool_is_full() -> None:
     queue = AdmissionQueue()
-    over = {"team": "a", "share": 0.2}  # 200 of 1,000 guaranteed
+    over: TeamShare = {"team": "a", "share": 0.2}  # 200 of 1,000 guaranteed
     assert outcome(queue, cand("r1", STD, **over), pool(890, a=500)) is Outcome.ADMIT
     assert outcome(queue, cand("r2", INT, **over), pool(900, a=600)) is Outcome.ADMIT
     verdict, _ = queue.offer(cand("r3", STD, **over), pool(901, a=700), 0.0)
     assert verdict.outcome is Outcome.RATE_LIMITED
 
 
-def test_admission_inside_guarantee_counts_the_teams_queued_tokens():
+def test_admission_inside_guarantee_counts_the_teams_queued_tokens() -> None:
     queue = AdmissionQueue()
-    share = {"team": "a", "share": 0.3}  # 300 tokens guaranteed
+    share: TeamShare = {"team": "a", "share": 0.3}  # 300 tokens guaranteed
     for i in range(3):
         assert outcome(queue, cand(f"r{i}", STD, **share), FULL) is Outcome.QUEUE
     verdict, _ = queue.offer(cand("r3", STD, **share), FULL, 0.0)
@@ -216,22 +242,22 @@ def test_admission_inside_guarantee_counts_the_teams_queued_tokens():
     assert outcome(queue, cand("r4", STD, **share), FULL) is Outcome.QUEUE
 
 
-def test_admission_inside_guarantee_counts_the_teams_tokens_in_flight():
+def test_admission_inside_guarantee_counts_the_teams_tokens_in_flight() -> None:
     queue = AdmissionQueue()
-    share = {"team": "a", "share": 0.3}
+    share: TeamShare = {"team": "a", "share": 0.3}
     assert outcome(queue, cand("r1", STD, **share), pool(1000, a=200)) is Outcome.QUEUE
     verdict, _ = queue.offer(cand("r2", STD, **share), pool(1000, a=200), 0.0)
     assert verdict.outcome is Outcome.RATE_LIMITED  # 200 + 100 queued + 100 > 300
 
 
-def test_admission_queued_batch_does_not_use_up_the_teams_guarantee():
+def test_admission_queued_batch_does_not_use_up_the_teams_guarantee() -> None:
     queue = AdmissionQueue()
     for i in range(9):
         enqueue(queue, cand(f"b{i}", BAT, team="a", share=0.3))
     assert outcome(queue, cand("i1", INT, team="a", share=0.3), FULL) is Outcome.QUEUE
 
 
-def test_admission_share_boundary_is_inclusive():
+def test_admission_share_boundary_is_inclusive() -> None:
     queue = AdmissionQueue()
     c = cand("r", INT, team="a", share=0.7, tokens=100)
     assert outcome(queue, c, pool(1000, a=600)) is Outcome.QUEUE  # 700 of 700
@@ -239,7 +265,7 @@ def test_admission_share_boundary_is_inclusive():
     assert verdict.outcome is Outcome.RATE_LIMITED  # 701 of 700
 
 
-def test_admission_share_boundary_survives_float_rounding():
+def test_admission_share_boundary_survives_float_rounding() -> None:
     queue = AdmissionQueue()
     # 0.57 * 100 is 56.99999999999999 in floats; 57 of 57 tokens is inside.
     c = cand("r", INT, team="a", share=0.57, tokens=57)
@@ -250,7 +276,7 @@ def test_admission_share_boundary_survives_float_rounding():
 # --- batch ------------------------------------------------------------------------
 
 
-def test_admission_batch_is_paused_while_interactive_or_standard_wait():
+def test_admission_batch_is_paused_while_interactive_or_standard_wait() -> None:
     queue = AdmissionQueue()
     enqueue(queue, cand("s1", STD, at=0.0))
     verdict, _ = queue.offer(cand("b1", BAT, at=1.0), IDLE, 1.0)
@@ -258,7 +284,7 @@ def test_admission_batch_is_paused_while_interactive_or_standard_wait():
     assert queue.pump(IDLE, 2.0) == Pumped(("s1", "b1"), ())
 
 
-def test_admission_batch_runs_only_on_idle_capacity():
+def test_admission_batch_runs_only_on_idle_capacity() -> None:
     queue = AdmissionQueue(batch_ceiling=0.5)
     assert outcome(queue, cand("b1", BAT), pool(400)) is Outcome.ADMIT  # 500 <= 500
     verdict, _ = queue.offer(cand("b2", BAT), pool(401), 0.0)
@@ -266,14 +292,14 @@ def test_admission_batch_runs_only_on_idle_capacity():
     assert outcome(queue, cand("s1", STD), pool(401)) is Outcome.ADMIT
 
 
-def test_admission_pump_admits_batch_only_under_the_ceiling():
+def test_admission_pump_admits_batch_only_under_the_ceiling() -> None:
     queue = AdmissionQueue(batch_ceiling=0.5)
     enqueue(queue, cand("b1", BAT, tokens=100))
     assert queue.pump(pool(450), 1.0) == Pumped((), ())
     assert queue.pump(pool(400), 2.0) == Pumped(("b1",), ())
 
 
-def test_admission_pump_counts_admitted_interactive_toward_the_batch_ceiling():
+def test_admission_pump_counts_admitted_interactive_toward_the_batch_ceiling() -> None:
     queue = AdmissionQueue(batch_ceiling=0.5)
     enqueue(queue, cand("i1", INT, tokens=300, at=0.0))
     enqueue(queue, cand("b1", BAT, tokens=100, at=0.0))
@@ -287,7 +313,7 @@ def test_admission_pump_counts_admitted_interactive_toward_the_batch_ceiling():
 # --- pump -------------------------------------------------------------------------
 
 
-def test_admission_pump_tracks_in_flight_across_its_own_admissions():
+def test_admission_pump_tracks_in_flight_across_its_own_admissions() -> None:
     queue = AdmissionQueue()
     for i in range(3):
         enqueue(queue, cand(f"r{i}", INT, tokens=400, at=float(i)))
@@ -295,7 +321,7 @@ def test_admission_pump_tracks_in_flight_across_its_own_admissions():
     assert ids(queue) == ["r2"]
 
 
-def test_admission_pump_head_that_does_not_fit_blocks_smaller_ones_behind():
+def test_admission_pump_head_that_does_not_fit_blocks_smaller_ones_behind() -> None:
     queue = AdmissionQueue()
     enqueue(queue, cand("big", INT, tokens=500, at=0.0))
     enqueue(queue, cand("small", INT, tokens=100, at=1.0))
@@ -305,7 +331,7 @@ def test_admission_pump_head_that_does_not_fit_blocks_smaller_ones_behind():
     assert queue.pump(pool(990), 5.0) == Pumped(("std",), ())
 
 
-def test_admission_pump_on_a_full_pool_admits_nothing():
+def test_admission_pump_on_a_full_pool_admits_nothing() -> None:
     queue = AdmissionQueue()
     enqueue(queue, cand("r", INT, tokens=1))
     assert queue.pump(FULL, 1.0) == Pumped((), ())
@@ -315,7 +341,7 @@ def test_admission_pump_on_a_full_pool_admits_nothing():
 # --- fairness within a tier -------------------------------------------------------
 
 
-def test_admission_fifo_among_equals_across_teams():
+def test_admission_fifo_among_equals_across_teams() -> None:
     queue = AdmissionQueue()
     for i, team in enumerate(["c", "a", "b", "a"]):
         enqueue(queue, cand(f"r{i}", STD, team=team, at=float(i)))
@@ -325,7 +351,7 @@ def test_admission_fifo_among_equals_across_teams():
     assert admitted == ["r0", "r1", "r2", "r3"]
 
 
-def test_admission_late_offer_of_an_earlier_arrival_keeps_fifo_by_arrived_at():
+def test_admission_late_offer_of_an_earlier_arrival_keeps_fifo_by_arrived_at() -> None:
     queue = AdmissionQueue()
     enqueue(queue, cand("t3", STD, at=3.0))
     enqueue(queue, cand("t1", STD, at=1.0))
@@ -334,7 +360,7 @@ def test_admission_late_offer_of_an_earlier_arrival_keeps_fifo_by_arrived_at():
     assert ids(queue) == ["t1", "t2", "t3", "t3b"]
 
 
-def test_admission_inside_guarantee_goes_before_outside_in_the_same_tier():
+def test_admission_inside_guarantee_goes_before_outside_in_the_same_tier() -> None:
     queue = AdmissionQueue()
     enqueue_class(queue, "s_in", "early_in", 1.0)
     enqueue_class(queue, "s_out", "early_out", 2.0)
@@ -343,7 +369,7 @@ def test_admission_inside_guarantee_goes_before_outside_in_the_same_tier():
     assert queue.pump(IDLE, 4.0).admitted == ("early_in", "late_in", "early_out")
 
 
-def test_admission_waiting_lists_all_six_classes_in_admission_order():
+def test_admission_waiting_lists_all_six_classes_in_admission_order() -> None:
     queue = AdmissionQueue()
     for i, name in enumerate(reversed(ADMISSION_ORDER)):
         if name in ("i_out", "s_out"):
@@ -364,7 +390,9 @@ SHEDDABLE_COMBOS = [
 
 
 @pytest.mark.parametrize("present", SHEDDABLE_COMBOS)
-def test_admission_queue_at_limit_sheds_the_lowest_class_present(present):
+def test_admission_queue_at_limit_sheds_the_lowest_class_present(
+    present: tuple[str, ...],
+) -> None:
     """GIVEN a queue at its limit holding an interactive-inside anchor and one
     request of each class in ``present`` WHEN an interactive request inside its
     guarantee arrives THEN the request that would be admitted last is shed."""
@@ -380,7 +408,9 @@ def test_admission_queue_at_limit_sheds_the_lowest_class_present(present):
     assert len(queue) == len(present) + 1
 
 
-def test_admission_queue_at_limit_sheds_in_exact_order_and_never_interactive_inside():
+def test_admission_queue_at_limit_sheds_in_exact_order_and_never_interactive_inside() -> (
+    None
+):
     queue = AdmissionQueue(max_queue=12)
     enqueue_class(queue, "i_in", "i_in_0", 0.0)
     for name in ADMISSION_ORDER[::-1]:
@@ -423,8 +453,8 @@ def test_admission_queue_at_limit_sheds_in_exact_order_and_never_interactive_ins
     ],
 )
 def test_admission_queue_at_limit_sheds_the_newcomer_when_it_ranks_last(
-    queued, newcomer
-):
+    queued: list[str], newcomer: Candidate
+) -> None:
     queue = AdmissionQueue(max_queue=2)
     for i, name in enumerate(queued):
         enqueue_class(queue, name, f"q{i}", float(i))
@@ -438,7 +468,7 @@ def test_admission_queue_at_limit_sheds_the_newcomer_when_it_ranks_last(
     assert ids(queue) == ["q0", "q1"]
 
 
-def test_admission_queue_at_limit_sheds_newest_first_within_a_class():
+def test_admission_queue_at_limit_sheds_newest_first_within_a_class() -> None:
     queue = AdmissionQueue(max_queue=3)
     for i in range(3):
         enqueue(queue, cand(f"b{i}", BAT, at=float(i)))
@@ -448,7 +478,9 @@ def test_admission_queue_at_limit_sheds_newest_first_within_a_class():
     assert ids(queue) == ["s1", "s2", "b0"]
 
 
-def test_admission_interactive_inside_exceeds_the_limit_rather_than_being_shed():
+def test_admission_interactive_inside_exceeds_the_limit_rather_than_being_shed() -> (
+    None
+):
     queue = AdmissionQueue(max_queue=2)
     for i in range(5):
         assert outcome(queue, cand(f"i{i}", INT, at=float(i)), FULL) is Outcome.QUEUE
@@ -457,7 +489,7 @@ def test_admission_interactive_inside_exceeds_the_limit_rather_than_being_shed()
     assert verdict.outcome is Outcome.SHED
 
 
-def test_admission_zero_max_queue_sheds_everything_but_interactive_inside():
+def test_admission_zero_max_queue_sheds_everything_but_interactive_inside() -> None:
     queue = AdmissionQueue(max_queue=0)
     assert outcome(queue, cand("i", INT), FULL) is Outcome.QUEUE
     for request_id, tier in [("s", STD), ("b", BAT)]:
@@ -481,8 +513,12 @@ def test_admission_zero_max_queue_sheds_everything_but_interactive_inside():
     ],
 )
 def test_admission_rate_limited_retry_after_is_drain_time_in_whole_seconds(
-    queued_tokens, in_flight, tokens, drain, retry_after_s
-):
+    queued_tokens: int,
+    in_flight: int,
+    tokens: int,
+    drain: float | None,
+    retry_after_s: int,
+) -> None:
     queue = AdmissionQueue(drain_tokens_per_s=drain)
     if queued_tokens:
         enqueue(queue, cand("ahead", INT, tokens=queued_tokens))
@@ -492,7 +528,7 @@ def test_admission_rate_limited_retry_after_is_drain_time_in_whole_seconds(
     assert shed == ()
 
 
-def test_admission_shed_retry_after_counts_what_is_still_queued():
+def test_admission_shed_retry_after_counts_what_is_still_queued() -> None:
     queue = AdmissionQueue(max_queue=2)
     enqueue(queue, cand("b", BAT, tokens=300, at=0.0))
     enqueue(queue, cand("s1", STD, tokens=100, at=1.0))
@@ -507,7 +543,7 @@ def test_admission_shed_retry_after_counts_what_is_still_queued():
 # --- waits bounded by max_wait_s ------------------------------------------------
 
 
-def test_admission_pump_sheds_requests_that_waited_longer_than_max_wait():
+def test_admission_pump_sheds_requests_that_waited_longer_than_max_wait() -> None:
     queue = AdmissionQueue(max_wait_s=10.0)
     enqueue_class(queue, "i_in", "i_in", 0.0)
     enqueue_class(queue, "i_out", "i_out", 0.0)
@@ -523,14 +559,14 @@ def test_admission_pump_sheds_requests_that_waited_longer_than_max_wait():
     assert queue.pump(FULL, 15.5).shed == (("s_late", 2),)
 
 
-def test_admission_interactive_inside_guarantee_never_expires():
+def test_admission_interactive_inside_guarantee_never_expires() -> None:
     queue = AdmissionQueue(max_wait_s=1.0)
     enqueue(queue, cand("vip", INT, at=0.0))
     assert queue.pump(FULL, 1_000.0) == Pumped((), ())
     assert queue.pump(IDLE, 1_001.0) == Pumped(("vip",), ())
 
 
-def test_admission_pump_sheds_expired_before_admitting():
+def test_admission_pump_sheds_expired_before_admitting() -> None:
     queue = AdmissionQueue(max_wait_s=10.0)
     enqueue(queue, cand("old", STD, at=0.0))
     enqueue(queue, cand("new", STD, at=5.0))
@@ -540,7 +576,7 @@ def test_admission_pump_sheds_expired_before_admitting():
 # --- cancel -----------------------------------------------------------------------
 
 
-def test_admission_cancel_removes_a_queued_request():
+def test_admission_cancel_removes_a_queued_request() -> None:
     queue = AdmissionQueue()
     enqueue(queue, cand("a", STD, at=0.0))
     enqueue(queue, cand("b", STD, at=1.0))
@@ -552,7 +588,7 @@ def test_admission_cancel_removes_a_queued_request():
     assert queue.pump(IDLE, 2.0) == Pumped(("b",), ())
 
 
-def test_admission_cancel_frees_room_under_the_limit():
+def test_admission_cancel_frees_room_under_the_limit() -> None:
     queue = AdmissionQueue(max_queue=1)
     enqueue(queue, cand("b1", BAT))
     queue.cancel("b1")
@@ -560,7 +596,7 @@ def test_admission_cancel_frees_room_under_the_limit():
     assert ids(queue) == ["b2"]
 
 
-def test_admission_cancelled_request_is_neither_shed_nor_expired():
+def test_admission_cancelled_request_is_neither_shed_nor_expired() -> None:
     queue = AdmissionQueue(max_queue=2, max_wait_s=5.0)
     enqueue(queue, cand("s", STD, at=0.0))
     enqueue(queue, cand("b_cancelled", BAT, at=1.0))
@@ -573,7 +609,7 @@ def test_admission_cancelled_request_is_neither_shed_nor_expired():
     assert len(queue) == 0
 
 
-def test_admission_request_id_can_be_offered_again_after_cancel():
+def test_admission_request_id_can_be_offered_again_after_cancel() -> None:
     queue = AdmissionQueue()
     enqueue(queue, cand("r", STD))
     with pytest.raises(ValueError, match="already queued"):
@@ -583,7 +619,7 @@ def test_admission_request_id_can_be_offered_again_after_cancel():
     assert ids(queue) == ["r"]
 
 
-def test_admission_many_cancels_keep_order_and_counts():
+def test_admission_many_cancels_keep_order_and_counts() -> None:
     queue = AdmissionQueue(max_queue=1_000, max_wait_s=10_000.0)
     for i in range(300):
         enqueue(queue, cand(f"r{i:03}", [INT, STD, BAT][i % 3], at=float(i)))
@@ -600,7 +636,7 @@ def test_admission_many_cancels_keep_order_and_counts():
 # --- guaranteed shares under contention -----------------------------------------
 
 
-def test_admission_guarantee_is_recovered_from_a_team_that_burst_first():
+def test_admission_guarantee_is_recovered_from_a_team_that_burst_first() -> None:
     """GIVEN team b (40%) filled the idle pool WHEN team a (60%) floods THEN a's
     requests up to its share queue and take each freed slot before b's, b gets 429s
     only while the pool is full, and both end at their shares."""
@@ -643,7 +679,9 @@ def test_admission_guarantee_is_recovered_from_a_team_that_burst_first():
 
 
 @pytest.mark.parametrize("first", ["a", "b", "alternate"])
-def test_admission_two_flooding_teams_each_hold_their_guaranteed_share(first):
+def test_admission_two_flooding_teams_each_hold_their_guaranteed_share(
+    first: str,
+) -> None:
     """GIVEN teams a (60%) and b (40%) each offering 3 requests per step, forever,
     WHEN one request completes per step and the queue is pumped THEN, once the
     pool has turned over, each team always holds its share in flight or queued at
@@ -708,7 +746,7 @@ def test_admission_two_flooding_teams_each_hold_their_guaranteed_share(first):
 # --- validation ---------------------------------------------------------------------
 
 
-def test_admission_request_larger_than_the_pool_is_a_clear_400():
+def test_admission_request_larger_than_the_pool_is_a_clear_400() -> None:
     queue = AdmissionQueue()
     assert outcome(queue, cand("fits", STD, tokens=CAP), IDLE) is Outcome.ADMIT
     with pytest.raises(ChargeTooLarge, match="1001 tokens"):
@@ -727,18 +765,20 @@ def test_admission_request_larger_than_the_pool_is_a_clear_400():
         {"drain_tokens_per_s": float("inf")},
     ],
 )
-def test_admission_queue_rejects_invalid_settings(kwargs):
+def test_admission_queue_rejects_invalid_settings(kwargs: QueueSettings) -> None:
     with pytest.raises(ValueError):
         AdmissionQueue(**kwargs)
 
 
 @pytest.mark.parametrize("kwargs", [{"tokens": -1}, {"share": -0.1}, {"share": 1.1}])
-def test_admission_candidate_rejects_invalid_values(kwargs):
+def test_admission_candidate_rejects_invalid_values(kwargs: CandidateValues) -> None:
     with pytest.raises(ValueError):
         cand("r", STD, **kwargs)
 
 
 @pytest.mark.parametrize(("capacity", "in_flight"), [(0, 0), (-5, 0), (100, -1)])
-def test_admission_pool_state_rejects_invalid_values(capacity, in_flight):
+def test_admission_pool_state_rejects_invalid_values(
+    capacity: int, in_flight: int
+) -> None:
     with pytest.raises(ValueError):
         PoolState(capacity=capacity, in_flight=in_flight, team_in_flight={})

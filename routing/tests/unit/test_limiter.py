@@ -7,6 +7,7 @@ per second, so every wait below is hand-computed.
 from __future__ import annotations
 
 import math
+from typing import TypedDict
 
 import pytest
 
@@ -24,36 +25,51 @@ from routing.domain.limiter import (
 T0 = 1_000.0
 CAP = 600
 RATE = CAP / 60  # 10 tokens per second
-LIMITS = {"capacity": CAP, "refill_per_s": RATE}
 
 
-def test_refill_none_is_a_full_bucket_created_now():
+class Limits(TypedDict):
+    """A bucket's limits, as the keyword arguments of the bucket functions."""
+
+    capacity: int
+    refill_per_s: float
+
+
+class ChargeArgs(Limits):
+    """The keyword arguments of ``charge`` and ``refund``, but the bucket and time."""
+
+    amount: int
+
+
+LIMITS: Limits = {"capacity": CAP, "refill_per_s": RATE}
+
+
+def test_refill_none_is_a_full_bucket_created_now() -> None:
     assert refill(None, T0, **LIMITS) == Bucket(600.0, T0)
 
 
-def test_refill_is_continuous_not_stepped():
+def test_refill_is_continuous_not_stepped() -> None:
     empty = Bucket(0.0, T0)
     assert refill(empty, T0 + 0.5, **LIMITS) == Bucket(5.0, T0 + 0.5)
     assert refill(empty, T0 + 3, **LIMITS) == Bucket(30.0, T0 + 3)
     assert refill(empty, T0 + 59.9, **LIMITS).tokens == pytest.approx(599.0)
 
 
-def test_refill_caps_at_capacity():
+def test_refill_caps_at_capacity() -> None:
     assert refill(Bucket(100.0, T0), T0 + 120, **LIMITS) == Bucket(600.0, T0 + 120)
 
 
-def test_refill_clock_going_backwards_refills_nothing_and_keeps_updated_at():
+def test_refill_clock_going_backwards_refills_nothing_and_keeps_updated_at() -> None:
     bucket = Bucket(100.0, T0)
     assert refill(bucket, T0 - 30, **LIMITS) == Bucket(100.0, T0)
     # When the clock catches up, only the time after T0 counts.
     assert refill(bucket, T0 + 10, **LIMITS) == Bucket(200.0, T0 + 10)
 
 
-def test_refill_cuts_a_bucket_above_a_lowered_capacity():
+def test_refill_cuts_a_bucket_above_a_lowered_capacity() -> None:
     assert refill(Bucket(900.0, T0), T0, **LIMITS) == Bucket(600.0, T0)
 
 
-def test_charge_allowed_takes_the_amount():
+def test_charge_allowed_takes_the_amount() -> None:
     result = charge(None, T0, amount=250, **LIMITS)
     assert result == Charge(
         allowed=True,
@@ -65,14 +81,14 @@ def test_charge_allowed_takes_the_amount():
     )
 
 
-def test_charge_exactly_capacity_from_full_is_allowed():
+def test_charge_exactly_capacity_from_full_is_allowed() -> None:
     result = charge(None, T0, amount=600, **LIMITS)
     assert result.allowed
     assert result.remaining == 0
     assert result.reset_s == 60.0
 
 
-def test_charge_refused_takes_nothing_but_refills_to_now():
+def test_charge_refused_takes_nothing_but_refills_to_now() -> None:
     result = charge(Bucket(50.0, T0 - 5), T0, amount=250, **LIMITS)
     assert result == Charge(
         allowed=False,
@@ -96,26 +112,28 @@ def test_charge_refused_takes_nothing_but_refills_to_now():
         (0.0, 11, 2),  # 1.1 s
     ],
 )
-def test_charge_retry_after_is_exact_whole_seconds(tokens, amount, retry_after_s):
+def test_charge_retry_after_is_exact_whole_seconds(
+    tokens: float, amount: int, retry_after_s: int
+) -> None:
     result = charge(Bucket(tokens, T0), T0, amount=amount, **LIMITS)
     assert not result.allowed
     assert result.retry_after_s == retry_after_s
 
 
-def test_charge_retry_after_is_exact_when_the_rate_is_not_a_round_float():
+def test_charge_retry_after_is_exact_when_the_rate_is_not_a_round_float() -> None:
     # 1,000 tokens per minute is 16.666... per second: 100 tokens take 6 s, and
     # float rounding must not make that 7.
-    limits = {"capacity": 1000, "refill_per_s": 1000 / 60}
+    limits: Limits = {"capacity": 1000, "refill_per_s": 1000 / 60}
     refused = charge(Bucket(0.0, T0), T0, amount=100, **limits)
     assert refused.retry_after_s == 6
     assert not charge(refused.bucket, T0 + 5.9, amount=100, **limits).allowed
     assert charge(refused.bucket, T0 + 6, amount=100, **limits).allowed
 
 
-def test_charge_tolerates_float_rounding_in_the_refill():
+def test_charge_tolerates_float_rounding_in_the_refill() -> None:
     # 492 tokens per minute is 8.2 per second, which floats cannot hold exactly:
     # 123 tokens take 15.000000000000002 s, and 15 s refill 122.99999999999999.
-    limits = {"capacity": 492, "refill_per_s": 492 / 60}
+    limits: Limits = {"capacity": 492, "refill_per_s": 492 / 60}
     refused = charge(Bucket(0.0, T0), T0, amount=123, **limits)
     assert refused.retry_after_s == 15
     allowed = charge(refused.bucket, T0 + 15, amount=123, **limits)
@@ -127,7 +145,9 @@ def test_charge_tolerates_float_rounding_in_the_refill():
 
 
 @pytest.mark.parametrize("amount", [1, 7, 99, 250, 333, 599, 600])
-def test_charge_succeeds_after_retry_after_and_not_a_second_before(amount):
+def test_charge_succeeds_after_retry_after_and_not_a_second_before(
+    amount: int,
+) -> None:
     start = Bucket(0.0, T0)
     refused = charge(start, T0, amount=amount, **LIMITS)
     wait = refused.retry_after_s
@@ -137,7 +157,7 @@ def test_charge_succeeds_after_retry_after_and_not_a_second_before(amount):
         assert not early.allowed
 
 
-def test_charge_repeated_refusals_do_not_push_the_client_back():
+def test_charge_repeated_refusals_do_not_push_the_client_back() -> None:
     bucket = Bucket(0.0, T0)
     for second in range(5):
         result = charge(bucket, T0 + second, amount=100, **LIMITS)
@@ -146,14 +166,14 @@ def test_charge_repeated_refusals_do_not_push_the_client_back():
     assert charge(bucket, T0 + 10, amount=100, **LIMITS).allowed
 
 
-def test_charge_remaining_is_the_floor_of_fractional_tokens():
+def test_charge_remaining_is_the_floor_of_fractional_tokens() -> None:
     result = charge(Bucket(0.0, T0), T0 + 0.25, amount=1, **LIMITS)  # 2.5 - 1
     assert result.allowed
     assert result.bucket.tokens == 1.5
     assert result.remaining == 1
 
 
-def test_charge_larger_than_capacity_raises_charge_too_large():
+def test_charge_larger_than_capacity_raises_charge_too_large() -> None:
     with pytest.raises(ChargeTooLarge, match="601 tokens") as excinfo:
         charge(None, T0, amount=601, **LIMITS)
     assert isinstance(excinfo.value, ValueError)
@@ -170,18 +190,18 @@ def test_charge_larger_than_capacity_raises_charge_too_large():
         {"capacity": 600, "refill_per_s": math.inf, "amount": 1},
     ],
 )
-def test_charge_rejects_invalid_arguments(kwargs):
+def test_charge_rejects_invalid_arguments(kwargs: ChargeArgs) -> None:
     with pytest.raises(ValueError) as excinfo:
         charge(None, T0, **kwargs)
     assert not isinstance(excinfo.value, ChargeTooLarge)
 
 
-def test_refund_returns_unused_tokens():
+def test_refund_returns_unused_tokens() -> None:
     charged = charge(None, T0, amount=250, **LIMITS).bucket  # prompt + max_tokens
     assert refund(charged, T0, amount=100, **LIMITS) == Bucket(450.0, T0)
 
 
-def test_refund_adds_refill_since_the_charge():
+def test_refund_adds_refill_since_the_charge() -> None:
     charged = Bucket(350.0, T0)
     assert refund(charged, T0 + 10, amount=100, **LIMITS) == Bucket(550.0, T0 + 10)
 
@@ -194,20 +214,22 @@ def test_refund_adds_refill_since_the_charge():
         (Bucket(600.0, T0), T0, 600),
     ],
 )
-def test_refund_never_goes_above_capacity(bucket, now, amount):
+def test_refund_never_goes_above_capacity(
+    bucket: Bucket, now: float, amount: int
+) -> None:
     assert refund(bucket, now, amount=amount, **LIMITS).tokens == 600.0
 
 
-def test_refund_none_is_full():
+def test_refund_none_is_full() -> None:
     assert refund(None, T0, amount=50, **LIMITS) == Bucket(600.0, T0)
 
 
-def test_refund_rejects_a_negative_amount():
+def test_refund_rejects_a_negative_amount() -> None:
     with pytest.raises(ValueError, match="amount"):
         refund(Bucket(0.0, T0), T0, amount=-5, **LIMITS)
 
 
-def test_charge_then_refund_bills_only_the_tokens_used():
+def test_charge_then_refund_bills_only_the_tokens_used() -> None:
     """GIVEN a full bucket WHEN a request charges prompt + max_tokens and uses less
     THEN after the refund the bucket is short only the tokens used."""
     prompt_tokens, max_tokens, used = 120, 380, 200
@@ -237,11 +259,11 @@ def test_charge_then_refund_bills_only_the_tokens_used():
         (3725.0, "1h2m5s"),
     ],
 )
-def test_format_reset_uses_openai_duration_style(seconds, text):
+def test_format_reset_uses_openai_duration_style(seconds: float, text: str) -> None:
     assert format_reset(seconds) == text
 
 
-def test_rate_limit_headers_after_an_allowed_charge():
+def test_rate_limit_headers_after_an_allowed_charge() -> None:
     result = charge(None, T0, amount=250, **LIMITS)
     assert rate_limit_headers(result) == {
         "x-ratelimit-limit-tokens": "600",
@@ -250,7 +272,7 @@ def test_rate_limit_headers_after_an_allowed_charge():
     }
 
 
-def test_rate_limit_headers_after_a_refused_charge():
+def test_rate_limit_headers_after_a_refused_charge() -> None:
     result = charge(Bucket(0.0, T0), T0 + 0.5, amount=250, **LIMITS)
     assert rate_limit_headers(result) == {
         "x-ratelimit-limit-tokens": "600",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Sequence
 from typing import ClassVar
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from routing.domain.policies import (
     POLICIES,
     LeastTokensPolicy,
+    PolicyOptions,
     PrefixAffinityPolicy,
     RoundRobinPolicy,
     RouteDecision,
@@ -48,28 +50,42 @@ def within_bound(load: int, tokens: int, loads: list[int], factor: float) -> boo
 # --- registry -----------------------------------------------------------------
 
 
-def test_registry_lists_the_three_policies():
+def test_registry_lists_the_three_policies() -> None:
     assert set(POLICIES) == {"round_robin", "least_tokens", "prefix_affinity"}
     for name, cls in POLICIES.items():
         assert cls.name == name
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
-def test_make_policy_builds_a_fresh_instance_by_name(name):
+def test_make_policy_builds_a_fresh_instance_by_name(name: str) -> None:
     first, second = make_policy(name), make_policy(name)
     assert first.name == name
     assert first is not second
 
 
-def test_make_policy_unknown_name_raises_key_error_listing_known_names():
+def test_make_policy_unknown_name_raises_key_error_listing_known_names() -> None:
     with pytest.raises(KeyError, match="fastest") as excinfo:
         make_policy("fastest")
     assert "least_tokens, prefix_affinity, round_robin" in str(excinfo.value)
 
 
-def test_register_policy_after_import_raises_because_registry_is_closed():
+def test_register_policy_after_import_raises_because_registry_is_closed() -> None:
     class LatePolicy:
+        """A complete policy: only the closed registry refuses it."""
+
         name: ClassVar[str] = "late"
+
+        @classmethod
+        def from_options(cls, options: PolicyOptions) -> LatePolicy:
+            return cls()
+
+        def choose(
+            self, req: RouteRequest, nodes: Sequence[NodeSnapshot], now: float
+        ) -> RouteDecision:
+            return RouteDecision(candidates=(), policy=self.name)
+
+        def reset(self) -> None:
+            pass
 
     with pytest.raises(RuntimeError, match="closed"):
         register_policy(LatePolicy)
@@ -77,14 +93,14 @@ def test_register_policy_after_import_raises_because_registry_is_closed():
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
-def test_policy_with_no_nodes_returns_no_candidates(name):
+def test_policy_with_no_nodes_returns_no_candidates(name: str) -> None:
     decision = make_policy(name).choose(make_request(), [], NOW)
     assert decision == RouteDecision(candidates=(), policy=name, skipped_over_bound=0)
     assert decision.chosen is None
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
-def test_policy_candidates_cover_every_node_once(name):
+def test_policy_candidates_cover_every_node_once(name: str) -> None:
     policy = make_policy(name)
     rng = random.Random(7)
     for i in range(200):
@@ -98,7 +114,7 @@ def test_policy_candidates_cover_every_node_once(name):
 # --- round robin --------------------------------------------------------------
 
 
-def test_round_robin_spreads_requests_evenly():
+def test_round_robin_spreads_requests_evenly() -> None:
     policy = RoundRobinPolicy()
     nodes = make_nodes(dict.fromkeys(IDS, 0))
     counts = Counter(
@@ -109,7 +125,7 @@ def test_round_robin_spreads_requests_evenly():
     assert max(counts.values()) - min(counts.values()) <= 1
 
 
-def test_round_robin_rotates_in_replica_id_order_whatever_the_input_order():
+def test_round_robin_rotates_in_replica_id_order_whatever_the_input_order() -> None:
     policy = RoundRobinPolicy()
     nodes = make_nodes(dict.fromkeys(["c", "a", "b"], 0))
     decisions = [policy.choose(make_request(), nodes, NOW) for _ in range(4)]
@@ -121,7 +137,7 @@ def test_round_robin_rotates_in_replica_id_order_whatever_the_input_order():
     ]
 
 
-def test_round_robin_reset_restarts_at_the_lowest_id():
+def test_round_robin_reset_restarts_at_the_lowest_id() -> None:
     policy = RoundRobinPolicy()
     nodes = make_nodes(dict.fromkeys(["a", "b", "c"], 0))
     policy.choose(make_request(), nodes, NOW)
@@ -132,14 +148,14 @@ def test_round_robin_reset_restarts_at_the_lowest_id():
 # --- least tokens -------------------------------------------------------------
 
 
-def test_least_tokens_picks_the_minimum_and_orders_by_load():
+def test_least_tokens_picks_the_minimum_and_orders_by_load() -> None:
     policy = LeastTokensPolicy()
     nodes = make_nodes({"a": 9_000, "b": 300, "c": 4_000, "d": 12_000})
     decision = policy.choose(make_request(), nodes, NOW)
     assert decision.candidates == ("b", "c", "a", "d")
 
 
-def test_least_tokens_picks_the_minimum_over_random_loads():
+def test_least_tokens_picks_the_minimum_over_random_loads() -> None:
     policy = LeastTokensPolicy()
     rng = random.Random(11)
     for _ in range(500):
@@ -150,7 +166,7 @@ def test_least_tokens_picks_the_minimum_over_random_loads():
         assert ordered == sorted(ordered)
 
 
-def test_least_tokens_rotates_among_idle_nodes():
+def test_least_tokens_rotates_among_idle_nodes() -> None:
     policy = LeastTokensPolicy()
     nodes = make_nodes(dict.fromkeys(IDS, 0))
     counts = Counter(
@@ -159,7 +175,7 @@ def test_least_tokens_rotates_among_idle_nodes():
     assert counts == dict.fromkeys(IDS, 10)
 
 
-def test_least_tokens_reset_restarts_the_tie_break():
+def test_least_tokens_reset_restarts_the_tie_break() -> None:
     policy = LeastTokensPolicy()
     nodes = make_nodes(dict.fromkeys(["a", "b"], 0))
     policy.choose(make_request(), nodes, NOW)
@@ -170,7 +186,7 @@ def test_least_tokens_reset_restarts_the_tie_break():
 # --- prefix affinity ----------------------------------------------------------
 
 
-def test_prefix_affinity_idle_pool_chooses_the_ring_owner():
+def test_prefix_affinity_idle_pool_chooses_the_ring_owner() -> None:
     policy = PrefixAffinityPolicy()
     ring = HashRing(IDS)
     nodes = make_nodes(dict.fromkeys(IDS, 0))
@@ -181,7 +197,7 @@ def test_prefix_affinity_idle_pool_chooses_the_ring_owner():
         assert decision.skipped_over_bound == 0
 
 
-def test_prefix_affinity_same_key_lands_on_same_node_under_even_load():
+def test_prefix_affinity_same_key_lands_on_same_node_under_even_load() -> None:
     policy = PrefixAffinityPolicy()
     nodes = make_nodes(dict.fromkeys(IDS, 20_000))
     for i in range(100):
@@ -190,7 +206,7 @@ def test_prefix_affinity_same_key_lands_on_same_node_under_even_load():
         assert len(chosen) == 1
 
 
-def test_prefix_affinity_spreads_different_keys_over_the_pool():
+def test_prefix_affinity_spreads_different_keys_over_the_pool() -> None:
     policy = PrefixAffinityPolicy()
     nodes = make_nodes(dict.fromkeys(IDS, 20_000))
     chosen = Counter(
@@ -200,7 +216,7 @@ def test_prefix_affinity_spreads_different_keys_over_the_pool():
     assert set(chosen) == set(IDS)
 
 
-def test_prefix_affinity_skips_a_hot_owner_for_the_next_ring_node():
+def test_prefix_affinity_skips_a_hot_owner_for_the_next_ring_node() -> None:
     policy = PrefixAffinityPolicy()
     key = "conv:hot"
     order = HashRing(IDS).order(key)
@@ -212,7 +228,7 @@ def test_prefix_affinity_skips_a_hot_owner_for_the_next_ring_node():
     assert decision.candidates == (order[1], order[0], *order[2:])
 
 
-def test_prefix_affinity_all_over_the_bound_falls_back_to_least_loaded():
+def test_prefix_affinity_all_over_the_bound_falls_back_to_least_loaded() -> None:
     policy = PrefixAffinityPolicy()
     loads = {"a": 100, "b": 50, "c": 80}
     # avg = (230 + 1000) / 3 = 410; bound = max(512.5, 1000) = 1000 < 1050.
@@ -223,7 +239,7 @@ def test_prefix_affinity_all_over_the_bound_falls_back_to_least_loaded():
     assert decision.candidates == ("b", *(rid for rid in order if rid != "b"))
 
 
-def test_prefix_affinity_fallback_ties_go_to_the_earlier_ring_node():
+def test_prefix_affinity_fallback_ties_go_to_the_earlier_ring_node() -> None:
     policy = PrefixAffinityPolicy()
     loads = dict.fromkeys(["a", "b", "c"], 100)
     decision = policy.choose(make_request(tokens=1_000), make_nodes(loads), NOW)
@@ -231,10 +247,10 @@ def test_prefix_affinity_fallback_ties_go_to_the_earlier_ring_node():
     assert decision.candidates == HashRing(loads).order("conv:1")
 
 
-def test_prefix_affinity_never_chooses_over_the_bound_while_a_node_is_within():
+def test_prefix_affinity_never_chooses_over_the_bound_while_a_node_is_within() -> None:
     rng = random.Random(20_240_601)
     factor = 1.25
-    branches = Counter()
+    branches: Counter[str] = Counter()
     # One policy per pool size, as the gateway holds one per pool: the ring is
     # built once per membership rather than on every trial.
     sizes = range(1, len(IDS) + 1)
@@ -267,6 +283,7 @@ def test_prefix_affinity_never_chooses_over_the_bound_while_a_node_is_within():
             assert decision.skipped_over_bound == order.index(first_ok)
         else:
             branches["fallback"] += 1
+            assert decision.chosen is not None
             assert loads[decision.chosen] == min(values)
             assert decision.skipped_over_bound == len(ids)
         assert sorted(decision.candidates) == sorted(ids)
@@ -276,7 +293,7 @@ def test_prefix_affinity_never_chooses_over_the_bound_while_a_node_is_within():
     assert branches["within"] + branches["fallback"] == 5_000
 
 
-def test_prefix_affinity_rebuilds_the_ring_only_when_membership_changes():
+def test_prefix_affinity_rebuilds_the_ring_only_when_membership_changes() -> None:
     policy = PrefixAffinityPolicy()
     policy.choose(make_request(), make_nodes(dict.fromkeys(IDS, 0)), NOW)
     ring = policy.ring
@@ -287,19 +304,19 @@ def test_prefix_affinity_rebuilds_the_ring_only_when_membership_changes():
     assert policy.ring.nodes == frozenset(IDS[:-1])
 
 
-def test_prefix_affinity_reset_drops_the_ring():
+def test_prefix_affinity_reset_drops_the_ring() -> None:
     policy = PrefixAffinityPolicy()
     policy.choose(make_request(), make_nodes(dict.fromkeys(IDS, 0)), NOW)
     policy.reset()
     assert policy.ring.nodes == frozenset()
 
 
-def test_prefix_affinity_rejects_load_factor_below_one():
+def test_prefix_affinity_rejects_load_factor_below_one() -> None:
     with pytest.raises(ValueError, match="load_factor"):
         PrefixAffinityPolicy(load_factor=0.9)
 
 
-def test_prefix_affinity_min_bound_keeps_a_lightly_loaded_owner():
+def test_prefix_affinity_min_bound_keeps_a_lightly_loaded_owner() -> None:
     from routing.domain.policies.prefix_affinity import PrefixAffinityPolicy
     from routing.domain.snapshot import NodeSnapshot
 

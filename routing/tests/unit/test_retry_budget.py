@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 import pytest
 
 from routing.domain.retry_budget import RetryBudget
+
+
+class BudgetSettings(TypedDict, total=False):
+    """Keyword arguments of ``RetryBudget``."""
+
+    ratio: float
+    window_s: float
+    min_retries: int
+
 
 T0 = 10_000.0
 
@@ -17,18 +28,18 @@ def spend_all(budget: RetryBudget, now: float) -> int:
     return spent
 
 
-def test_retry_budget_allows_min_retries_at_low_volume():
+def test_retry_budget_allows_min_retries_at_low_volume() -> None:
     budget = RetryBudget(ratio=0.1, window_s=60.0, min_retries=3)
     for i in range(5):
         budget.record_request(T0 + i)
     assert spend_all(budget, T0 + 5) == 3
 
 
-def test_retry_budget_allows_min_retries_with_no_traffic():
+def test_retry_budget_allows_min_retries_with_no_traffic() -> None:
     assert spend_all(RetryBudget(), T0) == 3
 
 
-def test_retry_budget_allows_ten_percent_at_high_volume():
+def test_retry_budget_allows_ten_percent_at_high_volume() -> None:
     budget = RetryBudget(ratio=0.1, window_s=60.0, min_retries=3)
     for i in range(1_000):
         budget.record_request(T0 + i * 0.05)  # 1,000 requests over 50 s
@@ -36,7 +47,7 @@ def test_retry_budget_allows_ten_percent_at_high_volume():
     assert budget.counts(T0 + 50) == (1_000, 100)
 
 
-def test_retry_budget_retries_do_not_grow_the_budget():
+def test_retry_budget_retries_do_not_grow_the_budget() -> None:
     budget = RetryBudget(ratio=0.5, min_retries=0)
     for _ in range(10):
         budget.record_request(T0)
@@ -44,7 +55,7 @@ def test_retry_budget_retries_do_not_grow_the_budget():
     assert budget.counts(T0) == (10, 5)
 
 
-def test_retry_budget_window_expiry_forgets_old_requests_and_retries():
+def test_retry_budget_window_expiry_forgets_old_requests_and_retries() -> None:
     budget = RetryBudget(ratio=0.1, window_s=60.0, min_retries=3)
     for _ in range(1_000):
         budget.record_request(T0)
@@ -56,7 +67,7 @@ def test_retry_budget_window_expiry_forgets_old_requests_and_retries():
     assert spend_all(budget, T0 + 61) == 3
 
 
-def test_retry_budget_window_slides_bucket_by_bucket():
+def test_retry_budget_window_slides_bucket_by_bucket() -> None:
     budget = RetryBudget(ratio=1.0, window_s=60.0, min_retries=0)
     for second in range(60):
         budget.record_request(T0 + second)
@@ -65,7 +76,7 @@ def test_retry_budget_window_slides_bucket_by_bucket():
     assert budget.counts(T0 + 200) == (0, 0)
 
 
-def test_retry_budget_memory_is_bounded_by_the_bucket_count():
+def test_retry_budget_memory_is_bounded_by_the_bucket_count() -> None:
     budget = RetryBudget()
     for i in range(100_000):
         budget.record_request(T0 + i * 0.01)
@@ -73,7 +84,7 @@ def test_retry_budget_memory_is_bounded_by_the_bucket_count():
     assert len(budget._buckets) <= 60
 
 
-def test_retry_budget_clock_going_back_counts_in_the_newest_bucket():
+def test_retry_budget_clock_going_back_counts_in_the_newest_bucket() -> None:
     budget = RetryBudget(ratio=1.0, min_retries=0)
     budget.record_request(T0 + 30)
     budget.record_request(T0)
@@ -91,6 +102,6 @@ def test_retry_budget_clock_going_back_counts_in_the_newest_bucket():
         {"min_retries": -1},
     ],
 )
-def test_retry_budget_rejects_bad_settings(kwargs):
+def test_retry_budget_rejects_bad_settings(kwargs: BudgetSettings) -> None:
     with pytest.raises(ValueError):
         RetryBudget(**kwargs)

@@ -8,11 +8,11 @@ from routing.domain.tiers import DEFAULT_TIER, Tier, parse_tier
 
 
 @pytest.mark.parametrize("header", [None, "", "   "])
-def test_parse_tier_absent_header_means_standard(header):
+def test_parse_tier_absent_header_means_standard(header: str | None) -> None:
     assert parse_tier(header) is Tier.STANDARD
 
 
-def test_default_tier_is_standard():
+def test_default_tier_is_standard() -> None:
     assert DEFAULT_TIER is Tier.STANDARD
 
 
@@ -27,22 +27,22 @@ def test_default_tier_is_standard():
         (" batch ", Tier.BATCH),
     ],
 )
-def test_parse_tier_is_case_insensitive_and_trims(header, expected):
+def test_parse_tier_is_case_insensitive_and_trims(header: str, expected: Tier) -> None:
     assert parse_tier(header) is expected
 
 
 @pytest.mark.parametrize("header", ["urgent", "high", "0", "batch,interactive"])
-def test_parse_tier_rejects_unknown_value_naming_the_header(header):
+def test_parse_tier_rejects_unknown_value_naming_the_header(header: str) -> None:
     with pytest.raises(ValueError, match="x-priority") as excinfo:
         parse_tier(header)
     assert "interactive, standard, batch" in str(excinfo.value)
 
 
-def test_tier_rank_orders_interactive_before_standard_before_batch():
+def test_tier_rank_orders_interactive_before_standard_before_batch() -> None:
     assert Tier.INTERACTIVE.rank < Tier.STANDARD.rank < Tier.BATCH.rank
     assert [t.rank for t in Tier] == [0, 1, 2]
 
 
-def test_tier_sorted_by_rank_gives_shedding_order_reversed():
+def test_tier_sorted_by_rank_gives_shedding_order_reversed() -> None:
     shed_first = sorted(Tier, key=lambda t: t.rank, reverse=True)
     assert shed_first == [Tier.BATCH, Tier.STANDARD, Tier.INTERACTIVE]
