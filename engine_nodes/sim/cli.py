@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from dataclasses import asdict
 
 from engine_nodes.domain.perf import PROFILES
-from engine_nodes.sim.server import Faults, SimOptions, build_app
+from engine_nodes.sim.replica import Faults, SimOptions
+from engine_nodes.sim.server import build_app
 
 # The step-time constants a flag may replace, as the research spec's command line
 # names them (engine_nodes.domain.perf.PerfProfile field -> flag).

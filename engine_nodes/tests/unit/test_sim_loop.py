@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine_nodes.sim.server import next_step_start
+from engine_nodes.sim.replica import next_step_start
 
 
 def test_next_step_starts_where_the_last_one_ended_despite_a_small_lag() -> None:
