@@ -432,19 +432,11 @@ class FleetSim:
             reply, error = None, None
             if isinstance(effect, ChargeAndAcquire):
                 try:
-                    reply = self.limits.charge_and_acquire(
-                        effect.key,
-                        capacity=effect.capacity,
-                        refill_per_s=effect.refill_per_s,
-                        amount=effect.amount,
-                        limit=effect.limit,
-                        request_id=effect.request_id,
-                        now=self.now,
-                    )
+                    reply = effect.apply(self.limits, self.now)
                 except ChargeTooLarge as exc:
                     error = exc
             elif isinstance(effect, RefundAndRelease):
-                self._refund(effect)
+                effect.apply(self.limits, self.now)
             elif isinstance(effect, ShedWaiting):
                 for admission_id, retry_after_s in effect.shed:
                     self._wake(admission_id, Verdict(Outcome.SHED, retry_after_s))
@@ -469,16 +461,6 @@ class FleetSim:
                 guaranteed_share=team.guaranteed_share,
             )
         return limit
-
-    def _refund(self, effect: RefundAndRelease) -> None:
-        self.limits.refund_and_release(
-            effect.key,
-            capacity=effect.capacity,
-            refill_per_s=effect.refill_per_s,
-            amount=effect.amount,
-            request_id=effect.request_id,
-            now=self.now,
-        )
 
     def _schedule_pump(self) -> None:
         if not self._pump_scheduled:
@@ -537,7 +519,7 @@ class FleetSim:
         if ticket is not None:
             refund = self.admission.release(ticket, used_tokens=used)
             if refund is not None:
-                self._refund(refund)
+                refund.apply(self.limits, self.now)
         if request.finished_at is None:
             request.finished_at = self.now
 

@@ -28,8 +28,8 @@ make room: wake them with a SHED verdict; answered with None) and ``WaitInQueue`
 cancellation of a client that left). Its return value is the ``Ticket``; a refusal
 is a ``Rejected`` raised out of it. The gateway (``routing.admission``) performs the
 effects on Redis or in memory and awaits queue waits on futures; the fleet simulator
-(``drills.domain.fleet``) performs them on a ``LimitTable`` in virtual time and keeps
-a waiting request's generator until its pump. So a drill measures this code, not a
+(``drills.domain.fleet``) performs them on a ``LimitTable`` in virtual time (the
+effects' ``apply``) and keeps a waiting request's generator until its pump. So a drill measures this code, not a
 copy of it.
 
 Effects carry no time: the driver stamps the limit operations with its own clock
@@ -55,7 +55,7 @@ from routing.domain.admission import (
     Pumped,
     Verdict,
 )
-from routing.domain.limit_table import Claim
+from routing.domain.limit_table import Claim, LimitTable
 from routing.domain.limiter import ChargeTooLarge, rate_limit_headers
 from routing.domain.snapshot import LimitRecord
 from routing.domain.tiers import Tier
@@ -171,6 +171,22 @@ class ChargeAndAcquire:
     limit: int
     request_id: str
 
+    def apply(self, table: LimitTable, now: float) -> Claim:
+        """Perform the charge on an in-memory ``LimitTable`` at ``now``.
+
+        Raises:
+            ChargeTooLarge: ``amount`` is more than the whole bucket.
+        """
+        return table.charge_and_acquire(
+            self.key,
+            capacity=self.capacity,
+            refill_per_s=self.refill_per_s,
+            amount=self.amount,
+            limit=self.limit,
+            request_id=self.request_id,
+            now=now,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class RefundAndRelease:
@@ -181,6 +197,17 @@ class RefundAndRelease:
     refill_per_s: float
     amount: int
     request_id: str
+
+    def apply(self, table: LimitTable, now: float) -> None:
+        """Perform the refund on an in-memory ``LimitTable`` at ``now``."""
+        table.refund_and_release(
+            self.key,
+            capacity=self.capacity,
+            refill_per_s=self.refill_per_s,
+            amount=self.amount,
+            request_id=self.request_id,
+            now=now,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,31 +84,16 @@ class Driver:
             reply, error = None, None
             if isinstance(effect, ChargeAndAcquire):
                 try:
-                    reply = self.limits.charge_and_acquire(
-                        effect.key,
-                        capacity=effect.capacity,
-                        refill_per_s=effect.refill_per_s,
-                        amount=effect.amount,
-                        limit=effect.limit,
-                        request_id=effect.request_id,
-                        now=NOW,
-                    )
+                    reply = effect.apply(self.limits, NOW)
                 except ChargeTooLarge as exc:
                     error = exc
             elif isinstance(effect, RefundAndRelease):
-                self.refund(effect)
+                effect.apply(self.limits, NOW)
             elif isinstance(effect, WaitInQueue):
                 return effect
 
     def refund(self, effect: RefundAndRelease) -> None:
-        self.limits.refund_and_release(
-            effect.key,
-            capacity=effect.capacity,
-            refill_per_s=effect.refill_per_s,
-            amount=effect.amount,
-            request_id=effect.request_id,
-            now=NOW,
-        )
+        effect.apply(self.limits, NOW)
 
     def tokens_left(self, team: str, capacity: int) -> float:
         return self.limits.buckets.peek(
