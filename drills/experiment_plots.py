@@ -112,7 +112,13 @@ def plot_isolation(outcome: IsolationOutcome, path: Path, *, title: str) -> Path
         minutes = [
             (result.started_at + (i + 0.5) * bin_s) / 60 for i in range(len(values))
         ]
-        ax.plot(minutes, values, label=label, color=colour, linewidth=1.0)
+        ax.plot(
+            minutes,
+            [v if v is not None else float("nan") for v in values],
+            label=label,
+            color=colour,
+            linewidth=1.0,
+        )
     flood_start_s = outcome.scenario.flood_start_s
     if flood_start_s > outcome.noisy.started_at:
         ax.axvline(

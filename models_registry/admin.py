@@ -190,10 +190,14 @@ class ModelVersionAdmin(admin.ModelAdmin):
     date_hierarchy = "created_at"
 
     def get_form(
-        self, request: HttpRequest, obj: Any = None, **kwargs: Any
-    ) -> type[forms.ModelForm]:
+        self,
+        request: HttpRequest,
+        obj: Any = None,
+        change: bool = False,  # noqa: FBT001, FBT002 (Django's signature)
+        **kwargs: Any,
+    ) -> type[forms.ModelForm[Any]]:
         kwargs["form"] = ModelVersionAddForm if obj is None else ModelVersionChangeForm
-        return super().get_form(request, obj, **kwargs)
+        return super().get_form(request, obj, change, **kwargs)
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         if obj is None:

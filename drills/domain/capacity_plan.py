@@ -332,7 +332,7 @@ class Scenario:
 
     def as_dict(self) -> dict[str, Any]:
         """Return the inputs nested by section, as a scenario file writes them."""
-        return _tidy(asdict(self))
+        return _tidy_dict(asdict(self))
 
     def overrides(self) -> dict[str, Any]:
         """Return the dotted keys whose values differ from the seed's."""
@@ -454,7 +454,7 @@ class Plan:
         }
         out["warnings"] = list(self.warnings)
         out["scenario"] = self.scenario.as_dict()
-        return _tidy(out)
+        return _tidy_dict(out)
 
 
 def plan(scenario: Scenario) -> Plan:
@@ -879,12 +879,17 @@ def _warnings(
 def _tidy(value: Any) -> Any:
     """Return ``value`` with whole floats as ints (30000, not 30000.0) throughout."""
     if isinstance(value, dict):
-        return {k: _tidy(v) for k, v in value.items()}
+        return _tidy_dict(value)
     if isinstance(value, list):
         return [_tidy(v) for v in value]
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return value
+
+
+def _tidy_dict(value: dict[str, Any]) -> dict[str, Any]:
+    """``_tidy`` of a dict, typed as one."""
+    return {k: _tidy(v) for k, v in value.items()}
 
 
 def _ceil(value: float) -> int:

@@ -1,17 +1,19 @@
 """What a fleet simulation measured: every request of the window, and samples.
 
-Public surface: ``OUTCOMES``, ``Sample``, ``FleetResult``.
+Public surface: ``OUTCOMES``, ``Sample``, ``FleetResult``, ``FleetSummary``,
+``GroupFigures``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 from drills.domain.fleet_config import FleetConfig
 from drills.domain.replica import FleetRequest
 from engine_nodes.domain.percentiles import percentile
 
-__all__ = ["OUTCOMES", "FleetResult", "Sample"]
+__all__ = ["OUTCOMES", "FleetResult", "FleetSummary", "GroupFigures", "Sample"]
 
 # "unfinished": still running when the drain after the window ran out.
 OUTCOMES = (
@@ -23,6 +25,42 @@ OUTCOMES = (
     "too_large",
     "unfinished",
 )
+
+
+class FleetSummary(TypedDict):
+    """``FleetResult.summary()``: the headline figures of a run (None: no data)."""
+
+    duration_s: float
+    requests: int
+    outcomes: dict[str, int]
+    prefix_hit_rate: float | None
+    cached_token_share: float | None
+    ttft_p50_s: float | None
+    ttft_p95_s: float | None
+    ttft_p99_s: float | None
+    tpot_p50_s: float | None
+    tpot_p95_s: float | None
+    output_tokens_per_s: float
+    prefill_tokens_per_s: float
+    uncached_prefill_tokens_per_s: float
+    imbalance_mean: float | None
+    imbalance_peak: float | None
+
+
+class GroupFigures(TypedDict):
+    """``FleetResult.by()``: one team's or tier's requests, one count per outcome
+    (the keys of ``OUTCOMES``, in its order) and TTFT percentiles."""
+
+    requests: int
+    ok: int
+    error: int
+    rate_limited: int
+    shed: int
+    no_replica: int
+    too_large: int
+    unfinished: int
+    ttft_p50_s: float | None
+    ttft_p95_s: float | None
 
 
 @dataclass(slots=True)
@@ -62,7 +100,7 @@ class FleetResult:
     def duration_s(self) -> float:
         return self.ended_at - self.started_at
 
-    def summary(self) -> dict[str, object]:
+    def summary(self) -> FleetSummary:
         """Return the headline figures of the run (see the module docstring)."""
         ok = [r for r in self.requests if r.outcome == "ok"]
         cacheable = sum(r.cacheable_tokens(self.block_size) for r in ok)
@@ -100,12 +138,12 @@ class FleetResult:
             "imbalance_peak": max(imbalances) if imbalances else None,
         }
 
-    def by(self, attribute: str) -> dict[str, dict[str, object]]:
+    def by(self, attribute: str) -> dict[str, GroupFigures]:
         """Return per-team or per-tier figures: requests, outcomes, TTFT p50/p95."""
         groups: dict[str, list[FleetRequest]] = {}
         for request in self.requests:
             groups.setdefault(getattr(request, attribute), []).append(request)
-        table: dict[str, dict[str, object]] = {}
+        table: dict[str, GroupFigures] = {}
         for name, requests in sorted(groups.items()):
             ttfts = [r.ttft_s for r in requests if r.outcome == "ok" and r.ttft_s]
             counts = {outcome: 0 for outcome in OUTCOMES}
@@ -113,7 +151,13 @@ class FleetResult:
                 counts[request.outcome] += 1
             table[name] = {
                 "requests": len(requests),
-                **counts,
+                "ok": counts["ok"],
+                "error": counts["error"],
+                "rate_limited": counts["rate_limited"],
+                "shed": counts["shed"],
+                "no_replica": counts["no_replica"],
+                "too_large": counts["too_large"],
+                "unfinished": counts["unfinished"],
                 "ttft_p50_s": percentile(ttfts, 0.50),
                 "ttft_p95_s": percentile(ttfts, 0.95),
             }

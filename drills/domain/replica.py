@@ -408,15 +408,13 @@ class FleetReplica:
         heap = self._finish_heap
         while heap and heap[0][0] <= self.clock:
             _, request_id = heapq.heappop(heap)
-            request = self.decoding.pop(request_id, None)
-            if request is None:
+            done = self.decoding.pop(request_id, None)
+            if done is None:
                 continue  # removed earlier (failed over)
-            self._kv_base -= request.prompt_tokens + request.gen0 - request.clock0
-            self._gen_base -= request.gen0 - request.clock0
-            self._cache_stream_blocks(
-                request, request.prompt_tokens + request.output_tokens - 1
-            )
-            finished.append(self._release(request, now))
+            self._kv_base -= done.prompt_tokens + done.gen0 - done.clock0
+            self._gen_base -= done.gen0 - done.clock0
+            self._cache_stream_blocks(done, done.prompt_tokens + done.output_tokens - 1)
+            finished.append(self._release(done, now))
         return first, finished
 
     def fail(self, now: float) -> list[FleetRequest]:

@@ -116,18 +116,16 @@ def run_routing_ab(
         outcomes.append(
             PolicyOutcome(
                 policy=policy,
-                prefix_hit_rate=summary["prefix_hit_rate"],  # type: ignore[arg-type]
-                ttft_p95_s=summary["ttft_p95_s"],  # type: ignore[arg-type]
-                imbalance_mean=summary["imbalance_mean"],  # type: ignore[arg-type]
-                imbalance_peak=summary["imbalance_peak"],  # type: ignore[arg-type]
-                uncached_prefill_tokens_per_s=summary[  # type: ignore[arg-type]
-                    "uncached_prefill_tokens_per_s"
-                ],
-                ttft_p50_s=summary["ttft_p50_s"],  # type: ignore[arg-type]
-                tpot_p50_s=summary["tpot_p50_s"],  # type: ignore[arg-type]
-                output_tokens_per_s=summary["output_tokens_per_s"],  # type: ignore[arg-type]
-                requests=summary["requests"],  # type: ignore[arg-type]
-                unfinished=summary["outcomes"]["unfinished"],  # type: ignore[index]
+                prefix_hit_rate=summary["prefix_hit_rate"],
+                ttft_p95_s=summary["ttft_p95_s"],
+                imbalance_mean=summary["imbalance_mean"],
+                imbalance_peak=summary["imbalance_peak"],
+                uncached_prefill_tokens_per_s=summary["uncached_prefill_tokens_per_s"],
+                ttft_p50_s=summary["ttft_p50_s"],
+                tpot_p50_s=summary["tpot_p50_s"],
+                output_tokens_per_s=summary["output_tokens_per_s"],
+                requests=summary["requests"],
+                unfinished=summary["outcomes"]["unfinished"],
                 result=result,
             )
         )

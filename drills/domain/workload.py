@@ -226,11 +226,34 @@ def _trace_line(number: int, raw: dict[str, object]) -> TraceRequest:
             raise ValueError(f"trace line {number}: missing {name!r}")
         return raw[name]
 
+    def number_of(name: str, value: object) -> float:
+        # JSON gives int, float or str here when the trace is well formed; anything
+        # else (null, a list, an unparsable string) is the line's error, named.
+        if isinstance(value, int | float | str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ValueError(f"trace line {number}: {name} is not a number ({value!r})")
+
+    def whole(name: str, value: object) -> int:
+        if isinstance(value, int | float | str):
+            try:
+                return int(value)
+            except (ValueError, OverflowError):
+                pass
+        raise ValueError(f"trace line {number}: {name} is not an integer ({value!r})")
+
     prompt_ids: tuple[int, ...] | None = None
     if "prompt_tokens" in raw:
-        prompt_tokens = int(raw["prompt_tokens"])  # type: ignore[arg-type]
+        prompt_tokens = whole("prompt_tokens", raw["prompt_tokens"])
     elif "messages" in raw:
-        prompt_ids = tuple(tokenizer.encode(tokenizer.render_chat(raw["messages"])))  # type: ignore[arg-type]
+        messages = raw["messages"]
+        if not isinstance(messages, list) or not all(
+            isinstance(message, dict) for message in messages
+        ):
+            raise ValueError(f"trace line {number}: messages is not a list of objects")
+        prompt_ids = tuple(tokenizer.encode(tokenizer.render_chat(messages)))
         prompt_tokens = len(prompt_ids)
     elif "prompt" in raw:
         prompt_ids = tuple(tokenizer.encode(str(raw["prompt"])))
@@ -239,18 +262,18 @@ def _trace_line(number: int, raw: dict[str, object]) -> TraceRequest:
         raise ValueError(
             f"trace line {number}: needs prompt_tokens, prompt or messages"
         )
-    max_tokens = int(need("max_tokens"))  # type: ignore[arg-type]
-    output = int(raw.get("output_tokens", max_tokens))  # type: ignore[arg-type]
+    max_tokens = whole("max_tokens", need("max_tokens"))
+    output = whole("output_tokens", raw.get("output_tokens", max_tokens))
     history = raw.get("history_tokens")
     request = TraceRequest(
-        t=float(need("t")),  # type: ignore[arg-type]
+        t=number_of("t", need("t")),
         team=str(raw.get("team", "default")),
         tier=str(raw.get("tier", Tier.STANDARD.value)),
         conversation=str(raw.get("conversation", f"line-{number}")),
         prompt_tokens=prompt_tokens,
         max_tokens=max_tokens,
         output_tokens=min(output, max_tokens),
-        history_tokens=None if history is None else int(history),  # type: ignore[arg-type]
+        history_tokens=None if history is None else whole("history_tokens", history),
         prompt_ids=prompt_ids,
     )
     if request.t < 0 or request.prompt_tokens < 1 or request.output_tokens < 1:

@@ -28,7 +28,7 @@ def run(*args: str) -> str:
     return out.getvalue()
 
 
-def test_plan_reproduces_every_seed_figure_with_the_defaults():
+def test_plan_reproduces_every_seed_figure_with_the_defaults() -> None:
     p = plan(Scenario()).as_dict()
     # What "concurrent" means: "0.5 s + 300 tokens at 30 per second, about 10.5 s",
     # "10.5 / 40 = 26%: a fleet 4 times smaller".
@@ -85,7 +85,7 @@ def test_plan_reproduces_every_seed_figure_with_the_defaults():
     assert p["warnings"] == []
 
 
-def test_plan_reproduces_the_seed_precision_options():
+def test_plan_reproduces_the_seed_precision_options() -> None:
     options = plan(Scenario()).as_dict()["big_precision_options"]
     # "FP16 weights are 140 GB, leaving 20 GB on 2 GPUs. INT8 weights are 70 GB,
     # leaving 90 GB."
@@ -113,7 +113,7 @@ def test_plan_reproduces_the_seed_precision_options():
     assert options["fp16"]["fleet_gpus_total"] == 2 * (12 + 3 * 4)
 
 
-def test_plan_with_a_measured_replica_capacity_of_3000():
+def test_plan_with_a_measured_replica_capacity_of_3000() -> None:
     p = plan(Scenario.from_mapping({"replica_output_tokens_per_s": 3_000})).as_dict()
     assert p["streams_per_replica"] == 100  # 3,000 / 30
     assert p["chat_replicas_per_region"] == 10  # ceil(30,000 / 3,000)
@@ -130,7 +130,7 @@ def test_plan_with_a_measured_replica_capacity_of_3000():
     assert p["prefill_tokens_per_s_uncached"] == pytest.approx(56_000)
 
 
-def test_plan_rounds_streams_down_and_replicas_up():
+def test_plan_rounds_streams_down_and_replicas_up() -> None:
     p = plan(Scenario.from_mapping({"replica_output_tokens_per_s": 2_990})).as_dict()
     assert p["streams_per_replica"] == 99  # 2,990 / 30 = 99.7: the 100th runs slow
     assert p["chat_replicas_per_region"] == 11  # 30,000 / 2,990 = 10.03
@@ -148,7 +148,7 @@ def test_plan_rounds_streams_down_and_replicas_up():
     assert p["chat_replicas_per_region"] == 3
 
 
-def test_plan_with_a_gpu_price_of_3_usd():
+def test_plan_with_a_gpu_price_of_3_usd() -> None:
     p = plan(Scenario.from_mapping({"gpu_hour_usd": 3})).as_dict()
     assert p["usd_per_month"] == 77_760  # 36 x 3 x 720
     assert p["chat_usd_per_million_tokens_full"] == 0.33  # 3 / 9 = 0.333
@@ -156,7 +156,7 @@ def test_plan_with_a_gpu_price_of_3_usd():
     assert p["gpus_total"] == 36
 
 
-def test_plan_with_four_regions_shares_the_peak_among_the_survivors():
+def test_plan_with_four_regions_shares_the_peak_among_the_survivors() -> None:
     p = plan(Scenario.from_mapping({"regions": 4})).as_dict()
     # 3 survivors carry the peak: 30,000 / 3 = 10,000 tokens/s per region, exactly 4
     # replicas (no spare from float dust); 1,200 / 3 = 400, exactly 1 70B replica.
@@ -172,14 +172,14 @@ def test_plan_with_four_regions_shares_the_peak_among_the_survivors():
     assert p["chat_replicas_per_region_at_low_capacity"] == 13  # ceil(10,000 / 800)
 
 
-def test_plan_can_size_every_region_for_the_whole_peak():
+def test_plan_can_size_every_region_for_the_whole_peak() -> None:
     p = plan(Scenario.from_mapping({"regions": 4, "regions_lost": 3})).as_dict()
     assert p["chat_replicas_per_region"] == 12
     assert p["gpus_total"] == 4 * (12 + 3 * 2)
     assert p["chat_utilisation_normal"] == 0.25
 
 
-def test_plan_for_a_405b_model_in_fp8():
+def test_plan_for_a_405b_model_in_fp8() -> None:
     p = plan(Scenario.from_mapping({"big_model": {"params_b": 405}})).as_dict()
     options = p["big_precision_options"]
     # FP16: 810 GB; 8 GPUs hold 640 GB, so 16 (a divisor of 64 heads): 1,280 - 810.
@@ -198,7 +198,7 @@ def test_plan_for_a_405b_model_in_fp8():
     assert any("no precision leaves 40 GB" in w for w in p["warnings"])
 
 
-def test_plan_warns_when_load_outgrows_a_cold_start():
+def test_plan_warns_when_load_outgrows_a_cold_start() -> None:
     p = plan(Scenario.from_mapping({"cold_start.growth_per_minute": 0.10})).as_dict()
     # 1.10^6 = 1.7716; 0.70 x 1.7716 = 1.24 of capacity in use on arrival.
     assert round(p["load_growth_during_cold_start"], 4) == 1.7716
@@ -206,7 +206,7 @@ def test_plan_warns_when_load_outgrows_a_cold_start():
     assert any("before a cold replica arrives" in w for w in p["warnings"])
 
 
-def test_plan_with_a_new_chat_model_shape():
+def test_plan_with_a_new_chat_model_shape() -> None:
     # A 13B-like shape: 40 layers, 40 KV heads (no GQA), 26 GB of weights.
     p = plan(
         Scenario.from_mapping(
@@ -222,7 +222,7 @@ def test_plan_with_a_new_chat_model_shape():
     assert any("more than one GPU" in w for w in p["warnings"])
 
 
-def test_scenario_reads_nested_and_dotted_keys_alike():
+def test_scenario_reads_nested_and_dotted_keys_alike() -> None:
     nested = Scenario.from_mapping({"big": {"peak_streams": 80}})
     dotted = Scenario.from_mapping({"big.peak_streams": 80})
     overridden = Scenario().with_overrides(["big.peak_streams=80"])
@@ -232,7 +232,7 @@ def test_scenario_reads_nested_and_dotted_keys_alike():
     assert plan(nested)["big_replicas_per_region"] == 4  # ceil(80 x 20 / 400)
 
 
-def test_seed_yaml_is_the_default_scenario_and_lists_every_key():
+def test_seed_yaml_is_the_default_scenario_and_lists_every_key() -> None:
     data = yaml.safe_load(SEED_YAML.read_text())
     assert Scenario.from_mapping(data) == Scenario()
     listed = set()
@@ -267,25 +267,27 @@ def test_seed_yaml_is_the_default_scenario_and_lists_every_key():
         ({"cold_start.load_gb_per_s": 0}, "cold_start.load_gb_per_s", "greater than"),
     ],
 )
-def test_scenario_rejects_bad_keys_and_values(mapping, key, message):
+def test_scenario_rejects_bad_keys_and_values(
+    mapping: dict[str, object], key: str, message: str
+) -> None:
     with pytest.raises(ScenarioError, match=message) as caught:
         Scenario.from_mapping(mapping)
     assert caught.value.key == key
 
 
-def test_scenario_accepts_zero_where_nothing_divides_by_it():
+def test_scenario_accepts_zero_where_nothing_divides_by_it() -> None:
     p = plan(Scenario.from_mapping({"big.peak_streams": 0, "prefix_hit_rate": 0}))
     assert p["big_replicas_per_region"] == 0
     assert p["gpus_total"] == 2 * 12
     assert p["prefill_tokens_per_s_uncached"] == 120_000
 
 
-def test_scenario_rejects_an_override_without_equals():
+def test_scenario_rejects_an_override_without_equals() -> None:
     with pytest.raises(ScenarioError, match="key=value"):
         Scenario().with_overrides(["regions"])
 
 
-def test_command_json_matches_the_seed():
+def test_command_json_matches_the_seed() -> None:
     data = json.loads(run("--json"))
     assert data["chat_replicas_per_region"] == 12
     assert data["big_replicas_per_region"] == 3
@@ -296,7 +298,7 @@ def test_command_json_matches_the_seed():
     assert data["scenario"]["big"]["gpus_per_replica"] == 2
 
 
-def test_command_table_shows_values_with_units_and_sums():
+def test_command_table_shows_values_with_units_and_sums() -> None:
     out = run()
     lines = {line.split()[0]: line for line in out.splitlines() if line.strip()}
     assert "12" in lines["chat_replicas_per_region"].split()
@@ -314,7 +316,7 @@ def test_command_table_shows_values_with_units_and_sums():
     assert "int8" in lines
 
 
-def test_command_set_overrides_recompute_the_plan():
+def test_command_set_overrides_recompute_the_plan() -> None:
     data = json.loads(
         run("--json", "--set", "replica_output_tokens_per_s=800", "gpu_hour_usd=3")
     )
@@ -327,7 +329,7 @@ def test_command_set_overrides_recompute_the_plan():
     )
 
 
-def test_command_reads_yaml_and_json_scenarios(tmp_path):
+def test_command_reads_yaml_and_json_scenarios(tmp_path: Path) -> None:
     yaml_file = tmp_path / "s.yaml"
     yaml_file.write_text("regions: 3\nbig:\n  peak_streams: 0\n")
     json_file = tmp_path / "s.json"
@@ -342,7 +344,7 @@ def test_command_reads_yaml_and_json_scenarios(tmp_path):
     assert data["chat_replicas_per_region"] == 12
 
 
-def test_command_seed_yaml_prints_the_default_plan():
+def test_command_seed_yaml_prints_the_default_plan() -> None:
     assert run("--scenario", str(SEED_YAML)) == run()
 
 
@@ -355,12 +357,12 @@ def test_command_seed_yaml_prints_the_default_plan():
         (["--set", "big.gpus_per_replica=-2"], "big.gpus_per_replica"),
     ],
 )
-def test_command_bad_scenario_is_a_command_error(args, message):
+def test_command_bad_scenario_is_a_command_error(args: list[str], message: str) -> None:
     with pytest.raises(CommandError, match=re.escape(message)):
         run(*args)
 
 
-def test_command_bad_files_are_command_errors(tmp_path):
+def test_command_bad_files_are_command_errors(tmp_path: Path) -> None:
     with pytest.raises(CommandError, match="cannot read"):
         run("--scenario", str(tmp_path / "missing.yaml"))
     listed = tmp_path / "list.yaml"
@@ -377,7 +379,7 @@ def test_command_bad_files_are_command_errors(tmp_path):
         run("--scenario", str(unknown))
 
 
-def test_docs_name_every_key_and_output():
+def test_docs_name_every_key_and_output() -> None:
     text = DOCS.read_text()
     for key in scenario_keys():
         assert f"`{key}`" in text, key

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from io import StringIO
+from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -30,13 +31,13 @@ SHORT_CAPACITY = (
 )
 
 
-def run(name, *args):
+def run(name: str, *args: str) -> str:
     out = StringIO()
     call_command(name, *args, stdout=out)
     return out.getvalue()
 
 
-def test_isolation_sim_json_passes_and_writes_the_plot(tmp_path):
+def test_isolation_sim_json_passes_and_writes_the_plot(tmp_path: Path) -> None:
     plot = tmp_path / "iso.png"
     data = json.loads(
         run("isolation_test", *SMALL_ISOLATION, "--json", f"--plot={plot}")
@@ -52,14 +53,14 @@ def test_isolation_sim_json_passes_and_writes_the_plot(tmp_path):
     assert plot.read_bytes()[:8] == PNG
 
 
-def test_isolation_sim_is_deterministic_for_a_seed(tmp_path):
+def test_isolation_sim_is_deterministic_for_a_seed(tmp_path: Path) -> None:
     args = (*SMALL_ISOLATION, "--minutes=1", "--json", f"--plot={tmp_path / 'p.png'}")
     first = json.loads(run("isolation_test", *args, "--seed=4"))
     again = json.loads(run("isolation_test", *args, "--seed=4"))
     assert first["teams"] == again["teams"]
 
 
-def test_isolation_sim_without_limits_fails(tmp_path):
+def test_isolation_sim_without_limits_fails(tmp_path: Path) -> None:
     out = StringIO()
     with pytest.raises(CommandError):
         call_command(
@@ -72,12 +73,12 @@ def test_isolation_sim_without_limits_fails(tmp_path):
     assert "FAIL" in out.getvalue() and "p95 TTFT" in out.getvalue()
 
 
-def test_isolation_sim_table_names_units(tmp_path):
+def test_isolation_sim_table_names_units(tmp_path: Path) -> None:
     text = run("isolation_test", *SMALL_ISOLATION, f"--plot={tmp_path / 'p.png'}")
     assert "PASS" in text and "tok/min" in text and "noise ms" in text
 
 
-def test_overload_drill_json_reports_tiers_bins_and_checks(tmp_path):
+def test_overload_drill_json_reports_tiers_bins_and_checks(tmp_path: Path) -> None:
     plot = tmp_path / "overload.png"
     data = json.loads(
         run("overload_drill", *SMALL_OVERLOAD, "--json", f"--plot={plot}")
@@ -103,13 +104,13 @@ def test_overload_drill_json_reports_tiers_bins_and_checks(tmp_path):
     assert plot.read_bytes()[:8] == PNG
 
 
-def test_overload_drill_table_prints_steps_bins_and_checks(tmp_path):
+def test_overload_drill_table_prints_steps_bins_and_checks(tmp_path: Path) -> None:
     text = run("overload_drill", *SMALL_OVERLOAD, f"--plot={tmp_path / 'p.png'}")
     assert "Per step and tier" in text and "Per 10 s" in text
     assert "PASS batch_pauses_first" in text and "req/s" in text
 
 
-def test_capacity_test_json_finds_a_sane_number(tmp_path):
+def test_capacity_test_json_finds_a_sane_number(tmp_path: Path) -> None:
     plot = tmp_path / "capacity.png"
     data = json.loads(run("capacity_test", *SHORT_CAPACITY, "--json", f"--plot={plot}"))
     assert 2000 <= data["tokens_per_s"] <= 2900
@@ -119,11 +120,11 @@ def test_capacity_test_json_finds_a_sane_number(tmp_path):
     assert plot.read_bytes()[:8] == PNG
 
 
-def test_capacity_test_prints_the_steps_and_the_answer(tmp_path):
+def test_capacity_test_prints_the_steps_and_the_answer(tmp_path: Path) -> None:
     text = run("capacity_test", *SHORT_CAPACITY, f"--plot={tmp_path / 'p.png'}")
     assert "Capacity:" in text and "tok/s" in text and "req/s" in text
 
 
-def test_capacity_test_needs_sim():
+def test_capacity_test_needs_sim() -> None:
     with pytest.raises(CommandError, match="--sim"):
         call_command("capacity_test")

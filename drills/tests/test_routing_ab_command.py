@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 from io import StringIO
+from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
 
 
-def test_json_has_one_row_per_policy_and_writes_the_plot(tmp_path):
+def test_json_has_one_row_per_policy_and_writes_the_plot(tmp_path: Path) -> None:
     out = StringIO()
     plot = tmp_path / "ab.png"
     call_command(
@@ -41,7 +42,7 @@ def test_json_has_one_row_per_policy_and_writes_the_plot(tmp_path):
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_table_names_units(tmp_path):
+def test_table_names_units(tmp_path: Path) -> None:
     out = StringIO()
     call_command(
         "routing_ab",
@@ -56,6 +57,13 @@ def test_table_names_units(tmp_path):
     assert "prefix_affinity" in text and "tokens/s" in text and "hit rate" in text
 
 
-def test_a_missing_trace_is_a_command_error(tmp_path):
+def test_a_missing_trace_is_a_command_error(tmp_path: Path) -> None:
     with pytest.raises(CommandError):
         call_command("routing_ab", f"--trace={tmp_path / 'none.jsonl'}")
+
+
+def test_a_malformed_trace_is_a_command_error_naming_the_line(tmp_path: Path) -> None:
+    trace = tmp_path / "bad.jsonl"
+    trace.write_text('{"t": 0, "prompt_tokens": null, "max_tokens": 5}\n')
+    with pytest.raises(CommandError, match="trace line 1"):
+        call_command("routing_ab", f"--trace={trace}")

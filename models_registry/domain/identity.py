@@ -14,7 +14,6 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from accounts.domain.keys import SHA256_PATTERN
@@ -96,7 +95,7 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def canonical_json(value: Any) -> str:
+def canonical_json(value: object) -> str:
     """Return ``value`` as JSON with sorted keys, so equal configs compare equal."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
@@ -162,7 +161,7 @@ def uri_errors(uri: str, roots: Sequence[str]) -> list[str]:
     return []
 
 
-def engine_config_errors(config: Any) -> list[str]:
+def engine_config_errors(config: object) -> list[str]:
     """Return why an engine config is unusable; it must be a JSON object of flags."""
     if not isinstance(config, dict):
         return ["must be a JSON object of engine flags"]

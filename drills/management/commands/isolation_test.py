@@ -11,6 +11,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from drills.domain.fleet_config import FleetConfig
 from drills.domain.isolation import judge, summarise
 from drills.domain.isolation_sim import IsolationOutcome, IsolationScenario
 from drills.domain.workload import ChatWorkload
@@ -210,7 +211,7 @@ def _title(outcome: IsolationOutcome, replicas: int) -> str:
 
 
 def _as_json(
-    outcome: IsolationOutcome, config: Any, cpu_s: float, plot: Path
+    outcome: IsolationOutcome, config: FleetConfig, cpu_s: float, plot: Path
 ) -> dict[str, Any]:
     s = outcome.scenario
     w = s.workload

@@ -6,21 +6,27 @@ from __future__ import annotations
 import ast
 import itertools
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from drills.domain.fleet import FleetSim
 from drills.domain.fleet_config import FleetConfig, FleetEvent
+from drills.domain.fleet_result import OUTCOMES, FleetSummary, GroupFigures
 from drills.domain.routing_ab import generate_arrivals, run_routing_ab
 from drills.domain.workload import (
+    Arrival,
     ChatWorkload,
     TeamSpec,
     read_trace,
     trace_arrivals,
 )
 from routing.domain import policies
+from routing.domain.policies import RouteDecision, RouteRequest
 from routing.domain.policies.prefix_affinity import PrefixAffinityPolicy
+from routing.domain.snapshot import NodeSnapshot
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -30,13 +36,13 @@ ROOT = Path(__file__).resolve().parents[3]
 LONG_PROMPTS = ChatWorkload(arrival_rate=20.0, prompt_tokens=4000, history_tokens=0)
 
 
-def small(policy="prefix_affinity", **overrides):
-    values = {"replicas": 4, "policy": policy, "seed": 5, **overrides}
+def small(policy: str = "prefix_affinity", **overrides: Any) -> FleetConfig:
+    values: dict[str, Any] = {"replicas": 4, "policy": policy, "seed": 5, **overrides}
     return FleetConfig(**values)
 
 
-def test_a_run_is_deterministic_for_a_seed_and_changes_with_it():
-    def run(seed):
+def test_a_run_is_deterministic_for_a_seed_and_changes_with_it() -> None:
+    def run(seed: int) -> FleetSummary:
         sim = FleetSim(small(seed=seed), ChatWorkload(arrival_rate=20.0))
         return sim.run(60.0, warmup_s=20.0).summary()
 
@@ -45,11 +51,18 @@ def test_a_run_is_deterministic_for_a_seed_and_changes_with_it():
     assert first["requests"] != other["requests"] or first != other
 
 
-def test_it_routes_with_the_gateways_policy_objects(monkeypatch):
-    calls = []
+def test_it_routes_with_the_gateways_policy_objects(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[tuple[str, str | None]] = []
     original = PrefixAffinityPolicy.choose
 
-    def spy(self, req, nodes, now):
+    def spy(
+        self: PrefixAffinityPolicy,
+        req: RouteRequest,
+        nodes: Sequence[NodeSnapshot],
+        now: float,
+    ) -> RouteDecision:
         decision = original(self, req, nodes, now)
         calls.append((req.routing_key, decision.chosen))
         return decision
@@ -61,14 +74,14 @@ def test_it_routes_with_the_gateways_policy_objects(monkeypatch):
     routed = [r for r in result.requests if r.routed_at is not None]
     assert len(calls) >= len(routed) > 0
     # Each request went where the policy said.
-    by_key = {}
+    by_key: dict[str, list[str | None]] = {}
     for key, chosen in calls:
         by_key.setdefault(key, []).append(chosen)
     for request in routed:
         assert request.replica_id in by_key[f"conv-{request.conversation}"]
 
 
-def test_no_routing_policy_is_defined_outside_routing_domain():
+def test_no_routing_policy_is_defined_outside_routing_domain() -> None:
     for path in (ROOT / "drills").rglob("*.py"):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
@@ -77,7 +90,7 @@ def test_no_routing_policy_is_defined_outside_routing_domain():
                 assert "choose" not in methods, f"{path}: {node.name} is a policy copy"
 
 
-def test_a_lost_replica_retries_requests_without_tokens_and_errors_the_rest():
+def test_a_lost_replica_retries_requests_without_tokens_and_errors_the_rest() -> None:
     sim = FleetSim(
         small(retry_ratio=1.0, retry_min=1000),
         LONG_PROMPTS,
@@ -92,7 +105,7 @@ def test_a_lost_replica_retries_requests_without_tokens_and_errors_the_rest():
     assert result.samples[-1].replicas == 3
 
 
-def test_without_retry_budget_requests_without_tokens_fail_too():
+def test_without_retry_budget_requests_without_tokens_fail_too() -> None:
     sim = FleetSim(
         small(retry_ratio=0.0, retry_min=0),
         LONG_PROMPTS,
@@ -103,7 +116,7 @@ def test_without_retry_budget_requests_without_tokens_fail_too():
     assert [r for r in result.requests if r.outcome == "error" and r.output_tokens == 0]
 
 
-def test_an_added_replica_serves_after_its_cold_start():
+def test_an_added_replica_serves_after_its_cold_start() -> None:
     sim = FleetSim(
         small(cold_start_s=20.0),
         ChatWorkload(arrival_rate=20.0),
@@ -115,7 +128,7 @@ def test_an_added_replica_serves_after_its_cold_start():
     assert any(r.replica_id == "r04" for r in result.requests)
 
 
-def test_a_team_surge_raises_only_that_teams_arrivals():
+def test_a_team_surge_raises_only_that_teams_arrivals() -> None:
     teams = (TeamSpec("a"), TeamSpec("b"))
     sim = FleetSim(
         small(),
@@ -127,7 +140,7 @@ def test_a_team_surge_raises_only_that_teams_arrivals():
     assert by_team["b"]["requests"] > 3 * by_team["a"]["requests"]
 
 
-def test_token_limits_charge_the_teams_bucket_and_refuse_over_it():
+def test_token_limits_charge_the_teams_bucket_and_refuse_over_it() -> None:
     teams = (TeamSpec("quiet"), TeamSpec("noisy", tokens_per_minute=30_000))
     sim = FleetSim(small(), ChatWorkload(arrival_rate=10.0, teams=teams))
     by_team = sim.run(120.0, warmup_s=30.0).by("team")
@@ -136,7 +149,12 @@ def test_token_limits_charge_the_teams_bucket_and_refuse_over_it():
     assert by_team["quiet"]["rate_limited"] == 0
 
 
-def test_trace_replay_works_out_each_turns_history(tmp_path):
+def test_group_figures_count_every_outcome_in_order() -> None:
+    keys = list(GroupFigures.__annotations__)
+    assert keys == ["requests", *OUTCOMES, "ttft_p50_s", "ttft_p95_s"]
+
+
+def test_trace_replay_works_out_each_turns_history(tmp_path: Path) -> None:
     turn_one = [{"role": "user", "content": "hello there " * 40}]
     turn_two = [
         *turn_one,
@@ -176,14 +194,45 @@ def test_trace_replay_works_out_each_turns_history(tmp_path):
     assert result.requests[3].cached_tokens >= 256  # b's first prompt, in 64s
 
 
-def test_a_bad_trace_line_is_named(tmp_path):
+def test_a_bad_trace_line_is_named(tmp_path: Path) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text('{"t": 0, "max_tokens": 5}\n')
     with pytest.raises(ValueError, match="line 1"):
         read_trace(path)
 
 
-def test_routing_ab_shape_on_a_small_fleet():
+@pytest.mark.parametrize(
+    "line",
+    [
+        '{"t": 0, "prompt_tokens": null, "max_tokens": 5}',
+        '{"t": 0, "prompt_tokens": "many", "max_tokens": 5}',
+        '{"t": 0, "prompt_tokens": 10, "max_tokens": [5]}',
+        '{"t": 0, "prompt_tokens": 10, "max_tokens": Infinity}',
+        '{"t": 0, "prompt_tokens": 10, "max_tokens": 5, "output_tokens": {}}',
+        '{"t": 0, "prompt_tokens": 10, "max_tokens": 5, "history_tokens": "x"}',
+        '{"t": null, "prompt_tokens": 10, "max_tokens": 5}',
+        '{"t": 0, "messages": "hello", "max_tokens": 5}',
+        '{"t": 0, "messages": ["hello"], "max_tokens": 5}',
+    ],
+)
+def test_a_trace_field_of_the_wrong_type_is_named(tmp_path: Path, line: str) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"t": 0, "prompt_tokens": 10, "max_tokens": 5}\n' + line + "\n")
+    with pytest.raises(ValueError, match=r"^trace line 2: "):
+        read_trace(path)
+
+
+def test_trace_numbers_may_be_written_as_strings_or_floats(tmp_path: Path) -> None:
+    path = tmp_path / "loose.jsonl"
+    path.write_text(
+        '{"t": "1.5", "prompt_tokens": "10", "max_tokens": 5.0, "history_tokens": 4}\n'
+    )
+    (request,) = read_trace(path)
+    assert (request.t, request.prompt_tokens, request.max_tokens) == (1.5, 10, 5)
+    assert request.output_tokens == 5 and request.history_tokens == 4
+
+
+def test_routing_ab_shape_on_a_small_fleet() -> None:
     workload = ChatWorkload(arrival_rate=24.0)
     arrivals = generate_arrivals(workload, 240.0, seed=2)
     rows = {
@@ -196,14 +245,16 @@ def test_routing_ab_shape_on_a_small_fleet():
     # The same replay: the same requests in every run.
     assert rr.requests == lt.requests == pa.requests
     # Affinity finds the history far more often and computes less prefill.
+    assert pa.prefix_hit_rate is not None and rr.prefix_hit_rate is not None
     assert pa.prefix_hit_rate > rr.prefix_hit_rate + 0.4
     assert pa.uncached_prefill_tokens_per_s < 0.8 * rr.uncached_prefill_tokens_per_s
     # Bounded load keeps the hottest replica near 1.25x the average.
-    assert pa.imbalance_peak < 1.45
+    assert pa.imbalance_peak is not None and pa.imbalance_peak < 1.45
+    assert lt.imbalance_mean is not None and pa.imbalance_mean is not None
     assert lt.imbalance_mean < pa.imbalance_mean
 
 
-def test_arrivals_follow_the_workloads_rate_and_users():
+def test_arrivals_follow_the_workloads_rate_and_users() -> None:
     workload = ChatWorkload(arrival_rate=50.0, message_interval_s=40.0)
     arrivals = generate_arrivals(workload, 200.0, seed=1)
     assert len(arrivals) == pytest.approx(50.0 * 200.0, rel=0.05)
@@ -214,10 +265,10 @@ def test_arrivals_follow_the_workloads_rate_and_users():
     assert all(a.history_tokens == 800 and a.prompt_tokens == 1200 for a in turns)
 
 
-def test_growing_conversations_carry_their_whole_history():
+def test_growing_conversations_carry_their_whole_history() -> None:
     workload = ChatWorkload(arrival_rate=1.0, message_interval_s=2.0, mode="growing")
     arrivals = generate_arrivals(workload, 60.0, seed=1)
-    by_conv = {}
+    by_conv: dict[int, list[Arrival]] = {}
     for a in arrivals:
         by_conv.setdefault(a.conversation, []).append(a)
     turns = max(by_conv.values(), key=len)
@@ -227,10 +278,10 @@ def test_growing_conversations_carry_their_whole_history():
         assert after.prompt_tokens == after.history_tokens + 400
 
 
-def test_one_teams_surge_leaves_the_other_teams_requests_unchanged():
+def test_one_teams_surge_leaves_the_other_teams_requests_unchanged() -> None:
     teams = (TeamSpec("a"), TeamSpec("b"))
 
-    def quiet_arrivals(events):
+    def quiet_arrivals(events: list[FleetEvent]) -> list[tuple[float, int]]:
         sim = FleetSim(
             small(), ChatWorkload(arrival_rate=10.0, teams=teams), events=events
         )
@@ -246,7 +297,7 @@ def test_one_teams_surge_leaves_the_other_teams_requests_unchanged():
     assert calm and calm == surge
 
 
-def test_a_teams_concurrency_cap_refuses_streams_beyond_it_uncharged():
+def test_a_teams_concurrency_cap_refuses_streams_beyond_it_uncharged() -> None:
     teams = (TeamSpec("capped", max_concurrency=3, tokens_per_minute=10**9),)
     sim = FleetSim(small(), ChatWorkload(arrival_rate=5.0, teams=teams))
     result = sim.run(60.0, drain_s=60.0)

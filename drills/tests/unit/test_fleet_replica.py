@@ -11,12 +11,25 @@ import pytest
 from drills.domain.replica import FleetReplica, FleetRequest
 from engine_nodes.domain.engine import Engine, EngineConfig, SimRequest
 from engine_nodes.domain.percentiles import percentile
-from engine_nodes.domain.perf import PROFILES, step_time_from_totals_ms
+from engine_nodes.domain.perf import PROFILES, PerfProfile, step_time_from_totals_ms
 
 PROFILE = PROFILES["a100-8b"]
 
+# (arrived at, conversation, turn in the conversation)
+Arrivals = list[tuple[float, int, int]]
+# (TTFTs, TPOTs, cached tokens, generated tokens, makespan)
+Run = tuple[list[float], list[float], int, int, float]
 
-def request(rid, *, conversation=0, prompt=1200, output=300, history=0, stream=800):
+
+def request(
+    rid: int,
+    *,
+    conversation: int = 0,
+    prompt: int = 1200,
+    output: int = 300,
+    history: int = 0,
+    stream: int = 800,
+) -> FleetRequest:
     return FleetRequest(
         rid,
         team="t",
@@ -31,9 +44,13 @@ def request(rid, *, conversation=0, prompt=1200, output=300, history=0, stream=8
     )
 
 
-def run_alone(replica: FleetReplica, now: float = 0.0):
-    """Run the replica until idle; return (first-token events, finished) in order."""
-    firsts, finished = [], []
+def run_alone(
+    replica: FleetReplica, now: float = 0.0
+) -> tuple[list[FleetRequest], list[FleetRequest], float]:
+    """Run the replica until idle; return (first-token events, finished) in order,
+    and when it went idle."""
+    firsts: list[FleetRequest] = []
+    finished: list[FleetRequest] = []
     end = replica.plan(now)
     while end is not None:
         first, done = replica.complete(end)
@@ -44,7 +61,7 @@ def run_alone(replica: FleetReplica, now: float = 0.0):
     return firsts, finished, now
 
 
-def test_a_lone_request_takes_one_prefill_step_then_one_decode_step_per_token():
+def test_a_lone_request_takes_one_prefill_step_then_one_decode_step_per_token() -> None:
     replica = FleetReplica("r", PROFILE, block_size=16, jitter_cv=0)
     req = request(1, prompt=1000, output=5, stream=0)
     replica.add(req)
@@ -70,7 +87,7 @@ def test_a_lone_request_takes_one_prefill_step_then_one_decode_step_per_token():
     assert replica.pool.num_free_blocks == replica.pool.num_blocks - 1
 
 
-def test_a_later_turn_hits_the_history_its_conversation_left_in_cache():
+def test_a_later_turn_hits_the_history_its_conversation_left_in_cache() -> None:
     replica = FleetReplica("r", PROFILE, block_size=16, jitter_cv=0)
     first = request(1, conversation=7, history=0, stream=800)
     replica.add(first)
@@ -85,16 +102,20 @@ def test_a_later_turn_hits_the_history_its_conversation_left_in_cache():
     assert other.cached_tokens == 0  # another conversation's blocks never match
 
 
-def test_tokens_in_flight_counts_prompt_and_max_tokens_less_generated_as_steps_pass():
+def test_tokens_in_flight_counts_prompt_and_max_tokens_less_generated_as_steps_pass() -> (
+    None
+):
     replica = FleetReplica("r", PROFILE, block_size=16, jitter_cv=0)
     a, b = request(1, prompt=100, output=50), request(2, prompt=200, output=80)
     replica.add(a)
     replica.add(b)
     assert replica.tokens_in_flight() == 100 + 50 + 200 + 80
     end = replica.plan(0.0)
+    assert end is not None
     replica.complete(end)  # both prompts prefilled: one token each
     assert replica.tokens_in_flight() == 430 - 2
     end = replica.plan(end)
+    assert end is not None
     segment = replica.segment
     assert segment is not None and segment.steps == 49  # until a's last token
     midway = segment.started_at + segment.elapsed_s(10) + 1e-9
@@ -103,18 +124,22 @@ def test_tokens_in_flight_counts_prompt_and_max_tokens_less_generated_as_steps_p
     assert replica.tokens_in_flight() == 200 + 80 - 50  # a gone, b made 50 of 80
 
 
-def test_an_arrival_cuts_the_segment_at_the_end_of_the_step_in_progress():
+def test_an_arrival_cuts_the_segment_at_the_end_of_the_step_in_progress() -> None:
     replica = FleetReplica("r", PROFILE, block_size=16, jitter_cv=0)
     replica.add(request(1, prompt=100, output=200))
-    replica.complete(replica.plan(0.0))
+    prefilled = replica.plan(0.0)
+    assert prefilled is not None
+    replica.complete(prefilled)
     end = replica.plan(1.0)
     segment = replica.segment
+    assert end is not None
     assert segment is not None and segment.steps == 199
     now = (
         1.0 + segment.elapsed_s(3) + 0.5 * (segment.elapsed_s(4) - segment.elapsed_s(3))
     )
     replica.add(request(2, prompt=100, output=10))
     cut = replica.interrupt(now)
+    assert cut is not None
     assert cut == pytest.approx(1.0 + segment.elapsed_s(4))
     assert cut < end
     first, _ = replica.complete(cut)
@@ -123,11 +148,12 @@ def test_an_arrival_cuts_the_segment_at_the_end_of_the_step_in_progress():
     assert replica.segment is not None and replica.segment.chunks  # request 2 prefills
 
 
-def test_losing_a_replica_returns_every_request_with_what_it_had_produced():
+def test_losing_a_replica_returns_every_request_with_what_it_had_produced() -> None:
     replica = FleetReplica("r", PROFILE, block_size=16, jitter_cv=0)
     running, waiting = request(1, prompt=100, output=100), request(2, prompt=100)
     replica.add(running)
     end = replica.plan(0.0)
+    assert end is not None
     replica.complete(end)  # the prompt, and the first token
     replica.plan(end)
     segment = replica.segment
@@ -140,9 +166,13 @@ def test_losing_a_replica_returns_every_request_with_what_it_had_produced():
     assert not replica.alive and replica.tokens_in_flight() == 0
 
 
-def _poisson_arrivals(rate, duration, *, conversations, seed):
+def _poisson_arrivals(
+    rate: float, duration: float, *, conversations: int, seed: int
+) -> Arrivals:
     rng = random.Random(seed)
-    arrivals, at, turn = [], 0.0, {}
+    arrivals: Arrivals = []
+    at = 0.0
+    turn: dict[int, int] = {}
     while True:
         at += rng.expovariate(rate)
         if at >= duration:
@@ -152,15 +182,19 @@ def _poisson_arrivals(rate, duration, *, conversations, seed):
         turn[conv] = turn.get(conv, 0) + 1
 
 
-def _prompt_ids(index, conv, *, history=800, prompt=1200):
+def _prompt_ids(
+    index: int, conv: int, *, history: int = 800, prompt: int = 1200
+) -> list[int]:
     shared = [1000 + conv * 10_000 + k for k in range(history)]
     own = [5_000_000 + index * 10_000 + k for k in range(prompt - history)]
     return shared + own
 
 
-def _run_engine(arrivals, output):
+def _run_engine(arrivals: Arrivals, output: int) -> Run:
     engine = Engine(PROFILE, EngineConfig.from_profile(PROFILE), jitter_cv=0)
-    ttft, tpot, cached = [], [], 0
+    ttft: list[float] = []
+    tpot: list[float] = []
+    cached = 0
     pending = list(enumerate(arrivals))
     t = 0.0
     while pending or engine.has_work():
@@ -181,17 +215,21 @@ def _run_engine(arrivals, output):
                 SimRequest(f"r{index}", _prompt_ids(index, conv), output), at
             )
         for done in engine.end_step(t).finished:
+            assert done.first_token_at is not None
             ttft.append(done.first_token_at - done.arrived_at)
             tpot.append((done.finished_at - done.first_token_at) / (output - 1))
             cached += done.cached_tokens
     return ttft, tpot, cached, engine.generation_tokens, t
 
 
-def _run_fleet_replica(arrivals, output):
+def _run_fleet_replica(arrivals: Arrivals, output: int) -> Run:
     replica = FleetReplica("r", PROFILE, jitter_cv=0)  # the engine's 16-token blocks
-    ttft, tpot, cached = [], [], 0
+    ttft: list[float] = []
+    tpot: list[float] = []
+    cached = 0
     pending = list(enumerate(arrivals))
-    t, end = 0.0, None
+    t = 0.0
+    end: float | None = None
     while pending or end is not None:
         if end is None or (pending and pending[0][1][0] < end):
             index, (at, conv, turn) = pending.pop(0)
@@ -216,15 +254,19 @@ def _run_fleet_replica(arrivals, output):
         _, finished = replica.complete(t)
         for done in finished:
             done.outcome = "ok"
-            ttft.append(done.ttft_s)
-            tpot.append(done.tpot_s)
+            ttft_s, tpot_s = done.ttft_s, done.tpot_s
+            assert ttft_s is not None and tpot_s is not None
+            ttft.append(ttft_s)
+            tpot.append(tpot_s)
             cached += done.cached_tokens
         end = replica.plan(t)
     return ttft, tpot, cached, replica.generated_tokens, t
 
 
 @pytest.mark.parametrize("rate", [2.0, 6.0, 12.0])
-def test_the_fleet_replica_agrees_with_the_exact_engine_on_the_same_arrivals(rate):
+def test_the_fleet_replica_agrees_with_the_exact_engine_on_the_same_arrivals(
+    rate: float,
+) -> None:
     arrivals = _poisson_arrivals(rate, 60.0, conversations=40, seed=3)
     exact = _run_engine(arrivals, output=120)
     fast = _run_fleet_replica(arrivals, output=120)
@@ -240,7 +282,7 @@ def test_the_fleet_replica_agrees_with_the_exact_engine_on_the_same_arrivals(rat
     assert fast[2] == pytest.approx(exact[2], rel=0.05)  # the same prefix hits
 
 
-def _run_both(profile):
+def _run_both(profile: PerfProfile) -> tuple[float, float]:
     """Run 40 decoding requests on a fleet replica and on the exact engine."""
     replica = FleetReplica("r", profile, block_size=16, jitter_cv=0)
     engine = Engine(
@@ -259,7 +301,7 @@ def _run_both(profile):
     return end, now
 
 
-def test_host_bound_steps_take_the_hosts_time_then_the_devices():
+def test_host_bound_steps_take_the_hosts_time_then_the_devices() -> None:
     """GIVEN 40 decodes whose host time (12.4 ms) first exceeds the device's step
     (about 11.7 ms, growing with the KV read) and later falls behind it
     THEN the fleet replica's steps last the longer of the two, as the engine's.

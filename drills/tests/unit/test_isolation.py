@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from drills.domain.isolation import Sample, judge, summarise
 
 
-def samples(team: str, phase: str, ttfts_ms: list[float], *, statuses=None):
+def samples(
+    team: str,
+    phase: str,
+    ttfts_ms: Sequence[float],
+    *,
+    statuses: Sequence[int] | None = None,
+) -> list[Sample]:
     statuses = statuses or [200] * len(ttfts_ms)
     return [
         Sample(
@@ -18,7 +26,7 @@ def samples(team: str, phase: str, ttfts_ms: list[float], *, statuses=None):
     ]
 
 
-def test_summarise_counts_statuses_and_ttfts():
+def test_summarise_counts_statuses_and_ttfts() -> None:
     rows = summarise(
         samples("q", "baseline", [10, 20, 30])
         + samples("n", "noisy", [10, 0, 0], statuses=[200, 429, 503])
@@ -32,7 +40,7 @@ def test_summarise_counts_statuses_and_ttfts():
     )
 
 
-def test_judge_passes_when_quiet_teams_hold_and_only_the_noisy_one_is_limited():
+def test_judge_passes_when_quiet_teams_hold_and_only_the_noisy_one_is_limited() -> None:
     rows = summarise(
         samples("q", "baseline", [40] * 19 + [100])
         + samples("q", "noisy", [41] * 19 + [109])
@@ -41,7 +49,7 @@ def test_judge_passes_when_quiet_teams_hold_and_only_the_noisy_one_is_limited():
     assert judge(rows, noisy_team="n").passed
 
 
-def test_judge_fails_on_a_slower_quiet_team_or_a_quiet_429():
+def test_judge_fails_on_a_slower_quiet_team_or_a_quiet_429() -> None:
     rows = summarise(
         samples("q", "baseline", [40] * 20)
         + samples("q", "noisy", [40] * 18 + [60, 60])
@@ -55,7 +63,7 @@ def test_judge_fails_on_a_slower_quiet_team_or_a_quiet_429():
     assert any(reason.startswith("r: 1 429s") for reason in verdict.reasons)
 
 
-def test_judge_fails_when_the_flood_was_never_limited():
+def test_judge_fails_when_the_flood_was_never_limited() -> None:
     rows = summarise(
         samples("q", "baseline", [40])
         + samples("q", "noisy", [40])
