@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from rest_framework.test import APIClient
@@ -19,6 +20,12 @@ from rest_framework.test import APIClient
 from accounts import services as accounts_services
 from models_registry import services as registry_services
 from tests.factories import VERSION_BODY
+
+if TYPE_CHECKING:
+    from pytest_django import DjangoDbBlocker, Settings
+
+    from accounts.models import Team
+    from models_registry.models import Model, ModelVersion
 
 REQUIRE_SERVICES = os.environ.get("REQUIRE_SERVICES", "") == "1"
 REQUIRE_VLLM = os.environ.get("REQUIRE_VLLM", "") == "1"
@@ -31,7 +38,11 @@ def _service_missing(what: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def django_db_setup(django_test_environment: None, django_db_blocker, django_db_keepdb):  # type: ignore[no-untyped-def]
+def django_db_setup(
+    django_test_environment: None,
+    django_db_blocker: DjangoDbBlocker,
+    django_db_keepdb: bool,  # noqa: FBT001 (a pytest-django fixture)
+) -> Iterator[None]:
     """Create the test database whenever any test runs, not only for `db` tests.
 
     pytest-django sets up only the databases that the selected tests mark; the
@@ -39,11 +50,17 @@ def django_db_setup(django_test_environment: None, django_db_blocker, django_db_
     the `db` fixture, and without this they would write to the development
     database when run alone.
     """
+    from django.db import connections
     from django.test.utils import setup_databases, teardown_databases
 
     with django_db_blocker.unblock():
+        # Only `default`. Django only tests `alias in aliases` (its default is
+        # `connections`, alias -> connection), so a one-entry mapping does that.
         config = setup_databases(
-            verbosity=0, interactive=False, keepdb=django_db_keepdb, aliases={"default"}
+            verbosity=0,
+            interactive=False,
+            keepdb=django_db_keepdb,
+            aliases={"default": connections["default"]},
         )
     yield
     with django_db_blocker.unblock():
@@ -117,31 +134,31 @@ def anon_client() -> APIClient:
 
 
 @pytest.fixture
-def team(db: None):  # type: ignore[no-untyped-def]
+def team(db: None) -> Team:
     """Return a team named 'search'."""
     return accounts_services.create_team(team_id="search", name="Search")
 
 
 @pytest.fixture
-def team_secret(team) -> str:  # type: ignore[no-untyped-def]
+def team_secret(team: Team) -> str:
     """Return the secret of an API key of the 'search' team."""
     _, secret = accounts_services.issue_key(team_id=team.team)
     return secret
 
 
 @pytest.fixture
-def chat_model(db: None):  # type: ignore[no-untyped-def]
+def chat_model(db: None) -> Model:
     """Return the model 'chat-7b' with no versions."""
     return registry_services.create_model(model_id="chat-7b")
 
 
 @pytest.fixture
-def chat_v1(chat_model):  # type: ignore[no-untyped-def]
+def chat_v1(chat_model: Model) -> ModelVersion:
     """Return chat-7b@v1, registered from the example body."""
     return registry_services.register_version(model_id="chat-7b", **VERSION_BODY)
 
 
 @pytest.fixture
-def settings_storage_roots(settings) -> Iterator[list[str]]:  # type: ignore[no-untyped-def]
+def settings_storage_roots(settings: Settings) -> Iterator[list[str]]:
     """Return the configured storage roots (tests may change them via ``settings``)."""
     yield settings.PLATFORM_STORAGE_ROOTS

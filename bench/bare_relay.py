@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import os
 import zlib
+from collections.abc import Iterable
 from typing import Any
 
 import aiohttp
@@ -59,10 +60,10 @@ def session() -> aiohttp.ClientSession:
     return _session
 
 
-def _upstream(scope: dict[str, Any]) -> str:
-    """The upstream a request's ``x-conversation-id`` hashes to."""
+def _upstream(headers: Iterable[tuple[bytes, bytes]]) -> str:
+    """The upstream a request's ``x-conversation-id`` header hashes to."""
     conversation = b""
-    for name, value in scope["headers"]:
+    for name, value in headers:
         if name == b"x-conversation-id":
             conversation = value
             break
@@ -75,7 +76,7 @@ async def relay(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
         return
-    upstream = _upstream(scope)
+    upstream = _upstream(scope["headers"])
     body = b""
     while True:
         message = await receive()
@@ -206,7 +207,7 @@ def _consumer_app() -> Any:
                 await self.send_response(200, b"ok")
                 return
             async with session().post(
-                _upstream(self.scope) + self.scope["path"],
+                _upstream(self.scope["headers"]) + self.scope["path"],
                 data=body,
                 headers={"content-type": "application/json"},
             ) as response:

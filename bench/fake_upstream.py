@@ -31,11 +31,15 @@ import json
 import secrets
 import signal
 import time
+from typing import cast
 
 try:
-    import uvloop
+    from uvloop import install as install_uvloop
 except ImportError:  # pragma: no cover - the bench venv has it
-    uvloop = None  # type: ignore[assignment]
+
+    def install_uvloop() -> None:
+        """Keep asyncio's own event loop."""
+
 
 MODEL = "chat-7b"
 TOKEN_TEXT = " word"  # every token's text: clients count tokens by it
@@ -242,15 +246,16 @@ class Connection(asyncio.Protocol):
     """One client connection: parses requests one at a time (no pipelining)."""
 
     ticker: Ticker
+    transport: asyncio.Transport  # set by connection_made, before any data
 
     def __init__(self) -> None:
         self.buffer = b""
         self.closed = False
         self.busy = False
-        self.transport: asyncio.Transport = None  # type: ignore[assignment]
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        # A TCP server's transport: asyncio's, or uvloop's with the same methods.
+        self.transport = cast("asyncio.Transport", transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -393,8 +398,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.tokens_per_event < 1:
         parser.error("--tokens-per-event must be 1 or more")
-    if uvloop is not None:
-        uvloop.install()
+    install_uvloop()
     asyncio.run(serve(args.host, args.port, args.rate, args.tokens_per_event))
 
 

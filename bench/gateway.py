@@ -525,8 +525,9 @@ class Bench:
         args = self.args
         busy_before = wait_idle(args.idle_wait_s, args.idle_threshold)
         gateway_like = target in GATEWAYS
-        log_name = f"{target}-w{workers}" if gateway_like else target
-        log_name = None if target == "direct" else log_name
+        log_name: str | None = None
+        if target != "direct":
+            log_name = f"{target}-w{workers}" if gateway_like else target
         log_path = LOG_DIR / f"{log_name}.log" if log_name else None
         log_from = log_path.stat().st_size if log_path and log_path.exists() else 0
         relay: subprocess.Popen[bytes] | None = None

@@ -33,12 +33,16 @@ import sys
 import time
 from array import array
 from pathlib import Path
+from typing import cast
 from urllib.parse import urlsplit
 
 try:
-    import uvloop
+    from uvloop import install as install_uvloop
 except ImportError:  # pragma: no cover - the bench venv has it
-    uvloop = None  # type: ignore[assignment]
+
+    def install_uvloop() -> None:
+        """Keep asyncio's own event loop."""
+
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -119,7 +123,8 @@ class Client(asyncio.Protocol):
     # -- asyncio.Protocol ---------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        # A TCP connection's transport: asyncio's, or uvloop's with the same methods.
+        self.transport = cast("asyncio.Transport", transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -461,8 +466,7 @@ def main() -> None:
     parser.add_argument("--warmup-s", type=float, default=10.0)
     parser.add_argument("--duration-s", type=float, default=20.0)
     args = parser.parse_args()
-    if uvloop is not None:
-        uvloop.install()
+    install_uvloop()
     with contextlib.suppress(KeyboardInterrupt):
         result = asyncio.run(run(args))
         sys.stdout.write(json.dumps(result) + "\n")

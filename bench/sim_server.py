@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -39,7 +40,7 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-def prompt_factory(prompt_tokens: int):  # type: ignore[no-untyped-def]
+def prompt_factory(prompt_tokens: int) -> Callable[[int], list[dict[str, str]]]:
     """Return f(index) -> a unique prompt of exactly ``prompt_tokens`` tokens.
 
     The body is sized once; each request differs only in a fixed-width opening word,

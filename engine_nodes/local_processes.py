@@ -34,13 +34,17 @@ T = TypeVar("T")
 
 
 def wait_until(
-    condition: Callable[[], T],
+    condition: Callable[[], T | None],
     *,
     timeout_s: float = 15.0,
     interval_s: float = 0.02,
     message: str = "condition",
 ) -> T:
-    """Return the first truthy value of ``condition()``; fail after ``timeout_s``."""
+    """Return the first truthy value of ``condition()``; fail after ``timeout_s``.
+
+    ``condition`` may return None while it waits (a row not there yet): the value
+    returned is never None, so callers need not check it.
+    """
     deadline = time.monotonic() + timeout_s
     while True:
         value = condition()

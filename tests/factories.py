@@ -15,7 +15,7 @@ from engine_nodes.models import Replica
 __all__ = ["VERSION_BODY", "ReplicaFactory", "TeamFactory", "digest", "version_body"]
 
 
-class TeamFactory(factory.django.DjangoModelFactory):
+class TeamFactory(factory.django.DjangoModelFactory[Team]):
     """Teams named team-0, team-1, ..."""
 
     class Meta:
@@ -25,7 +25,7 @@ class TeamFactory(factory.django.DjangoModelFactory):
     name = factory.LazyAttribute(lambda obj: obj.team.title())
 
 
-class ReplicaFactory(factory.django.DjangoModelFactory):
+class ReplicaFactory(factory.django.DjangoModelFactory[Replica]):
     """Serving replicas of a given version; pass ``version=``."""
 
     class Meta:

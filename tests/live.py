@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from django.core.management import call_command
@@ -40,6 +40,11 @@ from engine_nodes.local_processes import (
 )
 from engine_nodes.models import Replica
 
+if TYPE_CHECKING:
+    import openai
+    from openai.types import CompletionUsage
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
 
 @dataclass
 class LivePlatform:
@@ -54,7 +59,7 @@ class LivePlatform:
     prefix: str
     extra: list[Process] = field(default_factory=list)
 
-    def client(self, team: str = "alpha", **kwargs: Any) -> Any:
+    def client(self, team: str = "alpha", **kwargs: Any) -> openai.OpenAI:
         import openai
 
         return openai.OpenAI(
@@ -68,7 +73,7 @@ class LivePlatform:
         return list(replicas.order_by("replica_id"))
 
 
-def gateway_env(base: dict[str, str], **overrides: str) -> dict[str, str]:
+def gateway_env(base: Mapping[str, str], **overrides: str) -> dict[str, str]:
     """Return the environment of a gateway or agent process."""
     env = dict(base)
     env.update(overrides)
@@ -79,7 +84,7 @@ def platform_env(*, region: str, prefix: str, **overrides: str) -> dict[str, str
     """Return the environment of an end-to-end platform's gateway and agent: the
     test database, one region, its own Redis prefix, fast refresh and flush."""
     env = gateway_env(
-        os.environ,  # type: ignore[arg-type]
+        os.environ,
         DATABASE_URL=database_url(),
         PLATFORM_REGION=region,
         PLATFORM_REDIS_PREFIX=prefix,
@@ -193,3 +198,23 @@ def can_serve(
     except httpx.HTTPError:
         return False
     return response.status_code == 200
+
+
+def usage_of(answer: ChatCompletion | ChatCompletionChunk) -> CompletionUsage:
+    """Return the usage the platform sends on every answer and every final event."""
+    assert answer.usage is not None, answer
+    return answer.usage
+
+
+def cached_tokens_of(answer: ChatCompletion | ChatCompletionChunk) -> int:
+    """Return the answer's ``usage.prompt_tokens_details.cached_tokens``."""
+    details = usage_of(answer).prompt_tokens_details
+    assert details is not None, answer
+    assert details.cached_tokens is not None, answer
+    return details.cached_tokens
+
+
+def extra_of(answer: openai.BaseModel) -> dict[str, Any]:
+    """Return the fields the platform adds to OpenAI's (model_version, replica_id...)."""
+    assert answer.model_extra is not None, answer
+    return answer.model_extra

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from django.utils import timezone
@@ -14,6 +15,13 @@ from metering.models import Usage
 from models_registry.models import Model, ModelVersion
 from rollouts.models import Rollout
 from tests.factories import ReplicaFactory, digest, version_body
+
+if TYPE_CHECKING:
+    from pytest_django import DjangoAssertNumQueries
+    from rest_framework.response import _MonkeyPatchedResponse as ApiResponse
+    from rest_framework.test import APIClient
+
+    from accounts.models import Team
 
 pytestmark = pytest.mark.django_db
 
@@ -48,7 +56,9 @@ ENDPOINTS = [
 ]
 
 
-def assert_error(response, status: int, error_type: str, param: str | None = None):
+def assert_error(
+    response: ApiResponse, status: int, error_type: str, param: str | None = None
+) -> None:
     assert response.status_code == status, response.content
     body = response.json()
     assert set(body) == {"error"}
@@ -64,8 +74,13 @@ def assert_error(response, status: int, error_type: str, param: str | None = Non
 
 @pytest.mark.parametrize(("method", "path", "body"), ENDPOINTS)
 def test_admin_endpoint_without_token_is_401(
-    anon_client, chat_v1, team, method, path, body
-):
+    anon_client: APIClient,
+    chat_v1: ModelVersion,
+    team: Team,
+    method: str,
+    path: str,
+    body: dict[str, Any] | None,
+) -> None:
     response = getattr(anon_client, method)(path, body, format="json")
     assert_error(response, 401, "authentication_error")
     assert response["WWW-Authenticate"].startswith("Bearer")
@@ -73,8 +88,13 @@ def test_admin_endpoint_without_token_is_401(
 
 @pytest.mark.parametrize(("method", "path", "body"), ENDPOINTS)
 def test_admin_endpoint_with_team_key_is_403(
-    anon_client, chat_v1, team_secret, method, path, body
-):
+    anon_client: APIClient,
+    chat_v1: ModelVersion,
+    team_secret: str,
+    method: str,
+    path: str,
+    body: dict[str, Any] | None,
+) -> None:
     anon_client.credentials(HTTP_AUTHORIZATION=f"Bearer {team_secret}")
     response = getattr(anon_client, method)(path, body, format="json")
     assert_error(response, 403, "permission_error")
@@ -84,38 +104,42 @@ def test_admin_endpoint_with_team_key_is_403(
     assert not TeamLimit.objects.exists()
 
 
-def test_admin_endpoint_with_unknown_token_is_401(anon_client):
+def test_admin_endpoint_with_unknown_token_is_401(anon_client: APIClient) -> None:
     anon_client.credentials(HTTP_AUTHORIZATION="Bearer sk-admin-not-a-real-token")
     assert_error(anon_client.get("/admin/teams"), 401, "authentication_error")
 
 
-def test_admin_endpoint_with_malformed_header_is_401(anon_client):
+def test_admin_endpoint_with_malformed_header_is_401(anon_client: APIClient) -> None:
     anon_client.credentials(HTTP_AUTHORIZATION="Basic dXNlcjpwYXNz")
     assert_error(anon_client.get("/admin/teams"), 401, "authentication_error")
 
 
-def test_admin_endpoint_with_revoked_token_is_401(anon_client, admin_secret):
+def test_admin_endpoint_with_revoked_token_is_401(
+    anon_client: APIClient, admin_secret: str
+) -> None:
     AdminToken.objects.update(revoked_at=timezone.now())
     anon_client.credentials(HTTP_AUTHORIZATION=f"Bearer {admin_secret}")
     assert_error(anon_client.get("/admin/teams"), 401, "authentication_error")
 
 
-def test_admin_token_use_is_recorded(admin_client):
+def test_admin_token_use_is_recorded(admin_client: APIClient) -> None:
     assert admin_client.get("/admin/teams").status_code == 200
     assert AdminToken.objects.get().last_used_at is not None
 
 
-def test_unknown_admin_path_is_json_404(admin_client):
+def test_unknown_admin_path_is_json_404(admin_client: APIClient) -> None:
     assert_error(admin_client.get("/admin/nothing/here"), 404, "not_found_error")
 
 
-def test_wrong_method_is_405_in_error_shape(admin_client, chat_model):
+def test_wrong_method_is_405_in_error_shape(
+    admin_client: APIClient, chat_model: Model
+) -> None:
     assert_error(
         admin_client.delete("/admin/models/chat-7b"), 405, "invalid_request_error"
     )
 
 
-def test_invalid_json_body_is_400(admin_client, chat_model):
+def test_invalid_json_body_is_400(admin_client: APIClient, chat_model: Model) -> None:
     response = admin_client.post(
         "/admin/models/chat-7b/versions",
         data="{not json",
@@ -124,14 +148,16 @@ def test_invalid_json_body_is_400(admin_client, chat_model):
     assert_error(response, 400, "invalid_request_error")
 
 
-def test_body_that_is_not_an_object_is_400(admin_client, chat_model):
+def test_body_that_is_not_an_object_is_400(
+    admin_client: APIClient, chat_model: Model
+) -> None:
     response = admin_client.post(
         "/admin/models/chat-7b/versions", [1, 2], format="json"
     )
     assert_error(response, 400, "invalid_request_error")
 
 
-def test_schema_lists_the_seed_paths(admin_client):
+def test_schema_lists_the_seed_paths(admin_client: APIClient) -> None:
     response = admin_client.get("/admin/schema")
     assert response.status_code == 200
     assert response["Content-Type"].startswith("application/vnd.oai.openapi+json")
@@ -149,7 +175,7 @@ def test_schema_lists_the_seed_paths(admin_client):
 # --- models and versions -----------------------------------------------------------------
 
 
-def test_create_model(admin_client):
+def test_create_model(admin_client: APIClient) -> None:
     response = admin_client.post(
         "/admin/models", {"model": "reason-70b"}, format="json"
     )
@@ -158,17 +184,19 @@ def test_create_model(admin_client):
     assert Model.objects.filter(pk="reason-70b").exists()
 
 
-def test_create_model_twice_is_409(admin_client, chat_model):
+def test_create_model_twice_is_409(admin_client: APIClient, chat_model: Model) -> None:
     response = admin_client.post("/admin/models", {"model": "chat-7b"}, format="json")
     assert_error(response, 409, "conflict_error", "model")
 
 
-def test_create_model_with_bad_name_is_400(admin_client):
+def test_create_model_with_bad_name_is_400(admin_client: APIClient) -> None:
     response = admin_client.post("/admin/models", {"model": "Chat@7b"}, format="json")
     assert_error(response, 400, "invalid_request_error", "model")
 
 
-def test_register_version_returns_v1_with_template_hash(admin_client, chat_model):
+def test_register_version_returns_v1_with_template_hash(
+    admin_client: APIClient, chat_model: Model
+) -> None:
     body = version_body()
     response = admin_client.post("/admin/models/chat-7b/versions", body, format="json")
     assert response.status_code == 201, response.content
@@ -181,13 +209,17 @@ def test_register_version_returns_v1_with_template_hash(admin_client, chat_model
     assert stored.engine_config == body["engine_config"]
 
 
-def test_register_version_numbers_versions_in_order(admin_client, chat_v1):
+def test_register_version_numbers_versions_in_order(
+    admin_client: APIClient, chat_v1: ModelVersion
+) -> None:
     body = version_body(weights_hash=digest("other weights"))
     response = admin_client.post("/admin/models/chat-7b/versions", body, format="json")
     assert response.json()["version"] == "v2"
 
 
-def test_register_version_accepts_an_explicit_label(admin_client, chat_model):
+def test_register_version_accepts_an_explicit_label(
+    admin_client: APIClient, chat_model: Model
+) -> None:
     body = version_body(version="v13")
     response = admin_client.post("/admin/models/chat-7b/versions", body, format="json")
     assert response.json()["version"] == "v13"
@@ -196,7 +228,9 @@ def test_register_version_accepts_an_explicit_label(admin_client, chat_model):
     assert response.json()["version"] == "v14"
 
 
-def test_register_same_identity_twice_is_409(admin_client, chat_v1):
+def test_register_same_identity_twice_is_409(
+    admin_client: APIClient, chat_v1: ModelVersion
+) -> None:
     # Same identity with the engine config keys in another order is still a duplicate.
     config = dict(reversed(list(version_body()["engine_config"].items())))
     response = admin_client.post(
@@ -209,13 +243,15 @@ def test_register_same_identity_twice_is_409(admin_client, chat_v1):
     assert ModelVersion.objects.count() == 1
 
 
-def test_register_existing_label_is_409(admin_client, chat_v1):
+def test_register_existing_label_is_409(
+    admin_client: APIClient, chat_v1: ModelVersion
+) -> None:
     body = version_body(version="v1", weights_hash=digest("new"))
     response = admin_client.post("/admin/models/chat-7b/versions", body, format="json")
     assert_error(response, 409, "conflict_error", "version")
 
 
-def test_register_version_for_unknown_model_is_404(admin_client):
+def test_register_version_for_unknown_model_is_404(admin_client: APIClient) -> None:
     response = admin_client.post(
         "/admin/models/nope/versions", version_body(), format="json"
     )
@@ -240,7 +276,9 @@ def test_register_version_for_unknown_model_is_404(admin_client):
         ({"version": "13"}, "version"),
     ],
 )
-def test_register_version_rejects_bad_fields(admin_client, chat_model, change, param):
+def test_register_version_rejects_bad_fields(
+    admin_client: APIClient, chat_model: Model, change: dict[str, Any], param: str
+) -> None:
     response = admin_client.post(
         "/admin/models/chat-7b/versions", version_body(**change), format="json"
     )
@@ -248,7 +286,9 @@ def test_register_version_rejects_bad_fields(admin_client, chat_model, change, p
     assert not ModelVersion.objects.exists()
 
 
-def test_register_version_missing_field_names_it(admin_client, chat_model):
+def test_register_version_missing_field_names_it(
+    admin_client: APIClient, chat_model: Model
+) -> None:
     body = version_body()
     del body["tokenizer_hash"]
     response = admin_client.post("/admin/models/chat-7b/versions", body, format="json")
@@ -256,15 +296,17 @@ def test_register_version_missing_field_names_it(admin_client, chat_model):
 
 
 def test_register_version_accepts_uppercase_hash_and_stores_lowercase(
-    admin_client, chat_model
-):
+    admin_client: APIClient, chat_model: Model
+) -> None:
     body = version_body(weights_hash=digest("w").upper())
     response = admin_client.post("/admin/models/chat-7b/versions", body, format="json")
     assert response.status_code == 201
     assert response.json()["weights_hash"] == digest("w")
 
 
-def test_get_model_shows_versions_and_alias(admin_client, chat_v1):
+def test_get_model_shows_versions_and_alias(
+    admin_client: APIClient, chat_v1: ModelVersion
+) -> None:
     admin_client.put("/admin/models/chat-7b/alias", {"version": "v1"}, format="json")
     data = admin_client.get("/admin/models/chat-7b").json()
     assert data["live_version"] == "v1"
@@ -272,14 +314,16 @@ def test_get_model_shows_versions_and_alias(admin_client, chat_v1):
     assert "chat_template" not in data["versions"][0]
 
 
-def test_version_schema_names_the_fields_the_api_returns(admin_client, chat_v1):
+def test_version_schema_names_the_fields_the_api_returns(
+    admin_client: APIClient, chat_v1: ModelVersion
+) -> None:
     from models_registry.api.serializers import VersionSerializer
 
     data = admin_client.get("/admin/models/chat-7b/versions").json()["data"]
     assert set(VersionSerializer().fields) == set(data[0])
 
 
-def test_get_unknown_model_is_404(admin_client):
+def test_get_unknown_model_is_404(admin_client: APIClient) -> None:
     assert_error(
         admin_client.get("/admin/models/nope"), 404, "not_found_error", "model"
     )
@@ -289,7 +333,7 @@ def test_get_unknown_model_is_404(admin_client):
 
 
 @pytest.fixture
-def chat_v2(chat_v1):
+def chat_v2(chat_v1: ModelVersion) -> ModelVersion:
     from models_registry import services
     from rollouts.services import set_alias
 
@@ -299,7 +343,9 @@ def chat_v2(chat_v1):
     )
 
 
-def test_canary_rollout_sets_the_model_canary(admin_client, chat_v2):
+def test_canary_rollout_sets_the_model_canary(
+    admin_client: APIClient, chat_v2: ModelVersion
+) -> None:
     response = admin_client.put(
         "/admin/models/chat-7b/rollout",
         {"version": "v2", "stage": "canary", "percent": 10},
@@ -312,7 +358,9 @@ def test_canary_rollout_sets_the_model_canary(admin_client, chat_v2):
     assert model.canary_percent == 10
 
 
-def test_shadow_rollout_clears_the_canary(admin_client, chat_v2):
+def test_shadow_rollout_clears_the_canary(
+    admin_client: APIClient, chat_v2: ModelVersion
+) -> None:
     admin_client.put(
         "/admin/models/chat-7b/rollout",
         {"version": "v2", "stage": "canary", "percent": 10},
@@ -331,7 +379,9 @@ def test_shadow_rollout_clears_the_canary(admin_client, chat_v2):
     assert decisions == ["superseded", "pending"]
 
 
-def test_repeating_a_rollout_is_idempotent(admin_client, chat_v2):
+def test_repeating_a_rollout_is_idempotent(
+    admin_client: APIClient, chat_v2: ModelVersion
+) -> None:
     body = {"version": "v2", "stage": "canary", "percent": 1}
     first = admin_client.put(
         "/admin/models/chat-7b/rollout", body, format="json"
@@ -354,14 +404,20 @@ def test_repeating_a_rollout_is_idempotent(admin_client, chat_v2):
         ({"stage": "canary", "percent": 5}, 400, "version"),
     ],
 )
-def test_rollout_rejects_bad_requests(admin_client, chat_v2, body, status, param):
+def test_rollout_rejects_bad_requests(
+    admin_client: APIClient,
+    chat_v2: ModelVersion,
+    body: dict[str, Any] | None,
+    status: int,
+    param: str,
+) -> None:
     response = admin_client.put("/admin/models/chat-7b/rollout", body, format="json")
     error_type = "not_found_error" if status == 404 else "invalid_request_error"
     assert_error(response, status, error_type, param)
     assert not Rollout.objects.exists()
 
 
-def test_rollout_on_unknown_model_is_404(admin_client):
+def test_rollout_on_unknown_model_is_404(admin_client: APIClient) -> None:
     response = admin_client.put(
         "/admin/models/nope/rollout",
         {"version": "v1", "stage": "canary", "percent": 1},
@@ -370,7 +426,9 @@ def test_rollout_on_unknown_model_is_404(admin_client):
     assert_error(response, 404, "not_found_error", "model")
 
 
-def test_alias_promotes_the_canary(admin_client, chat_v2):
+def test_alias_promotes_the_canary(
+    admin_client: APIClient, chat_v2: ModelVersion
+) -> None:
     admin_client.put(
         "/admin/models/chat-7b/rollout",
         {"version": "v2", "stage": "canary", "percent": 50},
@@ -389,7 +447,9 @@ def test_alias_promotes_the_canary(admin_client, chat_v2):
     assert statuses == {"v1": "ready", "v2": "live"}
 
 
-def test_alias_back_to_old_version_rolls_back(admin_client, chat_v2):
+def test_alias_back_to_old_version_rolls_back(
+    admin_client: APIClient, chat_v2: ModelVersion
+) -> None:
     admin_client.put(
         "/admin/models/chat-7b/rollout",
         {"version": "v2", "stage": "canary", "percent": 10},
@@ -403,16 +463,22 @@ def test_alias_back_to_old_version_rolls_back(admin_client, chat_v2):
     assert Rollout.objects.get().decision == "rolled_back"
 
 
-def test_alias_to_rejected_version_is_400(admin_client, chat_v2):
+def test_alias_to_rejected_version_is_400(
+    admin_client: APIClient, chat_v2: ModelVersion
+) -> None:
     ModelVersion.objects.filter(pk=chat_v2.pk).update(status="rejected")
     response = admin_client.put(
         "/admin/models/chat-7b/alias", {"version": "v2"}, format="json"
     )
     assert_error(response, 400, "invalid_request_error", "version")
-    assert Model.objects.get(pk="chat-7b").live_version.version == "v1"
+    live = Model.objects.get(pk="chat-7b").live_version
+    assert live is not None
+    assert live.version == "v1"
 
 
-def test_alias_to_unknown_version_is_404(admin_client, chat_v1):
+def test_alias_to_unknown_version_is_404(
+    admin_client: APIClient, chat_v1: ModelVersion
+) -> None:
     response = admin_client.put(
         "/admin/models/chat-7b/alias", {"version": "v7"}, format="json"
     )
@@ -422,7 +488,7 @@ def test_alias_to_unknown_version_is_404(admin_client, chat_v1):
 # --- teams, keys, limits --------------------------------------------------------------
 
 
-def test_create_team(admin_client):
+def test_create_team(admin_client: APIClient) -> None:
     response = admin_client.post(
         "/admin/teams", {"team": "ads", "name": "Ads"}, format="json"
     )
@@ -430,17 +496,19 @@ def test_create_team(admin_client):
     assert response.json() == {**response.json(), "team": "ads", "name": "Ads"}
 
 
-def test_create_team_twice_is_409(admin_client, team):
+def test_create_team_twice_is_409(admin_client: APIClient, team: Team) -> None:
     response = admin_client.post("/admin/teams", {"team": "search"}, format="json")
     assert_error(response, 409, "conflict_error", "team")
 
 
-def test_create_team_with_bad_slug_is_400(admin_client):
+def test_create_team_with_bad_slug_is_400(admin_client: APIClient) -> None:
     response = admin_client.post("/admin/teams", {"team": "Not A Slug"}, format="json")
     assert_error(response, 400, "invalid_request_error", "team")
 
 
-def test_issue_key_returns_the_secret_once_and_stores_its_hash(admin_client, team):
+def test_issue_key_returns_the_secret_once_and_stores_its_hash(
+    admin_client: APIClient, team: Team
+) -> None:
     response = admin_client.post(
         "/admin/teams/search/keys", {"name": "ci"}, format="json"
     )
@@ -456,12 +524,12 @@ def test_issue_key_returns_the_secret_once_and_stores_its_hash(admin_client, tea
     assert stored.prefix in listing
 
 
-def test_issue_key_for_unknown_team_is_404(admin_client):
+def test_issue_key_for_unknown_team_is_404(admin_client: APIClient) -> None:
     response = admin_client.post("/admin/teams/nope/keys", {}, format="json")
     assert_error(response, 404, "not_found_error", "team")
 
 
-def test_revoke_key(admin_client, team):
+def test_revoke_key(admin_client: APIClient, team: Team) -> None:
     key_id = admin_client.post("/admin/teams/search/keys", {}, format="json").json()[
         "id"
     ]
@@ -474,14 +542,16 @@ def test_revoke_key(admin_client, team):
     assert ApiKey.objects.get(pk=key_id).revoked_at == first
 
 
-def test_revoked_team_key_is_401_not_403(admin_client, anon_client, team):
+def test_revoked_team_key_is_401_not_403(
+    admin_client: APIClient, anon_client: APIClient, team: Team
+) -> None:
     created = admin_client.post("/admin/teams/search/keys", {}, format="json").json()
     admin_client.delete(f"/admin/teams/search/keys/{created['id']}")
     anon_client.credentials(HTTP_AUTHORIZATION=f"Bearer {created['key']}")
     assert_error(anon_client.get("/admin/teams"), 401, "authentication_error")
 
 
-def test_revoke_other_teams_key_is_404(admin_client, team):
+def test_revoke_other_teams_key_is_404(admin_client: APIClient, team: Team) -> None:
     from accounts import services
 
     services.create_team(team_id="ads")
@@ -491,7 +561,9 @@ def test_revoke_other_teams_key_is_404(admin_client, team):
     assert ApiKey.objects.get(pk=key.pk).revoked_at is None
 
 
-def test_set_limits_creates_then_replaces(admin_client, team, chat_model):
+def test_set_limits_creates_then_replaces(
+    admin_client: APIClient, team: Team, chat_model: Model
+) -> None:
     body = {
         "model": "chat-7b",
         "tokens_per_minute": 60000,
@@ -517,7 +589,13 @@ def test_set_limits_creates_then_replaces(admin_client, team, chat_model):
         ({"tokens_per_minute": "many"}, "tokens_per_minute"),
     ],
 )
-def test_set_limits_rejects_bad_values(admin_client, team, chat_model, change, param):
+def test_set_limits_rejects_bad_values(
+    admin_client: APIClient,
+    team: Team,
+    chat_model: Model,
+    change: dict[str, Any],
+    param: str,
+) -> None:
     body = {
         "model": "chat-7b",
         "tokens_per_minute": 1000,
@@ -530,7 +608,9 @@ def test_set_limits_rejects_bad_values(admin_client, team, chat_model, change, p
     assert not TeamLimit.objects.exists()
 
 
-def test_set_limits_refuses_shares_over_the_whole_pool(admin_client, team, chat_model):
+def test_set_limits_refuses_shares_over_the_whole_pool(
+    admin_client: APIClient, team: Team, chat_model: Model
+) -> None:
     from accounts import services
 
     services.create_team(team_id="ads")
@@ -556,7 +636,9 @@ def test_set_limits_refuses_shares_over_the_whole_pool(admin_client, team, chat_
     )
 
 
-def test_set_limits_unknown_team_or_model_is_404(admin_client, team, chat_model):
+def test_set_limits_unknown_team_or_model_is_404(
+    admin_client: APIClient, team: Team, chat_model: Model
+) -> None:
     body = {"model": "chat-7b", "tokens_per_minute": 1000, "max_concurrency": 2}
     response = admin_client.put("/admin/teams/nope/limits", body, format="json")
     assert_error(response, 404, "not_found_error", "team")
@@ -567,8 +649,10 @@ def test_set_limits_unknown_team_or_model_is_404(admin_client, team, chat_model)
 
 
 def test_list_teams_has_fixed_query_count(
-    admin_client, chat_model, django_assert_max_num_queries
-):
+    admin_client: APIClient,
+    chat_model: Model,
+    django_assert_max_num_queries: DjangoAssertNumQueries,
+) -> None:
     from accounts import services
 
     for name in ["a", "b", "c", "d"]:
@@ -589,7 +673,9 @@ def test_list_teams_has_fixed_query_count(
 # --- pool state -----------------------------------------------------------------------
 
 
-def test_pool_state_schema_names_the_fields_the_api_returns(admin_client, chat_v1):
+def test_pool_state_schema_names_the_fields_the_api_returns(
+    admin_client: APIClient, chat_v1: ModelVersion
+) -> None:
     from engine_nodes.api.serializers import (
         PoolStateSerializer,
         ReplicaStateSerializer,
@@ -601,7 +687,9 @@ def test_pool_state_schema_names_the_fields_the_api_returns(admin_client, chat_v
     assert set(ReplicaStateSerializer().fields) == set(data["replicas"][0])
 
 
-def test_pool_state_sums_serving_replicas(admin_client, chat_v1):
+def test_pool_state_sums_serving_replicas(
+    admin_client: APIClient, chat_v1: ModelVersion
+) -> None:
     now = timezone.now()
     ReplicaFactory(
         version=chat_v1, queue_depth=2, tokens_in_flight=5000, last_heartbeat=now
@@ -622,7 +710,9 @@ def test_pool_state_sums_serving_replicas(admin_client, chat_v1):
     assert data["prefix_hit_rate"] is None
 
 
-def test_pool_state_leaves_silent_replicas_out_of_the_sums(admin_client, chat_v1):
+def test_pool_state_leaves_silent_replicas_out_of_the_sums(
+    admin_client: APIClient, chat_v1: ModelVersion
+) -> None:
     from datetime import timedelta
 
     now = timezone.now()
@@ -637,7 +727,9 @@ def test_pool_state_leaves_silent_replicas_out_of_the_sums(admin_client, chat_v1
     assert sorted(r["is_silent"] for r in data["replicas"]) == [False, True]
 
 
-def test_pool_state_prefix_hit_rate_from_recent_usage(admin_client, chat_v1, team):
+def test_pool_state_prefix_hit_rate_from_recent_usage(
+    admin_client: APIClient, chat_v1: ModelVersion, team: Team
+) -> None:
     minute = timezone.now().replace(second=0, microsecond=0)
     Usage.objects.create(
         team=team,
@@ -653,7 +745,9 @@ def test_pool_state_prefix_hit_rate_from_recent_usage(admin_client, chat_v1, tea
     assert data["prefix_hit_rate"] == pytest.approx(800 / 1200)
 
 
-def test_pool_state_filters_by_region(admin_client, chat_v1):
+def test_pool_state_filters_by_region(
+    admin_client: APIClient, chat_v1: ModelVersion
+) -> None:
     now = timezone.now()
     ReplicaFactory(version=chat_v1, region="eu", tokens_in_flight=1, last_heartbeat=now)
     ReplicaFactory(version=chat_v1, region="us", tokens_in_flight=2, last_heartbeat=now)
@@ -662,15 +756,17 @@ def test_pool_state_filters_by_region(admin_client, chat_v1):
     assert [r["region"] for r in data["replicas"]] == ["us"]
 
 
-def test_pool_state_unknown_model_is_404(admin_client):
+def test_pool_state_unknown_model_is_404(admin_client: APIClient) -> None:
     assert_error(
         admin_client.get("/admin/pools/nope/state"), 404, "not_found_error", "model"
     )
 
 
 def test_pool_state_query_count_does_not_grow_with_replicas(
-    admin_client, chat_v1, django_assert_max_num_queries
-):
+    admin_client: APIClient,
+    chat_v1: ModelVersion,
+    django_assert_max_num_queries: DjangoAssertNumQueries,
+) -> None:
     now = timezone.now()
     for _ in range(10):
         ReplicaFactory(version=chat_v1, last_heartbeat=now)

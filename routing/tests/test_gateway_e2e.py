@@ -6,7 +6,10 @@ import json
 import os
 import signal
 import threading
+from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import openai
@@ -17,13 +20,32 @@ from engine_nodes import services as engine_services
 from engine_nodes.local_processes import wait_until
 from metering.models import Usage
 from rollouts import services as rollouts
-from tests.live import LivePlatform, start_platform
+from tests.live import (
+    LivePlatform,
+    cached_tokens_of,
+    extra_of,
+    start_platform,
+    usage_of,
+)
+
+if TYPE_CHECKING:
+    from openai.types.chat import (
+        ChatCompletion,
+        ChatCompletionChunk,
+        ChatCompletionMessageParam,
+        ChatCompletionSystemMessageParam,
+    )
+    from pytest_django import DjangoDbBlocker
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def platform(django_db_setup, django_db_blocker, tmp_path_factory):
+def platform(
+    django_db_setup: None,
+    django_db_blocker: DjangoDbBlocker,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[LivePlatform]:
     tmp = tmp_path_factory.mktemp("platform")
     with (
         django_db_blocker.unblock(),
@@ -35,7 +57,7 @@ def platform(django_db_setup, django_db_blocker, tmp_path_factory):
 
 
 @pytest.fixture
-def unblocked(django_db_blocker):
+def unblocked(django_db_blocker: DjangoDbBlocker) -> Iterator[None]:
     with django_db_blocker.unblock():
         yield
 
@@ -47,8 +69,8 @@ def chat(
     team: str = "alpha",
     max_tokens: int = 4,
     content: str = "hello",
-    **extra,
-):
+    **extra: Any,
+) -> tuple[list[ChatCompletionChunk], dict[str, Any]]:
     """Send one streaming request; return (chunks, final event dict)."""
     stream = platform.client(team).chat.completions.create(
         model="chat-7b",
@@ -59,10 +81,12 @@ def chat(
         **extra,
     )
     chunks = list(stream)
-    return chunks, chunks[-1].model_extra | {"usage": chunks[-1].usage.model_dump()}
+    return chunks, extra_of(chunks[-1]) | {"usage": usage_of(chunks[-1]).model_dump()}
 
 
-def test_stream_ends_with_usage_version_region_and_replica(platform: LivePlatform):
+def test_stream_ends_with_usage_version_region_and_replica(
+    platform: LivePlatform,
+) -> None:
     chunks, final = chat(
         platform, "conv-usage", max_tokens=6, extra_body={"ignore_eos": True}
     )
@@ -77,7 +101,7 @@ def test_stream_ends_with_usage_version_region_and_replica(platform: LivePlatfor
     assert final["replica_id"].startswith("chat-7b-v1-e2e-")
 
 
-def test_response_headers_and_raw_stream_end(platform: LivePlatform):
+def test_response_headers_and_raw_stream_end(platform: LivePlatform) -> None:
     with httpx.stream(
         "POST",
         f"{platform.url}/v1/chat/completions",
@@ -101,7 +125,7 @@ def test_response_headers_and_raw_stream_end(platform: LivePlatform):
     assert final["replica_id"] == response.headers["x-replica-id"]
 
 
-def test_non_streaming_answer(platform: LivePlatform):
+def test_non_streaming_answer(platform: LivePlatform) -> None:
     answer = platform.client().chat.completions.create(
         model="chat-7b",
         messages=[{"role": "user", "content": "hi"}],
@@ -110,21 +134,24 @@ def test_non_streaming_answer(platform: LivePlatform):
     )
     assert answer.object == "chat.completion"
     assert answer.choices[0].message.content
-    assert answer.usage.completion_tokens == 5
-    assert answer.model_extra["model_version"] == "v1"
+    assert usage_of(answer).completion_tokens == 5
+    assert extra_of(answer)["model_version"] == "v1"
 
 
 def test_second_turn_lands_on_the_same_replica_with_cached_tokens(
     platform: LivePlatform,
-):
-    system = {"role": "system", "content": "You answer briefly. " * 40}
+) -> None:
+    system: ChatCompletionSystemMessageParam = {
+        "role": "system",
+        "content": "You answer briefly. " * 40,
+    }
     first = platform.client().chat.completions.create(
         model="chat-7b",
         messages=[system, {"role": "user", "content": "one"}],
         max_tokens=8,
         extra_body={"ignore_eos": True},
     )
-    follow = [
+    follow: list[ChatCompletionMessageParam] = [
         system,
         {"role": "user", "content": "one"},
         {"role": "assistant", "content": first.choices[0].message.content},
@@ -133,12 +160,12 @@ def test_second_turn_lands_on_the_same_replica_with_cached_tokens(
     second = platform.client().chat.completions.create(
         model="chat-7b", messages=follow, max_tokens=4
     )
-    assert second.model_extra["replica_id"] == first.model_extra["replica_id"]
-    assert second.usage.model_extra["cached_tokens"] > 0
-    assert second.usage.prompt_tokens_details.cached_tokens > 0
+    assert extra_of(second)["replica_id"] == extra_of(first)["replica_id"]
+    assert extra_of(usage_of(second))["cached_tokens"] > 0
+    assert cached_tokens_of(second) > 0
 
 
-def test_models_lists_what_the_team_may_call(platform: LivePlatform):
+def test_models_lists_what_the_team_may_call(platform: LivePlatform) -> None:
     models = platform.client().models.list()
     assert [m.id for m in models.data] == ["chat-7b"]
 
@@ -156,8 +183,12 @@ def test_models_lists_what_the_team_may_call(platform: LivePlatform):
     ],
 )
 def test_bad_requests_get_openai_errors(
-    platform: LivePlatform, headers, body, status, param
-):
+    platform: LivePlatform,
+    headers: dict[str, str],
+    body: dict[str, object],
+    status: int,
+    param: str,
+) -> None:
     payload = {
         "model": "chat-7b",
         "messages": [{"role": "user", "content": "x"}],
@@ -174,7 +205,7 @@ def test_bad_requests_get_openai_errors(
     assert error["message"]
 
 
-def test_bad_key_is_401_and_oversized_body_is_413(platform: LivePlatform):
+def test_bad_key_is_401_and_oversized_body_is_413(platform: LivePlatform) -> None:
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(
             base_url=f"{platform.url}/v1", api_key="sk-team-nope", max_retries=0
@@ -188,15 +219,15 @@ def test_bad_key_is_401_and_oversized_body_is_413(platform: LivePlatform):
     assert response.json()["error"]["code"] == "request_too_large"
 
 
-def test_pinned_version_is_served_by_that_version(platform: LivePlatform):
+def test_pinned_version_is_served_by_that_version(platform: LivePlatform) -> None:
     answer = platform.client().chat.completions.create(
         model="chat-7b@v2", messages=[{"role": "user", "content": "x"}], max_tokens=2
     )
-    assert answer.model_extra["model_version"] == "v2"
-    assert answer.model_extra["replica_id"].startswith("chat-7b-v2")
+    assert extra_of(answer)["model_version"] == "v2"
+    assert extra_of(answer)["replica_id"].startswith("chat-7b-v2")
 
 
-def test_bounded_load_moves_traffic_off_a_hot_replica(platform: LivePlatform):
+def test_bounded_load_moves_traffic_off_a_hot_replica(platform: LivePlatform) -> None:
     _, first = chat(platform, "conv-hot")
     owner = first["replica_id"]
     started = threading.Event()
@@ -231,7 +262,9 @@ def test_bounded_load_moves_traffic_off_a_hot_replica(platform: LivePlatform):
     assert back["replica_id"] == owner
 
 
-def test_canary_split_is_stable_per_conversation(platform: LivePlatform, unblocked):
+def test_canary_split_is_stable_per_conversation(
+    platform: LivePlatform, unblocked: None
+) -> None:
     rollouts.set_rollout(
         model_id="chat-7b", version="v2", stage="canary", percent=50, now=timezone.now()
     )
@@ -244,7 +277,7 @@ def test_canary_split_is_stable_per_conversation(platform: LivePlatform, unblock
             timeout_s=15,
             message="the canary to reach the gateway",
         )
-        seen = {}
+        seen: dict[int, str] = {}
         for i in range(24):
             versions = {
                 chat(platform, f"conv-split-{i}")[1]["model_version"] for _ in range(3)
@@ -267,7 +300,9 @@ def test_canary_split_is_stable_per_conversation(platform: LivePlatform, unblock
         )
 
 
-def test_usage_rows_are_written_per_team_and_minute(platform: LivePlatform, unblocked):
+def test_usage_rows_are_written_per_team_and_minute(
+    platform: LivePlatform, unblocked: None
+) -> None:
     chat(
         platform,
         "conv-usage-beta",
@@ -276,8 +311,13 @@ def test_usage_rows_are_written_per_team_and_minute(platform: LivePlatform, unbl
         extra_body={"ignore_eos": True},
     )
     flush_usage(platform)
+
+    def flushed_row() -> Usage | None:
+        flush_usage(platform)
+        return Usage.objects.filter(team_id="beta").first()
+
     row = wait_until(
-        lambda: flush_usage(platform) or Usage.objects.filter(team_id="beta").first(),
+        flushed_row,
         timeout_s=20,
         message="beta's usage row",
     )
@@ -301,7 +341,9 @@ def flush_usage(platform: LivePlatform) -> None:
     return None
 
 
-def test_usage_flush_is_idempotent(redis_url: str, platform: LivePlatform, unblocked):
+def test_usage_flush_is_idempotent(
+    redis_url: str, platform: LivePlatform, unblocked: None
+) -> None:
     chat(platform, "conv-idem", team="beta", max_tokens=3)
     flush_usage(platform)
     before = list(Usage.objects.order_by("id").values())
@@ -310,8 +352,8 @@ def test_usage_flush_is_idempotent(redis_url: str, platform: LivePlatform, unblo
 
 
 def test_replica_killed_before_first_token_is_retried_invisibly(
-    platform: LivePlatform, unblocked
-):
+    platform: LivePlatform, unblocked: None
+) -> None:
     _, first = chat(platform, "conv-victim")
     victim = first["replica_id"]
     url = next(r.url for r in platform.serving() if r.replica_id == victim)
@@ -324,8 +366,8 @@ def test_replica_killed_before_first_token_is_retried_invisibly(
 
 
 def test_replica_killed_mid_stream_gives_an_error_event_and_usage(
-    platform: LivePlatform, unblocked
-):
+    platform: LivePlatform, unblocked: None
+) -> None:
     _, first = chat(platform, "conv-crash", team="beta")
     target = first["replica_id"]
     url = next(r.url for r in platform.serving() if r.replica_id == target)
@@ -351,14 +393,16 @@ def test_replica_killed_mid_stream_gives_an_error_event_and_usage(
                 received += 1
     assert 1 <= received <= 20
     assert "mid-stream" in str(caught.value)
+
+    def flushed_and_metered() -> bool:
+        flush_usage(platform)
+        metered = Usage.objects.filter(team_id="beta").values_list(
+            "requests", flat=True
+        )
+        return sum(metered) > before
+
     wait_until(
-        lambda: (
-            flush_usage(platform)
-            or sum(
-                Usage.objects.filter(team_id="beta").values_list("requests", flat=True)
-            )
-            > before
-        ),
+        flushed_and_metered,
         timeout_s=20,
         message="the broken stream's usage row",
     )
@@ -379,8 +423,8 @@ def _replace_dead_replicas(platform: LivePlatform, victim: str) -> None:
 
 
 def test_gateway_keeps_serving_with_the_database_unreachable(
-    postgres: None, platform: LivePlatform, tmp_path
-):
+    postgres: None, platform: LivePlatform, tmp_path: Path
+) -> None:
     """The drill cuts the database's network path, so it needs PostgreSQL."""
     from django.db import connection
 
@@ -402,10 +446,15 @@ def test_gateway_keeps_serving_with_the_database_unreachable(
         client = openai.OpenAI(
             base_url=f"{gateway.url}/v1", api_key=platform.keys["alpha"], max_retries=0
         )
-        ask = dict(
-            model="chat-7b", messages=[{"role": "user", "content": "hi"}], max_tokens=3
-        )
-        assert client.chat.completions.create(**ask).usage.completion_tokens == 3
+
+        def ask() -> ChatCompletion:
+            return client.chat.completions.create(
+                model="chat-7b",
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=3,
+            )
+
+        assert usage_of(ask()).completion_tokens == 3
         proxy.cut()
         health = wait_until(
             lambda: (
@@ -418,7 +467,7 @@ def test_gateway_keeps_serving_with_the_database_unreachable(
         )
         assert health["status"] == "degraded"
         for _ in range(3):
-            assert client.chat.completions.create(**ask).usage.completion_tokens == 3
+            assert usage_of(ask()).completion_tokens == 3
         assert httpx.get(f"{gateway.url}/healthz").json()["snapshot_age_s"] > 0
         exported = httpx.get(f"{gateway.url}/metrics").text
         assert "platform_control_plane_up 0.0" in exported
@@ -428,8 +477,8 @@ def test_gateway_keeps_serving_with_the_database_unreachable(
 
 
 def test_gateway_started_with_the_database_down_serves_once_it_answers(
-    postgres: None, platform: LivePlatform, tmp_path
-):
+    postgres: None, platform: LivePlatform, tmp_path: Path
+) -> None:
     """GIVEN a gateway started while its database is unreachable
     WHEN it is asked to serve, and then the database comes back
     THEN it starts anyway, says degraded in /healthz and its metrics, refuses chats
@@ -470,11 +519,16 @@ def test_gateway_started_with_the_database_down_serves_once_it_answers(
         client = openai.OpenAI(
             base_url=f"{gateway.url}/v1", api_key=platform.keys["alpha"], max_retries=0
         )
-        ask = dict(
-            model="chat-7b", messages=[{"role": "user", "content": "hi"}], max_tokens=3
-        )
+
+        def ask() -> ChatCompletion:
+            return client.chat.completions.create(
+                model="chat-7b",
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=3,
+            )
+
         with pytest.raises(openai.APIStatusError) as refused:
-            client.chat.completions.create(**ask)
+            ask()
         assert refused.value.status_code == 503
         assert refused.value.response.headers["retry-after"] == "2"
         assert gateway.popen.poll() is None  # still running, not crashed
@@ -487,19 +541,19 @@ def test_gateway_started_with_the_database_down_serves_once_it_answers(
         )
         assert httpx.get(f"{gateway.url}/healthz").json()["control_plane"] == "up"
         wait_until(
-            lambda: _answers(client, ask),
+            lambda: _answers(ask),
             timeout_s=20,
             message="the gateway to see its replicas beat",
         )
-        assert client.chat.completions.create(**ask).usage.completion_tokens == 3
+        assert usage_of(ask()).completion_tokens == 3
     finally:
         gateway.stop()
         proxy.stop()
 
 
-def _answers(client: openai.OpenAI, ask: dict) -> bool:
+def _answers(ask: Callable[[], object]) -> bool:
     try:
-        client.chat.completions.create(**ask)
+        ask()
     except openai.APIStatusError:
         return False
     return True
