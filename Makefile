@@ -18,10 +18,12 @@ $(STAMP): pyproject.toml
 up: venv
 	@bash platform/local/up.sh
 
-## Set up and run every check: ruff, then the whole pytest suite.
+## Set up and run every check: ruff, mypy (files and flags in pyproject.toml), then
+## the whole pytest suite.
 test: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 	$(PY) -m pytest
 
 ## Benchmarks: the engine model in virtual time, the replica server and the gateway in
