@@ -1,4 +1,5 @@
-"""ASGI entry point: ``/v1/*`` and ``/healthz`` to the gateway, the rest to Django.
+"""ASGI entry point: ``/v1/*``, ``/tokenize`` and ``/healthz`` to the gateway, the
+rest to Django.
 
 Channels' ``ProtocolTypeRouter`` sits on top; the gateway is a raw ASGI app (the
 token stream is the hottest path and measured against a bare relay), Django serves
@@ -28,12 +29,14 @@ django_http = (
     else django_asgi_app
 )
 gateway = get_gateway()
+# vLLM serves /tokenize at the root, and so does the gateway (`vllm bench serve`).
+_GATEWAY_PATHS = frozenset({"/healthz", "/tokenize"})
 
 
 async def http_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """Send the OpenAI API to the gateway and everything else to Django."""
     path = scope["path"]
-    if path.startswith("/v1/") or path == "/healthz":
+    if path.startswith("/v1/") or path in _GATEWAY_PATHS:
         await gateway(scope, receive, send)
     else:
         await django_http(scope, receive, send)

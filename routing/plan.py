@@ -1,14 +1,17 @@
 """The request plan: everything decided about a chat request before it is admitted.
 
-Public surface: ``GatewaySettings``, ``ChatPlan``, ``authenticate``, ``team_limit``,
-``read_json``, ``plan_chat``.
+Public surface: ``GatewaySettings``, ``ChatPlan``, ``TokenizePlan``,
+``authenticate``, ``team_limit``, ``read_json``, ``plan_chat``, ``plan_tokenize``.
 
 A request goes key -> team -> tier -> body -> routing key -> version -> limits ->
 prompt tokens, and comes out as one immutable ``ChatPlan`` or a ``GatewayError``
 in OpenAI's shape (401 bad key, 400 bad body or ``x-priority``, 403 a model the
 team may not use, 404 unknown model or version, 413 too large, 503 no live
-version). Nothing here touches the ORM: keys, limits and versions come from the
-``ConfigSnapshot``.
+version). The body is parsed within bounds (``routing.domain.json_body``) and its
+fields checked as OpenAI checks them (``routing.domain.chat_body``), so nothing a
+client sends can raise anything but a ``GatewayError`` here. A ``/tokenize``
+request is resolved to a version the same way, as a ``TokenizePlan``. Nothing
+here touches the ORM: keys, limits and versions come from the ``ConfigSnapshot``.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from config.asgi_io import Receive, Scope
+from routing.domain.chat_body import check_chat_body, check_tokenize_body
+from routing.domain.json_body import BodyError, parse_json_object
 from routing.domain.policies import DEFAULT_POLICY_OPTIONS, PolicyOptions
 from routing.domain.resolve import (
     NoLiveVersion,
@@ -31,7 +36,7 @@ from routing.domain.resolve import (
     resolve,
 )
 from routing.domain.routing_key import routing_key
-from routing.domain.snapshot import ConfigSnapshot, LimitRecord
+from routing.domain.snapshot import ConfigSnapshot, KeyRecord, LimitRecord
 from routing.domain.tiers import Tier, parse_tier
 from routing.prompt_tokens import PromptRejected, VersionCounters
 from routing.responses import ClientGone, GatewayError
@@ -39,13 +44,14 @@ from routing.responses import ClientGone, GatewayError
 __all__ = [
     "ChatPlan",
     "GatewaySettings",
+    "TokenizePlan",
     "authenticate",
     "plan_chat",
+    "plan_tokenize",
     "read_json",
     "team_limit",
 ]
 
-_ALLOWED_ROLES = {"system", "developer", "user", "assistant", "tool"}
 # Body fields the gateway sets itself; everything else passes to the engine.
 _GATEWAY_FIELDS = {
     "model",
@@ -69,6 +75,8 @@ class GatewaySettings:
     retry_ratio: float = 0.1
     retry_min: int = 3
     connect_timeout_s: float = 2.0
+    first_token_timeout_s: float = 30.0
+    inter_token_timeout_s: float = 15.0
     shadow_concurrency: int = 16
     policy_options: PolicyOptions = field(default=DEFAULT_POLICY_OPTIONS)
     engine_api_key: str = ""
@@ -80,7 +88,10 @@ class ChatPlan:
 
     ``max_tokens`` is the client's, or the default that fits the context window;
     ``payload`` is the body for the engine (always streaming, with usage);
-    ``started_at`` is monotonic seconds at arrival.
+    ``include_usage`` is False when the client asked for no usage chunk
+    (``stream_options.include_usage: false``: the gateway meters all the same);
+    ``started_at`` is monotonic seconds at arrival; ``request_id`` names the answer
+    only when the engine's first event carries no id of its own.
     """
 
     request_id: str
@@ -95,6 +106,7 @@ class ChatPlan:
     routing_key: str
     payload: bytes
     started_at: float
+    include_usage: bool = True
 
     @property
     def request_tokens(self) -> int:
@@ -102,8 +114,21 @@ class ChatPlan:
         return self.prompt_tokens + self.max_tokens
 
 
-def authenticate(scope: Scope, snapshot: ConfigSnapshot) -> str:
-    """Return the team of the request's bearer key.
+@dataclass(frozen=True, slots=True)
+class TokenizePlan:
+    """One ``/tokenize`` request, resolved: which version, and what to send it.
+
+    ``payload`` is the client's body with ``model`` set to the served model name.
+    """
+
+    team: str
+    model_ref: str
+    resolution: Resolution
+    payload: bytes
+
+
+def authenticate(scope: Scope, snapshot: ConfigSnapshot) -> KeyRecord:
+    """Return the active key the request's bearer secret opens (its team, its id).
 
     Raises:
         GatewayError: 401, no key or one that is not active in the snapshot.
@@ -129,7 +154,7 @@ def authenticate(scope: Scope, snapshot: ConfigSnapshot) -> str:
             code="invalid_api_key",
             error_type="invalid_request_error",
         )
-    return key.team
+    return key
 
 
 def team_limit(
@@ -156,7 +181,8 @@ async def read_json(
     """Read the request body, at most ``limit`` bytes, as a JSON object.
 
     Raises:
-        GatewayError: 413 too large, 400 not a JSON object.
+        GatewayError: 413 too large, 400 not a JSON object or out of bounds
+            (``routing.domain.json_body``).
         ClientGone: the client left before sending the whole body.
     """
     declared = headers.get(b"content-length")
@@ -182,12 +208,9 @@ async def read_json(
         if not message.get("more_body"):
             break
     try:
-        body = json.loads(b"".join(chunks))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise GatewayError(400, "the body is not valid JSON") from None
-    if not isinstance(body, dict):
-        raise GatewayError(400, "the body must be a JSON object")
-    return body
+        return parse_json_object(b"".join(chunks))
+    except BodyError as exc:
+        raise _bad_body(exc) from None
 
 
 async def plan_chat(
@@ -212,8 +235,109 @@ async def plan_chat(
         tier = parse_tier(_header(headers, b"x-priority"))
     except ValueError as exc:
         raise GatewayError(400, str(exc), param="x-priority") from None
-    model_ref, messages, stream, max_tokens_asked = _check_body(body)
+    try:
+        checked = check_chat_body(body)
+    except BodyError as exc:
+        raise _bad_body(exc) from None
+    messages = checked.messages
     key = routing_key(_header(headers, b"x-conversation-id"), messages)
+    resolution, limit = _resolve_for_team(
+        snapshot, settings, team, checked.model, key, rng
+    )
+    version = snapshot.versions.get((resolution.model, resolution.version))
+    max_model_len = version.max_model_len if version else _DEFAULT_MAX_MODEL_LEN
+    try:
+        prompt_tokens = await counters.count(version, messages)
+    except PromptRejected as exc:
+        raise GatewayError(400, str(exc), param="messages") from None
+    if checked.max_tokens is None:
+        max_tokens = max(
+            1, min(settings.default_max_tokens, max_model_len - prompt_tokens)
+        )
+    else:
+        max_tokens = checked.max_tokens
+    if prompt_tokens + max_tokens > max_model_len:
+        raise GatewayError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens; the "
+            f"messages take {prompt_tokens} and max_tokens asks {max_tokens}.",
+            param="messages",
+            code="context_length_exceeded",
+        )
+    upstream_body = {k: v for k, v in body.items() if k not in _GATEWAY_FIELDS}
+    upstream_body.update(
+        model=resolution.model,
+        stream=True,
+        stream_options={"include_usage": True},
+        max_tokens=max_tokens,
+    )
+    return ChatPlan(
+        request_id=f"chatcmpl-{secrets.token_hex(12)}",
+        team=team,
+        model_ref=checked.model,
+        resolution=resolution,
+        tier=tier,
+        limit=limit,
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        stream=checked.stream,
+        routing_key=key,
+        payload=json.dumps(upstream_body).encode(),
+        started_at=started_at,
+        include_usage=checked.include_usage,
+    )
+
+
+def plan_tokenize(
+    *,
+    snapshot: ConfigSnapshot,
+    settings: GatewaySettings,
+    team: str,
+    headers: Mapping[bytes, bytes],
+    body: Mapping[str, Any],
+    rng: random.Random,
+) -> TokenizePlan:
+    """Return the plan of one ``/tokenize`` request from ``team``.
+
+    The model resolves as a chat's would (alias, ``@vN`` pin, the canary slice of
+    the same conversation), so the count is the version's that would serve it.
+
+    Raises:
+        GatewayError: 400 bad body, 403/404/503 as for a chat.
+    """
+    try:
+        checked = check_tokenize_body(body)
+    except BodyError as exc:
+        raise _bad_body(exc) from None
+    messages = (
+        checked.messages
+        if checked.messages is not None
+        else [{"role": "user", "content": checked.prompt}]
+    )
+    key = routing_key(_header(headers, b"x-conversation-id"), messages)
+    resolution, _ = _resolve_for_team(snapshot, settings, team, checked.model, key, rng)
+    return TokenizePlan(
+        team=team,
+        model_ref=checked.model,
+        resolution=resolution,
+        payload=json.dumps({**body, "model": resolution.model}).encode(),
+    )
+
+
+def _resolve_for_team(
+    snapshot: ConfigSnapshot,
+    settings: GatewaySettings,
+    team: str,
+    model_ref: str,
+    key: str,
+    rng: random.Random,
+) -> tuple[Resolution, LimitRecord]:
+    """Return the version ``model_ref`` resolves to for ``key``, and the team's limits.
+
+    Raises:
+        GatewayError: 404 unknown model or version, 503 no live version, 403 a
+            model the team may not use.
+    """
     try:
         resolution = resolve(
             model_ref, snapshot.models, snapshot.versions, key, rng.random()
@@ -235,121 +359,13 @@ async def plan_chat(
             code="model_not_allowed",
             error_type="permission_error",
         )
-    version = snapshot.versions.get((resolution.model, resolution.version))
-    max_model_len = version.max_model_len if version else _DEFAULT_MAX_MODEL_LEN
-    try:
-        prompt_tokens = await counters.count(version, messages)
-    except PromptRejected as exc:
-        raise GatewayError(400, str(exc), param="messages") from None
-    if max_tokens_asked is None:
-        max_tokens = max(
-            1, min(settings.default_max_tokens, max_model_len - prompt_tokens)
-        )
-    else:
-        max_tokens = max_tokens_asked
-    if prompt_tokens + max_tokens > max_model_len:
-        raise GatewayError(
-            400,
-            f"This model's maximum context length is {max_model_len} tokens; the "
-            f"messages take {prompt_tokens} and max_tokens asks {max_tokens}.",
-            param="messages",
-            code="context_length_exceeded",
-        )
-    upstream_body = {k: v for k, v in body.items() if k not in _GATEWAY_FIELDS}
-    upstream_body.update(
-        model=resolution.model,
-        stream=True,
-        stream_options={"include_usage": True},
-        max_tokens=max_tokens,
-    )
-    return ChatPlan(
-        request_id=f"chatcmpl-{secrets.token_hex(12)}",
-        team=team,
-        model_ref=model_ref,
-        resolution=resolution,
-        tier=tier,
-        limit=limit,
-        prompt_tokens=prompt_tokens,
-        max_tokens=max_tokens,
-        stream=stream,
-        routing_key=key,
-        payload=json.dumps(upstream_body).encode(),
-        started_at=started_at,
-    )
+    return resolution, limit
+
+
+def _bad_body(exc: BodyError) -> GatewayError:
+    return GatewayError(400, exc.message, param=exc.param, code=exc.code)
 
 
 def _header(headers: Mapping[bytes, bytes], name: bytes) -> str | None:
     value = headers.get(name)
     return value.decode("latin-1") if value is not None else None
-
-
-def _check_body(
-    body: Mapping[str, Any],
-) -> tuple[str, list[dict[str, Any]], bool, int | None]:
-    """Validate the OpenAI fields the gateway relies on; return what it needs."""
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise GatewayError(400, "model is required", param="model")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise GatewayError(400, "messages must be a non-empty list", param="messages")
-    for index, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in _ALLOWED_ROLES:
-            raise GatewayError(
-                400,
-                f"each message needs a role of {', '.join(sorted(_ALLOWED_ROLES))}",
-                param=f"messages.{index}.role",
-            )
-        content = message.get("content")
-        if content is not None and not isinstance(content, str | list):
-            raise GatewayError(
-                400,
-                "content must be a string or a list of parts",
-                param=f"messages.{index}.content",
-            )
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    if max_tokens is not None and (
-        not isinstance(max_tokens, int)
-        or isinstance(max_tokens, bool)
-        or max_tokens < 1
-    ):
-        param = (
-            "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-        )
-        raise GatewayError(400, f"{param} must be a positive integer", param=param)
-    for name, low, high in (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0)):
-        value = body.get(name)
-        if value is not None and (
-            not isinstance(value, int | float)
-            or isinstance(value, bool)
-            or not low <= value <= high
-        ):
-            raise GatewayError(
-                400, f"{name} must be a number between {low:g} and {high:g}", param=name
-            )
-    stop = body.get("stop")
-    if stop is not None and not (
-        isinstance(stop, str)
-        or (
-            isinstance(stop, list)
-            and len(stop) <= 4
-            and all(isinstance(s, str) for s in stop)
-        )
-    ):
-        raise GatewayError(
-            400, "stop must be a string or a list of up to 4 strings", param="stop"
-        )
-    seed = body.get("seed")
-    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-        raise GatewayError(400, "seed must be an integer", param="seed")
-    if body.get("n", 1) != 1:
-        raise GatewayError(400, "n must be 1", param="n")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise GatewayError(400, "stream must be a boolean", param="stream")
-    options = body.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise GatewayError(
-            400, "stream_options must be an object", param="stream_options"
-        )
-    return model, messages, stream, max_tokens

@@ -7,9 +7,11 @@ vLLM (and the simulated replica) stream ``data: {...}\\n\\n`` events: a role chu
 token chunks (each with a non-empty ``choices`` list), one usage chunk
 (``"choices":[]``) and ``data: [DONE]``. ``Relay.run`` forwards the token events
 untouched, never re-serialised, and keeps only what the gateway needs of the
-rest: the engine's usage, and for a non-streaming answer its text and finish
-reason. It does not send the end of the answer: it returns, and the caller adds
-the final event (``routing.responses``) or the error event.
+rest: the engine's id for the answer (from its first event: every chunk of an
+engine's stream carries the same one, and the answer's end must too), the
+engine's usage, and for a non-streaming answer its text, log probabilities and
+finish reason. It does not send the end of the answer: it returns, and the caller
+adds the final event (``routing.responses``) or the error event.
 
 The common read, whole token events and nothing else, costs two scans: the count
 of event ends must equal the count of ``"choices":[{`` marks. Anything else (a cut
@@ -25,6 +27,7 @@ exact for routing.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -42,6 +45,8 @@ _USAGE_MARK = b'"choices":[]'
 # usage chunk, error events and [DONE] do not.
 _CONTENT_MARK = b'"choices":[{'
 _SHRINK_EVERY = 8
+# An engine's id goes into a header and the answer's end: printable ASCII only.
+_ANSWER_ID = re.compile(r"[!-~]{1,128}")
 
 
 class UpstreamFailed(Exception):
@@ -60,14 +65,18 @@ class ChunkReader(Protocol):
 class RelayOutcome:
     """What a relay saw: events forwarded, first token time, the engine's usage.
 
-    ``events`` counts content events, the role chunk included. ``content`` and
-    ``finish_reason`` are gathered only for a non-streaming answer.
+    ``events`` counts content events, the role chunk included. ``answer_id`` is
+    the engine's id of the answer (the gateway's request id if the engine's first
+    event had none). ``content``, ``logprobs`` (vLLM's ``logprobs.content``
+    entries) and ``finish_reason`` are gathered only for a non-streaming answer.
     """
 
     events: int
     first_token_at: float | None
     usage: dict[str, Any] | None
+    answer_id: str = ""
     content: tuple[str, ...] = ()
+    logprobs: tuple[dict[str, Any], ...] = ()
     finish_reason: str | None = None
 
 
@@ -81,10 +90,12 @@ class Relay:
     __slots__ = (
         "_clock",
         "_content",
+        "_logprobs",
         "_on_first",
         "_on_tokens",
         "_send",
         "_stream",
+        "answer_id",
         "events",
         "finish_reason",
         "first_token_at",
@@ -96,7 +107,8 @@ class Relay:
         *,
         send: Send,
         stream: bool,
-        on_first: Callable[[], Awaitable[None]],
+        request_id: str,
+        on_first: Callable[[str], Awaitable[None]],
         on_tokens: Callable[[int], None],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -106,6 +118,8 @@ class Relay:
         self._on_tokens = on_tokens
         self._clock = clock
         self._content: list[str] = []
+        self._logprobs: list[dict[str, Any]] = []
+        self.answer_id = request_id
         self.events = 0
         self.first_token_at: float | None = None
         self.usage: dict[str, Any] | None = None
@@ -117,15 +131,18 @@ class Relay:
             events=self.events,
             first_token_at=self.first_token_at,
             usage=self.usage,
+            answer_id=self.answer_id,
             content=tuple(self._content),
+            logprobs=tuple(self._logprobs),
             finish_reason=self.finish_reason,
         )
 
     async def run(self, reader: ChunkReader) -> bool:
         """Relay until ``[DONE]`` (True) or a failure after the first token (False).
 
-        Before the first token, ``on_first`` is awaited (the caller starts the
-        answer), and the usage chunk and ``[DONE]`` are never forwarded.
+        Before the first token, ``on_first`` is awaited with the answer's id (the
+        caller starts the answer), and the usage chunk and ``[DONE]`` are never
+        forwarded.
 
         Raises:
             UpstreamFailed: the engine failed, sent an error event or ended
@@ -191,7 +208,8 @@ class Relay:
                     started = True
                     fast = self._stream
                     self.first_token_at = self._clock()
-                    await self._on_first()
+                    self.answer_id = _answer_id(out[0]) or self.answer_id
+                    await self._on_first(self.answer_id)
                 # Role chunk included: an estimate until the usage chunk arrives.
                 self.events += len(out)
                 self._on_tokens(len(out))
@@ -211,12 +229,28 @@ class Relay:
                 return True
 
     def _collect(self, events: list[bytes]) -> None:
-        """Gather a non-streaming answer's text from the engine's chunks."""
+        """Gather a non-streaming answer's text and log probabilities from the
+        engine's chunks."""
         for event in events:
             chunk = json.loads(event[6:])
             for choice in chunk.get("choices") or ():
                 delta = choice.get("delta") or {}
                 if delta.get("content"):
                     self._content.append(delta["content"])
+                logprobs = choice.get("logprobs")
+                if isinstance(logprobs, dict) and logprobs.get("content"):
+                    self._logprobs.extend(logprobs["content"])
                 if choice.get("finish_reason"):
                     self.finish_reason = choice["finish_reason"]
+
+
+def _answer_id(event: bytes) -> str | None:
+    """Return the id of an engine's chunk (``data: {"id": ...}``), if it has one."""
+    try:
+        chunk = json.loads(event[6:])
+    except ValueError:
+        return None
+    answer_id = chunk.get("id") if isinstance(chunk, dict) else None
+    if isinstance(answer_id, str) and _ANSWER_ID.fullmatch(answer_id):
+        return answer_id
+    return None

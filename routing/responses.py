@@ -8,8 +8,11 @@ Every refusal is a ``GatewayError`` rendered as ``{"error": {"type", "message",
 "param", "code"}}`` with its status and headers. A streamed answer ends with one
 event carrying ``usage`` (``prompt_tokens``, ``cached_tokens``,
 ``completion_tokens``, ``total_tokens``, ``prompt_tokens_details.cached_tokens``)
-and ``model_version``, ``region`` and ``replica_id``, then ``data: [DONE]``; a
-whole answer carries the same fields. Messages never carry secrets or prompt text.
+and ``model_version``, ``region`` and ``replica_id``, then ``data: [DONE]``; with
+``stream_options.include_usage: false`` it ends with ``data: [DONE]`` alone, as
+OpenAI's does. A whole answer carries the same fields. The answer's ``id`` is the
+engine's, the one on every content chunk. Messages never carry secrets or prompt
+text.
 """
 
 from __future__ import annotations
@@ -167,16 +170,22 @@ def answer_headers(
 
 def final_event(
     *,
-    request_id: str,
+    answer_id: str,
     model_ref: str,
     version: str,
     region: str,
     replica_id: str,
     usage: FinalUsage,
+    include_usage: bool = True,
 ) -> bytes:
-    """Return the stream's last event (usage and who served it), then ``[DONE]``."""
+    """Return the stream's last event (usage and who served it), then ``[DONE]``.
+
+    Without ``include_usage`` (the client asked for no usage chunk) only ``[DONE]``.
+    """
+    if not include_usage:
+        return _DONE
     final = {
-        "id": request_id,
+        "id": answer_id,
         "object": "chat.completion.chunk",
         "created": int(time.time()),
         "model": model_ref,
@@ -191,7 +200,7 @@ def final_event(
 
 def whole_answer(
     *,
-    request_id: str,
+    answer_id: str,
     model_ref: str,
     version: str,
     region: str,
@@ -201,7 +210,7 @@ def whole_answer(
 ) -> bytes:
     """Return a non-streaming answer (``chat.completion``) built from the relay."""
     answer = {
-        "id": request_id,
+        "id": answer_id,
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model_ref,
@@ -209,7 +218,9 @@ def whole_answer(
             {
                 "index": 0,
                 "message": {"role": "assistant", "content": "".join(outcome.content)},
-                "logprobs": None,
+                "logprobs": (
+                    {"content": list(outcome.logprobs)} if outcome.logprobs else None
+                ),
                 "finish_reason": outcome.finish_reason or "stop",
             }
         ],

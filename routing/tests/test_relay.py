@@ -56,12 +56,18 @@ class Run:
         async def send(message: Any) -> None:
             self.sent.append(message)
 
-        async def on_first() -> None:
+        async def on_first(answer_id: str) -> None:
             self.started += 1
-            self.sent.append({"type": "http.response.start", "status": 200})
+            self.sent.append(
+                {"type": "http.response.start", "status": 200, "id": answer_id}
+            )
 
         self.relay = Relay(
-            send=send, stream=stream, on_first=on_first, on_tokens=self.reported.append
+            send=send,
+            stream=stream,
+            request_id="chatcmpl-gateway",
+            on_first=on_first,
+            on_tokens=self.reported.append,
         )
         self.is_done = asyncio.run(self.relay.run(Reader(chunks)))
         self.outcome: RelayOutcome = self.relay.outcome()
@@ -98,7 +104,7 @@ def test_final_event_carries_the_engines_usage_and_who_served(size: int) -> None
     usage = FinalUsage.of(run.outcome, prompt_tokens=999)
 
     end = final_event(
-        request_id="chatcmpl-test",
+        answer_id="chatcmpl-test",
         model_ref="chat-7b",
         version="v1",
         region="r1",
@@ -187,10 +193,16 @@ def test_relay_failing_before_the_first_token_can_be_retried(
     async def send(message: Any) -> None:
         sent.append(message)
 
-    async def on_first() -> None:
+    async def on_first(answer_id: str) -> None:
         raise AssertionError("no answer may start")
 
-    relay = Relay(send=send, stream=True, on_first=on_first, on_tokens=lambda n: None)
+    relay = Relay(
+        send=send,
+        stream=True,
+        request_id="chatcmpl-gateway",
+        on_first=on_first,
+        on_tokens=lambda n: None,
+    )
     with pytest.raises(UpstreamFailed):
         asyncio.run(relay.run(Reader(chunks)))
     assert sent == []
@@ -230,7 +242,7 @@ def test_non_streaming_relay_collects_the_text_and_sends_nothing(size: int) -> N
     assert "".join(run.outcome.content) == text
     answer = json.loads(
         whole_answer(
-            request_id="chatcmpl-test",
+            answer_id="chatcmpl-test",
             model_ref="chat-7b",
             version="v1",
             region="r1",
@@ -243,3 +255,92 @@ def test_non_streaming_relay_collects_the_text_and_sends_nothing(size: int) -> N
     assert answer["choices"][0]["message"]["content"] == text
     assert answer["choices"][0]["finish_reason"] == run.outcome.finish_reason
     assert answer["usage"]["completion_tokens"] == UPSTREAM_USAGE["completion_tokens"]
+
+
+def test_the_answers_id_is_the_engines_from_its_first_event() -> None:
+    engine_id = json.loads(EVENTS[0][6:])["id"]
+    run = Run(cut(STREAM, 7))
+
+    assert run.sent[0]["id"] == engine_id  # the answer's headers were built with it
+    assert run.outcome.answer_id == engine_id
+    final = final_event(
+        answer_id=run.outcome.answer_id,
+        model_ref="chat-7b",
+        version="v1",
+        region="r1",
+        replica_id="rep-1",
+        usage=FinalUsage.of(run.outcome, prompt_tokens=11),
+    )
+    ids = {json.loads(e[6:])["id"] for e in [*TOKEN_EVENTS, final.split(b"\n\n")[0]]}
+    assert ids == {engine_id}
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        b'data: {"object":"chat.completion.chunk","choices":[{"index":0}]}\n\n',
+        b'data: {"id":"bad id\\r\\nx","choices":[{"index":0}]}\n\n',
+        b'data: {"id":7,"choices":[{"index":0}]}\n\n',
+    ],
+    ids=["no-id", "not-printable", "not-a-string"],
+)
+def test_an_engine_event_without_a_usable_id_keeps_the_gateways(first: bytes) -> None:
+    run = Run([first, *TOKEN_EVENTS[1:], EVENTS[-1]])
+
+    assert run.outcome.answer_id == "chatcmpl-gateway"
+
+
+def test_final_event_without_usage_is_done_alone() -> None:
+    run = Run([STREAM])
+
+    end = final_event(
+        answer_id="chatcmpl-test",
+        model_ref="chat-7b",
+        version="v1",
+        region="r1",
+        replica_id="rep-1",
+        usage=FinalUsage.of(run.outcome, prompt_tokens=11),
+        include_usage=False,
+    )
+
+    assert end == b"data: [DONE]\n\n"
+
+
+def test_non_streaming_answer_keeps_the_engines_logprobs() -> None:
+    def chunk(text: str, logprob: float, finish: str | None = None) -> bytes:
+        entry = {"token": text, "logprob": logprob, "bytes": None, "top_logprobs": []}
+        event = {
+            "id": "chatcmpl-engine",
+            "object": "chat.completion.chunk",
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"content": text},
+                    "logprobs": {"content": [entry]},
+                    "finish_reason": finish,
+                }
+            ],
+        }
+        return b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
+
+    run = Run(
+        [chunk("a", -0.5), chunk("b", -1.25, "length"), EVENTS[-2], EVENTS[-1]],
+        stream=False,
+    )
+    answer = json.loads(
+        whole_answer(
+            answer_id=run.outcome.answer_id,
+            model_ref="chat-7b",
+            version="v1",
+            region="r1",
+            replica_id="rep-1",
+            outcome=run.outcome,
+            usage=FinalUsage.of(run.outcome, prompt_tokens=11),
+        )
+    )
+
+    assert answer["id"] == "chatcmpl-engine"
+    choice = answer["choices"][0]
+    assert choice["message"]["content"] == "ab"
+    assert [e["logprob"] for e in choice["logprobs"]["content"]] == [-0.5, -1.25]
+    assert choice["finish_reason"] == "length"

@@ -1,0 +1,91 @@
+"""``POST /tokenize`` through the gateway: vLLM's tokenizer endpoint, per version.
+
+Public surface: ``TokenizeProxy``.
+
+Tools such as ``vllm bench serve`` count tokens with the server's ``/tokenize``.
+The gateway authenticates the team key and resolves the model as it does a chat
+(``routing.plan.plan_tokenize``), then passes the body to a serving replica of that
+version, least loaded first, and its answer back untouched (vLLM's
+``{"count", "max_model_len", "tokens", "token_strs"}``). A replica that cannot be
+reached, refuses the engine key or fails with a 5xx is ejected and the next is
+tried; an engine's 4xx is the client's, in OpenAI's shape. Tokenizing generates
+nothing: no admission, no bucket charge, no usage row.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import aiohttp
+
+from config.asgi_io import Send
+from routing.domain.snapshot import ConfigSnapshot
+from routing.live import LiveLoad
+from routing.plan import TokenizePlan
+from routing.responses import GatewayError, respond, upstream_client_error
+from routing.upstream import Upstream
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["TokenizeProxy"]
+
+# Replicas tried per request: tokenizing is cheap and any replica of the version
+# gives the same answer, so a second try covers one that just died.
+_ATTEMPTS = 2
+# Tokenizing a prompt at the body limit takes well under a second on a replica.
+_TIMEOUT_S = 30.0
+
+
+class TokenizeProxy:
+    """Send planned ``/tokenize`` requests to the version's replicas."""
+
+    def __init__(
+        self, *, upstream: Upstream, live: LiveLoad, connect_timeout_s: float
+    ) -> None:
+        self.upstream = upstream
+        self.live = live
+        self.timeout = aiohttp.ClientTimeout(
+            total=_TIMEOUT_S, connect=connect_timeout_s
+        )
+
+    async def serve(
+        self, plan: TokenizePlan, snapshot: ConfigSnapshot, send: Send
+    ) -> None:
+        """Answer ``plan`` with a replica's tokenization.
+
+        Raises:
+            GatewayError: the engine refused the body (its 4xx), or no replica of
+                the version could answer (503).
+        """
+        model, version = plan.resolution.model, plan.resolution.version
+        nodes = self.live.nodes(snapshot, model, version, time.monotonic())
+        nodes.sort(key=lambda node: node.tokens_in_flight)
+        for node in nodes[:_ATTEMPTS]:
+            try:
+                async with self.upstream.session.post(
+                    f"{node.url}/tokenize",
+                    data=plan.payload,
+                    headers=self.upstream.headers,
+                    timeout=self.timeout,
+                ) as response:
+                    status, raw = response.status, await response.read()
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                failure = type(exc).__name__
+            else:
+                if status == 200:
+                    await respond(send, 200, raw)
+                    return
+                if status < 500 and status not in (401, 403):
+                    raise upstream_client_error(status, raw)
+                failure = f"HTTP {status}"
+            logger.warning(
+                "replica %s failed to tokenize: %s", node.replica_id, failure
+            )
+            self.live.eject(node.replica_id, time.monotonic())
+        raise GatewayError(
+            503,
+            f"no replica of {model}@{version} can tokenize right now",
+            code="no_replica_available",
+            headers={"retry-after": "1"},
+        )
