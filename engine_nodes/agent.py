@@ -12,6 +12,13 @@ beat it:
 3. scrapes each replica's ``/metrics`` and publishes a beat (queue depth, tokens in
    flight, KV usage) to Redis and to the database.
 
+A serving replica that holds requests but whose engine shows no progress for
+``stall_after_s`` (``engine_nodes.domain.progress``: generated tokens, requests and
+KV use all flat, on fresh scrapes) is marked ``stalled``: it beats on, so it is not
+reaped, but routers skip it; it is ``serving`` again as soon as it moves. A hung
+engine answers ``/health`` and ``/metrics`` as if nothing were wrong, so only its
+figures tell.
+
 Scrapes run in threads, all replicas at once, and a tick waits for them at most
 ``scrape_timeout_s``: one slow replica must not delay the others' beats. A scrape
 still running then is not started again; its answer counts at the next tick. A
@@ -49,6 +56,7 @@ from engine_nodes import services
 from engine_nodes.actuators import Actuator
 from engine_nodes.domain.beats import ReplicaBeat
 from engine_nodes.domain.liveness import ReplicaState
+from engine_nodes.domain.progress import Progress, is_stalled, observe_progress
 from engine_nodes.domain.replica_argv import ReplicaSpec
 from engine_nodes.domain.scrape import EngineStats, parse_metrics_text
 from engine_nodes.models import Replica
@@ -118,6 +126,7 @@ class NodeAgent:
         drain_timeout_s: float = 600.0,
         scrape_timeout_s: float = 0.8,
         scrape_grace_s: float = 10.0,
+        stall_after_s: float | None = None,
         db_every_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -134,6 +143,9 @@ class NodeAgent:
         self.drain_timeout_s = drain_timeout_s
         self.scrape_timeout_s = scrape_timeout_s
         self.scrape_grace_s = scrape_grace_s
+        self.stall_after_s = (
+            settings.PLATFORM_STALL_AFTER_S if stall_after_s is None else stall_after_s
+        )
         self.clock = clock
         self.db_every_s = (
             settings.PLATFORM_HEARTBEAT_DB_S if db_every_s is None else db_every_s
@@ -143,6 +155,8 @@ class NodeAgent:
         # By replica URL: the last successful scrape and when it was taken, and
         # scrapes still running.
         self._last_stats: dict[str, tuple[EngineStats, float]] = {}
+        # By replica URL: what its fresh scrapes showed of its engine's progress.
+        self._progress: dict[str, Progress] = {}
         self._scraping: dict[str, Future[EngineStats | None]] = {}
         self._scrapers = ThreadPoolExecutor(
             max_workers=16, thread_name_prefix="agent-scrape"
@@ -217,8 +231,7 @@ class NodeAgent:
             [
                 r.url
                 for r in mine.values()
-                if r.replica_id in self.running
-                and r.state in (ReplicaState.SERVING, ReplicaState.DRAINING)
+                if r.replica_id in self.running and r.state in _SCRAPED_STATES
             ]
         )
         beats: list[ReplicaBeat] = []
@@ -268,6 +281,7 @@ class NodeAgent:
             self.ports.release(running.port)
             del self.running[replica.replica_id]
             self._last_stats.pop(replica.url, None)
+            self._progress.pop(replica.url, None)
             return None
         if state == ReplicaState.LOADING:
             if self._healthy(replica.url):
@@ -292,6 +306,8 @@ class NodeAgent:
         fresh = stats is not None
         if stats is not None:
             self._last_stats[replica.url] = (stats, self.clock())
+            if state in (ReplicaState.SERVING, ReplicaState.STALLED):
+                state = self._judge_progress(replica, state, stats)
         else:
             stats = self._recent_stats(replica.url)
         if state == ReplicaState.DRAINING:
@@ -314,6 +330,34 @@ class NodeAgent:
             # miss its beats.
             return None
         return self._beat(replica, state, stats)
+
+    def _judge_progress(self, replica: Replica, state: str, stats: EngineStats) -> str:
+        """Mark a serving replica stalled, or a stalled one serving; return its state.
+
+        ``stats`` is a fresh scrape (a reused one would look flat).
+        """
+        now = self.clock()
+        progress = self._progress[replica.url] = observe_progress(
+            self._progress.get(replica.url), stats, now
+        )
+        stalled = is_stalled(progress, now, self.stall_after_s)
+        if stalled == (state == ReplicaState.STALLED):
+            return state
+        new = ReplicaState.STALLED if stalled else ReplicaState.SERVING
+        if not services.set_replica_state(
+            replica.replica_id, expected=[state], state=new
+        ):
+            return state  # moved meanwhile (marked draining): left as it is now
+        if stalled:
+            logger.warning(
+                "replica %s stalled: %d requests and no progress for %.1f s",
+                replica.replica_id,
+                stats.num_requests_running + stats.num_requests_waiting,
+                self.stall_after_s,
+            )
+        else:
+            logger.info("replica %s moves again: serving", replica.replica_id)
+        return new
 
     def _beat(
         self, replica: Replica, state: str, stats: EngineStats | None
@@ -404,6 +448,8 @@ class NodeAgent:
         for url in set(self._last_stats) - set(urls):
             # Replicas gone or no longer scraped (stopped, loading again).
             del self._last_stats[url]
+        for url in set(self._progress) - set(urls):
+            del self._progress[url]
         return stats
 
     def _recent_stats(self, url: str) -> EngineStats | None:
@@ -431,8 +477,11 @@ _LIVE_STATES = [
     ReplicaState.STARTING,
     ReplicaState.LOADING,
     ReplicaState.SERVING,
+    ReplicaState.STALLED,
     ReplicaState.DRAINING,
 ]
+# States whose replicas run an engine the agent scrapes every beat.
+_SCRAPED_STATES = (ReplicaState.SERVING, ReplicaState.STALLED, ReplicaState.DRAINING)
 
 
 def spec_builder(

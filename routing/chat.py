@@ -8,11 +8,13 @@ The steps (seed steps 6-9 and 12), each taking what the one before produced:
    429/503 with Retry-After (jittered, so refused clients do not all return at
    once); a shadow copy goes out if the plan's resolution names one;
 2. the pool's routing policy orders the replicas for the routing key; on a connect
-   error or a 5xx before the first token the next one is tried, within the pool's
-   retry budget; the replica that failed is ejected for the missed-beat window;
+   error, a 5xx or no first token within ``first_token_timeout_s`` the next one is
+   tried, within the pool's retry budget, unseen by the client; the replica that
+   failed is ejected for the missed-beat window;
 3. the ``Relay`` forwards the engine's events; the answer ends with the final
    event (``routing.responses``), or with an error event after a mid-stream
-   failure;
+   failure (the replica died, or was silent for ``inter_token_timeout_s``; it is
+   ejected too);
 4. the ``FinalUsage`` is worked out once, when the answer ends (a client that left
    included), and used for the refund, the metrics and the usage row.
 
@@ -361,9 +363,9 @@ class ChatService:
         region = self.settings.region
         version = plan.resolution.version
 
-        def headers() -> list[tuple[bytes, bytes]]:
+        def headers(answer_id: str) -> list[tuple[bytes, bytes]]:
             return answer_headers(
-                request_id=plan.request_id,
+                request_id=answer_id,
                 version=version,
                 region=region,
                 replica_id=replica_id,
@@ -371,50 +373,72 @@ class ChatService:
                 stream=plan.stream,
             )
 
-        async def start() -> None:
+        response: aiohttp.ClientResponse | None = None
+        # The first token's deadline, from now (connect and headers included).
+        first_token = asyncio.timeout(self.settings.first_token_timeout_s)
+
+        async def start(answer_id: str) -> None:
+            # First, before any await: past here the deadline can no longer
+            # cancel an answer that has begun. From now on the replica may stay
+            # silent for inter_token_timeout_s between reads (aiohttp's timer).
+            first_token.reschedule(None)
+            if response is not None:
+                self.upstream.expect_tokens(response)
             if plan.stream:
                 await send(
-                    {"type": "http.response.start", "status": 200, "headers": headers()}
+                    {
+                        "type": "http.response.start",
+                        "status": 200,
+                        "headers": headers(answer_id),
+                    }
                 )
 
         load = AttemptLoad(
             self.live, replica_id, tokens=plan.request_tokens, floor=plan.prompt_tokens
         )
         relay = Relay(
-            send=send, stream=plan.stream, on_first=start, on_tokens=load.shrink
+            send=send,
+            stream=plan.stream,
+            request_id=plan.request_id,
+            on_first=start,
+            on_tokens=load.shrink,
         )
         served.replica_id, served.relay = replica_id, relay
-        response: aiohttp.ClientResponse | None = None
         is_done = False
         try:
             try:
-                response = await self.upstream.chat(url, plan.payload)
-            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-                raise UpstreamFailed(type(exc).__name__) from None
-            if response.status >= 500:
-                raise UpstreamFailed(f"HTTP {response.status}")
-            if response.status in (401, 403):
-                # The engine refused the gateway's engine key (vLLM: 401
-                # {"error":"Unauthorized"}): the platform's fault, not the client's.
+                async with first_token:
+                    response = await self._open(url, plan.payload)
+                    # The relay loop runs as a task of its own: each engine chunk
+                    # then resumes this one coroutine, not the whole chain of
+                    # frames above it (the server, the router, the gateway ...
+                    # _attempt), which cost about 10% of the relay's CPU per token.
+                    # Cancelling this task (the deadline, a client that left)
+                    # cancels it.
+                    is_done = await asyncio.ensure_future(relay.run(response.content))
+            except TimeoutError:
+                if not first_token.expired():
+                    raise
                 raise UpstreamFailed(
-                    f"HTTP {response.status}: the replica refused the engine API key"
-                )
-            if response.status != 200:
-                raise upstream_client_error(response.status, await response.read())
-            # The relay loop runs as a task of its own: each engine chunk then
-            # resumes this one coroutine, not the whole chain of frames above it
-            # (the server, the router, the gateway ... _attempt), which cost about
-            # 10% of the relay's CPU per token. Cancelling this task cancels it.
-            is_done = await asyncio.ensure_future(relay.run(response.content))
+                    f"no first token within {self.settings.first_token_timeout_s:g} s"
+                ) from None
             if not is_done:
+                # Broken after its first token (died, sent an error, or silent for
+                # the inter-token timeout): too late to retry, but new requests
+                # avoid it for the missed-beat window (by then a dead one stopped
+                # beating and a stalled one beats as stalled).
+                logger.warning("replica %s broke a stream mid-way", replica_id)
+                self.live.eject(replica_id, time.monotonic())
                 await self._end_broken(plan, replica_id, send, before_last_send)
                 return "error"
             outcome = relay.outcome()
             usage = served.usage = FinalUsage.of(
                 outcome, prompt_tokens=plan.prompt_tokens
             )
+            # The answer's id is the engine's (every content chunk carries it), and
+            # so is x-request-id.
             served_by = {
-                "request_id": plan.request_id,
+                "answer_id": outcome.answer_id,
                 "model_ref": plan.model_ref,
                 "version": version,
                 "region": region,
@@ -425,19 +449,48 @@ class ChatService:
                 await send(
                     {
                         "type": "http.response.body",
-                        "body": final_event(**served_by, usage=usage),
+                        "body": final_event(
+                            **served_by, usage=usage, include_usage=plan.include_usage
+                        ),
                         "more_body": False,
                     }
                 )
             else:
                 body = whole_answer(**served_by, outcome=outcome, usage=usage)
-                await respond(send, 200, body, raw_headers=headers())
+                await respond(send, 200, body, raw_headers=headers(outcome.answer_id))
             return "ok"
         finally:
             if response is not None:
                 # A stream read to [DONE] leaves a reusable connection.
                 response.release() if is_done else response.close()
             load.drop()
+
+    async def _open(self, url: str, payload: bytes) -> aiohttp.ClientResponse:
+        """Send the request to a replica; return its 200 response, body unread.
+
+        Raises:
+            UpstreamFailed: no connection, a 5xx, or the engine refused the
+                gateway's engine key: another replica may be tried.
+            GatewayError: a 4xx the client's request caused, in OpenAI's shape.
+        """
+        try:
+            response = await self.upstream.chat(url, payload)
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise UpstreamFailed(type(exc).__name__) from None
+        if response.status == 200:
+            return response
+        try:
+            if response.status >= 500:
+                raise UpstreamFailed(f"HTTP {response.status}")
+            if response.status in (401, 403):
+                # The engine refused the gateway's engine key (vLLM: 401
+                # {"error":"Unauthorized"}): the platform's fault, not the client's.
+                raise UpstreamFailed(
+                    f"HTTP {response.status}: the replica refused the engine API key"
+                )
+            raise upstream_client_error(response.status, await response.read())
+        finally:
+            response.close()
 
     async def _end_broken(
         self,

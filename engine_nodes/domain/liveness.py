@@ -16,11 +16,17 @@ __all__ = ["ReplicaState", "is_silent", "silence_cutoff"]
 
 
 class ReplicaState(enum.StrEnum):
-    """The seed's replica states, plus ``gone`` for replicas that stopped beating."""
+    """The seed's replica states, plus ``stalled`` and ``gone``.
+
+    ``stalled``: serving, but its engine holds requests and has shown no progress
+    for a while (``engine_nodes.domain.progress``); it beats on and routers skip it
+    until it moves again (back to ``serving``). ``gone``: it stopped beating.
+    """
 
     STARTING = "starting"
     LOADING = "loading"
     SERVING = "serving"
+    STALLED = "stalled"
     DRAINING = "draining"
     GONE = "gone"
 

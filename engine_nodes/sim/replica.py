@@ -85,6 +85,8 @@ class SimOptions:
     output_len_cv: float = 0.6
     seed: int = 0
     admin_token: str | None = None
+    # vLLM's --api-key (or VLLM_API_KEY): any one of them opens /v1.
+    api_keys: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -93,7 +95,11 @@ class Faults:
 
     - ``crash_after_tokens``: the process dies once it has produced this many more
       output tokens (a GPU error taking its streams with it).
-    - ``stall``: the engine stops stepping; streams hang, health stays 200.
+    - ``stall``: the engine stops stepping; streams hang, health stays 200. As a
+      hung vLLM engine core: it handles nothing meanwhile, so aborts (clients that
+      left) wait for the stall to end and its gauges on ``/metrics`` keep their
+      last values (vLLM publishes them from the engine, with each step); the HTTP
+      side still takes requests and notices disconnects.
     - ``fail_next``: that many next requests get a 500 before their first token;
       ``fail_rate`` does the same at random.
     - ``ready_in_s``: ``/health`` (and requests) answer 503 until that many seconds
@@ -171,7 +177,10 @@ class SimReplica:
         self._streams: dict[str, Stream] = {}
         self._wake = asyncio.Event()
         self._unstalled = asyncio.Event()
-        self._unstalled.set()
+        if not self.faults.stall:  # --sim-stall: stalled from the start
+            self._unstalled.set()
+        # Request ids whose clients left during a stall: aborted when it ends.
+        self._stalled_aborts: list[str] = []
         self._task: asyncio.Task[None] | None = None
         self._crash_budget = self.faults.crash_after_tokens
         self._on_crash = on_crash or _crash_process
@@ -205,9 +214,20 @@ class SimReplica:
             self._crash_budget = changes["crash_after_tokens"]
         if self.faults.stall:
             self._unstalled.clear()
-        else:
+        elif not self._unstalled.is_set():
             self._unstalled.set()
+            # The engine handles what arrived meanwhile, before its next step.
+            aborts, self._stalled_aborts = self._stalled_aborts, []
+            now = time.monotonic()
+            for request_id in aborts:
+                self._abort_in_engine(request_id, now)
+            self._publish_gauges(0)
         return self.faults
+
+    @property
+    def is_stalled(self) -> bool:
+        """True while the stall fault holds the engine."""
+        return not self._unstalled.is_set()
 
     @property
     def is_ready(self) -> bool:
@@ -252,21 +272,33 @@ class SimReplica:
             ),
             self._last_arrival,
         )
-        self._publish_gauges(0)
+        if not self.is_stalled:
+            self._publish_gauges(0)
         self._wake.set()
         return stream
 
     def abort(self, request_id: str) -> None:
         """Drop a request whose client went away; its KV blocks are freed at once."""
+        stream = self._streams.get(request_id)
+        if stream is None:
+            return
+        if self.is_stalled:
+            # A hung engine takes no aborts: the request stays running (and in
+            # the gauges) until the stall ends.
+            self._stalled_aborts.append(request_id)
+            return
+        self._abort_in_engine(request_id, time.monotonic())
+        self._publish_gauges(0)
+
+    def _abort_in_engine(self, request_id: str, now: float) -> None:
         stream = self._streams.pop(request_id, None)
         if stream is None:
             return
-        done = self.engine.abort(request_id, time.monotonic())
+        done = self.engine.abort(request_id, now)
         if done is not None:
             self.metrics.record_finished(
                 done, arrived_at=stream.arrived_at, max_tokens=stream.max_tokens
             )
-        self._publish_gauges(0)
 
     @property
     def queued_requests(self) -> int:
@@ -294,6 +326,11 @@ class SimReplica:
             delay = ended - clock()
             if delay > 0:
                 await asyncio.sleep(delay)
+            if not self._unstalled.is_set():
+                # Stalled mid-step, as a GPU hung in a kernel: the step ends (and
+                # its tokens come) when the stall does.
+                await self._unstalled.wait()
+                ended = max(ended, clock())
             output = self.engine.end_step(ended)
             self._dispatch(output.tokens, output.finished, output.finished_at)
             self._publish_gauges(output.num_tokens)
@@ -384,6 +421,8 @@ class SimReplica:
             "tokens_in_flight": engine.tokens_in_flight(),
             "generation_tokens": engine.generation_tokens,
             "faults": asdict(self.faults),
+            # Clients that left during a stall, aborted when it ends.
+            "held_aborts": len(self._stalled_aborts),
             "is_ready": self.is_ready,
             "pid": os.getpid(),
         }

@@ -353,3 +353,66 @@ def test_database_hears_beats_at_its_own_rate(
     finally:
         agent.clock = time.monotonic
         agent.shutdown(grace_s=5)
+
+
+def test_a_replica_that_stalls_under_a_stream_is_stalled_until_it_moves(
+    tmp_path: Path, pool: Pool, beat_store: RedisBeatStore
+) -> None:
+    """GIVEN a serving replica streaming an answer
+    WHEN its engine stalls (the simulator's fault) and later the client leaves
+    THEN once its figures have been flat for ``stall_after_s`` (on the agent's
+    clock) the agent marks it stalled and beats it so, which routers skip; it
+    stays stalled while the hung engine holds the request, and serves again once
+    the stall ends.
+    """
+    now = [0.0]
+    agent = make_agent(tmp_path, sink=beat_store, stall_after_s=5.0)
+    try:
+        tick_until(agent, lambda: list(states().values()) == ["serving"], "a replica")
+        replica = Replica.objects.get()
+        agent.clock = lambda: now[0]
+        with (
+            httpx.Client(timeout=60) as http,
+            http.stream(
+                "POST",
+                f"{replica.url}/v1/chat/completions",
+                json={
+                    "model": "chat-7b",
+                    "messages": [{"role": "user", "content": "x"}],
+                    "max_tokens": 3000,
+                    "stream": True,
+                    "ignore_eos": True,
+                },
+            ) as response,
+        ):
+            # Keep the line iterator: a discarded one closes the stream, and the
+            # replica would see the client leave before the stall.
+            lines = response.iter_lines()
+            assert '"role":"assistant"' in next(x for x in lines if x)
+            faults = http.post(f"{replica.url}/sim/faults", json={"stall": True})
+            faults.raise_for_status()
+            agent.tick(now=timezone.now())  # flat from 0 s
+            now[0] = 4.9
+            agent.tick(now=timezone.now())
+            assert states() == {replica.replica_id: "serving"}
+            now[0] = 5.0
+            agent.tick(now=timezone.now())
+            assert states() == {replica.replica_id: "stalled"}
+            assert [b.state for b in beat_store.read_region("test")] == ["stalled"]
+        wait_until(
+            lambda: httpx.get(f"{replica.url}/sim/state").json()["held_aborts"] == 1,
+            message="the replica to notice that the client left",
+        )
+        now[0] = 60.0
+        agent.tick(now=timezone.now())
+        assert states() == {replica.replica_id: "stalled"}
+        httpx.post(
+            f"{replica.url}/sim/faults", json={"stall": False}
+        ).raise_for_status()
+        now[0] = 61.0
+        agent.tick(now=timezone.now())
+        assert states() == {replica.replica_id: "serving"}
+        assert [b.state for b in beat_store.read_region("test")] == ["serving"]
+    finally:
+        agent.clock = time.monotonic
+        agent.shutdown(grace_s=5)

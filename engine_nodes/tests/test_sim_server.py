@@ -378,6 +378,69 @@ def test_stall_holds_requests_until_released(replica: Process) -> None:
     assert results[0].json()["usage"]["completion_tokens"] == 3
 
 
+def gauges(process: Process) -> tuple[int, int, int]:
+    """Return (running, waiting, generated tokens) as ``/metrics`` shows them."""
+    stats = parse_metrics_text(httpx.get(f"{process.url}/metrics").text)
+    return (
+        stats.num_requests_running,
+        stats.num_requests_waiting,
+        stats.generation_tokens,
+    )
+
+
+def test_a_stalled_engine_holds_its_gauges_and_aborts_until_released(
+    replica: Process,
+) -> None:
+    """GIVEN a stream that has begun
+    WHEN the engine stalls and then the client leaves
+    THEN, as with a hung vLLM engine core, ``/metrics`` goes on showing the request
+    running and no new tokens (the abort waits); once the stall ends the abort is
+    taken before any step and the replica is idle.
+    """
+    with (
+        httpx.Client(timeout=30) as http,
+        http.stream(
+            "POST",
+            f"{replica.url}/v1/chat/completions",
+            json={
+                "model": "chat-7b",
+                "messages": [{"role": "user", "content": "x"}],
+                "max_tokens": 3000,
+                "stream": True,
+                "ignore_eos": True,
+            },
+        ) as response,
+    ):
+        lines = response.iter_lines()
+        assert '"role":"assistant"' in next(line for line in lines if line)
+        admin(replica, stall=True)
+        running, waiting, generated = gauges(replica)
+        assert running + waiting == 1
+    wait_until(
+        lambda: state(replica)["held_aborts"] == 1,
+        message="the replica to notice that the client left",
+    )
+    assert gauges(replica) == (running, waiting, generated)
+    admin(replica, stall=False)
+    assert state(replica)["held_aborts"] == 0
+    assert gauges(replica) == (0, 0, generated)
+
+
+def test_sim_stall_flag_stalls_from_the_start(tmp_path: Path) -> None:
+    with sim_replica(tmp_path, "--sim-stall") as process:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(
+                f"{process.url}/v1/chat/completions",
+                json={
+                    "model": "chat-7b",
+                    "messages": [{"role": "user", "content": "x"}],
+                    "max_tokens": 1,
+                },
+                timeout=httpx.Timeout(10.0, read=1.0),
+            )
+        assert httpx.get(f"{process.url}/health").status_code == 200
+
+
 def test_degraded_answers_are_refusals(replica: Process) -> None:
     admin(replica, degraded=True)
     try:

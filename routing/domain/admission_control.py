@@ -8,8 +8,9 @@ For each request, in this order (seed steps 6 and 10):
 
 1. the team's token bucket on the model is charged ``prompt_tokens + max_tokens``
    and one of the team's ``max_concurrency`` slots is taken, both or neither (a
-   charge larger than the whole bucket is a 400; an empty bucket or no free slot a
-   429, with nothing held);
+   charge larger than the whole bucket is a 400, with the bucket's rate-limit
+   headers read by a charge of nothing; an empty bucket or no free slot a 429,
+   with nothing held);
 2. the pool's tiered queue (``routing.domain.admission.AdmissionQueue``) decides:
    admit, queue (interactive ahead of standard; batch only on idle capacity), 429
    for a team above its guaranteed share while the pool is full, or 503 when the
@@ -296,6 +297,7 @@ class AdmissionControl:
                 f"team's limit is {capacity} tokens per minute; lower max_tokens",
                 retry_after_s=0,
                 code="request_exceeds_token_limit",
+                headers=(yield from self._read_bucket(request, admission_id)),
             ) from None
         assert isinstance(claim, Claim)
         charge = claim.charge
@@ -391,6 +393,32 @@ class AdmissionControl:
         """Return the requests waiting in ``pool``'s queue, in admission order."""
         queue = self._queues.get(pool)
         return queue.waiting() if queue is not None else []
+
+    def _read_bucket(
+        self, request: AdmissionRequest, admission_id: str
+    ) -> Generator[Effect, Claim | Verdict | None, dict[str, str]]:
+        """Return the rate-limit headers of the team's bucket as it stands.
+
+        For the 400 of a request that no bucket could ever hold: a charge of 0
+        tokens with a cap of 0 slots, which every store answers with the bucket
+        refilled to now and stores nothing (``Claim``: a refused slot leaves the
+        bucket untouched). A store that fails here does not turn the 400 into a
+        503: the headers then carry only the limit.
+        """
+        capacity = request.limit.tokens_per_minute
+        try:
+            claim = yield ChargeAndAcquire(
+                key=request.limit_key,
+                capacity=capacity,
+                refill_per_s=capacity / 60.0,
+                amount=0,
+                limit=0,
+                request_id=admission_id,
+            )
+        except Exception:
+            return {"x-ratelimit-limit-tokens": str(capacity)}
+        assert isinstance(claim, Claim)
+        return rate_limit_headers(claim.charge)
 
     def _enter_pool(
         self, request: AdmissionRequest, admission_id: str, now: float

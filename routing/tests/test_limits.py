@@ -152,6 +152,62 @@ def test_charge_above_the_whole_bucket_is_a_400() -> None:
     run(scenario())
 
 
+async def too_large_shows_the_bucket(stores: tuple[Any, Any]) -> dict[str, str]:
+    """Charge 600 of a 1,000-token bucket, 9 s later ask for 1,001: return the
+    400's headers, after checking that it took nothing."""
+    admission, _, clock = build(stores=stores)
+    limits = Limits(tokens_per_minute=1000, max_concurrency=1)
+    held = await admission.admit(request("a", 600, **limits))
+    clock.now += 9.0  # 150 tokens refill: 550 in the bucket
+    with pytest.raises(Rejected) as refused:
+        await admission.admit(request("a", 1001, **limits))
+    assert (refused.value.status, refused.value.code) == (
+        400,
+        "request_exceeds_token_limit",
+    )
+    # Nothing taken: the one slot is still the first request's, the bucket as it was.
+    bucket = await stores[0].peek(
+        "a:chat-7b", capacity=1000, refill_per_s=1000 / 60, now=clock.now
+    )
+    assert round(bucket.tokens) == 550
+    assert await stores[1].count("a:chat-7b", clock.now) == 1
+    await admission.release(held, used_tokens=600)
+    return refused.value.headers
+
+
+def test_charge_above_the_whole_bucket_has_the_rate_limit_headers() -> None:
+    headers = run(
+        too_large_shows_the_bucket((MemoryBucketStore(), MemoryConcurrency()))
+    )
+    assert headers == {
+        "x-ratelimit-limit-tokens": "1000",
+        "x-ratelimit-remaining-tokens": "550",
+        "x-ratelimit-reset-tokens": "27s",  # 450 tokens at 1000/60 per second
+    }
+
+
+def test_charge_above_the_whole_bucket_has_the_headers_over_redis(
+    redis_url: str, redis_prefix: str
+) -> None:
+    async def scenario() -> dict[str, str]:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            return await too_large_shows_the_bucket(
+                (
+                    RedisBucketStore(client, redis_prefix),
+                    RedisConcurrency(client, redis_prefix),
+                )
+            )
+        finally:
+            await client.aclose()
+
+    assert run(scenario()) == {
+        "x-ratelimit-limit-tokens": "1000",
+        "x-ratelimit-remaining-tokens": "550",
+        "x-ratelimit-reset-tokens": "27s",
+    }
+
+
 def test_concurrency_cap_refuses_then_frees_and_refunds() -> None:
     async def scenario() -> None:
         admission, _, _ = build()

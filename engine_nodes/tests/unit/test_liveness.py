@@ -53,11 +53,12 @@ def test_is_silent_depends_on_missed_beats() -> None:
     assert not is_silent(last, NOW, BEAT_S, missed_beats=5)
 
 
-def test_replica_state_values_are_the_seed_states_plus_gone() -> None:
+def test_replica_state_values_are_the_seed_states_plus_stalled_and_gone() -> None:
     assert [s.value for s in ReplicaState] == [
         "starting",
         "loading",
         "serving",
+        "stalled",
         "draining",
         "gone",
     ]

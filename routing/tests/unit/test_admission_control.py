@@ -211,6 +211,41 @@ def test_a_pool_refusal_gives_back_the_charge_and_the_slot() -> None:
     assert driver.pool.teams.get("a", 0) == 0
 
 
+def test_a_request_larger_than_the_bucket_is_a_400_showing_the_bucket() -> None:
+    driver = Driver(Pool())
+    driver.start(request("a", 300, tokens_per_minute=500), "r1")
+
+    _, refused = driver.start(request("a", 600, tokens_per_minute=500), "r2")
+
+    assert isinstance(refused, Rejected)
+    assert (refused.status, refused.code) == (400, "request_exceeds_token_limit")
+    assert refused.headers == {
+        "x-ratelimit-limit-tokens": "500",
+        "x-ratelimit-remaining-tokens": "200",
+        "x-ratelimit-reset-tokens": "36s",  # 300 tokens at 500/60 per second
+    }
+    # Read by a charge of nothing that can take no slot: nothing changed.
+    read = driver.effects[-1]
+    assert isinstance(read, ChargeAndAcquire)
+    assert (read.amount, read.limit) == (0, 0)
+    assert driver.tokens_left("a", 500) == 200
+    assert driver.slots("a") == 1
+
+
+def test_a_failed_bucket_read_still_gives_the_400_with_the_limit() -> None:
+    driver = Driver(Pool())
+    steps = driver.control.admit(request("a", 600, tokens_per_minute=500), "r1", NOW)
+    assert isinstance(next(steps), ChargeAndAcquire)
+    read = steps.throw(ChargeTooLarge(600, 500))
+    assert isinstance(read, ChargeAndAcquire) and read.amount == 0
+
+    with pytest.raises(Rejected) as refused:
+        steps.throw(ConnectionError("the store is down"))
+
+    assert refused.value.status == 400
+    assert refused.value.headers == {"x-ratelimit-limit-tokens": "500"}
+
+
 def test_a_request_larger_than_the_pool_is_a_400() -> None:
     driver = Driver(Pool(capacity=500))
 
