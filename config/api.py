@@ -1,10 +1,55 @@
-"""Helpers shared by the control-plane views."""
+"""What every control-plane view shares: its base class, body parser and schema.
+
+Public surface: ``validated``, ``ControlPlaneView``, ``ControlPlaneSchema``, ``ErrorSerializer``, ``PATH_NAMES``, ``openapi_pattern``,
+``finish_schema`` (a drf-spectacular postprocessing hook).
+
+The rules a client can break are checked here once, before any view runs, and
+documented from the same constants, so the schema (``GET /admin/schema``) says
+what the API refuses:
+
+- path names (``{team}``, ``{model}``) follow the slug rule (``accounts.domain.names``):
+  a malformed one is a 400 naming it, a well-formed unknown one a 404;
+- a body is parsed by ``config.parsers.BodyParser`` (bounded, no NUL): a 400
+  naming the field otherwise;
+- every operation documents its errors (400, 401, 403; 404 where the path names
+  something; 413 and 415 where it takes a body) with the one error shape.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter
+from rest_framework import serializers
+from rest_framework.views import APIView
+
+from accounts.domain.names import SLUG_PATTERN, SLUG_RULE, is_valid_slug
 from config.errors import InvalidRequest
+
+__all__ = [
+    "PATH_NAMES",
+    "ControlPlaneSchema",
+    "ControlPlaneView",
+    "ErrorSerializer",
+    "finish_schema",
+    "openapi_pattern",
+    "validated",
+]
+
+# The path variables that name a slug, and how the schema describes them.
+PATH_NAMES: Mapping[str, str] = {"team": "A team's slug.", "model": "A model's name."}
+
+
+def openapi_pattern(pattern: str) -> str:
+    r"""Return a Python pattern as the schema writes it: ECMA-262, so ``$``, not ``\Z``.
+
+    Our patterns end in ``\Z`` because Python's ``$`` also matches before a final
+    newline; in the schema's dialect ``$`` means the end of the string already.
+    """
+    return pattern[:-2] + "$" if pattern.endswith(r"\Z") else pattern
 
 
 def validated(serializer_class: type, data: Any) -> dict[str, Any]:
@@ -14,3 +59,98 @@ def validated(serializer_class: type, data: Any) -> dict[str, Any]:
     serializer = serializer_class(data=data)
     serializer.is_valid(raise_exception=True)
     return dict(serializer.validated_data)
+
+
+class ControlPlaneView(APIView):
+    """Base of every /admin view: path names are checked after authentication.
+
+    Authentication and permissions run first (``super().initial``), so a caller
+    without the admin token learns nothing about which names are well formed.
+    """
+
+    def initial(self, request: Any, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)
+        for name in PATH_NAMES:
+            value = kwargs.get(name)
+            if value is not None and not is_valid_slug(value):
+                raise InvalidRequest(f"{name} must be {SLUG_RULE}", param=name)
+
+
+class ErrorDetailSerializer(serializers.Serializer):
+    """The inside of every error: OpenAI's four fields."""
+
+    type = serializers.CharField()
+    message = serializers.CharField()
+    param = serializers.CharField(allow_null=True)
+    code = serializers.CharField(allow_null=True)
+
+
+class ErrorSerializer(serializers.Serializer):
+    """Every error the API answers: ``{"error": {type, message, param, code}}``."""
+
+    error = ErrorDetailSerializer()
+
+
+_ERRORS_ALWAYS = {
+    "400": "The request is malformed (the error's param names the field).",
+    "401": "No admin token, or one that is unknown or revoked.",
+    "403": "A team key: the control plane takes admin tokens only.",
+}
+_ERRORS_WITH_PATH = {"404": "The model, version, team or key named does not exist."}
+_ERRORS_WITH_BODY = {
+    "413": "The body is larger than 2.5 MB.",
+    "415": "The body is not application/json.",
+}
+
+
+class ControlPlaneSchema(AutoSchema):
+    """The schema of a control-plane operation, with its path rules and its errors."""
+
+    def get_override_parameters(self) -> list[Any]:
+        parameters = list(super().get_override_parameters())
+        for name, description in PATH_NAMES.items():
+            if f"{{{name}}}" in self.path:
+                parameters.append(
+                    OpenApiParameter(
+                        name,
+                        OpenApiTypes.STR,
+                        OpenApiParameter.PATH,
+                        description=f"{description} {SLUG_RULE}.",
+                        pattern=openapi_pattern(SLUG_PATTERN),
+                    )
+                )
+        return parameters
+
+    def _get_response_bodies(self, direction: Any = "response") -> dict[str, Any]:
+        responses: dict[str, Any] = super()._get_response_bodies(direction)
+        errors = dict(_ERRORS_ALWAYS)
+        if "{" in self.path:
+            errors.update(_ERRORS_WITH_PATH)
+        if self.method in {"POST", "PUT", "PATCH"}:
+            errors.update(_ERRORS_WITH_BODY)
+        for code, description in errors.items():
+            if code not in responses:
+                response = self._get_response_for_code(
+                    ErrorSerializer, code, direction=direction
+                )
+                responses[code] = {**response, "description": description}
+        return dict(sorted(responses.items()))
+
+
+def finish_schema(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    """Write every pattern in the schema's dialect (a postprocessing hook).
+
+    Serializer fields carry the Python patterns they validate with (``\\Z``);
+    drf-spectacular copies them as they are.
+    """
+    stack: list[Any] = [result]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            pattern = node.get("pattern")
+            if isinstance(pattern, str):
+                node["pattern"] = openapi_pattern(pattern)
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return result

@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.defaults import page_not_found, server_error
 from rest_framework import exceptions as drf_exceptions
@@ -124,6 +126,18 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
                 error_type=exc.error_type,
             ),
             status=exc.status_code,
+        )
+    if isinstance(exc, RequestDataTooBig):
+        # Django's DATA_UPLOAD_MAX_MEMORY_SIZE (2.5 MB): raised when a view first
+        # reads the body, which DRF's handler does not know.
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return Response(
+            error_body(
+                413,
+                f"the body is larger than the {limit} bytes allowed",
+                code="request_too_large",
+            ),
+            status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
         )
     # Imported here: accounts.auth (loaded by rest_framework.views through the
     # settings) raises PlatformError from this module, so a top-level import cycles.

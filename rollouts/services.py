@@ -14,7 +14,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from config.errors import InvalidRequest
+from config.errors import Conflict, InvalidRequest
 from models_registry.domain.identity import VersionStatus
 from models_registry.models import Model, ModelVersion
 from models_registry.services import get_model, get_version, model_dict
@@ -38,15 +38,18 @@ def set_rollout(
     with transaction.atomic():
         model = get_model(model_id, for_update=True)
         candidate = get_version(model_id, version)
+        # 409s, not 400s: the body is valid; the version's state refuses it.
         if candidate.pk == model.live_version_id:
-            raise InvalidRequest(
+            raise Conflict(
                 f"{candidate.ref} is already live; a rollout needs another version",
                 param="version",
+                code="version_is_live",
             )
         if candidate.status in {VersionStatus.REJECTED, VersionStatus.RETIRED}:
-            raise InvalidRequest(
+            raise Conflict(
                 f"{candidate.ref} is {candidate.status} and cannot take traffic",
                 param="version",
+                code="version_out_of_service",
             )
         pending = Rollout.objects.filter(model=model, decision=Decision.PENDING).first()
         if (
@@ -84,9 +87,10 @@ def set_alias(*, model_id: str, version: str) -> Model:
         model = get_model(model_id, for_update=True)
         target = get_version(model_id, version)
         if target.status in {VersionStatus.REJECTED, VersionStatus.RETIRED}:
-            raise InvalidRequest(
+            raise Conflict(
                 f"{target.ref} is {target.status} and cannot take traffic",
                 param="version",
+                code="version_out_of_service",
             )
         previous_id = model.live_version_id
         if previous_id is not None and previous_id != target.pk:

@@ -172,6 +172,39 @@ def test_schema_lists_the_seed_paths(admin_client: APIClient) -> None:
         assert path in paths
 
 
+def test_schema_says_what_the_api_answers(admin_client: APIClient) -> None:
+    """The versions list is an envelope, names carry the slug rule, and every
+    operation documents its errors in the one error shape."""
+    schema = json.loads(admin_client.get("/admin/schema").content)
+    components = schema["components"]["schemas"]
+    versions = schema["paths"]["/admin/models/{model}/versions"]["get"]
+    listed = versions["responses"]["200"]["content"]["application/json"]["schema"]
+    envelope = components[listed["$ref"].rsplit("/", 1)[1]]
+    assert envelope["properties"]["data"]["type"] == "array"
+    assert envelope["required"] == ["data"]
+    (model,) = (p for p in versions["parameters"] if p["name"] == "model")
+    assert model["schema"]["pattern"] == "^[a-z0-9][a-z0-9._-]{0,63}$"
+    assert components["TeamCreate"]["properties"]["team"]["pattern"] == (
+        "^[a-z0-9][a-z0-9._-]{0,63}$"
+    )
+    assert components["Limit"]["properties"]["max_concurrency"]["maximum"] == (
+        2**31 - 1
+    )
+    error = {"$ref": "#/components/schemas/Error"}
+    for path, operations in schema["paths"].items():
+        for method, operation in operations.items():
+            expected = {"400", "401", "403"}
+            if "{" in path:
+                expected.add("404")
+            if method in {"post", "put"}:
+                expected |= {"413", "415"}
+            responses = operation["responses"]
+            assert expected <= set(responses), (method, path)
+            for code in expected:
+                body = responses[code]["content"]["application/json"]["schema"]
+                assert body == error, (method, path, code)
+
+
 # --- models and versions -----------------------------------------------------------------
 
 
@@ -399,7 +432,7 @@ def test_repeating_a_rollout_is_idempotent(
         ({"version": "v2", "stage": "blue", "percent": 1}, 400, "stage"),
         ({"version": "v2", "stage": "canary", "percent": 0}, 400, "percent"),
         ({"version": "v2", "stage": "canary", "percent": 101}, 400, "percent"),
-        ({"version": "v1", "stage": "canary", "percent": 5}, 400, "version"),
+        ({"version": "v1", "stage": "canary", "percent": 5}, 409, "version"),
         ({"version": "v9", "stage": "canary", "percent": 5}, 404, "version"),
         ({"stage": "canary", "percent": 5}, 400, "version"),
     ],
@@ -412,7 +445,9 @@ def test_rollout_rejects_bad_requests(
     param: str,
 ) -> None:
     response = admin_client.put("/admin/models/chat-7b/rollout", body, format="json")
-    error_type = "not_found_error" if status == 404 else "invalid_request_error"
+    error_type = {404: "not_found_error", 409: "conflict_error"}.get(
+        status, "invalid_request_error"
+    )
     assert_error(response, status, error_type, param)
     assert not Rollout.objects.exists()
 
@@ -463,14 +498,14 @@ def test_alias_back_to_old_version_rolls_back(
     assert Rollout.objects.get().decision == "rolled_back"
 
 
-def test_alias_to_rejected_version_is_400(
+def test_alias_to_rejected_version_is_409(
     admin_client: APIClient, chat_v2: ModelVersion
 ) -> None:
     ModelVersion.objects.filter(pk=chat_v2.pk).update(status="rejected")
     response = admin_client.put(
         "/admin/models/chat-7b/alias", {"version": "v2"}, format="json"
     )
-    assert_error(response, 400, "invalid_request_error", "version")
+    assert_error(response, 409, "conflict_error", "version")
     live = Model.objects.get(pk="chat-7b").live_version
     assert live is not None
     assert live.version == "v1"
@@ -628,7 +663,7 @@ def test_set_limits_refuses_shares_over_the_whole_pool(
         "guaranteed_share": 0.4,
     }
     response = admin_client.put("/admin/teams/search/limits", body, format="json")
-    assert_error(response, 400, "invalid_request_error", "guaranteed_share")
+    assert_error(response, 409, "conflict_error", "guaranteed_share")
     body["guaranteed_share"] = 0.3
     assert (
         admin_client.put("/admin/teams/search/limits", body, format="json").status_code

@@ -1,27 +1,79 @@
-"""Request bodies of the team endpoints."""
+"""Bodies of the team endpoints, requests and responses (the schema is drawn from them).
+
+Request fields are ``config.fields``': each takes only its JSON type, so the schema
+says exactly what a 400 refuses.
+"""
 
 from __future__ import annotations
 
 from rest_framework import serializers
 
+from accounts.domain.limits import MAX_CONCURRENCY, MAX_TOKENS_PER_MINUTE
+from config import fields
+
 
 class TeamCreateSerializer(serializers.Serializer):
     """POST /admin/teams."""
 
-    team = serializers.CharField(max_length=64)
-    name = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    team = fields.SlugField()
+    name = fields.TextField(max_length=200, required=False, allow_blank=True)
 
 
 class KeyCreateSerializer(serializers.Serializer):
     """POST /admin/teams/{team}/keys."""
 
-    name = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    name = fields.TextField(max_length=200, required=False, allow_blank=True)
 
 
 class LimitSerializer(serializers.Serializer):
-    """PUT /admin/teams/{team}/limits: the seed's body."""
+    """PUT /admin/teams/{team}/limits: the seed's body.
 
-    model = serializers.CharField(max_length=64)
+    Each bound is what its column holds or the domain's rule
+    (``accounts.domain.limits``); a value past it is a 400 naming the field.
+    """
+
+    model = fields.SlugField()
+    tokens_per_minute = fields.IntegerField(
+        min_value=1, max_value=MAX_TOKENS_PER_MINUTE
+    )
+    max_concurrency = fields.IntegerField(min_value=1, max_value=MAX_CONCURRENCY)
+    guaranteed_share = fields.NumberField(
+        required=False, default=0.0, min_value=0.0, max_value=1.0
+    )
+
+
+class LimitOutSerializer(serializers.Serializer):
+    """A team's limits on one model, as the API shows them."""
+
+    team = serializers.CharField()
+    model = serializers.CharField()
     tokens_per_minute = serializers.IntegerField()
     max_concurrency = serializers.IntegerField()
-    guaranteed_share = serializers.FloatField(required=False, default=0.0)
+    guaranteed_share = serializers.FloatField()
+
+
+class TeamSerializer(serializers.Serializer):
+    """A team with its limits."""
+
+    team = serializers.CharField()
+    name = serializers.CharField(allow_blank=True)
+    created_at = serializers.DateTimeField()
+    limits = LimitOutSerializer(many=True)
+
+
+class KeySerializer(serializers.Serializer):
+    """A key's public record: never the secret, never its hash."""
+
+    id = serializers.IntegerField()
+    team = serializers.CharField()
+    name = serializers.CharField(allow_blank=True)
+    prefix = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    last_used_at = serializers.DateTimeField(allow_null=True)
+    revoked_at = serializers.DateTimeField(allow_null=True)
+
+
+class KeyCreatedSerializer(KeySerializer):
+    """A new key: its record and the secret, shown this once."""
+
+    key = serializers.CharField()

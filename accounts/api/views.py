@@ -5,20 +5,23 @@ from __future__ import annotations
 from typing import Any
 
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from accounts import services
 from accounts.api.serializers import (
+    KeyCreatedSerializer,
     KeyCreateSerializer,
+    KeySerializer,
+    LimitOutSerializer,
     LimitSerializer,
     TeamCreateSerializer,
+    TeamSerializer,
 )
 from accounts.models import ApiKey, Team, TeamLimit
-from config.api import validated
+from config.api import ControlPlaneView, ErrorSerializer, validated
 
 
 def key_dict(key: ApiKey) -> dict[str, Any]:
@@ -55,39 +58,51 @@ def team_dict(team: Team) -> dict[str, Any]:
     }
 
 
-class TeamListView(APIView):
+class TeamListView(ControlPlaneView):
     """List teams or create one."""
 
-    @extend_schema(operation_id="teams_list", responses={200: dict})
+    @extend_schema(
+        operation_id="teams_list",
+        responses={
+            200: inline_serializer("TeamList", {"data": TeamSerializer(many=True)})
+        },
+    )
     def get(self, request: Request) -> Response:
         teams = Team.objects.prefetch_related("limits")
         return Response({"data": [team_dict(team) for team in teams]})
 
-    @extend_schema(request=TeamCreateSerializer, responses={201: dict})
+    @extend_schema(
+        request=TeamCreateSerializer,
+        responses={201: TeamSerializer, 409: ErrorSerializer},
+    )
     def post(self, request: Request) -> Response:
         body = validated(TeamCreateSerializer, request.data)
         team = services.create_team(team_id=body["team"], name=body.get("name", ""))
         return Response(team_dict(team), status=status.HTTP_201_CREATED)
 
 
-class TeamDetailView(APIView):
+class TeamDetailView(ControlPlaneView):
     """One team with its limits."""
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(responses={200: TeamSerializer})
     def get(self, request: Request, team: str) -> Response:
         return Response(team_dict(services.get_team(team)))
 
 
-class KeyListView(APIView):
+class KeyListView(ControlPlaneView):
     """List a team's keys (prefixes only) or issue a new one, shown once."""
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(
+        responses={
+            200: inline_serializer("KeyList", {"data": KeySerializer(many=True)})
+        }
+    )
     def get(self, request: Request, team: str) -> Response:
         services.get_team(team)
         keys = ApiKey.objects.filter(team_id=team)
         return Response({"data": [key_dict(key) for key in keys]})
 
-    @extend_schema(request=KeyCreateSerializer, responses={201: dict})
+    @extend_schema(request=KeyCreateSerializer, responses={201: KeyCreatedSerializer})
     def post(self, request: Request, team: str) -> Response:
         body = validated(KeyCreateSerializer, request.data or {})
         key, secret = services.issue_key(team_id=team, name=body.get("name", ""))
@@ -96,7 +111,7 @@ class KeyListView(APIView):
         )
 
 
-class KeyDetailView(APIView):
+class KeyDetailView(ControlPlaneView):
     """Revoke a team's key."""
 
     @extend_schema(responses={204: None})
@@ -105,15 +120,27 @@ class KeyDetailView(APIView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-class LimitView(APIView):
+class LimitView(ControlPlaneView):
     """Read or set a team's limits (seed: PUT /admin/teams/{team}/limits)."""
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(
+        responses={
+            200: inline_serializer("LimitList", {"data": LimitOutSerializer(many=True)})
+        }
+    )
     def get(self, request: Request, team: str) -> Response:
         found = services.get_team(team)
         return Response({"data": [limit_dict(limit) for limit in found.limits.all()]})
 
-    @extend_schema(request=LimitSerializer, responses={200: dict, 201: dict})
+    @extend_schema(
+        request=LimitSerializer,
+        responses={
+            200: LimitOutSerializer,
+            201: LimitOutSerializer,
+            # The guaranteed shares of all teams on the model would pass 1.
+            409: ErrorSerializer,
+        },
+    )
     def put(self, request: Request, team: str) -> Response:
         body = validated(LimitSerializer, request.data)
         limit, created = services.set_team_limit(

@@ -8,11 +8,19 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["MAX_TOKENS_PER_MINUTE", "LimitRecord", "limit_errors", "share_overflow"]
+__all__ = [
+    "MAX_CONCURRENCY",
+    "MAX_TOKENS_PER_MINUTE",
+    "LimitRecord",
+    "limit_errors",
+    "share_overflow",
+]
 
 # Far above any pool's output (one 7B replica makes 150,000 tokens a minute); a
 # bound keeps the token-bucket arithmetic in 64-bit integers.
 MAX_TOKENS_PER_MINUTE = 10**12
+# What the column holds (a 32-bit integer): more was a DataError, so a 500.
+MAX_CONCURRENCY = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,8 +41,8 @@ def limit_errors(record: LimitRecord) -> list[tuple[str, str]]:
         errors.append(
             ("tokens_per_minute", f"must be between 1 and {MAX_TOKENS_PER_MINUTE}")
         )
-    if record.max_concurrency < 1:
-        errors.append(("max_concurrency", "must be at least 1"))
+    if not 0 < record.max_concurrency <= MAX_CONCURRENCY:
+        errors.append(("max_concurrency", f"must be between 1 and {MAX_CONCURRENCY}"))
     if not 0.0 <= record.guaranteed_share <= 1.0:
         errors.append(("guaranteed_share", "must be a fraction between 0 and 1"))
     return errors

@@ -1,21 +1,55 @@
-"""Request bodies of the alias and rollout endpoints."""
+"""Bodies of the alias and rollout endpoints, requests and responses.
+
+Request fields are ``config.fields``': each takes only its JSON type, so the schema
+says exactly what a 400 refuses.
+"""
 
 from __future__ import annotations
 
 from rest_framework import serializers
 
-from rollouts.domain.plan import Stage
+from config import fields
+from models_registry.api.serializers import ModelSerializer
+from rollouts.domain.plan import Decision, Stage
 
 
 class AliasSerializer(serializers.Serializer):
     """PUT /admin/models/{model}/alias."""
 
-    version = serializers.CharField(max_length=16)
+    version = fields.LabelField()
 
 
 class RolloutSerializer(serializers.Serializer):
     """PUT /admin/models/{model}/rollout: { version, stage: shadow | canary, percent }."""
 
-    version = serializers.CharField(max_length=16)
+    version = fields.LabelField()
     stage = serializers.ChoiceField(choices=[s.value for s in Stage])
-    percent = serializers.FloatField(min_value=0.0, max_value=100.0)
+    # Above 0 (``rollouts.domain.plan.stage_errors``): a 0% canary is no rollout.
+    percent = fields.NumberField(greater_than=0.0, max_value=100.0)
+
+
+class RolloutOutSerializer(serializers.Serializer):
+    """A rollout row as the API shows it (``rollouts.services.rollout_dict``)."""
+
+    id = serializers.IntegerField()
+    model = serializers.CharField()
+    version = serializers.CharField()
+    stage = serializers.ChoiceField(choices=[s.value for s in Stage])
+    percent = serializers.FloatField()
+    started_at = serializers.DateTimeField()
+    guard_metrics = serializers.DictField()
+    decision = serializers.ChoiceField(choices=[d.value for d in Decision])
+    decided_at = serializers.DateTimeField(allow_null=True)
+
+
+class ModelDetailSerializer(ModelSerializer):
+    """A model with its versions, pools and pending rollout."""
+
+    rollout = RolloutOutSerializer(allow_null=True)
+
+
+class RolloutStateSerializer(serializers.Serializer):
+    """GET /admin/models/{model}/rollout: the pending rollout and the last 50."""
+
+    pending = RolloutOutSerializer(allow_null=True)
+    history = RolloutOutSerializer(many=True)

@@ -8,31 +8,46 @@ registry; the registry's own endpoint is a model's versions.
 from __future__ import annotations
 
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
-from config.api import validated
+from config.api import ControlPlaneView, ErrorSerializer, validated
 from models_registry import services as registry
 from models_registry.api.serializers import ModelCreateSerializer
 from models_registry.models import Model
 from rollouts import services
-from rollouts.api.serializers import AliasSerializer, RolloutSerializer
+from rollouts.api.serializers import (
+    AliasSerializer,
+    ModelDetailSerializer,
+    RolloutOutSerializer,
+    RolloutSerializer,
+    RolloutStateSerializer,
+)
 from rollouts.domain.plan import Decision
 from rollouts.models import Rollout
 
 
-class ModelListView(APIView):
+class ModelListView(ControlPlaneView):
     """List models or register a new model name."""
 
-    @extend_schema(operation_id="models_list", responses={200: dict})
+    @extend_schema(
+        operation_id="models_list",
+        responses={
+            200: inline_serializer(
+                "ModelList", {"data": ModelDetailSerializer(many=True)}
+            )
+        },
+    )
     def get(self, request: Request) -> Response:
         rows = Model.objects.values_list("model", flat=True)
         return Response({"data": [services.model_detail(m) for m in rows]})
 
-    @extend_schema(request=ModelCreateSerializer, responses={201: dict})
+    @extend_schema(
+        request=ModelCreateSerializer,
+        responses={201: ModelDetailSerializer, 409: ErrorSerializer},
+    )
     def post(self, request: Request) -> Response:
         body = validated(ModelCreateSerializer, request.data)
         model = registry.create_model(
@@ -43,28 +58,32 @@ class ModelListView(APIView):
         )
 
 
-class ModelDetailView(APIView):
+class ModelDetailView(ControlPlaneView):
     """A model with its versions, pools and pending rollout."""
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(responses={200: ModelDetailSerializer})
     def get(self, request: Request, model: str) -> Response:
         return Response(services.model_detail(model))
 
 
-class AliasView(APIView):
+class AliasView(ControlPlaneView):
     """Point a model name at a version (seed: PUT /admin/models/{model}/alias)."""
 
-    @extend_schema(request=AliasSerializer, responses={200: dict})
+    @extend_schema(
+        request=AliasSerializer,
+        # 409: the version is rejected or retired.
+        responses={200: ModelDetailSerializer, 409: ErrorSerializer},
+    )
     def put(self, request: Request, model: str) -> Response:
         body = validated(AliasSerializer, request.data)
         services.set_alias(model_id=model, version=body["version"])
         return Response(services.model_detail(model))
 
 
-class RolloutView(APIView):
+class RolloutView(ControlPlaneView):
     """Read the pending rollout, or set one (seed: PUT /admin/models/{model}/rollout)."""
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(responses={200: RolloutStateSerializer})
     def get(self, request: Request, model: str) -> Response:
         registry.get_model(model)
         rows = Rollout.objects.filter(model_id=model).select_related("version")[:50]
@@ -76,7 +95,11 @@ class RolloutView(APIView):
             }
         )
 
-    @extend_schema(request=RolloutSerializer, responses={200: dict})
+    @extend_schema(
+        request=RolloutSerializer,
+        # 409: the version is live already, or rejected or retired.
+        responses={200: RolloutOutSerializer, 409: ErrorSerializer},
+    )
     def put(self, request: Request, model: str) -> Response:
         body = validated(RolloutSerializer, request.data)
         rollout = services.set_rollout(model_id=model, now=timezone.now(), **body)

@@ -7,6 +7,7 @@ import math
 import pytest
 
 from accounts.domain.limits import (
+    MAX_CONCURRENCY,
     MAX_TOKENS_PER_MINUTE,
     LimitRecord,
     limit_errors,
@@ -51,14 +52,15 @@ def test_limit_errors_rejects_tokens_per_minute_out_of_range(
     assert str(MAX_TOKENS_PER_MINUTE) in errors[0][1]
 
 
-def test_limit_errors_accepts_concurrency_of_one() -> None:
-    assert limit_errors(make_record(max_concurrency=1)) == []
+@pytest.mark.parametrize("max_concurrency", [1, MAX_CONCURRENCY])
+def test_limit_errors_accepts_concurrency_bounds(max_concurrency: int) -> None:
+    assert limit_errors(make_record(max_concurrency=max_concurrency)) == []
 
 
-@pytest.mark.parametrize("max_concurrency", [0, -3])
-def test_limit_errors_rejects_concurrency_below_one(max_concurrency: int) -> None:
+@pytest.mark.parametrize("max_concurrency", [0, -3, MAX_CONCURRENCY + 1, 2**63])
+def test_limit_errors_rejects_concurrency_out_of_range(max_concurrency: int) -> None:
     errors = limit_errors(make_record(max_concurrency=max_concurrency))
-    assert errors == [("max_concurrency", "must be at least 1")]
+    assert errors == [("max_concurrency", f"must be between 1 and {MAX_CONCURRENCY}")]
 
 
 @pytest.mark.parametrize("share", [0.0, 0.5, 1.0])
