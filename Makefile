@@ -15,8 +15,12 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 ## Set up and run the platform on 127.0.0.1:8000 (console, control plane, worker + beat).
+## On a terminal, `bash -m` runs the script as a job of its own that holds the
+## terminal, so Ctrl-C reaches the platform's processes and not make: the script
+## stops them all and exits 0, and make with it (make hit by SIGINT would exit 130).
 up: venv
-	@bash platform/local/up.sh
+	@if [ -t 0 ]; then bash -m -c 'bash platform/local/up.sh; exit $$?'; \
+	else bash platform/local/up.sh; fi
 
 ## Set up and run every check: ruff, mypy (files and flags in pyproject.toml), then
 ## the whole pytest suite.

@@ -22,6 +22,7 @@ from django.utils.text import capfirst
 
 from accounts import services
 from accounts.domain.limits import share_overflow
+from accounts.login_throttle import ConsoleLoginForm
 from accounts.models import AdminToken, ApiKey, SecretRecord, Team, TeamLimit
 
 if TYPE_CHECKING:
@@ -38,6 +39,8 @@ class _TeamCounts(TypedDict):
 admin.site.site_header = "Serving platform console"
 admin.site.site_title = "Serving platform console"
 admin.site.index_title = "Teams, models, replicas, usage and rollouts"
+# Wrong passwords lock a login out for a while (accounts.login_throttle).
+admin.site.login_form = ConsoleLoginForm
 
 # The plaintext secret rides on the saved instance from save_model to response_add
 # (the same object, within one request) and is popped when the page is rendered.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime, timedelta
 
 from django.db import IntegrityError, transaction
@@ -86,6 +87,22 @@ def find_active_team_key(secret: str) -> ApiKey | None:
     return ApiKey.objects.active().filter(key_hash=hash_secret(secret)).first()
 
 
+def touch_api_keys(*, key_ids: Collection[int], now: datetime) -> int:
+    """Set ``last_used_at`` of the given team keys to ``now``; return rows written.
+
+    One UPDATE for a gateway's batch (``routing.key_uses``). A row already stamped
+    at or after ``now`` (another gateway's later batch) is left alone, so the time
+    never moves back.
+    """
+    if not key_ids:
+        return 0
+    return (
+        ApiKey.objects.filter(pk__in=list(key_ids))
+        .filter(Q(last_used_at__isnull=True) | Q(last_used_at__lt=now))
+        .update(last_used_at=now)
+    )
+
+
 def _touch(model: type[AdminToken] | type[ApiKey], pk: int, now: datetime) -> None:
     # Compare-and-set: only rows not touched within the resolution are written.
     model.objects.filter(pk=pk).filter(
@@ -103,8 +120,8 @@ def set_team_limit(
 ) -> tuple[TeamLimit, bool]:
     """Create or replace a team's limits on a model; return (limit, created).
 
-    Raises InvalidRequest when the guaranteed shares of all teams on the model would
-    add up to more than the whole pool.
+    Raises Conflict when the guaranteed shares of all teams on the model would add
+    up to more than the whole pool.
     """
     record = LimitRecord(
         team=team_id,
@@ -136,10 +153,13 @@ def set_team_limit(
             [*others.values_list("guaranteed_share", flat=True), guaranteed_share]
         )
         if overflow:
-            raise InvalidRequest(
+            # A 409, not a 400: the body is valid; the other teams' shares are
+            # what leave no room for it.
+            raise Conflict(
                 f"guaranteed shares on {model_id} would total {1 + overflow:.3f}; "
                 "the shares of all teams on a model must not exceed 1",
                 param="guaranteed_share",
+                code="guaranteed_shares_exceed_pool",
             )
         limit, created = TeamLimit.objects.update_or_create(
             team=team,

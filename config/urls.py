@@ -1,17 +1,18 @@
-"""URL map: the control plane at /admin/, the console at /console/, metrics at /metrics."""
+"""URL map: the control plane at /admin/, the console at /console/, metrics at /metrics
+(behind the metrics token, ``config.metrics``)."""
 
 from django.contrib import admin
 from django.http import HttpResponseRedirect
 from django.urls import include, path
-from django_prometheus import exports
 
 import config.checks  # noqa: F401  (registers the project's system checks)
+from config.metrics import metrics_view
 
 urlpatterns = [
     path("", lambda request: HttpResponseRedirect("/console/")),
     path("console/", admin.site.urls),
     path("admin/", include("config.admin_api_urls")),
-    path("metrics", exports.ExportToDjangoView, name="prometheus-django-metrics"),
+    path("metrics", metrics_view, name="prometheus-django-metrics"),
 ]
 
 handler404 = "config.errors.handler404"

@@ -1,12 +1,18 @@
 """Start and stop engine replicas: local processes, or Deployments on Kubernetes.
 
 Public surface: ``Actuator``, ``ReplicaHandle``, ``LocalProcessActuator``,
-``KubernetesActuator``, ``AppsV1Like``, ``VLLM_OFFLINE_ENV``.
+``KubernetesActuator``, ``AppsV1Like``, ``VLLM_OFFLINE_ENV``, ``REPLICA_ENV_DROPPED``.
 
 ``LocalProcessActuator`` runs each replica as its own session (``setsid``), so the
 replica and everything it spawns (vLLM's EngineCore and workers) form one process
 group that ``stop`` signals as a whole: SIGTERM, up to ``grace_s`` for the group to
 exit, then SIGKILL for whatever is left. Output goes to ``<log_dir>/<replica>.log``.
+Secrets reach a replica in its environment, never in its argv (which every user of
+the machine can read in the process list): the engine key as ``VLLM_API_KEY``
+(vLLM's own variable for ``--api-key``, which the simulated replica reads too) and,
+for simulated replicas, the admin token of ``/sim/faults`` as ``SIM_ADMIN_TOKEN``.
+The platform's own secrets in the agent's environment (``REPLICA_ENV_DROPPED``:
+the database and Redis URLs, the signing key, the metrics token) are not passed on.
 
 ``KubernetesActuator`` manages one Deployment per pool through an ``AppsV1Api``-like
 object that the caller builds; this module never imports the ``kubernetes``
@@ -50,6 +56,20 @@ VLLM_OFFLINE_ENV: Mapping[str, str] = {
     "DO_NOT_TRACK": "1",
     "VLLM_HOST_IP": "127.0.0.1",
 }
+# The agent's secrets a replica has no use for: it talks to no database and no
+# Redis, signs nothing, and gets its engine key and admin token under its own names.
+REPLICA_ENV_DROPPED = frozenset(
+    name
+    for base in (
+        "DATABASE_URL",
+        "REDIS_URL",
+        "SECRET_KEY",
+        "PLATFORM_ENGINE_API_KEY",
+        "PLATFORM_SIM_ADMIN_TOKEN",
+        "PLATFORM_METRICS_TOKEN",
+    )
+    for name in (base, f"{base}_FILE")
+)
 _GROUP_POLL_S = 0.05
 _UNSAFE_FILE_CHARS = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -96,6 +116,9 @@ class LocalProcessActuator:
     ``kind="vllm"`` runs ``vllm serve`` with ``VLLM_OFFLINE_ENV`` on top of the
     agent's environment (an empty ``VLLM_CPU_KVCACHE_SPACE`` is dropped: vLLM's
     CPU worker crashes on it). ``env`` adds or overrides variables for both kinds.
+    ``engine_api_key`` becomes ``VLLM_API_KEY`` (both kinds demand it on ``/v1``),
+    ``sim_admin_token`` becomes ``SIM_ADMIN_TOKEN`` (simulated replicas only); empty
+    means none.
     """
 
     def __init__(
@@ -107,6 +130,8 @@ class LocalProcessActuator:
         vllm_executable: str = "vllm",
         sim_profile: str = DEFAULT_SIM_PROFILE,
         env: Mapping[str, str] | None = None,
+        engine_api_key: str = "",
+        sim_admin_token: str = "",
         cwd: Path = ROOT,
     ) -> None:
         if kind not in ("sim", "vllm"):
@@ -117,6 +142,8 @@ class LocalProcessActuator:
         self.vllm_executable = vllm_executable
         self.sim_profile = sim_profile
         self.env = dict(env or {})
+        self.engine_api_key = engine_api_key
+        self.sim_admin_token = sim_admin_token
         self.cwd = cwd
 
     def argv_for(self, spec: ReplicaSpec) -> list[str]:
@@ -127,12 +154,16 @@ class LocalProcessActuator:
 
     def environment(self) -> dict[str, str]:
         """Return the environment a replica of this kind starts with."""
-        env = dict(os.environ)
+        env = {k: v for k, v in os.environ.items() if k not in REPLICA_ENV_DROPPED}
         env["PYTHONUNBUFFERED"] = "1"  # logs reach the file as they are written
         if self.kind == "vllm":
             env.update(VLLM_OFFLINE_ENV)
             if not env.get("VLLM_CPU_KVCACHE_SPACE", "x"):
                 del env["VLLM_CPU_KVCACHE_SPACE"]
+        if self.engine_api_key:
+            env["VLLM_API_KEY"] = self.engine_api_key
+        if self.kind == "sim" and self.sim_admin_token:
+            env["SIM_ADMIN_TOKEN"] = self.sim_admin_token
         env.update(self.env)
         return env
 

@@ -81,10 +81,12 @@ def vllm_server(
     model_dir: Path = TINY_MODEL,
     name: str = "vllm",
     start_timeout_s: float = START_TIMEOUT_S,
+    engine_api_key: str = "",
 ) -> Iterator[str]:
     """Run ``vllm serve`` on a free port; yield its URL once ``/health`` is 200.
 
-    ``engine_config`` adds to or overrides the tiny model's flags. On exit the
+    ``engine_config`` adds to or overrides the tiny model's flags; with
+    ``engine_api_key`` the server demands it on ``/v1``. On exit the
     whole process group is stopped (SIGTERM, then SIGKILL after 30 s).
 
     Raises:
@@ -104,7 +106,10 @@ def vllm_server(
         port=free_port(),
     )
     actuator = LocalProcessActuator(
-        kind="vllm", log_dir=log_dir, vllm_executable=str(VLLM)
+        kind="vllm",
+        log_dir=log_dir,
+        vllm_executable=str(VLLM),
+        engine_api_key=engine_api_key,
     )
     url = f"http://{spec.host}:{spec.port}"
     started = time.monotonic()

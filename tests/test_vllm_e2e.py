@@ -526,7 +526,7 @@ def test_pooled_connections_survive_vllms_keep_alive(platform: LivePlatform) -> 
 
 
 def gateway_retries(platform: LivePlatform) -> float:
-    exported = httpx.get(f"{platform.url}/metrics").text
+    exported = platform.metrics()
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in exported.splitlines()

@@ -19,6 +19,7 @@ import pytest
 
 from engine_nodes.local_vllm import MODEL, vllm_server
 from engine_nodes.sim.conformance import (
+    CAPTURE_API_KEY,
     REFERENCE_DIR,
     Capture,
     capture,
@@ -46,7 +47,10 @@ CAPTURE_ENGINE_CONFIG = {
 def live(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Capture:
     tmp = tmp_path_factory.mktemp("vllm-fidelity")
     with vllm_server(
-        tmp, engine_config=CAPTURE_ENGINE_CONFIG, model_dir=tiny_model
+        tmp,
+        engine_config=CAPTURE_ENGINE_CONFIG,
+        model_dir=tiny_model,
+        engine_api_key=CAPTURE_API_KEY,
     ) as url:
         captured = capture(url, MODEL)
     if os.environ.get("UPDATE_VLLM_REFERENCE", "") == "1":
@@ -88,3 +92,9 @@ def test_vllm_prefix_hit_matches_the_reference(
     live: Capture, reference: Capture
 ) -> None:
     assert live.cached_tokens == reference.cached_tokens
+
+
+def test_vllm_engine_key_guard_matches_the_reference(
+    live: Capture, reference: Capture
+) -> None:
+    assert live.auth == reference.auth

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import asdict
 
@@ -88,7 +89,19 @@ def build_parser() -> argparse.ArgumentParser:
     add("--sim-output-mean", type=float, default=250.0)
     add("--sim-output-cv", type=float, default=0.6)
     add("--sim-seed", type=int, default=0)
-    add("--sim-admin-token", default=None, help="Bearer token for /sim/faults.")
+    add(
+        "--api-key",
+        nargs="+",
+        default=None,
+        help="Keys /v1 demands as 'Authorization: Bearer' (vLLM's flag); defaults "
+        "to VLLM_API_KEY, which keeps the key out of the process list.",
+    )
+    add(
+        "--sim-admin-token",
+        default=None,
+        help="Bearer token for /sim/faults and /sim/state; defaults to "
+        "SIM_ADMIN_TOKEN (out of the process list). Unset: they are open.",
+    )
     add("--sim-crash-after-tokens", type=int, default=None)
     add("--sim-stall", action="store_true")
     add("--sim-fail-next", type=int, default=0)
@@ -132,7 +145,11 @@ def options_from_args(args: argparse.Namespace) -> tuple[SimOptions, Faults]:
         output_len_mean=args.sim_output_mean,
         output_len_cv=args.sim_output_cv,
         seed=args.sim_seed,
-        admin_token=args.sim_admin_token,
+        admin_token=args.sim_admin_token or os.environ.get("SIM_ADMIN_TOKEN") or None,
+        # vLLM: the flag's keys, else VLLM_API_KEY; empty keys open nothing.
+        api_keys=tuple(
+            key for key in (args.api_key or [os.environ.get("VLLM_API_KEY", "")]) if key
+        ),
     )
     faults = Faults(
         crash_after_tokens=args.sim_crash_after_tokens,
@@ -157,12 +174,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     app = build_app(options, faults=faults)
     logging.getLogger("engine_nodes.sim").warning(
-        "simulated replica %s (profile %s) on %s:%d; faults %s",
+        "simulated replica %s (profile %s) on %s:%d; faults %s; /v1 %s; /sim %s",
         ",".join(options.served_model_names),
         options.profile,
         args.host,
         args.port,
         json.dumps({k: v for k, v in asdict(faults).items() if v}),
+        "needs an engine key" if options.api_keys else "is open (no engine key)",
+        "needs the admin token" if options.admin_token else "is open",
     )
     uvicorn.run(
         app,

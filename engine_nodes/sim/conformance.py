@@ -3,7 +3,8 @@
 Public surface: ``Capture``, ``capture``, ``read_capture``, ``write_capture``,
 ``MetricShape``, ``metric_shapes``, ``diff_metrics``, ``stream_facts``,
 ``diff_stream``, ``json_shape``, ``diff_json_shapes``, ``PLATFORM_METRICS``,
-``REFERENCE_DIR``, ``CAPTURE_SERVER_FLAGS``.
+``REFERENCE_DIR``, ``CAPTURE_SERVER_FLAGS``, ``CAPTURE_API_KEY``, ``AUTH_PROBES``,
+``probe_auth``.
 
 The reference is a capture of real vLLM (the CPU build serving the tiny Llama),
 committed under ``engine_nodes/tests/data/``. ``capture`` sends the same few
@@ -15,7 +16,9 @@ never the values that differ by nature (ids, timestamps, text, latencies):
 - streams: the order of the chunk kinds (role chunk, content chunks, the chunk that
   finishes, the usage chunk, ``[DONE]``), each kind's nested key set with value
   types, the role chunk's delta, the finish and stop reasons;
-- the non-streaming body: its nested key set with value types.
+- the non-streaming body: its nested key set with value types;
+- the engine key (the server started with ``--api-key``): what ``AUTH_PROBES``
+  answer, status and, for a refusal, the exact body and content type.
 
 ``make test-vllm`` re-captures from a live vLLM and diffs against the reference (a
 vLLM upgrade that changes the surface fails there); the ordinary test suite diffs
@@ -36,6 +39,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 __all__ = [
+    "AUTH_PROBES",
+    "CAPTURE_API_KEY",
     "CAPTURE_SERVER_FLAGS",
     "PLATFORM_METRICS",
     "REFERENCE_DIR",
@@ -47,6 +52,7 @@ __all__ = [
     "diff_stream",
     "json_shape",
     "metric_shapes",
+    "probe_auth",
     "read_capture",
     "stream_facts",
     "write_capture",
@@ -65,6 +71,26 @@ CAPTURE_SERVER_FLAGS = (
     "128",
     "--enable-prefix-caching",
     "--enable-prompt-tokens-details",
+)
+
+# The capture server's engine key (VLLM_API_KEY); the capture sends it throughout.
+CAPTURE_API_KEY = "sk-capture-engine-key"
+# (method, path, credentials) probed for the engine key: none, a wrong key, the
+# right key under another scheme, the right key with the scheme in lowercase, and
+# the right key. vLLM guards every path under /v1 (an unknown one included) and
+# nothing else.
+AUTH_PROBES = (
+    ("POST", "/v1/chat/completions", "none"),
+    ("POST", "/v1/chat/completions", "wrong"),
+    ("POST", "/v1/chat/completions", "basic"),
+    ("POST", "/v1/chat/completions", "lowercase"),
+    ("GET", "/v1/models", "none"),
+    ("GET", "/v1/models", "right"),
+    ("GET", "/v1/no-such-route", "none"),
+    ("GET", "/health", "none"),
+    ("GET", "/metrics", "none"),
+    ("GET", "/version", "none"),
+    ("POST", "/tokenize", "none"),
 )
 
 # What ``engine_nodes.domain.scrape`` reads: these must match the reference exactly
@@ -87,6 +113,7 @@ _FILES = {
     "stream_no_usage": "vllm_stream_no_usage.txt",
     "completion": "vllm_completion.json",
     "meta": "vllm_capture.json",
+    "auth": "vllm_auth.json",
 }
 # A system prompt of several 128-token blocks, sent twice, so the capture shows a
 # prefix hit (cached_tokens > 0) and non-zero prefix-cache counters.
@@ -105,20 +132,26 @@ class Capture:
     completion: str  # non-streaming chat, the raw JSON body
     stream_content_type: str
     cached_tokens: int  # prompt_tokens_details.cached_tokens of the repeated prefix
+    # "METHOD path (credentials)" -> {"status"} (+ "body", "content_type" if 401)
+    auth: Mapping[str, Any]
 
 
-def capture(url: str, model: str, *, timeout_s: float = 60.0) -> Capture:
+def capture(
+    url: str, model: str, *, api_key: str = CAPTURE_API_KEY, timeout_s: float = 60.0
+) -> Capture:
     """Send the capture requests to the server at ``url`` and keep what it answered.
 
-    The same five requests every time (two streams, one plain answer, a long
-    prompt twice for a prefix hit), then one scrape of ``/metrics``.
+    The server must demand ``api_key`` (vLLM's ``--api-key``). The same five
+    requests every time (two streams, one plain answer, a long prompt twice for a
+    prefix hit), then one scrape of ``/metrics``, then ``AUTH_PROBES``.
 
     Raises:
         httpx.HTTPError: the server is unreachable or answers an error.
     """
     chat = f"{url}/v1/chat/completions"
     hello = [{"role": "user", "content": "Say hello"}]
-    with httpx.Client(timeout=timeout_s) as client:
+    auth = {"Authorization": f"Bearer {api_key}"}
+    with httpx.Client(timeout=timeout_s, headers=auth) as client:
 
         def stream(body: dict[str, Any]) -> tuple[str, str]:
             with client.stream("POST", chat, json=body) as response:
@@ -166,7 +199,41 @@ def capture(url: str, model: str, *, timeout_s: float = 60.0) -> Capture:
         completion=answer.text,
         stream_content_type=content_type,
         cached_tokens=cached,
+        auth=probe_auth(url, model, api_key=api_key, timeout_s=timeout_s),
     )
+
+
+def probe_auth(
+    url: str, model: str, *, api_key: str, timeout_s: float = 60.0
+) -> dict[str, Any]:
+    """Return what the server answers each of ``AUTH_PROBES``."""
+    credentials = {
+        "none": {},
+        "wrong": {"Authorization": "Bearer sk-not-the-key"},
+        "basic": {"Authorization": f"Basic {api_key}"},
+        "lowercase": {"Authorization": f"bearer {api_key}"},
+        "right": {"Authorization": f"Bearer {api_key}"},
+    }
+    bodies: dict[str, Any] = {
+        "/v1/chat/completions": {
+            "model": model,
+            "messages": [{"role": "user", "content": "Say hello"}],
+            "max_tokens": 1,
+        },
+        "/tokenize": {"model": model, "prompt": "Say hello"},
+    }
+    answers: dict[str, Any] = {}
+    with httpx.Client(timeout=timeout_s) as client:
+        for method, path, who in AUTH_PROBES:
+            response = client.request(
+                method, f"{url}{path}", headers=credentials[who], json=bodies.get(path)
+            )
+            answer: dict[str, Any] = {"status": response.status_code}
+            if response.status_code == 401:
+                answer["body"] = response.json()
+                answer["content_type"] = response.headers.get("content-type", "")
+            answers[f"{method} {path} ({who})"] = answer
+    return answers
 
 
 def write_capture(captured: Capture, directory: Path) -> None:
@@ -179,6 +246,9 @@ def write_capture(captured: Capture, directory: Path) -> None:
         "cached_tokens": captured.cached_tokens,
     }
     (directory / _FILES["meta"]).write_text(json.dumps(meta, indent=2) + "\n")
+    (directory / _FILES["auth"]).write_text(
+        json.dumps(dict(captured.auth), indent=2) + "\n"
+    )
 
 
 def read_capture(directory: Path = REFERENCE_DIR) -> Capture:
@@ -191,6 +261,13 @@ def read_capture(directory: Path = REFERENCE_DIR) -> Capture:
         completion=(directory / _FILES["completion"]).read_text(),
         stream_content_type=meta["stream_content_type"],
         cached_tokens=int(meta["cached_tokens"]),
+        auth={
+            name: answer
+            for name, answer in json.loads(
+                (directory / _FILES["auth"]).read_text()
+            ).items()
+            if not name.startswith("_")  # notes on where the file came from
+        },
     )
 
 
@@ -461,8 +538,11 @@ def _main(argv: Iterable[str] | None = None) -> None:
     parser.add_argument("--url", required=True)
     parser.add_argument("--model", default="tiny-llama")
     parser.add_argument("--out", type=Path, default=REFERENCE_DIR)
+    parser.add_argument(
+        "--api-key", default=CAPTURE_API_KEY, help="The key the server demands."
+    )
     args = parser.parse_args(list(argv) if argv is not None else None)
-    write_capture(capture(args.url, args.model), args.out)
+    write_capture(capture(args.url, args.model, api_key=args.api_key), args.out)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,12 @@ and should spend its CPU on them). Clients see vLLM's bytes: chunk shapes, usage
 error bodies, status codes and metric names (``/v1/chat/completions`` streaming
 and not, ``/v1/models``, ``/health``, ``/metrics``, ``/tokenize``, ``/version``,
 and ``/sim/faults`` behind the admin token).
+
+Started with an engine key (``--api-key`` or ``VLLM_API_KEY``, as vLLM is), every
+path under ``/v1`` needs ``Authorization: Bearer <key>`` and anything else gets
+vLLM's 401 ``{"error":"Unauthorized"}``, before routing, so an unknown ``/v1`` path
+is a 401 too; ``/health``, ``/metrics``, ``/version`` and ``/tokenize`` stay open
+and ``OPTIONS`` is never checked, as in vLLM 0.32's ``AuthenticationMiddleware``.
 """
 
 from __future__ import annotations
@@ -109,6 +115,28 @@ def _stable_seed(*parts: Any) -> int:
     return int.from_bytes(digest, "big")
 
 
+def _bearer_digest(scope: Scope) -> bytes | None:
+    """Return the SHA-256 of the request's bearer token (vLLM's parsing), or None."""
+    for name, value in scope.get("headers") or ():
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            if scheme.lower() != "bearer":
+                return None
+            return hashlib.sha256(token.encode()).digest()
+    return None
+
+
+def _is_one_of(digest: bytes | None, digests: tuple[bytes, ...]) -> bool:
+    # Every candidate is compared, in constant time, as vLLM does.
+    matched = False
+    for candidate in digests:
+        matched |= digest is not None and secrets.compare_digest(digest, candidate)
+    return matched
+
+
+_UNAUTHORIZED = _json_bytes({"error": "Unauthorized"})
+
+
 class SimApp:
     """The raw ASGI application of one simulated replica."""
 
@@ -117,6 +145,15 @@ class SimApp:
         self.options = replica.options
         self.names = set(replica.options.served_model_names)
         self.model_name = replica.options.served_model_names[0]
+        self._key_digests = tuple(
+            hashlib.sha256(key.encode()).digest()
+            for key in replica.options.api_keys
+            if key
+        )
+        token = replica.options.admin_token
+        self._admin_digests = (
+            (hashlib.sha256(token.encode()).digest(),) if token else ()
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -127,6 +164,14 @@ class SimApp:
         self.replica.ensure_started()
         path = scope["path"]
         method = scope["method"]
+        if (
+            self._key_digests
+            and method != "OPTIONS"
+            and path.startswith("/v1")
+            and not _is_one_of(_bearer_digest(scope), self._key_digests)
+        ):
+            await _respond(send, 401, _UNAUTHORIZED)
+            return
         try:
             if path == "/v1/chat/completions" and method == "POST":
                 await self._chat(scope, receive, send)
@@ -231,11 +276,10 @@ class SimApp:
         )
 
     async def _admin(self, scope: Scope, receive: Receive, send: Send) -> None:
-        token = self.options.admin_token
-        if token:
-            headers = dict(scope.get("headers") or [])
-            if headers.get(b"authorization", b"").decode() != f"Bearer {token}":
-                raise HttpError(401, "sim admin endpoints need the admin token")
+        if self._admin_digests and not _is_one_of(
+            _bearer_digest(scope), self._admin_digests
+        ):
+            raise HttpError(401, "sim admin endpoints need the admin token")
         if scope["path"] == "/sim/state":
             await _respond(send, 200, _json_bytes(self.replica.state()))
             return

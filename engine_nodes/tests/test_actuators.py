@@ -88,13 +88,15 @@ def make_spec(**overrides: Any) -> ReplicaSpec:
     return ReplicaSpec(**fields)
 
 
-def write_fake_replica(tmp_path: Path, mode: str) -> tuple[Path, Path]:
+def write_fake_replica(
+    tmp_path: Path, mode: str, watched: tuple[str, ...] = WATCHED_ENV
+) -> tuple[Path, Path]:
     out = tmp_path / f"out-{mode}"
     out.mkdir()
     script = tmp_path / f"fake-replica-{mode}"
     script.write_text(
         FAKE_REPLICA.format(
-            python=sys.executable, out=str(out), mode=mode, watched=WATCHED_ENV
+            python=sys.executable, out=str(out), mode=mode, watched=watched
         )
     )
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
@@ -176,6 +178,61 @@ def test_local_actuator_starts_vllm_with_exact_argv_and_offline_env(
     assert state["pgid"] == state["pid"] == handle.pid
     assert actuator.is_running(handle)
     assert actuator.exit_code(handle) is None
+
+
+SECRET_ENV = (
+    "VLLM_API_KEY",
+    "SIM_ADMIN_TOKEN",
+    "DATABASE_URL",
+    "REDIS_URL",
+    "SECRET_KEY_FILE",
+    "PLATFORM_ENGINE_API_KEY",
+    "PLATFORM_METRICS_TOKEN",
+    "PLATFORM_SIM_ADMIN_TOKEN_FILE",
+)
+
+
+@pytest.mark.parametrize("kind", ["sim", "vllm"])
+def test_local_actuator_passes_secrets_in_the_environment_never_the_argv(
+    tmp_path: Path,
+    handles: list[tuple[LocalProcessActuator, ReplicaHandle]],
+    monkeypatch: pytest.MonkeyPatch,
+    kind: str,
+) -> None:
+    """The engine key and the sim's admin token reach the replica under the names
+    it reads; the agent's own secrets do not reach it at all."""
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    monkeypatch.delenv("SIM_ADMIN_TOKEN", raising=False)
+    for name in SECRET_ENV[2:]:  # the agent's own secrets
+        monkeypatch.setenv(name, f"agent-{name}")
+    script, out = write_fake_replica(tmp_path, "graceful", watched=SECRET_ENV)
+    actuator = LocalProcessActuator(
+        kind="sim" if kind == "sim" else "vllm",
+        python=str(script),
+        vllm_executable=str(script),
+        log_dir=tmp_path / "logs",
+        engine_api_key="sk-engine-secret",
+        sim_admin_token="sim-admin-secret",
+    )
+    handle = actuator.start(make_spec())
+    handles.append((actuator, handle))
+
+    state = read_ready(out)
+    assert state["env"] == {
+        "VLLM_API_KEY": "sk-engine-secret",
+        "SIM_ADMIN_TOKEN": "sim-admin-secret" if kind == "sim" else None,
+        "DATABASE_URL": None,
+        "REDIS_URL": None,
+        "SECRET_KEY_FILE": None,
+        "PLATFORM_ENGINE_API_KEY": None,
+        "PLATFORM_METRICS_TOKEN": None,
+        "PLATFORM_SIM_ADMIN_TOKEN_FILE": None,
+    }
+    cmdline = Path(f"/proc/{handle.pid}/cmdline").read_bytes()
+    for secret in (b"sk-engine-secret", b"sim-admin-secret"):
+        assert secret not in cmdline
+        assert secret.decode() not in " ".join(handle.argv)
+        assert secret not in handle.log_path.read_bytes()
 
 
 def test_local_actuator_writes_a_log_per_replica(

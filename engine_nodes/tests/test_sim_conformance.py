@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine_nodes.local_processes import sim_replica
 from engine_nodes.sim.conformance import (
+    CAPTURE_API_KEY,
     CAPTURE_SERVER_FLAGS,
     Capture,
     capture,
@@ -49,7 +50,13 @@ def reference() -> Capture:
 def simulated(tmp_path_factory: pytest.TempPathFactory) -> Capture:
     tmp = tmp_path_factory.mktemp("sim-conformance")
     with sim_replica(
-        tmp, *CAPTURE_SERVER_FLAGS, "--sim-profile", "cpu-tiny", model="tiny-llama"
+        tmp,
+        *CAPTURE_SERVER_FLAGS,
+        "--sim-profile",
+        "cpu-tiny",
+        "--api-key",
+        CAPTURE_API_KEY,
+        model="tiny-llama",
     ) as process:
         return capture(process.url, "tiny-llama")
 
@@ -87,6 +94,12 @@ def test_sim_plain_answer_has_vllms_body(
     ref = json_shape(json.loads(reference.completion))
     got = json_shape(json.loads(simulated.completion))
     assert diff_json_shapes(ref, got) == []
+
+
+def test_sim_guards_v1_with_the_engine_key_as_vllm_does(
+    reference: Capture, simulated: Capture
+) -> None:
+    assert simulated.auth == reference.auth
 
 
 def test_sim_reports_the_same_prefix_hit(

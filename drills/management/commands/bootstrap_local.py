@@ -2,7 +2,10 @@
 
 Idempotent: the secrets are kept in a credentials file (mode 600, under .local/,
 never committed) and reused while they still open the platform; anything missing
-or revoked is created anew. The platform's rows come from ``drills.seeding``, like
+or revoked is created anew. The file also keeps the process secrets `make up`
+hands to the processes (``PROCESS_SECRETS``: the engine key, the simulated
+replicas' admin token, the metrics token); one the operator configured wins over
+the saved one. The platform's rows come from ``drills.seeding``, like
 those of the tests, the drills and the benchmarks; the console user is this
 command's own.
 """
@@ -39,6 +42,12 @@ DEMO_MODELS = {
 }
 CONSOLE_USER = "admin"
 KEY_NAME = "make up"
+# credentials.json field -> the setting whose configured value wins over it.
+PROCESS_SECRETS = {
+    "engine_api_key": "PLATFORM_ENGINE_API_KEY",
+    "sim_admin_token": "PLATFORM_SIM_ADMIN_TOKEN",
+    "metrics_token": "PLATFORM_METRICS_TOKEN",
+}
 
 
 class Command(BaseCommand):
@@ -70,6 +79,10 @@ class Command(BaseCommand):
                 "console_user": CONSOLE_USER,
                 "console_password": _console_password(saved.get("console_password")),
             }
+            for field, setting in PROCESS_SECRETS.items():
+                creds[field] = _process_secret(
+                    configured=getattr(settings, setting), saved=saved.get(field)
+                )
         _write(path, creds)
         if options["json"]:
             self.stdout.write(json.dumps(creds))
@@ -124,6 +137,15 @@ def _write(path: Path, creds: dict[str, str]) -> None:
     with os.fdopen(fd, "w") as handle:
         json.dump(creds, handle, indent=2)
     path.chmod(0o600)
+
+
+def _process_secret(*, configured: str, saved: str | None) -> str:
+    """Return the configured secret, else the saved one, else a new one."""
+    if configured:
+        return configured
+    if isinstance(saved, str) and saved:
+        return saved
+    return secrets.token_urlsafe(32)
 
 
 def _console_password(saved: str | None) -> str:

@@ -70,12 +70,6 @@ class Command(BaseCommand):
             cache_dir=options["weights_cache"],
             storage_roots=settings.PLATFORM_STORAGE_ROOTS,
         )
-        # vLLM reads its --api-key from VLLM_API_KEY: the key stays out of argv.
-        engine_env = (
-            {"VLLM_API_KEY": settings.PLATFORM_ENGINE_API_KEY}
-            if settings.PLATFORM_ENGINE_API_KEY
-            else {}
-        )
         sink = None
         if settings.REDIS_URL:
             from engine_nodes.heartbeats import RedisBeatStore
@@ -93,7 +87,9 @@ class Command(BaseCommand):
                 python=sys.executable,
                 log_dir=options["log_dir"],
                 vllm_executable=options["vllm_executable"],
-                env=engine_env,
+                # In the replicas' environment, never their argv (the actuator).
+                engine_api_key=settings.PLATFORM_ENGINE_API_KEY,
+                sim_admin_token=settings.PLATFORM_SIM_ADMIN_TOKEN,
             ),
             spec_for=spec_for,
             gpus=options["gpus"],
@@ -107,6 +103,11 @@ class Command(BaseCommand):
             signal.signal(sig, lambda *_: stop.set())
         self.stderr.write(
             f"node agent {options['node']} in {region}: {options['gpus']} GPUs, "
-            f"{options['kind']} replicas, beats to {'Redis and ' if sink else ''}the database"
+            f"{options['kind']} replicas, beats to {'Redis and ' if sink else ''}the database; "
+            + (
+                "replicas demand the engine key on /v1"
+                if settings.PLATFORM_ENGINE_API_KEY
+                else "no engine key: replicas serve /v1 to anyone on the host"
+            )
         )
         agent.run(stop)
