@@ -1,7 +1,8 @@
 """Fixtures shared by every app's tests.
 
 Every skip for a missing service goes through one path: a test that needs
-PostgreSQL or Redis takes the ``postgres`` or ``redis_url`` fixture, which skips
+PostgreSQL or Redis takes the ``postgres`` or ``redis_url`` fixture (or
+``redis_server_binary``, to run a Redis of its own), which skips
 when the server is not configured or unreachable, and with ``REQUIRE_SERVICES=1``
 (CI) fails the run instead. Real vLLM has its own gate, ``REQUIRE_VLLM``, in the
 ``tiny_model`` fixture. ``tests/test_skips.py`` holds tests to these paths.
@@ -80,6 +81,21 @@ def redis_url() -> str:
     except redis.RedisError as exc:
         _service_missing(f"Redis at {url} ({exc})")
     return url
+
+
+@pytest.fixture(scope="session")
+def redis_server_binary() -> str:
+    """Return the path of ``redis-server``, for tests that run (and stop) their own.
+
+    Skips when it is not installed (fails under REQUIRE_SERVICES=1).
+    """
+    import shutil
+
+    path = shutil.which("redis-server")
+    if path is None:
+        _service_missing("redis-server (not on PATH), for a Redis of the test's own")
+    assert path is not None
+    return path
 
 
 @pytest.fixture(scope="session")

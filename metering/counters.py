@@ -1,32 +1,43 @@
 """Where the gateway records usage: once per request, at its end, never per token.
 
 Public surface: ``UsageCounter`` (the protocol), ``RedisUsageCounter``,
-``MemoryUsageCounter``, ``usage_hash_key``, ``usage_index_key``,
-``parse_usage_hash_key``, ``check_counts``, ``USAGE_TTL_S``, ``USAGE_KEEP_FLUSHED_S``.
+``MemoryUsageCounter``, ``FailoverUsageCounter``, ``usage_hash_key``,
+``usage_index_key``, ``parse_usage_hash_key``, ``check_counts``, ``USAGE_TTL_S``,
+``USAGE_KEEP_FLUSHED_S``, ``REDIS_ERRORS``.
 
 With Redis, each (team, model, version, minute) is a hash of running totals under
 ``<prefix>:usage:<minute_epoch>:<team>:<model>:<version>``, listed in the set
 ``<prefix>:usage:index`` until the flusher has written it to the database
 (``metering.services.flush_redis_usage``). Without Redis (the embedded default),
-each gateway process sums in memory and flushes its own ledger.
+each gateway process sums in memory and flushes its own ledger. A gateway whose
+Redis is unreachable sums in memory too (``FailoverUsageCounter``) and adds the
+sums to the same hashes when Redis answers, so the flusher writes every minute's
+full totals as if Redis had never been away.
 
 This module is async-side code: it imports no models.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Mapping
 from typing import Protocol
 
+import redis
 import redis.asyncio
 
 from accounts.domain.names import is_valid_slug
+from metering import metrics
 from metering.domain.usage import COUNTER_FIELDS, UsageCounts, UsageKey, UsageLedger
 
+logger = logging.getLogger(__name__)
+
 __all__ = [
+    "REDIS_ERRORS",
     "USAGE_KEEP_FLUSHED_S",
     "USAGE_TTL_S",
+    "FailoverUsageCounter",
     "MemoryUsageCounter",
     "RedisUsageCounter",
     "UsageCounter",
@@ -42,6 +53,9 @@ USAGE_TTL_S = 7 * 24 * 3600
 # A flushed hash is kept this long, so that counts arriving late for its minute
 # (clock skew, a slow pipeline) still add to the minute's full totals.
 USAGE_KEEP_FLUSHED_S = 3600
+# What an unreachable or failing Redis raises (redis-py wraps socket errors in its
+# ConnectionError and TimeoutError; OSError covers what it does not wrap).
+REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, OSError)
 
 
 class UsageCounter(Protocol):
@@ -204,3 +218,96 @@ class MemoryUsageCounter:
     def __len__(self) -> int:
         with self._lock:
             return len(self._ledger)
+
+
+class FailoverUsageCounter:
+    """Count in Redis; while Redis is unreachable, in memory until it answers again.
+
+    ``add`` goes to Redis (one round trip, as ``RedisUsageCounter``) until a call
+    fails; from then on it sums in memory with no Redis call, and ``restore``
+    (called by the gateway once Redis answers its exchange again) adds those sums
+    to the minutes' hashes and goes back to Redis. The flusher then writes each
+    minute's full totals, so no usage row loses what was counted during the
+    outage, provided Redis kept its data (see docs: Redis needs persistence for
+    that, with or without an outage). A call whose script ran but whose reply was
+    lost is counted again in memory: the only way across an outage to count a
+    request twice, never to lose one.
+    """
+
+    def __init__(self, shared: RedisUsageCounter) -> None:
+        self.shared = shared
+        self.is_local = False
+        self._buffer = MemoryUsageCounter()
+
+    def __len__(self) -> int:
+        """Return the rows waiting in memory for Redis."""
+        return len(self._buffer)
+
+    async def add(self, key: UsageKey, counts: UsageCounts) -> None:
+        """Add ``counts`` in Redis, or in memory while Redis is unreachable.
+
+        Raises:
+            ValueError: a key or counts that no usage row may hold.
+        """
+        if not self.is_local:
+            try:
+                await self.shared.add(key, counts)
+                return
+            except REDIS_ERRORS as exc:
+                self.fall_back(exc)
+        # What Redis would refuse must not wait in memory and fail every push.
+        usage_hash_key(self.shared.prefix, key)
+        await self._buffer.add(key, counts)
+        metrics.set_usage_buffered(rows=len(self._buffer))
+
+    def fall_back(self, reason: BaseException | None = None) -> None:
+        """Count in memory from now on (Redis failed, or is known to be down)."""
+        if self.is_local:
+            return
+        self.is_local = True
+        logger.warning(
+            "Redis unreachable (%s): usage is counted in memory until it answers",
+            type(reason).__name__ if reason is not None else "exchange failed",
+        )
+
+    async def restore(self) -> bool:
+        """Push the sums counted in memory to Redis, then count there again.
+
+        Return True once back on Redis; False if Redis failed again (what was not
+        pushed stays in memory for the next try).
+        """
+        if not self.is_local:
+            return True
+        pushed_rows = 0
+        # Adds made while the sums are pushed land in memory too: loop until it is
+        # empty, then switch with no await in between, so none is left behind.
+        while entries := self._buffer.drain():
+            pushed: set[UsageKey] = set()
+            try:
+                for key in sorted(entries, key=_key_order):
+                    await self.shared.add(key, entries[key])
+                    pushed.add(key)
+            except REDIS_ERRORS:
+                self._buffer.restore(
+                    {k: c for k, c in entries.items() if k not in pushed}
+                )
+                metrics.set_usage_buffered(rows=len(self._buffer))
+                return False
+            pushed_rows += len(pushed)
+        self.is_local = False
+        metrics.set_usage_buffered(rows=0)
+        logger.warning(
+            "Redis answers again: %d usage rows counted in memory were added there",
+            pushed_rows,
+        )
+        return True
+
+    def drain(self) -> dict[UsageKey, UsageCounts]:
+        """Remove and return what waits in memory (at shutdown, Redis still away)."""
+        entries = self._buffer.drain()
+        metrics.set_usage_buffered(rows=0)
+        return entries
+
+
+def _key_order(key: UsageKey) -> tuple[int, str, str, str]:
+    return (key.minute_epoch, key.team, key.model, key.version)

@@ -2,8 +2,8 @@
 
 Public surface: the collectors below, ``observe_request``, ``observe_team_tokens``,
 ``observe_shadow``, ``count_retry``, ``count_rejection``, ``count_rate_limited``,
-``count_shed``, ``set_pool_load``, ``set_control_plane``, ``forget_pool``,
-``OUTCOMES``.
+``count_shed``, ``set_pool_load``, ``set_control_plane``, ``set_limits_degraded``,
+``set_usage_buffered``, ``forget_pool``, ``OUTCOMES``.
 
 Labels are bounded: model, version, region, team, tier, outcome; never request ids
 or user text. Helpers cache ``.labels()`` children (a dict lookup instead of the
@@ -23,6 +23,7 @@ from prometheus_client.metrics import MetricWrapperBase
 __all__ = [
     "CACHED_TOKENS",
     "CONTROL_PLANE_UP",
+    "LIMITS_DEGRADED",
     "OUTCOMES",
     "OUTPUT_TOKENS",
     "PROMPT_TOKENS",
@@ -38,6 +39,7 @@ __all__ = [
     "TOKENS_IN_FLIGHT",
     "TTFT_SECONDS",
     "UPSTREAM_RETRIES",
+    "USAGE_BUFFERED_ROWS",
     "Outcome",
     "count_rate_limited",
     "count_rejection",
@@ -48,7 +50,9 @@ __all__ = [
     "observe_shadow",
     "observe_team_tokens",
     "set_control_plane",
+    "set_limits_degraded",
     "set_pool_load",
+    "set_usage_buffered",
 ]
 
 Outcome = Literal["ok", "error", "client_closed", "retried"]
@@ -137,6 +141,16 @@ SNAPSHOT_AGE_SECONDS = Gauge(
 CONTROL_PLANE_UP = Gauge(
     "platform_control_plane_up",
     "1 while the last snapshot refresh reached the control plane, else 0.",
+)
+LIMITS_DEGRADED = Gauge(
+    "platform_limits_degraded",
+    "1 while this gateway process enforces team limits alone, at its share of each "
+    "limit, because Redis is unreachable; 0 while Redis holds them (or without Redis).",
+)
+USAGE_BUFFERED_ROWS = Gauge(
+    "platform_usage_buffered_rows",
+    "Usage rows (team, model, version, minute) this gateway process holds in memory "
+    "because Redis was unreachable, until it pushes them there.",
 )
 
 _POOL_COLLECTORS: tuple[MetricWrapperBase, ...] = (
@@ -278,6 +292,16 @@ def set_control_plane(*, up: bool, snapshot_age_s: float | None) -> None:
     """
     CONTROL_PLANE_UP.set(1 if up else 0)
     SNAPSHOT_AGE_SECONDS.set(math.nan if snapshot_age_s is None else snapshot_age_s)
+
+
+def set_limits_degraded(*, is_degraded: bool) -> None:
+    """Set whether this process enforces team limits alone (Redis unreachable)."""
+    LIMITS_DEGRADED.set(1 if is_degraded else 0)
+
+
+def set_usage_buffered(*, rows: int) -> None:
+    """Set how many usage rows wait in memory for Redis."""
+    USAGE_BUFFERED_ROWS.set(rows)
 
 
 def forget_pool(model: str, version: str, region: str) -> None:

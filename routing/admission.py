@@ -6,8 +6,9 @@ Public surface: ``Admission`` (the seam the gateway calls), ``LiveAdmission``,
 The sequence itself (charge and slot, tiered queue, give back) is
 ``routing.domain.admission_control.AdmissionControl``, shared with the fleet
 simulator. This module performs its effects: bucket charges and slots on a
-``LimitStore`` (Redis, shared by a region's gateways, or memory), queue waits on
-futures resolved by a pump that runs while anything waits (every
+``LimitStore`` (Redis, shared by a region's gateways, falling back to this
+process's share in memory while Redis is away: ``routing.failover``; or memory),
+queue waits on futures resolved by a pump that runs while anything waits (every
 ``pump_interval_s``, and whenever an answer ends here).
 
 Pool and team tokens in flight are shared by the gateway processes of a region
@@ -73,7 +74,9 @@ class LivePoolView:
 
     A pool's capacity is its serving replicas (heard from recently, not ejected
     here) times the version's load-tested tokens in flight, or
-    ``default_replica_tokens_in_flight`` where no load test has run.
+    ``default_replica_tokens_in_flight`` where no load test has run. While Redis is
+    unreachable this process cannot see the others' load, and judges its pools at
+    its part of that capacity (``LiveLoad.pool_divisor``).
     """
 
     def __init__(
@@ -99,9 +102,10 @@ class LivePoolView:
         serving = len(self.live.nodes(snapshot, model, version, self.clock()))
         # A figure of 0 is no measurement: keep the pool usable on the default.
         capacity = CapacityRecord(tokens_per_s=None, tokens_in_flight=measured or None)
-        return pool_capacity_tokens(
+        total = pool_capacity_tokens(
             serving, capacity, self.default_replica_tokens_in_flight
         )
+        return total // self.live.pool_divisor
 
     def state(self, model: str, version: str) -> PoolState | None:
         """Return the pool's load over all gateways; None while it has no capacity."""

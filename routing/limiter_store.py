@@ -12,6 +12,9 @@ state: in memory (the embedded default, one process: async faces of
 same ``Charge`` for the same history (``routing/tests/test_limiter_store.py``
 checks this on random histories).
 
+While Redis is unreachable, ``routing.failover.FailoverLimits`` keeps each team's
+share of its limits in a ``LimitTable`` of this process instead.
+
 Admission takes a bucket charge and a concurrency slot for every request and gives
 both back when it ends, so a ``LimitStore`` (``buckets.pair(slots)``) does each pair
 in one step: ``charge_and_acquire`` and ``refund_and_release``, one Redis round

@@ -4,15 +4,26 @@ Public surface: ``LiveLoad``, ``AttemptLoad``.
 
 Each gateway process knows exactly, and at every instant, the tokens it has in
 flight on each replica (prompt plus remaining output of its open requests). Once a
-second it publishes that share to Redis and reads the other processes' shares and
-the replicas' heartbeats; a replica's tokens in flight for routing is its own share
-plus the others'. Without Redis the gateway is one process, and liveness comes from
-the database heartbeats in the snapshot.
+second it publishes that share to Redis and reads the other processes' shares, the
+replicas' heartbeats and which gateway processes of the region were seen within the
+missed-beat window; a replica's tokens in flight for routing is its own share plus
+the others'. Without Redis the gateway is one process, and liveness comes from the
+database heartbeats in the snapshot.
+
+When an exchange fails (Redis unreachable), this process stops trusting what it
+last read: the others' shares and the Redis beats are dropped, liveness comes from
+the database heartbeats in the snapshot (the node agents write them whatever Redis
+does) as without Redis, and ``pool_divisor`` tells admission to take only its part
+of each pool (one of the ``gateways_seen`` processes). The next exchange that works
+brings it all back. The exchange is also the gateway's probe of Redis
+(``routing.failover``).
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 from engine_nodes.domain.beats import (
@@ -39,19 +50,46 @@ class LiveLoad:
         prefix: str,
         beat_s: float,
         missed_beats: int,
+        db_beat_s: float | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.gateway_id = gateway_id
         self.region = region
         self.redis = redis
         self.prefix = prefix
         self.beat_s = beat_s
+        # How often the database hears beats (the snapshot's liveness).
+        self.db_beat_s = beat_s if db_beat_s is None else db_beat_s
         self.missed_beats = missed_beats
+        self.clock = clock  # unix seconds: when this process was seen, for the others
         self.own: dict[str, int] = {}
         self.others: dict[str, int] = {}
         self.beats: dict[str, ReplicaBeat] = {}
+        # True while the last exchange worked (never without Redis).
+        self.is_redis_up = redis is not None
+        # Gateway processes of the region seen by the last exchange, this one included.
+        self.gateways_seen = 1
+        # Until this (unix) time after Redis came back, replicas without a Redis beat
+        # are judged by their database beat; set by ``exchange``.
+        self._settled_at = 0.0
+        self._is_settling = False
         self._ejected_until: dict[str, float] = {}
         self._load_key = f"{prefix}:load:{region}:{gateway_id}"
-        self._gateways_key = f"{prefix}:gateways:{region}"
+        # Scored by when each process last exchanged; a new name, not the set
+        # "gateways:<region>" that older processes kept.
+        self._seen_key = f"{prefix}:gateways-seen:{region}"
+
+    @property
+    def pool_divisor(self) -> int:
+        """Return how many ways this process splits a pool's capacity.
+
+        1 while it sees the region's load through Redis (or runs alone, without
+        Redis); while Redis is unreachable, the gateway processes last seen, since
+        each of them then admits on its own.
+        """
+        if self.redis is None or self.is_redis_up:
+            return 1
+        return self.gateways_seen
 
     # -- this process's share (hot path: plain dict arithmetic) ---------------------------
 
@@ -77,7 +115,12 @@ class LiveLoad:
         Its heartbeats take up to the missed-beat window to stop; without this, every
         request in between would try it first and spend the retry budget.
         """
-        self._ejected_until[replica_id] = now + self.beat_s * self.missed_beats
+        self._ejected_until[replica_id] = now + self._window_s()
+
+    def _window_s(self) -> float:
+        """Return the missed-beat window of the beats routing trusts now."""
+        beat_s = self.beat_s if self.is_redis_up else self.db_beat_s
+        return beat_s * self.missed_beats
 
     # -- eligibility ----------------------------------------------------------------------
 
@@ -86,8 +129,12 @@ class LiveLoad:
     ) -> list[NodeSnapshot]:
         """Return the replicas of ``model@version`` that may take a request now."""
         ejected = self._ejected_until
-        use_beats = self.redis is not None
-        window_s = self.beat_s * self.missed_beats
+        # Redis beats while the exchange reads them; else the database's, as
+        # without Redis (the node agents write those whether Redis answers or not).
+        # Just after Redis returns, a replica not yet heard there is judged by its
+        # database beat (see ``_is_settling``).
+        use_beats = self.is_redis_up
+        window_s = self.db_beat_s * self.missed_beats
         # Database beats are judged as of the snapshot that carries them: when the
         # database is unreachable, the replicas alive in the last snapshot keep
         # serving instead of all looking silent.
@@ -101,12 +148,14 @@ class LiveLoad:
                 if until > now:
                     continue
                 del ejected[replica.replica_id]
-            if use_beats:
-                beat = self.beats.get(replica.replica_id)
-                if beat is None or beat.state != ReplicaState.SERVING:
+            beat = self.beats.get(replica.replica_id) if use_beats else None
+            if beat is not None:
+                if beat.state != ReplicaState.SERVING:
                     continue
                 queue_depth, kv = beat.queue_depth, beat.kv_cache_usage_perc
             else:
+                if use_beats and not self._is_settling:
+                    continue  # silent in Redis
                 if not _db_alive(replica, as_of, window_s):
                     continue
                 queue_depth, kv = replica.queue_depth, replica.kv_cache_usage_perc
@@ -124,17 +173,57 @@ class LiveLoad:
     # -- the once-a-second exchange through Redis -------------------------------------------
 
     async def exchange(self) -> None:
-        """Publish this process's share; read the others' and the replicas' beats."""
+        """Publish this process's share; read the others', the beats, the gateways.
+
+        Raises:
+            Exception: what Redis raised; this process then judges liveness by the
+                database beats and splits pools (``pool_divisor``) until an
+                exchange works again.
+        """
         if self.redis is None:
             return
-        ttl_ms = max(1, round(self.beat_s * self.missed_beats * 1000))
+        now = self.clock()
+        try:
+            gateways = await self._exchange(now)
+        except Exception:
+            self._lose_sight()
+            raise
+        if not self.is_redis_up:
+            # Redis is back, maybe restarted empty or with the beats expired while
+            # it was away: the agents' next beats reach it within a beat. Until a
+            # missed-beat window has passed, the database's beats vouch for the
+            # replicas not heard there yet, so none looks silent meanwhile.
+            self._settled_at = now + self.beat_s * self.missed_beats
+        self._is_settling = now < self._settled_at
+        # The other processes list themselves again within that window too: until
+        # then, count no fewer than before the outage (the share of a next one).
+        self.gateways_seen = (
+            max(gateways, self.gateways_seen) if self._is_settling else gateways
+        )
+        self.is_redis_up = True
+
+    def _lose_sight(self) -> None:
+        """Forget what Redis told: stale shares and beats would mislead routing."""
+        self.is_redis_up = False
+        self.others = {}
+        self.beats = {}
+
+    async def _exchange(self, now: float) -> int:
+        """Do one exchange; return how many gateway processes were seen."""
+        assert self.redis is not None
+        window_s = self.beat_s * self.missed_beats
+        ttl_ms = max(1, round(window_s * 1000))
         pipe = self.redis.pipeline(transaction=False)
         pipe.delete(self._load_key)
         if self.own:
             pipe.hset(self._load_key, mapping={k: str(v) for k, v in self.own.items()})
             pipe.pexpire(self._load_key, ttl_ms)
-        pipe.sadd(self._gateways_key, self.gateway_id)
-        pipe.smembers(self._gateways_key)
+        # Every process is listed while it exchanges, idle or not, so that
+        # ``gateways_seen`` counts the processes that could admit a team's requests.
+        pipe.zadd(self._seen_key, {self.gateway_id: now})
+        pipe.zremrangebyscore(self._seen_key, "-inf", now - window_s)
+        pipe.pexpire(self._seen_key, ttl_ms)
+        pipe.zrange(self._seen_key, 0, -1)
         pipe.smembers(region_index_key(self.prefix, self.region))
         results = await pipe.execute()
         gateway_ids = sorted(_text(g) for g in results[-2])
@@ -147,22 +236,18 @@ class LiveLoad:
             pipe.hgetall(beat_key(self.prefix, replica_id))
         results = await pipe.execute()
         totals: dict[str, int] = {}
-        gone = []
-        for gateway_id, raw in zip(others, results[: len(others)], strict=True):
-            if not raw:
-                gone.append(gateway_id)  # its share expired: that process is gone
+        for raw in results[: len(others)]:
             for replica_id, tokens in raw.items():
                 key = _text(replica_id)
                 totals[key] = totals.get(key, 0) + int(tokens)
-        self.others = totals
-        if gone:
-            await self.redis.srem(self._gateways_key, *gone)
         beats = {}
         for replica_id, raw in zip(replica_ids, results[len(others) :], strict=True):
             beat = decode_beat(raw) if raw else None
             if beat is not None:
                 beats[replica_id] = beat
+        self.others = totals
         self.beats = beats
+        return len(others) + 1
 
     async def leave(self) -> None:
         """Remove this process's share at shutdown."""
@@ -170,7 +255,7 @@ class LiveLoad:
             return
         pipe = self.redis.pipeline(transaction=False)
         pipe.delete(self._load_key)
-        pipe.srem(self._gateways_key, self.gateway_id)
+        pipe.zrem(self._seen_key, self.gateway_id)
         await pipe.execute()
 
 
