@@ -7,6 +7,7 @@ one process configuration is one environment.
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 from datetime import timedelta
 from pathlib import Path
@@ -76,6 +77,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "config.request_guards.RejectNulBytes",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -109,6 +111,12 @@ TEMPLATES = [
 # ---------------------------------------------------------------------------
 # Database
 # ---------------------------------------------------------------------------
+if "PLATFORM_DB_CONN_MAX_AGE_S" in os.environ:
+    # Persistent connections leaked one connection per request under ASGI.
+    raise ImproperlyConfigured(
+        "PLATFORM_DB_CONN_MAX_AGE_S was removed: connections come from a pool "
+        "(PLATFORM_DB_POOL_MAX_SIZE, docs/configuration.md)"
+    )
 try:
     DATABASES = {
         "default": parse_database_url(
@@ -133,8 +141,40 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # they start (gateway, node agent).
     DATABASES["default"]["TEST"] = {"NAME": str(LOCAL_DIR / "test-platform.sqlite3")}
 else:
-    DATABASES["default"]["CONN_MAX_AGE"] = env_int("PLATFORM_DB_CONN_MAX_AGE_S", 60)
+    # Under ASGI every request runs its sync code in a thread of its own, so a
+    # persistent connection (CONN_MAX_AGE > 0) was left open by each request and
+    # never reused: thirty requests left thirty connections. Each process keeps a
+    # pool instead (psycopg_pool, through Django's OPTIONS["pool"]): a request takes
+    # a connection and gives it back when it ends, at most
+    # PLATFORM_DB_POOL_MAX_SIZE are ever open, and a request that finds them all
+    # busy waits up to PLATFORM_DB_POOL_TIMEOUT_S. Pools need CONN_MAX_AGE = 0.
+    # Celery's prefork worker closes the pool around every task (its Django
+    # fixup), so a forked child never shares its parent's connections.
+    try:
+        _pool_max_size = env_int("PLATFORM_DB_POOL_MAX_SIZE", 10, minimum=0)
+        _pool_min_size = env_int("PLATFORM_DB_POOL_MIN_SIZE", 1, minimum=0)
+        _pool_timeout_s = env_float("PLATFORM_DB_POOL_TIMEOUT_S", 5.0, minimum=0.1)
+    except EnvError as exc:
+        raise ImproperlyConfigured(str(exc)) from None
+    if _pool_max_size and _pool_min_size > _pool_max_size:
+        raise ImproperlyConfigured(
+            "PLATFORM_DB_POOL_MIN_SIZE must not exceed PLATFORM_DB_POOL_MAX_SIZE"
+        )
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    if _pool_max_size:
+        DATABASES["default"]["OPTIONS"]["pool"] = {
+            "min_size": _pool_min_size,
+            "max_size": _pool_max_size,
+            "timeout": _pool_timeout_s,
+            # After an outage psycopg_pool retries with doubling delays for
+            # reconnect_timeout (5 minutes by default), so a gateway could stay
+            # degraded for a minute after the database is back. Giving up sooner
+            # lets the next request start a fresh attempt at once.
+            "reconnect_timeout": 2 * _pool_timeout_s,
+        }
+    # PLATFORM_DB_POOL_MAX_SIZE=0: no pool; each request opens a connection and
+    # closes it when it ends (behind PgBouncer, which pools for every process).
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # ---------------------------------------------------------------------------
@@ -192,20 +232,34 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["accounts.auth.AdminTokenAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["accounts.auth.IsPlatformAdmin"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    # JSONParser within bounds (nesting, NUL, surrogates): config/parsers.py.
+    "DEFAULT_PARSER_CLASSES": ["config.parsers.BodyParser"],
     "EXCEPTION_HANDLER": "config.errors.api_exception_handler",
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # Path rules and every operation's errors documented: config/api.py.
+    "DEFAULT_SCHEMA_CLASS": "config.api.ControlPlaneSchema",
     "UNAUTHENTICATED_USER": None,
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Serving platform control plane",
-    "DESCRIPTION": "Models, versions, rollouts, aliases, teams, limits and pools.",
+    "DESCRIPTION": (
+        "Models, versions, rollouts, aliases, teams, limits and pools. A body is one "
+        "JSON object of at most 2.5 MB, nested at most 64 levels deep, with finite "
+        "numbers, integers of at most 64 digits and no lone surrogates. Every error "
+        'has one shape: {"error": {"type", "message", "param", "code"}}.'
+    ),
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "SCHEMA_PATH_PREFIX": "/admin",
+    # 3.1 (JSON Schema 2020-12): propertyNames and numeric exclusive bounds say
+    # what an engine config's keys and a canary's percent must be.
+    "OAS_VERSION": "3.1.0",
     # The schema is part of the control plane: same token, same refusal of team keys.
     "SERVE_AUTHENTICATION": ["accounts.auth.AdminTokenAuthentication"],
     "SERVE_PERMISSIONS": ["accounts.auth.IsPlatformAdmin"],
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "config.api.finish_schema",
+    ],
 }
 
 # ---------------------------------------------------------------------------
@@ -227,6 +281,10 @@ try:
     PLATFORM_REAPER_INTERVAL_S = env_float(
         "PLATFORM_REAPER_INTERVAL_S", 5.0, minimum=0.5
     )
+    # A serving replica holding requests whose engine shows no progress (generated
+    # tokens, requests, KV usage all flat) for this long is marked stalled: routers
+    # skip it until it moves again.
+    PLATFORM_STALL_AFTER_S = env_float("PLATFORM_STALL_AFTER_S", 10.0, minimum=0.5)
     # Weights, eval reports and batch files may live only under these URI prefixes.
     PLATFORM_STORAGE_ROOTS = env_list(
         "PLATFORM_STORAGE_ROOTS",
@@ -278,9 +336,39 @@ try:
     PLATFORM_UPSTREAM_CONNECT_TIMEOUT_S = env_float(
         "PLATFORM_UPSTREAM_CONNECT_TIMEOUT_S", 2.0, minimum=0.05
     )
+    # A replica silent past these is failed: before the first token the request is
+    # retried on another (the client sees nothing), after it the stream ends with
+    # the error event. A first token can take a while: the longest prompt served
+    # (32k tokens on a 70B pair) prefills in 10-20 s on a loaded replica.
+    PLATFORM_FIRST_TOKEN_TIMEOUT_S = env_float(
+        "PLATFORM_FIRST_TOKEN_TIMEOUT_S", 30.0, minimum=0.1
+    )
+    PLATFORM_INTER_TOKEN_TIMEOUT_S = env_float(
+        "PLATFORM_INTER_TOKEN_TIMEOUT_S", 15.0, minimum=0.1
+    )
     # The key engines (vLLM's --api-key, passed as VLLM_API_KEY) demand on /v1: the
     # node agent starts replicas with it and the gateway sends it upstream.
     PLATFORM_ENGINE_API_KEY = env_secret("PLATFORM_ENGINE_API_KEY") or ""
+    # The bearer token simulated replicas demand on /sim/faults and /sim/state
+    # (the node agent passes it as SIM_ADMIN_TOKEN, out of the process list).
+    PLATFORM_SIM_ADMIN_TOKEN = env_secret("PLATFORM_SIM_ADMIN_TOKEN") or ""
+    # The bearer token a scraper sends for /metrics; unset, /metrics answers 403.
+    PLATFORM_METRICS_TOKEN = env_secret("PLATFORM_METRICS_TOKEN") or ""
+    # How often each gateway process writes the keys it saw to last_used_at.
+    PLATFORM_KEY_LAST_USED_FLUSH_S = env_float(
+        "PLATFORM_KEY_LAST_USED_FLUSH_S", 60.0, minimum=0.1
+    )
+    # Console login: failures per user name and address, per address, and the
+    # lockout (also the window failures are counted over).
+    PLATFORM_CONSOLE_LOGIN_MAX_FAILURES = env_int(
+        "PLATFORM_CONSOLE_LOGIN_MAX_FAILURES", 5, minimum=1
+    )
+    PLATFORM_CONSOLE_LOGIN_MAX_FAILURES_PER_IP = env_int(
+        "PLATFORM_CONSOLE_LOGIN_MAX_FAILURES_PER_IP", 20, minimum=1
+    )
+    PLATFORM_CONSOLE_LOGIN_LOCKOUT_S = env_float(
+        "PLATFORM_CONSOLE_LOGIN_LOCKOUT_S", 900.0, minimum=1.0
+    )
     # Served with the ASGI app itself (the console's CSS/JS) when no web server
     # sits in front; `make up` turns it on.
     PLATFORM_SERVE_STATIC = env_bool("PLATFORM_SERVE_STATIC", DEBUG)

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible gateway: ``/v1/chat/completions``, ``/v1/models``, ``/healthz``.
+"""The OpenAI-compatible gateway: ``/v1/chat/completions``, ``/v1/models``,
+``/tokenize``, ``/healthz``.
 
 Public surface: ``Gateway``.
 
@@ -14,6 +15,11 @@ request. A chat request is a pipeline of the modules beside it:
 ``routing.plan`` (key -> team -> body -> version -> limits -> prompt tokens, one
 immutable ``ChatPlan``), ``routing.chat`` (admission, routing with retries, the
 ``routing.relay``, metering), with the OpenAI shapes in ``routing.responses``.
+``/tokenize`` is resolved the same way and passed to a replica
+(``routing.tokenize``). Whatever fails, the client gets OpenAI's error shape: an
+unexpected exception is logged (its type and frames, never its message, which may
+quote the request) and answered as a JSON 500, or as an error event once a stream
+has started.
 """
 
 from __future__ import annotations
@@ -25,17 +31,30 @@ import json
 import logging
 import random
 import time
+import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from config.asgi_io import Receive, Scope, Send, wait_disconnect
 from metering import metrics
 from routing.chat import BackgroundTasks, ChatService
+from routing.domain.hosts import HostPolicy
 from routing.domain.snapshot import ConfigSnapshot
+from routing.failover import RedisFailover
+from routing.key_uses import KeyUses
 from routing.live import LiveLoad
-from routing.plan import GatewaySettings, authenticate, plan_chat, read_json, team_limit
+from routing.plan import (
+    GatewaySettings,
+    authenticate,
+    plan_chat,
+    plan_tokenize,
+    read_json,
+    team_limit,
+)
+from routing.relay import EVENT_END
 from routing.responses import ClientGone, GatewayError, respond
 from routing.snapshots import SnapshotHolder
+from routing.tokenize import TokenizeProxy
 from routing.upstream import Upstream
 
 logger = logging.getLogger(__name__)
@@ -43,6 +62,9 @@ logger = logging.getLogger(__name__)
 __all__ = ["Gateway"]
 
 _GC_THRESHOLDS = (50_000, 20, 10)
+# Host headers already judged, so a request pays one dict lookup; cleared when
+# full, so a client sending a new Host every time cannot grow it without bound.
+_HOST_MEMO_SIZE = 1024
 
 
 class Gateway:
@@ -66,6 +88,10 @@ class Gateway:
         exchange_s: float = 1.0,
         flush_usage: Callable[[], Awaitable[None]] | None = None,
         flush_usage_s: float = 10.0,
+        failover: RedisFailover | None = None,
+        hosts: HostPolicy,
+        key_uses: KeyUses | None = None,
+        key_uses_flush_s: float = 60.0,
     ) -> None:
         self.settings = settings
         self.snapshots = snapshots
@@ -77,8 +103,16 @@ class Gateway:
         self.exchange_s = exchange_s
         self.flush_usage = flush_usage
         self.flush_usage_s = flush_usage_s
+        self.failover = failover
+        self.hosts = hosts
+        self.key_uses = key_uses
+        self.key_uses_flush_s = key_uses_flush_s
+        self._host_verdicts: dict[bytes, bool] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._rng = random.Random()
+        self.tokenize = TokenizeProxy(
+            upstream=upstream, live=live, connect_timeout_s=settings.connect_timeout_s
+        )
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -103,6 +137,12 @@ class Gateway:
             self._tasks.append(
                 asyncio.create_task(self._every(self.flush_usage_s, self.flush_usage))
             )
+        if self.key_uses is not None:
+            self._tasks.append(
+                asyncio.create_task(
+                    self._every(self.key_uses_flush_s, self.key_uses.flush)
+                )
+            )
         # Django, the app registry and the first snapshot are long-lived: move them
         # out of the collector's generations so relaying tokens does not rescan them.
         gc.collect()
@@ -126,15 +166,29 @@ class Gateway:
         if self.flush_usage is not None:
             with contextlib.suppress(Exception):
                 await self.flush_usage()
+        if self.key_uses is not None:
+            with contextlib.suppress(Exception):
+                await self.key_uses.flush()
+        if self.failover is not None:
+            await self.failover.stop()
         with contextlib.suppress(Exception):
             await self.live.leave()
         await self.upstream.close()
 
     async def _exchange_once(self) -> None:
+        """Exchange live load; it is also the probe of Redis for the failover."""
+        was_up = self.live.is_redis_up
         try:
             await self.live.exchange()
         except Exception as exc:
-            logger.warning("live load exchange failed: %s", type(exc).__name__)
+            # Once per outage: the exchange fails every second until Redis answers.
+            if was_up:
+                logger.warning("live load exchange failed: %s", type(exc).__name__)
+            if self.failover is not None:
+                self.failover.fall_back(exc)
+        else:
+            if self.failover is not None:
+                await self.failover.restore()
         self._publish_pool_gauges()
 
     def _publish_pool_gauges(self) -> None:
@@ -173,11 +227,13 @@ class Gateway:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
             return
-        if not self.upstream.is_open:
-            await self.start()
         path = scope["path"]
         method = scope["method"]
         try:
+            if not self.upstream.is_open:
+                await self.start()
+            if path.startswith("/v1/") or path == "/tokenize":
+                self._check_host(scope)
             if path == "/v1/chat/completions":
                 if method != "POST":
                     raise GatewayError(405, "use POST for /v1/chat/completions")
@@ -186,6 +242,10 @@ class Gateway:
                 if method != "GET":
                     raise GatewayError(405, "use GET for /v1/models")
                 await self._models(scope, send)
+            elif path == "/tokenize":
+                if method != "POST":
+                    raise GatewayError(405, "use POST for /tokenize")
+                await self._tokenize(scope, receive, send)
             elif path == "/healthz":
                 await self._health(send)
             else:
@@ -194,6 +254,16 @@ class Gateway:
             await respond(send, exc.status, exc.body(), headers=exc.headers)
         except ClientGone:
             return
+        except Exception as exc:
+            # The last resort, for a bug: never the server's plain-text 500.
+            logger.error(
+                "unhandled %s on %s %s\n%s",
+                type(exc).__name__,
+                method,
+                path,
+                "".join(traceback.format_tb(exc.__traceback__)),
+            )
+            await _answer_internal_error(send)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -213,14 +283,60 @@ class Gateway:
     async def _health(self, send: Send) -> None:
         holder = self.snapshots
         age = holder.age_s()
-        body = {
-            "status": "ok" if holder.control_plane_up else "degraded",
+        failover = self.failover
+        is_degraded = not holder.control_plane_up or (
+            failover is not None and failover.is_degraded
+        )
+        body: dict[str, object] = {
+            "status": "degraded" if is_degraded else "ok",
             "control_plane": "up" if holder.control_plane_up else "unreachable",
             "snapshot_age_s": None if age is None else round(age, 3),
             "region": self.settings.region,
         }
+        if self.live.redis is None:
+            body.update(redis="unused", limits="embedded", usage="embedded")
+        else:
+            body["redis"] = "up" if self.live.is_redis_up else "unreachable"
+            body["gateways"] = self.live.gateways_seen  # in the region, last seen
+        if failover is not None:
+            body.update(failover.health())
+        # Degraded still serves (a stale snapshot, limits enforced locally): 200.
         status = 200 if holder.current is not None else 503
         await respond(send, status, json.dumps(body).encode())
+
+    def _check_host(self, scope: Scope) -> None:
+        """Refuse a Host that ALLOWED_HOSTS does not allow, as Django does (400).
+
+        Without a Host header the server's own address stands in, as in Django.
+        """
+        host = b""
+        for name, value in scope.get("headers", ()):
+            if name == b"host":
+                # Django joins repeated headers with commas: never a valid host.
+                host = value if not host else host + b"," + value
+        if not host:
+            server = scope.get("server") or ("", None)
+            host = f"{server[0]}:{server[1]}".encode() if server[1] else b""
+        verdict = self._host_verdicts.get(host)
+        if verdict is None:
+            verdict = self.hosts.allows(host.decode("latin-1"))
+            if len(self._host_verdicts) >= _HOST_MEMO_SIZE:
+                self._host_verdicts.clear()
+            self._host_verdicts[host] = verdict
+        if not verdict:
+            raise GatewayError(
+                400,
+                "the Host header names a host this server does not serve "
+                "(PLATFORM_ALLOWED_HOSTS)",
+                code="invalid_host",
+            )
+
+    def _team(self, scope: Scope, snapshot: ConfigSnapshot) -> str:
+        """Return the team of the request's key, noting the key's use."""
+        key = authenticate(scope, snapshot)
+        if self.key_uses is not None:
+            self.key_uses.note(key.key_id)
+        return key.team
 
     def _snapshot(self) -> ConfigSnapshot:
         snapshot = self.snapshots.current
@@ -234,7 +350,7 @@ class Gateway:
 
     async def _models(self, scope: Scope, send: Send) -> None:
         snapshot = self._snapshot()
-        team = authenticate(scope, snapshot)
+        team = self._team(scope, snapshot)
         data = [
             {
                 "id": name,
@@ -249,11 +365,26 @@ class Gateway:
         ]
         await respond(send, 200, json.dumps({"object": "list", "data": data}).encode())
 
+    async def _tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
+        snapshot = self._snapshot()
+        headers = dict(scope.get("headers", ()))
+        team = self._team(scope, snapshot)
+        body = await read_json(receive, headers, self.settings.max_body_bytes)
+        plan = plan_tokenize(
+            snapshot=snapshot,
+            settings=self.settings,
+            team=team,
+            headers=headers,
+            body=body,
+            rng=self._rng,
+        )
+        await self.tokenize.serve(plan, snapshot, send)
+
     async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
         started_at = time.monotonic()
         snapshot = self._snapshot()
         headers = dict(scope.get("headers", ()))
-        team = authenticate(scope, snapshot)
+        team = self._team(scope, snapshot)
         body = await read_json(receive, headers, self.settings.max_body_bytes)
         # From here on a client that goes away cancels this task (queued admission
         # included); reads from the engine need no per-chunk race with the client.
@@ -282,6 +413,25 @@ class Gateway:
         finally:
             watch.finish()
             watcher.cancel()
+
+
+async def _answer_internal_error(send: Send) -> None:
+    """Answer a JSON 500; if the answer had started (a stream), end it with the
+    error as its last event instead."""
+    error = GatewayError(
+        500, "internal error; the failure was logged", code="internal_error"
+    ).body()
+    try:
+        await respond(send, 500, error)
+    except Exception:
+        with contextlib.suppress(Exception):  # the client may be gone as well
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": b"data: " + error + EVENT_END + b"data: [DONE]" + EVENT_END,
+                    "more_body": False,
+                }
+            )
 
 
 class _DisconnectWatch:

@@ -1,11 +1,13 @@
 """Public surface: ``get_gateway``, ``build_gateway``, ``gateway_settings``,
-``reset_for_tests``.
+``allowed_hosts``, ``reset_for_tests``.
 
 The gateway of this process, built once from settings, in one pass: its snapshot
 holder, live load, admission (over Redis or memory) with its pool view, usage
 counter, upstream session and chat service are each built with what they need and
-handed to the ``Gateway``. Mutable routing state (rings, cursors, retry budgets,
-queues) lives in those objects, never in module globals of the domain code.
+handed to the ``Gateway``. With Redis, the limits and the usage counter fall back to
+this process's memory while Redis is unreachable (``routing.failover``). Mutable
+routing state (rings, cursors, retry budgets, queues) lives in those objects, never
+in module globals of the domain code.
 """
 
 from __future__ import annotations
@@ -19,13 +21,18 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 from django.conf import settings
+from django.utils import timezone
 
+from accounts.services import touch_api_keys
 from routing.admission import LiveAdmission, LivePoolView
 from routing.chat import BackgroundTasks, ChatService, UsageCounter
 from routing.domain.admission_control import AdmissionControl, AdmissionOptions
+from routing.domain.hosts import HostPolicy
 from routing.domain.policies import PolicyOptions
 from routing.domain.snapshot import ConfigSnapshot
+from routing.failover import FailoverLimits, RedisFailover
 from routing.gateway import Gateway
+from routing.key_uses import KeyUses
 from routing.limiter_redis import RedisBucketStore, RedisConcurrency
 from routing.limiter_store import LimitStore, MemoryBucketStore, MemoryConcurrency
 from routing.live import LiveLoad
@@ -48,6 +55,8 @@ def gateway_settings() -> GatewaySettings:
         default_max_concurrency=settings.PLATFORM_DEFAULT_MAX_CONCURRENCY,
         retry_ratio=settings.PLATFORM_RETRY_RATIO,
         connect_timeout_s=settings.PLATFORM_UPSTREAM_CONNECT_TIMEOUT_S,
+        first_token_timeout_s=settings.PLATFORM_FIRST_TOKEN_TIMEOUT_S,
+        inter_token_timeout_s=settings.PLATFORM_INTER_TOKEN_TIMEOUT_S,
         policy_options=PolicyOptions(
             min_bound_tokens=settings.PLATFORM_AFFINITY_MIN_BOUND_TOKENS
         ),
@@ -73,12 +82,10 @@ def build_gateway() -> Gateway:
         region=region,
         redis=redis_client,
         prefix=settings.REDIS_KEY_PREFIX,
-        # Redis beats every second; without Redis, liveness is the database beat.
-        beat_s=(
-            settings.PLATFORM_HEARTBEAT_S
-            if redis_client
-            else settings.PLATFORM_HEARTBEAT_DB_S
-        ),
+        # Redis beats every second; without Redis (or while it is unreachable),
+        # liveness is the database beat.
+        beat_s=settings.PLATFORM_HEARTBEAT_S,
+        db_beat_s=settings.PLATFORM_HEARTBEAT_DB_S,
         missed_beats=settings.PLATFORM_MISSED_BEATS,
     )
 
@@ -89,6 +96,7 @@ def build_gateway() -> Gateway:
         )
 
     snapshots = SnapshotHolder(load, prompt_counters=VersionCounters())
+    limits, counter, flush, failover = _stores(redis_client, live)
     admission = LiveAdmission(
         control=AdmissionControl(
             LivePoolView(
@@ -100,12 +108,13 @@ def build_gateway() -> Gateway:
             ),
             admission_options(),
         ),
-        limits=_limit_store(redis_client),
+        limits=limits,
     )
-    counter, flush = _usage_counter(redis_client)
     config = gateway_settings()
     upstream = Upstream(
         connect_timeout_s=config.connect_timeout_s,
+        first_token_timeout_s=config.first_token_timeout_s,
+        inter_token_timeout_s=config.inter_token_timeout_s,
         engine_api_key=config.engine_api_key,
     )
     background = BackgroundTasks()
@@ -128,7 +137,24 @@ def build_gateway() -> Gateway:
         snapshot_refresh_s=settings.PLATFORM_SNAPSHOT_REFRESH_S,
         flush_usage=flush,
         flush_usage_s=settings.PLATFORM_USAGE_FLUSH_S,
+        failover=failover,
+        hosts=allowed_hosts(),
+        key_uses=KeyUses(_write_key_uses),
+        key_uses_flush_s=settings.PLATFORM_KEY_LAST_USED_FLUSH_S,
     )
+
+
+def allowed_hosts() -> HostPolicy:
+    """Return the hosts /v1 serves: ALLOWED_HOSTS, with Django's DEBUG defaults."""
+    patterns = settings.ALLOWED_HOSTS
+    if settings.DEBUG and not patterns:
+        patterns = [".localhost", "127.0.0.1", "[::1]"]
+    return HostPolicy.from_patterns(patterns)
+
+
+@database_sync_to_async
+def _write_key_uses(key_ids: frozenset[int]) -> int:
+    return touch_api_keys(key_ids=key_ids, now=timezone.now())
 
 
 def _redis_client() -> Any | None:
@@ -149,25 +175,35 @@ def _redis_client() -> Any | None:
     )
 
 
-def _limit_store(redis_client: Any | None) -> LimitStore:
-    """Return team buckets and slots over Redis (shared by gateways) or memory."""
-    if redis_client is not None:
-        prefix = settings.REDIS_KEY_PREFIX
-        return RedisBucketStore(redis_client, prefix).pair(
+def _stores(
+    redis_client: Any | None, live: LiveLoad
+) -> tuple[
+    LimitStore, UsageCounter, Callable[[], Awaitable[None]] | None, RedisFailover | None
+]:
+    """Return the limits, the usage counter, its flush and the Redis failover.
+
+    With Redis: shared limits and counts, each falling back to this process while
+    Redis is unreachable; the counts are flushed by the Celery beat task. Without:
+    memory, flushed by the gateway itself.
+    """
+    if redis_client is None:
+        counter, flush = _memory_usage_counter()
+        return MemoryBucketStore().pair(MemoryConcurrency()), counter, flush, None
+    from metering.counters import FailoverUsageCounter, RedisUsageCounter
+
+    prefix = settings.REDIS_KEY_PREFIX
+    limits = FailoverLimits(
+        RedisBucketStore(redis_client, prefix).pair(
             RedisConcurrency(redis_client, prefix)
-        )
-    return MemoryBucketStore().pair(MemoryConcurrency())
+        ),
+        gateways=lambda: live.gateways_seen,
+    )
+    usage = FailoverUsageCounter(RedisUsageCounter(redis_client, prefix))
+    return limits, usage, None, RedisFailover(limits=limits, usage=usage)
 
 
-def _usage_counter(
-    redis_client: Any | None,
-) -> tuple[UsageCounter, Callable[[], Awaitable[None]] | None]:
-    """Return the usage counter, and the flush the gateway runs (memory only)."""
-    if redis_client is not None:
-        from metering.counters import RedisUsageCounter
-
-        # Redis counters are flushed by the Celery beat task.
-        return RedisUsageCounter(redis_client, settings.REDIS_KEY_PREFIX), None
+def _memory_usage_counter() -> tuple[UsageCounter, Callable[[], Awaitable[None]]]:
+    """Return the embedded usage counter, and the flush the gateway runs."""
     from metering.counters import MemoryUsageCounter
     from metering.services import flush_memory_usage
 

@@ -4,11 +4,20 @@
 (``drills.seeding``; committed, so the processes see them), starts ``manage.py
 engine_agent`` (which starts the simulated replicas) and the gateway under uvicorn,
 and waits until the gateway serves. Everything talks HTTP on loopback; Redis is used when REDIS_URL is set.
+``RedisServer`` is a Redis of a test's own, which the test may stop and start
+again (never the machine's shared one).
+
+As under `make up`, the platform runs with its process secrets: replicas demand an
+engine key on ``/v1`` (the gateway sends it), ``/sim/faults`` an admin token and
+``/metrics`` a scrape token. ``LivePlatform.metrics``, ``scrape_metrics`` and
+``LivePlatform.sim_admin_headers`` send them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -34,6 +43,8 @@ from drills.seeding import (
 from engine_nodes.local_processes import (
     Process,
     database_url,
+    free_port,
+    spawn,
     start_agent,
     start_gateway,
     wait_until,
@@ -66,6 +77,14 @@ class LivePlatform:
             base_url=f"{self.url}/v1", api_key=self.keys[team], max_retries=0, **kwargs
         )
 
+    def metrics(self, url: str | None = None) -> str:
+        """Return the /metrics exposition of the gateway at ``url`` (default: ours)."""
+        return scrape_metrics(url or self.url, self.env)
+
+    def sim_admin_headers(self) -> dict[str, str]:
+        """Return the headers that open a simulated replica's /sim/faults."""
+        return {"Authorization": f"Bearer {self.env['PLATFORM_SIM_ADMIN_TOKEN']}"}
+
     def serving(self, version: str | None = None) -> list[Replica]:
         replicas = Replica.objects.filter(region=self.region, state="serving")
         if version is not None:
@@ -82,18 +101,22 @@ def gateway_env(base: Mapping[str, str], **overrides: str) -> dict[str, str]:
 
 def platform_env(*, region: str, prefix: str, **overrides: str) -> dict[str, str]:
     """Return the environment of an end-to-end platform's gateway and agent: the
-    test database, one region, its own Redis prefix, fast refresh and flush."""
-    env = gateway_env(
-        os.environ,
-        DATABASE_URL=database_url(),
-        PLATFORM_REGION=region,
-        PLATFORM_REDIS_PREFIX=prefix,
-        PLATFORM_SNAPSHOT_REFRESH_S="0.5",
-        PLATFORM_USAGE_FLUSH_S="1",
-        PLATFORM_DEFAULT_TOKENS_PER_MINUTE="0",
-        SECRET_KEY="e2e-only",
-        **overrides,
-    )
+    test database, one region, its own Redis prefix, fast refresh and flush, and
+    fresh process secrets (engine key, sim admin token, metrics token)."""
+    defaults = {
+        "DATABASE_URL": database_url(),
+        "PLATFORM_REGION": region,
+        "PLATFORM_REDIS_PREFIX": prefix,
+        "PLATFORM_SNAPSHOT_REFRESH_S": "0.5",
+        "PLATFORM_USAGE_FLUSH_S": "1",
+        "PLATFORM_KEY_LAST_USED_FLUSH_S": "0.5",
+        "PLATFORM_DEFAULT_TOKENS_PER_MINUTE": "0",
+        "SECRET_KEY": "e2e-only",
+        "PLATFORM_ENGINE_API_KEY": f"engine-{secrets.token_urlsafe(16)}",
+        "PLATFORM_SIM_ADMIN_TOKEN": f"sim-admin-{secrets.token_urlsafe(16)}",
+        "PLATFORM_METRICS_TOKEN": f"metrics-{secrets.token_urlsafe(16)}",
+    }
+    env = gateway_env(os.environ, **{**defaults, **overrides})
     env.pop("DJANGO_SETTINGS_MODULE", None)
     return env
 
@@ -200,6 +223,26 @@ def can_serve(
     return response.status_code == 200
 
 
+def scrape_metrics(url: str, env: Mapping[str, str]) -> str:
+    """Return ``url``'s /metrics as a scraper with ``env``'s metrics token gets it."""
+    response = httpx.get(
+        f"{url}/metrics",
+        headers={"Authorization": f"Bearer {env['PLATFORM_METRICS_TOKEN']}"},
+        timeout=10,
+    )
+    response.raise_for_status()
+    return response.text
+
+
+def process_cmdlines() -> bytes:
+    """Return every process's command line, as `ps` shows them to any user."""
+    lines = []
+    for path in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):  # a process that just exited
+            lines.append(path.read_bytes())
+    return b"\n".join(lines)
+
+
 def usage_of(answer: ChatCompletion | ChatCompletionChunk) -> CompletionUsage:
     """Return the usage the platform sends on every answer and every final event."""
     assert answer.usage is not None, answer
@@ -218,3 +261,53 @@ def extra_of(answer: openai.BaseModel) -> dict[str, Any]:
     """Return the fields the platform adds to OpenAI's (model_version, replica_id...)."""
     assert answer.model_extra is not None, answer
     return answer.model_extra
+
+
+class RedisServer:
+    """A redis-server of a test's own on a free port, which the test stops and starts.
+
+    Never the machine's shared Redis. It keeps its data across a restart (an
+    append-only file under its folder, synced on every write), as a production
+    Redis must for the usage counts it holds until they are flushed.
+    """
+
+    def __init__(self, tmp: Path, *, binary: str = "redis-server") -> None:
+        self.binary = binary  # the conftest's ``redis_server_binary``
+        self.port = free_port()
+        self.folder = tmp / f"redis-{self.port}"
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.process: Process | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def is_up(self) -> bool:
+        import redis
+
+        try:
+            with redis.Redis(port=self.port, socket_connect_timeout=0.5) as client:
+                return bool(client.ping())
+        except redis.RedisError:
+            return False
+
+    def start(self) -> None:
+        """Start the server (again, on the same port and data) and wait for it."""
+        argv = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1"]
+        argv += ["--save", "", "--appendonly", "yes", "--appendfsync", "always"]
+        argv += ["--dir", str(self.folder), "--daemonize", "no"]
+        process = spawn(argv, dict(os.environ), self.folder / "redis.log", self.url)
+        self.process = process
+        wait_until(
+            lambda: self.is_up() or process.popen.poll() is not None,
+            timeout_s=20,
+            message=f"redis-server on port {self.port}",
+        )
+        if process.popen.poll() is not None:
+            raise AssertionError(f"redis-server exited:\n{process.log()}")
+
+    def stop(self) -> None:
+        """Stop the server (SIGTERM: it syncs its file and exits)."""
+        if self.process is not None:
+            self.process.stop(grace_s=10)
+            self.process = None

@@ -20,6 +20,7 @@ from engine_nodes import services as engine_services
 from engine_nodes.local_processes import wait_until
 from metering.models import Usage
 from rollouts import services as rollouts
+from routing.tests.hostile_bodies import HOSTILE
 from tests.live import (
     LivePlatform,
     cached_tokens_of,
@@ -219,6 +220,106 @@ def test_bad_key_is_401_and_oversized_body_is_413(platform: LivePlatform) -> Non
     assert response.json()["error"]["code"] == "request_too_large"
 
 
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [pytest.param(body, param, id=name) for name, body, param in HOSTILE],
+)
+def test_hostile_bodies_get_openai_400s_naming_the_param(
+    platform: LivePlatform, body: str, param: str
+) -> None:
+    response = httpx.post(
+        f"{platform.url}/v1/chat/completions",
+        headers={
+            "Authorization": f"Bearer {platform.keys['alpha']}",
+            "Content-Type": "application/json",
+        },
+        content=body.encode(),
+    )
+    assert response.status_code == 400, response.text
+    assert response.headers["content-type"] == "application/json"
+    error = response.json()["error"]
+    assert set(error) == {"type", "message", "param", "code"}
+    assert (error["type"], error["param"]) == ("invalid_request_error", param)
+
+
+def test_every_chunk_of_a_stream_has_the_engines_id(platform: LivePlatform) -> None:
+    chunks, _ = chat(platform, "conv-ids", max_tokens=3)
+    assert len({chunk.id for chunk in chunks}) == 1
+    with httpx.stream(
+        "POST",
+        f"{platform.url}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {platform.keys['alpha']}"},
+        json={
+            "model": "chat-7b",
+            "messages": [{"role": "user", "content": "x"}],
+            "max_tokens": 2,
+            "stream": True,
+        },
+    ) as response:
+        raw = response.read().decode()
+    events = [e.removeprefix("data: ") for e in raw.split("\n\n") if e]
+    ids = {json.loads(event)["id"] for event in events[:-1]}
+    assert ids == {response.headers["x-request-id"]}
+
+
+def test_stream_without_include_usage_sends_no_usage_yet_is_metered(
+    platform: LivePlatform, unblocked: None
+) -> None:
+    def output_tokens() -> int:
+        flush_usage(platform)
+        rows = Usage.objects.filter(team_id="beta").values_list(
+            "output_tokens", flat=True
+        )
+        return sum(rows)
+
+    before = output_tokens()
+    stream = platform.client("beta").chat.completions.create(
+        model="chat-7b",
+        messages=[{"role": "user", "content": "hello"}],
+        max_tokens=7,
+        stream=True,
+        stream_options={"include_usage": False},
+        extra_body={"ignore_eos": True},
+    )
+    chunks = list(stream)
+    assert all(chunk.choices and chunk.usage is None for chunk in chunks)
+    assert sum(bool(c.choices[0].delta.content) for c in chunks) == 7
+    wait_until(
+        lambda: output_tokens() >= before + 7,
+        timeout_s=20,
+        message="the usage of a stream without a usage chunk",
+    )
+
+
+def test_tokenize_passes_through_to_the_versions_replicas(
+    platform: LivePlatform,
+) -> None:
+    from engine_nodes.domain import tokens
+
+    url = f"{platform.url}/tokenize"
+    auth = {"Authorization": f"Bearer {platform.keys['alpha']}"}
+    messages = [{"role": "user", "content": "hello there"}]
+    prompt = httpx.post(url, headers=auth, json={"model": "chat-7b", "prompt": "hi"})
+    chat_form = httpx.post(
+        url, headers=auth, json={"model": "chat-7b@v2", "messages": messages}
+    )
+
+    # The simulated replicas count with the stand-in tokenizer: the engine's answer.
+    assert prompt.status_code == 200, prompt.text
+    assert prompt.json()["tokens"] == tokens.encode("hi")
+    assert prompt.json()["count"] == len(tokens.encode("hi"))
+    assert chat_form.status_code == 200, chat_form.text
+    assert chat_form.json()["tokens"] == tokens.encode(tokens.render_chat(messages))
+    for headers, body, status in (
+        ({}, {"model": "chat-7b", "prompt": "hi"}, 401),
+        (auth, {"model": "chat-7b@v9", "prompt": "hi"}, 404),
+        (auth, {"model": "chat-7b", "prompt": 3}, 400),
+    ):
+        refused = httpx.post(url, headers=headers, json=body)
+        assert refused.status_code == status, refused.text
+        assert set(refused.json()["error"]) == {"type", "message", "param", "code"}
+
+
 def test_pinned_version_is_served_by_that_version(platform: LivePlatform) -> None:
     answer = platform.client().chat.completions.create(
         model="chat-7b@v2", messages=[{"role": "user", "content": "x"}], max_tokens=2
@@ -357,7 +458,8 @@ def test_replica_killed_before_first_token_is_retried_invisibly(
     _, first = chat(platform, "conv-victim")
     victim = first["replica_id"]
     url = next(r.url for r in platform.serving() if r.replica_id == victim)
-    pid = httpx.get(f"{url}/sim/state").json()["pid"]
+    state = httpx.get(f"{url}/sim/state", headers=platform.sim_admin_headers())
+    pid = state.json()["pid"]
     os.kill(pid, signal.SIGKILL)
     _, again = chat(platform, "conv-victim")
     assert again["replica_id"] != victim
@@ -374,7 +476,11 @@ def test_replica_killed_mid_stream_gives_an_error_event_and_usage(
     # Not too few tokens before the crash: on a loaded machine the engine could make
     # them all before its handler wrote the first, and the gateway would then
     # (rightly) retry the request elsewhere instead of breaking the stream.
-    httpx.post(f"{url}/sim/faults", json={"crash_after_tokens": 20}).raise_for_status()
+    httpx.post(
+        f"{url}/sim/faults",
+        json={"crash_after_tokens": 20},
+        headers=platform.sim_admin_headers(),
+    ).raise_for_status()
     before = sum(
         Usage.objects.filter(team_id="beta").values_list("requests", flat=True)
     )
@@ -439,7 +545,6 @@ def test_gateway_keeps_serving_with_the_database_unreachable(
     env = dict(
         platform.env,
         DATABASE_URL=f"postgresql://{user}@127.0.0.1:{proxy.port}/{settings['NAME']}",
-        PLATFORM_DB_CONN_MAX_AGE_S="0",
     )
     gateway = start_gateway(env, tmp_path, name="gateway-db-drill")
     try:
@@ -469,7 +574,7 @@ def test_gateway_keeps_serving_with_the_database_unreachable(
         for _ in range(3):
             assert usage_of(ask()).completion_tokens == 3
         assert httpx.get(f"{gateway.url}/healthz").json()["snapshot_age_s"] > 0
-        exported = httpx.get(f"{gateway.url}/metrics").text
+        exported = platform.metrics(gateway.url)
         assert "platform_control_plane_up 0.0" in exported
     finally:
         gateway.stop()
@@ -499,7 +604,6 @@ def test_gateway_started_with_the_database_down_serves_once_it_answers(
     env = dict(
         platform.env,
         DATABASE_URL=f"postgresql://{user}@127.0.0.1:{proxy.port}/{settings['NAME']}",
-        PLATFORM_DB_CONN_MAX_AGE_S="0",
     )
     gateway = start_gateway(
         env, tmp_path, name="gateway-db-down", wait_for_snapshot=False
@@ -507,13 +611,17 @@ def test_gateway_started_with_the_database_down_serves_once_it_answers(
     try:
         health = httpx.get(f"{gateway.url}/healthz")
         assert health.status_code == 503
-        assert health.json() == {
-            "status": "degraded",
-            "control_plane": "unreachable",
-            "snapshot_age_s": None,
-            "region": platform.region,
-        }
-        exported = httpx.get(f"{gateway.url}/metrics").text
+        # Among the fields (Redis's and the limits' are test_redis_outage_e2e's).
+        assert (
+            health.json().items()
+            >= {
+                "status": "degraded",
+                "control_plane": "unreachable",
+                "snapshot_age_s": None,
+                "region": platform.region,
+            }.items()
+        )
+        exported = platform.metrics(gateway.url)
         assert "platform_control_plane_up 0.0" in exported
         assert "platform_snapshot_age_seconds NaN" in exported
         client = openai.OpenAI(
