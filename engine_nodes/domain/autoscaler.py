@@ -1,0 +1,389 @@
+"""The autoscaler's policy: how many replicas a pool wants, and why (seed step 11).
+
+Public surface: ``ScheduleRule``, ``ScalingSettings``, ``PoolSignals``,
+``ScalingDecision``, ``AutoscalerState``, ``decide``, ``Reason``.
+
+One pure function for the live Celery task and the fleet simulator alike: it takes a
+pool's settings, what it remembers (``AutoscalerState``) and one observation
+(``PoolSignals``), and returns the decision and the state to remember next time. It
+never reads a clock: ``PoolSignals.at`` is the time (unix seconds in the platform,
+virtual seconds in the simulator, both in UTC for the schedule).
+
+The rules, in the order they apply:
+
+1. **Demand** is the tokens the pool's requests want in flight: tokens in flight
+   (summed over every gateway) plus tokens waiting in the admission queues. A
+   replica carries ``replica_tokens_in_flight`` (the version's load test, or the
+   platform's default, flagged ``capacity_is_assumed``). Replicas *needed* at a
+   demand are ``ceil(demand / (target_utilisation x per replica))``.
+2. **Scale up** (``utilisation``): when the short window's average demand (the
+   last ``panic_window_s``, Knative's 6 s) needs more replicas than the pool has
+   (serving plus starting), the pool goes to that many at once, not one per tick.
+   Starting replicas count, so a tick never adds again what is still starting.
+3. **The queue is the fast trigger** (``queue``): a queue that persisted through the
+   whole short window adds at least one replica even when the averages lag, and
+   while it persists nothing scales down. **Panic** (``panic``): when the short
+   window asks for at least ``panic_factor`` times the serving replicas, the pool
+   scales to it and holds (no scale-down) for a stable window after the last such
+   tick, as Knative's KPA does.
+4. **Scale down slowly** (``scale_down``): one replica at a time, at most once per
+   ``scale_down_interval_s``, only when every observation in the stable window
+   (``stable_window_s``, and the window must be full) kept utilisation under
+   ``scale_down_utilisation`` at the smaller size, with no queue and no panic.
+   Utilisation is demand over the capacity of the replicas that would remain, so
+   removing one never pushes the rest past the scale-down threshold (hysteresis
+   between the two thresholds).
+5. **Floors and ceilings**: never below ``min_replicas``, the ``warm_floor`` or the
+   floor of a schedule rule that applies now (``schedule``: a scheduled floor
+   raises the pool before known peaks); never above ``max_replicas``, nor above
+   the replicas the region's free GPUs can start (``capacity_exhausted``).
+
+Every decision carries its reason and the signal values it was made on, so the
+live task can write a row saying why and the console can show it.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+__all__ = [
+    "AutoscalerState",
+    "PoolSignals",
+    "Reason",
+    "ScalingDecision",
+    "ScalingSettings",
+    "ScheduleRule",
+    "decide",
+]
+
+_MINUTES_PER_DAY = 24 * 60
+_TOLERANCE = 1e-9
+
+
+class Reason(enum.StrEnum):
+    """Why the desired size is what it is."""
+
+    HOLD = "hold"  # nothing to change
+    UTILISATION = "utilisation"  # demand passed the target: scale up
+    QUEUE = "queue"  # a queue persisted through the short window: scale up
+    PANIC = "panic"  # the short window asks for panic_factor x serving
+    SCALE_DOWN = "scale_down"  # the stable window stayed under the low threshold
+    FLOOR = "floor"  # raised to min_replicas or the warm floor
+    SCHEDULE = "schedule"  # raised to a schedule rule's floor
+    CEILING = "ceiling"  # held at max_replicas
+    CAPACITY_EXHAUSTED = "capacity_exhausted"  # the region has no GPUs for more
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRule:
+    """At least ``min_replicas`` on ``weekdays`` (0 Monday .. 6 Sunday), UTC minutes
+    ``[start_minute, end_minute)`` of the day."""
+
+    weekdays: frozenset[int]
+    start_minute: int
+    end_minute: int
+    min_replicas: int
+
+    def __post_init__(self) -> None:
+        if not self.weekdays or not self.weekdays <= frozenset(range(7)):
+            raise ValueError("weekdays must be a non-empty set of 0 (Monday) to 6")
+        if not 0 <= self.start_minute < self.end_minute <= _MINUTES_PER_DAY:
+            raise ValueError(
+                "a rule runs from start_minute to a later end_minute within one day"
+            )
+        if self.min_replicas < 0:
+            raise ValueError("a rule's min_replicas must be zero or more")
+
+    def applies(self, at: float) -> bool:
+        """True when unix time ``at`` falls inside the rule (UTC)."""
+        moment = datetime.fromtimestamp(at, tz=UTC)
+        minute = moment.hour * 60 + moment.minute
+        return (
+            moment.weekday() in self.weekdays
+            and self.start_minute <= minute < self.end_minute
+        )
+
+    def overlaps(self, other: ScheduleRule) -> bool:
+        """True when the two rules share a minute of some weekday."""
+        return bool(self.weekdays & other.weekdays) and (
+            self.start_minute < other.end_minute
+            and other.start_minute < self.end_minute
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ScalingSettings:
+    """A pool's autoscaling settings (``Pool`` fields), checked on construction.
+
+    Raises ``ValueError`` naming the setting when they make no sense: min above
+    max, thresholds outside (0, 1) or the scale-down threshold not below the
+    scale-up one, windows that are not positive or a short window longer than the
+    stable one, or overlapping schedule rules that ask for different floors.
+    """
+
+    min_replicas: int = 1
+    max_replicas: int = 1
+    warm_floor: int = 0
+    target_utilisation: float = 0.7
+    scale_down_utilisation: float = 0.5
+    stable_window_s: float = 60.0
+    panic_window_s: float = 6.0
+    panic_factor: float = 2.0
+    scale_down_interval_s: float = 600.0
+    schedule: tuple[ScheduleRule, ...] = ()
+
+    def __post_init__(self) -> None:
+        for message in self.problems():
+            raise ValueError(message)
+
+    def problems(self) -> list[str]:
+        """Return what is wrong, as ``"field: why"`` lines (empty when valid)."""
+        found = []
+        if self.min_replicas < 0:
+            found.append("min_replicas: must be zero or more")
+        if self.max_replicas < 1:
+            found.append("max_replicas: must be at least 1")
+        if self.min_replicas > self.max_replicas:
+            found.append("min_replicas: must not exceed max_replicas")
+        if not 0 <= self.warm_floor <= self.max_replicas:
+            found.append("warm_floor: must be between 0 and max_replicas")
+        if not 0.0 < self.target_utilisation < 1.0:
+            found.append("target_utilisation: must be between 0 and 1")
+        if not 0.0 < self.scale_down_utilisation < self.target_utilisation:
+            found.append(
+                "scale_down_utilisation: must be above 0 and below target_utilisation"
+            )
+        if not self.stable_window_s > 0:
+            found.append("stable_window_s: must be positive")
+        if not 0 < self.panic_window_s <= self.stable_window_s:
+            found.append("panic_window_s: must be positive and at most stable_window_s")
+        if not self.panic_factor > 1.0:
+            found.append("panic_factor: must be above 1")
+        if not self.scale_down_interval_s >= 0:
+            found.append("scale_down_interval_s: must be zero or more")
+        for rule in self.schedule:
+            if rule.min_replicas > self.max_replicas:
+                found.append("schedule: a rule's min_replicas exceeds max_replicas")
+                break
+        for index, rule in enumerate(self.schedule):
+            for other in self.schedule[index + 1 :]:
+                if rule.overlaps(other) and rule.min_replicas != other.min_replicas:
+                    found.append(
+                        "schedule: overlapping rules ask for different floors "
+                        f"({rule.min_replicas} and {other.min_replicas})"
+                    )
+        return found
+
+    def floor(self, at: float) -> tuple[int, Reason]:
+        """Return the lowest size allowed at ``at``, and which rule sets it."""
+        floor, reason = max(self.min_replicas, self.warm_floor), Reason.FLOOR
+        for rule in self.schedule:
+            if rule.min_replicas > floor and rule.applies(at):
+                floor, reason = rule.min_replicas, Reason.SCHEDULE
+        return min(floor, self.max_replicas), reason
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSignals:
+    """One observation of a pool in one region.
+
+    ``tokens_in_flight`` is summed over every gateway process; ``queued_tokens`` and
+    ``queue_depth`` are what waits in the admission queues (tokens, requests);
+    ``free_gpus`` is what the region's nodes have left beyond the pool's current
+    replicas.
+    """
+
+    at: float
+    serving: int
+    starting: int
+    tokens_in_flight: int
+    queued_tokens: int
+    queue_depth: int
+    replica_tokens_in_flight: int
+    capacity_is_assumed: bool = False
+    gpus_per_replica: int = 1
+    free_gpus: int = 10**6
+
+    def __post_init__(self) -> None:
+        if min(self.serving, self.starting, self.tokens_in_flight) < 0:
+            raise ValueError("replicas and tokens in flight must be zero or more")
+        if min(self.queued_tokens, self.queue_depth, self.free_gpus) < 0:
+            raise ValueError("queue figures and free GPUs must be zero or more")
+        if self.replica_tokens_in_flight < 1 or self.gpus_per_replica < 1:
+            raise ValueError("a replica holds at least one token and one GPU")
+
+    @property
+    def current(self) -> int:
+        """Replicas the pool has or is starting."""
+        return self.serving + self.starting
+
+    @property
+    def demand(self) -> int:
+        """Tokens the pool's requests want in flight: admitted plus queued."""
+        return self.tokens_in_flight + self.queued_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class _Sample:
+    at: float
+    demand: int
+    queue_depth: int
+
+
+@dataclass(frozen=True, slots=True)
+class AutoscalerState:
+    """What the autoscaler remembers of a pool between ticks.
+
+    ``samples`` cover the last stable window (oldest first); ``panic_until`` is when
+    a panic ends unless renewed; ``last_scale_down_at`` paces scale-downs.
+    """
+
+    samples: tuple[_Sample, ...] = ()
+    panic_until: float | None = None
+    last_scale_down_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ScalingDecision:
+    """The desired size of a pool at one tick, and what it was decided on.
+
+    ``utilisation`` is the short window's demand over the capacity of the replicas
+    the pool has (serving plus starting; None without any); ``changed`` says
+    whether ``desired`` differs from ``current``.
+    """
+
+    at: float
+    current: int
+    desired: int
+    reason: Reason
+    utilisation: float | None
+    stable_utilisation: float | None
+    is_panicking: bool
+    is_capacity_exhausted: bool
+    capacity_is_assumed: bool
+    signals: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def changed(self) -> bool:
+        return self.desired != self.current
+
+
+def decide(
+    settings: ScalingSettings, state: AutoscalerState, signals: PoolSignals
+) -> tuple[ScalingDecision, AutoscalerState]:
+    """Return the pool's desired size at ``signals.at`` and the state to keep."""
+    now = signals.at
+    per_replica = signals.replica_tokens_in_flight
+    samples = _window(
+        state.samples,
+        _Sample(now, signals.demand, signals.queue_depth),
+        now - settings.stable_window_s,
+    )
+    short = [s for s in samples if s.at >= now - settings.panic_window_s]
+    short_demand = sum(s.demand for s in short) / len(short)
+    stable_demand = sum(s.demand for s in samples) / len(samples)
+    needed_short = _needed(short_demand, per_replica, settings.target_utilisation)
+    current = signals.current
+
+    # Panic: the short window asks for panic_factor x what serves now (KPA).
+    serving = max(signals.serving, 1)
+    is_panic_tick = needed_short >= settings.panic_factor * serving and (
+        needed_short > current
+    )
+    panic_until = state.panic_until
+    if is_panic_tick:
+        panic_until = now + settings.stable_window_s
+    is_panicking = panic_until is not None and now < panic_until
+    if not is_panicking:
+        panic_until = None
+    # The queue persisted through the short window: queued at the last sample at
+    # least a short window old, and at every sample since.
+    short_start = now - settings.panic_window_s + _TOLERANCE
+    older = [s for s in samples if s.at <= short_start]
+    has_queue = bool(older) and all(s.queue_depth > 0 for s in (older[-1], *short))
+
+    desired, reason = current, Reason.HOLD
+    if needed_short > current:
+        desired = needed_short
+        reason = Reason.PANIC if is_panic_tick else Reason.UTILISATION
+    if has_queue and desired <= current:
+        desired, reason = current + 1, Reason.QUEUE
+    last_down = state.last_scale_down_at
+    if desired == current and not is_panicking and not has_queue and current > 0:
+        smaller = current - 1
+        window_full = samples[0].at <= now - settings.stable_window_s + _TOLERANCE
+        paced = last_down is None or now - last_down >= settings.scale_down_interval_s
+        quiet = smaller > 0 and all(
+            s.demand < settings.scale_down_utilisation * smaller * per_replica
+            and s.queue_depth == 0
+            for s in samples
+        )
+        if window_full and paced and (quiet or _idle(samples)):
+            desired, reason = smaller, Reason.SCALE_DOWN
+
+    floor, floor_reason = settings.floor(now)
+    if desired < floor:
+        desired, reason = floor, floor_reason
+    is_exhausted = False
+    if desired > settings.max_replicas:
+        desired, reason = settings.max_replicas, Reason.CEILING
+    startable = current + signals.free_gpus // signals.gpus_per_replica
+    if desired > current and desired > startable:
+        desired = max(current, startable)
+        is_exhausted = True
+        reason = Reason.CAPACITY_EXHAUSTED
+    if desired < current:
+        # A scale-down, or max_replicas lowered: the next one waits its interval.
+        last_down = now
+
+    capacity = current * per_replica
+    decision = ScalingDecision(
+        at=now,
+        current=current,
+        desired=desired,
+        reason=reason,
+        utilisation=short_demand / capacity if capacity else None,
+        stable_utilisation=stable_demand / capacity if capacity else None,
+        is_panicking=is_panicking,
+        is_capacity_exhausted=is_exhausted,
+        capacity_is_assumed=signals.capacity_is_assumed,
+        signals={
+            "serving": float(signals.serving),
+            "starting": float(signals.starting),
+            "tokens_in_flight": float(signals.tokens_in_flight),
+            "queued_tokens": float(signals.queued_tokens),
+            "queue_depth": float(signals.queue_depth),
+            "replica_tokens_in_flight": float(per_replica),
+            "short_demand": short_demand,
+            "stable_demand": stable_demand,
+            "needed": float(needed_short),
+        },
+    )
+    return decision, AutoscalerState(
+        samples=samples, panic_until=panic_until, last_scale_down_at=last_down
+    )
+
+
+def _window(
+    samples: tuple[_Sample, ...], latest: _Sample, since: float
+) -> tuple[_Sample, ...]:
+    """Return ``samples`` plus ``latest`` from ``since`` on, keeping one older sample
+    so that a window is known to be covered (its start lies inside the record)."""
+    kept = [s for s in samples if s.at < latest.at]
+    kept.append(latest)
+    start = 0
+    while start + 1 < len(kept) and kept[start + 1].at <= since + _TOLERANCE:
+        start += 1
+    return tuple(kept[start:])
+
+
+def _needed(demand: float, per_replica: int, target: float) -> int:
+    """Replicas that carry ``demand`` at ``target`` utilisation."""
+    return math.ceil(demand / (target * per_replica) - _TOLERANCE)
+
+
+def _idle(samples: tuple[_Sample, ...]) -> bool:
+    return all(s.demand == 0 and s.queue_depth == 0 for s in samples)
