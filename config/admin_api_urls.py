@@ -45,6 +45,11 @@ urlpatterns = [
         engine_nodes.PoolStateView.as_view(),
         name="admin-pool-state",
     ),
+    path(
+        "pools/<str:model>/<str:version>/<str:region>/autoscaling",
+        engine_nodes.PoolAutoscalingView.as_view(),
+        name="admin-pool-autoscaling",
+    ),
     path("teams", accounts.TeamListView.as_view(), name="admin-teams"),
     path("teams/<str:team>", accounts.TeamDetailView.as_view(), name="admin-team"),
     path(

@@ -40,7 +40,11 @@ __all__ = [
 ]
 
 # The path variables that name a slug, and how the schema describes them.
-PATH_NAMES: Mapping[str, str] = {"team": "A team's slug.", "model": "A model's name."}
+PATH_NAMES: Mapping[str, str] = {
+    "team": "A team's slug.",
+    "model": "A model's name.",
+    "region": "A region's name.",
+}
 
 
 def openapi_pattern(pattern: str) -> str:
@@ -96,7 +100,9 @@ _ERRORS_ALWAYS = {
     "401": "No admin token, or one that is unknown or revoked.",
     "403": "A team key: the control plane takes admin tokens only.",
 }
-_ERRORS_WITH_PATH = {"404": "The model, version, team or key named does not exist."}
+_ERRORS_WITH_PATH = {
+    "404": "The model, version, pool, team or key named does not exist."
+}
 _ERRORS_WITH_BODY = {
     "413": "The body is larger than 2.5 MB.",
     "415": "The body is not application/json.",

@@ -147,12 +147,20 @@ class IntegerField(serializers.IntegerField):
 class NumberField(serializers.FloatField):
     """A finite JSON number only (``"0.5"`` and ``true`` are refused).
 
-    ``greater_than`` is an exclusive minimum (a canary's percent must be above 0).
+    ``greater_than`` is an exclusive minimum (a canary's percent must be above 0),
+    ``less_than`` an exclusive maximum (a utilisation threshold below 1).
     """
 
-    def __init__(self, *, greater_than: float | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        greater_than: float | None = None,
+        less_than: float | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.greater_than = greater_than
+        self.less_than = less_than
 
     def to_internal_value(self, data: Any) -> float:
         if isinstance(data, bool) or not isinstance(data, int | float):
@@ -164,11 +172,15 @@ class NumberField(serializers.FloatField):
             raise serializers.ValidationError(
                 f"Ensure this value is greater than {self.greater_than}."
             )
+        if self.less_than is not None and value >= self.less_than:
+            raise serializers.ValidationError(
+                f"Ensure this value is less than {self.less_than}."
+            )
         return value
 
 
 class NumberFieldSchema(OpenApiSerializerFieldExtension):
-    """A ``NumberField``'s schema: DRF's, with its exclusive minimum if it has one."""
+    """A ``NumberField``'s schema: DRF's, with its exclusive bounds if it has them."""
 
     target_class = NumberField
 
@@ -179,6 +191,8 @@ class NumberFieldSchema(OpenApiSerializerFieldExtension):
         if self.target.greater_than is not None:
             # OpenAPI 3.1 (JSON Schema 2020-12): the bound itself, not a flag.
             schema["exclusiveMinimum"] = self.target.greater_than
+        if self.target.less_than is not None:
+            schema["exclusiveMaximum"] = self.target.less_than
         return schema
 
 

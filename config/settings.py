@@ -285,6 +285,9 @@ try:
     # tokens, requests, KV usage all flat) for this long is marked stalled: routers
     # skip it until it moves again.
     PLATFORM_STALL_AFTER_S = env_float("PLATFORM_STALL_AFTER_S", 10.0, minimum=0.5)
+    # A draining replica (scale-down) stops once idle; past this deadline it stops
+    # anyway, and the gateway ends its open streams with the explicit error event.
+    PLATFORM_DRAIN_TIMEOUT_S = env_float("PLATFORM_DRAIN_TIMEOUT_S", 600.0, minimum=1.0)
     # Weights, eval reports and batch files may live only under these URI prefixes.
     PLATFORM_STORAGE_ROOTS = env_list(
         "PLATFORM_STORAGE_ROOTS",
@@ -375,6 +378,14 @@ try:
     # How often usage counted in Redis reaches the database (and how often an
     # embedded gateway flushes its own ledger).
     PLATFORM_USAGE_FLUSH_S = env_float("PLATFORM_USAGE_FLUSH_S", 15.0, minimum=1.0)
+    # The autoscaler's tick (engine_nodes.autoscaling), and how many of its
+    # decision rows are kept per pool (older ones are pruned as new ones come).
+    PLATFORM_AUTOSCALE_INTERVAL_S = env_float(
+        "PLATFORM_AUTOSCALE_INTERVAL_S", 5.0, minimum=0.5
+    )
+    PLATFORM_AUTOSCALE_DECISIONS_KEPT = env_int(
+        "PLATFORM_AUTOSCALE_DECISIONS_KEPT", 1000, minimum=1
+    )
 except EnvError as exc:
     raise ImproperlyConfigured(str(exc)) from None
 
@@ -426,6 +437,12 @@ CELERY_BEAT_SCHEDULE = {
         "task": "metering.flush_usage",
         "schedule": timedelta(seconds=PLATFORM_USAGE_FLUSH_S),
         "options": {"expires": PLATFORM_USAGE_FLUSH_S * 0.9},
+    },
+    "autoscale-pools": {
+        "task": "engine_nodes.autoscale_pools",
+        "schedule": timedelta(seconds=PLATFORM_AUTOSCALE_INTERVAL_S),
+        # A tick that could not start in time is stale: the next one observes anew.
+        "options": {"expires": PLATFORM_AUTOSCALE_INTERVAL_S * 0.9},
     },
 }
 

@@ -16,7 +16,9 @@ the database and Redis URLs, the signing key, the metrics token) are not passed 
 
 ``KubernetesActuator`` manages one Deployment per pool through an ``AppsV1Api``-like
 object that the caller builds; this module never imports the ``kubernetes``
-package, so the platform runs without it.
+package, so the platform runs without it. ``follow_pool`` keeps a Deployment's
+replicas at the pool's target (``engine_nodes.services.follow_pools_on_kubernetes``
+passes ``Pool.target_replicas``), with a scale patch when only the count moved.
 """
 
 from __future__ import annotations
@@ -35,7 +37,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from engine_nodes.domain.k8s import PoolSpec, render_deployment
+from engine_nodes.domain.k8s import (
+    SPEC_DIGEST_ANNOTATION,
+    FollowAction,
+    PoolSpec,
+    follow_action,
+    render_deployment,
+    scale_body,
+)
 from engine_nodes.domain.replica_argv import (
     DEFAULT_SIM_PROFILE,
     ReplicaSpec,
@@ -318,11 +327,59 @@ class KubernetesActuator:
 
     def scale_pool(self, name: str, replicas: int) -> None:
         """Set the Deployment's replica count through its scale subresource."""
-        if replicas < 0:
-            raise ValueError("replicas must not be negative")
         self.api.patch_namespaced_deployment_scale(
-            name=name, namespace=self.namespace, body={"spec": {"replicas": replicas}}
+            name=name, namespace=self.namespace, body=scale_body(replicas)
         )
+
+    def follow_pool(self, spec: PoolSpec) -> FollowAction:
+        """Bring the pool's Deployment to ``spec`` (its replicas included); say how.
+
+        One read, then at most one write: a create, a whole patch when the
+        manifest changed beyond its replica count, or a scale patch when only the
+        count differs (``engine_nodes.domain.k8s.follow_action``). A create that
+        loses a race to another writer (409) falls back to a whole patch.
+        """
+        manifest = render_deployment(namespace=self.namespace, spec=spec)
+        name: str = manifest["metadata"]["name"]
+        try:
+            live = self.api.read_namespaced_deployment(
+                name=name, namespace=self.namespace
+            )
+        except Exception as exc:
+            if _status(exc) != 404:
+                raise
+            live = None
+        annotations = _field(_field(live, "metadata"), "annotations") or {}
+        action = follow_action(
+            manifest,
+            existing_digest=annotations.get(SPEC_DIGEST_ANNOTATION),
+            existing_replicas=_field(_field(live, "spec"), "replicas"),
+            is_present=live is not None,
+        )
+        if action == FollowAction.CREATE:
+            try:
+                self.api.create_namespaced_deployment(
+                    namespace=self.namespace, body=manifest
+                )
+            except Exception as exc:
+                if _status(exc) != 409:
+                    raise
+                action = FollowAction.PATCH
+        if action == FollowAction.PATCH:
+            self.api.patch_namespaced_deployment(
+                name=name, namespace=self.namespace, body=manifest
+            )
+        elif action == FollowAction.SCALE:
+            self.scale_pool(name, spec.replicas)
+        if action != FollowAction.NONE:
+            logger.info(
+                "%s deployment %s/%s (replicas %d)",
+                action,
+                self.namespace,
+                name,
+                spec.replicas,
+            )
+        return action
 
     def delete_pool(self, name: str) -> bool:
         """Delete the Deployment; return False if it was already gone."""
@@ -334,6 +391,20 @@ class KubernetesActuator:
             return False
         logger.info("deleted deployment %s/%s", self.namespace, name)
         return True
+
+
+def _field(obj: Any, name: str) -> Any:
+    """Return ``obj[name]`` of a dict, or ``obj.name`` of a client model; None if absent.
+
+    The official client returns models (``V1Deployment``); a dict stands in for
+    one in tests and in callers that read the API's JSON. The names used here
+    (metadata, annotations, spec, replicas) are the same in both spellings.
+    """
+    if obj is None:
+        return None
+    if isinstance(obj, Mapping):
+        return obj.get(name)
+    return getattr(obj, name, None)
 
 
 def _status(exc: BaseException) -> int | None:

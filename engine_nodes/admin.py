@@ -1,4 +1,5 @@
-"""Console pages for engine replicas as the control plane last heard of them."""
+"""Console pages for engine replicas and GPU nodes as the control plane last heard
+of them, and the autoscaler's decisions."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
-from engine_nodes.models import Replica
+from engine_nodes.models import Node, Replica, ScalingDecision
 
 
 @admin.register(Replica)
@@ -34,3 +35,58 @@ class ReplicaAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         # The id is the primary key: editing it would save a second replica.
         return ("replica_id", "created_at") if obj is not None else ("created_at",)
+
+
+@admin.register(ScalingDecision)
+class ScalingDecisionAdmin(admin.ModelAdmin):
+    """The autoscaler's size changes and why: written by it, read here only."""
+
+    list_display = (
+        "decided_at",
+        "pool",
+        "region",
+        "from_replicas",
+        "to_replicas",
+        "reason",
+        "utilisation",
+        "is_panicking",
+        "is_capacity_exhausted",
+        "capacity_is_assumed",
+    )
+    list_filter = ("reason", "region", "is_capacity_exhausted", "capacity_is_assumed")
+    search_fields = ("pool__model__model", "pool__version__version", "region")
+    list_select_related = ("pool__version", "pool__model")
+    date_hierarchy = "decided_at"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Node)
+class NodeAdmin(admin.ModelAdmin):
+    """GPU nodes as their agents report them: GPUs, last beat, warm versions.
+
+    Written by the node agents every beat (and deleted when one shuts down); read
+    here only. A warm version starts on that node with only load and warm-up.
+    """
+
+    list_display = ("name", "region", "gpus", "last_beat", "warm")
+    list_filter = ("region",)
+    search_fields = ("name", "region")
+    date_hierarchy = "last_beat"
+
+    def get_queryset(self, request: HttpRequest) -> Any:
+        return super().get_queryset(request).prefetch_related("warm_versions")
+
+    @admin.display(description="warm versions")
+    def warm(self, obj: Node) -> str:
+        return ", ".join(sorted(v.ref for v in obj.warm_versions.all())) or "-"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

@@ -3,14 +3,31 @@
 One agent runs per GPU node (``manage.py engine_agent --node N --region R``). Every
 beat it:
 
-1. reconciles the region's pools with the control plane: short pools get new
-   replicas on this node while its GPUs last, pools above target get replicas
-   marked draining (``engine_nodes.services.reconcile_pools``);
-2. moves each of its replicas along the seed's states: ``starting`` (weights pulled,
-   process started) -> ``loading`` (process up, ``/health`` not yet 200) ->
-   ``serving`` -> ``draining`` (no new work; waits for open streams) -> removed;
-3. scrapes each replica's ``/metrics`` and publishes a beat (queue depth, tokens in
-   flight, KV usage) to Redis and to the database.
+1. hands its warm pool (``engine_nodes.warm_pool``) the versions of the region's
+   pools: their weights are pulled and verified in the background, ahead of need,
+   so that a start on this node costs only load and warm-up;
+2. reconciles the region's pools with the control plane
+   (``engine_nodes.services.reconcile_pools``, ``engine_nodes.domain.convergence``):
+   short pools get new replicas on this node while its GPUs last, starting ones
+   counted; above target, replicas that never served are cancelled and one
+   replica per pool at a time is marked draining (the least loaded, only while
+   the others serving make the target);
+3. moves each of its replicas along the seed's states: ``starting`` (waits for its
+   weights, then its process starts) -> ``loading`` (process up, ``/health`` not
+   yet 200) -> ``serving`` -> ``draining`` -> removed. A draining replica beats
+   as such, so routers send it nothing new; once it has been draining for
+   ``drain_settle_s`` (gateways may still act on its last serving beat until
+   then) and its engine holds no request, it stops. At ``drain_timeout_s``
+   (``PLATFORM_DRAIN_TIMEOUT_S``) it stops whatever it holds: the gateway ends
+   each stream still open with its explicit error event. No stream is cut by a
+   scale-down before that deadline;
+4. scrapes each replica's ``/metrics`` and publishes a beat (queue depth, tokens in
+   flight, KV usage) to Redis and to the database, and writes its node's row
+   (GPUs, warm versions; ``engine_nodes.models.Node``), which
+   ``services.free_gpus`` sums for the autoscaler.
+
+Pulls and stops run in threads of their own: a 28-second pull or a replica slow
+to exit never delays the other replicas' beats.
 
 A serving replica that holds requests but whose engine shows no progress for
 ``stall_after_s`` (``engine_nodes.domain.progress``: generated tokens, requests and
@@ -31,7 +48,7 @@ stays silent longer misses its beats like a dead one.
 A replica whose process dies stops beating; after the missed-beat window the
 routers drop it and the reaper marks it gone, and the next reconcile starts a
 replacement. The agent keeps no state that the database does not also hold, except
-the process handles it started.
+the process handles it started and what its warm pool verified.
 """
 
 from __future__ import annotations
@@ -44,7 +61,6 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
@@ -60,7 +76,8 @@ from engine_nodes.domain.progress import Progress, is_stalled, observe_progress
 from engine_nodes.domain.replica_argv import ReplicaSpec
 from engine_nodes.domain.scrape import EngineStats, parse_metrics_text
 from engine_nodes.models import Replica
-from engine_nodes.weights import pull_weights
+from engine_nodes.warm_pool import Readiness, WarmPool, WeightsRef
+from models_registry.models import ModelVersion
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +121,21 @@ class _Running:
     handle: Any
     port: int
     started_at: float
+    gpus: int = 1
+    has_served: bool = False
     drain_started_at: float | None = None
+    stopping: Future[None] | None = None
+
+
+# A replica that never served (or is gone) holds no stream: this long to exit
+# after SIGTERM, then SIGKILL.
+_QUICK_STOP_GRACE_S = 5.0
+# Past its drain deadline a replica's streams end now: an engine's server waits
+# for open streams after SIGTERM (uvicorn's graceful shutdown), so it gets only
+# this long before SIGKILL, and the gateway sends each client the error event.
+_OVERDUE_STOP_GRACE_S = 1.0
+# An idle drained replica: vLLM frees its GPU memory and exits within seconds.
+_IDLE_STOP_GRACE_S = 30.0
 
 
 class NodeAgent:
@@ -117,13 +148,15 @@ class NodeAgent:
         region: str,
         actuator: Actuator,
         spec_for: Callable[[Replica, int], ReplicaSpec],
+        warm_pool: WarmPool,
         gpus: int,
         host: str = "127.0.0.1",
         ports: tuple[int, int] = (8001, 8099),
         sink: BeatSink | None = None,
         http: httpx.Client | None = None,
         start_timeout_s: float = 120.0,
-        drain_timeout_s: float = 600.0,
+        drain_timeout_s: float | None = None,
+        drain_settle_s: float | None = None,
         scrape_timeout_s: float = 0.8,
         scrape_grace_s: float = 10.0,
         stall_after_s: float | None = None,
@@ -134,13 +167,28 @@ class NodeAgent:
         self.region = region
         self.actuator = actuator
         self.spec_for = spec_for
+        self.warm_pool = warm_pool
         self.gpus = gpus
         self.host = host
         self.ports = PortAllocator(host, *ports)
         self.sink = sink
         self.http = http or httpx.Client(timeout=httpx.Timeout(1.0, connect=0.5))
         self.start_timeout_s = start_timeout_s
-        self.drain_timeout_s = drain_timeout_s
+        self.drain_timeout_s = (
+            settings.PLATFORM_DRAIN_TIMEOUT_S
+            if drain_timeout_s is None
+            else drain_timeout_s
+        )
+        # Gateways read beats once a second through Redis (or the database's in
+        # their snapshot): a drained replica stays the missed-beat window, so no
+        # gateway still sends it a new request after it stopped. One that does
+        # anyway (the database path is slower) fails before its first token and
+        # is retried on another replica, unseen by the client.
+        self.drain_settle_s = (
+            settings.PLATFORM_HEARTBEAT_S * settings.PLATFORM_MISSED_BEATS
+            if drain_settle_s is None
+            else drain_settle_s
+        )
         self.scrape_timeout_s = scrape_timeout_s
         self.scrape_grace_s = scrape_grace_s
         self.stall_after_s = (
@@ -151,6 +199,8 @@ class NodeAgent:
             settings.PLATFORM_HEARTBEAT_DB_S if db_every_s is None else db_every_s
         )
         self._db_written_at = float("-inf")
+        self._node_written_at = float("-inf")
+        self._warm_written: frozenset[int] | None = None
         self.running: dict[str, _Running] = {}
         # By replica URL: the last successful scrape and when it was taken, and
         # scrapes still running.
@@ -160,6 +210,9 @@ class NodeAgent:
         self._scraping: dict[str, Future[EngineStats | None]] = {}
         self._scrapers = ThreadPoolExecutor(
             max_workers=16, thread_name_prefix="agent-scrape"
+        )
+        self._stoppers = ThreadPoolExecutor(
+            max_workers=4, thread_name_prefix="agent-stop"
         )
 
     # -- the loop ----------------------------------------------------------------------
@@ -203,12 +256,22 @@ class NodeAgent:
             )
 
     def shutdown(self, *, grace_s: float = 10.0) -> None:
-        """Stop every replica this agent started and remove their rows."""
+        """Stop every replica this agent started, remove their rows and the node's."""
         for replica_id in list(self.running):
-            self._stop(replica_id, grace_s=grace_s)
+            self._stop_later(replica_id, grace_s=grace_s)
+        for running in list(self.running.values()):
+            if running.stopping is not None:
+                running.stopping.exception()  # waits; stop is bounded by its grace
+        self._finish_stops()
+        services.forget_node(node=self.node, region=self.region)
 
     def tick(self, *, now: datetime) -> None:
-        """One pass: reconcile pools, advance replica states, publish beats."""
+        """One pass: warm pool, reconcile pools, advance replicas, publish beats."""
+        self._finish_stops()
+        refused = self.warm_pool.hold(
+            weights_ref(version)
+            for version in services.pool_versions(region=self.region)
+        )
         gpus_free = self.gpus - self._gpus_in_use()
         created, drained = services.reconcile_pools(
             region=self.region,
@@ -216,6 +279,8 @@ class NodeAgent:
             gpus_free=gpus_free,
             allocate_port=self.ports,
             host=self.host,
+            now=now,
+            skip_version_ids=refused,
         )
         for replica in created:
             logger.info("replica %s planned on %s", replica.replica_id, self.node)
@@ -231,7 +296,9 @@ class NodeAgent:
             [
                 r.url
                 for r in mine.values()
-                if r.replica_id in self.running and r.state in _SCRAPED_STATES
+                if r.replica_id in self.running
+                and self.running[r.replica_id].stopping is None
+                and r.state in _SCRAPED_STATES
             ]
         )
         beats: list[ReplicaBeat] = []
@@ -241,20 +308,31 @@ class NodeAgent:
                 beats.append(beat)
         # Processes whose rows were deleted elsewhere (an operator in the console).
         for replica_id in set(self.running) - set(mine):
-            self._stop(replica_id, grace_s=5.0)
-        if beats:
-            # The database hears beats at its own (possibly slower) rate; the
-            # small allowance keeps a 1 s schedule from skipping every other beat.
-            if self.clock() - self._db_written_at >= self.db_every_s * 0.95:
-                services.record_heartbeats(beats, now=now)
-                self._db_written_at = self.clock()
-            if self.sink is not None:
-                try:
-                    self.sink.publish(beats)
-                except Exception:
-                    logger.warning(
-                        "publishing %d beats failed", len(beats), exc_info=True
-                    )
+            self._stop_later(replica_id, grace_s=_QUICK_STOP_GRACE_S)
+        # The database hears beats at its own (possibly slower) rate; the small
+        # allowance keeps a 1 s schedule from skipping every other beat.
+        due_s = self.db_every_s * 0.95
+        if beats and self.clock() - self._db_written_at >= due_s:
+            services.record_heartbeats(beats, now=now)
+            self._db_written_at = self.clock()
+        if self.clock() - self._node_written_at >= due_s:
+            warm = self.warm_pool.warm_version_ids()
+            is_changed = warm != self._warm_written
+            _, is_new = services.record_node_beat(
+                node=self.node,
+                region=self.region,
+                gpus=self.gpus,
+                now=now,
+                warm_version_ids=warm if is_changed else None,
+            )
+            # A row created anew (deleted in the console) learns them next beat.
+            self._warm_written = None if is_new and not is_changed else warm
+            self._node_written_at = self.clock()
+        if beats and self.sink is not None:
+            try:
+                self.sink.publish(beats)
+            except Exception:
+                logger.warning("publishing %d beats failed", len(beats), exc_info=True)
 
     # -- one replica -------------------------------------------------------------------
 
@@ -263,17 +341,21 @@ class NodeAgent:
     ) -> ReplicaBeat | None:
         state = replica.state
         running = self.running.get(replica.replica_id)
+        if running is not None and running.stopping is not None:
+            return None  # stopping in the background; removed once it has exited
         if state == ReplicaState.GONE:
             # Reaped (it stopped beating) or left over from an earlier agent.
             if running is not None:
-                self._stop(replica.replica_id, grace_s=5.0)
+                self._stop_later(replica.replica_id, grace_s=_QUICK_STOP_GRACE_S)
             else:
                 services.remove_replica(replica.replica_id)
             return None
         if state == ReplicaState.STARTING and running is None:
-            self._start(replica)
-            return None
+            return self._start_when_warm(replica)
         if running is None:
+            if state == ReplicaState.DRAINING:
+                # Cancelled before its process started: nothing to drain.
+                services.remove_replica(replica.replica_id)
             # A row in a later state with no process of ours: the process is gone.
             return None
         if not self.actuator.is_running(running.handle):
@@ -283,22 +365,32 @@ class NodeAgent:
             self._last_stats.pop(replica.url, None)
             self._progress.pop(replica.url, None)
             return None
+        if state == ReplicaState.DRAINING:
+            if running.drain_started_at is None:
+                running.drain_started_at = self.clock()
+            if not running.has_served:
+                # Cancelled while loading: it never took a request.
+                self._stop_later(replica.replica_id, grace_s=_QUICK_STOP_GRACE_S)
+                return None
         if state == ReplicaState.LOADING:
             if self._healthy(replica.url):
-                services.set_replica_state(
+                if not services.set_replica_state(
                     replica.replica_id,
                     expected=[ReplicaState.LOADING],
                     state=ReplicaState.SERVING,
-                )
+                ):
+                    return None  # cancelled meanwhile: the next tick stops it
                 state = ReplicaState.SERVING
             elif self.clock() - running.started_at > self.start_timeout_s:
                 logger.error("replica %s did not become healthy", replica.replica_id)
-                self._stop(replica.replica_id, grace_s=5.0)
+                self._stop_later(replica.replica_id, grace_s=_QUICK_STOP_GRACE_S)
                 return None
             else:
                 # Loading takes minutes on a GPU (seed: cold start); the agent vouches
                 # for the live process so the reaper does not take it for dead.
                 return self._beat(replica, state, None)
+        if state in (ReplicaState.SERVING, ReplicaState.STALLED):
+            running.has_served = True
         if replica.url in scraped:
             stats = scraped[replica.url]
         else:
@@ -310,20 +402,36 @@ class NodeAgent:
                 state = self._judge_progress(replica, state, stats)
         else:
             stats = self._recent_stats(replica.url)
-        if state == ReplicaState.DRAINING:
+        if state == ReplicaState.DRAINING and running.drain_started_at is not None:
             # Still beating as "draining": routers see it and send nothing new.
-            if running.drain_started_at is None:
-                running.drain_started_at = self.clock()
+            draining_s = self.clock() - running.drain_started_at
             idle = (
                 fresh
                 and stats is not None
                 and (stats.num_requests_running + stats.num_requests_waiting == 0)
             )
-            overdue = self.clock() - running.drain_started_at > self.drain_timeout_s
-            if idle or overdue:
-                if overdue and not idle:
-                    logger.warning("replica %s drain timed out", replica.replica_id)
-                self._stop(replica.replica_id, grace_s=30.0)
+            if idle and draining_s >= self.drain_settle_s:
+                logger.info(
+                    "replica %s drained in %.1f s", replica.replica_id, draining_s
+                )
+                self._stop_later(replica.replica_id, grace_s=_IDLE_STOP_GRACE_S)
+                return None
+            if draining_s >= self.drain_timeout_s:
+                held = (
+                    stats.num_requests_running + stats.num_requests_waiting
+                    if stats is not None
+                    else -1
+                )
+                # Its open streams end now; the gateway sends each client the
+                # stream's explicit error event.
+                logger.warning(
+                    "replica %s drain deadline (%.0f s) passed with %d requests; "
+                    "stopping it",
+                    replica.replica_id,
+                    self.drain_timeout_s,
+                    held,
+                )
+                self._stop_later(replica.replica_id, grace_s=_OVERDUE_STOP_GRACE_S)
                 return None
         if stats is None:
             # Process up but /metrics silent past the grace: a hung engine must
@@ -377,6 +485,30 @@ class NodeAgent:
             beat_at=time.time(),
         )
 
+    def _start_when_warm(self, replica: Replica) -> ReplicaBeat | None:
+        """Start a ``starting`` replica once its weights are on local disk.
+
+        While the warm pool pulls them, the agent beats for the replica (as
+        ``starting``) so the reaper does not take it for dead; if the pull failed
+        the replica is marked gone, and this node starts no more of its version
+        until the warm pool tries again.
+        """
+        readiness, why = self.warm_pool.readiness(weights_ref(replica.version))
+        if readiness == Readiness.PULLING:
+            return self._beat(replica, replica.state, None)
+        if readiness == Readiness.FAILED:
+            logger.error(
+                "replica %s refused: its weights failed: %s", replica.replica_id, why
+            )
+            services.set_replica_state(
+                replica.replica_id,
+                expected=[ReplicaState.STARTING],
+                state=ReplicaState.GONE,
+            )
+            return None
+        self._start(replica)
+        return None
+
     def _start(self, replica: Replica) -> None:
         port = int(replica.url.rsplit(":", 1)[1])
         self.ports.taken.add(port)
@@ -393,8 +525,12 @@ class NodeAgent:
             )
             return
         self.running[replica.replica_id] = _Running(
-            handle=handle, port=port, started_at=self.clock()
+            handle=handle,
+            port=port,
+            started_at=self.clock(),
+            gpus=replica.version.gpus_per_replica,
         )
+        # If the row moved meanwhile (cancelled: draining), the next tick stops it.
         services.set_replica_state(
             replica.replica_id,
             expected=[ReplicaState.STARTING],
@@ -402,22 +538,50 @@ class NodeAgent:
         )
         logger.info("replica %s started on port %d", replica.replica_id, port)
 
-    def _stop(self, replica_id: str, *, grace_s: float) -> None:
-        running = self.running.pop(replica_id, None)
-        if running is not None:
-            self.actuator.stop(running.handle, grace_s=grace_s)
+    def _stop_later(self, replica_id: str, *, grace_s: float) -> None:
+        """Stop the replica's process in a thread; its row goes once it has exited."""
+        running = self.running.get(replica_id)
+        if running is None:
+            services.remove_replica(replica_id)
+            return
+        if running.stopping is None:
+            running.stopping = self._stoppers.submit(
+                self.actuator.stop, running.handle, grace_s=grace_s
+            )
+
+    def _finish_stops(self) -> None:
+        """Remove the rows (and Redis beats) of replicas whose process has exited."""
+        for replica_id, running in list(self.running.items()):
+            if running.stopping is None or not running.stopping.done():
+                continue
+            del self.running[replica_id]
             self.ports.release(running.port)
-        if self.sink is not None:
-            try:
-                self.sink.forget(replica_id, self.region)
-            except Exception:
-                logger.warning("could not forget beat of %s", replica_id, exc_info=True)
-        services.remove_replica(replica_id)
-        logger.info("replica %s stopped and removed", replica_id)
+            error = running.stopping.exception()
+            if error is not None:
+                logger.error("stopping replica %s failed: %r", replica_id, error)
+            if self.sink is not None:
+                try:
+                    self.sink.forget(replica_id, self.region)
+                except Exception:
+                    logger.warning(
+                        "could not forget beat of %s", replica_id, exc_info=True
+                    )
+            services.remove_replica(replica_id)
+            logger.info("replica %s stopped and removed", replica_id)
 
     def _gpus_in_use(self) -> int:
+        """GPUs held by this node's processes, and by its rows not yet started.
+
+        A process still exiting holds its GPUs whatever its row says (a reaped
+        replica's row is gone while its engine frees memory).
+        """
         rows = Replica.objects.live().filter(node=self.node, region=self.region)
-        return sum(r.version.gpus_per_replica for r in rows.select_related("version"))
+        planned = sum(
+            r.version.gpus_per_replica
+            for r in rows.select_related("version")
+            if r.replica_id not in self.running
+        )
+        return planned + sum(r.gpus for r in self.running.values())
 
     def _healthy(self, url: str) -> bool:
         try:
@@ -484,30 +648,30 @@ _LIVE_STATES = [
 _SCRAPED_STATES = (ReplicaState.SERVING, ReplicaState.STALLED, ReplicaState.DRAINING)
 
 
-def spec_builder(
-    *, kind: str, cache_dir: Path, storage_roots: list[str]
-) -> Callable[[Replica, int], ReplicaSpec]:
+def weights_ref(version: ModelVersion) -> WeightsRef:
+    """Return what the warm pool needs to know of a version's weights."""
+    return WeightsRef(
+        version_id=version.pk,
+        weights_uri=version.weights_uri,
+        weights_hash=version.weights_hash,
+    )
+
+
+def spec_builder(*, warm_pool: WarmPool) -> Callable[[Replica, int], ReplicaSpec]:
     """Return the function that turns a replica row into what its process runs.
 
-    Weights are pulled to this node's cache and verified against the version's
-    hash before a process starts: always for ``vllm``, and for simulated replicas
-    whose weights live on a ``file://`` root (the simulator loads nothing, but a
-    mismatch must stop it all the same). A mismatch raises, and the agent marks the
+    The weights come from ``warm_pool``: pulled to this node's cache and verified
+    against the version's hash before a process starts, always for ``vllm`` and for
+    simulated replicas whose weights live on a ``file://`` root (the simulator
+    loads nothing, but a mismatch must stop it all the same). The agent starts a
+    replica only once the warm pool has them; a tree changed on disk since it
+    verified is verified again here. A mismatch raises, and the agent marks the
     replica gone instead of serving the wrong weights.
     """
 
     def build(replica: Replica, port: int) -> ReplicaSpec:
         version = replica.version
-        weights_dir = ""
-        if kind == "vllm" or version.weights_uri.startswith("file://"):
-            weights_dir = str(
-                pull_weights(
-                    version.weights_uri,
-                    version.weights_hash,
-                    cache_dir=cache_dir,
-                    storage_roots=storage_roots,
-                )
-            )
+        weights_dir = warm_pool.local_dir(weights_ref(version))
         return ReplicaSpec(
             replica_id=replica.replica_id,
             model=replica.model_id,
@@ -516,7 +680,7 @@ def spec_builder(
             precision=version.precision,
             gpus_per_replica=version.gpus_per_replica,
             engine_config=version.engine_config,
-            weights_dir=weights_dir,
+            weights_dir=str(weights_dir) if weights_dir is not None else "",
             host=replica.url.split("://", 1)[1].rsplit(":", 1)[0],
             port=port,
             max_model_len=version.engine_config.get("max_model_len"),

@@ -1,10 +1,13 @@
-"""Engine replicas as the control plane last heard of them."""
+"""Engine replicas and the nodes that run them, as the control plane last heard of them."""
 
 from __future__ import annotations
+
+from datetime import datetime
 
 from django.db import models
 from django.db.models import Q
 
+from engine_nodes.domain.autoscaler import Reason
 from engine_nodes.domain.liveness import ReplicaState
 
 
@@ -74,3 +77,99 @@ class Replica(models.Model):
 
     def __str__(self) -> str:
         return self.replica_id
+
+
+class NodeQuerySet(models.QuerySet):
+    """Queries over node agents."""
+
+    def heard_since(self, cutoff: datetime) -> NodeQuerySet:
+        """Return nodes whose agent beat at or after ``cutoff``."""
+        return self.filter(last_beat__gte=cutoff)
+
+
+class Node(models.Model):
+    """A GPU node as its agent last reported it: its GPUs and the weights it holds.
+
+    The agent writes its row every database beat (``engine_nodes.services.
+    record_node_beat``) and deletes it when it shuts down; a node silent for the
+    missed-beat window counts for nothing (``free_gpus``). ``warm_versions`` are the
+    versions whose weights lie verified on the node's local disk (the warm pool): a
+    replica of one of them starts there with only load and warm-up.
+    """
+
+    name = models.CharField(max_length=255, help_text="As in Replica.node.")
+    region = models.CharField(max_length=64)
+    gpus = models.PositiveIntegerField(help_text="GPUs the agent may fill.")
+    warm_versions = models.ManyToManyField(
+        "models_registry.ModelVersion",
+        blank=True,
+        related_name="warm_nodes",
+        help_text="Versions whose verified weights are on the node's local disk.",
+    )
+    last_beat = models.DateTimeField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = NodeQuerySet.as_manager()
+
+    class Meta:
+        db_table = "nodes"
+        ordering = ["region", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["region", "name"], name="node_region_name")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} in {self.region}"
+
+
+class ScalingDecision(models.Model):
+    """One change of a pool's desired size by the autoscaler, and why (a row per
+    change, not per tick).
+
+    ``signals`` are the figures it decided on (replicas serving and starting, tokens
+    in flight and queued, queue depth, capacity per replica, the windows' demand);
+    ``capacity_is_assumed`` says the capacity per replica was the platform's default
+    because the version had no load test. Old rows are pruned as new ones come
+    (``PLATFORM_AUTOSCALE_DECISIONS_KEPT`` per pool, ``engine_nodes.autoscaling``).
+    """
+
+    pool = models.ForeignKey(
+        "models_registry.Pool",
+        on_delete=models.CASCADE,
+        related_name="scaling_decisions",
+    )
+    region = models.CharField(max_length=64)
+    decided_at = models.DateTimeField()
+    from_replicas = models.PositiveIntegerField()
+    to_replicas = models.PositiveIntegerField()
+    reason = models.CharField(
+        max_length=24, choices=[(r.value, r.value) for r in Reason]
+    )
+    utilisation = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="The short window's demand over the capacity of the replicas "
+        "the pool had (serving and starting).",
+    )
+    is_panicking = models.BooleanField(default=False)
+    is_capacity_exhausted = models.BooleanField(default=False)
+    capacity_is_assumed = models.BooleanField(default=False)
+    signals = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        db_table = "scaling_decisions"
+        ordering = ["-decided_at", "-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(reason__in=[r.value for r in Reason]),
+                name="scaling_decision_reason_known",
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["pool", "-decided_at", "-id"], name="scaling_decision_pool_at"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.pool_id}: {self.from_replicas} -> {self.to_replicas} ({self.reason})"

@@ -1,23 +1,33 @@
-"""Use-cases for replicas: heartbeats, the reaper, and a pool's live state."""
+"""Use-cases for replicas and nodes: heartbeats, the reaper, free GPUs, a pool's state."""
 
 from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Q, Sum
+from django.utils import timezone
 
+from engine_nodes.actuators import KubernetesActuator
 from engine_nodes.domain.beats import ReplicaBeat
+from engine_nodes.domain.convergence import ReplicaView, converge
+from engine_nodes.domain.k8s import (
+    DeploymentTemplate,
+    FollowAction,
+    PoolSpec,
+    deployment_name,
+)
 from engine_nodes.domain.liveness import ReplicaState, is_silent, silence_cutoff
-from engine_nodes.models import Replica
+from engine_nodes.domain.replica_argv import ReplicaSpec, vllm_serve_argv
+from engine_nodes.models import Node, Replica
 from metering.services import prefix_hit_rate_since
 from models_registry.domain.capacity import CapacityRecord, pool_capacity_tokens
-from models_registry.models import Pool
+from models_registry.models import ModelVersion, Pool
 from models_registry.services import get_model
 
 logger = logging.getLogger(__name__)
@@ -50,6 +60,128 @@ def reap_silent_replicas(*, now: datetime) -> list[str]:
     return reaped
 
 
+def record_node_beat(
+    *,
+    node: str,
+    region: str,
+    gpus: int,
+    now: datetime,
+    warm_version_ids: Iterable[int] | None = None,
+) -> tuple[Node, bool]:
+    """Write that ``node``'s agent is alive with ``gpus`` GPUs; return (row, created).
+
+    ``warm_version_ids`` (when given) replaces the versions whose weights the node
+    holds on local disk; None leaves them as they are, so an agent writes them
+    only when they change (and again when its row was created anew, say after an
+    operator deleted it). Ids of versions deleted meanwhile are skipped.
+    """
+    with transaction.atomic():
+        row, created = Node.objects.update_or_create(
+            region=region, name=node, defaults={"gpus": gpus, "last_beat": now}
+        )
+        if warm_version_ids is not None:
+            wanted = set(warm_version_ids)
+            existing = ModelVersion.objects.filter(pk__in=wanted).values_list(
+                "pk", flat=True
+            )
+            row.warm_versions.set(list(existing))
+    return row, created
+
+
+def forget_node(*, node: str, region: str) -> None:
+    """Delete a node's row: its agent is shutting down and offers no GPUs."""
+    Node.objects.filter(region=region, name=node).delete()
+
+
+def live_nodes(*, region: str, now: datetime) -> list[Node]:
+    """Return the region's nodes heard from within the missed-beat window."""
+    cutoff = silence_cutoff(
+        now, settings.PLATFORM_HEARTBEAT_DB_S, settings.PLATFORM_MISSED_BEATS
+    )
+    return list(Node.objects.filter(region=region).heard_since(cutoff))
+
+
+def gpus_in_use(*, region: str, nodes: Iterable[str]) -> dict[str, int]:
+    """Return the GPUs that non-gone replicas hold on each of ``nodes``.
+
+    Starting, loading, draining and stalled replicas hold their GPUs as serving
+    ones do; a replica's row is deleted once its process has stopped.
+    """
+    used: dict[str, int] = dict.fromkeys(nodes, 0)
+    rows = (
+        Replica.objects.live()
+        .filter(region=region, node__in=list(used))
+        .values("node")
+        .annotate(gpus=Sum("version__gpus_per_replica"))
+    )
+    for row in rows:
+        used[row["node"]] = int(row["gpus"] or 0)
+    return used
+
+
+def free_gpus(
+    region: str, *, now: datetime | None = None, gpus_per_replica: int = 1
+) -> int:
+    """Return the GPUs the region's live nodes have free beyond their replicas.
+
+    The sum over nodes heard from within the missed-beat window of their GPUs less
+    those their non-gone replicas hold (a node never counts below zero). With
+    ``gpus_per_replica`` above 1, a node counts only the whole replicas of that
+    size it can hold (a replica never spans nodes): two nodes with one free GPU
+    each have 0 free for 2-GPU replicas, not 2. A region with no live node has 0:
+    nothing can start there (the autoscaler reports ``capacity_exhausted``).
+    """
+    if gpus_per_replica < 1:
+        raise ValueError("gpus_per_replica must be at least 1")
+    nodes = live_nodes(region=region, now=now or timezone.now())
+    used = gpus_in_use(region=region, nodes=[n.name for n in nodes])
+    free = 0
+    for node in nodes:
+        spare = max(0, node.gpus - used[node.name])
+        free += spare - spare % gpus_per_replica
+    return free
+
+
+def node_states(*, now: datetime, region: str | None = None) -> list[dict[str, Any]]:
+    """Return each node as its agent last reported it: GPUs, free GPUs, warm versions.
+
+    ``warm_versions`` are the ``model@version`` refs whose verified weights lie on
+    the node's disk (a replica of one starts there with only load and warm-up);
+    ``gpus_free`` is what ``free_gpus`` counts for a live node (0 for a silent one).
+    """
+    beat_s = settings.PLATFORM_HEARTBEAT_DB_S
+    missed = settings.PLATFORM_MISSED_BEATS
+    nodes_qs = Node.objects.prefetch_related("warm_versions")
+    if region is not None:
+        nodes_qs = nodes_qs.filter(region=region)
+    nodes = list(nodes_qs)
+    used: dict[tuple[str, str], int] = {}
+    for row in (
+        Replica.objects.live()
+        .filter(node__in={n.name for n in nodes})
+        .values("region", "node")
+        .annotate(gpus=Sum("version__gpus_per_replica"))
+    ):
+        used[row["region"], row["node"]] = int(row["gpus"] or 0)
+    states = []
+    for node in nodes:
+        silent = is_silent(node.last_beat, now, beat_s, missed)
+        states.append(
+            {
+                "node": node.name,
+                "region": node.region,
+                "gpus": node.gpus,
+                "gpus_free": 0
+                if silent
+                else max(0, node.gpus - used.get((node.region, node.name), 0)),
+                "is_silent": silent,
+                "last_beat": node.last_beat.isoformat(),
+                "warm_versions": sorted(v.ref for v in node.warm_versions.all()),
+            }
+        )
+    return states
+
+
 def replica_url(host: str, port: int) -> str:
     """Return the base URL of a replica's OpenAI server."""
     return f"http://{host}:{port}"
@@ -62,15 +194,26 @@ def reconcile_pools(
     gpus_free: int,
     allocate_port: Callable[[], int],
     host: str,
+    now: datetime | None = None,
+    skip_version_ids: Collection[int] = (),
 ) -> tuple[list[Replica], list[str]]:
-    """Bring each pool of ``region`` to its target replica count; return the changes.
+    """Move each pool of ``region`` toward its target size; return the changes.
 
-    Short pools get new replicas on ``node`` (state ``starting``) while its free GPUs
-    last; pools above target get their newest non-draining replicas marked
-    ``draining``, whichever node holds them (that node's agent drains them). Runs
-    under a lock on the pool rows, so agents on several nodes do not both fill the
-    same gap. Returns (created replicas, ids marked draining).
+    What to do about each pool is ``engine_nodes.domain.convergence.converge``:
+    starting and loading replicas count toward the target; above it, replicas
+    that never served are cancelled, then one replica at a time is marked
+    ``draining`` (the least loaded, only while the others serving make the
+    target), whichever node holds it: that node's agent drains and stops it.
+    Short pools get new replicas on ``node`` (state ``starting``) while its free
+    GPUs last, except for versions in ``skip_version_ids`` (their weights failed
+    on this node: another node may fill the gap). Runs under a lock on the pool
+    rows, so agents on several nodes neither fill the same gap twice nor drain
+    two replicas of a pool at once. Returns (created replicas, ids marked
+    draining).
     """
+    now = now or timezone.now()
+    beat_s = settings.PLATFORM_HEARTBEAT_DB_S
+    missed = settings.PLATFORM_MISSED_BEATS
     created: list[Replica] = []
     drained: list[str] = []
     with transaction.atomic():
@@ -81,19 +224,36 @@ def reconcile_pools(
             .order_by("model_id", "version_id")
         )
         for pool in pools:
-            active = list(
-                Replica.objects.filter(version=pool.version, region=region)
-                .exclude(state__in=[ReplicaState.GONE, ReplicaState.DRAINING])
-                .order_by("-created_at", "-replica_id")
+            replicas = list(
+                Replica.objects.filter(version=pool.version, region=region).exclude(
+                    state=ReplicaState.GONE
+                )
             )
-            surplus = len(active) - pool.target_replicas
-            for replica in active[: max(0, surplus)]:
+            plan = converge(
+                pool.target_replicas,
+                [
+                    ReplicaView(
+                        replica_id=r.replica_id,
+                        state=r.state,
+                        tokens_in_flight=r.tokens_in_flight,
+                        created_at=r.created_at.timestamp(),
+                        # A starting replica has not beaten yet; only serving
+                        # ones are judged by their silence.
+                        is_silent=is_silent(r.last_heartbeat, now, beat_s, missed),
+                    )
+                    for r in replicas
+                ],
+            )
+            states = {r.replica_id: r.state for r in replicas}
+            for replica_id in plan.drain:
                 updated = Replica.objects.filter(
-                    pk=replica.pk, state=replica.state
+                    pk=replica_id, state=states[replica_id]
                 ).update(state=ReplicaState.DRAINING)
                 if updated:
-                    drained.append(replica.replica_id)
-            for _ in range(max(0, -surplus)):
+                    drained.append(replica_id)
+            if pool.version_id in skip_version_ids:
+                continue
+            for _ in range(plan.start):
                 gpus = pool.version.gpus_per_replica
                 if gpus > gpus_free:
                     break
@@ -113,6 +273,74 @@ def reconcile_pools(
                 gpus_free -= gpus
                 created.append(replica)
     return created, drained
+
+
+def pool_versions(*, region: str) -> list[ModelVersion]:
+    """Return the versions that have a pool in ``region`` (the warm pool's list)."""
+    return list(
+        ModelVersion.objects.filter(pools__region=region).distinct().order_by("pk")
+    )
+
+
+def kubernetes_pool_spec(pool: Pool, template: DeploymentTemplate) -> PoolSpec:
+    """Return the Deployment spec of ``pool``: ``vllm serve`` at its target size.
+
+    ``replicas`` is ``pool.target_replicas``, so the Deployment follows what the
+    autoscaler decided; the weights are the version's hash directory on the
+    template's volume.
+
+    Raises:
+        ValueError: the version's engine config is unusable (``vllm_serve_argv``).
+    """
+    version = pool.version
+    weights_dir = template.weights_dir(version.weights_hash)
+    replica = ReplicaSpec(
+        replica_id=deployment_name(pool.model_id, version.version, pool.region),
+        model=pool.model_id,
+        version=version.version,
+        served_model_name=pool.model_id,
+        precision=version.precision,
+        gpus_per_replica=version.gpus_per_replica,
+        engine_config=version.engine_config,
+        weights_dir=weights_dir,
+        host="0.0.0.0",  # inside its pod: reached on the pod's IP
+        port=template.port,
+        max_model_len=version.engine_config.get("max_model_len"),
+    )
+    return PoolSpec(
+        model=pool.model_id,
+        version=version.version,
+        region=pool.region,
+        replicas=pool.target_replicas,
+        image=template.image,
+        gpus_per_replica=version.gpus_per_replica,
+        argv=tuple(vllm_serve_argv(replica)),
+        weights_dir=weights_dir,
+        port=template.port,
+        startup_timeout_s=template.startup_timeout_s,
+        drain_s=template.drain_s,
+        **template.volume(version.weights_hash),
+    )
+
+
+def follow_pools_on_kubernetes(
+    *, actuator: KubernetesActuator, region: str, template: DeploymentTemplate
+) -> dict[str, FollowAction]:
+    """Bring every pool's Deployment in ``region`` to its target; say what each took.
+
+    Returns {Deployment name: action}. A pool whose spec cannot be built (an
+    unusable engine config) is logged and skipped: the others still follow.
+    """
+    actions: dict[str, FollowAction] = {}
+    pools = Pool.objects.filter(region=region).select_related("version")
+    for pool in pools.order_by("model_id", "version_id"):
+        try:
+            spec = kubernetes_pool_spec(pool, template)
+        except ValueError:
+            logger.exception("pool %s has no usable Deployment spec", pool)
+            continue
+        actions[spec.name] = actuator.follow_pool(spec)
+    return actions
 
 
 def set_replica_state(replica_id: str, *, expected: Iterable[str], state: str) -> bool:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
+import redis
 from celery import shared_task
+from django.conf import settings
 from django.utils import timezone
 
-from engine_nodes import services
+from engine_nodes import autoscaling, services
 
 
 @shared_task(
@@ -14,3 +19,31 @@ from engine_nodes import services
 def reap_silent_replicas() -> int:
     """Mark replicas that missed their heartbeats as gone; return how many."""
     return len(services.reap_silent_replicas(now=timezone.now()))
+
+
+@shared_task(name="engine_nodes.autoscale_pools", acks_late=True, ignore_result=True)
+def autoscale_pools(*, region: str = "") -> int:
+    """Size the region's pools once (the autoscaler's tick); return how many changed.
+
+    ``region`` defaults to this worker's ``PLATFORM_REGION``: each region's worker
+    sizes its own pools, from its own Redis. A redelivered tick just decides again.
+    """
+    with _region_redis() as client:
+        results = autoscaling.autoscale_region(
+            region=region or settings.PLATFORM_REGION,
+            now=timezone.now(),
+            redis_client=client,
+        )
+    return sum(result.written for result in results)
+
+
+@contextlib.contextmanager
+def _region_redis() -> Iterator[redis.Redis | None]:
+    """Yield a client of this region's Redis (short timeouts), or None without one."""
+    if not settings.REDIS_URL:
+        yield None
+        return
+    with redis.Redis.from_url(
+        settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2
+    ) as client:
+        yield client

@@ -1,7 +1,7 @@
 """Pull a version's weights into the node's cache and prove they are the registered ones.
 
 Public surface: ``pull_weights``, ``verify_weights``, ``tree_digest``,
-``file_sha256``, ``tokenizer_digest``, ``read_chat_template``, ``local_identity``,
+``tree_stat``, ``file_sha256``, ``tokenizer_digest``, ``read_chat_template``, ``local_identity``,
 ``local_path``, ``TOKENIZER_FILES``, ``WeightsError``, ``WeightsUriRefused``,
 ``UnsupportedScheme``, ``WeightsMismatch``.
 
@@ -90,6 +90,25 @@ def tree_digest(root: Path) -> str:
     """
     return manifest_digest(
         (relpath, file_sha256(path)) for relpath, path in _tree_files(root)
+    )
+
+
+def tree_stat(root: Path) -> tuple[tuple[str, int, int], ...]:
+    """Return ``(relpath, size, mtime_ns)`` of every file under ``root``, sorted.
+
+    A cheap fingerprint of a tree that verified: while it holds, no file was
+    replaced, resized or rewritten in place (each changes the size or the mtime),
+    so a start need not read every byte again. Not a proof against a writer that
+    restores mtimes; ``tree_digest`` is.
+
+    Raises:
+        WeightsError: as ``tree_digest``.
+    """
+    return tuple(
+        sorted(
+            (relpath, (info := path.lstat()).st_size, info.st_mtime_ns)
+            for relpath, path in _tree_files(root)
+        )
     )
 
 

@@ -3,7 +3,9 @@
 Public surface: the collectors below, ``observe_request``, ``observe_team_tokens``,
 ``observe_shadow``, ``count_retry``, ``count_rejection``, ``count_rate_limited``,
 ``count_shed``, ``set_pool_load``, ``set_control_plane``, ``set_limits_degraded``,
-``set_usage_buffered``, ``forget_pool``, ``OUTCOMES``.
+``set_usage_buffered``, ``forget_pool``, ``OUTCOMES``, and the autoscaler's figures
+read at scrape time: ``PoolScalingFigures``, ``PoolScalingCollector``,
+``register_pool_scaling``.
 
 Labels are bounded: model, version, region, team, tier, outcome; never request ids
 or user text. Helpers cache ``.labels()`` children (a dict lookup instead of the
@@ -13,14 +15,22 @@ removes a pool's series when the pool goes away.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.registry import Collector
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
+    "AUTOSCALER_DECISIONS",
     "CACHED_TOKENS",
     "CONTROL_PLANE_UP",
     "LIMITS_DEGRADED",
@@ -41,6 +51,8 @@ __all__ = [
     "UPSTREAM_RETRIES",
     "USAGE_BUFFERED_ROWS",
     "Outcome",
+    "PoolScalingCollector",
+    "PoolScalingFigures",
     "count_rate_limited",
     "count_rejection",
     "count_retry",
@@ -49,6 +61,7 @@ __all__ = [
     "observe_request",
     "observe_shadow",
     "observe_team_tokens",
+    "register_pool_scaling",
     "set_control_plane",
     "set_limits_degraded",
     "set_pool_load",
@@ -318,3 +331,125 @@ def forget_pool(model: str, version: str, region: str) -> None:
         ]
         for key in stale:
             del _children[key]
+
+
+# -- the autoscaler's figures, read at scrape time ------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PoolScalingFigures:
+    """One pool's autoscaling figures as the control plane holds them.
+
+    ``utilisation`` is the last tick's (None before one, or without replicas);
+    ``decisions`` counts the autoscaler's size changes per reason since the pool
+    was created.
+    """
+
+    model: str
+    version: str
+    region: str
+    desired_replicas: int
+    serving_replicas: int
+    starting_replicas: int
+    utilisation: float | None
+    is_capacity_exhausted: bool
+    capacity_is_assumed: bool
+    is_panicking: bool
+    decisions: Mapping[str, int] = field(default_factory=dict)
+
+
+# (name, help) of each per-pool gauge, in the order they are exported.
+_SCALING_GAUGES = (
+    ("platform_pool_desired_replicas", "Replicas the autoscaler wants, per pool."),
+    (
+        "platform_pool_serving_replicas",
+        "Replicas serving and heard from, per pool (as the autoscaler counts them).",
+    ),
+    (
+        "platform_pool_starting_replicas",
+        "Replicas starting, loading, stalled or silent: counted, not serving.",
+    ),
+    (
+        "platform_pool_utilisation",
+        "Tokens in flight and queued over the pool's capacity at the last tick.",
+    ),
+    (
+        "platform_pool_capacity_exhausted",
+        "1 while the pool needs replicas the region's GPUs cannot start.",
+    ),
+    (
+        "platform_pool_capacity_assumed",
+        "1 while the version has no load test: its capacity is the default.",
+    ),
+    ("platform_pool_panicking", "1 while the autoscaler is in panic mode."),
+)
+AUTOSCALER_DECISIONS = "platform_autoscaler_decisions"
+
+
+class PoolScalingCollector(Collector):
+    """Export the autoscaler's per-pool figures, read when Prometheus scrapes.
+
+    The autoscaler runs in the Celery worker, which nobody scrapes; its figures
+    live in the database, and ``read`` returns them (``engine_nodes.autoscaling.
+    pool_figures``, two queries). Every scraped process of a region exports the
+    same values: aggregate with ``max by (model, version, region)``. When the
+    database does not answer, the scrape goes on without these series.
+    """
+
+    def __init__(self, read: Callable[[], Iterable[PoolScalingFigures]]) -> None:
+        self.read = read
+
+    def describe(self) -> Iterator[Metric]:
+        # Without describe() the registry would call collect() (the database) at
+        # registration, in every process that imports this module.
+        yield from self._families([])
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            figures = list(self.read())
+        except Exception as exc:
+            # The families stay described, with no sample: a scrape sees the
+            # series go missing rather than the metric disappear.
+            logger.warning("pool scaling figures unreadable: %s", type(exc).__name__)
+            figures = []
+        yield from self._families(figures)
+
+    def _families(self, figures: list[PoolScalingFigures]) -> Iterator[Metric]:
+        gauges = [
+            GaugeMetricFamily(n, h, labels=POOL_LABELS) for n, h in _SCALING_GAUGES
+        ]
+        decisions = CounterMetricFamily(
+            AUTOSCALER_DECISIONS,
+            "Size changes the autoscaler made, per pool and reason.",
+            labels=(*POOL_LABELS, "reason"),
+        )
+        for f in figures:
+            pool = [f.model, f.version, f.region]
+            values: tuple[float | None, ...] = (
+                f.desired_replicas,
+                f.serving_replicas,
+                f.starting_replicas,
+                f.utilisation,
+                float(f.is_capacity_exhausted),
+                float(f.capacity_is_assumed),
+                float(f.is_panicking),
+            )
+            for gauge, value in zip(gauges, values, strict=True):
+                if value is not None:
+                    gauge.add_metric(pool, value)
+            for reason, count in sorted(f.decisions.items()):
+                decisions.add_metric([*pool, reason], count)
+        yield from gauges
+        yield decisions
+
+
+_scaling_collector: PoolScalingCollector | None = None
+
+
+def register_pool_scaling(read: Callable[[], Iterable[PoolScalingFigures]]) -> None:
+    """Export the autoscaler's figures from ``read`` in this process (once)."""
+    global _scaling_collector
+    if _scaling_collector is not None:
+        return
+    _scaling_collector = PoolScalingCollector(read)
+    REGISTRY.register(_scaling_collector)

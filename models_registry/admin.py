@@ -1,4 +1,4 @@
-"""Console pages for models' immutable versions and pools.
+"""Console pages for models' immutable versions and pools (with their autoscaling).
 
 The page of a model itself (its alias, canary and versions) is where its traffic
 goes, so it lives in ``rollouts.admin``, beside the rollouts that move it.
@@ -16,15 +16,22 @@ from urllib.parse import urlsplit
 
 from django import forms
 from django.conf import settings
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.db import transaction
 from django.http import HttpRequest
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from config.errors import PlatformError
 from models_registry import services
 from models_registry.domain.identity import IDENTITY_FIELDS, VersionStatus, uri_errors
-from models_registry.models import ModelVersion, Pool
+from models_registry.domain.scaling import problem_field
+from models_registry.models import (
+    SCALING_FIELDS,
+    ModelVersion,
+    Pool,
+    PoolSchedule,
+    clock,
+)
 
 # The identity as form field names: the foreign key is "model", not "model_id".
 IDENTITY_FORM_FIELDS: tuple[str, ...] = tuple(
@@ -248,9 +255,101 @@ class ModelVersionAdmin(admin.ModelAdmin):
         return format_html('<a href="{}" rel="noopener noreferrer">report</a>', uri)
 
 
+_WEEKDAYS = [
+    (0, "Mon"),
+    (1, "Tue"),
+    (2, "Wed"),
+    (3, "Thu"),
+    (4, "Fri"),
+    (5, "Sat"),
+    (6, "Sun"),
+]
+# The pool's settings a console save may write: never desired_replicas or the
+# autoscaler's state, which the autoscaler writes (compare-and-set) meanwhile.
+_POOL_FORM_FIELDS = ("model", "version", "region", *SCALING_FIELDS)
+_LAST_DECISIONS = 5
+
+
+class PoolScheduleForm(forms.ModelForm):
+    """A schedule row, with the weekdays as boxes to tick."""
+
+    weekdays = forms.TypedMultipleChoiceField(
+        choices=_WEEKDAYS, coerce=int, widget=forms.CheckboxSelectMultiple
+    )
+
+    class Meta:
+        model = PoolSchedule
+        fields = ("weekdays", "start_minute", "end_minute", "min_replicas")
+
+
+class PoolScheduleFormSet(forms.BaseInlineFormSet):
+    """Judge the rows together with the pool's settings as this save leaves them.
+
+    One row is checked by ``PoolSchedule.clean``; rows that overlap and disagree,
+    or a floor above ``max_replicas``, only show with all rows and the pool's new
+    values (``models_registry.domain.scaling``).
+    """
+
+    def clean(self) -> None:
+        super().clean()
+        pool = self.instance
+        if pool is None or any(self.errors) or pool.max_replicas is None:
+            return
+        rows = [
+            form.instance
+            for form in self.forms
+            if form.cleaned_data
+            and not form.cleaned_data.get("DELETE")
+            and form.instance.start_minute is not None
+        ]
+        problems = [
+            problem
+            for problem in pool.scaling_problems(rows)
+            if problem_field(problem) == "schedule"
+        ]
+        if problems:
+            raise forms.ValidationError(problems)
+
+
+class PoolScheduleInline(admin.TabularInline):
+    """A pool's scheduled floors (UTC), edited with the pool."""
+
+    model = PoolSchedule
+    form = PoolScheduleForm
+    formset = PoolScheduleFormSet
+    extra = 0
+
+
+@admin.register(PoolSchedule)
+class PoolScheduleAdmin(admin.ModelAdmin):
+    """Every pool's scheduled floors at a glance; they are edited on the pool's page,
+    where overlapping rows are judged together."""
+
+    list_display = ("pool", "days", "window", "min_replicas")
+    list_select_related = ("pool__version", "pool__model")
+    list_filter = ("pool__region",)
+    search_fields = ("pool__model__model", "pool__version__version", "pool__region")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description="days")
+    def days(self, obj: PoolSchedule) -> str:
+        names = dict(_WEEKDAYS)
+        return ", ".join(names.get(d, str(d)) for d in obj.weekdays)
+
+    @admin.display(description="window (UTC)")
+    def window(self, obj: PoolSchedule) -> str:
+        return f"{clock(obj.start_minute)}-{clock(obj.end_minute)}"
+
+
 @admin.register(Pool)
 class PoolAdmin(admin.ModelAdmin):
-    """The replicas of a version in a region, with the autoscaler's bounds."""
+    """The replicas of a version in a region: the autoscaler's settings, its
+    schedule, and a read-only panel of what it last saw and decided."""
 
     list_display = (
         "model",
@@ -258,8 +357,184 @@ class PoolAdmin(admin.ModelAdmin):
         "region",
         "min_replicas",
         "max_replicas",
+        "desired",
+        "utilisation",
+        "warnings",
         "created_at",
     )
     list_filter = ("region", "model")
     search_fields = ("model__model", "version__version", "region")
     list_select_related = ("model", "version")
+    inlines = (PoolScheduleInline,)
+    readonly_fields = ("desired", "autoscaler", "created_at")
+    fieldsets = (
+        (None, {"fields": ("model", "version", "region")}),
+        (
+            "Replicas",
+            {"fields": ("min_replicas", "max_replicas", "warm_floor", "desired")},
+        ),
+        (
+            "Autoscaling",
+            {
+                "fields": (
+                    "target_utilisation",
+                    "scale_down_utilisation",
+                    "stable_window_s",
+                    "panic_window_s",
+                    "panic_factor",
+                    "scale_down_interval_s",
+                )
+            },
+        ),
+        ("Autoscaler (read-only)", {"fields": ("autoscaler", "created_at")}),
+    )
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> Any:
+        if request.method == "GET":
+            pool = self.get_object(request, object_id)
+            if pool is not None:
+                for warning in _pool_warnings(pool):
+                    messages.warning(request, warning)
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    def save_model(
+        self,
+        request: HttpRequest,
+        obj: Any,
+        form: forms.ModelForm,
+        change: bool,  # noqa: FBT001 (Django's signature)
+    ) -> None:
+        if not change:
+            super().save_model(request, obj, form, change)
+            return
+        # Only what the operator changed: the autoscaler writes the size meanwhile.
+        obj.save(update_fields=[f for f in form.changed_data if f in _POOL_FORM_FIELDS])
+
+    @admin.display(description="desired replicas")
+    def desired(self, obj: Pool) -> int:
+        return obj.target_replicas
+
+    @admin.display(description="utilisation")
+    def utilisation(self, obj: Pool) -> str:
+        value = _last(obj).get("utilisation")
+        return "—" if value is None else f"{value:.0%}"
+
+    @admin.display(description="warnings")
+    def warnings(self, obj: Pool) -> str:
+        flags = []
+        if _last(obj).get("is_capacity_exhausted"):
+            flags.append("capacity exhausted")
+        if _capacity(obj)[1]:
+            flags.append("capacity assumed")
+        return ", ".join(flags) or "—"
+
+    @admin.display(description="what the autoscaler sees")
+    def autoscaler(self, obj: Pool) -> str:
+        if obj.pk is None:
+            return "—"
+        last = _last(obj)
+        signals = last.get("signals") or {}
+        per_replica, is_assumed = _capacity(obj)
+        rows: list[tuple[str, str]] = [
+            ("desired replicas", str(obj.target_replicas)),
+            (
+                "capacity per replica",
+                f"{per_replica} tokens in flight"
+                + (" (assumed: no load test)" if is_assumed else " (load test)"),
+            ),
+        ]
+        if last:
+            rows += [
+                ("last tick", f"{last.get('at')} ({last.get('reason')})"),
+                (
+                    "serving / starting",
+                    f"{int(signals.get('serving', 0))} / "
+                    f"{int(signals.get('starting', 0))}",
+                ),
+                (
+                    "utilisation",
+                    _percent(last.get("utilisation"))
+                    + f" (stable window {_percent(last.get('stable_utilisation'))})",
+                ),
+                (
+                    "tokens in flight / queued",
+                    f"{int(signals.get('tokens_in_flight', 0))} / "
+                    f"{int(signals.get('queued_tokens', 0))} "
+                    f"({int(signals.get('queue_depth', 0))} requests waiting)",
+                ),
+                ("panic", "yes" if last.get("is_panicking") else "no"),
+                (
+                    "capacity exhausted",
+                    "YES" if last.get("is_capacity_exhausted") else "no",
+                ),
+            ]
+        else:
+            rows.append(("last tick", "none yet"))
+        decisions = list(
+            obj.scaling_decisions.order_by("-decided_at", "-id")[:_LAST_DECISIONS]
+        )
+        table = format_html_join(
+            "", "<tr><th>{}</th><td>{}</td></tr>", ((k, v) for k, v in rows)
+        )
+        history = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{} &rarr; {}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    d.decided_at.isoformat(timespec="seconds"),
+                    d.from_replicas,
+                    d.to_replicas,
+                    d.reason,
+                    _percent(d.utilisation),
+                )
+                for d in decisions
+            ),
+        )
+        return format_html(
+            "{}<table>{}</table><p>Last decisions</p><table>{}</table>",
+            format_html_join(
+                "",
+                '<p style="color:#cf222e;font-weight:bold">{}</p>',
+                ((w,) for w in _pool_warnings(obj)),
+            ),
+            table,
+            history or format_html("<tr><td>{}</td></tr>", "none yet"),
+        )
+
+
+def _last(pool: Pool) -> dict[str, Any]:
+    stored = pool.autoscaler_state if isinstance(pool.autoscaler_state, dict) else {}
+    last = stored.get("last")
+    return last if isinstance(last, dict) else {}
+
+
+def _capacity(pool: Pool) -> tuple[int, bool]:
+    return pool.replica_capacity(settings.PLATFORM_DEFAULT_REPLICA_TOKENS_IN_FLIGHT)
+
+
+def _percent(value: float | None) -> str:
+    return "—" if value is None else f"{value:.0%}"
+
+
+def _pool_warnings(pool: Pool) -> list[str]:
+    """Return what an operator of the pool should know: capacity exhausted or assumed."""
+    found = []
+    if _last(pool).get("is_capacity_exhausted"):
+        found.append(
+            f"{pool}: capacity exhausted. The autoscaler wants more replicas than "
+            f"the nodes of {pool.region} have GPUs for."
+        )
+    per_replica, is_assumed = _capacity(pool)
+    if is_assumed:
+        found.append(
+            f"{pool}: capacity assumed. {pool.version} has no load test, so each "
+            f"replica is taken to carry {per_replica} tokens in flight "
+            "(PLATFORM_DEFAULT_REPLICA_TOKENS_IN_FLIGHT)."
+        )
+    return found

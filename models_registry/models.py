@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -18,6 +19,17 @@ from models_registry.domain.identity import (
     Precision,
     VersionStatus,
     canonical_json,
+)
+from models_registry.domain.scaling import (
+    MAX_PANIC_FACTOR,
+    MAX_REPLICAS,
+    MAX_SCALE_DOWN_INTERVAL_S,
+    MAX_WINDOW_S,
+    MINUTES_PER_DAY,
+    ScheduleWindow,
+    problem_field,
+    scaling_problems,
+    schedule_rule_problems,
 )
 
 version_validator = RegexValidator(VERSION_PATTERN, "Versions are labelled v1, v2, ...")
@@ -218,21 +230,100 @@ def _comparable(value: Any) -> Any:
     return canonical_json(value) if isinstance(value, dict | list) else value
 
 
+# The autoscaler's settings of a pool, as its columns (and the API's fields) name them.
+SCALING_FIELDS: tuple[str, ...] = (
+    "min_replicas",
+    "max_replicas",
+    "warm_floor",
+    "target_utilisation",
+    "scale_down_utilisation",
+    "stable_window_s",
+    "panic_window_s",
+    "panic_factor",
+    "scale_down_interval_s",
+)
+
+
+def _replicas(**kwargs: Any) -> models.PositiveIntegerField:
+    return models.PositiveIntegerField(
+        validators=[MaxValueValidator(MAX_REPLICAS)], **kwargs
+    )
+
+
+def _problems_by_field(problems: list[str], *, fallback: str) -> dict[str, list[str]]:
+    """Group ``"field: why"`` lines by the field they name (else ``fallback``)."""
+    errors: dict[str, list[str]] = {}
+    for problem in problems:
+        field = problem_field(problem) or fallback
+        errors.setdefault(field, []).append(problem.partition(": ")[2] or problem)
+    return errors
+
+
 class Pool(models.Model):
-    """The replicas of one version in one region, with the autoscaler's bounds."""
+    """The replicas of one version in one region, with the autoscaler's settings.
+
+    The settings are the autoscaler's (``engine_nodes.domain.autoscaler``
+    ``ScalingSettings``), with its defaults; what makes no sense is refused by the
+    rules of ``models_registry.domain.scaling``, here (``clean``), in the API and by
+    the policy. ``desired_replicas`` is written by the autoscaler (compare-and-set)
+    and ``autoscaler_state`` is what it remembers between ticks (its windows, its
+    last decision), so a worker restart resumes where it left.
+    """
 
     model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="pools")
     version = models.ForeignKey(
         ModelVersion, on_delete=models.CASCADE, related_name="pools"
     )
     region = models.CharField(max_length=64, validators=[slug_validator])
-    min_replicas = models.PositiveIntegerField(default=1)
-    max_replicas = models.PositiveIntegerField(default=1)
+    min_replicas = _replicas(default=1)
+    max_replicas = _replicas(default=1)
     desired_replicas = models.PositiveIntegerField(
         null=True,
         blank=True,
         help_text="Replicas the autoscaler wants; unset means min_replicas. "
         "Always held within [min_replicas, max_replicas].",
+    )
+    warm_floor = _replicas(
+        default=0,
+        help_text="Replicas kept however quiet the pool is (the warm pool).",
+    )
+    target_utilisation = models.FloatField(
+        default=0.7,
+        help_text="Scale up when tokens in flight (and queued) pass this fraction "
+        "of the pool's capacity.",
+    )
+    scale_down_utilisation = models.FloatField(
+        default=0.5,
+        help_text="Scale down only while utilisation, at one replica fewer, stayed "
+        "under this fraction for the whole stable window.",
+    )
+    stable_window_s = models.FloatField(
+        default=60.0,
+        validators=[MaxValueValidator(MAX_WINDOW_S)],
+        help_text="Seconds of quiet a scale-down needs; also how long a panic holds.",
+    )
+    panic_window_s = models.FloatField(
+        default=6.0,
+        validators=[MaxValueValidator(MAX_WINDOW_S)],
+        help_text="The short window: its average demand scales up, and a queue "
+        "that lasts through it adds a replica.",
+    )
+    panic_factor = models.FloatField(
+        default=2.0,
+        validators=[MaxValueValidator(MAX_PANIC_FACTOR)],
+        help_text="Panic (no scale-down for a stable window) when the short window "
+        "asks for this many times the serving replicas.",
+    )
+    scale_down_interval_s = models.FloatField(
+        default=600.0,
+        validators=[MaxValueValidator(MAX_SCALE_DOWN_INTERVAL_S)],
+        help_text="At most one replica removed per this many seconds.",
+    )
+    autoscaler_state = models.JSONField(
+        default=dict,
+        blank=True,
+        editable=False,
+        help_text="What the autoscaler remembers between ticks, and its last decision.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -250,6 +341,31 @@ class Pool(models.Model):
             models.CheckConstraint(
                 condition=Q(max_replicas__gte=1), name="pool_max_positive"
             ),
+            models.CheckConstraint(
+                condition=Q(warm_floor__lte=models.F("max_replicas")),
+                name="pool_warm_floor_le_max",
+            ),
+            models.CheckConstraint(
+                condition=Q(target_utilisation__gt=0.0) & Q(target_utilisation__lt=1.0),
+                name="pool_target_utilisation_fraction",
+            ),
+            models.CheckConstraint(
+                condition=Q(scale_down_utilisation__gt=0.0)
+                & Q(scale_down_utilisation__lt=models.F("target_utilisation")),
+                name="pool_scale_down_below_target",
+            ),
+            models.CheckConstraint(
+                condition=Q(panic_window_s__gt=0.0)
+                & Q(panic_window_s__lte=models.F("stable_window_s")),
+                name="pool_panic_window_within_stable",
+            ),
+            models.CheckConstraint(
+                condition=Q(panic_factor__gt=1.0), name="pool_panic_factor_above_1"
+            ),
+            models.CheckConstraint(
+                condition=Q(scale_down_interval_s__gte=0.0),
+                name="pool_scale_down_interval_non_negative",
+            ),
         ]
         indexes = [models.Index(fields=["model", "region"], name="pool_model_region")]
 
@@ -266,11 +382,110 @@ class Pool(models.Model):
         )
         return max(self.min_replicas, min(self.max_replicas, wanted))
 
+    def replica_capacity(self, default_tokens_in_flight: int) -> tuple[int, bool]:
+        """Return the tokens in flight one replica carries, and whether that is
+        ``default_tokens_in_flight`` (assumed: no load test has measured it).
+
+        A measured 0 counts as no measurement, as admission reads it.
+        """
+        measured = self.version.load_test_tokens_in_flight
+        if measured:
+            return measured, False
+        return default_tokens_in_flight, True
+
+    def scaling_problems(self, schedule: Sequence[ScheduleWindow] = ()) -> list[str]:
+        """Return what is wrong with these settings and ``schedule`` (``"field: why"``)."""
+        return scaling_problems(
+            min_replicas=self.min_replicas,
+            max_replicas=self.max_replicas,
+            warm_floor=self.warm_floor,
+            target_utilisation=self.target_utilisation,
+            scale_down_utilisation=self.scale_down_utilisation,
+            stable_window_s=self.stable_window_s,
+            panic_window_s=self.panic_window_s,
+            panic_factor=self.panic_factor,
+            scale_down_interval_s=self.scale_down_interval_s,
+            schedule=schedule,
+        )
+
     def clean(self) -> None:
-        """Keep the version and the model in agreement, and min <= max."""
+        """Keep the version and the model in agreement, and the settings sensible.
+
+        The schedule rows are judged with the settings where both are edited
+        together: the console's schedule inline and the API's PUT (a row change
+        and a ``max_replicas`` change in one save must be judged as one).
+        """
         if self.version_id and self.model_id and self.version.model_id != self.model_id:
             raise ValidationError(
                 {"version": f"{self.version} is not a version of {self.model_id}"}
             )
-        if self.min_replicas > self.max_replicas:
-            raise ValidationError({"min_replicas": "must not exceed max_replicas"})
+        if any(getattr(self, name) is None for name in SCALING_FIELDS):
+            return  # a field left empty or malformed has its own error already
+        problems = self.scaling_problems()
+        if problems:
+            raise ValidationError(_problems_by_field(problems, fallback="__all__"))
+
+
+class PoolSchedule(models.Model):
+    """A scheduled floor of a pool: at least ``min_replicas`` on ``weekdays``
+    (0 Monday .. 6 Sunday) from ``start_minute`` to ``end_minute`` (UTC minutes of
+    the day, end excluded), raised before known peaks.
+
+    Overlapping rows of a pool must agree on the floor
+    (``models_registry.domain.scaling``).
+    """
+
+    pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="schedule")
+    weekdays = models.JSONField(
+        default=list, help_text="Days of the week, 0 (Monday) to 6 (Sunday)."
+    )
+    start_minute = models.PositiveSmallIntegerField(
+        validators=[MaxValueValidator(MINUTES_PER_DAY - 1)],
+        help_text="UTC minute of the day the rule starts (08:30 is 510).",
+    )
+    end_minute = models.PositiveSmallIntegerField(
+        validators=[MinValueValidator(1), MaxValueValidator(MINUTES_PER_DAY)],
+        help_text="UTC minute of the day the rule ends, excluded (10:00 is 600).",
+    )
+    min_replicas = _replicas(help_text="The pool's floor while the rule applies.")
+
+    class Meta:
+        db_table = "pool_schedules"
+        ordering = ["pool_id", "start_minute", "id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(start_minute__lt=models.F("end_minute"))
+                & Q(end_minute__lte=MINUTES_PER_DAY),
+                name="pool_schedule_within_a_day",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        days = ",".join(str(d) for d in self.weekdays) if self.weekdays else "-"
+        return f"days {days} {clock(self.start_minute)}-{clock(self.end_minute)} UTC: {self.min_replicas}"
+
+    def clean(self) -> None:
+        """Refuse a rule that is not one (no weekday, an empty or wrapped window)."""
+        weekdays = self.weekdays
+        if None in (self.start_minute, self.end_minute, self.min_replicas):
+            return  # a field left empty has its own error already
+        if not isinstance(weekdays, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) for d in weekdays
+        ):
+            raise ValidationError({"weekdays": "must be a list of 0 (Monday) to 6"})
+        problems = schedule_rule_problems(
+            weekdays=weekdays,
+            start_minute=self.start_minute,
+            end_minute=self.end_minute,
+            min_replicas=self.min_replicas,
+        )
+        if problems:
+            raise ValidationError(_problems_by_field(problems, fallback="__all__"))
+        self.weekdays = sorted(set(weekdays))
+
+
+def clock(minute: int | None) -> str:
+    """Return a minute of the day as ``HH:MM`` (1440 is ``24:00``)."""
+    if minute is None:
+        return "--:--"
+    return f"{minute // 60:02d}:{minute % 60:02d}"

@@ -25,6 +25,12 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from engine_nodes.domain.load_shares import (
+    pool_key,
+    queue_depth_key,
+    queue_tokens_key,
+    team_key,
+)
 from models_registry.domain.capacity import CapacityRecord, pool_capacity_tokens
 from routing.domain.admission import Outcome, PoolState, Verdict
 from routing.domain.admission_control import (
@@ -45,16 +51,6 @@ from routing.live import LiveLoad
 logger = logging.getLogger(__name__)
 
 __all__ = ["Admission", "LiveAdmission", "LivePoolView", "pool_key", "team_key"]
-
-
-def pool_key(model: str, version: str) -> str:
-    """Return the live-load key of a pool's admitted tokens."""
-    return f"p|{model}|{version}"
-
-
-def team_key(model: str, version: str, team: str) -> str:
-    """Return the live-load key of a team's admitted tokens in a pool."""
-    return f"t|{model}|{version}|{team}"
 
 
 class Admission(Protocol):
@@ -147,12 +143,16 @@ class LiveAdmission:
         limits: LimitStore,
         pump_interval_s: float = 0.05,
         clock: Callable[[], float] = time.time,
+        live: LiveLoad | None = None,
     ) -> None:
         self.control = control
         # Charge and slot are taken (and given back) together: one round trip each.
         self.limits = limits
         self.pump_interval_s = pump_interval_s
         self.clock = clock
+        # Where each pool's queue is published (this process's live-load share),
+        # so the autoscaler sees queued tokens and requests over every gateway.
+        self.live = live
         self._waiters: dict[str, asyncio.Future[Verdict]] = {}
         self._pumps: dict[tuple[str, str], asyncio.Task[None]] = {}
 
@@ -161,18 +161,26 @@ class LiveAdmission:
         steps = self.control.admit(request, secrets.token_hex(8), self.clock())
         reply: Claim | Verdict | None = None
         error: BaseException | None = None
-        while True:
-            try:
-                effect = steps.send(reply) if error is None else steps.throw(error)
-            except StopIteration as done:
-                return done.value
-            reply, error = None, None
-            try:
-                reply = await self._perform(effect)
-            except BaseException as exc:
-                # Handed to the sequence (a cancelled wait, a refused charge), which
-                # gives back what it took and raises it again.
-                error = exc
+        queued: tuple[str, str] | None = None  # the pool whose queue it waited in
+        try:
+            while True:
+                try:
+                    effect = steps.send(reply) if error is None else steps.throw(error)
+                except StopIteration as done:
+                    return done.value
+                reply, error = None, None
+                if isinstance(effect, WaitInQueue):
+                    queued = effect.pool
+                    self._publish_queue(queued)
+                try:
+                    reply = await self._perform(effect)
+                except BaseException as exc:
+                    # Handed to the sequence (a cancelled wait, a refused charge),
+                    # which gives back what it took and raises it again.
+                    error = exc
+        finally:
+            if queued is not None:
+                self._publish_queue(queued)
 
     async def release(self, ticket: Ticket, *, used_tokens: int) -> None:
         """Give back what ``ticket`` took, refunding all but ``used_tokens``; once."""
@@ -248,3 +256,18 @@ class LiveAdmission:
             if not self.control.queued(pool):
                 return
             await asyncio.sleep(self.pump_interval_s)
+
+    def _publish_queue(self, pool: tuple[str, str]) -> None:
+        """Set the pool's waiting tokens and requests in this process's share.
+
+        Called when a request enters the queue and when its admission ends
+        (admitted, shed, refused or abandoned), so the figures stay exact; the
+        once-a-second exchange carries them to the other processes and the
+        autoscaler.
+        """
+        if self.live is None:
+            return
+        model, version = pool
+        control = self.control
+        self.live.put(queue_tokens_key(model, version), control.queued_tokens(pool))
+        self.live.put(queue_depth_key(model, version), control.queued(pool))

@@ -8,7 +8,9 @@ second it publishes that share to Redis and reads the other processes' shares, t
 replicas' heartbeats and which gateway processes of the region were seen within the
 missed-beat window; a replica's tokens in flight for routing is its own share plus
 the others'. Without Redis the gateway is one process, and liveness comes from the
-database heartbeats in the snapshot.
+database heartbeats in the snapshot. The share also carries each pool's admitted
+tokens and admission queue, which the autoscaler sums over the region's processes
+(the layout: ``engine_nodes.domain.load_shares``).
 
 When an exchange fails (Redis unreachable), this process stops trusting what it
 last read: the others' shares and the Redis beats are dropped, liveness comes from
@@ -33,6 +35,7 @@ from engine_nodes.domain.beats import (
     region_index_key,
 )
 from engine_nodes.domain.liveness import ReplicaState
+from engine_nodes.domain.load_shares import gateway_load_key, gateways_seen_key
 from routing.domain.snapshot import ConfigSnapshot, NodeSnapshot, ReplicaRecord
 
 logger = logging.getLogger(__name__)
@@ -74,10 +77,10 @@ class LiveLoad:
         self._settled_at = 0.0
         self._is_settling = False
         self._ejected_until: dict[str, float] = {}
-        self._load_key = f"{prefix}:load:{region}:{gateway_id}"
+        self._load_key = gateway_load_key(prefix, region, gateway_id)
         # Scored by when each process last exchanged; a new name, not the set
         # "gateways:<region>" that older processes kept.
-        self._seen_key = f"{prefix}:gateways-seen:{region}"
+        self._seen_key = gateways_seen_key(prefix, region)
 
     @property
     def pool_divisor(self) -> int:
@@ -104,6 +107,13 @@ class LiveLoad:
             self.own[replica_id] = left
         else:
             self.own.pop(replica_id, None)
+
+    def put(self, key: str, value: int) -> None:
+        """Set a figure of this process's share (a pool's queue); 0 removes it."""
+        if value > 0:
+            self.own[key] = value
+        else:
+            self.own.pop(key, None)
 
     def tokens_in_flight(self, replica_id: str) -> int:
         """Return the replica's tokens in flight over every gateway process."""
@@ -231,7 +241,7 @@ class LiveLoad:
         pipe = self.redis.pipeline(transaction=False)
         others = [g for g in gateway_ids if g != self.gateway_id]
         for gateway_id in others:
-            pipe.hgetall(f"{self.prefix}:load:{self.region}:{gateway_id}")
+            pipe.hgetall(gateway_load_key(self.prefix, self.region, gateway_id))
         for replica_id in replica_ids:
             pipe.hgetall(beat_key(self.prefix, replica_id))
         results = await pipe.execute()

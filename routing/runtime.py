@@ -109,6 +109,7 @@ def build_gateway() -> Gateway:
             admission_options(),
         ),
         limits=limits,
+        live=live,
     )
     config = gateway_settings()
     upstream = Upstream(

@@ -24,11 +24,12 @@ from django.utils import timezone
 from accounts import services as accounts_services
 from accounts.domain.keys import hash_secret
 from accounts.models import AdminToken, ApiKey, Team, TeamLimit
-from engine_nodes.models import Replica
+from engine_nodes import services as node_services
+from engine_nodes.models import Node, Replica, ScalingDecision
 from metering.models import Usage
 from models_registry import services as registry_services
 from models_registry.domain.identity import sha256_text
-from models_registry.models import Model, ModelVersion, Pool
+from models_registry.models import Model, ModelVersion, Pool, PoolSchedule
 from rollouts import services as rollout_services
 from rollouts.models import Rollout
 from tests.factories import ReplicaFactory, TeamFactory, digest, version_body
@@ -44,12 +45,17 @@ CONSOLE_MODELS: list[type[DjangoModel]] = [
     Model,
     ModelVersion,
     Pool,
+    PoolSchedule,
     Replica,
+    Node,
+    ScalingDecision,
     Usage,
     Rollout,
 ]
-# Usage is written by the gateway's flush only; the console may not add rows.
-NO_ADD_PAGE = {Usage}
+# Usage is written by the gateway's flush only, nodes by their agents, decisions by
+# the autoscaler, and schedule rows on their pool's page; the console may not add
+# rows.
+NO_ADD_PAGE = {Usage, Node, ScalingDecision, PoolSchedule}
 TEAM_SECRET = re.compile(r"sk-team-[A-Za-z0-9_-]{43}")
 ADMIN_SECRET = re.compile(r"sk-admin-[A-Za-z0-9_-]{43}")
 
@@ -93,7 +99,25 @@ def rows(team: Team, chat_v1: ModelVersion) -> dict[type[DjangoModel], DjangoMod
     key, _ = accounts_services.issue_key(team_id=team.team, name="ci")
     token, _ = accounts_services.create_admin_token(name="ops")
     pool = Pool.objects.create(model=chat_v1.model, version=chat_v1, region="local")
+    schedule = PoolSchedule.objects.create(
+        pool=pool, weekdays=[0, 1], start_minute=510, end_minute=600, min_replicas=1
+    )
+    decision = ScalingDecision.objects.create(
+        pool=pool,
+        region="local",
+        decided_at=timezone.now(),
+        from_replicas=1,
+        to_replicas=1,
+        reason="hold",
+    )
     replica = ReplicaFactory.create(version=chat_v1)
+    node, _ = node_services.record_node_beat(
+        node="node-1",
+        region="local",
+        gpus=8,
+        now=timezone.now(),
+        warm_version_ids=[chat_v1.pk],
+    )
     usage = Usage.objects.create(
         team=team,
         model=chat_v1.model,
@@ -119,7 +143,10 @@ def rows(team: Team, chat_v1: ModelVersion) -> dict[type[DjangoModel], DjangoMod
         Model: chat_v1.model,
         ModelVersion: chat_v1,
         Pool: pool,
+        PoolSchedule: schedule,
         Replica: replica,
+        ScalingDecision: decision,
+        Node: node,
         Usage: usage,
         Rollout: rollout,
     }
@@ -687,11 +714,42 @@ def add_rows(
                 model_id="chat-7b", **version_body(weights_hash=digest(f"p{i}"))
             )
             Pool.objects.create(model=chat_v1.model, version=version, region=f"r{i}")
+        elif model in (PoolSchedule, ScalingDecision):
+            version = registry_services.register_version(
+                model_id="chat-7b", **version_body(weights_hash=digest(f"s{i}"))
+            )
+            pool = Pool.objects.create(
+                model=chat_v1.model, version=version, region=f"r{i}"
+            )
+            PoolSchedule.objects.create(
+                pool=pool,
+                weekdays=[i % 7],
+                start_minute=0,
+                end_minute=60,
+                min_replicas=1,
+            )
+            ScalingDecision.objects.create(
+                pool=pool,
+                region=f"r{i}",
+                decided_at=timezone.now(),
+                from_replicas=1,
+                to_replicas=2,
+                reason="utilisation",
+            )
 
 
 @pytest.mark.parametrize(
     "model",
-    [Replica, ApiKey, TeamLimit, Usage, ModelVersion, Pool],
+    [
+        Replica,
+        ApiKey,
+        TeamLimit,
+        Usage,
+        ModelVersion,
+        Pool,
+        PoolSchedule,
+        ScalingDecision,
+    ],
     ids=lambda m: m.__name__,
 )
 def test_console_changelist_queries_do_not_grow_with_rows(

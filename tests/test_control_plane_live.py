@@ -143,6 +143,7 @@ CONTROL_PLANE_GETS = (
     "/admin/models/chat-7b",
     "/admin/models/chat-7b/versions",
     "/admin/pools/chat-7b/state",
+    "/admin/pools/chat-7b/v1/cp/autoscaling",
     "/admin/teams/nobody",
 )
 
@@ -307,6 +308,22 @@ HOSTILE_REQUESTS = [
         400,
         "percent",
         id="percent-1e999",
+    ),
+    pytest.param(
+        "PUT",
+        "/admin/pools/chat-7b/v1/cp/autoscaling",
+        '{"panic_factor": 1e999}',
+        400,
+        "panic_factor",
+        id="panic_factor-1e999",
+    ),
+    pytest.param(
+        "PUT",
+        "/admin/pools/chat-7b/v1/cp/autoscaling",
+        '{"min_replicas": 3, "max_replicas": 2}',
+        400,
+        "min_replicas",
+        id="autoscaling-min-above-max",
     ),
 ]
 

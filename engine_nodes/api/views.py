@@ -1,4 +1,4 @@
-"""Control-plane endpoint for a pool's live state (its replicas, load and hit rate)."""
+"""Control-plane endpoints of pools: their live state, and their autoscaling settings."""
 
 from __future__ import annotations
 
@@ -8,14 +8,28 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from accounts.domain.names import SLUG_PATTERN, SLUG_RULE, is_valid_slug
-from config.api import ControlPlaneView, openapi_pattern
+from config.api import ControlPlaneView, openapi_pattern, validated
 from config.errors import InvalidRequest
-from engine_nodes import services
-from engine_nodes.api.serializers import PoolStateSerializer
+from engine_nodes import autoscaling
+from engine_nodes.api.serializers import (
+    AutoscalingOutSerializer,
+    AutoscalingSerializer,
+    PoolStateSerializer,
+)
+from models_registry.domain.identity import VERSION_PATTERN, is_valid_version_label
+
+_VERSION_RULE = "labelled v1, v2, ..."
+_VERSION_PARAMETER = OpenApiParameter(
+    "version",
+    str,
+    OpenApiParameter.PATH,
+    description=f"The pool's version: {_VERSION_RULE}",
+    pattern=openapi_pattern(VERSION_PATTERN),
+)
 
 
 class PoolStateView(ControlPlaneView):
-    """The seed's GET /admin/pools/{model}/state."""
+    """The seed's GET /admin/pools/{model}/state, with what the autoscaler sees."""
 
     @extend_schema(
         parameters=[
@@ -34,5 +48,39 @@ class PoolStateView(ControlPlaneView):
         if region is not None and not is_valid_slug(region):
             raise InvalidRequest(f"region must be {SLUG_RULE}", param="region")
         return Response(
-            services.pool_state(model_id=model, now=timezone.now(), region=region)
+            autoscaling.pool_state(model_id=model, now=timezone.now(), region=region)
         )
+
+
+class PoolAutoscalingView(ControlPlaneView):
+    """Read or change a pool's autoscaling settings and schedule.
+
+    GET /admin/pools/{model}/{version}/{region}/autoscaling, and PUT with the fields
+    to change (the others keep their values; ``schedule`` replaces the rows).
+    """
+
+    @extend_schema(
+        parameters=[_VERSION_PARAMETER], responses={200: AutoscalingOutSerializer}
+    )
+    def get(self, request: Request, model: str, version: str, region: str) -> Response:
+        _check_version(version)
+        pool = autoscaling.get_pool(model_id=model, version=version, region=region)
+        return Response(autoscaling.autoscaling_dict(pool))
+
+    @extend_schema(
+        parameters=[_VERSION_PARAMETER],
+        request=AutoscalingSerializer,
+        responses={200: AutoscalingOutSerializer},
+    )
+    def put(self, request: Request, model: str, version: str, region: str) -> Response:
+        _check_version(version)
+        body = validated(AutoscalingSerializer, request.data)
+        pool = autoscaling.set_pool_autoscaling(
+            model_id=model, version=version, region=region, changes=body
+        )
+        return Response(autoscaling.autoscaling_dict(pool))
+
+
+def _check_version(version: str) -> None:
+    if not is_valid_version_label(version):
+        raise InvalidRequest(f"version must be {_VERSION_RULE}", param="version")

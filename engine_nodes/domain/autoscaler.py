@@ -21,8 +21,9 @@ The rules, in the order they apply:
    (serving plus starting), the pool goes to that many at once, not one per tick.
    Starting replicas count, so a tick never adds again what is still starting.
 3. **The queue is the fast trigger** (``queue``): a queue that persisted through the
-   whole short window adds at least one replica even when the averages lag, and
-   while it persists nothing scales down. **Panic** (``panic``): when the short
+   whole short window adds at least one replica even when the averages lag (none
+   while a replica is starting: that one is what the queue waits for), and while
+   it persists nothing scales down. **Panic** (``panic``): when the short
    window asks for at least ``panic_factor`` times the serving replicas, the pool
    scales to it and holds (no scale-down) for a stable window after the last such
    tick, as Knative's KPA does.
@@ -48,6 +49,13 @@ import enum
 import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
+
+from models_registry.domain.scaling import (
+    scaling_problems,
+    schedule_rule_problems,
+    windows_overlap,
+)
 
 __all__ = [
     "AutoscalerState",
@@ -59,7 +67,6 @@ __all__ = [
     "decide",
 ]
 
-_MINUTES_PER_DAY = 24 * 60
 _TOLERANCE = 1e-9
 
 
@@ -88,14 +95,14 @@ class ScheduleRule:
     min_replicas: int
 
     def __post_init__(self) -> None:
-        if not self.weekdays or not self.weekdays <= frozenset(range(7)):
-            raise ValueError("weekdays must be a non-empty set of 0 (Monday) to 6")
-        if not 0 <= self.start_minute < self.end_minute <= _MINUTES_PER_DAY:
-            raise ValueError(
-                "a rule runs from start_minute to a later end_minute within one day"
-            )
-        if self.min_replicas < 0:
-            raise ValueError("a rule's min_replicas must be zero or more")
+        # The rules are the registry's, so that a Pool's stored rows agree.
+        for message in schedule_rule_problems(
+            weekdays=self.weekdays,
+            start_minute=self.start_minute,
+            end_minute=self.end_minute,
+            min_replicas=self.min_replicas,
+        ):
+            raise ValueError(message)
 
     def applies(self, at: float) -> bool:
         """True when unix time ``at`` falls inside the rule (UTC)."""
@@ -108,10 +115,7 @@ class ScheduleRule:
 
     def overlaps(self, other: ScheduleRule) -> bool:
         """True when the two rules share a minute of some weekday."""
-        return bool(self.weekdays & other.weekdays) and (
-            self.start_minute < other.end_minute
-            and other.start_minute < self.end_minute
-        )
+        return windows_overlap(self, other)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,42 +144,23 @@ class ScalingSettings:
             raise ValueError(message)
 
     def problems(self) -> list[str]:
-        """Return what is wrong, as ``"field: why"`` lines (empty when valid)."""
-        found = []
-        if self.min_replicas < 0:
-            found.append("min_replicas: must be zero or more")
-        if self.max_replicas < 1:
-            found.append("max_replicas: must be at least 1")
-        if self.min_replicas > self.max_replicas:
-            found.append("min_replicas: must not exceed max_replicas")
-        if not 0 <= self.warm_floor <= self.max_replicas:
-            found.append("warm_floor: must be between 0 and max_replicas")
-        if not 0.0 < self.target_utilisation < 1.0:
-            found.append("target_utilisation: must be between 0 and 1")
-        if not 0.0 < self.scale_down_utilisation < self.target_utilisation:
-            found.append(
-                "scale_down_utilisation: must be above 0 and below target_utilisation"
-            )
-        if not self.stable_window_s > 0:
-            found.append("stable_window_s: must be positive")
-        if not 0 < self.panic_window_s <= self.stable_window_s:
-            found.append("panic_window_s: must be positive and at most stable_window_s")
-        if not self.panic_factor > 1.0:
-            found.append("panic_factor: must be above 1")
-        if not self.scale_down_interval_s >= 0:
-            found.append("scale_down_interval_s: must be zero or more")
-        for rule in self.schedule:
-            if rule.min_replicas > self.max_replicas:
-                found.append("schedule: a rule's min_replicas exceeds max_replicas")
-                break
-        for index, rule in enumerate(self.schedule):
-            for other in self.schedule[index + 1 :]:
-                if rule.overlaps(other) and rule.min_replicas != other.min_replicas:
-                    found.append(
-                        "schedule: overlapping rules ask for different floors "
-                        f"({rule.min_replicas} and {other.min_replicas})"
-                    )
-        return found
+        """Return what is wrong, as ``"field: why"`` lines (empty when valid).
+
+        The rules are ``models_registry.domain.scaling``'s, which ``Pool.clean()``
+        and the control-plane API apply to the stored settings too.
+        """
+        return scaling_problems(
+            min_replicas=self.min_replicas,
+            max_replicas=self.max_replicas,
+            warm_floor=self.warm_floor,
+            target_utilisation=self.target_utilisation,
+            scale_down_utilisation=self.scale_down_utilisation,
+            stable_window_s=self.stable_window_s,
+            panic_window_s=self.panic_window_s,
+            panic_factor=self.panic_factor,
+            scale_down_interval_s=self.scale_down_interval_s,
+            schedule=self.schedule,
+        )
 
     def floor(self, at: float) -> tuple[int, Reason]:
         """Return the lowest size allowed at ``at``, and which rule sets it."""
@@ -245,6 +230,36 @@ class AutoscalerState:
     panic_until: float | None = None
     last_scale_down_at: float | None = None
 
+    def as_dict(self) -> dict[str, Any]:
+        """Return the state as JSON-ready primitives (``from_dict`` reads them back)."""
+        return {
+            "samples": [[s.at, s.demand, s.queue_depth] for s in self.samples],
+            "panic_until": self.panic_until,
+            "last_scale_down_at": self.last_scale_down_at,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AutoscalerState:
+        """Return the state ``as_dict`` wrote; an empty or foreign dict is a fresh state.
+
+        A stored state that does not parse is dropped rather than trusted: the
+        autoscaler then starts its windows again, as after a first tick.
+        """
+        try:
+            samples = tuple(
+                _Sample(float(at), int(demand), int(depth))
+                for at, demand, depth in data.get("samples", ())
+            )
+            panic_until = data.get("panic_until")
+            last_down = data.get("last_scale_down_at")
+            return cls(
+                samples=tuple(sorted(samples, key=lambda s: s.at)),
+                panic_until=None if panic_until is None else float(panic_until),
+                last_scale_down_at=None if last_down is None else float(last_down),
+            )
+        except (TypeError, ValueError, AttributeError):
+            return cls()
+
 
 @dataclass(frozen=True, slots=True)
 class ScalingDecision:
@@ -309,7 +324,9 @@ def decide(
     if needed_short > current:
         desired = needed_short
         reason = Reason.PANIC if is_panic_tick else Reason.UTILISATION
-    if has_queue and desired <= current:
+    if has_queue and desired <= current and signals.starting == 0:
+        # Not while a start is pending: it is what the queue waits for, and adding
+        # one per tick would grow the pool by a replica every tick of a cold start.
         desired, reason = current + 1, Reason.QUEUE
     last_down = state.last_scale_down_at
     if desired == current and not is_panicking and not has_queue and current > 0:

@@ -1,7 +1,8 @@
 """A pool as a Kubernetes Deployment: one Deployment per (model, version, region).
 
-Public surface: ``PoolSpec``, ``render_deployment``, ``deployment_name``,
-``label_value``, ``pool_labels``.
+Public surface: ``PoolSpec``, ``DeploymentTemplate``, ``FollowAction``,
+``render_deployment``, ``deployment_name``, ``label_value``, ``pool_labels``,
+``spec_digest``, ``scale_body``, ``follow_action``, ``SPEC_DIGEST_ANNOTATION``.
 
 The manifest is a plain dict in the API's camelCase shape, ready for
 ``AppsV1Api.create_namespaced_deployment(body=...)`` or ``kubectl apply``. It runs
@@ -21,11 +22,24 @@ The manifest is a plain dict in the API's camelCase shape, ready for
 
 The selector labels (name, model, version, region) never change for a given
 Deployment name: a Deployment's selector is immutable, so patching stays legal.
+
+The Deployment's ``replicas`` follow the pool's target (``Pool.target_replicas``,
+which the autoscaler moves). ``follow_action`` says what brings a Deployment
+there: create it when absent; patch the whole manifest when anything but the
+replica count changed (``spec_digest``, kept in the ``platform/spec-digest``
+annotation, leaves the count out); else patch only the scale subresource
+(``scale_body``) when the count differs; else nothing. A replica removed by a
+scale-down gets SIGTERM and ``drain_s`` to finish its streams, as a local
+replica gets ``PLATFORM_DRAIN_TIMEOUT_S``; the autoscaler removes one per
+``scale_down_interval_s`` at most.
 """
 
 from __future__ import annotations
 
+import copy
+import enum
 import hashlib
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -35,11 +49,17 @@ __all__ = [
     "APP_NAME",
     "CONTAINER_NAME",
     "MAX_NAME_LEN",
+    "SPEC_DIGEST_ANNOTATION",
+    "DeploymentTemplate",
+    "FollowAction",
     "PoolSpec",
     "deployment_name",
+    "follow_action",
     "label_value",
     "pool_labels",
     "render_deployment",
+    "scale_body",
+    "spec_digest",
 ]
 
 APP_NAME = "vllm"
@@ -47,6 +67,7 @@ CONTAINER_NAME = "vllm"
 MANAGED_BY = "gpu-serving-platform"
 MAX_NAME_LEN = 63
 GPU_RESOURCE = "nvidia.com/gpu"
+SPEC_DIGEST_ANNOTATION = "platform/spec-digest"
 HEALTH_PATH = "/health"
 STARTUP_PERIOD_S = 10
 
@@ -113,6 +134,53 @@ class PoolSpec:
     def name(self) -> str:
         """Return the Deployment name, ``vllm-<model>-<version>-<region>``."""
         return deployment_name(self.model, self.version, self.region)
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentTemplate:
+    """What every pool's Deployment in a cluster shares: image, weights volume, ports.
+
+    Weights are laid out as the node agents' caches are, one directory per
+    ``weights_hash``: on a PVC (``weights_pvc``, mounted with that directory as
+    its ``subPath``) or on each GPU node's disk (``weights_host_root``, the warm
+    pool's cache). Exactly one of the two is set (``ValueError`` otherwise).
+    """
+
+    image: str
+    weights_pvc: str | None = None
+    weights_host_root: str | None = None
+    weights_mount: str = "/weights"
+    port: int = 8000
+    startup_timeout_s: int = 300
+    drain_s: int = 600
+
+    def __post_init__(self) -> None:
+        if (self.weights_pvc is None) == (self.weights_host_root is None):
+            raise ValueError("set exactly one of weights_pvc and weights_host_root")
+        if not self.weights_mount.startswith("/"):
+            raise ValueError("weights_mount must be an absolute path")
+
+    def weights_dir(self, weights_hash: str) -> str:
+        """Return where a version's weights appear inside the container."""
+        return f"{self.weights_mount.rstrip('/')}/{weights_hash}"
+
+    def volume(self, weights_hash: str) -> dict[str, str]:
+        """Return the ``PoolSpec`` volume fields for a version's weights."""
+        if self.weights_pvc is not None:
+            return {"weights_pvc": self.weights_pvc, "weights_sub_path": weights_hash}
+        assert self.weights_host_root is not None
+        return {
+            "weights_host_path": f"{self.weights_host_root.rstrip('/')}/{weights_hash}"
+        }
+
+
+class FollowAction(enum.StrEnum):
+    """What brings a pool's Deployment to its spec."""
+
+    CREATE = "create"  # absent
+    PATCH = "patch"  # the manifest changed beyond its replica count
+    SCALE = "scale"  # only the replica count differs
+    NONE = "none"  # as wanted
 
 
 def deployment_name(model: str, version: str, region: str) -> str:
@@ -182,7 +250,7 @@ def render_deployment(*, namespace: str, spec: PoolSpec) -> dict[str, Any]:
         "livenessProbe": _health_probe(period_s=10, failure_threshold=6),
         "volumeMounts": _volume_mounts(spec),
     }
-    return {
+    manifest: dict[str, Any] = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {"name": name, "namespace": namespace, "labels": labels},
@@ -219,6 +287,54 @@ def render_deployment(*, namespace: str, spec: PoolSpec) -> dict[str, Any]:
             },
         },
     }
+    manifest["metadata"]["annotations"] = {
+        SPEC_DIGEST_ANNOTATION: spec_digest(manifest)
+    }
+    return manifest
+
+
+def spec_digest(manifest: dict[str, Any]) -> str:
+    """Return the SHA-256 of a Deployment manifest less its replica count.
+
+    Two manifests with the same digest differ at most in ``spec.replicas`` (and
+    in this annotation), so a change of size alone needs only a scale patch.
+    """
+    body = copy.deepcopy(manifest)
+    body.get("spec", {}).pop("replicas", None)
+    body.get("metadata", {}).get("annotations", {}).pop(SPEC_DIGEST_ANNOTATION, None)
+    if not body.get("metadata", {}).get("annotations", True):
+        del body["metadata"]["annotations"]
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def scale_body(replicas: int) -> dict[str, Any]:
+    """Return the scale subresource patch that sets a Deployment's replica count."""
+    if replicas < 0:
+        raise ValueError("replicas must not be negative")
+    return {"spec": {"replicas": replicas}}
+
+
+def follow_action(
+    manifest: dict[str, Any],
+    *,
+    existing_digest: str | None,
+    existing_replicas: int | None,
+    is_present: bool,
+) -> FollowAction:
+    """Return what brings the Deployment in the cluster to ``manifest``.
+
+    ``existing_digest`` is the live object's ``platform/spec-digest`` annotation
+    (None when it has none: written by hand or by an older platform, so it is
+    patched whole) and ``existing_replicas`` its ``spec.replicas``.
+    """
+    if not is_present:
+        return FollowAction.CREATE
+    if existing_digest != manifest["metadata"]["annotations"][SPEC_DIGEST_ANNOTATION]:
+        return FollowAction.PATCH
+    if existing_replicas != manifest["spec"]["replicas"]:
+        return FollowAction.SCALE
+    return FollowAction.NONE
 
 
 def _health_probe(*, period_s: int, failure_threshold: int) -> dict[str, Any]:

@@ -24,7 +24,8 @@ from engine_nodes.actuators import LocalProcessActuator
 from engine_nodes.agent import BeatSink, NodeAgent, spec_builder
 from engine_nodes.heartbeats import RedisBeatStore
 from engine_nodes.local_processes import free_port, wait_until
-from engine_nodes.models import Replica
+from engine_nodes.models import Node, Replica
+from engine_nodes.warm_pool import WarmPool
 from models_registry import services as registry
 from models_registry.models import Model, ModelVersion, Pool
 from tests.factories import version_body
@@ -63,16 +64,18 @@ def make_agent(
     **kwargs: Any,
 ) -> NodeAgent:
     first = free_port()
+    warm_pool = WarmPool(
+        kind="sim",
+        cache_dir=tmp_path / "cache",
+        storage_roots=[f"file://{tmp_path}/", "s3://models/"],
+    )
     # The engine on each replica: a fast profile keeps the tests short.
     return NodeAgent(
         node="node-a",
         region="test",
         actuator=LocalProcessActuator(kind="sim", log_dir=tmp_path / "logs"),
-        spec_for=spec_builder(
-            kind="sim",
-            cache_dir=tmp_path / "cache",
-            storage_roots=[f"file://{tmp_path}/", "s3://models/"],
-        ),
+        spec_for=spec_builder(warm_pool=warm_pool),
+        warm_pool=warm_pool,
         gpus=gpus,
         ports=(first, first + 40),
         sink=sink,
@@ -126,58 +129,85 @@ def test_agent_starts_replicas_that_serve_and_beat_to_redis(
     assert beat_store.read_region("test") == []
 
 
-def test_draining_waits_for_the_open_stream(tmp_path: Path, pool: Pool) -> None:
-    pool.min_replicas = 2
+def test_shrinking_three_to_one_drains_one_at_a_time_and_streams_complete(
+    tmp_path: Path, pool: Pool
+) -> None:
+    """GIVEN three serving replicas, each streaming one answer, their loads apart
+    (prompts of different lengths)
+    WHEN the pool's target falls to one
+    THEN the least loaded replica drains first, then the next; never two at once;
+    each stays while its engine holds its answer, and every answer completes.
+    """
+    pool.min_replicas = 3
     pool.save()
-    agent = make_agent(tmp_path)
+    agent = make_agent(tmp_path, drain_settle_s=0.5)
     try:
         tick_until(
             agent,
-            lambda: list(states().values()) == ["serving", "serving"],
-            "two serving replicas",
+            lambda: list(states().values()) == ["serving"] * 3,
+            "three serving replicas",
         )
-        newest = Replica.objects.order_by("-created_at", "-replica_id").first()
-        assert newest is not None
+        replicas = list(Replica.objects.order_by("created_at", "replica_id"))
+        # Tokens in flight count the prompt: the oldest is the lightest, so neither
+        # "newest first" nor "oldest first" is what least-loaded-first does.
+        lightest, heaviest, middle = (r.replica_id for r in replicas)
+        words = {lightest: 5, heaviest: 400, middle: 200}
         results: dict[str, Any] = {}
+        done_at: dict[str, float] = {}
 
-        def long_answer() -> None:
-            results["body"] = httpx.post(
-                f"{newest.url}/v1/chat/completions",
+        def answer(replica: Replica) -> None:
+            results[replica.replica_id] = httpx.post(
+                f"{replica.url}/v1/chat/completions",
                 timeout=60,
                 json={
                     "model": "chat-7b",
-                    "messages": [{"role": "user", "content": "x"}],
-                    "max_tokens": 150,
+                    "messages": [
+                        {"role": "user", "content": "x " * words[replica.replica_id]}
+                    ],
+                    "max_tokens": 400,
                     "ignore_eos": True,
                 },
             ).json()
+            done_at[replica.replica_id] = time.monotonic()
 
-        thread = threading.Thread(target=long_answer)
-        thread.start()
+        threads = [threading.Thread(target=answer, args=(r,)) for r in replicas]
+        for thread in threads:
+            thread.start()
         wait_until(
-            lambda: (
-                b"vllm:num_requests_running{"
-                in httpx.get(f"{newest.url}/metrics").content
-                and _running(newest.url) == 1
-            ),
-            message="the stream to start",
+            lambda: all(_running(r.url) == 1 for r in replicas),
+            message="the three answers to start",
         )
+        agent.tick(now=timezone.now())  # the database hears the loads
         Pool.objects.filter(pk=pool.pk).update(min_replicas=1, desired_replicas=1)
-        agent.tick(now=timezone.now())
-        assert states()[newest.replica_id] == "draining"
-        # While the answer streams, the replica stays, draining.
-        agent.tick(now=timezone.now())
-        if thread.is_alive():
-            assert states().get(newest.replica_id) == "draining"
-            assert agent.actuator.is_running(agent.running[newest.replica_id].handle)
-        tick_until(
-            agent,
-            lambda: newest.replica_id not in states(),
-            "the drained replica to be removed",
-        )
-        thread.join(timeout=30)
-        assert results["body"]["usage"]["completion_tokens"] == 150
-        assert len(states()) == 1
+        drained: list[str] = []
+        drained_at: dict[str, float] = {}
+        removed_at: dict[str, float] = {}
+
+        def step() -> bool:
+            agent.tick(now=timezone.now())
+            now, seen = time.monotonic(), states()
+            draining = [r for r, state in seen.items() if state == "draining"]
+            assert len(draining) <= 1, seen
+            for replica_id in draining:
+                if replica_id not in drained:
+                    drained.append(replica_id)
+                    drained_at[replica_id] = now
+            for replica_id in words:
+                if replica_id not in seen:
+                    removed_at.setdefault(replica_id, now)
+            return len(seen) == 1 and not draining
+
+        wait_until(step, timeout_s=60, interval_s=0.05, message="one replica left")
+        for thread in threads:
+            thread.join(timeout=30)
+        assert drained == [lightest, middle]
+        assert list(states()) == [heaviest]
+        for replica_id in words:
+            assert results[replica_id]["usage"]["completion_tokens"] == 400
+        # The first drained replica was draining while it streamed, and stayed
+        # until its answer was done.
+        assert drained_at[lightest] < done_at[lightest] <= removed_at[lightest]
+        assert removed_at[lightest] < removed_at[middle]
     finally:
         agent.shutdown(grace_s=5)
 
@@ -277,10 +307,15 @@ def test_weights_with_wrong_hash_are_refused(
     Pool.objects.create(model_id="chat-7b", version=version, region="test")
     agent = make_agent(tmp_path)
     try:
-        agent.tick(now=timezone.now())
-        assert list(states().values()) == ["gone"]
+        # The pull runs in the warm pool's thread; the replica waits, starting.
+        tick_until(agent, lambda: "gone" in states().values(), "a refused replica")
         assert agent.running == {}
         assert not any((tmp_path / "cache").glob("*/model.safetensors"))
+        # The refused version is not tried again on this node at every beat.
+        agent.tick(now=timezone.now())
+        agent.tick(now=timezone.now())
+        assert states() == {}
+        assert agent.warm_pool.warm_version_ids() == frozenset()
     finally:
         agent.shutdown(grace_s=5)
 
@@ -416,3 +451,110 @@ def test_a_replica_that_stalls_under_a_stream_is_stalled_until_it_moves(
     finally:
         agent.clock = time.monotonic
         agent.shutdown(grace_s=5)
+
+
+def file_version(
+    tmp_path: Path, content: bytes = b"registered weights"
+) -> ModelVersion:
+    """Register chat-7b@v1 with weights in a file:// storage root under tmp_path."""
+    from engine_nodes.weights import tree_digest
+
+    weights = tmp_path / "weights" / "chat"
+    weights.mkdir(parents=True)
+    (weights / "model.safetensors").write_bytes(content)
+    return registry.register_version(
+        model_id="chat-7b",
+        **version_body(
+            weights_uri=f"file://{weights}/", weights_hash=tree_digest(weights)
+        ),
+    )
+
+
+def test_the_agent_prefetches_its_regions_versions_so_a_start_is_warm(
+    tmp_path: Path, chat_model: Model, settings: Settings
+) -> None:
+    """GIVEN a pool of a version (weights on a file:// root) with no replica yet
+    THEN the agent pulls its weights without being asked to start one and records
+    the version warm in its node's row; WHEN the pool then wants a replica, it
+    starts in the very next beat, with no pull to wait for.
+    """
+    settings.PLATFORM_STORAGE_ROOTS = [f"file://{tmp_path}/"]
+    version = file_version(tmp_path)
+    pool = Pool.objects.create(
+        model_id="chat-7b", version=version, region="test", min_replicas=0
+    )
+    agent = make_agent(tmp_path)
+    try:
+        tick_until(
+            agent,
+            lambda: (
+                list(
+                    Node.objects.filter(name="node-a", region="test").values_list(
+                        "warm_versions", flat=True
+                    )
+                )
+                == [version.pk]
+            ),
+            "the version warm on node-a",
+        )
+        assert states() == {}
+        cached = tmp_path / "cache" / version.weights_hash / "model.safetensors"
+        assert cached.read_bytes() == b"registered weights"
+        # A row deleted in the console comes back with what is warm.
+        Node.objects.all().delete()
+        agent.tick(now=timezone.now())
+        agent.tick(now=timezone.now())
+        assert list(Node.objects.get().warm_versions.all()) == [version]
+        Pool.objects.filter(pk=pool.pk).update(min_replicas=1)
+        agent.tick(now=timezone.now())
+        assert list(states().values()) == ["loading"]
+    finally:
+        agent.shutdown(grace_s=5)
+    assert not Node.objects.filter(name="node-a").exists()
+
+
+def test_a_replica_waits_starting_for_its_weights_and_is_not_reaped(
+    tmp_path: Path,
+    chat_model: Model,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GIVEN a pull that takes long (held at its start)
+    THEN the replica waits ``starting`` while the agent's beats go on (for it and
+    for the node), and it starts once its weights are in.
+    """
+    from engine_nodes import warm_pool
+
+    settings.PLATFORM_STORAGE_ROOTS = [f"file://{tmp_path}/"]
+    settings.PLATFORM_HEARTBEAT_DB_S = 1.0
+    settings.PLATFORM_MISSED_BEATS = 3
+    opened = threading.Event()
+    real = warm_pool.pull_weights
+
+    def slow_pull(*args: Any, **kwargs: Any) -> Path:
+        assert opened.wait(timeout=30), "the test never let the pull go"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(warm_pool, "pull_weights", slow_pull)
+    version = file_version(tmp_path)
+    Pool.objects.create(model_id="chat-7b", version=version, region="test")
+    agent = make_agent(tmp_path)
+    try:
+        for _ in range(3):
+            started = time.monotonic()
+            agent.tick(now=timezone.now())
+            assert time.monotonic() - started < 1.0  # the pull is not in the tick
+        replica = Replica.objects.get()
+        assert replica.state == "starting"
+        assert replica.last_heartbeat is not None
+        later = timezone.now()
+        agent.tick(now=later)
+        # The agent vouches for it every beat, so the reaper leaves it.
+        assert Replica.objects.get().last_heartbeat == later
+        assert Node.objects.get(name="node-a").last_beat is not None
+        opened.set()
+        tick_until(agent, lambda: list(states().values()) == ["serving"], "a replica")
+    finally:
+        opened.set()
+        agent.shutdown(grace_s=5)
+        agent.warm_pool.close()

@@ -197,3 +197,44 @@ def test_a_forgotten_pool_counts_from_zero_when_it_returns() -> None:
     metrics.observe_request(**pool, outcome="ok", output_tokens=2)
 
     assert REGISTRY.get_sample_value("platform_output_tokens_total", series(pool)) == 2
+
+
+def test_pool_scaling_collector_exports_figures_and_survives_a_failed_read() -> None:
+    """The autoscaler's figures are read at scrape time; a database that does not
+    answer costs those series, never the scrape."""
+    from prometheus_client import CollectorRegistry
+
+    figures = metrics.PoolScalingFigures(
+        model="chat-7b",
+        version="v1",
+        region="eu",
+        desired_replicas=4,
+        serving_replicas=3,
+        starting_replicas=1,
+        utilisation=None,
+        is_capacity_exhausted=True,
+        capacity_is_assumed=False,
+        is_panicking=False,
+        decisions={"utilisation": 2},
+    )
+    healthy = CollectorRegistry()
+    healthy.register(metrics.PoolScalingCollector(lambda: [figures]))
+    pool = {"model": "chat-7b", "version": "v1", "region": "eu"}
+    assert healthy.get_sample_value("platform_pool_desired_replicas", pool) == 4
+    assert healthy.get_sample_value("platform_pool_capacity_exhausted", pool) == 1
+    assert healthy.get_sample_value("platform_pool_utilisation", pool) is None
+    assert (
+        healthy.get_sample_value(
+            "platform_autoscaler_decisions_total", {**pool, "reason": "utilisation"}
+        )
+        == 2
+    )
+
+    def unreachable() -> list[metrics.PoolScalingFigures]:
+        raise OSError("database down")
+
+    failing = CollectorRegistry()
+    failing.register(metrics.PoolScalingCollector(unreachable))
+    text = generate_latest(failing).decode()
+    assert "platform_pool_desired_replicas" in text  # described, with no sample
+    assert "platform_pool_desired_replicas{" not in text

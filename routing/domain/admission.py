@@ -222,6 +222,11 @@ class AdmissionQueue:
     def __len__(self) -> int:
         return self._count
 
+    @property
+    def queued_tokens(self) -> int:
+        """Return the tokens of the live entries (what waits, in tokens)."""
+        return self._queued_tokens
+
     def offer(
         self, c: Candidate, pool: PoolState, now: float
     ) -> tuple[Verdict, tuple[tuple[str, int], ...]]:

@@ -389,6 +389,11 @@ class AdmissionControl:
         queue = self._queues.get(pool)
         return len(queue) if queue is not None else 0
 
+    def queued_tokens(self, pool: Pool) -> int:
+        """Return the tokens of the requests waiting in ``pool``'s queue."""
+        queue = self._queues.get(pool)
+        return queue.queued_tokens if queue is not None else 0
+
     def waiting(self, pool: Pool) -> list[Candidate]:
         """Return the requests waiting in ``pool``'s queue, in admission order."""
         queue = self._queues.get(pool)

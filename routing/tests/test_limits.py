@@ -11,6 +11,7 @@ import pytest
 import redis
 import redis.asyncio
 
+from engine_nodes.domain.load_shares import queue_depth_key, queue_tokens_key
 from routing.admission import LiveAdmission, LivePoolView, pool_key
 from routing.domain.admission_control import (
     AdmissionControl,
@@ -68,6 +69,7 @@ def build(
         limits=buckets.pair(concurrency),
         clock=clock,
         pump_interval_s=3600.0,
+        live=live,
     )
     return admission, live, clock
 
@@ -313,6 +315,38 @@ def test_queue_limit_sheds_batch_before_interactive_in_guarantee() -> None:
         await admission.release(hog, used_tokens=0)
         for task in inter:
             await admission.release(await asyncio.wait_for(task, 1), used_tokens=0)
+
+    run(scenario())
+
+
+def test_queue_figures_follow_the_queue_in_the_live_share() -> None:
+    """GIVEN a full pool
+    WHEN requests wait in its queue, one leaves, the pool frees
+    THEN this process's live-load share holds the queued tokens and requests (the
+    exchange publishes them to the autoscaler), exact at each step, and none at the
+    end.
+    """
+    queued_tokens = queue_tokens_key("chat-7b", "v1")
+    queued_requests = queue_depth_key("chat-7b", "v1")
+
+    async def scenario() -> None:
+        admission, live, _ = build(capacity=1000)
+        hog = await admission.admit(request("hog", 1000, share=0.2))
+        first = asyncio.ensure_future(admission.admit(request("a", 300, share=0.4)))
+        second = asyncio.ensure_future(admission.admit(request("b", 200, share=0.4)))
+        await asyncio.sleep(0)
+        assert (live.own[queued_tokens], live.own[queued_requests]) == (500, 2)
+
+        second.cancel()  # its client left
+        with pytest.raises(asyncio.CancelledError):
+            await second
+        assert (live.own[queued_tokens], live.own[queued_requests]) == (300, 1)
+
+        await admission.release(hog, used_tokens=0)
+        ticket = await asyncio.wait_for(first, 1)
+        assert queued_tokens not in live.own
+        assert queued_requests not in live.own
+        await admission.release(ticket, used_tokens=0)
 
     run(scenario())
 

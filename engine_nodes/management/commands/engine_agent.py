@@ -13,10 +13,14 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from engine_nodes.actuators import LocalProcessActuator
 from engine_nodes.agent import NodeAgent, spec_builder
+from engine_nodes.warm_pool import WarmPool
 
 
 class Command(BaseCommand):
-    help = "Run the node agent: start, watch, drain and beat for this node's replicas."
+    help = (
+        "Run the node agent: start, watch, drain and beat for this node's replicas, "
+        "and keep the weights of the region's versions on local disk."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--node", required=True, help="This node's name.")
@@ -65,7 +69,8 @@ class Command(BaseCommand):
         except ValueError:
             raise CommandError("--ports must look like 8001-8099") from None
         region = options["region"] or settings.PLATFORM_REGION
-        spec_for = spec_builder(
+        # Pulls the weights of the region's versions ahead of need (the warm pool).
+        warm_pool = WarmPool(
             kind=options["kind"],
             cache_dir=options["weights_cache"],
             storage_roots=settings.PLATFORM_STORAGE_ROOTS,
@@ -91,7 +96,8 @@ class Command(BaseCommand):
                 engine_api_key=settings.PLATFORM_ENGINE_API_KEY,
                 sim_admin_token=settings.PLATFORM_SIM_ADMIN_TOKEN,
             ),
-            spec_for=spec_for,
+            spec_for=spec_builder(warm_pool=warm_pool),
+            warm_pool=warm_pool,
             gpus=options["gpus"],
             host=options["host"],
             ports=(first, last),
@@ -110,4 +116,7 @@ class Command(BaseCommand):
                 else "no engine key: replicas serve /v1 to anyone on the host"
             )
         )
-        agent.run(stop)
+        try:
+            agent.run(stop)
+        finally:
+            warm_pool.close()

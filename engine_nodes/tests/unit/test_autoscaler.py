@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 
 import pytest
@@ -100,6 +101,32 @@ def test_a_persistent_queue_adds_a_replica_even_when_averages_lag() -> None:
     decisions, _ = run(WIDE, queued)
     assert decisions[0].reason == Reason.HOLD  # not yet persisted for 6 s
     assert (decisions[-1].desired, decisions[-1].reason) == (5, Reason.QUEUE)
+
+
+def test_a_persistent_queue_adds_no_replica_while_one_is_starting() -> None:
+    # The replica the queue asked for is still starting: asking again every tick
+    # would add one per tick for the whole cold start (the fleet simulator saw a
+    # 12-replica pool climb to its maximum of 24 in 30 s).
+    ticks = [
+        signals(
+            t,
+            serving=4,
+            starting=1,
+            in_flight=270_000,
+            queued_tokens=5_000,
+            queue_depth=1,
+        )
+        for t in (0.0, 3.0, 6.0, 9.0)
+    ]
+    decisions, state = run(WIDE, ticks)
+    assert all((d.desired, d.reason) == (5, Reason.HOLD) for d in decisions)
+    # It joined and the queue still persists: one more.
+    decision, _ = decide(
+        WIDE,
+        state,
+        signals(12.0, serving=5, in_flight=270_000, queued_tokens=5_000, queue_depth=1),
+    )
+    assert (decision.desired, decision.reason) == (6, Reason.QUEUE)
 
 
 def test_scale_down_waits_for_a_full_quiet_stable_window() -> None:
@@ -204,3 +231,29 @@ def test_overlapping_schedule_rules_that_disagree_are_refused() -> None:
 def test_the_seeds_arithmetic_scaling_at_70_percent_leaves_094() -> None:
     # 5% growth a minute over a 6-minute start multiplies load by 1.05^6.
     assert round(0.70 * 1.05**6, 2) == 0.94
+
+
+def test_state_round_trips_through_json_primitives() -> None:
+    """The live task keeps the state in a JSON column between ticks."""
+    _, state = run(
+        WIDE,
+        [
+            signals(MONDAY_NOON + t, serving=1, in_flight=250_000, queue_depth=2)
+            for t in (0.0, 5.0, 10.0)
+        ],
+    )
+    assert state.panic_until is not None and state.samples
+
+    restored = AutoscalerState.from_dict(json.loads(json.dumps(state.as_dict())))
+
+    assert restored == state
+    following = signals(MONDAY_NOON + 15.0, serving=4, in_flight=250_000)
+    assert decide(WIDE, restored, following) == decide(WIDE, state, following)
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [{}, {"samples": "nope"}, {"samples": [[1.0, 2]]}, {"panic_until": "soon"}],
+)
+def test_state_that_does_not_parse_starts_afresh(stored: dict[str, object]) -> None:
+    assert AutoscalerState.from_dict(stored) == AutoscalerState()

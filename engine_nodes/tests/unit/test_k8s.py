@@ -8,10 +8,16 @@ from typing import Any
 import pytest
 
 from engine_nodes.domain.k8s import (
+    SPEC_DIGEST_ANNOTATION,
+    DeploymentTemplate,
+    FollowAction,
     PoolSpec,
     deployment_name,
+    follow_action,
     label_value,
     render_deployment,
+    scale_body,
+    spec_digest,
 )
 
 ARGV = (
@@ -205,3 +211,62 @@ def test_label_value_is_valid_for_long_and_odd_text() -> None:
 def test_pool_spec_rejects_invalid_fields(overrides: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         make_pool(**overrides)
+
+
+def test_render_deployment_replicas_are_the_spec_s_and_carry_a_spec_digest() -> None:
+    manifest = render_deployment(namespace="serving", spec=make_pool(replicas=4))
+    assert manifest["spec"]["replicas"] == 4
+    digest = manifest["metadata"]["annotations"][SPEC_DIGEST_ANNOTATION]
+    assert digest == spec_digest(manifest)
+    assert re.fullmatch(r"[0-9a-f]{64}", digest)
+
+
+def test_spec_digest_leaves_out_the_replica_count_only() -> None:
+    def digest(**overrides: Any) -> str:
+        manifest = render_deployment(namespace="serving", spec=make_pool(**overrides))
+        return str(manifest["metadata"]["annotations"][SPEC_DIGEST_ANNOTATION])
+
+    assert digest(replicas=1) == digest(replicas=9)
+    assert digest(image="vllm/vllm-openai:v0.33.0") != digest()
+    assert digest(drain_s=30) != digest()
+
+
+def test_follow_action_creates_patches_scales_or_leaves_alone() -> None:
+    manifest = render_deployment(namespace="serving", spec=make_pool(replicas=3))
+    digest = manifest["metadata"]["annotations"][SPEC_DIGEST_ANNOTATION]
+
+    def action(*, present: bool = True, digest: str | None, replicas: int) -> str:
+        return follow_action(
+            manifest,
+            existing_digest=digest,
+            existing_replicas=replicas,
+            is_present=present,
+        )
+
+    assert action(present=False, digest=None, replicas=0) == FollowAction.CREATE
+    assert action(digest=digest, replicas=3) == FollowAction.NONE
+    assert action(digest=digest, replicas=2) == FollowAction.SCALE
+    assert action(digest="0" * 64, replicas=3) == FollowAction.PATCH
+    # Written by hand (no annotation): patched whole, replicas included.
+    assert action(digest=None, replicas=2) == FollowAction.PATCH
+
+
+def test_scale_body_sets_replicas_and_refuses_negative_counts() -> None:
+    assert scale_body(0) == {"spec": {"replicas": 0}}
+    with pytest.raises(ValueError, match="negative"):
+        scale_body(-1)
+
+
+def test_deployment_template_lays_weights_out_by_hash() -> None:
+    pvc = DeploymentTemplate(image="i", weights_pvc="model-weights")
+    assert pvc.weights_dir("ab" * 32) == f"/weights/{'ab' * 32}"
+    assert pvc.volume("ab" * 32) == {
+        "weights_pvc": "model-weights",
+        "weights_sub_path": "ab" * 32,
+    }
+    host = DeploymentTemplate(image="i", weights_host_root="/srv/cache/")
+    assert host.volume("cd" * 32) == {"weights_host_path": f"/srv/cache/{'cd' * 32}"}
+    with pytest.raises(ValueError, match="exactly one"):
+        DeploymentTemplate(image="i")
+    with pytest.raises(ValueError, match="absolute"):
+        DeploymentTemplate(image="i", weights_pvc="w", weights_mount="weights")

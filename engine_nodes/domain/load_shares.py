@@ -1,0 +1,92 @@
+"""The live-load shares gateway processes publish through Redis: key names and sums.
+
+Public surface: ``gateway_load_key``, ``gateways_seen_key``, ``pool_key``,
+``team_key``, ``queue_tokens_key``, ``queue_depth_key``, ``PoolLoad``,
+``sum_pool_load``.
+
+Each gateway process of a region writes its share (``routing.live.LiveLoad.own``)
+as a Redis hash under ``<prefix>:load:<region>:<gateway_id>`` once a second, and
+lists itself in the sorted set ``<prefix>:gateways-seen:<region>``, scored by the
+unix time of its exchange. A share maps keys to integers: a replica id to the
+tokens this process has in flight on it, ``p|model|version`` to the tokens it
+admitted into the pool, ``t|model|version|team`` to a team's part of those, and
+``q|model|version`` / ``qn|model|version`` to the tokens and requests waiting in
+its admission queue for the pool. The gateways read each other's shares (routing
+and admission); the autoscaler sums them per pool (``sum_pool_load``).
+
+The layout lives here, below both the gateway (``routing``) and the autoscaler
+(``engine_nodes.autoscaling``), so that writer and reader cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+__all__ = [
+    "PoolLoad",
+    "gateway_load_key",
+    "gateways_seen_key",
+    "pool_key",
+    "queue_depth_key",
+    "queue_tokens_key",
+    "sum_pool_load",
+    "team_key",
+]
+
+
+def gateway_load_key(prefix: str, region: str, gateway_id: str) -> str:
+    """Return the Redis key of one gateway process's share."""
+    return f"{prefix}:load:{region}:{gateway_id}"
+
+
+def gateways_seen_key(prefix: str, region: str) -> str:
+    """Return the Redis key of the region's gateway processes, scored by last exchange."""
+    return f"{prefix}:gateways-seen:{region}"
+
+
+def pool_key(model: str, version: str) -> str:
+    """Return the share key of a pool's admitted tokens."""
+    return f"p|{model}|{version}"
+
+
+def team_key(model: str, version: str, team: str) -> str:
+    """Return the share key of a team's admitted tokens in a pool."""
+    return f"t|{model}|{version}|{team}"
+
+
+def queue_tokens_key(model: str, version: str) -> str:
+    """Return the share key of the tokens waiting in a pool's admission queue."""
+    return f"q|{model}|{version}"
+
+
+def queue_depth_key(model: str, version: str) -> str:
+    """Return the share key of the requests waiting in a pool's admission queue."""
+    return f"qn|{model}|{version}"
+
+
+@dataclass(frozen=True, slots=True)
+class PoolLoad:
+    """A pool's load summed over gateway processes."""
+
+    tokens_in_flight: int = 0
+    queued_tokens: int = 0
+    queue_depth: int = 0
+
+
+def sum_pool_load(
+    shares: Iterable[Mapping[str, int]], model: str, version: str
+) -> PoolLoad:
+    """Return the pool's admitted tokens, queued tokens and queued requests over
+    ``shares`` (each gateway's, decoded); missing keys count as zero."""
+    admitted, queued, depth = (
+        pool_key(model, version),
+        queue_tokens_key(model, version),
+        queue_depth_key(model, version),
+    )
+    tokens_in_flight = queued_tokens = queue_depth = 0
+    for share in shares:
+        tokens_in_flight += max(0, share.get(admitted, 0))
+        queued_tokens += max(0, share.get(queued, 0))
+        queue_depth += max(0, share.get(depth, 0))
+    return PoolLoad(tokens_in_flight, queued_tokens, queue_depth)

@@ -1,0 +1,146 @@
+"""Pools on Kubernetes: each Deployment's replicas follow the pool's target.
+
+No cluster: the API stand-in keeps what it is sent as the official client's models
+(``V1Deployment``), as ``AppsV1Api`` returns them, so the manifests and patches are
+checked against the client's own schema.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from engine_nodes import services
+from engine_nodes.actuators import KubernetesActuator
+from engine_nodes.domain.k8s import DeploymentTemplate, FollowAction
+from models_registry.models import ModelVersion, Pool
+
+pytestmark = pytest.mark.django_db
+
+client = pytest.importorskip("kubernetes.client")
+
+TEMPLATE = DeploymentTemplate(
+    image="vllm/vllm-openai:v0.32.0", weights_pvc="model-weights", drain_s=600
+)
+NAME = "vllm-chat-7b-v1-eu-west"
+
+
+class NotFound(Exception):
+    status = 404
+
+
+class ClientAppsV1:
+    """Holds Deployments as ``V1Deployment`` models; records every call."""
+
+    def __init__(self) -> None:
+        self.api_client = client.ApiClient()
+        self.objects: dict[str, Any] = {}
+        self.calls: list[tuple[str, Any]] = []
+
+    def model(self, body: dict[str, Any]) -> Any:
+        deployment = self.api_client._ApiClient__deserialize(body, "V1Deployment")
+        # Nothing the client does not know was sent (it would be dropped).
+        assert self.api_client.sanitize_for_serialization(deployment) == body
+        return deployment
+
+    def read_namespaced_deployment(self, name: str, namespace: str) -> Any:
+        self.calls.append(("read", name))
+        if name not in self.objects:
+            raise NotFound
+        return self.objects[name]
+
+    def create_namespaced_deployment(self, namespace: str, body: Any) -> Any:
+        self.calls.append(("create", body))
+        self.objects[body["metadata"]["name"]] = self.model(body)
+        return self.objects[body["metadata"]["name"]]
+
+    def patch_namespaced_deployment(self, name: str, namespace: str, body: Any) -> Any:
+        self.calls.append(("patch", body))
+        self.objects[name] = self.model(body)
+        return self.objects[name]
+
+    def patch_namespaced_deployment_scale(
+        self, name: str, namespace: str, body: Any
+    ) -> Any:
+        self.calls.append(("scale", body))
+        scale = self.api_client._ApiClient__deserialize(body, "V1Scale")
+        self.objects[name].spec.replicas = scale.spec.replicas
+        return scale
+
+    def delete_namespaced_deployment(self, name: str, namespace: str) -> Any:
+        raise AssertionError("following a pool never deletes its Deployment")
+
+
+@pytest.fixture
+def pool(chat_v1: ModelVersion) -> Pool:
+    return Pool.objects.create(
+        model_id="chat-7b",
+        version=chat_v1,
+        region="eu-west",
+        min_replicas=1,
+        max_replicas=4,
+        desired_replicas=3,
+    )
+
+
+def follow(api: ClientAppsV1, template: DeploymentTemplate = TEMPLATE) -> Any:
+    return services.follow_pools_on_kubernetes(
+        actuator=KubernetesActuator(api, "serving"), region="eu-west", template=template
+    )
+
+
+def set_desired(pool: Pool, desired: int) -> None:
+    Pool.objects.filter(pk=pool.pk).update(desired_replicas=desired)
+
+
+def test_the_pool_s_deployment_is_created_at_its_target_size(pool: Pool) -> None:
+    api = ClientAppsV1()
+    assert follow(api) == {NAME: FollowAction.CREATE}
+    deployment = api.objects[NAME]
+    assert deployment.spec.replicas == 3
+    container = deployment.spec.template.spec.containers[0]
+    weights_dir = f"/weights/{pool.version.weights_hash}"
+    assert container.image == TEMPLATE.image
+    assert container.command == ["vllm"]
+    assert container.args[:2] == ["serve", weights_dir]
+    assert container.resources.limits == {"nvidia.com/gpu": "1"}
+    [mount] = [m for m in container.volume_mounts if m.name == "weights"]
+    assert (mount.mount_path, mount.sub_path) == (
+        weights_dir,
+        pool.version.weights_hash,
+    )
+    assert deployment.spec.template.spec.termination_grace_period_seconds == 600
+
+
+def test_the_deployment_scales_with_the_pool_s_target_and_only_then(
+    pool: Pool,
+) -> None:
+    api = ClientAppsV1()
+    follow(api)
+    api.calls.clear()
+    assert follow(api) == {NAME: FollowAction.NONE}
+    assert api.calls == [("read", NAME)]
+
+    set_desired(pool, 2)  # the autoscaler scaled down
+    api.calls.clear()
+    assert follow(api) == {NAME: FollowAction.SCALE}
+    assert api.calls == [("read", NAME), ("scale", {"spec": {"replicas": 2}})]
+    assert api.objects[NAME].spec.replicas == 2
+
+    set_desired(pool, 9)  # held at max_replicas, as Pool.target_replicas is
+    follow(api)
+    assert api.objects[NAME].spec.replicas == 4
+
+
+def test_a_changed_template_patches_the_whole_deployment(pool: Pool) -> None:
+    api = ClientAppsV1()
+    follow(api)
+    api.calls.clear()
+    newer = DeploymentTemplate(
+        image="vllm/vllm-openai:v0.33.0", weights_pvc="model-weights", drain_s=600
+    )
+    assert follow(api, newer) == {NAME: FollowAction.PATCH}
+    assert [call for call, _ in api.calls] == ["read", "patch"]
+    assert api.objects[NAME].spec.template.spec.containers[0].image == newer.image
+    assert api.objects[NAME].spec.replicas == 3
