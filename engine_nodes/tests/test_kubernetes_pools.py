@@ -7,9 +7,16 @@ checked against the client's own schema.
 
 from __future__ import annotations
 
+import io
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
+from django.core.management import CommandError, call_command
 
 from engine_nodes import services
 from engine_nodes.actuators import KubernetesActuator
@@ -144,3 +151,166 @@ def test_a_changed_template_patches_the_whole_deployment(pool: Pool) -> None:
     assert [call for call, _ in api.calls] == ["read", "patch"]
     assert api.objects[NAME].spec.template.spec.containers[0].image == newer.image
     assert api.objects[NAME].spec.replicas == 3
+
+
+class _ApiServer(ThreadingHTTPServer):
+    """The Deployment paths of a Kubernetes API server, in memory, over HTTP."""
+
+    deployments: dict[str, dict[str, Any]]
+    requests: list[tuple[str, str]]
+
+
+class _ApiHandler(BaseHTTPRequestHandler):
+    server: _ApiServer
+    PREFIX = "/apis/apps/v1/namespaces/serving/deployments"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _send(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> Any:
+        return json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+
+    def _route(self) -> tuple[str | None, bool]:
+        if not self.path.startswith(self.PREFIX):
+            return None, False
+        rest = self.path[len(self.PREFIX) :].split("?")[0].strip("/")
+        name, _, sub = rest.partition("/")
+        return name or None, sub == "scale"
+
+    def _missing(self, name: str) -> None:
+        self._send(
+            404,
+            {
+                "kind": "Status",
+                "status": "Failure",
+                "reason": "NotFound",
+                "code": 404,
+                "message": f'deployments.apps "{name}" not found',
+            },
+        )
+
+    def do_GET(self) -> None:
+        name, _ = self._route()
+        self.server.requests.append(("GET", self.path))
+        if name is None or name not in self.server.deployments:
+            self._missing(str(name))
+            return
+        self._send(200, self.server.deployments[name])
+
+    def do_POST(self) -> None:
+        body = self._body()
+        self.server.requests.append(("POST", self.path))
+        self.server.deployments[body["metadata"]["name"]] = body
+        self._send(201, body)
+
+    def do_PATCH(self) -> None:
+        name, is_scale = self._route()
+        body = self._body()
+        self.server.requests.append(
+            ("PATCH scale" if is_scale else "PATCH", self.headers["Content-Type"])
+        )
+        if name is None or name not in self.server.deployments:
+            self._missing(str(name))
+            return
+        deployment = self.server.deployments[name]
+        if is_scale:
+            deployment["spec"]["replicas"] = body["spec"]["replicas"]
+            self._send(200, {"kind": "Scale", "spec": body["spec"]})
+            return
+        self.server.deployments[name] = {**deployment, **body}
+        self._send(200, self.server.deployments[name])
+
+
+@pytest.fixture
+def api_server(tmp_path: Path) -> Iterator[tuple[_ApiServer, Path]]:
+    server = _ApiServer(("127.0.0.1", 0), _ApiHandler)
+    server.deployments, server.requests = {}, []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {
+                        "name": "test",
+                        "cluster": {"server": f"http://127.0.0.1:{server.server_port}"},
+                    }
+                ],
+                "users": [{"name": "test", "user": {"token": "not-a-secret"}}],
+                "contexts": [
+                    {"name": "test", "context": {"cluster": "test", "user": "test"}}
+                ],
+                "current-context": "test",
+            }
+        )
+    )
+    try:
+        yield server, kubeconfig
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_kubernetes_pools_command_follows_the_target_through_the_official_client(
+    pool: Pool, api_server: tuple[_ApiServer, Path]
+) -> None:
+    server, kubeconfig = api_server
+    argv = [
+        "kubernetes_pools",
+        "--once",
+        "--region=eu-west",
+        "--namespace=serving",
+        f"--image={TEMPLATE.image}",
+        "--weights-pvc=model-weights",
+        f"--kubeconfig={kubeconfig}",
+    ]
+    out = io.StringIO()
+    call_command(*argv, stdout=out)
+    assert out.getvalue().strip() == f"{NAME}: create"
+    assert server.deployments[NAME]["spec"]["replicas"] == 3
+
+    set_desired(pool, 2)  # the autoscaler scaled down: only the count moves
+    server.requests.clear()
+    out = io.StringIO()
+    call_command(*argv, stdout=out)
+    assert out.getvalue().strip() == f"{NAME}: scale"
+    assert [method for method, _ in server.requests] == ["GET", "PATCH scale"]
+    assert server.deployments[NAME]["spec"]["replicas"] == 2
+
+    out = io.StringIO()
+    call_command(*argv, stdout=out)
+    assert out.getvalue().strip() == f"{NAME}: none"
+
+
+def test_kubernetes_pools_command_says_what_is_wrong(
+    pool: Pool, api_server: tuple[_ApiServer, Path]
+) -> None:
+    _, kubeconfig = api_server
+    with pytest.raises(CommandError, match="--weights-pvc"):
+        call_command(
+            "kubernetes_pools",
+            "--once",
+            "--namespace=serving",
+            f"--image={TEMPLATE.image}",
+            f"--kubeconfig={kubeconfig}",
+        )
+    with pytest.raises(CommandError, match="interval"):
+        call_command(
+            "kubernetes_pools",
+            "--namespace=serving",
+            f"--image={TEMPLATE.image}",
+            "--weights-pvc=w",
+            "--interval-s=0",
+            f"--kubeconfig={kubeconfig}",
+        )

@@ -1,0 +1,120 @@
+"""``manage.py kubernetes_pools --namespace N --image I --weights-pvc P``: keep each
+pool's Deployment in this region at the pool's target, as the node agent does for
+local processes.
+
+On Kubernetes the cluster runs the replicas; this loop is the platform's side of it.
+Every ``--interval-s`` it reads the region's pools and brings each Deployment to
+its spec (``engine_nodes.services.follow_pools_on_kubernetes``): created when
+absent, patched when the manifest changed, scaled through the scale subresource
+when only the autoscaler's count moved. Draining is the pod's: its preStop hook
+and ``terminationGracePeriodSeconds`` (``--drain-s``) let streams finish.
+
+The official ``kubernetes`` client is the ``kubernetes`` extra
+(``pip install '.[kubernetes]'``); credentials come from the pod's service account
+(``--in-cluster``) or a kubeconfig (``--kubeconfig``, else the client's default).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from engine_nodes import services
+from engine_nodes.actuators import AppsV1Like, KubernetesActuator
+from engine_nodes.domain.k8s import DeploymentTemplate, FollowAction
+
+
+def apps_api(*, in_cluster: bool, kubeconfig: Path | None) -> AppsV1Like:
+    """Return the official client's ``AppsV1Api`` with the chosen credentials."""
+    try:
+        from kubernetes import client, config
+    except ImportError:
+        raise CommandError(
+            "the kubernetes client is not installed: pip install '.[kubernetes]'"
+        ) from None
+    if in_cluster:
+        config.load_incluster_config()
+    else:
+        config.load_kube_config(config_file=str(kubeconfig) if kubeconfig else None)
+    api: AppsV1Like = client.AppsV1Api()
+    return api
+
+
+class Command(BaseCommand):
+    help = (
+        "Keep every pool's Deployment in this region at the pool's target: create, "
+        "patch when its spec changed, scale when only the count moved."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--region", default=None, help="Defaults to PLATFORM_REGION."
+        )
+        parser.add_argument("--namespace", required=True)
+        parser.add_argument("--image", required=True, help="The vLLM image.")
+        weights = parser.add_mutually_exclusive_group(required=True)
+        weights.add_argument(
+            "--weights-pvc", help="A volume claim holding one directory per hash."
+        )
+        weights.add_argument(
+            "--weights-host-root",
+            help="Each GPU node's weights cache (the warm pool's directory).",
+        )
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--startup-timeout-s", type=int, default=300)
+        parser.add_argument(
+            "--drain-s",
+            type=int,
+            default=int(settings.PLATFORM_DRAIN_TIMEOUT_S),
+            help="The pods' termination grace: how long streams may finish.",
+        )
+        parser.add_argument("--interval-s", type=float, default=5.0)
+        parser.add_argument("--once", action="store_true", help="Follow once and exit.")
+        parser.add_argument("--in-cluster", action="store_true")
+        parser.add_argument("--kubeconfig", type=Path, default=None)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["interval_s"] <= 0:
+            raise CommandError("--interval-s must be positive")
+        try:
+            template = DeploymentTemplate(
+                image=options["image"],
+                weights_pvc=options["weights_pvc"],
+                weights_host_root=options["weights_host_root"],
+                port=options["port"],
+                startup_timeout_s=options["startup_timeout_s"],
+                drain_s=options["drain_s"],
+            )
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        actuator = KubernetesActuator(
+            apps_api(
+                in_cluster=options["in_cluster"], kubeconfig=options["kubeconfig"]
+            ),
+            options["namespace"],
+        )
+        region = options["region"] or settings.PLATFORM_REGION
+        stop = threading.Event()
+        if not options["once"]:
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(signum, lambda *_: stop.set())
+        while True:
+            try:
+                actions = services.follow_pools_on_kubernetes(
+                    actuator=actuator, region=region, template=template
+                )
+            except Exception as exc:  # the API or the database: try again next time
+                if options["once"]:
+                    raise CommandError(f"following pools failed: {exc}") from exc
+                self.stderr.write(f"following pools failed: {type(exc).__name__}")
+            else:
+                for name, action in sorted(actions.items()):
+                    if options["once"] or action != FollowAction.NONE:
+                        self.stdout.write(f"{name}: {action}")
+            if options["once"] or stop.wait(options["interval_s"]):
+                return
