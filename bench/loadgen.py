@@ -277,13 +277,16 @@ class Client(asyncio.Protocol):
         self._complete()
 
 
-def build_request(host: str, path: str, key: str, conv: str, body: bytes) -> bytes:
+def build_request(
+    host: str, path: str, key: str, conv: str, body: bytes, priority: str = ""
+) -> bytes:
     head = (
         f"POST {path} HTTP/1.1\r\n"
         f"host: {host}\r\n"
         f"authorization: Bearer {key}\r\n"
         f"x-conversation-id: {conv}\r\n"
-        "content-type: application/json\r\n"
+        + (f"x-priority: {priority}\r\n" if priority else "")
+        + "content-type: application/json\r\n"
         "accept: text/event-stream\r\n"
         f"content-length: {len(body)}\r\n\r\n"
     )
@@ -350,7 +353,9 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
                     separators=(",", ":"),
                 ).encode()
                 future = client.request(
-                    build_request(netloc, args.path, args.key, conv, body)
+                    build_request(
+                        netloc, args.path, args.key, conv, body, args.priority
+                    )
                 )
                 try:
                     result = await asyncio.wait_for(future, request_timeout)
@@ -455,6 +460,12 @@ def main() -> None:
     parser.add_argument("--key", default="none")
     parser.add_argument("--model", default="chat-7b")
     parser.add_argument("--max-tokens", type=int, default=300)
+    parser.add_argument(
+        "--priority",
+        choices=["", "interactive", "standard", "batch"],
+        default="",
+        help="x-priority header of every request (default: none, i.e. standard)",
+    )
     parser.add_argument("--rate", type=float, default=30.0, help="engine tokens/s")
     parser.add_argument(
         "--token-text",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import sys
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -31,6 +32,7 @@ from django.db import connection
 from django.utils import timezone
 
 from drills.seeding import (
+    VERSION_BODY,
     LimitSeed,
     ModelSeed,
     PlatformSeed,
@@ -40,6 +42,7 @@ from drills.seeding import (
     seed_platform,
     version_body,
 )
+from engine_nodes.autoscaling import set_pool_autoscaling
 from engine_nodes.local_processes import (
     Process,
     database_url,
@@ -50,6 +53,7 @@ from engine_nodes.local_processes import (
     wait_until,
 )
 from engine_nodes.models import Replica
+from models_registry.models import ModelVersion, Pool
 
 if TYPE_CHECKING:
     import openai
@@ -69,6 +73,7 @@ class LivePlatform:
     agent: Process
     prefix: str
     extra: list[Process] = field(default_factory=list)
+    worker: Process | None = None  # the Celery worker with beat (``autoscaler=True``)
 
     def client(self, team: str = "alpha", **kwargs: Any) -> openai.OpenAI:
         import openai
@@ -123,9 +128,28 @@ def platform_env(*, region: str, prefix: str, **overrides: str) -> dict[str, str
 
 @contextmanager
 def start_platform(
-    tmp: Path, *, pools: dict[str, int], canary: bool = False, **env_overrides: str
+    tmp: Path,
+    *,
+    pools: dict[str, int],
+    canary: bool = False,
+    engine_config: Mapping[str, Any] | None = None,
+    replica_tokens_in_flight: int | None = None,
+    pool_settings: Mapping[str, Any] | None = None,
+    guaranteed_shares: Mapping[str, float] | None = None,
+    autoscaler: bool = False,
+    **env_overrides: str,
 ) -> Iterator[LivePlatform]:
-    """Run a platform with ``pools`` ({version: replicas}) of chat-7b in region e2e."""
+    """Run a platform with ``pools`` ({version: replicas}) of chat-7b in region e2e.
+
+    ``engine_config`` is merged into every version's (``sim_profile``,
+    ``max_num_seqs``...); ``replica_tokens_in_flight`` is stored as every version's
+    load-tested capacity per replica (what admission and the autoscaler divide by);
+    ``pool_settings`` are autoscaling settings applied to every pool through the
+    service (``max_replicas``, windows...; checked as the API checks them);
+    ``guaranteed_shares`` ({team: share}) go into the teams' limits. With
+    ``autoscaler``, a Celery worker with beat runs too (``start_worker``), so the
+    autoscaler's tick sizes the pools; it starts once the gateway serves.
+    """
     test_name = connection.settings_dict.get("TEST", {}).get("NAME")
     name = str(connection.settings_dict["NAME"])
     if not (name.startswith("test_") or name == test_name):
@@ -143,7 +167,13 @@ def start_platform(
                     versions=tuple(
                         VersionSeed(
                             label,
-                            version_body(weights_hash=digest(f"weights {label}")),
+                            version_body(
+                                weights_hash=digest(f"weights {label}"),
+                                engine_config={
+                                    **VERSION_BODY["engine_config"],
+                                    **(engine_config or {}),
+                                },
+                            ),
                             min_replicas=count,
                             max_replicas=max(count, 1),
                         )
@@ -157,6 +187,7 @@ def start_platform(
                     model_id="chat-7b",
                     tokens_per_minute=10**9,
                     max_concurrency=10_000,
+                    guaranteed_share=(guaranteed_shares or {}).get(team, 0.0),
                 )
                 for team in teams
             ),
@@ -164,9 +195,21 @@ def start_platform(
         now=timezone.now(),
     )
     keys = dict(seeded.keys)
+    if replica_tokens_in_flight is not None:
+        ModelVersion.objects.filter(model_id="chat-7b").update(
+            load_test_tokens_in_flight=replica_tokens_in_flight
+        )
+    if pool_settings:
+        for label in pools:
+            set_pool_autoscaling(
+                model_id="chat-7b",
+                version=label,
+                region=region,
+                changes=dict(pool_settings),
+            )
     env = platform_env(region=region, prefix=prefix, **env_overrides)
     agent = start_agent(env, tmp, region=region, node="e2e-node")
-    gateway = None
+    gateway = worker = None
     try:
         total = sum(pools.values())
         wait_until(
@@ -195,12 +238,51 @@ def start_platform(
             timeout_s=30,
             message="the gateway to route to a replica",
         )
+        if autoscaler:
+            worker = platform.worker = start_worker(env, tmp, region=region)
         yield platform
     finally:
+        if worker is not None:
+            worker.stop(grace_s=10)
         if gateway is not None:
             gateway.stop()
         agent.stop(grace_s=20)
         call_command("flush", interactive=False, verbosity=0)
+
+
+def start_worker(env: dict[str, str], tmp: Path, *, region: str) -> Process:
+    """Start a Celery worker with beat (as ``make up`` does) and wait for its first
+    autoscaler tick on ``region``'s pools.
+
+    Its beat schedule file is under ``tmp``; its broker is the platform's Redis
+    under the platform's prefix (``CELERY_BROKER_TRANSPORT_OPTIONS``), so it takes
+    no other run's tasks.
+    """
+    argv = [sys.executable, "-m", "celery", "-A", "config", "worker", "-B"]
+    argv += ["--concurrency", "1", "--loglevel", "INFO"]
+    argv += ["--schedule", str(tmp / "celerybeat-schedule")]
+    worker = spawn(argv, env, tmp / "worker.log", "")
+    try:
+        wait_until(
+            lambda: (
+                all(
+                    isinstance(state, dict) and "last" in state
+                    for state in Pool.objects.filter(region=region).values_list(
+                        "autoscaler_state", flat=True
+                    )
+                )
+                or worker.popen.poll() is not None
+            ),
+            timeout_s=60,
+            interval_s=0.2,
+            message="the autoscaler's first tick",
+        )
+        if worker.popen.poll() is not None:
+            raise AssertionError(f"celery worker exited:\n{worker.log()}")
+    except BaseException:
+        worker.stop()
+        raise
+    return worker
 
 
 def can_serve(

@@ -22,11 +22,12 @@ The rules, in the order they apply:
    Starting replicas count, so a tick never adds again what is still starting.
 3. **The queue is the fast trigger** (``queue``): a queue that persisted through the
    whole short window adds at least one replica even when the averages lag (none
-   while a replica is starting: that one is what the queue waits for), and while
-   it persists nothing scales down. **Panic** (``panic``): when the short
-   window asks for at least ``panic_factor`` times the serving replicas, the pool
-   scales to it and holds (no scale-down) for a stable window after the last such
-   tick, as Knative's KPA does.
+   while a replica is starting, nor for a short window after the last one
+   joined: that one is what the queue waited for, and its backlog needs a moment
+   to drain), and while it persists nothing scales down. **Panic** (``panic``):
+   when the short window asks for at least ``panic_factor`` times the serving
+   replicas, the pool scales to it and holds (no scale-down) for a stable window
+   after the last such tick, as Knative's KPA does.
 4. **Scale down slowly** (``scale_down``): one replica at a time, at most once per
    ``scale_down_interval_s``, only when every observation in the stable window
    (``stable_window_s``, and the window must be full) kept utilisation under
@@ -223,12 +224,14 @@ class AutoscalerState:
     """What the autoscaler remembers of a pool between ticks.
 
     ``samples`` cover the last stable window (oldest first); ``panic_until`` is when
-    a panic ends unless renewed; ``last_scale_down_at`` paces scale-downs.
+    a panic ends unless renewed; ``last_scale_down_at`` paces scale-downs;
+    ``last_starting_at`` is the last tick that saw a replica starting.
     """
 
     samples: tuple[_Sample, ...] = ()
     panic_until: float | None = None
     last_scale_down_at: float | None = None
+    last_starting_at: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """Return the state as JSON-ready primitives (``from_dict`` reads them back)."""
@@ -236,6 +239,7 @@ class AutoscalerState:
             "samples": [[s.at, s.demand, s.queue_depth] for s in self.samples],
             "panic_until": self.panic_until,
             "last_scale_down_at": self.last_scale_down_at,
+            "last_starting_at": self.last_starting_at,
         }
 
     @classmethod
@@ -252,10 +256,14 @@ class AutoscalerState:
             )
             panic_until = data.get("panic_until")
             last_down = data.get("last_scale_down_at")
+            last_starting = data.get("last_starting_at")
             return cls(
                 samples=tuple(sorted(samples, key=lambda s: s.at)),
                 panic_until=None if panic_until is None else float(panic_until),
                 last_scale_down_at=None if last_down is None else float(last_down),
+                last_starting_at=(
+                    None if last_starting is None else float(last_starting)
+                ),
             )
         except (TypeError, ValueError, AttributeError):
             return cls()
@@ -324,9 +332,16 @@ def decide(
     if needed_short > current:
         desired = needed_short
         reason = Reason.PANIC if is_panic_tick else Reason.UTILISATION
-    if has_queue and desired <= current and signals.starting == 0:
+    last_starting = now if signals.starting else state.last_starting_at
+    is_settled = last_starting is None or (
+        now - last_starting >= settings.panic_window_s - _TOLERANCE
+    )
+    if has_queue and desired <= current and is_settled:
         # Not while a start is pending: it is what the queue waits for, and adding
         # one per tick would grow the pool by a replica every tick of a cold start.
+        # Nor for a short window after it joined: the queue's samples were taken
+        # while it started, the gateways count it a beat late and its backlog
+        # drains over the next moments, so the tick it joins would add another.
         desired, reason = current + 1, Reason.QUEUE
     last_down = state.last_scale_down_at
     if desired == current and not is_panicking and not has_queue and current > 0:
@@ -380,7 +395,10 @@ def decide(
         },
     )
     return decision, AutoscalerState(
-        samples=samples, panic_until=panic_until, last_scale_down_at=last_down
+        samples=samples,
+        panic_until=panic_until,
+        last_scale_down_at=last_down,
+        last_starting_at=last_starting,
     )
 
 
