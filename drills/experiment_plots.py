@@ -1,8 +1,8 @@
 """Headless plots of the fleet experiments: the routing A/B, the isolation test, the
-overload drill and the capacity test.
+overload drill, the capacity test and the autoscaling drill.
 
 Public surface: ``default_plot_path``, ``plot_routing_ab``, ``plot_isolation``,
-``plot_overload``, ``plot_capacity``.
+``plot_overload``, ``plot_capacity``, ``plot_autoscaling``.
 
 matplotlib with the Agg backend (no display); each function writes one PNG and
 returns its path, creating the folder if needed.
@@ -19,6 +19,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
 
+from drills.domain.autoscaling_drill import SHAPES, DrillOutcome, load_factor
 from drills.domain.capacity_test import CapacityAnswer
 from drills.domain.isolation_sim import NOISY_TEAM, IsolationOutcome
 from drills.domain.overload import TIERS, OverloadOutcome
@@ -27,6 +28,7 @@ from drills.domain.timeline import percentile_in_bins
 
 __all__ = [
     "default_plot_path",
+    "plot_autoscaling",
     "plot_capacity",
     "plot_isolation",
     "plot_overload",
@@ -340,5 +342,107 @@ def plot_routing_ab(
     ax.set_ylabel("highest / mean tokens in flight")
     ax.set_title("Imbalance over time, sampled every second")
     ax.legend(loc="upper right")
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+_FLEET_COLOURS = {
+    "plan": "#9467bd",
+    "fixed": "#7f7f7f",
+    "cold": "#d62728",
+    "warm": "#2ca02c",
+}
+
+
+def plot_autoscaling(outcome: DrillOutcome, path: Path, *, title: str) -> Path:
+    """Per case (a column per load shape, a line per fleet): replicas serving and
+    starting with the offered load, utilisation, and p95 TTFT per minute."""
+    scenario = outcome.scenario
+    shapes = [s for s in SHAPES if any(c.case.shape == s for c in outcome.cases)]
+    fig, axes = plt.subplots(
+        3,
+        len(shapes),
+        figsize=(6 * len(shapes), 11),
+        squeeze=False,
+        layout="constrained",
+    )
+    target = scenario.pool.target_utilisation
+    for column, shape in enumerate(shapes):
+        replicas, utilisation, ttft = axes[0][column], axes[1][column], axes[2][column]
+        cases = [c for c in outcome.cases if c.case.shape == shape]
+        for case in cases:
+            series = case.figures.series
+            colour = _FLEET_COLOURS[case.case.fleet]
+            minutes = [at / 60 for at in series.at_s]
+            replicas.step(
+                minutes,
+                series.serving,
+                where="post",
+                color=colour,
+                label=f"{case.case.fleet} serving",
+            )
+            if any(series.starting):
+                replicas.step(
+                    minutes,
+                    series.starting,
+                    where="post",
+                    color=colour,
+                    linestyle=":",
+                    label=f"{case.case.fleet} starting",
+                )
+            utilisation.plot(
+                minutes,
+                [float("nan") if u is None else u for u in series.utilisation],
+                color=colour,
+                linewidth=0.8,
+                label=case.case.fleet,
+            )
+            ttft.plot(
+                [(at + 30.0) / 60 for at in series.minute_s],
+                [float("nan") if v is None else v for v in series.ttft_p95_s],
+                color=colour,
+                marker=".",
+                label=case.case.fleet,
+            )
+        if cases:
+            at_s = cases[0].figures.series.at_s
+            offered = replicas.twinx()
+            offered.plot(
+                [at / 60 for at in at_s],
+                [load_factor(scenario, shape, at) * scenario.peak_rps for at in at_s],
+                color="black",
+                linestyle="--",
+                linewidth=0.7,
+            )
+            offered.set_ylim(bottom=0)
+            offered.set_ylabel("offered requests/s (dashed)")
+        if shape != "day":
+            for ax in (replicas, utilisation, ttft):
+                ax.axvline(
+                    scenario.change_s / 60, color="black", linewidth=0.5, linestyle=":"
+                )
+        replicas.set_ylim(bottom=0)
+        replicas.set_ylabel("replicas")
+        replicas.set_title(f"{shape}: replicas serving (solid) and starting (dotted)")
+        replicas.legend(loc="upper left", fontsize=7, ncol=2)
+        utilisation.axhline(
+            target, color="grey", linestyle="--", linewidth=0.8, label=f"{target:.0%}"
+        )
+        utilisation.set_ylim(bottom=0)
+        utilisation.set_ylabel("(in flight + queued) / serving capacity")
+        utilisation.set_title(f"{shape}: utilisation at each autoscaler tick")
+        utilisation.legend(loc="upper left", fontsize=7)
+        ttft.axhline(
+            scenario.ttft_target_s,
+            color="grey",
+            linestyle="--",
+            linewidth=0.8,
+            label=f"target {scenario.ttft_target_s:g} s",
+        )
+        ttft.set_yscale("log")
+        ttft.set_ylabel("p95 TTFT, interactive + standard (s)")
+        ttft.set_title(f"{shape}: p95 TTFT per minute")
+        ttft.set_xlabel("simulated time (minutes)")
+        ttft.legend(loc="upper left", fontsize=7)
     fig.suptitle(title)
     return _save(fig, path)

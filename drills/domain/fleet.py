@@ -1,8 +1,9 @@
 """The fleet simulator: the platform's own decisions over modelled replicas, in
 virtual time.
 
-Public surface: ``FleetPool``, ``FleetSim`` (configured by
-``drills.domain.fleet_config``, measured in ``drills.domain.fleet_result``).
+Public surface: ``FleetPool`` (from ``drills.domain.fleet_pool``), ``FleetSim``
+(configured by ``drills.domain.fleet_config``, measured in
+``drills.domain.fleet_result``).
 
 What runs is the gateway's decision code, not a copy of it:
 
@@ -20,12 +21,16 @@ What runs is the gateway's decision code, not a copy of it:
   ``models_registry.domain.capacity.pool_capacity_tokens``;
 - failures: ``routing.domain.retry_budget.RetryBudget`` (a request that lost its
   replica before its first token is retried on the next candidate within the
-  budget; one that had tokens ends with an error and is metered for them).
+  budget; one that had tokens ends with an error and is metered for them);
+- autoscaling (``FleetConfig.autoscaling``): ``engine_nodes.domain.autoscaler.
+  decide`` every 5 s, the live task's policy; new replicas join the ring after a
+  cold or warm start and scale-downs drain (``drills.domain.fleet_scaling``).
 
 Replicas are ``drills.domain.replica.FleetReplica`` (the engine's step-time model
 and vLLM's block pool, advanced a segment of steps at a time). Everything is
 deterministic for a seed: one ``random.Random`` per replica and one per team for
-its arrivals (so one team's surge leaves the others' requests unchanged), and a
+its arrivals (``drills.domain.fleet_arrivals``: one team's surge leaves the others'
+requests unchanged), and a
 heap of events ordered by (time, kind, sequence).
 
 Simplifications, each a modelling choice rather than a second policy: one gateway
@@ -38,21 +43,17 @@ from __future__ import annotations
 
 import heapq
 import math
-import random
 from collections.abc import Iterable, Iterator
 from typing import cast
 
+from drills.domain.fleet_arrivals import TeamArrivals
 from drills.domain.fleet_config import FleetConfig, FleetEvent
+from drills.domain.fleet_pool import FleetPool
 from drills.domain.fleet_result import FleetResult, Sample
+from drills.domain.fleet_scaling import FleetScaler
 from drills.domain.replica import FleetReplica, FleetRequest
-from drills.domain.workload import (
-    Arrival,
-    ChatWorkload,
-    Conversations,
-    TeamSpec,
-)
-from models_registry.domain.capacity import CapacityRecord, pool_capacity_tokens
-from routing.domain.admission import Outcome, PoolState, Verdict
+from drills.domain.workload import Arrival, ChatWorkload, TeamSpec
+from routing.domain.admission import Outcome, Verdict
 from routing.domain.admission_control import (
     AdmissionControl,
     AdmissionRequest,
@@ -84,56 +85,9 @@ _NO_CONCURRENCY_CAP = 10**9
 # What the simulator calls a refused request, by the refusal's status.
 _REFUSED = {400: "too_large", 429: "rate_limited", 503: "shed"}
 # Event kinds, in the order simultaneous events run (then by sequence).
-_WAKE, _READY, _SCENARIO, _ARRIVAL, _PUMP, _SAMPLE = range(6)
+# Autoscaling's two come last, so a run without it keeps its order exactly.
+_WAKE, _READY, _SCENARIO, _ARRIVAL, _PUMP, _SAMPLE, _SCALE, _DRAIN_END = range(8)
 _PUMP_S = 0.05  # the admission queue's tick while anything waits (as the gateway)
-
-
-class FleetPool:
-    """The simulated gateway's view of its one pool, for admission.
-
-    Load is exact and live (one gateway); capacity is the serving replicas times
-    ``replica_tokens_in_flight``. Without tiered admission (``is_tiered`` false)
-    the pool reports no state, so admission takes every request that passed its
-    team's limits straight to routing, as the gateway does for a pool it cannot
-    judge.
-    """
-
-    def __init__(
-        self,
-        serving: list[FleetReplica],
-        *,
-        replica_tokens_in_flight: int,
-        is_tiered: bool,
-    ) -> None:
-        self.serving = serving  # the simulator's list, updated as replicas come and go
-        self.replica_tokens_in_flight = replica_tokens_in_flight
-        self.is_tiered = is_tiered
-        self.in_flight = 0
-        self.team_in_flight: dict[str, int] = {}
-
-    def state(self, model: str, version: str) -> PoolState | None:
-        if not self.is_tiered:
-            return None
-        capacity = pool_capacity_tokens(
-            len(self.serving),
-            CapacityRecord(tokens_per_s=None, tokens_in_flight=None),
-            self.replica_tokens_in_flight,
-        )
-        if capacity <= 0:
-            return None
-        return PoolState(
-            capacity=capacity,
-            in_flight=self.in_flight,
-            team_in_flight=self.team_in_flight,
-        )
-
-    def take(self, model: str, version: str, team: str, tokens: int) -> None:
-        self.in_flight += tokens
-        self.team_in_flight[team] = self.team_in_flight.get(team, 0) + tokens
-
-    def give_back(self, model: str, version: str, team: str, tokens: int) -> None:
-        self.in_flight -= tokens
-        self.team_in_flight[team] -= tokens
 
 
 class FleetSim:
@@ -154,10 +108,6 @@ class FleetSim:
         self.workload = workload
         profile = config.perf_profile
         self.profile = profile
-        self._rng = random.Random(config.seed)
-        # One stream per team: changing one team's rate leaves every other team's
-        # requests exactly as they were, so scenarios compare request for request.
-        self._team_rngs: dict[str, random.Random] = {}
         self.policy = make_policy(config.policy, config.policy_options)
         self.budget = RetryBudget(
             ratio=config.retry_ratio, min_retries=config.retry_min
@@ -177,6 +127,19 @@ class FleetSim:
         self._replica_count = 0
         for _ in range(config.replicas):
             self._serve(self._new_replica())
+        # The autoscaler's bookkeeping (drills.domain.fleet_scaling), and the
+        # replicas out of the ring that still run streams.
+        self.scaler = (
+            FleetScaler(
+                config.autoscaling,
+                replica_tokens_in_flight=config.replica_tokens_in_flight,
+                gpus_per_replica=profile.gpus,
+                replicas=[replica.replica_id for replica in self.serving],
+            )
+            if config.autoscaling is not None
+            else None
+        )
+        self._draining: dict[str, FleetReplica] = {}
         self._heap: list[tuple[float, int, int, object]] = []
         self._seq = 0
         self._wake_version: dict[str, int] = {}
@@ -186,13 +149,9 @@ class FleetSim:
         self._tickets: dict[int, Ticket] = {}  # admitted, by request id
         self._pump_scheduled = False
         self._next_request_id = 0
-        self._rate_factor = 1.0
-        self._team_factor: dict[str, float] = {}
-        self._arrival_version: dict[str, int] = {}
-        self._conversations = (
-            Conversations(workload, self._rng) if workload is not None else None
+        self._arrivals = (
+            TeamArrivals(workload, config.seed) if workload is not None else None
         )
-        self._team_users = workload.team_users() if workload is not None else {}
         self._trace: Iterator[Arrival] | None = (
             iter(arrivals) if arrivals is not None else None
         )
@@ -220,7 +179,10 @@ class FleetSim:
             started_at=warmup_s,
             ended_at=end,
             block_size=self.config.block_size,
+            scaling=self.scaler.log if self.scaler is not None else None,
         )
+        if self.scaler is not None:
+            self._push(self.scaler.autoscaling.first_tick_s, _SCALE, None)
         for event in self._events:
             self._push(event.at, _SCENARIO, event)
         if self.workload is not None:
@@ -267,8 +229,15 @@ class FleetSim:
                 self._on_event(cast(FleetEvent, payload))
             elif kind == _READY:
                 replica = cast(FleetReplica, payload)
-                self._serve(replica)
-                result.events.append((at, f"replica {replica.replica_id} serving"))
+                if self.scaler is None or self.scaler.joins(replica.replica_id):
+                    self._serve(replica)
+                    result.events.append((at, f"replica {replica.replica_id} serving"))
+            elif kind == _SCALE:
+                assert self.scaler is not None
+                self._on_scale()
+                self._push(at + self.scaler.autoscaling.interval_s, _SCALE, None)
+            elif kind == _DRAIN_END:
+                self._on_drain_deadline(cast(FleetReplica, payload))
         if not counted:
             result.generated_tokens = self._generated() - generated0
             result.prefill_tokens = self._prefilled() - prefill0
@@ -329,32 +298,18 @@ class FleetSim:
         if end is not None:
             self._wake_version[replica.replica_id] = version + 1
             self._push(end, _WAKE, (replica, version + 1))
+        elif replica.replica_id in self._draining:
+            self._stop(replica)  # its last stream ended
         if finished and self._queued:
             self._pump()
 
     # -- arrivals ----------------------------------------------------------------------
 
     def _schedule_arrival(self, team: str, after: float) -> None:
-        workload = self.workload
-        assert workload is not None
-        spec = self.teams[team]
-        rate = (
-            workload.team_rate(spec)
-            * self._rate_factor
-            * self._team_factor.get(team, 1.0)
-        )
-        version = self._arrival_version.get(team, 0) + 1
-        self._arrival_version[team] = version
-        if rate <= 0:
-            return
-        at = after + self._team_rng(team).expovariate(rate)
-        self._push(at, _ARRIVAL, (team, version))
-
-    def _team_rng(self, team: str) -> random.Random:
-        rng = self._team_rngs.get(team)
-        if rng is None:
-            rng = self._team_rngs[team] = random.Random(f"{self.config.seed}:{team}")
-        return rng
+        assert self._arrivals is not None
+        drawn = self._arrivals.next_at(self.teams[team], after)
+        if drawn is not None:
+            self._push(drawn[0], _ARRIVAL, (team, drawn[1]))
 
     def _next_trace_arrival(self) -> None:
         assert self._trace is not None
@@ -370,13 +325,11 @@ class FleetSim:
                 self.teams[arrival.team] = TeamSpec(arrival.team, tier=arrival.tier)
         else:
             team, version = payload
-            if self._arrival_version.get(team) != version:
+            assert self._arrivals is not None
+            if not self._arrivals.is_current(team, version):
                 return  # the team's rate changed; a fresh arrival was drawn
             self._schedule_arrival(team, self.now)
-            users = self._team_users[team]
-            user = users.start + self._team_rng(team).randrange(len(users))
-            assert self._conversations is not None
-            arrival = self._conversations.next_request(user, self.teams[team], self.now)
+            arrival = self._arrivals.arrival(self.teams[team], self.now)
         self._next_request_id += 1
         request = FleetRequest(
             self._next_request_id,
@@ -548,16 +501,18 @@ class FleetSim:
                     (self.now, f"replica {replica.replica_id} starting")
                 )
         elif event.kind == "rate":
-            self._rate_factor = event.factor
-            for team in self.teams:
-                if team in self._team_users:
-                    self._schedule_arrival(team, self.now)
+            arrivals = self._arrivals
+            if arrivals is not None:
+                arrivals.set_factor(event.factor)
+                for team in self.teams:
+                    if arrivals.has_users(team):
+                        self._schedule_arrival(team, self.now)
             self._result.events.append((self.now, f"arrivals x{event.factor:g}"))
         elif event.kind == "team_rate":
             assert event.team is not None
-            if event.team not in self._team_users:
+            if self._arrivals is None:
                 raise ValueError(f"no team {event.team!r} in the workload")
-            self._team_factor[event.team] = event.factor
+            self._arrivals.set_team_factor(event.team, event.factor)
             self._schedule_arrival(event.team, self.now)
             self._result.events.append(
                 (self.now, f"team {event.team} x{event.factor:g}")
@@ -584,6 +539,70 @@ class FleetSim:
                 request, used=request.prompt_tokens + request.tokens_at_failure
             )
             self._end(request, "error")
+
+    # -- autoscaling -----------------------------------------------------------------------
+
+    def _on_scale(self) -> None:
+        """Call the platform's policy and converge to its desired size."""
+        scaler = self.scaler
+        assert scaler is not None and self._result is not None
+        decision = scaler.decide(
+            self.now,
+            serving=len(self.serving),
+            tokens_in_flight=self.pool.in_flight,
+            queued=self.admission.waiting(_POOL),
+        )
+        events = self._result.events
+        for _ in range(decision.desired - decision.current):
+            replica = self._new_replica()
+            start = scaler.start(replica.replica_id, self.now)
+            self._push(start.ready_at, _READY, replica)
+            kind = "warm" if start.is_warm else "cold"
+            events.append((self.now, f"replica {replica.replica_id} starting {kind}"))
+        for _ in range(decision.current - decision.desired):
+            # A start not yet serving is the cheapest to give up; else drain the
+            # replica with the least to finish.
+            cancelled = scaler.cancel_start(self.now)
+            if cancelled is not None:
+                events.append((self.now, f"replica {cancelled} cancelled"))
+            elif self.serving:
+                now = self.now
+                self._drain(
+                    min(reversed(self.serving), key=lambda r: r.tokens_in_flight(now))
+                )
+
+    def _drain(self, replica: FleetReplica) -> None:
+        """Take ``replica`` out of the ring; it stops when its streams end."""
+        assert self.scaler is not None and self._result is not None
+        self.serving.remove(replica)
+        self._draining[replica.replica_id] = replica
+        self.scaler.drain(replica.replica_id, self.now)
+        self._result.events.append((self.now, f"replica {replica.replica_id} draining"))
+        if replica.segment is None and not replica.holds():
+            self._stop(replica)
+        else:
+            deadline = self.now + self.scaler.autoscaling.drain_deadline_s
+            self._push(deadline, _DRAIN_END, replica)
+
+    def _stop(self, replica: FleetReplica, errors: int = 0) -> None:
+        assert self.scaler is not None and self._result is not None
+        del self._draining[replica.replica_id]
+        replica.alive = False
+        self.scaler.stop(replica.replica_id, self.now, errors=errors)
+        self._result.events.append((self.now, f"replica {replica.replica_id} stopped"))
+
+    def _on_drain_deadline(self, replica: FleetReplica) -> None:
+        """The drain deadline passed: what still runs ends with an error."""
+        if replica.replica_id not in self._draining:
+            return  # it stopped in time
+        cut = replica.fail(self.now)
+        for request in cut:
+            request.output_tokens = request.tokens_at_failure
+            self._give_back(
+                request, used=request.prompt_tokens + request.tokens_at_failure
+            )
+            self._end(request, "error")
+        self._stop(replica, errors=len(cut))
 
     # -- sampling ------------------------------------------------------------------------
 

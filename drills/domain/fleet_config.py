@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from drills.domain.fleet_scaling import FleetAutoscaling
 from engine_nodes.domain.perf import PROFILES, PerfProfile
 from routing.domain.admission_control import AdmissionOptions
 from routing.domain.policies import DEFAULT_POLICY_OPTIONS, PolicyOptions
@@ -24,7 +25,8 @@ class FleetConfig:
     (``PolicyOptions``, ``AdmissionOptions``; ``drills.fleet_settings`` reads the
     settings instead); ``block_size`` is the simulated
     KV block (the same memory in fewer, larger blocks is faster to simulate; hits
-    are then whole blocks of this size).
+    are then whole blocks of this size). ``autoscaling`` (None: a fixed fleet of
+    ``replicas``) runs the platform's autoscaler from ``replicas`` on.
     """
 
     replicas: int = 12
@@ -44,6 +46,7 @@ class FleetConfig:
     sample_s: float = 1.0
     jitter_cv: float = 0.04
     seed: int = 0
+    autoscaling: FleetAutoscaling | None = None
 
     def __post_init__(self) -> None:
         if self.replicas < 1:

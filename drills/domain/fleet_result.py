@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TypedDict
 
 from drills.domain.fleet_config import FleetConfig
+from drills.domain.fleet_scaling import ScalingLog
 from drills.domain.replica import FleetRequest
 from engine_nodes.domain.percentiles import percentile
 
@@ -84,7 +85,8 @@ class Sample:
 
 @dataclass(slots=True)
 class FleetResult:
-    """Requests that arrived inside the measured window, and the samples."""
+    """Requests that arrived inside the measured window, and the samples;
+    ``scaling`` is the autoscaler's log of the whole run (None without it)."""
 
     config: FleetConfig
     started_at: float
@@ -95,6 +97,7 @@ class FleetResult:
     generated_tokens: int = 0
     prefill_tokens: int = 0
     events: list[tuple[float, str]] = field(default_factory=list)
+    scaling: ScalingLog | None = None
 
     @property
     def duration_s(self) -> float:
