@@ -361,12 +361,10 @@ def compare_category(
     a = np.asarray(candidate, dtype=float)
     b = np.asarray(live, dtype=float)
     difference = float(np.mean(a - b))
-    if len(a) < 2 or np.ptp(a - b) == 0:
-        # Every pair differs by the same amount (or there is one): no spread to
-        # resample, and one item proves nothing either way.
-        low = high = difference
-        if len(a) < 2:
-            low, high = -1.0, 1.0
+    if len(a) < 2:
+        low, high = -1.0, 1.0  # one item proves nothing either way
+    elif np.ptp(a - b) == 0:
+        low = high = difference  # every pair differs alike: nothing to resample
     else:
         result = stats.bootstrap(
             (a, b),
@@ -440,11 +438,15 @@ def eval_verdict(
     ]
     if missing:
         raise ValueError(f"no score for item {missing[0]!r}")
-    use_judge = judge_verdicts is not None
-    if use_judge and (judge is None or not judge.trusted):
-        reasons.append(
-            judge.reason if judge is not None else "the judge was not checked"
-        )
+    # The judge's verdicts count only when it was checked and is trusted.
+    judged_by: Mapping[str, str] = {}
+    if judge_verdicts is not None:
+        if judge is not None and judge.trusted:
+            judged_by = judge_verdicts
+        else:
+            reasons.append(
+                judge.reason if judge is not None else "the judge was not checked"
+            )
     for category in CATEGORIES:
         in_category = [i for i in items if i.category == category]
         if not in_category:
@@ -462,22 +464,20 @@ def eval_verdict(
                 seed=seed,
             )
         )
-        if use_judge and judge is not None and judge.trusted:
-            assert judge_verdicts is not None
-            judged = [i for i in in_category if i.id in judge_verdicts]
-            if judged:
-                wins = [judge_score(judge_verdicts[i.id]) for i in judged]
-                results.append(
-                    compare_category(
-                        category,
-                        wins,
-                        [1.0 - w for w in wins],
-                        threshold=threshold,
-                        metric="judge",
-                        confidence=confidence,
-                        seed=seed,
-                    )
+        judged = [i for i in in_category if i.id in judged_by]
+        if judged:
+            wins = [judge_score(judged_by[i.id]) for i in judged]
+            results.append(
+                compare_category(
+                    category,
+                    wins,
+                    [1.0 - w for w in wins],
+                    threshold=threshold,
+                    metric="judge",
+                    confidence=confidence,
+                    seed=seed,
                 )
+            )
     reasons.extend(r.reason for r in results if not r.passed)
     passed = not reasons
     if passed:
