@@ -485,40 +485,22 @@ def pool_state(
     and starting replicas, the last tick's utilisation, panic and capacity
     exhausted, the settings and the last decisions, and warnings for an operator.
     """
-    state = services.pool_state(model_id=model_id, now=now, region=region)
-    if not state["pools"]:
-        return state
-    pools_qs = Pool.objects.filter(model_id=model_id).select_related("model", "version")
-    if region is not None:
-        pools_qs = pools_qs.filter(region=region)
-    pools_qs = pools_qs.prefetch_related(
-        "schedule",
-        Prefetch(
-            "scaling_decisions",
-            queryset=ScalingDecision.objects.order_by("-decided_at", "-id")[
-                :LAST_DECISIONS
-            ],
-            to_attr="last_decisions",
+    return services.pool_state(
+        model_id=model_id,
+        now=now,
+        region=region,
+        prefetch=(
+            "schedule",
+            Prefetch(
+                "scaling_decisions",
+                queryset=ScalingDecision.objects.order_by("-decided_at", "-id")[
+                    :LAST_DECISIONS
+                ],
+                to_attr="last_decisions",
+            ),
         ),
+        describe_pool=_pool_scaling,
     )
-    by_key = {(p.version.version, p.region): p for p in pools_qs}
-    starting: dict[tuple[str, str], int] = {}
-    for replica in state["replicas"]:
-        if replica["state"] in _NOT_COUNTED:
-            continue
-        if replica["state"] == ReplicaState.SERVING and not replica["is_silent"]:
-            continue
-        key = (replica["version"], replica["region"])
-        starting[key] = starting.get(key, 0) + 1
-    for entry in state["pools"]:
-        pool = by_key.get((entry["version"], entry["region"]))
-        if pool is not None:
-            entry.update(
-                _pool_scaling(
-                    pool, starting.get((entry["version"], entry["region"]), 0)
-                )
-            )
-    return state
 
 
 def _pool_scaling(pool: Pool, starting: int) -> dict[str, Any]:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q, Sum
+from django.db.models import Prefetch, Q, Sum
 from django.utils import timezone
 
 from engine_nodes.actuators import KubernetesActuator
@@ -379,33 +379,48 @@ def remove_replica(replica_id: str) -> None:
 
 
 def pool_state(
-    *, model_id: str, now: datetime, region: str | None = None
+    *,
+    model_id: str,
+    now: datetime,
+    region: str | None = None,
+    prefetch: Sequence[str | Prefetch[Any]] = (),
+    describe_pool: Callable[[Pool, int], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Return the seed's pool state: replicas, queue depth, tokens in flight, hit rate.
 
     Sums cover replicas that are serving and heard from within the missed-beat
-    window; every non-gone replica is listed with its state and silence.
+    window; every non-gone replica is listed with its state and silence. Each
+    pool's entry is extended with ``describe_pool(pool, starting)`` when given
+    (``starting``: the replicas the agents count that are not serving, i.e. all
+    but serving and draining ones), the pools read with ``prefetch``.
     """
     model = get_model(model_id)
     beat_s = settings.PLATFORM_HEARTBEAT_DB_S
     missed = settings.PLATFORM_MISSED_BEATS
     replicas_qs = Replica.objects.live().filter(model=model).select_related("version")
-    pools_qs = Pool.objects.filter(model=model).select_related("version")
+    pools_qs = (
+        Pool.objects.filter(model=model)
+        .select_related("version")
+        .prefetch_related(*prefetch)
+    )
     if region is not None:
         replicas_qs = replicas_qs.filter(region=region)
         pools_qs = pools_qs.filter(region=region)
     replicas = []
     serving_by_pool: dict[tuple[int, str], int] = {}
+    starting_by_pool: dict[tuple[int, str], int] = {}
     queue_depth = 0
     tokens_in_flight = 0
     for replica in replicas_qs:
         silent = is_silent(replica.last_heartbeat, now, beat_s, missed)
         is_serving = replica.state == ReplicaState.SERVING and not silent
+        key = (replica.version_id, replica.region)
         if is_serving:
             queue_depth += replica.queue_depth
             tokens_in_flight += replica.tokens_in_flight
-            key = (replica.version_id, replica.region)
             serving_by_pool[key] = serving_by_pool.get(key, 0) + 1
+        elif replica.state != ReplicaState.DRAINING:
+            starting_by_pool[key] = starting_by_pool.get(key, 0) + 1
         replicas.append(
             {
                 "replica_id": replica.replica_id,
@@ -426,26 +441,30 @@ def pool_state(
         )
     pools = []
     for pool in pools_qs:
-        serving = serving_by_pool.get((pool.version_id, pool.region), 0)
+        key = (pool.version_id, pool.region)
+        serving = serving_by_pool.get(key, 0)
         capacity = CapacityRecord(
             tokens_per_s=pool.version.load_test_tokens_per_s,
-            tokens_in_flight=pool.version.load_test_tokens_in_flight,
+            # A figure of 0 is no measurement, as admission and the autoscaler
+            # read it: the pool is sized on the default.
+            tokens_in_flight=pool.version.load_test_tokens_in_flight or None,
         )
-        pools.append(
-            {
-                "version": pool.version.version,
-                "region": pool.region,
-                "min_replicas": pool.min_replicas,
-                "max_replicas": pool.max_replicas,
-                "serving_replicas": serving,
-                "capacity_tokens_in_flight": pool_capacity_tokens(
-                    serving,
-                    capacity,
-                    settings.PLATFORM_DEFAULT_REPLICA_TOKENS_IN_FLIGHT,
-                ),
-                "capacity_is_measured": capacity.is_measured,
-            }
-        )
+        entry = {
+            "version": pool.version.version,
+            "region": pool.region,
+            "min_replicas": pool.min_replicas,
+            "max_replicas": pool.max_replicas,
+            "serving_replicas": serving,
+            "capacity_tokens_in_flight": pool_capacity_tokens(
+                serving,
+                capacity,
+                settings.PLATFORM_DEFAULT_REPLICA_TOKENS_IN_FLIGHT,
+            ),
+            "capacity_is_measured": capacity.is_measured,
+        }
+        if describe_pool is not None:
+            entry.update(describe_pool(pool, starting_by_pool.get(key, 0)))
+        pools.append(entry)
     return {
         "model": model.model,
         "region": region,

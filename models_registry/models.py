@@ -11,6 +11,7 @@ from django.db import models
 from django.db.models import Q
 
 from accounts.models import sha256_validator, slug_validator
+from models_registry.domain.capacity import CapacityRecord, replica_tokens_in_flight
 from models_registry.domain.identity import (
     IDENTITY_FIELDS,
     MAX_GPUS_PER_REPLICA,
@@ -388,10 +389,11 @@ class Pool(models.Model):
 
         A measured 0 counts as no measurement, as admission reads it.
         """
-        measured = self.version.load_test_tokens_in_flight
-        if measured:
-            return measured, False
-        return default_tokens_in_flight, True
+        capacity = CapacityRecord(
+            tokens_per_s=self.version.load_test_tokens_per_s,
+            tokens_in_flight=self.version.load_test_tokens_in_flight,
+        )
+        return replica_tokens_in_flight(capacity, default_tokens_in_flight)
 
     def scaling_problems(self, schedule: Sequence[ScheduleWindow] = ()) -> list[str]:
         """Return what is wrong with these settings and ``schedule`` (``"field: why"``)."""

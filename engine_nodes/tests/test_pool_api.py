@@ -313,3 +313,24 @@ def test_metrics_export_the_autoscalers_figures_from_the_database(
     desired = 'platform_pool_desired_replicas{model="chat-7b",region="eu",version="v1"}'
     assert f"{desired} 6.0" in text
     assert "platform_autoscaler_decisions_total" in text
+
+
+def test_pool_state_reads_a_measured_zero_as_no_measurement_throughout(
+    admin_client: APIClient, pool: Pool, settings: Settings
+) -> None:
+    # Admission and the autoscaler size such a pool on the default; so does the
+    # state, and it flags the figure as assumed rather than measured.
+    settings.PLATFORM_DEFAULT_REPLICA_TOKENS_IN_FLIGHT = 100_000
+    ModelVersion.objects.filter(pk=pool.version_id).update(
+        load_test_tokens_per_s=2_500.0, load_test_tokens_in_flight=0
+    )
+    for _ in range(2):
+        ReplicaFactory(version=pool.version, region="eu", last_heartbeat=T0)
+    with time_machine.travel(T0 + timedelta(seconds=1), tick=False):
+        [entry] = admin_client.get("/admin/pools/chat-7b/state").json()["pools"]
+    assert entry["capacity_tokens_in_flight"] == 2 * 100_000
+    assert entry["replica_tokens_in_flight"] == 100_000
+    assert (entry["capacity_is_measured"], entry["capacity_is_assumed"]) == (
+        False,
+        True,
+    )

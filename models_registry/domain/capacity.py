@@ -1,13 +1,14 @@
 """A version's measured capacity and what a pool can carry with it.
 
-Public surface: ``CapacityRecord``, ``pool_capacity_tokens``.
+Public surface: ``CapacityRecord``, ``replica_tokens_in_flight``,
+``pool_capacity_tokens``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["CapacityRecord", "pool_capacity_tokens"]
+__all__ = ["CapacityRecord", "pool_capacity_tokens", "replica_tokens_in_flight"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +22,20 @@ class CapacityRecord:
     def is_measured(self) -> bool:
         """True once the gate has saved both figures."""
         return self.tokens_per_s is not None and self.tokens_in_flight is not None
+
+
+def replica_tokens_in_flight(
+    capacity: CapacityRecord, default_tokens_in_flight: int
+) -> tuple[int, bool]:
+    """Return the tokens in flight one replica carries, and whether that is
+    ``default_tokens_in_flight`` (assumed: no load test has measured it).
+
+    A figure of 0 is no measurement here, as admission reads it (it passes
+    ``measured or None``), so that a pool is sized on the default.
+    """
+    if capacity.tokens_in_flight:
+        return capacity.tokens_in_flight, False
+    return default_tokens_in_flight, True
 
 
 def pool_capacity_tokens(

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from models_registry.domain.capacity import CapacityRecord, pool_capacity_tokens
+from models_registry.domain.capacity import (
+    CapacityRecord,
+    pool_capacity_tokens,
+    replica_tokens_in_flight,
+)
 
 UNMEASURED = CapacityRecord(tokens_per_s=None, tokens_in_flight=None)
 MEASURED = CapacityRecord(tokens_per_s=2_500.0, tokens_in_flight=32_000)
@@ -53,3 +57,18 @@ def test_pool_capacity_tokens_never_negative_for_negative_default() -> None:
 def test_pool_capacity_tokens_scales_linearly_with_replicas() -> None:
     one = pool_capacity_tokens(1, MEASURED, default_tokens_in_flight=8_000)
     assert pool_capacity_tokens(5, MEASURED, default_tokens_in_flight=8_000) == 5 * one
+
+
+@pytest.mark.parametrize(
+    ("record", "expected"),
+    [
+        (MEASURED, (32_000, False)),
+        (UNMEASURED, (110_000, True)),
+        # A figure of 0 is no measurement, as admission reads it.
+        (CapacityRecord(tokens_per_s=2_500.0, tokens_in_flight=0), (110_000, True)),
+    ],
+)
+def test_one_replica_carries_its_measured_figure_or_the_assumed_default(
+    record: CapacityRecord, expected: tuple[int, bool]
+) -> None:
+    assert replica_tokens_in_flight(record, 110_000) == expected
