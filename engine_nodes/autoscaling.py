@@ -7,7 +7,7 @@ Public surface: ``autoscale_region``, ``pool_signals``, ``scaling_settings``,
 
 The policy is ``engine_nodes.domain.autoscaler.decide`` (the same function the fleet
 simulator runs in virtual time). Per pool of the region, each tick (the Celery beat
-task ``engine_nodes.autoscale``, every ``PLATFORM_AUTOSCALE_INTERVAL_S``):
+task ``engine_nodes.autoscale_pools``, every ``PLATFORM_AUTOSCALE_INTERVAL_S``):
 
 1. **Signals.** Serving and starting replicas from the ``Replica`` rows (serving:
    state serving and heard from within the missed-beat window; starting: every
@@ -71,7 +71,6 @@ from engine_nodes.models import Replica, ScalingDecision
 from metering.metrics import PoolScalingFigures
 from models_registry.domain.scaling import (
     problem_field,
-    scaling_problems,
     schedule_rule_problems,
 )
 from models_registry.models import SCALING_FIELDS, Pool, PoolSchedule
@@ -346,7 +345,7 @@ def _tick(
     source: str,
 ) -> TickResult | None:
     """Decide one pool and write the outcome; None when another writer won."""
-    stored = pool.autoscaler_state if isinstance(pool.autoscaler_state, dict) else {}
+    stored = pool.stored_state()
     state = AutoscalerState.from_dict(stored.get("state") or {})
     decision, state = decide(policy, state, signals)
     target = pool.target_replicas
@@ -505,9 +504,10 @@ def pool_state(
 
 def _pool_scaling(pool: Pool, starting: int) -> dict[str, Any]:
     per_replica, is_assumed = replica_capacity(pool)
-    stored = pool.autoscaler_state if isinstance(pool.autoscaler_state, dict) else {}
-    last = stored.get("last") or {}
-    signals = last.get("signals") or {}
+    last = pool.last_tick()
+    signals = last.get("signals")
+    if not isinstance(signals, dict):
+        signals = {}
     is_exhausted = bool(last.get("is_capacity_exhausted"))
     warnings = []
     if is_exhausted:
@@ -576,10 +576,8 @@ def pool_figures(
     )
     figures = []
     for pool in pools:
-        stored = (
-            pool.autoscaler_state if isinstance(pool.autoscaler_state, dict) else {}
-        )
-        last = stored.get("last") or {}
+        stored = pool.stored_state()
+        last = pool.last_tick()
         replicas = counts.get(pool.version_id, _Replicas())
         _, is_assumed = replica_capacity(pool)
         figures.append(
@@ -643,9 +641,7 @@ def set_pool_autoscaling(
                 raise InvalidRequest(
                     f"schedule[{index}].{problem}", param=f"schedule.{index}.{field}"
                 )
-        problems = scaling_problems(
-            **{name: getattr(pool, name) for name in SCALING_FIELDS}, schedule=rows
-        )
+        problems = pool.scaling_problems(rows)
         if problems:
             raise InvalidRequest(problems[0], param=problem_field(problems[0]))
         # Only the settings: desired_replicas and the state are the autoscaler's.

@@ -422,13 +422,13 @@ class PoolAdmin(admin.ModelAdmin):
 
     @admin.display(description="utilisation")
     def utilisation(self, obj: Pool) -> str:
-        value = _last(obj).get("utilisation")
+        value = obj.last_tick().get("utilisation")
         return "—" if value is None else f"{value:.0%}"
 
     @admin.display(description="warnings")
     def warnings(self, obj: Pool) -> str:
         flags = []
-        if _last(obj).get("is_capacity_exhausted"):
+        if obj.last_tick().get("is_capacity_exhausted"):
             flags.append("capacity exhausted")
         if _capacity(obj)[1]:
             flags.append("capacity assumed")
@@ -438,7 +438,7 @@ class PoolAdmin(admin.ModelAdmin):
     def autoscaler(self, obj: Pool) -> str:
         if obj.pk is None:
             return "—"
-        last = _last(obj)
+        last = obj.last_tick()
         signals = last.get("signals") or {}
         per_replica, is_assumed = _capacity(obj)
         rows: list[tuple[str, str]] = [
@@ -508,12 +508,6 @@ class PoolAdmin(admin.ModelAdmin):
         )
 
 
-def _last(pool: Pool) -> dict[str, Any]:
-    stored = pool.autoscaler_state if isinstance(pool.autoscaler_state, dict) else {}
-    last = stored.get("last")
-    return last if isinstance(last, dict) else {}
-
-
 def _capacity(pool: Pool) -> tuple[int, bool]:
     return pool.replica_capacity(settings.PLATFORM_DEFAULT_REPLICA_TOKENS_IN_FLIGHT)
 
@@ -525,7 +519,7 @@ def _percent(value: float | None) -> str:
 def _pool_warnings(pool: Pool) -> list[str]:
     """Return what an operator of the pool should know: capacity exhausted or assumed."""
     found = []
-    if _last(pool).get("is_capacity_exhausted"):
+    if pool.last_tick().get("is_capacity_exhausted"):
         found.append(
             f"{pool}: capacity exhausted. The autoscaler wants more replicas than "
             f"the nodes of {pool.region} have GPUs for."

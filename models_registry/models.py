@@ -395,6 +395,15 @@ class Pool(models.Model):
         )
         return replica_tokens_in_flight(capacity, default_tokens_in_flight)
 
+    def stored_state(self) -> dict[str, Any]:
+        """Return ``autoscaler_state`` as a dict ({} when it holds anything else)."""
+        return self.autoscaler_state if isinstance(self.autoscaler_state, dict) else {}
+
+    def last_tick(self) -> dict[str, Any]:
+        """Return what the autoscaler's last tick saw and decided ({} before one)."""
+        last = self.stored_state().get("last")
+        return last if isinstance(last, dict) else {}
+
     def scaling_problems(self, schedule: Sequence[ScheduleWindow] = ()) -> list[str]:
         """Return what is wrong with these settings and ``schedule`` (``"field: why"``)."""
         return scaling_problems(

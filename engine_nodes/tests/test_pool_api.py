@@ -334,3 +334,18 @@ def test_pool_state_reads_a_measured_zero_as_no_measurement_throughout(
         False,
         True,
     )
+
+
+@pytest.mark.parametrize(
+    "stored", ["junk", {"last": "x"}, {"last": {"signals": [1, 2]}}, {"state": 3}]
+)
+def test_pool_state_and_metrics_survive_a_stored_state_of_another_shape(
+    admin_client: APIClient, pool: Pool, stored: Any
+) -> None:
+    Pool.objects.filter(pk=pool.pk).update(autoscaler_state=stored)
+    response = admin_client.get("/admin/pools/chat-7b/state")
+    assert response.status_code == 200
+    [entry] = response.json()["pools"]
+    assert entry["last_reason"] is None and entry["autoscaler_queue_depth"] is None
+    [figures] = autoscaling.pool_figures(region="eu")
+    assert figures.utilisation is None and figures.decisions == {}
