@@ -142,46 +142,6 @@ def free_gpus(
     return free
 
 
-def node_states(*, now: datetime, region: str | None = None) -> list[dict[str, Any]]:
-    """Return each node as its agent last reported it: GPUs, free GPUs, warm versions.
-
-    ``warm_versions`` are the ``model@version`` refs whose verified weights lie on
-    the node's disk (a replica of one starts there with only load and warm-up);
-    ``gpus_free`` is what ``free_gpus`` counts for a live node (0 for a silent one).
-    """
-    beat_s = settings.PLATFORM_HEARTBEAT_DB_S
-    missed = settings.PLATFORM_MISSED_BEATS
-    nodes_qs = Node.objects.prefetch_related("warm_versions")
-    if region is not None:
-        nodes_qs = nodes_qs.filter(region=region)
-    nodes = list(nodes_qs)
-    used: dict[tuple[str, str], int] = {}
-    for row in (
-        Replica.objects.live()
-        .filter(node__in={n.name for n in nodes})
-        .values("region", "node")
-        .annotate(gpus=Sum("version__gpus_per_replica"))
-    ):
-        used[row["region"], row["node"]] = int(row["gpus"] or 0)
-    states = []
-    for node in nodes:
-        silent = is_silent(node.last_beat, now, beat_s, missed)
-        states.append(
-            {
-                "node": node.name,
-                "region": node.region,
-                "gpus": node.gpus,
-                "gpus_free": 0
-                if silent
-                else max(0, node.gpus - used.get((node.region, node.name), 0)),
-                "is_silent": silent,
-                "last_beat": node.last_beat.isoformat(),
-                "warm_versions": sorted(v.ref for v in node.warm_versions.all()),
-            }
-        )
-    return states
-
-
 def replica_url(host: str, port: int) -> str:
     """Return the base URL of a replica's OpenAI server."""
     return f"http://{host}:{port}"

@@ -108,38 +108,3 @@ def test_record_node_beat_updates_the_row_and_warm_versions_only_when_given(
     )
     assert list(Node.objects.get().warm_versions.all()) == [chat_v2]
     assert list(chat_v2.warm_nodes.all()) == [node]
-
-
-def test_node_states_list_each_node_s_free_gpus_and_warm_versions(
-    chat_v1: ModelVersion, chat_v2: ModelVersion
-) -> None:
-    services.record_node_beat(
-        node="a", region="eu", gpus=4, now=T0, warm_version_ids=[chat_v1.pk, chat_v2.pk]
-    )
-    services.record_node_beat(
-        node="b", region="eu", gpus=2, now=T0 - timedelta(seconds=10)
-    )
-    services.record_node_beat(node="c", region="us", gpus=8, now=T0)
-    ReplicaFactory.create(version=chat_v2, region="eu", node="a")
-    states = services.node_states(now=T0, region="eu")
-    assert states == [
-        {
-            "node": "a",
-            "region": "eu",
-            "gpus": 4,
-            "gpus_free": 2,
-            "is_silent": False,
-            "last_beat": T0.isoformat(),
-            "warm_versions": ["chat-7b@v1", "chat-7b@v2"],
-        },
-        {
-            "node": "b",
-            "region": "eu",
-            "gpus": 2,
-            "gpus_free": 0,
-            "is_silent": True,
-            "last_beat": (T0 - timedelta(seconds=10)).isoformat(),
-            "warm_versions": [],
-        },
-    ]
-    assert [s["node"] for s in services.node_states(now=T0)] == ["a", "b", "c"]
