@@ -2,7 +2,7 @@
 simulator with the platform's autoscaler.
 
 Public surface: ``SHAPES``, ``FLEETS``, ``DrillScenario``, ``Case``, ``CaseOutcome``,
-``DayComparison``, ``Check``, ``DrillOutcome``, ``SeedArithmetic``,
+``DayComparison``, ``DrillOutcome``, ``SeedArithmetic``,
 ``pool_settings``, ``seed_arithmetic``, ``load_factor``, ``settled_replicas``,
 ``run_drill``.
 
@@ -61,7 +61,7 @@ from drills.domain.fleet import FleetSim
 from drills.domain.fleet_config import FleetConfig, FleetEvent
 from drills.domain.fleet_result import FleetResult
 from drills.domain.fleet_scaling import ColdStart, FleetAutoscaling
-from drills.domain.overload import DEFAULT_TEAMS
+from drills.domain.overload import DEFAULT_TEAMS, Check
 from drills.domain.scaling_figures import CaseFigures, measure_case
 from drills.domain.workload import ChatWorkload
 from engine_nodes.domain.autoscaler import ScalingSettings
@@ -71,7 +71,6 @@ __all__ = [
     "SHAPES",
     "Case",
     "CaseOutcome",
-    "Check",
     "DayComparison",
     "DrillOutcome",
     "DrillScenario",
@@ -244,7 +243,12 @@ class CaseOutcome:
 
 
 def _autoscaling(
-    scenario: DrillScenario, case: Case, settings: ScalingSettings, replicas: int
+    scenario: DrillScenario,
+    case: Case,
+    settings: ScalingSettings,
+    replicas: int,
+    *,
+    gpus_per_replica: int,
 ) -> FleetAutoscaling:
     if case.fleet in _PINNED:
         settings = replace(
@@ -259,7 +263,8 @@ def _autoscaling(
         settings=settings,
         cold_start=scenario.cold_start,
         warm_nodes=scenario.warm_nodes if case.fleet == "warm" else 0,
-        gpu_budget=settings.max_replicas,
+        # The region's GPUs: room for the pool's largest size, in GPUs.
+        gpu_budget=settings.max_replicas * gpus_per_replica,
         first_tick_s=_SETTLE_S,
     )
 
@@ -301,7 +306,13 @@ def settled_replicas(
 def _run_case(
     config: FleetConfig, scenario: DrillScenario, case: Case, replicas: int
 ) -> CaseOutcome:
-    autoscaling = _autoscaling(scenario, case, scenario.pool, replicas)
+    autoscaling = _autoscaling(
+        scenario,
+        case,
+        scenario.pool,
+        replicas,
+        gpus_per_replica=config.perf_profile.gpus,
+    )
     sim = FleetSim(
         replace(config, admission=True, replicas=replicas, autoscaling=autoscaling),
         replace(scenario.workload, arrival_rate=scenario.peak_rps),
@@ -418,18 +429,6 @@ class DayComparison:
             "reference_batch_shed": self.reference_batch_shed,
             "passed": self.passed,
         }
-
-
-@dataclass(frozen=True, slots=True)
-class Check:
-    """One of the issue's targets, judged on the drill's output."""
-
-    name: str
-    passed: bool
-    detail: str
-
-    def as_dict(self) -> dict[str, object]:
-        return {"name": self.name, "passed": self.passed, "detail": self.detail}
 
 
 @dataclass(frozen=True, slots=True)

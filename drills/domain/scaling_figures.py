@@ -136,14 +136,14 @@ def measure_case(
     reached = next(
         (t.decision.at for t, n in zip(ticks, serving, strict=True) if n == peak), None
     )
+    by_tier = result.by("tier")
+    groups = [(tier, by_tier.get(tier)) for tier in _TIERS]
     return CaseFigures(
         requests=len(requests),
-        tier_requests={
-            tier: sum(1 for r in requests if r.tier == tier) for tier in _TIERS
-        },
-        shed={tier: _count(requests, tier, "shed") for tier in _TIERS},
-        rate_limited={tier: _count(requests, tier, "rate_limited") for tier in _TIERS},
-        errors=sum(1 for r in requests if r.outcome in ("error", "no_replica")),
+        tier_requests={t: g["requests"] if g else 0 for t, g in groups},
+        shed={t: g["shed"] if g else 0 for t, g in groups},
+        rate_limited={t: g["rate_limited"] if g else 0 for t, g in groups},
+        errors=sum(g["error"] + g["no_replica"] for g in by_tier.values()),
         first_serving_s=None
         if first is None or change_s is None
         else first.ready_at - change_s,
@@ -181,10 +181,6 @@ def measure_case(
             ttft_p95_s=tuple(None if p is None else min(p, 1e3) for p in per_minute),
         ),
     )
-
-
-def _count(requests: Sequence[FleetRequest], tier: str, outcome: str) -> int:
-    return sum(1 for r in requests if r.tier == tier and r.outcome == outcome)
 
 
 def _utilisation(signals: dict[str, float], per_replica: int) -> float | None:

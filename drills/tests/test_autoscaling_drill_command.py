@@ -90,13 +90,14 @@ def test_the_figures_are_sane(drill: tuple[dict[str, Any], Path]) -> None:
         assert case["gpu_hours"] >= case["warm_gpu_hours"] >= 0
         assert case["requests"] == sum(case["tier_requests"].values()) > 0
     # A warm start serves in 44 s at the earliest, a cold one in 312 s.
+    # Both autoscaled fleets scale up here (seed 3: 2 starts each).
     warm = cases["warm"]
-    if warm["starts"]:
-        assert warm["first_serving_s"] >= 44
-        assert warm["warm_gpu_hours"] > 0
+    assert warm["starts"] > 0
+    assert warm["first_serving_s"] >= 44
+    assert warm["warm_gpu_hours"] > 0
     cold = cases["cold"]
-    if cold["starts"]:
-        assert cold["first_serving_s"] >= 312
+    assert cold["starts"] > 0
+    assert cold["first_serving_s"] >= 312
     arithmetic = data["seed_arithmetic"]
     assert round(arithmetic["utilisation_on_arrival"], 2) == 0.94
     assert arithmetic["passed"] is True
@@ -106,7 +107,8 @@ def test_the_figures_are_sane(drill: tuple[dict[str, Any], Path]) -> None:
         "doubling_warm_sheds_no_interactive",
         "doubling_warm_ttft_back_within_2_min",
     ]
-    assert data["passed"] == all(check["passed"] for check in data["checks"])
+    assert [check["passed"] for check in data["checks"]] == [True, True, True]
+    assert data["passed"] is True
 
 
 def test_a_missed_target_says_why_and_exits_non_zero(tmp_path: Path) -> None:

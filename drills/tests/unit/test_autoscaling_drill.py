@@ -289,7 +289,9 @@ def test_the_drill_runs_every_case_and_judges_the_targets(tiny_drill: Any) -> No
         "ramp_cold_no_minute_outside",
         "ramp_warm_no_minute_outside",
     ]
-    assert tiny_drill.passed == all(c.passed for c in tiny_drill.checks)
+    # The tiny fleet's cold ramp has a minute outside the target; the rest hold.
+    assert [c.passed for c in tiny_drill.checks] == [True, True, True, False, True]
+    assert tiny_drill.passed is False
     assert tiny_drill.days == ()  # no day case run
     for check in tiny_drill.checks[1:]:
         assert any(ch.isdigit() for ch in check.detail), check  # says why in numbers
