@@ -366,8 +366,9 @@ class SeedArithmetic:
 
 def seed_arithmetic(cold_start: ColdStart) -> SeedArithmetic:
     """Return the capacity plan's autoscaling figures (the seed's 0.94)."""
-    figures = plan(Scenario())
-    cold = Scenario().cold_start
+    scenario = Scenario()
+    figures = plan(scenario)
+    cold = scenario.cold_start
     return SeedArithmetic(
         scale_at=cold.scale_at,
         growth_per_minute=cold.growth_per_minute,

@@ -43,6 +43,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from drills.domain.capacity_plan import Scenario
 from engine_nodes.domain.autoscaler import (
     AutoscalerState,
     PoolSignals,
@@ -63,17 +64,20 @@ __all__ = [
 ]
 
 _UNBOUNDED_GPUS = 10**6
+# The capacity plan's figures are the seed's: its cold start and the 7B's weights.
+_PLAN = Scenario()
 
 
 @dataclass(frozen=True, slots=True)
 class ColdStart:
-    """The seed's cold-start sum (``drills.domain.capacity_plan.ColdStart`` inputs)."""
+    """The seed's cold-start sum; its defaults are the capacity plan's
+    (``drills.domain.capacity_plan.ColdStart`` and the chat model's weights)."""
 
-    node_start_s: float = 240.0
-    weights_gb: float = 14.0
-    disk_gb_per_s: float = 0.5
-    load_gb_per_s: float = 1.0
-    warmup_s: float = 30.0
+    node_start_s: float = float(_PLAN.cold_start.node_start_s)
+    weights_gb: float = float(_PLAN.model.weights_gb)
+    disk_gb_per_s: float = float(_PLAN.cold_start.disk_gb_per_s)
+    load_gb_per_s: float = float(_PLAN.cold_start.load_gb_per_s)
+    warmup_s: float = float(_PLAN.cold_start.warmup_s)
 
     def __post_init__(self) -> None:
         if min(self.node_start_s, self.weights_gb, self.warmup_s) < 0:
@@ -160,12 +164,9 @@ class Drain:
 
 @dataclass(frozen=True, slots=True)
 class ScalingTick:
-    """One call of the policy, and the pool around it."""
+    """One call of the policy (its signals are the pool around it)."""
 
     decision: ScalingDecision
-    draining: int
-    warm_ready: int
-    warm_provisioning: int
 
 
 @dataclass(slots=True)
@@ -235,14 +236,6 @@ class FleetScaler:
         for _ in range(autoscaling.warm_nodes):
             self._warm_ready.append(self._open("warm", 0.0))
 
-    @property
-    def starting(self) -> int:
-        return len(self._starting)
-
-    @property
-    def draining(self) -> int:
-        return len(self._draining)
-
     # -- the policy ----------------------------------------------------------------------
 
     def decide(
@@ -270,14 +263,7 @@ class FleetScaler:
             free_gpus=max(0, autoscaling.gpu_budget - alive * self.gpus_per_replica),
         )
         decision, self._state = decide(autoscaling.settings, self._state, signals)
-        self.log.ticks.append(
-            ScalingTick(
-                decision=decision,
-                draining=len(self._draining),
-                warm_ready=len(self._warm_ready),
-                warm_provisioning=len(self._provisioning),
-            )
-        )
+        self.log.ticks.append(ScalingTick(decision=decision))
         return decision
 
     # -- what the simulator did ------------------------------------------------------------
