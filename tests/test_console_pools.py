@@ -104,7 +104,9 @@ def test_console_refuses_settings_the_api_refuses_on_their_field(
     assert response.status_code == 200  # the form again, with its errors
     errors = response.context["adminform"].form.errors
     assert field in errors, errors
-    assert Pool.objects.get(pk=pool.pk).max_replicas == 10
+    stored = Pool.objects.get(pk=pool.pk)
+    assert getattr(stored, field) == getattr(pool, field)  # nothing was saved
+    assert stored.max_replicas == 10
 
 
 def test_console_saves_settings_and_schedule_and_leaves_the_autoscalers_columns(

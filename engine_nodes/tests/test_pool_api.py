@@ -145,6 +145,7 @@ def test_put_autoscaling_changes_what_it_names_and_replaces_the_schedule(
 def test_put_autoscaling_refuses_settings_that_make_no_sense(
     admin_client: APIClient, pool: Pool, body: dict[str, Any], param: str
 ) -> None:
+    before = autoscaling.autoscaling_dict(pool)
     response = admin_client.put(URL, body, format="json")
 
     assert response.status_code == 400, response.content
@@ -153,6 +154,7 @@ def test_put_autoscaling_refuses_settings_that_make_no_sense(
     assert error["param"] == param
     stored = Pool.objects.get(pk=pool.pk)
     assert (stored.min_replicas, stored.target_utilisation) == (1, 0.7)
+    assert autoscaling.autoscaling_dict(stored) == before  # nothing was saved
 
 
 def test_autoscaling_of_an_unknown_pool_or_malformed_names(
