@@ -7,7 +7,8 @@ The rules a client can break are checked here once, before any view runs, and
 documented from the same constants, so the schema (``GET /admin/schema``) says
 what the API refuses:
 
-- path names (``{team}``, ``{model}``) follow the slug rule (``accounts.domain.names``):
+- path names (``{team}``, ``{model}``, ``{region}``) follow the slug rule
+  (``accounts.domain.names``), ``{version}`` the label rule (``v1``, ``v2``, ...):
   a malformed one is a 400 naming it, a well-formed unknown one a 404;
 - a body is parsed by ``config.parsers.BodyParser`` (bounded, no NUL): a 400
   naming the field otherwise;
@@ -17,7 +18,8 @@ what the API refuses:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from drf_spectacular.openapi import AutoSchema
@@ -28,6 +30,8 @@ from rest_framework.views import APIView
 
 from accounts.domain.names import SLUG_PATTERN, SLUG_RULE, is_valid_slug
 from config.errors import InvalidRequest
+from config.fields import LabelField
+from models_registry.domain.identity import VERSION_PATTERN, is_valid_version_label
 
 __all__ = [
     "PATH_NAMES",
@@ -39,11 +43,32 @@ __all__ = [
     "validated",
 ]
 
-# The path variables that name a slug, and how the schema describes them.
-PATH_NAMES: Mapping[str, str] = {
-    "team": "A team's slug.",
-    "model": "A model's name.",
-    "region": "A region's name.",
+
+@dataclass(frozen=True, slots=True)
+class PathName:
+    """A path variable's rule: what it says, the pattern and the check."""
+
+    description: str
+    rule: str
+    pattern: str
+    is_valid: Callable[[str], bool]
+
+
+def _slug(description: str) -> PathName:
+    return PathName(description, SLUG_RULE, SLUG_PATTERN, is_valid_slug)
+
+
+# The path variables, checked before any view runs and documented from the same.
+PATH_NAMES: Mapping[str, PathName] = {
+    "team": _slug("A team's slug."),
+    "model": _slug("A model's name."),
+    "region": _slug("A region's name."),
+    "version": PathName(
+        "A version:",
+        rule=LabelField.rule,
+        pattern=VERSION_PATTERN,
+        is_valid=is_valid_version_label,
+    ),
 }
 
 
@@ -74,10 +99,10 @@ class ControlPlaneView(APIView):
 
     def initial(self, request: Any, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)
-        for name in PATH_NAMES:
+        for name, path_name in PATH_NAMES.items():
             value = kwargs.get(name)
-            if value is not None and not is_valid_slug(value):
-                raise InvalidRequest(f"{name} must be {SLUG_RULE}", param=name)
+            if value is not None and not path_name.is_valid(value):
+                raise InvalidRequest(f"{name} must be {path_name.rule}", param=name)
 
 
 class ErrorDetailSerializer(serializers.Serializer):
@@ -114,15 +139,15 @@ class ControlPlaneSchema(AutoSchema):
 
     def get_override_parameters(self) -> list[Any]:
         parameters = list(super().get_override_parameters())
-        for name, description in PATH_NAMES.items():
+        for name, path_name in PATH_NAMES.items():
             if f"{{{name}}}" in self.path:
                 parameters.append(
                     OpenApiParameter(
                         name,
                         OpenApiTypes.STR,
                         OpenApiParameter.PATH,
-                        description=f"{description} {SLUG_RULE}.",
-                        pattern=openapi_pattern(SLUG_PATTERN),
+                        description=f"{path_name.description} {path_name.rule}.",
+                        pattern=openapi_pattern(path_name.pattern),
                     )
                 )
         return parameters

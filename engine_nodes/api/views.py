@@ -16,16 +16,6 @@ from engine_nodes.api.serializers import (
     AutoscalingSerializer,
     PoolStateSerializer,
 )
-from models_registry.domain.identity import VERSION_PATTERN, is_valid_version_label
-
-_VERSION_RULE = "labelled v1, v2, ..."
-_VERSION_PARAMETER = OpenApiParameter(
-    "version",
-    str,
-    OpenApiParameter.PATH,
-    description=f"The pool's version: {_VERSION_RULE}",
-    pattern=openapi_pattern(VERSION_PATTERN),
-)
 
 
 class PoolStateView(ControlPlaneView):
@@ -59,28 +49,17 @@ class PoolAutoscalingView(ControlPlaneView):
     to change (the others keep their values; ``schedule`` replaces the rows).
     """
 
-    @extend_schema(
-        parameters=[_VERSION_PARAMETER], responses={200: AutoscalingOutSerializer}
-    )
+    @extend_schema(responses={200: AutoscalingOutSerializer})
     def get(self, request: Request, model: str, version: str, region: str) -> Response:
-        _check_version(version)
         pool = autoscaling.get_pool(model_id=model, version=version, region=region)
         return Response(autoscaling.autoscaling_dict(pool))
 
     @extend_schema(
-        parameters=[_VERSION_PARAMETER],
-        request=AutoscalingSerializer,
-        responses={200: AutoscalingOutSerializer},
+        request=AutoscalingSerializer, responses={200: AutoscalingOutSerializer}
     )
     def put(self, request: Request, model: str, version: str, region: str) -> Response:
-        _check_version(version)
         body = validated(AutoscalingSerializer, request.data)
         pool = autoscaling.set_pool_autoscaling(
             model_id=model, version=version, region=region, changes=body
         )
         return Response(autoscaling.autoscaling_dict(pool))
-
-
-def _check_version(version: str) -> None:
-    if not is_valid_version_label(version):
-        raise InvalidRequest(f"version must be {_VERSION_RULE}", param="version")
