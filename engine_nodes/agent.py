@@ -672,18 +672,13 @@ def spec_builder(*, warm_pool: WarmPool) -> Callable[[Replica, int], ReplicaSpec
     def build(replica: Replica, port: int) -> ReplicaSpec:
         version = replica.version
         weights_dir = warm_pool.local_dir(weights_ref(version))
-        return ReplicaSpec(
+        return services.replica_spec(
+            version,
+            model_id=replica.model_id,
             replica_id=replica.replica_id,
-            model=replica.model_id,
-            version=version.version,
-            served_model_name=replica.model_id,
-            precision=version.precision,
-            gpus_per_replica=version.gpus_per_replica,
-            engine_config=version.engine_config,
             weights_dir=str(weights_dir) if weights_dir is not None else "",
             host=replica.url.split("://", 1)[1].rsplit(":", 1)[0],
             port=port,
-            max_model_len=version.engine_config.get("max_model_len"),
         )
 
     return build

@@ -242,6 +242,35 @@ def pool_versions(*, region: str) -> list[ModelVersion]:
     )
 
 
+def replica_spec(
+    version: ModelVersion,
+    *,
+    model_id: str,
+    replica_id: str,
+    weights_dir: str,
+    host: str,
+    port: int,
+) -> ReplicaSpec:
+    """Return how to start one replica of ``version``, served as ``model_id``.
+
+    Raises:
+        ValueError: a field the spec refuses (``ReplicaSpec``'s invariants).
+    """
+    return ReplicaSpec(
+        replica_id=replica_id,
+        model=model_id,
+        version=version.version,
+        served_model_name=model_id,
+        precision=version.precision,
+        gpus_per_replica=version.gpus_per_replica,
+        engine_config=version.engine_config,
+        weights_dir=weights_dir,
+        host=host,
+        port=port,
+        max_model_len=version.engine_config.get("max_model_len"),
+    )
+
+
 def kubernetes_pool_spec(pool: Pool, template: DeploymentTemplate) -> PoolSpec:
     """Return the Deployment spec of ``pool``: ``vllm serve`` at its target size.
 
@@ -254,18 +283,13 @@ def kubernetes_pool_spec(pool: Pool, template: DeploymentTemplate) -> PoolSpec:
     """
     version = pool.version
     weights_dir = template.weights_dir(version.weights_hash)
-    replica = ReplicaSpec(
+    replica = replica_spec(
+        version,
+        model_id=pool.model_id,
         replica_id=deployment_name(pool.model_id, version.version, pool.region),
-        model=pool.model_id,
-        version=version.version,
-        served_model_name=pool.model_id,
-        precision=version.precision,
-        gpus_per_replica=version.gpus_per_replica,
-        engine_config=version.engine_config,
         weights_dir=weights_dir,
         host="0.0.0.0",  # inside its pod: reached on the pod's IP
         port=template.port,
-        max_model_len=version.engine_config.get("max_model_len"),
     )
     return PoolSpec(
         model=pool.model_id,
