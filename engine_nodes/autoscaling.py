@@ -353,11 +353,11 @@ def _tick(
     counts = dict(stored.get("decisions") or {})
     if is_change:
         counts[decision.reason.value] = int(counts.get(decision.reason.value, 0)) + 1
+    # What it decided on: the policy's signals and the GPUs it was given.
+    seen = {**decision.signals, "free_gpus": float(signals.free_gpus)}
     payload = {
         "state": state.as_dict(),
-        "last": _last_dict(
-            decision, now=now, source=source, free_gpus=signals.free_gpus
-        ),
+        "last": _last_dict(decision, now=now, source=source, signals=seen),
         "decisions": counts,
     }
     # Compare-and-set on the size read: an operator (or an overlapping tick) that
@@ -384,7 +384,7 @@ def _tick(
             is_panicking=decision.is_panicking,
             is_capacity_exhausted=decision.is_capacity_exhausted,
             capacity_is_assumed=decision.capacity_is_assumed,
-            signals={**decision.signals, "free_gpus": float(signals.free_gpus)},
+            signals=seen,
         )
         prune_decisions(
             pool_id=pool.pk, keep=settings.PLATFORM_AUTOSCALE_DECISIONS_KEPT
@@ -401,7 +401,7 @@ def _tick(
 
 
 def _last_dict(
-    decision: Decision, *, now: datetime, source: str, free_gpus: int
+    decision: Decision, *, now: datetime, source: str, signals: dict[str, float]
 ) -> dict[str, Any]:
     return {
         "at": now.isoformat(),
@@ -414,7 +414,7 @@ def _last_dict(
         "is_capacity_exhausted": decision.is_capacity_exhausted,
         "capacity_is_assumed": decision.capacity_is_assumed,
         "load_source": source,
-        "signals": {**decision.signals, "free_gpus": float(free_gpus)},
+        "signals": signals,
     }
 
 

@@ -118,8 +118,6 @@ class WarmPool:
 
         Queues a pull when the weights are missing (returns PULLING).
         """
-        if not self.needs_weights(ref.weights_uri):
-            return Readiness.READY, ""
         return self._ensure(ref)
 
     def local_dir(self, ref: WeightsRef) -> Path | None:
