@@ -36,7 +36,10 @@ the judge's preference when the judge is trusted): the mean paired difference
 candidate minus live, with a paired bootstrap confidence interval (``scipy.stats.
 bootstrap``, ``paired=True``, BCa). A category passes only if the interval rules
 out a drop larger than its threshold: the interval's low end is at least
-``-threshold``. So a real drop fails, and so does an eval set too small to rule
+``-threshold``. For the judge, each item scores the candidate ``w`` and live
+``1 - w``, so the difference is the share of items the judge gave the candidate
+less the share it gave live: on the same scale as a task metric's difference in
+the share of right answers, and held to the same threshold. So a real drop fails, and so does an eval set too small to rule
 one out: the gate fails closed and the report says which. The seed: "Ship INT8
 only if the team's own eval set shows no real drop."
 """
