@@ -309,10 +309,16 @@ def test_a_stall_mid_stream_ends_with_the_error_event_and_releases_everything(
             timeout_s=STALL_AFTER_S + 15,
             message="the agent to mark the replica stalled",
         )
-        beat = redis.Redis.from_url(redis_url).hget(
-            f"{platform.prefix}:beat:{stalled_id}", "state"
+        # The agent stores the state before it publishes the tick's beat.
+        beats = redis.Redis.from_url(redis_url)
+        wait_until(
+            lambda: (
+                beats.hget(f"{platform.prefix}:beat:{stalled_id}", "state")
+                == b"stalled"
+            ),
+            timeout_s=10,
+            message="the agent's beat to say stalled",
         )
-        assert beat == b"stalled"
         started = time.monotonic()
         moved = platform.client("beta").chat.completions.create(
             model="chat-7b",
