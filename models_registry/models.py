@@ -12,6 +12,7 @@ from django.db.models import Q
 
 from accounts.models import sha256_validator, slug_validator
 from models_registry.domain.capacity import CapacityRecord, replica_tokens_in_flight
+from models_registry.domain.gates import GateKind, GateState, RegionState
 from models_registry.domain.identity import (
     IDENTITY_FIELDS,
     MAX_GPUS_PER_REPLICA,
@@ -68,6 +69,13 @@ class Model(models.Model):
     )
     canary_percent = models.FloatField(
         default=0.0, validators=[MinValueValidator(0.0), MaxValueValidator(100.0)]
+    )
+    gate_config = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="The version gates' settings (models_registry.domain.gates."
+        "GateConfig): eval_set_uri, judge_model, thresholds per category, "
+        "min_kappa, min_labels, load_test steps. Empty: the defaults.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -153,6 +161,13 @@ class ModelVersion(models.Model):
         default=VersionStatus.REGISTERED.value,
         db_index=True,
     )
+    status_reason = models.CharField(
+        max_length=2000,
+        blank=True,
+        help_text="Why the version has its status: the failing gate's reason, or "
+        "the admin override that set it.",
+    )
+    load_test_prefix_hit_rate = models.FloatField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -260,6 +275,128 @@ def _problems_by_field(problems: list[str], *, fallback: str) -> dict[str, list[
     return errors
 
 
+class GateRun(models.Model):
+    """One gate of one attempt at a version's gates (its progress and its result).
+
+    Every run of the gates (on registration, and each ``POST .../gates``) is a new
+    ``attempt`` with one row per gate in ``GATE_ORDER``, so the table is the
+    version's gate history.
+    """
+
+    version = models.ForeignKey(
+        ModelVersion, on_delete=models.CASCADE, related_name="gate_runs"
+    )
+    attempt = models.PositiveIntegerField()
+    kind = models.CharField(
+        max_length=16, choices=[(k.value, k.value) for k in GateKind]
+    )
+    state = models.CharField(
+        max_length=16,
+        choices=[(s.value, s.value) for s in GateState],
+        default=GateState.PENDING.value,
+    )
+    detail = models.CharField(
+        max_length=2000, blank=True, help_text="Progress while it runs; why, after."
+    )
+    done = models.PositiveIntegerField(default=0)
+    total = models.PositiveIntegerField(default=0)
+    result = models.JSONField(default=dict, blank=True)
+    requested_by = models.CharField(max_length=200, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "version_gates"
+        ordering = ["version_id", "-attempt", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["version", "attempt", "kind"], name="gate_run_unique"
+            ),
+            models.CheckConstraint(
+                condition=Q(kind__in=[k.value for k in GateKind]),
+                name="gate_run_kind_known",
+            ),
+            models.CheckConstraint(
+                condition=Q(state__in=[s.value for s in GateState]),
+                name="gate_run_state_known",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.version} {self.kind} #{self.attempt}: {self.state}"
+
+
+class VersionRegion(models.Model):
+    """A region's copy of a version's weights and whether it can serve from it.
+
+    Written by the weights gate: ``uri`` is the copy under the region's storage
+    root, ``ready`` once its hash matched ``weights_hash``. Node agents prefetch and
+    start the version only from a ready copy of their region.
+    """
+
+    version = models.ForeignKey(
+        ModelVersion, on_delete=models.CASCADE, related_name="regions"
+    )
+    region = models.CharField(max_length=64, validators=[slug_validator])
+    uri = models.CharField(max_length=1024)
+    state = models.CharField(
+        max_length=16,
+        choices=[(s.value, s.value) for s in RegionState],
+        default=RegionState.COPYING.value,
+    )
+    detail = models.CharField(max_length=2000, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "version_regions"
+        ordering = ["version_id", "region"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["version", "region"], name="version_region_unique"
+            ),
+            models.CheckConstraint(
+                condition=Q(state__in=[s.value for s in RegionState]),
+                name="version_region_state_known",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.version} in {self.region}: {self.state}"
+
+
+class EvalSet(models.Model):
+    """An eval set the eval gate runs for a model's versions, besides its default.
+
+    ``team`` empty: the platform's own; else the team's (seed: "Ship INT8 only if
+    the team's own eval set shows no real drop"). Every registered set must pass.
+    """
+
+    model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="eval_sets")
+    team = models.ForeignKey(
+        "accounts.Team",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="eval_sets",
+    )
+    uri = models.CharField(max_length=1024)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "eval_sets"
+        ordering = ["model_id", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["model", "uri"], name="eval_set_model_uri_unique"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        owner = self.team_id or "platform"
+        return f"{self.model_id}: {self.uri} ({owner})"
+
+
 class Pool(models.Model):
     """The replicas of one version in one region, with the autoscaler's settings.
 
@@ -319,6 +456,14 @@ class Pool(models.Model):
         default=600.0,
         validators=[MaxValueValidator(MAX_SCALE_DOWN_INTERVAL_S)],
         help_text="At most one replica removed per this many seconds.",
+    )
+    staging = models.BooleanField(
+        default=False,
+        editable=False,
+        help_text="Started by the version gates for their eval and load test: "
+        "fixed at one replica, it serves only requests pinned to its version "
+        "(which is not ready, so no alias or canary reaches it), and is removed "
+        "when the gates end.",
     )
     autoscaler_state = models.JSONField(
         default=dict,

@@ -62,3 +62,37 @@ class Rollout(models.Model):
 
     def __str__(self) -> str:
         return f"{self.version} {self.stage} {self.percent:g}% ({self.decision})"
+
+
+class VersionOverride(models.Model):
+    """An admin's override of the version gates for one traffic change.
+
+    A version that is not ready may take traffic only with an explicit override;
+    each one is recorded with who made it, why, and the version's status then.
+    """
+
+    model = models.ForeignKey(
+        "models_registry.Model", on_delete=models.CASCADE, related_name="overrides"
+    )
+    version = models.ForeignKey(
+        "models_registry.ModelVersion",
+        on_delete=models.CASCADE,
+        related_name="overrides",
+    )
+    action = models.CharField(max_length=32, help_text="rollout or alias")
+    stage = models.CharField(max_length=16, blank=True)
+    percent = models.FloatField(null=True, blank=True)
+    version_status = models.CharField(max_length=16)
+    refusal = models.CharField(
+        max_length=2000, help_text="What the gates would have said without it."
+    )
+    by = models.CharField(max_length=200)
+    reason = models.CharField(max_length=2000)
+    at = models.DateTimeField()
+
+    class Meta:
+        db_table = "version_overrides"
+        ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.version} {self.action} by {self.by}"

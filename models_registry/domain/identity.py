@@ -67,10 +67,15 @@ class Precision(enum.StrEnum):
 
 
 class VersionStatus(enum.StrEnum):
-    """Where a version is in its life (seed: register, gate, roll out, serve, retire)."""
+    """Where a version is in its life (seed: register, gate, roll out, serve, retire).
+
+    ``registered -> evaluating -> load_testing -> ready`` as its gates pass
+    (``models_registry.domain.gates``), or ``rejected`` with the reason.
+    """
 
     REGISTERED = "registered"
-    GATING = "gating"
+    EVALUATING = "evaluating"
+    LOAD_TESTING = "load_testing"
     READY = "ready"
     REJECTED = "rejected"
     LIVE = "live"
