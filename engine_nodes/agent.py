@@ -4,8 +4,10 @@ One agent runs per GPU node (``manage.py engine_agent --node N --region R``). Ev
 beat it:
 
 1. hands its warm pool (``engine_nodes.warm_pool``) the versions of the region's
-   pools: their weights are pulled and verified in the background, ahead of need,
-   so that a start on this node costs only load and warm-up;
+   pools: their weights are pulled (from the region's ready copy, ``weights_ref``)
+   and verified in the background, ahead of need, so that a start on this node
+   costs only load and warm-up; a version whose region copy is not ready is not
+   started here;
 2. reconciles the region's pools with the control plane
    (``engine_nodes.services.reconcile_pools``, ``engine_nodes.domain.convergence``):
    short pools get new replicas on this node while its GPUs last, starting ones
@@ -66,6 +68,7 @@ from typing import Any, Protocol
 import httpx
 from django.conf import settings
 from django.db import close_old_connections
+from django.db.models import prefetch_related_objects
 from django.utils import timezone
 
 from engine_nodes import services
@@ -77,6 +80,7 @@ from engine_nodes.domain.replica_argv import ReplicaSpec
 from engine_nodes.domain.scrape import EngineStats, parse_metrics_text
 from engine_nodes.models import Replica
 from engine_nodes.warm_pool import Readiness, WarmPool, WeightsRef
+from models_registry.domain.gates import RegionState
 from models_registry.models import ModelVersion
 
 logger = logging.getLogger(__name__)
@@ -268,9 +272,11 @@ class NodeAgent:
     def tick(self, *, now: datetime) -> None:
         """One pass: warm pool, reconcile pools, advance replicas, publish beats."""
         self._finish_stops()
+        versions = services.pool_versions(region=self.region)
+        # One query for all their region rows, however many versions.
+        prefetch_related_objects(versions, "regions")
         refused = self.warm_pool.hold(
-            weights_ref(version)
-            for version in services.pool_versions(region=self.region)
+            weights_ref(version, self.region) for version in versions
         )
         gpus_free = self.gpus - self._gpus_in_use()
         created, drained = services.reconcile_pools(
@@ -288,9 +294,9 @@ class NodeAgent:
             logger.info("replica %s marked draining", replica_id)
         mine = {
             r.replica_id: r
-            for r in Replica.objects.filter(
-                node=self.node, region=self.region
-            ).select_related("version")
+            for r in Replica.objects.filter(node=self.node, region=self.region)
+            .select_related("version")
+            .prefetch_related("version__regions")  # for weights_ref, in one query
         }
         scraped = self._scrape_all(
             [
@@ -489,11 +495,14 @@ class NodeAgent:
         """Start a ``starting`` replica once its weights are on local disk.
 
         While the warm pool pulls them, the agent beats for the replica (as
-        ``starting``) so the reaper does not take it for dead; if the pull failed
-        the replica is marked gone, and this node starts no more of its version
-        until the warm pool tries again.
+        ``starting``) so the reaper does not take it for dead; if the pull failed,
+        or the region's copy of the weights is not ready (``weights_ref``), the
+        replica is marked gone, and this node starts no more of its version until
+        the warm pool tries again or the copy turns ready.
         """
-        readiness, why = self.warm_pool.readiness(weights_ref(replica.version))
+        readiness, why = self.warm_pool.readiness(
+            weights_ref(replica.version, replica.region)
+        )
         if readiness == Readiness.PULLING:
             return self._beat(replica, replica.state, None)
         if readiness == Readiness.FAILED:
@@ -648,12 +657,39 @@ _LIVE_STATES = [
 _SCRAPED_STATES = (ReplicaState.SERVING, ReplicaState.STALLED, ReplicaState.DRAINING)
 
 
-def weights_ref(version: ModelVersion) -> WeightsRef:
-    """Return what the warm pool needs to know of a version's weights."""
+def weights_ref(version: ModelVersion, region: str) -> WeightsRef:
+    """Return what the warm pool needs to know of a version's weights in ``region``.
+
+    The weights come from the region's ready copy (the version's ``VersionRegion``
+    row, written by the weights gate). A copy that is still copying or failed, or
+    none in ``region`` while other regions have one, makes a ref with a
+    ``refusal``: the version does not start here. A version with no region rows at
+    all (registered before the gates, or accepted without them) is pulled from its
+    ``weights_uri``. Reads ``version.regions.all()``: prefetch it.
+    """
+    rows = list(version.regions.all())
+    uri, refusal = version.weights_uri, ""
+    if rows:
+        row = next((r for r in rows if r.region == region), None)
+        if row is None:
+            refusal = f"{version.ref} has no copy of its weights in region {region}"
+        elif row.state == RegionState.FAILED:
+            refusal = (
+                f"{version.ref}'s weights copy in region {region} failed: "
+                f"{row.detail or 'no detail'}"
+            )
+        elif row.state != RegionState.READY:
+            refusal = (
+                f"{version.ref}'s weights copy in region {region} is not ready "
+                f"({row.state})"
+            )
+        else:
+            uri = row.uri
     return WeightsRef(
         version_id=version.pk,
-        weights_uri=version.weights_uri,
+        weights_uri=uri,
         weights_hash=version.weights_hash,
+        refusal=refusal,
     )
 
 
@@ -671,7 +707,7 @@ def spec_builder(*, warm_pool: WarmPool) -> Callable[[Replica, int], ReplicaSpec
 
     def build(replica: Replica, port: int) -> ReplicaSpec:
         version = replica.version
-        weights_dir = warm_pool.local_dir(weights_ref(version))
+        weights_dir = warm_pool.local_dir(weights_ref(version, replica.region))
         return services.replica_spec(
             version,
             model_id=replica.model_id,

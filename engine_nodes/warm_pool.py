@@ -23,6 +23,12 @@ A pull that fails (a hash mismatch, a URI outside the storage roots, no driver
 for its scheme) is not tried again for ``retry_after_s``; meanwhile ``readiness``
 answers FAILED, and the agent refuses that version's replicas on this node.
 
+The agent pulls from its region's copy of the weights (``agent.weights_ref``:
+the version's ready ``VersionRegion`` row). A version whose region copy is not
+ready (copying, failed, or missing while other regions have one) comes with a
+``refusal``: FAILED with that reason, nothing pulled, not counted warm, and asked
+afresh at each beat, so it is startable the beat after its copy turns ready.
+
 Simulated replicas load nothing, so ``kind="sim"`` pulls only ``file://`` weights
 (a mismatch must stop them all the same, as it would a real engine); other
 versions are ready at once and never counted warm.
@@ -49,11 +55,17 @@ __all__ = ["Readiness", "WarmPool", "WeightsRef"]
 
 @dataclass(frozen=True, slots=True)
 class WeightsRef:
-    """A version's weights: where they live and the hash they must have."""
+    """A version's weights: where they live and the hash they must have.
+
+    ``refusal`` says why the version may not start on this node at all (its
+    region's copy of the weights failed, or is not there yet); the pool then pulls
+    nothing and answers FAILED with it, at every ask, until a ref without one comes.
+    """
 
     version_id: int
     weights_uri: str
     weights_hash: str
+    refusal: str = ""
 
 
 class Readiness(enum.StrEnum):
@@ -61,7 +73,9 @@ class Readiness(enum.StrEnum):
 
     READY = "ready"  # verified on local disk, or none needed
     PULLING = "pulling"  # a pull is queued or running
-    FAILED = "failed"  # the last pull failed; not tried again until retry_after_s
+    # The last pull failed (not tried again until retry_after_s), or the ref is
+    # refused (its region's copy is not ready).
+    FAILED = "failed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,8 +120,8 @@ class WarmPool:
         """Keep these versions' weights on local disk: queue pulls for the missing.
 
         Returns at once, with the ids of the versions whose last pull failed
-        (within ``retry_after_s``): the node should start none of them. A warm
-        tree whose directory vanished is pulled again.
+        (within ``retry_after_s``) or whose ref is refused: the node should start
+        none of them. A warm tree whose directory vanished is pulled again.
         """
         return frozenset(
             ref.version_id for ref in refs if self._ensure(ref)[0] == Readiness.FAILED
@@ -116,7 +130,8 @@ class WarmPool:
     def readiness(self, ref: WeightsRef) -> tuple[Readiness, str]:
         """Return whether ``ref``'s replica can start now, and why not if it failed.
 
-        Queues a pull when the weights are missing (returns PULLING).
+        Queues a pull when the weights are missing (returns PULLING). A ref with
+        a ``refusal`` is FAILED with it, and pulls nothing.
         """
         return self._ensure(ref)
 
@@ -128,8 +143,11 @@ class WarmPool:
         the agent asks only once ``readiness`` said READY, so that is rare.
 
         Raises:
-            WeightsError: as ``pull_weights`` (a mismatch, a refused URI ...).
+            WeightsError: as ``pull_weights`` (a mismatch, a refused URI ...), or
+                the ref's ``refusal``.
         """
+        if ref.refusal:
+            raise WeightsError(ref.refusal)
         if not self.needs_weights(ref.weights_uri):
             return None
         with self._lock:
@@ -177,9 +195,15 @@ class WarmPool:
     # -- internals ---------------------------------------------------------------------
 
     def _ensure(self, ref: WeightsRef) -> tuple[Readiness, str]:
+        key = ref.weights_hash
+        if ref.refusal:
+            # Not startable here, whatever the cache holds (a sim loads nothing,
+            # but a bad copy must stop it as it would a real engine); and not warm.
+            with self._lock:
+                self._versions.get(key, set()).discard(ref.version_id)
+            return Readiness.FAILED, ref.refusal
         if not self.needs_weights(ref.weights_uri):
             return Readiness.READY, ""
-        key = ref.weights_hash
         with self._lock:
             self._versions.setdefault(key, set()).add(ref.version_id)
             warm = self._warm.get(key)

@@ -1,9 +1,10 @@
 """Pull a version's weights into the node's cache and prove they are the registered ones.
 
-Public surface: ``pull_weights``, ``verify_weights``, ``tree_digest``,
-``tree_stat``, ``file_sha256``, ``tokenizer_digest``, ``read_chat_template``, ``local_identity``,
-``local_path``, ``TOKENIZER_FILES``, ``WeightsError``, ``WeightsUriRefused``,
-``UnsupportedScheme``, ``WeightsMismatch``.
+Public surface: ``pull_weights``, ``verify_weights``, ``copy_weights``,
+``verify_weights_at``, ``tree_digest``, ``tree_stat``, ``file_sha256``,
+``tokenizer_digest``, ``read_chat_template``, ``local_identity``, ``local_path``,
+``TOKENIZER_FILES``, ``WeightsError``, ``WeightsUriRefused``, ``UnsupportedScheme``,
+``WeightsMismatch``.
 
 The cache holds one directory per ``weights_hash`` (``<cache_dir>/<weights_hash>/``).
 A directory appears there only by an atomic rename of a complete copy whose digest
@@ -14,6 +15,15 @@ leaves a half-written tree under a hash name; partial copies live in
 Only directories and regular files may make up a weights tree. Symlinks and other
 special files are refused: a link in a storage root could otherwise copy a file
 from anywhere on the node into the cache.
+
+A region's copy (``copy_weights``, the weights gate) is content-addressed the same
+way, one prefix per hash under the region's storage root
+(``<dest_root>/<weights_hash>/``), and written through ``fsspec`` for every scheme
+(``file://`` directories stand for buckets in tests). The copy streams into
+``<dest_root>/.<hash>.<random>.partial/`` while each file's SHA-256 is computed,
+and moves under the hash name only once the source's digest matched; the
+destination is then read back and verified. A tree already under the hash name is
+never overwritten (replicas may be serving from it): it is verified instead.
 """
 
 from __future__ import annotations
@@ -25,12 +35,18 @@ import os
 import shutil
 import stat
 import tempfile
+import time
+import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from engine_nodes.domain.weights import is_manifest_path, manifest_digest
 from models_registry.domain.identity import is_sha256_hex, uri_errors
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
 
 logger = logging.getLogger(__name__)
 
@@ -64,8 +80,9 @@ class UnsupportedScheme(WeightsError):
 class WeightsMismatch(WeightsError):
     """The pulled tree's digest is not the version's ``weights_hash``."""
 
-    def __init__(self, expected: str, actual: str) -> None:
-        super().__init__(f"weights digest {actual} does not match {expected}")
+    def __init__(self, expected: str, actual: str, *, where: str = "") -> None:
+        message = f"weights digest {actual} does not match {expected}"
+        super().__init__(f"{where}: {message}" if where else message)
         self.expected = expected
         self.actual = actual
 
@@ -252,6 +269,267 @@ def pull_weights(
         raise
     logger.info("pulled weights %s into %s", weights_uri, final)
     return final
+
+
+def copy_weights(
+    source_uri: str,
+    weights_hash: str,
+    dest_root: str,
+    *,
+    storage_roots: Sequence[str],
+) -> str:
+    """Copy the tree at ``source_uri`` to ``<dest_root>/<weights_hash>/``; return that URI.
+
+    Both ends go through ``fsspec``, whatever their scheme. Each file's SHA-256 is
+    computed while it streams into a temporary prefix next to the destination;
+    only when the source's digest is ``weights_hash`` is the copy moved under the
+    hash name, and then read back from the destination and verified (the region's
+    proof that its copy is the registered one). A tree already under the hash name
+    is verified and reused, never overwritten: replicas may be serving from it.
+
+    Raises:
+        ValueError: ``weights_hash`` is not 64 lowercase hex digits.
+        WeightsUriRefused: either URI lies outside ``storage_roots``, climbs with
+            ``..``, or (for ``file://``) resolves outside them through a symlink.
+        UnsupportedScheme: no ``fsspec`` driver for a URI's scheme.
+        WeightsMismatch: the source's digest differs (nothing is left at the
+            destination), or the tree at the destination does not verify (one
+            found there is left alone; one this call wrote is removed).
+        WeightsError: the source is missing, not a directory, or holds a link, a
+            special file or an unsafe name; or storage I/O failed.
+    """
+    _check_hash(weights_hash)
+    dest_uri = f"{dest_root.rstrip('/')}/{weights_hash}/"
+    _check_uri(source_uri, storage_roots)
+    _check_uri(dest_uri, storage_roots)
+    source_shown, dest_shown = _redact(source_uri), _redact(dest_uri)
+    src_fs, src_root = _tree_fs(source_uri, storage_roots)
+    dest_fs, final = _tree_fs(dest_uri, storage_roots)
+    started = time.monotonic()
+    try:
+        if _holds_tree(dest_fs, final, dest_shown):
+            _verify_tree(dest_fs, final, weights_hash, where=dest_shown)
+            logger.info("weights copy at %s already there and verified", dest_shown)
+            return dest_uri
+        partial = (
+            f"{final.rsplit('/', 1)[0]}/.{weights_hash}.{uuid.uuid4().hex}.partial"
+        )
+        try:
+            actual = _stream_tree(src_fs, src_root, dest_fs, partial, source_shown)
+            if actual != weights_hash:
+                raise WeightsMismatch(weights_hash, actual, where=source_shown)
+            is_moved = _move_tree(dest_fs, partial, final, dest_shown)
+        finally:
+            _remove_tree(dest_fs, partial)
+        try:
+            _verify_tree(dest_fs, final, weights_hash, where=dest_shown)
+        except WeightsError:
+            if is_moved:
+                # Written just now and served by nobody yet (the region is not
+                # ready until this returns): remove it, so a retry copies afresh.
+                _remove_tree(dest_fs, final)
+            raise
+    except OSError as exc:
+        raise WeightsError(
+            f"copying weights {source_shown} to {dest_shown} failed: {exc}"
+        ) from exc
+    logger.info(
+        "copied weights %s to %s and verified them (%.1f s)",
+        source_shown,
+        dest_shown,
+        time.monotonic() - started,
+    )
+    return dest_uri
+
+
+def verify_weights_at(
+    uri: str, weights_hash: str, *, storage_roots: Sequence[str]
+) -> None:
+    """Check that the tree at ``uri`` (any ``fsspec`` scheme) has digest ``weights_hash``.
+
+    For a region that serves from the registered URI in place. Reads every byte.
+
+    Raises:
+        ValueError, WeightsUriRefused, UnsupportedScheme: as ``copy_weights``.
+        WeightsMismatch: the digest differs (names expected and actual).
+        WeightsError: no tree there, or it holds a link, a special file or an
+            unsafe name; or storage I/O failed.
+    """
+    _check_hash(weights_hash)
+    _check_uri(uri, storage_roots)
+    shown = _redact(uri)
+    fs, root = _tree_fs(uri, storage_roots)
+    try:
+        if not _holds_tree(fs, root, shown):
+            raise WeightsError(f"no weights tree at {shown}")
+        _verify_tree(fs, root, weights_hash, where=shown)
+    except OSError as exc:
+        raise WeightsError(f"verifying weights at {shown} failed: {exc}") from exc
+    logger.info("weights at %s verified", shown)
+
+
+def _check_hash(weights_hash: str) -> None:
+    # The hash names a directory: anything but hex could climb out of it.
+    if not is_sha256_hex(weights_hash):
+        raise ValueError("weights_hash must be 64 lowercase hex digits")
+
+
+def _check_uri(uri: str, storage_roots: Sequence[str]) -> None:
+    errors = uri_errors(uri, storage_roots)
+    if errors:
+        raise WeightsUriRefused(f"weights URI {_redact(uri)!r}: {'; '.join(errors)}")
+
+
+def _redact(uri: str) -> str:
+    """Return ``uri`` without user info or query, which may carry credentials."""
+    parts = urlsplit(uri)
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rsplit("@", 1)[1]
+    query = "***" if parts.query else ""
+    return urlunsplit(parts._replace(netloc=netloc, query=query, fragment=""))
+
+
+def _tree_fs(uri: str, storage_roots: Sequence[str]) -> tuple[AbstractFileSystem, str]:
+    """Return the filesystem and root path (no trailing ``/``) a weights URI names.
+
+    A ``file://`` path is resolved (through any symlinks in its existing part) and
+    must still lie under a ``file://`` storage root.
+    """
+    parts = urlsplit(uri)
+    try:
+        import fsspec
+        from fsspec.implementations.local import LocalFileSystem
+    except ImportError:
+        raise UnsupportedScheme(
+            f"weights URI scheme {parts.scheme!r} needs the fsspec package"
+        ) from None
+    if parts.scheme == "file":
+        if parts.netloc not in {"", "localhost"}:
+            raise WeightsUriRefused(f"file URI {uri!r} names a remote host")
+        real = Path(unquote(parts.path)).resolve()
+        roots = [
+            Path(unquote(urlsplit(root).path)).resolve()
+            for root in storage_roots
+            if urlsplit(root).scheme == "file"
+        ]
+        if not any(real.is_relative_to(root) for root in roots):
+            raise WeightsUriRefused(f"{real} resolves outside the storage roots")
+        return LocalFileSystem(), real.as_posix()
+    try:
+        fs, root = fsspec.core.url_to_fs(uri)
+    except (ImportError, ValueError) as exc:
+        raise UnsupportedScheme(f"weights URI scheme {parts.scheme!r}: {exc}") from None
+    return fs, str(root).rstrip("/")
+
+
+def _list_tree(fs: AbstractFileSystem, root: str, shown: str) -> list[tuple[str, str]]:
+    """Return ``(relpath, path)`` of every file under ``root``, sorted by relpath.
+
+    Raises:
+        WeightsError: ``root`` is not a directory; an entry is a link, a special
+            file, or has a name a manifest cannot hold (object keys may hold
+            ``..`` or ``//``: none may escape the tree it is copied into).
+    """
+    if not fs.isdir(root):
+        raise WeightsError(f"weights source {shown} is not a directory")
+    files = []
+    entries: dict[str, dict[str, Any]] = fs.find(root, withdirs=True, detail=True)
+    for name, info in entries.items():
+        path = name.rstrip("/")
+        if path == root:
+            continue
+        relpath = path[len(root) + 1 :]
+        if not path.startswith(root + "/") or not is_manifest_path(relpath):
+            raise WeightsError(f"object {relpath!r} in {shown} has an unsafe name")
+        if info.get("islink"):
+            raise WeightsError(
+                f"{relpath} in {shown} is a symlink; weights may not link"
+            )
+        if info.get("type") == "file":
+            files.append((relpath, path))
+        elif info.get("type") != "directory":
+            raise WeightsError(f"{relpath} in {shown} is not a regular file")
+    return sorted(files)
+
+
+def _holds_tree(fs: AbstractFileSystem, root: str, shown: str) -> bool:
+    """Return True when something is stored under ``root``."""
+    if not fs.exists(root):
+        return False
+    if not fs.isdir(root):
+        raise WeightsError(f"{shown} is not a directory")
+    return bool(fs.find(root))
+
+
+def _stream_tree(
+    src_fs: AbstractFileSystem,
+    src_root: str,
+    dest_fs: AbstractFileSystem,
+    dest: str,
+    shown: str,
+) -> str:
+    """Copy every file under ``src_root`` to ``dest``; return the source's digest."""
+    entries = []
+    for relpath, path in _list_tree(src_fs, src_root, shown):
+        target = f"{dest}/{relpath}"
+        dest_fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+        digest = hashlib.sha256()
+        with src_fs.open(path, "rb") as reader, dest_fs.open(target, "wb") as writer:
+            while chunk := reader.read(CHUNK_BYTES):
+                digest.update(chunk)
+                writer.write(chunk)
+        entries.append((relpath, digest.hexdigest()))
+    return manifest_digest(entries)
+
+
+def _verify_tree(
+    fs: AbstractFileSystem, root: str, weights_hash: str, *, where: str
+) -> None:
+    """Read the tree under ``root`` back; raise ``WeightsMismatch`` if it differs."""
+    entries = []
+    for relpath, path in _list_tree(fs, root, where):
+        digest = hashlib.sha256()
+        with fs.open(path, "rb") as reader:
+            while chunk := reader.read(CHUNK_BYTES):
+                digest.update(chunk)
+        entries.append((relpath, digest.hexdigest()))
+    actual = manifest_digest(entries)
+    if actual != weights_hash:
+        raise WeightsMismatch(weights_hash, actual, where=where)
+
+
+def _move_tree(fs: AbstractFileSystem, partial: str, final: str, shown: str) -> bool:
+    """Move the copy under its hash name; False when another copy got there first."""
+    from fsspec.implementations.local import LocalFileSystem
+
+    if isinstance(fs, LocalFileSystem):
+        try:
+            # Atomic; replaces only an empty directory.
+            os.rename(partial, final)
+        except OSError:
+            if not _holds_tree(fs, final, shown):
+                raise
+            return False
+        return True
+    # Object stores have no rename: objects move one by one. A crash midway
+    # leaves a partial tree under the hash name, which verifies as a mismatch and
+    # keeps the region not ready until an operator removes it.
+    if _holds_tree(fs, final, shown):
+        return False
+    for relpath, path in _list_tree(fs, partial, shown):
+        fs.mv(path, f"{final}/{relpath}")
+    return True
+
+
+def _remove_tree(fs: AbstractFileSystem, root: str) -> None:
+    try:
+        if fs.exists(root):
+            fs.rm(root, recursive=True)
+    except FileNotFoundError:
+        pass  # object stores forget a prefix once its last object is gone
+    except OSError as exc:
+        logger.warning("could not remove %s: %s", root, exc)
 
 
 def _copy_into(uri: str, dest: Path, storage_roots: Sequence[str]) -> None:
