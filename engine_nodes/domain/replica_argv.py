@@ -1,8 +1,8 @@
 """The command line that starts one engine replica: ``vllm serve`` or the simulator.
 
 Public surface: ``ReplicaSpec``, ``vllm_serve_argv``, ``sim_replica_argv``,
-``sim_profile_for``, ``engine_flag_args``, ``DEFAULT_QUANTIZATION_4BIT``,
-``RESERVED_KEYS``.
+``sim_profile_for``, ``sim_quality_for``, ``engine_flag_args``,
+``DEFAULT_QUANTIZATION_4BIT``, ``RESERVED_KEYS``.
 
 A version's ``engine_config`` is a JSON object of vLLM flags spelled with
 underscores (``{"max_num_seqs": 256}``). It is turned into argv items, never into a
@@ -37,7 +37,9 @@ Precision (the version's identity, not a tunable):
 
 ``engine_config["dtype"]`` may replace ``float16`` (``bfloat16`` for checkpoints
 trained in bf16). Keys starting with ``sim_`` configure the simulated replica and
-never reach vLLM.
+never reach vLLM: ``sim_profile`` (its performance profile) and ``sim_quality``
+(the chance it answers a prompt it can check right, ``--sim-quality``, so a bad
+version measurably fails the eval gate).
 
 Argv order is deterministic: the fixed platform flags, then the precision flags,
 then the remaining config flags sorted by key, then ``spec.extra`` verbatim.
@@ -62,6 +64,7 @@ __all__ = [
     "ReplicaSpec",
     "engine_flag_args",
     "sim_profile_for",
+    "sim_quality_for",
     "sim_replica_argv",
     "vllm_serve_argv",
 ]
@@ -217,8 +220,9 @@ def sim_replica_argv(
     The simulator takes ``vllm serve``'s flag names where they exist. Only the
     flags it models are passed (``max_model_len``, ``max_num_batched_tokens``,
     ``max_num_seqs``, prefix caching); the profile comes from
-    ``sim_profile_for(spec, default=profile)``. ``--model`` is the weights
-    directory, or the model name when no weights were pulled.
+    ``sim_profile_for(spec, default=profile)``, then ``--sim-quality`` when the
+    config sets one (``sim_quality_for``). ``--model`` is the weights directory,
+    or the model name when no weights were pulled.
 
     Raises:
         ValueError: as ``vllm_serve_argv``, or the profile name is not a slug.
@@ -239,9 +243,11 @@ def sim_replica_argv(
         str(spec.port),
         "--sim-profile",
         sim_profile_for(spec, default=profile),
-        _prefix_caching_flag(config),
-        "--enable-prompt-tokens-details",
     ]
+    quality = sim_quality_for(spec)
+    if quality is not None:
+        argv.extend(["--sim-quality", repr(quality)])
+    argv.extend([_prefix_caching_flag(config), "--enable-prompt-tokens-details"])
     flags = {key: config[key] for key in _SIM_FLAG_KEYS if key in config}
     _merge_max_model_len(flags, spec)
     argv.extend(engine_flag_args(flags))
@@ -265,6 +271,25 @@ def sim_profile_for(spec: ReplicaSpec, *, default: str = DEFAULT_SIM_PROFILE) ->
     if not isinstance(chosen, str) or _PROFILE.fullmatch(chosen) is None:
         raise ValueError(f"sim profile {chosen!r} is not a lowercase slug")
     return chosen
+
+
+def sim_quality_for(spec: ReplicaSpec) -> float | None:
+    """Return ``engine_config["sim_quality"]`` as a float, or None when unset.
+
+    Raises:
+        ValueError: it is not a number from 0 to 1 (a boolean is no number here).
+    """
+    value = spec.engine_config.get("sim_quality")
+    if value is None:
+        return None
+    if (
+        _is_bool(value)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not 0 <= value <= 1
+    ):
+        raise ValueError(f"sim quality {value!r} is not a number from 0 to 1")
+    return float(value)
 
 
 def engine_flag_args(flags: Mapping[str, Any]) -> list[str]:

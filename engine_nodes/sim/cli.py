@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 
 from engine_nodes.domain.perf import PROFILES
-from engine_nodes.sim.replica import Faults, SimOptions
+from engine_nodes.sim.replica import Faults, SimOptions, check_quality
 from engine_nodes.sim.server import build_app
 
 # The step-time constants a flag may replace, as the research spec's command line
@@ -25,6 +25,9 @@ PROFILE_FLAGS = {
     "p_ms": "--sim-p-ms",
     "h_ms": "--sim-h-ms",
 }
+
+
+_NO_FAULTS = Faults()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -113,6 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="Answer 503 on /health and requests for this long (slow start).",
     )
     add("--sim-degraded", action="store_true")
+    add(
+        "--sim-quality",
+        type=_quality,
+        default=1.0,
+        help="Chance (0 to 1) that a prompt the oracle recognises is answered right "
+        "(engine_nodes.sim.oracle); also settable on /sim/faults.",
+    )
     add("--log-level", default="warning")
     return parser
 
@@ -158,8 +168,16 @@ def options_from_args(args: argparse.Namespace) -> tuple[SimOptions, Faults]:
         fail_rate=args.sim_fail_rate,
         ready_in_s=args.sim_startup_s,
         degraded=args.sim_degraded,
+        quality=args.sim_quality,
     )
     return options, faults
+
+
+def _quality(text: str) -> float:
+    try:
+        return check_quality(float(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -179,7 +197,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         options.profile,
         args.host,
         args.port,
-        json.dumps({k: v for k, v in asdict(faults).items() if v}),
+        json.dumps(
+            {k: v for k, v in asdict(faults).items() if v != getattr(_NO_FAULTS, k)}
+        ),
         "needs an engine key" if options.api_keys else "is open (no engine key)",
         "needs the admin token" if options.admin_token else "is open",
     )

@@ -1,14 +1,21 @@
 """The simulated vLLM replica's engine side: its options, faults and engine loop.
 
-Public surface: ``SimOptions``, ``Faults``, ``Stream``, ``SimReplica``,
-``next_step_start``, and the constants of vLLM's surface (``VLLM_VERSION``,
-``SYSTEM_FINGERPRINT``, ``MAX_BODY_BYTES``, ``DEGRADED_PIECES``).
+Public surface: ``SimOptions``, ``Faults``, ``Stream``, ``Answer``, ``SimReplica``,
+``check_quality``, ``next_step_start``, and the constants of vLLM's surface
+(``VLLM_VERSION``, ``SYSTEM_FINGERPRINT``, ``MAX_BODY_BYTES``, ``DEGRADED_PIECES``).
 
 One process is one replica: an engine loop that sleeps until each step's end on the
 event loop's monotonic clock, feeding each request's ``Stream`` of token events.
 The engine itself (``engine_nodes.domain.engine``) is pure and clock-free; the same
 model runs in virtual time in the fleet simulator. The HTTP side is
 ``engine_nodes.sim.server``.
+
+What the replica says: a prompt the oracle recognises (``engine_nodes.sim.oracle``)
+gets its answer, right with probability ``Faults.quality``; any other prompt gets
+generated words, as it always did; ``Faults.degraded`` answers every prompt with a
+refusal. An answer's tokens are not the generated ids the engine hashes into
+its output KV blocks, so a next turn that sends an oracle's answer back gets no
+prefix-cache hit on it (a refusal never did either).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from engine_nodes.domain.engine import (
     TokenEvent,
 )
 from engine_nodes.domain.perf import PROFILES
+from engine_nodes.sim import oracle
 from engine_nodes.sim.metrics import EngineMetrics
 
 logger = logging.getLogger("engine_nodes.sim")
@@ -105,6 +113,10 @@ class Faults:
     - ``ready_in_s``: ``/health`` (and requests) answer 503 until that many seconds
       after the fault was set (a slow start).
     - ``degraded``: answers are a fixed refusal instead of normal text.
+    - ``quality``: the chance, in [0, 1], that a prompt the oracle recognises is
+      answered right (``engine_nodes.sim.oracle``; ``--sim-quality``); 1.0 is a
+      model that is always right. Not a failure as such, but set the same way, so
+      a test can make a version measurably worse without restarting it.
     """
 
     crash_after_tokens: int | None = None
@@ -113,6 +125,28 @@ class Faults:
     fail_rate: float = 0.0
     ready_in_s: float = 0.0
     degraded: bool = False
+    quality: float = 1.0
+
+
+def check_quality(value: Any) -> float:
+    """Return ``value`` as a quality, a number in [0, 1]; raise ValueError if not."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0.0 <= value <= 1.0
+    ):
+        raise ValueError(f"quality must be a number from 0 to 1, not {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What the replica says to a recognised prompt: its pieces, how many it sends
+    (at most ``max_tokens``) and why it stops."""
+
+    pieces: list[str]
+    output_len: int
+    finish_reason: str
 
 
 @dataclass(slots=True)
@@ -142,6 +176,7 @@ class SimReplica:
     ) -> None:
         self.options = options
         self.faults = faults or Faults()
+        check_quality(self.faults.quality)
         # The overrides name PerfProfile's float fields (sim.cli.PROFILE_FLAGS);
         # replace() refuses any other name at run time.
         profile_overrides: dict[str, Any] = dict(options.profile_overrides)
@@ -204,9 +239,12 @@ class SimReplica:
 
     def set_faults(self, **changes: Any) -> Faults:
         """Change faults at run time; unknown names raise ValueError."""
-        for name, value in changes.items():
+        for name in changes:
             if name not in Faults.__dataclass_fields__:
                 raise ValueError(f"unknown fault {name!r}")
+        if "quality" in changes:
+            changes = {**changes, "quality": check_quality(changes["quality"])}
+        for name, value in changes.items():
             setattr(self.faults, name, value)
         if "ready_in_s" in changes:
             self._ready_at = time.monotonic() + float(changes["ready_in_s"])
@@ -246,12 +284,19 @@ class SimReplica:
         max_tokens: int,
         arrived_at: float,
         text_seed: int,
+        answer: Answer | None = None,
     ) -> Stream:
-        """Queue a request in the engine and return the stream its tokens arrive on."""
+        """Queue a request in the engine and return the stream its tokens arrive on.
+
+        With ``answer`` (``plan_answer``) the stream carries its pieces; else
+        generated words, or the refusal while ``degraded``.
+        """
         if self.faults.degraded:
             pieces = [
                 DEGRADED_PIECES[i % len(DEGRADED_PIECES)] for i in range(output_len)
             ]
+        elif answer is not None:
+            pieces = answer.pieces
         else:
             pieces = tokens.output_text(text_seed, output_len)
         stream = Stream(
@@ -401,6 +446,35 @@ class SimReplica:
         if sampled >= max_tokens:
             return max_tokens, "length"
         return sampled, "stop"
+
+    def plan_answer(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        max_tokens: int,
+        ignore_eos: bool,
+        text_seed: int,
+    ) -> Answer | None:
+        """Return the answer to a prompt the oracle recognises, else None.
+
+        None also while ``degraded`` (the refusal wins). The answer's pieces are
+        the tokenizer's, so usage counts follow its text; past ``max_tokens`` it is
+        cut (``length``). With ``ignore_eos`` generated words follow the answer up
+        to ``max_tokens``, as a model that is not allowed to stop.
+        """
+        if self.faults.degraded:
+            return None
+        text = oracle.reply(
+            messages, quality=self.faults.quality, seed=self.options.seed
+        )
+        if text is None:
+            return None
+        pieces = oracle.answer_pieces(text) or [" "]
+        if ignore_eos and len(pieces) < max_tokens:
+            pieces += tokens.output_text(text_seed, max_tokens - len(pieces))
+        if len(pieces) > max_tokens or ignore_eos:
+            return Answer(pieces[:max_tokens], max_tokens, "length")
+        return Answer(pieces, len(pieces), "stop")
 
     def roll_failure(self) -> bool:
         """Return True when this request must fail before its first token."""

@@ -6,7 +6,8 @@ A raw ASGI app (no framework: this process relays thousands of SSE chunks a seco
 and should spend its CPU on them). Clients see vLLM's bytes: chunk shapes, usage,
 error bodies, status codes and metric names (``/v1/chat/completions`` streaming
 and not, ``/v1/models``, ``/health``, ``/metrics``, ``/tokenize``, ``/version``,
-and ``/sim/faults`` behind the admin token).
+and ``/sim/faults`` behind the admin token; it sets ``degraded`` and ``quality``
+as well as the failures).
 
 Started with an engine key (``--api-key`` or ``VLLM_API_KEY``, as vLLM is), every
 path under ``/v1`` needs ``Authorization: Bearer <key>`` and anything else gets
@@ -358,12 +359,6 @@ class SimApp:
             )
         if not replica.is_ready:
             raise HttpError(503, "The server is starting up")
-        limit = self.options.max_num_queued_reqs
-        if limit and replica.queued_requests >= limit:
-            replica.metrics.record_admission_rejection("max_num_queued_reqs")
-            raise HttpError(503, "The server is overloaded: too many queued requests")
-        if replica.roll_failure():
-            raise HttpError(500, "simulated engine failure before the first token")
         stream_options = body.get("stream_options") or {}
         include_usage = bool(
             self.options.enable_force_include_usage
@@ -374,14 +369,32 @@ class SimApp:
         )
         request_seed = body.get("seed")
         text_seed = _stable_seed(request_seed, prompt_ids[-16:], prompt_len)
-        output_len, finish_reason = replica.choose_output_len(
-            max_tokens=max_tokens,
-            ignore_eos=bool(body.get("ignore_eos")),
-            seed=_stable_seed(request_seed, prompt_ids[-32:], prompt_len, max_tokens),
+        ignore_eos = bool(body.get("ignore_eos"))
+        # A prompt the oracle knows gets its answer (right or not, by quality).
+        answer = replica.plan_answer(
+            messages, max_tokens=max_tokens, ignore_eos=ignore_eos, text_seed=text_seed
         )
+        if answer is not None:
+            output_len, finish_reason = answer.output_len, answer.finish_reason
+        else:
+            output_len, finish_reason = replica.choose_output_len(
+                max_tokens=max_tokens,
+                ignore_eos=ignore_eos,
+                seed=_stable_seed(
+                    request_seed, prompt_ids[-32:], prompt_len, max_tokens
+                ),
+            )
         if replica.frontend_ms > 0:
             # Tokenization and request set-up, counted in TTFT as vLLM counts it.
             await asyncio.sleep(replica.frontend_ms / 1000.0)
+        # Checked with no await before submit: requests that arrive together all
+        # sleep the frontend time first, and each must see the others queued.
+        limit = self.options.max_num_queued_reqs
+        if limit and replica.queued_requests >= limit:
+            replica.metrics.record_admission_rejection("max_num_queued_reqs")
+            raise HttpError(503, "The server is overloaded: too many queued requests")
+        if replica.roll_failure():
+            raise HttpError(500, "simulated engine failure before the first token")
         request_id = f"chatcmpl-{secrets.token_hex(8)}"
         stream = replica.submit(
             request_id=request_id,
@@ -391,6 +404,7 @@ class SimApp:
             max_tokens=max_tokens,
             arrived_at=arrived_at,
             text_seed=text_seed,
+            answer=answer,
         )
         headers: list[tuple[bytes, bytes]] = []
         if self.options.enable_request_id_headers:

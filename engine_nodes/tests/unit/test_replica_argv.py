@@ -11,9 +11,11 @@ from engine_nodes.domain.replica_argv import (
     ReplicaSpec,
     engine_flag_args,
     sim_profile_for,
+    sim_quality_for,
     sim_replica_argv,
     vllm_serve_argv,
 )
+from engine_nodes.sim.cli import build_parser, options_from_args
 
 WEIGHTS = "/var/lib/platform/weights/" + "a" * 64
 
@@ -442,3 +444,47 @@ def test_sim_profile_for_rejects_non_slug_names(profile: object) -> None:
     spec = make_spec(engine_config={"sim_profile": profile})
     with pytest.raises(ValueError, match="slug"):
         sim_profile_for(spec)
+
+
+def test_sim_replica_argv_passes_the_configured_quality() -> None:
+    spec = make_spec(engine_config={"sim_quality": 0.5, "max_num_seqs": 8})
+    argv = sim_replica_argv(spec)
+    assert argv[11:17] == [
+        "--sim-profile",
+        "a100-8b",
+        "--sim-quality",
+        "0.5",
+        "--enable-prefix-caching",
+        "--enable-prompt-tokens-details",
+    ]
+    assert argv[-2:] == ["--max-num-seqs", "8"]
+    assert sim_quality_for(make_spec(engine_config={"sim_quality": 1})) == 1.0
+
+
+def test_sim_replica_argv_leaves_quality_to_the_simulator_default() -> None:
+    assert "--sim-quality" not in sim_replica_argv(make_spec())
+    assert sim_quality_for(make_spec()) is None
+
+
+def test_vllm_serve_argv_never_passes_the_sim_quality() -> None:
+    spec = make_spec(engine_config={"sim_quality": 0.5, "sim_profile": "h100-8b"})
+    argv = vllm_serve_argv(spec)
+    assert not any("sim" in arg or arg == "0.5" for arg in argv)
+    assert argv == vllm_serve_argv(make_spec())
+
+
+@pytest.mark.parametrize("quality", [1.5, -0.1, True, "0.5", float("nan")])
+def test_sim_quality_outside_zero_to_one_is_refused(quality: object) -> None:
+    spec = make_spec(engine_config={"sim_quality": quality})
+    with pytest.raises(ValueError, match="not a number from 0 to 1"):
+        sim_replica_argv(spec)
+
+
+def test_the_simulator_parses_the_quality_flag_it_is_given() -> None:
+    spec = make_spec(weights_dir="", engine_config={"sim_quality": 0.25})
+    argv = sim_replica_argv(spec)
+    options, faults = options_from_args(build_parser().parse_args(argv[3:]))
+    assert faults.quality == 0.25
+    assert options.served_model_names == ["chat-7b@v3"]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*argv[3:], "--sim-quality", "2"])
