@@ -1,35 +1,48 @@
 """The eval gate's arithmetic: eval sets, task metrics, judge trust and the verdict.
 
-Public surface: ``CATEGORIES``, ``EvalItem``, ``EvalSetError``, ``parse_eval_set``,
-``normalise_answer``, ``numeric_answer``, ``score_answer``, ``judge_score``,
+Public surface: ``CATEGORIES``, ``PAIR_LABELS``, ``JUDGE_VERDICTS``, ``EvalItem``,
+``EvalSetError``, ``parse_eval_set``, ``normalise_answer``, ``numeric_answer``, ``score_answer``, ``judge_score``,
 ``cohen_kappa``, ``JudgeTrust``, ``judge_trust``, ``CategoryResult``,
-``compare_category``, ``GateVerdict``, ``eval_verdict``.
+``compare_category``, ``GateVerdict``, ``eval_verdict``, ``floor_verdict``.
 
 Pure: no Django, no I/O. The gate's tasks (issue 15) read the JSONL, send each
 prompt through the gateway to the candidate and the live version, ask the judge,
-and hand the answers here.
+and hand the answers here (``models_registry.gates.eval_run``).
 
 **Eval sets** are JSONL, one item per line: ``{"id", "messages", "reference",
-"category"}`` and, on some items, ``"human_label"``: which answer a person
-preferred, ``"candidate"``, ``"live"`` or ``"tie"``, used only to check the judge.
-``category`` is one of ``CATEGORIES``. A malformed line is an ``EvalSetError``
-naming the file and the line.
+"category"}``; ``category`` is one of ``CATEGORIES``. Some items also carry a
+labelled pair, to check the judge against people:
+
+- ``"labelled_pair": {"a": "<an answer>", "b": "<another answer>"}``: two fixed
+  answers to the item's question (written or collected once, never regenerated);
+- ``"human_label": "a" | "b" | "tie"`` (``PAIR_LABELS``): which of the two a
+  person judged better, ``"tie"`` when both are as good (or as bad).
+
+The two come together or not at all. A preference only means something for the
+pair that was shown, so the judge is run on the same fixed pair to measure its
+agreement, never on whatever the candidate and live versions answered that day.
+Identical answers can only tie. A malformed line is an ``EvalSetError`` naming
+the file and the line.
 
 **Task metrics**, one score in [0, 1] per answer (``score_answer``):
 
 - ``general`` and ``reasoning``: normalised exact match (lower case, punctuation
-  and articles dropped, whitespace collapsed, as SQuAD's evaluation normalises);
+  and articles dropped, whitespace collapsed, as SQuAD's evaluation normalises,
+  but a number keeps its minus sign);
 - ``maths``: the last number in the answer equals the reference's (``1,000`` and
   ``1000.0`` are the same number);
 - ``long_output``: completion times length: 0 when the answer was cut off
   (``finish_reason`` not ``stop``), else the answer's length over the reference's,
   capped at 1 (an answer half as long as the reference scores 0.5).
 
-**The judge** compares the two answers of an item pairwise and says
-``candidate``, ``live`` or ``tie`` (``judge_score``: 1, 0, 0.5 for the candidate).
-It is trusted only when its verdicts agree with the human labels beyond chance:
-Cohen's kappa at least ``min_kappa`` over at least ``min_labels`` labelled items
-(``judge_trust``). An untrusted judge fails the gate closed, saying so.
+**The judge** compares two answers to an item's question pairwise. On the
+candidate's and the live version's answers its verdict is ``candidate``, ``live``
+or ``tie`` (``JUDGE_VERDICTS``; ``judge_score``: 1, 0, 0.5 for the candidate). On
+a labelled pair it says ``a``, ``b`` or ``tie`` and is held to the human label:
+it is trusted only when its verdicts agree with the labels beyond chance, Cohen's
+kappa at least ``min_kappa`` over at least ``min_labels`` labelled pairs
+(``judge_trust``). A reply that could not be read (``None``) agrees with no
+label. An untrusted judge fails the gate closed, saying so.
 
 **The verdict** (``eval_verdict``), per category and metric (the task metric, and
 the judge's preference when the judge is trusted): the mean paired difference
@@ -39,9 +52,13 @@ out a drop larger than its threshold: the interval's low end is at least
 ``-threshold``. For the judge, each item scores the candidate ``w`` and live
 ``1 - w``, so the difference is the share of items the judge gave the candidate
 less the share it gave live: on the same scale as a task metric's difference in
-the share of right answers, and held to the same threshold. So a real drop fails, and so does an eval set too small to rule
-one out: the gate fails closed and the report says which. The seed: "Ship INT8
-only if the team's own eval set shows no real drop."
+the share of right answers, and held to the same threshold. So a real drop
+fails, and so does an eval set too small to rule one out: the gate fails closed
+and the report says which. The seed: "Ship INT8 only if the team's own eval set
+shows no real drop."
+
+A model's first version has no live version to compare with: ``floor_verdict``
+holds each category to a floor instead (the floor plays live's score).
 """
 
 from __future__ import annotations
@@ -59,6 +76,8 @@ from scipy import stats
 
 __all__ = [
     "CATEGORIES",
+    "JUDGE_VERDICTS",
+    "PAIR_LABELS",
     "CategoryResult",
     "EvalItem",
     "EvalSetError",
@@ -67,6 +86,7 @@ __all__ = [
     "cohen_kappa",
     "compare_category",
     "eval_verdict",
+    "floor_verdict",
     "judge_score",
     "judge_trust",
     "normalise_answer",
@@ -77,8 +97,13 @@ __all__ = [
 
 CATEGORIES = ("reasoning", "maths", "long_output", "general")
 JUDGE_VERDICTS = ("candidate", "live", "tie")
+PAIR_LABELS = ("a", "b", "tie")
+_FIELDS = frozenset(
+    {"id", "messages", "reference", "category", "labelled_pair", "human_label"}
+)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
+_MINUS = re.compile(r"(?<![\w.])-(?=\.?\d)")
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
 _MAX_ID = 200
 
@@ -101,13 +126,34 @@ class EvalItem:
     messages: tuple[dict[str, str], ...]
     reference: str
     category: str
+    # The fixed pair a person labelled, (a, b), and which they preferred.
+    labelled_pair: tuple[str, str] | None = None
     human_label: str | None = None
+
+
+def _labelled_pair(data: dict[str, Any]) -> tuple[tuple[str, str] | None, str | None]:
+    pair, label = data.get("labelled_pair"), data.get("human_label")
+    if pair is None and label is None:
+        return None, None
+    if pair is None or label is None:
+        raise ValueError("labelled_pair and human_label come together")
+    if (
+        not isinstance(pair, dict)
+        or set(pair) != {"a", "b"}
+        or not all(isinstance(v, str) for v in pair.values())
+    ):
+        raise ValueError('labelled_pair must be {"a": string, "b": string}')
+    if label not in PAIR_LABELS:
+        raise ValueError(f"human_label must be one of {', '.join(PAIR_LABELS)}")
+    if pair["a"] == pair["b"] and label != "tie":
+        raise ValueError("a labelled pair of identical answers can only tie")
+    return (pair["a"], pair["b"]), label
 
 
 def _item(data: Any, seen: set[str]) -> EvalItem:
     if not isinstance(data, dict):
         raise ValueError("an item is a JSON object")
-    unknown = set(data) - {"id", "messages", "reference", "category", "human_label"}
+    unknown = set(data) - _FIELDS
     if unknown:
         raise ValueError(f"unknown field {sorted(unknown)[0]!r}")
     item_id = data.get("id")
@@ -136,9 +182,7 @@ def _item(data: Any, seen: set[str]) -> EvalItem:
     category = data.get("category")
     if category not in CATEGORIES:
         raise ValueError(f"category must be one of {', '.join(CATEGORIES)}")
-    label = data.get("human_label")
-    if label is not None and label not in JUDGE_VERDICTS:
-        raise ValueError(f"human_label must be one of {', '.join(JUDGE_VERDICTS)}")
+    pair, label = _labelled_pair(data)
     if category == "maths" and numeric_answer(reference) is None:
         raise ValueError("a maths reference must contain a number")
     return EvalItem(
@@ -146,6 +190,7 @@ def _item(data: Any, seen: set[str]) -> EvalItem:
         messages=tuple(dict(m) for m in messages),
         reference=reference,
         category=category,
+        labelled_pair=pair,
         human_label=label,
     )
 
@@ -177,8 +222,12 @@ def parse_eval_set(lines: Iterable[str], *, source: str) -> list[EvalItem]:
 
 
 def normalise_answer(text: str) -> str:
-    """Lower case, no punctuation, no articles, single spaces (SQuAD's rule)."""
-    text = text.lower().translate(_PUNCTUATION)
+    """Lower case, no punctuation, no articles, single spaces (SQuAD's rule).
+
+    Unlike SQuAD, a minus sign before a number is kept (as the word ``minus``):
+    punctuation it may be, but ``-4`` is not the answer ``4``.
+    """
+    text = _MINUS.sub(" minus ", text.lower()).translate(_PUNCTUATION)
     return " ".join(_ARTICLES.sub(" ", text).split())
 
 
@@ -235,12 +284,14 @@ def cohen_kappa(first: Sequence[str], second: Sequence[str]) -> float:
 
 @dataclass(frozen=True, slots=True)
 class JudgeTrust:
-    """Whether the judge's verdicts agree enough with people's to be used."""
+    """Whether the judge's verdicts on labelled pairs agree enough with people's."""
 
     labelled: int
     kappa: float | None
     min_kappa: float
     min_labels: int
+    agreed: int = 0  # pairs where the judge said what the person said
+    unparsed: int = 0  # replies that could not be read (they agree with nothing)
 
     @property
     def trusted(self) -> bool:
@@ -257,16 +308,23 @@ class JudgeTrust:
                 f"the judge is not trusted: {self.labelled} human labels, "
                 f"at least {self.min_labels} are needed to check it"
             )
+        unread = f", {self.unparsed} replies unreadable" if self.unparsed else ""
         if not self.trusted:
             return (
                 f"the judge is not trusted: Cohen's kappa {self.kappa:.2f} against "
-                f"the human labels, below {self.min_kappa:.2f}"
+                f"{self.labelled} human labels, below {self.min_kappa:.2f} "
+                f"(it agreed on {self.agreed}{unread})"
             )
-        return f"the judge agrees with people: kappa {self.kappa:.2f}"
+        return (
+            f"the judge agrees with people: kappa {self.kappa:.2f} over "
+            f"{self.labelled} human labels{unread}"
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "labelled": self.labelled,
+            "agreed": self.agreed,
+            "unparsed": self.unparsed,
             "kappa": self.kappa,
             "min_kappa": self.min_kappa,
             "min_labels": self.min_labels,
@@ -276,20 +334,35 @@ class JudgeTrust:
 
 
 def judge_trust(
-    pairs: Iterable[tuple[str, str]], *, min_kappa: float = 0.6, min_labels: int = 20
+    pairs: Iterable[tuple[str | None, str]],
+    *,
+    min_kappa: float = 0.6,
+    min_labels: int = 20,
 ) -> JudgeTrust:
-    """Judge the judge on ``(judge verdict, human label)`` pairs.
+    """Judge the judge on ``(judge verdict, human label)`` of labelled pairs.
 
-    0.6 is where Landis and Koch's scale starts "substantial" agreement.
+    Both are ``PAIR_LABELS``; a verdict of None (a reply that could not be read)
+    is a disagreement. 0.6 is where Landis and Koch's scale starts "substantial"
+    agreement.
     """
-    judged, human = [], []
+    judged: list[str] = []
+    human: list[str] = []
+    unparsed = 0
     for verdict, label in pairs:
-        judge_score(verdict)  # validates both
-        judge_score(label)
+        if label not in PAIR_LABELS:
+            raise ValueError(f"a human label is one of {', '.join(PAIR_LABELS)}")
+        if verdict is None:
+            unparsed += 1
+            verdict = "unreadable"  # a category of its own: never agrees
+        elif verdict not in PAIR_LABELS:
+            raise ValueError(
+                f"a judge verdict on a labelled pair is one of {', '.join(PAIR_LABELS)}"
+            )
         judged.append(verdict)
         human.append(label)
     kappa = cohen_kappa(judged, human) if judged else None
-    return JudgeTrust(len(judged), kappa, min_kappa, min_labels)
+    agreed = sum(j == h for j, h in zip(judged, human, strict=True))
+    return JudgeTrust(len(judged), kappa, min_kappa, min_labels, agreed, unparsed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,7 +370,7 @@ class CategoryResult:
     """One category and metric: candidate against live, and whether it passes."""
 
     category: str
-    metric: str  # task | judge
+    metric: str  # task | judge | floor
     items: int
     candidate_mean: float
     live_mean: float
@@ -305,6 +378,7 @@ class CategoryResult:
     low: float
     high: float
     threshold: float
+    confidence: float = 0.95
 
     @property
     def passed(self) -> bool:
@@ -312,22 +386,28 @@ class CategoryResult:
 
     @property
     def reason(self) -> str:
+        """One sentence a person reads: what changed, how sure, against what."""
+        name = f"{self.category} ({self.metric})"
+        ci = f"{self.confidence:.0%} CI {self.low:+.3f} to {self.high:+.3f}"
         if self.passed:
             return (
-                f"{self.category} ({self.metric}): {self.difference:+.3f}, interval "
-                f"[{self.low:+.3f}, {self.high:+.3f}] rules out a drop over "
-                f"{self.threshold:.3f}"
+                f"{name}: no drop over its {self.threshold:.3f} threshold "
+                f"(difference {self.difference:+.3f}, {ci}, {self.items} items)"
             )
         if self.high < -self.threshold:
-            why = "a real drop"
-        elif self.difference < -self.threshold:
-            why = f"a likely drop, which {self.items} items cannot confirm"
-        else:
-            why = f"{self.items} items cannot rule out a drop"
+            return (
+                f"{name}: a real drop of {-self.difference:.3f} ({ci}, "
+                f"{self.items} items), more than its {self.threshold:.3f} threshold"
+            )
+        if self.difference < -self.threshold:
+            return (
+                f"{name}: a likely drop of {-self.difference:.3f}, which "
+                f"{self.items} items cannot confirm ({ci}), over its "
+                f"{self.threshold:.3f} threshold"
+            )
         return (
-            f"{self.category} ({self.metric}): {why}: {self.difference:+.3f}, "
-            f"interval [{self.low:+.3f}, {self.high:+.3f}], threshold "
-            f"{self.threshold:.3f}"
+            f"{name}: {self.items} items cannot rule out a drop over its "
+            f"{self.threshold:.3f} threshold (difference {self.difference:+.3f}, {ci})"
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -340,6 +420,7 @@ class CategoryResult:
             "difference": self.difference,
             "interval": [self.low, self.high],
             "threshold": self.threshold,
+            "confidence": self.confidence,
             "passed": self.passed,
             "reason": self.reason,
         }
@@ -393,6 +474,7 @@ def compare_category(
         low=low,
         high=high,
         threshold=threshold,
+        confidence=confidence,
     )
 
 
@@ -490,5 +572,52 @@ def eval_verdict(
         reasons=tuple(reasons),
         results=tuple(results),
         judge=judge,
+        thresholds=dict(thresholds),
+    )
+
+
+def floor_verdict(
+    items: Sequence[EvalItem],
+    candidate_scores: Mapping[str, float],
+    *,
+    floors: Mapping[str, float],
+    thresholds: Mapping[str, float],
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> GateVerdict:
+    """Return the verdict on a model's first version, which has no live one to beat.
+
+    Each category's scores are held to its floor instead: the floor stands in for
+    the live version's score on every item (metric ``floor``), with the same
+    interval and threshold, so a first version passes only if the interval rules
+    out falling more than the threshold below the floor.
+    """
+    missing = [i.id for i in items if i.id not in candidate_scores]
+    if missing:
+        raise ValueError(f"no score for item {missing[0]!r}")
+    results: list[CategoryResult] = []
+    for category in CATEGORIES:
+        in_category = [i for i in items if i.category == category]
+        if not in_category:
+            continue
+        if category not in thresholds or category not in floors:
+            raise ValueError(f"no threshold or floor for category {category!r}")
+        results.append(
+            compare_category(
+                category,
+                [candidate_scores[i.id] for i in in_category],
+                [floors[category]] * len(in_category),
+                threshold=thresholds[category],
+                metric="floor",
+                confidence=confidence,
+                seed=seed,
+            )
+        )
+    failed = [r.reason for r in results if not r.passed]
+    return GateVerdict(
+        passed=not failed,
+        reasons=tuple(failed or [r.reason for r in results]),
+        results=tuple(results),
+        judge=None,
         thresholds=dict(thresholds),
     )

@@ -13,6 +13,7 @@ from models_registry.domain.eval_gate import (
     cohen_kappa,
     compare_category,
     eval_verdict,
+    floor_verdict,
     judge_trust,
     normalise_answer,
     numeric_answer,
@@ -48,12 +49,20 @@ def test_an_eval_set_parses_and_skips_blank_lines() -> None:
         [
             line(),
             "",
-            line(id="q2", category="general", reference="Paris", human_label="tie"),
+            line(
+                id="q2",
+                category="general",
+                reference="Paris",
+                labelled_pair={"a": "Paris", "b": "Lyon"},
+                human_label="a",
+            ),
         ],
         source="evals/chat.jsonl",
     )
     assert [i.id for i in items] == ["q1", "q2"]
-    assert items[1].human_label == "tie"
+    assert items[0].labelled_pair is None and items[0].human_label is None
+    assert items[1].labelled_pair == ("Paris", "Lyon")
+    assert items[1].human_label == "a"
     assert items[0].messages == ({"role": "user", "content": "What is 6 x 7?"},)
 
 
@@ -67,7 +76,14 @@ def test_an_eval_set_parses_and_skips_blank_lines() -> None:
         (line(messages=[]), "messages must be"),
         (line(messages=[{"role": "robot", "content": "x"}]), "each message"),
         (line(messages=[{"role": "assistant", "content": "x"}]), "the user's"),
-        (line(human_label="maybe"), "human_label"),
+        (line(labelled_pair={"a": "42", "b": "41"}, human_label="maybe"), "one of a"),
+        (line(labelled_pair={"a": "42", "b": "41"}, human_label="candidate"), "one of"),
+        (line(human_label="a"), "come together"),
+        (line(labelled_pair={"a": "42", "b": "41"}), "come together"),
+        (line(labelled_pair={"a": "42"}, human_label="a"), "labelled_pair must be"),
+        (line(labelled_pair=["42", "41"], human_label="a"), "labelled_pair must be"),
+        (line(labelled_pair={"a": 42, "b": "41"}, human_label="a"), "must be"),
+        (line(labelled_pair={"a": "42", "b": "42"}, human_label="b"), "only tie"),
         (line(reference="forty-two"), "must contain a number"),
         (line(extra=1), "unknown field 'extra'"),
         (line(id=""), "id must be"),
@@ -91,6 +107,11 @@ def test_a_repeated_id_and_an_empty_set_are_refused() -> None:
 def test_answers_are_normalised_as_squad_does() -> None:
     assert normalise_answer("The  Eiffel Tower!") == "eiffel tower"
     assert normalise_answer("an Apple, a day") == "apple day"
+    # A minus sign is no mere punctuation: -4 is not 4.
+    assert normalise_answer("-4") == "minus 4" != normalise_answer("4")
+    assert normalise_answer("x-4, well-known") == "x4 wellknown"
+    assert score_answer(item("reasoning", "-3"), "3") == 0.0
+    assert score_answer(item("reasoning", "-3"), "-3.") == 1.0
 
 
 @pytest.mark.parametrize(
@@ -134,21 +155,34 @@ def test_cohen_kappa_against_known_values() -> None:
 
 
 def test_a_judge_is_trusted_only_with_enough_agreeing_labels() -> None:
-    agreeing = [("candidate", "candidate"), ("live", "live"), ("tie", "tie")] * 8
-    assert judge_trust(agreeing).trusted
-    few = judge_trust(agreeing[:10])
+    agreeing: list[tuple[str | None, str]] = [("a", "a"), ("b", "b"), ("tie", "tie")]
+    trusted = judge_trust(agreeing * 8)
+    assert trusted.trusted
+    assert (trusted.labelled, trusted.agreed, trusted.kappa) == (24, 24, 1.0)
+    few = judge_trust(agreeing * 3)
     assert not few.trusted
-    assert "10 human labels, at least 20" in few.reason
+    assert "9 human labels, at least 20" in few.reason
     coin = random.Random(3)
-    noise = [
-        (coin.choice(["candidate", "live"]), coin.choice(["candidate", "live"]))
-        for _ in range(60)
+    noise: list[tuple[str | None, str]] = [
+        (coin.choice(["a", "b"]), coin.choice(["a", "b"])) for _ in range(60)
     ]
     noisy = judge_trust(noise)
     assert not noisy.trusted
     assert "not trusted: Cohen's kappa" in noisy.reason
     with pytest.raises(ValueError, match="judge verdict"):
-        judge_trust([("better", "live")])
+        judge_trust([("candidate", "a")])
+    with pytest.raises(ValueError, match="human label"):
+        judge_trust([("a", "live")])
+
+
+def test_an_unreadable_judge_reply_agrees_with_no_label() -> None:
+    pairs: list[tuple[str | None, str]] = [("a", "a"), ("b", "b")] * 10
+    read = judge_trust(pairs)
+    unread = judge_trust([(None, label) for _, label in pairs[:6]] + pairs[6:])
+    assert read.kappa == 1.0
+    assert unread.unparsed == 6 and unread.agreed == 14
+    assert unread.kappa is not None and unread.kappa < read.kappa
+    assert judge_trust([(None, "a")] * 25).kappa == pytest.approx(0.0)
 
 
 def test_a_real_drop_fails_and_no_drop_passes() -> None:
@@ -162,7 +196,9 @@ def test_a_real_drop_fails_and_no_drop_passes() -> None:
     dropped = compare_category("maths", worse, live, threshold=0.05)
     assert not dropped.passed
     assert dropped.high < -0.05
-    assert "a real drop" in dropped.reason
+    assert "a real drop of" in dropped.reason
+    assert "more than its 0.050 threshold" in dropped.reason
+    assert "95% CI" in dropped.reason
     assert dropped.low <= dropped.difference <= dropped.high
 
 
@@ -180,7 +216,7 @@ def test_too_few_items_cannot_rule_out_a_drop() -> None:
     )
     assert not worse.passed
     assert worse.low < worse.difference < -0.05 < worse.high
-    assert "a likely drop, which 6 items cannot confirm" in worse.reason
+    assert "a likely drop of 0.167, which 6 items cannot confirm" in worse.reason
     single = compare_category("reasoning", [1.0], [1.0], threshold=0.05)
     assert not single.passed  # one item proves nothing
 
@@ -215,7 +251,7 @@ def test_an_untrusted_judge_fails_the_gate_closed() -> None:
     items = [item("general", "yes", n) for n in range(50)]
     scores = {i.id: 1.0 for i in items}
     verdicts = {i.id: "tie" for i in items}
-    untrusted = judge_trust([("candidate", "live")] * 25)
+    untrusted = judge_trust([("a", "b")] * 25)
     verdict = eval_verdict(
         items,
         scores,
@@ -232,7 +268,7 @@ def test_a_trusted_judge_preferring_live_fails_the_category() -> None:
     items = [item("general", "yes", n) for n in range(200)]
     scores = {i.id: 1.0 for i in items}  # the task metric sees no difference
     verdicts = {i.id: ("live" if n % 4 else "tie") for n, i in enumerate(items)}
-    trusted = judge_trust([("candidate", "candidate"), ("live", "live")] * 15)
+    trusted = judge_trust([("a", "a"), ("b", "b")] * 15)
     verdict = eval_verdict(
         items,
         scores,
@@ -254,3 +290,28 @@ def test_the_verdict_refuses_missing_scores_and_thresholds() -> None:
         eval_verdict(items, {}, {}, thresholds=THRESHOLDS)
     with pytest.raises(ValueError, match="no threshold for category 'maths'"):
         eval_verdict(items, {"maths-0": 1.0}, {"maths-0": 1.0}, thresholds={})
+
+
+def test_a_first_version_is_held_to_the_floors() -> None:
+    items = [item("maths", "7", n) for n in range(100)] + [
+        item("general", "yes", n) for n in range(100)
+    ]
+    # Right on 90 % of maths, 40 % of general: general is far below its 0.7 floor.
+    scores = {
+        i.id: float(int(i.id.rsplit("-", 1)[1]) < (90 if i.category == "maths" else 40))
+        for i in items
+    }
+    floors = {"maths": 0.5, "general": 0.7}
+    verdict = floor_verdict(items, scores, floors=floors, thresholds=THRESHOLDS)
+    assert not verdict.passed
+    assert [(r.category, r.metric, r.passed) for r in verdict.results] == [
+        ("maths", "floor", True),
+        ("general", "floor", False),
+    ]
+    assert verdict.results[1].live_mean == pytest.approx(0.7)
+    assert verdict.reasons[0].startswith("general (floor): a real drop of 0.300")
+    assert floor_verdict(
+        items, scores, floors={"maths": 0.5, "general": 0.3}, thresholds=THRESHOLDS
+    ).passed
+    with pytest.raises(ValueError, match="no threshold or floor"):
+        floor_verdict(items, scores, floors={"maths": 0.5}, thresholds=THRESHOLDS)

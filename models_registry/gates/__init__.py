@@ -1,0 +1,1 @@
+"""The version gates that run outside a request: the eval gate and the load test."""
