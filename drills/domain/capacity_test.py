@@ -1,170 +1,121 @@
 """The seed's "capacity per version" procedure against one modelled replica.
 
-Public surface: ``CapacityCriteria``, ``CapacityStep``, ``CapacityAnswer``,
-``step_rates``, ``run_capacity_test``.
+Public surface: ``run_capacity_test``, ``replay_arrivals``,
+``run_trace_capacity_test``; and, re-exported from ``engine_nodes.domain.load_test``
+where the live load-test gate shares them, the rule, the search and the replay
+(``CapacityCriteria``, ``CapacityStep``, ``CapacityAnswer``, ``step_rates``,
+``judge_step``, ``check_search``, ``next_rate``, ``capacity_answer``,
+``search_capacity``, ``ReplayRequest``, ``ReplayTurn``, ``parse_replay_lines``,
+``read_replay_trace``, ``replay_tag``, ``replay_turns``, ``arrival_times``,
+``mean_output_tokens``).
 
-"Replay logged prompts at a fixed arrival rate and raise the rate step by step.
-The highest output tokens per second at which p95 TTFT stays under 1 second and
-streams keep 30 tokens per second replaces the assumed 2,500."
+**Modelled measurement.** Each step is a fresh one-replica fleet (``FleetSim``
+with ``replicas=1``; no gateway admission, as when a version is load-tested on its
+own) warmed up, then measured for ``duration_s``, fed either Poisson arrivals of a
+``ChatWorkload`` (``run_capacity_test``) or a replay (``run_trace_capacity_test``).
 
-Each step is a fresh one-replica fleet (``FleetSim`` with ``replicas=1``; no
-gateway admission, as when a version is load-tested on its own) fed Poisson
-arrivals of the workload's shape at a fixed rate: warmed up, then measured for
-``duration_s``. Per step: output tokens/s produced in the window, p95 TTFT of the
-requests that arrived in it, and each stream's token rate (``1 / TPOT``: output
-tokens after the first over the time they took). A step *holds* when p95 TTFT <
-``ttft_p95_max_s``, the ``stream_quantile`` of stream rates is at least
-``stream_min_tokens_per_s`` and every request got its first token before the
-drain ran out. The answer is the highest output tokens/s of a step that holds.
-
-``stream_quantile`` 0.5 (the default) asks the median stream to keep 30 tokens/s,
-the reading under which the profiles were calibrated (83 streams at 33 ms TPOT);
-0.05 asks it of 95% of streams, a stricter answer reported alongside.
-
-Rates go up until ``stop_after_failures`` steps in a row fail (past the knee the
-queue only grows) or the list ends.
+The rule, the search and the replay (how a step is judged, which rates run, how
+a trace is replayed, and why) are ``engine_nodes.domain.load_test``'s; this module
+adds only the modelled replica.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 
 from drills.domain.fleet import FleetSim
 from drills.domain.fleet_config import FleetConfig
-from drills.domain.workload import ChatWorkload
-from engine_nodes.domain.percentiles import percentile
+from drills.domain.fleet_result import FleetResult
+from drills.domain.replica import FleetRequest
+from drills.domain.workload import Arrival, ChatWorkload
+from engine_nodes.domain.load_test import (
+    CapacityAnswer,
+    CapacityCriteria,
+    CapacityStep,
+    ReplayRequest,
+    ReplayTurn,
+    arrival_times,
+    capacity_answer,
+    check_search,
+    judge_step,
+    mean_output_tokens,
+    next_rate,
+    parse_replay_lines,
+    read_replay_trace,
+    replay_tag,
+    replay_turns,
+    search_capacity,
+    step_rates,
+)
 
 __all__ = [
     "CapacityAnswer",
     "CapacityCriteria",
     "CapacityStep",
+    "ReplayRequest",
+    "ReplayTurn",
+    "arrival_times",
+    "capacity_answer",
+    "check_search",
+    "judge_step",
+    "mean_output_tokens",
+    "next_rate",
+    "parse_replay_lines",
+    "read_replay_trace",
+    "replay_arrivals",
+    "replay_tag",
+    "replay_turns",
     "run_capacity_test",
+    "run_trace_capacity_test",
+    "search_capacity",
     "step_rates",
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class CapacityCriteria:
-    """What a step must hold to count (the seed's: p95 TTFT < 1 s, 30 tokens/s)."""
-
-    ttft_p95_max_s: float = 1.0
-    stream_min_tokens_per_s: float = 30.0
-    stream_quantile: float = 0.5
-
-    def __post_init__(self) -> None:
-        if self.ttft_p95_max_s <= 0 or self.stream_min_tokens_per_s <= 0:
-            raise ValueError("the TTFT bound and the stream rate must be positive")
-        if not 0.0 < self.stream_quantile <= 1.0:
-            raise ValueError("stream_quantile must be in (0, 1]")
+# -- the modelled measurement ------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class CapacityStep:
-    """One arrival rate's measurements and whether they hold."""
-
-    arrival_rate: float
-    offered_tokens_per_s: float
-    requests: int
-    output_tokens_per_s: float
-    ttft_p95_s: float | None
-    stream_tokens_per_s_p50: float | None
-    stream_tokens_per_s_p5: float | None
-    stream_tokens_per_s: float | None  # at the criteria's quantile
-    not_started: int
-    holds: bool
-    holds_strict: bool  # with 95% of streams at the minimum rate
-    reasons: tuple[str, ...]
-
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "arrival_rate": self.arrival_rate,
-            "offered_tokens_per_s": self.offered_tokens_per_s,
-            "requests": self.requests,
-            "output_tokens_per_s": self.output_tokens_per_s,
-            "ttft_p95_s": self.ttft_p95_s,
-            "stream_tokens_per_s_p50": self.stream_tokens_per_s_p50,
-            "stream_tokens_per_s_p5": self.stream_tokens_per_s_p5,
-            "stream_tokens_per_s": self.stream_tokens_per_s,
-            "not_started": self.not_started,
-            "holds": self.holds,
-            "holds_strict": self.holds_strict,
-            "reasons": list(self.reasons),
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class CapacityAnswer:
-    """Every step run, and the replica's capacity under the criteria."""
-
-    steps: tuple[CapacityStep, ...]
-    criteria: CapacityCriteria
-    tokens_per_s: float | None
-    arrival_rate: float | None
-    strict_tokens_per_s: float | None  # 95% of streams at the minimum rate
-
-
-def step_rates(
+def _fleet_step(
+    result: FleetResult,
     *,
-    start_tokens_per_s: float,
-    step_tokens_per_s: float,
-    max_tokens_per_s: float,
-    answer_tokens: int,
-) -> list[float]:
-    """Return arrival rates (requests/s) offering ``start``, ``start + step``, ...
-    up to ``max`` output tokens/s for answers of ``answer_tokens``."""
-    if start_tokens_per_s <= 0 or step_tokens_per_s <= 0 or answer_tokens < 1:
-        raise ValueError("start, step and answer tokens must be positive")
-    rates = []
-    offered = start_tokens_per_s
-    while offered <= max_tokens_per_s + 1e-9:
-        rates.append(offered / answer_tokens)
-        offered += step_tokens_per_s
-    return rates
-
-
-def _measure(
-    config: FleetConfig,
-    workload: ChatWorkload,
     rate: float,
+    offered_tokens_per_s: float,
     criteria: CapacityCriteria,
-    *,
-    duration_s: float,
-    warmup_s: float,
+    free_tokens: Callable[[FleetRequest], int] | None = None,
 ) -> CapacityStep:
-    sim = FleetSim(config, replace(workload, arrival_rate=rate))
-    result = sim.run(duration_s, warmup_s=warmup_s)
+    """Judge one modelled step. ``free_tokens`` gives back the prompt tokens a
+    replay left out of a request (its shared preamble) to the hit rate."""
     requests = result.requests
-    ttfts = [r.ttft_s for r in requests if r.ttft_s is not None]
-    stream_rates = [1.0 / r.tpot_s for r in requests if r.tpot_s]
-    not_started = sum(1 for r in requests if r.first_token_at is None)
-    ttft_p95 = percentile(ttfts, 0.95)
-    p50 = percentile(stream_rates, 0.5)
-    p5 = percentile(stream_rates, 0.05)
-    judged = percentile(stream_rates, criteria.stream_quantile)
-    reasons = []
-    if ttft_p95 is None or ttft_p95 >= criteria.ttft_p95_max_s:
-        reasons.append("p95 TTFT")
-    if not_started:
-        reasons.append("requests never started")
-
-    def slow(value: float | None) -> bool:
-        return value is None or value < criteria.stream_min_tokens_per_s
-
-    return CapacityStep(
+    scheduled = [r for r in requests if r.first_token_at is not None]
+    free = [free_tokens(r) if free_tokens else 0 for r in scheduled]
+    prompt = sum(r.prompt_tokens for r in scheduled) + sum(free)
+    samples = result.samples
+    return judge_step(
         arrival_rate=rate,
-        offered_tokens_per_s=rate * workload.answer_tokens,
+        offered_tokens_per_s=offered_tokens_per_s,
         requests=len(requests),
+        ttfts=[r.ttft_s for r in requests if r.ttft_s is not None],
+        stream_rates=[1.0 / r.tpot_s for r in requests if r.tpot_s],
+        not_started=sum(1 for r in requests if r.first_token_at is None),
         output_tokens_per_s=result.generated_tokens / result.duration_s,
-        ttft_p95_s=ttft_p95,
-        stream_tokens_per_s_p50=p50,
-        stream_tokens_per_s_p5=p5,
-        stream_tokens_per_s=judged,
-        not_started=not_started,
-        holds=not reasons and not slow(judged),
-        holds_strict=not reasons and not slow(p5),
-        reasons=(*reasons, *(["stream rate"] if slow(judged) else [])),
+        criteria=criteria,
+        prefix_hit_rate=(
+            (sum(r.cached_tokens for r in scheduled) + sum(free)) / prompt
+            if prompt
+            else None
+        ),
+        tokens_in_flight=(
+            sum(sum(s.tokens_in_flight) for s in samples) / len(samples)
+            if samples
+            else None
+        ),
     )
+
+
+def _check_times(duration_s: float, warmup_s: float) -> None:
+    if duration_s <= 0 or warmup_s < 0:
+        raise ValueError("duration_s must be positive and warmup_s not negative")
 
 
 def run_capacity_test(
@@ -175,38 +126,123 @@ def run_capacity_test(
     criteria: CapacityCriteria | None = None,
     duration_s: float = 120.0,
     warmup_s: float = 30.0,
+    drain_s: float = 120.0,
     stop_after_failures: int = 2,
 ) -> CapacityAnswer:
-    """Measure one replica at each arrival rate in turn; return the steps and the
-    highest output tokens/s that held (None if none did)."""
-    if not rates or any(rate <= 0 for rate in rates):
-        raise ValueError("give at least one positive arrival rate")
-    if duration_s <= 0 or warmup_s < 0 or stop_after_failures < 1:
-        raise ValueError("duration_s and stop_after_failures must be positive")
+    """Measure one replica at each arrival rate of ``workload`` in turn; return the
+    steps and the highest output tokens/s that held (None if none did)."""
+    check_search(rates, stop_after_failures)
+    _check_times(duration_s, warmup_s)
     criteria = criteria or CapacityCriteria()
     config = replace(config, replicas=1, admission=False)
-    steps: list[CapacityStep] = []
-    failures = 0
-    for rate in sorted(rates):
-        step = _measure(
-            config,
-            workload,
-            rate,
-            criteria,
-            duration_s=duration_s,
-            warmup_s=warmup_s,
+
+    def measure(rate: float) -> CapacityStep:
+        sim = FleetSim(config, replace(workload, arrival_rate=rate))
+        return _fleet_step(
+            sim.run(duration_s, warmup_s=warmup_s, drain_s=drain_s),
+            rate=rate,
+            offered_tokens_per_s=rate * workload.answer_tokens,
+            criteria=criteria,
         )
-        steps.append(step)
-        failures = 0 if step.holds else failures + 1
-        if failures >= stop_after_failures:
-            break
-    held = [s for s in steps if s.holds]
-    best = max(held, key=lambda s: s.output_tokens_per_s, default=None)
-    strict = [s.output_tokens_per_s for s in steps if s.holds_strict]
-    return CapacityAnswer(
-        steps=tuple(steps),
-        criteria=criteria,
-        tokens_per_s=best.output_tokens_per_s if best else None,
-        arrival_rate=best.arrival_rate if best else None,
-        strict_tokens_per_s=max(strict, default=None),
+
+    return search_capacity(
+        measure, rates, criteria=criteria, stop_after_failures=stop_after_failures
+    )
+
+
+def _free_tokens(request: ReplayRequest, block_size: int) -> int:
+    """Return the whole blocks of ``request``'s preamble (computed once for all)."""
+    return request.preamble_tokens // block_size * block_size
+
+
+def replay_arrivals(
+    trace: Sequence[ReplayRequest],
+    rate: float,
+    seed: int,
+    *,
+    warmup_s: float,
+    duration_s: float,
+    block_size: int,
+) -> Iterator[Arrival]:
+    """Yield the modelled arrivals of one step of a replay.
+
+    One stream per conversation and lap, holding prompts only (see the module
+    docstring). The preamble every conversation shares (its whole blocks) is
+    served from the cache to all but the first request on a replica; the fleet's
+    blocks are per conversation, so it is left out of the modelled prompts, which
+    costs those tokens neither prefill nor KV memory, as on the replica.
+    """
+    if not trace:
+        raise ValueError("the trace has no requests")
+    n = len(trace)
+    stream_of: dict[tuple[int, int], int] = {}
+    streams = 0
+    times = arrival_times(rate, seed, warmup_s=warmup_s, duration_s=duration_s)
+    for index, at in enumerate(times):
+        lap, position = divmod(index, n)
+        request = trace[position]
+        key = (lap, request.conversation_index)
+        if request.starts_stream or key not in stream_of:
+            stream_of[key] = streams
+            streams += 1
+        free = _free_tokens(request, block_size)
+        yield Arrival(
+            at=at,
+            team=request.team,
+            tier=request.tier,
+            conversation=stream_of[key],
+            prompt_tokens=request.prompt_tokens - free,
+            output_tokens=request.output_tokens,
+            max_tokens=request.output_tokens,
+            history_tokens=max(0, request.history_tokens - free),
+            stream_tokens=request.prompt_tokens - free,
+        )
+
+
+def run_trace_capacity_test(
+    config: FleetConfig,
+    trace: Sequence[ReplayRequest],
+    rates: Sequence[float],
+    *,
+    criteria: CapacityCriteria | None = None,
+    duration_s: float = 120.0,
+    warmup_s: float = 30.0,
+    drain_s: float = 120.0,
+    stop_after_failures: int = 2,
+    seed: int = 0,
+) -> CapacityAnswer:
+    """Measure one modelled replica replaying ``trace`` at each rate in turn (the
+    live gate's steps, in virtual time); return the steps and the answer."""
+    check_search(rates, stop_after_failures)
+    _check_times(duration_s, warmup_s)
+    answer_tokens = mean_output_tokens(trace)
+    criteria = criteria or CapacityCriteria()
+    config = replace(config, replicas=1, admission=False)
+
+    block_size = config.block_size
+
+    def free(request: FleetRequest) -> int:
+        # Request ids count arrivals from 1, in order: the trace's lines, cycling.
+        return _free_tokens(trace[(request.request_id - 1) % len(trace)], block_size)
+
+    def measure(rate: float) -> CapacityStep:
+        arrivals = replay_arrivals(
+            trace,
+            rate,
+            seed,
+            warmup_s=warmup_s,
+            duration_s=duration_s,
+            block_size=block_size,
+        )
+        sim = FleetSim(config, arrivals=arrivals)
+        return _fleet_step(
+            sim.run(duration_s, warmup_s=warmup_s, drain_s=drain_s),
+            rate=rate,
+            offered_tokens_per_s=rate * answer_tokens,
+            criteria=criteria,
+            free_tokens=free,
+        )
+
+    return search_capacity(
+        measure, rates, criteria=criteria, stop_after_failures=stop_after_failures
     )

@@ -1,11 +1,18 @@
 """``manage.py capacity_test --sim``: the seed's capacity-per-version procedure
-against one modelled replica."""
+against one modelled replica.
+
+With ``--trace PATH`` the steps replay that JSONL trace (the load-test gate's
+replay: ``drills.domain.capacity_test.run_trace_capacity_test``) instead of the
+workload flags, so the modelled answer can be set beside the live gate's on the
+same input; ``--rates`` gives the arrival rates outright (as the gate may).
+"""
 
 from __future__ import annotations
 
 import json
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +21,11 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from drills.domain.capacity_test import (
     CapacityAnswer,
     CapacityCriteria,
+    ReplayRequest,
+    mean_output_tokens,
+    read_replay_trace,
     run_capacity_test,
+    run_trace_capacity_test,
     step_rates,
 )
 from drills.domain.fleet_config import FleetConfig
@@ -30,7 +41,9 @@ class Command(BaseCommand):
         "report the highest output tokens/s at which p95 TTFT stays under 1 s and "
         "streams keep 30 tokens/s. The default shape is the profiles' calibration "
         "(650-token prompts, 250-token answers, no shared history); the seed's chat "
-        "is --prompt-tokens 1200 --history-tokens 800 --answer-tokens 300."
+        "is --prompt-tokens 1200 --history-tokens 800 --answer-tokens 300. "
+        "--trace replays a JSONL trace instead (platform/traces/chat-650-250.jsonl "
+        "is the load-test gate's)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -44,6 +57,29 @@ class Command(BaseCommand):
         parser.add_argument("--history-tokens", type=int, default=0)
         parser.add_argument("--answer-tokens", type=int, default=250)
         parser.add_argument("--mode", choices=["seed", "growing"], default="seed")
+        parser.add_argument(
+            "--trace",
+            type=Path,
+            help="replay this JSONL trace (messages or prompts) instead of the "
+            "workload flags",
+        )
+        parser.add_argument(
+            "--rates",
+            help="arrival rates (req/s, comma-separated) instead of --start/--step/"
+            "--max",
+        )
+        parser.add_argument(
+            "--block-size",
+            type=int,
+            help="simulated KV block (default: 16 with --trace, as the replica "
+            "serving a replay, else the fleet simulator's 64)",
+        )
+        parser.add_argument(
+            "--drain-seconds",
+            type=float,
+            default=120.0,
+            help="how long a step waits, arrivals going on, for its requests to end",
+        )
         parser.add_argument(
             "--start", type=float, help="first step, offered output tokens/s"
         )
@@ -81,6 +117,7 @@ class Command(BaseCommand):
         from drills.experiment_plots import default_plot_path, plot_capacity
 
         try:
+            trace = _read_trace(options["trace"]) if options["trace"] else None
             answer_tokens = options["answer_tokens"]
             workload = ChatWorkload(
                 prompt_tokens=options["prompt_tokens"],
@@ -92,46 +129,61 @@ class Command(BaseCommand):
             config = FleetConfig(
                 replicas=1, profile=options["profile"], seed=options["seed"]
             )
+            block_size = options["block_size"] or (16 if trace else None)
+            if block_size:
+                config = replace(config, block_size=block_size)
             criteria = CapacityCriteria(
                 ttft_p95_max_s=options["ttft_p95_max_s"],
                 stream_min_tokens_per_s=options["stream_min_tokens_per_s"],
                 stream_quantile=options["stream_quantile"],
             )
-            rates = step_rates(
-                start_tokens_per_s=options["start"] or options["step"],
-                step_tokens_per_s=options["step"],
-                max_tokens_per_s=options["max"],
-                answer_tokens=answer_tokens,
+            rates = _rates(
+                options, mean_output_tokens(trace) if trace else answer_tokens
             )
             started = time.process_time()
-            answer = run_capacity_test(
-                config,
-                workload,
-                rates,
-                criteria=criteria,
-                duration_s=options["step_seconds"],
-                warmup_s=options["warmup_seconds"],
-                stop_after_failures=options["stop_after"],
-            )
+            if trace is not None:
+                answer = run_trace_capacity_test(
+                    config,
+                    trace,
+                    rates,
+                    criteria=criteria,
+                    duration_s=options["step_seconds"],
+                    warmup_s=options["warmup_seconds"],
+                    drain_s=options["drain_seconds"],
+                    stop_after_failures=options["stop_after"],
+                    seed=options["seed"],
+                )
+            else:
+                answer = run_capacity_test(
+                    config,
+                    workload,
+                    rates,
+                    criteria=criteria,
+                    duration_s=options["step_seconds"],
+                    warmup_s=options["warmup_seconds"],
+                    drain_s=options["drain_seconds"],
+                    stop_after_failures=options["stop_after"],
+                )
         except ValueError as exc:
             raise CommandError(str(exc)) from None
         cpu_s = time.process_time() - started
+        shape = _shape(workload, trace, options["trace"])
         plot = options["plot"] or default_plot_path("capacity_test")
-        plot_capacity(answer, plot, title=_title(answer, config, workload))
+        plot_capacity(answer, plot, title=_title(answer, config, shape))
         if options["json"]:
             self.stdout.write(
                 json.dumps(
-                    _as_json(answer, config, workload, options, cpu_s, plot), indent=2
+                    _as_json(answer, config, shape, options, cpu_s, plot), indent=2
                 )
             )
             return
-        self._print(answer, config, workload, options, cpu_s, plot)
+        self._print(answer, config, shape, options, cpu_s, plot)
 
     def _print(
         self,
         answer: CapacityAnswer,
         config: FleetConfig,
-        workload: ChatWorkload,
+        shape: dict[str, Any],
         options: dict[str, Any],
         cpu_s: float,
         plot: Path,
@@ -139,8 +191,7 @@ class Command(BaseCommand):
         criteria = answer.criteria
         self.stdout.write(
             f"Capacity test (simulated): one {config.profile} replica; "
-            f"{workload.prompt_tokens}-token prompts ({workload.history_tokens} of "
-            f"them shared history), {workload.answer_tokens}-token answers; each "
+            f"{_describe(shape)}; each "
             f"step {options['warmup_seconds']:g} s warm-up + "
             f"{options['step_seconds']:g} s measured; seed {config.seed}; "
             f"simulated in {cpu_s:.1f} s of CPU"
@@ -195,22 +246,83 @@ def _replicas(tokens_per_s: float) -> int:
     return math.ceil(SEED_PEAK_TOKENS_PER_S / tokens_per_s)
 
 
-def _title(answer: CapacityAnswer, config: FleetConfig, workload: ChatWorkload) -> str:
+def _title(answer: CapacityAnswer, config: FleetConfig, shape: dict[str, Any]) -> str:
     found = (
         "none held"
         if answer.tokens_per_s is None
         else f"{answer.tokens_per_s:,.0f} output tokens/s"
     )
+    what = (
+        f"trace {Path(shape['trace']).name}"
+        if "trace" in shape
+        else f"{shape['prompt_tokens']}/{shape['answer_tokens']}-token prompts/answers"
+    )
     return (
-        f"Capacity test: one {config.profile} replica, {workload.prompt_tokens}/"
-        f"{workload.answer_tokens}-token prompts/answers: {found} (seed {config.seed})"
+        f"Capacity test: one {config.profile} replica, {what}: {found} "
+        f"(seed {config.seed})"
+    )
+
+
+def _read_trace(path: Path) -> list[ReplayRequest]:
+    try:
+        return read_replay_trace(path)
+    except OSError as exc:
+        raise CommandError(f"cannot read trace {path}: {exc.strerror}") from None
+
+
+def _rates(options: dict[str, Any], answer_tokens: float) -> list[float]:
+    if options["rates"]:
+        try:
+            return [float(rate) for rate in options["rates"].split(",") if rate]
+        except ValueError:
+            raise ValueError(f"--rates: not numbers: {options['rates']!r}") from None
+    return step_rates(
+        start_tokens_per_s=options["start"] or options["step"],
+        step_tokens_per_s=options["step"],
+        max_tokens_per_s=options["max"],
+        answer_tokens=answer_tokens,
+    )
+
+
+def _shape(
+    workload: ChatWorkload, trace: list[ReplayRequest] | None, path: Path | None
+) -> dict[str, Any]:
+    """Return what the steps were fed: the workload's figures or the trace's."""
+    if trace is None or path is None:
+        return {
+            "prompt_tokens": workload.prompt_tokens,
+            "history_tokens": workload.history_tokens,
+            "answer_tokens": workload.answer_tokens,
+            "mode": workload.mode,
+        }
+    n = len(trace)
+    return {
+        "trace": str(path),
+        "trace_requests": n,
+        "prompt_tokens": round(sum(r.prompt_tokens for r in trace) / n, 1),
+        "history_tokens": round(sum(r.history_tokens for r in trace) / n, 1),
+        "answer_tokens": round(mean_output_tokens(trace), 1),
+    }
+
+
+def _describe(shape: dict[str, Any]) -> str:
+    if "trace" in shape:
+        return (
+            f"replay of {shape['trace']} ({shape['trace_requests']} requests: "
+            f"{shape['prompt_tokens']:g}-token prompts on average, "
+            f"{shape['history_tokens']:g} of them shared with the previous turn, "
+            f"{shape['answer_tokens']:g}-token answers)"
+        )
+    return (
+        f"{shape['prompt_tokens']}-token prompts ({shape['history_tokens']} of "
+        f"them shared history), {shape['answer_tokens']}-token answers"
     )
 
 
 def _as_json(
     answer: CapacityAnswer,
     config: FleetConfig,
-    workload: ChatWorkload,
+    shape: dict[str, Any],
     options: dict[str, Any],
     cpu_s: float,
     plot: Path,
@@ -223,19 +335,13 @@ def _as_json(
         "replicas_for_seed_peak": (
             _replicas(answer.tokens_per_s) if answer.tokens_per_s else None
         ),
-        "criteria": {
-            "ttft_p95_max_s": criteria.ttft_p95_max_s,
-            "stream_min_tokens_per_s": criteria.stream_min_tokens_per_s,
-            "stream_quantile": criteria.stream_quantile,
-        },
+        "criteria": criteria.as_dict(),
         "steps": [step.as_dict() for step in answer.steps],
         "scenario": {
             "profile": config.profile,
             "replicas": 1,
-            "prompt_tokens": workload.prompt_tokens,
-            "history_tokens": workload.history_tokens,
-            "answer_tokens": workload.answer_tokens,
-            "mode": workload.mode,
+            **shape,
+            "block_size": config.block_size,
             "step_seconds": options["step_seconds"],
             "warmup_seconds": options["warmup_seconds"],
             "seed": config.seed,
