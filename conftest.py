@@ -20,7 +20,7 @@ from rest_framework.test import APIClient
 
 from accounts import services as accounts_services
 from models_registry import services as registry_services
-from tests.factories import VERSION_BODY
+from tests.factories import VERSION_BODY, accept
 
 if TYPE_CHECKING:
     from pytest_django import DjangoDbBlocker, Settings
@@ -170,8 +170,10 @@ def chat_model(db: None) -> Model:
 
 @pytest.fixture
 def chat_v1(chat_model: Model) -> ModelVersion:
-    """Return chat-7b@v1, registered from the example body."""
-    return registry_services.register_version(model_id="chat-7b", **VERSION_BODY)
+    """Return chat-7b@v1, registered from the example body and accepted as ready
+    (its gates skipped, recorded as a fixture's), so it may take traffic."""
+    version = registry_services.register_version(model_id="chat-7b", **VERSION_BODY)
+    return accept(version)
 
 
 @pytest.fixture

@@ -31,6 +31,16 @@ urlpatterns = [
         name="admin-model-versions",
     ),
     path(
+        "models/<str:model>/versions/<str:version>/gates",
+        registry.VersionGatesView.as_view(),
+        name="admin-model-version-gates",
+    ),
+    path(
+        "models/<str:model>/gate_config",
+        registry.GateConfigView.as_view(),
+        name="admin-model-gate-config",
+    ),
+    path(
         "models/<str:model>/rollout",
         rollouts.RolloutView.as_view(),
         name="admin-model-rollout",

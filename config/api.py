@@ -18,6 +18,7 @@ what the API refuses:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,7 @@ __all__ = [
     "ControlPlaneSchema",
     "ControlPlaneView",
     "ErrorSerializer",
+    "admin_name",
     "finish_schema",
     "openapi_pattern",
     "validated",
@@ -103,6 +105,21 @@ class ControlPlaneView(APIView):
             value = kwargs.get(name)
             if value is not None and not path_name.is_valid(value):
                 raise InvalidRequest(f"{name} must be {path_name.rule}", param=name)
+
+
+def admin_name(request: Any) -> str:
+    """Name the admin behind a control-plane request, for records of who did what.
+
+    The token's public prefix and name (never its secret), or the console user.
+    """
+    token = getattr(request, "auth", None)
+    prefix = getattr(token, "prefix", "")
+    if prefix:
+        name = getattr(token, "name", "") or "unnamed"
+        return f"admin token {prefix}… ({name})"
+    user = getattr(request, "user", None)
+    username = getattr(user, "get_username", lambda: "")()
+    return f"console user {username}" if username else "an admin"
 
 
 class ErrorDetailSerializer(serializers.Serializer):
@@ -172,7 +189,11 @@ def finish_schema(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
     """Write every pattern in the schema's dialect (a postprocessing hook).
 
     Serializer fields carry the Python patterns they validate with (``\\Z``);
-    drf-spectacular copies them as they are.
+    drf-spectacular copies them as they are. A blank-allowed string field comes out
+    as ``oneOf: [the string, an empty string]``, which "" matches twice, and so
+    violates (oneOf means exactly one): where the string admits "" already, the
+    second branch goes (never where a pattern or a minimum length refuses "", as
+    a storage URI's does: there both branches stand).
     """
     stack: list[Any] = [result]
     while stack:
@@ -181,7 +202,33 @@ def finish_schema(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
             pattern = node.get("pattern")
             if isinstance(pattern, str):
                 node["pattern"] = openapi_pattern(pattern)
+            _collapse_blank_branch(node)
             stack.extend(node.values())
         elif isinstance(node, list):
             stack.extend(node)
     return result
+
+
+def _collapse_blank_branch(node: dict[str, Any]) -> None:
+    branches = node.get("oneOf")
+    if not isinstance(branches, list) or len(branches) != 2:
+        return
+    string, blank = branches
+    if (
+        isinstance(string, dict)
+        and blank == {"type": "string", "maxLength": 0}
+        and string.get("type") == "string"
+        and not string.get("minLength")
+        and _admits_empty(string.get("pattern"))
+    ):
+        del node["oneOf"]
+        node.update(string)
+
+
+def _admits_empty(pattern: object) -> bool:
+    if pattern is None:
+        return True
+    try:
+        return isinstance(pattern, str) and re.search(pattern, "") is not None
+    except re.error:
+        return False

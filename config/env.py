@@ -115,6 +115,26 @@ def env_list(
     return [item.strip() for item in value.split(",") if item.strip()]
 
 
+def env_pairs(
+    name: str, environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """Return ``a=x,b=y`` as ``{"a": "x", "b": "y"}`` (empty when unset).
+
+    Raises:
+        EnvError: an item is not ``key=value``, or a key appears twice.
+    """
+    pairs: dict[str, str] = {}
+    for item in env_list(name, [], environ):
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key or not value:
+            raise EnvError(f"{name} must be key=value pairs, got {item!r}")
+        if key in pairs:
+            raise EnvError(f"{name} names {key!r} twice")
+        pairs[key] = value
+    return pairs
+
+
 def env_secret(name: str, environ: Mapping[str, str] | None = None) -> str | None:
     """Return a secret from ``NAME`` or from the file named by ``NAME_FILE``.
 

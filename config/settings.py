@@ -20,6 +20,7 @@ from config.env import (
     env_float,
     env_int,
     env_list,
+    env_pairs,
     env_secret,
     env_str,
     parse_database_url,
@@ -291,7 +292,14 @@ try:
     # Weights, eval reports and batch files may live only under these URI prefixes.
     PLATFORM_STORAGE_ROOTS = env_list(
         "PLATFORM_STORAGE_ROOTS",
-        ["s3://models/", "gs://models/", f"file://{BASE_DIR / '.local' / 'weights'}/"],
+        [
+            "s3://models/",
+            "gs://models/",
+            f"file://{BASE_DIR / '.local' / 'weights'}/",
+            # The eval sets this checkout ships, and where local gate reports go.
+            f"file://{BASE_DIR / 'platform' / 'evals'}/",
+            f"file://{BASE_DIR / '.local' / 'reports'}/",
+        ],
     )
     # The gateway (/v1). Teams without a limits row on a model may call it with
     # these defaults; 0 tokens per minute means explicit grants only.
@@ -386,6 +394,43 @@ try:
     PLATFORM_AUTOSCALE_DECISIONS_KEPT = env_int(
         "PLATFORM_AUTOSCALE_DECISIONS_KEPT", 1000, minimum=1
     )
+    # The version gates (engine_nodes.gates). Each region's object-storage root
+    # for weights, "region=root" pairs (a version's weights are copied to each and
+    # verified); unset, this region serves from the registered URI, verified in
+    # place. The gates run in PLATFORM_GATE_REGION and send their eval prompts
+    # through that region's gateway.
+    PLATFORM_REGION_STORAGE = env_pairs("PLATFORM_REGION_STORAGE")
+    PLATFORM_GATE_REGION = env_str("PLATFORM_GATE_REGION", PLATFORM_REGION)
+    PLATFORM_GATE_GATEWAY_URL = env_str(
+        "PLATFORM_GATE_GATEWAY_URL", "http://127.0.0.1:8000"
+    )
+    PLATFORM_DEFAULT_EVAL_SET = env_str(
+        "PLATFORM_DEFAULT_EVAL_SET",
+        f"file://{BASE_DIR / 'platform' / 'evals' / 'chat-default.jsonl'}",
+    )
+    PLATFORM_EVAL_REPORT_ROOT = env_str(
+        "PLATFORM_EVAL_REPORT_ROOT", f"file://{BASE_DIR / '.local' / 'reports'}"
+    )
+    PLATFORM_LOAD_TEST_TRACE = env_str(
+        "PLATFORM_LOAD_TEST_TRACE",
+        str(BASE_DIR / "platform" / "traces" / "chat-650-250.jsonl"),
+    )
+    # How long the gates wait for their staging replica to serve (a 70B cold
+    # start takes minutes), and for the whole of one attempt.
+    PLATFORM_GATE_REPLICA_TIMEOUT_S = env_float(
+        "PLATFORM_GATE_REPLICA_TIMEOUT_S", 1200.0, minimum=1.0
+    )
+    # The gates' own team (platform-gates) gets these limits on the models it
+    # calls where an admin set none; it calls at the batch tier.
+    PLATFORM_GATE_TOKENS_PER_MINUTE = env_int(
+        "PLATFORM_GATE_TOKENS_PER_MINUTE", 5_000_000, minimum=1
+    )
+    PLATFORM_GATE_MAX_CONCURRENCY = env_int(
+        "PLATFORM_GATE_MAX_CONCURRENCY", 32, minimum=1
+    )
+    PLATFORM_GATE_TIME_LIMIT_S = env_float(
+        "PLATFORM_GATE_TIME_LIMIT_S", 4 * 3600.0, minimum=60.0
+    )
 except EnvError as exc:
     raise ImproperlyConfigured(str(exc)) from None
 
@@ -425,6 +470,9 @@ CELERY_RESULT_EXPIRES = 3600
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TIMEZONE = "UTC"
+# The version gates take minutes to hours: on a queue of their own, so the control
+# loops' ticks (autoscaler, reaper, usage flush) never wait behind them.
+CELERY_TASK_ROUTES = {"engine_nodes.run_gates": {"queue": "gates"}}
 CELERY_BEAT_SCHEDULE_FILENAME = str(LOCAL_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE = {
     "reap-silent-replicas": {

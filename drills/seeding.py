@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -113,6 +113,9 @@ class ModelSeed:
     model_id: str
     versions: tuple[VersionSeed, ...]
     description: str = ""
+    # The model's gate settings (``models_registry.domain.gates``), set when the
+    # model is created; empty: the defaults.
+    gate_config: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +205,8 @@ def _team_key(seed: TeamSeed, *, key_name: str) -> str:
 def _model(seed: ModelSeed, *, region: str) -> tuple[ModelVersion, ...]:
     if not Model.objects.filter(pk=seed.model_id).exists():
         registry.create_model(model_id=seed.model_id, description=seed.description)
+        if seed.gate_config:
+            registry.set_gate_config(model_id=seed.model_id, raw=dict(seed.gate_config))
     versions = []
     for version_seed in seed.versions:
         version = ModelVersion.objects.filter(
@@ -213,6 +218,14 @@ def _model(seed: ModelSeed, *, region: str) -> tuple[ModelVersion, ...]:
                 {**version_seed.body, "version": version_seed.label},
             )
             version = registry.register_version(model_id=seed.model_id, **body)
+            # A seeded fleet serves at once: its versions are the starting point
+            # the gates compare later versions against, not candidates.
+            version = registry.accept_version(
+                model_id=seed.model_id,
+                version=version.version,
+                by="seed",
+                reason="seeded from the fleet's seed file, not gated",
+            )
         Pool.objects.get_or_create(
             version=version,
             region=region,

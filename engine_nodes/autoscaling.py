@@ -256,7 +256,8 @@ def autoscale_region(
     refuses is skipped with an error in the log.
     """
     pools = list(
-        Pool.objects.filter(region=region)
+        # A staging pool (the version gates') stays at its one replica.
+        Pool.objects.filter(region=region, staging=False)
         .select_related("model", "version")
         .prefetch_related("schedule")
         .order_by("pk")

@@ -10,7 +10,7 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from engine_nodes import autoscaling, services
+from engine_nodes import autoscaling, gates, services
 
 
 @shared_task(
@@ -35,6 +35,19 @@ def autoscale_pools(*, region: str = "") -> int:
             redis_client=client,
         )
     return sum(result.written for result in results)
+
+
+@shared_task(
+    name="engine_nodes.run_gates",
+    acks_late=True,
+    ignore_result=True,
+    time_limit=int(settings.PLATFORM_GATE_TIME_LIMIT_S),
+    soft_time_limit=int(settings.PLATFORM_GATE_TIME_LIMIT_S) - 30,
+)
+def run_gates(version_id: int, attempt: int) -> str:
+    """Run one attempt at a version's gates (``engine_nodes.gates``); return its
+    status after. Queued by ``models_registry.services.start_gates``."""
+    return gates.run_gates(version_id, attempt)
 
 
 @contextlib.contextmanager

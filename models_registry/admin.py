@@ -5,8 +5,10 @@ goes, so it lives in ``rollouts.admin``, beside the rollouts that move it.
 
 A version is registered through ``models_registry.services.register_version``, so
 the console applies the same rules as the REST API (storage roots, hash format,
-duplicate identities). Once registered, its identity is read-only here; only the
-fields the gates fill in (status, eval report, load-test figures) stay editable.
+duplicate identities). Once registered, its identity is read-only here, and so is
+what its gates fill in (status, eval report, load-test figures, each region's copy
+of the weights): the gates' progress shows on the page, and the list's action runs
+them again (``services.start_gates``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from django.conf import settings
 from django.contrib import admin, messages
 from django.db import transaction
 from django.http import HttpRequest
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from config.errors import PlatformError
@@ -27,9 +30,12 @@ from models_registry.domain.identity import IDENTITY_FIELDS, VersionStatus, uri_
 from models_registry.domain.scaling import problem_field
 from models_registry.models import (
     SCALING_FIELDS,
+    EvalSet,
+    GateRun,
     ModelVersion,
     Pool,
     PoolSchedule,
+    VersionRegion,
     clock,
 )
 
@@ -38,16 +44,21 @@ IDENTITY_FORM_FIELDS: tuple[str, ...] = tuple(
     "model" if name == "model_id" else name for name in IDENTITY_FIELDS
 )
 GATE_FIELDS: tuple[str, ...] = (
-    "status",
-    "eval_report_uri",
+    "status_label",
+    "status_reason",
+    "gate_progress",
+    "region_copies",
+    "eval_report",
     "load_test_tokens_per_s",
     "load_test_tokens_in_flight",
+    "load_test_prefix_hit_rate",
 )
 # Schemes worth a link in the list; anything else is shown as text.
 _LINK_SCHEMES = frozenset({"http", "https", "s3", "gs", "file"})
 _STATUS_COLORS: dict[str, str] = {
     VersionStatus.REGISTERED.value: "#6c757d",
-    VersionStatus.GATING.value: "#b26a00",
+    VersionStatus.EVALUATING.value: "#b26a00",
+    VersionStatus.LOAD_TESTING.value: "#b26a00",
     VersionStatus.READY.value: "#1f6feb",
     VersionStatus.LIVE.value: "#1a7f37",
     VersionStatus.REJECTED.value: "#cf222e",
@@ -139,20 +150,12 @@ class ModelVersionAddForm(ServiceAddForm):
 
 
 class ModelVersionChangeForm(forms.ModelForm):
-    """Edit what the gates fill in; the identity is not part of the form at all."""
+    """Nothing of a registered version is edited by hand: its identity is fixed and
+    its gates write the rest."""
 
     class Meta:
         model = ModelVersion
-        fields = GATE_FIELDS
-
-    def clean_eval_report_uri(self) -> str:
-        """Apply the storage-root rule the API applies at registration."""
-        uri: str = self.cleaned_data["eval_report_uri"]
-        if uri:
-            problems = uri_errors(uri, settings.PLATFORM_STORAGE_ROOTS)
-            if problems:
-                raise forms.ValidationError(f"eval_report_uri {problems[0]}")
-        return uri
+        fields: tuple[str, ...] = ()
 
 
 class VersionInline(admin.TabularInline):
@@ -195,6 +198,7 @@ class ModelVersionAdmin(admin.ModelAdmin):
     search_fields = ("model__model", "version", "weights_hash")
     list_select_related = ("model",)
     date_hierarchy = "created_at"
+    actions = ("run_gates_again",)
 
     def get_form(
         self,
@@ -218,7 +222,57 @@ class ModelVersionAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         if obj is None:
             return ()
-        return (*IDENTITY_FORM_FIELDS, "created_at", "updated_at")
+        return (*IDENTITY_FORM_FIELDS, *GATE_FIELDS, "created_at", "updated_at")
+
+    @admin.action(description="Run the gates of the selected versions again")
+    def run_gates_again(self, request: HttpRequest, queryset: Any) -> None:
+        by = request.user.get_username() if request.user else ""
+        for version in queryset:
+            try:
+                attempt = services.start_gates(
+                    version, requested_by=f"console user {by}", now=timezone.now()
+                )
+            except PlatformError as exc:
+                self.message_user(request, exc.message, messages.ERROR)
+            else:
+                self.message_user(
+                    request, f"{version.ref}: gates queued (attempt {attempt})"
+                )
+
+    @admin.display(description="gates")
+    def gate_progress(self, obj: ModelVersion) -> str:
+        summary = services.gates_summary(obj)
+        if summary is None:
+            return "no gates have run"
+        rows = [
+            (
+                gate["gate"],
+                gate["state"],
+                f"{gate['progress']['done']}/{gate['progress']['total']}"
+                if gate["progress"]["total"]
+                else "",
+                gate["detail"],
+            )
+            for gate in summary["gates"]
+        ]
+        return format_html(
+            "<p>attempt {}</p><table><tr><th>gate</th><th>state</th><th>progress</th>"
+            "<th>detail</th></tr>{}</table>",
+            summary["attempt"],
+            format_html_join(
+                "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", rows
+            ),
+        )
+
+    @admin.display(description="weights per region")
+    def region_copies(self, obj: ModelVersion) -> str:
+        rows = [(r.region, r.state, r.detail) for r in obj.regions.all()]
+        if not rows:
+            return "not copied (served from the registered URI)"
+        return format_html(
+            "<table>{}</table>",
+            format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td></tr>", rows),
+        )
 
     def save_model(
         self,
@@ -253,6 +307,73 @@ class ModelVersionAdmin(admin.ModelAdmin):
         if urlsplit(uri).scheme not in _LINK_SCHEMES:
             return uri
         return format_html('<a href="{}" rel="noopener noreferrer">report</a>', uri)
+
+
+class _ReadOnlyAdmin(admin.ModelAdmin):
+    """Rows written by the platform itself; the console reads them only."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(GateRun)
+class GateRunAdmin(_ReadOnlyAdmin):
+    """Every gate of every attempt, with its progress and why it passed or failed."""
+
+    list_display = (
+        "version",
+        "attempt",
+        "kind",
+        "state",
+        "done",
+        "total",
+        "detail",
+        "started_at",
+        "finished_at",
+    )
+    list_filter = ("kind", "state", "version__model")
+    search_fields = ("version__model__model", "version__version", "detail")
+    list_select_related = ("version",)
+    date_hierarchy = "created_at"
+
+
+@admin.register(VersionRegion)
+class VersionRegionAdmin(_ReadOnlyAdmin):
+    """Each region's copy of each version's weights, written by the weights gate."""
+
+    list_display = ("version", "region", "state", "uri", "detail", "updated_at")
+    list_filter = ("state", "region")
+    search_fields = ("version__model__model", "version__version", "region")
+    list_select_related = ("version",)
+
+
+class EvalSetForm(forms.ModelForm):
+    """An eval set's URI must lie under a storage root, as every URI must."""
+
+    class Meta:
+        model = EvalSet
+        fields = ("model", "team", "uri")
+
+    def clean_uri(self) -> str:
+        uri: str = self.cleaned_data["uri"]
+        problems = uri_errors(uri, settings.PLATFORM_STORAGE_ROOTS)
+        if problems:
+            raise forms.ValidationError(f"uri {problems[0]}")
+        return uri
+
+
+@admin.register(EvalSet)
+class EvalSetAdmin(admin.ModelAdmin):
+    """Eval sets every version of a model must pass besides its default one; a
+    team's own set (seed: "the team's own eval set")."""
+
+    form = EvalSetForm
+    list_display = ("model", "team", "uri", "created_at")
+    list_filter = ("model", "team")
+    search_fields = ("uri",)
 
 
 _WEEKDAYS = [

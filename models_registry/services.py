@@ -6,16 +6,27 @@ replicas and hit rate) is ``engine_nodes.services.pool_state``.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from accounts.domain.names import SLUG_RULE
+from config.celery import app as celery_app
 from config.errors import Conflict, InvalidRequest, NotFound
+from models_registry.domain.gates import (
+    GATE_ORDER,
+    GateConfig,
+    GateState,
+    parse_gate_config,
+    rerun_refusal,
+)
 from models_registry.domain.identity import (
     MAX_GPUS_PER_REPLICA,
     Precision,
+    VersionStatus,
     canonical_json,
     engine_config_errors,
     is_sha256_hex,
@@ -25,7 +36,12 @@ from models_registry.domain.identity import (
     sha256_text,
     uri_errors,
 )
-from models_registry.models import Model, ModelVersion, Pool
+from models_registry.models import GateRun, Model, ModelVersion, Pool, VersionRegion
+
+# The Celery task that runs a version's gates (``engine_nodes.gates``): it needs
+# the node agents' staging replicas and the weights' copies, which sit above the
+# registry, so the registry names the task rather than importing it.
+RUN_GATES_TASK = "engine_nodes.run_gates"
 
 
 def get_model(model_id: str, *, for_update: bool = False) -> Model:
@@ -73,6 +89,7 @@ def register_version(
 
     The label is the next free ``vN`` unless one is given. Registering the same
     identity twice is a 409 naming the existing version, as is reusing a label.
+    Its gates start once the registration commits (``start_gates``).
     """
     weights_hash = weights_hash.strip().lower()
     tokenizer_hash = tokenizer_hash.strip().lower()
@@ -118,7 +135,7 @@ def register_version(
         label = version or next_version_label(v.version for v in existing)
         try:
             with transaction.atomic():
-                return ModelVersion.objects.create(
+                created = ModelVersion.objects.create(
                     model=model,
                     version=label,
                     weights_uri=weights_uri,
@@ -137,6 +154,9 @@ def register_version(
                 param="version",
                 code="duplicate_version",
             ) from None
+        # A version takes no traffic until its gates pass (seed: offline path).
+        start_gates(created, requested_by="registration", now=timezone.now())
+    return created
 
 
 def _validate_identity(
@@ -228,6 +248,180 @@ def version_dict(version: ModelVersion) -> dict[str, Any]:
         "eval_report_uri": version.eval_report_uri or None,
         "load_test_tokens_per_s": version.load_test_tokens_per_s,
         "load_test_tokens_in_flight": version.load_test_tokens_in_flight,
+        "load_test_prefix_hit_rate": version.load_test_prefix_hit_rate,
         "status": version.status,
+        "status_reason": version.status_reason,
+        "gates": gates_summary(version),
+        "regions": {
+            r.region: {"state": r.state, "uri": r.uri, "detail": r.detail}
+            for r in version.regions.all()
+        },
         "created_at": version.created_at.isoformat(),
     }
+
+
+# -- the version gates ---------------------------------------------------------------
+
+
+def gate_config(model: Model) -> GateConfig:
+    """Return the model's gate settings over the defaults.
+
+    Raises:
+        InvalidRequest: the stored settings are unusable (they are checked when
+            set, so this means the row was written around the services).
+    """
+    config, problems = parse_gate_config(model.gate_config)
+    if problems:
+        raise InvalidRequest(f"gate_config {problems[0]}", param="gate_config")
+    return config
+
+
+def set_gate_config(*, model_id: str, raw: Any) -> Model:
+    """Replace a model's gate settings, refusing what ``parse_gate_config`` refuses."""
+    config, problems = parse_gate_config(raw)
+    if problems:
+        field, _, why = problems[0].partition(": ")
+        raise InvalidRequest(f"gate_config.{field} {why}", param=f"gate_config.{field}")
+    if config.eval_set_uri:
+        bad = uri_errors(config.eval_set_uri, settings.PLATFORM_STORAGE_ROOTS)
+        if bad:
+            raise InvalidRequest(
+                f"gate_config.eval_set_uri {bad[0]}", param="gate_config.eval_set_uri"
+            )
+    with transaction.atomic():
+        model = get_model(model_id, for_update=True)
+        model.gate_config = raw or {}
+        model.save(update_fields=["gate_config", "updated_at"])
+    return model
+
+
+def latest_attempt(version: ModelVersion) -> int:
+    """Return the number of the version's last gate attempt (0 before any)."""
+    last = (
+        GateRun.objects.filter(version=version)
+        .order_by("-attempt")
+        .values_list("attempt", flat=True)
+        .first()
+    )
+    return last or 0
+
+
+def start_gates(version: ModelVersion, *, requested_by: str, now: datetime) -> int:
+    """Queue a new attempt at the version's gates; return its number.
+
+    Creates one ``pending`` row per gate and sends ``RUN_GATES_TASK`` once the
+    transaction commits. The version goes back to ``registered`` until the task
+    starts. Raises Conflict while an attempt is running, or for a live or
+    retired version (``rerun_refusal``).
+    """
+    with transaction.atomic():
+        locked = ModelVersion.objects.select_for_update().get(pk=version.pk)
+        running = GateRun.objects.filter(
+            version=locked, state__in=[GateState.PENDING, GateState.RUNNING]
+        ).exists()
+        refusal = rerun_refusal(locked.ref, locked.status, running=running)
+        if refusal:
+            raise Conflict(refusal, param="version", code="gates_refused")
+        attempt = latest_attempt(locked) + 1
+        GateRun.objects.bulk_create(
+            GateRun(
+                version=locked,
+                attempt=attempt,
+                kind=kind,
+                requested_by=requested_by,
+                created_at=now,
+            )
+            for kind in GATE_ORDER
+        )
+        ModelVersion.objects.filter(pk=locked.pk).update(
+            status=VersionStatus.REGISTERED,
+            status_reason=f"gates queued (attempt {attempt})",
+        )
+        pk = locked.pk
+        transaction.on_commit(
+            lambda: celery_app.send_task(RUN_GATES_TASK, args=[pk, attempt])
+        )
+    version.refresh_from_db()
+    return attempt
+
+
+def accept_version(
+    *, model_id: str, version: str, by: str, reason: str
+) -> ModelVersion:
+    """Mark a version ready without its gates, recording who and why.
+
+    For versions whose gates cannot run where they are registered (a local
+    bootstrap with no judge, a fixture); the pending gates are skipped.
+    """
+    if not by.strip() or not reason.strip():
+        raise InvalidRequest("accepting a version needs who and why", param="reason")
+    with transaction.atomic():
+        found = ModelVersion.objects.select_for_update().get(
+            pk=get_version(model_id, version).pk
+        )
+        if found.status in {VersionStatus.LIVE, VersionStatus.RETIRED}:
+            raise Conflict(
+                f"{found.ref} is {found.status}", param="version", code="gates_refused"
+            )
+        GateRun.objects.filter(
+            version=found, state__in=[GateState.PENDING, GateState.RUNNING]
+        ).update(
+            state=GateState.SKIPPED,
+            detail=f"accepted without gates by {by}",
+            finished_at=timezone.now(),
+        )
+        found.status = VersionStatus.READY
+        found.status_reason = f"accepted without gates by {by}: {reason}"[:2000]
+        found.save(update_fields=["status", "status_reason", "updated_at"])
+    return found
+
+
+def gate_run_dict(run: GateRun) -> dict[str, Any]:
+    """Return one gate of one attempt as the API shows it."""
+    return {
+        "gate": run.kind,
+        "attempt": run.attempt,
+        "state": run.state,
+        "detail": run.detail,
+        "progress": {"done": run.done, "total": run.total},
+        "result": run.result,
+        "requested_by": run.requested_by,
+        "started_at": run.started_at.isoformat() if run.started_at else None,
+        "finished_at": run.finished_at.isoformat() if run.finished_at else None,
+    }
+
+
+def gates_summary(version: ModelVersion) -> dict[str, Any] | None:
+    """Return the version's last gate attempt, gate by gate (None before any)."""
+    attempt = latest_attempt(version)
+    if not attempt:
+        return None
+    runs = GateRun.objects.filter(version=version, attempt=attempt)
+    order: dict[str, int] = {kind.value: i for i, kind in enumerate(GATE_ORDER)}
+    return {
+        "attempt": attempt,
+        "gates": [
+            gate_run_dict(run)
+            for run in sorted(runs, key=lambda r: order.get(r.kind, len(order)))
+        ],
+    }
+
+
+def gate_history(model_id: str, version: str) -> dict[str, Any]:
+    """Return every gate attempt of ``model@version``, newest first."""
+    found = get_version(model_id, version)
+    runs = list(GateRun.objects.filter(version=found).order_by("-attempt", "id"))
+    return {
+        "model": found.model_id,
+        "version": found.version,
+        "status": found.status,
+        "status_reason": found.status_reason,
+        "runs": [gate_run_dict(run) for run in runs],
+    }
+
+
+def region_readiness(version: ModelVersion) -> dict[str, str]:
+    """Return each region's copy state of the version's weights."""
+    return dict(
+        VersionRegion.objects.filter(version=version).values_list("region", "state")
+    )

@@ -19,9 +19,10 @@ from django.utils import timezone
 
 from config.errors import InvalidRequest
 from models_registry.admin import ServiceAddForm, VersionInline
+from models_registry.domain.gates import TRAFFIC_STATUSES
 from models_registry.models import Model, ModelVersion
 from rollouts import services
-from rollouts.models import Rollout
+from rollouts.models import Rollout, VersionOverride
 
 
 class RolloutAddForm(ServiceAddForm):
@@ -146,9 +147,31 @@ class ServedModelAdmin(admin.ModelAdmin):
 
 
 def _versions_of_edited_model(request: HttpRequest) -> Any:
-    # On the add page the model has no versions yet, so nothing can be chosen.
+    # On the add page the model has no versions yet, so nothing can be chosen. Only
+    # versions whose gates passed may take the alias here; an override past the
+    # gates, recorded with its reason, is the API's (PUT .../alias).
     match = request.resolver_match
     object_id = match.kwargs.get("object_id") if match is not None else None
     if object_id is None:
         return ModelVersion.objects.none()
-    return ModelVersion.objects.filter(model_id=unquote(object_id))
+    return ModelVersion.objects.filter(
+        model_id=unquote(object_id), status__in=sorted(TRAFFIC_STATUSES)
+    )
+
+
+@admin.register(VersionOverride)
+class VersionOverrideAdmin(admin.ModelAdmin):
+    """Traffic changes an admin made past the version gates: who, why, and what the
+    gates said. Written by ``rollouts.services``; read here only."""
+
+    list_display = ("at", "version", "action", "stage", "percent", "by", "reason")
+    list_filter = ("action", "model")
+    search_fields = ("model__model", "version__version", "by", "reason")
+    list_select_related = ("version",)
+    date_hierarchy = "at"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

@@ -8,6 +8,7 @@ here, on top of the registry's ``model_dict``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -15,21 +16,84 @@ from django.db import transaction
 from django.utils import timezone
 
 from config.errors import Conflict, InvalidRequest
+from models_registry.domain.gates import traffic_refusal
 from models_registry.domain.identity import VersionStatus
 from models_registry.models import Model, ModelVersion
 from models_registry.services import get_model, get_version, model_dict
 from rollouts.domain.plan import Decision, Stage, stage_errors
-from rollouts.models import Rollout
+from rollouts.models import Rollout, VersionOverride
+
+# No override brings back a retired version (its pools are gone). One may send a
+# version whose gates have not finished, or that they rejected, to traffic.
+_NEVER = frozenset({VersionStatus.RETIRED})
+
+
+@dataclass(frozen=True, slots=True)
+class Override:
+    """An admin's explicit override of the version gates for one traffic change."""
+
+    by: str
+    reason: str
+
+
+def _admit(
+    candidate: ModelVersion,
+    *,
+    action: str,
+    override: Override | None,
+    now: datetime,
+    stage: str = "",
+    percent: float | None = None,
+) -> None:
+    """Refuse a version that may not take traffic (409), unless overridden.
+
+    An override is recorded (``VersionOverride``) with who, why and what the gates
+    would have said. Call inside the traffic change's transaction.
+    """
+    refusal = traffic_refusal(candidate.ref, candidate.status, candidate.status_reason)
+    if refusal is None:
+        return
+    if candidate.status in _NEVER:
+        raise Conflict(refusal, param="version", code="version_out_of_service")
+    if override is None:
+        raise Conflict(
+            f"{refusal}; an admin may override with a reason",
+            param="version",
+            code="version_not_ready",
+        )
+    if not override.by.strip() or not override.reason.strip():
+        raise InvalidRequest(
+            "an override needs who and why (override.reason)", param="override.reason"
+        )
+    VersionOverride.objects.create(
+        model_id=candidate.model_id,
+        version=candidate,
+        action=action,
+        stage=stage,
+        percent=percent,
+        version_status=candidate.status,
+        refusal=refusal[:2000],
+        by=override.by[:200],
+        reason=override.reason[:2000],
+        at=now,
+    )
 
 
 def set_rollout(
-    *, model_id: str, version: str, stage: str, percent: float, now: datetime
+    *,
+    model_id: str,
+    version: str,
+    stage: str,
+    percent: float,
+    now: datetime,
+    override: Override | None = None,
 ) -> Rollout:
     """Put ``version`` at ``stage`` for ``percent`` of traffic (seed: PUT .../rollout).
 
     A canary sets the model's canary version and share, split by conversation id;
     shadow copies requests and clears any canary. A pending rollout of another
-    version is superseded; the same stage and share again is a no-op.
+    version is superseded; the same stage and share again is a no-op. A version
+    that is not ready is refused (409 with the gates' reason) unless ``override``.
     """
     errors = stage_errors(stage, percent)
     if errors:
@@ -45,12 +109,6 @@ def set_rollout(
                 param="version",
                 code="version_is_live",
             )
-        if candidate.status in {VersionStatus.REJECTED, VersionStatus.RETIRED}:
-            raise Conflict(
-                f"{candidate.ref} is {candidate.status} and cannot take traffic",
-                param="version",
-                code="version_out_of_service",
-            )
         pending = Rollout.objects.filter(model=model, decision=Decision.PENDING).first()
         if (
             pending is not None
@@ -59,6 +117,14 @@ def set_rollout(
             and pending.percent == percent
         ):
             return pending
+        _admit(
+            candidate,
+            action="rollout",
+            override=override,
+            now=now,
+            stage=stage,
+            percent=percent,
+        )
         if pending is not None:
             Rollout.objects.filter(pk=pending.pk, decision=Decision.PENDING).update(
                 decision=Decision.SUPERSEDED, decided_at=now
@@ -76,22 +142,21 @@ def set_rollout(
     return rollout
 
 
-def set_alias(*, model_id: str, version: str) -> Model:
+def set_alias(
+    *, model_id: str, version: str, override: Override | None = None
+) -> Model:
     """Point the model name at ``version``: promote a candidate or roll back.
 
     The previous live version stays registered and loaded (status ``ready``), so a
     rollback is this same call with the old label. A pending rollout ends: promoted
-    if its version is the new alias target, rolled back otherwise.
+    if its version is the new alias target, rolled back otherwise. A version that
+    is not ready is refused (409 with the gates' reason) unless ``override``.
     """
     with transaction.atomic():
         model = get_model(model_id, for_update=True)
         target = get_version(model_id, version)
-        if target.status in {VersionStatus.REJECTED, VersionStatus.RETIRED}:
-            raise Conflict(
-                f"{target.ref} is {target.status} and cannot take traffic",
-                param="version",
-                code="version_out_of_service",
-            )
+        if target.pk != model.live_version_id:
+            _admit(target, action="alias", override=override, now=timezone.now())
         previous_id = model.live_version_id
         if previous_id is not None and previous_id != target.pk:
             ModelVersion.objects.filter(pk=previous_id).update(

@@ -11,8 +11,17 @@ import factory
 from accounts.models import Team
 from drills.seeding import VERSION_BODY, digest, version_body
 from engine_nodes.models import Replica
+from models_registry import services as registry_services
+from models_registry.models import ModelVersion
 
-__all__ = ["VERSION_BODY", "ReplicaFactory", "TeamFactory", "digest", "version_body"]
+__all__ = [
+    "VERSION_BODY",
+    "ReplicaFactory",
+    "TeamFactory",
+    "accept",
+    "digest",
+    "version_body",
+]
 
 
 class TeamFactory(factory.django.DjangoModelFactory[Team]):
@@ -37,3 +46,13 @@ class ReplicaFactory(factory.django.DjangoModelFactory[Replica]):
     region = "local"
     node = "node-1"
     state = "serving"
+
+
+def accept(version: ModelVersion) -> ModelVersion:
+    """Mark a version ready without running its gates, as a test's fixture does."""
+    return registry_services.accept_version(
+        model_id=version.model_id,
+        version=version.version,
+        by="tests",
+        reason="a fixture: its gates are not what this test is about",
+    )

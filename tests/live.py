@@ -20,7 +20,7 @@ import os
 import secrets
 import sys
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,6 +137,7 @@ def start_platform(
     pool_settings: Mapping[str, Any] | None = None,
     guaranteed_shares: Mapping[str, float] | None = None,
     autoscaler: bool = False,
+    extra_models: Sequence[ModelSeed] = (),
     **env_overrides: str,
 ) -> Iterator[LivePlatform]:
     """Run a platform with ``pools`` ({version: replicas}) of chat-7b in region e2e.
@@ -148,7 +149,10 @@ def start_platform(
     service (``max_replicas``, windows...; checked as the API checks them);
     ``guaranteed_shares`` ({team: share}) go into the teams' limits. With
     ``autoscaler``, a Celery worker with beat runs too (``start_worker``), so the
-    autoscaler's tick sizes the pools; it starts once the gateway serves.
+    autoscaler's tick sizes the pools; it starts once the gateway serves, and it
+    runs the version gates too (queue ``gates``, through this gateway).
+    ``extra_models`` are seeded beside chat-7b (a judge model, say), their versions
+    live and their pools started like chat-7b's; the teams may call them.
     """
     test_name = connection.settings_dict.get("TEST", {}).get("NAME")
     name = str(connection.settings_dict["NAME"])
@@ -162,6 +166,7 @@ def start_platform(
             region=region,
             teams=tuple(TeamSeed(team) for team in teams),
             models=(
+                *extra_models,
                 ModelSeed(
                     model_id="chat-7b",
                     versions=tuple(
@@ -184,12 +189,13 @@ def start_platform(
             limits=tuple(
                 LimitSeed(
                     team_id=team,
-                    model_id="chat-7b",
+                    model_id=model_id,
                     tokens_per_minute=10**9,
                     max_concurrency=10_000,
                     guaranteed_share=(guaranteed_shares or {}).get(team, 0.0),
                 )
                 for team in teams
+                for model_id in ("chat-7b", *(m.model_id for m in extra_models))
             ),
         ),
         now=timezone.now(),
@@ -211,7 +217,9 @@ def start_platform(
     agent = start_agent(env, tmp, region=region, node="e2e-node")
     gateway = worker = None
     try:
-        total = sum(pools.values())
+        total = sum(pools.values()) + sum(
+            v.min_replicas for m in extra_models for v in m.versions
+        )
         wait_until(
             lambda: (
                 Replica.objects.filter(region=region, state="serving").count() == total
@@ -239,6 +247,7 @@ def start_platform(
             message="the gateway to route to a replica",
         )
         if autoscaler:
+            env["PLATFORM_GATE_GATEWAY_URL"] = gateway.url
             worker = platform.worker = start_worker(env, tmp, region=region)
         yield platform
     finally:
@@ -259,7 +268,8 @@ def start_worker(env: dict[str, str], tmp: Path, *, region: str) -> Process:
     no other run's tasks.
     """
     argv = [sys.executable, "-m", "celery", "-A", "config", "worker", "-B"]
-    argv += ["--concurrency", "1", "--loglevel", "INFO"]
+    # Two processes, as make up runs: the gates (minutes) never hold up a tick.
+    argv += ["-Q", "celery,gates", "--concurrency", "2", "--loglevel", "INFO"]
     argv += ["--schedule", str(tmp / "celerybeat-schedule")]
     worker = spawn(argv, env, tmp / "worker.log", "")
     try:

@@ -14,7 +14,7 @@ from engine_nodes.models import Replica
 from metering.models import Usage
 from models_registry.models import Model, ModelVersion
 from rollouts.models import Rollout
-from tests.factories import ReplicaFactory, digest, version_body
+from tests.factories import ReplicaFactory, accept, digest, version_body
 
 if TYPE_CHECKING:
     from pytest_django import DjangoAssertNumQueries
@@ -38,6 +38,10 @@ ENDPOINTS = [
         {"version": "v1", "stage": "canary", "percent": 1},
     ),
     ("put", "/admin/models/chat-7b/alias", {"version": "v1"}),
+    ("get", "/admin/models/chat-7b/versions/v1/gates", None),
+    ("post", "/admin/models/chat-7b/versions/v1/gates", None),
+    ("get", "/admin/models/chat-7b/gate_config", None),
+    ("put", "/admin/models/chat-7b/gate_config", {"min_kappa": 0.7}),
     (
         "put",
         "/admin/teams/search/limits",
@@ -371,8 +375,10 @@ def chat_v2(chat_v1: ModelVersion) -> ModelVersion:
     from rollouts.services import set_alias
 
     set_alias(model_id="chat-7b", version="v1")
-    return services.register_version(
-        model_id="chat-7b", **version_body(weights_hash=digest("v2 weights"))
+    return accept(
+        services.register_version(
+            model_id="chat-7b", **version_body(weights_hash=digest("v2 weights"))
+        )
     )
 
 

@@ -29,10 +29,24 @@ from engine_nodes.models import Node, Replica, ScalingDecision
 from metering.models import Usage
 from models_registry import services as registry_services
 from models_registry.domain.identity import sha256_text
-from models_registry.models import Model, ModelVersion, Pool, PoolSchedule
+from models_registry.models import (
+    EvalSet,
+    GateRun,
+    Model,
+    ModelVersion,
+    Pool,
+    PoolSchedule,
+    VersionRegion,
+)
 from rollouts import services as rollout_services
-from rollouts.models import Rollout
-from tests.factories import ReplicaFactory, TeamFactory, digest, version_body
+from rollouts.models import Rollout, VersionOverride
+from tests.factories import (
+    ReplicaFactory,
+    TeamFactory,
+    accept,
+    digest,
+    version_body,
+)
 
 if TYPE_CHECKING:
     from django.test.client import _MonkeyPatchedWSGIResponse as ConsoleResponse
@@ -51,11 +65,24 @@ CONSOLE_MODELS: list[type[DjangoModel]] = [
     ScalingDecision,
     Usage,
     Rollout,
+    GateRun,
+    VersionRegion,
+    EvalSet,
+    VersionOverride,
 ]
 # Usage is written by the gateway's flush only, nodes by their agents, decisions by
-# the autoscaler, and schedule rows on their pool's page; the console may not add
-# rows.
-NO_ADD_PAGE = {Usage, Node, ScalingDecision, PoolSchedule}
+# the autoscaler, gate runs and region copies by the gates, overrides by the
+# traffic changes they allowed, and schedule rows on their pool's page; the console
+# may not add rows.
+NO_ADD_PAGE = {
+    Usage,
+    Node,
+    ScalingDecision,
+    PoolSchedule,
+    GateRun,
+    VersionRegion,
+    VersionOverride,
+}
 TEAM_SECRET = re.compile(r"sk-team-[A-Za-z0-9_-]{43}")
 ADMIN_SECRET = re.compile(r"sk-admin-[A-Za-z0-9_-]{43}")
 
@@ -135,6 +162,28 @@ def rows(team: Team, chat_v1: ModelVersion) -> dict[type[DjangoModel], DjangoMod
         percent=1.0,
         now=timezone.now(),
     )
+    # Registration queued one row per gate; the fixture keeps one of them.
+    gate_run = GateRun.objects.filter(version=chat_v1).order_by("id").first()
+    assert gate_run is not None
+    GateRun.objects.filter(version=chat_v1).exclude(pk=gate_run.pk).delete()
+    region_copy = VersionRegion.objects.create(
+        version=chat_v1, region="local", uri=chat_v1.weights_uri, state="ready"
+    )
+    eval_set = EvalSet.objects.create(
+        model=chat_v1.model, team=team, uri="s3://models/evals/search.jsonl"
+    )
+    override = VersionOverride.objects.create(
+        model=chat_v1.model,
+        version=chat_v1,
+        action="rollout",
+        stage="canary",
+        percent=1.0,
+        version_status="evaluating",
+        refusal="chat-7b@v1 is still evaluating: it is not ready yet",
+        by="console user ops",
+        reason="the eval set is being rebuilt",
+        at=timezone.now(),
+    )
     return {
         Team: team,
         TeamLimit: limit,
@@ -149,6 +198,10 @@ def rows(team: Team, chat_v1: ModelVersion) -> dict[type[DjangoModel], DjangoMod
         Node: node,
         Usage: usage,
         Rollout: rollout,
+        GateRun: gate_run,
+        VersionRegion: region_copy,
+        EvalSet: eval_set,
+        VersionOverride: override,
     }
 
 
@@ -469,12 +522,7 @@ def test_console_version_identity_is_read_only(
 ) -> None:
     page = console.get(url(ModelVersion, "change", chat_v1.pk))
     body = page.content.decode()
-    assert set(page.context["adminform"].form.fields) == {
-        "status",
-        "eval_report_uri",
-        "load_test_tokens_per_s",
-        "load_test_tokens_in_flight",
-    }
+    assert set(page.context["adminform"].form.fields) == set()
     assert 'name="weights_hash"' not in body
     assert chat_v1.weights_hash in body
 
@@ -493,26 +541,62 @@ def test_console_version_identity_is_read_only(
 
     assert response.status_code == 302
     chat_v1.refresh_from_db()
-    assert chat_v1.status == "ready"
-    assert chat_v1.load_test_tokens_per_s == 2500
-    assert chat_v1.eval_report_uri == "s3://models/chat-7b/evals/v1.json"
     assert chat_v1.weights_hash == digest("chat-7b weights")
     assert chat_v1.precision == "fp16"
     assert chat_v1.chat_template == version_body()["chat_template"]
 
 
-def test_console_version_change_refuses_eval_report_outside_storage(
+def test_console_version_page_does_not_edit_what_the_gates_write(
     console: Client, chat_v1: ModelVersion
 ) -> None:
     response = console.post(
         url(ModelVersion, "change", chat_v1.pk),
-        {"status": "ready", "eval_report_uri": "https://evil.example/report"},
+        {
+            "status": "live",
+            "eval_report_uri": "https://evil.example/report",
+            "load_test_tokens_per_s": "99999",
+        },
     )
 
-    assert response.status_code == 200
-    assert "eval_report_uri" in form_errors(response)
+    assert response.status_code == 302
+    chat_v1.refresh_from_db()
+    assert chat_v1.status == "ready"
+    assert chat_v1.eval_report_uri == ""
+    assert chat_v1.load_test_tokens_per_s is None
+
+
+def test_console_action_runs_the_gates_again(
+    console: Client, chat_v1: ModelVersion
+) -> None:
+    response = console.post(
+        url(ModelVersion, "changelist"),
+        {"action": "run_gates_again", "_selected_action": [chat_v1.pk]},
+        follow=True,
+    )
+
+    assert "gates queued (attempt 2)" in response.content.decode()
+    runs = GateRun.objects.filter(version=chat_v1, attempt=2)
+    assert sorted(runs.values_list("kind", flat=True)) == [
+        "eval",
+        "load_test",
+        "weights",
+    ]
+    assert {run.requested_by for run in runs} == {"console user operator"}
     chat_v1.refresh_from_db()
     assert chat_v1.status == "registered"
+
+
+def test_console_alias_offers_only_versions_whose_gates_passed(
+    console: Client, chat_v1: ModelVersion
+) -> None:
+    pending = registry_services.register_version(
+        model_id="chat-7b", **version_body(weights_hash=digest("v2"))
+    )
+
+    form = console.get(url(Model, "change", "chat-7b")).context["adminform"].form
+
+    assert list(form.fields["live_version"].queryset) == [chat_v1]
+    assert pending.status == "registered"
 
 
 def test_console_version_list_links_eval_reports(
@@ -548,8 +632,10 @@ def test_console_alias_change_goes_through_set_alias(
     console: Client, chat_v1: ModelVersion
 ) -> None:
     rollout_services.set_alias(model_id="chat-7b", version="v1")
-    v2 = registry_services.register_version(
-        model_id="chat-7b", **version_body(weights_hash=digest("v2"))
+    v2 = accept(
+        registry_services.register_version(
+            model_id="chat-7b", **version_body(weights_hash=digest("v2"))
+        )
     )
     rollout_services.set_rollout(
         model_id="chat-7b",

@@ -9,7 +9,12 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from config import fields
-from models_registry.domain.identity import MAX_GPUS_PER_REPLICA, Precision
+from models_registry.domain.gates import GateKind, GateState, RegionState
+from models_registry.domain.identity import (
+    MAX_GPUS_PER_REPLICA,
+    Precision,
+    VersionStatus,
+)
 
 
 class ModelCreateSerializer(serializers.Serializer):
@@ -33,6 +38,59 @@ class VersionRegisterSerializer(serializers.Serializer):
     eval_report_uri = fields.StorageUriField(required=False, allow_blank=True)
 
 
+class GateRunSerializer(serializers.Serializer):
+    """One gate of one attempt (``models_registry.services.gate_run_dict``)."""
+
+    gate = serializers.ChoiceField(choices=[k.value for k in GateKind])
+    attempt = serializers.IntegerField()
+    state = serializers.ChoiceField(choices=[s.value for s in GateState])
+    detail = serializers.CharField(allow_blank=True)
+    progress = serializers.DictField(child=serializers.IntegerField())
+    result = serializers.DictField()
+    requested_by = serializers.CharField(allow_blank=True)
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+
+
+class GateAttemptSerializer(serializers.Serializer):
+    """A version's last gate attempt, gate by gate."""
+
+    attempt = serializers.IntegerField()
+    gates = GateRunSerializer(many=True)
+
+
+class GateHistorySerializer(serializers.Serializer):
+    """GET /admin/models/{model}/versions/{version}/gates: every attempt."""
+
+    model = serializers.CharField()
+    version = serializers.CharField()
+    status = serializers.ChoiceField(choices=[s.value for s in VersionStatus])
+    status_reason = serializers.CharField(allow_blank=True)
+    runs = GateRunSerializer(many=True)
+
+
+class RegionCopySerializer(serializers.Serializer):
+    """A region's copy of the weights."""
+
+    state = serializers.ChoiceField(choices=[s.value for s in RegionState])
+    uri = serializers.CharField()
+    detail = serializers.CharField(allow_blank=True)
+
+
+class GateConfigSerializer(serializers.Serializer):
+    """A model's gate settings (``models_registry.domain.gates.GateConfig``).
+
+    Checked by ``parse_gate_config``; the fields here are for the schema.
+    """
+
+    eval_set_uri = serializers.CharField(required=False, allow_blank=True)
+    judge_model = serializers.CharField(required=False, allow_blank=True)
+    thresholds = serializers.DictField(child=serializers.FloatField(), required=False)
+    min_kappa = serializers.FloatField(required=False)
+    min_labels = serializers.IntegerField(required=False)
+    load_test = serializers.DictField(child=serializers.FloatField(), required=False)
+
+
 class VersionSerializer(serializers.Serializer):
     """A registered version as returned by the API (for the schema)."""
 
@@ -48,7 +106,11 @@ class VersionSerializer(serializers.Serializer):
     eval_report_uri = serializers.CharField(allow_null=True)
     load_test_tokens_per_s = serializers.FloatField(allow_null=True)
     load_test_tokens_in_flight = serializers.IntegerField(allow_null=True)
-    status = serializers.CharField()
+    load_test_prefix_hit_rate = serializers.FloatField(allow_null=True)
+    status = serializers.ChoiceField(choices=[s.value for s in VersionStatus])
+    status_reason = serializers.CharField(allow_blank=True)
+    gates = GateAttemptSerializer(allow_null=True)
+    regions = serializers.DictField(child=RegionCopySerializer())
     created_at = serializers.DateTimeField()
 
 

@@ -76,7 +76,10 @@ done
 # (Celery takes a terminal's SIGHUP as "restart", which would outlive the stop).
 SETSID=$(command -v setsid || true)
 
-$SETSID .venv/bin/celery -A config worker -B --concurrency 1 --loglevel INFO \
+# Two worker processes: the control loops' ticks (queue celery) never wait behind
+# a version's gates (queue gates), which send their eval prompts to this server.
+PLATFORM_GATE_GATEWAY_URL="${PLATFORM_GATE_GATEWAY_URL:-http://$HOST:$PORT}" \
+$SETSID .venv/bin/celery -A config worker -B -Q celery,gates --concurrency 2 --loglevel INFO \
     --schedule "$LOCAL/celerybeat-schedule" </dev/null >"$LOCAL/logs/worker.log" 2>&1 &
 pids+=($!); echo $! >"$LOCAL/run/worker.pid"
 

@@ -13,10 +13,18 @@ from models_registry.api.serializers import ModelSerializer
 from rollouts.domain.plan import Decision, Stage
 
 
+class OverrideSerializer(serializers.Serializer):
+    """An admin's override of the version gates: why (who is the admin token)."""
+
+    reason = fields.TextField(max_length=2000)
+
+
 class AliasSerializer(serializers.Serializer):
     """PUT /admin/models/{model}/alias."""
 
     version = fields.LabelField()
+    # Needed only for a version whose gates have not passed; recorded.
+    override = OverrideSerializer(required=False)
 
 
 class RolloutSerializer(serializers.Serializer):
@@ -26,6 +34,8 @@ class RolloutSerializer(serializers.Serializer):
     stage = serializers.ChoiceField(choices=[s.value for s in Stage])
     # Above 0 (``rollouts.domain.plan.stage_errors``): a 0% canary is no rollout.
     percent = fields.NumberField(greater_than=0.0, max_value=100.0)
+    # Needed only for a version whose gates have not passed; recorded.
+    override = OverrideSerializer(required=False)
 
 
 class RolloutOutSerializer(serializers.Serializer):

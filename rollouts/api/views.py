@@ -7,13 +7,15 @@ registry; the registry's own endpoint is a model's versions.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from config.api import ControlPlaneView, ErrorSerializer, validated
+from config.api import ControlPlaneView, ErrorSerializer, admin_name, validated
 from models_registry import services as registry
 from models_registry.api.serializers import ModelCreateSerializer
 from models_registry.models import Model
@@ -71,12 +73,16 @@ class AliasView(ControlPlaneView):
 
     @extend_schema(
         request=AliasSerializer,
-        # 409: the version is rejected or retired.
+        # 409: the version is not ready (its gates have not passed) or retired.
         responses={200: ModelDetailSerializer, 409: ErrorSerializer},
     )
     def put(self, request: Request, model: str) -> Response:
         body = validated(AliasSerializer, request.data)
-        services.set_alias(model_id=model, version=body["version"])
+        services.set_alias(
+            model_id=model,
+            version=body["version"],
+            override=_override(request, body.pop("override", None)),
+        )
         return Response(services.model_detail(model))
 
 
@@ -97,10 +103,23 @@ class RolloutView(ControlPlaneView):
 
     @extend_schema(
         request=RolloutSerializer,
-        # 409: the version is live already, or rejected or retired.
+        # 409: the version is live already, not ready (its gates have not passed)
+        # or retired.
         responses={200: RolloutOutSerializer, 409: ErrorSerializer},
     )
     def put(self, request: Request, model: str) -> Response:
         body = validated(RolloutSerializer, request.data)
-        rollout = services.set_rollout(model_id=model, now=timezone.now(), **body)
+        override = _override(request, body.pop("override", None))
+        rollout = services.set_rollout(
+            model_id=model, now=timezone.now(), override=override, **body
+        )
         return Response(services.rollout_dict(rollout))
+
+
+def _override(
+    request: Request, body: dict[str, Any] | None
+) -> services.Override | None:
+    """Return the body's override, made by the admin token that sent it."""
+    if body is None:
+        return None
+    return services.Override(by=admin_name(request), reason=body["reason"])

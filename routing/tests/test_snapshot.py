@@ -13,7 +13,13 @@ from accounts.models import Team
 from models_registry.models import ModelVersion
 from rollouts import services as rollouts
 from routing.services import build_snapshot
-from tests.factories import VERSION_BODY, ReplicaFactory, digest, version_body
+from tests.factories import (
+    VERSION_BODY,
+    ReplicaFactory,
+    accept,
+    digest,
+    version_body,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -34,8 +40,10 @@ def test_snapshot_carries_limits_aliases_canary_and_shadow(
     from models_registry import services as registry
 
     rollouts.set_alias(model_id="chat-7b", version="v1")
-    registry.register_version(
-        model_id="chat-7b", **version_body(weights_hash=digest("v2"))
+    accept(
+        registry.register_version(
+            model_id="chat-7b", **version_body(weights_hash=digest("v2"))
+        )
     )
     accounts.set_team_limit(
         team_id=team.team,

@@ -35,6 +35,18 @@ from drills.seeding import (
 )
 
 DEMO_TEAM = "demo"
+# A new version's gates on this machine: the load test in steps of half a minute
+# (a GPU's default is minutes per step, from 500 output tokens/s up).
+LOCAL_GATE_CONFIG: dict[str, Any] = {
+    "load_test": {
+        "start_tokens_per_s": 1500,
+        "step_tokens_per_s": 500,
+        "max_tokens_per_s": 4000,
+        "warmup_s": 5,
+        "duration_s": 20,
+        "drain_s": 30,
+    }
+}
 DEMO_MODELS = {
     # model: (example file, min replicas, max replicas, team limit tokens/min)
     "chat-7b": ("chat-7b-v1.json", 2, 12, 600_000),
@@ -102,6 +114,7 @@ def _demo_seed(saved: dict[str, str]) -> PlatformSeed:
             ModelSeed(
                 model_id=model_id,
                 versions=(VersionSeed("v1", body, min_replicas, max_replicas),),
+                gate_config=LOCAL_GATE_CONFIG,
             )
         )
         limits.append(
