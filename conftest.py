@@ -162,6 +162,19 @@ def team_secret(team: Team) -> str:
     return secret
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _tasks_go_nowhere() -> Iterator[None]:
+    """Send the tasks this process queues (a registration's gates) to an in-memory
+    broker: a worker a test needs runs as a process of its own, on its own Redis
+    prefix, and a make up worker sharing this Redis must never take them."""
+    from config.celery import app
+
+    broker = app.conf.broker_url
+    app.conf.update(broker_url="memory://")
+    yield
+    app.conf.update(broker_url=broker)
+
+
 @pytest.fixture
 def chat_model(db: None) -> Model:
     """Return the model 'chat-7b' with no versions."""

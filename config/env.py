@@ -115,9 +115,7 @@ def env_list(
     return [item.strip() for item in value.split(",") if item.strip()]
 
 
-def env_pairs(
-    name: str, environ: Mapping[str, str] | None = None
-) -> dict[str, str]:
+def env_pairs(name: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """Return ``a=x,b=y`` as ``{"a": "x", "b": "y"}`` (empty when unset).
 
     Raises:

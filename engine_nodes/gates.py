@@ -583,7 +583,14 @@ def _load_test_gate(context: _Attempt, run: GateRun) -> dict[str, Any]:
     except LoadTestError as exc:
         raise GateFailed(f"the load test could not run: {exc}") from None
     answer = result.as_dict()
-    if result.tokens_per_s is None or not result.tokens_in_flight:
+    if result.tokens_per_s is not None and not result.tokens_in_flight:
+        raise GateFailed(
+            "the load test measured no tokens in flight at its best step "
+            f"({result.tokens_per_s:.0f} tokens/s): its steps are too short or too "
+            "light to size a pool by",
+            answer,
+        )
+    if result.tokens_per_s is None:
         raise GateFailed(
             "no step of the load test held p95 TTFT under "
             f"{settings_.criteria.ttft_p95_max_s:g} s and "
@@ -592,7 +599,7 @@ def _load_test_gate(context: _Attempt, run: GateRun) -> dict[str, Any]:
         )
     ModelVersion.objects.filter(pk=version.pk).update(
         load_test_tokens_per_s=result.tokens_per_s,
-        load_test_tokens_in_flight=int(result.tokens_in_flight),
+        load_test_tokens_in_flight=int(result.tokens_in_flight or 0),
         load_test_prefix_hit_rate=result.prefix_hit_rate,
     )
     return {

@@ -722,7 +722,9 @@ async def run_load_test(
     answer = capacity_answer(steps, settings.criteria)
     best = answer.best_step
     in_flight, source = None, None
-    if best is not None and best.kv_tokens_in_use is not None:
+    # The engine's KV tokens in use; where its once-a-second samples saw none (short,
+    # light requests can fall between them), what the client had in flight.
+    if best is not None and best.kv_tokens_in_use:
         in_flight, source = round(best.kv_tokens_in_use), "kv"
     elif best is not None and best.tokens_in_flight is not None:
         in_flight, source = round(best.tokens_in_flight), "client"

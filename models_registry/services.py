@@ -227,6 +227,7 @@ def model_dict(model: Model) -> dict[str, Any]:
                 "region": p.region,
                 "min_replicas": p.min_replicas,
                 "max_replicas": p.max_replicas,
+                "staging": p.staging,
             }
             for p in pools
         ],

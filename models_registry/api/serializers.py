@@ -121,6 +121,8 @@ class PoolSerializer(serializers.Serializer):
     region = serializers.CharField()
     min_replicas = serializers.IntegerField()
     max_replicas = serializers.IntegerField()
+    # The version gates' staging pool: one replica, reached only by pinned requests.
+    staging = serializers.BooleanField()
 
 
 class ModelSerializer(serializers.Serializer):

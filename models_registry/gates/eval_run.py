@@ -26,9 +26,10 @@ checked first on the eval set's labelled pairs (``judge_trust``) and, trusted,
 then compares every item whose two answers differ (identical answers tie without
 asking). Each judge prompt shows its pair in an order drawn per item
 (``judge.is_swapped``), recorded in the report as ``candidate_side``. The gate
-fails closed, saying why, when there is no judge, the judge cannot be reached,
-it answers nothing readable (or more than a tenth of the comparisons
-unreadably), or it is not trusted.
+fails closed, saying why, when the judge cannot be reached, it answers nothing
+readable (or more than a tenth of the comparisons unreadably), or it is not
+trusted. With no judge at all (``judge=None``: the model's gate settings name
+none), the task metrics alone decide.
 
 **A model's first version** has no live version: the candidate is scored alone
 against a floor per category (``DEFAULT_FLOORS``, or ``floors``): its share of
@@ -744,12 +745,10 @@ async def run_eval(
         )
         return finish(verdict, _Judged(()), scores)
     if judge is None:
-        judged = _Judged(
-            (
-                "no judge model was given: the answers cannot be compared "
-                "pairwise, so the gate fails closed",
-            ),
-        )
+        # The model's gate settings name no judge (``judge_model: ""``): an
+        # admin's choice of the task metrics alone. A judge that is named but
+        # cannot judge fails the gate closed (below, and in the gates' task).
+        judged = _Judged(())
     else:
         judge_asker = asker(judge)
         judge_started = time.monotonic()

@@ -298,12 +298,16 @@ def test_an_unreachable_judge_fails_closed(
     )
 
 
-def test_no_judge_fails_closed(
+def test_with_no_judge_the_task_metrics_decide(
     items: list[EvalItem], replicas: dict[str, Replica]
 ) -> None:
-    report = evaluate(items[:40], replicas, candidate=0.9, judge=None)
-    assert not report.passed
-    assert report.reasons[0].startswith("no judge model was given")
+    same = evaluate(items, replicas, candidate=0.9, judge=None)
+    assert same.passed, same.reasons
+    assert same.judge is None
+    assert {r.metric for r in same.categories} == {"task"}
+    worse = evaluate(items, replicas, candidate=0.5, judge=None)
+    assert not worse.passed
+    assert all("(task)" in reason for reason in worse.reasons)
 
 
 def test_a_first_version_is_held_to_the_floors(
