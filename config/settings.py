@@ -439,8 +439,12 @@ except EnvError as exc:
 # ---------------------------------------------------------------------------
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
-    CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, str | bool] = {
-        "global_keyprefix": f"{REDIS_KEY_PREFIX}:celery:"
+    CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, str | bool | float] = {
+        "global_keyprefix": f"{REDIS_KEY_PREFIX}:celery:",
+        # An unacknowledged task goes back to the queue after this long (acks_late):
+        # past the gates' time limit, so a gate attempt still running is never
+        # handed to a second worker (Redis's default is an hour).
+        "visibility_timeout": PLATFORM_GATE_TIME_LIMIT_S + 600,
     }
 else:
     # A broker that needs no server: kombu's filesystem transport, shared by the

@@ -72,6 +72,7 @@ from models_registry import services as registry
 from models_registry.domain.eval_gate import EvalItem, EvalSetError, parse_eval_set
 from models_registry.domain.gates import (
     GATE_ORDER,
+    GATING_STATUSES,
     TRAFFIC_STATUSES,
     GateConfig,
     GateKind,
@@ -81,7 +82,7 @@ from models_registry.domain.gates import (
 )
 from models_registry.domain.identity import VersionStatus, uri_errors
 from models_registry.gates.eval_run import Target, run_eval
-from models_registry.gates.report import write_report
+from models_registry.gates.report import ReportLocationError, write_report
 from models_registry.models import (
     EvalSet,
     GateRun,
@@ -113,7 +114,6 @@ class _Attempt:
     version: ModelVersion
     attempt: int
     config: GateConfig
-    created_pool: bool = False
     results: dict[str, Any] = field(default_factory=dict)
 
 
@@ -127,24 +127,29 @@ def run_gates(version_id: int, attempt: int) -> str:
         for run in GateRun.objects.filter(version=version, attempt=attempt)
     }
     if (
-        not runs
+        len(runs) != len(GATE_ORDER)
         or all(run.state in _FINAL for run in runs.values())
         or registry.latest_attempt(version) != attempt
     ):
         return version.status  # accepted, finished or superseded meanwhile
+    if any(run.state == GateState.RUNNING for run in runs.values()):
+        # Another worker holds this attempt (a redelivered message, or a worker
+        # that died mid-gate: ``start_gates`` frees it once it is stale).
+        logger.warning(
+            "the gates of %s #%d are running elsewhere", version.ref, attempt
+        )
+        return version.status
     context = _Attempt(version=version, attempt=attempt, config=GateConfig())
     try:
         context.config = registry.gate_config(version.model)
     except Exception as exc:
         return _reject(context, runs, GATE_ORDER[0], GateFailed(str(exc)))
-    context.created_pool = Pool.objects.filter(
-        version=version, region=settings.PLATFORM_GATE_REGION, staging=True
-    ).exists()
     for kind in GATE_ORDER:
         run = runs[kind]
         if run.state == GateState.PASSED:
             continue
-        _begin(run, version, kind)
+        if not _begin(run, version, kind):
+            return _current_status(version)  # accepted or claimed meanwhile
         try:
             result = _GATES[kind](context, run)
         except GateFailed as failure:
@@ -158,36 +163,57 @@ def run_gates(version_id: int, attempt: int) -> str:
                 kind,
                 GateFailed(f"the {kind} gate could not run: {type(exc).__name__}"),
             )
-        _finish(run, GateState.PASSED, result.pop("detail", "passed"), result)
+        if not _finish(run, GateState.PASSED, result.pop("detail", "passed"), result):
+            return _current_status(version)
     with transaction.atomic():
-        ModelVersion.objects.filter(pk=version.pk).update(
-            status=VersionStatus.READY,
-            status_reason=f"gates passed (attempt {attempt})",
-        )
-        # The staging replica becomes the version's pool: its canary starts warm.
-        Pool.objects.filter(version=version, staging=True).update(staging=False)
+        _set_status(version, VersionStatus.READY, f"gates passed (attempt {attempt})")
+        _keep_staging_pool(version)
     logger.info("%s passed its gates (attempt %d)", version.ref, attempt)
     return VersionStatus.READY
 
 
-def _begin(run: GateRun, version: ModelVersion, kind: GateKind) -> None:
-    run.state = GateState.RUNNING
-    run.started_at = timezone.now()
-    run.detail = "running"
-    run.save(update_fields=["state", "started_at", "detail"])
-    ModelVersion.objects.filter(pk=version.pk).update(
-        status=status_for_gate(kind), status_reason=f"{kind} gate running"
+def _current_status(version: ModelVersion) -> str:
+    return str(
+        ModelVersion.objects.filter(pk=version.pk).values_list("status", flat=True)[0]
     )
+
+
+def _set_status(version: ModelVersion, status: str, reason: str) -> bool:
+    """Move the version's status, only while it is still being gated.
+
+    A version an admin accepted, or that went live by an override, keeps what the
+    admin gave it: the gates never overwrite it.
+    """
+    return bool(
+        ModelVersion.objects.filter(pk=version.pk, status__in=GATING_STATUSES).update(
+            status=status, status_reason=reason[:2000]
+        )
+    )
+
+
+def _begin(run: GateRun, version: ModelVersion, kind: GateKind) -> bool:
+    """Claim the gate (pending to running); False if it was not pending any more."""
+    now = timezone.now()
+    claimed = GateRun.objects.filter(pk=run.pk, state=GateState.PENDING).update(
+        state=GateState.RUNNING, started_at=now, detail="running"
+    )
+    if not claimed:
+        return False
+    run.state, run.started_at, run.detail = GateState.RUNNING, now, "running"
+    _set_status(version, status_for_gate(kind), f"{kind} gate running")
+    return True
 
 
 def _finish(
     run: GateRun, state: GateState, detail: str, result: dict[str, Any]
-) -> None:
-    run.state = state
-    run.detail = detail[:2000]
-    run.result = result
-    run.finished_at = timezone.now()
-    run.save(update_fields=["state", "detail", "result", "finished_at"])
+) -> bool:
+    """End a gate (pending or running); False if it had ended already (accepted)."""
+    ended = GateRun.objects.filter(
+        pk=run.pk, state__in=[GateState.PENDING, GateState.RUNNING]
+    ).update(
+        state=state, detail=detail[:2000], result=result, finished_at=timezone.now()
+    )
+    return bool(ended)
 
 
 def _progress(run: GateRun, done: int, total: int, detail: str) -> None:
@@ -240,18 +266,32 @@ def _reject(
     failure: GateFailed,
 ) -> str:
     version = context.version
-    _finish(runs[kind], GateState.FAILED, failure.reason, failure.result)
+    if not _finish(runs[kind], GateState.FAILED, failure.reason, failure.result):
+        return _current_status(version)  # accepted meanwhile: its verdict stands
     later = GATE_ORDER[GATE_ORDER.index(kind) + 1 :]
     for other in later:
         _finish(runs[other], GateState.SKIPPED, f"skipped: the {kind} gate failed", {})
     with transaction.atomic():
-        ModelVersion.objects.filter(pk=version.pk).update(
-            status=VersionStatus.REJECTED,
-            status_reason=f"{kind} gate: {failure.reason}"[:2000],
-        )
-        _remove_staging(version)
+        if _set_status(
+            version, VersionStatus.REJECTED, f"{kind} gate: {failure.reason}"
+        ):
+            _remove_staging(version)
     logger.warning("%s rejected by its %s gate", version.ref, kind)
-    return VersionStatus.REJECTED
+    return _current_status(version)
+
+
+def _keep_staging_pool(version: ModelVersion) -> None:
+    """Make the staging pool the version's own: autoscaled, within the bounds of
+    the live version's pool in that region (if it has one), so its canary starts
+    warm and grows with its traffic."""
+    for pool in Pool.objects.filter(version=version, staging=True):
+        live = Pool.objects.filter(
+            version_id=version.model.live_version_id, region=pool.region
+        ).first()
+        pool.staging = False
+        if live is not None:
+            pool.max_replicas = max(pool.min_replicas, live.max_replicas)
+        pool.save(update_fields=["staging", "max_replicas"])
 
 
 def _remove_staging(version: ModelVersion) -> None:
@@ -299,6 +339,11 @@ def _weights_gate(context: _Attempt, run: GateRun) -> dict[str, Any]:
                 )
         except weights.WeightsError as exc:
             row.state, row.detail = RegionState.FAILED, str(exc)[:2000]
+        except Exception as exc:
+            # The row must not stay "copying": its agents would wait on it.
+            logger.exception("copying the weights of %s to %s", version.ref, region)
+            row.state = RegionState.FAILED
+            row.detail = f"the copy could not run: {type(exc).__name__}"
         else:
             row.state, row.uri, row.detail = RegionState.READY, uri, "verified"
         row.save(update_fields=["state", "uri", "detail", "updated_at"])
@@ -361,13 +406,15 @@ def _eval_gate(context: _Attempt, run: GateRun) -> dict[str, Any]:
         if s.uri not in uris
     ]
     sets = [(uri, _read_eval_set(uri)) for uri in uris]
-    judge = _judge_ref(config)
     live_version = version.model.live_version
     live = (
         live_version.ref
         if live_version is not None and live_version.pk != version.pk
         else None
     )
+    # A first version has no live one to compare with: it is held to the floors,
+    # and no judge is asked (one named need not exist yet: the judge's own first).
+    judge = _judge_ref(config) if live is not None else None
     _staging_replica(context, run)
     reports: list[dict[str, Any]] = []
     models = [version.model_id, *([judge] if judge else [])]
@@ -408,14 +455,21 @@ def _eval_gate(context: _Attempt, run: GateRun) -> dict[str, Any]:
         "sets": reports,
         "config": config.as_dict(),
     }
-    json_uri, html_uri = write_report(
-        version.eval_report_uri
-        or f"{settings.PLATFORM_EVAL_REPORT_ROOT.rstrip('/')}/{version.model_id}/"
-        f"{version.version}/attempt-{context.attempt}",
-        summary,
-        storage_roots=settings.PLATFORM_STORAGE_ROOTS,
-    )
-    if not version.eval_report_uri:
+    # Each attempt its own report under the report root; one named at
+    # registration is the registrant's, written over by each attempt.
+    ours = f"{settings.PLATFORM_EVAL_REPORT_ROOT.rstrip('/')}/{version.model_id}/"
+    given = version.eval_report_uri
+    if given.startswith(ours):
+        given = ""  # an earlier attempt's, written by the gates
+    try:
+        json_uri, html_uri = write_report(
+            given or f"{ours}{version.version}/attempt-{context.attempt}",
+            summary,
+            storage_roots=settings.PLATFORM_STORAGE_ROOTS,
+        )
+    except ReportLocationError as exc:
+        raise GateFailed(f"the eval report cannot be written: {exc}") from None
+    if not given:
         ModelVersion.objects.filter(pk=version.pk).update(eval_report_uri=html_uri)
     result = {
         "report": {"json": json_uri, "html": html_uri},
@@ -529,7 +583,6 @@ def _staging_replica(context: _Attempt, run: GateRun) -> Replica:
             max_replicas=1,
             staging=True,
         )
-        context.created_pool = True
     timeout = settings.PLATFORM_GATE_REPLICA_TIMEOUT_S
     deadline = time.monotonic() + timeout
     while True:

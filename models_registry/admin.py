@@ -24,6 +24,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
+from config.api import admin_name
 from config.errors import PlatformError
 from models_registry import services
 from models_registry.domain.identity import IDENTITY_FIELDS, VersionStatus, uri_errors
@@ -226,11 +227,10 @@ class ModelVersionAdmin(admin.ModelAdmin):
 
     @admin.action(description="Run the gates of the selected versions again")
     def run_gates_again(self, request: HttpRequest, queryset: Any) -> None:
-        by = request.user.get_username() if request.user else ""
         for version in queryset:
             try:
                 attempt = services.start_gates(
-                    version, requested_by=f"console user {by}", now=timezone.now()
+                    version, requested_by=admin_name(request), now=timezone.now()
                 )
             except PlatformError as exc:
                 self.message_user(request, exc.message, messages.ERROR)
@@ -309,7 +309,7 @@ class ModelVersionAdmin(admin.ModelAdmin):
         return format_html('<a href="{}" rel="noopener noreferrer">report</a>', uri)
 
 
-class _ReadOnlyAdmin(admin.ModelAdmin):
+class ReadOnlyAdmin(admin.ModelAdmin):
     """Rows written by the platform itself; the console reads them only."""
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -320,7 +320,7 @@ class _ReadOnlyAdmin(admin.ModelAdmin):
 
 
 @admin.register(GateRun)
-class GateRunAdmin(_ReadOnlyAdmin):
+class GateRunAdmin(ReadOnlyAdmin):
     """Every gate of every attempt, with its progress and why it passed or failed."""
 
     list_display = (
@@ -341,7 +341,7 @@ class GateRunAdmin(_ReadOnlyAdmin):
 
 
 @admin.register(VersionRegion)
-class VersionRegionAdmin(_ReadOnlyAdmin):
+class VersionRegionAdmin(ReadOnlyAdmin):
     """Each region's copy of each version's weights, written by the weights gate."""
 
     list_display = ("version", "region", "state", "uri", "detail", "updated_at")

@@ -6,7 +6,8 @@ replicas and hit rate) is ``engine_nodes.services.pool_state``.
 
 from __future__ import annotations
 
-from datetime import datetime
+import logging
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -18,6 +19,7 @@ from config.celery import app as celery_app
 from config.errors import Conflict, InvalidRequest, NotFound
 from models_registry.domain.gates import (
     GATE_ORDER,
+    GATING_STATUSES,
     GateConfig,
     GateState,
     parse_gate_config,
@@ -37,6 +39,8 @@ from models_registry.domain.identity import (
     uri_errors,
 )
 from models_registry.models import GateRun, Model, ModelVersion, Pool, VersionRegion
+
+logger = logging.getLogger(__name__)
 
 # The Celery task that runs a version's gates (``engine_nodes.gates``): it needs
 # the node agents' staging replicas and the weights' copies, which sit above the
@@ -311,16 +315,20 @@ def start_gates(version: ModelVersion, *, requested_by: str, now: datetime) -> i
     """Queue a new attempt at the version's gates; return its number.
 
     Creates one ``pending`` row per gate and sends ``RUN_GATES_TASK`` once the
-    transaction commits. The version goes back to ``registered`` until the task
-    starts. Raises Conflict while an attempt is running, or for a live or
-    retired version (``rerun_refusal``).
+    transaction commits (if the broker refuses it, the attempt is marked failed,
+    saying so). The version goes back to ``registered`` until the task starts.
+    Raises Conflict while an attempt is running, for a live or retired version
+    and for the model's canary (``rerun_refusal``). An attempt older than
+    ``PLATFORM_GATE_TIME_LIMIT_S`` that never ended (its worker was killed) is
+    failed as abandoned first, so it does not block the gates for ever.
     """
     with transaction.atomic():
         locked = ModelVersion.objects.select_for_update().get(pk=version.pk)
-        running = GateRun.objects.filter(
-            version=locked, state__in=[GateState.PENDING, GateState.RUNNING]
-        ).exists()
+        _fail_abandoned(locked, now=now)
+        running = gates_running(locked)
         refusal = rerun_refusal(locked.ref, locked.status, running=running)
+        if refusal is None and locked.model.canary_version_id == locked.pk:
+            refusal = f"{locked.ref} is the model's canary; end the rollout first"
         if refusal:
             raise Conflict(refusal, param="version", code="gates_refused")
         attempt = latest_attempt(locked) + 1
@@ -329,7 +337,7 @@ def start_gates(version: ModelVersion, *, requested_by: str, now: datetime) -> i
                 version=locked,
                 attempt=attempt,
                 kind=kind,
-                requested_by=requested_by,
+                requested_by=requested_by[:200],
                 created_at=now,
             )
             for kind in GATE_ORDER
@@ -339,11 +347,67 @@ def start_gates(version: ModelVersion, *, requested_by: str, now: datetime) -> i
             status_reason=f"gates queued (attempt {attempt})",
         )
         pk = locked.pk
-        transaction.on_commit(
-            lambda: celery_app.send_task(RUN_GATES_TASK, args=[pk, attempt])
-        )
+        transaction.on_commit(lambda: _send_gates(pk, attempt))
     version.refresh_from_db()
     return attempt
+
+
+def _send_gates(version_id: int, attempt: int) -> None:
+    try:
+        celery_app.send_task(RUN_GATES_TASK, args=[version_id, attempt])
+    except Exception as exc:  # the broker is down: say so on the attempt
+        logger.exception("the gates of version %d could not be queued", version_id)
+        why = f"the gates could not be queued: {type(exc).__name__}"
+        GateRun.objects.filter(
+            version_id=version_id, attempt=attempt, state=GateState.PENDING
+        ).update(state=GateState.FAILED, detail=why, finished_at=timezone.now())
+        ModelVersion.objects.filter(
+            pk=version_id, status=VersionStatus.REGISTERED
+        ).update(status_reason=f"{why}; run them again")
+
+
+def gates_running(version: ModelVersion) -> bool:
+    """Return True while an attempt at the version's gates is pending or running."""
+    return GateRun.objects.filter(
+        version=version, state__in=[GateState.PENDING, GateState.RUNNING]
+    ).exists()
+
+
+def _fail_abandoned(version: ModelVersion, *, now: datetime) -> None:
+    cutoff = now - timedelta(seconds=settings.PLATFORM_GATE_TIME_LIMIT_S)
+    stale = GateRun.objects.filter(
+        version=version,
+        state__in=[GateState.PENDING, GateState.RUNNING],
+        created_at__lt=cutoff,
+    )
+    if stale.update(
+        state=GateState.FAILED,
+        detail="abandoned: no worker finished it within the gates' time limit",
+        finished_at=now,
+    ):
+        ModelVersion.objects.filter(pk=version.pk, status__in=GATING_STATUSES).update(
+            status=VersionStatus.REGISTERED,
+            status_reason="its last gate attempt was abandoned",
+        )
+
+
+def status_after_live(version: ModelVersion) -> str:
+    """Return the status a version goes back to when the alias leaves it: what its
+    gates said, not ``ready`` because it was live (an override may have sent a
+    rejected or ungated version there)."""
+    attempt = latest_attempt(version)
+    if not attempt:
+        return VersionStatus.READY  # registered before the gates, or seeded
+    states = set(
+        GateRun.objects.filter(version=version, attempt=attempt).values_list(
+            "state", flat=True
+        )
+    )
+    if GateState.FAILED in states:
+        return VersionStatus.REJECTED
+    if states <= {GateState.PASSED, GateState.SKIPPED}:
+        return VersionStatus.READY  # passed, or accepted without them
+    return VersionStatus.REGISTERED
 
 
 def accept_version(
@@ -363,6 +427,12 @@ def accept_version(
         if found.status in {VersionStatus.LIVE, VersionStatus.RETIRED}:
             raise Conflict(
                 f"{found.ref} is {found.status}", param="version", code="gates_refused"
+            )
+        if GateRun.objects.filter(version=found, state=GateState.RUNNING).exists():
+            raise Conflict(
+                f"the gates of {found.ref} are running; wait for them",
+                param="version",
+                code="gates_refused",
             )
         GateRun.objects.filter(
             version=found, state__in=[GateState.PENDING, GateState.RUNNING]

@@ -18,7 +18,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from config.errors import InvalidRequest
-from models_registry.admin import ServiceAddForm, VersionInline
+from models_registry.admin import ReadOnlyAdmin, ServiceAddForm, VersionInline
 from models_registry.domain.gates import TRAFFIC_STATUSES
 from models_registry.models import Model, ModelVersion
 from rollouts import services
@@ -116,9 +116,10 @@ class ServedModelAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         # The name is the primary key: editing it would save a second model. The
         # canary moves only through rollouts (PUT .../rollout or the Rollout page).
+        # The gate settings are checked by the API (PUT .../gate_config) only.
         if obj is None:
-            return ("live_version", "canary_version", "canary_percent")
-        return ("model", "canary_version", "canary_percent")
+            return ("live_version", "canary_version", "canary_percent", "gate_config")
+        return ("model", "canary_version", "canary_percent", "gate_config")
 
     def save_model(
         self,
@@ -160,7 +161,7 @@ def _versions_of_edited_model(request: HttpRequest) -> Any:
 
 
 @admin.register(VersionOverride)
-class VersionOverrideAdmin(admin.ModelAdmin):
+class VersionOverrideAdmin(ReadOnlyAdmin):
     """Traffic changes an admin made past the version gates: who, why, and what the
     gates said. Written by ``rollouts.services``; read here only."""
 
@@ -169,9 +170,3 @@ class VersionOverrideAdmin(admin.ModelAdmin):
     search_fields = ("model__model", "version__version", "by", "reason")
     list_select_related = ("version",)
     date_hierarchy = "at"
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

@@ -19,7 +19,13 @@ from config.errors import Conflict, InvalidRequest
 from models_registry.domain.gates import traffic_refusal
 from models_registry.domain.identity import VersionStatus
 from models_registry.models import Model, ModelVersion
-from models_registry.services import get_model, get_version, model_dict
+from models_registry.services import (
+    gates_running,
+    get_model,
+    get_version,
+    model_dict,
+    status_after_live,
+)
 from rollouts.domain.plan import Decision, Stage, stage_errors
 from rollouts.models import Rollout, VersionOverride
 
@@ -55,6 +61,15 @@ def _admit(
         return
     if candidate.status in _NEVER:
         raise Conflict(refusal, param="version", code="version_out_of_service")
+    if gates_running(candidate):
+        # Its gates would move it (and could remove its staging replica) under
+        # the traffic an override sent it.
+        raise Conflict(
+            f"{refusal}; its gates are running: wait for them, then override if "
+            "you must",
+            param="version",
+            code="version_not_ready",
+        )
     if override is None:
         raise Conflict(
             f"{refusal}; an admin may override with a reason",
@@ -147,8 +162,9 @@ def set_alias(
 ) -> Model:
     """Point the model name at ``version``: promote a candidate or roll back.
 
-    The previous live version stays registered and loaded (status ``ready``), so a
-    rollback is this same call with the old label. A pending rollout ends: promoted
+    The previous live version stays registered and loaded (status ``ready``, or
+    what its gates said if an override sent it live), so a rollback is this same
+    call with the old label. A pending rollout ends: promoted
     if its version is the new alias target, rolled back otherwise. A version that
     is not ready is refused (409 with the gates' reason) unless ``override``.
     """
@@ -157,10 +173,11 @@ def set_alias(
         target = get_version(model_id, version)
         if target.pk != model.live_version_id:
             _admit(target, action="alias", override=override, now=timezone.now())
-        previous_id = model.live_version_id
-        if previous_id is not None and previous_id != target.pk:
-            ModelVersion.objects.filter(pk=previous_id).update(
-                status=VersionStatus.READY
+        previous = model.live_version
+        if previous is not None and previous.pk != target.pk:
+            # Back to what its gates said (an override may have sent it live).
+            ModelVersion.objects.filter(pk=previous.pk).update(
+                status=status_after_live(previous)
             )
         ModelVersion.objects.filter(pk=target.pk).update(status=VersionStatus.LIVE)
         model.live_version = target

@@ -126,10 +126,11 @@ def on_a_terminal(argv: list[str], env: dict[str, str]) -> Iterator[Terminal]:
 
 
 def platform_processes(local: Path, banner: str) -> tuple[list[int], list[int]]:
-    """Return the pids `make up` started (server, worker, agent), replica ports."""
+    """Return the pids `make up` started (server, worker, gates worker, agent), and
+    the replica ports."""
     pids = [int(p.read_text()) for p in (local / "run").glob("*.pid")]
     ports = [int(m) for m in re.findall(r"serving\s+http://127\.0\.0\.1:(\d+)", banner)]
-    assert len(pids) == 3, pids
+    assert len(pids) == 4, pids
     assert len(ports) == 3, banner
     return pids, ports
 
@@ -142,7 +143,7 @@ def assert_all_stopped(local: Path, pids: list[int], ports: list[int]) -> None:
             and not any(is_running(pid) for pid in pids)
         ),
         timeout_s=60,
-        message="the server, worker and agent to be gone",
+        message="the server, the workers and the agent to be gone",
     )
     assert not any(is_listening(port) for port in ports)
 

@@ -5,9 +5,11 @@ the override is recorded)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import pytest
+from django.utils import timezone
 
 from models_registry.models import GateRun, Model, ModelVersion
 from rollouts.models import Rollout, VersionOverride
@@ -15,6 +17,7 @@ from tests.factories import accept, digest, version_body
 from tests.test_admin_api import assert_error
 
 if TYPE_CHECKING:
+    from pytest_django import Settings
     from rest_framework.test import APIClient
 
 pytestmark = pytest.mark.django_db
@@ -101,9 +104,37 @@ def test_a_rejected_version_is_refused_with_the_gates_reason(
     )
 
 
+def reject_v2(reason: str = "eval gate: maths drops 0.31") -> None:
+    """End v2's first attempt as its eval gate failing."""
+    GateRun.objects.filter(version__version="v2").update(state="failed")
+    ModelVersion.objects.filter(version="v2").update(
+        status="rejected", status_reason=reason
+    )
+
+
+def test_no_override_while_its_gates_run(
+    admin_client: APIClient, candidate: dict[str, object]
+) -> None:
+    response = admin_client.put(
+        "/admin/models/chat-7b/rollout",
+        {
+            "version": "v2",
+            "stage": "canary",
+            "percent": 1,
+            "override": {"reason": "cannot wait"},
+        },
+        format="json",
+    )
+
+    assert_error(response, 409, "conflict_error", "version")
+    assert "its gates are running: wait for them" in response.json()["error"]["message"]
+    assert not VersionOverride.objects.exists()
+
+
 def test_an_override_lets_it_through_and_is_recorded(
     admin_client: APIClient, candidate: dict[str, object]
 ) -> None:
+    reject_v2()
     response = admin_client.put(
         "/admin/models/chat-7b/rollout",
         {
@@ -125,10 +156,38 @@ def test_an_override_lets_it_through_and_is_recorded(
         "canary",
         1,
     )
-    assert override.version_status == "registered"
+    assert override.version_status == "rejected"
     assert override.reason == "hotfix for incident 42; eval rerun tonight"
     assert override.by.startswith("admin token sk-admin-")
-    assert "gates have not passed" in override.refusal
+    assert "was rejected by its gates: eval gate: maths drops 0.31" in override.refusal
+
+
+def test_a_rejected_version_sent_live_by_an_override_goes_back_to_rejected(
+    admin_client: APIClient, candidate: dict[str, object]
+) -> None:
+    reject_v2()
+    assert (
+        admin_client.put(
+            "/admin/models/chat-7b/alias",
+            {"version": "v2", "override": {"reason": "incident 42"}},
+            format="json",
+        ).status_code
+        == 200
+    )
+    assert ModelVersion.objects.get(version="v2").status == "live"
+
+    back = admin_client.put(
+        "/admin/models/chat-7b/alias", {"version": "v1"}, format="json"
+    )
+
+    assert back.status_code == 200, back.content
+    assert ModelVersion.objects.get(version="v2").status == "rejected"
+    again = admin_client.put(
+        "/admin/models/chat-7b/rollout",
+        {"version": "v2", "stage": "canary", "percent": 1},
+        format="json",
+    )
+    assert_error(again, 409, "conflict_error", "version")
 
 
 def test_an_override_needs_a_reason(
@@ -186,8 +245,7 @@ def test_gates_show_every_attempt_and_refuse_a_rerun_while_pending(
 def test_a_rejected_version_may_run_its_gates_again(
     admin_client: APIClient, candidate: dict[str, object]
 ) -> None:
-    GateRun.objects.filter(version__version="v2").update(state="failed")
-    ModelVersion.objects.filter(version="v2").update(status="rejected")
+    reject_v2()
 
     response = admin_client.post("/admin/models/chat-7b/versions/v2/gates")
 
@@ -200,6 +258,46 @@ def test_a_rejected_version_may_run_its_gates_again(
     assert {r["requested_by"] for r in second} == {
         second[0]["requested_by"]
     } and second[0]["requested_by"].startswith("admin token ")
+
+
+def test_an_abandoned_attempt_does_not_block_the_gates_for_ever(
+    admin_client: APIClient, candidate: dict[str, object], settings: Settings
+) -> None:
+    """Its worker was killed: the rows stayed running. Past the gates' time limit
+    a new attempt may start, and the old one says it was abandoned."""
+    GateRun.objects.filter(version__version="v2", kind="weights").update(
+        state="running"
+    )
+    old = timezone.now() - timedelta(seconds=settings.PLATFORM_GATE_TIME_LIMIT_S + 1)
+    GateRun.objects.filter(version__version="v2").update(created_at=old)
+
+    response = admin_client.post("/admin/models/chat-7b/versions/v2/gates")
+
+    assert response.status_code == 202, response.content
+    first = [r for r in response.json()["runs"] if r["attempt"] == 1]
+    assert {r["state"] for r in first} == {"failed"}
+    assert {r["detail"] for r in first} == {
+        "abandoned: no worker finished it within the gates' time limit"
+    }
+
+
+def test_the_canary_does_not_run_its_gates_again(
+    admin_client: APIClient, candidate: dict[str, object]
+) -> None:
+    accept(ModelVersion.objects.get(version="v2"))
+    assert (
+        admin_client.put(
+            "/admin/models/chat-7b/rollout",
+            {"version": "v2", "stage": "canary", "percent": 5},
+            format="json",
+        ).status_code
+        == 200
+    )
+
+    response = admin_client.post("/admin/models/chat-7b/versions/v2/gates")
+
+    assert_error(response, 409, "conflict_error", "version")
+    assert "is the model's canary" in response.json()["error"]["message"]
 
 
 def test_a_live_version_does_not_run_its_gates_again(

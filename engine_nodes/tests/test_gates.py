@@ -17,6 +17,7 @@ from engine_nodes.local_processes import ROOT
 from engine_nodes.weights import tree_digest
 from models_registry import services as registry
 from models_registry.models import GateRun, Model, ModelVersion, Pool, VersionRegion
+from rollouts.services import set_alias
 from tests.factories import version_body
 
 if TYPE_CHECKING:
@@ -47,12 +48,25 @@ def storage(tmp_path: Path, settings: Settings) -> Path:
     return tmp_path
 
 
-def register(storage: Path, chat_model: Model, *, label: str = "v1") -> ModelVersion:
+def register(storage: Path, chat_model: Model, *, label: str = "v2") -> ModelVersion:
+    """Register ``label`` as a candidate, with chat-7b@v1 live (accepted) before it:
+    the eval gate compares with it, so it asks the judge."""
+    if not ModelVersion.objects.filter(model_id="chat-7b", version="v1").exists():
+        live_uri, live_digest = weights_tree(storage / "registered" / "v1", b"live")
+        registry.register_version(
+            model_id="chat-7b",
+            version="v1",
+            **version_body(weights_uri=live_uri, weights_hash=live_digest),
+        )
+        registry.accept_version(model_id="chat-7b", version="v1", by="t", reason="t")
+        set_alias(model_id="chat-7b", version="v1")
     uri, digest = weights_tree(
         storage / "registered" / label, b"weights " + label.encode()
     )
     return registry.register_version(
-        model_id="chat-7b", **version_body(weights_uri=uri, weights_hash=digest)
+        model_id="chat-7b",
+        version=label,
+        **version_body(weights_uri=uri, weights_hash=digest),
     )
 
 
@@ -102,7 +116,7 @@ def test_weights_that_do_not_match_their_hash_reject_the_version(
     storage: Path, chat_model: Model
 ) -> None:
     version = register(storage, chat_model)
-    (storage / "registered" / "v1" / "model.safetensors").write_bytes(b"tampered")
+    (storage / "registered" / "v2" / "model.safetensors").write_bytes(b"tampered")
 
     assert gates.run_gates(version.pk, 1) == "rejected"
 
@@ -188,7 +202,7 @@ def test_an_accepted_or_superseded_attempt_does_nothing(
     storage: Path, chat_model: Model
 ) -> None:
     version = register(storage, chat_model)
-    registry.accept_version(model_id="chat-7b", version="v1", by="ops", reason="test")
+    registry.accept_version(model_id="chat-7b", version="v2", by="ops", reason="test")
 
     assert gates.run_gates(version.pk, 1) == "ready"
     assert not VersionRegion.objects.filter(version=version).exists()
@@ -212,3 +226,28 @@ def test_a_redelivered_attempt_does_not_run_a_passed_gate_again(
     weights_run = GateRun.objects.get(version=version, kind="weights")
     assert weights_run.detail == "passed before the worker died"
     assert states(version)["eval"] == "failed"
+
+
+def test_a_first_version_needs_no_judge(
+    storage: Path, chat_model: Model, settings: Settings
+) -> None:
+    """No live version to compare with: the candidate is held to the floors and
+    the judge is not asked, so a judge that does not exist (yet: a judge model's
+    own first version) does not stop it; here it then waits for its staging
+    replica, which no agent starts."""
+    settings.PLATFORM_GATE_REPLICA_TIMEOUT_S = 0.2
+    Model.objects.filter(pk="chat-7b").update(gate_config={"judge_model": "nobody"})
+    uri, digest = weights_tree(storage / "registered" / "first", b"first")
+    version = registry.register_version(
+        model_id="chat-7b", **version_body(weights_uri=uri, weights_hash=digest)
+    )
+
+    gates.run_gates(version.pk, 1)
+
+    version.refresh_from_db()
+    assert "judge" not in version.status_reason
+    assert version.status_reason.startswith(
+        "eval gate: no replica of chat-7b@v1 served in us-east"
+    )
+    # The staging pool it asked for goes with the rejection.
+    assert not Pool.objects.filter(version=version).exists()

@@ -33,6 +33,7 @@ __all__ = [
     "DEFAULT_JUDGE_MODEL",
     "DEFAULT_THRESHOLDS",
     "GATE_ORDER",
+    "GATING_STATUSES",
     "TRAFFIC_STATUSES",
     "GateConfig",
     "GateKind",
@@ -75,6 +76,11 @@ class RegionState(enum.StrEnum):
 
 
 TRAFFIC_STATUSES = frozenset({VersionStatus.READY, VersionStatus.LIVE})
+# The statuses the gates move a version between; any other (ready by an admin's
+# acceptance, live by an override) is not theirs to change.
+GATING_STATUSES = frozenset(
+    {VersionStatus.REGISTERED, VersionStatus.EVALUATING, VersionStatus.LOAD_TESTING}
+)
 
 # The status a version shows while a gate runs.
 _RUNNING_STATUS = {

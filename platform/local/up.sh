@@ -76,12 +76,17 @@ done
 # (Celery takes a terminal's SIGHUP as "restart", which would outlive the stop).
 SETSID=$(command -v setsid || true)
 
-# Two worker processes: the control loops' ticks (queue celery) never wait behind
-# a version's gates (queue gates), which send their eval prompts to this server.
-PLATFORM_GATE_GATEWAY_URL="${PLATFORM_GATE_GATEWAY_URL:-http://$HOST:$PORT}" \
-$SETSID .venv/bin/celery -A config worker -B -Q celery,gates --concurrency 2 --loglevel INFO \
+$SETSID .venv/bin/celery -A config worker -B -Q celery --concurrency 1 --loglevel INFO \
     --schedule "$LOCAL/celerybeat-schedule" </dev/null >"$LOCAL/logs/worker.log" 2>&1 &
 pids+=($!); echo $! >"$LOCAL/run/worker.pid"
+
+# The version gates run for minutes to hours: a worker of their own (queue gates),
+# so the control loops' ticks never wait behind them. Their eval prompts go
+# through this server.
+PLATFORM_GATE_GATEWAY_URL="${PLATFORM_GATE_GATEWAY_URL:-http://$HOST:$PORT}" \
+$SETSID .venv/bin/celery -A config worker -Q gates --concurrency 1 --loglevel INFO \
+    -n "gates@%h" </dev/null >"$LOCAL/logs/gates-worker.log" 2>&1 &
+pids+=($!); echo $! >"$LOCAL/run/gates-worker.pid"
 
 # The node agent runs this machine's replicas: two simulated chat-7b and one
 # reason-70b, from the pools make up registered.
