@@ -315,14 +315,13 @@ def _weights_gate(context: _Attempt, run: GateRun) -> dict[str, Any]:
     outcome: dict[str, Any] = {}
     for done, (region, root) in enumerate(sorted(targets.items())):
         _progress(run, done, len(targets), f"copying the weights to {region}")
-        row, _ = VersionRegion.objects.update_or_create(
+        # A region already serving the version keeps its ready copy while the
+        # gates run again (its agents go on starting replicas from it); the new
+        # verdict replaces it once known.
+        row, _ = VersionRegion.objects.get_or_create(
             version=version,
             region=region,
-            defaults={
-                "uri": version.weights_uri,
-                "state": RegionState.COPYING,
-                "detail": "",
-            },
+            defaults={"uri": version.weights_uri, "state": RegionState.COPYING},
         )
         try:
             if root is None:

@@ -45,7 +45,16 @@ from engine_nodes.local_processes import ROOT, Process, free_port, sim_replica
 TRACE = ROOT / "platform" / "traces" / "chat-650-250.jsonl"
 MODEL = "chat-7b"
 RATES = (9.0, 9.5, 11.0)
-GATE_SETTINGS = replace(SHORT_SETTINGS, rates=RATES, stop_after_failures=1)
+# Shorter than SHORT_SETTINGS, for the suite's time: a step places exactly
+# rate x window arrivals, so a 24 s window (about 220 requests) judges as well.
+GATE_SETTINGS = replace(
+    SHORT_SETTINGS,
+    rates=RATES,
+    stop_after_failures=1,
+    warmup_s=6.0,
+    duration_s=24.0,
+    drain_s=20.0,
+)
 # One step at a low rate: enough to see every figure come back.
 SMOKE_SETTINGS = replace(
     SHORT_SETTINGS, rates=(4.0,), warmup_s=1.0, duration_s=4.0, drain_s=15.0

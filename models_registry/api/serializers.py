@@ -122,7 +122,7 @@ class PoolSerializer(serializers.Serializer):
     min_replicas = serializers.IntegerField()
     max_replicas = serializers.IntegerField()
     # The version gates' staging pool: one replica, reached only by pinned requests.
-    staging = serializers.BooleanField()
+    staging = serializers.BooleanField(required=False)
 
 
 class ModelSerializer(serializers.Serializer):
