@@ -470,17 +470,19 @@ def test_replica_killed_before_first_token_is_retried_invisibly(
 def test_replica_killed_mid_stream_gives_an_error_event_and_usage(
     platform: LivePlatform, unblocked: None
 ) -> None:
-    _, first = chat(platform, "conv-crash", team="beta")
-    target = first["replica_id"]
-    url = next(r.url for r in platform.serving() if r.replica_id == target)
-    # Not too few tokens before the crash: on a loaded machine the engine could make
-    # them all before its handler wrote the first, and the gateway would then
-    # (rightly) retry the request elsewhere instead of breaking the stream.
-    httpx.post(
-        f"{url}/sim/faults",
-        json={"crash_after_tokens": 20},
-        headers=platform.sim_admin_headers(),
-    ).raise_for_status()
+    # Every serving replica is armed, not only the one the conversation went to last:
+    # a replacement from an earlier test may join the gateway's ring between two
+    # requests and move the conversation. Not too few tokens before the crash: on a
+    # loaded machine the engine could make them all before its handler wrote the
+    # first, and the gateway would then (rightly) retry the request elsewhere
+    # instead of breaking the stream.
+    armed = {r.replica_id: r.url for r in platform.serving("v1")}
+    for url in armed.values():
+        httpx.post(
+            f"{url}/sim/faults",
+            json={"crash_after_tokens": 20},
+            headers=platform.sim_admin_headers(),
+        ).raise_for_status()
     before = sum(
         Usage.objects.filter(team_id="beta").values_list("requests", flat=True)
     )
@@ -499,6 +501,17 @@ def test_replica_killed_mid_stream_gives_an_error_event_and_usage(
                 received += 1
     assert 1 <= received <= 20
     assert "mid-stream" in str(caught.value)
+    dead = []
+    for replica_id, url in armed.items():
+        try:
+            httpx.post(
+                f"{url}/sim/faults",
+                json={"crash_after_tokens": None},
+                headers=platform.sim_admin_headers(),
+            ).raise_for_status()
+        except httpx.TransportError:
+            dead.append(replica_id)
+    assert len(dead) == 1, dead
 
     def flushed_and_metered() -> bool:
         flush_usage(platform)
@@ -512,7 +525,7 @@ def test_replica_killed_mid_stream_gives_an_error_event_and_usage(
         timeout_s=20,
         message="the broken stream's usage row",
     )
-    _replace_dead_replicas(platform, target)
+    _replace_dead_replicas(platform, dead[0])
 
 
 def _replace_dead_replicas(platform: LivePlatform, victim: str) -> None:
