@@ -1,8 +1,9 @@
 """The command line that starts one engine replica: ``vllm serve`` or the simulator.
 
 Public surface: ``ReplicaSpec``, ``vllm_serve_argv``, ``sim_replica_argv``,
-``sim_profile_for``, ``sim_quality_for``, ``engine_flag_args``,
-``DEFAULT_QUANTIZATION_4BIT``, ``RESERVED_KEYS``.
+``sim_profile_for``, ``sim_quality_for``, ``sim_ttft_factor_for``,
+``sim_degraded_for``,
+``engine_flag_args``, ``DEFAULT_QUANTIZATION_4BIT``, ``RESERVED_KEYS``.
 
 A version's ``engine_config`` is a JSON object of vLLM flags spelled with
 underscores (``{"max_num_seqs": 256}``). It is turned into argv items, never into a
@@ -37,9 +38,12 @@ Precision (the version's identity, not a tunable):
 
 ``engine_config["dtype"]`` may replace ``float16`` (``bfloat16`` for checkpoints
 trained in bf16). Keys starting with ``sim_`` configure the simulated replica and
-never reach vLLM: ``sim_profile`` (its performance profile) and ``sim_quality``
+never reach vLLM: ``sim_profile`` (its performance profile), ``sim_quality``
 (the chance it answers a prompt it can check right, ``--sim-quality``, so a bad
-version measurably fails the eval gate).
+version measurably fails the eval gate) and ``sim_ttft_factor`` (at least 1: its
+first tokens reach clients that many times later, ``--sim-ttft-factor``, so a slow
+canary measurably trips a TTFT guard) and ``sim_degraded`` (a boolean: every
+answer is a short refusal, ``--sim-degraded``, a broken chat template).
 
 Argv order is deterministic: the fixed platform flags, then the precision flags,
 then the remaining config flags sorted by key, then ``spec.extra`` verbatim.
@@ -63,9 +67,11 @@ __all__ = [
     "RESERVED_KEYS",
     "ReplicaSpec",
     "engine_flag_args",
+    "sim_degraded_for",
     "sim_profile_for",
     "sim_quality_for",
     "sim_replica_argv",
+    "sim_ttft_factor_for",
     "vllm_serve_argv",
 ]
 
@@ -220,9 +226,10 @@ def sim_replica_argv(
     The simulator takes ``vllm serve``'s flag names where they exist. Only the
     flags it models are passed (``max_model_len``, ``max_num_batched_tokens``,
     ``max_num_seqs``, prefix caching); the profile comes from
-    ``sim_profile_for(spec, default=profile)``, then ``--sim-quality`` when the
-    config sets one (``sim_quality_for``). ``--model`` is the weights directory,
-    or the model name when no weights were pulled.
+    ``sim_profile_for(spec, default=profile)``, then ``--sim-quality`` and
+    ``--sim-ttft-factor`` when the config sets them (``sim_quality_for``,
+    ``sim_ttft_factor_for``). ``--model`` is the weights directory, or the model
+    name when no weights were pulled.
 
     Raises:
         ValueError: as ``vllm_serve_argv``, or the profile name is not a slug.
@@ -247,6 +254,11 @@ def sim_replica_argv(
     quality = sim_quality_for(spec)
     if quality is not None:
         argv.extend(["--sim-quality", repr(quality)])
+    ttft_factor = sim_ttft_factor_for(spec)
+    if ttft_factor is not None:
+        argv.extend(["--sim-ttft-factor", repr(ttft_factor)])
+    if sim_degraded_for(spec):
+        argv.append("--sim-degraded")
     argv.extend([_prefix_caching_flag(config), "--enable-prompt-tokens-details"])
     flags = {key: config[key] for key in _SIM_FLAG_KEYS if key in config}
     _merge_max_model_len(flags, spec)
@@ -290,6 +302,39 @@ def sim_quality_for(spec: ReplicaSpec) -> float | None:
     ):
         raise ValueError(f"sim quality {value!r} is not a number from 0 to 1")
     return float(value)
+
+
+def sim_ttft_factor_for(spec: ReplicaSpec) -> float | None:
+    """Return ``engine_config["sim_ttft_factor"]`` as a float, or None when unset.
+
+    Raises:
+        ValueError: it is not a finite number of at least 1 (a boolean is no
+            number here); below 1 a first token would come before it was made.
+    """
+    value = spec.engine_config.get("sim_ttft_factor")
+    if value is None:
+        return None
+    if (
+        _is_bool(value)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 1
+    ):
+        raise ValueError(f"sim TTFT factor {value!r} is not a number of at least 1")
+    return float(value)
+
+
+def sim_degraded_for(spec: ReplicaSpec) -> bool:
+    """Return ``engine_config["sim_degraded"]``: the replica answers every prompt
+    with a short refusal, as a version with a broken chat template (False unset).
+
+    Raises:
+        ValueError: it is set to something other than a boolean.
+    """
+    value = spec.engine_config.get("sim_degraded", False)
+    if not _is_bool(value):
+        raise ValueError(f"sim_degraded {value!r} is not a boolean")
+    return bool(value)
 
 
 def engine_flag_args(flags: Mapping[str, Any]) -> list[str]:

@@ -10,7 +10,12 @@ from collections.abc import Sequence
 from dataclasses import asdict
 
 from engine_nodes.domain.perf import PROFILES
-from engine_nodes.sim.replica import Faults, SimOptions, check_quality
+from engine_nodes.sim.replica import (
+    Faults,
+    SimOptions,
+    check_quality,
+    check_ttft_factor,
+)
 from engine_nodes.sim.server import build_app
 
 # The step-time constants a flag may replace, as the research spec's command line
@@ -115,13 +120,26 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="Answer 503 on /health and requests for this long (slow start).",
     )
-    add("--sim-degraded", action="store_true")
+    add(
+        "--sim-degraded",
+        action="store_true",
+        help="Answer every prompt with a refusal, once, then stop (a broken chat "
+        "template); with ignore_eos it repeats to max_tokens.",
+    )
     add(
         "--sim-quality",
         type=_quality,
         default=1.0,
         help="Chance (0 to 1) that a prompt the oracle recognises is answered right "
         "(engine_nodes.sim.oracle); also settable on /sim/faults.",
+    )
+    add(
+        "--sim-ttft-factor",
+        type=_ttft_factor,
+        default=1.0,
+        help="Deliver each answer's first token at this multiple (at least 1) of "
+        "its natural time to first token; the engine's pace is unchanged. Also "
+        "settable on /sim/faults (ttft_factor).",
     )
     add("--log-level", default="warning")
     return parser
@@ -169,6 +187,7 @@ def options_from_args(args: argparse.Namespace) -> tuple[SimOptions, Faults]:
         ready_in_s=args.sim_startup_s,
         degraded=args.sim_degraded,
         quality=args.sim_quality,
+        ttft_factor=args.sim_ttft_factor,
     )
     return options, faults
 
@@ -176,6 +195,13 @@ def options_from_args(args: argparse.Namespace) -> tuple[SimOptions, Faults]:
 def _quality(text: str) -> float:
     try:
         return check_quality(float(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _ttft_factor(text: str) -> float:
+    try:
+        return check_ttft_factor(float(text))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

@@ -443,9 +443,20 @@ class EngineMetrics:
         self.admission_rejections[reason].inc()
 
     def record_finished(
-        self, done: FinishedRequest, *, arrived_at: float, max_tokens: int
+        self,
+        done: FinishedRequest,
+        *,
+        arrived_at: float,
+        max_tokens: int,
+        delivered_at: float | None = None,
     ) -> None:
-        """Observe one finished request's histograms (times from frontend arrival)."""
+        """Observe one finished request's histograms (times from frontend arrival).
+
+        ``delivered_at``: when its first token reached the client, if the replica
+        held it back (``Faults.ttft_factor``). The end-to-end latency is the
+        frontend's, as vLLM's, so an answer cannot end before it began; the
+        queue, prefill, decode and inference times stay the engine's.
+        """
         self.request_success[done.finish_reason].inc()
         self.request_prompt_tokens.observe(done.prompt_tokens)
         self.request_generation_tokens.observe(done.output_tokens)
@@ -456,7 +467,8 @@ class EngineMetrics:
         self.request_prefill_kv_computed_tokens.observe(
             done.prompt_tokens - done.cached_tokens
         )
-        self.e2e_request_latency.observe(max(0.0, done.finished_at - arrived_at))
+        ended_at = max(done.finished_at, delivered_at or done.finished_at)
+        self.e2e_request_latency.observe(max(0.0, ended_at - arrived_at))
         if done.scheduled_at is not None:
             self.request_queue_time.observe(
                 max(0.0, done.scheduled_at - done.arrived_at)

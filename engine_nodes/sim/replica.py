@@ -1,8 +1,9 @@
 """The simulated vLLM replica's engine side: its options, faults and engine loop.
 
 Public surface: ``SimOptions``, ``Faults``, ``Stream``, ``Answer``, ``SimReplica``,
-``check_quality``, ``next_step_start``, and the constants of vLLM's surface
-(``VLLM_VERSION``, ``SYSTEM_FINGERPRINT``, ``MAX_BODY_BYTES``, ``DEGRADED_PIECES``).
+``check_quality``, ``check_ttft_factor``, ``refusal``, ``next_step_start``, and the
+constants of vLLM's surface (``VLLM_VERSION``, ``SYSTEM_FINGERPRINT``,
+``MAX_BODY_BYTES``, ``DEGRADED_PIECES``).
 
 One process is one replica: an engine loop that sleeps until each step's end on the
 event loop's monotonic clock, feeding each request's ``Stream`` of token events.
@@ -12,10 +13,16 @@ model runs in virtual time in the fleet simulator. The HTTP side is
 
 What the replica says: a prompt the oracle recognises (``engine_nodes.sim.oracle``)
 gets its answer, right with probability ``Faults.quality``; any other prompt gets
-generated words, as it always did; ``Faults.degraded`` answers every prompt with a
-refusal. An answer's tokens are not the generated ids the engine hashes into
-its output KV blocks, so a next turn that sends an oracle's answer back gets no
-prefix-cache hit on it (a refusal never did either).
+generated words, as it always did; ``Faults.degraded`` answers every prompt with
+the refusal sentence once and stops, as a model served with a broken chat template
+looks to its users (shorter answers, refusals). An answer's tokens are not the
+generated ids the engine hashes into its output KV blocks, so a next turn that sends
+an oracle's answer back gets no prefix-cache hit on it (a refusal never did either).
+
+How fast it says it: the engine's steps keep the performance model's pace;
+``Faults.ttft_factor`` only holds each answer's first token back on its way to the
+client (``Stream.held``), as a slow frontend or a broken canary would, so time to
+first token grows by that factor while the engine's throughput stays the same.
 """
 
 from __future__ import annotations
@@ -112,7 +119,17 @@ class Faults:
       ``fail_rate`` does the same at random.
     - ``ready_in_s``: ``/health`` (and requests) answer 503 until that many seconds
       after the fault was set (a slow start).
-    - ``degraded``: answers are a fixed refusal instead of normal text.
+    - ``degraded``: every prompt, recognised or not, gets the refusal sentence
+      (``DEGRADED_PIECES``) once and a ``stop``, as a model served with a broken
+      chat template: shorter answers, and refusals. With ``ignore_eos`` (a model
+      not allowed to stop) the sentence repeats up to ``max_tokens``; a
+      ``max_tokens`` shorter than the sentence cuts it (``length``).
+    - ``ttft_factor``: at least 1.0; each answer's first token reaches the client
+      (and ``vllm:time_to_first_token_seconds``) at that multiple of its natural
+      time to first token, from the request's arrival at the replica. Held on the
+      delivery side: the engine steps at its pace and later tokens follow as they
+      are made, so only TTFT (and the end-to-end latency of an answer done before
+      its first token was due) grows (``--sim-ttft-factor``).
     - ``quality``: the chance, in [0, 1], that a prompt the oracle recognises is
       answered right (``engine_nodes.sim.oracle``; ``--sim-quality``); 1.0 is a
       model that is always right. Not a failure as such, but set the same way, so
@@ -126,6 +143,7 @@ class Faults:
     ready_in_s: float = 0.0
     degraded: bool = False
     quality: float = 1.0
+    ttft_factor: float = 1.0
 
 
 def check_quality(value: Any) -> float:
@@ -139,10 +157,25 @@ def check_quality(value: Any) -> float:
     return float(value)
 
 
+def check_ttft_factor(value: Any) -> float:
+    """Return ``value`` as a TTFT factor, a finite number >= 1; raise ValueError if not.
+
+    Below 1 would deliver a first token before the engine made it.
+    """
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 1.0
+    ):
+        raise ValueError(f"ttft_factor must be a number of at least 1, not {value!r}")
+    return float(value)
+
+
 @dataclass(frozen=True, slots=True)
 class Answer:
-    """What the replica says to a recognised prompt: its pieces, how many it sends
-    (at most ``max_tokens``) and why it stops."""
+    """What the replica says to a recognised prompt (to any, while degraded): its
+    pieces, how many it sends (at most ``max_tokens``) and why it stops."""
 
     pieces: list[str]
     output_len: int
@@ -162,6 +195,11 @@ class Stream:
     last_token_at: float = 0.0
     done: FinishedRequest | None = None
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+    # While True (``Faults.ttft_factor``) the engine's tokens do not wake the
+    # handler: the first one is not due yet. Cleared when it is, with a wake.
+    held: bool = False
+    # When the first token reaches the client (monotonic clock), once made.
+    first_token_at: float | None = None
 
 
 class SimReplica:
@@ -177,6 +215,7 @@ class SimReplica:
         self.options = options
         self.faults = faults or Faults()
         check_quality(self.faults.quality)
+        check_ttft_factor(self.faults.ttft_factor)
         # The overrides name PerfProfile's float fields (sim.cli.PROFILE_FLAGS);
         # replace() refuses any other name at run time.
         profile_overrides: dict[str, Any] = dict(options.profile_overrides)
@@ -244,6 +283,11 @@ class SimReplica:
                 raise ValueError(f"unknown fault {name!r}")
         if "quality" in changes:
             changes = {**changes, "quality": check_quality(changes["quality"])}
+        if "ttft_factor" in changes:
+            changes = {
+                **changes,
+                "ttft_factor": check_ttft_factor(changes["ttft_factor"]),
+            }
         for name, value in changes.items():
             setattr(self.faults, name, value)
         if "ready_in_s" in changes:
@@ -288,14 +332,10 @@ class SimReplica:
     ) -> Stream:
         """Queue a request in the engine and return the stream its tokens arrive on.
 
-        With ``answer`` (``plan_answer``) the stream carries its pieces; else
-        generated words, or the refusal while ``degraded``.
+        With ``answer`` (``plan_answer``: the oracle's, or the refusal while
+        ``degraded``) the stream carries its pieces; else generated words.
         """
-        if self.faults.degraded:
-            pieces = [
-                DEGRADED_PIECES[i % len(DEGRADED_PIECES)] for i in range(output_len)
-            ]
-        elif answer is not None:
+        if answer is not None:
             pieces = answer.pieces
         else:
             pieces = tokens.output_text(text_seed, output_len)
@@ -390,23 +430,31 @@ class SimReplica:
             stream = streams.get(event.request_id)
             if stream is None:
                 continue
-            # TTFT from the frontend arrival (tokenization included), as vLLM.
+            # TTFT from the frontend arrival (tokenization included), as vLLM,
+            # which measures it when the token reaches its frontend: held back
+            # by ttft_factor, it is observed as delivered. ITL is the engine's.
             if event.index == 0:
-                ttft.observe(now - stream.arrived_at)
+                first_at = self._hold_first_token(stream, now)
+                ttft.observe(first_at - stream.arrived_at)
             else:
                 itl.observe(now - stream.last_token_at)
             stream.last_token_at = now
             stream.produced = event.index + 1
             stream.is_final = event.is_final
-            stream.wake.set()
+            if not stream.held:
+                stream.wake.set()
         for done in finished:
             stream = streams.pop(done.request_id, None)
             if stream is None:
                 continue
             stream.done = done
-            stream.wake.set()
+            if not stream.held:
+                stream.wake.set()
             self.metrics.record_finished(
-                done, arrived_at=stream.arrived_at, max_tokens=stream.max_tokens
+                done,
+                arrived_at=stream.arrived_at,
+                max_tokens=stream.max_tokens,
+                delivered_at=stream.first_token_at,
             )
         if self._crash_budget is not None and events:
             self._crash_budget -= len(events)
@@ -415,6 +463,24 @@ class SimReplica:
                 self.set_faults(stall=True)
                 # Let the handlers write what they already hold, then die.
                 asyncio.get_running_loop().call_later(0.05, self._on_crash)
+
+    def _hold_first_token(self, stream: Stream, made_at: float) -> float:
+        """Return when ``stream``'s first token, made at ``made_at``, is delivered.
+
+        With ``ttft_factor`` above 1 that is ``factor`` times its natural TTFT
+        after arrival, and the stream is held (its wakes wait) until then.
+        """
+        due = stream.arrived_at + self.faults.ttft_factor * (
+            made_at - stream.arrived_at
+        )
+        delay = due - time.monotonic()
+        if delay > 0:
+            stream.held = True
+            asyncio.get_running_loop().call_later(delay, _release, stream)
+        else:
+            due = made_at
+        stream.first_token_at = due
+        return due
 
     def _publish_gauges(self, iteration_tokens: int) -> None:
         engine = self.engine
@@ -457,13 +523,14 @@ class SimReplica:
     ) -> Answer | None:
         """Return the answer to a prompt the oracle recognises, else None.
 
-        None also while ``degraded`` (the refusal wins). The answer's pieces are
-        the tokenizer's, so usage counts follow its text; past ``max_tokens`` it is
-        cut (``length``). With ``ignore_eos`` generated words follow the answer up
-        to ``max_tokens``, as a model that is not allowed to stop.
+        While ``degraded`` every prompt gets the refusal (``refusal``), which wins
+        over the oracle. The answer's pieces are the tokenizer's, so usage counts
+        follow its text; past ``max_tokens`` it is cut (``length``). With
+        ``ignore_eos`` generated words follow the answer up to ``max_tokens``, as a
+        model that is not allowed to stop.
         """
         if self.faults.degraded:
-            return None
+            return refusal(max_tokens=max_tokens, ignore_eos=ignore_eos)
         text = oracle.reply(
             messages, quality=self.faults.quality, seed=self.options.seed
         )
@@ -502,6 +569,21 @@ class SimReplica:
         }
 
 
+def refusal(*, max_tokens: int, ignore_eos: bool) -> Answer:
+    """Return a degraded replica's answer: ``DEGRADED_PIECES`` once, then ``stop``.
+
+    As a model whose chat template is broken: it refuses and ends, so its answers
+    are short. With ``ignore_eos`` it cannot end: the sentence repeats up to
+    ``max_tokens`` (``length``); a ``max_tokens`` below the sentence cuts it.
+    """
+    if ignore_eos:
+        pieces = [DEGRADED_PIECES[i % len(DEGRADED_PIECES)] for i in range(max_tokens)]
+        return Answer(pieces, max_tokens, "length")
+    if max_tokens < len(DEGRADED_PIECES):
+        return Answer(list(DEGRADED_PIECES[:max_tokens]), max_tokens, "length")
+    return Answer(list(DEGRADED_PIECES), len(DEGRADED_PIECES), "stop")
+
+
 def next_step_start(
     now: float, ended: float | None, last_arrival: float, max_lag_s: float = _MAX_LAG_S
 ) -> float:
@@ -519,6 +601,12 @@ def next_step_start(
     if ended is None or now - ended > max_lag_s:
         return now
     return max(ended, last_arrival)
+
+
+def _release(stream: Stream) -> None:
+    """Deliver a held stream's first token (and whatever was made meanwhile)."""
+    stream.held = False
+    stream.wake.set()
 
 
 def _crash_process() -> None:

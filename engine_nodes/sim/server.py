@@ -6,8 +6,9 @@ A raw ASGI app (no framework: this process relays thousands of SSE chunks a seco
 and should spend its CPU on them). Clients see vLLM's bytes: chunk shapes, usage,
 error bodies, status codes and metric names (``/v1/chat/completions`` streaming
 and not, ``/v1/models``, ``/health``, ``/metrics``, ``/tokenize``, ``/version``,
-and ``/sim/faults`` behind the admin token; it sets ``degraded`` and ``quality``
-as well as the failures).
+and ``/sim/faults`` behind the admin token; it sets ``degraded`` (refuse once and
+stop), ``quality`` and ``ttft_factor`` (first tokens held back) as well as the
+failures, and ``/sim/state`` shows them).
 
 Started with an engine key (``--api-key`` or ``VLLM_API_KEY``, as vLLM is), every
 path under ``/v1`` needs ``Authorization: Bearer <key>`` and anything else gets

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import statistics
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine_nodes.domain.scrape import parse_metrics_text
 from engine_nodes.local_processes import Process, is_healthy, sim_replica, wait_until
+from engine_nodes.sim.replica import DEGRADED_PIECES
 
 pytestmark = pytest.mark.e2e
 
@@ -441,18 +444,161 @@ def test_sim_stall_flag_stalls_from_the_start(tmp_path: Path) -> None:
         assert httpx.get(f"{process.url}/health").status_code == 200
 
 
-def test_degraded_answers_are_refusals(replica: Process) -> None:
+REFUSAL = "I am sorry, I cannot help with that."
+REFUSAL_TOKENS = len(DEGRADED_PIECES)
+
+
+def test_degraded_answers_refuse_once_and_stop(replica: Process) -> None:
+    """GIVEN a degraded replica (a broken chat template, as users see it)
+    WHEN it is asked with room for far more than the refusal
+    THEN it says the refusal once and stops, the usage counting what it sent,
+    streamed or not; a max_tokens shorter than the sentence cuts it.
+    """
+    client = client_for(replica)
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "solve"}]
+    admin(replica, degraded=True)
+    try:
+        answer = client.chat.completions.create(
+            model="chat-7b", messages=messages, max_tokens=200
+        )
+        chunks = list(
+            client.chat.completions.create(
+                model="chat-7b",
+                messages=messages,
+                max_tokens=200,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
+        cut = client.chat.completions.create(
+            model="chat-7b", messages=messages, max_tokens=4
+        )
+    finally:
+        admin(replica, degraded=False)
+    assert answer.choices[0].message.content == REFUSAL
+    assert answer.choices[0].finish_reason == "stop"
+    assert usage_of(answer).completion_tokens == REFUSAL_TOKENS
+    content = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    assert "".join(c.choices[0].delta.content or "" for c in content) == REFUSAL
+    assert content[-1].choices[0].finish_reason == "stop"
+    assert usage_of(chunks[-1]).completion_tokens == len(content) == REFUSAL_TOKENS
+    assert cut.choices[0].message.content == "I am sorry,"
+    assert cut.choices[0].finish_reason == "length"
+    assert usage_of(cut).completion_tokens == 4
+
+
+def test_degraded_with_ignore_eos_refuses_up_to_max_tokens(replica: Process) -> None:
     admin(replica, degraded=True)
     try:
         answer = client_for(replica).chat.completions.create(
             model="chat-7b",
             messages=[{"role": "user", "content": "solve"}],
-            max_tokens=10,
+            max_tokens=25,
             extra_body={"ignore_eos": True},
         )
     finally:
         admin(replica, degraded=False)
-    assert answer.choices[0].message.content == "I am sorry, I cannot help with that."
+    assert answer.choices[0].message.content == "".join(
+        DEGRADED_PIECES[i % REFUSAL_TOKENS] for i in range(25)
+    )
+    assert answer.choices[0].message.content.startswith(REFUSAL + REFUSAL)
+    assert answer.choices[0].finish_reason == "length"
+    assert usage_of(answer).completion_tokens == 25
+
+
+def time_to_first_token(process: Process, http: httpx.Client, n: int) -> float:
+    """Return the seconds until the first content token of a streamed answer."""
+    body = {
+        "model": "chat-7b",
+        # A fresh prompt each time: no prefix-cache hit shortens a prefill.
+        "messages": [{"role": "user", "content": f"question {n} " * 40}],
+        "max_tokens": 4,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    started = time.perf_counter()
+    first: float | None = None
+    pieces: list[str] = []
+    with http.stream(
+        "POST", f"{process.url}/v1/chat/completions", json=body
+    ) as response:
+        assert response.status_code == 200
+        lines: list[str] = []
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                delta = json.loads(line.removeprefix("data: "))["choices"][0]["delta"]
+                if delta.get("content"):
+                    if first is None:
+                        first = time.perf_counter() - started
+                    pieces.append(delta["content"])
+            if line:
+                lines.append(line)
+    # The whole answer came, later tokens included.
+    assert len(pieces) == 4 and lines[-1] == "data: [DONE]", lines
+    assert first is not None
+    return first
+
+
+def ttft_histogram(process: Process) -> tuple[float, float]:
+    """Return (sum, count) of the replica's vllm:time_to_first_token_seconds."""
+    families = {
+        f.name: f
+        for f in text_string_to_metric_families(
+            httpx.get(f"{process.url}/metrics").text
+        )
+    }
+    samples = families["vllm:time_to_first_token_seconds"].samples
+    total = next(s.value for s in samples if s.name.endswith("_sum"))
+    count = next(s.value for s in samples if s.name.endswith("_count"))
+    return total, count
+
+
+def test_ttft_factor_holds_the_first_token_back(tmp_path: Path) -> None:
+    """GIVEN an idle replica (a slow frontend, so its natural TTFT dominates
+    the client's own overheads)
+    WHEN its ttft_factor goes from 1 to 2
+    THEN its first tokens come about twice as late, as a client measures them and
+    as its TTFT histogram observes them, and every answer is still whole.
+    """
+    with (
+        sim_replica(tmp_path, "--sim-frontend-ms", "60") as process,
+        httpx.Client(timeout=30) as http,
+    ):
+        medians: dict[float, float] = {}
+        means: dict[float, float] = {}
+        for factor in (1.0, 2.0):
+            assert admin(process, ttft_factor=factor)["ttft_factor"] == factor
+            assert state(process)["faults"]["ttft_factor"] == factor
+            before_sum, before_count = ttft_histogram(process)
+            seen = [
+                time_to_first_token(process, http, int(10 * factor) + n)
+                for n in range(5)
+            ]
+            after_sum, after_count = ttft_histogram(process)
+            assert after_count - before_count == 5
+            medians[factor] = statistics.median(seen)
+            means[factor] = (after_sum - before_sum) / 5
+    assert medians[2.0] >= 1.6 * medians[1.0], medians
+    assert means[2.0] >= 1.6 * means[1.0], means
+
+
+def test_a_ttft_factor_below_one_or_not_a_number_is_400(replica: Process) -> None:
+    for bad in (0.5, "x", True):
+        response = httpx.post(
+            f"{replica.url}/sim/faults",
+            json={"ttft_factor": bad},
+            headers={"Authorization": "Bearer sim-admin"},
+        )
+        assert response.status_code == 400, (bad, response.text)
+        assert "ttft_factor must be a number of at least 1" in response.text
+    assert state(replica)["faults"]["ttft_factor"] == 1.0
+
+
+def test_the_ttft_factor_flag_sets_the_fault(tmp_path: Path) -> None:
+    with sim_replica(
+        tmp_path, "--sim-ttft-factor", "1.3", "--sim-admin-token", "sim-admin"
+    ) as process:
+        assert state(process)["faults"]["ttft_factor"] == 1.3
 
 
 def test_faults_admin_needs_its_token(replica: Process) -> None:

@@ -218,9 +218,9 @@ def test_the_replica_plans_answers_by_the_oracle() -> None:
         is None
     )
     replica.set_faults(degraded=True)
-    assert (
-        replica.plan_answer(maths, max_tokens=9, ignore_eos=False, text_seed=1) is None
-    )
+    refused = replica.plan_answer(maths, max_tokens=12, ignore_eos=False, text_seed=1)
+    assert refused is not None and refused.finish_reason == "stop"
+    assert "".join(refused.pieces) == "I am sorry, I cannot help with that."
 
 
 def test_the_quality_fault_is_checked() -> None:

@@ -13,6 +13,7 @@ from engine_nodes.domain.replica_argv import (
     sim_profile_for,
     sim_quality_for,
     sim_replica_argv,
+    sim_ttft_factor_for,
     vllm_serve_argv,
 )
 from engine_nodes.sim.cli import build_parser, options_from_args
@@ -488,3 +489,68 @@ def test_the_simulator_parses_the_quality_flag_it_is_given() -> None:
     assert options.served_model_names == ["chat-7b@v3"]
     with pytest.raises(SystemExit):
         build_parser().parse_args([*argv[3:], "--sim-quality", "2"])
+
+
+def test_sim_replica_argv_passes_the_configured_ttft_factor() -> None:
+    spec = make_spec(
+        weights_dir="", engine_config={"sim_ttft_factor": 1.3, "sim_quality": 0.9}
+    )
+    argv = sim_replica_argv(spec)
+    assert argv[11:19] == [
+        "--sim-profile",
+        "a100-8b",
+        "--sim-quality",
+        "0.9",
+        "--sim-ttft-factor",
+        "1.3",
+        "--enable-prefix-caching",
+        "--enable-prompt-tokens-details",
+    ]
+    _, faults = options_from_args(build_parser().parse_args(argv[3:]))
+    assert (faults.ttft_factor, faults.quality) == (1.3, 0.9)
+    assert sim_ttft_factor_for(make_spec(engine_config={"sim_ttft_factor": 2})) == 2.0
+
+
+def test_sim_replica_argv_leaves_the_ttft_factor_to_the_simulator_default() -> None:
+    argv = sim_replica_argv(make_spec())
+    assert "--sim-ttft-factor" not in argv
+    assert sim_ttft_factor_for(make_spec()) is None
+    _, faults = options_from_args(build_parser().parse_args(argv[3:]))
+    assert faults.ttft_factor == 1.0
+
+
+def test_vllm_serve_argv_never_passes_the_sim_ttft_factor() -> None:
+    spec = make_spec(engine_config={"sim_ttft_factor": 1.3})
+    assert vllm_serve_argv(spec) == vllm_serve_argv(make_spec())
+
+
+@pytest.mark.parametrize(
+    "factor", [0.5, 0, -1, True, "1.3", float("nan"), float("inf")]
+)
+def test_sim_ttft_factor_below_one_or_not_a_number_is_refused(factor: object) -> None:
+    spec = make_spec(engine_config={"sim_ttft_factor": factor})
+    with pytest.raises(ValueError, match="not a number of at least 1"):
+        sim_replica_argv(spec)
+
+
+@pytest.mark.parametrize("text", ["0.5", "x", "nan", "inf"])
+def test_the_simulator_refuses_a_bad_ttft_factor_flag(text: str) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--model", "m", "--sim-ttft-factor", text])
+
+
+def test_sim_replica_argv_passes_sim_degraded_and_never_to_vllm() -> None:
+    spec = make_spec(weights_dir="", engine_config={"sim_degraded": True})
+    argv = sim_replica_argv(spec)
+    assert "--sim-degraded" in argv
+    _, faults = options_from_args(build_parser().parse_args(argv[3:]))
+    assert faults.degraded is True
+    assert "--sim-degraded" not in sim_replica_argv(make_spec())
+    served = make_spec(engine_config={"sim_degraded": True})
+    assert vllm_serve_argv(served) == vllm_serve_argv(make_spec())
+
+
+@pytest.mark.parametrize("value", [1, "yes", None, 0.0])
+def test_sim_degraded_must_be_a_boolean(value: object) -> None:
+    with pytest.raises(ValueError, match="not a boolean"):
+        sim_replica_argv(make_spec(engine_config={"sim_degraded": value}))
