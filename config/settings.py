@@ -29,6 +29,7 @@ from config.env import (
 # Pure modules (no Django): the platform's admission and routing defaults.
 from routing.domain.admission_control import AdmissionOptions
 from routing.domain.policies import DEFAULT_POLICY_OPTIONS
+from routing.domain.refusals import DEFAULT_REFUSAL_PATTERNS, parse_refusal_patterns
 
 _ADMISSION = AdmissionOptions()
 
@@ -386,6 +387,18 @@ try:
     # How often usage counted in Redis reaches the database (and how often an
     # embedded gateway flushes its own ledger).
     PLATFORM_USAGE_FLUSH_S = env_float("PLATFORM_USAGE_FLUSH_S", 15.0, minimum=1.0)
+    # The rollout guards' figures (metering.figures): the length of one bucket,
+    # shared by the gateways and the flusher; and the refusal detector's patterns
+    # (routing.domain.refusals), a JSON list of regular expressions.
+    PLATFORM_FIGURES_BUCKET_S = env_int("PLATFORM_FIGURES_BUCKET_S", 60, minimum=1)
+    try:
+        PLATFORM_REFUSAL_PATTERNS = (
+            parse_refusal_patterns(_patterns)
+            if (_patterns := env_str("PLATFORM_REFUSAL_PATTERNS", ""))
+            else DEFAULT_REFUSAL_PATTERNS
+        )
+    except ValueError as exc:
+        raise EnvError(f"PLATFORM_REFUSAL_PATTERNS {exc}") from None
     # The autoscaler's tick (engine_nodes.autoscaling), and how many of its
     # decision rows are kept per pool (older ones are pruned as new ones come).
     PLATFORM_AUTOSCALE_INTERVAL_S = env_float(
@@ -393,6 +406,15 @@ try:
     )
     PLATFORM_AUTOSCALE_DECISIONS_KEPT = env_int(
         "PLATFORM_AUTOSCALE_DECISIONS_KEPT", 1000, minimum=1
+    )
+    # The rollout guards (engine_nodes.rollout_guard): how often they compare
+    # each rollout's candidate with the live version and act, and how long a
+    # rollout waits for its candidate's replicas to serve before it is aborted.
+    PLATFORM_ROLLOUT_GUARD_INTERVAL_S = env_float(
+        "PLATFORM_ROLLOUT_GUARD_INTERVAL_S", 60.0, minimum=0.5
+    )
+    PLATFORM_ROLLOUT_CAPACITY_TIMEOUT_S = env_float(
+        "PLATFORM_ROLLOUT_CAPACITY_TIMEOUT_S", 1800.0, minimum=1.0
     )
     # The version gates (engine_nodes.gates). Each region's object-storage root
     # for weights, "region=root" pairs (a version's weights are copied to each and
@@ -495,6 +517,11 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": timedelta(seconds=PLATFORM_AUTOSCALE_INTERVAL_S),
         # A tick that could not start in time is stale: the next one observes anew.
         "options": {"expires": PLATFORM_AUTOSCALE_INTERVAL_S * 0.9},
+    },
+    "guard-rollouts": {
+        "task": "engine_nodes.guard_rollouts",
+        "schedule": timedelta(seconds=PLATFORM_ROLLOUT_GUARD_INTERVAL_S),
+        "options": {"expires": PLATFORM_ROLLOUT_GUARD_INTERVAL_S * 0.9},
     },
 }
 

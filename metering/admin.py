@@ -1,4 +1,5 @@
-"""Console page for usage: read-only, because the gateway's flush owns every count."""
+"""Console pages for usage and the rollout guards' figures: read-only, because the
+gateway's flush owns every count."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
-from metering.models import Usage
+from metering.models import Usage, VersionFigure
 
 
 @admin.register(Usage)
@@ -34,6 +35,38 @@ class UsageAdmin(admin.ModelAdmin):
     search_fields = ("team__team", "model__model", "version__version")
     list_select_related = ("team", "model", "version")
     date_hierarchy = "minute"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(VersionFigure)
+class VersionFigureAdmin(admin.ModelAdmin):
+    """Per-bucket figures of each version and role (live, canary, shadow), as the
+    rollout guards read them; written by the flush, viewable only."""
+
+    list_display = (
+        "bucket_start",
+        "model",
+        "version",
+        "role",
+        "region",
+        "requests",
+        "answered",
+        "refusals",
+        "output_tokens",
+        "conversations",
+        "errors",
+    )
+    list_filter = ("model", "role", "region")
+    search_fields = ("model__model", "version")
+    date_hierarchy = "bucket_start"
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

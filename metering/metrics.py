@@ -3,9 +3,9 @@
 Public surface: the collectors below, ``observe_request``, ``observe_team_tokens``,
 ``observe_shadow``, ``count_retry``, ``count_rejection``, ``count_rate_limited``,
 ``count_shed``, ``set_pool_load``, ``set_control_plane``, ``set_limits_degraded``,
-``set_usage_buffered``, ``forget_pool``, ``OUTCOMES``, and the autoscaler's figures
-read at scrape time: ``PoolScalingFigures``, ``PoolScalingCollector``,
-``register_pool_scaling``.
+``set_usage_buffered``, ``count_figures_dropped``, ``forget_pool``, ``OUTCOMES``,
+and the autoscaler's figures read at scrape time: ``PoolScalingFigures``,
+``PoolScalingCollector``, ``register_pool_scaling``.
 
 Labels are bounded: model, version, region, team, tier, outcome; never request ids
 or user text. Helpers cache ``.labels()`` children (a dict lookup instead of the
@@ -33,6 +33,7 @@ __all__ = [
     "AUTOSCALER_DECISIONS",
     "CACHED_TOKENS",
     "CONTROL_PLANE_UP",
+    "FIGURES_DROPPED",
     "LIMITS_DEGRADED",
     "OUTCOMES",
     "OUTPUT_TOKENS",
@@ -53,6 +54,7 @@ __all__ = [
     "Outcome",
     "PoolScalingCollector",
     "PoolScalingFigures",
+    "count_figures_dropped",
     "count_rate_limited",
     "count_rejection",
     "count_retry",
@@ -164,6 +166,12 @@ USAGE_BUFFERED_ROWS = Gauge(
     "platform_usage_buffered_rows",
     "Usage rows (team, model, version, minute) this gateway process holds in memory "
     "because Redis was unreachable, until it pushes them there.",
+)
+FIGURES_DROPPED = Counter(
+    "platform_figures_dropped_total",
+    "Requests whose rollout figures this gateway process dropped: reason redis "
+    "(Redis failed; figures are not billing, so they are not kept) or invalid.",
+    ("reason",),
 )
 
 _POOL_COLLECTORS: tuple[MetricWrapperBase, ...] = (
@@ -315,6 +323,11 @@ def set_limits_degraded(*, is_degraded: bool) -> None:
 def set_usage_buffered(*, rows: int) -> None:
     """Set how many usage rows wait in memory for Redis."""
     USAGE_BUFFERED_ROWS.set(rows)
+
+
+def count_figures_dropped(*, reason: Literal["redis", "invalid"]) -> None:
+    """Count one request whose rollout figures were dropped."""
+    _child(FIGURES_DROPPED, reason).inc()
 
 
 def forget_pool(model: str, version: str, region: str) -> None:

@@ -1,9 +1,12 @@
-"""Usage: one row per team, model, version and minute (seed step 12)."""
+"""Usage: one row per team, model, version and minute (seed step 12); the rollout
+guards' figures: one row per version, role, region and bucket."""
 
 from __future__ import annotations
 
 from django.db import models
 from django.db.models import F, Q
+
+from metering.domain.figures import Role
 
 
 class Usage(models.Model):
@@ -56,3 +59,57 @@ class Usage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.team_id} {self.model_id}@{self.version_id} {self.minute:%Y-%m-%d %H:%M}"
+
+
+class VersionFigure(models.Model):
+    """What one version did in one role, region and bucket of time (rollout guards).
+
+    Written by the figures flush (``metering.services.flush_redis_figures``: the
+    bucket's full totals, overwritten, so a second flush changes nothing; or, in
+    the embedded mode, ``flush_memory_figures``, which adds). ``version`` is the
+    label, as the guards ask for it. ``errors`` maps an error kind to its count,
+    ``ttft`` and ``output`` map a histogram bucket (``metering.domain.figures``,
+    as a string) to its count. ``conversations`` is the bucket's distinct count.
+    """
+
+    model = models.ForeignKey(
+        "models_registry.Model", on_delete=models.PROTECT, related_name="+"
+    )
+    version = models.CharField(max_length=16)
+    role = models.CharField(
+        max_length=8,
+        choices=[(role.value, role.value) for role in Role],
+    )
+    region = models.CharField(max_length=64)
+    bucket_start = models.DateTimeField()
+    bucket_s = models.PositiveIntegerField()
+    requests = models.PositiveBigIntegerField(default=0)
+    answered = models.PositiveBigIntegerField(default=0)
+    refusals = models.PositiveBigIntegerField(default=0)
+    output_tokens = models.PositiveBigIntegerField(default=0)
+    conversations = models.PositiveBigIntegerField(default=0)
+    errors = models.JSONField(default=dict)
+    ttft = models.JSONField(default=dict)
+    output = models.JSONField(default=dict)
+
+    class Meta:
+        db_table = "version_figures"
+        ordering = ["-bucket_start", "model_id", "version", "role", "region"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["model", "version", "role", "region", "bucket_start"],
+                name="version_figures_bucket",
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["model", "version", "role", "bucket_start"],
+                name="version_figures_window",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return (
+            f"{self.model_id}@{self.version} {self.role} {self.region} "
+            f"{self.bucket_start:%Y-%m-%d %H:%M:%S}"
+        )

@@ -10,6 +10,11 @@ Two ways in, one per deployment mode (seed step 12):
   after the commit).
 - Embedded (no Redis), each gateway process drains its own ledger and calls
   ``flush_memory_usage``, which adds to the rows.
+
+The rollout guards' figures (``metering.figures``) are flushed the same two ways,
+with usage: ``flush_redis_figures`` (each listed bucket's full totals, overwritten)
+and ``flush_memory_figures`` (added). ``version_figures`` and ``figure_buckets``
+read them back for the guards and the console.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from datetime import datetime
 from functools import partial
 
 import redis
+from django.conf import settings
 from django.db import IntegrityError, models, transaction
 from django.db.models import F, Sum, Value
 from django.db.models.functions import Greatest
@@ -32,14 +38,22 @@ from metering.counters import (
     parse_usage_hash_key,
     usage_index_key,
 )
+from metering.domain.figures import VersionFigures
 from metering.domain.usage import (
     COUNTER_FIELDS,
     UsageCounts,
     UsageKey,
     prefix_hit_rate,
 )
-from metering.models import Usage
-from models_registry.models import ModelVersion
+from metering.figures import (
+    FIGURES_KEEP_FLUSHED_S,
+    FigureKey,
+    figures_conversations_key,
+    figures_index_key,
+    parse_figures_hash_key,
+)
+from metering.models import Usage, VersionFigure
+from models_registry.models import Model, ModelVersion
 
 logger = logging.getLogger(__name__)
 
@@ -309,3 +323,358 @@ def prefix_hit_rate_since(*, model_id: str, since: datetime) -> float | None:
         prompt=Sum("prompt_tokens"), cached=Sum("cached_tokens")
     )
     return prefix_hit_rate(totals["prompt"] or 0, totals["cached"] or 0)
+
+
+# -- the rollout guards' figures ------------------------------------------------------
+
+# Forget a figures bucket only if its hash still holds what the flush read (an add
+# in between leaves it listed, and the next flush writes the new totals); keep the
+# hash and its HyperLogLog a while, so late figures still add to the full totals.
+# KEYS: index, hash, HyperLogLog. ARGV: keep_ms, then the field/value pairs read.
+_FORGET_FIGURES_IF_UNCHANGED = """
+local current = redis.call('HGETALL', KEYS[2])
+if #current ~= #ARGV - 1 then return 0 end
+local read = {}
+for i = 2, #ARGV, 2 do read[ARGV[i]] = ARGV[i + 1] end
+for i = 1, #current, 2 do
+  if read[current[i]] ~= current[i + 1] then return 0 end
+end
+redis.call('SREM', KEYS[1], KEYS[2])
+for k = 2, 3 do
+  local ttl = redis.call('PTTL', KEYS[k])
+  if ttl == -1 or ttl > tonumber(ARGV[1]) then
+    redis.call('PEXPIRE', KEYS[k], ARGV[1])
+  end
+end
+return 1
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class _PendingFigures:
+    hash_key: str
+    key: FigureKey
+    figures: VersionFigures
+    fields: tuple[tuple[str, str], ...]
+
+
+def _figure_columns(figures: VersionFigures) -> dict[str, object]:
+    as_json = figures.to_json()
+    return {
+        name: as_json[name]
+        for name in (
+            "requests",
+            "answered",
+            "refusals",
+            "output_tokens",
+            "conversations",
+            "errors",
+            "ttft",
+            "output",
+        )
+    }
+
+
+def _figures_of(row: VersionFigure) -> VersionFigures:
+    return VersionFigures(
+        requests=row.requests,
+        answered=row.answered,
+        refusals=row.refusals,
+        output_tokens=row.output_tokens,
+        conversations=row.conversations,
+        errors={str(k): int(v) for k, v in (row.errors or {}).items()},
+        ttft={int(k): int(v) for k, v in (row.ttft or {}).items()},
+        output={int(k): int(v) for k, v in (row.output or {}).items()},
+    )
+
+
+def _read_figures(
+    *, client: redis.Redis, prefix: str
+) -> tuple[list[_PendingFigures], list[str], list[str]]:
+    """Return the listed buckets' totals, the malformed members, the expired ones."""
+    members = sorted(_text(m) for m in client.smembers(figures_index_key(prefix)))
+    listed: list[tuple[str, FigureKey]] = []
+    garbage: list[str] = []
+    for hash_key in members:
+        key = parse_figures_hash_key(prefix, hash_key)
+        if key is None:
+            garbage.append(hash_key)
+        else:
+            listed.append((hash_key, key))
+    pipe = client.pipeline(transaction=False)
+    for hash_key, _ in listed:
+        pipe.hgetall(hash_key)
+        pipe.pfcount(figures_conversations_key(hash_key))
+    replies = pipe.execute()
+    pending: list[_PendingFigures] = []
+    expired: list[str] = []
+    for index, (hash_key, key) in enumerate(listed):
+        raw, conversations = replies[2 * index], replies[2 * index + 1]
+        fields = tuple(sorted((_text(f), _text(v)) for f, v in raw.items()))
+        if not fields:
+            expired.append(hash_key)
+            continue
+        try:
+            figures = VersionFigures.from_fields(dict(fields))
+        except ValueError:
+            garbage.append(hash_key)
+            continue
+        # The hash counts no conversations itself: the HyperLogLog beside it does,
+        # over every gateway process (an estimate, exact for small counts).
+        figures = VersionFigures(
+            requests=figures.requests,
+            answered=figures.answered,
+            refusals=figures.refusals,
+            output_tokens=figures.output_tokens,
+            conversations=int(conversations),
+            errors=figures.errors,
+            ttft=figures.ttft,
+            output=figures.output,
+        )
+        pending.append(_PendingFigures(hash_key, key, figures, fields))
+    return pending, garbage, expired
+
+
+def _known_models(keys: Iterable[FigureKey]) -> set[str]:
+    return set(
+        Model.objects.filter(model__in={k.model for k in keys}).values_list(
+            "model", flat=True
+        )
+    )
+
+
+def flush_redis_figures(
+    *,
+    client: redis.Redis,
+    prefix: str,
+    region: str,
+    now: datetime,
+    keep_buckets: int = 2,
+    grace_s: float = 5.0,
+) -> int:
+    """Write every listed figures bucket's full totals to its row; return how many.
+
+    Open buckets included, so the guards see the current minute. Each row gets the
+    bucket's totals (overwritten: a second flush writes the same rows), with the
+    distinct conversations of its HyperLogLog. After the commit, buckets that ended
+    more than ``keep_buckets`` buckets (plus ``grace_s``) before ``now`` leave the
+    index if unchanged since the read; their hashes stay an hour, so late figures
+    still reach their rows. Buckets of an unknown model, and malformed members,
+    are dropped with a warning.
+
+    Known limit: two flushes overlapping may write a bucket's older totals last;
+    the next flush puts the newer ones back (the bucket is still listed).
+    """
+    pending, garbage, expired = _read_figures(client=client, prefix=prefix)
+    known = _known_models(p.key for p in pending)
+    unknown = [p.hash_key for p in pending if p.key.model not in known]
+    if unknown:
+        logger.warning("Dropping figures of unknown models: %s", unknown)
+    if garbage:
+        logger.warning(
+            "Dropping %d malformed figures hashes: %s", len(garbage), garbage
+        )
+    written = [p for p in pending if p.key.model in known]
+    rows = [
+        VersionFigure(
+            model_id=p.key.model,
+            version=p.key.version,
+            role=p.key.role,
+            region=region,
+            bucket_start=p.key.bucket_start,
+            bucket_s=p.key.bucket_s,
+            **_figure_columns(p.figures),
+        )
+        for p in sorted(written, key=lambda p: p.hash_key)
+    ]
+    if rows:
+        with transaction.atomic():
+            VersionFigure.objects.bulk_create(
+                rows,
+                update_conflicts=True,
+                unique_fields=["model", "version", "role", "region", "bucket_start"],
+                update_fields=[
+                    "bucket_s",
+                    "requests",
+                    "answered",
+                    "refusals",
+                    "output_tokens",
+                    "conversations",
+                    "errors",
+                    "ttft",
+                    "output",
+                ],
+            )
+    horizon = now.timestamp() - grace_s
+    closed = [
+        p
+        for p in written
+        if p.key.bucket_end_epoch + keep_buckets * p.key.bucket_s <= horizon
+    ]
+    transaction.on_commit(
+        partial(
+            _forget_figures,
+            client=client,
+            prefix=prefix,
+            flushed=closed,
+            dropped=[*garbage, *unknown],
+            expired=expired,
+        )
+    )
+    return len(rows)
+
+
+def _forget_figures(
+    *,
+    client: redis.Redis,
+    prefix: str,
+    flushed: Iterable[_PendingFigures],
+    dropped: Collection[str],
+    expired: Collection[str],
+    keep_s: float = FIGURES_KEEP_FLUSHED_S,
+) -> None:
+    """Unlist flushed old buckets (if unchanged), delete dropped ones; one round trip."""
+    index = figures_index_key(prefix)
+    forget = client.register_script(_FORGET_FIGURES_IF_UNCHANGED)
+    keep_ms = max(1, round(keep_s * 1000))
+    pipe = client.pipeline(transaction=False)
+    for item in flushed:
+        args: list[str | int] = [keep_ms]
+        for field, value in item.fields:
+            args += [field, value]
+        conversations = figures_conversations_key(item.hash_key)
+        forget(keys=[index, item.hash_key, conversations], args=args, client=pipe)
+    for hash_key in dropped:
+        pipe.delete(hash_key, figures_conversations_key(hash_key))
+        pipe.srem(index, hash_key)
+    for hash_key in expired:
+        pipe.srem(index, hash_key)
+    pipe.execute()
+
+
+def flush_memory_figures(
+    *, entries: Mapping[FigureKey, VersionFigures], region: str
+) -> int:
+    """Add a gateway's drained figures to the rows, in one transaction; return how many.
+
+    ADD semantics: each gateway process drains its own sums (conversations only
+    those not reported before), so every entry is written once. Figures of an
+    unknown model are skipped with a warning.
+    """
+    known = _known_models(entries)
+    written = 0
+    with transaction.atomic():
+        order = sorted(
+            entries, key=lambda k: (k.bucket_epoch, k.model, k.version, k.role)
+        )
+        for key in order:
+            if key.model not in known:
+                logger.warning(
+                    "Skipping figures of an unknown model: %s@%s",
+                    key.model,
+                    key.version,
+                )
+                continue
+            lookup = {
+                "model_id": key.model,
+                "version": key.version,
+                "role": key.role,
+                "region": region,
+                "bucket_start": key.bucket_start,
+            }
+            row = VersionFigure.objects.select_for_update().filter(**lookup).first()
+            if row is None:
+                try:
+                    # A savepoint: another process inserting the same row must not
+                    # break the whole flush; it becomes an update instead.
+                    with transaction.atomic():
+                        VersionFigure.objects.create(
+                            **lookup,
+                            bucket_s=key.bucket_s,
+                            **_figure_columns(entries[key]),
+                        )
+                    written += 1
+                    continue
+                except IntegrityError:
+                    row = VersionFigure.objects.select_for_update().get(**lookup)
+            total = _figures_of(row) + entries[key]
+            for name, value in _figure_columns(total).items():
+                setattr(row, name, value)
+            row.save(update_fields=list(_figure_columns(total)))
+            written += 1
+    return written
+
+
+def _window(
+    *,
+    model_id: str,
+    version: str,
+    role: str,
+    since: datetime,
+    until: datetime | None,
+    bucket_s: int | None,
+) -> models.QuerySet[VersionFigure]:
+    length = bucket_s or settings.PLATFORM_FIGURES_BUCKET_S
+    start = datetime.fromtimestamp(
+        (since.timestamp() // length) * length, tz=since.tzinfo
+    )
+    rows = VersionFigure.objects.filter(
+        model_id=model_id, version=version, role=role, bucket_start__gte=start
+    )
+    if until is not None:
+        rows = rows.filter(bucket_start__lt=until)
+    return rows
+
+
+def version_figures(
+    *,
+    model_id: str,
+    version: str,
+    role: str,
+    since: datetime,
+    until: datetime | None = None,
+    bucket_s: int | None = None,
+) -> VersionFigures:
+    """Return a version's figures in one role, summed over regions and buckets.
+
+    Buckets starting at or after ``since`` floored to its bucket (so the bucket
+    holding ``since`` counts whole) and before ``until``. ``bucket_s`` defaults to
+    ``PLATFORM_FIGURES_BUCKET_S``.
+    """
+    total = VersionFigures()
+    for row in _window(
+        model_id=model_id,
+        version=version,
+        role=role,
+        since=since,
+        until=until,
+        bucket_s=bucket_s,
+    ).iterator():
+        total = total + _figures_of(row)
+    return total
+
+
+def figure_buckets(
+    *,
+    model_id: str,
+    version: str,
+    role: str,
+    since: datetime,
+    until: datetime | None = None,
+    bucket_s: int | None = None,
+) -> list[tuple[datetime, VersionFigures]]:
+    """Return a version's figures in one role per bucket (summed over regions),
+    oldest first; the window is ``version_figures``'s. For a chart."""
+    buckets: dict[datetime, VersionFigures] = {}
+    for row in _window(
+        model_id=model_id,
+        version=version,
+        role=role,
+        since=since,
+        until=until,
+        bucket_s=bucket_s,
+    ).iterator():
+        current = buckets.get(row.bucket_start)
+        figures = _figures_of(row)
+        buckets[row.bucket_start] = figures if current is None else current + figures
+    return sorted(buckets.items())

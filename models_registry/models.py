@@ -77,6 +77,13 @@ class Model(models.Model):
         "GateConfig): eval_set_uri, judge_model, thresholds per category, "
         "min_kappa, min_labels, load_test steps. Empty: the defaults.",
     )
+    rollout_plan = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="The model's rollout plan (rollouts.domain.plan.RolloutPlan): "
+        "steps with their minimums, retention_s, guard thresholds. Empty: the "
+        "default plan (shadow 1%, canary 1-10-50%, 24 h retention).",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
-from rollouts.domain.plan import Decision, Stage
+from rollouts.domain.plan import Decision, GuardAction, Stage
 
 
 class Rollout(models.Model):
@@ -33,6 +33,30 @@ class Rollout(models.Model):
         default=Decision.PENDING.value,
     )
     decided_at = models.DateTimeField(null=True, blank=True)
+    # The plan it follows (rollouts.domain.plan.RolloutPlan as JSON); null for a
+    # stage set by hand, which the guards watch (and roll back) but never advance.
+    plan = models.JSONField(null=True, blank=True)
+    step = models.PositiveIntegerField(default=0)
+    # When the current step began taking traffic; null while the candidate's pool
+    # has no serving replica yet (no traffic is sent to a version that cannot
+    # answer it).
+    step_started_at = models.DateTimeField(null=True, blank=True)
+    paused = models.BooleanField(default=False)
+    approved_step = models.PositiveIntegerField(null=True, blank=True)
+    reason = models.CharField(
+        max_length=2000, blank=True, help_text="The last decision's why."
+    )
+    previous_version = models.ForeignKey(
+        "models_registry.ModelVersion",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        help_text="The live version when the rollout started: what a rollback keeps "
+        "and what is retired after the retention once promoted.",
+    )
+    retire_after = models.DateTimeField(null=True, blank=True)
+    retired_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "rollouts"
@@ -96,3 +120,34 @@ class VersionOverride(models.Model):
 
     def __str__(self) -> str:
         return f"{self.version} {self.action} by {self.by}"
+
+
+class GuardEvaluation(models.Model):
+    """One tick of the guards on a rollout: the figures, the comparison, the action.
+
+    Seed: ``rollouts.guard_metrics``. Written by the guard task every period, so a
+    rollout's page shows why each step advanced, held or rolled back.
+    """
+
+    rollout = models.ForeignKey(
+        Rollout, on_delete=models.CASCADE, related_name="evaluations"
+    )
+    at = models.DateTimeField()
+    step = models.PositiveIntegerField()
+    stage = models.CharField(max_length=16)
+    percent = models.FloatField()
+    action = models.CharField(
+        max_length=16, choices=[(a.value, a.value) for a in GuardAction]
+    )
+    reason = models.CharField(max_length=2000)
+    report = models.JSONField(default=dict)
+    candidate = models.JSONField(default=dict)
+    live = models.JSONField(default=dict)
+
+    class Meta:
+        db_table = "guard_metrics"
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["rollout", "at"], name="guard_rollout_at")]
+
+    def __str__(self) -> str:
+        return f"{self.rollout_id} {self.stage} {self.percent:g}%: {self.action}"

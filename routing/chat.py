@@ -16,7 +16,10 @@ The steps (seed steps 6-9 and 12), each taking what the one before produced:
    failure (the replica died, or was silent for ``inter_token_timeout_s``; it is
    ejected too);
 4. the ``FinalUsage`` is worked out once, when the answer ends (a client that left
-   included), and used for the refund, the metrics and the usage row.
+   included), and used for the refund, the metrics and the usage row; for a model
+   under rollout (a canary or a shadow set), the request's figures go to its
+   version's bucket too (``metering.figures``: role live or canary, pinned
+   requests left out), the answer's head judged by the refusal detector.
 
 The request's tokens in flight on its replica are counted in ``LiveLoad`` while it
 streams (prompt plus remaining output), so routing sees them at once.
@@ -25,6 +28,7 @@ streams (prompt plus remaining output), so routing sees them at once.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import random
@@ -36,12 +40,23 @@ import aiohttp
 
 from config.asgi_io import Send
 from metering import metrics
+from metering.domain.figures import Role, VersionFigures, one_request
 from metering.domain.usage import UsageCounts, UsageKey
+from metering.figures import FigureKey, FigureRecorder
 from routing.admission import Admission
 from routing.domain.admission_control import AdmissionRequest, Rejected, Ticket
 from routing.domain.policies import RouteRequest, RoutingPolicy, make_policy
+from routing.domain.refusals import RefusalDetector
 from routing.domain.retry_budget import RetryBudget
 from routing.domain.snapshot import ConfigSnapshot
+from routing.domain.sticky import (
+    Remembered,
+    figure_role,
+    first_choice,
+    needs_memory,
+    routable_versions,
+    stick,
+)
 from routing.live import AttemptLoad, LiveLoad
 from routing.plan import ChatPlan, GatewaySettings
 from routing.relay import Relay, UpstreamFailed
@@ -56,6 +71,7 @@ from routing.responses import (
     whole_answer,
 )
 from routing.shadow import Shadow
+from routing.sticky import ConversationVersions
 from routing.upstream import Upstream
 
 logger = logging.getLogger(__name__)
@@ -96,20 +112,39 @@ class BackgroundTasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
+class _NoFirstToken(UpstreamFailed):
+    """The replica sent no first token within the deadline."""
+
+
 class _Served:
     """How far one request got: its current attempt and, at the end, its usage.
 
-    Written only by ``ChatService._route`` and ``_attempt``; read in ``serve``'s
-    ``finally`` (which runs after a client disconnect too).
+    Written only by ``ChatService.serve``, ``_route`` and ``_attempt``; read in
+    ``serve``'s ``finally`` (which runs after a client disconnect too).
+    ``figure_role`` is the role the request's figures count for (None: not
+    recorded); ``error_kind`` how it failed, as the guards count it
+    (``metering.domain.figures.ERROR_KINDS``); ``is_client_error`` a 4xx, which
+    is no error of the version.
     """
 
-    __slots__ = ("outcome", "relay", "replica_id", "usage")
+    __slots__ = (
+        "error_kind",
+        "figure_role",
+        "is_client_error",
+        "outcome",
+        "relay",
+        "replica_id",
+        "usage",
+    )
 
-    def __init__(self) -> None:
+    def __init__(self, figure_role: Role | None = None) -> None:
         self.outcome: metrics.Outcome = "error"
         self.replica_id = ""
         self.relay: Relay | None = None
         self.usage: FinalUsage | None = None
+        self.figure_role = figure_role
+        self.error_kind: str | None = None
+        self.is_client_error = False
 
     @property
     def first_token_at(self) -> float | None:
@@ -138,6 +173,8 @@ class ChatService:
         usage_counter: UsageCounter,
         background: BackgroundTasks,
         rng: random.Random,
+        figures: FigureRecorder | None = None,
+        conversations: ConversationVersions | None = None,
     ) -> None:
         self.settings = settings
         self.live = live
@@ -146,11 +183,17 @@ class ChatService:
         self.usage_counter = usage_counter
         self.background = background
         self.rng = rng
+        self.figures = figures
+        self.conversations = conversations
+        self.refusals = RefusalDetector(settings.refusal_patterns)
         self.shadow = Shadow(
             live=live,
             upstream=upstream,
             region=settings.region,
             concurrency=settings.shadow_concurrency,
+            figures=figures,
+            detector=self.refusals,
+            bucket_s=settings.figures_bucket_s,
         )
         # Mutable routing state, one of each per pool (model, version).
         self._policies: dict[tuple[str, str], RoutingPolicy] = {}
@@ -173,6 +216,7 @@ class ChatService:
         Raises:
             GatewayError: refused before any byte of the answer was sent.
         """
+        plan, remembered = await self._remember(plan, snapshot)
         ticket = await self._admit(plan)
         resolution = plan.resolution
         if resolution.shadow_version is not None:
@@ -182,11 +226,15 @@ class ChatService:
                     model=resolution.model,
                     version=resolution.shadow_version,
                     payload=plan.payload,
+                    conversation=plan.routing_key,
                 )
             )
-        served = _Served()
+        served = _Served(self._figure_role(plan, snapshot, remembered))
         try:
             await self._route(plan, snapshot, send, ticket, served, before_last_send)
+        except GatewayError as exc:
+            served.is_client_error = exc.status < 500
+            raise
         finally:
             usage = served.final_usage(plan)
             self._meter(plan, served, usage)
@@ -198,6 +246,56 @@ class ChatService:
                 # The answer is complete: a failed refund must not break the
                 # connection. The bucket refills by itself; the slot expires.
                 logger.warning("releasing admission failed: %s", type(exc).__name__)
+
+    async def _remember(
+        self, plan: ChatPlan, snapshot: ConfigSnapshot
+    ) -> tuple[ChatPlan, Remembered | None]:
+        """Send the turn to its conversation's version while a rollout runs.
+
+        One round trip (``routing.sticky``), only for a model with a rollout on;
+        the plan is returned with the version the conversation keeps.
+        """
+        resolution = plan.resolution
+        if self.conversations is None or resolution.is_pinned:
+            return plan, None
+        record = snapshot.models.get(resolution.model)
+        if record is None or not needs_memory(record):
+            return plan, None
+        remembered = await self.conversations.choose(
+            resolution.model,
+            plan.routing_key,
+            first_choice(
+                resolution,
+                record,
+                first_turn=plan.first_turn,
+                routing_key=plan.routing_key,
+            ),
+            routable_versions(record),
+        )
+        stuck = stick(resolution, remembered, record)
+        if stuck is not resolution:
+            plan = dataclasses.replace(plan, resolution=stuck)
+        return plan, remembered
+
+    def _figure_role(
+        self,
+        plan: ChatPlan,
+        snapshot: ConfigSnapshot,
+        remembered: Remembered | None,
+    ) -> Role | None:
+        """Return the role the request's figures count for; None: not recorded.
+
+        Only a model under rollout (a canary or a shadow set) is recorded, and
+        only requests the alias resolved: a pinned one chose its version
+        (``routing.domain.sticky.figure_role``).
+        """
+        if self.figures is None:
+            return None
+        record = snapshot.models.get(plan.resolution.model)
+        if record is None:
+            return None
+        role = figure_role(plan.resolution, remembered, record)
+        return Role(role) if role is not None else None
 
     # -- admission ------------------------------------------------------------------
 
@@ -316,6 +414,7 @@ class ChatService:
             now,
         )
         urls = {node.replica_id: node.url for node in nodes}
+        timed_out = False
         for attempt, replica_id in enumerate(decision.candidates):
             if attempt > 0:
                 if not budget.try_spend(time.monotonic()):
@@ -342,6 +441,9 @@ class ChatService:
                     "replica %s failed before the first token: %s", replica_id, exc
                 )
                 self.live.eject(replica_id, time.monotonic())
+                timed_out = isinstance(exc, _NoFirstToken)
+        # No replica could start an answer: an error of the version all the same.
+        served.error_kind = "timeout" if timed_out else "upstream"
         raise GatewayError(
             503,
             f"no replica of {model}@{version} can serve right now",
@@ -402,6 +504,8 @@ class ChatService:
             request_id=plan.request_id,
             on_first=start,
             on_tokens=load.shrink,
+            # Only answers the rollout guards judge keep their head (refusals).
+            capture_head=served.figure_role is not None,
         )
         served.replica_id, served.relay = replica_id, relay
         is_done = False
@@ -419,7 +523,7 @@ class ChatService:
             except TimeoutError:
                 if not first_token.expired():
                     raise
-                raise UpstreamFailed(
+                raise _NoFirstToken(
                     f"no first token within {self.settings.first_token_timeout_s:g} s"
                 ) from None
             if not is_done:
@@ -428,6 +532,7 @@ class ChatService:
                 # avoid it for the missed-beat window (by then a dead one stopped
                 # beating and a stalled one beats as stalled).
                 logger.warning("replica %s broke a stream mid-way", replica_id)
+                served.error_kind = "broken"
                 self.live.eject(replica_id, time.monotonic())
                 await self._end_broken(plan, replica_id, send, before_last_send)
                 return "error"
@@ -537,6 +642,22 @@ class ChatService:
             cached_tokens=usage.cached_tokens if usage else 0,
             output_tokens=usage.completion_tokens if usage else 0,
         )
+        if served.figure_role is not None and self.figures is not None:
+            figures = self._figures(plan, served, usage)
+            if figures is not None:
+                self.background.spawn(
+                    self.figures.add(
+                        FigureKey.from_time(
+                            model,
+                            version,
+                            served.figure_role,
+                            time.time(),
+                            self.settings.figures_bucket_s,
+                        ),
+                        figures,
+                        plan.routing_key,
+                    )
+                )
         if usage is None:
             return
         counts = UsageCounts(
@@ -549,6 +670,33 @@ class ChatService:
             self.usage_counter.add(
                 UsageKey.from_time(plan.team, model, version, time.time()), counts
             )
+        )
+
+    def _figures(
+        self, plan: ChatPlan, served: _Served, usage: FinalUsage | None
+    ) -> VersionFigures | None:
+        """Return the request's figures for the guards; None for a client's 4xx.
+
+        A complete answer counts its output tokens and whether it opens with a
+        refusal; a client that left counts as a request with neither an answer
+        nor an error; anything else is an error of the version, by kind.
+        """
+        first_token_at = served.first_token_at
+        ttft = (first_token_at - plan.started_at) if first_token_at else None
+        if served.outcome == "ok" and usage is not None:
+            relay = served.relay
+            text = relay.head_text() if relay is not None else ""
+            return one_request(
+                ttft_s=ttft,
+                output_tokens=usage.completion_tokens,
+                refused=self.refusals.is_refusal(text),
+            )
+        if served.outcome == "client_closed":
+            return one_request(ttft_s=ttft, output_tokens=None)
+        if served.is_client_error and served.error_kind is None:
+            return None
+        return one_request(
+            ttft_s=ttft, output_tokens=None, error_kind=served.error_kind or "error"
         )
 
 

@@ -28,6 +28,7 @@ from config.asgi_io import Receive, Scope
 from routing.domain.chat_body import check_chat_body, check_tokenize_body
 from routing.domain.json_body import BodyError, parse_json_object
 from routing.domain.policies import DEFAULT_POLICY_OPTIONS, PolicyOptions
+from routing.domain.refusals import DEFAULT_REFUSAL_PATTERNS
 from routing.domain.resolve import (
     NoLiveVersion,
     Resolution,
@@ -65,7 +66,11 @@ _DEFAULT_MAX_MODEL_LEN = 8192
 
 @dataclass(frozen=True, slots=True)
 class GatewaySettings:
-    """What the gateway reads from settings once, at start."""
+    """What the gateway reads from settings once, at start.
+
+    ``figures_bucket_s`` and ``refusal_patterns`` are the rollout guards' (the
+    length of a figures bucket, the refusal detector's regular expressions).
+    """
 
     region: str
     max_body_bytes: int = 4 * 1024 * 1024
@@ -80,6 +85,8 @@ class GatewaySettings:
     shadow_concurrency: int = 16
     policy_options: PolicyOptions = field(default=DEFAULT_POLICY_OPTIONS)
     engine_api_key: str = ""
+    figures_bucket_s: int = 60
+    refusal_patterns: tuple[str, ...] = DEFAULT_REFUSAL_PATTERNS
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +114,9 @@ class ChatPlan:
     payload: bytes
     started_at: float
     include_usage: bool = True
+    # No assistant message yet: the conversation's first turn (during a rollout
+    # only a first turn may go to the canary: routing.domain.sticky).
+    first_turn: bool = True
 
     @property
     def request_tokens(self) -> int:
@@ -285,6 +295,7 @@ async def plan_chat(
         payload=json.dumps(upstream_body).encode(),
         started_at=started_at,
         include_usage=checked.include_usage,
+        first_turn=not any(m.get("role") == "assistant" for m in messages),
     )
 
 

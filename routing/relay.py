@@ -1,7 +1,7 @@
 """The SSE relay: an engine's event stream passed to the client as bytes.
 
 Public surface: ``Relay``, ``RelayOutcome``, ``ChunkReader``, ``UpstreamFailed``,
-``EVENT_END``.
+``EVENT_END``, ``HEAD_BYTES``, ``events_text``.
 
 vLLM (and the simulated replica) stream ``data: {...}\\n\\n`` events: a role chunk,
 token chunks (each with a non-empty ``choices`` list), one usage chunk
@@ -22,6 +22,11 @@ another replica; after it, ``run`` returns False and the answer is incomplete.
 Output tokens are reported to ``on_tokens`` every few events (the caller lowers
 the replica's tokens in flight), not per event: cheap, and within a few tokens of
 exact for routing.
+
+With ``capture_head`` (a model under rollout, whose answers the guards judge), the
+first ``HEAD_BYTES`` of the content events are kept as they were forwarded, and
+``Relay.head_text`` parses them only once the answer has ended; off, the fast path pays
+one local check per chunk.
 """
 
 from __future__ import annotations
@@ -37,7 +42,15 @@ import aiohttp
 
 from config.asgi_io import Send
 
-__all__ = ["EVENT_END", "ChunkReader", "Relay", "RelayOutcome", "UpstreamFailed"]
+__all__ = [
+    "EVENT_END",
+    "HEAD_BYTES",
+    "ChunkReader",
+    "Relay",
+    "RelayOutcome",
+    "UpstreamFailed",
+    "events_text",
+]
 
 EVENT_END = b"\n\n"
 _USAGE_MARK = b'"choices":[]'
@@ -47,6 +60,9 @@ _CONTENT_MARK = b'"choices":[{'
 _SHRINK_EVERY = 8
 # An engine's id goes into a header and the answer's end: printable ASCII only.
 _ANSWER_ID = re.compile(r"[!-~]{1,128}")
+# The head of an answer kept for the refusal detector: vLLM's token events are
+# about 200 bytes each, so the role chunk and the first eight or so tokens.
+HEAD_BYTES = 2048
 
 
 class UpstreamFailed(Exception):
@@ -90,6 +106,7 @@ class Relay:
     __slots__ = (
         "_clock",
         "_content",
+        "_head",
         "_logprobs",
         "_on_first",
         "_on_tokens",
@@ -111,6 +128,7 @@ class Relay:
         on_first: Callable[[str], Awaitable[None]],
         on_tokens: Callable[[int], None],
         clock: Callable[[], float] = time.monotonic,
+        capture_head: bool = False,
     ) -> None:
         self._send = send
         self._stream = stream
@@ -119,6 +137,8 @@ class Relay:
         self._clock = clock
         self._content: list[str] = []
         self._logprobs: list[dict[str, Any]] = []
+        # The first HEAD_BYTES of the content events, kept only when asked.
+        self._head: bytearray | None = bytearray() if capture_head else None
         self.answer_id = request_id
         self.events = 0
         self.first_token_at: float | None = None
@@ -137,6 +157,13 @@ class Relay:
             finish_reason=self.finish_reason,
         )
 
+    def head_text(self) -> str:
+        """Return the start of the answer's text (``capture_head``, or a
+        non-streaming answer); "" when nothing was kept."""
+        if self._content:
+            return "".join(self._content)
+        return events_text(bytes(self._head)) if self._head else ""
+
     async def run(self, reader: ChunkReader) -> bool:
         """Relay until ``[DONE]`` (True) or a failure after the first token (False).
 
@@ -153,6 +180,7 @@ class Relay:
         fast = False  # streaming, past the first event: forward bytes as they come
         unshrunk = 0  # events not yet reported to on_tokens
         buffer = b""
+        head = self._head  # None unless capturing: one local check per chunk
         while True:
             try:
                 chunk = await reader.readany()
@@ -178,6 +206,10 @@ class Relay:
                 if unshrunk >= _SHRINK_EVERY:
                     self._on_tokens(unshrunk)
                     unshrunk = 0
+                if head is not None:
+                    head += chunk[: HEAD_BYTES - len(head)]
+                    if len(head) >= HEAD_BYTES:
+                        head = None
                 await send(
                     {"type": "http.response.body", "body": chunk, "more_body": True}
                 )
@@ -214,12 +246,13 @@ class Relay:
                 self.events += len(out)
                 self._on_tokens(len(out))
                 if self._stream:
+                    body = EVENT_END.join(out) + EVENT_END
+                    if head is not None:
+                        head += body[: HEAD_BYTES - len(head)]
+                        if len(head) >= HEAD_BYTES:
+                            head = None
                     await send(
-                        {
-                            "type": "http.response.body",
-                            "body": EVENT_END.join(out) + EVENT_END,
-                            "more_body": True,
-                        }
+                        {"type": "http.response.body", "body": body, "more_body": True}
                     )
                 else:
                     self._collect(out)
@@ -242,6 +275,28 @@ class Relay:
                     self._logprobs.extend(logprobs["content"])
                 if choice.get("finish_reason"):
                     self.finish_reason = choice["finish_reason"]
+
+
+def events_text(head: bytes) -> str:
+    """Return the text of the complete content events in ``head`` (SSE bytes).
+
+    A cut last event, and events that are not JSON chunks, are left out.
+    """
+    parts: list[str] = []
+    for event in head.split(EVENT_END)[:-1]:
+        if not event.startswith(b"data: {"):
+            continue
+        try:
+            chunk = json.loads(event[6:])
+        except ValueError:
+            continue
+        choices = chunk.get("choices") if isinstance(chunk, dict) else None
+        for choice in choices if isinstance(choices, list) else ():
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            content = delta.get("content") if isinstance(delta, dict) else None
+            if isinstance(content, str):
+                parts.append(content)
+    return "".join(parts)
 
 
 def _answer_id(event: bytes) -> str | None:

@@ -3,8 +3,8 @@
 
 The gateway of this process, built once from settings, in one pass: its snapshot
 holder, live load, admission (over Redis or memory) with its pool view, usage
-counter, upstream session and chat service are each built with what they need and
-handed to the ``Gateway``. With Redis, the limits and the usage counter fall back to
+counter, rollout figures recorder, upstream session and chat service are each
+built with what they need and handed to the ``Gateway``. With Redis, the limits and the usage counter fall back to
 this process's memory while Redis is unreachable (``routing.failover``). Mutable
 routing state (rings, cursors, retry budgets, queues) lives in those objects, never
 in module globals of the domain code.
@@ -16,6 +16,7 @@ import os
 import random
 import secrets
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -24,6 +25,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from accounts.services import touch_api_keys
+from metering.figures import FigureRecorder
 from routing.admission import LiveAdmission, LivePoolView
 from routing.chat import BackgroundTasks, ChatService, UsageCounter
 from routing.domain.admission_control import AdmissionControl, AdmissionOptions
@@ -40,6 +42,7 @@ from routing.plan import GatewaySettings
 from routing.prompt_tokens import VersionCounters
 from routing.services import build_snapshot
 from routing.snapshots import SnapshotHolder
+from routing.sticky import ConversationVersions
 from routing.upstream import Upstream
 
 _gateway: Gateway | None = None
@@ -61,6 +64,8 @@ def gateway_settings() -> GatewaySettings:
             min_bound_tokens=settings.PLATFORM_AFFINITY_MIN_BOUND_TOKENS
         ),
         engine_api_key=settings.PLATFORM_ENGINE_API_KEY,
+        figures_bucket_s=settings.PLATFORM_FIGURES_BUCKET_S,
+        refusal_patterns=tuple(settings.PLATFORM_REFUSAL_PATTERNS),
     )
 
 
@@ -96,7 +101,7 @@ def build_gateway() -> Gateway:
         )
 
     snapshots = SnapshotHolder(load, prompt_counters=VersionCounters())
-    limits, counter, flush, failover = _stores(redis_client, live)
+    limits, counter, figures, flush, failover = _stores(redis_client, live)
     admission = LiveAdmission(
         control=AdmissionControl(
             LivePoolView(
@@ -127,6 +132,8 @@ def build_gateway() -> Gateway:
         usage_counter=counter,
         background=background,
         rng=random.Random(),
+        figures=figures,
+        conversations=_conversation_versions(redis_client),
     )
     return Gateway(
         settings=config,
@@ -179,18 +186,31 @@ def _redis_client() -> Any | None:
 def _stores(
     redis_client: Any | None, live: LiveLoad
 ) -> tuple[
-    LimitStore, UsageCounter, Callable[[], Awaitable[None]] | None, RedisFailover | None
+    LimitStore,
+    UsageCounter,
+    FigureRecorder,
+    Callable[[], Awaitable[None]] | None,
+    RedisFailover | None,
 ]:
-    """Return the limits, the usage counter, its flush and the Redis failover.
+    """Return the limits, the usage counter, the figures recorder, their flush and
+    the Redis failover.
 
-    With Redis: shared limits and counts, each falling back to this process while
-    Redis is unreachable; the counts are flushed by the Celery beat task. Without:
-    memory, flushed by the gateway itself.
+    With Redis: shared limits, counts and figures, limits and counts falling back
+    to this process while Redis is unreachable (figures are dropped meanwhile);
+    they are flushed by the Celery beat task. Without: memory, flushed by the
+    gateway itself.
     """
     if redis_client is None:
-        counter, flush = _memory_usage_counter()
-        return MemoryBucketStore().pair(MemoryConcurrency()), counter, flush, None
+        counter, figures, flush = _memory_usage_counter()
+        return (
+            MemoryBucketStore().pair(MemoryConcurrency()),
+            counter,
+            figures,
+            flush,
+            None,
+        )
     from metering.counters import FailoverUsageCounter, RedisUsageCounter
+    from metering.figures import RedisFigureRecorder
 
     prefix = settings.REDIS_KEY_PREFIX
     limits = FailoverLimits(
@@ -200,30 +220,54 @@ def _stores(
         gateways=lambda: live.gateways_seen,
     )
     usage = FailoverUsageCounter(RedisUsageCounter(redis_client, prefix))
-    return limits, usage, None, RedisFailover(limits=limits, usage=usage)
+    figures = RedisFigureRecorder(redis_client, prefix)
+    return limits, usage, figures, None, RedisFailover(limits=limits, usage=usage)
 
 
-def _memory_usage_counter() -> tuple[UsageCounter, Callable[[], Awaitable[None]]]:
-    """Return the embedded usage counter, and the flush the gateway runs."""
+def _conversation_versions(redis_client: Any | None) -> ConversationVersions:
+    """Where conversations remember their version during a rollout: the region's
+    Redis (shared by its gateways), or this process without it."""
+    from routing.sticky import MemoryConversationVersions, RedisConversationVersions
+
+    if redis_client is None:
+        return MemoryConversationVersions()
+    return RedisConversationVersions(redis_client, settings.REDIS_KEY_PREFIX)
+
+
+def _memory_usage_counter() -> tuple[
+    UsageCounter, FigureRecorder, Callable[[], Awaitable[None]]
+]:
+    """Return the embedded usage counter and figures recorder, and the flush the
+    gateway runs (usage, then figures)."""
     from metering.counters import MemoryUsageCounter
-    from metering.services import flush_memory_usage
+    from metering.figures import MemoryFigureRecorder
+    from metering.services import flush_memory_figures, flush_memory_usage
 
     counter = MemoryUsageCounter()
+    figures = MemoryFigureRecorder()
     write = database_sync_to_async(flush_memory_usage)
+    write_figures = database_sync_to_async(flush_memory_figures)
+    region = settings.PLATFORM_REGION
 
     async def flush() -> None:
         entries = counter.drain()
-        if not entries:
-            return
-        try:
-            await write(entries=entries)
-        except Exception:
-            # Keep the counts for the next flush rather than lose them.
-            for key, counts in entries.items():
-                await counter.add(key, counts)
-            raise
+        if entries:
+            try:
+                await write(entries=entries)
+            except Exception:
+                # Keep the counts for the next flush rather than lose them.
+                for key, counts in entries.items():
+                    await counter.add(key, counts)
+                raise
+        sums = figures.drain(time.time())
+        if sums:
+            try:
+                await write_figures(entries=sums, region=region)
+            except Exception:
+                figures.restore(sums)
+                raise
 
-    return counter, flush
+    return counter, figures, flush
 
 
 def get_gateway() -> Gateway:

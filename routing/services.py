@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+from django.db.models import Q
+
 from accounts.models import ApiKey, Team, TeamLimit
 from engine_nodes.models import Replica
 from models_registry.models import Model, ModelVersion
@@ -62,12 +64,32 @@ def build_snapshot(*, region: str, default_policy: str) -> ConfigSnapshot:
             tokenizer_hash=version.tokenizer_hash,
             chat_template=version.chat_template,
         )
-    shadows = {
-        rollout.model_id: (labels.get(rollout.version_id), rollout.percent)
-        for rollout in Rollout.objects.filter(
-            decision=Decision.PENDING, stage=Stage.SHADOW
+    # One query for what the rollouts say: the pending ones (the memory of
+    # conversations begins with them; a begun shadow step copies requests), and
+    # the version a promotion replaced, loaded until its retention ends (its
+    # conversations may finish there: routing.domain.sticky).
+    shadows: dict[str, tuple[str | None, float]] = {}
+    retained: dict[str, str | None] = {}
+    pending: set[str] = set()
+    rows = Rollout.objects.filter(
+        Q(decision=Decision.PENDING)
+        | Q(
+            decision=Decision.PROMOTED,
+            retired_at=None,
+            previous_version__isnull=False,
         )
-    }
+    ).order_by("decided_at", "pk")
+    for rollout in rows:
+        if rollout.decision == Decision.PROMOTED:
+            retained[rollout.model_id] = labels.get(rollout.previous_version_id or 0)
+            continue
+        pending.add(rollout.model_id)
+        # A plan's step takes traffic once its replicas serve (step_started_at).
+        if rollout.stage == Stage.SHADOW and rollout.step_started_at is not None:
+            shadows[rollout.model_id] = (
+                labels.get(rollout.version_id),
+                rollout.percent,
+            )
     models = {}
     for model in Model.objects.all():
         shadow_version, shadow_percent = shadows.get(model.model, (None, 0.0))
@@ -79,6 +101,12 @@ def build_snapshot(*, region: str, default_policy: str) -> ConfigSnapshot:
             shadow_version=shadow_version,
             shadow_percent=shadow_percent,
             policy=default_policy,
+            rollout_pending=model.model in pending,
+            retained_version=(
+                retained.get(model.model)
+                if retained.get(model.model) != _label(labels, model.live_version_id)
+                else None
+            ),
         )
     replicas = tuple(
         ReplicaRecord(

@@ -1,27 +1,141 @@
 """Shadow traffic: a copy of a request sent to the version under test, answer discarded.
 
-Public surface: ``Shadow``.
+Public surface: ``Shadow``, ``ShadowAnswer``, ``read_shadow_answer``.
 
 A shadow copy never touches the caller's stream and never queues: when
 ``concurrency`` copies are in flight, further ones are skipped. Its outcome and
-time to first token are recorded per version (``platform_shadow_*``), so a
-rollout can compare the shadow with the live version before any user sees it.
+time to first token are recorded per version (``platform_shadow_*``), and its
+figures as role ``shadow`` (``metering.figures``): TTFT, output tokens, refusal,
+error kind, so that a rollout compares the shadow with the live version on the
+same traffic before any user sees it. The answer is off the caller's path, so it
+is parsed whole; nothing it does (an error, a timeout, a dead replica) reaches the
+caller, and ``copy`` never raises.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
 import aiohttp
 
 from metering import metrics
+from metering.domain.figures import Role, VersionFigures, one_request
+from metering.figures import FigureKey, FigureRecorder
+from routing.domain.refusals import HEAD_CHARS, RefusalDetector
 from routing.domain.snapshot import ConfigSnapshot
 from routing.live import LiveLoad
+from routing.relay import EVENT_END
 from routing.upstream import Upstream
 
-__all__ = ["Shadow"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["Shadow", "ShadowAnswer", "read_shadow_answer"]
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowAnswer:
+    """What a shadow answer was, read whole.
+
+    ``first_token_at`` is the clock at the first content event (the role chunk
+    included, as the relay counts it); ``output_tokens`` the usage chunk's, else
+    the content events with text; ``error_kind`` one of ``ERROR_KINDS`` or None
+    for a complete answer; ``text`` its first ``HEAD_CHARS`` characters.
+    """
+
+    first_token_at: float | None
+    output_tokens: int
+    error_kind: str | None
+    text: str
+
+    def figures(self, *, started: float, detector: RefusalDetector) -> VersionFigures:
+        """Return the answer's figures (TTFT from ``started``)."""
+        ttft = (
+            self.first_token_at - started if self.first_token_at is not None else None
+        )
+        if self.error_kind is not None:
+            return one_request(
+                ttft_s=ttft, output_tokens=None, error_kind=self.error_kind
+            )
+        return one_request(
+            ttft_s=ttft,
+            output_tokens=self.output_tokens,
+            refused=detector.is_refusal(self.text),
+        )
+
+
+async def read_shadow_answer(
+    chunks: AsyncIterator[bytes], clock: Callable[[], float]
+) -> ShadowAnswer:
+    """Read an engine's SSE stream to its end and return what it was.
+
+    Complete: ``[DONE]`` after content and no error event. An error event, a
+    failed read or an end without ``[DONE]`` is ``broken`` after the first
+    content event; before it, ``upstream`` (``timeout`` for a read that timed
+    out).
+    """
+    buffer = b""
+    first: float | None = None
+    events = 0
+    usage_tokens: int | None = None
+    text: list[str] = []
+    length = 0
+    iterator = aiter(chunks)
+    while True:
+        try:
+            chunk = await anext(iterator)
+        except StopAsyncIteration:
+            break
+        except TimeoutError:
+            return _failed(first, before="timeout")
+        except (aiohttp.ClientError, OSError):
+            return _failed(first)
+        buffer += chunk
+        *complete, buffer = buffer.split(EVENT_END)
+        for event in complete:
+            if not event:
+                continue
+            if event.startswith(b"data: [DONE]"):
+                if first is None:
+                    return _failed(None)
+                tokens = usage_tokens if usage_tokens is not None else events
+                return ShadowAnswer(first, tokens, None, "".join(text))
+            try:
+                data = json.loads(event.removeprefix(b"data: "))
+            except ValueError:
+                continue
+            if not isinstance(data, dict):
+                continue
+            if "error" in data:
+                return _failed(first)
+            choices = data.get("choices")
+            if not choices:
+                usage = data.get("usage")
+                if isinstance(usage, dict) and isinstance(
+                    usage.get("completion_tokens"), int
+                ):
+                    usage_tokens = usage["completion_tokens"]
+                continue
+            if first is None:
+                first = clock()
+            for choice in choices if isinstance(choices, list) else ():
+                delta = choice.get("delta") if isinstance(choice, dict) else None
+                content = delta.get("content") if isinstance(delta, dict) else None
+                if isinstance(content, str) and content:
+                    events += 1
+                    if length < HEAD_CHARS:
+                        text.append(content)
+                        length += len(content)
+    return _failed(first)
+
+
+def _failed(first: float | None, *, before: str = "upstream") -> ShadowAnswer:
+    """A failed answer: ``broken`` after its first content event, else ``before``."""
+    return ShadowAnswer(first, 0, "broken" if first is not None else before, "")
 
 
 class Shadow:
@@ -34,10 +148,16 @@ class Shadow:
         upstream: Upstream,
         region: str,
         concurrency: int,
+        figures: FigureRecorder | None = None,
+        detector: RefusalDetector | None = None,
+        bucket_s: int = 60,
     ) -> None:
         self.live = live
         self.upstream = upstream
         self.region = region
+        self.figures = figures
+        self.detector = detector or RefusalDetector()
+        self.bucket_s = bucket_s
         self._slots = asyncio.Semaphore(concurrency)
 
     async def copy(
@@ -47,9 +167,13 @@ class Shadow:
         model: str,
         version: str,
         payload: bytes,
+        conversation: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """Send ``payload`` to ``model@version``; read and discard the answer."""
+        """Send ``payload`` to ``model@version``; read the answer, record, discard.
+
+        Never raises: whatever the shadow does stays here.
+        """
         if self._slots.locked() or not self.upstream.is_open:
             return  # shadows never queue behind each other or the caller
         async with self._slots:
@@ -58,22 +182,35 @@ class Shadow:
                 return
             node = min(nodes, key=lambda n: n.tokens_in_flight)
             started = clock()
-            first: float | None = None
-            outcome = "ok"
             try:
                 async with await self.upstream.chat(node.url, payload) as response:
-                    async for _ in response.content.iter_any():
-                        if first is None:
-                            first = clock()
                     if response.status != 200:
-                        outcome = "error"
-            except (TimeoutError, aiohttp.ClientError, OSError):
-                outcome = "error"
-                first = None
+                        answer = ShadowAnswer(None, 0, "upstream", "")
+                    else:
+                        answer = await read_shadow_answer(
+                            response.content.iter_any(), clock
+                        )
+            except TimeoutError:
+                answer = ShadowAnswer(None, 0, "timeout", "")
+            except (aiohttp.ClientError, OSError):
+                answer = ShadowAnswer(None, 0, "upstream", "")
+            except Exception as exc:
+                # A bug here must not surface anywhere near the caller either.
+                logger.warning("shadow copy failed: %s", type(exc).__name__)
+                answer = ShadowAnswer(None, 0, "error", "")
+            first = answer.first_token_at
             metrics.observe_shadow(
                 model=model,
                 version=version,
                 region=self.region,
-                outcome=outcome,
+                outcome="ok" if answer.error_kind is None else "error",
                 ttft_s=(first - started) if first is not None else None,
             )
+            if self.figures is not None:
+                await self.figures.add(
+                    FigureKey.from_time(
+                        model, version, Role.SHADOW, time.time(), self.bucket_s
+                    ),
+                    answer.figures(started=started, detector=self.detector),
+                    conversation,
+                )

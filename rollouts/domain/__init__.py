@@ -1,1 +1,1 @@
-"""Pure rules for rollouts: stages, allowed steps and (later) guard comparisons."""
+"""Pure rules for rollouts: stages, plans and their state machine, guard comparisons."""

@@ -75,6 +75,12 @@ class ModelRecord:
     shadow_version: str | None
     shadow_percent: float
     policy: str = "prefix_affinity"
+    # The version the alias left at a promotion, still loaded through its
+    # retention: conversations that started on it may finish there.
+    retained_version: str | None = None
+    # A rollout of the model is running (any stage, begun or not): conversations
+    # remember their version from then on (routing.domain.sticky).
+    rollout_pending: bool = False
 
 
 @dataclass(frozen=True, slots=True)

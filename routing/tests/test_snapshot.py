@@ -77,6 +77,39 @@ def test_snapshot_carries_limits_aliases_canary_and_shadow(
     assert model.shadow_version is None
 
 
+def test_snapshot_says_when_a_rollout_runs_and_which_old_version_is_kept(
+    chat_v1: ModelVersion,
+) -> None:
+    from models_registry import services as registry
+    from rollouts import plans
+    from rollouts.domain.plan import Decision
+    from rollouts.models import Rollout
+
+    rollouts.set_alias(model_id="chat-7b", version="v1")
+    accept(
+        registry.register_version(
+            model_id="chat-7b", **version_body(weights_hash=digest("v2"))
+        )
+    )
+    model = build_snapshot(region="local", default_policy="x").models["chat-7b"]
+    assert (model.rollout_pending, model.retained_version) == (False, None)
+    rollout = plans.start_plan(model_id="chat-7b", version="v2", now=timezone.now())
+    model = build_snapshot(region="local", default_policy="x").models["chat-7b"]
+    assert (model.rollout_pending, model.retained_version) == (True, None)
+    # Promoted: v2 is live, v1 kept (and routable) until it is retired.
+    Rollout.objects.filter(pk=rollout.pk).update(decision=Decision.PROMOTED)
+    rollouts.set_alias(model_id="chat-7b", version="v2")
+    Rollout.objects.filter(pk=rollout.pk).update(
+        decision=Decision.PROMOTED, decided_at=timezone.now()
+    )
+    model = build_snapshot(region="local", default_policy="x").models["chat-7b"]
+    assert (model.live_version, model.retained_version) == ("v2", "v1")
+    assert model.rollout_pending is False
+    Rollout.objects.filter(pk=rollout.pk).update(retired_at=timezone.now())
+    model = build_snapshot(region="local", default_policy="x").models["chat-7b"]
+    assert model.retained_version is None
+
+
 def test_snapshot_lists_live_replicas_of_its_region(chat_v1: ModelVersion) -> None:
     now = timezone.now()
     ReplicaFactory(version=chat_v1, region="local", last_heartbeat=now)

@@ -70,4 +70,5 @@ def test_stage_and_decision_values() -> None:
         "promoted",
         "rolled_back",
         "superseded",
+        "aborted",
     ]
