@@ -46,6 +46,11 @@ urlpatterns = [
         name="admin-model-rollout",
     ),
     path(
+        "models/<str:model>/rollout_plan",
+        rollouts.RolloutPlanView.as_view(),
+        name="admin-model-rollout-plan",
+    ),
+    path(
         "models/<str:model>/alias",
         rollouts.AliasView.as_view(),
         name="admin-model-alias",

@@ -10,7 +10,7 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from engine_nodes import autoscaling, gates, services
+from engine_nodes import autoscaling, gates, rollout_guard, services
 
 
 @shared_task(
@@ -48,6 +48,14 @@ def run_gates(version_id: int, attempt: int) -> str:
     """Run one attempt at a version's gates (``engine_nodes.gates``); return its
     status after. Queued by ``models_registry.services.start_gates``."""
     return gates.run_gates(version_id, attempt)
+
+
+@shared_task(name="engine_nodes.guard_rollouts", acks_late=True, ignore_result=True)
+def guard_rollouts() -> dict[int, str]:
+    """Run one tick of the rollout guards (``engine_nodes.rollout_guard``); return
+    each evaluated rollout's action. A redelivered tick evaluates again: each
+    action is taken under a lock on the rollout at the step it evaluated."""
+    return rollout_guard.guard_rollouts(now=timezone.now()).actions
 
 
 @contextlib.contextmanager

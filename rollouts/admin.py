@@ -17,12 +17,12 @@ from django.db.models import ForeignKey
 from django.http import HttpRequest
 from django.utils import timezone
 
-from config.errors import InvalidRequest
+from config.errors import InvalidRequest, PlatformError
 from models_registry.admin import ReadOnlyAdmin, ServiceAddForm, VersionInline
 from models_registry.domain.gates import TRAFFIC_STATUSES
 from models_registry.models import Model, ModelVersion
-from rollouts import services
-from rollouts.models import Rollout, VersionOverride
+from rollouts import plans, services
+from rollouts.models import GuardEvaluation, Rollout, VersionOverride
 
 
 class RolloutAddForm(ServiceAddForm):
@@ -50,17 +50,59 @@ class RolloutAddForm(ServiceAddForm):
         )
 
 
+class GuardEvaluationInline(admin.TabularInline):
+    """The guards' evaluations of a rollout, newest first: why it moved or held."""
+
+    model = GuardEvaluation
+    fields = ("at", "step", "stage", "percent", "action", "reason")
+    readonly_fields = fields
+    extra = 0
+    max_num = 0
+    can_delete = False
+    ordering = ("-at", "-id")
+    show_change_link = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+def _control(action: plans.Controls) -> Any:
+    def run(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: Any) -> None:
+        done = 0
+        for rollout in queryset.filter(decision="pending"):
+            try:
+                plans.control(
+                    rollout.model_id,
+                    action,
+                    by=f"console:{request.user}",
+                    now=timezone.now(),
+                )
+                done += 1
+            except PlatformError as exc:
+                modeladmin.message_user(request, exc.message, level="error")
+        modeladmin.message_user(request, f"{action.value}: {done} rollout(s)")
+
+    run.__name__ = f"rollout_{action.value}"
+    run.short_description = f"{action.value.capitalize()} the selected running rollouts"  # type: ignore[attr-defined]
+    return run
+
+
 @admin.register(Rollout)
 class RolloutAdmin(admin.ModelAdmin):
     """Rollouts, newest first: stage, share, guard readings and decision."""
 
     form = RolloutAddForm
+    inlines = (GuardEvaluationInline,)
+    actions = [_control(c) for c in plans.Controls]
     list_display = (
         "model",
         "version",
         "stage",
         "percent",
+        "step",
+        "paused",
         "decision",
+        "reason",
         "started_at",
         "decided_at",
     )
@@ -68,6 +110,10 @@ class RolloutAdmin(admin.ModelAdmin):
     search_fields = ("model__model", "version__version")
     list_select_related = ("model", "version")
     date_hierarchy = "started_at"
+
+    def get_inlines(self, request: HttpRequest, obj: Any = None) -> Any:
+        # A rollout being added has no evaluations yet.
+        return self.inlines if obj is not None else ()
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         if obj is None:
@@ -80,6 +126,15 @@ class RolloutAdmin(admin.ModelAdmin):
             "started_at",
             "decision",
             "decided_at",
+            "reason",
+            "plan",
+            "step",
+            "step_started_at",
+            "paused",
+            "approved_step",
+            "previous_version",
+            "retire_after",
+            "retired_at",
             "guard_metrics",
         )
 
@@ -116,10 +171,23 @@ class ServedModelAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         # The name is the primary key: editing it would save a second model. The
         # canary moves only through rollouts (PUT .../rollout or the Rollout page).
-        # The gate settings are checked by the API (PUT .../gate_config) only.
+        # The gate settings and the rollout plan are checked by the API (PUT
+        # .../gate_config, PUT .../rollout_plan) only.
         if obj is None:
-            return ("live_version", "canary_version", "canary_percent", "gate_config")
-        return ("model", "canary_version", "canary_percent", "gate_config")
+            return (
+                "live_version",
+                "canary_version",
+                "canary_percent",
+                "gate_config",
+                "rollout_plan",
+            )
+        return (
+            "model",
+            "canary_version",
+            "canary_percent",
+            "gate_config",
+            "rollout_plan",
+        )
 
     def save_model(
         self,
@@ -169,4 +237,16 @@ class VersionOverrideAdmin(ReadOnlyAdmin):
     list_filter = ("action", "model")
     search_fields = ("model__model", "version__version", "by", "reason")
     list_select_related = ("version",)
+    date_hierarchy = "at"
+
+
+@admin.register(GuardEvaluation)
+class GuardEvaluationAdmin(ReadOnlyAdmin):
+    """Every tick of the rollout guards: the comparison and what it decided, and
+    why. Written by the guard task (``engine_nodes.rollout_guard``)."""
+
+    list_display = ("at", "rollout", "stage", "percent", "action", "reason")
+    list_filter = ("action", "stage", "rollout__model")
+    search_fields = ("rollout__model__model", "rollout__version__version", "reason")
+    list_select_related = ("rollout__version",)
     date_hierarchy = "at"

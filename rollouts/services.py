@@ -42,7 +42,7 @@ class Override:
     reason: str
 
 
-def _admit(
+def admit(
     candidate: ModelVersion,
     *,
     action: str,
@@ -132,7 +132,7 @@ def set_rollout(
             and pending.percent == percent
         ):
             return pending
-        _admit(
+        admit(
             candidate,
             action="rollout",
             override=override,
@@ -145,7 +145,14 @@ def set_rollout(
                 decision=Decision.SUPERSEDED, decided_at=now
             )
         rollout = Rollout.objects.create(
-            model=model, version=candidate, stage=stage, percent=percent, started_at=now
+            model=model,
+            version=candidate,
+            stage=stage,
+            percent=percent,
+            started_at=now,
+            # A stage set by hand takes traffic at once; the guards watch it.
+            step_started_at=now,
+            previous_version_id=model.live_version_id,
         )
         if stage == Stage.CANARY:
             model.canary_version = candidate
@@ -172,7 +179,7 @@ def set_alias(
         model = get_model(model_id, for_update=True)
         target = get_version(model_id, version)
         if target.pk != model.live_version_id:
-            _admit(target, action="alias", override=override, now=timezone.now())
+            admit(target, action="alias", override=override, now=timezone.now())
         previous = model.live_version
         if previous is not None and previous.pk != target.pk:
             # Back to what its gates said (an override may have sent it live).
@@ -247,4 +254,19 @@ def rollout_dict(rollout: Rollout) -> dict[str, Any]:
         "guard_metrics": rollout.guard_metrics,
         "decision": rollout.decision,
         "decided_at": rollout.decided_at.isoformat() if rollout.decided_at else None,
+        "plan": rollout.plan,
+        "step": rollout.step,
+        "step_started_at": _iso(rollout.step_started_at),
+        "paused": rollout.paused,
+        "approved_step": rollout.approved_step,
+        "reason": rollout.reason,
+        "previous_version": (
+            rollout.previous_version.version if rollout.previous_version else None
+        ),
+        "retire_after": _iso(rollout.retire_after),
+        "retired_at": _iso(rollout.retired_at),
     }
+
+
+def _iso(at: datetime | None) -> str | None:
+    return at.isoformat() if at else None

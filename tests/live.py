@@ -138,6 +138,7 @@ def start_platform(
     guaranteed_shares: Mapping[str, float] | None = None,
     autoscaler: bool = False,
     extra_models: Sequence[ModelSeed] = (),
+    version_configs: Mapping[str, Mapping[str, Any]] | None = None,
     **env_overrides: str,
 ) -> Iterator[LivePlatform]:
     """Run a platform with ``pools`` ({version: replicas}) of chat-7b in region e2e.
@@ -153,6 +154,8 @@ def start_platform(
     runs the version gates too (queue ``gates``, through this gateway).
     ``extra_models`` are seeded beside chat-7b (a judge model, say), their versions
     live and their pools started like chat-7b's; the teams may call them.
+    ``version_configs`` ({label: engine_config}) is merged into one version's
+    config (``sim_degraded`` for a broken version, say).
     """
     test_name = connection.settings_dict.get("TEST", {}).get("NAME")
     name = str(connection.settings_dict["NAME"])
@@ -177,6 +180,7 @@ def start_platform(
                                 engine_config={
                                     **VERSION_BODY["engine_config"],
                                     **(engine_config or {}),
+                                    **(version_configs or {}).get(label, {}),
                                 },
                             ),
                             min_replicas=count,

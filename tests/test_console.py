@@ -26,7 +26,7 @@ from accounts.domain.keys import hash_secret
 from accounts.models import AdminToken, ApiKey, Team, TeamLimit
 from engine_nodes import services as node_services
 from engine_nodes.models import Node, Replica, ScalingDecision
-from metering.models import Usage
+from metering.models import Usage, VersionFigure
 from models_registry import services as registry_services
 from models_registry.domain.identity import sha256_text
 from models_registry.models import (
@@ -39,7 +39,7 @@ from models_registry.models import (
     VersionRegion,
 )
 from rollouts import services as rollout_services
-from rollouts.models import Rollout, VersionOverride
+from rollouts.models import GuardEvaluation, Rollout, VersionOverride
 from tests.factories import (
     ReplicaFactory,
     TeamFactory,
@@ -69,6 +69,8 @@ CONSOLE_MODELS: list[type[DjangoModel]] = [
     VersionRegion,
     EvalSet,
     VersionOverride,
+    VersionFigure,
+    GuardEvaluation,
 ]
 # Usage is written by the gateway's flush only, nodes by their agents, decisions by
 # the autoscaler, gate runs and region copies by the gates, overrides by the
@@ -76,6 +78,8 @@ CONSOLE_MODELS: list[type[DjangoModel]] = [
 # may not add rows.
 NO_ADD_PAGE = {
     Usage,
+    VersionFigure,
+    GuardEvaluation,
     Node,
     ScalingDecision,
     PoolSchedule,
@@ -184,6 +188,31 @@ def rows(team: Team, chat_v1: ModelVersion) -> dict[type[DjangoModel], DjangoMod
         reason="the eval set is being rebuilt",
         at=timezone.now(),
     )
+    figure = VersionFigure.objects.create(
+        model=chat_v1.model,
+        version=chat_v1.version,
+        role="canary",
+        region="local",
+        bucket_start=minute_ago(),
+        bucket_s=60,
+        requests=3,
+        answered=3,
+        refusals=1,
+        output_tokens=90,
+        conversations=2,
+        errors={},
+        ttft={"40": 3},
+        output={"40": 3},
+    )
+    evaluation = GuardEvaluation.objects.create(
+        rollout=rollout,
+        at=timezone.now(),
+        step=0,
+        stage="canary",
+        percent=1.0,
+        action="continue",
+        reason="the step has run 5 s of its 600 s",
+    )
     return {
         Team: team,
         TeamLimit: limit,
@@ -202,6 +231,8 @@ def rows(team: Team, chat_v1: ModelVersion) -> dict[type[DjangoModel], DjangoMod
         VersionRegion: region_copy,
         EvalSet: eval_set,
         VersionOverride: override,
+        VersionFigure: figure,
+        GuardEvaluation: evaluation,
     }
 
 

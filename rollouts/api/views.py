@@ -16,14 +16,16 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from config.api import ControlPlaneView, ErrorSerializer, admin_name, validated
+from config.errors import InvalidRequest
 from models_registry import services as registry
 from models_registry.api.serializers import ModelCreateSerializer
 from models_registry.models import Model
-from rollouts import services
+from rollouts import plans, services
 from rollouts.api.serializers import (
     AliasSerializer,
     ModelDetailSerializer,
     RolloutOutSerializer,
+    RolloutPlanSerializer,
     RolloutSerializer,
     RolloutStateSerializer,
 )
@@ -87,33 +89,90 @@ class AliasView(ControlPlaneView):
 
 
 class RolloutView(ControlPlaneView):
-    """Read the pending rollout, or set one (seed: PUT /admin/models/{model}/rollout)."""
+    """Read the rollout, or set one (seed: PUT /admin/models/{model}/rollout).
+
+    PUT takes a stage set by hand, a plan that runs itself, or an action on the
+    running rollout (``RolloutSerializer``).
+    """
 
     @extend_schema(responses={200: RolloutStateSerializer})
     def get(self, request: Request, model: str) -> Response:
-        registry.get_model(model)
-        rows = Rollout.objects.filter(model_id=model).select_related("version")[:50]
+        found = registry.get_model(model)
+        rows = list(
+            Rollout.objects.filter(model_id=model).select_related(
+                "version", "previous_version"
+            )[:50]
+        )
         pending = next((r for r in rows if r.decision == Decision.PENDING), None)
+        newest = pending or (rows[0] if rows else None)
         return Response(
             {
                 "pending": services.rollout_dict(pending) if pending else None,
                 "history": [services.rollout_dict(r) for r in rows],
+                "plan": plans.model_plan(found).to_json(),
+                "evaluations": plans.evaluations(newest) if newest else [],
             }
         )
 
     @extend_schema(
         request=RolloutSerializer,
-        # 409: the version is live already, not ready (its gates have not passed)
-        # or retired.
-        responses={200: RolloutOutSerializer, 409: ErrorSerializer},
+        # 404: an action with no rollout running. 409: the version is live
+        # already, not ready (its gates have not passed) or retired; or an action
+        # a stage set by hand cannot take.
+        responses={
+            200: RolloutOutSerializer,
+            404: ErrorSerializer,
+            409: ErrorSerializer,
+        },
     )
     def put(self, request: Request, model: str) -> Response:
         body = validated(RolloutSerializer, request.data)
-        override = _override(request, body.pop("override", None))
-        rollout = services.set_rollout(
-            model_id=model, now=timezone.now(), override=override, **body
+        now = timezone.now()
+        if "action" in body:
+            rollout = plans.control(
+                model, body["action"], by=admin_name(request), now=now
+            )
+        elif "plan" in body:
+            rollout = plans.start_plan(
+                model_id=model,
+                version=body["version"],
+                now=now,
+                plan=body["plan"],
+                override=_override(request, body.get("override")),
+            )
+        else:
+            override = _override(request, body.pop("override", None))
+            rollout = services.set_rollout(
+                model_id=model,
+                now=now,
+                override=override,
+                version=body["version"],
+                stage=body["stage"],
+                percent=body["percent"],
+            )
+        rollout = Rollout.objects.select_related("version", "previous_version").get(
+            pk=rollout.pk
         )
         return Response(services.rollout_dict(rollout))
+
+
+class RolloutPlanView(ControlPlaneView):
+    """A model's rollout plan: its steps and minimums, retention, guard thresholds."""
+
+    @extend_schema(responses={200: RolloutPlanSerializer})
+    def get(self, request: Request, model: str) -> Response:
+        return Response(plans.model_plan(registry.get_model(model)).to_json())
+
+    @extend_schema(
+        request=RolloutPlanSerializer,
+        responses={200: RolloutPlanSerializer, 400: ErrorSerializer},
+    )
+    def put(self, request: Request, model: str) -> Response:
+        data = request.data
+        if not isinstance(data, dict):
+            raise InvalidRequest("a rollout plan is a JSON object", param="plan")
+        registry.get_model(model)
+        return Response(plans.set_model_plan(model, data).to_json())
 
 
 def _override(

@@ -1,0 +1,204 @@
+"""The rollout guards' live loop: begin steps, evaluate, retire, release pools.
+
+Public surface: ``guard_rollouts``, ``candidate_serves``, ``release_pools``.
+
+The rollouts app decides (``rollouts.plans``, on the pure ``rollouts.domain``);
+this module, beside the node agents whose replicas it counts, runs one tick of it
+for every pending rollout (Celery beat, ``engine_nodes.guard_rollouts``):
+
+1. versions past their retention after a promotion are retired;
+2. the figures the gateways recorded are flushed, so the guards read the last
+   bucket too;
+3. a step that waits for its candidate's replicas begins once they serve (or the
+   rollout is aborted past ``PLATFORM_ROLLOUT_CAPACITY_TIMEOUT_S``);
+4. every begun step is evaluated and acted on (continue, advance, hold, roll back);
+5. pools nothing sends traffic to any more (retired versions, rolled-back or
+   aborted candidates) are released: their replicas drain (streams finish, then
+   they stop) and the pool row goes.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+import redis
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+
+from engine_nodes.domain.liveness import ReplicaState, is_silent
+from engine_nodes.models import Replica
+from metering import services as metering
+from metering.domain.figures import VersionFigures
+from models_registry.domain.identity import VersionStatus
+from models_registry.models import Model, ModelVersion, Pool
+from rollouts import plans
+from rollouts.domain.plan import Decision
+from rollouts.models import Rollout
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["GuardTick", "candidate_serves", "guard_rollouts", "release_pools"]
+
+
+@dataclass(slots=True)
+class GuardTick:
+    """What one tick did, for the task's log and the tests."""
+
+    retired: list[str] = field(default_factory=list)
+    begun: list[int] = field(default_factory=list)
+    aborted: list[int] = field(default_factory=list)
+    actions: dict[int, str] = field(default_factory=dict)
+    released: list[str] = field(default_factory=list)
+
+
+def _figures(model: str, version: str, role: str, since: datetime) -> VersionFigures:
+    return metering.version_figures(
+        model_id=model, version=version, role=role, since=since
+    )
+
+
+def candidate_serves(version: ModelVersion, *, now: datetime) -> bool:
+    """Return True when ``version`` has a serving, beating replica in every region
+    where it has a pool (and has at least one pool)."""
+    regions = set(Pool.objects.filter(version=version).values_list("region", flat=True))
+    if not regions:
+        return False
+    beat_s = settings.PLATFORM_HEARTBEAT_DB_S
+    missed = settings.PLATFORM_MISSED_BEATS
+    serving = {
+        r.region
+        for r in Replica.objects.filter(
+            version=version, state=ReplicaState.SERVING, region__in=regions
+        )
+        if not is_silent(r.last_heartbeat, now, beat_s, missed)
+    }
+    return serving >= regions
+
+
+def guard_rollouts(
+    *,
+    now: datetime,
+    flush: bool = True,
+    figures: plans.FiguresReader | None = None,
+) -> GuardTick:
+    """Run one tick of every rollout's guards (see the module docstring).
+
+    ``figures`` reads a version's figures (default: ``version_figures`` from the
+    database, flushed from Redis first unless ``flush`` is False).
+    """
+    tick = GuardTick(retired=plans.retire_expired(now=now))
+    if flush and settings.REDIS_URL:
+        try:
+            with redis.Redis.from_url(settings.REDIS_URL, socket_timeout=10) as client:
+                metering.flush_redis_figures(
+                    client=client,
+                    prefix=settings.REDIS_KEY_PREFIX,
+                    region=settings.PLATFORM_REGION,
+                    now=now,
+                )
+        except Exception:
+            # Guards then read what reached the database; the next tick flushes.
+            logger.warning("flushing the figures failed", exc_info=True)
+    timeout = timedelta(seconds=settings.PLATFORM_ROLLOUT_CAPACITY_TIMEOUT_S)
+    pending = Rollout.objects.filter(decision=Decision.PENDING).select_related(
+        "version"
+    )
+    for rollout in pending:
+        if rollout.step_started_at is None:
+            if candidate_serves(rollout.version, now=now):
+                if plans.begin_step(rollout.pk, now=now):
+                    tick.begun.append(rollout.pk)
+            elif now - rollout.started_at > timeout:
+                plans.control(
+                    rollout.model_id,
+                    plans.Controls.ABORT,
+                    by=f"the guards: {rollout.version.ref} had no serving replica "
+                    f"in every region of its pools within "
+                    f"{timeout.total_seconds():g} s",
+                    now=now,
+                )
+                tick.aborted.append(rollout.pk)
+            continue
+        evaluation = plans.guard_tick(rollout.pk, now=now, figures=figures or _figures)
+        if evaluation is not None:
+            tick.actions[rollout.pk] = evaluation.action
+            logger.info(
+                "rollout %s of %s at %s %g%%: %s",
+                rollout.pk,
+                rollout.version.ref,
+                evaluation.stage,
+                evaluation.percent,
+                evaluation.action,
+            )
+    tick.released = release_pools(now=now)
+    return tick
+
+
+def _released_versions(now: datetime) -> list[ModelVersion]:
+    """Versions with pools that nothing sends traffic to any more.
+
+    Only once every gateway has had time to notice (a few snapshot refreshes
+    after the rollback, abort or retirement): until then one may still send a
+    conversation's next turn there, and a drained pool would answer it 503.
+    """
+    settled = now - timedelta(seconds=4 * settings.PLATFORM_SNAPSHOT_REFRESH_S)
+    in_use: set[int] = set()
+    for live, canary in Model.objects.values_list(
+        "live_version_id", "canary_version_id"
+    ):
+        in_use.update(v for v in (live, canary) if v is not None)
+    in_use.update(
+        Rollout.objects.filter(decision=Decision.PENDING).values_list(
+            "version_id", flat=True
+        )
+    )
+    # Kept loaded through their retention after a promotion (a rollback target,
+    # and where their conversations finish), and a little past it.
+    in_use.update(
+        v
+        for v in Rollout.objects.filter(decision=Decision.PROMOTED)
+        .filter(Q(retired_at=None) | Q(retired_at__gt=settled))
+        .values_list("previous_version_id", flat=True)
+        if v is not None
+    )
+    candidates = (
+        ModelVersion.objects.filter(pools__staging=False)
+        .exclude(pk__in=in_use)
+        .distinct()
+    )
+    released = []
+    for version in candidates:
+        if version.status == VersionStatus.RETIRED:
+            released.append(version)
+            continue
+        last = Rollout.objects.filter(version=version).order_by("-started_at").first()
+        if (
+            last is not None
+            and last.decision in (Decision.ROLLED_BACK, Decision.ABORTED)
+            and last.decided_at is not None
+            and last.decided_at <= settled
+        ):
+            released.append(version)
+    return released
+
+
+def release_pools(*, now: datetime) -> list[str]:
+    """Drain and remove the pools of versions nothing routes to; return their refs.
+
+    Their replicas are marked draining: they leave the ring at once, their open
+    streams finish (or end at the drain deadline with an error event), then their
+    agents stop them. A pool the gates are using (staging) is never touched.
+    """
+    refs = []
+    for version in _released_versions(now):
+        with transaction.atomic():
+            Replica.objects.filter(version=version).exclude(
+                Q(state=ReplicaState.GONE) | Q(state=ReplicaState.DRAINING)
+            ).update(state=ReplicaState.DRAINING)
+            Pool.objects.filter(version=version, staging=False).delete()
+        refs.append(version.ref)
+        logger.info("pools of %s released: nothing routes to it", version.ref)
+    return refs

@@ -1,0 +1,529 @@
+"""Rollouts that run themselves: start a plan, one guard tick, admin controls, retention.
+
+Public surface: ``start_plan``, ``begin_step``, ``guard_tick``, ``control``,
+``retire_expired``, ``candidate_role``, ``plan_of``, ``model_plan``,
+``set_model_plan``, ``Controls``.
+
+The decisions are pure (``rollouts.domain.plan.decide_step`` and
+``rollouts.domain.guards.compare``, which the fleet simulator's drill calls too);
+this module gathers what they read (the figures the gateways recorded, flushed to
+``version_figures``), stores every evaluation (``guard_metrics``) and acts:
+
+- **advance**: the next step's share, by the same conversation split (raising a
+  canary's percent only moves conversations onto it, never back);
+- **promote**: the alias points at the candidate; the old version stays loaded
+  (``ready``, its pools untouched) until ``retire_after``;
+- **roll back**: the canary share goes to zero (one change: the alias still points
+  at the old version, which never stopped serving); the candidate is rejected with
+  the figures that tripped, and its pools are released by the node agents'
+  sweep (``engine_nodes.pool_release``).
+
+A step takes traffic only once the candidate has a serving replica in every region
+where its pool is (``begin_step``, called by the guard task with what the agents
+report): a canary share sent to a pool still starting would fail its conversations.
+Serving replicas are the node agents' to count, so the task that calls this module
+lives with them (``engine_nodes.rollout_guard``).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+
+from config.errors import Conflict, InvalidRequest, NotFound
+from metering.domain.figures import Role, VersionFigures
+from models_registry.domain.identity import VersionStatus
+from models_registry.models import Model, ModelVersion, Pool
+from models_registry.services import get_model, get_version, status_after_live
+from rollouts.domain.guards import GuardReport, baseline_roles, compare
+from rollouts.domain.plan import (
+    DEFAULT_PLAN,
+    Decision,
+    GuardAction,
+    PlanError,
+    PlanState,
+    RolloutPlan,
+    Stage,
+    StepDecision,
+    decide_manual,
+    decide_step,
+    parse_plan,
+)
+from rollouts.models import GuardEvaluation, Rollout
+from rollouts.services import Override, admit
+
+__all__ = [
+    "Controls",
+    "FiguresReader",
+    "begin_step",
+    "candidate_role",
+    "control",
+    "ensure_candidate_pools",
+    "evaluations",
+    "guard_tick",
+    "model_plan",
+    "plan_of",
+    "retire_expired",
+    "set_model_plan",
+    "start_plan",
+]
+
+# What reads a version's figures: (model, version label, role, since) -> figures.
+FiguresReader = Callable[[str, str, str, datetime], VersionFigures]
+
+
+class Controls(enum.StrEnum):
+    """What an admin may do to a running rollout."""
+
+    PAUSE = "pause"
+    RESUME = "resume"
+    APPROVE = "approve"
+    ABORT = "abort"
+
+
+def _plan_or_400(data: Mapping[str, Any], *, prefix: str = "plan") -> RolloutPlan:
+    try:
+        return parse_plan(data)
+    except PlanError as exc:
+        param, message = exc.problems[0]
+        raise InvalidRequest(
+            f"{prefix}.{param} {message}", param=f"{prefix}.{param}"
+        ) from None
+
+
+def model_plan(model: Model) -> RolloutPlan:
+    """Return the model's rollout plan (its stored one, else the default)."""
+    if not model.rollout_plan:
+        return DEFAULT_PLAN
+    try:
+        return parse_plan(model.rollout_plan)
+    except PlanError:
+        # Stored through set_model_plan, so valid when written; a plan the code
+        # no longer accepts falls back to the default rather than stopping every
+        # rollout of the model.
+        return DEFAULT_PLAN
+
+
+def set_model_plan(model_id: str, data: Mapping[str, Any]) -> RolloutPlan:
+    """Validate and store the model's rollout plan; an empty body resets it."""
+    plan = _plan_or_400(data) if data else DEFAULT_PLAN
+    with transaction.atomic():
+        model = get_model(model_id, for_update=True)
+        model.rollout_plan = plan.to_json() if data else {}
+        model.save(update_fields=["rollout_plan", "updated_at"])
+    return plan
+
+
+def plan_of(rollout: Rollout) -> RolloutPlan | None:
+    """Return the plan a rollout follows; None for a stage set by hand."""
+    if rollout.plan is None:
+        return None
+    return parse_plan(rollout.plan)
+
+
+def candidate_role(stage: str) -> Role:
+    """Return the figures' role of a candidate at ``stage``."""
+    return Role.SHADOW if stage == Stage.SHADOW else Role.CANARY
+
+
+def start_plan(
+    *,
+    model_id: str,
+    version: str,
+    now: datetime,
+    plan: Mapping[str, Any] | None = None,
+    override: Override | None = None,
+) -> Rollout:
+    """Start ``version`` on a plan (``plan``, else the model's): its first step.
+
+    The candidate gets a pool in every region where the live version has one,
+    sized for the step's share of the live pool (the autoscaler sizes it from
+    there). Its traffic begins once it serves (``begin_step``). A pending rollout
+    is superseded. Refused like ``set_rollout``: 409 for the live version or one
+    that is not ready (unless ``override``), 400 for an invalid plan.
+    """
+    with transaction.atomic():
+        model = get_model(model_id, for_update=True)
+        chosen = _plan_or_400(plan) if plan else model_plan(model)
+        candidate = get_version(model_id, version)
+        if candidate.pk == model.live_version_id:
+            raise Conflict(
+                f"{candidate.ref} is already live; a rollout needs another version",
+                param="version",
+                code="version_is_live",
+            )
+        first = chosen.steps[0]
+        admit(
+            candidate,
+            action="rollout",
+            override=override,
+            now=now,
+            stage=first.stage.value,
+            percent=first.percent,
+        )
+        Rollout.objects.filter(model=model, decision=Decision.PENDING).update(
+            decision=Decision.SUPERSEDED, decided_at=now
+        )
+        rollout = Rollout.objects.create(
+            model=model,
+            version=candidate,
+            stage=first.stage.value,
+            percent=first.percent,
+            started_at=now,
+            plan=chosen.to_json(),
+            step=0,
+            step_started_at=None,
+            previous_version_id=model.live_version_id,
+            reason="waiting for the candidate's replicas to serve",
+        )
+        model.canary_version = None
+        model.canary_percent = 0.0
+        model.save(update_fields=["canary_version", "canary_percent", "updated_at"])
+        ensure_candidate_pools(model, candidate, percent=first.percent)
+    return rollout
+
+
+def ensure_candidate_pools(
+    model: Model, candidate: ModelVersion, *, percent: float
+) -> None:
+    """Give the candidate a pool beside each of the live version's, sized for
+    ``percent`` of it: extra capacity, the live pool is never drained for it.
+
+    An existing pool (one the gates kept, or an admin's) keeps its settings; only
+    its bounds grow to reach the share.
+    """
+    if model.live_version_id is None:
+        return
+    for live in Pool.objects.filter(version_id=model.live_version_id, staging=False):
+        share = max(1, math.ceil(live.target_replicas * percent / 100.0))
+        pool = Pool.objects.filter(version=candidate, region=live.region).first()
+        if pool is None:
+            Pool.objects.create(
+                model=model,
+                version=candidate,
+                region=live.region,
+                min_replicas=1,
+                max_replicas=max(1, live.max_replicas),
+                desired_replicas=min(share, max(1, live.max_replicas)),
+                warm_floor=0,
+                target_utilisation=live.target_utilisation,
+                scale_down_utilisation=live.scale_down_utilisation,
+                stable_window_s=live.stable_window_s,
+                panic_window_s=live.panic_window_s,
+                panic_factor=live.panic_factor,
+                scale_down_interval_s=live.scale_down_interval_s,
+            )
+            continue
+        changed = []
+        if pool.min_replicas < 1:
+            # However quiet it is, a candidate taking traffic keeps a replica.
+            pool.min_replicas = 1
+            changed.append("min_replicas")
+        if pool.staging:
+            pool.staging = False
+            changed.append("staging")
+        if pool.max_replicas < live.max_replicas:
+            pool.max_replicas = live.max_replicas
+            changed.append("max_replicas")
+        if (pool.desired_replicas or pool.min_replicas) < share:
+            pool.desired_replicas = min(share, pool.max_replicas)
+            changed.append("desired_replicas")
+        if changed:
+            pool.save(update_fields=changed)
+
+
+def _apply_traffic(model: Model, rollout: Rollout) -> None:
+    """Point the model's canary fields at the rollout's step (shadow: none)."""
+    if rollout.stage == Stage.CANARY:
+        model.canary_version_id = rollout.version_id
+        model.canary_percent = rollout.percent
+    else:
+        model.canary_version = None
+        model.canary_percent = 0.0
+    model.save(update_fields=["canary_version", "canary_percent", "updated_at"])
+
+
+def begin_step(rollout_id: int, *, now: datetime) -> bool:
+    """Start the traffic of a rollout's step that waits for its replicas; True if
+    it began. Call once the candidate serves in every region of its pools."""
+    with transaction.atomic():
+        rollout = (
+            Rollout.objects.select_for_update()
+            .filter(pk=rollout_id, decision=Decision.PENDING, step_started_at=None)
+            .first()
+        )
+        if rollout is None:
+            return False
+        model = get_model(rollout.model_id, for_update=True)
+        rollout.step_started_at = now
+        rollout.reason = "the candidate serves: its traffic began"
+        rollout.save(update_fields=["step_started_at", "reason"])
+        _apply_traffic(model, rollout)
+    return True
+
+
+def guard_tick(
+    rollout_id: int, *, now: datetime, figures: FiguresReader
+) -> GuardEvaluation | None:
+    """Evaluate one pending rollout's guards, store it, and act on the decision.
+
+    Returns the stored evaluation; None when the rollout is no longer pending or
+    its step has not begun. ``figures`` reads a version's figures since a time.
+    """
+    rollout = (
+        Rollout.objects.select_related("version", "model__live_version")
+        .filter(pk=rollout_id, decision=Decision.PENDING)
+        .first()
+    )
+    if rollout is None or rollout.step_started_at is None:
+        return None
+    model = rollout.model
+    live = model.live_version
+    since = rollout.step_started_at
+    role = candidate_role(rollout.stage)
+    candidate_figures = figures(model.model, rollout.version.version, role, since)
+    live_figures = VersionFigures()
+    if live is not None:
+        for live_role in baseline_roles(role):
+            live_figures += figures(model.model, live.version, live_role, since)
+    plan = plan_of(rollout)
+    thresholds = plan.thresholds if plan is not None else DEFAULT_PLAN.thresholds
+    report = compare(candidate_figures, live_figures, thresholds)
+    if plan is None:
+        decision = decide_manual(report)
+    else:
+        decision = decide_step(
+            plan,
+            PlanState(
+                step=rollout.step,
+                step_started_at=since.timestamp(),
+                paused=rollout.paused,
+                approved_step=rollout.approved_step,
+            ),
+            report,
+            now=now.timestamp(),
+            requests=candidate_figures.requests,
+            conversations=candidate_figures.conversations,
+        )
+    with transaction.atomic():
+        locked = (
+            Rollout.objects.select_for_update()
+            .filter(pk=rollout.pk, decision=Decision.PENDING, step=rollout.step)
+            .first()
+        )
+        if locked is None:
+            return None  # an admin or another tick moved it meanwhile
+        evaluation = GuardEvaluation.objects.create(
+            rollout=locked,
+            at=now,
+            step=locked.step,
+            stage=locked.stage,
+            percent=locked.percent,
+            action=decision.action.value,
+            reason=decision.reason[:2000],
+            report=report.to_json(),
+            candidate=candidate_figures.to_json(),
+            live=live_figures.to_json(),
+        )
+        _act(locked, decision, report, plan, now=now)
+    return evaluation
+
+
+def _act(
+    rollout: Rollout,
+    decision: StepDecision,
+    report: GuardReport,
+    plan: RolloutPlan | None,
+    *,
+    now: datetime,
+) -> None:
+    """Carry out a guard decision on a locked pending rollout."""
+    rollout.guard_metrics = {"at": now.isoformat(), **report.to_json()}
+    rollout.reason = decision.reason[:2000]
+    fields = ["guard_metrics", "reason"]
+    if decision.action == GuardAction.ROLL_BACK:
+        _end(rollout, Decision.ROLLED_BACK, now=now, reject=decision.reason)
+        return
+    if decision.action == GuardAction.ADVANCE and plan is not None:
+        if decision.next_step is None:
+            _promote(rollout, plan, now=now)
+            return
+        step = plan.steps[decision.next_step]
+        model = get_model(rollout.model_id, for_update=True)
+        rollout.step = decision.next_step
+        rollout.stage = step.stage.value
+        rollout.percent = step.percent
+        rollout.step_started_at = now
+        rollout.approved_step = None
+        fields += ["step", "stage", "percent", "step_started_at", "approved_step"]
+        rollout.save(update_fields=fields)
+        ensure_candidate_pools(model, rollout.version, percent=step.percent)
+        _apply_traffic(model, rollout)
+        return
+    rollout.save(update_fields=fields)
+
+
+def _end(
+    rollout: Rollout, decision: Decision, *, now: datetime, reject: str | None
+) -> None:
+    """End a locked pending rollout with no promotion: the canary share goes to
+    zero (the alias never left the live version). With ``reject``, the candidate
+    is rejected for that reason (its pools are then released)."""
+    model = get_model(rollout.model_id, for_update=True)
+    if model.canary_version_id == rollout.version_id:
+        model.canary_version = None
+        model.canary_percent = 0.0
+        model.save(update_fields=["canary_version", "canary_percent", "updated_at"])
+    rollout.decision = decision
+    rollout.decided_at = now
+    rollout.save(update_fields=["decision", "decided_at", "guard_metrics", "reason"])
+    if reject is not None:
+        where = f"{rollout.stage} {rollout.percent:g}%"
+        ModelVersion.objects.filter(pk=rollout.version_id).exclude(
+            status=VersionStatus.LIVE
+        ).update(
+            status=VersionStatus.REJECTED,
+            status_reason=f"rolled back at {where}: {reject}"[:2000],
+        )
+
+
+def _promote(rollout: Rollout, plan: RolloutPlan, *, now: datetime) -> None:
+    """Point the alias at the candidate; keep the old version loaded until its
+    retention ends."""
+    model = get_model(rollout.model_id, for_update=True)
+    previous = model.live_version
+    if previous is not None and previous.pk != rollout.version_id:
+        ModelVersion.objects.filter(pk=previous.pk).update(
+            status=status_after_live(previous)
+        )
+    ModelVersion.objects.filter(pk=rollout.version_id).update(
+        status=VersionStatus.LIVE, status_reason=""
+    )
+    model.live_version_id = rollout.version_id
+    model.canary_version = None
+    model.canary_percent = 0.0
+    model.save(
+        update_fields=["live_version", "canary_version", "canary_percent", "updated_at"]
+    )
+    rollout.decision = Decision.PROMOTED
+    rollout.decided_at = now
+    rollout.retire_after = now + timedelta(seconds=plan.retention_s)
+    rollout.save(
+        update_fields=[
+            "decision",
+            "decided_at",
+            "retire_after",
+            "guard_metrics",
+            "reason",
+        ]
+    )
+
+
+def control(model_id: str, action: str, *, by: str, now: datetime) -> Rollout:
+    """Pause, resume, approve or abort the model's pending rollout.
+
+    Pause holds a plan at its step (the guards still roll back on a trip);
+    approve lets a step that waits for approval advance; abort ends the rollout
+    with the traffic back on the live version and nothing rejected.
+
+    Raises:
+        InvalidRequest: an unknown action.
+        NotFound: the model has no pending rollout.
+        Conflict: pause, resume or approve of a stage set by hand (no plan).
+    """
+    try:
+        chosen = Controls(action)
+    except ValueError:
+        raise InvalidRequest(
+            f"action must be one of {[c.value for c in Controls]}", param="action"
+        ) from None
+    with transaction.atomic():
+        get_model(model_id, for_update=True)
+        rollout = (
+            Rollout.objects.select_for_update()
+            .filter(model_id=model_id, decision=Decision.PENDING)
+            .first()
+        )
+        if rollout is None:
+            raise NotFound(f"{model_id} has no rollout running", param="model")
+        if chosen == Controls.ABORT:
+            rollout.reason = f"aborted by {by}"[:2000]
+            _end(rollout, Decision.ABORTED, now=now, reject=None)
+            return rollout
+        if rollout.plan is None:
+            raise Conflict(
+                f"the rollout of {rollout.version} was set by hand: it has no plan "
+                f"to {chosen.value}; set its stage with PUT, or abort it",
+                param="action",
+                code="rollout_has_no_plan",
+            )
+        if chosen == Controls.PAUSE:
+            rollout.paused = True
+            rollout.reason = f"paused by {by}"[:2000]
+        elif chosen == Controls.RESUME:
+            rollout.paused = False
+            rollout.reason = f"resumed by {by}"[:2000]
+        else:
+            rollout.approved_step = rollout.step
+            rollout.reason = f"step {rollout.step} approved by {by}"[:2000]
+        rollout.save(update_fields=["paused", "approved_step", "reason"])
+    return rollout
+
+
+def retire_expired(*, now: datetime) -> list[str]:
+    """Retire the versions whose retention after a promotion has ended.
+
+    A version is retired only if nothing sends it traffic any more: not live, not
+    the candidate of a pending rollout. Returns the retired versions' refs; their
+    pools are released by the node agents' sweep.
+    """
+    retired: list[str] = []
+    due = Rollout.objects.filter(
+        decision=Decision.PROMOTED,
+        retire_after__lte=now,
+        retired_at=None,
+        previous_version__isnull=False,
+    ).select_related("previous_version", "version")
+    for rollout in due:
+        with transaction.atomic():
+            model = get_model(rollout.model_id, for_update=True)
+            old = rollout.previous_version
+            assert old is not None
+            busy = (
+                old.pk == model.live_version_id
+                or Rollout.objects.filter(
+                    version=old, decision=Decision.PENDING
+                ).exists()
+            )
+            if not busy:
+                ModelVersion.objects.filter(pk=old.pk).exclude(
+                    status=VersionStatus.LIVE
+                ).update(
+                    status=VersionStatus.RETIRED,
+                    status_reason=f"retired {now.isoformat()} after the retention "
+                    f"of {rollout.version.ref}'s promotion",
+                )
+                retired.append(old.ref)
+            Rollout.objects.filter(pk=rollout.pk).update(retired_at=now)
+    return retired
+
+
+def evaluations(rollout: Rollout, *, limit: int = 50) -> list[dict[str, Any]]:
+    """Return a rollout's latest guard evaluations as the API shows them."""
+    return [
+        {
+            "at": e.at.isoformat(),
+            "step": e.step,
+            "stage": e.stage,
+            "percent": e.percent,
+            "action": e.action,
+            "reason": e.reason,
+            "report": e.report,
+        }
+        for e in rollout.evaluations.all()[:limit]
+    ]
