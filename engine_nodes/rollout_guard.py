@@ -12,9 +12,9 @@ for every pending rollout (Celery beat, ``engine_nodes.guard_rollouts``):
 3. a step that waits for its candidate's replicas begins once they serve (or the
    rollout is aborted past ``PLATFORM_ROLLOUT_CAPACITY_TIMEOUT_S``);
 4. every begun step is evaluated and acted on (continue, advance, hold, roll back);
-5. pools nothing sends traffic to any more (retired versions, rolled-back or
-   aborted candidates) are released: their replicas drain (streams finish, then
-   they stop) and the pool row goes.
+5. pools nothing sends traffic to any more (retired versions, rolled-back
+   candidates) are released: their replicas drain (streams finish, then they
+   stop) and the pool row goes. An aborted candidate keeps its pools.
 """
 
 from __future__ import annotations
@@ -89,7 +89,14 @@ def guard_rollouts(
     ``figures`` reads a version's figures (default: ``version_figures`` from the
     database, flushed from Redis first unless ``flush`` is False).
     """
-    tick = GuardTick(retired=plans.retire_expired(now=now))
+    tick = GuardTick()
+    # Each part on its own: one rollout that fails (a lock timeout, a plan the
+    # code no longer reads) must not keep every other model's guards, rollbacks
+    # included, from running.
+    try:
+        tick.retired = plans.retire_expired(now=now)
+    except Exception:
+        logger.exception("retiring versions past their retention failed")
     if flush and settings.REDIS_URL:
         try:
             with redis.Redis.from_url(settings.REDIS_URL, socket_timeout=10) as client:
@@ -107,34 +114,49 @@ def guard_rollouts(
         "version"
     )
     for rollout in pending:
-        if rollout.step_started_at is None:
-            if candidate_serves(rollout.version, now=now):
-                if plans.begin_step(rollout.pk, now=now):
-                    tick.begun.append(rollout.pk)
-            elif now - rollout.started_at > timeout:
-                plans.control(
-                    rollout.model_id,
-                    plans.Controls.ABORT,
-                    by=f"the guards: {rollout.version.ref} had no serving replica "
-                    f"in every region of its pools within "
-                    f"{timeout.total_seconds():g} s",
-                    now=now,
-                )
-                tick.aborted.append(rollout.pk)
-            continue
-        evaluation = plans.guard_tick(rollout.pk, now=now, figures=figures or _figures)
-        if evaluation is not None:
-            tick.actions[rollout.pk] = evaluation.action
-            logger.info(
-                "rollout %s of %s at %s %g%%: %s",
-                rollout.pk,
-                rollout.version.ref,
-                evaluation.stage,
-                evaluation.percent,
-                evaluation.action,
-            )
-    tick.released = release_pools(now=now)
+        try:
+            _tick_one(rollout, tick, now=now, timeout=timeout, figures=figures)
+        except Exception:
+            logger.exception("the guards of rollout %s failed this tick", rollout.pk)
+    try:
+        tick.released = release_pools(now=now)
+    except Exception:
+        logger.exception("releasing unused pools failed")
     return tick
+
+
+def _tick_one(
+    rollout: Rollout,
+    tick: GuardTick,
+    *,
+    now: datetime,
+    timeout: timedelta,
+    figures: plans.FiguresReader | None,
+) -> None:
+    if rollout.step_started_at is None:
+        if candidate_serves(rollout.version, now=now):
+            if plans.begin_step(rollout.pk, now=now):
+                tick.begun.append(rollout.pk)
+        elif now - rollout.started_at > timeout and plans.abort_waiting(
+            rollout.pk,
+            reason=f"aborted by the guards: {rollout.version.ref} had no serving "
+            f"replica in every region of its pools within "
+            f"{timeout.total_seconds():g} s",
+            now=now,
+        ):
+            tick.aborted.append(rollout.pk)
+        return
+    evaluation = plans.guard_tick(rollout.pk, now=now, figures=figures or _figures)
+    if evaluation is not None:
+        tick.actions[rollout.pk] = evaluation.action
+        logger.info(
+            "rollout %s of %s at %s %g%%: %s",
+            rollout.pk,
+            rollout.version.ref,
+            evaluation.stage,
+            evaluation.percent,
+            evaluation.action,
+        )
 
 
 def _released_versions(now: datetime) -> list[ModelVersion]:
@@ -174,10 +196,16 @@ def _released_versions(now: datetime) -> list[ModelVersion]:
         if version.status == VersionStatus.RETIRED:
             released.append(version)
             continue
+        # Rolled back by the guards (so rejected): nothing may send it traffic
+        # without an override, which would make it a canary or live again. An
+        # aborted candidate keeps its pools: it is still ready, and an admin may
+        # go on with it (or remove them).
+        if version.status != VersionStatus.REJECTED:
+            continue
         last = Rollout.objects.filter(version=version).order_by("-started_at").first()
         if (
             last is not None
-            and last.decision in (Decision.ROLLED_BACK, Decision.ABORTED)
+            and last.decision == Decision.ROLLED_BACK
             and last.decided_at is not None
             and last.decided_at <= settled
         ):

@@ -152,9 +152,48 @@ class RolloutAdmin(admin.ModelAdmin):
         return
 
 
+class ServedModelForm(forms.ModelForm):
+    """A model's page; it remembers where the alias pointed when it was loaded.
+
+    The rollout guards move the alias by themselves (a promotion): a page loaded
+    before must not move it back by saving a stale choice.
+    """
+
+    loaded_live_version = forms.CharField(required=False, widget=forms.HiddenInput)
+
+    class Meta:
+        model = Model
+        fields = ("model", "description", "live_version")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk is not None:
+            self.fields["loaded_live_version"].initial = str(
+                self.instance.live_version_id or ""
+            )
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        if self.instance.pk is None or "live_version" not in self.changed_data:
+            return cleaned
+        stored = (
+            Model.objects.filter(pk=self.instance.pk)
+            .values_list("live_version_id", flat=True)
+            .first()
+        )
+        if cleaned.get("loaded_live_version", "") != str(stored or ""):
+            raise forms.ValidationError(
+                "The alias moved since this page was loaded (a rollout promoted "
+                "or an admin changed it): reload the page before you change it."
+            )
+        return cleaned
+
+
 @admin.register(Model)
 class ServedModelAdmin(admin.ModelAdmin):
     """Model names, where their traffic goes, and their versions."""
+
+    form = ServedModelForm
 
     list_display = (
         "model",

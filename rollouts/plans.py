@@ -60,6 +60,7 @@ from rollouts.services import Override, admit
 __all__ = [
     "Controls",
     "FiguresReader",
+    "abort_waiting",
     "begin_step",
     "candidate_role",
     "control",
@@ -86,13 +87,13 @@ class Controls(enum.StrEnum):
     ABORT = "abort"
 
 
-def _plan_or_400(data: Mapping[str, Any], *, prefix: str = "plan") -> RolloutPlan:
+def _plan_or_400(data: Mapping[str, Any], *, prefix: str = "plan.") -> RolloutPlan:
     try:
         return parse_plan(data)
     except PlanError as exc:
         param, message = exc.problems[0]
         raise InvalidRequest(
-            f"{prefix}.{param} {message}", param=f"{prefix}.{param}"
+            f"{prefix}{param} {message}", param=f"{prefix}{param}"
         ) from None
 
 
@@ -111,7 +112,7 @@ def model_plan(model: Model) -> RolloutPlan:
 
 def set_model_plan(model_id: str, data: Mapping[str, Any]) -> RolloutPlan:
     """Validate and store the model's rollout plan; an empty body resets it."""
-    plan = _plan_or_400(data) if data else DEFAULT_PLAN
+    plan = _plan_or_400(data, prefix="") if data else DEFAULT_PLAN
     with transaction.atomic():
         model = get_model(model_id, for_update=True)
         model.rollout_plan = plan.to_json() if data else {}
@@ -120,10 +121,17 @@ def set_model_plan(model_id: str, data: Mapping[str, Any]) -> RolloutPlan:
 
 
 def plan_of(rollout: Rollout) -> RolloutPlan | None:
-    """Return the plan a rollout follows; None for a stage set by hand."""
+    """Return the plan a rollout follows; None for a stage set by hand.
+
+    A stored plan the code no longer accepts is followed as the default plan
+    rather than stopping the guards.
+    """
     if rollout.plan is None:
         return None
-    return parse_plan(rollout.plan)
+    try:
+        return parse_plan(rollout.plan)
+    except PlanError:
+        return DEFAULT_PLAN
 
 
 def candidate_role(stage: str) -> Role:
@@ -251,7 +259,14 @@ def _apply_traffic(model: Model, rollout: Rollout) -> None:
 def begin_step(rollout_id: int, *, now: datetime) -> bool:
     """Start the traffic of a rollout's step that waits for its replicas; True if
     it began. Call once the candidate serves in every region of its pools."""
+    model_id = (
+        Rollout.objects.filter(pk=rollout_id).values_list("model_id", flat=True).first()
+    )
+    if model_id is None:
+        return False
     with transaction.atomic():
+        # The model first, then the rollout: the order every writer takes.
+        model = get_model(model_id, for_update=True)
         rollout = (
             Rollout.objects.select_for_update()
             .filter(pk=rollout_id, decision=Decision.PENDING, step_started_at=None)
@@ -259,7 +274,6 @@ def begin_step(rollout_id: int, *, now: datetime) -> bool:
         )
         if rollout is None:
             return False
-        model = get_model(rollout.model_id, for_update=True)
         rollout.step_started_at = now
         rollout.reason = "the candidate serves: its traffic began"
         rollout.save(update_fields=["step_started_at", "reason"])
@@ -311,9 +325,20 @@ def guard_tick(
             conversations=candidate_figures.conversations,
         )
     with transaction.atomic():
+        # The model first, then the rollout: the order every writer takes (an
+        # admin's control, PUT rollout or alias), so none of them deadlocks a tick.
+        get_model(model.model, for_update=True)
         locked = (
             Rollout.objects.select_for_update()
-            .filter(pk=rollout.pk, decision=Decision.PENDING, step=rollout.step)
+            .filter(
+                pk=rollout.pk,
+                decision=Decision.PENDING,
+                step=rollout.step,
+                step_started_at=rollout.step_started_at,
+                # Decided on these: a pause or an approval meanwhile waits a tick.
+                paused=rollout.paused,
+                approved_step=rollout.approved_step,
+            )
             .first()
         )
         if locked is None:
@@ -473,6 +498,31 @@ def control(model_id: str, action: str, *, by: str, now: datetime) -> Rollout:
             rollout.reason = f"step {rollout.step} approved by {by}"[:2000]
         rollout.save(update_fields=["paused", "approved_step", "reason"])
     return rollout
+
+
+def abort_waiting(rollout_id: int, *, reason: str, now: datetime) -> bool:
+    """Abort a rollout whose step still waits for its replicas; True if it did.
+
+    By its id, under the locks: a rollout that began meanwhile, or that an admin
+    replaced, is left alone.
+    """
+    model_id = (
+        Rollout.objects.filter(pk=rollout_id).values_list("model_id", flat=True).first()
+    )
+    if model_id is None:
+        return False
+    with transaction.atomic():
+        get_model(model_id, for_update=True)
+        rollout = (
+            Rollout.objects.select_for_update()
+            .filter(pk=rollout_id, decision=Decision.PENDING, step_started_at=None)
+            .first()
+        )
+        if rollout is None:
+            return False
+        rollout.reason = reason[:2000]
+        _end(rollout, Decision.ABORTED, now=now, reject=None)
+    return True
 
 
 def retire_expired(*, now: datetime) -> list[str]:

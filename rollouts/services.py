@@ -9,7 +9,7 @@ here, on top of the registry's ``model_dict``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
@@ -26,7 +26,14 @@ from models_registry.services import (
     model_dict,
     status_after_live,
 )
-from rollouts.domain.plan import Decision, Stage, stage_errors
+from rollouts.domain.plan import (
+    DEFAULT_PLAN,
+    Decision,
+    PlanError,
+    Stage,
+    parse_plan,
+    stage_errors,
+)
 from rollouts.models import Rollout, VersionOverride
 
 # No override brings back a retired version (its pools are gone). One may send a
@@ -198,6 +205,8 @@ def set_alias(
                 "updated_at",
             ]
         )
+        # The alias sent where it points already ends a canary as rolled back:
+        # that is the rollback by alias (the canary share goes to zero).
         end_pending_rollout(model_id=model_id, live_version_id=target.pk)
     return model
 
@@ -213,16 +222,30 @@ def end_pending_rollout(*, model_id: str, live_version_id: int) -> Rollout | Non
     ).first()
     if pending is None:
         return None
-    decision = (
-        Decision.PROMOTED
-        if pending.version_id == live_version_id
-        else Decision.ROLLED_BACK
-    )
-    Rollout.objects.filter(pk=pending.pk, decision=Decision.PENDING).update(
-        decision=decision, decided_at=timezone.now()
-    )
+    now = timezone.now()
+    if pending.version_id == live_version_id:
+        # Promoted by hand: the old version is kept for the model's retention,
+        # then retired, as after a plan's own promotion.
+        model = Model.objects.get(pk=model_id)
+        Rollout.objects.filter(pk=pending.pk, decision=Decision.PENDING).update(
+            decision=Decision.PROMOTED,
+            decided_at=now,
+            retire_after=now + timedelta(seconds=_retention_s(model)),
+        )
+    else:
+        Rollout.objects.filter(pk=pending.pk, decision=Decision.PENDING).update(
+            decision=Decision.ROLLED_BACK, decided_at=now
+        )
     pending.refresh_from_db()
     return pending
+
+
+def _retention_s(model: Model) -> float:
+    """The model's plan's retention (the default plan's for none or a bad one)."""
+    try:
+        return parse_plan(model.rollout_plan or {}).retention_s
+    except PlanError:
+        return DEFAULT_PLAN.retention_s
 
 
 def model_detail(model_id: str) -> dict[str, Any]:

@@ -184,6 +184,13 @@ class Shadow:
             started = clock()
             try:
                 async with await self.upstream.chat(node.url, payload) as response:
+                    if 400 <= response.status < 500 and response.status not in (
+                        401,
+                        403,
+                    ):
+                        # The caller's own request refused (as live refuses it):
+                        # no figure of the version, as for live's 4xx.
+                        return
                     if response.status != 200:
                         answer = ShadowAnswer(None, 0, "upstream", "")
                     else:

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import redis
@@ -39,6 +40,8 @@ __all__ = [
 
 # A conversation idle for this long starts again from the split.
 DEFAULT_TTL_S = 3600
+# After a failure, how long Redis is left alone (the split alone decides).
+RETRY_AFTER_S = 1.0
 
 
 def sticky_key(prefix: str, model: str, routing_key: str) -> str:
@@ -52,7 +55,7 @@ class ConversationVersions(Protocol):
 
     async def choose(
         self, model: str, routing_key: str, first: Remembered, allowed: Sequence[str]
-    ) -> Remembered: ...
+    ) -> Remembered | None: ...
 
 
 # KEYS: the conversation's key; ARGV: ttl, what to remember for a conversation
@@ -77,20 +80,34 @@ class RedisConversationVersions:
     """Conversation versions in the region's Redis, shared by its gateways."""
 
     def __init__(
-        self, client: redis.asyncio.Redis, prefix: str, *, ttl_s: int = DEFAULT_TTL_S
+        self,
+        client: redis.asyncio.Redis,
+        prefix: str,
+        *,
+        ttl_s: int = DEFAULT_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
         self.prefix = prefix
         self.ttl_s = ttl_s
         self._script = client.register_script(_CHOOSE)
+        self._clock = clock
         self._failing = False
+        self._retry_at = 0.0
 
     async def choose(
         self, model: str, routing_key: str, first: Remembered, allowed: Sequence[str]
-    ) -> Remembered:
+    ) -> Remembered | None:
         """Return the conversation's remembered version if it is allowed, else
-        remember ``first`` and return it. Never raises for Redis: ``first`` then
-        (the split alone decides)."""
+        remember ``first`` and return it.
+
+        Never raises for Redis: None then, and the split alone decides (a
+        conversation keeps its version at a fixed share, as before the memory).
+        After a failure Redis is left alone for ``RETRY_AFTER_S``, so an outage
+        costs no timeout per request.
+        """
+        if self._failing and self._clock() < self._retry_at:
+            return None
         try:
             value = await self._script(
                 keys=[sticky_key(self.prefix, model, routing_key)],
@@ -98,13 +115,14 @@ class RedisConversationVersions:
             )
         except (redis.RedisError, OSError) as exc:
             if not self._failing:
-                self._failing = True
                 logger.warning(
                     "conversation versions unavailable (%s): the canary split "
                     "alone decides until Redis answers",
                     type(exc).__name__,
                 )
-            return first
+            self._failing = True
+            self._retry_at = self._clock() + RETRY_AFTER_S
+            return None
         self._failing = False
         text = value.decode() if isinstance(value, bytes) else str(value)
         remembered = Remembered.decode(text)

@@ -676,15 +676,25 @@ def test_console_alias_change_goes_through_set_alias(
         now=timezone.now(),
     )
 
-    response = console.post(
-        url(Model, "change", "chat-7b"),
-        {
-            "description": "chat",
-            "live_version": v2.pk,
-            "versions-TOTAL_FORMS": "0",
-            "versions-INITIAL_FORMS": "0",
-        },
+    v1 = ModelVersion.objects.get(model_id="chat-7b", version="v1")
+    form = {
+        "description": "chat",
+        "live_version": v2.pk,
+        # Where the alias pointed when the page was loaded.
+        "loaded_live_version": str(v1.pk),
+        "versions-TOTAL_FORMS": "0",
+        "versions-INITIAL_FORMS": "0",
+    }
+    # A page loaded before the alias moved (here: one that saw no alias) may
+    # not move it: a promotion would be undone by a stale save.
+    stale = console.post(
+        url(Model, "change", "chat-7b"), {**form, "loaded_live_version": ""}
     )
+    assert stale.status_code == 200
+    assert "The alias moved since this page was loaded" in stale.content.decode()
+    assert Model.objects.get(pk="chat-7b").live_version_id == v1.pk
+
+    response = console.post(url(Model, "change", "chat-7b"), form)
 
     assert response.status_code == 302, response.content.decode()[:2000]
     model = Model.objects.get(pk="chat-7b")

@@ -124,6 +124,7 @@ def test_a_plan_waits_for_its_replicas_then_advances_and_promotes(
     assert rollout.step_started_at == t0 + timedelta(seconds=5)
     assert Model.objects.get(pk="chat-7b").canary_version_id is None  # shadow
     figures.by[("v1", "live")] = GOOD
+    figures.by[("v1", "baseline")] = GOOD
     figures.by[("v2", "shadow")] = GOOD
     # Too early: continue; then the step's minutes have passed: advance.
     assert _tick_with(t0 + timedelta(seconds=30), figures).actions == {
@@ -138,7 +139,12 @@ def test_a_plan_waits_for_its_replicas_then_advances_and_promotes(
     assert (model.canary_version_id, model.canary_percent) == (fleet["v2"].pk, 10.0)
     # The guards read the candidate's step from its start, live over the same.
     began = t0 + timedelta(seconds=5)
-    assert figures.reads[-2:] == [("v2", "shadow", began), ("v1", "live", began)]
+    # A shadow is compared with all of live (its copies sample every request).
+    assert figures.reads[-3:] == [
+        ("v2", "shadow", began),
+        ("v1", "live", began),
+        ("v1", "baseline", began),
+    ]
     figures.by[("v2", "canary")] = GOOD
     at += timedelta(seconds=61)
     assert _tick_with(at, figures).actions == {rollout.pk: "advance"}
@@ -185,6 +191,7 @@ def test_a_tripped_guard_rolls_back_and_rejects_the_candidate(
     _tick_with(t0, figures)
     assert Model.objects.get(pk="chat-7b").canary_version_id == fleet["v2"].pk
     figures.by[("v1", "live")] = GOOD
+    figures.by[("v1", "baseline")] = GOOD
     figures.by[("v2", "canary")] = BAD
     # Paused or not, a trip rolls back at once.
     plans.control("chat-7b", "pause", by="admin", now=t0)
@@ -224,6 +231,7 @@ def test_admin_controls(fleet: dict[str, ModelVersion]) -> None:
     serve(fleet["v2"], t0)
     figures = Figures()
     figures.by[("v1", "live")] = GOOD
+    figures.by[("v1", "baseline")] = GOOD
     figures.by[("v2", "canary")] = GOOD
     _tick_with(t0, figures)
     later = t0 + timedelta(seconds=120)

@@ -182,6 +182,10 @@ STEP_DEFAULTS: Mapping[str, float | int] = {
     "min_conversations": 50,
 }
 
+# A year: the longest retention or step a plan may ask for (past it a date
+# overflows, and no rollout waits that long).
+MAX_SECONDS = 365 * 86400.0
+
 _PLAN_KEYS = ("steps", "retention_s", "thresholds")
 _STEP_KEYS = (
     "stage",
@@ -221,6 +225,8 @@ def parse_plan(data: Mapping[str, Any]) -> RolloutPlan:
             problems.append(("retention_s", "must be a finite number"))
         elif value < 0:
             problems.append(("retention_s", "must not be negative"))
+        elif value > MAX_SECONDS:
+            problems.append(("retention_s", f"must be at most {MAX_SECONDS:g} s"))
         else:
             retention_s = float(value)
     thresholds = GuardThresholds()
@@ -302,6 +308,10 @@ def _parse_step(item: object, at: str) -> tuple[StepSpec | None, list[tuple[str,
             problems.append((f"{at}.min_duration_s", "must be a finite number"))
         elif value < 0:
             problems.append((f"{at}.min_duration_s", "must not be negative"))
+        elif value > MAX_SECONDS:
+            problems.append(
+                (f"{at}.min_duration_s", f"must be at most {MAX_SECONDS:g} s")
+            )
         else:
             min_duration_s = float(value)
     counts: dict[str, int] = {}

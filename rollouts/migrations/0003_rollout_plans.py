@@ -2,6 +2,22 @@
 
 import django.db.models.deletion
 from django.db import migrations, models
+from django.db.backends.base.schema import BaseDatabaseSchemaEditor
+from django.db.migrations.state import StateApps
+
+
+def _close_old_promotions(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
+    Rollout = apps.get_model("rollouts", "Rollout")
+    Rollout.objects.filter(decision="promoted", retired_at=None).update(
+        retired_at=models.F("decided_at")
+    )
+
+
+def _begin_old_pending(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
+    Rollout = apps.get_model("rollouts", "Rollout")
+    Rollout.objects.filter(decision="pending", step_started_at=None).update(
+        step_started_at=models.F("started_at")
+    )
 
 
 class Migration(migrations.Migration):
@@ -98,4 +114,10 @@ class Migration(migrations.Migration):
             model_name='guardevaluation',
             index=models.Index(fields=['rollout', 'at'], name='guard_rollout_at'),
         ),
+        # Promotions from before retention existed: their old version was never
+        # scheduled for retirement, so count it as past its retention (neither
+        # kept routable nor retired by the guards: an admin decides).
+        migrations.RunPython(_close_old_promotions, migrations.RunPython.noop),
+        # Stages set by hand before: they took traffic when they were set.
+        migrations.RunPython(_begin_old_pending, migrations.RunPython.noop),
     ]

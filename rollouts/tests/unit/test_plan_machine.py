@@ -607,3 +607,19 @@ def test_step_decision_json() -> None:
         "promote": True,
     }
     assert not StepDecision(GuardAction.ADVANCE, "next", 2).promote
+
+
+@pytest.mark.parametrize(
+    ("data", "param"),
+    [
+        ({"retention_s": 1e12}, "retention_s"),
+        (
+            {"steps": [{"stage": "canary", "percent": 1, "min_duration_s": 1e12}]},
+            "steps[0].min_duration_s",
+        ),
+    ],
+)
+def test_a_plan_may_not_wait_past_a_year(data: dict[str, Any], param: str) -> None:
+    with pytest.raises(PlanError) as caught:
+        parse_plan(data)
+    assert [p for p, _ in caught.value.problems] == [param]
