@@ -2,8 +2,8 @@
 
 Public surface: ``VLLM``, ``VLLM_READY``, ``TINY_MODEL``, ``TINY_VERSION_FILE``,
 ``MODEL``, ``unavailable_reason``, ``tiny_engine_config``, ``vllm_server``,
-``other_vllm_servers``, ``wait_for_other_vllm_servers``, ``engine_pid``,
-``engine_core_pids``, ``lower_engine_priority``.
+``start_vllm_agent``, ``other_vllm_servers``, ``wait_for_other_vllm_servers``,
+``engine_pid``, ``engine_core_pids``, ``lower_engine_priority``.
 
 ``vllm_server`` runs one ``vllm serve`` the way the node agent does: the same
 actuator (offline env, own session, process-group teardown) and the same argv
@@ -11,6 +11,8 @@ builder over the tiny model's registered ``engine_config``
 (``platform/examples/tiny-llama-cpu.json``), plus any flags the caller adds. Used by
 the real-vLLM tests (whose skip, governed by ``REQUIRE_VLLM``, is the root
 ``conftest.py``'s ``tiny_model`` fixture) and by ``bench/vllm_fidelity.py``.
+``start_vllm_agent`` starts the node agent itself with ``--kind vllm``, the one
+command line the real-vLLM end-to-end tests share.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -28,9 +31,11 @@ from engine_nodes.actuators import LocalProcessActuator
 from engine_nodes.domain.replica_argv import ReplicaSpec
 from engine_nodes.local_processes import (
     ROOT,
+    Process,
     free_port,
     is_healthy,
     server_pgid,
+    spawn,
     wait_until,
 )
 
@@ -44,6 +49,7 @@ __all__ = [
     "engine_pid",
     "lower_engine_priority",
     "other_vllm_servers",
+    "start_vllm_agent",
     "tiny_engine_config",
     "unavailable_reason",
     "vllm_server",
@@ -129,6 +135,36 @@ def vllm_server(
         yield url
     finally:
         actuator.stop(handle, grace_s=30)
+
+
+def start_vllm_agent(
+    env: Mapping[str, str],
+    tmp: Path,
+    *,
+    node: str,
+    region: str,
+    gpus: int,
+    start_timeout_s: float = START_TIMEOUT_S,
+) -> Process:
+    """Start ``manage.py engine_agent --kind vllm`` for ``region``'s pools.
+
+    Its replicas run ``.vllm/bin/vllm`` on ports of a free range, with their logs
+    under ``tmp/replicas`` and the weights cache under ``tmp/weights-cache``; the
+    agent logs to ``tmp/agent.log``. ``VLLM_CPU_KVCACHE_SPACE`` is dropped from
+    ``env``: the versions' flags size the KV cache (the tiny model's
+    ``kv_cache_memory_bytes``), and an empty value kills vLLM's worker. The
+    caller waits for the replicas to serve and stops the agent.
+    """
+    first = free_port()
+    argv = [sys.executable, "manage.py", "engine_agent", "--node", node]
+    argv += ["--region", region, "--gpus", str(gpus), "--kind", "vllm"]
+    argv += ["--vllm-executable", str(VLLM)]
+    argv += ["--start-timeout-s", f"{start_timeout_s:g}"]
+    argv += ["--ports", f"{first}-{first + 20}", "--log-dir", str(tmp / "replicas")]
+    argv += ["--weights-cache", str(tmp / "weights-cache")]
+    agent_env = dict(env)
+    agent_env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    return spawn(argv, agent_env, tmp / "agent.log", "")
 
 
 def other_vllm_servers() -> list[int]:

@@ -90,6 +90,8 @@ def platform(
             pools={"v1": 2, "v2": 0, "v3": 0},
             autoscaler=True,
             PLATFORM_ROLLOUT_GUARD_INTERVAL_S=str(GUARD_S),
+            # The worker is ready once the autoscaler has ticked: soon.
+            PLATFORM_AUTOSCALE_INTERVAL_S="1",
             version_configs={"v3": {"sim_degraded": True}},
             PLATFORM_FIGURES_BUCKET_S="2",
         ) as live,

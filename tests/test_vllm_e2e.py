@@ -7,6 +7,10 @@ the tiny model first. One platform serves the whole module: two vLLM replicas of
 sides. The last two tests kill the replicas, one before its first token and one
 mid-stream, so they run last.
 
+The replicas run the capture server's flags (``test_vllm_fidelity``), and once they
+serve, before any test here, one of them is captured for that module
+(``tests/conftest.py``): it then starts no vLLM of its own.
+
 Where the CPU build cannot be installed the module is skipped with the reason;
 with ``REQUIRE_VLLM=1`` that is a failure.
 """
@@ -45,20 +49,19 @@ from drills.seeding import (
 )
 from engine_nodes.domain.scrape import EngineStats, parse_metrics_text
 from engine_nodes.local_processes import (
-    free_port,
-    spawn,
     start_gateway,
     wait_until,
 )
 from engine_nodes.local_vllm import (
     MODEL,
     TINY_VERSION_FILE,
-    VLLM,
     engine_core_pids,
     engine_pid,
     lower_engine_priority,
+    start_vllm_agent,
 )
 from engine_nodes.models import Replica
+from engine_nodes.sim.conformance import capture
 from engine_nodes.weights import local_identity
 from metering.models import Usage
 from tests.live import (
@@ -69,6 +72,7 @@ from tests.live import (
     platform_env,
     usage_of,
 )
+from tests.test_vllm_fidelity import CAPTURE_ENGINE_CONFIG
 
 if TYPE_CHECKING:
     from openai.types.chat import (
@@ -77,6 +81,8 @@ if TYPE_CHECKING:
         ChatCompletionSystemMessageParam,
     )
     from pytest_django import DjangoDbBlocker
+
+    from tests.conftest import VllmCaptureSlot
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 
@@ -92,9 +98,14 @@ def platform(
     django_db_blocker: DjangoDbBlocker,
     tmp_path_factory: pytest.TempPathFactory,
     tiny_model: Path,
+    vllm_capture_slot: VllmCaptureSlot,
 ) -> Iterator[LivePlatform]:
     tmp = tmp_path_factory.mktemp("vllm-platform")
     with django_db_blocker.unblock(), start_vllm_platform(tmp, tiny_model) as live:
+        # For test_vllm_fidelity: a replica no test has sent anything yet.
+        replica_id, url = sorted(replica_urls(live).items())[0]
+        vllm_capture_slot.capture = capture(url, MODEL, api_key=ENGINE_KEY)
+        vllm_capture_slot.source = f"replica {replica_id} of test_vllm_e2e"
         yield live
 
 
@@ -115,6 +126,8 @@ def start_vllm_platform(tmp: Path, model_dir: Path) -> Iterator[LivePlatform]:
     # The identity comes from the files (hashes computed, not typed): the agent
     # verifies the weights and the gateway loads the tokenizer against them.
     body = {**local_identity(model_dir), **json.loads(TINY_VERSION_FILE.read_text())}
+    # The capture server's flags: these replicas are also test_vllm_fidelity's.
+    body["engine_config"] = {**body["engine_config"], **CAPTURE_ENGINE_CONFIG}
     seeded = seed_platform(
         seed=PlatformSeed(
             region=REGION,
@@ -138,35 +151,13 @@ def start_vllm_platform(tmp: Path, model_dir: Path) -> Iterator[LivePlatform]:
     )
     keys = dict(seeded.keys)
     env = platform_env(region=REGION, prefix=prefix, PLATFORM_ENGINE_API_KEY=ENGINE_KEY)
-    env.pop("VLLM_CPU_KVCACHE_SPACE", None)
-    first = free_port()
-    agent = spawn(
-        [
-            sys.executable,
-            "manage.py",
-            "engine_agent",
-            "--node",
-            "e2e-vllm-node",
-            "--region",
-            REGION,
-            "--gpus",
-            "2",
-            "--kind",
-            "vllm",
-            "--vllm-executable",
-            str(VLLM),
-            "--start-timeout-s",
-            str(SERVING_TIMEOUT_S),
-            "--ports",
-            f"{first}-{first + 20}",
-            "--log-dir",
-            str(tmp / "replicas"),
-            "--weights-cache",
-            str(tmp / "weights-cache"),
-        ],
+    agent = start_vllm_agent(
         env,
-        tmp / "agent.log",
-        "",
+        tmp,
+        node="e2e-vllm-node",
+        region=REGION,
+        gpus=2,
+        start_timeout_s=SERVING_TIMEOUT_S,
     )
     gateway = None
     try:

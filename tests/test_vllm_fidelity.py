@@ -7,6 +7,12 @@ live capture against the committed one in the same way, so a vLLM upgrade that
 changes a metric, a chunk or the body fails here, loudly, instead of leaving the
 simulator quietly out of date. ``UPDATE_VLLM_REFERENCE=1 make test-vllm`` writes
 the live capture over the reference (then review the diff and commit it).
+
+Under ``make test-vllm`` the capture is of a replica of ``test_vllm_e2e``'s (started
+by the node agent with ``CAPTURE_ENGINE_CONFIG``, taken before that module's tests
+sent it anything; ``tests/conftest.py``), which saves a vLLM start; run alone, the
+module starts a capture server of its own. Either way the first test checks that
+the captured engine ran the flags the simulated replica is diffed with.
 """
 
 from __future__ import annotations
@@ -14,8 +20,10 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from engine_nodes.local_vllm import MODEL, vllm_server
 from engine_nodes.sim.conformance import (
@@ -31,6 +39,9 @@ from engine_nodes.sim.conformance import (
     write_capture,
 )
 
+if TYPE_CHECKING:
+    from tests.conftest import VllmCaptureSlot
+
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 
 # The capture server: the tiny model's registered flags plus the limits the
@@ -44,15 +55,23 @@ CAPTURE_ENGINE_CONFIG = {
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Capture:
-    tmp = tmp_path_factory.mktemp("vllm-fidelity")
-    with vllm_server(
-        tmp,
-        engine_config=CAPTURE_ENGINE_CONFIG,
-        model_dir=tiny_model,
-        engine_api_key=CAPTURE_API_KEY,
-    ) as url:
-        captured = capture(url, MODEL)
+def live(
+    tmp_path_factory: pytest.TempPathFactory,
+    tiny_model: Path,
+    vllm_capture_slot: VllmCaptureSlot,
+) -> Capture:
+    captured = vllm_capture_slot.capture
+    if captured is None:
+        tmp = tmp_path_factory.mktemp("vllm-fidelity")
+        with vllm_server(
+            tmp,
+            engine_config=CAPTURE_ENGINE_CONFIG,
+            model_dir=tiny_model,
+            engine_api_key=CAPTURE_API_KEY,
+        ) as url:
+            captured = capture(url, MODEL)
+        vllm_capture_slot.capture = captured
+        vllm_capture_slot.source = "this module's capture server"
     if os.environ.get("UPDATE_VLLM_REFERENCE", "") == "1":
         write_capture(captured, REFERENCE_DIR)
     return captured
@@ -61,6 +80,22 @@ def live(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Capture:
 @pytest.fixture(scope="module")
 def reference() -> Capture:
     return read_capture()
+
+
+def test_the_captured_engine_ran_the_capture_flags(
+    live: Capture, vllm_capture_slot: VllmCaptureSlot
+) -> None:
+    """Whichever vLLM was captured, its KV cache is the one the simulated replica
+    is diffed with: 128-token blocks and prefix caching on."""
+    (info,) = (
+        sample.labels
+        for family in text_string_to_metric_families(live.metrics)
+        if family.name == "vllm:cache_config_info"
+        for sample in family.samples
+    )
+    seen = (info.get("block_size"), info.get("enable_prefix_caching"))
+    expected = (str(CAPTURE_ENGINE_CONFIG["block_size"]), "True")
+    assert seen == expected, vllm_capture_slot.source
 
 
 def test_vllm_metrics_match_the_reference(live: Capture, reference: Capture) -> None:

@@ -59,17 +59,15 @@ from engine_nodes import gates
 from engine_nodes.domain.scrape import EngineStats
 from engine_nodes.local_processes import (
     Process,
-    free_port,
-    spawn,
     start_gateway,
     wait_until,
 )
 from engine_nodes.local_vllm import (
     MODEL,
     TINY_VERSION_FILE,
-    VLLM,
     engine_pid,
     lower_engine_priority,
+    start_vllm_agent,
 )
 from engine_nodes.models import Replica
 from engine_nodes.weights import local_identity, local_path, tree_digest
@@ -178,8 +176,15 @@ def _gated_platform(
         prefix=f"e2e-{uuid.uuid4().hex[:8]}",
         PLATFORM_ENGINE_API_KEY=ENGINE_KEY,
     )
-    env.pop("VLLM_CPU_KVCACHE_SPACE", None)
-    agent = _start_agent(env, tmp)
+    # Two GPUs: v1's replica and v2's staging one.
+    agent = start_vllm_agent(
+        env,
+        tmp,
+        node="e2e-gates-node",
+        region=REGION,
+        gpus=2,
+        start_timeout_s=SERVING_TIMEOUT_S,
+    )
     gateway = None
     try:
         started = time.monotonic()
@@ -246,18 +251,6 @@ def _register(model_dir: Path) -> tuple[ModelVersion, ModelVersion]:
     )
     registry.set_gate_config(model_id=MODEL, raw=GATE_CONFIG)
     return v1, v2
-
-
-def _start_agent(env: dict[str, str], tmp: Path) -> Process:
-    """Start the node agent with two GPUs: v1's replica and v2's staging one."""
-    first = free_port()
-    argv = [sys.executable, "manage.py", "engine_agent", "--node", "e2e-gates-node"]
-    argv += ["--region", REGION, "--gpus", "2", "--kind", "vllm"]
-    argv += ["--vllm-executable", str(VLLM)]
-    argv += ["--start-timeout-s", str(SERVING_TIMEOUT_S)]
-    argv += ["--ports", f"{first}-{first + 20}", "--log-dir", str(tmp / "replicas")]
-    argv += ["--weights-cache", str(tmp / "weights-cache")]
-    return spawn(argv, env, tmp / "agent.log", "")
 
 
 @dataclass

@@ -558,6 +558,9 @@ def test_gateway_keeps_serving_with_the_database_unreachable(
     env = dict(
         platform.env,
         DATABASE_URL=f"postgresql://{user}@127.0.0.1:{proxy.port}/{settings['NAME']}",
+        # A connection is given up on after 1 s, not 5: the gateway notices the
+        # cut sooner, and does the same once it has.
+        PLATFORM_DB_POOL_TIMEOUT_S="1",
     )
     gateway = start_gateway(env, tmp_path, name="gateway-db-drill")
     try:
@@ -617,6 +620,9 @@ def test_gateway_started_with_the_database_down_serves_once_it_answers(
     env = dict(
         platform.env,
         DATABASE_URL=f"postgresql://{user}@127.0.0.1:{proxy.port}/{settings['NAME']}",
+        # A connection is given up on after 1 s, not 5: the gateway notices the
+        # cut sooner, and does the same once it has.
+        PLATFORM_DB_POOL_TIMEOUT_S="1",
     )
     gateway = start_gateway(
         env, tmp_path, name="gateway-db-down", wait_for_snapshot=False
