@@ -37,6 +37,7 @@ from django.db import transaction
 
 from config.errors import Conflict, InvalidRequest, NotFound
 from metering.domain.figures import Role, VersionFigures
+from models_registry.domain.gates import traffic_refusal
 from models_registry.domain.identity import VersionStatus
 from models_registry.models import Model, ModelVersion, Pool
 from models_registry.services import get_model, get_version, status_after_live
@@ -343,6 +344,8 @@ def guard_tick(
         )
         if locked is None:
             return None  # an admin or another tick moved it meanwhile
+        if decision.promote:
+            decision = _may_promote(decision, locked)
         evaluation = GuardEvaluation.objects.create(
             rollout=locked,
             at=now,
@@ -357,6 +360,24 @@ def guard_tick(
         )
         _act(locked, decision, report, plan, now=now)
     return evaluation
+
+
+def _may_promote(decision: StepDecision, rollout: Rollout) -> StepDecision:
+    """Hold a promotion the version gates would refuse (an alias change).
+
+    A plan started with an override, or a version whose gates were re-run and
+    failed during the rollout, may pass every guard and still not be ready: the
+    alias moves only through an admin's ``PUT .../alias`` with an override then.
+    """
+    version = ModelVersion.objects.get(pk=rollout.version_id)
+    refusal = traffic_refusal(version.ref, version.status, version.status_reason)
+    if refusal is None:
+        return decision
+    return StepDecision(
+        GuardAction.HOLD,
+        f"the guards pass, but {refusal}: the alias moves only with an admin's "
+        "override (PUT .../alias)",
+    )
 
 
 def _act(

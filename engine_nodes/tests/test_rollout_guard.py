@@ -267,3 +267,34 @@ def test_a_candidate_that_never_serves_is_aborted(
     rollout.refresh_from_db()
     assert rollout.decision == "aborted"
     assert "no serving replica" in rollout.reason
+
+
+def test_a_plan_whose_version_is_not_ready_holds_before_the_alias_moves(
+    fleet: dict[str, ModelVersion],
+) -> None:
+    """A plan started past the gates (an override) passes its guards, but the
+    alias does not move by itself: that is an alias change, needing its own."""
+    ModelVersion.objects.filter(pk=fleet["v2"].pk).update(
+        status="rejected", status_reason="reasoning dropped"
+    )
+    t0 = timezone.now()
+    plan = {**PLAN, "steps": PLAN["steps"][1:2]}
+    rollout = plans.start_plan(
+        model_id="chat-7b",
+        version="v2",
+        now=t0,
+        plan=plan,
+        override=services.Override(by="admin", reason="a hotfix"),
+    )
+    serve(fleet["v2"], t0)
+    figures = Figures()
+    figures.by[("v1", "baseline")] = GOOD
+    figures.by[("v2", "canary")] = GOOD
+    _tick_with(t0, figures)
+    assert _tick_with(t0 + timedelta(seconds=61), figures).actions == {
+        rollout.pk: "hold"
+    }
+    rollout.refresh_from_db()
+    assert rollout.decision == "pending"
+    assert "rejected by its gates" in rollout.reason
+    assert Model.objects.get(pk="chat-7b").live_version_id == fleet["v1"].pk
