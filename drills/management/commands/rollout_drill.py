@@ -77,10 +77,27 @@ class Command(BaseCommand):
         parser.add_argument(
             "--plot", type=Path, help="PNG file (default .local/drills/)"
         )
+        parser.add_argument(
+            "--live",
+            action="store_true",
+            help="run bad, good and slow live at small scale instead: a gateway, a "
+            "node agent, simulated replicas and the platform's own guard tick "
+            "(drills.rollout_live); --scenario picks among them",
+        )
+        parser.add_argument(
+            "--guard-seconds",
+            type=float,
+            default=2.0,
+            help="live: the guard period (beat's is a minute)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         from drills.experiment_plots import default_plot_path
         from drills.fleet_settings import platform_fleet_config
+
+        if options["live"]:
+            self._live(options)
+            return
 
         names = _scenarios(options["scenario"])
         plan = _plan(options["plan"])
@@ -126,6 +143,87 @@ class Command(BaseCommand):
             raise CommandError(
                 f"rollout targets missed: {', '.join(failed)} (see the checks)"
             )
+
+    def _live(self, options: dict[str, Any]) -> None:
+        import logging
+
+        from drills.experiment_plots import default_plot_path
+        from drills.rollout_live import (
+            LIVE_SCENARIOS,
+            LiveOutcome,
+            LiveRolloutPlan,
+            run_live_rollout,
+        )
+
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+        wanted = options["scenario"]
+        names = (
+            list(LIVE_SCENARIOS)
+            if wanted == "all"
+            else [n.strip() for n in wanted.split(",") if n.strip()]
+        )
+        unknown = sorted(set(names) - set(LIVE_SCENARIOS))
+        if unknown or not names:
+            raise CommandError(
+                f"--live --scenario takes {', '.join(LIVE_SCENARIOS)} or all; got "
+                f"{', '.join(unknown) or 'none'}"
+            )
+        live = LiveRolloutPlan(guard_s=options["guard_seconds"])
+        wall0 = time.monotonic()
+        outcomes: list[LiveOutcome] = [run_live_rollout(n, live) for n in names]
+        wall_s = round(time.monotonic() - wall0, 1)
+        checks = _live_checks(outcomes, live.guard_s)
+        plot = options["plot"] or default_plot_path("rollout_drill_live")
+        plot_live(outcomes, plot)
+        data = {
+            "mode": "live",
+            "guard_s": live.guard_s,
+            "bucket_s": live.bucket_s,
+            "wall_s": wall_s,
+            "scenarios": [{**o.__dict__, "tripped": o.tripped} for o in outcomes],
+            "checks": [{"name": n, "passed": ok, "detail": d} for n, ok, d in checks],
+            "passed": all(ok for _, ok, _ in checks),
+            "plot": str(plot),
+        }
+        target = options["json"]
+        if target == "-":
+            self.stdout.write(json.dumps(data, indent=2, default=str))
+        else:
+            if target is not None:
+                path = Path(target)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(data, indent=2, default=str), "utf-8")
+            self.stdout.write(
+                f"Rollout drill (live): {live.replicas} simulated replicas of v1, the "
+                f"candidate's pool beside them, {live.threads} client threads of "
+                f"3-turn chats, guards every {live.guard_s:g} s over "
+                f"{live.bucket_s} s buckets; {wall_s:g} s wall"
+            )
+            self.stdout.write(
+                f"{'scenario':<9} {'outcome':<12} {'at':<11} {'detected':>9} "
+                f"{'promoted':>9} {'convs saw':>9} {'reqs saw':>8} {'requests':>8} "
+                f"{'moves rb/other':>14} {'errors':>6}  tripped"
+            )
+            for o in outcomes:
+                self.stdout.write(
+                    f"{o.scenario:<9} {o.decision:<12} "
+                    f"{o.stage + f' {o.percent:g}%':<11} {_s(o.detection_s, 1):>9} "
+                    f"{_s(o.promotion_s, 1):>9} {o.conversations_saw:>9} "
+                    f"{o.requests_saw:>8} {o.requests:>8} "
+                    f"{f'{o.moves_rollback}/{o.moves_other}':>14} "
+                    f"{len(o.errors):>6}  {', '.join(o.tripped) or '-'}"
+                )
+            for o in outcomes:
+                self.stdout.write(f"  {o.scenario}: {o.reason}")
+            self.stdout.write("Checks")
+            for name, ok, detail in checks:
+                self.stdout.write(f"  {'PASS' if ok else 'FAIL'} {name}: {detail}")
+            self.stdout.write(f"plot: {plot}")
+            if target is not None:
+                self.stdout.write(f"json: {target}")
+        failed = [name for name, ok, _ in checks if not ok]
+        if failed:
+            raise CommandError(f"live rollout targets missed: {', '.join(failed)}")
 
     def _print(
         self,
@@ -429,5 +527,71 @@ def plot_rollouts(outcome: DrillOutcome, path: Path, *, title: str) -> Path:
     fig.suptitle(title, fontsize=10)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _live_checks(outcomes: list[Any], guard_s: float) -> list[tuple[str, bool, str]]:
+    """The issue's targets, on what the live scenarios did."""
+    checks: list[tuple[str, bool, str]] = []
+    for o in outcomes:
+        if o.scenario == "bad":
+            ok = (
+                o.decision == "rolled_back"
+                and o.detection_s is not None
+                and o.detection_s <= 2 * guard_s + 1.0
+                and "refusal_rate" in o.tripped
+            )
+            detail = (
+                f"{o.decision} {_s(o.detection_s, 1)} after its canary began "
+                f"(two periods: {2 * guard_s:g} s, +1 s for the ticks' own work)"
+            )
+            checks.append(("bad_rolled_back_within_two_guard_periods", ok, detail))
+        elif o.scenario == "good":
+            ok = o.decision == "promoted" and o.retired and not o.tripped
+            detail = f"{o.decision}; old version retired: {o.retired}"
+            checks.append(("good_promoted_and_old_retired", ok, detail))
+        elif o.scenario == "slow":
+            ok = o.decision == "rolled_back" and "p95_ttft" in o.tripped
+            checks.append(("slow_trips_ttft_guard", ok, f"tripped {o.tripped}"))
+        checks.append(
+            (
+                f"{o.scenario}_no_caller_error_nor_mid_chat_move",
+                not o.errors and o.moves_other == 0,
+                f"{len(o.errors)} errors, {o.moves_other} moves (and "
+                f"{o.moves_rollback} at the rollback)",
+            )
+        )
+    return checks
+
+
+def plot_live(outcomes: list[Any], path: Path) -> Path:
+    """Draw each live scenario's guard readings, candidate against live, per tick."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(
+        len(outcomes), len(GUARD_NAMES), figsize=(16, 3 * len(outcomes)), squeeze=False
+    )
+    for row, o in zip(axes, outcomes, strict=True):
+        for ax, name in zip(row, GUARD_NAMES, strict=True):
+            at, cand, live = [], [], []
+            for e in o.evaluations:
+                for r in e["report"].get("results", []):
+                    if r["name"] == name:
+                        at.append(e["at_s"])
+                        cand.append(_finite(r.get("candidate")))
+                        live.append(_finite(r.get("live")))
+            ax.plot(at, live, "o--", label="live")
+            ax.plot(at, cand, "o-", label="candidate")
+            ax.set_title(f"{o.scenario}: {name}", fontsize=9)
+            ax.set_xlabel("s from the rollout's start")
+        row[0].legend(fontsize=7)
+    fig.suptitle("Rollout drill (live, small scale)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
