@@ -570,6 +570,16 @@ def retire_expired(*, now: datetime) -> list[str]:
                 or Rollout.objects.filter(
                     version=old, decision=Decision.PENDING
                 ).exists()
+                # A later promotion replaced it too (the alias went back to it
+                # meanwhile): that promotion's retention keeps it.
+                or Rollout.objects.filter(
+                    decision=Decision.PROMOTED,
+                    previous_version=old,
+                    retired_at=None,
+                    retire_after__gt=now,
+                )
+                .exclude(pk=rollout.pk)
+                .exists()
             )
             if not busy:
                 ModelVersion.objects.filter(pk=old.pk).exclude(

@@ -298,3 +298,42 @@ def test_a_plan_whose_version_is_not_ready_holds_before_the_alias_moves(
     assert rollout.decision == "pending"
     assert "rejected by its gates" in rollout.reason
     assert Model.objects.get(pk="chat-7b").live_version_id == fleet["v1"].pk
+
+
+def test_an_old_version_kept_by_a_later_promotion_waits_for_its_retention(
+    fleet: dict[str, ModelVersion],
+) -> None:
+    """v1 -> v2 promoted, the alias back to v1, v1 -> v2 promoted again: v1 is
+    kept for the second promotion's retention, not retired at the first's."""
+    t0 = timezone.now()
+    first = Rollout.objects.create(
+        model_id="chat-7b",
+        version=fleet["v2"],
+        stage="canary",
+        percent=50.0,
+        started_at=t0,
+        decision="promoted",
+        decided_at=t0,
+        previous_version=fleet["v1"],
+        retire_after=t0 + timedelta(seconds=60),
+    )
+    second = Rollout.objects.create(
+        model_id="chat-7b",
+        version=fleet["v2"],
+        stage="canary",
+        percent=50.0,
+        started_at=t0 + timedelta(seconds=30),
+        decision="promoted",
+        decided_at=t0 + timedelta(seconds=30),
+        previous_version=fleet["v1"],
+        retire_after=t0 + timedelta(seconds=90),
+    )
+    services.set_alias(model_id="chat-7b", version="v2")
+    assert plans.retire_expired(now=t0 + timedelta(seconds=61)) == []
+    first.refresh_from_db()
+    assert first.retired_at is not None  # done with; the second one governs
+    assert ModelVersion.objects.get(pk=fleet["v1"].pk).status == "ready"
+    assert plans.retire_expired(now=t0 + timedelta(seconds=91)) == ["chat-7b@v1"]
+    second.refresh_from_db()
+    assert second.retired_at is not None
+    assert ModelVersion.objects.get(pk=fleet["v1"].pk).status == "retired"
