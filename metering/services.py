@@ -59,8 +59,10 @@ logger = logging.getLogger(__name__)
 
 # Forget a flushed hash only if it still holds what the flush read: a gateway that
 # added in between leaves it indexed, and the next flush writes the new totals.
-# The hash itself is kept (shorter TTL) so that late counts still add to the full
-# totals. KEYS: index, hash. ARGV: keep_ms, then the field/value pairs read.
+# The hash itself is kept (shorter TTL), and so are the keys after it (a figures
+# bucket's HyperLogLog), so that late counts still add to the full totals.
+# KEYS: index, hash, then any keys kept with it. ARGV: keep_ms, then the
+# field/value pairs read. Usage and the rollout figures both flush through it.
 _FORGET_IF_UNCHANGED = """
 local current = redis.call('HGETALL', KEYS[2])
 if #current ~= #ARGV - 1 then return 0 end
@@ -70,9 +72,11 @@ for i = 1, #current, 2 do
   if read[current[i]] ~= current[i + 1] then return 0 end
 end
 redis.call('SREM', KEYS[1], KEYS[2])
-local ttl = redis.call('PTTL', KEYS[2])
-if ttl == -1 or ttl > tonumber(ARGV[1]) then
-  redis.call('PEXPIRE', KEYS[2], ARGV[1])
+for k = 2, #KEYS do
+  local ttl = redis.call('PTTL', KEYS[k])
+  if ttl == -1 or ttl > tonumber(ARGV[1]) then
+    redis.call('PEXPIRE', KEYS[k], ARGV[1])
+  end
 end
 return 1
 """
@@ -327,28 +331,6 @@ def prefix_hit_rate_since(*, model_id: str, since: datetime) -> float | None:
 
 # -- the rollout guards' figures ------------------------------------------------------
 
-# Forget a figures bucket only if its hash still holds what the flush read (an add
-# in between leaves it listed, and the next flush writes the new totals); keep the
-# hash and its HyperLogLog a while, so late figures still add to the full totals.
-# KEYS: index, hash, HyperLogLog. ARGV: keep_ms, then the field/value pairs read.
-_FORGET_FIGURES_IF_UNCHANGED = """
-local current = redis.call('HGETALL', KEYS[2])
-if #current ~= #ARGV - 1 then return 0 end
-local read = {}
-for i = 2, #ARGV, 2 do read[ARGV[i]] = ARGV[i + 1] end
-for i = 1, #current, 2 do
-  if read[current[i]] ~= current[i + 1] then return 0 end
-end
-redis.call('SREM', KEYS[1], KEYS[2])
-for k = 2, 3 do
-  local ttl = redis.call('PTTL', KEYS[k])
-  if ttl == -1 or ttl > tonumber(ARGV[1]) then
-    redis.call('PEXPIRE', KEYS[k], ARGV[1])
-  end
-end
-return 1
-"""
-
 
 @dataclass(frozen=True, slots=True)
 class _PendingFigures:
@@ -535,7 +517,7 @@ def _forget_figures(
 ) -> None:
     """Unlist flushed old buckets (if unchanged), delete dropped ones; one round trip."""
     index = figures_index_key(prefix)
-    forget = client.register_script(_FORGET_FIGURES_IF_UNCHANGED)
+    forget = client.register_script(_FORGET_IF_UNCHANGED)
     keep_ms = max(1, round(keep_s * 1000))
     pipe = client.pipeline(transaction=False)
     for item in flushed:
