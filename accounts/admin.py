@@ -4,6 +4,10 @@ Secrets are created only through ``accounts.services`` and shown once, on a page
 their own (``console/secret_created.html``) rendered straight from the add request:
 they never pass through messages, the session, cookies or the admin log. After
 that only the display prefix and the SHA-256 are left to show.
+
+A key's purpose (a person's, or a batch job's) is shown, never edited: keys are
+issued here for people only, and a batch job's key is view-only (its batch
+revokes it), left out of the revoke action too.
 """
 
 from __future__ import annotations
@@ -101,7 +105,7 @@ class ApiKeyInline(admin.TabularInline):
 
     model = ApiKey
     extra = 0
-    fields = ("prefix", "name", "created_at", "last_used_at", "revoked_at")
+    fields = ("prefix", "name", "purpose", "created_at", "last_used_at", "revoked_at")
     readonly_fields = fields
     show_change_link = True
     can_delete = False
@@ -210,6 +214,10 @@ class SecretRecordAdmin(admin.ModelAdmin):
         """Create the record through the service; return it and the plaintext."""
         raise NotImplementedError
 
+    def revocable(self, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        """Return the part of ``queryset`` the revoke action may revoke (all)."""
+        return queryset
+
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         if obj is None:
             return self.add_fields
@@ -278,7 +286,9 @@ class SecretRecordAdmin(admin.ModelAdmin):
         """Set revoked_at on the selected secrets that are still active."""
         now = timezone.now()
         ids = list(
-            queryset.filter(revoked_at__isnull=True).values_list("pk", flat=True)
+            self.revocable(queryset)
+            .filter(revoked_at__isnull=True)
+            .values_list("pk", flat=True)
         )
         # Compare-and-set: a secret revoked meanwhile keeps its first revocation time.
         count = self.model.objects.filter(pk__in=ids, revoked_at__isnull=True).update(
@@ -292,23 +302,39 @@ class SecretRecordAdmin(admin.ModelAdmin):
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(SecretRecordAdmin):
-    """Team API keys: issued here or by the API, identified by their prefix."""
+    """Team API keys: issued here or by the API, identified by their prefix.
+
+    Keys issued here are a person's (purpose ``team``); a batch job's key
+    (purpose ``batch``, minted by the platform) is listed but view-only.
+    """
 
     add_fields = ("team", "name")
+    record_fields = ("purpose", *SecretRecordAdmin.record_fields)
     change_readonly_fields = ("team",)
     secret_noun = "API key"
     list_display = (
         "prefix",
         "name",
         "team",
+        "purpose",
         "active",
         "created_at",
         "last_used_at",
         "revoked_at",
     )
-    list_filter = (RevokedFilter, "team")
+    list_filter = (RevokedFilter, "purpose", "team")
     search_fields = ("prefix", "name", "team__team")
     list_select_related = ("team",)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # A batch job's key is the batch's: its page is view-only.
+        if obj is not None and obj.purpose == ApiKey.Purpose.BATCH:
+            return False
+        return super().has_change_permission(request, obj)
+
+    def revocable(self, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        """Leave batch jobs' keys out: the batch revokes its own key."""
+        return queryset.filter(purpose=ApiKey.Purpose.TEAM)
 
     def issue_secret(self, form: forms.ModelForm) -> tuple[SecretRecord, str]:
         return services.issue_key(

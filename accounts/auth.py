@@ -2,7 +2,9 @@
 
 An admin token opens every control-plane endpoint. A team's API key is recognised,
 so that its holder gets 403 (you are known, but this is not yours) rather than 401;
-anything else, or no token, is 401.
+anything else, or no token, is 401: a batch job's key too, which no person holds
+and which opens only the gateway's chat completions
+(``accounts.services.find_active_team_key`` never returns one).
 """
 
 from __future__ import annotations

@@ -106,10 +106,34 @@ class SecretRecord(models.Model):
         return self.revoked_at is None
 
 
+class KeyPurpose(models.TextChoices):
+    """Who holds an API key: a person of the team, or the platform for a batch job."""
+
+    TEAM = "team", "team"
+    BATCH = "batch", "batch"
+
+
 class ApiKey(SecretRecord):
-    """A team's key for the OpenAI-compatible API."""
+    """A team's key for the OpenAI-compatible API.
+
+    ``purpose`` says who holds it: ``team``, a person of the team (issued through
+    the API or the console, shown once); ``batch``, the platform itself, minted for
+    one batch job whose runner sends the job's lines through the gateway with it
+    (its secret is derived when needed, never stored). A batch key opens only the
+    gateway's ``/v1/chat/completions``: the control plane refuses it
+    (``accounts.services.find_active_team_key``), and its requests are metered as
+    batch work whatever their tier.
+    """
+
+    Purpose = KeyPurpose
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="api_keys")
+    purpose = models.CharField(
+        max_length=8,
+        choices=KeyPurpose.choices,
+        default=KeyPurpose.TEAM,
+        editable=False,  # fixed when the key is made: by a person, or by a batch
+    )
 
     class Meta:
         db_table = "api_keys"
@@ -118,6 +142,10 @@ class ApiKey(SecretRecord):
         constraints = [
             models.CheckConstraint(
                 condition=Q(key_hash__regex=SHA256_PATTERN), name="api_key_hash_hex"
+            ),
+            models.CheckConstraint(
+                condition=Q(purpose__in=[p.value for p in KeyPurpose]),
+                name="api_key_purpose_known",
             ),
         ]
 

@@ -52,13 +52,18 @@ def issue_key(*, team_id: str, name: str = "") -> tuple[ApiKey, str]:
 
 
 def revoke_key(*, team_id: str, key_id: int, now: datetime) -> ApiKey:
-    """Revoke one of a team's keys; revoking twice keeps the first revocation time."""
+    """Revoke one of a team's keys; revoking twice keeps the first revocation time.
+
+    Only keys a person holds: a batch job's key is the batch's to end, and is not
+    one of the team's keys here (NotFound), as the key list leaves it out.
+    """
     get_team(team_id)
-    ApiKey.objects.filter(pk=key_id, team_id=team_id, revoked_at__isnull=True).update(
-        revoked_at=now
+    keys = ApiKey.objects.filter(
+        pk=key_id, team_id=team_id, purpose=ApiKey.Purpose.TEAM
     )
+    keys.filter(revoked_at__isnull=True).update(revoked_at=now)
     try:
-        return ApiKey.objects.get(pk=key_id, team_id=team_id)
+        return keys.get()
     except ApiKey.DoesNotExist:
         raise NotFound(
             f"team {team_id!r} has no key {key_id}", param="key_id"
@@ -83,8 +88,17 @@ def authenticate_admin_secret(secret: str, *, now: datetime) -> AdminToken | Non
 
 
 def find_active_team_key(secret: str) -> ApiKey | None:
-    """Return the active team key for ``secret``, or None."""
-    return ApiKey.objects.active().filter(key_hash=hash_secret(secret)).first()
+    """Return the active key a person holds for ``secret``, or None.
+
+    Batch keys (``ApiKey.Purpose.BATCH``) are never returned: the platform mints
+    them for one batch job, and they open only the gateway's chat completions,
+    never the control plane (``accounts.auth``) nor anything else that asks here.
+    """
+    return (
+        ApiKey.objects.active()
+        .filter(key_hash=hash_secret(secret), purpose=ApiKey.Purpose.TEAM)
+        .first()
+    )
 
 
 def touch_api_keys(*, key_ids: Collection[int], now: datetime) -> int:

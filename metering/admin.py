@@ -16,7 +16,8 @@ class UsageAdmin(admin.ModelAdmin):
     """Per-minute usage by team, model and version; viewable, never edited here.
 
     Counts are added with F() expressions by the flush; a hand edit or a deletion
-    would silently change what teams are billed for.
+    would silently change what teams are billed for. The batch columns are the part
+    of requests, prompt and output tokens that was batch work.
     """
 
     list_display = (
@@ -30,6 +31,9 @@ class UsageAdmin(admin.ModelAdmin):
         "output_tokens",
         "shed",
         "rate_limited",
+        "batch_requests",
+        "batch_prompt_tokens",
+        "batch_output_tokens",
     )
     list_filter = ("model", "team")
     search_fields = ("team__team", "model__model", "version__version")

@@ -29,7 +29,13 @@ import redis.asyncio
 
 from accounts.domain.names import is_valid_slug
 from metering import metrics
-from metering.domain.usage import COUNTER_FIELDS, UsageCounts, UsageKey, UsageLedger
+from metering.domain.usage import (
+    COUNTER_FIELDS,
+    PART_OF,
+    UsageCounts,
+    UsageKey,
+    UsageLedger,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -108,8 +114,9 @@ def check_counts(counts: UsageCounts) -> None:
     """
     if any(getattr(counts, name) < 0 for name in COUNTER_FIELDS):
         raise ValueError(f"usage counts must not be negative: {counts}")
-    if counts.cached_tokens > counts.prompt_tokens:
-        raise ValueError(f"cached_tokens exceed prompt_tokens: {counts}")
+    for part, whole in PART_OF:
+        if getattr(counts, part) > getattr(counts, whole):
+            raise ValueError(f"{part} exceed {whole}: {counts}")
 
 
 class RedisUsageCounter:

@@ -17,6 +17,9 @@ class Usage(models.Model):
     loses nor doubles a count. In the embedded mode each gateway process adds its
     drained counts with ``F()`` expressions. ``cached_tokens`` is the part of ``prompt_tokens`` served from
     the prefix cache. ``shed`` counts 503s; ``rate_limited`` counts 429s.
+    ``batch_requests``, ``batch_prompt_tokens`` and ``batch_output_tokens`` are the
+    part of ``requests``, ``prompt_tokens`` and ``output_tokens`` that was batch
+    work (the batch tier, or a batch job's key at any tier).
     """
 
     team = models.ForeignKey(
@@ -35,6 +38,9 @@ class Usage(models.Model):
     requests = models.PositiveBigIntegerField(default=0)
     shed = models.PositiveBigIntegerField(default=0)
     rate_limited = models.PositiveBigIntegerField(default=0)
+    batch_requests = models.PositiveBigIntegerField(default=0)
+    batch_prompt_tokens = models.PositiveBigIntegerField(default=0)
+    batch_output_tokens = models.PositiveBigIntegerField(default=0)
 
     class Meta:
         db_table = "usage"
@@ -47,6 +53,18 @@ class Usage(models.Model):
             models.CheckConstraint(
                 condition=Q(cached_tokens__lte=F("prompt_tokens")),
                 name="usage_cached_within_prompt",
+            ),
+            models.CheckConstraint(
+                condition=Q(batch_requests__lte=F("requests")),
+                name="usage_batch_requests_within_requests",
+            ),
+            models.CheckConstraint(
+                condition=Q(batch_prompt_tokens__lte=F("prompt_tokens")),
+                name="usage_batch_prompt_within_prompt",
+            ),
+            models.CheckConstraint(
+                condition=Q(batch_output_tokens__lte=F("output_tokens")),
+                name="usage_batch_output_within_output",
             ),
             models.CheckConstraint(
                 condition=Q(minute__second=0), name="usage_minute_truncated"

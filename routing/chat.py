@@ -19,7 +19,8 @@ The steps (seed steps 6-9 and 12), each taking what the one before produced:
    included), and used for the refund, the metrics and the usage row; for a model
    under rollout (a canary or a shadow set), the request's figures go to its
    version's bucket too (``metering.figures``: role live or canary, pinned
-   requests left out), the answer's head judged by the refusal detector.
+   requests left out), the answer's head judged by the refusal detector; batch
+   work (``ChatPlan.is_batch_work``) is counted in its own part of the row too.
 
 The request's tokens in flight on its replica are counted in ``LiveLoad`` while it
 streams (prompt plus remaining output), so routing sees them at once.
@@ -660,11 +661,17 @@ class ChatService:
                 )
         if usage is None:
             return
+        # Batch work (the batch tier, or a batch job's key at any tier) is counted
+        # in the totals and again in its own part: a batch token is a team token.
+        is_batch = plan.is_batch_work
         counts = UsageCounts(
             prompt_tokens=usage.prompt_tokens,
             cached_tokens=min(usage.cached_tokens, usage.prompt_tokens),
             output_tokens=usage.completion_tokens,
             requests=1,
+            batch_requests=1 if is_batch else 0,
+            batch_prompt_tokens=usage.prompt_tokens if is_batch else 0,
+            batch_output_tokens=usage.completion_tokens if is_batch else 0,
         )
         self.background.spawn(
             self.usage_counter.add(

@@ -16,10 +16,11 @@ request. A chat request is a pipeline of the modules beside it:
 immutable ``ChatPlan``), ``routing.chat`` (admission, routing with retries, the
 ``routing.relay``, metering), with the OpenAI shapes in ``routing.responses``.
 ``/tokenize`` is resolved the same way and passed to a replica
-(``routing.tokenize``). Whatever fails, the client gets OpenAI's error shape: an
-unexpected exception is logged (its type and frames, never its message, which may
-quote the request) and answered as a JSON 500, or as an error event once a stream
-has started.
+(``routing.tokenize``). A batch job's key (``KeyRecord.batch``) opens only chat
+completions: ``/v1/models`` and ``/tokenize`` answer it 403. Whatever fails, the
+client gets OpenAI's error shape: an unexpected exception is logged (its type and
+frames, never its message, which may quote the request) and answered as a JSON
+500, or as an error event once a stream has started.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from config.asgi_io import Receive, Scope, Send, wait_disconnect
 from metering import metrics
 from routing.chat import BackgroundTasks, ChatService
 from routing.domain.hosts import HostPolicy
-from routing.domain.snapshot import ConfigSnapshot
+from routing.domain.snapshot import ConfigSnapshot, KeyRecord
 from routing.failover import RedisFailover
 from routing.key_uses import KeyUses
 from routing.live import LiveLoad
@@ -331,11 +332,24 @@ class Gateway:
                 code="invalid_host",
             )
 
-    def _team(self, scope: Scope, snapshot: ConfigSnapshot) -> str:
-        """Return the team of the request's key, noting the key's use."""
+    def _key(self, scope: Scope, snapshot: ConfigSnapshot) -> KeyRecord:
+        """Return the request's key, noting its use."""
         key = authenticate(scope, snapshot)
         if self.key_uses is not None:
             self.key_uses.note(key.key_id)
+        return key
+
+    def _team(self, scope: Scope, snapshot: ConfigSnapshot) -> str:
+        """Return the team of the request's key; a batch job's key is refused (403):
+        it opens only chat completions."""
+        key = self._key(scope, snapshot)
+        if key.batch:
+            raise GatewayError(
+                403,
+                "a batch job's key opens only /v1/chat/completions",
+                code="batch_key_not_allowed",
+                error_type="permission_error",
+            )
         return key.team
 
     def _snapshot(self) -> ConfigSnapshot:
@@ -384,7 +398,7 @@ class Gateway:
         started_at = time.monotonic()
         snapshot = self._snapshot()
         headers = dict(scope.get("headers", ()))
-        team = self._team(scope, snapshot)
+        key = self._key(scope, snapshot)
         body = await read_json(receive, headers, self.settings.max_body_bytes)
         # From here on a client that goes away cancels this task (queued admission
         # included); reads from the engine need no per-chunk race with the client.
@@ -398,11 +412,12 @@ class Gateway:
                 snapshot=snapshot,
                 settings=self.settings,
                 counters=self.snapshots.prompt_counters,
-                team=team,
+                team=key.team,
                 headers=headers,
                 body=body,
                 started_at=started_at,
                 rng=self._rng,
+                batch_key=key.batch,
             )
             await self.chat.serve(plan, snapshot, send, before_last_send=watch.finish)
         except asyncio.CancelledError:

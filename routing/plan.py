@@ -98,7 +98,8 @@ class ChatPlan:
     ``include_usage`` is False when the client asked for no usage chunk
     (``stream_options.include_usage: false``: the gateway meters all the same);
     ``started_at`` is monotonic seconds at arrival; ``request_id`` names the answer
-    only when the engine's first event carries no id of its own.
+    only when the engine's first event carries no id of its own; ``batch_key``:
+    the request came with a batch job's key (``KeyRecord.batch``).
     """
 
     request_id: str
@@ -117,11 +118,22 @@ class ChatPlan:
     # No assistant message yet: the conversation's first turn (during a rollout
     # only a first turn may go to the canary: routing.domain.sticky).
     first_turn: bool = True
+    batch_key: bool = False
 
     @property
     def request_tokens(self) -> int:
         """Prompt plus ``max_tokens``: the most the request can hold in flight."""
         return self.prompt_tokens + self.max_tokens
+
+    @property
+    def is_batch_work(self) -> bool:
+        """True when the request is metered as batch work.
+
+        Asked for at the batch tier, or sent with a batch job's key at any tier:
+        a batch runner raises a line to standard when its deadline nears, and the
+        line is still the batch's work.
+        """
+        return self.tier is Tier.BATCH or self.batch_key
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,10 +245,12 @@ async def plan_chat(
     body: Mapping[str, Any],
     started_at: float,
     rng: random.Random,
+    batch_key: bool = False,
 ) -> ChatPlan:
     """Return the plan of one chat request from ``team``.
 
-    ``rng`` draws the shadow sample (one uniform draw per request).
+    ``rng`` draws the shadow sample (one uniform draw per request); ``batch_key``
+    says the request's key is a batch job's (``KeyRecord.batch``).
 
     Raises:
         GatewayError: the request cannot be served as asked (see the module).
@@ -296,6 +310,7 @@ async def plan_chat(
         started_at=started_at,
         include_usage=checked.include_usage,
         first_turn=not any(m.get("role") == "assistant" for m in messages),
+        batch_key=batch_key,
     )
 
 

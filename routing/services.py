@@ -31,9 +31,11 @@ def build_snapshot(*, region: str, default_policy: str) -> ConfigSnapshot:
     pending rollout when it is at the shadow stage.
     """
     keys = {
-        key_hash: KeyRecord(key_id=key_id, team=team_id)
-        for key_id, key_hash, team_id in ApiKey.objects.active().values_list(
-            "pk", "key_hash", "team_id"
+        key_hash: KeyRecord(
+            key_id=key_id, team=team_id, batch=purpose == ApiKey.Purpose.BATCH
+        )
+        for key_id, key_hash, team_id, purpose in ApiKey.objects.active().values_list(
+            "pk", "key_hash", "team_id", "purpose"
         )
     }
     teams = frozenset(Team.objects.values_list("team", flat=True))

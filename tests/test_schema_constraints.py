@@ -73,6 +73,24 @@ def test_usage_cached_tokens_within_prompt_tokens(
 
 
 @pytest.mark.parametrize(
+    ("part", "whole"),
+    [
+        ("batch_requests", "requests"),
+        ("batch_prompt_tokens", "prompt_tokens"),
+        ("batch_output_tokens", "output_tokens"),
+    ],
+)
+def test_usage_batch_counts_within_their_totals(
+    team: Team, chat_v1: ModelVersion, part: str, whole: str
+) -> None:
+    row = {"team": team, "model_id": "chat-7b", "version": chat_v1, "minute": MINUTE}
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Usage.objects.create(**row, **{whole: 1, part: 2})
+    Usage.objects.create(**row, **{whole: 2, part: 2})  # all of it batch: allowed
+    assert Usage.objects.count() == 1
+
+
+@pytest.mark.parametrize(
     ("field", "value"),
     [
         ("weights_uri", "s3://models/other/"),
@@ -241,6 +259,13 @@ def test_api_key_hash_must_be_hex(team: Team) -> None:
     with pytest.raises(IntegrityError), transaction.atomic():
         ApiKey.objects.create(
             team=team, key_hash="sk-team-plaintext", prefix="sk-team-"
+        )
+
+
+def test_api_key_purpose_must_be_known(team: Team) -> None:
+    with pytest.raises(IntegrityError), transaction.atomic():
+        ApiKey.objects.create(
+            team=team, key_hash=digest("k"), prefix="sk-team-", purpose="robot"
         )
 
 

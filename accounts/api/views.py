@@ -90,7 +90,11 @@ class TeamDetailView(ControlPlaneView):
 
 
 class KeyListView(ControlPlaneView):
-    """List a team's keys (prefixes only) or issue a new one, shown once."""
+    """List a team's keys (prefixes only) or issue a new one, shown once.
+
+    The list holds the keys people hold; the keys the platform mints for batch
+    jobs are left out (they are the batches', never edited or revoked here).
+    """
 
     @extend_schema(
         responses={
@@ -99,7 +103,7 @@ class KeyListView(ControlPlaneView):
     )
     def get(self, request: Request, team: str) -> Response:
         services.get_team(team)
-        keys = ApiKey.objects.filter(team_id=team)
+        keys = ApiKey.objects.filter(team_id=team, purpose=ApiKey.Purpose.TEAM)
         return Response({"data": [key_dict(key) for key in keys]})
 
     @extend_schema(request=KeyCreateSerializer, responses={201: KeyCreatedSerializer})

@@ -1,7 +1,7 @@
 """Usage rows are per team, model, version and minute; these helpers keep them honest.
 
 Public surface: ``UsageCounts``, ``UsageKey``, ``UsageLedger``, ``COUNTER_FIELDS``,
-``truncate_to_minute``, ``prefix_hit_rate``, ``usd_per_million_tokens``.
+``PART_OF``, ``truncate_to_minute``, ``prefix_hit_rate``, ``usd_per_million_tokens``.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 
 __all__ = [
     "COUNTER_FIELDS",
+    "PART_OF",
     "UsageCounts",
     "UsageKey",
     "UsageLedger",
@@ -22,7 +23,13 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class UsageCounts:
-    """The counters of one usage row; ``cached_tokens`` is part of ``prompt_tokens``."""
+    """The counters of one usage row; ``cached_tokens`` is part of ``prompt_tokens``.
+
+    ``batch_requests``, ``batch_prompt_tokens`` and ``batch_output_tokens`` are the
+    part of ``requests``, ``prompt_tokens`` and ``output_tokens`` that was batch
+    work (the batch tier, or a batch job's key at any tier): counted in the
+    totals too, as batch tokens count against the team's tokens per minute.
+    """
 
     prompt_tokens: int = 0
     cached_tokens: int = 0
@@ -30,6 +37,9 @@ class UsageCounts:
     requests: int = 0
     shed: int = 0
     rate_limited: int = 0
+    batch_requests: int = 0
+    batch_prompt_tokens: int = 0
+    batch_output_tokens: int = 0
 
     def __add__(self, other: UsageCounts) -> UsageCounts:
         return UsageCounts(
@@ -39,10 +49,21 @@ class UsageCounts:
             requests=self.requests + other.requests,
             shed=self.shed + other.shed,
             rate_limited=self.rate_limited + other.rate_limited,
+            batch_requests=self.batch_requests + other.batch_requests,
+            batch_prompt_tokens=self.batch_prompt_tokens + other.batch_prompt_tokens,
+            batch_output_tokens=self.batch_output_tokens + other.batch_output_tokens,
         )
 
 
 COUNTER_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(UsageCounts))
+# Counters that count a part of another, as (part, whole): a usage row keeps
+# part <= whole (``metering.counters.check_counts``, and the table's checks).
+PART_OF: tuple[tuple[str, str], ...] = (
+    ("cached_tokens", "prompt_tokens"),
+    ("batch_requests", "requests"),
+    ("batch_prompt_tokens", "prompt_tokens"),
+    ("batch_output_tokens", "output_tokens"),
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -133,7 +133,13 @@ def test_redis_counter_rejects_names_that_are_not_slugs(
 
 @pytest.mark.parametrize(
     "counts",
-    [UsageCounts(prompt_tokens=1, cached_tokens=2), UsageCounts(output_tokens=-1)],
+    [
+        UsageCounts(prompt_tokens=1, cached_tokens=2),
+        UsageCounts(output_tokens=-1),
+        UsageCounts(requests=1, batch_requests=2),
+        UsageCounts(prompt_tokens=3, batch_prompt_tokens=4),
+        UsageCounts(output_tokens=5, batch_output_tokens=6),
+    ],
 )
 def test_counters_reject_counts_no_row_may_hold(
     redis_url: str, prefix: str, counts: UsageCounts

@@ -16,7 +16,7 @@ from pytest_django import DjangoCaptureOnCommitCallbacks, Settings
 
 from accounts.models import Team
 from metering.counters import RedisUsageCounter, usage_hash_key, usage_index_key
-from metering.domain.usage import UsageCounts, UsageKey
+from metering.domain.usage import COUNTER_FIELDS, UsageCounts, UsageKey
 from metering.models import Usage
 from metering.services import (
     flush_memory_usage,
@@ -96,14 +96,7 @@ def row(key: UsageKey = KEY) -> UsageCounts:
         version__version=key.version,
         minute=key.minute_at,
     )
-    return UsageCounts(
-        prompt_tokens=usage.prompt_tokens,
-        cached_tokens=usage.cached_tokens,
-        output_tokens=usage.output_tokens,
-        requests=usage.requests,
-        shed=usage.shed,
-        rate_limited=usage.rate_limited,
-    )
+    return UsageCounts(**{f: getattr(usage, f) for f in COUNTER_FIELDS})
 
 
 def indexed(client: redis.Redis, prefix: str) -> set[str]:
@@ -281,12 +274,51 @@ def test_flush_drops_malformed_index_members(
     assert not client.exists(impossible)
 
 
+def test_flush_carries_the_batch_parts(
+    team: Team,
+    chat_v1: ModelVersion,
+    add: AddUsage,
+    flush: Flush,
+    client: redis.Redis,
+    prefix: str,
+) -> None:
+    """GIVEN a standard request and a batch one counted in Redis in one minute
+    WHEN the minute is flushed, then a late batch request flushed again
+    THEN the row holds the totals and, within them, the batch part.
+    """
+    batch = UsageCounts(
+        prompt_tokens=30,
+        output_tokens=12,
+        requests=1,
+        batch_requests=1,
+        batch_prompt_tokens=30,
+        batch_output_tokens=12,
+    )
+    add(KEY, TEN)
+    add(KEY, batch)
+    fields = client.hgetall(usage_hash_key(prefix, KEY))
+    assert fields[b"batch_prompt_tokens"] == b"30"
+
+    assert flush() == 1
+    assert row() == TEN + batch
+    add(KEY, batch)
+    assert flush() == 1
+    assert row() == TEN + batch + batch
+    usage = Usage.objects.get()
+    assert (usage.requests, usage.batch_requests) == (3, 2)
+    assert (usage.prompt_tokens, usage.batch_prompt_tokens) == (70, 60)
+    assert (usage.output_tokens, usage.batch_output_tokens) == (31, 24)
+
+
 def test_flush_memory_usage_adds_to_rows(team: Team, chat_v1: ModelVersion) -> None:
     other = UsageKey("search", "chat-7b", "v1", MINUTE + 60)
     assert flush_memory_usage(entries={KEY: TEN, other: TEN}) == 2
-    assert flush_memory_usage(entries={KEY: UsageCounts(shed=3)}) == 1
+    batch = UsageCounts(
+        prompt_tokens=2, output_tokens=1, batch_prompt_tokens=2, batch_output_tokens=1
+    )
+    assert flush_memory_usage(entries={KEY: UsageCounts(shed=3) + batch}) == 1
 
-    assert row() == TEN + UsageCounts(shed=3)
+    assert row() == TEN + UsageCounts(shed=3) + batch
     assert row(other) == TEN
 
 

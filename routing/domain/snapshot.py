@@ -29,10 +29,16 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class KeyRecord:
-    """An active team API key, by the SHA-256 of its secret."""
+    """An active team API key, by the SHA-256 of its secret.
+
+    ``batch``: the platform minted it for one batch job (accounts' purpose
+    ``batch``). It opens only chat completions, and everything sent with it is
+    metered as batch work, whatever tier the request asks for.
+    """
 
     key_id: int
     team: str
+    batch: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,14 +1,15 @@
 """The gateway's ASGI app in the test's own process, on a snapshot built by hand.
 
-Public surface: ``EmbeddedGateway``, ``Answer``, ``TEAM_KEY``, ``MODEL``.
+Public surface: ``EmbeddedGateway``, ``Answer``, ``TEAM_KEY``, ``BATCH_KEY``,
+``MODEL``.
 
 For tests that must look inside the gateway (its limiter's buckets and slots, its
 usage counter, its log) or send many bodies fast (the /v1 fuzz). The snapshot holds
-one team (key ``TEAM_KEY``) allowed on one model (``MODEL``, version v1) and, when
-a URL is given, one serving replica there: a real simulated replica the test
-started. Limits and usage are kept in memory, as a gateway without Redis keeps
-them. What users see is also tested against real gateway processes
-(``test_gateway_e2e.py``, ``test_v1_fuzz.py``).
+one team (key ``TEAM_KEY``; ``BATCH_KEY`` is the team's batch job key) allowed on
+one model (``MODEL``, version v1) and, when a URL is given, one serving replica
+there: a real simulated replica the test started. Limits and usage are kept in
+memory, as a gateway without Redis keeps them. What users see is also tested
+against real gateway processes (``test_gateway_e2e.py``, ``test_v1_fuzz.py``).
 
 Requests are ASGI calls on one event loop owned by the harness, so the upstream
 session and background tasks outlive a single request as they do in a server.
@@ -48,9 +49,10 @@ from routing.prompt_tokens import VersionCounters
 from routing.snapshots import SnapshotHolder
 from routing.upstream import Upstream
 
-__all__ = ["MODEL", "TEAM_KEY", "Answer", "EmbeddedGateway"]
+__all__ = ["BATCH_KEY", "MODEL", "TEAM_KEY", "Answer", "EmbeddedGateway"]
 
 TEAM_KEY = "sk-team-embedded"
+BATCH_KEY = "sk-team-embedded-batch"
 MODEL = "chat-7b"
 _TEAM = "alpha"
 
@@ -101,7 +103,10 @@ def _snapshot(replica_url: str | None) -> ConfigSnapshot:
         keys={
             hashlib.sha256(TEAM_KEY.encode()).hexdigest(): KeyRecord(
                 key_id=1, team=_TEAM
-            )
+            ),
+            hashlib.sha256(BATCH_KEY.encode()).hexdigest(): KeyRecord(
+                key_id=2, team=_TEAM, batch=True
+            ),
         },
         teams=frozenset({_TEAM}),
         limits={

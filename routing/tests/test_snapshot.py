@@ -9,7 +9,7 @@ from django.utils import timezone
 from pytest_django import DjangoAssertNumQueries
 
 from accounts import services as accounts
-from accounts.models import Team
+from accounts.models import ApiKey, Team
 from models_registry.models import ModelVersion
 from rollouts import services as rollouts
 from routing.services import build_snapshot
@@ -32,6 +32,21 @@ def test_snapshot_holds_only_active_keys(team: Team) -> None:
     assert hashlib.sha256(kept.encode()).hexdigest() in snapshot.keys
     assert hashlib.sha256(secret.encode()).hexdigest() not in snapshot.keys
     assert snapshot.keys[hashlib.sha256(kept.encode()).hexdigest()].team == team.team
+
+
+def test_snapshot_marks_batch_keys(team: Team) -> None:
+    _, person = accounts.issue_key(team_id=team.team)
+    ApiKey.objects.create(
+        team=team,
+        key_hash=hashlib.sha256(b"sk-team-batch").hexdigest(),
+        prefix="sk-team-batc",
+        name="batch batch_1",
+        purpose=ApiKey.Purpose.BATCH,
+    )
+    snapshot = build_snapshot(region="local", default_policy="prefix_affinity")
+    batch = snapshot.keys[hashlib.sha256(b"sk-team-batch").hexdigest()]
+    assert (batch.team, batch.batch) == (team.team, True)
+    assert snapshot.keys[hashlib.sha256(person.encode()).hexdigest()].batch is False
 
 
 def test_snapshot_carries_limits_aliases_canary_and_shadow(

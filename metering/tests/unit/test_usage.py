@@ -7,6 +7,8 @@ from datetime import UTC, datetime
 import pytest
 
 from metering.domain.usage import (
+    COUNTER_FIELDS,
+    PART_OF,
     UsageCounts,
     prefix_hit_rate,
     truncate_to_minute,
@@ -35,7 +37,7 @@ def test_truncate_to_minute_last_instant_stays_in_its_minute() -> None:
 
 
 def test_usage_counts_default_to_zero() -> None:
-    assert UsageCounts() == UsageCounts(0, 0, 0, 0, 0, 0)
+    assert UsageCounts() == UsageCounts(0, 0, 0, 0, 0, 0, 0, 0, 0)
 
 
 def test_usage_counts_add_every_field() -> None:
@@ -46,6 +48,9 @@ def test_usage_counts_add_every_field() -> None:
         requests=1,
         shed=0,
         rate_limited=2,
+        batch_requests=1,
+        batch_prompt_tokens=60,
+        batch_output_tokens=9,
     )
     second = UsageCounts(
         prompt_tokens=5,
@@ -54,6 +59,9 @@ def test_usage_counts_add_every_field() -> None:
         requests=3,
         shed=4,
         rate_limited=0,
+        batch_requests=2,
+        batch_prompt_tokens=3,
+        batch_output_tokens=0,
     )
     assert first + second == UsageCounts(
         prompt_tokens=105,
@@ -62,7 +70,31 @@ def test_usage_counts_add_every_field() -> None:
         requests=4,
         shed=4,
         rate_limited=2,
+        batch_requests=3,
+        batch_prompt_tokens=63,
+        batch_output_tokens=9,
     )
+
+
+def test_usage_counts_add_sums_each_field_by_name() -> None:
+    # Distinct powers of ten per field: a field added to the wrong one shows.
+    first = UsageCounts(**{f: 10**i for i, f in enumerate(COUNTER_FIELDS)})
+    second = UsageCounts(**{f: 2 * 10**i for i, f in enumerate(COUNTER_FIELDS)})
+    assert first + second == UsageCounts(
+        **{f: 3 * 10**i for i, f in enumerate(COUNTER_FIELDS)}
+    )
+
+
+def test_counter_fields_carry_the_batch_parts() -> None:
+    assert {"batch_requests", "batch_prompt_tokens", "batch_output_tokens"} <= set(
+        COUNTER_FIELDS
+    )
+    assert {part for part, _ in PART_OF} >= {
+        "batch_requests",
+        "batch_prompt_tokens",
+        "batch_output_tokens",
+    }
+    assert all(whole in COUNTER_FIELDS for _, whole in PART_OF)
 
 
 def test_usage_counts_zero_is_identity() -> None:
