@@ -73,6 +73,7 @@ INSTALLED_APPS = [
     "metering",
     "rollouts",
     "engine_nodes",
+    "batches",
     "drills",
 ]
 
@@ -300,6 +301,7 @@ try:
             # The eval sets this checkout ships, and where local gate reports go.
             f"file://{BASE_DIR / 'platform' / 'evals'}/",
             f"file://{BASE_DIR / '.local' / 'reports'}/",
+            f"file://{BASE_DIR / '.local' / 'batches'}/",
         ],
     )
     # The gateway (/v1). Teams without a limits row on a model may call it with
@@ -453,6 +455,41 @@ try:
     PLATFORM_GATE_TIME_LIMIT_S = env_float(
         "PLATFORM_GATE_TIME_LIMIT_S", 4 * 3600.0, minimum=60.0
     )
+    # Batches (batches.runner). Uploaded files and outputs are stored under
+    # PLATFORM_BATCH_STORAGE_URI (inside a storage root); a batch's lines go to the
+    # region's gateway at PLATFORM_BATCH_GATEWAY_URL with a key minted for the job.
+    PLATFORM_BATCH_STORAGE_URI = env_str(
+        "PLATFORM_BATCH_STORAGE_URI", f"file://{BASE_DIR / '.local' / 'batches'}/"
+    )
+    PLATFORM_BATCH_FILE_MAX_BYTES = env_int(
+        "PLATFORM_BATCH_FILE_MAX_BYTES", 100 * 1024 * 1024, minimum=1
+    )
+    PLATFORM_BATCH_GATEWAY_URL = env_str(
+        "PLATFORM_BATCH_GATEWAY_URL", PLATFORM_GATE_GATEWAY_URL
+    )
+    # How often beat hands active batches to a runner, how long a runner's claim
+    # on a job holds without renewal (a killed runner's lines run again after
+    # it), and how long one runner task works before handing the job on.
+    PLATFORM_BATCH_DISPATCH_S = env_float("PLATFORM_BATCH_DISPATCH_S", 2.0, minimum=0.2)
+    PLATFORM_BATCH_LEASE_S = env_float("PLATFORM_BATCH_LEASE_S", 30.0, minimum=1.0)
+    PLATFORM_BATCH_SLICE_S = env_float("PLATFORM_BATCH_SLICE_S", 120.0, minimum=1.0)
+    PLATFORM_BATCH_REQUEST_TIMEOUT_S = env_float(
+        "PLATFORM_BATCH_REQUEST_TIMEOUT_S", 600.0, minimum=1.0
+    )
+    # A line whose answer is a 5xx other than a shed, or no answer at all, is
+    # tried this many times before it is failed.
+    PLATFORM_BATCH_MAX_ATTEMPTS = env_int("PLATFORM_BATCH_MAX_ATTEMPTS", 3, minimum=1)
+    # The scheduler's policy (batches.domain.scheduler.SchedulerSettings).
+    PLATFORM_BATCH_INITIAL_WINDOW = env_int(
+        "PLATFORM_BATCH_INITIAL_WINDOW", 4, minimum=1
+    )
+    PLATFORM_BATCH_MAX_WINDOW = env_int("PLATFORM_BATCH_MAX_WINDOW", 64, minimum=1)
+    PLATFORM_BATCH_MIN_OBSERVED_S = env_float(
+        "PLATFORM_BATCH_MIN_OBSERVED_S", 30.0, minimum=0.1
+    )
+    PLATFORM_BATCH_RATE_WINDOW_S = env_float(
+        "PLATFORM_BATCH_RATE_WINDOW_S", 60.0, minimum=0.1
+    )
 except EnvError as exc:
     raise ImproperlyConfigured(str(exc)) from None
 
@@ -498,7 +535,11 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TIMEZONE = "UTC"
 # The version gates take minutes to hours: on a queue of their own, so the control
 # loops' ticks (autoscaler, reaper, usage flush) never wait behind them.
-CELERY_TASK_ROUTES = {"engine_nodes.run_gates": {"queue": "gates"}}
+# A batch's runner works for minutes at a time: on a queue of its own too.
+CELERY_TASK_ROUTES = {
+    "engine_nodes.run_gates": {"queue": "gates"},
+    "batches.run_batch": {"queue": "batches"},
+}
 CELERY_BEAT_SCHEDULE_FILENAME = str(LOCAL_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE = {
     "reap-silent-replicas": {
@@ -522,6 +563,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "engine_nodes.guard_rollouts",
         "schedule": timedelta(seconds=PLATFORM_ROLLOUT_GUARD_INTERVAL_S),
         "options": {"expires": PLATFORM_ROLLOUT_GUARD_INTERVAL_S * 0.9},
+    },
+    "dispatch-batches": {
+        "task": "batches.dispatch_batches",
+        "schedule": timedelta(seconds=PLATFORM_BATCH_DISPATCH_S),
+        "options": {"expires": PLATFORM_BATCH_DISPATCH_S * 0.9},
     },
 }
 

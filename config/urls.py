@@ -12,6 +12,8 @@ urlpatterns = [
     path("", lambda request: HttpResponseRedirect("/console/")),
     path("console/", admin.site.urls),
     path("admin/", include("config.admin_api_urls")),
+    # The Files and Batch APIs; config.asgi sends only these /v1 paths to Django.
+    path("v1/", include("batches.api.urls")),
     path("metrics", metrics_view, name="prometheus-django-metrics"),
 ]
 

@@ -24,6 +24,7 @@ APPS = [
     "metering",
     "rollouts",
     "engine_nodes",
+    "batches",
     "drills",
 ]
 FORBIDDEN = {

@@ -126,11 +126,11 @@ def on_a_terminal(argv: list[str], env: dict[str, str]) -> Iterator[Terminal]:
 
 
 def platform_processes(local: Path, banner: str) -> tuple[list[int], list[int]]:
-    """Return the pids `make up` started (server, worker, gates worker, agent), and
-    the replica ports."""
+    """Return the pids `make up` started (server, worker, gates worker, batches
+    worker, agent), and the replica ports."""
     pids = [int(p.read_text()) for p in (local / "run").glob("*.pid")]
     ports = [int(m) for m in re.findall(r"serving\s+http://127\.0\.0\.1:(\d+)", banner)]
-    assert len(pids) == 4, pids
+    assert len(pids) == 5, pids
     assert len(ports) == 3, banner
     return pids, ports
 

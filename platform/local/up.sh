@@ -88,6 +88,13 @@ $SETSID .venv/bin/celery -A config worker -Q gates --concurrency 1 --loglevel IN
     -n "gates@%h" </dev/null >"$LOCAL/logs/gates-worker.log" 2>&1 &
 pids+=($!); echo $! >"$LOCAL/run/gates-worker.pid"
 
+# Batch runners work a job for minutes at a time (queue batches): two at once,
+# each sending its lines through this server at the batch tier.
+PLATFORM_BATCH_GATEWAY_URL="${PLATFORM_BATCH_GATEWAY_URL:-http://$HOST:$PORT}" \
+$SETSID .venv/bin/celery -A config worker -Q batches --concurrency 2 --loglevel INFO \
+    -n "batches@%h" </dev/null >"$LOCAL/logs/batches-worker.log" 2>&1 &
+pids+=($!); echo $! >"$LOCAL/run/batches-worker.pid"
+
 # The node agent runs this machine's replicas: two simulated chat-7b and one
 # reason-70b, from the pools make up registered.
 $SETSID $PY manage.py engine_agent --node "${PLATFORM_NODE:-local-1}" --gpus "${PLATFORM_NODE_GPUS:-8}" \
@@ -157,7 +164,7 @@ cat <<BANNER
   Replicas (simulated vLLM, through the node agent; /v1 needs the engine key):
 $REPLICAS
   Engine key and the replicas' admin token: $LOCAL/credentials.json (mode 600)
-  Logs           $LOCAL/logs/{server,worker,agent}.log, $LOCAL/logs/replicas/
+  Logs           $LOCAL/logs/{server,worker,gates-worker,batches-worker,agent}.log, $LOCAL/logs/replicas/
 
   Try the control plane:
     curl -s -H "Authorization: Bearer $ADMIN_TOKEN" http://$HOST:$PORT/admin/models/chat-7b
@@ -171,10 +178,13 @@ $REPLICAS
   Or with the openai SDK:
     .venv/bin/python -c "from openai import OpenAI; c = OpenAI(base_url='http://$HOST:$PORT/v1', api_key='$TEAM_KEY'); r = c.chat.completions.create(model='chat-7b', messages=[{'role': 'user', 'content': 'Hello'}], max_tokens=16); print(r.choices[0].message.content, r.usage)"
 
+  Run a batch on idle capacity (OpenAI's Batch API; lines are checked at creation):
+    .venv/bin/python -c "import json, io; from openai import OpenAI; c = OpenAI(base_url='http://$HOST:$PORT/v1', api_key='$TEAM_KEY'); f = c.files.create(file=('in.jsonl', io.BytesIO(b''.join(json.dumps({'custom_id': f'q{i}', 'method': 'POST', 'url': '/v1/chat/completions', 'body': {'model': 'chat-7b', 'messages': [{'role': 'user', 'content': f'Question {i}'}], 'max_tokens': 16}}).encode() + b'\\n' for i in range(20)))), purpose='batch'); print(c.batches.create(input_file_id=f.id, endpoint='/v1/chat/completions', completion_window='1h'))"
+
   Inject a fault into a replica (the next request fails before its first token):
     curl -s -H "Authorization: Bearer $SIM_ADMIN_TOKEN" $CHAT_URL/sim/faults -d '{"fail_next": 1}'
 
-  Ctrl-C stops the server, the worker, the agent and its replicas.
+  Ctrl-C stops the server, the workers, the agent and its replicas.
 BANNER
 
 # Ctrl-C runs `stop` (exit 0) from inside this wait; getting past it means a

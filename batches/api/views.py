@@ -1,0 +1,213 @@
+"""The Files and Batch APIs in OpenAI's shapes, and the seed's batch form.
+
+``POST /v1/files`` (multipart: ``file``, ``purpose=batch``), ``GET /v1/files``,
+``GET /v1/files/{id}``, ``GET /v1/files/{id}/content``; ``POST /v1/batches``
+(``input_file_id``, ``endpoint``, ``completion_window``, ``metadata``; or the
+seed's ``model``, ``input_uri``, ``output_uri``, ``deadline``), ``GET
+/v1/batches`` (``after``, ``limit``), ``GET /v1/batches/{id}``, ``POST
+/v1/batches/{id}/cancel``. Errors are OpenAI's shape (``config.errors``).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+from django.http import StreamingHttpResponse
+from rest_framework.parsers import MultiPartParser
+from rest_framework.renderers import JSONRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from batches import services
+from batches.api.auth import IsTeam, TeamCaller, TeamKeyAuthentication
+from config.errors import InvalidRequest, NotFound
+from config.parsers import BodyParser
+
+_ID = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
+_MAX_METADATA = 16
+
+
+class _TeamView(APIView):
+    authentication_classes = [TeamKeyAuthentication]
+    permission_classes = [IsTeam]
+    schema = None  # the OpenAI surface; /admin/schema documents the control plane
+
+    def team(self, request: Request) -> str:
+        caller = request.user
+        assert isinstance(caller, TeamCaller)  # IsTeam let only a team through
+        return caller.team_id
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)
+        for name in ("file_id", "batch_id"):
+            value = kwargs.get(name)
+            if value is not None and not _ID.match(value):
+                raise NotFound(f"no {name.removesuffix('_id')} {value!r}", param=name)
+
+
+class FileListView(_TeamView):
+    parser_classes = [MultiPartParser]
+
+    def post(self, request: Request) -> Response:
+        upload = request.FILES.get("file")
+        if upload is None:
+            raise InvalidRequest(
+                "file is required (multipart form field 'file')", param="file"
+            )
+        data = request.data
+        purpose = data.get("purpose") if hasattr(data, "get") else None
+        if not isinstance(purpose, str):
+            raise InvalidRequest("purpose is required", param="purpose")
+        found = services.create_file(
+            team_id=self.team(request),
+            filename=upload.name or "batch.jsonl",
+            purpose=purpose,
+            chunks=upload.chunks(),
+        )
+        return Response(services.file_object(found), status=200)
+
+    def get(self, request: Request) -> Response:
+        from batches.models import BatchFile
+
+        rows = BatchFile.objects.filter(team_id=self.team(request))[:10_000]
+        return Response(
+            {"object": "list", "data": [services.file_object(f) for f in rows]}
+        )
+
+
+class FileDetailView(_TeamView):
+    def get(self, request: Request, file_id: str) -> Response:
+        found = services.get_file(team_id=self.team(request), file_id=file_id)
+        return Response(services.file_object(found))
+
+
+class FileContentView(_TeamView):
+    def perform_content_negotiation(
+        self,
+        request: Request,
+        force: bool = False,  # noqa: FBT001, FBT002 (DRF's)
+    ) -> tuple[Any, str]:
+        # The content is the file's bytes whatever the client accepts (the SDK
+        # asks for application/binary); only an error is rendered, as JSON.
+        return JSONRenderer(), "application/json"
+
+    def get(self, request: Request, file_id: str) -> StreamingHttpResponse:
+        lines = services.file_content(team_id=self.team(request), file_id=file_id)
+        return StreamingHttpResponse(lines, content_type="application/jsonl")
+
+
+class BatchListView(_TeamView):
+    parser_classes = [BodyParser]
+
+    def post(self, request: Request) -> Response:
+        body = request.data
+        if not isinstance(body, dict):
+            raise InvalidRequest("the body must be a JSON object")
+        batch = services.create_batch(
+            team_id=self.team(request),
+            input_file_id=_string(body, "input_file_id"),
+            input_uri=_string(body, "input_uri"),
+            output_uri=_string(body, "output_uri"),
+            model=_string(body, "model"),
+            endpoint=_string(body, "endpoint") or "/v1/chat/completions",
+            completion_window=_string(body, "completion_window"),
+            deadline=_deadline(body.get("deadline")),
+            metadata=_metadata(body.get("metadata")),
+        )
+        return Response(services.batch_object(batch), status=200)
+
+    def get(self, request: Request) -> Response:
+        limit_text = request.query_params.get("limit", "20")
+        if not limit_text.isdigit() or not 1 <= int(limit_text) <= 100:
+            raise InvalidRequest(
+                "limit must be an integer from 1 to 100", param="limit"
+            )
+        after = request.query_params.get("after") or None
+        if after is not None and not _ID.match(after):
+            raise InvalidRequest("after must be a batch id", param="after")
+        page, has_more = services.list_batches(
+            team_id=self.team(request), after=after, limit=int(limit_text)
+        )
+        data = [services.batch_object(b) for b in page]
+        return Response(
+            {
+                "object": "list",
+                "data": data,
+                "first_id": data[0]["id"] if data else None,
+                "last_id": data[-1]["id"] if data else None,
+                "has_more": has_more,
+            }
+        )
+
+
+class BatchDetailView(_TeamView):
+    def get(self, request: Request, batch_id: str) -> Response:
+        batch = services.get_batch(team_id=self.team(request), batch_id=batch_id)
+        return Response(services.batch_object(batch))
+
+
+class BatchCancelView(_TeamView):
+    def post(self, request: Request, batch_id: str) -> Response:
+        batch = services.cancel_batch(team_id=self.team(request), batch_id=batch_id)
+        return Response(services.batch_object(batch))
+
+
+def _string(body: dict[str, Any], name: str) -> str | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidRequest(f"{name} must be a non-empty string", param=name)
+    return value
+
+
+def _deadline(value: object) -> datetime | None:
+    """A unix time in seconds, or an ISO 8601 time with its offset."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise InvalidRequest(
+            "deadline must be a unix time or an ISO 8601 time", param="deadline"
+        )
+    if isinstance(value, int | float):
+        try:
+            return datetime.fromtimestamp(float(value), tz=UTC)
+        except (OverflowError, OSError, ValueError):
+            raise InvalidRequest("deadline is out of range", param="deadline") from None
+    if isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise InvalidRequest(
+                "deadline must be a unix time or an ISO 8601 time", param="deadline"
+            ) from None
+        if moment.tzinfo is None:
+            raise InvalidRequest(
+                "deadline must carry its UTC offset (say '...Z')", param="deadline"
+            )
+        return moment
+    raise InvalidRequest(
+        "deadline must be a unix time or an ISO 8601 time", param="deadline"
+    )
+
+
+def _metadata(value: object) -> dict[str, str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InvalidRequest("metadata must be an object of strings", param="metadata")
+    if len(value) > _MAX_METADATA:
+        raise InvalidRequest(
+            f"metadata holds at most {_MAX_METADATA} pairs", param="metadata"
+        )
+    for key, item in value.items():
+        if not isinstance(item, str) or len(key) > 64 or len(item) > 512:
+            raise InvalidRequest(
+                "metadata keys are at most 64 characters and values strings of at "
+                "most 512",
+                param=f"metadata.{key}"[:100],
+            )
+    return dict(value)

@@ -1,0 +1,603 @@
+"""Batches: the Files API, creating, reading, cancelling and finishing a batch.
+
+Public surface: ``create_file``, ``get_file``, ``file_content``, ``create_batch``,
+``get_batch``, ``list_batches``, ``cancel_batch``, ``finalize``,
+``batch_object``, ``file_object``, ``batch_key_secret``, ``counts``.
+
+A team sees only its own files and batches: every lookup is by team, and another
+team's id is a 404, as an unknown one is. A batch is checked whole at creation
+(``batches.domain.lines``: a duplicate ``custom_id``, an unknown model, a URI
+outside the storage roots, a deadline in the past are a 400) and its lines are
+stored as rows; malformed lines are failed at once and go to the error file.
+
+The lines run through the gateway with a key minted for the batch
+(``batch_key_secret``): its secret is derived from ``SECRET_KEY`` and the batch
+id, so a runner that restarts can compute it again and nothing stores it; only
+its SHA-256 is in ``api_keys`` (purpose ``batch``), revoked when the batch ends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+from collections.abc import Iterable, Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Count, Q
+from django.utils import timezone
+
+from accounts.domain.keys import display_prefix, hash_secret
+from accounts.models import ApiKey, TeamLimit
+from batches import storage
+from batches.domain.lines import (
+    ENDPOINT,
+    InputRejected,
+    error_line,
+    output_line,
+    parse_input,
+    parse_window,
+)
+from batches.models import Batch, BatchFile, BatchLine
+from config.errors import InvalidRequest, NotFound, PlatformError
+from models_registry.models import Model
+
+__all__ = [
+    "TooLarge",
+    "batch_key_secret",
+    "batch_object",
+    "cancel_batch",
+    "counts",
+    "create_batch",
+    "create_file",
+    "file_content",
+    "file_object",
+    "finalize",
+    "get_batch",
+    "get_file",
+    "list_batches",
+]
+
+EXPIRED_MESSAGE = (
+    "This request could not be executed before the completion window expired."
+)
+CANCELLED_MESSAGE = "This request was not executed: the batch was cancelled."
+_INSERT_CHUNK = 2000
+
+
+class TooLarge(PlatformError):
+    """A file over the size limit (413)."""
+
+    status_code = 413
+
+
+# -- files ----------------------------------------------------------------------
+
+
+def create_file(
+    *, team_id: str, filename: str, purpose: str, chunks: Iterable[bytes]
+) -> BatchFile:
+    """Store an uploaded file for batches; only ``purpose="batch"`` is accepted.
+
+    Raises:
+        InvalidRequest: another purpose, or an empty file.
+        TooLarge: over ``PLATFORM_BATCH_FILE_MAX_BYTES``.
+    """
+    if purpose != BatchFile.Purpose.BATCH:
+        raise InvalidRequest(
+            "purpose must be 'batch': this platform keeps files for batches only",
+            param="purpose",
+        )
+    file_id = f"file-{secrets.token_hex(12)}"
+    uri = storage.file_uri(file_id)
+    limit = settings.PLATFORM_BATCH_FILE_MAX_BYTES
+    try:
+        size, digest = storage.write_stream(uri, chunks, max_bytes=limit)
+    except OverflowError:
+        raise TooLarge(
+            f"the file is larger than the {limit} bytes allowed",
+            param="file",
+            code="file_too_large",
+        ) from None
+    if size == 0:
+        raise InvalidRequest("the file is empty", param="file")
+    return BatchFile.objects.create(
+        id=file_id,
+        team_id=team_id,
+        purpose=purpose,
+        filename=filename[:255] or "batch.jsonl",
+        bytes=size,
+        sha256=digest,
+        uri=uri,
+        created_at=timezone.now(),
+    )
+
+
+def get_file(*, team_id: str, file_id: str) -> BatchFile:
+    try:
+        return BatchFile.objects.get(pk=file_id, team_id=team_id)
+    except BatchFile.DoesNotExist:
+        raise NotFound(f"no file {file_id!r}", param="file_id") from None
+
+
+def file_content(*, team_id: str, file_id: str) -> Iterator[bytes]:
+    """Return the file's lines, each with its newline.
+
+    Not a generator: the team's claim on the file is checked now, before a
+    streaming answer has started (a generator would check only once read).
+
+    Raises:
+        NotFound: a file the team does not have.
+    """
+    found = get_file(team_id=team_id, file_id=file_id)
+    return (line + b"\n" for line in storage.read_lines(found.uri))
+
+
+def file_object(found: BatchFile) -> dict[str, Any]:
+    """The file in OpenAI's shape."""
+    return {
+        "id": found.id,
+        "object": "file",
+        "bytes": found.bytes,
+        "created_at": int(found.created_at.timestamp()),
+        "filename": found.filename,
+        "purpose": found.purpose,
+        "status": "processed",
+        "status_details": None,
+        "expires_at": None,
+    }
+
+
+# -- creating a batch -----------------------------------------------------------
+
+
+def batch_key_secret(batch_id: str) -> str:
+    """The secret of a batch's own key, derived (never stored) from SECRET_KEY."""
+    mac = hmac.new(
+        settings.SECRET_KEY.encode(), f"batch-key:{batch_id}".encode(), hashlib.sha256
+    )
+    return f"sk-batch-{mac.hexdigest()}"
+
+
+def create_batch(
+    *,
+    team_id: str,
+    input_file_id: str | None = None,
+    input_uri: str | None = None,
+    output_uri: str | None = None,
+    model: str | None = None,
+    endpoint: str = ENDPOINT,
+    completion_window: str | None = None,
+    deadline: datetime | None = None,
+    metadata: dict[str, str] | None = None,
+    now: datetime | None = None,
+) -> Batch:
+    """Create a batch from an uploaded file (OpenAI's form) or from ``input_uri``
+    (the seed's form, with ``model``, ``output_uri`` and ``deadline``).
+
+    Raises:
+        InvalidRequest: the rules of ``batches.domain.lines``, an unknown model, a
+            model the team may not call, a URI outside the roots, a deadline in
+            the past or further than a week.
+        NotFound: an ``input_file_id`` the team does not have.
+        TooLarge: an ``input_uri`` over the file size limit.
+    """
+    now = now or timezone.now()
+    if endpoint != ENDPOINT:
+        raise InvalidRequest(f"endpoint must be {ENDPOINT!r}", param="endpoint")
+    window_s = _window(completion_window, deadline, now)
+    input_file = None
+    if input_file_id is not None:
+        input_file = get_file(team_id=team_id, file_id=input_file_id)
+        if input_file.purpose != BatchFile.Purpose.BATCH:
+            raise InvalidRequest(
+                "the input file must have purpose 'batch'", param="input_file_id"
+            )
+        source = input_file.uri
+    else:
+        source = _input_source(input_uri, output_uri)
+    if model is not None:
+        _model(model, team_id)
+    try:
+        parsed = parse_input(storage.read_lines(source), model=model)
+    except InputRejected as exc:
+        raise InvalidRequest(
+            exc.message,
+            param="input_file_id" if input_file else "input_uri",
+            code=exc.code,
+        ) from None
+    except storage.StorageRefused as exc:
+        raise InvalidRequest(str(exc), param="input_uri") from None
+    model_row = _model(parsed.model, team_id)
+    batch_id = f"batch_{secrets.token_hex(12)}"
+    failed = len(parsed.lines) - parsed.runnable
+    with transaction.atomic():
+        key = _mint_key(batch_id, team_id)
+        batch = Batch.objects.create(
+            id=batch_id,
+            team_id=team_id,
+            model=model_row,
+            endpoint=endpoint,
+            completion_window=completion_window or f"{window_s}s",
+            metadata=metadata or {},
+            input_file=input_file,
+            input_uri=input_uri or "",
+            output_uri=output_uri or "",
+            status=Batch.Status.IN_PROGRESS,
+            total=len(parsed.lines),
+            failed=failed,
+            created_at=now,
+            in_progress_at=now,
+            deadline_at=deadline or now + timedelta(seconds=window_s),
+            key=key,
+            schedule_reason="waiting for a runner",
+        )
+        rows = (
+            BatchLine(
+                batch=batch,
+                index=line.index,
+                custom_id=line.custom_id or "",
+                body=line.body,
+                status=(
+                    BatchLine.Status.PENDING
+                    if line.error is None
+                    else BatchLine.Status.FAILED
+                ),
+                error=(
+                    None
+                    if line.error is None
+                    else {"code": line.error.code, "message": line.error.message}
+                ),
+                finished_at=None if line.error is None else now,
+            )
+            for line in parsed.lines
+        )
+        _bulk_create(rows)
+    if parsed.runnable == 0:
+        finalize(batch.id, Batch.Status.COMPLETED, now=now)
+        batch.refresh_from_db()
+    return batch
+
+
+def _window(
+    completion_window: str | None, deadline: datetime | None, now: datetime
+) -> int:
+    if deadline is not None:
+        seconds = (deadline - now).total_seconds()
+        if seconds <= 0:
+            raise InvalidRequest("the deadline is in the past", param="deadline")
+        if seconds > 7 * 86400:
+            raise InvalidRequest(
+                "the deadline must be at most 7 days away", param="deadline"
+            )
+        return int(seconds)
+    try:
+        return parse_window(completion_window or "24h")
+    except ValueError as exc:
+        raise InvalidRequest(str(exc), param="completion_window") from None
+
+
+def _input_source(input_uri: str | None, output_uri: str | None) -> str:
+    if not input_uri:
+        raise InvalidRequest(
+            "give input_file_id (OpenAI's form) or input_uri (with output_uri)",
+            param="input_file_id",
+        )
+    for name, uri in (("input_uri", input_uri), ("output_uri", output_uri)):
+        if not uri:
+            raise InvalidRequest(f"{name} is required with input_uri", param=name)
+        try:
+            storage.check_uri(uri)
+        except storage.StorageRefused as exc:
+            raise InvalidRequest(f"{name} {exc}", param=name) from None
+    try:
+        size = storage.size_of(input_uri)
+    except storage.StorageRefused as exc:
+        raise InvalidRequest(str(exc), param="input_uri") from None
+    limit = settings.PLATFORM_BATCH_FILE_MAX_BYTES
+    if size > limit:
+        raise TooLarge(
+            f"the input is larger than the {limit} bytes allowed",
+            param="input_uri",
+            code="file_too_large",
+        )
+    return input_uri
+
+
+def _model(name: str, team_id: str) -> Model:
+    """The model a batch runs on (``model`` or ``model@version``), if the team may
+    call it: a limits row, or the platform's default tokens per minute."""
+    model_id = name.split("@", 1)[0]
+    try:
+        model = Model.objects.get(pk=model_id)
+    except Model.DoesNotExist:
+        raise InvalidRequest(
+            f"the model {name!r} does not exist", param="model", code="model_not_found"
+        ) from None
+    if not _tokens_per_minute(team_id, model_id):
+        raise InvalidRequest(
+            f"team {team_id!r} has no limits on {model_id!r}: ask an admin for a grant",
+            param="model",
+            code="model_not_permitted",
+        )
+    return model
+
+
+def _tokens_per_minute(team_id: str, model_id: str) -> int:
+    row = TeamLimit.objects.filter(team_id=team_id, model_id=model_id).first()
+    if row is not None:
+        return row.tokens_per_minute
+    return int(settings.PLATFORM_DEFAULT_TOKENS_PER_MINUTE)
+
+
+def team_tokens_per_minute(batch: Batch) -> int:
+    """The team's tokens per minute on the batch's model (the standard tier's ceiling)."""
+    return _tokens_per_minute(batch.team_id, batch.model_id)
+
+
+def _mint_key(batch_id: str, team_id: str) -> ApiKey:
+    secret = batch_key_secret(batch_id)
+    return ApiKey.objects.create(
+        team_id=team_id,
+        key_hash=hash_secret(secret),
+        prefix=display_prefix(secret),
+        name=f"batch {batch_id}",
+        purpose=ApiKey.Purpose.BATCH,
+    )
+
+
+def _bulk_create(rows: Iterable[BatchLine]) -> None:
+    chunk: list[BatchLine] = []
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) >= _INSERT_CHUNK:
+            BatchLine.objects.bulk_create(chunk)
+            chunk = []
+    if chunk:
+        BatchLine.objects.bulk_create(chunk)
+
+
+# -- reading and cancelling -------------------------------------------------------
+
+
+def get_batch(*, team_id: str, batch_id: str) -> Batch:
+    try:
+        return Batch.objects.get(pk=batch_id, team_id=team_id)
+    except Batch.DoesNotExist:
+        raise NotFound(f"no batch {batch_id!r}", param="batch_id") from None
+
+
+def list_batches(
+    *, team_id: str, after: str | None, limit: int
+) -> tuple[list[Batch], bool]:
+    """A page of the team's batches, newest first, after the cursor; and has_more."""
+    rows = Batch.objects.filter(team_id=team_id)
+    if after:
+        cursor = get_batch(team_id=team_id, batch_id=after)
+        rows = rows.filter(
+            Q(created_at__lt=cursor.created_at)
+            | Q(created_at=cursor.created_at, id__lt=cursor.id)
+        )
+    page = list(rows.order_by("-created_at", "-id")[: limit + 1])
+    return page[:limit], len(page) > limit
+
+
+def cancel_batch(*, team_id: str, batch_id: str, now: datetime | None = None) -> Batch:
+    """Ask for a batch to stop: its runner sends no new line, lets the lines in
+    flight finish and ends it ``cancelled`` with what was done.
+
+    Raises:
+        InvalidRequest: the batch has already ended (409 would hide that it did).
+    """
+    now = now or timezone.now()
+    batch = get_batch(team_id=team_id, batch_id=batch_id)
+    changed = Batch.objects.filter(pk=batch.pk, status=Batch.Status.IN_PROGRESS).update(
+        status=Batch.Status.CANCELLING, cancelling_at=now
+    )
+    batch.refresh_from_db()
+    if not changed and batch.status != Batch.Status.CANCELLING:
+        raise InvalidRequest(
+            f"the batch has already ended ({batch.status})",
+            param="batch_id",
+            code="batch_ended",
+        )
+    return batch
+
+
+def counts(batch: Batch) -> dict[str, int]:
+    """Lines per state (pending, running, done, failed, expired, cancelled)."""
+    found = dict(
+        BatchLine.objects.filter(batch=batch)
+        .values_list("status")
+        .annotate(n=Count("id"))
+        .values_list("status", "n")
+    )
+    return {status: int(found.get(status, 0)) for status in BatchLine.Status.values}
+
+
+def batch_object(batch: Batch) -> dict[str, Any]:
+    """The batch in OpenAI's shape, with the seed's fields and the scheduler's."""
+
+    def at(moment: datetime | None) -> int | None:
+        return int(moment.timestamp()) if moment is not None else None
+
+    body: dict[str, Any] = {
+        "id": batch.id,
+        "object": "batch",
+        "endpoint": batch.endpoint,
+        "errors": ({"object": "list", "data": batch.errors} if batch.errors else None),
+        "input_file_id": batch.input_file_id,
+        "completion_window": batch.completion_window,
+        "status": batch.status,
+        "output_file_id": batch.output_file_id,
+        "error_file_id": batch.error_file_id,
+        "created_at": at(batch.created_at),
+        "in_progress_at": at(batch.in_progress_at),
+        "expires_at": at(batch.deadline_at),
+        "finalizing_at": at(batch.finalizing_at),
+        "completed_at": at(batch.completed_at),
+        "failed_at": at(batch.failed_at),
+        "expired_at": at(batch.expired_at),
+        "cancelling_at": at(batch.cancelling_at),
+        "cancelled_at": at(batch.cancelled_at),
+        "request_counts": {
+            "total": batch.total,
+            "completed": batch.completed,
+            "failed": batch.failed,
+        },
+        "metadata": batch.metadata or None,
+        # The seed's form.
+        "batch_id": batch.id,
+        "model": batch.model_id,
+        "input_uri": batch.input_uri or None,
+        "output_uri": batch.output_uri or None,
+        "deadline": at(batch.deadline_at),
+        # What the scheduler decided last, and why.
+        "priority": batch.priority,
+        "refused": batch.refused,
+        "at_risk": batch.at_risk,
+        "at_risk_since": at(batch.at_risk_since),
+        "projected_finish_at": at(batch.projected_finish_at),
+        "schedule": batch.schedule_reason,
+    }
+    return body
+
+
+# -- finishing -------------------------------------------------------------------
+
+
+def finalize(batch_id: str, ending: str, *, now: datetime | None = None) -> bool:
+    """End a batch as ``ending`` (completed, expired or cancelled); idempotent.
+
+    Lines not finished are marked expired or cancelled (they go to the error file
+    with OpenAI's codes); the output file (answered 2xx) and the error file are
+    written under deterministic ids, so finalising twice writes the same files;
+    the seed's ``output_uri`` gets every line's result in input order; the batch's
+    key is revoked. The ending is stored with the ``finalizing`` status, so a
+    finaliser that died between its two transactions is finished the same way
+    (``batches.runner.dispatch``). The caller must hold the batch's lease (or know
+    no runner is alive). Returns False when the batch had already ended.
+    """
+    now = now or timezone.now()
+    with transaction.atomic():
+        batch = Batch.objects.select_for_update().get(pk=batch_id)
+        if batch.status in Batch.ENDED:
+            return False
+        if batch.status != Batch.Status.FINALIZING:
+            unfinished = BatchLine.objects.filter(
+                batch=batch,
+                status__in=(BatchLine.Status.PENDING, BatchLine.Status.RUNNING),
+            )
+            left = _LEFT.get(ending)
+            if left is not None:
+                status, code, message = left
+                unfinished.update(
+                    status=status,
+                    runner="",
+                    error={"code": code, "message": message},
+                    finished_at=now,
+                )
+            elif unfinished.exists():
+                raise RuntimeError(f"{batch_id} has unfinished lines: not completed")
+            batch.status = Batch.Status.FINALIZING
+            batch.finalizing_at = now
+            batch.ending = ending
+            batch.schedule_reason = f"finalizing ({ending})"
+            batch.save(
+                update_fields=["status", "finalizing_at", "ending", "schedule_reason"]
+            )
+    output, errors = _write_files(batch)
+    with transaction.atomic():
+        batch = Batch.objects.select_for_update().get(pk=batch_id)
+        if batch.status in Batch.ENDED:
+            return False
+        ending = batch.ending or ending
+        batch.output_file = output
+        batch.error_file = errors
+        batch.status = ending
+        setattr(batch, f"{ending}_at", now)
+        batch.schedule_reason = _ENDED_REASON.get(ending, ending)
+        batch.lease_until = None
+        batch.runner = ""
+        batch.save()
+        if batch.key_id is not None:
+            ApiKey.objects.filter(pk=batch.key_id, revoked_at__isnull=True).update(
+                revoked_at=now
+            )
+    return True
+
+
+_LEFT: dict[str, tuple[str, str, str]] = {
+    Batch.Status.EXPIRED: (BatchLine.Status.EXPIRED, "batch_expired", EXPIRED_MESSAGE),
+    Batch.Status.CANCELLED: (
+        BatchLine.Status.CANCELLED,
+        "batch_cancelled",
+        CANCELLED_MESSAGE,
+    ),
+}
+_ENDED_REASON: dict[str, str] = {
+    Batch.Status.COMPLETED: "completed",
+    Batch.Status.EXPIRED: "expired at the deadline, with the output of what finished",
+    Batch.Status.CANCELLED: "cancelled, with the output of what finished",
+}
+
+
+def _write_files(batch: Batch) -> tuple[BatchFile | None, BatchFile | None]:
+    """Write the output and error files (and the seed's output_uri) from the rows."""
+    hex_id = batch.id.removeprefix("batch_")
+    ok: list[bytes] = []
+    bad: list[bytes] = []
+    every: list[bytes] = []
+    lines = BatchLine.objects.filter(batch=batch).order_by("index")
+    for line in lines.iterator(chunk_size=_INSERT_CHUNK):
+        if line.status_code is not None:
+            record = output_line(
+                batch_id=batch.id,
+                index=line.index,
+                custom_id=line.custom_id or None,
+                status_code=line.status_code,
+                body=line.response,
+            )
+        else:
+            error = line.error or {"code": "unknown", "message": "no answer"}
+            record = error_line(
+                batch_id=batch.id,
+                index=line.index,
+                custom_id=line.custom_id or None,
+                code=str(error.get("code")),
+                message=str(error.get("message")),
+            )
+        encoded = json.dumps(record, separators=(",", ":")).encode()
+        (ok if line.status == BatchLine.Status.DONE else bad).append(encoded)
+        every.append(encoded)
+    output = _store(batch, f"file-{hex_id}-output", "batch_output.jsonl", ok)
+    errors = _store(batch, f"file-{hex_id}-errors", "batch_errors.jsonl", bad)
+    if batch.output_uri:
+        storage.write_lines(batch.output_uri, every)
+    return output, errors
+
+
+def _store(
+    batch: Batch, file_id: str, filename: str, lines: list[bytes]
+) -> BatchFile | None:
+    if not lines:
+        return None
+    uri = storage.file_uri(file_id)
+    size, digest = storage.write_lines(uri, lines)
+    found, _ = BatchFile.objects.update_or_create(
+        id=file_id,
+        defaults={
+            "team_id": batch.team_id,
+            "purpose": BatchFile.Purpose.BATCH_OUTPUT,
+            "filename": filename,
+            "bytes": size,
+            "sha256": digest,
+            "uri": uri,
+            "created_at": timezone.now(),
+        },
+    )
+    return found

@@ -1,0 +1,119 @@
+"""Where batch files live: fsspec URIs under the configured storage roots.
+
+Public surface: ``StorageRefused``, ``check_uri``, ``file_uri``, ``write_stream``,
+``write_lines``, ``read_lines``, ``size_of``.
+
+Every URI read or written here is checked against ``PLATFORM_STORAGE_ROOTS`` first
+(``models_registry.domain.identity.uri_errors``: under a root, no ``..``), so a
+caller's ``input_uri`` or ``output_uri`` can never reach outside them. Writes go to
+a temporary name first and are moved into place, so a reader never sees half a
+file and a finaliser that is run twice writes the same file twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import fsspec
+from django.conf import settings
+
+from models_registry.domain.identity import uri_errors
+
+__all__ = [
+    "StorageRefused",
+    "check_uri",
+    "file_uri",
+    "read_lines",
+    "size_of",
+    "write_lines",
+    "write_stream",
+]
+
+
+class StorageRefused(ValueError):
+    """A URI outside the storage roots, or one that cannot be read."""
+
+
+def check_uri(uri: str) -> None:
+    """Raise ``StorageRefused`` unless ``uri`` lies under a configured storage root."""
+    problems = uri_errors(uri, list(settings.PLATFORM_STORAGE_ROOTS))
+    if problems:
+        raise StorageRefused("; ".join(problems))
+
+
+def file_uri(file_id: str) -> str:
+    """Where the Files API keeps a file's content."""
+    root = settings.PLATFORM_BATCH_STORAGE_URI
+    return f"{root if root.endswith('/') else root + '/'}files/{file_id}.jsonl"
+
+
+def _fs(uri: str) -> tuple[Any, str]:
+    check_uri(uri)
+    fs, path = fsspec.core.url_to_fs(uri)
+    return fs, path
+
+
+def size_of(uri: str) -> int:
+    """Return the size of the object at ``uri``.
+
+    Raises:
+        StorageRefused: outside the roots, or nothing there.
+    """
+    fs, path = _fs(uri)
+    try:
+        return int(fs.size(path))
+    except (FileNotFoundError, OSError) as exc:
+        raise StorageRefused(f"cannot read {uri}: {type(exc).__name__}") from None
+
+
+def write_stream(
+    uri: str, chunks: Iterable[bytes], *, max_bytes: int
+) -> tuple[int, str]:
+    """Write ``chunks`` to ``uri``; return (bytes, sha256).
+
+    Raises:
+        OverflowError: more than ``max_bytes`` (nothing is left at ``uri``).
+    """
+    fs, path = _fs(uri)
+    parent = path.rsplit("/", 1)[0]
+    fs.makedirs(parent, exist_ok=True)
+    temporary = f"{path}.part-{secrets.token_hex(4)}"
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        with fs.open(temporary, "wb") as handle:
+            for chunk in chunks:
+                size += len(chunk)
+                if size > max_bytes:
+                    raise OverflowError(size)
+                digest.update(chunk)
+                handle.write(chunk)
+        fs.mv(temporary, path)
+    finally:
+        if fs.exists(temporary):
+            fs.rm(temporary)
+    return size, digest.hexdigest()
+
+
+def write_lines(uri: str, lines: Iterable[bytes]) -> tuple[int, str]:
+    """Write JSONL ``lines`` (each without its newline) to ``uri``."""
+    return write_stream(uri, (line + b"\n" for line in lines), max_bytes=2**62)
+
+
+def read_lines(uri: str) -> Iterator[bytes]:
+    """Yield the lines of the object at ``uri`` (newlines stripped).
+
+    Raises:
+        StorageRefused: outside the roots, or nothing there.
+    """
+    fs, path = _fs(uri)
+    try:
+        handle = fs.open(path, "rb")
+    except (FileNotFoundError, OSError) as exc:
+        raise StorageRefused(f"cannot read {uri}: {type(exc).__name__}") from None
+    with handle:
+        for line in handle:
+            yield line.rstrip(b"\r\n")
