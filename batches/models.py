@@ -92,6 +92,8 @@ class Batch(models.Model):
     created_at = models.DateTimeField()
     deadline_at = models.DateTimeField(help_text="created_at + completion_window.")
     in_progress_at = models.DateTimeField(null=True, blank=True)
+    # When a runner first sent a line: the scheduler judges the rate from here.
+    started_at = models.DateTimeField(null=True, blank=True)
     finalizing_at = models.DateTimeField(null=True, blank=True)
     completed_at = models.DateTimeField(null=True, blank=True)
     failed_at = models.DateTimeField(null=True, blank=True)

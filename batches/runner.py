@@ -1,11 +1,13 @@
 """The batch runner: one job's lines through the gateway, paced by the scheduler.
 
-Public surface: ``run_batch``, ``dispatch``, ``scheduler_settings``, ``Outcome``.
+Public surface: ``run_batch``, ``dispatch``, ``hand_on``, ``scheduler_settings``,
+``Outcome``.
 
 ``dispatch`` (Celery beat, every ``PLATFORM_BATCH_DISPATCH_S``) hands each active
-batch without a live runner to a ``run_batch`` task (queue ``batches``), and ends
-the ones cancelled or past their deadline that no runner holds. ``run_batch``
-works one job for ``PLATFORM_BATCH_SLICE_S`` and hands it on:
+batch without a live runner to a ``run_batch`` task (queue ``batches``; cancelled,
+expired and half-ended batches too: the runner ends them, so the beat worker's
+queue never waits on a batch). ``run_batch`` works one job for
+``PLATFORM_BATCH_SLICE_S`` and hands it on:
 
 1. **One runner per job.** It takes the job's lease (``Batch.runner`` and
    ``lease_until``, renewed every third of ``PLATFORM_BATCH_LEASE_S``); a job whose
@@ -50,7 +52,7 @@ from typing import Any
 
 import httpx
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.models import Avg, F, Q
 
 from batches import services
@@ -68,7 +70,7 @@ from batches.models import Batch, BatchLine
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Outcome", "dispatch", "run_batch", "scheduler_settings"]
+__all__ = ["Outcome", "dispatch", "hand_on", "run_batch", "scheduler_settings"]
 
 _TICK_S = 0.25
 # How often the runner rereads the job's status, and writes the scheduler's
@@ -77,8 +79,14 @@ _LOOK_S = 1.0
 # A key minted for a batch is known to the gateways at their next snapshot
 # refresh; a 401 before this is "not yet", after it the line's answer.
 _KEY_GRACE_S = 60.0
-_RETRYABLE = frozenset({408, 409, 500, 502, 504})
+# Answers that are the line's own trouble: tried again, up to the attempts.
+_RETRYABLE = frozenset({408, 409, 500})
 _REFUSED = frozenset({429, 503})
+# No gateway (refused connection) or a proxy's 502/504: the whole job waits,
+# backing off, and no line loses an attempt to an outage.
+_OUTAGE = frozenset({502, 504})
+_OUTAGE_PAUSE_MAX_S = 60.0
+_RETRY_AFTER_MAX_S = 300.0
 
 
 class Outcome(enum.StrEnum):
@@ -106,6 +114,7 @@ class _Answer:
     retry_after_s: float | None
     tokens: int
     problem: str = ""
+    unreachable: bool = False  # the connection was never made
 
 
 @dataclass(slots=True)
@@ -153,48 +162,36 @@ def _release(batch_id: str, me: str) -> None:
 def dispatch(
     *, now: float | None = None, enqueue: Callable[[str], None] | None = None
 ) -> dict[str, int]:
-    """Start a runner for every active job nobody holds; end what needs ending.
+    """Hand every batch that needs a runner and has none to one; return how many.
 
-    Returns how many jobs were handed on, ended and left alone.
+    That is every active batch (in progress, or cancelling: the runner ends it)
+    and every one left ``finalizing`` by a runner that died while ending it. A
+    batch handed on within the last lease is left alone (its task may still be
+    queued); the task expires after two leases, so the queue never piles up.
     """
     now = time.time() if now is None else now
-    if enqueue is None:
-        from batches.tasks import run_batch as task
-
-        def enqueue(batch_id: str) -> None:
-            task.delay(batch_id)
-
+    enqueue = enqueue or hand_on
     free = Q(lease_until__isnull=True) | Q(lease_until__lt=_utc(now))
-    started = ended = 0
-    for batch in Batch.objects.filter(free).filter(
-        status__in=(*Batch.ACTIVE, Batch.Status.FINALIZING)
-    ):
-        me = f"dispatch-{uuid.uuid4().hex[:8]}"
-        if batch.status == Batch.Status.FINALIZING or (
-            batch.status == Batch.Status.CANCELLING
-            or batch.deadline_at.timestamp() <= now
-        ):
-            if not _take_lease(batch.id, me, now):
-                continue
-            ending = batch.ending or (
-                Batch.Status.CANCELLED
-                if batch.status == Batch.Status.CANCELLING
-                else Batch.Status.EXPIRED
-            )
-            try:
-                ended += services.finalize(batch.id, ending, now=_utc(now))
-            finally:
-                _release(batch.id, me)
-            continue
-        recent = batch.dispatched_at is not None and (
-            now - batch.dispatched_at.timestamp() < settings.PLATFORM_BATCH_LEASE_S
-        )
-        if recent:
-            continue
-        Batch.objects.filter(pk=batch.id).update(dispatched_at=_utc(now))
-        enqueue(batch.id)
+    recent = Q(dispatched_at__gte=_utc(now - settings.PLATFORM_BATCH_LEASE_S))
+    waiting = (
+        Batch.objects.filter(free)
+        .filter(status__in=(*Batch.ACTIVE, Batch.Status.FINALIZING))
+        .exclude(recent)
+        .values_list("pk", flat=True)
+    )
+    started = 0
+    for batch_id in waiting:
+        enqueue(batch_id)
         started += 1
-    return {"started": started, "ended": ended}
+    return {"started": started}
+
+
+def hand_on(batch_id: str) -> None:
+    """Queue a runner task for the batch (it expires unstarted after two leases)."""
+    from batches.tasks import run_batch as task
+
+    Batch.objects.filter(pk=batch_id).update(dispatched_at=_utc(time.time()))
+    task.apply_async((batch_id,), expires=settings.PLATFORM_BATCH_LEASE_S * 2)
 
 
 # -- one slice of one job -------------------------------------------------------------
@@ -214,8 +211,15 @@ def run_batch(
         return Outcome.BUSY
     try:
         batch = Batch.objects.get(pk=batch_id)
+        if batch.status == Batch.Status.FINALIZING:
+            # A runner died while ending it: end it the same way.
+            services.finalize(batch.id, batch.ending, now=_utc(clock()))
+            return Outcome.ENDED
         if batch.status not in Batch.ACTIVE:
             return Outcome.BUSY
+        if batch.started_at is None:
+            batch.started_at = _utc(now)
+            Batch.objects.filter(pk=batch.pk).update(started_at=batch.started_at)
         # Whatever a previous runner had claimed and not written runs again.
         orphans = (
             BatchLine.objects.filter(batch_id=batch_id, status=BatchLine.Status.RUNNING)
@@ -264,7 +268,7 @@ class _Job:
             self.settings.max_window, thread_name_prefix=f"batch-{batch.id[-6:]}"
         )
         self.in_flight: dict[Future[_Answer], _Claimed] = {}
-        self.started_at = (batch.in_progress_at or batch.created_at).timestamp()
+        self.started_at = (batch.started_at or batch.created_at).timestamp()
         self.throughput = Throughput(self.settings.rate_window_s)
         self.throughput.start(self.started_at)
         horizon = _utc(clock() - self.settings.rate_window_s)
@@ -287,6 +291,7 @@ class _Job:
         ).timestamp()
         self.last_saved: tuple[Any, ...] = ()
         self.saved_at = 0.0
+        self.outages = 0  # answers in a row that were no gateway at all
 
     def __enter__(self) -> _Job:
         return self
@@ -362,6 +367,7 @@ class _Job:
     # -- lines ---------------------------------------------------------------------
 
     def _claim(self, n: int, tier: str) -> list[_Claimed]:
+        self._fail_abandoned()
         with transaction.atomic():
             ids = list(
                 BatchLine.objects.select_for_update(skip_locked=True)
@@ -385,6 +391,28 @@ class _Job:
                 for pk, index, custom_id, body, attempts in rows
             ]
 
+    def _fail_abandoned(self) -> None:
+        """Fail the pending lines that used up their attempts without an answer
+        being written (their runner died each time: a line that kills it)."""
+        most = settings.PLATFORM_BATCH_MAX_ATTEMPTS
+        with transaction.atomic():
+            failed = BatchLine.objects.filter(
+                batch_id=self.batch.id,
+                status=BatchLine.Status.PENDING,
+                attempts__gte=most,
+            ).update(
+                status=BatchLine.Status.FAILED,
+                finished_at=_utc(self.clock()),
+                error={
+                    "code": "no_answer",
+                    "message": f"no answer was recorded in {most} attempts",
+                },
+            )
+            if failed:
+                Batch.objects.filter(pk=self.batch.id).update(
+                    failed=F("failed") + failed
+                )
+
     def _send(self, lines: list[_Claimed]) -> None:
         for line in lines:
             future = self.pool.submit(self._post, line)
@@ -398,6 +426,8 @@ class _Job:
         }
         try:
             response = self.client.post(self.url, json=line.body, headers=headers)
+        except httpx.ConnectError as exc:
+            return _Answer(None, None, None, 0, type(exc).__name__, unreachable=True)
         except httpx.HTTPError as exc:
             return _Answer(None, None, None, 0, type(exc).__name__)
         try:
@@ -412,7 +442,7 @@ class _Job:
             )
         return _Answer(
             response.status_code,
-            body,
+            _storable(body),
             _retry_after(response.headers.get("retry-after")),
             tokens,
         )
@@ -437,6 +467,7 @@ class _Job:
         now = self.clock()
         status = answer.status
         if status is not None and 200 <= status < 300:
+            self.outages = 0
             if self._finish(line, BatchLine.Status.DONE, answer, now):
                 self.throughput.add(now, answer.tokens)
                 self.done_lines += 1
@@ -457,6 +488,17 @@ class _Job:
                 settings=self.settings,
             )
             return
+        if answer.unreachable or status in _OUTAGE:
+            self._release_line(line, count_attempt=False)
+            self.outages += 1
+            self.pace = after_refusal(
+                self.pace,
+                now=now,
+                retry_after_s=min(_OUTAGE_PAUSE_MAX_S, 2.0 ** min(self.outages, 6)),
+                settings=self.settings,
+            )
+            return
+        self.outages = 0
         transient = status is None or status in _RETRYABLE
         if transient and line.attempts < settings.PLATFORM_BATCH_MAX_ATTEMPTS:
             self._release_line(line, count_attempt=True)
@@ -484,6 +526,25 @@ class _Job:
                 "message": f"the gateway gave no answer after {line.attempts} attempts "
                 f"({answer.problem})",
             }
+        try:
+            return self._write(line, status, fields)
+        except DatabaseError:
+            # An answer the database will not take: the line fails, saying so,
+            # rather than killing the runner and coming back forever.
+            logger.exception(
+                "batch %s line %d: answer not stored", self.batch.id, line.index
+            )
+            fields = {
+                "status": BatchLine.Status.FAILED,
+                "finished_at": _utc(now),
+                "error": {
+                    "code": "answer_unstorable",
+                    "message": "the answer could not be stored",
+                },
+            }
+            return self._write(line, BatchLine.Status.FAILED, fields)
+
+    def _write(self, line: _Claimed, status: str, fields: dict[str, Any]) -> bool:
         counter = "completed" if status == BatchLine.Status.DONE else "failed"
         with transaction.atomic():
             written = BatchLine.objects.filter(
@@ -534,8 +595,22 @@ class _Job:
 
 
 def _retry_after(value: str | None) -> float | None:
+    """Seconds from a Retry-After header, within [0, 300]; None when absent or odd."""
     if not value:
         return None
     with contextlib.suppress(ValueError):
-        return max(0.0, float(value))
+        seconds = float(value)
+        if math.isfinite(seconds):
+            return min(_RETRY_AFTER_MAX_S, max(0.0, seconds))
     return None
+
+
+def _storable(value: Any) -> Any:
+    """``value`` with every NUL character replaced (jsonb cannot hold one)."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, dict):
+        return {_storable(k): _storable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_storable(v) for v in value]
+    return value

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import secrets
 from collections.abc import Iterable, Iterator
 from datetime import datetime, timedelta
@@ -46,6 +47,8 @@ from batches.models import Batch, BatchFile, BatchLine
 from config.errors import InvalidRequest, NotFound, PlatformError
 from models_registry.models import Model
 
+logger = logging.getLogger(__name__)
+
 __all__ = [
     "TooLarge",
     "batch_key_secret",
@@ -60,6 +63,7 @@ __all__ = [
     "get_batch",
     "get_file",
     "list_batches",
+    "list_files",
 ]
 
 EXPIRED_MESSAGE = (
@@ -125,16 +129,51 @@ def get_file(*, team_id: str, file_id: str) -> BatchFile:
 
 
 def file_content(*, team_id: str, file_id: str) -> Iterator[bytes]:
-    """Return the file's lines, each with its newline.
+    """Return the file's content in chunks, opened now.
 
-    Not a generator: the team's claim on the file is checked now, before a
-    streaming answer has started (a generator would check only once read).
+    Not a generator: the team's claim on the file is checked, and the file
+    opened, before a streaming answer has started (a generator would do both
+    only once read, after a 200).
 
     Raises:
-        NotFound: a file the team does not have.
+        NotFound: a file the team does not have, or whose content is gone.
     """
     found = get_file(team_id=team_id, file_id=file_id)
-    return (line + b"\n" for line in storage.read_lines(found.uri))
+    try:
+        return storage.read_chunks(found.uri)
+    except storage.StorageRefused:
+        raise NotFound(
+            f"the content of file {file_id!r} is no longer stored", param="file_id"
+        ) from None
+
+
+def list_files(
+    *,
+    team_id: str,
+    after: str | None,
+    limit: int,
+    newest_first: bool = True,
+    purpose: str | None = None,
+) -> tuple[list[BatchFile], bool]:
+    """A page of the team's files after the cursor, and whether more follow."""
+    rows = BatchFile.objects.filter(team_id=team_id)
+    if purpose is not None:
+        rows = rows.filter(purpose=purpose)
+    order = ("-created_at", "-id") if newest_first else ("created_at", "id")
+    if after:
+        cursor = get_file(team_id=team_id, file_id=after)
+        if newest_first:
+            rows = rows.filter(
+                Q(created_at__lt=cursor.created_at)
+                | Q(created_at=cursor.created_at, id__lt=cursor.id)
+            )
+        else:
+            rows = rows.filter(
+                Q(created_at__gt=cursor.created_at)
+                | Q(created_at=cursor.created_at, id__gt=cursor.id)
+            )
+    page = list(rows.order_by(*order)[: limit + 1])
+    return page[:limit], len(page) > limit
 
 
 def file_object(found: BatchFile) -> dict[str, Any]:
@@ -192,6 +231,10 @@ def create_batch(
     window_s = _window(completion_window, deadline, now)
     input_file = None
     if input_file_id is not None:
+        if input_uri is not None:
+            raise InvalidRequest(
+                "give input_file_id or input_uri, not both", param="input_uri"
+            )
         input_file = get_file(team_id=team_id, file_id=input_file_id)
         if input_file.purpose != BatchFile.Purpose.BATCH:
             raise InvalidRequest(
@@ -200,6 +243,8 @@ def create_batch(
         source = input_file.uri
     else:
         source = _input_source(input_uri, output_uri)
+    if output_uri is not None:
+        _check_output(output_uri)
     if model is not None:
         _model(model, team_id)
     try:
@@ -222,7 +267,7 @@ def create_batch(
             team_id=team_id,
             model=model_row,
             endpoint=endpoint,
-            completion_window=completion_window or f"{window_s}s",
+            completion_window=(completion_window or f"{window_s}s").strip(),
             metadata=metadata or {},
             input_file=input_file,
             input_uri=input_uri or "",
@@ -267,6 +312,10 @@ def _window(
     completion_window: str | None, deadline: datetime | None, now: datetime
 ) -> int:
     if deadline is not None:
+        if completion_window is not None:
+            raise InvalidRequest(
+                "give completion_window or deadline, not both", param="deadline"
+            )
         seconds = (deadline - now).total_seconds()
         if seconds <= 0:
             raise InvalidRequest("the deadline is in the past", param="deadline")
@@ -287,13 +336,14 @@ def _input_source(input_uri: str | None, output_uri: str | None) -> str:
             "give input_file_id (OpenAI's form) or input_uri (with output_uri)",
             param="input_file_id",
         )
-    for name, uri in (("input_uri", input_uri), ("output_uri", output_uri)):
-        if not uri:
-            raise InvalidRequest(f"{name} is required with input_uri", param=name)
-        try:
-            storage.check_uri(uri)
-        except storage.StorageRefused as exc:
-            raise InvalidRequest(f"{name} {exc}", param=name) from None
+    if not output_uri:
+        raise InvalidRequest(
+            "output_uri is required with input_uri", param="output_uri"
+        )
+    try:
+        storage.check_uri(input_uri)
+    except storage.StorageRefused as exc:
+        raise InvalidRequest(f"input_uri {exc}", param="input_uri") from None
     try:
         size = storage.size_of(input_uri)
     except storage.StorageRefused as exc:
@@ -306,6 +356,23 @@ def _input_source(input_uri: str | None, output_uri: str | None) -> str:
             code="file_too_large",
         )
     return input_uri
+
+
+def _check_output(output_uri: str) -> None:
+    """The seed's output_uri: under a root, outside the platform's own batch files,
+    and new (a batch never overwrites what is there: eval sets, weights, another
+    job's output)."""
+    try:
+        storage.check_uri(output_uri)
+        own = settings.PLATFORM_BATCH_STORAGE_URI
+        if output_uri.startswith(own if own.endswith("/") else f"{own}/"):
+            raise storage.StorageRefused(
+                "must not lie under the platform's own batch files"
+            )
+        if storage.exists(output_uri):
+            raise storage.StorageRefused("already exists; a batch writes a new object")
+    except storage.StorageRefused as exc:
+        raise InvalidRequest(f"output_uri {exc}", param="output_uri") from None
 
 
 def _model(name: str, team_id: str) -> Model:
@@ -510,7 +577,7 @@ def finalize(batch_id: str, ending: str, *, now: datetime | None = None) -> bool
             batch.save(
                 update_fields=["status", "finalizing_at", "ending", "schedule_reason"]
             )
-    output, errors = _write_files(batch)
+    output, errors, problems = _write_files(batch)
     with transaction.atomic():
         batch = Batch.objects.select_for_update().get(pk=batch_id)
         if batch.status in Batch.ENDED:
@@ -518,6 +585,7 @@ def finalize(batch_id: str, ending: str, *, now: datetime | None = None) -> bool
         ending = batch.ending or ending
         batch.output_file = output
         batch.error_file = errors
+        batch.errors = [*(batch.errors or []), *problems]
         batch.status = ending
         setattr(batch, f"{ending}_at", now)
         batch.schedule_reason = _ENDED_REASON.get(ending, ending)
@@ -546,7 +614,9 @@ _ENDED_REASON: dict[str, str] = {
 }
 
 
-def _write_files(batch: Batch) -> tuple[BatchFile | None, BatchFile | None]:
+def _write_files(
+    batch: Batch,
+) -> tuple[BatchFile | None, BatchFile | None, list[dict[str, Any]]]:
     """Write the output and error files (and the seed's output_uri) from the rows."""
     hex_id = batch.id.removeprefix("batch_")
     ok: list[bytes] = []
@@ -576,9 +646,23 @@ def _write_files(batch: Batch) -> tuple[BatchFile | None, BatchFile | None]:
         every.append(encoded)
     output = _store(batch, f"file-{hex_id}-output", "batch_output.jsonl", ok)
     errors = _store(batch, f"file-{hex_id}-errors", "batch_errors.jsonl", bad)
+    problems: list[dict[str, Any]] = []
     if batch.output_uri:
-        storage.write_lines(batch.output_uri, every)
-    return output, errors
+        try:
+            storage.write_lines(batch.output_uri, every)
+        except (storage.StorageRefused, OSError) as exc:
+            # The results are in the output and error files all the same.
+            logger.warning("batch %s: output_uri not written: %s", batch.id, exc)
+            problems.append(
+                {
+                    "code": "output_uri_unwritable",
+                    "message": f"the results could not be written to output_uri "
+                    f"({type(exc).__name__}); they are in the output and error files",
+                    "param": "output_uri",
+                    "line": None,
+                }
+            )
+    return output, errors, problems
 
 
 def _store(

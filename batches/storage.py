@@ -1,7 +1,7 @@
 """Where batch files live: fsspec URIs under the configured storage roots.
 
-Public surface: ``StorageRefused``, ``check_uri``, ``file_uri``, ``write_stream``,
-``write_lines``, ``read_lines``, ``size_of``.
+Public surface: ``StorageRefused``, ``check_uri``, ``exists``, ``file_uri``,
+``write_stream``, ``write_lines``, ``read_lines``, ``read_chunks``, ``size_of``.
 
 Every URI read or written here is checked against ``PLATFORM_STORAGE_ROOTS`` first
 (``models_registry.domain.identity.uri_errors``: under a root, no ``..``), so a
@@ -25,7 +25,9 @@ from models_registry.domain.identity import uri_errors
 __all__ = [
     "StorageRefused",
     "check_uri",
+    "exists",
     "file_uri",
+    "read_chunks",
     "read_lines",
     "size_of",
     "write_lines",
@@ -52,8 +54,24 @@ def file_uri(file_id: str) -> str:
 
 def _fs(uri: str) -> tuple[Any, str]:
     check_uri(uri)
-    fs, path = fsspec.core.url_to_fs(uri)
+    try:
+        fs, path = fsspec.core.url_to_fs(uri)
+    except (ImportError, ValueError) as exc:
+        # s3:// or gs:// without s3fs or gcsfs installed, or an unknown scheme.
+        scheme = uri.split("://", 1)[0]
+        raise StorageRefused(
+            f"no filesystem for {scheme}:// here ({type(exc).__name__})"
+        ) from None
     return fs, path
+
+
+def exists(uri: str) -> bool:
+    """Whether something is stored at ``uri``."""
+    fs, path = _fs(uri)
+    try:
+        return bool(fs.exists(path))
+    except OSError as exc:
+        raise StorageRefused(f"cannot reach {uri}: {type(exc).__name__}") from None
 
 
 def size_of(uri: str) -> int:
@@ -65,7 +83,7 @@ def size_of(uri: str) -> int:
     fs, path = _fs(uri)
     try:
         return int(fs.size(path))
-    except (FileNotFoundError, OSError) as exc:
+    except OSError as exc:
         raise StorageRefused(f"cannot read {uri}: {type(exc).__name__}") from None
 
 
@@ -104,16 +122,38 @@ def write_lines(uri: str, lines: Iterable[bytes]) -> tuple[int, str]:
 
 
 def read_lines(uri: str) -> Iterator[bytes]:
-    """Yield the lines of the object at ``uri`` (newlines stripped).
+    """Return the lines of the object at ``uri`` (newlines stripped).
+
+    The object is opened now (a missing one raises here, not once read).
 
     Raises:
         StorageRefused: outside the roots, or nothing there.
     """
+    handle = _open(uri)
+
+    def lines() -> Iterator[bytes]:
+        with handle:
+            for line in handle:
+                yield line.rstrip(b"\r\n")
+
+    return lines()
+
+
+def read_chunks(uri: str, size: int = 64 * 1024) -> Iterator[bytes]:
+    """Return the object at ``uri`` in chunks, opened now (see ``read_lines``)."""
+    handle = _open(uri)
+
+    def chunks() -> Iterator[bytes]:
+        with handle:
+            while chunk := handle.read(size):
+                yield chunk
+
+    return chunks()
+
+
+def _open(uri: str) -> Any:
     fs, path = _fs(uri)
     try:
-        handle = fs.open(path, "rb")
-    except (FileNotFoundError, OSError) as exc:
+        return fs.open(path, "rb")
+    except OSError as exc:
         raise StorageRefused(f"cannot read {uri}: {type(exc).__name__}") from None
-    with handle:
-        for line in handle:
-            yield line.rstrip(b"\r\n")

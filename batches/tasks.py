@@ -30,5 +30,5 @@ def run_batch(batch_id: str) -> str:
     """Work one slice of a batch; when it goes on, queue the next slice at once."""
     outcome = runner.run_batch(batch_id)
     if outcome is runner.Outcome.CONTINUE:
-        run_batch.delay(batch_id)
+        runner.hand_on(batch_id)
     return outcome.value

@@ -62,6 +62,25 @@ def check_storage_roots(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
 
 
 @register()
+def check_batch_storage(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """The batch files' place must lie under a storage root (the same rule as any
+    URI the platform reads or writes)."""
+    from models_registry.domain.identity import uri_errors
+
+    uri = settings.PLATFORM_BATCH_STORAGE_URI
+    problems = uri_errors(uri, list(settings.PLATFORM_STORAGE_ROOTS))
+    if problems or not uri.endswith("/"):
+        reason = "; ".join(problems) or "it must end in '/'"
+        return [
+            Error(
+                f"PLATFORM_BATCH_STORAGE_URI={uri!r}: {reason}",
+                id="batches.E001",
+            )
+        ]
+    return []
+
+
+@register()
 def check_routing_policy(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """The default routing policy must name a registered policy."""
     from routing.domain.policies import POLICIES

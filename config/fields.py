@@ -206,7 +206,7 @@ def storage_uri_pattern(roots: list[str]) -> str:
     prefixes = "|".join(
         _regex_literal(root if root.endswith("/") else f"{root}/") for root in roots
     )
-    return f"^(?:{prefixes})[^\\x00-\\x1f{WHITESPACE}]*$"
+    return f"^(?:{prefixes})[^\\x00-\\x1f{WHITESPACE}?#\\\\]*$"
 
 
 # A ".." path segment, also percent-encoded, before any query or fragment.

@@ -12,7 +12,7 @@ from django.core.cache import cache
 from django.core.checks import run_checks
 from django.db import connection
 
-from config.checks import check_secret_key, check_storage_roots
+from config.checks import check_batch_storage, check_secret_key, check_storage_roots
 from config.startup import describe_backends
 
 if TYPE_CHECKING:
@@ -75,6 +75,16 @@ def test_storage_roots_check(settings: Settings) -> None:
     assert [m.id for m in check_storage_roots()] == ["config.E002", "config.E002"]
     settings.PLATFORM_STORAGE_ROOTS = []
     assert [m.id for m in check_storage_roots()] == ["config.E001"]
+
+
+def test_batch_storage_must_lie_under_a_root(settings: Settings) -> None:
+    settings.PLATFORM_STORAGE_ROOTS = ["s3://models/"]
+    settings.PLATFORM_BATCH_STORAGE_URI = "s3://models/batches/"
+    assert check_batch_storage() == []
+    settings.PLATFORM_BATCH_STORAGE_URI = "s3://elsewhere/batches/"
+    assert [m.id for m in check_batch_storage()] == ["batches.E001"]
+    settings.PLATFORM_BATCH_STORAGE_URI = "s3://models/batches"
+    assert [m.id for m in check_batch_storage()] == ["batches.E001"]
 
 
 def test_project_passes_its_system_checks() -> None:

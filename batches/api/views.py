@@ -11,9 +11,11 @@ seed's ``model``, ``input_uri``, ``output_uri``, ``deadline``), ``GET
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.http import StreamingHttpResponse
 from rest_framework.parsers import MultiPartParser
 from rest_framework.renderers import JSONRenderer
@@ -70,18 +72,52 @@ class FileListView(_TeamView):
         return Response(services.file_object(found), status=200)
 
     def get(self, request: Request) -> Response:
-        from batches.models import BatchFile
-
-        rows = BatchFile.objects.filter(team_id=self.team(request))[:10_000]
-        return Response(
-            {"object": "list", "data": [services.file_object(f) for f in rows]}
+        params = request.query_params
+        order = params.get("order", "desc")
+        if order not in ("asc", "desc"):
+            raise InvalidRequest("order must be 'asc' or 'desc'", param="order")
+        page, has_more = services.list_files(
+            team_id=self.team(request),
+            after=_cursor(params.get("after")),
+            limit=_limit(params.get("limit"), default=10_000, most=10_000),
+            newest_first=order == "desc",
+            purpose=params.get("purpose") or None,
         )
+        return Response(_page([services.file_object(f) for f in page], has_more))
 
 
 class FileDetailView(_TeamView):
     def get(self, request: Request, file_id: str) -> Response:
         found = services.get_file(team_id=self.team(request), file_id=file_id)
         return Response(services.file_object(found))
+
+
+def _limit(text: str | None, *, default: int, most: int) -> int:
+    if text is None:
+        return default
+    if not text.isdecimal() or not 1 <= int(text) <= most:
+        raise InvalidRequest(
+            f"limit must be an integer from 1 to {most}", param="limit"
+        )
+    return int(text)
+
+
+def _cursor(text: str | None) -> str | None:
+    if not text:
+        return None
+    if not _ID.match(text):
+        raise InvalidRequest("after must be an id from a previous page", param="after")
+    return text
+
+
+def _page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:  # noqa: FBT001
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": has_more,
+    }
 
 
 class FileContentView(_TeamView):
@@ -95,8 +131,9 @@ class FileContentView(_TeamView):
         return JSONRenderer(), "application/json"
 
     def get(self, request: Request, file_id: str) -> StreamingHttpResponse:
-        lines = services.file_content(team_id=self.team(request), file_id=file_id)
-        return StreamingHttpResponse(lines, content_type="application/jsonl")
+        chunks = services.file_content(team_id=self.team(request), file_id=file_id)
+        # An async iterator: under ASGI, Django would read a sync one whole first.
+        return StreamingHttpResponse(_aiter(chunks), content_type="application/jsonl")
 
 
 class BatchListView(_TeamView):
@@ -120,27 +157,13 @@ class BatchListView(_TeamView):
         return Response(services.batch_object(batch), status=200)
 
     def get(self, request: Request) -> Response:
-        limit_text = request.query_params.get("limit", "20")
-        if not limit_text.isdigit() or not 1 <= int(limit_text) <= 100:
-            raise InvalidRequest(
-                "limit must be an integer from 1 to 100", param="limit"
-            )
-        after = request.query_params.get("after") or None
-        if after is not None and not _ID.match(after):
-            raise InvalidRequest("after must be a batch id", param="after")
+        params = request.query_params
         page, has_more = services.list_batches(
-            team_id=self.team(request), after=after, limit=int(limit_text)
+            team_id=self.team(request),
+            after=_cursor(params.get("after")),
+            limit=_limit(params.get("limit"), default=20, most=100),
         )
-        data = [services.batch_object(b) for b in page]
-        return Response(
-            {
-                "object": "list",
-                "data": data,
-                "first_id": data[0]["id"] if data else None,
-                "last_id": data[-1]["id"] if data else None,
-                "has_more": has_more,
-            }
-        )
+        return Response(_page([services.batch_object(b) for b in page], has_more))
 
 
 class BatchDetailView(_TeamView):
@@ -155,13 +178,25 @@ class BatchCancelView(_TeamView):
         return Response(services.batch_object(batch))
 
 
+async def _aiter(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
+    """Read a blocking iterator off the event loop, a chunk at a time."""
+
+    def read() -> bytes | None:
+        return next(chunks, None)
+
+    while (chunk := await sync_to_async(read, thread_sensitive=False)()) is not None:
+        yield chunk
+
+
 def _string(body: dict[str, Any], name: str) -> str | None:
     value = body.get(name)
     if value is None:
         return None
-    if not isinstance(value, str) or not value.strip():
+    if not isinstance(value, str) or not value.strip() or "\x00" in value:
         raise InvalidRequest(f"{name} must be a non-empty string", param=name)
-    return value
+    if len(value) > 1024:
+        raise InvalidRequest(f"{name} is longer than 1,024 characters", param=name)
+    return value.strip()
 
 
 def _deadline(value: object) -> datetime | None:
@@ -204,7 +239,8 @@ def _metadata(value: object) -> dict[str, str] | None:
             f"metadata holds at most {_MAX_METADATA} pairs", param="metadata"
         )
     for key, item in value.items():
-        if not isinstance(item, str) or len(key) > 64 or len(item) > 512:
+        bad = not isinstance(item, str) or "\x00" in key or "\x00" in item
+        if bad or len(key) > 64 or len(item) > 512:
             raise InvalidRequest(
                 "metadata keys are at most 64 characters and values strings of at "
                 "most 512",

@@ -22,11 +22,12 @@ that never got an answer (malformed, expired, cancelled).
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from routing.domain.json_body import BodyError, parse_json_object
 
 __all__ = [
     "ENDPOINT",
@@ -171,13 +172,15 @@ def _read_line(
     raw: bytes, line_number: int
 ) -> tuple[str | None, dict[str, Any] | LineError]:
     """Return a line's custom_id (when it has a usable one) and its object or error."""
+    # The gateway's own bounds (nesting, non-finite numbers, huge integers, lone
+    # surrogates); a NUL cannot be stored in jsonb.
     try:
-        value = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        return None, LineError("invalid_json", f"line {line_number} is not JSON: {exc}")
-    if not isinstance(value, dict):
+        value = parse_json_object(raw)
+    except BodyError as exc:
+        return None, LineError("invalid_json", f"line {line_number}: {exc.message}")
+    if b"\\u0000" in raw:
         return None, LineError(
-            "invalid_line", f"line {line_number} is not a JSON object"
+            "invalid_json", f"line {line_number} holds a NUL character (\\u0000)"
         )
     custom_id = value.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id.strip():

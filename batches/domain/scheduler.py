@@ -39,10 +39,14 @@ How a job is paced:
    ``SchedulerSettings.escalate`` false turns this rule off (idle-only
    scheduling: the fleet simulator's comparison case); rules 4 and 5 still hold,
    with the rate seen as the best the job can get.
-4. **At risk, early**: when even the standard tier's rate (the team's tokens per
-   minute over 60, ``JobView.standard_tokens_s``, and never less than the rate seen)
-   cannot finish the remaining work before the deadline, the job is reported at
-   risk with the projected finish, at the first tick that shows it, not at the end.
+4. **At risk, early**: when even the standard tier's rate cannot finish the
+   remaining work before the deadline, the job is reported at risk with the
+   projected finish, at the first tick that shows it, not at the end. That rate is
+   the team's tokens per minute over 60 (``JobView.standard_tokens_s``), but no
+   more than the job's own window carries: ``max_window`` lines in flight at the
+   rate seen per line in flight (``rate * max_window / in_flight``); and never less
+   than the rate seen. (A job whose window is full at 64 lines of 10 s makes
+   3,200 tokens/s at any tier, whatever its team's limit.)
 5. **Expiry**: at the deadline, a job with lines left is expired; what finished is
    kept (the runner writes the partial output and marks the rest expired).
 """
@@ -224,8 +228,16 @@ def plan_job(
     # Judged on a whole rate window after the window's opening (rule 3).
     observe_s = settings.min_observed_s + settings.rate_window_s
     observed = now - job.started_at >= observe_s
-    # The best rate the job may get: the standard tier's, or idle-only the rate seen.
-    standard_rate = max(job.standard_tokens_s, rate) if settings.escalate else rate
+    # The best rate the job may get (rule 4): the standard tier's, within what its
+    # window carries; idle-only, the rate seen.
+    standard_rate = rate
+    if settings.escalate:
+        window_rate = (
+            rate * settings.max_window / job.in_flight
+            if rate > 0 and job.in_flight > 0
+            else math.inf
+        )
+        standard_rate = max(rate, min(job.standard_tokens_s, window_rate))
     need_s = remaining_tokens / standard_rate if standard_rate > 0 else math.inf
 
     escalation = job.escalation

@@ -5,11 +5,14 @@ from __future__ import annotations
 import io
 import json
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import httpx
 import pytest
+from asgiref.sync import async_to_sync
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -35,6 +38,15 @@ def upload(client: APIClient, content: bytes, purpose: str = "batch") -> Any:
     )
 
 
+def read(response: Any) -> bytes:
+    """The whole body of a streamed answer (async: the view streams off the loop)."""
+
+    async def collect() -> bytes:
+        return b"".join([chunk async for chunk in response.streaming_content])
+
+    return async_to_sync(collect)()
+
+
 def create(client: APIClient, **body: Any) -> Any:
     return client.post("/v1/batches", body, format="json")
 
@@ -55,7 +67,7 @@ def test_a_file_and_a_batch_in_openais_shape(
     assert uploaded["object"] == "file"
     assert uploaded["purpose"] == "batch"
     assert uploaded["bytes"] == len(content)
-    assert client_of.get(f"/v1/files/{uploaded['id']}/content").getvalue() == content
+    assert read(client_of.get(f"/v1/files/{uploaded['id']}/content")) == content
 
     created = create(
         client_of,
@@ -150,6 +162,14 @@ def test_the_seeds_form_reads_and_writes_only_under_the_roots(
         ({"deadline": time.time() - 5}, "deadline"),
         ({"deadline": "tomorrow"}, "deadline"),
         ({"model": "nope"}, "model"),
+        # A URL parser stops the path at '#' or '?'; fsspec would not.
+        ({"output_uri": f"file://{store}/x#/../../../tmp/owned"}, "output_uri"),
+        ({"input_uri": f"file://{store}/in.jsonl?/../x"}, "input_uri"),
+        # Never over what exists, nor among the platform's own files.
+        ({"output_uri": f"file://{store}/in.jsonl"}, "output_uri"),
+        ({"output_uri": f"file://{store}/batches/files/x.jsonl"}, "output_uri"),
+        ({"output_uri": "s3://bucket-not-a-root/out.jsonl"}, "output_uri"),
+        ({"completion_window": "1h"}, "deadline"),
     ):
         answer = create(client_of, **{**base, **change})
         assert answer.status_code == 400, change
@@ -160,6 +180,39 @@ def test_the_seeds_form_reads_and_writes_only_under_the_roots(
     assert body["batch_id"] == body["id"]
     assert body["request_counts"]["total"] == 2
     assert abs(body["deadline"] - timezone.now().timestamp() - 3600) < 60
+
+
+def test_lines_the_database_cannot_hold_fail_alone(
+    store: Path, client_of: APIClient, chat_model: Model
+) -> None:
+    nul = json.dumps(line("nul", "a\u0000b"))
+    nan = (
+        '{"custom_id": "nan", "method": "POST", "url": "/v1/chat/completions", '
+        '"body": {"model": "chat-7b", "messages": [], "temperature": NaN}}'
+    )
+    deep = '{"custom_id": "deep", "body": ' + "[" * 5000 + "]" * 5000 + "}"
+    file_id = file_id_of(client_of, jsonl(line("ok"), nul, nan, deep))
+    answer = create(client_of, input_file_id=file_id, completion_window="1h")
+    assert answer.status_code == 200, answer.content
+    assert answer.json()["request_counts"] == {"total": 4, "completed": 0, "failed": 3}
+    failed = BatchLine.objects.filter(batch_id=answer.json()["id"], status="failed")
+    assert {(x.error or {}).get("code") for x in failed} == {"invalid_json"}
+
+
+def test_files_page_as_the_sdk_asks(
+    store: Path, client_of: APIClient, chat_model: Model
+) -> None:
+    made = [file_id_of(client_of, jsonl(line("a"))) for _ in range(3)]
+    first = client_of.get("/v1/files?limit=2").json()
+    assert [f["id"] for f in first["data"]] == made[::-1][:2]
+    assert first["has_more"] is True
+    rest = client_of.get(f"/v1/files?limit=2&after={first['last_id']}").json()
+    assert ([f["id"] for f in rest["data"]], rest["has_more"]) == ([made[0]], False)
+    oldest = client_of.get("/v1/files?order=asc&limit=1").json()
+    assert oldest["data"][0]["id"] == made[0]
+    for query in ("limit=%C2%B2", "limit=0", "order=sideways", "after=../x"):
+        answer = client_of.get(f"/v1/files?{query}")
+        assert answer.status_code == 400, query
 
 
 def test_a_file_over_the_limit_is_a_413(
@@ -242,7 +295,8 @@ def test_cancel_with_no_runner_ends_it_cancelled_with_every_line_reported(
     Batch.objects.filter(pk=batch_id).update(completed=1)
     answer = client_of.post(f"/v1/batches/{batch_id}/cancel")
     assert answer.json()["status"] == "cancelling"
-    assert runner.dispatch(enqueue=_no_runner) == {"started": 0, "ended": 1}
+    # Nobody holds it: the dispatcher hands it to a runner, which ends it at once.
+    assert runner.dispatch(enqueue=_run_now()) == {"started": 1}
     body = client_of.get(f"/v1/batches/{batch_id}").json()
     assert body["status"] == "cancelled"
     assert body["request_counts"] == {"total": 3, "completed": 1, "failed": 0}
@@ -274,7 +328,10 @@ def test_past_its_deadline_a_batch_expires_with_partial_output(
         status="done", status_code=200, response={"answer": 1}
     )
     Batch.objects.filter(pk=batch_id).update(completed=1)
-    assert runner.dispatch(now=time.time() + 61, enqueue=_no_runner)["ended"] == 1
+    later = time.time() + 61
+    assert runner.dispatch(now=later, enqueue=_run_now(clock=lambda: later)) == {
+        "started": 1
+    }
     body = client_of.get(f"/v1/batches/{batch_id}").json()
     assert body["status"] == "expired"
     assert body["expired_at"] is not None
@@ -296,17 +353,31 @@ def test_dispatch_hands_an_active_batch_to_one_runner_at_a_time(
         "id"
     ]
     queued: list[str] = []
-    assert runner.dispatch(enqueue=queued.append)["started"] == 1
+
+    def enqueue(batch_id: str) -> None:
+        queued.append(batch_id)
+        Batch.objects.filter(pk=batch_id).update(dispatched_at=timezone.now())
+
+    assert runner.dispatch(enqueue=enqueue)["started"] == 1
     # Handed on already: not again until that runner had time to take the lease.
-    assert runner.dispatch(enqueue=queued.append)["started"] == 0
-    assert queued == [batch_id]
+    assert runner.dispatch(enqueue=enqueue)["started"] == 0
+    assert runner.dispatch(now=time.time() + 31, enqueue=enqueue)["started"] == 1
+    assert queued == [batch_id, batch_id]
 
 
-def _no_runner(batch_id: str) -> None:
-    raise AssertionError(f"{batch_id} should not be handed to a runner")
+def _run_now(clock: Callable[[], float] = time.time) -> Callable[[str], None]:
+    """Run the handed-on batch here, with a gateway that must not be called."""
+
+    def never(request: httpx.Request) -> httpx.Response:
+        raise AssertionError(f"no line should be sent ({request.url})")
+
+    def run(batch_id: str) -> None:
+        runner.run_batch(batch_id, clock=clock, transport=httpx.MockTransport(never))
+
+    return run
 
 
 def _lines(client: APIClient, file_id: str) -> list[dict[str, Any]]:
     answer = client.get(f"/v1/files/{file_id}/content")
     assert answer.status_code == 200
-    return [json.loads(x) for x in answer.getvalue().splitlines()]
+    return [json.loads(x) for x in read(answer).splitlines()]

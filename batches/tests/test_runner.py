@@ -207,6 +207,8 @@ def test_client_errors_are_results_and_server_errors_are_retried_then_failed(
         runner.run_batch(batch.id, transport=gateway.transport) is runner.Outcome.ENDED
     )
     assert gateway.calls == Counter({0: 1, 1: 3, 2: 2})
+    # No gateway at all is an outage, not the line's attempt.
+    assert BatchLine.objects.get(batch=batch, index=2).attempts == 1
     batch.refresh_from_db()
     assert (batch.completed, batch.failed) == (1, 2)
     assert batch.error_file is not None
@@ -216,6 +218,40 @@ def test_client_errors_are_results_and_server_errors_are_retried_then_failed(
     errors = {e["custom_id"]: e for e in map(json.loads, content.splitlines())}
     assert errors["id-0"]["response"]["status_code"] == 400
     assert errors["id-1"]["response"]["status_code"] == 500
+
+
+def test_an_answer_the_database_cannot_hold_is_cleaned(
+    store: Path, fast: None, team: Team, chat_model: Model
+) -> None:
+    def nul(index: int, tier: str, call: int) -> httpx.Response:
+        answer = ok(index)
+        body = json.loads(answer.content)
+        body["choices"][0]["message"]["content"] = "a\u0000b"
+        return httpx.Response(200, json=body)
+
+    batch = make_batch(team, 1)
+    assert (
+        runner.run_batch(batch.id, transport=Gateway(nul).transport)
+        is runner.Outcome.ENDED
+    )
+    [record] = output_of(batch)
+    assert record["response"]["body"]["choices"][0]["message"]["content"] == "a\ufffdb"
+
+
+def test_a_line_whose_runner_dies_every_time_fails_alone(
+    store: Path, fast: None, team: Team, chat_model: Model, settings: Settings
+) -> None:
+    settings.PLATFORM_BATCH_MAX_ATTEMPTS = 2
+    batch = make_batch(team, 2)
+    # Line 0 was claimed twice by runners that died before writing its answer.
+    BatchLine.objects.filter(batch=batch, index=0).update(attempts=2)
+    gateway = Gateway()
+    assert (
+        runner.run_batch(batch.id, transport=gateway.transport) is runner.Outcome.ENDED
+    )
+    assert gateway.calls == Counter({1: 1})
+    batch.refresh_from_db()
+    assert (batch.completed, batch.failed) == (1, 1)
 
 
 def test_a_starved_job_is_raised_to_standard_and_reported_at_risk_early(

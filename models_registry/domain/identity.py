@@ -148,12 +148,17 @@ def uri_errors(uri: str, roots: Sequence[str]) -> list[str]:
     """Return why ``uri`` may not be used; empty when it lies under a configured root.
 
     A URI must start with one of ``roots`` and must not climb out of it with
-    ``..`` segments (also when percent-encoded).
+    ``..`` segments (also when percent-encoded). A query or fragment (``?``,
+    ``#``) or a backslash is refused: a URL parser stops the path there, while
+    fsspec opens the whole string as a path, so ``root/x#/../../etc`` would pass
+    a check of the parsed path and climb out of the root when opened.
     """
     if not uri:
         return ["must not be empty"]
     if any(ch.isspace() or ord(ch) < 32 for ch in uri):
         return ["must not contain whitespace or control characters"]
+    if any(ch in uri for ch in "?#\\"):
+        return ["must not contain '?', '#' or '\\'"]
     path = unquote(urlsplit(uri).path)
     if any(segment == ".." for segment in path.split("/")):
         return ["must not contain '..' segments"]
