@@ -42,11 +42,13 @@ How a job is paced:
 4. **At risk, early**: when even the standard tier's rate cannot finish the
    remaining work before the deadline, the job is reported at risk with the
    projected finish, at the first tick that shows it, not at the end. That rate is
-   the team's tokens per minute over 60 (``JobView.standard_tokens_s``), but no
-   more than the job's own window carries: ``max_window`` lines in flight at the
-   rate seen per line in flight (``rate * max_window / in_flight``); and never less
-   than the rate seen. (A job whose window is full at 64 lines of 10 s makes
-   3,200 tokens/s at any tier, whatever its team's limit.)
+   the team's tokens per minute over 60 (``JobView.standard_tokens_s``), never less
+   than the rate seen; and once the job is at the standard tier, no more than its
+   own window carries there: ``max_window`` lines in flight at the rate seen per
+   line in flight (``rate * max_window / in_flight``). A job whose window is full
+   at 64 lines of 10 s makes 3,200 tokens/s whatever its team's limit; at the
+   batch tier the rate per line also counts the lines' waits in the admission
+   queue, which the standard tier would not have, so it is not used there.
 5. **Expiry**: at the deadline, a job with lines left is expired; what finished is
    kept (the runner writes the partial output and marks the rest expired).
 """
@@ -228,18 +230,6 @@ def plan_job(
     # Judged on a whole rate window after the window's opening (rule 3).
     observe_s = settings.min_observed_s + settings.rate_window_s
     observed = now - job.started_at >= observe_s
-    # The best rate the job may get (rule 4): the standard tier's, within what its
-    # window carries; idle-only, the rate seen.
-    standard_rate = rate
-    if settings.escalate:
-        window_rate = (
-            rate * settings.max_window / job.in_flight
-            if rate > 0 and job.in_flight > 0
-            else math.inf
-        )
-        standard_rate = max(rate, min(job.standard_tokens_s, window_rate))
-    need_s = remaining_tokens / standard_rate if standard_rate > 0 else math.inf
-
     escalation = job.escalation
     if (
         settings.escalate
@@ -251,6 +241,15 @@ def plan_job(
         )
         if late:
             escalation = Escalation.STANDARD
+    # The best rate the job may get (rule 4): the standard tier's; once its rate
+    # is measured there, within what its window carries; idle-only, the rate seen.
+    standard_rate = rate
+    if settings.escalate:
+        window_rate = math.inf
+        if job.escalation is Escalation.STANDARD and rate > 0 and job.in_flight > 0:
+            window_rate = rate * settings.max_window / job.in_flight
+        standard_rate = max(rate, min(job.standard_tokens_s, window_rate))
+    need_s = remaining_tokens / standard_rate if standard_rate > 0 else math.inf
     at_risk = need_s > left_s and (observed or left_s < observe_s)
 
     send = 0

@@ -94,8 +94,7 @@ def test_idle_only_never_escalates_and_judges_risk_on_the_rate_seen() -> None:
     assert hopeless.escalation is Escalation.BATCH
     assert hopeless.at_risk
     assert hopeless.reason.startswith("at risk: on idle capacity")
-    # With escalation, the standard tier would make it (its window carries 640
-    # tokens/s: 64 lines at the 10 tokens/s seen per line in flight).
+    # With escalation, the standard tier's 10,000 tokens/s would make it.
     assert not plan(view(), now=6000.0).at_risk
 
 
@@ -140,14 +139,18 @@ def test_at_risk_when_even_the_standard_tier_cannot_finish() -> None:
 
 
 def test_at_risk_when_the_jobs_own_window_caps_the_standard_tier() -> None:
-    # The team may send 10,000 tokens/s, but 64 lines in flight at the rate seen
-    # per line (10 lines make 20 tokens/s) carry only 128 tokens/s: 3,906 s for
-    # 500,000 tokens against 3,000 s left.
-    capped = view(rate_tokens_s=20.0, in_flight=10)
+    # At the standard tier the team may send 10,000 tokens/s, but 64 lines in
+    # flight at the rate seen per line (10 lines make 20 tokens/s) carry only 128
+    # tokens/s: 3,906 s for 500,000 tokens against 3,000 s left.
+    capped = view(escalation=Escalation.STANDARD, rate_tokens_s=20.0, in_flight=10)
     decision = plan(capped, now=7000.0)
     assert decision.at_risk
     # A job with room to open its window is not at risk.
     assert not plan(replace(capped, in_flight=1), now=7000.0).at_risk
+    # At the batch tier its lines' rate counts their waits in the admission
+    # queue, which the standard tier would not have: the team's limit is the bound.
+    batch = plan(replace(capped, escalation=Escalation.BATCH), now=7000.0)
+    assert batch.escalation is Escalation.STANDARD and not batch.at_risk
 
 
 def test_a_finished_job_sends_nothing_and_is_not_at_risk() -> None:

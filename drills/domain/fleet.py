@@ -3,7 +3,7 @@ virtual time.
 
 Public surface: ``FleetPool`` (from ``drills.domain.fleet_pool``), ``FleetSim``
 (configured by ``drills.domain.fleet_config``, measured in
-``drills.domain.fleet_result``).
+``drills.domain.fleet_result``), ``RequestSource``.
 
 What runs is the gateway's decision code, not a copy of it:
 
@@ -33,6 +33,13 @@ its arrivals (``drills.domain.fleet_arrivals``: one team's surge leaves the othe
 requests unchanged), and a
 heap of events ordered by (time, kind, sequence).
 
+The extension point for a drill's own client (``RequestSource``, given as
+``FleetSim(..., sources=...)``): a source is ticked in virtual time, sends requests
+through ``send`` (admitted, routed and served like the workload's, and measured
+with them) and is told how each ended, with the refusal's Retry-After, so it can
+run a client's own policy (``drills.domain.batch_drill``: the batch scheduler).
+Without sources nothing of it runs: its events sort after all others.
+
 Simplifications, each a modelling choice rather than a second policy: one gateway
 with exact, live load per replica (real gateways share their shares through Redis
 every second); a lost replica leaves the ring at once (the gateway ejects a replica
@@ -43,8 +50,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable, Iterator
-from typing import cast
+from collections.abc import Callable, Iterable, Iterator
+from typing import Protocol, cast
 
 from drills.domain.fleet_arrivals import TeamArrivals
 from drills.domain.fleet_config import FleetConfig, FleetEvent
@@ -74,7 +81,7 @@ from routing.domain.retry_budget import RetryBudget
 from routing.domain.snapshot import LimitRecord, NodeSnapshot
 from routing.domain.tiers import Tier
 
-__all__ = ["FleetPool", "FleetSim"]
+__all__ = ["FleetPool", "FleetSim", "RequestSource"]
 
 _MODEL, _VERSION = "chat-7b", "v1"
 _POOL = (_MODEL, _VERSION)
@@ -85,13 +92,47 @@ _NO_CONCURRENCY_CAP = 10**9
 # What the simulator calls a refused request, by the refusal's status.
 _REFUSED = {400: "too_large", 429: "rate_limited", 503: "shed"}
 # Event kinds, in the order simultaneous events run (then by sequence).
-# Autoscaling's two come last, so a run without it keeps its order exactly.
-_WAKE, _READY, _SCENARIO, _ARRIVAL, _PUMP, _SAMPLE, _SCALE, _DRAIN_END = range(8)
+# Autoscaling's two come last, then the request sources' two, so a run without
+# them keeps its order exactly.
+(
+    _WAKE,
+    _READY,
+    _SCENARIO,
+    _ARRIVAL,
+    _PUMP,
+    _SAMPLE,
+    _SCALE,
+    _DRAIN_END,
+    _SOURCE_TICK,
+    _SOURCE_SENT,
+) = range(10)
 _PUMP_S = 0.05  # the admission queue's tick while anything waits (as the gateway)
 
 
+class RequestSource(Protocol):
+    """A drill's own client beside the workload: the simulator's extension point.
+
+    ``tick(now, send)`` is called at 0 s and then at each time it returns (None:
+    no more ticks; a time must lie after ``now``). ``send(arrival)`` injects a
+    request at ``now`` (``arrival.at`` is ignored) and returns it; its admission
+    runs just after the tick returns, so the source knows every request before any
+    outcome. ``ended(request, retry_after_s)`` is called once when one of its
+    requests ends (``request.outcome``: ``"ok"`` or a refusal or error of
+    ``drills.domain.fleet_result.OUTCOMES``; ``retry_after_s``: the refusal's
+    Retry-After for a 429 or 503, else None). Requests still running when the run
+    stops get no call.
+    """
+
+    def tick(
+        self, now: float, send: Callable[[Arrival], FleetRequest]
+    ) -> float | None: ...
+
+    def ended(self, request: FleetRequest, retry_after_s: float | None) -> None: ...
+
+
 class FleetSim:
-    """One pool of replicas behind one gateway, fed by a workload or a trace."""
+    """One pool of replicas behind one gateway, fed by a workload or a trace, and
+    by any ``RequestSource``."""
 
     def __init__(
         self,
@@ -101,6 +142,7 @@ class FleetSim:
         arrivals: Iterable[Arrival] | None = None,
         events: Iterable[FleetEvent] = (),
         teams: Iterable[TeamSpec] = (),
+        sources: Iterable[RequestSource] = (),
     ) -> None:
         if (workload is None) == (arrivals is None):
             raise ValueError("give a workload or a stream of arrivals, not both")
@@ -155,6 +197,8 @@ class FleetSim:
         self._trace: Iterator[Arrival] | None = (
             iter(arrivals) if arrivals is not None else None
         )
+        self._sources = list(sources)
+        self._owners: dict[int, RequestSource] = {}  # a source's requests, by id
         self.now = 0.0
         self._window: tuple[float, float] = (0.0, math.inf)
         self._result: FleetResult | None = None
@@ -190,6 +234,8 @@ class FleetSim:
                 self._schedule_arrival(team.name, 0.0)
         else:
             self._next_trace_arrival()
+        for source in self._sources:
+            self._push(0.0, _SOURCE_TICK, source)
         self._push(warmup_s, _SAMPLE, None)
         counted = False
         generated0 = prefill0 = 0
@@ -238,6 +284,10 @@ class FleetSim:
                 self._push(at + self.scaler.autoscaling.interval_s, _SCALE, None)
             elif kind == _DRAIN_END:
                 self._on_drain_deadline(cast(FleetReplica, payload))
+            elif kind == _SOURCE_TICK:
+                self._on_source_tick(cast(RequestSource, payload))
+            elif kind == _SOURCE_SENT:
+                self._admit(cast(FleetRequest, payload))
         if not counted:
             result.generated_tokens = self._generated() - generated0
             result.prefill_tokens = self._prefilled() - prefill0
@@ -294,6 +344,8 @@ class FleetSim:
         for request in finished:
             request.outcome = "ok"
             self._give_back(request, used=request.prompt_tokens + request.output_tokens)
+            if self._owners:
+                self._tell_source(request, None)
         end = replica.plan(self.now)
         if end is not None:
             self._wake_version[replica.replica_id] = version + 1
@@ -330,6 +382,10 @@ class FleetSim:
                 return  # the team's rate changed; a fresh arrival was drawn
             self._schedule_arrival(team, self.now)
             arrival = self._arrivals.arrival(self.teams[team], self.now)
+        self._admit(self._enter(arrival))
+
+    def _enter(self, arrival: Arrival) -> FleetRequest:
+        """Make the request of an arrival at ``now``, measured if in the window."""
         self._next_request_id += 1
         request = FleetRequest(
             self._next_request_id,
@@ -346,7 +402,29 @@ class FleetSim:
         if self._window[0] <= self.now < self._window[1]:
             assert self._result is not None
             self._result.requests.append(request)
-        self._admit(request)
+        return request
+
+    # -- request sources ----------------------------------------------------------------
+
+    def _on_source_tick(self, source: RequestSource) -> None:
+        def send(arrival: Arrival) -> FleetRequest:
+            if arrival.team not in self.teams:
+                self.teams[arrival.team] = TeamSpec(arrival.team, tier=arrival.tier)
+            request = self._enter(arrival)
+            self._owners[request.request_id] = source
+            self._push(self.now, _SOURCE_SENT, request)
+            return request
+
+        next_at = source.tick(self.now, send)
+        if next_at is not None:
+            if not next_at > self.now:
+                raise ValueError("a request source's next tick must lie after now")
+            self._push(next_at, _SOURCE_TICK, source)
+
+    def _tell_source(self, request: FleetRequest, retry_after_s: float | None) -> None:
+        source = self._owners.pop(request.request_id, None)
+        if source is not None:
+            source.ended(request, retry_after_s)
 
     # -- the gateway's decisions ----------------------------------------------------------
 
@@ -380,7 +458,11 @@ class FleetSim:
                 self._route(request, first=True)
                 return
             except Rejected as refused:
-                self._end(request, _REFUSED[refused.status])
+                self._end(
+                    request,
+                    _REFUSED[refused.status],
+                    retry_after_s=refused.retry_after_s,
+                )
                 return
             reply, error = None, None
             if isinstance(effect, ChargeAndAcquire):
@@ -476,9 +558,17 @@ class FleetSim:
         if request.finished_at is None:
             request.finished_at = self.now
 
-    def _end(self, request: FleetRequest, outcome: str) -> None:
+    def _end(
+        self,
+        request: FleetRequest,
+        outcome: str,
+        *,
+        retry_after_s: float | None = None,
+    ) -> None:
         request.outcome = outcome
         request.finished_at = self.now
+        if self._owners:
+            self._tell_source(request, retry_after_s)
 
     # -- scenario events ----------------------------------------------------------------
 
