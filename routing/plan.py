@@ -54,12 +54,16 @@ __all__ = [
 ]
 
 # Body fields the gateway sets itself; everything else passes to the engine.
+# Fields the gateway sets itself. ``priority`` is vLLM's per-request scheduling
+# priority (with ``--scheduling-policy priority``): a client's own would let it
+# jump the tiers inside the engine, so it never passes through.
 _GATEWAY_FIELDS = {
     "model",
     "stream",
     "stream_options",
     "max_tokens",
     "max_completion_tokens",
+    "priority",
 }
 _DEFAULT_MAX_MODEL_LEN = 8192
 
