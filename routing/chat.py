@@ -59,7 +59,7 @@ from routing.domain.sticky import (
     stick,
 )
 from routing.live import AttemptLoad, LiveLoad
-from routing.plan import ChatPlan, GatewaySettings
+from routing.plan import ChatPlan, GatewaySettings, payload_for
 from routing.relay import Relay, UpstreamFailed
 from routing.responses import (
     FinalUsage,
@@ -226,7 +226,13 @@ class ChatService:
                     snapshot,
                     model=resolution.model,
                     version=resolution.shadow_version,
-                    payload=plan.payload,
+                    payload=payload_for(
+                        plan.payload,
+                        plan.tier,
+                        snapshot.versions.get(
+                            (resolution.model, resolution.shadow_version)
+                        ),
+                    ),
                     conversation=plan.routing_key,
                 )
             )
@@ -275,7 +281,14 @@ class ChatService:
         )
         stuck = stick(resolution, remembered, record)
         if stuck is not resolution:
-            plan = dataclasses.replace(plan, resolution=stuck)
+            payload = plan.payload
+            if stuck.version != resolution.version:
+                payload = payload_for(
+                    payload,
+                    plan.tier,
+                    snapshot.versions.get((stuck.model, stuck.version)),
+                )
+            plan = dataclasses.replace(plan, resolution=stuck, payload=payload)
         return plan, remembered
 
     def _figure_role(

@@ -37,7 +37,12 @@ from routing.domain.resolve import (
     resolve,
 )
 from routing.domain.routing_key import routing_key
-from routing.domain.snapshot import ConfigSnapshot, KeyRecord, LimitRecord
+from routing.domain.snapshot import (
+    ConfigSnapshot,
+    KeyRecord,
+    LimitRecord,
+    VersionRecord,
+)
 from routing.domain.tiers import Tier, parse_tier
 from routing.prompt_tokens import PromptRejected, VersionCounters
 from routing.responses import ClientGone, GatewayError
@@ -47,6 +52,7 @@ __all__ = [
     "GatewaySettings",
     "TokenizePlan",
     "authenticate",
+    "payload_for",
     "plan_chat",
     "plan_tokenize",
     "read_json",
@@ -54,7 +60,7 @@ __all__ = [
 ]
 
 # Body fields the gateway sets itself; everything else passes to the engine.
-# Fields the gateway sets itself. ``priority`` is vLLM's per-request scheduling
+# ``priority`` is vLLM's per-request scheduling
 # priority (with ``--scheduling-policy priority``): a client's own would let it
 # jump the tiers inside the engine, so it never passes through.
 _GATEWAY_FIELDS = {
@@ -239,6 +245,21 @@ async def read_json(
         raise _bad_body(exc) from None
 
 
+def payload_for(payload: bytes, tier: Tier, version: VersionRecord | None) -> bytes:
+    """``payload`` for another version of the same request: with the tier as vLLM's
+    priority where that version's engine schedules by priority, without it
+    elsewhere (an engine on the default policy refuses a priority other than 0).
+    Unchanged, and not re-encoded, when it already fits."""
+    wanted = tier.rank if version is not None and version.priority_scheduling else None
+    body = json.loads(payload)
+    if body.get("priority") == wanted:
+        return payload
+    body.pop("priority", None)
+    if wanted is not None:
+        body["priority"] = wanted
+    return json.dumps(body).encode()
+
+
 async def plan_chat(
     *,
     snapshot: ConfigSnapshot,
@@ -299,6 +320,8 @@ async def plan_chat(
         stream_options={"include_usage": True},
         max_tokens=max_tokens,
     )
+    if version is not None and version.priority_scheduling:
+        upstream_body["priority"] = tier.rank
     return ChatPlan(
         request_id=f"chatcmpl-{secrets.token_hex(12)}",
         team=team,

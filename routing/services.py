@@ -65,6 +65,7 @@ def build_snapshot(*, region: str, default_policy: str) -> ConfigSnapshot:
             weights_uri=version.weights_uri,
             tokenizer_hash=version.tokenizer_hash,
             chat_template=version.chat_template,
+            priority_scheduling=config.get("scheduling_policy") == "priority",
         )
     # One query for what the rollouts say: the pending ones (the memory of
     # conversations begins with them; a begun shadow step copies requests), and

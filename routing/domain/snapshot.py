@@ -68,6 +68,9 @@ class VersionRecord:
     weights_uri: str = ""
     tokenizer_hash: str = ""
     chat_template: str = ""
+    # The engine runs vLLM's ``--scheduling-policy priority`` (engine_config
+    # ``scheduling_policy``): the gateway sends each request's tier as its priority.
+    priority_scheduling: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ from pytest_django import DjangoAssertNumQueries
 
 from accounts import services as accounts
 from accounts.models import ApiKey, Team
+from models_registry import services as registry_services
 from models_registry.models import ModelVersion
 from rollouts import services as rollouts
 from routing.services import build_snapshot
@@ -135,6 +136,24 @@ def test_snapshot_lists_live_replicas_of_its_region(chat_v1: ModelVersion) -> No
     replica = snapshot.replicas[0]
     assert (replica.version, replica.state) == ("v1", "serving")
     assert replica.last_heartbeat_at == pytest.approx(now.timestamp())
+
+
+def test_snapshot_says_which_versions_schedule_by_priority(
+    chat_v1: ModelVersion,
+) -> None:
+    ranked = registry_services.register_version(
+        model_id="chat-7b",
+        **version_body(
+            weights_hash=digest("weights ranked"),
+            engine_config={
+                **VERSION_BODY["engine_config"],
+                "scheduling_policy": "priority",
+            },
+        ),
+    )
+    snapshot = build_snapshot(region="local", default_policy="prefix_affinity")
+    assert snapshot.versions[("chat-7b", "v1")].priority_scheduling is False
+    assert snapshot.versions[("chat-7b", ranked.version)].priority_scheduling is True
 
 
 def test_snapshot_query_count_is_fixed(
