@@ -53,7 +53,7 @@ from typing import Any
 import httpx
 from django.conf import settings
 from django.db import DatabaseError, transaction
-from django.db.models import Avg, F, Q
+from django.db.models import Count, F, Q, Sum
 
 from batches import services
 from batches.domain.scheduler import (
@@ -277,13 +277,15 @@ class _Job:
         ).values_list("finished_at", "tokens"):
             if finished_at is not None:
                 self.throughput.add(finished_at.timestamp(), tokens)
-        mean = BatchLine.objects.filter(
+        done = BatchLine.objects.filter(
             batch=batch, status=BatchLine.Status.DONE
-        ).aggregate(mean=Avg("tokens"))["mean"]
-        self.tokens_per_line: float | None = float(mean) if mean else None
-        self.done_lines = BatchLine.objects.filter(
-            batch=batch, status=BatchLine.Status.DONE
-        ).count()
+        ).aggregate(lines=Count("pk"), tokens=Sum("tokens"))
+        self.done_lines: int = done["lines"]
+        # Tokens of every finished line (the scheduler's mean rate), kept running.
+        self.done_tokens: int = done["tokens"] or 0
+        self.tokens_per_line: float | None = (
+            self.done_tokens / self.done_lines if self.done_lines else None
+        )
         self.standard_tokens_s = services.team_tokens_per_minute(batch) / 60.0
         self.escalation = Escalation(batch.priority)
         self.key_made_at = (
@@ -335,6 +337,7 @@ class _Job:
                     escalation=self.escalation,
                     rate_tokens_s=self.throughput.rate(now),
                     standard_tokens_s=self.standard_tokens_s,
+                    done_tokens=self.done_tokens,
                 ),
                 self.pace,
                 now=now,
@@ -471,8 +474,8 @@ class _Job:
             if self._finish(line, BatchLine.Status.DONE, answer, now):
                 self.throughput.add(now, answer.tokens)
                 self.done_lines += 1
-                mean = self.tokens_per_line or 0.0
-                self.tokens_per_line = mean + (answer.tokens - mean) / self.done_lines
+                self.done_tokens += answer.tokens
+                self.tokens_per_line = self.done_tokens / self.done_lines
             self.pace = after_answer(self.pace, self.settings)
             return
         refused = status in _REFUSED or (

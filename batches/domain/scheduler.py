@@ -3,7 +3,8 @@ and whether its deadline is at risk (seed step 10, "batch requests run only on i
 capacity").
 
 Public surface: ``SchedulerSettings``, ``Pace``, ``Throughput``, ``JobView``,
-``JobPlan``, ``plan_job``, ``after_answer``, ``after_refusal``, ``Escalation``.
+``JobPlan``, ``plan_job``, ``job_rate``, ``after_answer``, ``after_refusal``,
+``Escalation``.
 
 One pure policy for the live runner (``batches.runner``) and the fleet simulator
 (``drills.domain.batch_drill``): it never reads a clock (``now`` comes in, unix
@@ -18,11 +19,24 @@ How a job is paced:
    refusal (503 shed, 429), and nothing new until the refusal's Retry-After has
    passed (``Pace.paused_until``). Under interactive load the job therefore backs
    off to one line and pauses; when the load goes, the window grows back.
-2. **The deadline is watched from the start.** The job's *rate* is the tokens per
-   second its lines finished over the last ``rate_window_s`` (``Throughput``): what
-   the idle capacity it sees gives it. Its *projected finish* is
-   ``now + remaining_tokens / rate`` (remaining lines times the mean tokens of a
-   finished line, or ``estimated_tokens_per_line`` before any finished).
+2. **The deadline is watched from the start.** The job's *rate* is the higher of
+   two: its *recent rate*, the tokens per second its lines finished over the last
+   ``rate_window_s`` (``Throughput``: what the idle capacity gives it now), and its
+   *mean rate*, the tokens of its finished lines over the time since it began
+   sending (``JobView.done_tokens`` over ``now - started_at``: its pace so far).
+   Its *projected finish* is ``now + remaining_tokens / rate`` (remaining lines
+   times the mean tokens of a finished line, or ``estimated_tokens_per_line``
+   before any finished). Why the higher: idle capacity follows the day's load, so
+   the last minute is a poor forecast for a job with hours left; a day-long job
+   that ran fast all night would, on the recent rate alone, project a miss at the
+   first hour of the morning rise and (rule 3: escalation is kept) run the whole
+   peak at the standard tier, crowding the interactive traffic, though idle
+   capacity alone finishes it by the evening. With the higher of the two a job is
+   raised only when neither its pace so far nor its pace now would finish it in
+   time: when it has fallen behind its own schedule, as a stall makes the mean
+   fall. The recent rate still counts for a young job (its mean includes the
+   window's opening, rule 3) and when the load falls and idle capacity grows; the
+   lower of the two would escalate even sooner than the recent rate alone.
 3. **Escalation** (``Escalation.STANDARD``): when the projected finish, padded by
    ``safety``, passes the deadline, the job's remaining lines go at the standard
    tier: ahead of batch in every queue, inside the team's own limits (the gateway
@@ -43,12 +57,13 @@ How a job is paced:
    remaining work before the deadline, the job is reported at risk with the
    projected finish, at the first tick that shows it, not at the end. That rate is
    the team's tokens per minute over 60 (``JobView.standard_tokens_s``), never less
-   than the rate seen; and once the job is at the standard tier, no more than its
-   own window carries there: ``max_window`` lines in flight at the rate seen per
-   line in flight (``rate * max_window / in_flight``). A job whose window is full
-   at 64 lines of 10 s makes 3,200 tokens/s whatever its team's limit; at the
-   batch tier the rate per line also counts the lines' waits in the admission
-   queue, which the standard tier would not have, so it is not used there.
+   than the job's rate (rule 2); and once the job is at the standard tier, no more
+   than its own window carries there: ``max_window`` lines in flight at the recent
+   rate per line in flight (``recent * max_window / in_flight``). A job whose
+   window is full at 64 lines of 10 s makes 3,200 tokens/s whatever its team's
+   limit; at the batch tier the rate per line also counts the lines' waits in the
+   admission queue, which the standard tier would not have, so it is not used
+   there.
 5. **Expiry**: at the deadline, a job with lines left is expired; what finished is
    kept (the runner writes the partial output and marks the rest expired).
 """
@@ -69,6 +84,7 @@ __all__ = [
     "Throughput",
     "after_answer",
     "after_refusal",
+    "job_rate",
     "plan_job",
 ]
 
@@ -184,8 +200,18 @@ class JobView:
     deadline_at: float
     started_at: float  # when the job began sending
     escalation: Escalation
-    rate_tokens_s: float | None  # ``Throughput.rate``
+    rate_tokens_s: float | None  # ``Throughput.rate``: the recent rate
     standard_tokens_s: float  # the team's tokens per minute / 60 (its ceiling)
+    done_tokens: int  # tokens of every finished line (the mean rate's, rule 2)
+
+
+def job_rate(job: JobView, now: float) -> float:
+    """The job's rate (rule 2): the higher of its recent and its mean rate; 0 while
+    neither is known."""
+    recent = job.rate_tokens_s or 0.0
+    elapsed = now - job.started_at
+    mean = job.done_tokens / elapsed if elapsed > 0 else 0.0
+    return recent if recent > mean else mean
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,7 +251,7 @@ def plan_job(
     per_line = job.tokens_per_line or settings.estimated_tokens_per_line
     remaining_tokens = job.remaining_lines * per_line
     left_s = job.deadline_at - now
-    rate = job.rate_tokens_s or 0.0
+    rate = job_rate(job, now)
     projected = now + remaining_tokens / rate if rate > 0 else None
     # Judged on a whole rate window after the window's opening (rule 3).
     observe_s = settings.min_observed_s + settings.rate_window_s
@@ -246,8 +272,9 @@ def plan_job(
     standard_rate = rate
     if settings.escalate:
         window_rate = math.inf
-        if job.escalation is Escalation.STANDARD and rate > 0 and job.in_flight > 0:
-            window_rate = rate * settings.max_window / job.in_flight
+        recent = job.rate_tokens_s or 0.0
+        if job.escalation is Escalation.STANDARD and recent > 0 and job.in_flight > 0:
+            window_rate = recent * settings.max_window / job.in_flight
         standard_rate = max(rate, min(job.standard_tokens_s, window_rate))
     need_s = remaining_tokens / standard_rate if standard_rate > 0 else math.inf
     at_risk = need_s > left_s and (observed or left_s < observe_s)
@@ -260,6 +287,7 @@ def plan_job(
     reason = _reason(
         job,
         escalation,
+        rate=rate,
         at_risk=at_risk,
         projected=projected,
         need_s=need_s,
@@ -282,6 +310,7 @@ def _reason(
     job: JobView,
     escalation: Escalation,
     *,
+    rate: float,
     at_risk: bool,
     projected: float | None,
     need_s: float,
@@ -290,7 +319,6 @@ def _reason(
     now: float,
     may_escalate: bool,
 ) -> str:
-    rate = job.rate_tokens_s
     seen = f"{rate:.0f} tokens/s idle" if rate else "no idle capacity seen yet"
     if at_risk:
         short = "never" if math.isinf(need_s) else f"{need_s - left_s:.0f} s late"

@@ -302,3 +302,23 @@ def test_a_job_with_room_stays_on_idle_capacity(
     batch.refresh_from_db()
     assert {tier for _, tier in gateway.tiers} == {"batch"}
     assert batch.priority == "batch" and not batch.at_risk
+
+
+def test_a_slice_starts_from_the_tokens_its_finished_lines_made(
+    store: Path, fast: None, team: Team, chat_model: Model
+) -> None:
+    # The scheduler's mean rate counts every finished line, not only the last
+    # minute's: a new slice seeds its running sum from the database.
+    batch = make_batch(team, 4)
+    BatchLine.objects.filter(batch=batch, index=0).update(status="done", tokens=100)
+    BatchLine.objects.filter(batch=batch, index=1).update(status="done", tokens=300)
+    batch.refresh_from_db()
+    with runner._Job(batch, "runner-x", clock=time.time, transport=None) as job:
+        assert (job.done_lines, job.done_tokens) == (2, 400)
+        assert job.tokens_per_line == pytest.approx(200.0)
+    # The slice runs only the lines left.
+    gateway = Gateway()
+    assert (
+        runner.run_batch(batch.id, transport=gateway.transport) is runner.Outcome.ENDED
+    )
+    assert gateway.calls == Counter({2: 1, 3: 1})

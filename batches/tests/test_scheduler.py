@@ -21,6 +21,7 @@ from batches.domain.scheduler import (
     Throughput,
     after_answer,
     after_refusal,
+    job_rate,
     plan_job,
 )
 
@@ -39,6 +40,7 @@ JOB = JobView(
     escalation=Escalation.BATCH,
     rate_tokens_s=100.0,
     standard_tokens_s=10_000.0,
+    done_tokens=0,
 )
 
 
@@ -77,6 +79,38 @@ def test_a_rate_with_room_stays_on_idle_capacity() -> None:
     assert "projected to finish" in decision.reason
     # The same job at a rate that only the padding makes late is raised.
     assert plan(view(), now=3800.0).escalation is Escalation.STANDARD
+
+
+def test_a_job_ahead_of_its_schedule_is_judged_on_its_pace_so_far() -> None:
+    # The morning rise: the last minute gave 100 tokens/s (late, as above), but the
+    # job made 1,000,000 tokens in its first 4,000 s: 250 tokens/s. At that pace
+    # its 500,000 tokens take 2,000 s, x1.25 from 4,000 s: 6,500 s, in time.
+    ahead = view(done_tokens=1_000_000)
+    assert job_rate(ahead, 4000.0) == pytest.approx(250.0)
+    decision = plan(ahead, now=4000.0)
+    assert decision.escalation is Escalation.BATCH
+    assert decision.projected_finish_at == pytest.approx(6000.0)
+    assert "250 tokens/s" in decision.reason
+    # Idle-only it is not at risk either (the recent rate alone said 9,000 s).
+    assert not plan(ahead, now=4000.0, escalate=False).at_risk
+    # A job whose pace so far is slower than its recent rate: the recent rate.
+    behind = view(done_tokens=40_000)  # 10 tokens/s
+    assert job_rate(behind, 4000.0) == pytest.approx(100.0)
+    assert plan(behind, now=4000.0).escalation is Escalation.STANDARD
+
+
+def test_a_stalled_job_escalates_once_its_pace_so_far_falls_behind() -> None:
+    # Nothing finished in the last minute; 300,000 tokens done since 0.
+    stalled = view(rate_tokens_s=0.0, done_tokens=300_000)
+    # At 2,000 s: 150 tokens/s, 500,000 tokens take 3,333 s x1.25: in time.
+    assert plan(stalled, now=2000.0).escalation is Escalation.BATCH
+    # At 4,000 s: 75 tokens/s, 6,667 s x1.25 from 4,000 s passes 10,000 s.
+    assert plan(stalled, now=4000.0).escalation is Escalation.STANDARD
+    # At risk once neither its rate nor the team's makes it (rule 4): at 75
+    # tokens/s (more than the team's 50) it needs 6,667 s, and 6,000 s are left.
+    capped = replace(stalled, standard_tokens_s=50.0)
+    assert not plan(capped, now=2000.0).at_risk
+    assert plan(capped, now=4000.0).at_risk
 
 
 def test_escalation_is_kept_for_the_rest_of_the_job() -> None:

@@ -3,7 +3,8 @@ paced by the platform's batch scheduler, through the fleet simulator.
 
 Public surface: ``CASES``, ``BatchJobSpec``, ``BatchScenario``, ``JobSource``,
 ``JobOutcome``, ``Series``, ``CaseResult``, ``BatchDrillOutcome``,
-``default_jobs``, ``small_scenario``, ``run_batch_drill``.
+``CeilingPoint``, ``default_jobs``, ``small_scenario``, ``run_batch_drill``,
+``sweep_ceilings``.
 
 The issue: "On a day-shaped trace with two regions each at half load, the batch
 tier fills the idle capacity: show USD per million tokens falling from about 0.56
@@ -44,7 +45,18 @@ The cases (``CASES``):
 - **interactive**: the day without batch;
 - **deadline**: the same day plus the batch jobs, scheduled by the policy;
 - **idle_only**: the same jobs with ``SchedulerSettings(escalate=False)``: lines
-  only ever go at the batch tier.
+  only ever go at the batch tier;
+- **deadline_fcfs**: the deadline case on engines that serve first come, first
+  served (``FleetConfig.engine_scheduling="fcfs"``), for comparison.
+
+The engines' scheduling (``BatchScenario.engine_scheduling``) is ``"priority"`` by
+default: vLLM's ``--scheduling-policy priority`` with the tier's rank as each
+request's priority (``drills.domain.replica``), what a platform running batch on
+its interactive replicas should configure. The gateway's admission orders its own
+queue by tier, but a batch line it admitted shares the engine's queue and its
+prefill budget with interactive prompts: first come, first served, an
+interactive prompt waits behind the batch prefills ahead of it. Without batch
+every request is interactive and the two policies are the same.
 
 USD per million tokens is the region's GPU-hours (replicas x the day's simulated
 hours) x ``usd_per_gpu_hour`` over the output tokens it made in the day (the seed's
@@ -86,15 +98,17 @@ __all__ = [
     "BatchJobSpec",
     "BatchScenario",
     "CaseResult",
+    "CeilingPoint",
     "JobOutcome",
     "JobSource",
     "Series",
     "default_jobs",
     "run_batch_drill",
     "small_scenario",
+    "sweep_ceilings",
 ]
 
-CASES = ("interactive", "deadline", "idle_only")
+CASES = ("interactive", "deadline", "idle_only", "deadline_fcfs")
 # All of the region's interactive traffic, inside its guarantee (never shed).
 _INTERACTIVE_TEAM = TeamSpec("chat", tier=Tier.INTERACTIVE.value, guaranteed_share=1.0)
 # The jobs' teams at the seed's scale: batch tier, a tokens-per-minute limit each.
@@ -150,7 +164,8 @@ class BatchScenario:
     of the pool), so every job runs at its window's pace at either tier and the
     deadline policy has nothing to win; 0.6 leaves batch little room at the peak.
     ``backfill_jobs``, ``backfill_share`` and ``tight_share`` size the jobs
-    (``default_jobs``).
+    (``default_jobs``). ``engine_scheduling`` is the replicas' scheduling policy
+    (the module docstring; the ``deadline_fcfs`` case runs "fcfs" whatever it is).
     """
 
     replicas: int = 12
@@ -164,6 +179,7 @@ class BatchScenario:
     tick_s: float = 1.0
     ttft_ratio_target: float = 1.05
     batch_ceiling: float | None = 0.6
+    engine_scheduling: str = "priority"
     backfill_jobs: int = 8
     backfill_share: float = 0.8
     tight_share: float = 0.5
@@ -428,6 +444,7 @@ class JobSource:
                 escalation=job.escalation,
                 rate_tokens_s=job.throughput.rate(now),
                 standard_tokens_s=job.standard_tokens_s,
+                done_tokens=job.tokens,
             ),
             job.pace,
             now=now,
@@ -644,6 +661,30 @@ class BatchDrillOutcome:
         return case.ttft_p95_s / base.ttft_p95_s
 
 
+@dataclass(frozen=True, slots=True)
+class CeilingPoint:
+    """The deadline case at one batch ceiling, against the day without batch."""
+
+    batch_ceiling: float
+    usd_per_m: float | None
+    utilisation: float
+    ttft_p95_s: float | None
+    ttft_ratio: float | None  # its interactive p95 TTFT over the day without batch's
+    met: int
+    missed: int
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "batch_ceiling": self.batch_ceiling,
+            "usd_per_m_tokens": self.usd_per_m,
+            "utilisation": self.utilisation,
+            "interactive_ttft_p95_s": self.ttft_p95_s,
+            "interactive_ttft_ratio": self.ttft_ratio,
+            "jobs_met": self.met,
+            "jobs_missed": self.missed,
+        }
+
+
 # -- running ---------------------------------------------------------------------------------
 
 
@@ -651,18 +692,30 @@ def run_batch_drill(
     config: FleetConfig,
     scenario: BatchScenario,
     *,
-    cases: tuple[str, ...] = CASES,
+    cases: tuple[str, ...] | None = None,
 ) -> BatchDrillOutcome:
-    """Run the cases (a subset of ``CASES``, in its order) and judge the targets.
+    """Run the cases (a subset of ``CASES``, in its order; None: all of them, less
+    ``deadline_fcfs`` when the engines are fcfs anyway) and judge the targets.
 
     Raises ``ValueError`` for an unknown case.
     """
+    if cases is None:
+        cases = tuple(
+            name
+            for name in CASES
+            if name != "deadline_fcfs" or scenario.engine_scheduling != "fcfs"
+        )
     unknown = sorted({*cases} - {*CASES})
     if unknown or not cases:
         raise ValueError(
             f"cases are {', '.join(CASES)}; got {', '.join(unknown) or 'none'}"
         )
-    config = replace(config, admission=True, replicas=scenario.replicas)
+    config = replace(
+        config,
+        admission=True,
+        replicas=scenario.replicas,
+        engine_scheduling=scenario.engine_scheduling,
+    )
     if scenario.batch_ceiling is not None:
         config = replace(config, batch_ceiling=scenario.batch_ceiling)
     peak_rps = scenario.peak_rps()
@@ -671,6 +724,49 @@ def run_batch_drill(
     )
     outcome = BatchDrillOutcome(scenario, peak_rps, config.batch_ceiling, results, ())
     return replace(outcome, checks=tuple(_checks(outcome)))
+
+
+def sweep_ceilings(
+    config: FleetConfig, scenario: BatchScenario, ceilings: Sequence[float]
+) -> tuple[CaseResult, tuple[CeilingPoint, ...]]:
+    """Run the day without batch once and the deadline case at each batch ceiling
+    (the scenario's engine scheduling): where the TTFT target holds, and its cost.
+
+    Raises ``ValueError`` for a ceiling outside (0, 1].
+    """
+    if not ceilings or any(not 0 < c <= 1 for c in ceilings):
+        raise ValueError("batch ceilings must be in (0, 1]")
+    config = replace(
+        config,
+        admission=True,
+        replicas=scenario.replicas,
+        engine_scheduling=scenario.engine_scheduling,
+    )
+    peak_rps = scenario.peak_rps()
+    # Without batch the ceiling admits nothing differently: one run for all.
+    base = _run_case(config, scenario, "interactive", peak_rps)
+    points = []
+    for ceiling in ceilings:
+        case = _run_case(
+            replace(config, batch_ceiling=ceiling), scenario, "deadline", peak_rps
+        )
+        ratio = (
+            case.ttft_p95_s / base.ttft_p95_s
+            if case.ttft_p95_s and base.ttft_p95_s
+            else None
+        )
+        points.append(
+            CeilingPoint(
+                batch_ceiling=ceiling,
+                usd_per_m=case.usd_per_m,
+                utilisation=case.utilisation,
+                ttft_p95_s=case.ttft_p95_s,
+                ttft_ratio=ratio,
+                met=case.met,
+                missed=case.missed,
+            )
+        )
+    return base, tuple(points)
 
 
 def _run_case(
@@ -689,6 +785,8 @@ def _run_case(
         if name == "idle_only":
             settings = replace(settings, escalate=False)
         source = JobSource(s, settings, s.job_list())
+    if name == "deadline_fcfs":
+        config = replace(config, engine_scheduling="fcfs")
     sim = FleetSim(
         config,
         replace(s.workload, arrival_rate=peak_rps),

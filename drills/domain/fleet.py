@@ -311,6 +311,7 @@ class FleetSim:
             block_size=self.config.block_size,
             seed=self.config.seed * 1000 + index,
             jitter_cv=self.config.jitter_cv,
+            scheduling=self.config.engine_scheduling,
         )
         self.replicas[replica.replica_id] = replica
         return replica

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from drills.domain.fleet_scaling import FleetAutoscaling
+from drills.domain.replica import SCHEDULING_POLICIES
 from engine_nodes.domain.perf import PROFILES, PerfProfile
 from routing.domain.admission_control import AdmissionOptions
 from routing.domain.policies import DEFAULT_POLICY_OPTIONS, PolicyOptions
@@ -47,6 +48,9 @@ class FleetConfig:
     jitter_cv: float = 0.04
     seed: int = 0
     autoscaling: FleetAutoscaling | None = None
+    # The replicas' engine scheduling policy (``drills.domain.replica``): "fcfs"
+    # or "priority" (vLLM's ``--scheduling-policy``, priority = the tier's rank).
+    engine_scheduling: str = "fcfs"
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -57,6 +61,11 @@ class FleetConfig:
             )
         if self.block_size < 1 or self.sample_s <= 0:
             raise ValueError("block_size and sample_s must be positive")
+        if self.engine_scheduling not in SCHEDULING_POLICIES:
+            raise ValueError(
+                f"engine_scheduling is {' or '.join(SCHEDULING_POLICIES)}; got "
+                f"{self.engine_scheduling!r}"
+            )
 
     @property
     def perf_profile(self) -> PerfProfile:

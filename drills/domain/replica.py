@@ -24,6 +24,15 @@ same physics with a different bookkeeping:
   gives every decoding request one token and spends the rest of
   ``max_num_batched_tokens`` on prefill chunks (chunked prefill), first admitted
   first. The first token comes at the end of the step that finishes the prompt.
+- **Priority scheduling, optional** (``scheduling="priority"``: vLLM's
+  ``--scheduling-policy priority``, where a request's ``priority`` is its tier's
+  rank, interactive 0, standard 1, batch 2, lower first). The waiting queue admits
+  by (rank, arrival): one FIFO per rank, the lowest non-empty one first; the step's
+  prefill budget goes to prefilling requests by (rank, admission), so an
+  interactive prompt never waits behind a batch prefill. ``"fcfs"`` (the default)
+  is the single FIFO above. vLLM also preempts the lowest-priority running request
+  when KV blocks run out; blocks are reserved on admission here (below), so that
+  never happens and neither does a preemption.
 - **Segments, not steps.** While nothing prefills, every running request gains one
   token per step and the batch only changes when one finishes, so a *segment* of
   ``K`` decode steps (up to the next finish) is computed in O(1): step ``j`` lasts
@@ -52,8 +61,21 @@ from dataclasses import dataclass
 from engine_nodes.domain.perf import PerfProfile, jitter_factor
 from engine_nodes.domain.prefix_cache import BlockPool
 
-__all__ = ["FleetReplica", "FleetRequest", "Segment", "stream_block_hash"]
+__all__ = [
+    "SCHEDULING_POLICIES",
+    "FleetReplica",
+    "FleetRequest",
+    "Segment",
+    "stream_block_hash",
+]
 
+# The engine's scheduling policies (vLLM's ``--scheduling-policy``).
+SCHEDULING_POLICIES = ("fcfs", "priority")
+# A tier's priority under ``"priority"`` (lower first; ``routing.domain.tiers``'
+# ranks); an unknown tier counts as standard.
+_TIER_RANK = {"interactive": 0, "standard": 1, "batch": 2}
+_STANDARD_RANK = 1
+_RANKS = 3
 _STREAM_SHIFT = 24  # block index bits of a synthetic block hash
 _MAX_DECODE_STEPS = 512  # a segment never runs longer than this many steps
 
@@ -88,6 +110,7 @@ class FleetRequest:
         "outcome",
         "output_tokens",
         "prompt_tokens",
+        "rank",
         "replica_id",
         "request_id",
         "routed_at",
@@ -132,6 +155,7 @@ class FleetRequest:
         self.first_token_at: float | None = None
         self.finished_at: float | None = None
         self.tokens_at_failure = 0
+        self.rank = 0  # the engine's priority, set by the replica on ``add``
         self._reset_engine_state()
 
     def _reset_engine_state(self) -> None:
@@ -210,7 +234,8 @@ class FleetReplica:
     generated, over every request it holds: the gateway's load measure),
     ``num_running``, ``num_waiting``, ``kv_cache_usage_perc``, and the counters
     ``generated_tokens``, ``prefill_tokens`` (computed, hits excluded) and
-    ``busy_s`` (time spent in steps).
+    ``busy_s`` (time spent in steps). ``scheduling`` is ``"fcfs"`` or
+    ``"priority"`` (see the module docstring).
     """
 
     def __init__(
@@ -222,8 +247,15 @@ class FleetReplica:
         num_gpu_blocks: int | None = None,
         seed: int = 0,
         jitter_cv: float = 0.04,
+        scheduling: str = "fcfs",
     ) -> None:
+        if scheduling not in SCHEDULING_POLICIES:
+            raise ValueError(
+                f"scheduling is {' or '.join(SCHEDULING_POLICIES)}; got {scheduling!r}"
+            )
         self.replica_id = replica_id
+        self.scheduling = scheduling
+        self._by_priority = scheduling == "priority"
         self.profile = profile
         self.block_size = block_size or profile.block_size
         # The same KV memory, in blocks of this replica's size.
@@ -238,7 +270,12 @@ class FleetReplica:
         self.max_num_batched_tokens = profile.max_num_batched_tokens
         self._rng = random.Random(seed)
         self._jitter_cv = jitter_cv
-        self.waiting: deque[FleetRequest] = deque()
+        # One FIFO per rank (only rank 0 under fcfs): admitted lowest rank first.
+        self._waiting: list[deque[FleetRequest]] = [
+            deque() for _ in range(_RANKS if self._by_priority else 1)
+        ]
+        self._num_waiting = 0
+        # In admission order (fcfs) or by (rank, admission) (priority).
         self.prefilling: list[FleetRequest] = []
         self.decoding: dict[int, FleetRequest] = {}
         self._finish_heap: list[tuple[int, int]] = []  # (finish clock, request id)
@@ -260,7 +297,12 @@ class FleetReplica:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        return self._num_waiting
+
+    @property
+    def waiting(self) -> list[FleetRequest]:
+        """The waiting requests in the order they would be admitted."""
+        return [request for queue in self._waiting for request in queue]
 
     @property
     def kv_cache_usage_perc(self) -> float:
@@ -291,7 +333,11 @@ class FleetReplica:
         """Queue ``request`` (the caller then calls ``interrupt`` or ``plan``)."""
         request.replica_id = self.replica_id
         request._reset_engine_state()
-        self.waiting.append(request)
+        request.rank = (
+            _TIER_RANK.get(request.tier, _STANDARD_RANK) if self._by_priority else 0
+        )
+        self._waiting[request.rank].append(request)
+        self._num_waiting += 1
         self._held_tokens += request.prompt_tokens + request.max_tokens
 
     def interrupt(self, now: float) -> float | None:
@@ -425,16 +471,18 @@ class FleetReplica:
         segment = self.segment
         if segment is not None and segment.steps > 1:
             clock += segment.steps_done(now)
-        for request in self.waiting:
-            request.tokens_at_failure = 0
-            lost.append(request)
+        for queue in self._waiting:
+            for request in queue:
+                request.tokens_at_failure = 0
+                lost.append(request)
+            queue.clear()
+        self._num_waiting = 0
         for request in self.prefilling:
             request.tokens_at_failure = 0
             lost.append(request)
         for request in self.decoding.values():
             request.tokens_at_failure = request.gen0 + clock - request.clock0
             lost.append(request)
-        self.waiting.clear()
         self.prefilling.clear()
         self.decoding.clear()
         self._finish_heap.clear()
@@ -448,8 +496,11 @@ class FleetReplica:
     def _admit(self) -> None:
         pool = self.pool
         block_size = self.block_size
-        waiting = self.waiting
-        while waiting and len(self.decoding) + len(self.prefilling) < self.max_num_seqs:
+        while (
+            self._num_waiting
+            and len(self.decoding) + len(self.prefilling) < self.max_num_seqs
+        ):
+            waiting = next(queue for queue in self._waiting if queue)
             request = waiting[0]
             total = request.prompt_tokens + request.max_tokens
             # As the engine: the hit stops below the last prompt token.
@@ -471,13 +522,22 @@ class FleetReplica:
                     )
                 break
             waiting.popleft()
+            self._num_waiting -= 1
             pool.touch(hit_ids)
             hit_ids.extend(pool.allocate(need))
             request.block_ids = hit_ids
             request.cached_tokens = request.computed = (
                 len(hit_ids) - need
             ) * block_size
-            self.prefilling.append(request)
+            prefilling = self.prefilling
+            if self._by_priority and prefilling and prefilling[-1].rank > request.rank:
+                # Before the first of a higher rank: by (rank, admission).
+                at = len(prefilling)
+                while at and prefilling[at - 1].rank > request.rank:
+                    at -= 1
+                prefilling.insert(at, request)
+            else:
+                prefilling.append(request)
 
     def _cache_stream_blocks(self, request: FleetRequest, computed: int) -> None:
         """Hash the full blocks of ``request`` that lie on its conversation's stream."""

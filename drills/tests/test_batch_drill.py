@@ -53,7 +53,8 @@ def test_batch_fills_idle_capacity_and_lowers_the_cost_per_token(
 ) -> None:
     data, _, _ = drill
     by = cases(data)
-    assert list(by) == ["interactive", "deadline", "idle_only"]
+    assert list(by) == ["interactive", "deadline", "idle_only", "deadline_fcfs"]
+    assert data["scenario"]["engine_scheduling"] == "priority"
     alone, batch = by["interactive"], by["deadline"]
     assert alone["batch_output_tokens"] == 0 and alone["jobs"] == []
     assert batch["batch_output_tokens"] > 0
@@ -89,6 +90,32 @@ def test_interactive_p95_ttft_stays_within_the_bound(
         assert case["interactive_requests"] == by["interactive"]["interactive_requests"]
 
 
+def test_engine_priority_serves_interactive_prompts_ahead_of_batch_lines(
+    drill: tuple[dict[str, Any], str, Path],
+) -> None:
+    data, _, _ = drill
+    by = cases(data)
+    priority, fcfs = by["deadline"], by["deadline_fcfs"]
+    # The same policy and traffic on first-come engines: the batch lines' prefills
+    # delay interactive prompts, never the other way round.
+    assert priority["interactive_ttft_p95_s"] <= fcfs["interactive_ttft_p95_s"]
+    assert priority["interactive_requests"] == fcfs["interactive_requests"]
+    assert fcfs["batch_output_tokens"] > 0
+    # The interactive-only day is the same under both policies (one tier).
+    alone = FleetSim(
+        FleetConfig(replicas=1, admission=True, seed=3, engine_scheduling="priority"),
+        ChatWorkload(arrival_rate=2.0, teams=(TeamSpec("chat", tier="interactive"),)),
+    ).run(30.0)
+    plain = FleetSim(
+        FleetConfig(replicas=1, admission=True, seed=3),
+        ChatWorkload(arrival_rate=2.0, teams=(TeamSpec("chat", tier="interactive"),)),
+    ).run(30.0)
+    assert [r.first_token_at for r in alone.requests] == [
+        r.first_token_at for r in plain.requests
+    ]
+    assert any(r.first_token_at is not None for r in plain.requests)
+
+
 def test_escalation_meets_a_deadline_that_idle_only_misses(
     drill: tuple[dict[str, Any], str, Path],
 ) -> None:
@@ -120,7 +147,7 @@ def test_the_table_the_checks_and_the_plot(
     assert data["cpu_s"] > 0
     assert data["scenario"]["regions_simulated"] == 1
     assert "the other region is identical and independent" in text
-    for name in ("interactive", "deadline", "idle_only"):
+    for name in ("interactive", "deadline", "idle_only", "deadline_fcfs"):
         assert any(line.startswith(name) for line in text.splitlines())
     names = [check["name"] for check in data["checks"]]
     assert "deadline_policy_meets_what_idle_only_misses" in names
@@ -134,6 +161,34 @@ def test_bad_options_are_command_errors() -> None:
         call_command("batch_drill", "--small", "--cases=night")
     with pytest.raises(CommandError, match="mean_load"):
         call_command("batch_drill", "--small", "--mean-load=1.5")
+    with pytest.raises(CommandError, match="invalid choice"):
+        call_command("batch_drill", "--small", "--engine-scheduling=lifo")
+    with pytest.raises(CommandError, match="ceilings must be in"):
+        call_command("batch_drill", "--small", "--ceilings=0.5,1.5")
+    with pytest.raises(CommandError, match="comma-separated"):
+        call_command("batch_drill", "--small", "--ceilings=half")
+
+
+def test_the_ceiling_sweep_runs_the_deadline_case_per_ceiling() -> None:
+    out = StringIO()
+    call_command(
+        "batch_drill",
+        "--small",
+        "--day-hours=0.03",
+        "--ceilings=0.3,0.9",
+        "--json",
+        stdout=out,
+    )
+    data = json.loads(out.getvalue())
+    points = data["ceilings"]
+    assert [p["batch_ceiling"] for p in points] == [0.3, 0.9]
+    base = data["interactive"]
+    for point in points:
+        assert point["usd_per_m_tokens"] < base["usd_per_m_tokens"]
+        assert point["interactive_ttft_ratio"] == pytest.approx(
+            point["interactive_ttft_p95_s"] / base["interactive_ttft_p95_s"]
+        )
+        assert point["jobs_met"] + point["jobs_missed"] == 4
 
 
 class Echo:

@@ -23,10 +23,17 @@ from drills.domain.batch_drill import (
     JobOutcome,
     run_batch_drill,
     small_scenario,
+    sweep_ceilings,
 )
 from drills.domain.fleet_config import FleetConfig
+from drills.domain.replica import SCHEDULING_POLICIES
 
-_COLOURS = {"interactive": "#1f77b4", "deadline": "#2ca02c", "idle_only": "#ff7f0e"}
+_COLOURS = {
+    "interactive": "#1f77b4",
+    "deadline": "#2ca02c",
+    "idle_only": "#ff7f0e",
+    "deadline_fcfs": "#9467bd",
+}
 
 
 class Command(BaseCommand):
@@ -85,7 +92,24 @@ class Command(BaseCommand):
             type=int,
             help="day-long bulk jobs submitted at midnight (default 8)",
         )
-        parser.add_argument("--cases", default=",".join(CASES), help=", ".join(CASES))
+        parser.add_argument(
+            "--engine-scheduling",
+            choices=SCHEDULING_POLICIES,
+            help="the replicas' engine scheduling policy (vLLM's "
+            "--scheduling-policy; default priority: the tier's rank)",
+        )
+        parser.add_argument(
+            "--cases",
+            help=f"{', '.join(CASES)} (default: all; deadline_fcfs only when the "
+            "engines are not fcfs anyway)",
+        )
+        parser.add_argument(
+            "--ceilings",
+            help="comma-separated batch ceilings, e.g. 0.5,0.6,0.7,0.9: instead of "
+            "the cases, run the day without batch once and the deadline case at "
+            "each ceiling; print USD/M and the interactive p95 TTFT ratio per "
+            "ceiling (no checks)",
+        )
         parser.add_argument("--profile", default="a100-8b")
         parser.add_argument("--seed", type=int, default=0)
         parser.add_argument(
@@ -115,6 +139,7 @@ class Command(BaseCommand):
                 "mean_load",
                 "night_factor",
                 "batch_ceiling",
+                "engine_scheduling",
                 "backfill_jobs",
             )
             if options[name] is not None
@@ -138,7 +163,11 @@ class Command(BaseCommand):
                 profile=options["profile"], seed=options["seed"], admission=True
             )
             wall0, cpu0 = time.monotonic(), time.process_time()
-            outcome = run_batch_drill(config, scenario, cases=_names(options["cases"]))
+            if options["ceilings"] is not None:
+                self._sweep(config, scenario, options, wall0, cpu0)
+                return
+            names = _names(options["cases"]) if options["cases"] is not None else None
+            outcome = run_batch_drill(config, scenario, cases=names)
         except ValueError as exc:
             raise CommandError(str(exc)) from None
         timing = {
@@ -165,6 +194,69 @@ class Command(BaseCommand):
                 f"batch targets missed: {', '.join(failed)} (see the checks)"
             )
 
+    def _sweep(
+        self,
+        config: FleetConfig,
+        scenario: BatchScenario,
+        options: dict[str, Any],
+        wall0: float,
+        cpu0: float,
+    ) -> None:
+        try:
+            ceilings = [float(v) for v in _names(options["ceilings"])]
+        except ValueError:
+            raise ValueError(
+                f"--ceilings: numbers, comma-separated; got {options['ceilings']!r}"
+            ) from None
+        base, points = sweep_ceilings(config, scenario, ceilings)
+        cpu_s = round(time.process_time() - cpu0, 1)
+        wall_s = round(time.monotonic() - wall0, 1)
+        target = options["json"]
+        data = {
+            "interactive": {
+                "usd_per_m_tokens": base.usd_per_m,
+                "utilisation": base.utilisation,
+                "interactive_ttft_p95_s": base.ttft_p95_s,
+            },
+            "ceilings": [point.as_dict() for point in points],
+            "engine_scheduling": scenario.engine_scheduling,
+            "ttft_ratio_target": scenario.ttft_ratio_target,
+            "day_hours": scenario.day_hours,
+            "seed": config.seed,
+            "cpu_s": cpu_s,
+            "wall_s": wall_s,
+        }
+        if target == "-":
+            self.stdout.write(json.dumps(data, indent=2))
+            return
+        if target is not None:
+            path = Path(target)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(data, indent=2), encoding="utf-8")
+        write = self.stdout.write
+        write(
+            f"Batch ceiling sweep (simulated): the deadline case on {scenario.replicas}"
+            f" x {config.profile}, engine scheduling {scenario.engine_scheduling}, "
+            f"24 h in {scenario.day_hours:g} h, seed {config.seed}; without batch: "
+            f"USD/M {_f(base.usd_per_m, 3)}, interactive p95 {_ms(base.ttft_p95_s)} ms; "
+            f"{cpu_s:g} s of CPU ({wall_s:g} s wall)"
+        )
+        write(
+            f"{'ceiling':>7} {'USD/M':>6} {'util':>5} {'i p95':>6} {'x a':>6} "
+            f"{'within':>6} {'met/missed':>10}"
+        )
+        for p in points:
+            within = p.ttft_ratio is not None and p.ttft_ratio <= (
+                scenario.ttft_ratio_target
+            )
+            write(
+                f"{p.batch_ceiling:>7g} {_f(p.usd_per_m, 3):>6} {p.utilisation:>5.2f} "
+                f"{_ms(p.ttft_p95_s):>6} {_f(p.ttft_ratio, 3):>6} "
+                f"{'yes' if within else 'no':>6} {f'{p.met}/{p.missed}':>10}"
+            )
+        if target is not None:
+            write(f"json: {target}")
+
     def _print(
         self,
         outcome: BatchDrillOutcome,
@@ -182,7 +274,8 @@ class Command(BaseCommand):
             f"region's full {s.full_tokens_s:,.0f} output tokens/s on average over "
             f"the day (peak {outcome.peak_rps:.1f} requests/s, night at "
             f"x{s.night_factor:g} of it), 24 h compressed into {s.day_hours:g} h; "
-            f"batch ceiling {outcome.batch_ceiling:g}; scheduler window "
+            f"batch ceiling {outcome.batch_ceiling:g}; engine scheduling "
+            f"{s.engine_scheduling} (deadline_fcfs: fcfs); scheduler window "
             f"{w.initial_window}-{w.max_window}, judged after "
             f"{w.min_observed_s:g} + {w.rate_window_s:g} s, safety x{w.safety:g}; "
             f"seed {config.seed}; {timing['cpu_s']:g} s of CPU "
@@ -197,7 +290,7 @@ class Command(BaseCommand):
         )
         write("")
         write(
-            f"{'case':<12} {'GPU-h':>6} {'USD/M':>6} {'util':>5} {'in flight':>9} "
+            f"{'case':<13} {'GPU-h':>6} {'USD/M':>6} {'util':>5} {'in flight':>9} "
             f"{'i p50':>6} {'i p95':>6} {'x a':>6} {'i refused':>9} "
             f"{'batch Mtok':>10} {'lines':>8} {'met/missed':>10} {'at risk':>7}"
         )
@@ -243,7 +336,7 @@ def _row(outcome: BatchDrillOutcome, case: CaseResult) -> str:
     at_risk = sum(job.at_risk_s is not None for job in case.jobs)
     jobs = f"{case.met}/{case.missed}" if case.jobs else "-"
     return (
-        f"{case.case:<12} {case.gpu_hours:>6.1f} {_f(case.usd_per_m, 3):>6} "
+        f"{case.case:<13} {case.gpu_hours:>6.1f} {_f(case.usd_per_m, 3):>6} "
         f"{case.utilisation:>5.2f} {case.in_flight_utilisation:>9.2f} "
         f"{_ms(case.ttft_p50_s):>6} {_ms(case.ttft_p95_s):>6} "
         f"{_f(ratio, 3):>6} {case.interactive_refused:>9} "
@@ -305,6 +398,7 @@ def _as_json(
             "day_hours": s.day_hours,
             "warmup_s": s.warmup_s,
             "batch_ceiling": outcome.batch_ceiling,
+            "engine_scheduling": s.engine_scheduling,
             "ttft_ratio_target": s.ttft_ratio_target,
             "scheduler": {
                 "initial_window": w.initial_window,
