@@ -283,9 +283,6 @@ class _Job:
         self.done_lines: int = done["lines"]
         # Tokens of every finished line (the scheduler's mean rate), kept running.
         self.done_tokens: int = done["tokens"] or 0
-        self.tokens_per_line: float | None = (
-            self.done_tokens / self.done_lines if self.done_lines else None
-        )
         self.standard_tokens_s = services.team_tokens_per_minute(batch) / 60.0
         self.escalation = Escalation(batch.priority)
         self.key_made_at = (
@@ -294,6 +291,11 @@ class _Job:
         self.last_saved: tuple[Any, ...] = ()
         self.saved_at = 0.0
         self.outages = 0  # answers in a row that were no gateway at all
+
+    @property
+    def tokens_per_line(self) -> float | None:
+        """The mean tokens of a finished line; None before one finished."""
+        return self.done_tokens / self.done_lines if self.done_lines else None
 
     def __enter__(self) -> _Job:
         return self
@@ -475,7 +477,6 @@ class _Job:
                 self.throughput.add(now, answer.tokens)
                 self.done_lines += 1
                 self.done_tokens += answer.tokens
-                self.tokens_per_line = self.done_tokens / self.done_lines
             self.pace = after_answer(self.pace, self.settings)
             return
         refused = status in _REFUSED or (

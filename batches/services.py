@@ -1,8 +1,8 @@
 """Batches: the Files API, creating, reading, cancelling and finishing a batch.
 
-Public surface: ``create_file``, ``get_file``, ``file_content``, ``create_batch``,
-``get_batch``, ``list_batches``, ``cancel_batch``, ``finalize``,
-``batch_object``, ``file_object``, ``batch_key_secret``, ``counts``.
+Public surface: ``create_file``, ``get_file``, ``file_content``, ``list_files``,
+``create_batch``, ``get_batch``, ``list_batches``, ``cancel_batch``, ``finalize``,
+``batch_object``, ``file_object``, ``batch_key_secret``, ``team_tokens_per_minute``.
 
 A team sees only its own files and batches: every lookup is by team, and another
 team's id is a 404, as an unknown one is. A batch is checked whole at creation
@@ -29,7 +29,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Q
+from django.db.models import Q
 from django.utils import timezone
 
 from accounts.domain.keys import display_prefix, hash_secret
@@ -54,7 +54,6 @@ __all__ = [
     "batch_key_secret",
     "batch_object",
     "cancel_batch",
-    "counts",
     "create_batch",
     "create_file",
     "file_content",
@@ -64,6 +63,7 @@ __all__ = [
     "get_file",
     "list_batches",
     "list_files",
+    "team_tokens_per_minute",
 ]
 
 EXPIRED_MESSAGE = (
@@ -473,17 +473,6 @@ def cancel_batch(*, team_id: str, batch_id: str, now: datetime | None = None) ->
             code="batch_ended",
         )
     return batch
-
-
-def counts(batch: Batch) -> dict[str, int]:
-    """Lines per state (pending, running, done, failed, expired, cancelled)."""
-    found = dict(
-        BatchLine.objects.filter(batch=batch)
-        .values_list("status")
-        .annotate(n=Count("id"))
-        .values_list("status", "n")
-    )
-    return {status: int(found.get(status, 0)) for status in BatchLine.Status.values}
 
 
 def batch_object(batch: Batch) -> dict[str, Any]:

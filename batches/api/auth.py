@@ -34,7 +34,8 @@ class TeamKeyAuthentication(BaseAuthentication):
         if secret is None:
             return None
         key = services.find_active_team_key(secret)
-        if key is None or key.purpose == ApiKey.Purpose.BATCH:
+        # Never a batch's own key: find_active_team_key returns people's keys only.
+        if key is None:
             raise exceptions.AuthenticationFailed("invalid or revoked API key")
         return TeamCaller(team_id=key.team_id, key_id=key.pk), key
 

@@ -5,7 +5,6 @@ without batch and with idle-only scheduling (``drills.domain.batch_drill``)."""
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import replace
@@ -20,6 +19,7 @@ from drills.domain.batch_drill import (
     BatchDrillOutcome,
     BatchScenario,
     CaseResult,
+    CeilingPoint,
     JobOutcome,
     run_batch_drill,
     small_scenario,
@@ -27,6 +27,7 @@ from drills.domain.batch_drill import (
 )
 from drills.domain.fleet_config import FleetConfig
 from drills.domain.replica import SCHEDULING_POLICIES
+from drills.management.reports import write_result
 
 _COLOURS = {
     "interactive": "#1f77b4",
@@ -176,18 +177,12 @@ class Command(BaseCommand):
         }
         plot = options["plot"] or default_plot_path("batch_drill")
         plot_batch_drill(outcome, plot, title=_title(outcome, config))
-        data = _as_json(outcome, config, timing, plot)
-        target = options["json"]
-        if target == "-":
-            self.stdout.write(json.dumps(data, indent=2))
-        else:
-            if target is not None:
-                path = Path(target)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(json.dumps(data, indent=2), encoding="utf-8")
-            self._print(outcome, config, timing, plot)
-            if target is not None:
-                self.stdout.write(f"json: {target}")
+        write_result(
+            self.stdout,
+            _as_json(outcome, config, timing, plot),
+            options["json"],
+            lambda: self._print(outcome, config, timing, plot),
+        )
         if not outcome.passed:
             failed = [c.name for c in outcome.checks if not c.passed]
             raise CommandError(
@@ -211,7 +206,6 @@ class Command(BaseCommand):
         base, points = sweep_ceilings(config, scenario, ceilings)
         cpu_s = round(time.process_time() - cpu0, 1)
         wall_s = round(time.monotonic() - wall0, 1)
-        target = options["json"]
         data = {
             "interactive": {
                 "usd_per_m_tokens": base.usd_per_m,
@@ -226,13 +220,22 @@ class Command(BaseCommand):
             "cpu_s": cpu_s,
             "wall_s": wall_s,
         }
-        if target == "-":
-            self.stdout.write(json.dumps(data, indent=2))
-            return
-        if target is not None:
-            path = Path(target)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(data, indent=2), encoding="utf-8")
+        write_result(
+            self.stdout,
+            data,
+            options["json"],
+            lambda: self._print_sweep(config, scenario, base, points, cpu_s, wall_s),
+        )
+
+    def _print_sweep(
+        self,
+        config: FleetConfig,
+        scenario: BatchScenario,
+        base: CaseResult,
+        points: tuple[CeilingPoint, ...],
+        cpu_s: float,
+        wall_s: float,
+    ) -> None:
         write = self.stdout.write
         write(
             f"Batch ceiling sweep (simulated): the deadline case on {scenario.replicas}"
@@ -254,8 +257,6 @@ class Command(BaseCommand):
                 f"{_ms(p.ttft_p95_s):>6} {_f(p.ttft_ratio, 3):>6} "
                 f"{'yes' if within else 'no':>6} {f'{p.met}/{p.missed}':>10}"
             )
-        if target is not None:
-            write(f"json: {target}")
 
     def _print(
         self,

@@ -23,6 +23,7 @@ from drills.domain.rollout_drill import (
     run_drill,
     simulate_traffic,
 )
+from drills.management.reports import write_result
 from rollouts.domain.guards import GUARD_NAMES, GuardResult, GuardThresholds, PlanError
 from rollouts.domain.plan import DEFAULT_PLAN, RolloutPlan, parse_plan
 
@@ -126,18 +127,12 @@ class Command(BaseCommand):
         }
         plot = options["plot"] or default_plot_path("rollout_drill")
         plot_rollouts(outcome, plot, title=_title(outcome, config))
-        data = _as_json(outcome, config, timing, plot)
-        target = options["json"]
-        if target == "-":
-            self.stdout.write(json.dumps(data, indent=2))
-        else:
-            if target is not None:
-                path = Path(target)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(json.dumps(data, indent=2), encoding="utf-8")
-            self._print(outcome, config, timing, plot)
-            if target is not None:
-                self.stdout.write(f"json: {target}")
+        write_result(
+            self.stdout,
+            _as_json(outcome, config, timing, plot),
+            options["json"],
+            lambda: self._print(outcome, config, timing, plot),
+        )
         if not outcome.passed:
             failed = [c.name for c in outcome.checks if not c.passed]
             raise CommandError(
@@ -185,14 +180,8 @@ class Command(BaseCommand):
             "passed": all(ok for _, ok, _ in checks),
             "plot": str(plot),
         }
-        target = options["json"]
-        if target == "-":
-            self.stdout.write(json.dumps(data, indent=2, default=str))
-        else:
-            if target is not None:
-                path = Path(target)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(json.dumps(data, indent=2, default=str), "utf-8")
+
+        def report() -> None:
             self.stdout.write(
                 f"Rollout drill (live): {live.replicas} simulated replicas of v1, the "
                 f"candidate's pool beside them, {live.threads} client threads of "
@@ -219,8 +208,8 @@ class Command(BaseCommand):
             for name, ok, detail in checks:
                 self.stdout.write(f"  {'PASS' if ok else 'FAIL'} {name}: {detail}")
             self.stdout.write(f"plot: {plot}")
-            if target is not None:
-                self.stdout.write(f"json: {target}")
+
+        write_result(self.stdout, data, options["json"], report, default=str)
         failed = [name for name, ok, _ in checks if not ok]
         if failed:
             raise CommandError(f"live rollout targets missed: {', '.join(failed)}")
