@@ -81,6 +81,8 @@ MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "config.request_guards.RejectNulBytes",
+    # A lost database answers 503 with Retry-After, not 500 (config.control_plane).
+    "config.control_plane.DatabaseUnavailable",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -347,6 +349,18 @@ try:
     PLATFORM_SNAPSHOT_REFRESH_S = env_float(
         "PLATFORM_SNAPSHOT_REFRESH_S", 2.0, minimum=0.1
     )
+    # The last snapshot on local disk, for a gateway restarted while the database
+    # is down (routing.snapshots); empty disables it.
+    # (env_str reads empty as unset: here empty means off.)
+    _snapshot_path = os.environ.get("PLATFORM_SNAPSHOT_PATH")
+    PLATFORM_SNAPSHOT_PATH = (
+        str(LOCAL_DIR / "snapshots" / f"{PLATFORM_REGION}.json")
+        if _snapshot_path is None
+        else _snapshot_path.strip()
+    )
+    PLATFORM_SNAPSHOT_PERSIST_S = env_float(
+        "PLATFORM_SNAPSHOT_PERSIST_S", 10.0, minimum=0.0
+    )
     PLATFORM_UPSTREAM_CONNECT_TIMEOUT_S = env_float(
         "PLATFORM_UPSTREAM_CONNECT_TIMEOUT_S", 2.0, minimum=0.05
     )
@@ -368,6 +382,10 @@ try:
     PLATFORM_SIM_ADMIN_TOKEN = env_secret("PLATFORM_SIM_ADMIN_TOKEN") or ""
     # The bearer token a scraper sends for /metrics; unset, /metrics answers 403.
     PLATFORM_METRICS_TOKEN = env_secret("PLATFORM_METRICS_TOKEN") or ""
+    # The Retry-After of the control plane's 503 while its database is down.
+    PLATFORM_CONTROL_PLANE_RETRY_AFTER_S = env_float(
+        "PLATFORM_CONTROL_PLANE_RETRY_AFTER_S", 5.0, minimum=1.0
+    )
     # How often each gateway process writes the keys it saw to last_used_at.
     PLATFORM_KEY_LAST_USED_FLUSH_S = env_float(
         "PLATFORM_KEY_LAST_USED_FLUSH_S", 60.0, minimum=0.1

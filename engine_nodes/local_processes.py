@@ -178,13 +178,15 @@ def start_gateway(
     name: str = "gateway",
     *,
     wait_for_snapshot: bool = True,
+    port: int | None = None,
 ) -> Process:
     """Start a gateway process and wait until it has a snapshot.
 
     With ``wait_for_snapshot=False``, wait only until it answers ``/healthz`` at all
-    (a gateway started with the control plane down answers 503 there).
+    (a gateway started with the control plane down answers 503 there). ``port``:
+    a restarted gateway takes its old one (a load balancer points there).
     """
-    port = free_port()
+    port = port or free_port()
     process = spawn(
         gateway_argv(port),
         env,
@@ -205,11 +207,21 @@ def start_gateway(
 
 
 def _healthz(process: Process, *, any_status: bool = False) -> bool:
+    """Whether the gateway answers ``/healthz`` (``any_status``) or has a snapshot.
+
+    A gateway with a snapshot may still answer 503 (its region has no serving
+    replica yet): ``snapshot`` in the body says whether it loaded one.
+    """
     try:
-        status = httpx.get(f"{process.url}/healthz", timeout=1).status_code
+        response = httpx.get(f"{process.url}/healthz", timeout=1)
     except httpx.HTTPError:
         return False
-    return any_status or status == 200
+    if any_status or response.status_code == 200:
+        return True
+    try:
+        return response.json().get("snapshot") not in (None, "none")
+    except ValueError:
+        return False
 
 
 def start_agent(

@@ -2,7 +2,8 @@
 
 Public surface: the collectors below, ``observe_request``, ``observe_team_tokens``,
 ``observe_shadow``, ``count_retry``, ``count_rejection``, ``count_rate_limited``,
-``count_shed``, ``set_pool_load``, ``set_control_plane``, ``set_limits_degraded``,
+``count_shed``, ``set_pool_load``, ``set_control_plane``, ``set_snapshot_from_disk``,
+``count_snapshot_file_refused``, ``set_limits_degraded``,
 ``set_usage_buffered``, ``count_figures_dropped``, ``forget_pool``, ``OUTCOMES``,
 and the autoscaler's figures read at scrape time: ``PoolScalingFigures``,
 ``PoolScalingCollector``, ``register_pool_scaling``.
@@ -43,6 +44,8 @@ __all__ = [
     "SHADOW_REQUESTS",
     "SHADOW_TTFT_SECONDS",
     "SNAPSHOT_AGE_SECONDS",
+    "SNAPSHOT_FILE_REFUSED",
+    "SNAPSHOT_FROM_DISK",
     "TEAM_RATE_LIMITED",
     "TEAM_SHED",
     "TEAM_TOKENS",
@@ -59,6 +62,7 @@ __all__ = [
     "count_rejection",
     "count_retry",
     "count_shed",
+    "count_snapshot_file_refused",
     "forget_pool",
     "observe_request",
     "observe_shadow",
@@ -67,6 +71,7 @@ __all__ = [
     "set_control_plane",
     "set_limits_degraded",
     "set_pool_load",
+    "set_snapshot_from_disk",
     "set_usage_buffered",
 ]
 
@@ -156,6 +161,22 @@ SNAPSHOT_AGE_SECONDS = Gauge(
 CONTROL_PLANE_UP = Gauge(
     "platform_control_plane_up",
     "1 while the last snapshot refresh reached the control plane, else 0.",
+)
+REGION_READY = Gauge(
+    "platform_region_ready",
+    "1 while this gateway judges its region able to serve (what /healthz tells "
+    "the global load balancer: serving replicas, a fresh snapshot, Redis), else 0.",
+)
+SNAPSHOT_FROM_DISK = Gauge(
+    "platform_snapshot_from_disk",
+    "1 while this gateway serves the snapshot file it found on local disk at start "
+    "(the database was down), 0 once a refresh reached the database.",
+)
+SNAPSHOT_FILE_REFUSED = Counter(
+    "platform_snapshot_file_refused_total",
+    "Snapshot files refused at start, per reason (digest, format, region, mode, "
+    "malformed, unreadable).",
+    ("reason",),
 )
 LIMITS_DEGRADED = Gauge(
     "platform_limits_degraded",
@@ -313,6 +334,21 @@ def set_control_plane(*, up: bool, snapshot_age_s: float | None) -> None:
     """
     CONTROL_PLANE_UP.set(1 if up else 0)
     SNAPSHOT_AGE_SECONDS.set(math.nan if snapshot_age_s is None else snapshot_age_s)
+
+
+def set_region_ready(*, ready: bool) -> None:
+    """Set whether this gateway judges its region able to serve (``/healthz``)."""
+    REGION_READY.set(1 if ready else 0)
+
+
+def set_snapshot_from_disk(*, from_disk: bool) -> None:
+    """Set whether this gateway serves the snapshot file rather than the database's."""
+    SNAPSHOT_FROM_DISK.set(1 if from_disk else 0)
+
+
+def count_snapshot_file_refused(reason: str) -> None:
+    """Count a snapshot file refused at start (``reason`` is a bounded word)."""
+    SNAPSHOT_FILE_REFUSED.labels(reason).inc()
 
 
 def set_limits_degraded(*, is_degraded: bool) -> None:

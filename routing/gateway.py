@@ -40,6 +40,7 @@ from config.asgi_io import Receive, Scope, Send, wait_disconnect
 from metering import metrics
 from routing.chat import BackgroundTasks, ChatService
 from routing.domain.hosts import HostPolicy
+from routing.domain.readiness import Readiness, judge_readiness
 from routing.domain.snapshot import ConfigSnapshot, KeyRecord
 from routing.failover import RedisFailover
 from routing.key_uses import KeyUses
@@ -93,8 +94,16 @@ class Gateway:
         hosts: HostPolicy,
         key_uses: KeyUses | None = None,
         key_uses_flush_s: float = 60.0,
+        max_snapshot_age_s: float | None = None,
     ) -> None:
         self.settings = settings
+        # Older than this while the control plane answers, the refresh loop is
+        # stuck: /healthz takes the region out.
+        self.max_snapshot_age_s = (
+            max(10.0, 5 * snapshot_refresh_s)
+            if max_snapshot_age_s is None
+            else max_snapshot_age_s
+        )
         self.snapshots = snapshots
         self.live = live
         self.chat = chat
@@ -191,6 +200,7 @@ class Gateway:
             if self.failover is not None:
                 await self.failover.restore()
         self._publish_pool_gauges()
+        self._readiness()  # the gauge, between the balancer's checks
 
     def _publish_pool_gauges(self) -> None:
         """Set each pool's tokens in flight and queue depth (once a second)."""
@@ -282,28 +292,74 @@ class Gateway:
                 return
 
     async def _health(self, send: Send) -> None:
+        """Answer whether this region can serve (``routing.domain.readiness``).
+
+        200 when it can, 503 with the reasons when it cannot: the global load
+        balancer takes the region out on a 503. Degraded (a stale snapshot while
+        the control plane is down) still serves, with 200.
+        """
         holder = self.snapshots
         age = holder.age_s()
         failover = self.failover
+        readiness, redis, serving = self._readiness()
         is_degraded = not holder.control_plane_up or (
             failover is not None and failover.is_degraded
         )
+        if not readiness.ready:
+            status = "unavailable"
+        else:
+            status = "degraded" if is_degraded else "ok"
         body: dict[str, object] = {
-            "status": "degraded" if is_degraded else "ok",
-            "control_plane": "up" if holder.control_plane_up else "unreachable",
-            "snapshot_age_s": None if age is None else round(age, 3),
+            "status": status,
+            "ready": readiness.ready,
+            "reasons": list(readiness.reasons),
             "region": self.settings.region,
+            "control_plane": "up" if holder.control_plane_up else "unreachable",
+            "snapshot": readiness.snapshot,
+            "snapshot_age_s": None if age is None else round(age, 3),
+            "snapshot_source": holder.source,  # "database", "disk" or None
+            "serving_replicas": serving,
+            "redis": redis,
         }
         if self.live.redis is None:
-            body.update(redis="unused", limits="embedded", usage="embedded")
+            body.update(limits="embedded", usage="embedded")
         else:
-            body["redis"] = "up" if self.live.is_redis_up else "unreachable"
             body["gateways"] = self.live.gateways_seen  # in the region, last seen
         if failover is not None:
             body.update(failover.health())
-        # Degraded still serves (a stale snapshot, limits enforced locally): 200.
-        status = 200 if holder.current is not None else 503
-        await respond(send, status, json.dumps(body).encode())
+        code = 200 if readiness.ready else 503
+        await respond(send, code, json.dumps(body).encode())
+
+    def _readiness(self) -> tuple[Readiness, str, dict[str, int]]:
+        """Judge the region (and set the gauge); return the verdict, Redis's state
+        and the serving replicas by pool."""
+        if self.live.redis is None:
+            redis = "unused"
+        else:
+            redis = "up" if self.live.is_redis_up else "unreachable"
+        serving = self._serving_by_pool()
+        readiness = judge_readiness(
+            has_snapshot=self.snapshots.current is not None,
+            snapshot_age_s=self.snapshots.age_s(),
+            control_plane_up=self.snapshots.control_plane_up,
+            max_snapshot_age_s=self.max_snapshot_age_s,
+            redis=redis,
+            serving=serving,
+        )
+        metrics.set_region_ready(ready=readiness.ready)
+        return readiness, redis, serving
+
+    def _serving_by_pool(self) -> dict[str, int]:
+        """Count, per pool of the region that wants replicas, those a request may
+        go to now (the router's own eligibility: ``LiveLoad.nodes``)."""
+        snapshot = self.snapshots.current
+        if snapshot is None:
+            return {}
+        now = time.monotonic()
+        return {
+            f"{model}@{version}": len(self.live.nodes(snapshot, model, version, now))
+            for model, version in sorted(snapshot.pools)
+        }
 
     def _check_host(self, scope: Scope) -> None:
         """Refuse a Host that ALLOWED_HOSTS does not allow, as Django does (400).

@@ -12,12 +12,14 @@ in module globals of the domain code.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import secrets
 import socket
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -32,6 +34,7 @@ from routing.domain.admission_control import AdmissionControl, AdmissionOptions
 from routing.domain.hosts import HostPolicy
 from routing.domain.policies import PolicyOptions
 from routing.domain.snapshot import ConfigSnapshot
+from routing.domain.snapshot_file import file_key
 from routing.failover import FailoverLimits, RedisFailover
 from routing.gateway import Gateway
 from routing.key_uses import KeyUses
@@ -41,9 +44,11 @@ from routing.live import LiveLoad
 from routing.plan import GatewaySettings
 from routing.prompt_tokens import VersionCounters
 from routing.services import build_snapshot
-from routing.snapshots import SnapshotHolder
+from routing.snapshots import SnapshotFile, SnapshotHolder
 from routing.sticky import ConversationVersions
 from routing.upstream import Upstream
+
+logger = logging.getLogger(__name__)
 
 _gateway: Gateway | None = None
 
@@ -100,7 +105,12 @@ def build_gateway() -> Gateway:
             region=region, default_policy=settings.PLATFORM_ROUTING_POLICY
         )
 
-    snapshots = SnapshotHolder(load, prompt_counters=VersionCounters())
+    snapshots = SnapshotHolder(
+        load,
+        prompt_counters=VersionCounters(),
+        file=_snapshot_file(region),
+        persist_s=settings.PLATFORM_SNAPSHOT_PERSIST_S,
+    )
     limits, counter, figures, flush, failover = _stores(redis_client, live)
     admission = LiveAdmission(
         control=AdmissionControl(
@@ -150,6 +160,21 @@ def build_gateway() -> Gateway:
         key_uses=KeyUses(_write_key_uses),
         key_uses_flush_s=settings.PLATFORM_KEY_LAST_USED_FLUSH_S,
     )
+
+
+def _snapshot_file(region: str) -> SnapshotFile | None:
+    """The region's snapshot file, or None when disabled: by an empty
+    PLATFORM_SNAPSHOT_PATH, or because SECRET_KEY is drawn per process (no other
+    process could verify the file)."""
+    if not settings.PLATFORM_SNAPSHOT_PATH:
+        return None
+    if settings.SECRET_KEY_IS_EPHEMERAL:
+        logger.info("snapshot file disabled: SECRET_KEY is not set")
+        return None
+    path = Path(settings.PLATFORM_SNAPSHOT_PATH)
+    if not path.is_absolute():
+        path = Path(settings.BASE_DIR) / path
+    return SnapshotFile(path, key=file_key(settings.SECRET_KEY), region=region)
 
 
 def allowed_hosts() -> HostPolicy:

@@ -8,7 +8,7 @@ from django.db.models import Q
 
 from accounts.models import ApiKey, Team, TeamLimit
 from engine_nodes.models import Replica
-from models_registry.models import Model, ModelVersion
+from models_registry.models import Model, ModelVersion, Pool
 from rollouts.domain.plan import Decision, Stage
 from rollouts.models import Rollout
 from routing.domain.snapshot import (
@@ -128,6 +128,13 @@ def build_snapshot(*, region: str, default_policy: str) -> ConfigSnapshot:
         )
         for replica in Replica.objects.live().filter(region=region)
     )
+    pools = frozenset(
+        (pool.model_id, labels.get(pool.version_id, ""))
+        for pool in Pool.objects.filter(region=region).only(
+            "model_id", "version_id", "min_replicas", "max_replicas", "desired_replicas"
+        )
+        if pool.target_replicas > 0
+    )
     return ConfigSnapshot(
         built_at=time.time(),
         region=region,
@@ -137,6 +144,7 @@ def build_snapshot(*, region: str, default_policy: str) -> ConfigSnapshot:
         models=models,
         versions=versions,
         replicas=replicas,
+        pools=pools,
     )
 
 

@@ -113,6 +113,9 @@ def platform_env(*, region: str, prefix: str, **overrides: str) -> dict[str, str
         "PLATFORM_REGION": region,
         "PLATFORM_REDIS_PREFIX": prefix,
         "PLATFORM_SNAPSHOT_REFRESH_S": "0.5",
+        # No snapshot file unless a test asks for one (its own path): gateways
+        # of other tests must not serve each other's snapshots.
+        "PLATFORM_SNAPSHOT_PATH": "",
         "PLATFORM_USAGE_FLUSH_S": "1",
         "PLATFORM_KEY_LAST_USED_FLUSH_S": "0.5",
         "PLATFORM_DEFAULT_TOKENS_PER_MINUTE": "0",

@@ -121,7 +121,8 @@ class ConfigSnapshot:
     """Everything the gateway needs from the control plane, at one instant.
 
     ``keys`` maps SHA-256 hex of a secret to its key; ``limits`` maps (team, model);
-    ``versions`` maps (model, version); ``replicas`` lists this region's replicas.
+    ``versions`` maps (model, version); ``replicas`` lists this region's replicas;
+    ``pools`` names this region's pools that want replicas.
     """
 
     built_at: float  # unix seconds
@@ -136,6 +137,9 @@ class ConfigSnapshot:
         default_factory=lambda: _frozen({})
     )
     replicas: tuple[ReplicaRecord, ...] = ()
+    # (model, version) of this region's pools that want replicas (desired > 0):
+    # what /healthz requires serving replicas for.
+    pools: frozenset[tuple[str, str]] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

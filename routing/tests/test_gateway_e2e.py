@@ -586,7 +586,11 @@ def test_gateway_keeps_serving_with_the_database_unreachable(
             timeout_s=20,
             message="the gateway to notice the database is gone",
         )
+        # Serving from the last snapshot is what every region does while the
+        # control plane is down: degraded, yet ready for the balancer.
         assert health["status"] == "degraded"
+        assert health["ready"] is True
+        assert health["snapshot"] == "stale"
         for _ in range(3):
             assert usage_of(ask()).completion_tokens == 3
         assert httpx.get(f"{gateway.url}/healthz").json()["snapshot_age_s"] > 0
@@ -602,7 +606,7 @@ def test_gateway_started_with_the_database_down_serves_once_it_answers(
 ) -> None:
     """GIVEN a gateway started while its database is unreachable
     WHEN it is asked to serve, and then the database comes back
-    THEN it starts anyway, says degraded in /healthz and its metrics, refuses chats
+    THEN it starts anyway, says unavailable in /healthz and its metrics, refuses chats
     with a 503 and Retry-After, and serves as soon as a refresh reaches the database.
     """
     from django.db import connection
@@ -634,8 +638,12 @@ def test_gateway_started_with_the_database_down_serves_once_it_answers(
         assert (
             health.json().items()
             >= {
-                "status": "degraded",
+                "status": "unavailable",
+                "ready": False,
+                "reasons": ["no control-plane snapshot yet"],
                 "control_plane": "unreachable",
+                "snapshot": "none",
+                "snapshot_source": None,
                 "snapshot_age_s": None,
                 "region": platform.region,
             }.items()
@@ -643,6 +651,7 @@ def test_gateway_started_with_the_database_down_serves_once_it_answers(
         exported = platform.metrics(gateway.url)
         assert "platform_control_plane_up 0.0" in exported
         assert "platform_snapshot_age_seconds NaN" in exported
+        assert "platform_region_ready 0.0" in exported
         client = openai.OpenAI(
             base_url=f"{gateway.url}/v1", api_key=platform.keys["alpha"], max_retries=0
         )

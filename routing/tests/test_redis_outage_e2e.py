@@ -179,8 +179,10 @@ def outage(
 
 
 def health(url: str) -> dict[str, Any]:
+    """Return /healthz's body: 200 while the region is ready, 503 (with the
+    reasons) while it is not, as when its Redis is unreachable."""
     response = httpx.get(f"{url}/healthz", timeout=5)
-    assert response.status_code == 200, response.text
+    assert response.status_code == (200 if response.json()["ready"] else 503)
     body: dict[str, Any] = response.json()
     return body
 
@@ -209,7 +211,8 @@ def test_gateways_serve_through_a_redis_outage_and_lose_no_usage(
     WHEN Redis stops while they serve, then starts again on the same port
     THEN requests keep succeeding (replicas judged by their database beats past the
     missed-beat window), each gateway enforces half of beta's limit (a 429 where
-    Redis would admit), /healthz and the metrics say degraded; once Redis is back the
+    Redis would admit), /healthz says the region is not ready and the metrics say
+    degraded; once Redis is back the
     limits are shared again and the usage rows equal what the clients received.
     """
     live, urls = outage.live, outage.urls
@@ -249,7 +252,9 @@ def test_gateways_serve_through_a_redis_outage_and_lose_no_usage(
         message="both gateways to enforce limits locally",
     )
     during = health(live.url)
-    assert during["status"] == "degraded"
+    # It serves, but the balancer should prefer a region whose Redis answers.
+    assert during["status"] == "unavailable"
+    assert during["reasons"] == ["the region's Redis is unreachable"]
     assert (during["redis"], during["limits"], during["limit_share"]) == (
         "unreachable",
         "local",
