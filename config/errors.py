@@ -11,6 +11,7 @@ The shape is OpenAI's, so the same client code reads errors from ``/v1/`` and
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 from django.conf import settings
@@ -20,6 +21,12 @@ from django.views.defaults import page_not_found, server_error
 from rest_framework import exceptions as drf_exceptions
 from rest_framework import status
 from rest_framework.response import Response
+
+from config.control_plane import (
+    database_unavailable_response,
+    is_database_unavailable,
+    unavailable_drf_response,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -145,6 +152,9 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
 
     response = drf_default_handler(exc, context)
     if response is None:
+        unavailable = unavailable_drf_response(exc)
+        if unavailable is not None:
+            return unavailable
         logger.exception(
             "unhandled error in %s", context.get("view").__class__.__name__
         )
@@ -180,7 +190,13 @@ def handler404(
 
 
 def handler500(request: HttpRequest) -> HttpResponse:
-    """Return a JSON 500 under the API prefixes and Django's page elsewhere."""
+    """Return a JSON 500 under the API prefixes and Django's page elsewhere.
+
+    A lost database is a 503 with Retry-After instead (``config.control_plane``):
+    Django calls this inside its ``except``, so the error is ``sys.exc_info()``.
+    """
+    if is_database_unavailable(sys.exc_info()[1]):
+        return database_unavailable_response(request)
     if _is_api_path(request):
         return JsonResponse(
             error_body(500, "internal error; the failure was logged"), status=500

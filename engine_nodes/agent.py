@@ -61,7 +61,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -71,6 +71,7 @@ from django.db import close_old_connections
 from django.db.models import prefetch_related_objects
 from django.utils import timezone
 
+from config.control_plane import is_database_unavailable
 from engine_nodes import services
 from engine_nodes.actuators import Actuator
 from engine_nodes.domain.beats import ReplicaBeat
@@ -209,6 +210,10 @@ class NodeAgent:
         # By replica URL: the last successful scrape and when it was taken, and
         # scrapes still running.
         self._last_stats: dict[str, tuple[EngineStats, float]] = {}
+        # The beats of the last pass that reached the database, for beating to
+        # Redis alone while it is unreachable (``_beat_without_database``).
+        self._last_beats: dict[str, ReplicaBeat] = {}
+        self._is_database_down = False
         # By replica URL: what its fresh scrapes showed of its engine's progress.
         self._progress: dict[str, Progress] = {}
         self._scraping: dict[str, Future[EngineStats | None]] = {}
@@ -229,13 +234,7 @@ class NodeAgent:
         try:
             while not stop.is_set():
                 started = self.clock()
-                try:
-                    self.tick(now=timezone.now())
-                except Exception:
-                    # One bad pass (database restarting, a replica answering
-                    # garbage) must not take the node's other replicas down.
-                    logger.exception("agent tick failed on node %s", self.node)
-                    close_old_connections()
+                self.step(now=timezone.now())
                 took_s = self.clock() - started
                 if took_s > beat_s:
                     logger.warning(
@@ -334,7 +333,75 @@ class NodeAgent:
             # A row created anew (deleted in the console) learns them next beat.
             self._warm_written = None if is_new and not is_changed else warm
             self._node_written_at = self.clock()
+        self._last_beats = {beat.replica_id: beat for beat in beats}
         if beats and self.sink is not None:
+            try:
+                self.sink.publish(beats)
+            except Exception:
+                logger.warning("publishing %d beats failed", len(beats), exc_info=True)
+
+    def step(self, *, now: datetime) -> None:
+        """Run one ``tick``; with the database unreachable, beat to Redis alone."""
+        try:
+            self.tick(now=now)
+        except Exception as exc:
+            # One bad pass (database restarting, a replica answering garbage) must
+            # not take the node's other replicas down.
+            close_old_connections()
+            if is_database_unavailable(exc):
+                self._beat_without_database(exc)
+            else:
+                logger.exception("agent tick failed on node %s", self.node)
+        else:
+            if self._is_database_down:
+                self._is_database_down = False
+                logger.info("database back; node %s reconciles", self.node)
+
+    def _beat_without_database(self, exc: BaseException) -> None:
+        """Keep beating to Redis for the replicas that were serving, the database down.
+
+        Gateways route by the Redis beats; without them every replica would look
+        silent after the missed-beat window and serving would stop with the control
+        plane. Nothing is reconciled meanwhile (no starts, drains or state changes):
+        the replicas last seen serving and still running beat on with fresh
+        scrapes, and the next pass that reaches the database takes over.
+        """
+        if not self._is_database_down:
+            self._is_database_down = True
+            logger.warning(
+                "database unreachable (%s); node %s beats to Redis only",
+                type(exc).__name__,
+                self.node,
+            )
+        if self.sink is None:
+            return
+        alive = {
+            replica_id: beat
+            for replica_id, beat in self._last_beats.items()
+            if beat.state in (ReplicaState.SERVING, ReplicaState.STALLED)
+            and (running := self.running.get(replica_id)) is not None
+            and running.stopping is None
+            and self.actuator.is_running(running.handle)
+        }
+        scraped = self._scrape_all([beat.url for beat in alive.values()])
+        beats = []
+        for beat in alive.values():
+            stats = scraped.get(beat.url)
+            if stats is None:
+                # No answer: no beat, so that gateways stop routing to it after
+                # the missed-beat window, as they would with the database up.
+                continue
+            beats.append(
+                replace(
+                    beat,
+                    queue_depth=stats.queue_depth,
+                    num_running=stats.num_requests_running,
+                    tokens_in_flight=stats.kv_tokens_in_use,
+                    kv_cache_usage_perc=stats.kv_cache_usage_perc,
+                    beat_at=time.time(),
+                )
+            )
+        if beats:
             try:
                 self.sink.publish(beats)
             except Exception:

@@ -16,12 +16,14 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 import redis
+from django.db import OperationalError
 from django.utils import timezone
 from pytest_django import Settings
 
 from engine_nodes import services
 from engine_nodes.actuators import LocalProcessActuator
 from engine_nodes.agent import BeatSink, NodeAgent, spec_builder
+from engine_nodes.domain.beats import ReplicaBeat
 from engine_nodes.heartbeats import RedisBeatStore
 from engine_nodes.local_processes import free_port, wait_until
 from engine_nodes.models import Node, Replica
@@ -127,6 +129,44 @@ def test_agent_starts_replicas_that_serve_and_beat_to_redis(
         agent.shutdown(grace_s=5)
     assert Replica.objects.count() == 0
     assert beat_store.read_region("test") == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_agent_beats_to_redis_while_the_database_is_down(
+    tmp_path: Path,
+    pool: Pool,
+    beat_store: RedisBeatStore,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Gateways route by these beats: serving must outlive the control plane."""
+    agent = make_agent(tmp_path, sink=beat_store)
+    try:
+        tick_until(agent, lambda: list(states().values()) == ["serving"], "serving")
+        agent.tick(now=timezone.now())
+        [before] = beat_store.read_region("test")
+
+        def unreachable(**kwargs: Any) -> None:
+            raise OperationalError("connection refused")
+
+        monkeypatch.setattr(services, "pool_versions", unreachable)
+
+        def newer_beats() -> list[ReplicaBeat]:
+            agent.step(now=timezone.now())
+            return [
+                b for b in beat_store.read_region("test") if b.beat_at > before.beat_at
+            ]
+
+        beats = wait_until(
+            newer_beats,
+            interval_s=0.05,
+            message="a beat after the database went down",
+        )
+        assert [(b.replica_id, b.state) for b in beats] == [
+            (before.replica_id, "serving")
+        ]
+    finally:
+        monkeypatch.undo()
+        agent.shutdown(grace_s=5)
 
 
 def test_shrinking_three_to_one_drains_one_at_a_time_and_streams_complete(

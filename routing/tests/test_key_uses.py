@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from datetime import timedelta
 
 import pytest
@@ -50,13 +51,33 @@ def test_a_failed_write_keeps_the_keys_for_the_next_one() -> None:
 
     async def scenario() -> None:
         uses.note(1)
-        with pytest.raises(ConnectionError):
-            await uses.flush()
+        await uses.flush()  # fails: kept, not raised
         uses.note(2)
         await uses.flush()
 
     asyncio.run(scenario())
     assert writer.batches == [frozenset({1, 2})]
+
+
+def test_a_database_outage_is_logged_once_and_its_end_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    writer = Writer(failures=5)
+    uses = KeyUses(writer)
+
+    async def scenario() -> None:
+        for key_id in range(6):
+            uses.note(key_id)
+            await uses.flush()
+
+    with caplog.at_level(logging.INFO, logger="routing.key_uses"):
+        asyncio.run(scenario())
+    assert writer.batches == [frozenset(range(6))]
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages == [
+        "writing key last-used times failed (ConnectionError); 1 keys wait",
+        "writing key last-used times resumed",
+    ]
 
 
 def test_keys_used_during_a_write_wait_for_the_next() -> None:
