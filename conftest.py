@@ -99,6 +99,21 @@ def redis_server_binary() -> str:
 
 
 @pytest.fixture(scope="session")
+def haproxy_binary() -> str:
+    """Return the path of ``haproxy`` (Debian's package, which `make test` installs).
+
+    Skips when it is not installed (fails under REQUIRE_SERVICES=1).
+    """
+    import shutil
+
+    path = shutil.which("haproxy")
+    if path is None:
+        _service_missing("haproxy (not on PATH), the global load balancer")
+    assert path is not None
+    return path
+
+
+@pytest.fixture(scope="session")
 def postgres() -> None:
     """Skip unless the tests run on PostgreSQL (fail under REQUIRE_SERVICES=1)."""
     from django.db import connection

@@ -9,6 +9,21 @@ cd "$(dirname "$0")/../.."
 PY=.venv/bin/python
 HOST=${PLATFORM_HOST:-127.0.0.1}
 PORT=${PLATFORM_PORT:-8000}
+# REGIONS=2 runs two regions on this machine behind HAProxy (the global load
+# balancer): per region a gateway, a worker with beat, a node agent and a Redis
+# logical database, with the one PostgreSQL control plane. Clients dial their
+# region's frontend: $PORT (the first region) and $PORT+1 (the second).
+REGIONS=${REGIONS:-1}
+if [ "$REGIONS" = 1 ]; then
+    REGION_NAMES=("${PLATFORM_REGION:-local}")
+elif [ "$REGIONS" = 2 ]; then
+    read -r -a REGION_NAMES <<<"${PLATFORM_REGION_NAMES:-east west}"
+    [ "${#REGION_NAMES[@]}" = 2 ] || { echo "PLATFORM_REGION_NAMES needs two names" >&2; exit 2; }
+else
+    echo "REGIONS is 1 or 2, not $REGIONS" >&2
+    exit 2
+fi
+export PLATFORM_REGION=${REGION_NAMES[0]}
 # Logs, pid files, credentials and the beat schedule (a second `make up` beside the
 # first, as tests/test_make_up.py runs one, needs its own).
 LOCAL=${PLATFORM_LOCAL_DIR:-.local}
@@ -76,60 +91,113 @@ done
 # (Celery takes a terminal's SIGHUP as "restart", which would outlive the stop).
 SETSID=$(command -v setsid || true)
 
-$SETSID .venv/bin/celery -A config worker -B -Q celery --concurrency 1 --loglevel INFO \
-    --schedule "$LOCAL/celerybeat-schedule" </dev/null >"$LOCAL/logs/worker.log" 2>&1 &
-pids+=($!); echo $! >"$LOCAL/run/worker.pid"
+# Per region: its Redis (a logical database of REDIS_URL's server, one each when
+# there are two), its gateway's port and its replicas' ports.
+if [ "$REGIONS" = 2 ]; then
+    BASE_REDIS=${REDIS_URL:-redis://127.0.0.1:6379/0}
+    if ! $PY -c 'import redis, sys; redis.Redis.from_url(sys.argv[1], socket_connect_timeout=2).ping()' "$BASE_REDIS" 2>/dev/null; then
+        echo "REGIONS=2 needs Redis (each region's limits, live load and broker): none at $BASE_REDIS" >&2
+        exit 1
+    fi
+    REDIS_HEAD=${BASE_REDIS%/*}; REDIS_DB=${BASE_REDIS##*/}
+    [[ "$REDIS_DB" =~ ^[0-9]+$ ]] || { REDIS_HEAD=$BASE_REDIS; REDIS_DB=0; }
+    read -r -a GATEWAY_PORTS <<<"${PLATFORM_GATEWAY_PORTS:-$((PORT + 10)) $((PORT + 20))}"
+    read -r -a REPLICA_PORTS <<<"${PLATFORM_REPLICA_PORTS:-8101-8199 8201-8299}"
+    [ "${#REPLICA_PORTS[@]}" = 2 ] || { echo "PLATFORM_REPLICA_PORTS needs two ranges" >&2; exit 2; }
+else
+    GATEWAY_PORTS=("$PORT")
+    REPLICA_PORTS=("${PLATFORM_REPLICA_PORTS:-8001-8099}")
+fi
+region_redis() {  # region_redis INDEX: the region's REDIS_URL ("" without Redis)
+    if [ "$REGIONS" = 2 ]; then echo "$REDIS_HEAD/$(((REDIS_DB + $1) % 16))"; else echo "${REDIS_URL:-}"; fi
+}
+# run_in NAME INDEX LOG PIDNAME COMMAND...: start COMMAND in region INDEX's
+# environment, in a session of its own, logging to LOG; remember its pid.
+run_in() {
+    local name=$1 index=$2 log=$3 pidname=$4; shift 4
+    PLATFORM_REGION=$name REDIS_URL=$(region_redis "$index") \
+        $SETSID "$@" </dev/null >"$LOCAL/logs/$log" 2>&1 &
+    pids+=($!); echo $! >"$LOCAL/run/$pidname.pid"
+    LAST_PID=$!
+}
+# Names of each region's logs and pid files: server.log as before with one region,
+# server-east.log and so on with two.
+suffix() { if [ "$REGIONS" = 2 ]; then echo "-$1"; fi; }
+
+for index in "${!REGION_NAMES[@]}"; do
+    name=${REGION_NAMES[$index]}
+    sfx=$(suffix "$name")
+    if [ "$index" -gt 0 ]; then
+        # The second region's pools, sized like the first's (the same demo team,
+        # models and credentials).
+        PLATFORM_REGION=$name REDIS_URL=$(region_redis "$index") \
+            $PY manage.py bootstrap_local --json --credentials "$LOCAL/credentials.json" >/dev/null
+    fi
+    # The region's control loops (autoscaler, usage flush, reaper...) with beat,
+    # on the region's own broker.
+    run_in "$name" "$index" "worker$sfx.log" "worker$sfx" \
+        .venv/bin/celery -A config worker -B -Q celery --concurrency 1 --loglevel INFO \
+        -n "celery$sfx@%h" --schedule "$LOCAL/celerybeat-schedule$sfx"
+    # The node agent runs the region's replicas: two simulated chat-7b and one
+    # reason-70b, from the pools make up registered.
+    run_in "$name" "$index" "agent$sfx.log" "agent$sfx" \
+        $PY manage.py engine_agent --node "${PLATFORM_NODE:-local-1}$sfx" --region "$name" \
+        --gpus "${PLATFORM_NODE_GPUS:-8}" --ports "${REPLICA_PORTS[$index]}" \
+        --log-dir "$LOCAL/logs/replicas$sfx"
+    AGENT_PIDS[$index]=$LAST_PID
+    run_in "$name" "$index" "server$sfx.log" "server$sfx" \
+        .venv/bin/uvicorn config.asgi:application --host "$HOST" --port "${GATEWAY_PORTS[$index]}" \
+        --no-access-log --log-level info
+    SERVER_PIDS[$index]=$LAST_PID
+done
 
 # The version gates run for minutes to hours: a worker of their own (queue gates),
 # so the control loops' ticks never wait behind them. Their eval prompts go
-# through this server.
-PLATFORM_GATE_GATEWAY_URL="${PLATFORM_GATE_GATEWAY_URL:-http://$HOST:$PORT}" \
-$SETSID .venv/bin/celery -A config worker -Q gates --concurrency 1 --loglevel INFO \
-    -n "gates@%h" </dev/null >"$LOCAL/logs/gates-worker.log" 2>&1 &
-pids+=($!); echo $! >"$LOCAL/run/gates-worker.pid"
+# through the first region's gateway.
+FIRST_GATEWAY=http://$HOST:${GATEWAY_PORTS[0]}
+PLATFORM_GATE_GATEWAY_URL="${PLATFORM_GATE_GATEWAY_URL:-$FIRST_GATEWAY}" \
+    run_in "${REGION_NAMES[0]}" 0 gates-worker.log gates-worker \
+    .venv/bin/celery -A config worker -Q gates --concurrency 1 --loglevel INFO -n "gates@%h"
 
 # Batch runners work a job for minutes at a time (queue batches): two at once,
-# each sending its lines through this server at the batch tier.
-PLATFORM_BATCH_GATEWAY_URL="${PLATFORM_BATCH_GATEWAY_URL:-http://$HOST:$PORT}" \
-$SETSID .venv/bin/celery -A config worker -Q batches --concurrency 2 --loglevel INFO \
-    -n "batches@%h" </dev/null >"$LOCAL/logs/batches-worker.log" 2>&1 &
-pids+=($!); echo $! >"$LOCAL/run/batches-worker.pid"
+# each sending its lines through the first region's gateway at the batch tier.
+PLATFORM_BATCH_GATEWAY_URL="${PLATFORM_BATCH_GATEWAY_URL:-$FIRST_GATEWAY}" \
+    run_in "${REGION_NAMES[0]}" 0 batches-worker.log batches-worker \
+    .venv/bin/celery -A config worker -Q batches --concurrency 2 --loglevel INFO -n "batches@%h"
 
-# The node agent runs this machine's replicas: two simulated chat-7b and one
-# reason-70b, from the pools make up registered.
-$SETSID $PY manage.py engine_agent --node "${PLATFORM_NODE:-local-1}" --gpus "${PLATFORM_NODE_GPUS:-8}" \
-    --ports "${PLATFORM_REPLICA_PORTS:-8001-8099}" --log-dir "$LOCAL/logs/replicas" \
-    </dev/null >"$LOCAL/logs/agent.log" 2>&1 &
-AGENT_PID=$!; pids+=($AGENT_PID); echo $AGENT_PID >"$LOCAL/run/agent.pid"
+# The global load balancer, with two regions: its configuration rendered from
+# them (routing.domain.global_lb), each region's /healthz checked.
+if [ "$REGIONS" = 2 ]; then
+    $PY manage.py render_haproxy \
+        --region "${REGION_NAMES[0]}=$HOST:${GATEWAY_PORTS[0]},$HOST:$PORT" \
+        --region "${REGION_NAMES[1]}=$HOST:${GATEWAY_PORTS[1]},$HOST:$((PORT + 1))" \
+        --out "$LOCAL/haproxy.cfg"
+    $SETSID haproxy -db -f "$LOCAL/haproxy.cfg" </dev/null >"$LOCAL/logs/haproxy.log" 2>&1 &
+    pids+=($!); echo $! >"$LOCAL/run/haproxy.pid"
+fi
 
-$SETSID .venv/bin/uvicorn config.asgi:application --host "$HOST" --port "$PORT" \
-    --no-access-log --log-level info </dev/null >"$LOCAL/logs/server.log" 2>&1 &
-SERVER_PID=$!; pids+=($SERVER_PID); echo $SERVER_PID >"$LOCAL/run/server.pid"
-
-# Poll until the server answers (or gave up), instead of sleeping a fixed time.
-for _ in $(seq 1 150); do
-    if $PY - "$HOST" "$PORT" <<'PYEOF' 2>/dev/null; then break; fi
-import socket, sys
-socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=0.2).close()
+# Poll until each region can serve: its gateway's /healthz answers 200 once its
+# pools have serving replicas (instead of sleeping a fixed time).
+for index in "${!REGION_NAMES[@]}"; do
+    name=${REGION_NAMES[$index]}
+    sfx=$(suffix "$name")
+    for _ in $(seq 1 300); do
+        if $PY - "http://$HOST:${GATEWAY_PORTS[$index]}/healthz" <<'PYEOF' 2>/dev/null; then break; fi
+import sys, httpx
+sys.exit(0 if httpx.get(sys.argv[1], timeout=1).status_code == 200 else 1)
 PYEOF
-    if ! kill -0 "$SERVER_PID" 2>/dev/null; then
-        echo "the server failed to start; see $LOCAL/logs/server.log" >&2
-        tail -n 20 "$LOCAL/logs/server.log" >&2
-        exit 1
-    fi
-    $PY -c 'import time; time.sleep(0.2)'
-done
-
-# Wait for the agent to bring the replicas up (it polls their /health).
-for _ in $(seq 1 150); do
-    serving=$($PY manage.py list_replicas --state serving --count 2>/dev/null || echo 0)
-    [ "$serving" -ge 3 ] && break
-    if ! kill -0 "$AGENT_PID" 2>/dev/null; then
-        echo "the node agent failed; see $LOCAL/logs/agent.log" >&2
-        tail -n 20 "$LOCAL/logs/agent.log" >&2
-        exit 1
-    fi
-    $PY -c 'import time; time.sleep(0.2)'
+        if ! kill -0 "${SERVER_PIDS[$index]}" 2>/dev/null; then
+            echo "the server of region $name failed to start; see $LOCAL/logs/server$sfx.log" >&2
+            tail -n 20 "$LOCAL/logs/server$sfx.log" >&2
+            exit 1
+        fi
+        if ! kill -0 "${AGENT_PIDS[$index]}" 2>/dev/null; then
+            echo "the node agent of region $name failed; see $LOCAL/logs/agent$sfx.log" >&2
+            tail -n 20 "$LOCAL/logs/agent$sfx.log" >&2
+            exit 1
+        fi
+        $PY -c 'import time; time.sleep(0.2)'
+    done
 done
 REPLICAS=$($PY manage.py list_replicas --state serving | sed 's/^/                 /')
 CHAT_URL=$($PY manage.py list_replicas --state serving --model chat-7b | awk 'NR==1 {print $3}')
@@ -151,10 +219,25 @@ sys.exit(0 if r.status_code == 200 else 1)
 PYEOF
     $PY -c 'import time; time.sleep(0.2)'
 done
+if [ "$REGIONS" = 2 ]; then
+    WHERE="regions ${REGION_NAMES[0]} and ${REGION_NAMES[1]}, behind HAProxy"
+    REGION_LINES="  Regions        ${REGION_NAMES[0]}: clients http://$HOST:$PORT, gateway http://$HOST:${GATEWAY_PORTS[0]}
+                 ${REGION_NAMES[1]}: clients http://$HOST:$((PORT + 1)), gateway http://$HOST:${GATEWAY_PORTS[1]}
+                 each client's frontend sends it home, or to the other region while home's
+                 /healthz says it cannot serve; try: curl -s http://$HOST:${GATEWAY_PORTS[0]}/healthz
+                 HAProxy: $LOCAL/haproxy.cfg; kill a region's server (its pid in $LOCAL/run/) and
+                 its clients are served by the other, while make up goes on
+"
+    LOGS="$LOCAL/logs/{server,worker,agent}-{${REGION_NAMES[0]},${REGION_NAMES[1]}}.log, {gates,batches}-worker.log, haproxy.log, replicas-*/"
+else
+    WHERE="region ${REGION_NAMES[0]}"
+    REGION_LINES=""
+    LOGS="$LOCAL/logs/{server,worker,gates-worker,batches-worker,agent}.log, $LOCAL/logs/replicas/"
+fi
 cat <<BANNER
 
-  Serving platform is up (region ${PLATFORM_REGION:-local}).
-
+  Serving platform is up ($WHERE).
+${REGION_LINES}
   Console        http://$HOST:$PORT/console/
                  user $(field console_user), password $(field console_password)
   Admin token    $ADMIN_TOKEN
@@ -164,7 +247,7 @@ cat <<BANNER
   Replicas (simulated vLLM, through the node agent; /v1 needs the engine key):
 $REPLICAS
   Engine key and the replicas' admin token: $LOCAL/credentials.json (mode 600)
-  Logs           $LOCAL/logs/{server,worker,gates-worker,batches-worker,agent}.log, $LOCAL/logs/replicas/
+  Logs           $LOGS
 
   Try the control plane:
     curl -s -H "Authorization: Bearer $ADMIN_TOKEN" http://$HOST:$PORT/admin/models/chat-7b
@@ -190,6 +273,18 @@ BANNER
 # Ctrl-C runs `stop` (exit 0) from inside this wait; getting past it means a
 # process exited on its own.
 status=0
+if [ "$REGIONS" = 2 ]; then
+    # With two regions, losing one region's process is the drill, not the end:
+    # the balancer sends its clients to the other. Say so, and go on until Ctrl-C.
+    while true; do
+        wait -n "${pids[@]}" || status=$?
+        echo "a platform process exited (status $status); see $LOCAL/logs/; the other region goes on serving" >&2
+        alive=()
+        for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive+=("$pid"); done
+        [ "${#alive[@]}" -gt 0 ] || exit 1
+        pids=("${alive[@]}")
+    done
+fi
 wait -n "${pids[@]}" || status=$?
 echo "a platform process exited (status $status); see $LOCAL/logs/" >&2
 exit 1
