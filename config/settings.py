@@ -361,6 +361,11 @@ try:
     PLATFORM_SNAPSHOT_PERSIST_S = env_float(
         "PLATFORM_SNAPSHOT_PERSIST_S", 10.0, minimum=0.0
     )
+    # A snapshot file older than this is not served (keys revoked since still
+    # open it): a gateway restarted after a day-long outage waits for the database.
+    PLATFORM_SNAPSHOT_MAX_FILE_AGE_S = env_float(
+        "PLATFORM_SNAPSHOT_MAX_FILE_AGE_S", 86_400.0, minimum=1.0
+    )
     PLATFORM_UPSTREAM_CONNECT_TIMEOUT_S = env_float(
         "PLATFORM_UPSTREAM_CONNECT_TIMEOUT_S", 2.0, minimum=0.05
     )

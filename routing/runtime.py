@@ -110,6 +110,7 @@ def build_gateway() -> Gateway:
         prompt_counters=VersionCounters(),
         file=_snapshot_file(region),
         persist_s=settings.PLATFORM_SNAPSHOT_PERSIST_S,
+        max_file_age_s=settings.PLATFORM_SNAPSHOT_MAX_FILE_AGE_S,
     )
     limits, counter, figures, flush, failover = _stores(redis_client, live)
     admission = LiveAdmission(

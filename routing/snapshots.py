@@ -111,6 +111,7 @@ class SnapshotHolder:
         file: SnapshotFile | None = None,
         persist_s: float = 10.0,
         wall_clock: Callable[[], float] = time.time,
+        max_file_age_s: float = 86_400.0,
     ) -> None:
         self._load = load
         self.prompt_counters = prompt_counters
@@ -125,7 +126,12 @@ class SnapshotHolder:
         self.source: str | None = None
         self._has_failed = False  # warn once per outage, not on every refresh
         self._persisted_at: float | None = None  # clock time of the last write
-        self._tried_file = False  # the file is read at most once, at the start
+        self.max_file_age_s = max_file_age_s
+        # The file is read while no snapshot is held, until it is served or refused
+        # for good (not this region's, edited, too old); a file being replaced or
+        # unreadable for a moment is read again at the next refresh.
+        self._file_refused = False
+        self._refusals_seen: set[str] = set()  # warn once per reason
 
     def age_s(self) -> float | None:
         """Seconds since the last successful refresh, None if none ever succeeded."""
@@ -145,8 +151,11 @@ class SnapshotHolder:
                 )
             self.control_plane_up = False
             self._has_failed = True
-            if self.current is None and self.file is not None and not self._tried_file:
-                self._tried_file = True
+            if (
+                self.current is None
+                and self.file is not None
+                and not self._file_refused
+            ):
                 await self._load_file(self.file)
             metrics.set_control_plane(up=False, snapshot_age_s=self.age_s())
             return
@@ -189,12 +198,13 @@ class SnapshotHolder:
         try:
             snapshot, _written_at = await asyncio.to_thread(file.read)
         except SnapshotFileError as exc:
-            if exc.reason != "missing":
-                logger.warning("snapshot file refused (%s)", exc.reason)
-                metrics.count_snapshot_file_refused(exc.reason)
+            self._refuse(exc.reason)
+            return
+        age = max(0.0, self._wall_clock() - snapshot.built_at)
+        if age > self.max_file_age_s:
+            self._refuse("too_old")
             return
         self.current = snapshot
-        age = max(0.0, self._wall_clock() - snapshot.built_at)
         self.loaded_at = self._clock() - age
         self.source = "disk"
         metrics.set_snapshot_from_disk(from_disk=True)
@@ -205,3 +215,15 @@ class SnapshotHolder:
             len(snapshot.models),
             len(snapshot.replicas),
         )
+
+    def _refuse(self, reason: str) -> None:
+        """Count a refused file (warning once per reason); refuse it for good
+        unless it may read well soon (missing, malformed or unreadable now)."""
+        if reason in ("digest", "format", "region", "mode", "too_old"):
+            self._file_refused = True
+        if reason == "missing":
+            return
+        metrics.count_snapshot_file_refused(reason)
+        if reason not in self._refusals_seen:
+            self._refusals_seen.add(reason)
+            logger.warning("snapshot file refused (%s)", reason)

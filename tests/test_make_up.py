@@ -96,9 +96,14 @@ class Terminal:
 
 
 def _take_terminal() -> None:
-    # In the child: a session of its own, with the pty as its controlling terminal.
+    # In the child: a session of its own, with the pty as its controlling terminal,
+    # and Ctrl-C's signals as a terminal's shell has them. A suite started in the
+    # background of a shell without job control inherits SIGINT ignored, and a
+    # script cannot trap a signal ignored when it started.
     os.setsid()
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 @contextlib.contextmanager

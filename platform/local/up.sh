@@ -277,6 +277,7 @@ if [ "$REGIONS" = 2 ]; then
     # With two regions, losing one region's process is the drill, not the end:
     # the balancer sends its clients to the other. Say so, and go on until Ctrl-C.
     while true; do
+        status=0
         wait -n "${pids[@]}" || status=$?
         echo "a platform process exited (status $status); see $LOCAL/logs/; the other region goes on serving" >&2
         alive=()

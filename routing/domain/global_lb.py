@@ -15,9 +15,12 @@ so traffic stays home while home is healthy and moves only when it is not:
 - a request whose connection to a region fails (the gateway is gone) marks that
   region down at once (``observe layer4`` with ``on-error mark-down``: the checks
   bring it back after ``rise`` successes) and is sent again to the next region
-  (``retry-on conn-failure empty-response``, ``option redispatch 1``): a request
+  (``retry-on conn-failure``, ``option redispatch 1``): a request
   that never reached a gateway is safe to resend, even a POST, so clients see a
   region's loss only in the streams it was carrying;
+- when no region passes its checks (a cause they share, such as their Redis), a
+  frontend sends its clients to an unchecked ``last_resort`` backend, home first:
+  a region that cannot serve well may still serve, which beats refusing everyone;
 - Server-Sent Events pass through as they come: HAProxy forwards response data
   without buffering it whole, no compression is set, and the timeouts are long
   enough for a reasoning model's minutes-long stream.
@@ -53,7 +56,9 @@ class HealthCheck:
 
     @property
     def window_s(self) -> float:
-        """How long a lost region keeps its clients at most: ``inter_s * fall``."""
+        """How long a lost region keeps its clients: ``inter_s * fall`` when its
+        connections are refused or its /healthz says 503; a region that hangs holds
+        each check up to ``timeout check`` (2 s) longer."""
         return self.inter_s * self.fall
 
 
@@ -107,7 +112,9 @@ def render_haproxy(
         "    timeout check 2s",
         "    # A request that never reached a gateway goes to the next server.",
         "    retries 2",
-        "    retry-on conn-failure empty-response",
+        # Only a request that never reached a gateway: an empty response may come
+        # from one that did the work (a chat run twice, metered twice).
+        "    retry-on conn-failure",
         "    option redispatch 1",
         "    option http-no-delay",
         "",
@@ -120,6 +127,9 @@ def render_haproxy(
             # The gateway names the region in each answer's final event; the
             # frontend that took the request is named here.
             f"    http-response set-header x-platform-entry-region {home.name}",
+            # Every region judged unable to serve (all their Redis down, say):
+            # try anyway, home first, rather than refuse everyone.
+            f"    use_backend last_resort_{home.name} if {{ nbsrv({backend}) eq 0 }}",
             f"    default_backend {backend}",
             "",
             f"backend {backend}",
@@ -137,6 +147,16 @@ def render_haproxy(
         ]
         lines += [
             f"    server {other.name} {other.gateway} check backup"
+            for other in regions
+            if other.name != home.name
+        ]
+        lines += [
+            "",
+            f"backend last_resort_{home.name}",
+            f"    server {home.name} {home.gateway}",
+        ]
+        lines += [
+            f"    server {other.name} {other.gateway} backup"
             for other in regions
             if other.name != home.name
         ]

@@ -75,3 +75,19 @@ def test_haproxy_accepts_the_configuration(tmp_path: Path, haproxy_binary: str) 
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "WARNING" not in checked.stdout + checked.stderr
+
+
+def test_only_requests_that_never_reached_a_gateway_are_resent() -> None:
+    text = render_haproxy(REGIONS)
+    assert "    retry-on conn-failure" in text.splitlines()
+    assert "empty-response" not in text  # a gateway may have done the work
+
+
+def test_with_no_region_passing_its_checks_clients_are_sent_home_anyway() -> None:
+    text = render_haproxy(REGIONS)
+    assert "    use_backend last_resort_east if { nbsrv(via_east) eq 0 }" in text
+    last = backend(text, "last_resort_east")
+    assert last[1:] == [
+        "    server east 127.0.0.1:8010",
+        "    server west 127.0.0.1:8020 backup",
+    ]

@@ -227,3 +227,41 @@ def test_a_holder_refuses_a_loose_file_and_serves_nothing(tmp_path: Path) -> Non
     asyncio.run(restarted.refresh())
     assert (restarted.current, restarted.source) == (None, None)
     assert restarted.age_s() is None
+
+
+def test_a_file_older_than_the_maximum_age_is_refused(tmp_path: Path) -> None:
+    clocks = Clocks()
+    file = SnapshotFile(tmp_path / "eu.json", key=KEY, region="eu")
+    file.write(snapshot(), written_at=1.0)
+
+    async def down() -> ConfigSnapshot:
+        raise ConnectionError("database down")
+
+    old = SnapshotHolder(
+        down,
+        prompt_counters=VersionCounters(),
+        clock=lambda: clocks.mono,
+        wall_clock=lambda: clocks.wall,
+        file=file,
+        max_file_age_s=29.0,  # the snapshot was built 30 s ago
+    )
+    asyncio.run(old.refresh())
+    assert old.current is None
+    fresh = holder(down, file, clocks)  # a day's maximum
+    asyncio.run(fresh.refresh())
+    assert fresh.current == snapshot()
+
+
+def test_a_file_missing_at_the_start_is_read_once_it_appears(tmp_path: Path) -> None:
+    clocks = Clocks()
+    file = SnapshotFile(tmp_path / "eu.json", key=KEY, region="eu")
+
+    async def down() -> ConfigSnapshot:
+        raise ConnectionError("database down")
+
+    restarted = holder(down, file, clocks)
+    asyncio.run(restarted.refresh())
+    assert restarted.current is None
+    file.write(snapshot(), written_at=1.0)  # another process of the region wrote it
+    asyncio.run(restarted.refresh())
+    assert (restarted.current, restarted.source) == (snapshot(), "disk")
