@@ -83,34 +83,28 @@ def redis_url() -> str:
     return url
 
 
-@pytest.fixture(scope="session")
-def redis_server_binary() -> str:
-    """Return the path of ``redis-server``, for tests that run (and stop) their own.
-
-    Skips when it is not installed (fails under REQUIRE_SERVICES=1).
-    """
+def _binary(name: str, what: str) -> str:
+    """Return the path of program ``name``; skip without it (fail under
+    REQUIRE_SERVICES=1), saying ``what`` it is for."""
     import shutil
 
-    path = shutil.which("redis-server")
+    path = shutil.which(name)
     if path is None:
-        _service_missing("redis-server (not on PATH), for a Redis of the test's own")
+        _service_missing(f"{name} (not on PATH), {what}")
     assert path is not None
     return path
+
+
+@pytest.fixture(scope="session")
+def redis_server_binary() -> str:
+    """Return the path of ``redis-server``, for tests that run (and stop) their own."""
+    return _binary("redis-server", "for a Redis of the test's own")
 
 
 @pytest.fixture(scope="session")
 def haproxy_binary() -> str:
-    """Return the path of ``haproxy`` (Debian's package, which `make test` installs).
-
-    Skips when it is not installed (fails under REQUIRE_SERVICES=1).
-    """
-    import shutil
-
-    path = shutil.which("haproxy")
-    if path is None:
-        _service_missing("haproxy (not on PATH), the global load balancer")
-    assert path is not None
-    return path
+    """Return the path of ``haproxy`` (Debian's package, which `make test` installs)."""
+    return _binary("haproxy", "the global load balancer")
 
 
 @pytest.fixture(scope="session")

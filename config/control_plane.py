@@ -51,11 +51,7 @@ def is_database_unavailable(exc: BaseException | None) -> bool:
         if isinstance(exc, InterfaceError):
             return True
         if isinstance(exc, OperationalError):
-            cause = exc.__cause__
-            sqlstate = getattr(cause, "sqlstate", None)
-            if cause is None or sqlstate is None:
-                return True
-            return str(sqlstate).startswith(_UNAVAILABLE_SQLSTATES)
+            return _is_unavailable_state(getattr(exc.__cause__, "sqlstate", None))
         if _is_driver_unavailable(exc):
             return True
         exc = exc.__cause__ or exc.__context__
@@ -71,9 +67,13 @@ def _is_driver_unavailable(exc: BaseException) -> bool:
     if isinstance(exc, psycopg.InterfaceError):
         return True
     if isinstance(exc, psycopg.OperationalError):
-        sqlstate = exc.sqlstate
-        return sqlstate is None or sqlstate.startswith(_UNAVAILABLE_SQLSTATES)
+        return _is_unavailable_state(exc.sqlstate)
     return False
+
+
+def _is_unavailable_state(sqlstate: object) -> bool:
+    """No SQLSTATE (the connect failed) or one of a lost or refused connection."""
+    return sqlstate is None or str(sqlstate).startswith(_UNAVAILABLE_SQLSTATES)
 
 
 def retry_after_header() -> dict[str, str]:

@@ -29,7 +29,6 @@ import logging
 import os
 import secrets
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,7 @@ import httpx
 from drills.domain.failover_drill import FailoverReport, SeriesPoint, judge
 from drills.domain.overload import Check
 from drills.own_postgres import OwnPostgres
+from engine_nodes.domain.percentiles import percentile
 from engine_nodes.local_processes import (
     Process,
     free_port,
@@ -348,14 +348,6 @@ def run_load(
 # -- the drill -----------------------------------------------------------------------
 
 
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[round(q) - 1]
-
-
 def report_of(
     samples: list[Sample],
     *,
@@ -397,7 +389,7 @@ def report_of(
             SeriesPoint(
                 at=round(at, 3),
                 errors=sum(1 for s in window if not s.ok),
-                interactive_ttft_p95_s=_pct(ttfts, 95),
+                interactive_ttft_p95_s=percentile(ttfts, 0.95),
                 replicas=regions,  # answers by region that served them, this second
                 batch_tokens_s=0.0,
                 hit_rate=None,
@@ -416,10 +408,10 @@ def report_of(
             "before_the_loss": len(failed) - len(after_loss),
         },
         rate_limited=sum(1 for s in failed if s.status == 429),
-        interactive_ttft_p50_before_s=_pct(before, 50),
-        interactive_ttft_p95_before_s=_pct(before, 95),
-        interactive_ttft_p50_shift_s=_pct(shift, 50),
-        interactive_ttft_p95_shift_s=_pct(shift, 95),
+        interactive_ttft_p50_before_s=percentile(before, 0.5),
+        interactive_ttft_p95_before_s=percentile(before, 0.95),
+        interactive_ttft_p50_shift_s=percentile(shift, 0.5),
+        interactive_ttft_p95_shift_s=percentile(shift, 0.95),
         interactive_shed_inside=len(refused),
         inside_rate_limited=sum(1 for s in refused if s.status == 429),
         interactive_shed_outside=0,

@@ -391,16 +391,7 @@ class NodeAgent:
                 # No answer: no beat, so that gateways stop routing to it after
                 # the missed-beat window, as they would with the database up.
                 continue
-            beats.append(
-                replace(
-                    beat,
-                    queue_depth=stats.queue_depth,
-                    num_running=stats.num_requests_running,
-                    tokens_in_flight=stats.kv_tokens_in_use,
-                    kv_cache_usage_perc=stats.kv_cache_usage_perc,
-                    beat_at=time.time(),
-                )
-            )
+            beats.append(replace(beat, **_load_of(stats), beat_at=time.time()))
         if beats:
             try:
                 self.sink.publish(beats)
@@ -551,10 +542,7 @@ class NodeAgent:
             node=replica.node,
             url=replica.url,
             state=str(state),
-            queue_depth=stats.queue_depth if stats else 0,
-            num_running=stats.num_requests_running if stats else 0,
-            tokens_in_flight=stats.kv_tokens_in_use if stats else 0,
-            kv_cache_usage_perc=stats.kv_cache_usage_perc if stats else 0.0,
+            **_load_of(stats),
             beat_at=time.time(),
         )
 
@@ -722,6 +710,16 @@ _LIVE_STATES = [
 ]
 # States whose replicas run an engine the agent scrapes every beat.
 _SCRAPED_STATES = (ReplicaState.SERVING, ReplicaState.STALLED, ReplicaState.DRAINING)
+
+
+def _load_of(stats: EngineStats | None) -> dict[str, Any]:
+    """A beat's load fields from a scrape (zeros without one)."""
+    return {
+        "queue_depth": stats.queue_depth if stats else 0,
+        "num_running": stats.num_requests_running if stats else 0,
+        "tokens_in_flight": stats.kv_tokens_in_use if stats else 0,
+        "kv_cache_usage_perc": stats.kv_cache_usage_perc if stats else 0.0,
+    }
 
 
 def weights_ref(version: ModelVersion, region: str) -> WeightsRef:

@@ -2,7 +2,7 @@
 (for a pipe); otherwise the JSON goes to the file named (if any), the report is
 printed, and its last line names the file.
 
-Public surface: ``write_result``.
+Public surface: ``add_result_arguments``, ``write_result``.
 """
 
 from __future__ import annotations
@@ -12,9 +12,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from django.core.management.base import OutputWrapper
+from django.core.management.base import CommandParser, OutputWrapper
 
-__all__ = ["write_result"]
+__all__ = ["add_result_arguments", "write_result"]
+
+
+def add_result_arguments(parser: CommandParser) -> None:
+    """Add ``--json [PATH]`` and ``--plot PATH``, as every drill command takes them."""
+    parser.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        metavar="PATH",
+        help="write every figure as JSON to PATH (no PATH: print it instead of "
+        "the table)",
+    )
+    parser.add_argument("--plot", type=Path, help="PNG file (default .local/drills/)")
 
 
 def write_result(

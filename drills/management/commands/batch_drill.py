@@ -27,7 +27,7 @@ from drills.domain.batch_drill import (
 )
 from drills.domain.fleet_config import FleetConfig
 from drills.domain.replica import SCHEDULING_POLICIES
-from drills.management.reports import write_result
+from drills.management.reports import add_result_arguments, write_result
 
 _COLOURS = {
     "interactive": "#1f77b4",
@@ -113,17 +113,7 @@ class Command(BaseCommand):
         )
         parser.add_argument("--profile", default="a100-8b")
         parser.add_argument("--seed", type=int, default=0)
-        parser.add_argument(
-            "--json",
-            nargs="?",
-            const="-",
-            metavar="PATH",
-            help="write every figure as JSON to PATH (no PATH: print it instead of "
-            "the table)",
-        )
-        parser.add_argument(
-            "--plot", type=Path, help="PNG file (default .local/drills/)"
-        )
+        add_result_arguments(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         from django.conf import settings

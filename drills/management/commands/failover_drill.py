@@ -24,7 +24,7 @@ from drills.domain.failover_drill import (
     run_failover_sim,
     small_scenario,
 )
-from drills.management.reports import write_result
+from drills.management.reports import add_result_arguments, write_result
 
 
 class Command(BaseCommand):
@@ -78,17 +78,7 @@ class Command(BaseCommand):
             "on disk: a start on one takes 44 s, not 312 (default 0)",
         )
         parser.add_argument("--seed", type=int, default=0)
-        parser.add_argument(
-            "--json",
-            nargs="?",
-            const="-",
-            metavar="PATH",
-            help="write every figure as JSON to PATH (no PATH: print it instead of "
-            "the table)",
-        )
-        parser.add_argument(
-            "--plot", type=Path, help="PNG file (default .local/drills/)"
-        )
+        add_result_arguments(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         from drills.experiment_plots import default_plot_path

@@ -23,7 +23,7 @@ from drills.domain.rollout_drill import (
     run_drill,
     simulate_traffic,
 )
-from drills.management.reports import write_result
+from drills.management.reports import add_result_arguments, write_result
 from rollouts.domain.guards import GUARD_NAMES, GuardResult, GuardThresholds, PlanError
 from rollouts.domain.plan import DEFAULT_PLAN, RolloutPlan, parse_plan
 
@@ -67,17 +67,7 @@ class Command(BaseCommand):
         )
         parser.add_argument("--profile", default="a100-8b")
         parser.add_argument("--seed", type=int, default=0)
-        parser.add_argument(
-            "--json",
-            nargs="?",
-            const="-",
-            metavar="PATH",
-            help="write every figure as JSON to PATH (no PATH: print it instead of "
-            "the table)",
-        )
-        parser.add_argument(
-            "--plot", type=Path, help="PNG file (default .local/drills/)"
-        )
+        add_result_arguments(parser)
         parser.add_argument(
             "--live",
             action="store_true",
