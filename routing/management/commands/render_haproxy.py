@@ -11,6 +11,7 @@ the host:port its clients dial; the first region is listed first. See
 from __future__ import annotations
 
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -20,6 +21,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from accounts.domain.names import is_valid_slug
 from routing.domain.global_lb import HealthCheck, Region, render_haproxy
+
+_HOST = re.compile(r"[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\]")
 
 
 def parse_region(text: str) -> Region:
@@ -32,7 +35,11 @@ def parse_region(text: str) -> Region:
         )
     for address in (gateway, listen):
         host, colon, port = address.rpartition(":")
-        if not (host and colon and port.isdigit() and 0 < int(port) < 65536):
+        # A name or an address, never a space or a newline: the text goes into
+        # the configuration as it is.
+        if not (
+            _HOST.fullmatch(host) and colon and port.isdigit() and 0 < int(port) < 65536
+        ):
             raise CommandError(f"--region {text!r}: {address!r} is not host:port")
     return Region(name=name, gateway=gateway, listen=listen)
 

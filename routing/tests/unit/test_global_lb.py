@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 from django.core.management import call_command
+from django.core.management.base import CommandError
 
 from routing.domain.global_lb import HealthCheck, Region, render_haproxy
+from routing.management.commands.render_haproxy import parse_region
 
 REGIONS = (
     Region("east", gateway="127.0.0.1:8010", listen="127.0.0.1:8000"),
@@ -91,3 +93,24 @@ def test_with_no_region_passing_its_checks_clients_are_sent_home_anyway() -> Non
         "    server east 127.0.0.1:8010",
         "    server west 127.0.0.1:8020 backup",
     ]
+
+
+@pytest.mark.parametrize(
+    "region",
+    [
+        "east",
+        "east=127.0.0.1:8010",
+        "east=127.0.0.1:99999,127.0.0.1:8000",
+        "east=h\n    server evil 6.6.6.6:1 check\n#:80,127.0.0.1:8000",
+        "east=h x:80,127.0.0.1:8000",
+    ],
+)
+def test_the_command_refuses_a_region_it_cannot_render_safely(region: str) -> None:
+    with pytest.raises(CommandError):
+        call_command("render_haproxy", f"--region={region}")
+
+
+def test_the_command_takes_names_and_bracketed_ipv6() -> None:
+    assert parse_region("east=gw.example:8010,[::1]:8000") == Region(
+        "east", gateway="gw.example:8010", listen="[::1]:8000"
+    )
