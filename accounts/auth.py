@@ -1,10 +1,14 @@
-"""Bearer-token authentication for the control plane at /admin/.
+"""Bearer-token authentication for the control plane at /admin/ and for the parts
+of /v1 that Django serves.
 
-An admin token opens every control-plane endpoint. A team's API key is recognised,
-so that its holder gets 403 (you are known, but this is not yours) rather than 401;
-anything else, or no token, is 401: a batch job's key too, which no person holds
-and which opens only the gateway's chat completions
-(``accounts.services.find_active_team_key`` never returns one).
+An admin token of scope ``admin`` opens every control-plane endpoint; one of scope
+``reports`` (finance's) opens ``/admin/reports/...`` only (``CanReadReports``) and
+gets 403 elsewhere. A team's API key is recognised, so that its holder gets 403
+(you are known, but this is not yours) rather than 401; anything else, or no token,
+is 401: a batch job's key too, which no person holds and which opens only the
+gateway's chat completions (``accounts.services.find_active_team_key`` never
+returns one). ``TeamKeyAuthentication`` and ``IsTeam`` guard the team's own /v1
+endpoints (files, batches, its usage).
 """
 
 from __future__ import annotations
@@ -24,11 +28,20 @@ from accounts.models import AdminToken, ApiKey
 
 @dataclass(frozen=True)
 class AdminPrincipal:
-    """A caller holding a valid admin token."""
+    """A caller holding a valid admin token; ``is_admin`` only with scope admin
+    (a reports token reads reports and nothing else)."""
 
     token_id: int
-    is_admin: bool = True
+    scope: str = AdminToken.Scope.ADMIN
     is_authenticated: bool = True
+
+    @property
+    def is_admin(self) -> bool:
+        return self.scope == AdminToken.Scope.ADMIN
+
+    @property
+    def can_read_reports(self) -> bool:
+        return self.scope in (AdminToken.Scope.ADMIN, AdminToken.Scope.REPORTS)
 
 
 @dataclass(frozen=True)
@@ -72,7 +85,7 @@ class AdminTokenAuthentication(BaseAuthentication):
         now = timezone.now()
         token = services.authenticate_admin_secret(secret, now=now)
         if token is not None:
-            return AdminPrincipal(token_id=token.pk), token
+            return AdminPrincipal(token_id=token.pk, scope=token.scope), token
         key = services.find_active_team_key(secret)
         if key is not None:
             return TeamPrincipal(team_id=key.team_id, key_id=key.pk), key
@@ -86,11 +99,62 @@ class IsPlatformAdmin(BasePermission):
     """Allow only callers holding an admin token."""
 
     message = (
-        "this endpoint needs an admin token; team keys cannot use the control plane"
+        "this endpoint needs an admin token; team keys and reports tokens cannot use it"
     )
 
     def has_permission(self, request: Request, view: object) -> bool:
         return bool(getattr(request.user, "is_admin", False))
+
+
+class CanReadReports(BasePermission):
+    """Allow callers holding an admin token or a reports (finance) token."""
+
+    message = "this endpoint needs an admin token or a reports token"
+
+    def has_permission(self, request: Request, view: object) -> bool:
+        return bool(getattr(request.user, "can_read_reports", False))
+
+
+# -- team keys, for the parts of /v1 that Django serves --------------------------------
+
+
+@dataclass(frozen=True)
+class TeamCaller:
+    """A caller holding one of a team's API keys (a person's, never a batch's)."""
+
+    team_id: str
+    key_id: int
+    is_admin: bool = False
+    is_authenticated: bool = True
+
+
+class TeamKeyAuthentication(BaseAuthentication):
+    """Authenticate a team's API key; anything else is a 401 in OpenAI's shape.
+
+    The keys the platform mints for a batch's own lines open only the gateway
+    (``accounts.services.find_active_team_key`` never returns one).
+    """
+
+    def authenticate(self, request: Request) -> tuple[TeamCaller, ApiKey] | None:
+        secret = bearer_secret(request)
+        if secret is None:
+            return None
+        key = services.find_active_team_key(secret)
+        if key is None:
+            raise exceptions.AuthenticationFailed("invalid or revoked API key")
+        return TeamCaller(team_id=key.team_id, key_id=key.pk), key
+
+    def authenticate_header(self, request: Request) -> str:
+        return 'Bearer realm="api"'
+
+
+class IsTeam(BasePermission):
+    """Allow only callers holding a team's API key."""
+
+    message = "this endpoint needs a team's API key"
+
+    def has_permission(self, request: Request, view: object) -> bool:
+        return isinstance(request.user, TeamCaller)
 
 
 class AdminTokenScheme(OpenApiAuthenticationExtension):

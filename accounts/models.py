@@ -153,8 +153,28 @@ class ApiKey(SecretRecord):
         return f"{self.prefix}… ({self.team_id})"
 
 
+class AdminScope(models.TextChoices):
+    """What an admin token opens: the whole control plane, or the reports only."""
+
+    ADMIN = "admin", "admin: the whole control plane"
+    REPORTS = "reports", "reports: usage and cost reports only (finance)"
+
+
 class AdminToken(SecretRecord):
-    """A bearer token for the control-plane REST API at /admin/."""
+    """A bearer token for the control-plane REST API at /admin/.
+
+    ``scope`` ``admin`` opens every endpoint; ``reports`` opens only
+    ``/admin/reports/...``, for finance's tools (``accounts.auth``).
+    """
+
+    Scope = AdminScope
+
+    scope = models.CharField(
+        max_length=16,
+        choices=AdminScope.choices,
+        default=AdminScope.ADMIN,
+        help_text="What the token opens; fixed when it is made.",
+    )
 
     class Meta:
         db_table = "admin_tokens"
@@ -163,6 +183,10 @@ class AdminToken(SecretRecord):
         constraints = [
             models.CheckConstraint(
                 condition=Q(key_hash__regex=SHA256_PATTERN), name="admin_token_hash_hex"
+            ),
+            models.CheckConstraint(
+                condition=Q(scope__in=[s.value for s in AdminScope]),
+                name="admin_token_scope_known",
             ),
         ]
 

@@ -70,11 +70,19 @@ def revoke_key(*, team_id: str, key_id: int, now: datetime) -> ApiKey:
         ) from None
 
 
-def create_admin_token(*, name: str = "") -> tuple[AdminToken, str]:
-    """Create a control-plane admin token; return the record and the secret (shown once)."""
+def create_admin_token(
+    *, name: str = "", scope: str = AdminToken.Scope.ADMIN
+) -> tuple[AdminToken, str]:
+    """Create a control-plane token of ``scope`` (``admin`` or ``reports``); return
+    the record and the secret (shown once)."""
+    if scope not in AdminToken.Scope.values:
+        raise ValueError(f"unknown admin token scope {scope!r}")
     secret = new_secret(KeyKind.ADMIN)
     token = AdminToken.objects.create(
-        key_hash=hash_secret(secret), prefix=display_prefix(secret), name=name
+        key_hash=hash_secret(secret),
+        prefix=display_prefix(secret),
+        name=name,
+        scope=scope,
     )
     return token, secret
 

@@ -7,6 +7,7 @@ from rest_framework.response import Response
 
 from accounts.api import views as accounts
 from engine_nodes.api import views as engine_nodes
+from metering.api import views as metering
 from models_registry.api import views as registry
 from rollouts.api import views as rollouts
 
@@ -64,6 +65,11 @@ urlpatterns = [
         "pools/<str:model>/<str:version>/<str:region>/autoscaling",
         engine_nodes.PoolAutoscalingView.as_view(),
         name="admin-pool-autoscaling",
+    ),
+    path(
+        "reports/usage",
+        metering.UsageReportView.as_view(),
+        name="admin-reports-usage",
     ),
     path("teams", accounts.TeamListView.as_view(), name="admin-teams"),
     path("teams/<str:team>", accounts.TeamDetailView.as_view(), name="admin-team"),

@@ -1,6 +1,6 @@
 """ASGI entry point: ``/v1/*``, ``/tokenize`` and ``/healthz`` to the gateway, the
-rest (and the Files and Batch APIs under ``/v1/files`` and ``/v1/batches``) to
-Django.
+rest (and the Files and Batch APIs under ``/v1/files`` and ``/v1/batches``, and a
+team's usage under ``/v1/organization``) to Django.
 
 Channels' ``ProtocolTypeRouter`` sits on top; the gateway is a raw ASGI app (the
 token stream is the hottest path and measured against a bare relay), Django serves
@@ -34,8 +34,9 @@ django_http = (
 gateway = get_gateway()
 # vLLM serves /tokenize at the root, and so does the gateway (`vllm bench serve`).
 _GATEWAY_PATHS = frozenset({"/healthz", "/tokenize"})
-# The Files and Batch APIs use the database: Django serves them (batches.api).
-_DJANGO_V1 = ("/v1/files", "/v1/batches")
+# The Files and Batch APIs and a team's usage read the database: Django serves
+# them (batches.api, metering.api).
+_DJANGO_V1 = ("/v1/files", "/v1/batches", "/v1/organization")
 
 
 def _is_django_v1(path: str) -> bool:

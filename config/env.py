@@ -10,6 +10,7 @@ default silently. Each variable is documented in ``docs/configuration.md``.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -131,6 +132,26 @@ def env_pairs(name: str, environ: Mapping[str, str] | None = None) -> dict[str, 
             raise EnvError(f"{name} names {key!r} twice")
         pairs[key] = value
     return pairs
+
+
+def env_float_pairs(
+    name: str, *, minimum: float, environ: Mapping[str, str] | None = None
+) -> dict[str, float]:
+    """Return ``a=1.5,b=2`` as ``{"a": 1.5, "b": 2.0}`` (empty when unset).
+
+    Raises:
+        EnvError: not ``key=number`` pairs, or a number below ``minimum``.
+    """
+    numbers: dict[str, float] = {}
+    for key, value in env_pairs(name, environ).items():
+        try:
+            number = float(value)
+        except ValueError:
+            raise EnvError(f"{name}: {key}={value!r} is not a number") from None
+        if not math.isfinite(number) or number < minimum:
+            raise EnvError(f"{name}: {key} must be a number >= {minimum}, got {value}")
+        numbers[key] = number
+    return numbers
 
 
 def env_secret(name: str, environ: Mapping[str, str] | None = None) -> str | None:

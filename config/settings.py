@@ -18,6 +18,7 @@ from config.env import (
     EnvError,
     env_bool,
     env_float,
+    env_float_pairs,
     env_int,
     env_list,
     env_pairs,
@@ -273,6 +274,24 @@ SPECTACULAR_SETTINGS = {
 try:
     PLATFORM_REGION = env_str("PLATFORM_REGION", "local")
     PLATFORM_GPU_HOUR_USD = env_float("PLATFORM_GPU_HOUR_USD", 2.50, minimum=0.0)
+    # Output tokens per second one replica is assumed to make until a load test
+    # measures its version (seed: 2,500); the cost model's capacity.
+    PLATFORM_ASSUMED_TOKENS_PER_S = env_float(
+        "PLATFORM_ASSUMED_TOKENS_PER_S", 2500.0, minimum=1.0
+    )
+    # A region's own GPU-hour price ("east=2.50,west=3.10"); others pay the default.
+    PLATFORM_GPU_HOUR_USD_BY_REGION = env_float_pairs(
+        "PLATFORM_GPU_HOUR_USD_BY_REGION", minimum=0.0
+    )
+    # What a token weighs in the teams' split of a pool's cost, in output tokens
+    # (metering.domain.cost.TokenWeights): "prompt=0.25,cached=0.025,output=1".
+    PLATFORM_COST_WEIGHTS = env_float_pairs("PLATFORM_COST_WEIGHTS", minimum=0.0)
+    _unknown_weights = set(PLATFORM_COST_WEIGHTS) - {"prompt", "cached", "output"}
+    if _unknown_weights:
+        raise EnvError(
+            f"PLATFORM_COST_WEIGHTS knows prompt, cached and output, not "
+            f"{', '.join(sorted(_unknown_weights))}"
+        )
     # Replicas beat every PLATFORM_HEARTBEAT_S; after PLATFORM_MISSED_BEATS missed
     # beats a replica leaves the ring and the reaper marks it gone.
     PLATFORM_HEARTBEAT_S = env_float("PLATFORM_HEARTBEAT_S", 1.0, minimum=0.05)

@@ -14,6 +14,8 @@ urlpatterns = [
     path("admin/", include("config.admin_api_urls")),
     # The Files and Batch APIs; config.asgi sends only these /v1 paths to Django.
     path("v1/", include("batches.api.urls")),
+    # A team's own usage and cost (OpenAI's organization usage and costs shapes).
+    path("v1/organization/", include("metering.api.urls")),
     path("metrics", metrics_view, name="prometheus-django-metrics"),
 ]
 

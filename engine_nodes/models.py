@@ -3,20 +3,89 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
-from django.db import models
+from django.db import models, transaction
 from django.db.models import Q
+from django.utils import timezone
 
 from engine_nodes.domain.autoscaler import Reason
 from engine_nodes.domain.liveness import ReplicaState
+from metering.spans import SpanStart, close_spans, record_moves
 
 
-class ReplicaQuerySet(models.QuerySet):
-    """Queries over replicas."""
+class ReplicaQuerySet(models.QuerySet["Replica"]):
+    """Queries over replicas; a state change or deletion is written to the state
+    history (``metering.models.ReplicaSpan``) in the same transaction.
+
+    Create replicas with ``create``/``save`` (which open their first span), not
+    ``bulk_create``, which writes no history.
+    """
 
     def live(self) -> ReplicaQuerySet:
         """Return replicas that have not been marked gone."""
         return self.exclude(state=ReplicaState.GONE.value)
+
+    def update(self, **kwargs: Any) -> int:
+        if "state" not in kwargs:
+            return super().update(**kwargs)
+        state = str(kwargs["state"])
+        with transaction.atomic(using=self.db):
+            # Locked, so the states read are the states the update replaces.
+            before = list(
+                self.select_for_update().values_list(
+                    "replica_id", "state", "version_id"
+                )
+            )
+            updated = super().update(**kwargs)
+            moved = [(pk, version_id) for pk, old, version_id in before if old != state]
+            if moved:
+                record_moves(_moves(moved, state), at=timezone.now())
+        return updated
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        with transaction.atomic(using=self.db):
+            close_spans(self.values_list("replica_id", flat=True), at=timezone.now())
+            return super().delete()
+
+
+def _start_of(replica: Replica) -> SpanStart:
+    version = replica.version
+    return SpanStart(
+        replica_id=replica.replica_id,
+        model=replica.model_id,
+        version=version.version,
+        region=replica.region,
+        gpus=version.gpus_per_replica,
+        state=replica.state,
+    )
+
+
+def _moves(moved: list[tuple[str, int]], state: str) -> list[SpanStart]:
+    from models_registry.models import ModelVersion
+
+    versions = {
+        v.pk: v
+        for v in ModelVersion.objects.filter(pk__in={vid for _, vid in moved}).only(
+            "model_id", "version", "gpus_per_replica"
+        )
+    }
+    rows = dict(
+        Replica.objects.filter(pk__in=[pk for pk, _ in moved]).values_list(
+            "replica_id", "region"
+        )
+    )
+    return [
+        SpanStart(
+            replica_id=pk,
+            model=versions[vid].model_id,
+            version=versions[vid].version,
+            region=rows.get(pk, ""),
+            gpus=versions[vid].gpus_per_replica,
+            state=state,
+        )
+        for pk, vid in moved
+    ]
 
 
 class Replica(models.Model):
@@ -77,6 +146,27 @@ class Replica(models.Model):
 
     def __str__(self) -> str:
         return self.replica_id
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Save, writing a new row's first span or a changed state to the history."""
+        with transaction.atomic():
+            if self._state.adding:
+                previous = None
+            else:
+                previous = (
+                    Replica.objects.filter(pk=self.pk)
+                    .select_for_update()
+                    .values_list("state", flat=True)
+                    .first()
+                )
+            super().save(*args, **kwargs)
+            if previous != self.state:
+                record_moves([_start_of(self)], at=timezone.now())
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        with transaction.atomic():
+            close_spans([self.replica_id], at=timezone.now())
+            return super().delete(*args, **kwargs)
 
 
 class NodeQuerySet(models.QuerySet):

@@ -45,6 +45,10 @@ class Usage(models.Model):
     class Meta:
         db_table = "usage"
         ordering = ["-minute", "team_id"]
+        verbose_name_plural = "usage"
+        permissions = [
+            ("view_cost_report", "Can read usage and cost reports"),
+        ]
         constraints = [
             models.UniqueConstraint(
                 fields=["team", "model", "version", "minute"],
@@ -130,4 +134,49 @@ class VersionFigure(models.Model):
         return (
             f"{self.model_id}@{self.version} {self.role} {self.region} "
             f"{self.bucket_start:%Y-%m-%d %H:%M:%S}"
+        )
+
+
+class ReplicaSpan(models.Model):
+    """A replica in one state from ``started_at`` until ``ended_at`` (null: still).
+
+    The replicas' state history, for cost: GPU-hours per pool are the spans of the
+    states that hold GPUs times ``gpus`` (``metering.domain.cost.pool_times``).
+    Written by ``engine_nodes.models.Replica`` whenever a row is created, changes
+    state or is deleted, so every path that moves a replica records it. Model,
+    version and replica are plain values, not foreign keys: the history outlives
+    the rows it describes. ``gone`` closes the last span and opens none.
+    """
+
+    replica_id = models.CharField(max_length=128)
+    model = models.CharField(max_length=64)
+    version = models.CharField(max_length=16)
+    region = models.CharField(max_length=64)
+    gpus = models.PositiveSmallIntegerField()
+    state = models.CharField(max_length=16)
+    started_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "replica_spans"
+        ordering = ["-started_at", "replica_id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["replica_id"],
+                condition=Q(ended_at__isnull=True),
+                name="replica_span_one_open",
+            ),
+            models.CheckConstraint(
+                condition=Q(ended_at__isnull=True) | Q(ended_at__gte=F("started_at")),
+                name="replica_span_ends_after_start",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["started_at"], name="replica_span_started"),
+            models.Index(fields=["ended_at"], name="replica_span_ended"),
+        ]
+
+    def __str__(self) -> str:
+        return (
+            f"{self.replica_id} {self.state} from {self.started_at:%Y-%m-%d %H:%M:%S}"
         )

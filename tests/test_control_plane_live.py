@@ -8,6 +8,7 @@ every check against it, bounded and seeded.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -390,6 +391,7 @@ def test_control_plane_conforms_to_its_openapi_schema(
         "10",
     ]
     started = time.monotonic()
+    repo = Path(__file__).resolve().parent.parent
     run = subprocess.run(
         argv,
         cwd=tmp_path,
@@ -397,6 +399,14 @@ def test_control_plane_conforms_to_its_openapi_schema(
         text=True,
         timeout=SCHEMATHESIS_BUDGET_S,
         check=False,
+        # The CSV report's deserializer (tests/schemathesis_hooks.py).
+        env={
+            **os.environ,
+            "SCHEMATHESIS_HOOKS": "tests.schemathesis_hooks",
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [str(repo), os.environ.get("PYTHONPATH")])
+            ),
+        },
     )
     took_s = time.monotonic() - started
     assert run.returncode == 0, f"{run.stdout[-20000:]}\n{run.stderr[-4000:]}"

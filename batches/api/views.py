@@ -23,8 +23,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts.auth import IsTeam, TeamCaller, TeamKeyAuthentication
 from batches import services
-from batches.api.auth import IsTeam, TeamCaller, TeamKeyAuthentication
 from config.errors import InvalidRequest, NotFound
 from config.parsers import BodyParser
 

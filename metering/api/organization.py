@@ -1,0 +1,318 @@
+"""A team's own usage and cost with its API key, in OpenAI's organization shapes.
+
+- ``GET /v1/organization/usage/completions``: ``start_time`` (Unix seconds,
+  required), ``end_time``, ``bucket_width`` (``1m``, ``1h`` or ``1d``; default
+  ``1d``), ``group_by`` (``model``, ``batch``), ``models``, ``batch``, ``limit``,
+  ``page``. Each bucket lists results with ``input_tokens``, ``output_tokens``,
+  ``input_cached_tokens``, ``num_model_requests`` (and, beyond OpenAI's fields,
+  ``rate_limited_requests`` and ``shed_requests``: the team's 429s and 503s).
+- ``GET /v1/organization/costs``: ``start_time``, ``end_time``, ``bucket_width``
+  (``1d`` only), ``group_by`` (``line_item``: one line per model), ``limit``,
+  ``page``. ``amount.value`` is what the cost model bills the team (its share of
+  the used GPU time, ``metering.reports``), in USD.
+
+The key's team is the organization: a team sees only its own usage, and a key of
+another team cannot name it. Buckets are aligned to UTC minutes, hours or days.
+Every bucket in range is listed, empty or not; ``next_page`` continues after the
+last one.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db.models import Sum
+from django.db.models.functions import TruncDay, TruncHour, TruncMinute
+from django.utils import timezone
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from accounts.auth import IsTeam, TeamCaller, TeamKeyAuthentication
+from config.errors import InvalidRequest
+from metering import reports
+from metering.models import Usage
+
+__all__ = ["CompletionsUsageView", "CostsView"]
+
+_WIDTHS = {
+    "1m": (timedelta(minutes=1), TruncMinute, 60, 1440),
+    "1h": (timedelta(hours=1), TruncHour, 24, 168),
+    "1d": (timedelta(days=1), TruncDay, 7, 31),
+}
+_COST_LIMITS = (7, 180)
+_USAGE_GROUPS = ("model", "batch")
+_UNSUPPORTED_GROUPS = ("project_id", "user_id", "api_key_id")
+_PAGE_PREFIX = "page_"
+
+
+def _list(request: Request, name: str) -> list[str]:
+    """A query parameter given once, repeated, or as ``name[]``, or comma-separated."""
+    values = request.query_params.getlist(name) + request.query_params.getlist(
+        f"{name}[]"
+    )
+    return [item.strip() for v in values for item in v.split(",") if item.strip()]
+
+
+def _int(request: Request, name: str, *, required: bool = False) -> int | None:
+    text = request.query_params.get(name)
+    if text is None or text == "":
+        if required:
+            raise InvalidRequest(f"{name} is required (Unix seconds)", param=name)
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise InvalidRequest(f"{name} must be an integer", param=name) from None
+    if not 0 <= value < 253402300800:  # before year 10000
+        raise InvalidRequest(f"{name} is out of range", param=name)
+    return value
+
+
+def _floor(at: datetime, width: timedelta) -> datetime:
+    seconds = int(width.total_seconds())
+    epoch = int(at.timestamp())
+    return datetime.fromtimestamp(epoch - epoch % seconds, tz=UTC)
+
+
+def _window(
+    request: Request, width: timedelta, default_limit: int, max_limit: int
+) -> tuple[datetime, datetime, int, bool]:
+    """Return the buckets asked for: first start, end, and whether more follow."""
+    start_s = _int(request, "start_time", required=True)
+    end_s = _int(request, "end_time")
+    limit = _int(request, "limit")
+    if limit is None:
+        limit = default_limit
+    if not 1 <= limit <= max_limit:
+        raise InvalidRequest(f"limit must be 1 to {max_limit}", param="limit")
+    page = request.query_params.get("page")
+    assert start_s is not None
+    start = datetime.fromtimestamp(start_s, tz=UTC)
+    if page:
+        if not page.startswith(_PAGE_PREFIX) or not page[len(_PAGE_PREFIX) :].isdigit():
+            raise InvalidRequest(
+                "page must be a next_page of a previous answer", param="page"
+            )
+        start = datetime.fromtimestamp(int(page[len(_PAGE_PREFIX) :]), tz=UTC)
+    end = datetime.fromtimestamp(end_s, tz=UTC) if end_s is not None else timezone.now()
+    if end_s is not None and end_s <= start_s:
+        raise InvalidRequest("end_time must be after start_time", param="end_time")
+    first = _floor(start, width)
+    last = first + width * limit
+    return first, min(end, last), limit, end > last
+
+
+def _page(
+    buckets: Iterable[tuple[datetime, list[dict[str, Any]]]],
+    width: timedelta,
+    *,
+    has_more: bool,
+) -> dict[str, Any]:
+    data = [
+        {
+            "object": "bucket",
+            "start_time": int(start.timestamp()),
+            "end_time": int((start + width).timestamp()),
+            "results": results,
+        }
+        for start, results in buckets
+    ]
+    next_page = None
+    if has_more and data:
+        next_page = f"{_PAGE_PREFIX}{data[-1]['end_time']}"
+    return {
+        "object": "page",
+        "data": data,
+        "has_more": has_more,
+        "next_page": next_page,
+    }
+
+
+def _starts(first: datetime, end: datetime, width: timedelta) -> list[datetime]:
+    starts = []
+    at = first
+    while at < end:
+        starts.append(at)
+        at += width
+    return starts
+
+
+def _result(
+    *, prompt: int, cached: int, output: int, requests: int, is_batch: bool | None
+) -> dict[str, Any]:
+    return {
+        "object": "organization.usage.completions.result",
+        "input_tokens": prompt,
+        "output_tokens": output,
+        "input_cached_tokens": cached,
+        "input_audio_tokens": 0,
+        "output_audio_tokens": 0,
+        "num_model_requests": requests,
+        "project_id": None,
+        "user_id": None,
+        "api_key_id": None,
+        "model": None,
+        "batch": is_batch,
+    }
+
+
+def _lines(n: dict[str, int], *, split: bool) -> list[dict[str, Any]]:
+    """One result for a row of sums, or, split, its interactive and batch parts.
+
+    Beyond OpenAI's fields each result has ``rate_limited_requests`` and
+    ``shed_requests``, the team's 429s and 503s (refusals are not batch work).
+    Usage keeps how much was batch work but not its cached part, so cached tokens
+    stay with the interactive line.
+    """
+    refused = {"rate_limited_requests": n["rate_limited"], "shed_requests": n["shed"]}
+    if not split:
+        whole = _result(
+            prompt=n["prompt_tokens"],
+            cached=n["cached_tokens"],
+            output=n["output_tokens"],
+            requests=n["requests"],
+            is_batch=None,
+        )
+        return [{**whole, **refused}]
+    interactive = _result(
+        prompt=n["prompt_tokens"] - n["batch_prompt_tokens"],
+        cached=min(n["cached_tokens"], n["prompt_tokens"] - n["batch_prompt_tokens"]),
+        output=n["output_tokens"] - n["batch_output_tokens"],
+        requests=n["requests"] - n["batch_requests"],
+        is_batch=False,
+    )
+    lines = [{**interactive, **refused}]
+    if n["batch_requests"] or n["batch_output_tokens"] or n["batch_prompt_tokens"]:
+        batch = _result(
+            prompt=n["batch_prompt_tokens"],
+            cached=0,
+            output=n["batch_output_tokens"],
+            requests=n["batch_requests"],
+            is_batch=True,
+        )
+        lines.append({**batch, "rate_limited_requests": 0, "shed_requests": 0})
+    return lines
+
+
+class _TeamView(APIView):
+    authentication_classes = [TeamKeyAuthentication]
+    permission_classes = [IsTeam]
+    schema = None  # the OpenAI surface; /admin/schema documents the control plane
+
+    def team(self, request: Request) -> str:
+        caller = request.user
+        assert isinstance(caller, TeamCaller)  # IsTeam let only a team through
+        return caller.team_id
+
+
+class CompletionsUsageView(_TeamView):
+    """The team's completions usage per bucket (OpenAI's organization usage)."""
+
+    def get(self, request: Request) -> Response:
+        width_name = request.query_params.get("bucket_width") or "1d"
+        if width_name not in _WIDTHS:
+            raise InvalidRequest(
+                "bucket_width must be 1m, 1h or 1d", param="bucket_width"
+            )
+        width, trunc, default_limit, max_limit = _WIDTHS[width_name]
+        groups = _list(request, "group_by")
+        for group in groups:
+            if group in _UNSUPPORTED_GROUPS:
+                raise InvalidRequest(
+                    f"group_by {group} is not kept here: usage is per team and model",
+                    param="group_by",
+                )
+            if group not in _USAGE_GROUPS:
+                raise InvalidRequest("group_by takes model and batch", param="group_by")
+        first, end, _, has_more = _window(request, width, default_limit, max_limit)
+        rows = Usage.objects.filter(
+            team_id=self.team(request), minute__gte=first, minute__lt=end
+        )
+        models = _list(request, "models")
+        if models:
+            rows = rows.filter(model_id__in=models)
+        batch = request.query_params.get("batch")
+        if batch not in (None, "", "true", "false"):
+            raise InvalidRequest("batch must be true or false", param="batch")
+        fields = (
+            "prompt_tokens",
+            "cached_tokens",
+            "output_tokens",
+            "requests",
+            "batch_prompt_tokens",
+            "batch_output_tokens",
+            "batch_requests",
+            "rate_limited",
+            "shed",
+        )
+        by = ("model_id",) if "model" in groups else ()
+        summed = (
+            rows.annotate(bucket=trunc("minute", tzinfo=UTC))
+            .values("bucket", *by)
+            .annotate(**{f"sum_{f}": Sum(f) for f in fields})
+            .order_by("bucket", *by)
+        )
+        split = "batch" in groups or bool(batch)
+        results: dict[datetime, list[dict[str, Any]]] = defaultdict(list)
+        for row in summed:
+            counts = {f: int(row[f"sum_{f}"] or 0) for f in fields}
+            for line in _lines(counts, split=split):
+                if batch and line["batch"] is not (batch == "true"):
+                    continue
+                line["model"] = row["model_id"] if by else None
+                if "batch" not in groups:
+                    line["batch"] = None
+                results[row["bucket"].astimezone(UTC)].append(line)
+        buckets = [(s, results.get(s, [])) for s in _starts(first, end, width)]
+        return Response(_page(buckets, width, has_more=has_more))
+
+
+class CostsView(_TeamView):
+    """The team's cost per day (OpenAI's organization costs), from the cost model."""
+
+    def get(self, request: Request) -> Response:
+        width_name = request.query_params.get("bucket_width") or "1d"
+        if width_name != "1d":
+            raise InvalidRequest("bucket_width must be 1d", param="bucket_width")
+        groups = _list(request, "group_by")
+        if any(g not in ("line_item", "project_id") for g in groups):
+            raise InvalidRequest(
+                "group_by takes line_item and project_id", param="group_by"
+            )
+        width = timedelta(days=1)
+        first, end, _, has_more = _window(request, width, *_COST_LIMITS)
+        team = self.team(request)
+        now = timezone.now()
+        query = reports.ReportQuery(
+            start=first,
+            end=min(end, now) if end > first else end,
+            group_by="day",
+            team=team,
+        )
+        results: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        if query.end > query.start:
+            report = reports.usage_report(query, now=now)
+            by_day: dict[str, dict[str | None, float]] = defaultdict(
+                lambda: defaultdict(float)
+            )
+            for row in report.rows:
+                line = row["model"] if "line_item" in groups else None
+                by_day[row["period"]][line] += row["usd"]
+            for day, lines in by_day.items():
+                for line, usd in sorted(lines.items(), key=lambda kv: kv[0] or ""):
+                    results[day].append(
+                        {
+                            "object": "organization.costs.result",
+                            "amount": {"value": round(usd, 6), "currency": "usd"},
+                            "line_item": line,
+                            "project_id": None,
+                        }
+                    )
+        buckets = [
+            (s, results.get(f"{s:%Y-%m-%d}", [])) for s in _starts(first, end, width)
+        ]
+        return Response(_page(buckets, width, has_more=has_more))

@@ -1,0 +1,116 @@
+"""The replicas' state history: every way a replica row moves writes its spans, and
+the cost model's GPU time is read back from them."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import time_machine
+
+from engine_nodes import services
+from engine_nodes.models import Replica
+from metering.domain.cost import pool_times
+from metering.models import ReplicaSpan
+from metering.spans import spans_between
+from models_registry.models import ModelVersion
+from tests.factories import ReplicaFactory
+
+pytestmark = pytest.mark.django_db
+
+T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+def history(replica_id: str) -> list[tuple[str, datetime, datetime | None]]:
+    return list(
+        ReplicaSpan.objects.filter(replica_id=replica_id)
+        .order_by("started_at", "id")
+        .values_list("state", "started_at", "ended_at")
+    )
+
+
+def test_a_replica_life_is_written_span_by_span(chat_v1: ModelVersion) -> None:
+    with time_machine.travel(T0, tick=False):
+        replica = ReplicaFactory.create(version=chat_v1, state="starting")
+    with time_machine.travel(T0 + timedelta(minutes=1), tick=False):
+        assert services.set_replica_state(
+            replica.replica_id, expected=["starting"], state="loading"
+        )
+    with time_machine.travel(T0 + timedelta(minutes=2), tick=False):
+        services.set_replica_state(
+            replica.replica_id, expected=["loading"], state="serving"
+        )
+        # Not in an expected state: no move, no span.
+        assert not services.set_replica_state(
+            replica.replica_id, expected=["loading"], state="serving"
+        )
+    with time_machine.travel(T0 + timedelta(minutes=62), tick=False):
+        Replica.objects.filter(pk=replica.pk).update(state="draining")
+    with time_machine.travel(T0 + timedelta(minutes=63), tick=False):
+        services.remove_replica(replica.replica_id)
+
+    m = timedelta(minutes=1)
+    assert history(replica.replica_id) == [
+        ("starting", T0, T0 + m),
+        ("loading", T0 + m, T0 + 2 * m),
+        ("serving", T0 + 2 * m, T0 + 62 * m),
+        ("draining", T0 + 62 * m, T0 + 63 * m),
+    ]
+    (time,) = pool_times(
+        spans_between(T0, T0 + timedelta(hours=2)),
+        start=T0,
+        end=T0 + timedelta(hours=2),
+    )
+    assert (time.model, time.version) == (chat_v1.model_id, chat_v1.version)
+    assert time.held_s == pytest.approx(63 * 60)
+    assert time.serving_s == pytest.approx(60 * 60)
+    assert time.gpu_s == pytest.approx(63 * 60 * chat_v1.gpus_per_replica)
+
+
+def test_gone_closes_the_span_and_opens_none(chat_v1: ModelVersion) -> None:
+    with time_machine.travel(T0, tick=False):
+        replica = ReplicaFactory.create(version=chat_v1, state="serving")
+    with time_machine.travel(T0 + timedelta(seconds=30), tick=False):
+        Replica.objects.live().filter(pk=replica.pk).update(state="gone")
+    assert history(replica.replica_id) == [("serving", T0, T0 + timedelta(seconds=30))]
+
+
+def test_an_update_that_keeps_the_state_writes_nothing(chat_v1: ModelVersion) -> None:
+    with time_machine.travel(T0, tick=False):
+        replica = ReplicaFactory.create(version=chat_v1, state="serving")
+    with time_machine.travel(T0 + timedelta(seconds=5), tick=False):
+        Replica.objects.filter(pk=replica.pk).update(state="serving", queue_depth=3)
+        replica.queue_depth = 4
+        replica.save()
+    assert history(replica.replica_id) == [("serving", T0, None)]
+
+
+def test_save_with_a_new_state_moves_the_history(chat_v1: ModelVersion) -> None:
+    with time_machine.travel(T0, tick=False):
+        replica = ReplicaFactory.create(version=chat_v1, state="loading")
+    with time_machine.travel(T0 + timedelta(seconds=5), tick=False):
+        replica.state = "serving"
+        replica.save()
+    replica_id = replica.replica_id  # delete() clears the primary key
+    with time_machine.travel(T0 + timedelta(seconds=9), tick=False):
+        replica.delete()
+    s5, s9 = T0 + timedelta(seconds=5), T0 + timedelta(seconds=9)
+    assert history(replica_id) == [("loading", T0, s5), ("serving", s5, s9)]
+
+
+def test_open_spans_count_until_the_end_asked_for(chat_v1: ModelVersion) -> None:
+    with time_machine.travel(T0, tick=False):
+        ReplicaFactory.create(version=chat_v1, state="serving")
+        ReplicaFactory.create(version=chat_v1, state="serving")
+    end = T0 + timedelta(minutes=30)
+    (time,) = pool_times(spans_between(T0, end), start=T0, end=end)
+    assert time.serving_s == pytest.approx(2 * 30 * 60)
+    # A window before the replicas existed holds none of their time.
+    assert (
+        pool_times(
+            spans_between(T0 - timedelta(hours=1), T0),
+            start=T0 - timedelta(hours=1),
+            end=T0,
+        )
+        == []
+    )
