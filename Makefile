@@ -9,10 +9,14 @@ STAMP := $(VENV)/.installed
 venv: $(STAMP)
 
 ## Debian's packages the platform and its tests run: HAProxy (the global load
-## balancer). Installed once, as root, where missing.
-DEBS := haproxy
+## balancer), Prometheus (promtool checks the rules), Chromium (the console's
+## browser tests, driven by Playwright) and Chart.js (the console's charts, served
+## from static files). Installed once, as root, where missing.
+DEBS := haproxy prometheus chromium libjs-chart.js
 debs:
-	@missing=""; for pkg in $(DEBS); do command -v $$pkg >/dev/null || missing="$$missing $$pkg"; done; \
+	@missing=""; for pkg in $(DEBS); do \
+		dpkg-query -W -f='$${Status}' $$pkg 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$pkg"; \
+	done; \
 	if [ -n "$$missing" ]; then \
 		echo "installing Debian packages:$$missing"; \
 		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null; \

@@ -108,6 +108,20 @@ def haproxy_binary() -> str:
 
 
 @pytest.fixture(scope="session")
+def promtool_binary() -> str:
+    """Return the path of ``promtool`` (Debian's ``prometheus`` package), which
+    checks the recording and alert rules in platform/monitoring/."""
+    return _binary("promtool", "to check the Prometheus rules")
+
+
+@pytest.fixture(scope="session")
+def chromium_binary() -> str:
+    """Return the path of Debian's ``chromium`` (which `make test` installs), the
+    browser Playwright drives in tests/browser/ (its own download cannot work here)."""
+    return _binary("chromium", "the console's browser tests")
+
+
+@pytest.fixture(scope="session")
 def postgres() -> None:
     """Skip unless the tests run on PostgreSQL (fail under REQUIRE_SERVICES=1)."""
     from django.db import connection

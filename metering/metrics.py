@@ -5,8 +5,12 @@ Public surface: the collectors below, ``observe_request``, ``observe_team_tokens
 ``count_shed``, ``set_pool_load``, ``set_control_plane``, ``set_snapshot_from_disk``,
 ``count_snapshot_file_refused``, ``set_limits_degraded``,
 ``set_usage_buffered``, ``count_figures_dropped``, ``forget_pool``, ``OUTCOMES``,
-and the autoscaler's figures read at scrape time: ``PoolScalingFigures``,
-``PoolScalingCollector``, ``register_pool_scaling``.
+and the figures read from the database at scrape time: the autoscaler's
+(``PoolScalingFigures``, ``PoolScalingCollector``, ``register_pool_scaling``), the
+pools' GPUs and their cost (``PoolCostFigures``, ``PoolCostCollector``,
+``register_pool_costs``), rollouts (``OpenRollout``, ``GuardTrips``,
+``RolloutCollector``, ``register_rollouts``) and batches
+(``BatchFigures``, ``BatchCollector``, ``register_batches``).
 
 Labels are bounded: model, version, region, team, tier, outcome; never request ids
 or user text. Helpers cache ``.labels()`` children (a dict lookup instead of the
@@ -21,7 +25,7 @@ import math
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -54,9 +58,16 @@ __all__ = [
     "TTFT_SECONDS",
     "UPSTREAM_RETRIES",
     "USAGE_BUFFERED_ROWS",
+    "BatchCollector",
+    "BatchFigures",
+    "GuardTrips",
+    "OpenRollout",
     "Outcome",
+    "PoolCostCollector",
+    "PoolCostFigures",
     "PoolScalingCollector",
     "PoolScalingFigures",
+    "RolloutCollector",
     "count_figures_dropped",
     "count_rate_limited",
     "count_rejection",
@@ -67,7 +78,10 @@ __all__ = [
     "observe_request",
     "observe_shadow",
     "observe_team_tokens",
+    "register_batches",
+    "register_pool_costs",
     "register_pool_scaling",
+    "register_rollouts",
     "set_control_plane",
     "set_limits_degraded",
     "set_pool_load",
@@ -194,6 +208,8 @@ FIGURES_DROPPED = Counter(
     "(Redis failed; figures are not billing, so they are not kept) or invalid.",
     ("reason",),
 )
+
+F = TypeVar("F")
 
 _POOL_COLLECTORS: tuple[MetricWrapperBase, ...] = (
     OUTPUT_TOKENS,
@@ -435,17 +451,20 @@ _SCALING_GAUGES = (
 AUTOSCALER_DECISIONS = "platform_autoscaler_decisions"
 
 
-class PoolScalingCollector(Collector):
-    """Export the autoscaler's per-pool figures, read when Prometheus scrapes.
+class _ScrapeTimeCollector(Collector, Generic[F]):
+    """Export figures that ``read`` fetches from the database when Prometheus scrapes.
 
-    The autoscaler runs in the Celery worker, which nobody scrapes; its figures
-    live in the database, and ``read`` returns them (``engine_nodes.autoscaling.
-    pool_figures``, two queries). Every scraped process of a region exports the
-    same values: aggregate with ``max by (model, version, region)``. When the
-    database does not answer, the scrape goes on without these series.
+    The figures' owners (the autoscaler and the reaper in the Celery worker, the
+    rollout guards, the batch runners) are not scraped; their results live in the
+    database. When it does not answer, the scrape goes on without these series:
+    the families stay described, with no sample, so a scrape sees the series go
+    missing rather than the metric disappear. Subclasses build the families.
     """
 
-    def __init__(self, read: Callable[[], Iterable[PoolScalingFigures]]) -> None:
+    # What the figures are, for the log line when they cannot be read.
+    what = "figures"
+
+    def __init__(self, read: Callable[[], Iterable[F]]) -> None:
         self.read = read
 
     def describe(self) -> Iterator[Metric]:
@@ -457,11 +476,24 @@ class PoolScalingCollector(Collector):
         try:
             figures = list(self.read())
         except Exception as exc:
-            # The families stay described, with no sample: a scrape sees the
-            # series go missing rather than the metric disappear.
-            logger.warning("pool scaling figures unreadable: %s", type(exc).__name__)
+            # The type name only: a database error's text may carry its DSN.
+            logger.warning("%s unreadable: %s", self.what, type(exc).__name__)
             figures = []
         yield from self._families(figures)
+
+    def _families(self, figures: list[F]) -> Iterator[Metric]:
+        raise NotImplementedError
+
+
+class PoolScalingCollector(_ScrapeTimeCollector[PoolScalingFigures]):
+    """Export the autoscaler's per-pool figures, read when Prometheus scrapes.
+
+    ``read`` returns them (``engine_nodes.autoscaling.pool_figures``, two
+    queries). Every scraped process of a region exports the same values:
+    aggregate with ``max by (model, version, region)``.
+    """
+
+    what = "pool scaling figures"
 
     def _families(self, figures: list[PoolScalingFigures]) -> Iterator[Metric]:
         gauges = [
@@ -502,3 +534,205 @@ def register_pool_scaling(read: Callable[[], Iterable[PoolScalingFigures]]) -> N
         return
     _scaling_collector = PoolScalingCollector(read)
     REGISTRY.register(_scaling_collector)
+
+
+# -- the pools' GPUs and their cost, read at scrape time -------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PoolCostFigures:
+    """One pool's GPUs now, what they cost an hour, and its silent replicas.
+
+    ``gpus`` counts the GPUs of every replica not gone (starting, loading,
+    serving, stalled, draining all hold theirs). ``usd_per_million_tokens_at_full``
+    is at the version's load-tested tokens per second, or the cost model's assumed
+    rate before a load test (``platform_pool_capacity_assumed`` is 1 then).
+    ``silent_replicas``: replicas not gone whose last heartbeat is older than the
+    missed-beat window (the reaper has not marked them gone yet).
+    """
+
+    model: str
+    version: str
+    region: str
+    gpus: int
+    gpu_usd_per_hour: float
+    usd_per_million_tokens_at_full: float
+    silent_replicas: int
+
+
+class PoolCostCollector(_ScrapeTimeCollector[PoolCostFigures]):
+    """Export each pool's GPUs, their cost per hour and its silent replicas.
+
+    ``read`` is ``engine_nodes.pool_costs.pool_cost_figures``. Like the scaling
+    figures, every scraped process exports the same values: aggregate with ``max``.
+    """
+
+    what = "pool cost figures"
+
+    def _families(self, figures: list[PoolCostFigures]) -> Iterator[Metric]:
+        gpus = GaugeMetricFamily(
+            "platform_pool_gpus",
+            "GPUs held by the pool's replicas that are not gone, per pool.",
+            labels=POOL_LABELS,
+        )
+        usd_per_hour = GaugeMetricFamily(
+            "platform_pool_gpu_usd_per_hour",
+            "What the pool's GPUs cost an hour at its region's GPU-hour price.",
+            labels=POOL_LABELS,
+        )
+        at_full = GaugeMetricFamily(
+            "platform_pool_usd_per_million_tokens_at_full",
+            "USD per million output tokens with every replica kept full (at the "
+            "version's load-tested tokens per second, else the assumed rate).",
+            labels=POOL_LABELS,
+        )
+        silent = GaugeMetricFamily(
+            "platform_pool_silent_replicas",
+            "Replicas not marked gone whose last heartbeat is older than the "
+            "missed-beat window, per pool.",
+            labels=POOL_LABELS,
+        )
+        for f in figures:
+            pool = [f.model, f.version, f.region]
+            gpus.add_metric(pool, f.gpus)
+            usd_per_hour.add_metric(pool, f.gpu_usd_per_hour)
+            at_full.add_metric(pool, f.usd_per_million_tokens_at_full)
+            silent.add_metric(pool, f.silent_replicas)
+        yield from (gpus, usd_per_hour, at_full, silent)
+
+
+# -- rollouts, read at scrape time ---------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OpenRollout:
+    """A rollout still pending: its candidate version, stage and share."""
+
+    model: str
+    version: str
+    stage: str
+    percent: float
+    is_paused: bool
+
+
+@dataclass(frozen=True, slots=True)
+class GuardTrips:
+    """How often the guards rolled back a version, and when they last did.
+
+    ``last_trip_at`` is a Unix time, None before the first trip (the series is
+    exported at 0 from the rollout's start, so that ``increase`` sees the first).
+    """
+
+    model: str
+    version: str
+    trips: int
+    last_trip_at: float | None
+
+
+class RolloutCollector(_ScrapeTimeCollector[OpenRollout | GuardTrips]):
+    """Export open rollouts and the guards' trips (``rollouts.figures``)."""
+
+    what = "rollout figures"
+
+    def _families(self, figures: list[OpenRollout | GuardTrips]) -> Iterator[Metric]:
+        is_open = GaugeMetricFamily(
+            "platform_rollout_open",
+            "1 per pending rollout, labelled with its candidate version and stage.",
+            labels=("model", "version", "stage"),
+        )
+        percent = GaugeMetricFamily(
+            "platform_rollout_percent",
+            "The share of traffic (percent) a pending rollout's candidate sees.",
+            labels=("model", "version", "stage"),
+        )
+        paused = GaugeMetricFamily(
+            "platform_rollout_paused",
+            "1 while a pending rollout is paused by an admin, else 0.",
+            labels=("model", "version", "stage"),
+        )
+        trips = CounterMetricFamily(
+            "platform_rollout_guard_trips",
+            "Guard evaluations that rolled a version back, per model and version.",
+            labels=("model", "version"),
+        )
+        last_trip = GaugeMetricFamily(
+            "platform_rollout_guard_last_trip_timestamp_seconds",
+            "Unix time of the last guard evaluation that rolled the version back.",
+            labels=("model", "version"),
+        )
+        for f in figures:
+            if isinstance(f, OpenRollout):
+                labels = [f.model, f.version, f.stage]
+                is_open.add_metric(labels, 1)
+                percent.add_metric(labels, f.percent)
+                paused.add_metric(labels, float(f.is_paused))
+            else:
+                trips.add_metric([f.model, f.version], f.trips)
+                if f.last_trip_at is not None:
+                    last_trip.add_metric([f.model, f.version], f.last_trip_at)
+        yield from (is_open, percent, paused, trips, last_trip)
+
+
+# -- batches, read at scrape time ----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BatchFigures:
+    """One model's batches that have not ended, and how many the scheduler judges
+    at risk of missing their deadline."""
+
+    model: str
+    active: int
+    at_risk: int
+
+
+class BatchCollector(_ScrapeTimeCollector[BatchFigures]):
+    """Export batches running and at risk per model (``batches.figures``)."""
+
+    what = "batch figures"
+
+    def _families(self, figures: list[BatchFigures]) -> Iterator[Metric]:
+        active = GaugeMetricFamily(
+            "platform_batches_active",
+            "Batches validating, in progress or finalizing, per model.",
+            labels=("model",),
+        )
+        at_risk = GaugeMetricFamily(
+            "platform_batches_at_risk",
+            "Batches not ended that the scheduler judges at risk of missing their "
+            "deadline, per model.",
+            labels=("model",),
+        )
+        for f in figures:
+            active.add_metric([f.model], f.active)
+            at_risk.add_metric([f.model], f.at_risk)
+        yield from (active, at_risk)
+
+
+_registered: dict[str, Collector] = {}
+
+
+def _register_once(name: str, collector: Collector) -> None:
+    # ready() runs once per process, but tests and the test runner may set up
+    # Django again: a second registration would raise (duplicate names).
+    if name in _registered:
+        return
+    _registered[name] = collector
+    REGISTRY.register(collector)
+
+
+def register_pool_costs(read: Callable[[], Iterable[PoolCostFigures]]) -> None:
+    """Export the pools' GPUs, cost and silent replicas from ``read`` (once)."""
+    _register_once("pool_costs", PoolCostCollector(read))
+
+
+def register_rollouts(
+    read: Callable[[], Iterable[OpenRollout | GuardTrips]],
+) -> None:
+    """Export open rollouts and guard trips from ``read`` in this process (once)."""
+    _register_once("rollouts", RolloutCollector(read))
+
+
+def register_batches(read: Callable[[], Iterable[BatchFigures]]) -> None:
+    """Export batches running and at risk from ``read`` in this process (once)."""
+    _register_once("batches", BatchCollector(read))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import pytest
 from prometheus_client import REGISTRY, generate_latest
@@ -238,3 +238,61 @@ def test_pool_scaling_collector_exports_figures_and_survives_a_failed_read() -> 
     text = generate_latest(failing).decode()
     assert "platform_pool_desired_replicas" in text  # described, with no sample
     assert "platform_pool_desired_replicas{" not in text
+
+
+@pytest.mark.parametrize(
+    ("collector", "name"),
+    [
+        (metrics.PoolCostCollector, "platform_pool_gpu_usd_per_hour"),
+        (metrics.RolloutCollector, "platform_rollout_open"),
+        (metrics.BatchCollector, "platform_batches_at_risk"),
+    ],
+)
+def test_scrape_time_collectors_survive_a_failed_read(
+    collector: type[metrics.PoolCostCollector]
+    | type[metrics.RolloutCollector]
+    | type[metrics.BatchCollector],
+    name: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A database that does not answer costs these series, never the scrape, and
+    the log says what failed without the error's text (it may carry a DSN)."""
+    from prometheus_client import CollectorRegistry
+
+    def unreachable() -> list[Any]:
+        raise OSError("connection to postgresql://user:secret@db failed")
+
+    failing = CollectorRegistry()
+    failing.register(collector(unreachable))
+    text = generate_latest(failing).decode()
+    assert f"# TYPE {name} gauge" in text  # described, with no sample
+    assert f"{name}{{" not in text
+    assert "OSError" in caplog.text
+    assert "secret" not in caplog.text
+
+
+def test_pool_cost_collector_exports_each_pools_figures() -> None:
+    from prometheus_client import CollectorRegistry
+
+    figures = [
+        metrics.PoolCostFigures(
+            model="chat-7b",
+            version=version,
+            region="eu",
+            gpus=gpus,
+            gpu_usd_per_hour=gpus * 2.5,
+            usd_per_million_tokens_at_full=0.28 * gpus,
+            silent_replicas=silent,
+        )
+        for version, gpus, silent in (("v1", 4, 1), ("v2", 2, 0))
+    ]
+    registry = CollectorRegistry()
+    registry.register(metrics.PoolCostCollector(lambda: figures))
+    v1 = {"model": "chat-7b", "version": "v1", "region": "eu"}
+    v2 = {**v1, "version": "v2"}
+    value = registry.get_sample_value
+    assert value("platform_pool_gpus", v1) == 4
+    assert value("platform_pool_gpu_usd_per_hour", v2) == 5.0
+    assert value("platform_pool_usd_per_million_tokens_at_full", v2) == 0.56
+    assert value("platform_pool_silent_replicas", v1) == 1
+    assert value("platform_pool_silent_replicas", v2) == 0
