@@ -42,7 +42,7 @@ class _TeamCounts(TypedDict):
 
 admin.site.site_header = "Serving platform console"
 admin.site.site_title = "Serving platform console"
-admin.site.index_title = "Teams, models, replicas, usage and rollouts"
+admin.site.index_title = "The fleet at a glance"
 # Wrong passwords lock a login out for a while (accounts.login_throttle).
 admin.site.login_form = ConsoleLoginForm
 
@@ -347,9 +347,12 @@ class AdminTokenAdmin(SecretRecordAdmin):
     """Bearer tokens for the control-plane REST API at /admin/."""
 
     secret_noun = "admin token"
+    add_fields = ("name", "scope")
+    change_readonly_fields = ("scope",)
     list_display = (
         "prefix",
         "name",
+        "scope",
         "active",
         "created_at",
         "last_used_at",
@@ -358,4 +361,6 @@ class AdminTokenAdmin(SecretRecordAdmin):
     list_filter = (RevokedFilter,)
 
     def issue_secret(self, form: forms.ModelForm) -> tuple[SecretRecord, str]:
-        return services.create_admin_token(name=form.cleaned_data["name"])
+        return services.create_admin_token(
+            name=form.cleaned_data["name"], scope=form.cleaned_data["scope"]
+        )

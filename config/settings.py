@@ -76,6 +76,7 @@ INSTALLED_APPS = [
     "engine_nodes",
     "batches",
     "drills",
+    "console",
 ]
 
 MIDDLEWARE = [
@@ -223,6 +224,10 @@ USE_I18N = False
 USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = LOCAL_DIR / "static"
+# Chart.js for the console's charts, from Debian's libjs-chart.js (no CDN); where
+# it is not installed the console's pages still update their tables.
+_CHARTJS_DIR = Path("/usr/share/javascript/chart.js")
+STATICFILES_DIRS = [("vendor/chartjs", _CHARTJS_DIR)] if _CHARTJS_DIR.is_dir() else []
 LOGIN_URL = "/console/login/"
 # Console sessions are read on every console page, so keep them in signed cookies
 # only if asked; the database backend is the safe default.

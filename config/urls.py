@@ -10,6 +10,8 @@ from config.metrics import metrics_view
 
 urlpatterns = [
     path("", lambda request: HttpResponseRedirect("/console/")),
+    # The console's own pages first: its home page replaces the admin's index.
+    path("console/", include("console.urls")),
     path("console/", admin.site.urls),
     path("admin/", include("config.admin_api_urls")),
     # The Files and Batch APIs; config.asgi sends only these /v1 paths to Django.

@@ -1,5 +1,7 @@
 """Console pages for engine replicas and GPU nodes as the control plane last heard
-of them, and the autoscaler's decisions."""
+of them, and the autoscaler's decisions: all read-only, because the node agents
+and the autoscaler own these rows (a hand edit would be overwritten by the next
+beat or tick, and a deleted replica would still run)."""
 
 from __future__ import annotations
 
@@ -32,9 +34,15 @@ class ReplicaAdmin(admin.ModelAdmin):
     list_select_related = ("model", "version")
     date_hierarchy = "last_heartbeat"
 
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
-        # The id is the primary key: editing it would save a second replica.
-        return ("replica_id", "created_at") if obj is not None else ("created_at",)
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        # Replicas are started by the node agents (reconcile_pools), never here.
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
 
 
 @admin.register(ScalingDecision)
@@ -64,6 +72,9 @@ class ScalingDecisionAdmin(admin.ModelAdmin):
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
 
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
@@ -89,4 +100,7 @@ class NodeAdmin(admin.ModelAdmin):
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False

@@ -8,7 +8,7 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
-from metering.models import Usage, VersionFigure
+from metering.models import ReplicaSpan, Usage, VersionFigure
 
 
 @admin.register(Usage)
@@ -71,6 +71,35 @@ class VersionFigureAdmin(admin.ModelAdmin):
     list_filter = ("model", "role", "region")
     search_fields = ("model__model", "version")
     date_hierarchy = "bucket_start"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(ReplicaSpan)
+class ReplicaSpanAdmin(admin.ModelAdmin):
+    """The replicas' state history the cost reports bill GPU-hours from; written
+    by ``engine_nodes.models.Replica`` as replicas move, viewable only."""
+
+    list_display = (
+        "replica_id",
+        "model",
+        "version",
+        "region",
+        "gpus",
+        "state",
+        "started_at",
+        "ended_at",
+    )
+    list_filter = ("state", "region", "model")
+    search_fields = ("replica_id", "model", "version", "region")
+    date_hierarchy = "started_at"
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -310,12 +310,16 @@ class ModelVersionAdmin(admin.ModelAdmin):
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
-    """Rows written by the platform itself; the console reads them only."""
+    """Rows written by the platform itself; the console reads them only (no add,
+    change or delete: each is a record of what happened)."""
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
 

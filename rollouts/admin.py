@@ -141,6 +141,10 @@ class RolloutAdmin(admin.ModelAdmin):
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # A row is history; deleting a running one would strand the model's canary.
+        return False
+
     def save_model(
         self,
         request: HttpRequest,

@@ -169,6 +169,12 @@ def test_bootstrap_local_is_idempotent(tmp_path: Path) -> None:
         .objects.get(username="admin")
         .check_password(first["console_password"])
     )
+    # The finance user opens the console's Reports and nothing of the fleet.
+    finance = get_user_model().objects.get(username=first["finance_user"])
+    assert finance.check_password(first["finance_password"])
+    assert finance.is_staff and not finance.is_superuser
+    assert finance.has_perm("metering.view_cost_report")
+    assert not finance.has_perm("accounts.view_apikey")
     assert set(Model.objects.values_list("model", flat=True)) == {
         "chat-7b",
         "reason-70b",

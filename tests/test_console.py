@@ -26,7 +26,7 @@ from accounts.domain.keys import hash_secret
 from accounts.models import AdminToken, ApiKey, Team, TeamLimit
 from engine_nodes import services as node_services
 from engine_nodes.models import Node, Replica, ScalingDecision
-from metering.models import Usage, VersionFigure
+from metering.models import ReplicaSpan, Usage, VersionFigure
 from models_registry import services as registry_services
 from models_registry.domain.identity import sha256_text
 from models_registry.models import (
@@ -71,12 +71,15 @@ CONSOLE_MODELS: list[type[DjangoModel]] = [
     VersionOverride,
     VersionFigure,
     GuardEvaluation,
+    ReplicaSpan,
 ]
-# Usage is written by the gateway's flush only, nodes by their agents, decisions by
-# the autoscaler, gate runs and region copies by the gates, overrides by the
-# traffic changes they allowed, and schedule rows on their pool's page; the console
-# may not add rows.
+# Usage is written by the gateway's flush only, nodes and replicas by their agents,
+# decisions by the autoscaler, gate runs and region copies by the gates, overrides
+# by the traffic changes they allowed, and schedule rows on their pool's page; the
+# console may not add rows.
 NO_ADD_PAGE = {
+    Replica,
+    ReplicaSpan,
     Usage,
     VersionFigure,
     GuardEvaluation,
@@ -233,6 +236,8 @@ def rows(team: Team, chat_v1: ModelVersion) -> dict[type[DjangoModel], DjangoMod
         VersionOverride: override,
         VersionFigure: figure,
         GuardEvaluation: evaluation,
+        # The replica's first state, written as it was created.
+        ReplicaSpan: ReplicaSpan.objects.get(replica_id=replica.replica_id),
     }
 
 
@@ -323,7 +328,12 @@ SECRET_CASES = [
     pytest.param(
         ApiKey, {"team": "search", "name": "batch jobs"}, TEAM_SECRET, id="api-key"
     ),
-    pytest.param(AdminToken, {"name": "deploy bot"}, ADMIN_SECRET, id="admin-token"),
+    pytest.param(
+        AdminToken,
+        {"name": "deploy bot", "scope": "admin"},
+        ADMIN_SECRET,
+        id="admin-token",
+    ),
 ]
 
 

@@ -26,6 +26,7 @@ APPS = [
     "engine_nodes",
     "batches",
     "drills",
+    "console",
 ]
 FORBIDDEN = {
     "django",

@@ -238,7 +238,13 @@ def test_make_up_runs_with_its_secrets_and_ctrl_c_stops_it_cleanly(
         assert httpx.post(f"{url}/sim/faults", json={}, headers=admin).is_success
 
         cmdlines = process_cmdlines()
-        for name in (*SECRETS, "team_key", "admin_token", "console_password"):
+        for name in (
+            *SECRETS,
+            "team_key",
+            "admin_token",
+            "console_password",
+            "finance_password",
+        ):
             assert creds[name].encode() not in cmdlines, name
 
         pids, replica_ports = platform_processes(local, banner)

@@ -240,6 +240,7 @@ cat <<BANNER
 ${REGION_LINES}
   Console        http://$HOST:$PORT/console/
                  user $(field console_user), password $(field console_password)
+                 finance (Reports only): user $(field finance_user), password $(field finance_password)
   Admin token    $ADMIN_TOKEN
   Team key       $TEAM_KEY   (team $(field team))
   Metrics token  $METRICS_TOKEN

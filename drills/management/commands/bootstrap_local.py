@@ -1,4 +1,4 @@
-"""Make a local platform usable: demo team, key, admin token, console user, models.
+"""Make a local platform usable: demo team, key, admin token, console users, models.
 
 Idempotent: the secrets are kept in a credentials file (mode 600, under .local/,
 never committed) and reused while they still open the platform; anything missing
@@ -6,8 +6,8 @@ or revoked is created anew. The file also keeps the process secrets `make up`
 hands to the processes (``PROCESS_SECRETS``: the engine key, the simulated
 replicas' admin token, the metrics token); one the operator configured wins over
 the saved one. The platform's rows come from ``drills.seeding``, like
-those of the tests, the drills and the benchmarks; the console user is this
-command's own.
+those of the tests, the drills and the benchmarks; the console users (an admin, and a
+finance user who sees only Reports) are this command's own.
 """
 
 from __future__ import annotations
@@ -15,11 +15,13 @@ from __future__ import annotations
 import json
 import os
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 from django.utils import timezone
@@ -33,6 +35,7 @@ from drills.seeding import (
     VersionSeed,
     seed_platform,
 )
+from metering.roles import FINANCE_GROUP
 
 DEMO_TEAM = "demo"
 # A new version's gates on this machine: the load test in steps of half a minute
@@ -53,6 +56,7 @@ DEMO_MODELS = {
     "reason-70b": ("reason-70b-v1.json", 1, 3, 60_000),
 }
 CONSOLE_USER = "admin"
+FINANCE_USER = "finance"
 KEY_NAME = "make up"
 # credentials.json field -> the setting whose configured value wins over it.
 PROCESS_SECRETS = {
@@ -63,9 +67,7 @@ PROCESS_SECRETS = {
 
 
 class Command(BaseCommand):
-    help = (
-        "Create (or reuse) the demo team, its key, an admin token and a console user."
-    )
+    help = "Create (or reuse) the demo team, its key, an admin token and the console users."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
@@ -90,6 +92,8 @@ class Command(BaseCommand):
                 "team_key": seeded.keys[DEMO_TEAM],
                 "console_user": CONSOLE_USER,
                 "console_password": _console_password(saved.get("console_password")),
+                "finance_user": FINANCE_USER,
+                "finance_password": _finance_password(saved.get("finance_password")),
             }
             for field, setting in PROCESS_SECRETS.items():
                 creds[field] = _process_secret(
@@ -162,13 +166,41 @@ def _process_secret(*, configured: str, saved: str | None) -> str:
 
 
 def _console_password(saved: str | None) -> str:
-    user_model = get_user_model()
-    user = user_model.objects.filter(username=CONSOLE_USER).first()
+    """Return the password of the console's superuser (made if missing)."""
+    return _user_password(
+        CONSOLE_USER,
+        saved,
+        make=lambda password: get_user_model().objects.create_superuser(
+            CONSOLE_USER, "", password
+        ),
+    )
+
+
+def _finance_password(saved: str | None) -> str:
+    """Return the password of the console's finance user: staff, in the finance group
+    only (``metering.roles``), so it sees Reports and the usage table."""
+
+    def make(password: str) -> Any:
+        user = get_user_model().objects.create_user(
+            FINANCE_USER, "", password, is_staff=True
+        )
+        user.groups.add(Group.objects.get(name=FINANCE_GROUP))
+        return user
+
+    return _user_password(FINANCE_USER, saved, make=make)
+
+
+def _user_password(
+    username: str, saved: str | None, *, make: Callable[[str], Any]
+) -> str:
+    """Return ``saved`` while it opens ``username``, else a new password (setting it,
+    or making the user with ``make``)."""
+    user = get_user_model().objects.filter(username=username).first()
     if user is not None and saved and user.check_password(saved):
         return saved
     password = secrets.token_urlsafe(18)
     if user is None:
-        user_model.objects.create_superuser(CONSOLE_USER, "", password)
+        make(password)
     else:
         user.set_password(password)
         user.save(update_fields=["password"])

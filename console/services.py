@@ -1,0 +1,370 @@
+"""What the console's pages show, read through the services that own each figure.
+
+Public surface: ``fleet_overview``, ``fleet_feed``, ``pool_feed``, ``open_rollouts``,
+``rollout_page``, ``rollout_state``, ``start_rollout``, ``control_rollout``,
+``team_usage``, ``ACTIONS``, ``TTFT_WINDOW``.
+
+Nothing here is computed a second time: a pool's replicas, capacity, hit rate,
+the autoscaler's last tick and decisions come from ``engine_nodes.autoscaling.
+pool_state`` (the admin API's ``/admin/pools/<model>/state``), TTFT from the
+rollout guards' histograms (``metering.services.version_figures``), rollouts move
+through ``rollouts.plans`` as the admin API moves them. What the console adds is
+the split of a model's state into its pools and the shape of each page.
+
+Per pool, ``tokens_in_flight`` and ``queue_depth`` are the heartbeats of its
+serving replicas that are not silent (the sums ``pool_state`` makes for the
+whole model, split by pool); ``utilisation`` is those tokens over the pool's
+capacity, live, and ``autoscaler_utilisation`` what the autoscaler's last tick saw
+(queued tokens included). The hit rate is the model's (``Usage`` has no region),
+p95 TTFT the version's over ``TTFT_WINDOW`` in every region and role.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Sum
+from django.db.models.functions import TruncDate
+
+from batches.models import Batch
+from engine_nodes import autoscaling
+from engine_nodes.domain.liveness import ReplicaState
+from metering.domain.figures import Role
+from metering.models import Usage
+from metering.services import version_figures
+from models_registry.domain.gates import TRAFFIC_STATUSES
+from models_registry.models import ModelVersion, Pool
+from models_registry.services import get_model
+from rollouts import plans, services
+from rollouts.domain.plan import Decision
+from rollouts.models import Rollout
+
+__all__ = [
+    "ACTIONS",
+    "TTFT_WINDOW",
+    "control_rollout",
+    "fleet_feed",
+    "fleet_overview",
+    "open_rollouts",
+    "pool_feed",
+    "rollout_page",
+    "rollout_state",
+    "start_rollout",
+    "team_usage",
+]
+
+# The window p95 TTFT is read over: long enough to hold a few buckets of figures.
+TTFT_WINDOW = timedelta(minutes=5)
+# How long an ended rollout that was rolled back stays on the home page's alerts.
+_ROLLED_BACK_ALERT = timedelta(hours=24)
+# The console's buttons and the admin API's actions (``plans.Controls``) they send.
+ACTIONS: dict[str, plans.Controls] = {
+    "advance": plans.Controls.APPROVE,
+    "pause": plans.Controls.PAUSE,
+    "resume": plans.Controls.RESUME,
+    "rollback": plans.Controls.ABORT,
+}
+_BATCH_RUNNING = (Batch.Status.VALIDATING, Batch.Status.IN_PROGRESS)
+
+
+# -- pools -------------------------------------------------------------------------
+
+
+def _ttft_p95_ms(model_id: str, version: str, *, now: datetime) -> float | None:
+    """Return a version's p95 TTFT in ms over ``TTFT_WINDOW``, all roles summed."""
+    since = now - TTFT_WINDOW
+    figures = None
+    for role in Role:
+        part = version_figures(
+            model_id=model_id, version=version, role=role.value, since=since
+        )
+        figures = part if figures is None else figures + part
+    p95 = figures.ttft_quantile(0.95) if figures is not None else None
+    return None if p95 is None else round(p95 * 1000.0, 1)
+
+
+def _is_counted(replica: dict[str, Any]) -> bool:
+    # As pool_state sums a model's load: serving replicas that still beat.
+    return replica["state"] == ReplicaState.SERVING and not replica["is_silent"]
+
+
+def _pool_row(
+    state: dict[str, Any], pool: dict[str, Any], *, now: datetime
+) -> dict[str, Any]:
+    """Return one pool of a model's ``pool_state`` as the console shows it."""
+    version, region = pool["version"], pool["region"]
+    replicas = [
+        r
+        for r in state["replicas"]
+        if r["version"] == version and r["region"] == region
+    ]
+    counted = [r for r in replicas if _is_counted(r)]
+    tokens = sum(r["tokens_in_flight"] for r in counted)
+    capacity = pool["capacity_tokens_in_flight"]
+    return {
+        "pool": f"{state['model']}/{version}/{region}",
+        "model": state["model"],
+        "version": version,
+        "region": region,
+        "serving_replicas": pool["serving_replicas"],
+        "desired_replicas": pool["desired_replicas"],
+        "starting_replicas": pool["starting_replicas"],
+        "min_replicas": pool["min_replicas"],
+        "max_replicas": pool["max_replicas"],
+        "tokens_in_flight": tokens,
+        "capacity_tokens_in_flight": capacity,
+        "capacity_is_assumed": pool["capacity_is_assumed"],
+        "utilisation": tokens / capacity if capacity else None,
+        "autoscaler_utilisation": pool["utilisation"],
+        "queue_depth": sum(r["queue_depth"] for r in counted),
+        "prefix_hit_rate": state["prefix_hit_rate"],
+        "ttft_p95_ms": _ttft_p95_ms(state["model"], version, now=now),
+        "is_panicking": pool["is_panicking"],
+        "is_capacity_exhausted": pool["is_capacity_exhausted"],
+        "last_reason": pool["last_reason"],
+        "observed_at": pool["observed_at"],
+        "warnings": pool["warnings"],
+        "replicas": replicas,
+        "decisions": pool["decisions"],
+    }
+
+
+def _model_pools(model_id: str, *, now: datetime) -> list[dict[str, Any]]:
+    state = autoscaling.pool_state(model_id=model_id, now=now)
+    return [_pool_row(state, pool, now=now) for pool in state["pools"]]
+
+
+def pool_feed(
+    *, model_id: str, version: str, region: str, now: datetime
+) -> dict[str, Any]:
+    """Return one pool's live state (the pool page and its JSON feed).
+
+    Raises:
+        NotFound: no such model, or it has no pool of ``version`` in ``region``.
+    """
+    autoscaling.get_pool(model_id=model_id, version=version, region=region)
+    state = autoscaling.pool_state(model_id=model_id, now=now, region=region)
+    pool = next(p for p in state["pools"] if p["version"] == version)
+    return {**_pool_row(state, pool, now=now), "refreshed_at": now.isoformat()}
+
+
+# -- rollouts ----------------------------------------------------------------------
+
+
+def rollout_state(rollout: Rollout) -> str:
+    """Return ``running``, ``paused`` or how the rollout ended (its decision)."""
+    if rollout.decision != Decision.PENDING:
+        return rollout.decision
+    return "paused" if rollout.paused else "running"
+
+
+def open_rollouts() -> list[Rollout]:
+    """Return the rollouts still running (one per model at most), by model."""
+    return list(
+        Rollout.objects.filter(decision=Decision.PENDING)
+        .select_related("version", "previous_version")
+        .order_by("model_id")
+    )
+
+
+def rollout_page(model_id: str) -> dict[str, Any]:
+    """Return a model's rollout page: the running (else latest) rollout, its guard
+    evaluations, its history and the versions a new rollout may start.
+
+    Raises:
+        NotFound: no such model.
+    """
+    model = get_model(model_id)
+    history = list(
+        Rollout.objects.filter(model=model).select_related(
+            "version", "previous_version"
+        )[:20]
+    )
+    current = next((r for r in history if r.decision == Decision.PENDING), None)
+    shown = current or (history[0] if history else None)
+    # What start_plan would accept: a version whose gates passed, not the live one.
+    startable = ModelVersion.objects.filter(
+        model=model, status__in=sorted(TRAFFIC_STATUSES)
+    ).order_by("-created_at")
+    if model.live_version_id is not None:
+        startable = startable.exclude(pk=model.live_version_id)
+    return {
+        "model": model,
+        "rollout": shown,
+        "state": rollout_state(shown) if shown else None,
+        "is_running": current is not None,
+        "evaluations": plans.evaluations(shown, limit=20) if shown else [],
+        "history": history,
+        "plan": plans.model_plan(model),
+        "startable": list(startable),
+    }
+
+
+def start_rollout(*, model_id: str, version: str, now: datetime) -> Rollout:
+    """Start ``version`` on the model's rollout plan, as PUT .../rollout with a
+    plan does (``plans.start_plan``); refused as the API refuses it."""
+    return plans.start_plan(model_id=model_id, version=version, now=now)
+
+
+def control_rollout(*, model_id: str, action: str, by: str, now: datetime) -> Rollout:
+    """Advance, pause, resume or roll back the model's running rollout through
+    ``plans.control``; refused as the API refuses it."""
+    return plans.control(model_id, ACTIONS[action].value, by=by, now=now)
+
+
+# -- the home page -----------------------------------------------------------------
+
+
+def _alerts(
+    pools: Iterable[dict[str, Any]], rollouts: Iterable[Rollout], *, now: datetime
+) -> list[dict[str, str]]:
+    alerts: list[dict[str, str]] = []
+    for pool in pools:
+        name = pool["pool"]
+        if pool["is_capacity_exhausted"]:
+            alerts.append(
+                {
+                    "kind": "capacity_exhausted",
+                    "subject": name,
+                    "text": "capacity exhausted",
+                }
+            )
+        if pool["is_panicking"]:
+            alerts.append(
+                {
+                    "kind": "panicking",
+                    "subject": name,
+                    "text": "autoscaler in panic mode",
+                }
+            )
+        if pool["desired_replicas"] and not pool["serving_replicas"]:
+            alerts.append(
+                {
+                    "kind": "no_serving_replica",
+                    "subject": name,
+                    "text": f"no replica serving ({pool['desired_replicas']} desired)",
+                }
+            )
+        for replica in pool["replicas"]:
+            if replica["is_silent"]:
+                alerts.append(
+                    {
+                        "kind": "replica_silent",
+                        "subject": replica["replica_id"],
+                        "text": f"silent since {replica['last_heartbeat'] or 'it started'} ({name})",
+                    }
+                )
+            elif replica["state"] == ReplicaState.STALLED:
+                alerts.append(
+                    {
+                        "kind": "replica_stalled",
+                        "subject": replica["replica_id"],
+                        "text": f"stalled ({name})",
+                    }
+                )
+    for rollout in rollouts:
+        if rollout.paused:
+            alerts.append(
+                {
+                    "kind": "rollout_paused",
+                    "subject": str(rollout.version),
+                    "text": rollout.reason or "paused",
+                }
+            )
+    rolled_back = Rollout.objects.filter(
+        decision=Decision.ROLLED_BACK, decided_at__gte=now - _ROLLED_BACK_ALERT
+    ).select_related("version")
+    for rollout in rolled_back:
+        alerts.append(
+            {
+                "kind": "rollout_rolled_back",
+                "subject": str(rollout.version),
+                "text": rollout.reason or "rolled back",
+            }
+        )
+    at_risk = Batch.objects.filter(at_risk=True, status__in=_BATCH_RUNNING)
+    for batch in at_risk.order_by("deadline_at")[:20]:
+        alerts.append(
+            {
+                "kind": "batch_at_risk",
+                "subject": batch.pk,
+                "text": batch.schedule_reason
+                or f"may miss its deadline {batch.deadline_at:%Y-%m-%d %H:%M} UTC",
+            }
+        )
+    return alerts
+
+
+def fleet_overview(*, now: datetime) -> dict[str, Any]:
+    """Return the home page: every pool, the running rollouts and what is alerting."""
+    model_ids = sorted(set(Pool.objects.values_list("model_id", flat=True)))
+    pools = [row for m in model_ids for row in _model_pools(m, now=now)]
+    rollouts = open_rollouts()
+    return {
+        "pools": pools,
+        "rollouts": rollouts,
+        "alerts": _alerts(pools, rollouts, now=now),
+    }
+
+
+# Per pool, what the home page's feed carries (its table's cells).
+_FLEET_FIELDS = (
+    "pool",
+    "serving_replicas",
+    "desired_replicas",
+    "tokens_in_flight",
+    "capacity_tokens_in_flight",
+    "capacity_is_assumed",
+    "utilisation",
+    "queue_depth",
+    "ttft_p95_ms",
+    "prefix_hit_rate",
+    "last_reason",
+)
+
+
+def fleet_feed(*, now: datetime) -> dict[str, Any]:
+    """Return the home page's figures as JSON: each pool's cells, the alerts and
+    the running rollouts (as the admin API shows them)."""
+    overview = fleet_overview(now=now)
+    return {
+        "refreshed_at": now.isoformat(),
+        "pools": [{k: p[k] for k in _FLEET_FIELDS} for p in overview["pools"]],
+        "alerts": overview["alerts"],
+        "rollouts": [services.rollout_dict(r) for r in overview["rollouts"]],
+    }
+
+
+# -- teams -------------------------------------------------------------------------
+
+
+def team_usage(
+    *, since: datetime, team_id: str | None = None, by_day: bool = False
+) -> list[dict[str, Any]]:
+    """Return usage since ``since`` per team and model (and day, with ``by_day``):
+    requests, prompt (and cached), output tokens, 429s (rate limited) and shed."""
+    rows = Usage.objects.filter(minute__gte=since)
+    if team_id is not None:
+        rows = rows.filter(team_id=team_id)
+    keys = ["team_id", "model_id"]
+    if by_day:
+        rows = rows.annotate(day=TruncDate("minute"))
+        keys.append("day")
+    totals = (
+        rows.values(*keys)
+        .annotate(
+            requests=Sum("requests"),
+            prompt_tokens=Sum("prompt_tokens"),
+            cached_tokens=Sum("cached_tokens"),
+            output_tokens=Sum("output_tokens"),
+            rate_limited=Sum("rate_limited"),
+            shed=Sum("shed"),
+            batch_requests=Sum("batch_requests"),
+        )
+        .order_by(*(["-day"] if by_day else []), "team_id", "model_id")
+    )
+    return [
+        {**row, "tokens": row["prompt_tokens"] + row["output_tokens"]} for row in totals
+    ]
