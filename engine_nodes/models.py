@@ -7,6 +7,8 @@ from typing import Any
 
 from django.db import models, transaction
 from django.db.models import Q
+from django.db.models.signals import post_delete
+from django.dispatch import receiver
 from django.utils import timezone
 
 from engine_nodes.domain.autoscaler import Reason
@@ -15,8 +17,9 @@ from metering.spans import SpanStart, close_spans, record_moves
 
 
 class ReplicaQuerySet(models.QuerySet["Replica"]):
-    """Queries over replicas; a state change or deletion is written to the state
-    history (``metering.models.ReplicaSpan``) in the same transaction.
+    """Queries over replicas; a state change is written to the state history
+    (``metering.models.ReplicaSpan``) in the same transaction, and a deletion ends
+    the replica's span (``_close_span_of_deleted``).
 
     Create replicas with ``create``/``save`` (which open their first span), not
     ``bulk_create``, which writes no history.
@@ -42,11 +45,6 @@ class ReplicaQuerySet(models.QuerySet["Replica"]):
             if moved:
                 record_moves(_moves(moved, state), at=timezone.now())
         return updated
-
-    def delete(self) -> tuple[int, dict[str, int]]:
-        with transaction.atomic(using=self.db):
-            close_spans(self.values_list("replica_id", flat=True), at=timezone.now())
-            return super().delete()
 
 
 def _start_of(replica: Replica) -> SpanStart:
@@ -163,11 +161,6 @@ class Replica(models.Model):
             if previous != self.state:
                 record_moves([_start_of(self)], at=timezone.now())
 
-    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
-        with transaction.atomic():
-            close_spans([self.replica_id], at=timezone.now())
-            return super().delete(*args, **kwargs)
-
 
 class NodeQuerySet(models.QuerySet):
     """Queries over node agents."""
@@ -263,3 +256,13 @@ class ScalingDecision(models.Model):
 
     def __str__(self) -> str:
         return f"{self.pool_id}: {self.from_replicas} -> {self.to_replicas} ({self.reason})"
+
+
+@receiver(post_delete, sender=Replica, dispatch_uid="replica_span_closes")
+def _close_span_of_deleted(
+    sender: type[Replica], instance: Replica, **kwargs: Any
+) -> None:
+    """End a deleted replica's open span, however it was deleted: one row, a
+    queryset, or a cascade from its model or version (Django's collector sends this
+    for each row, inside the deleting transaction)."""
+    close_spans([instance.replica_id], at=timezone.now())

@@ -8,11 +8,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import time_machine
 
+from drills.seeding import digest, version_body
 from engine_nodes import services
 from engine_nodes.models import Replica
 from metering.domain.cost import pool_times
 from metering.models import ReplicaSpan
 from metering.spans import spans_between
+from models_registry import services as registry_services
 from models_registry.models import ModelVersion
 from tests.factories import ReplicaFactory
 
@@ -114,3 +116,18 @@ def test_open_spans_count_until_the_end_asked_for(chat_v1: ModelVersion) -> None
         )
         == []
     )
+
+
+def test_a_cascade_from_the_version_ends_the_span(chat_v1: ModelVersion) -> None:
+    """Deleting a version deletes its replicas through Django's collector, which
+    never calls Replica.delete: the history must still end."""
+    v2 = registry_services.register_version(
+        model_id=chat_v1.model_id, **version_body(weights_hash=digest("v2"))
+    )
+    with time_machine.travel(T0, tick=False):
+        replica = ReplicaFactory.create(version=v2, state="loading")
+    replica_id = replica.replica_id
+    with time_machine.travel(T0 + timedelta(seconds=20), tick=False):
+        ModelVersion.objects.filter(pk=v2.pk).delete()
+    assert not Replica.objects.filter(pk=replica_id).exists()
+    assert history(replica_id) == [("loading", T0, T0 + timedelta(seconds=20))]
