@@ -122,7 +122,7 @@ def report_query(params: Mapping[str, str], *, now: datetime) -> ReportQuery:
             continue
         try:
             bounds.append(parse_instant(text, is_end=is_end))
-        except ValueError:
+        except (ValueError, OverflowError):
             raise InvalidRequest(
                 f"{name} must be YYYY-MM, YYYY-MM-DD or an ISO 8601 instant",
                 param=name,

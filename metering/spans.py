@@ -13,7 +13,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import Q
+from django.db.models import F, Q, Value
+from django.db.models.functions import Greatest
 
 from metering.domain.cost import Span
 from metering.models import ReplicaSpan
@@ -36,20 +37,34 @@ class SpanStart:
 
 
 def close_spans(replica_ids: Iterable[str], *, at: datetime) -> int:
-    """End the open span of each replica at ``at``; return how many ended."""
+    """End the open span of each replica at ``at``; return how many ended.
+
+    The processes that move a replica (its agent, the reaper, the console) read
+    their own clocks: a span is never ended before it began, however they disagree.
+    """
     ids = list(replica_ids)
     if not ids:
         return 0
     return ReplicaSpan.objects.filter(replica_id__in=ids, ended_at__isnull=True).update(
-        ended_at=at
+        ended_at=Greatest(F("started_at"), Value(at))
     )
 
 
 def record_moves(moves: Sequence[SpanStart], *, at: datetime) -> None:
-    """Close each replica's open span and open one in its new state (none if gone)."""
+    """Close each replica's open span and open one in its new state (none if gone).
+
+    The new span starts where the old one ended: at ``at``, or at the old span's
+    start when this process's clock is behind the one that opened it.
+    """
     if not moves:
         return
-    close_spans((m.replica_id for m in moves), at=at)
+    ids = [m.replica_id for m in moves]
+    opened = dict(
+        ReplicaSpan.objects.filter(
+            replica_id__in=ids, ended_at__isnull=True
+        ).values_list("replica_id", "started_at")
+    )
+    close_spans(ids, at=at)
     ReplicaSpan.objects.bulk_create(
         ReplicaSpan(
             replica_id=m.replica_id,
@@ -58,7 +73,7 @@ def record_moves(moves: Sequence[SpanStart], *, at: datetime) -> None:
             region=m.region,
             gpus=m.gpus,
             state=m.state,
-            started_at=at,
+            started_at=max(at, opened.get(m.replica_id, at)),
         )
         for m in moves
         if m.state != _GONE

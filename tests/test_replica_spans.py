@@ -131,3 +131,35 @@ def test_a_cascade_from_the_version_ends_the_span(chat_v1: ModelVersion) -> None
         ModelVersion.objects.filter(pk=v2.pk).delete()
     assert not Replica.objects.filter(pk=replica_id).exists()
     assert history(replica_id) == [("loading", T0, T0 + timedelta(seconds=20))]
+
+
+def test_a_clock_behind_never_ends_a_span_before_it_began(
+    chat_v1: ModelVersion,
+) -> None:
+    """The agent and the reaper read their own clocks; one 2 s behind still moves
+    the replica, and its history stays in order."""
+    with time_machine.travel(T0, tick=False):
+        replica = ReplicaFactory.create(version=chat_v1, state="loading")
+    with time_machine.travel(T0 - timedelta(seconds=2), tick=False):
+        Replica.objects.filter(pk=replica.pk).update(state="serving")
+    assert Replica.objects.get(pk=replica.pk).state == "serving"
+    assert history(replica.replica_id) == [("loading", T0, T0), ("serving", T0, None)]
+
+
+def test_the_history_begins_with_the_replicas_already_live(
+    chat_v1: ModelVersion,
+) -> None:
+    """The migration that starts the history opens a span for each live replica."""
+    from importlib import import_module
+
+    from django.apps import apps
+
+    serving = ReplicaFactory.create(version=chat_v1, state="serving")
+    gone = ReplicaFactory.create(version=chat_v1, state="gone")
+    ReplicaSpan.objects.all().delete()  # as before the history existed
+    migration = import_module("metering.migrations.0005_open_spans_of_live_replicas")
+    with time_machine.travel(T0, tick=False):
+        migration.open_spans(apps, None)
+        migration.open_spans(apps, None)  # twice: one open span each, still
+    assert history(serving.replica_id) == [("serving", T0, None)]
+    assert history(gone.replica_id) == []

@@ -172,6 +172,11 @@ def test_one_team_and_days(month: dict[str, Any], admin_client: APIClient) -> No
         ({"team": "nobody"}, 404, "team"),
         ({"model": "nothing"}, 404, "model"),
         ({"format": "xml"}, 400, "format"),
+        ({"to": "9999-12-31"}, 400, "to"),
+        ({"from": "9001-12-01", "to": "9001-12-31T12:00"}, 400, "from"),
+        ({"from": "0001-01-01T00:00+01:00", "to": "0001-02"}, 400, "from"),
+        ({"from": "2026-13"}, 400, "from"),
+        ({"from": ""}, 400, "from"),
     ],
 )
 def test_bad_queries_are_refused_in_the_error_shape(
@@ -247,6 +252,9 @@ def test_a_bad_console_query_shows_a_message(month: dict[str, Any]) -> None:
     page = client.get("/console/reports/?from=yesterday")
     assert page.status_code == 200
     assert "from must be" in page.content.decode().lower()
+    assert client.get("/console/reports/?to=9999-12-31").status_code == 200
+    download = client.get("/console/reports/usage.csv?to=9999-12-31")
+    assert download.status_code == 400
 
 
 # -- a team's own usage ------------------------------------------------------------------
@@ -341,6 +349,10 @@ def test_a_team_splits_batch_work_and_sees_no_other_team(month: dict[str, Any]) 
         ("usage/completions", {"start_time": 9, "end_time": 5}, "end_time"),
         ("usage/completions", {"start_time": 0, "page": "x"}, "page"),
         ("costs", {"start_time": 0, "bucket_width": "1h"}, "bucket_width"),
+        ("usage/completions", {"start_time": 0, "page": "page_\u00b2"}, "page"),
+        ("usage/completions", {"start_time": 0, "page": "page_99999999999999"}, "page"),
+        ("usage/completions", {"start_time": 253402300000}, "start_time"),
+        ("costs", {"start_time": 253402300000}, "start_time"),
     ],
 )
 def test_bad_usage_queries(

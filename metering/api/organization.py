@@ -19,6 +19,7 @@ last one.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
@@ -47,6 +48,10 @@ _COST_LIMITS = (7, 180)
 _USAGE_GROUPS = ("model", "batch")
 _UNSUPPORTED_GROUPS = ("project_id", "user_id", "api_key_id")
 _PAGE_PREFIX = "page_"
+_PAGE = re.compile(r"^page_([0-9]{1,12})$")
+# Instants at most this (Unix seconds: the year 9000), so that a window of the
+# longest bucket and limit after one stays a datetime.
+_MAX_UNIX_S = 221845392000
 
 
 def _list(request: Request, name: str) -> list[str]:
@@ -67,7 +72,7 @@ def _int(request: Request, name: str, *, required: bool = False) -> int | None:
         value = int(text)
     except ValueError:
         raise InvalidRequest(f"{name} must be an integer", param=name) from None
-    if not 0 <= value < 253402300800:  # before year 10000
+    if not 0 <= value < _MAX_UNIX_S:
         raise InvalidRequest(f"{name} is out of range", param=name)
     return value
 
@@ -93,11 +98,12 @@ def _window(
     assert start_s is not None
     start = datetime.fromtimestamp(start_s, tz=UTC)
     if page:
-        if not page.startswith(_PAGE_PREFIX) or not page[len(_PAGE_PREFIX) :].isdigit():
+        cursor = _PAGE.match(page)
+        if cursor is None or int(cursor[1]) >= _MAX_UNIX_S:
             raise InvalidRequest(
                 "page must be a next_page of a previous answer", param="page"
             )
-        start = datetime.fromtimestamp(int(page[len(_PAGE_PREFIX) :]), tz=UTC)
+        start = datetime.fromtimestamp(int(cursor[1]), tz=UTC)
     end = datetime.fromtimestamp(end_s, tz=UTC) if end_s is not None else timezone.now()
     if end_s is not None and end_s <= start_s:
         raise InvalidRequest("end_time must be after start_time", param="end_time")

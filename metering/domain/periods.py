@@ -19,6 +19,7 @@ INSTANT_PATTERN = (
     r"^\d{4}-\d{2}(-\d{2}(T\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|[+-]\d{2}:\d{2})?)?)?$"
 )
 _INSTANT = re.compile(INSTANT_PATTERN)
+MIN_YEAR, MAX_YEAR = 1970, 9000
 _MONTH = re.compile(r"^(\d{4})-(\d{2})$")
 _DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
@@ -73,6 +74,9 @@ def parse_instant(text: str, *, is_end: bool = False) -> datetime:
     """
     if not _INSTANT.match(text):
         raise ValueError(f"not a month, day or ISO 8601 instant: {text!r}")
+    if not MIN_YEAR <= int(text[:4]) <= MAX_YEAR:
+        # A report's periods and offsets step past the year; keep far from the ends.
+        raise ValueError(f"the year must be {MIN_YEAR} to {MAX_YEAR}")
     month = _MONTH.match(text)
     if month:
         at = datetime(int(month[1]), int(month[2]), 1, tzinfo=UTC)  # ValueError: 13
