@@ -4,13 +4,15 @@ Without it a replica serving since before this release would hold its GPUs unbil
 until its next move. Its span starts now: the time before the history is unknown.
 """
 
+from django.apps.registry import Apps as StateApps
 from django.db import migrations
+from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 from django.utils import timezone
 
 HOLDING = ("starting", "loading", "serving", "stalled", "draining")
 
 
-def open_spans(apps, schema_editor):
+def open_spans(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor | None) -> None:
     Replica = apps.get_model("engine_nodes", "Replica")
     ReplicaSpan = apps.get_model("metering", "ReplicaSpan")
     now = timezone.now()
