@@ -93,25 +93,24 @@ def test_the_month_is_priced_by_the_cost_model(month: dict[str, Any]) -> None:
     query = report_query({"from": "2026-11", "to": "2026-11"}, now=NOW)
     report = usage_report(query, now=NOW).as_dict()
     (version,) = report["versions"]
-    # One GPU-hour at 2.50 USD, 4.5 of 9 million tokens: half busy, 0.56 per million.
+    # One GPU-hour at 2.50 USD, 4.5 of 9 million output tokens: 0.56 per million.
     assert version["usd"] == pytest.approx(2.50)
-    assert version["utilisation"] == pytest.approx(0.5)
     assert round(version["usd_per_million_tokens"], 2) == 0.56
     assert round(version["usd_per_million_tokens_at_full"], 2) == 0.28
-    assert report["totals"]["usd"] == pytest.approx(1.25)
-    assert report["totals"]["idle_usd"] == pytest.approx(1.25)
-    assert report["totals"]["gpu_usd"] == pytest.approx(2.50)
-    # The split is the cost model's, on the teams' weighted tokens.
+    # The split is the cost model's: each team pays 2.50 USD per 9 million weighted
+    # tokens (a full hour's), the rest is idle.
     weights = TokenWeights()
     search_w = weights.of(
         prompt_tokens=1_000_000, cached_tokens=600_000, output_tokens=3_000_000
     )
     ads_w = weights.of(prompt_tokens=400_000, cached_tokens=0, output_tokens=1_500_000)
     usd = {r["team"]: r["usd"] for r in report["data"]}
-    assert usd["search"] == pytest.approx(
-        1.25 * search_w / (search_w + ads_w), abs=1e-6
-    )
-    assert usd["ads"] == pytest.approx(1.25 * ads_w / (search_w + ads_w), abs=1e-6)
+    assert usd["search"] == pytest.approx(2.50 * search_w / 9e6, abs=1e-6)
+    assert usd["ads"] == pytest.approx(2.50 * ads_w / 9e6, abs=1e-6)
+    assert version["utilisation"] == pytest.approx((search_w + ads_w) / 9e6, abs=1e-6)
+    assert report["totals"]["usd"] == pytest.approx(usd["search"] + usd["ads"])
+    assert report["totals"]["idle_usd"] == pytest.approx(2.50 - report["totals"]["usd"])
+    assert report["totals"]["gpu_usd"] == pytest.approx(2.50)
     assert report["totals"] | {} == report["totals"]  # a plain dict
     for field in TOKEN_FIELDS:
         assert report["totals"][field] == november_totals()[field]

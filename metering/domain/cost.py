@@ -9,16 +9,19 @@ A pool's cost is its GPU-hours times the GPU-hour price of its region: every sec
 a replica holds its GPUs counts (starting, loading, serving, stalled, draining),
 because the GPUs are paid for whether or not they make tokens. A pool's capacity is
 the time its replicas were serving times the version's measured output tokens per
-second (the load test's, as the autoscaler uses it). Utilisation is the output
-tokens made over that capacity, at most 1.
+second (the load test's, as the autoscaler uses it). Uncached prompt tokens,
+cached prompt tokens and output tokens each weigh what they cost the GPU
+(``TokenWeights``; an output token is 1), and utilisation is the weighted tokens
+made over that capacity, at most 1: a pool kept busy with long prompts and short
+answers is busy, not idle.
 
 The used part of the cost (cost x utilisation) is split between the teams by their
-share of weighted tokens: uncached prompt tokens, cached prompt tokens and output
-tokens each weigh what they cost the GPU (``TokenWeights``; an output token is 1).
+share of weighted tokens, so each team pays for its tokens what they cost in a full
+pool, ``usd / capacity`` per weighted token, whether the pool was full or half empty.
 The rest is idle cost and is reported on its own line, never spread over the teams'
-bills: a team pays the same for its tokens whether the pool was full or half empty,
-and the idle line says what the empty half cost (seed: 0.28 USD per million output
-tokens when full, 0.56 when half busy).
+bills (seed: 0.28 USD per million output tokens when full, 0.56 when half busy).
+Capacity is measured in output tokens at the load test's mix of prompts, so a pool
+full at a prompt-heavy mix reads 1 (capped) a little before it is.
 
 Usage is metered per team, model, version and minute, without a region, so the
 split is per version: the version's pools in every region are added up first.
@@ -252,8 +255,8 @@ class TeamCost:
 class VersionCost:
     """One version's cost over the period, all its regions together.
 
-    ``usd`` = ``teams_usd`` + ``idle_usd``. ``utilisation`` is None when no
-    replica served (no capacity to measure against). ``usd_per_million_tokens`` is
+    ``usd`` = ``teams_usd`` + ``idle_usd``. ``utilisation`` is the weighted tokens
+    over the capacity, None when no replica served (nothing to measure against). ``usd_per_million_tokens`` is
     the cost over the output tokens made (None without tokens);
     ``usd_per_million_tokens_at_full`` what it would have been with every serving
     second used (None without serving time).
@@ -300,13 +303,6 @@ def allocate(
         usd = sum(p.usd for p in its_pools)
         capacity = sum(p.capacity_tokens for p in its_pools)
         output = sum(r.output_tokens for r in its_usage)
-        utilisation = None if capacity <= 0 else min(1.0, output / capacity)
-        # Tokens with GPU time but no serving time to compare with (history that
-        # began mid-way): the teams carry all of it rather than none.
-        busy_fraction = (
-            utilisation if utilisation is not None else (1.0 if output else 0.0)
-        )
-        busy_usd = usd * busy_fraction
         weighted = [
             weights.of(
                 prompt_tokens=r.prompt_tokens,
@@ -316,6 +312,13 @@ def allocate(
             for r in its_usage
         ]
         total_weight = sum(weighted)
+        utilisation = None if capacity <= 0 else min(1.0, total_weight / capacity)
+        # Tokens with GPU time but no serving time to compare with (history that
+        # began mid-way): the teams carry all of it rather than none.
+        busy_fraction = (
+            utilisation if utilisation is not None else (1.0 if total_weight else 0.0)
+        )
+        busy_usd = usd * busy_fraction
         teams = tuple(
             TeamCost(
                 tokens=row,

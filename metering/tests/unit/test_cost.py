@@ -112,9 +112,24 @@ def test_teams_split_the_used_cost_by_weighted_tokens() -> None:
     a, b = cost.teams
     assert a.weighted_tokens == pytest.approx(2_000_000)
     assert b.weighted_tokens == pytest.approx(2_100_000)
-    assert cost.utilisation == pytest.approx(3 / 9)
-    assert a.usd / b.usd == pytest.approx(2.0 / 2.1)
+    assert cost.utilisation == pytest.approx(4.1 / 9)
+    # Each pays the full pool's price per weighted token: 2.50 USD per 9 million.
+    assert a.usd == pytest.approx(2.0 / 9 * 2.50)
+    assert b.usd == pytest.approx(2.1 / 9 * 2.50)
     assert a.usd + b.usd + cost.idle_usd == pytest.approx(cost.usd)
+
+
+def test_long_prompts_keep_a_pool_busy_and_pay_for_it() -> None:
+    """Prefill is work: 30 million uncached prompt tokens with one-token answers
+    fill the pool's hour (0.25 each) and pay its cost; they are not idle time."""
+    (cost,) = allocate(
+        [seed_pool()],
+        [tokens("rag", 1_000, prompt=36_000_000)],
+        weights=TokenWeights(),
+    )
+    assert cost.utilisation == pytest.approx(1.0)
+    assert cost.teams[0].usd == pytest.approx(2.50)
+    assert cost.idle_usd == pytest.approx(0.0)
 
 
 def test_over_capacity_puts_all_cost_on_the_teams() -> None:
