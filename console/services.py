@@ -1,6 +1,6 @@
 """What the console's pages show, read through the services that own each figure.
 
-Public surface: ``fleet_overview``, ``fleet_feed``, ``pool_feed``, ``open_rollouts``,
+Public surface: ``Sees``, ``fleet_overview``, ``fleet_feed``, ``pool_feed``, ``open_rollouts``,
 ``rollout_page``, ``rollout_state``, ``start_rollout``, ``control_rollout``,
 ``team_usage``, ``ACTIONS``, ``TTFT_WINDOW``.
 
@@ -22,6 +22,7 @@ p95 TTFT the version's over ``TTFT_WINDOW`` in every region and role.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -218,7 +219,11 @@ def control_rollout(*, model_id: str, action: str, by: str, now: datetime) -> Ro
 
 
 def _alerts(
-    pools: Iterable[dict[str, Any]], rollouts: Iterable[Rollout], *, now: datetime
+    pools: Iterable[dict[str, Any]],
+    rollouts: Iterable[Rollout],
+    *,
+    now: datetime,
+    sees: Sees,
 ) -> list[dict[str, str]]:
     alerts: list[dict[str, str]] = []
     for pool in pools:
@@ -276,7 +281,7 @@ def _alerts(
     rolled_back = Rollout.objects.filter(
         decision=Decision.ROLLED_BACK, decided_at__gte=now - _ROLLED_BACK_ALERT
     ).select_related("version")
-    for rollout in rolled_back:
+    for rollout in rolled_back if sees.rollouts else ():
         alerts.append(
             {
                 "kind": "rollout_rolled_back",
@@ -285,7 +290,7 @@ def _alerts(
             }
         )
     at_risk = Batch.objects.filter(at_risk=True, status__in=_BATCH_RUNNING)
-    for batch in at_risk.order_by("deadline_at")[:20]:
+    for batch in at_risk.order_by("deadline_at")[:20] if sees.batches else ():
         alerts.append(
             {
                 "kind": "batch_at_risk",
@@ -297,15 +302,25 @@ def _alerts(
     return alerts
 
 
-def fleet_overview(*, now: datetime) -> dict[str, Any]:
-    """Return the home page: every pool, the running rollouts and what is alerting."""
+@dataclass(frozen=True, slots=True)
+class Sees:
+    """Which parts beside the fleet the user may see on the home page: rollouts
+    (``rollouts.view_rollout``) and batches (``batches.view_batch``)."""
+
+    rollouts: bool
+    batches: bool
+
+
+def fleet_overview(*, now: datetime, sees: Sees) -> dict[str, Any]:
+    """Return the home page: every pool, the running rollouts and what is alerting
+    (rollouts and batches only for a user who may see them)."""
     model_ids = sorted(set(Pool.objects.values_list("model_id", flat=True)))
     pools = [row for m in model_ids for row in _model_pools(m, now=now)]
-    rollouts = open_rollouts()
+    rollouts = open_rollouts() if sees.rollouts else []
     return {
         "pools": pools,
         "rollouts": rollouts,
-        "alerts": _alerts(pools, rollouts, now=now),
+        "alerts": _alerts(pools, rollouts, now=now, sees=sees),
     }
 
 
@@ -325,10 +340,10 @@ _FLEET_FIELDS = (
 )
 
 
-def fleet_feed(*, now: datetime) -> dict[str, Any]:
+def fleet_feed(*, now: datetime, sees: Sees) -> dict[str, Any]:
     """Return the home page's figures as JSON: each pool's cells, the alerts and
     the running rollouts (as the admin API shows them)."""
-    overview = fleet_overview(now=now)
+    overview = fleet_overview(now=now, sees=sees)
     return {
         "refreshed_at": now.isoformat(),
         "pools": [{k: p[k] for k in _FLEET_FIELDS} for p in overview["pools"]],

@@ -77,12 +77,16 @@ def home(request: HttpRequest) -> HttpResponse:
     ``?format=json`` is the feed its script reads to refresh the fleet's figures."""
     extra = _nav(request)
     extra["show_fleet"] = extra["show_fleet_nav"]
+    sees = services.Sees(
+        rollouts=request.user.has_perm("rollouts.view_rollout"),
+        batches=request.user.has_perm("batches.view_batch"),
+    )
     if request.GET.get("format") == "json":
         _require(request, "engine_nodes.view_replica")
-        return JsonResponse(services.fleet_feed(now=timezone.now()))
+        return JsonResponse(services.fleet_feed(now=timezone.now(), sees=sees))
     if extra["show_fleet"]:
         now = timezone.now()
-        extra.update(services.fleet_overview(now=now))
+        extra.update(services.fleet_overview(now=now, sees=sees))
         extra["refresh_ms"] = REFRESH_MS
         extra["refreshed_at"] = now.isoformat()
     return admin.site.index(request, extra_context=extra)

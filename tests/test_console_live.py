@@ -641,3 +641,36 @@ def test_admin_pages_under_rollouts_keep_their_paths(console: Client) -> None:
     assert changelist == "/console/rollouts/rollout/"
     assert response.status_code == 200
     assert response.context["cl"].model is Rollout
+
+
+def test_the_fleet_shows_rollouts_and_batches_only_to_who_may_see_them(
+    pool: Pool, chat_v1: ModelVersion
+) -> None:
+    """Seeing replicas opens the fleet, not the rollouts or batches beside it."""
+    v2 = accept(
+        registry_services.register_version(
+            model_id="chat-7b", **version_body(weights_hash=digest("v2-sees"))
+        )
+    )
+    Rollout.objects.create(
+        model=chat_v1.model,
+        version=v2,
+        stage="canary",
+        percent=5.0,
+        started_at=timezone.now(),
+        paused=True,
+        reason="paused by a test",
+    )
+    fleet_only = client_with("engine_nodes.view_replica")
+    page = fleet_only.get("/console/").content.decode()
+    feed = fleet_only.get("/console/?format=json").json()
+    assert 'id="fleet"' in page
+    assert 'id="rollouts"' not in page
+    assert "paused by a test" not in page
+    assert feed["rollouts"] == []
+    assert not [a for a in feed["alerts"] if a["kind"].startswith("rollout")]
+
+    both = client_with("engine_nodes.view_replica", "rollouts.view_rollout")
+    feed = both.get("/console/?format=json").json()
+    assert [r["version"] for r in feed["rollouts"]] == ["v2"]
+    assert "paused by a test" in both.get("/console/").content.decode()
