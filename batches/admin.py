@@ -11,21 +11,11 @@ from django.http import HttpRequest
 
 from batches import services
 from batches.models import Batch, BatchFile
-
-
-class _ReadOnly(admin.ModelAdmin):
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+from models_registry.admin import ReadOnlyAdmin
 
 
 @admin.register(Batch)
-class BatchAdmin(_ReadOnly):
+class BatchAdmin(ReadOnlyAdmin):
     """Each job: progress, deadline and what the scheduler decided, and why."""
 
     list_display = (
@@ -65,7 +55,7 @@ class BatchAdmin(_ReadOnly):
 
 
 @admin.register(BatchFile)
-class BatchFileAdmin(_ReadOnly):
+class BatchFileAdmin(ReadOnlyAdmin):
     list_display = ("id", "team", "purpose", "filename", "bytes", "created_at")
     list_filter = ("purpose",)
     search_fields = ("id", "team__team", "filename")

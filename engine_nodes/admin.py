@@ -11,11 +11,14 @@ from django.contrib import admin
 from django.http import HttpRequest
 
 from engine_nodes.models import Node, Replica, ScalingDecision
+from models_registry.admin import ReadOnlyAdmin
 
 
 @admin.register(Replica)
-class ReplicaAdmin(admin.ModelAdmin):
-    """Replicas with their last reported load; heartbeats keep these rows current."""
+class ReplicaAdmin(ReadOnlyAdmin):
+    """Replicas with their last reported load; heartbeats keep these rows current.
+    Read-only: the node agents start and stop replicas (reconcile_pools), never
+    the console."""
 
     list_display = (
         "replica_id",
@@ -34,19 +37,9 @@ class ReplicaAdmin(admin.ModelAdmin):
     list_select_related = ("model", "version")
     date_hierarchy = "last_heartbeat"
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        # Replicas are started by the node agents (reconcile_pools), never here.
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
 
 @admin.register(ScalingDecision)
-class ScalingDecisionAdmin(admin.ModelAdmin):
+class ScalingDecisionAdmin(ReadOnlyAdmin):
     """The autoscaler's size changes and why: written by it, read here only."""
 
     list_display = (
@@ -66,18 +59,9 @@ class ScalingDecisionAdmin(admin.ModelAdmin):
     list_select_related = ("pool__version", "pool__model")
     date_hierarchy = "decided_at"
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
 
 @admin.register(Node)
-class NodeAdmin(admin.ModelAdmin):
+class NodeAdmin(ReadOnlyAdmin):
     """GPU nodes as their agents report them: GPUs, last beat, warm versions.
 
     Written by the node agents every beat (and deleted when one shuts down); read
@@ -95,12 +79,3 @@ class NodeAdmin(admin.ModelAdmin):
     @admin.display(description="warm versions")
     def warm(self, obj: Node) -> str:
         return ", ".join(sorted(v.ref for v in obj.warm_versions.all())) or "-"
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

@@ -3,16 +3,14 @@ gateway's flush owns every count."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.contrib import admin
-from django.http import HttpRequest
 
 from metering.models import ReplicaSpan, Usage, VersionFigure
+from models_registry.admin import ReadOnlyAdmin
 
 
 @admin.register(Usage)
-class UsageAdmin(admin.ModelAdmin):
+class UsageAdmin(ReadOnlyAdmin):
     """Per-minute usage by team, model and version; viewable, never edited here.
 
     Counts are added with F() expressions by the flush; a hand edit or a deletion
@@ -40,18 +38,9 @@ class UsageAdmin(admin.ModelAdmin):
     list_select_related = ("team", "model", "version")
     date_hierarchy = "minute"
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
 
 @admin.register(VersionFigure)
-class VersionFigureAdmin(admin.ModelAdmin):
+class VersionFigureAdmin(ReadOnlyAdmin):
     """Per-bucket figures of each version and role (live, canary, shadow), as the
     rollout guards read them; written by the flush, viewable only."""
 
@@ -72,18 +61,9 @@ class VersionFigureAdmin(admin.ModelAdmin):
     search_fields = ("model__model", "version")
     date_hierarchy = "bucket_start"
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
 
 @admin.register(ReplicaSpan)
-class ReplicaSpanAdmin(admin.ModelAdmin):
+class ReplicaSpanAdmin(ReadOnlyAdmin):
     """The replicas' state history the cost reports bill GPU-hours from; written
     by ``engine_nodes.models.Replica`` as replicas move, viewable only."""
 
@@ -100,12 +80,3 @@ class ReplicaSpanAdmin(admin.ModelAdmin):
     list_filter = ("state", "region", "model")
     search_fields = ("replica_id", "model", "version", "region")
     date_hierarchy = "started_at"
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

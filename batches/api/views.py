@@ -21,10 +21,9 @@ from rest_framework.parsers import MultiPartParser
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
-from accounts.auth import IsTeam, TeamCaller, TeamKeyAuthentication
 from batches import services
+from config.api import TeamView
 from config.errors import InvalidRequest, NotFound
 from config.parsers import BodyParser
 
@@ -32,16 +31,7 @@ _ID = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
 _MAX_METADATA = 16
 
 
-class _TeamView(APIView):
-    authentication_classes = [TeamKeyAuthentication]
-    permission_classes = [IsTeam]
-    schema = None  # the OpenAI surface; /admin/schema documents the control plane
-
-    def team(self, request: Request) -> str:
-        caller = request.user
-        assert isinstance(caller, TeamCaller)  # IsTeam let only a team through
-        return caller.team_id
-
+class _TeamView(TeamView):
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)
         for name in ("file_id", "batch_id"):

@@ -30,9 +30,8 @@ from django.db.models.functions import TruncDay, TruncHour, TruncMinute
 from django.utils import timezone
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
-from accounts.auth import IsTeam, TeamCaller, TeamKeyAuthentication
+from config.api import TeamView
 from config.errors import InvalidRequest
 from metering import reports
 from metering.models import Usage
@@ -204,18 +203,7 @@ def _lines(n: dict[str, int], *, split: bool) -> list[dict[str, Any]]:
     return lines
 
 
-class _TeamView(APIView):
-    authentication_classes = [TeamKeyAuthentication]
-    permission_classes = [IsTeam]
-    schema = None  # the OpenAI surface; /admin/schema documents the control plane
-
-    def team(self, request: Request) -> str:
-        caller = request.user
-        assert isinstance(caller, TeamCaller)  # IsTeam let only a team through
-        return caller.team_id
-
-
-class CompletionsUsageView(_TeamView):
+class CompletionsUsageView(TeamView):
     """The team's completions usage per bucket (OpenAI's organization usage)."""
 
     def get(self, request: Request) -> Response:
@@ -277,7 +265,7 @@ class CompletionsUsageView(_TeamView):
         return Response(_page(buckets, width, has_more=has_more))
 
 
-class CostsView(_TeamView):
+class CostsView(TeamView):
     """The team's cost per day (OpenAI's organization costs), from the cost model."""
 
     def get(self, request: Request) -> Response:

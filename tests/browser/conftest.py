@@ -14,7 +14,7 @@ Playwright's own browser download cannot work here, so Chromium is Debian's
 (``chromium_binary`` in the root conftest, which skips, or fails under
 ``REQUIRE_SERVICES=1``, when it is missing). A test that fails leaves a screenshot
 and the page's HTML under ``.local/browser-failures/`` (``<test name>.png`` and
-``.html``), and its report names them.
+``.html``, with the failure in ``.txt``), and its report names them.
 """
 
 from __future__ import annotations
@@ -143,14 +143,16 @@ def log_in(page: Page, user: tuple[str, str], *, next_path: str = "/console/") -
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """Keep a screenshot and the HTML of a failed test's page, and name them in
-    its report."""
+    """Keep a screenshot and the HTML of a failed test's page, and its failure as
+    text, and name them in its report."""
     report = yield
     tab = getattr(item, "funcargs", {}).get("page")
     if report.failed and report.when == "call" and tab is not None:
         FAILURES.mkdir(parents=True, exist_ok=True)
         name = re.sub(r"[^A-Za-z0-9_.-]+", "_", item.name)
         shot, html = FAILURES / f"{name}.png", FAILURES / f"{name}.html"
+        # The failure itself beside them: a CI log may be cut before it.
+        (FAILURES / f"{name}.txt").write_text(report.longreprtext)
         try:
             tab.screenshot(path=str(shot), full_page=True)
             html.write_text(tab.content())

@@ -1,8 +1,7 @@
-// The home page's refresh: every data-refresh-ms it fetches the fleet's feed
-// (/console/?format=json), rewrites the cells of each pool's row and the list of
-// alerts, and sets #fleet's data-refreshed-at. A pool that appears after the page
-// was loaded shows on the next reload. Figures are written as
-// console/domain/formats.py writes them, and only as text, never as HTML.
+// The home page's refresh: every data-refresh-ms it reads the fleet's feed
+// (/console/?format=json, through feed.js) and rewrites the cells of each pool's
+// row and the list of alerts. A pool that appears after the page was loaded shows
+// on the next reload.
 (function () {
   "use strict";
 
@@ -12,20 +11,12 @@
   }
   var feedUrl = table.getAttribute("data-feed-url");
   var refreshMs = parseInt(table.getAttribute("data-refresh-ms"), 10) || 2000;
-  var NONE = "\u2014";
+  var F = window.ConsoleFeed;
+  var known = F.known;
+  var pct = F.pct;
+  var ms = F.ms;
+  var plain = F.plain;
 
-  function known(value) {
-    return value !== null && value !== undefined;
-  }
-  function pct(value) {
-    return known(value) ? (value * 100).toFixed(1) + "%" : NONE;
-  }
-  function ms(value) {
-    return known(value) ? value.toFixed(0) + " ms" : NONE;
-  }
-  function plain(value) {
-    return known(value) && value !== "" ? String(value) : NONE;
-  }
   function load(pool) {
     return (
       pool.tokens_in_flight +
@@ -87,27 +78,8 @@
     }
   }
 
-  function refresh() {
-    fetch(feedUrl, { credentials: "same-origin", headers: { Accept: "application/json" } })
-      .then(function (response) {
-        if (!response.ok) {
-          throw new Error("the feed answered " + response.status);
-        }
-        return response.json();
-      })
-      .then(function (feed) {
-        (feed.pools || []).forEach(writePool);
-        writeAlerts(feed.alerts || []);
-        table.setAttribute("data-refreshed-at", feed.refreshed_at);
-        table.removeAttribute("data-error");
-      })
-      .catch(function (error) {
-        table.setAttribute("data-error", String(error));
-      })
-      .finally(function () {
-        window.setTimeout(refresh, refreshMs);
-      });
-  }
-
-  window.setTimeout(refresh, refreshMs);
+  F.poll(table, feedUrl, refreshMs, function (feed) {
+    (feed.pools || []).forEach(writePool);
+    writeAlerts(feed.alerts || []);
+  }, false);
 })();

@@ -1,9 +1,7 @@
-// The pool page's refresh: every data-refresh-ms it fetches the page's JSON feed
-// (the same URL with ?format=json), writes the figures into the page and adds a
-// point to the chart of tokens in flight against capacity. Without Chart.js
-// (window.Chart missing) only the tables refresh. Figures are written as
-// console/domain/formats.py writes them, and only as text, never
-// as HTML.
+// The pool page's refresh: every data-refresh-ms it reads the page's JSON feed
+// (the same URL with ?format=json, through feed.js), writes the figures into the
+// page and adds a point to the chart of tokens in flight against capacity. Without
+// Chart.js (window.Chart missing) only the tables refresh.
 (function () {
   "use strict";
 
@@ -15,17 +13,11 @@
   var refreshMs = parseInt(root.getAttribute("data-refresh-ms"), 10) || 2000;
   // About ten minutes of points at the default interval.
   var maxPoints = 300;
-  var NONE = "\u2014";
+  var F = window.ConsoleFeed;
+  var pct = F.pct;
+  var ms = F.ms;
+  var plain = F.plain;
 
-  function pct(value) {
-    return value === null || value === undefined ? NONE : (value * 100).toFixed(1) + "%";
-  }
-  function ms(value) {
-    return value === null || value === undefined ? NONE : value.toFixed(0) + " ms";
-  }
-  function plain(value) {
-    return value === null || value === undefined || value === "" ? NONE : String(value);
-  }
   var FORMATS = {
     utilisation: pct,
     autoscaler_utilisation: pct,
@@ -139,32 +131,12 @@
     chart.update();
   }
 
-  function refresh() {
-    fetch(feedUrl, { credentials: "same-origin", headers: { Accept: "application/json" } })
-      .then(function (response) {
-        if (!response.ok) {
-          throw new Error("the feed answered " + response.status);
-        }
-        return response.json();
-      })
-      .then(function (feed) {
-        writeSummary(feed);
-        writeList(feed.warnings || []);
-        writeReplicas(feed.replicas || []);
-        writeDecisions(feed.decisions || []);
-        plot(feed);
-        root.setAttribute("data-refreshed-at", feed.refreshed_at);
-        root.removeAttribute("data-error");
-      })
-      .catch(function (error) {
-        // Kept on the page for whoever looks; the next tick tries again.
-        root.setAttribute("data-error", String(error));
-      })
-      .finally(function () {
-        window.setTimeout(refresh, refreshMs);
-      });
-  }
-
   // The first reading at once starts the chart; then every refreshMs.
-  refresh();
+  F.poll(root, feedUrl, refreshMs, function (feed) {
+    writeSummary(feed);
+    writeList(feed.warnings || []);
+    writeReplicas(feed.replicas || []);
+    writeDecisions(feed.decisions || []);
+    plot(feed);
+  }, true);
 })();
