@@ -17,7 +17,7 @@ from __future__ import annotations
 import csv
 import io
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -29,6 +29,7 @@ from django.db.models.functions import TruncDay, TruncMonth
 from config.errors import InvalidRequest, NotFound
 from metering.domain.cost import (
     PoolCost,
+    Span,
     TeamTokens,
     TokenWeights,
     VersionCost,
@@ -244,14 +245,19 @@ def _versions(
     }
 
 
-def _pool_costs(period: Period, *, now: datetime) -> list[tuple[PoolCost, bool]]:
+def _pool_costs(
+    period: Period,
+    spans: Sequence[Span],
+    versions: Mapping[tuple[str, str], tuple[int, float, bool]],
+    *,
+    now: datetime,
+) -> list[tuple[PoolCost, bool]]:
     """Return the period's pools priced, each with whether its capacity is assumed
     (no load test measured the version)."""
     hi = min(period.hi, now)
     if hi <= period.lo:
         return []
-    times = pool_times(spans_between(period.lo, hi), start=period.lo, end=hi)
-    versions = _versions((t.model, t.version) for t in times)
+    times = pool_times(spans, start=period.lo, end=hi)
     default = settings.PLATFORM_GPU_HOUR_USD
     by_region = settings.PLATFORM_GPU_HOUR_USD_BY_REGION
     costs = []
@@ -298,10 +304,13 @@ def usage_report(query: ReportQuery, *, now: datetime) -> Report:
     weights = token_weights()
     report = Report(query=query, weights=weights)
     usage = _usage_by_version(query)
+    # The whole window's history at once (two queries), then each period's part.
+    spans = spans_between(query.start, min(query.end, now))
+    versions = _versions((s.model, s.version) for s in spans)
     for period in periods(query.start, query.end, query.group_by):
         priced = [
             (p, assumed)
-            for p, assumed in _pool_costs(period, now=now)
+            for p, assumed in _pool_costs(period, spans, versions, now=now)
             if query.model is None or p.time.model == query.model
         ]
         counted = usage.get(period.label, [])
