@@ -16,6 +16,15 @@ from engine_nodes.domain.liveness import ReplicaState
 from metering.spans import SpanStart, close_spans, record_moves
 
 
+def is_silent_since(cutoff: datetime) -> Q:
+    """The condition of a replica whose last heartbeat is before ``cutoff``; one
+    that never beat is judged by when it was created (the reaper's rule, and the
+    silent replicas Prometheus counts)."""
+    return Q(last_heartbeat__lt=cutoff) | Q(
+        last_heartbeat__isnull=True, created_at__lt=cutoff
+    )
+
+
 class ReplicaQuerySet(models.QuerySet["Replica"]):
     """Queries over replicas; a state change is written to the state history
     (``metering.models.ReplicaSpan``) in the same transaction, and a deletion ends
@@ -29,6 +38,10 @@ class ReplicaQuerySet(models.QuerySet["Replica"]):
         """Return replicas that have not been marked gone."""
         return self.exclude(state=ReplicaState.GONE.value)
 
+    def silent(self, cutoff: datetime) -> ReplicaQuerySet:
+        """Return replicas silent since ``cutoff`` (``is_silent_since``)."""
+        return self.filter(is_silent_since(cutoff))
+
     def update(self, **kwargs: Any) -> int:
         if "state" not in kwargs:
             return super().update(**kwargs)
@@ -37,11 +50,13 @@ class ReplicaQuerySet(models.QuerySet["Replica"]):
             # Locked, so the states read are the states the update replaces.
             before = list(
                 self.select_for_update().values_list(
-                    "replica_id", "state", "version_id"
+                    "replica_id", "state", "version_id", "region"
                 )
             )
             updated = super().update(**kwargs)
-            moved = [(pk, version_id) for pk, old, version_id in before if old != state]
+            moved = [
+                (pk, vid, region) for pk, old, vid, region in before if old != state
+            ]
             if moved:
                 record_moves(_moves(moved, state), at=timezone.now())
         return updated
@@ -59,30 +74,26 @@ def _start_of(replica: Replica) -> SpanStart:
     )
 
 
-def _moves(moved: list[tuple[str, int]], state: str) -> list[SpanStart]:
+def _moves(moved: list[tuple[str, int, str]], state: str) -> list[SpanStart]:
+    """Return the spans that replicas ``(id, version id, region)`` now begin."""
     from models_registry.models import ModelVersion
 
     versions = {
         v.pk: v
-        for v in ModelVersion.objects.filter(pk__in={vid for _, vid in moved}).only(
+        for v in ModelVersion.objects.filter(pk__in={vid for _, vid, _ in moved}).only(
             "model_id", "version", "gpus_per_replica"
         )
     }
-    rows = dict(
-        Replica.objects.filter(pk__in=[pk for pk, _ in moved]).values_list(
-            "replica_id", "region"
-        )
-    )
     return [
         SpanStart(
             replica_id=pk,
             model=versions[vid].model_id,
             version=versions[vid].version,
-            region=rows.get(pk, ""),
+            region=region,
             gpus=versions[vid].gpus_per_replica,
             state=state,
         )
-        for pk, vid in moved
+        for pk, vid, region in moved
     ]
 
 

@@ -14,13 +14,15 @@ from collections import defaultdict
 from datetime import datetime
 
 from django.conf import settings
+from django.db.models import Count
 from django.utils import timezone
 
 from engine_nodes.domain.liveness import silence_cutoff
-from engine_nodes.models import Replica
+from engine_nodes.models import Replica, is_silent_since
 from metering.domain.cost import (
     gpu_hour_usd_for,
     gpu_usd_per_hour,
+    replica_tokens_per_s,
     usd_per_million_at_full,
 )
 from metering.metrics import PoolCostFigures
@@ -52,26 +54,27 @@ def pool_cost_figures(
         now, settings.PLATFORM_HEARTBEAT_DB_S, settings.PLATFORM_MISSED_BEATS
     )
     pools = list(Pool.objects.filter(region=region).select_related("version"))
-    replicas = (
+    counts = (
         Replica.objects.live()
         .filter(region=region, version_id__in=[p.version_id for p in pools])
-        .values_list("version_id", "last_heartbeat", "created_at")
+        .values("version_id")
+        .annotate(held=Count("pk"), silent=Count("pk", filter=is_silent_since(cutoff)))
+        .order_by()
     )
     held: dict[int, int] = defaultdict(int)
     silent: dict[int, int] = defaultdict(int)
-    for version_id, last_heartbeat, created_at in replicas:
-        held[version_id] += 1
-        if (last_heartbeat or created_at) < cutoff:
-            silent[version_id] += 1
+    for row in counts:
+        held[row["version_id"]] = row["held"]
+        silent[row["version_id"]] = row["silent"]
     figures = []
     for pool in pools:
         version = pool.version
         gpus = held[pool.version_id] * version.gpus_per_replica
-        # Until a load test measures the version, the cost model's assumed rate
-        # (as the finance reports price it; platform_pool_capacity_assumed says
-        # so). A measured 0 is no measurement, as the autoscaler reads it.
-        tokens_per_s = (
-            version.load_test_tokens_per_s or settings.PLATFORM_ASSUMED_TOKENS_PER_S
+        # Until a load test measures the version, the cost model's assumed rate,
+        # as the finance reports price it (platform_pool_capacity_assumed says so).
+        tokens_per_s, _ = replica_tokens_per_s(
+            version.load_test_tokens_per_s,
+            assumed=settings.PLATFORM_ASSUMED_TOKENS_PER_S,
         )
         figures.append(
             PoolCostFigures(

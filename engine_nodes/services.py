@@ -10,7 +10,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Prefetch, Q, Sum
+from django.db.models import Prefetch, Sum
 from django.utils import timezone
 
 from engine_nodes.actuators import KubernetesActuator
@@ -46,10 +46,7 @@ def reap_silent_replicas(*, now: datetime) -> list[str]:
     cutoff = silence_cutoff(
         now, settings.PLATFORM_HEARTBEAT_DB_S, settings.PLATFORM_MISSED_BEATS
     )
-    silent = Replica.objects.live().filter(
-        Q(last_heartbeat__lt=cutoff)
-        | Q(last_heartbeat__isnull=True, created_at__lt=cutoff)
-    )
+    silent = Replica.objects.live().silent(cutoff)
     reaped = []
     for replica_id in list(silent.values_list("replica_id", flat=True)):
         updated = silent.filter(replica_id=replica_id).update(state=ReplicaState.GONE)

@@ -36,6 +36,7 @@ from metering.domain.cost import (
     allocate,
     gpu_hour_usd_for,
     pool_times,
+    replica_tokens_per_s,
 )
 from metering.domain.periods import GROUP_BYS, Period, parse_instant, periods
 from metering.models import Usage
@@ -239,7 +240,7 @@ def _versions(
     ).values_list("model_id", "version", "gpus_per_replica", "load_test_tokens_per_s")
     assumed = settings.PLATFORM_ASSUMED_TOKENS_PER_S
     return {
-        (model, version): (gpus, measured or assumed, not measured)
+        (model, version): (gpus, *replica_tokens_per_s(measured, assumed=assumed))
         for model, version, gpus, measured in rows
         if (model, version) in wanted
     }

@@ -3,7 +3,7 @@
 Public surface: ``TokenWeights``, ``PoolTime``, ``TeamTokens``, ``PoolCost``,
 ``TeamCost``, ``VersionCost``, ``allocate``, ``usd_per_million_at_full``,
 ``usd_per_million``, ``gpu_usd_per_hour``, ``gpu_hour_usd_for``, ``Span``,
-``pool_times``.
+``pool_times``, ``replica_tokens_per_s``.
 
 A pool's cost is its GPU-hours times the GPU-hour price of its region: every second
 a replica holds its GPUs counts (starting, loading, serving, stalled, draining),
@@ -46,6 +46,7 @@ __all__ = [
     "gpu_hour_usd_for",
     "gpu_usd_per_hour",
     "pool_times",
+    "replica_tokens_per_s",
     "usd_per_million",
     "usd_per_million_at_full",
 ]
@@ -103,6 +104,15 @@ def gpu_hour_usd_for(
 def gpu_usd_per_hour(*, gpus: int, gpu_hour_usd: float) -> float:
     """Return what ``gpus`` GPUs cost per hour."""
     return gpus * gpu_hour_usd
+
+
+def replica_tokens_per_s(
+    measured: float | None, *, assumed: float
+) -> tuple[float, bool]:
+    """Return one replica's output tokens per second, and whether it is ``assumed``
+    (no load test measured the version; a measured 0 is no measurement, as the
+    autoscaler reads it)."""
+    return (measured, False) if measured else (assumed, True)
 
 
 def usd_per_million_at_full(

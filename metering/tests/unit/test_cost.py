@@ -15,6 +15,7 @@ from metering.domain.cost import (
     allocate,
     gpu_hour_usd_for,
     pool_times,
+    replica_tokens_per_s,
     usd_per_million_at_full,
 )
 
@@ -190,3 +191,10 @@ def test_weights_refuse_nonsense() -> None:
         TokenWeights(output=0.0)
     with pytest.raises(ValueError):
         TokenWeights(prompt=-1.0)
+
+
+def test_a_replica_without_a_measurement_is_assumed() -> None:
+    assert replica_tokens_per_s(1800.0, assumed=2500.0) == (1800.0, False)
+    assert replica_tokens_per_s(None, assumed=2500.0) == (2500.0, True)
+    # A measured 0 is no measurement, as the autoscaler reads it.
+    assert replica_tokens_per_s(0.0, assumed=2500.0) == (2500.0, True)
