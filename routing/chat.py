@@ -37,8 +37,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-import aiohttp
-
 from config.asgi_io import Send
 from metering import metrics
 from metering.domain.figures import Role, VersionFigures, one_request
@@ -58,6 +56,7 @@ from routing.domain.sticky import (
     routable_versions,
     stick,
 )
+from routing.engine_http import EngineResponse
 from routing.live import AttemptLoad, LiveLoad
 from routing.plan import ChatPlan, GatewaySettings, payload_for
 from routing.relay import Relay, UpstreamFailed
@@ -489,17 +488,17 @@ class ChatService:
                 stream=plan.stream,
             )
 
-        response: aiohttp.ClientResponse | None = None
+        response: EngineResponse | None = None
         # The first token's deadline, from now (connect and headers included).
         first_token = asyncio.timeout(self.settings.first_token_timeout_s)
 
         async def start(answer_id: str) -> None:
             # First, before any await: past here the deadline can no longer
             # cancel an answer that has begun. From now on the replica may stay
-            # silent for inter_token_timeout_s between reads (aiohttp's timer).
+            # silent for inter_token_timeout_s between reads (the engine client).
             first_token.reschedule(None)
             if response is not None:
-                self.upstream.expect_tokens(response)
+                response.expect_tokens()
             if plan.stream:
                 await send(
                     {
@@ -533,7 +532,7 @@ class ChatService:
                     # _attempt), which cost about 10% of the relay's CPU per token.
                     # Cancelling this task (the deadline, a client that left)
                     # cancels it.
-                    is_done = await asyncio.ensure_future(relay.run(response.content))
+                    is_done = await asyncio.ensure_future(relay.run(response))
             except TimeoutError:
                 if not first_token.expired():
                     raise
@@ -584,7 +583,7 @@ class ChatService:
                 response.release() if is_done else response.close()
             load.drop()
 
-    async def _open(self, url: str, payload: bytes) -> aiohttp.ClientResponse:
+    async def _open(self, url: str, payload: bytes) -> EngineResponse:
         """Send the request to a replica; return its 200 response, body unread.
 
         Raises:
@@ -593,8 +592,8 @@ class ChatService:
             GatewayError: a 4xx the client's request caused, in OpenAI's shape.
         """
         try:
-            response = await self.upstream.chat(url, payload)
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            response = await self.upstream.stream(url, payload)
+        except (TimeoutError, OSError) as exc:
             raise UpstreamFailed(type(exc).__name__) from None
         if response.status == 200:
             return response
@@ -607,7 +606,11 @@ class ChatService:
                 raise UpstreamFailed(
                     f"HTTP {response.status}: the replica refused the engine API key"
                 )
-            raise upstream_client_error(response.status, await response.read())
+            try:
+                body = await response.read()
+            except (TimeoutError, OSError) as exc:
+                raise UpstreamFailed(type(exc).__name__) from None
+            raise upstream_client_error(response.status, body)
         finally:
             response.close()
 

@@ -31,6 +31,7 @@ one local check per chunk.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -70,11 +71,67 @@ class UpstreamFailed(Exception):
 
 
 class ChunkReader(Protocol):
-    """Where the engine's bytes come from (aiohttp's ``StreamReader``)."""
+    """Where the engine's bytes come from (``routing.engine_http.EngineResponse``).
+
+    A reader that also has ``stream_to(sink)`` and ``pause_reading`` /
+    ``resume_reading`` is streamed by push once the answer has begun (below).
+    """
 
     async def readany(self) -> bytes:
         """Return the next bytes that arrived; b"" once the stream has ended."""
         ...
+
+
+class _Resumed:
+    """Await the rest of a coroutine that was stepped once and suspended."""
+
+    __slots__ = ("coro", "yielded")
+
+    def __init__(self, coro: Any, yielded: Any) -> None:
+        self.coro = coro
+        self.yielded = yielded
+
+    def __await__(self) -> Any:
+        coro, value = self.coro, self.yielded
+        while True:
+            try:
+                sent = yield value
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:  # a cancellation, passed on
+                try:
+                    value = coro.throw(exc)
+                except StopIteration as stop:
+                    return stop.value
+            else:
+                try:
+                    value = coro.send(sent)
+                except StopIteration as stop:
+                    return stop.value
+
+
+async def _finish(coro: Any, yielded: Any) -> None:
+    await _Resumed(coro, yielded)
+
+
+def send_now(send: Send, message: dict[str, Any]) -> asyncio.Task[None] | None:
+    """Run ``send(message)`` to its end now if it does not wait; None then.
+
+    An ASGI server's ``send`` waits only when the client's socket is full; until
+    then it is a plain function call in coroutine's clothing, and stepping it once
+    saves a task wake-up per event. When it does wait, the rest runs as a task,
+    which is returned.
+
+    Raises:
+        Exception: what ``send`` raised before it waited.
+    """
+    coro: Any = send(message)
+    try:
+        yielded = coro.send(None)
+    except StopIteration:
+        return None
+    return asyncio.ensure_future(_finish(coro, yielded))
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,8 +167,13 @@ class Relay:
         "_logprobs",
         "_on_first",
         "_on_tokens",
+        "_pending",
+        "_reader",
+        "_rest",
         "_send",
+        "_send_failed",
         "_stream",
+        "_unshrunk",
         "answer_id",
         "events",
         "finish_reason",
@@ -140,6 +202,11 @@ class Relay:
         # The first HEAD_BYTES of the content events, kept only when asked.
         self._head: bytearray | None = bytearray() if capture_head else None
         self.answer_id = request_id
+        self._unshrunk = 0  # events not yet reported to on_tokens
+        self._rest = b""  # the start of a cut event, until its end arrives
+        self._reader: Any = None  # the reader streamed by push, once begun
+        self._pending: asyncio.Task[None] | None = None  # a push send that waits
+        self._send_failed = False
         self.events = 0
         self.first_token_at: float | None = None
         self.usage: dict[str, Any] | None = None
@@ -178,9 +245,6 @@ class Relay:
         send = self._send
         started = False
         fast = False  # streaming, past the first event: forward bytes as they come
-        unshrunk = 0  # events not yet reported to on_tokens
-        buffer = b""
-        head = self._head  # None unless capturing: one local check per chunk
         while True:
             try:
                 chunk = await reader.readany()
@@ -190,10 +254,11 @@ class Relay:
                 # The engine went away before [DONE].
                 if not started:
                     raise UpstreamFailed("connection closed before the first token")
+                await self._wait_pending()
                 return False
-            if buffer:
-                chunk = buffer + chunk
-                buffer = b""
+            if self._rest:
+                chunk = self._rest + chunk
+                self._rest = b""
             if (
                 fast
                 and chunk.endswith(EVENT_END)
@@ -201,24 +266,17 @@ class Relay:
             ):
                 # The common case: whole token events only. Forward the bytes as
                 # they came, counting events, without splitting or copying them.
-                self.events += events
-                unshrunk += events
-                if unshrunk >= _SHRINK_EVERY:
-                    self._on_tokens(unshrunk)
-                    unshrunk = 0
-                if head is not None:
-                    head += chunk[: HEAD_BYTES - len(head)]
-                    if len(head) >= HEAD_BYTES:
-                        head = None
+                self._count(chunk, events)
+                await self._wait_pending()
                 await send(
                     {"type": "http.response.body", "body": chunk, "more_body": True}
                 )
                 continue
             end = chunk.rfind(EVENT_END)
             if end < 0:
-                buffer = chunk
+                self._rest = chunk
                 continue
-            complete, buffer = chunk[: end + 2], chunk[end + 2 :]
+            complete, self._rest = chunk[: end + 2], chunk[end + 2 :]
             out = []
             done = False
             for event in complete.split(EVENT_END):
@@ -233,6 +291,7 @@ class Relay:
                 if event.startswith(b'data: {"error"'):
                     if not started:
                         raise UpstreamFailed("error event before the first token")
+                    await self._wait_pending()
                     return False
                 out.append(event)
             if out:
@@ -247,19 +306,82 @@ class Relay:
                 self._on_tokens(len(out))
                 if self._stream:
                     body = EVENT_END.join(out) + EVENT_END
-                    if head is not None:
-                        head += body[: HEAD_BYTES - len(head)]
-                        if len(head) >= HEAD_BYTES:
-                            head = None
+                    self._keep_head(body)
+                    await self._wait_pending()
                     await send(
                         {"type": "http.response.body", "body": body, "more_body": True}
                     )
+                    if self._reader is None and hasattr(reader, "stream_to"):
+                        # From here on, reads of whole token events are sent from
+                        # the reader's side (``_push``), without waking this task.
+                        self._reader = reader
+                        reader.stream_to(self._push)
                 else:
                     self._collect(out)
             if done:
                 if not started:
                     raise UpstreamFailed("no tokens before [DONE]")
+                await self._wait_pending()
                 return True
+
+    def _push(self, chunk: bytes) -> bool:
+        """Forward one read of whole token events from the reader's side, now;
+        False leaves anything else (and everything while a send waits) to ``run``.
+
+        A send that has to wait (the client's socket is full) pauses reading the
+        replica until it is done: the replica's stream waits with the client.
+        """
+        if (
+            self._pending is not None
+            or self._rest
+            or self._send_failed
+            or not chunk.endswith(EVENT_END)
+            or (events := chunk.count(EVENT_END)) != chunk.count(_CONTENT_MARK)
+        ):
+            return False
+        try:
+            pending = send_now(
+                self._send,
+                {"type": "http.response.body", "body": chunk, "more_body": True},
+            )
+        except Exception:
+            # Not sent: ``run`` sends it again, and meets the error itself.
+            self._send_failed = True
+            return False
+        self._count(chunk, events)
+        if pending is not None:
+            self._pending = pending
+            reader = self._reader
+            reader.pause_reading()
+            pending.add_done_callback(self._pending_done)
+        return True
+
+    def _pending_done(self, task: asyncio.Task[None]) -> None:
+        self._pending = None
+        if task.cancelled() or task.exception() is not None:
+            self._send_failed = True
+        self._reader.resume_reading()
+
+    async def _wait_pending(self) -> None:
+        """Let a push send that waits finish first: events stay in order."""
+        pending = self._pending
+        if pending is not None:
+            await asyncio.wait((pending,))
+
+    def _count(self, chunk: bytes, events: int) -> None:
+        """Count forwarded token events, report them every few, keep the head."""
+        self.events += events
+        self._unshrunk += events
+        if self._unshrunk >= _SHRINK_EVERY:
+            self._on_tokens(self._unshrunk)
+            self._unshrunk = 0
+        if self._head is not None:
+            self._keep_head(chunk)
+
+    def _keep_head(self, body: bytes) -> None:
+        head = self._head
+        if head is not None and len(head) < HEAD_BYTES:
+            head += body[: HEAD_BYTES - len(head)]
 
     def _collect(self, events: list[bytes]) -> None:
         """Gather a non-streaming answer's text and log probabilities from the

@@ -2,8 +2,10 @@
 
 Public surface: ``Upstream``.
 
-One aiohttp ``ClientSession`` per gateway process, opened at start and closed at
-stop, with no connection limit (every stream holds one connection) and a connect
+The token stream of a chat answer goes over ``routing.engine_http`` (an
+``EngineClient``: kept-alive connections that push each read to the relay, see
+there); the rest (``/tokenize``, shadow copies) over one aiohttp ``ClientSession``
+per gateway process, opened at start and closed at stop, with no connection limit (every stream holds one connection) and a connect
 timeout (a replica that does not accept in time is failed over before the first
 token). The engine API key, when one is set, is sent with every request; an
 engine that refuses it is the platform's failure, not the client's.
@@ -20,6 +22,8 @@ What this costs per chunk is aiohttp re-arming its one timer on each arrival (ab
 from __future__ import annotations
 
 import aiohttp
+
+from routing.engine_http import EngineClient, EngineResponse
 
 __all__ = ["Upstream"]
 
@@ -45,6 +49,12 @@ class Upstream:
         if engine_api_key:
             self.headers["authorization"] = f"Bearer {engine_api_key}"
         self._session: aiohttp.ClientSession | None = None
+        self.engine = EngineClient(
+            connect_timeout_s=connect_timeout_s,
+            first_token_timeout_s=first_token_timeout_s,
+            inter_token_timeout_s=inter_token_timeout_s,
+            engine_api_key=engine_api_key,
+        )
 
     @property
     def is_open(self) -> bool:
@@ -74,12 +84,23 @@ class Upstream:
             timeout=self._timeout,
             auto_decompress=False,
         )
+        await self.engine.open()
 
     async def close(self) -> None:
         """Close the session and its connections."""
         if self._session is not None:
             await self._session.close()
             self._session = None
+            await self.engine.close()
+
+    async def stream(self, base_url: str, payload: bytes) -> EngineResponse:
+        """POST ``payload`` to a replica's ``/v1/chat/completions`` over the engine
+        client; return the response once its head arrived.
+
+        Until ``EngineResponse.expect_tokens``, a read fails after
+        ``first_token_timeout_s`` of silence (waiting for the head included).
+        """
+        return await self.engine.post(base_url, "/v1/chat/completions", payload)
 
     async def chat(self, base_url: str, payload: bytes) -> aiohttp.ClientResponse:
         """POST ``payload`` to a replica's ``/v1/chat/completions``; return the
