@@ -1,16 +1,16 @@
 """Start the platform's processes on this machine and wait on them.
 
 Public surface: ``ROOT``, ``wait_until``, ``free_port``, ``Process``, ``spawn``,
-``server_pgid``, ``is_healthy``, ``database_url``, ``gateway_argv``,
+``server_pgid``, ``is_healthy``, ``database_url``, ``SERVERS``, ``gateway_argv``,
 ``start_gateway``, ``start_agent``, ``sim_replica``, ``serving_replicas``.
 
-The gateway (uvicorn on the ASGI app), the node agent (``manage.py engine_agent``)
-and one simulated replica (``python -m engine_nodes.sim``), each in its own
-session so that stopping it stops its children. Used by the live drills
-(``manage.py isolation_test``), the benchmarks and the end-to-end tests; real vLLM
-is ``engine_nodes.local_vllm``. Nothing here sleeps a fixed time to wait for
-something: ``wait_until`` polls a condition against a deadline and fails with a
-message when the deadline passes.
+The gateway (an ASGI server on the ASGI app: uvicorn, daphne or granian), the
+node agent (``manage.py engine_agent``) and one simulated replica
+(``python -m engine_nodes.sim``), each in its own session so that stopping it
+stops its children. Used by the live drills (``manage.py isolation_test``), the
+benchmarks and the end-to-end tests; real vLLM is ``engine_nodes.local_vllm``.
+Nothing here sleeps a fixed time to wait for something: ``wait_until`` polls a
+condition against a deadline and fails with a message when the deadline passes.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import httpx
 
@@ -150,23 +150,67 @@ def spawn(argv: list[str], env: dict[str, str], log_path: Path, url: str) -> Pro
     return Process(popen=popen, url=url, log_path=log_path)
 
 
-def gateway_argv(port: int, *, workers: int = 1) -> list[str]:
-    """Return the command line of a gateway process (uvicorn on the ASGI app)."""
+SERVERS = ("uvicorn", "daphne", "granian")
+_APP = "config.asgi:application"
+
+
+def gateway_argv(
+    port: int,
+    *,
+    workers: int = 1,
+    server: str | None = None,
+    host: str = "127.0.0.1",
+    log_level: Literal["warning", "info"] = "warning",
+) -> list[str]:
+    """Return the command line of a gateway process: an ASGI server on the app.
+
+    ``server`` is one of ``SERVERS``; None reads ``PLATFORM_SERVER`` (default
+    uvicorn), so ``make up``, the end-to-end tests and the benchmarks start the
+    server one setting names (docs/configuration.md, ``PLATFORM_SERVER``).
+    uvicorn and daphne are supported servers; granian is a benchmark lever only
+    (a dev dependency). None writes an access log.
+
+    daphne sends no ASGI lifespan events, so the gateway starts its loops on its
+    first request and never runs ``Gateway.stop`` (no last usage or key-use
+    flush, no leaving the region's live load). It has no ``--workers``: more than
+    one worker under daphne is a ValueError rather than a silent single process.
+    """
+    name = server if server is not None else os.environ.get("PLATFORM_SERVER")
+    name = name or "uvicorn"
+    if name not in SERVERS:
+        raise ValueError(
+            f"unknown gateway server {name!r}: PLATFORM_SERVER is one of "
+            f"{', '.join(SERVERS)}"
+        )
+    if workers < 1:
+        raise ValueError(f"a gateway needs at least one worker, not {workers}")
+    python = [sys.executable, "-m", name]
+    if name == "daphne":
+        if workers > 1:
+            raise ValueError(
+                f"daphne has no --workers and runs one process: it cannot run "
+                f"{workers} gateway workers (run uvicorn, or one daphne per port)"
+            )
+        # Verbosity 0 logs warnings; from 1 (info) daphne writes an access log to
+        # stdout unless --access-log names a file.
+        level = (
+            ["-v", "0"]
+            if log_level == "warning"
+            else ["-v", "1", "--access-log", os.devnull]
+        )
+        return [*python, "-b", host, "-p", str(port), *level, _APP]
+    if name == "granian":
+        # The asgi interface sends lifespan events (asginl would not); the loop is
+        # uvicorn's, so the two compare servers rather than event loops.
+        return [
+            *python, "--interface", "asgi", "--host", host, "--port", str(port),
+            "--workers", str(workers), "--loop", "uvloop",
+            "--no-access-log", "--log-level", log_level, _APP,
+        ]  # fmt: skip
     argv = [
-        sys.executable,
-        "-m",
-        "uvicorn",
-        "config.asgi:application",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--lifespan",
-        "on",
-        "--no-access-log",
-        "--log-level",
-        "warning",
-    ]
+        *python, _APP, "--host", host, "--port", str(port), "--lifespan", "on",
+        "--no-access-log", "--log-level", log_level,
+    ]  # fmt: skip
     if workers > 1:
         argv += ["--workers", str(workers)]
     return argv
@@ -179,16 +223,18 @@ def start_gateway(
     *,
     wait_for_snapshot: bool = True,
     port: int | None = None,
+    server: str | None = None,
 ) -> Process:
     """Start a gateway process and wait until it has a snapshot.
 
     With ``wait_for_snapshot=False``, wait only until it answers ``/healthz`` at all
     (a gateway started with the control plane down answers 503 there). ``port``:
     a restarted gateway takes its old one (a load balancer points there).
+    ``server``: the ASGI server, as ``gateway_argv`` takes it.
     """
     port = port or free_port()
     process = spawn(
-        gateway_argv(port),
+        gateway_argv(port, server=server),
         env,
         tmp / f"{name}-{port}.log",
         f"http://127.0.0.1:{port}",

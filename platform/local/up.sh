@@ -120,6 +120,14 @@ run_in() {
     pids+=($!); echo $! >"$LOCAL/run/$pidname.pid"
     LAST_PID=$!
 }
+# gateway_command PORT: the gateway's command line on $HOST:PORT, one word a line,
+# from engine_nodes.local_processes.gateway_argv (fails on a PLATFORM_SERVER it
+# does not know).
+gateway_command() {
+    $PY -c 'import sys
+from engine_nodes.local_processes import gateway_argv
+print("\n".join(gateway_argv(int(sys.argv[1]), host=sys.argv[2], log_level="info")))' "$1" "$HOST"
+}
 # Names of each region's logs and pid files: server.log as before with one region,
 # server-east.log and so on with two.
 suffix() { if [ "$REGIONS" = 2 ]; then echo "-$1"; fi; }
@@ -145,9 +153,11 @@ for index in "${!REGION_NAMES[@]}"; do
         --gpus "${PLATFORM_NODE_GPUS:-8}" --ports "${REPLICA_PORTS[$index]}" \
         --log-dir "$LOCAL/logs/replicas$sfx"
     AGENT_PIDS[$index]=$LAST_PID
-    run_in "$name" "$index" "server$sfx.log" "server$sfx" \
-        .venv/bin/uvicorn config.asgi:application --host "$HOST" --port "${GATEWAY_PORTS[$index]}" \
-        --no-access-log --log-level info
+    # The ASGI server PLATFORM_SERVER names (uvicorn unless set; daphne is the
+    # other supported one), on the command line the tests and the bench use too.
+    server_words=$(gateway_command "${GATEWAY_PORTS[$index]}")
+    readarray -t server_argv <<<"$server_words"
+    run_in "$name" "$index" "server$sfx.log" "server$sfx" "${server_argv[@]}"
     SERVER_PIDS[$index]=$LAST_PID
 done
 

@@ -8,6 +8,7 @@ import signal
 import stat
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,7 +19,12 @@ import pytest
 from django.utils import timezone
 
 from engine_nodes import services as engine_services
-from engine_nodes.local_processes import free_port, start_gateway, wait_until
+from engine_nodes.local_processes import (
+    free_port,
+    gateway_argv,
+    start_gateway,
+    wait_until,
+)
 from metering.models import Usage
 from rollouts import services as rollouts
 from routing.tests.hostile_bodies import HOSTILE
@@ -58,6 +64,33 @@ def platform(
         yield live
 
 
+# daphne first: pytest stops a module fixture's gateway when the next parameter
+# starts, so the second gateway is gone before the tests that take ``platform``.
+@pytest.fixture(scope="module", params=["daphne", "uvicorn"])
+def served(
+    request: pytest.FixtureRequest,
+    platform: LivePlatform,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[LivePlatform]:
+    """The platform seen through a gateway under each supported ASGI server.
+
+    The streaming tests take this, the others ``platform``: a second gateway on the
+    same replicas costs a few seconds, a second platform a minute. The platform's
+    own gateway serves when it already runs that server (PLATFORM_SERVER unset).
+    """
+    server = request.param
+    port = int(platform.url.rsplit(":", 1)[1])
+    if platform.gateway.popen.args == gateway_argv(port, server=server):
+        yield platform
+        return
+    tmp = tmp_path_factory.mktemp(server)
+    gateway = start_gateway(platform.env, tmp, name=f"gateway-{server}", server=server)
+    try:
+        yield replace(platform, url=gateway.url, gateway=gateway)
+    finally:
+        gateway.stop()
+
+
 @pytest.fixture
 def unblocked(django_db_blocker: DjangoDbBlocker) -> Iterator[None]:
     with django_db_blocker.unblock():
@@ -87,10 +120,10 @@ def chat(
 
 
 def test_stream_ends_with_usage_version_region_and_replica(
-    platform: LivePlatform,
+    served: LivePlatform,
 ) -> None:
     chunks, final = chat(
-        platform, "conv-usage", max_tokens=6, extra_body={"ignore_eos": True}
+        served, "conv-usage", max_tokens=6, extra_body={"ignore_eos": True}
     )
     content = [c for c in chunks if c.choices and c.choices[0].delta.content]
     assert len(content) == 6
@@ -103,11 +136,11 @@ def test_stream_ends_with_usage_version_region_and_replica(
     assert final["replica_id"].startswith("chat-7b-v1-e2e-")
 
 
-def test_response_headers_and_raw_stream_end(platform: LivePlatform) -> None:
+def test_response_headers_and_raw_stream_end(served: LivePlatform) -> None:
     with httpx.stream(
         "POST",
-        f"{platform.url}/v1/chat/completions",
-        headers={"Authorization": f"Bearer {platform.keys['alpha']}"},
+        f"{served.url}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {served.keys['alpha']}"},
         json={
             "model": "chat-7b",
             "messages": [{"role": "user", "content": "x"}],
@@ -243,13 +276,13 @@ def test_hostile_bodies_get_openai_400s_naming_the_param(
     assert (error["type"], error["param"]) == ("invalid_request_error", param)
 
 
-def test_every_chunk_of_a_stream_has_the_engines_id(platform: LivePlatform) -> None:
-    chunks, _ = chat(platform, "conv-ids", max_tokens=3)
+def test_every_chunk_of_a_stream_has_the_engines_id(served: LivePlatform) -> None:
+    chunks, _ = chat(served, "conv-ids", max_tokens=3)
     assert len({chunk.id for chunk in chunks}) == 1
     with httpx.stream(
         "POST",
-        f"{platform.url}/v1/chat/completions",
-        headers={"Authorization": f"Bearer {platform.keys['alpha']}"},
+        f"{served.url}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {served.keys['alpha']}"},
         json={
             "model": "chat-7b",
             "messages": [{"role": "user", "content": "x"}],
@@ -264,17 +297,17 @@ def test_every_chunk_of_a_stream_has_the_engines_id(platform: LivePlatform) -> N
 
 
 def test_stream_without_include_usage_sends_no_usage_yet_is_metered(
-    platform: LivePlatform, unblocked: None
+    served: LivePlatform, unblocked: None
 ) -> None:
     def output_tokens() -> int:
-        flush_usage(platform)
+        flush_usage(served)
         rows = Usage.objects.filter(team_id="beta").values_list(
             "output_tokens", flat=True
         )
         return sum(rows)
 
     before = output_tokens()
-    stream = platform.client("beta").chat.completions.create(
+    stream = served.client("beta").chat.completions.create(
         model="chat-7b",
         messages=[{"role": "user", "content": "hello"}],
         max_tokens=7,
