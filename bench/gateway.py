@@ -1,4 +1,4 @@
-"""Benchmark the gateway's token relay against a bare relay and the upstream itself.
+"""Benchmark the gateway's token relay against a bare relay, peer gateways and the upstream.
 
 In one run, against the same fake upstream (``bench/fake_upstream.py``: vLLM-shaped
 SSE, 300 tokens at 30 tokens/s), for each concurrency level, interleaved:
@@ -12,8 +12,14 @@ SSE, 300 tokens at 30 tokens/s), for each concurrency level, interleaved:
    upstream processes; a thread publishes the replicas' Redis beats every second.
    Worker counts above 1 (``--gateway-workers``) run at levels of at least
    ``--multi-worker-min-level``.
-
-4. **baseline** (with ``--baseline-tree PATH``): the gateway again, run from another
+4. **smg**, **litellm**: the gateways teams would pick instead (``bench/peers.py``:
+   SMG's Rust router and the LiteLLM proxy, each installed into its own venv under
+   ``.local/peers/`` on first use and skipped with a message when that fails), in
+   front of the same upstreams, pinned and counted as the relays are. LiteLLM runs
+   only at levels up to ``--litellm-max-level`` (100): it cannot carry more.
+5. **server variants**, ``gateway@daphne``, ``gateway@granian``, ``bare@daphne``,
+   ``bare@granian``: the same app under another ASGI server (one worker).
+6. **baseline** (with ``--baseline-tree PATH``): the gateway again, run from another
    checkout (say, the code before a change), against the same database and Redis,
    so that before and after are measured side by side in one run.
 
@@ -21,22 +27,30 @@ Per run: events/s, tokens/s, TTFT and gap percentiles (between content events),
 errors (from the load generator, over a window after one stream length of
 ramp-up), and the relay's CPU (utime + stime of the process and its children from
 /proc over the window) per 10,000 relayed events, per 10,000 relayed tokens and per
-request. ``--tokens-per-event 1,4`` repeats everything with the upstream putting
-up to N tokens in one SSE event (as vLLM does under load), restarted on the same
-ports for each N. By default the relay is pinned to CPU 0 and the upstream and
-load generator to CPU 1 (``--pin none`` turns this off; multi-worker gateways get
-both CPUs). Every process started is stopped and the database dropped on exit,
-Ctrl-C included. Run from the repository root:
+request. The summary gives, per level, the one-worker gateway's CPU as a ratio of
+each other target's ("gateway / X") and judges the issue's targets (``checks``).
+``--per-request`` measures the fixed cost of a request instead (50 users, 2-token
+answers, the upstream at 1,000 tokens/s; bare, gateway, smg, litellm) and judges the
+gateway's CPU per request against SMG's. ``--tokens-per-event 1,4`` repeats
+everything with the upstream putting up to N tokens in one SSE event (as vLLM does
+under load), restarted on the same ports for each N. By default the relay is pinned
+to CPU 0 and the upstream and load generator to CPU 1 (``--pin none`` turns this
+off; multi-worker gateways get both CPUs). Every process started is stopped and the
+database dropped on exit, Ctrl-C included. Run from the repository root:
 
     .venv/bin/python bench/gateway.py --out bench/results/gateway.json \
         [--levels 100,500,1000] [--duration-s 20] [--repeat 1] [--profile] \
+        [--targets direct,bare,gateway,gateway@daphne,smg,litellm] \
         [--tokens-per-event 1,4] [--baseline-tree /tmp/before]
+    .venv/bin/python bench/gateway.py --per-request \
+        --out bench/results/gateway_per_request.json
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -56,7 +70,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine_nodes.local_processes import free_port, gateway_argv  # noqa: E402
+from bench import peers  # noqa: E402
+from engine_nodes.local_processes import SERVERS, free_port, gateway_argv  # noqa: E402
 
 BENCH = ROOT / "bench"
 LOG_DIR = ROOT / ".local" / "bench-gateway"
@@ -70,6 +85,29 @@ TARGETS = {
     "gateway_cpu_ratio_max": 1.3,
     "added_ttft_p99_ms_at_100": 25.0,
     "gap_p99_ms_at_1000": 66.0,
+    # Issue 20: the one-worker gateway (uvicorn) against SMG in the same run.
+    "cpu_per_token_over_smg_max": 1.0,
+    "nominal_share_at_1000": 0.97,
+    "cpu_per_request_over_smg_max": 1.5,
+}
+# The two kinds of run: streams (the relay's cost per token) and --per-request (its
+# fixed cost per request: 2-token answers from an upstream at 1,000 tokens/s, so
+# that a request is almost all auth, admission, routing and metering).
+MODE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "streams": {
+        "levels": "100,500,1000",
+        "targets": "direct,bare,gateway,gateway@daphne,smg,litellm",
+        "max_tokens": 300,
+        "rate": 30.0,
+        "ramp_s": 10.0,
+    },
+    "per_request": {
+        "levels": "50",
+        "targets": "bare,gateway,smg,litellm",
+        "max_tokens": 2,
+        "rate": 1000.0,
+        "ramp_s": 1.0,
+    },
 }
 
 # -- processes ------------------------------------------------------------------------------
@@ -384,6 +422,65 @@ class Platform:
             self.created = False
 
 
+# -- targets --------------------------------------------------------------------------------
+
+
+def split_target(target: str) -> tuple[str, str]:
+    """``gateway@daphne`` -> ``("gateway", "daphne")``; without ``@``, uvicorn."""
+    base, _, server = target.partition("@")
+    return base, server or "uvicorn"
+
+
+def is_gateway(target: str) -> bool:
+    """True for the gateway and the baseline, under any server."""
+    return split_target(target)[0] in GATEWAYS
+
+
+def target_error(target: str) -> str | None:
+    """Why ``target`` is not one this bench can run, or None."""
+    base, server = split_target(target)
+    if base in peers.PEERS or base == "direct":
+        return f"{target}: {base} has no server variants" if "@" in target else None
+    if base not in GATEWAYS and base.split("+")[0] != "bare":
+        return f"unknown target {target!r}"
+    if server not in SERVERS:
+        return f"{target}: unknown server {server!r} (one of {', '.join(SERVERS)})"
+    return None
+
+
+def bare_argv(port: int, server: str = "uvicorn") -> list[str]:
+    """The bare relay under ``server``, configured as ``gateway_argv`` configures
+    the gateway under it, but with no lifespan (the relay has no startup work)."""
+    app = "bench.bare_relay:application"
+    host = "127.0.0.1"
+    if server == "daphne":
+        # daphne sends no lifespan events; -v 0: no access log.
+        return [PY, "-m", "daphne", "-b", host, "-p", str(port), "-v", "0", app]
+    if server == "granian":
+        # asginl: the ASGI interface without lifespan events.
+        return [
+            PY, "-m", "granian",
+            "--interface", "asginl",
+            "--host", host, "--port", str(port),
+            "--workers", "1",
+            "--loop", "uvloop",
+            "--no-access-log",
+            "--log-level", "warning",
+            app,
+        ]  # fmt: skip
+    if server != "uvicorn":
+        raise ValueError(f"unknown server {server!r}")
+    return [
+        PY, "-m", "uvicorn", app,
+        "--host", host, "--port", str(port),
+        "--loop", "uvloop",
+        "--http", "httptools",
+        "--no-access-log",
+        "--log-level", "warning",
+        "--lifespan", "off",
+    ]  # fmt: skip
+
+
 # -- one run ----------------------------------------------------------------------------------
 
 
@@ -442,31 +539,14 @@ class Bench:
 
     def start_bare(self, target: str) -> tuple[subprocess.Popen[bytes], str]:
         port = free_port()
+        base, server = split_target(target)
         env = dict(os.environ)
         env["BARE_RELAY_UPSTREAMS"] = ",".join(self.upstream_urls())
         # "bare+race+parse": the bare relay with pieces of the gateway's loop.
-        env["BARE_RELAY_MODE"] = ",".join(target.split("+")[1:])
+        env["BARE_RELAY_MODE"] = ",".join(base.split("+")[1:])
         popen = self.procs.start(
             target,
-            [
-                PY,
-                "-m",
-                "uvicorn",
-                "bench.bare_relay:application",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--loop",
-                "uvloop",
-                "--http",
-                "httptools",
-                "--no-access-log",
-                "--log-level",
-                "warning",
-                "--lifespan",
-                "off",
-            ],
+            bare_argv(port, server),
             env=env,
             cpus=self.relay_cpus,
             nice=self.nice,
@@ -476,11 +556,32 @@ class Bench:
         self._probe(url, popen, successes=3)
         return popen, url
 
+    def start_peer(self, name: str) -> tuple[subprocess.Popen[bytes], str, str]:
+        """Start a peer gateway; return it, its URL and the key to send it."""
+        port = free_port()
+        start = peers.launch(name, port, self.upstream_urls())
+        popen = self.procs.start(
+            name,
+            start.argv,
+            env=start.env,
+            cpus=self.relay_cpus,
+            nice=self.nice,
+            cwd=start.cwd,
+        )
+        url = f"http://127.0.0.1:{port}"
+        # LiteLLM imports for half a minute on a loaded core.
+        wait_for(lambda: http(start.health_url)[0] == 200, 180, name, popen)
+        self._probe(url, popen, successes=3, key=start.key)
+        return popen, url, start.key
+
     def start_gateway(
         self, workers: int, target: str = "gateway"
     ) -> tuple[subprocess.Popen[bytes], str]:
         port = free_port()
-        argv = gateway_argv(port, workers=workers)
+        base, server = split_target(target)
+        # The server named, never PLATFORM_SERVER from the caller's shell: plain
+        # "gateway" is uvicorn, the issue's reference.
+        argv = gateway_argv(port, workers=workers, server=server)
         popen = self.procs.start(
             f"{target}-w{workers}",
             argv,
@@ -489,7 +590,7 @@ class Bench:
             nice=self.nice,
             # The baseline's code comes from its own tree (python -m puts the
             # working directory first on sys.path).
-            cwd=self.args.baseline_tree if target == "baseline" else ROOT,
+            cwd=self.args.baseline_tree if base == "baseline" else ROOT,
         )
         url = f"http://127.0.0.1:{port}"
         wait_for(lambda: http(f"{url}/healthz")[0] == 200, 90, "the gateway", popen)
@@ -497,7 +598,13 @@ class Bench:
         self._probe(url, popen, successes=4 * workers)
         return popen, url
 
-    def _probe(self, url: str, popen: subprocess.Popen[bytes], successes: int) -> None:
+    def _probe(
+        self,
+        url: str,
+        popen: subprocess.Popen[bytes],
+        successes: int,
+        key: str | None = None,
+    ) -> None:
         body = {
             "model": MODEL,
             "messages": [{"role": "user", "content": "ping"}],
@@ -512,7 +619,12 @@ class Bench:
                 raise RuntimeError(f"relay at {url} exited ({popen.returncode})")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"relay at {url} never served: {last!r}")
-            last = http(f"{url}/v1/chat/completions", body, self.platform.key, 10)
+            last = http(
+                f"{url}/v1/chat/completions",
+                body,
+                self.platform.key if key is None else key,
+                10,
+            )
             if last[0] == 200 and b"[DONE]" in last[1]:
                 streak += 1
             else:
@@ -524,7 +636,7 @@ class Bench:
     def run(self, level: int, target: str, workers: int, repeat: int) -> dict[str, Any]:
         args = self.args
         busy_before = wait_idle(args.idle_wait_s, args.idle_threshold)
-        gateway_like = target in GATEWAYS
+        gateway_like = is_gateway(target)
         log_name: str | None = None
         if target != "direct":
             log_name = f"{target}-w{workers}" if gateway_like else target
@@ -532,9 +644,13 @@ class Bench:
         log_from = log_path.stat().st_size if log_path and log_path.exists() else 0
         relay: subprocess.Popen[bytes] | None = None
         profiler: subprocess.Popen[bytes] | None = None
+        key = self.platform.key or "none"
         try:
             if target == "direct":
                 urls = self.upstream_urls()
+            elif target in peers.PEERS:
+                relay, url, key = self.start_peer(target)
+                urls = [url]
             elif target.startswith("bare"):
                 relay, url = self.start_bare(target)
                 urls = [url]
@@ -555,7 +671,7 @@ class Bench:
                 argv += ["--url", url]
             argv += [
                 "--key",
-                self.platform.key or "none",
+                key,
                 "--max-tokens",
                 str(args.max_tokens),
                 "--rate",
@@ -673,7 +789,7 @@ class Bench:
         ``kept`` (the summary uses only kept runs).
         """
         args = self.args
-        label = f"{target}-w{workers}" if target in GATEWAYS else target
+        label = f"{target}-w{workers}" if is_gateway(target) else target
         attempts: list[dict[str, Any]] = []
         for attempt in range(1 + max(0, args.retries)):
             print(
@@ -889,7 +1005,7 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         key=lambda kv: (
             kv[0][0],
             kv[0][1],
-            _ORDER.get(kv[0][2], 2),
+            _rank(kv[0][2]),
             kv[0][2],
             kv[0][3],
         ),
@@ -956,30 +1072,93 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-_ORDER = {"direct": 0, "bare": 1, "baseline": 3, "gateway": 4}
 # The issue's reference: "a minimal Channels consumer that only forwards bytes".
 # Plain "bare" (a raw ASGI callable behind the Channels router) is stricter.
 CONSUMER = "bare+consumer"
 GATEWAYS = ("gateway", "baseline")
+# What the issue's targets are set for: our gateway, one worker, under uvicorn.
+REFERENCE = "gateway"
+
+
+def _rank(target: str) -> int:
+    """Order of the targets in a level's rows: references, peers, then ours."""
+    base = split_target(target)[0]
+    if base == "direct":
+        return 0
+    if base.startswith("bare"):
+        return 1
+    if base in peers.PEERS:
+        return 2
+    if base == "baseline":
+        return 3
+    return 4 if target == REFERENCE else 5
+
+
+def gateway_ratios(rows: list[dict[str, Any]], column: str) -> list[dict[str, Any]]:
+    """Per (N, level): the one-worker gateway's ``column`` over each other target's.
+
+    Above 1 the other target is cheaper than our gateway; below 1 ours is. Only
+    one-process targets are compared (multi-worker gateways use both CPUs).
+    """
+    by_level: dict[tuple[int, int], dict[str, float]] = defaultdict(dict)
+    for row in rows:
+        if row["target"] == "direct" or row["workers"] != 1 or row[column] is None:
+            continue
+        by_level[(row["tokens_per_event"], row["level"])][row["target"]] = row[column]
+    out = []
+    for (tpe, level), values in sorted(by_level.items()):
+        mine = values.get(REFERENCE)
+        if not mine:
+            continue
+        out.append(
+            {
+                "tokens_per_event": tpe,
+                "level": level,
+                "column": column,
+                "gateway": mine,
+                "gateway_over": {
+                    target: mine / value
+                    for target, value in sorted(
+                        values.items(), key=lambda kv: (_rank(kv[0]), kv[0])
+                    )
+                    if target != REFERENCE and value
+                },
+            }
+        )
+    return out
+
+
+def _reference_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    # The targets are set for one token per event (vLLM at low load).
+    return [r for r in rows if r["target"] == REFERENCE and r["tokens_per_event"] == 1]
+
+
+def _over(
+    ratios: list[dict[str, Any]], other: str, levels: tuple[int, ...] | None = None
+) -> dict[str, float]:
+    return {
+        f"c{r['level']}": r["gateway_over"][other]
+        for r in ratios
+        if r["tokens_per_event"] == 1
+        and other in r["gateway_over"]
+        and (levels is None or r["level"] in levels)
+    }
 
 
 def check_targets(
     rows: list[dict[str, Any]], nominal_ok: float = 0.95
 ) -> dict[str, Any]:
-    """Judge the issue's targets from the summary rows."""
+    """Judge the issue's targets from the summary rows of a streams run."""
 
-    def ok_stream(row: dict[str, Any]) -> bool:
+    def ok_stream(row: dict[str, Any], share: float = nominal_ok) -> bool:
         return (
             row["errors"] == 0
             and row["gap_p99_ms"] is not None
             and row["gap_p99_ms"] < TARGETS["gap_p99_ms_at_1000"]
-            and row["tokens_per_s"] >= nominal_ok * row["nominal_tokens_per_s"]
+            and row["tokens_per_s"] >= share * row["nominal_tokens_per_s"]
         )
 
-    # The targets are set for one token per event (vLLM at low load).
-    gateway_rows = [
-        r for r in rows if r["target"] == "gateway" and r["tokens_per_event"] == 1
-    ]
+    gateway_rows = _reference_rows(rows)
 
     def ratios(column: str) -> dict[str, float]:
         return {
@@ -998,9 +1177,13 @@ def check_targets(
             return None
         return all(v <= TARGETS["gateway_cpu_ratio_max"] for v in one_worker)
 
-    at_100 = [r for r in gateway_rows if r["level"] == 100]
+    at_100 = [r for r in gateway_rows if r["level"] == 100 and r["workers"] == 1]
     at_1000 = [r for r in gateway_rows if r["level"] == 1000]
     carried = [r for r in at_1000 if ok_stream(r)]
+    one_core = next((r for r in at_1000 if r["workers"] == 1), None)
+    over_smg = _over(
+        gateway_ratios(rows, "relay_cpu_s_per_10k_tokens"), "smg", (500, 1000)
+    )
     return {
         "cpu_ratio_vs_consumer": ratios("cpu_ratio_vs_consumer"),
         "cpu_ratio_within_1_3_of_consumer": within("cpu_ratio_vs_consumer"),
@@ -1016,6 +1199,48 @@ def check_targets(
         "streams_1000_carried": bool(carried) if at_1000 else None,
         "streams_1000_carried_with_workers": [r["workers"] for r in carried],
         "rule": "errors 0, gap p99 < 66 ms, tokens/s >= 95% of nominal",
+        # Issue 20's targets, for the one-worker gateway under uvicorn.
+        "cpu_per_token_gateway_over_smg": over_smg,
+        "cpu_per_token_at_or_below_smg_at_500_and_1000": (
+            all(v <= TARGETS["cpu_per_token_over_smg_max"] for v in over_smg.values())
+            if len(over_smg) == 2
+            else None
+        ),
+        "streams_1000_one_core": {
+            "errors": one_core["errors"],
+            "tokens_share_of_nominal": one_core["tokens_per_s"]
+            / one_core["nominal_tokens_per_s"],
+            "gap_p99_ms": one_core["gap_p99_ms"],
+            "ok": ok_stream(one_core, TARGETS["nominal_share_at_1000"]),
+        }
+        if one_core
+        else None,
+        "streams_1000_one_core_rule": "1 worker: errors 0, gap p99 < 66 ms, "
+        "tokens/s >= 97% of nominal",
+    }
+
+
+def check_per_request(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Judge the per-request target (``--per-request``): CPU per request, one
+    process each, and the gateway's over SMG's against 1.5."""
+    us: dict[str, dict[str, float]] = defaultdict(dict)
+    for row in rows:
+        if row["workers"] == 1 and row["relay_cpu_us_per_request"] is not None:
+            us[f"c{row['level']}"][row["target"]] = row["relay_cpu_us_per_request"]
+    over_smg = _over(gateway_ratios(rows, "relay_cpu_us_per_request"), "smg")
+    return {
+        "cpu_us_per_request": dict(us),
+        "cpu_per_request_gateway_over_smg": over_smg,
+        "cpu_per_request_within_1_5_of_smg": (
+            all(v <= TARGETS["cpu_per_request_over_smg_max"] for v in over_smg.values())
+            if over_smg
+            else None
+        ),
+        "errors": {
+            f"c{r['level']}_{r['target']}": r["errors"]
+            for r in rows
+            if r["workers"] <= 1 and r["errors"]
+        },
     }
 
 
@@ -1023,20 +1248,22 @@ def _fmt(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _label(row: dict[str, Any]) -> str:
+    name: str = row["target"]
+    return f"{name}-w{row['workers']}" if is_gateway(name) else name
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     header = (
-        f"{'N':>2} {'C':>5} {'target':<15} {'ev/s':>7} {'tok/s':>7} {'nominal':>7} "
+        f"{'N':>2} {'C':>5} {'target':<19} {'ev/s':>7} {'tok/s':>7} {'nominal':>7} "
         f"{'TTFT p50/p99 ms':>16} {'added p50/p99':>14} {'gap p50/p99 ms':>15} "
         f"{'err':>4} {'cores':>5} {'CPU-s/10k ev':>12} {'CPU-s/10k tok':>13} "
         f"{'us/req':>7} {'ratio':>5} {'/cons':>5} {'foreign':>7}"
     )
     lines = [header, "-" * len(header)]
     for r in rows:
-        name = r["target"]
-        if name in GATEWAYS:
-            name = f"{name}-w{r['workers']}"
         lines.append(
-            f"{r['tokens_per_event']:>2} {r['level']:>5} {name:<15} "
+            f"{r['tokens_per_event']:>2} {r['level']:>5} {_label(r):<19} "
             f"{_fmt(r['events_per_s'], 0):>7} "
             f"{_fmt(r['tokens_per_s'], 0):>7} {_fmt(r['nominal_tokens_per_s'], 0):>7} "
             f"{_fmt(r['ttft_p50_ms']) + '/' + _fmt(r['ttft_p99_ms']):>16} "
@@ -1052,7 +1279,88 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def ratio_table(ratios: list[dict[str, Any]]) -> str:
+    """The "gateway / X" table: one row per (N, level), one column per target."""
+    if not ratios:
+        return ""
+    others: list[str] = []
+    for r in ratios:
+        others += [t for t in r["gateway_over"] if t not in others]
+    others.sort(key=lambda t: (_rank(t), t))
+    width = max([9, *(len(t) for t in others)])
+    unit = (
+        "CPU per request"
+        if ratios[0]["column"] == "relay_cpu_us_per_request"
+        else "CPU per token"
+    )
+    title = f"gateway-w1 / X, {unit} (above 1: X is cheaper than the gateway)"
+    header = f"{'N':>2} {'C':>5} " + " ".join(f"{t:>{width}}" for t in others)
+    lines = [title, header, "-" * len(header)]
+    for r in ratios:
+        cells = [_fmt(r["gateway_over"].get(t), 2) for t in others]
+        lines.append(
+            f"{r['tokens_per_event']:>2} {r['level']:>5} "
+            + " ".join(f"{c:>{width}}" for c in cells)
+        )
+    return "\n".join(lines)
+
+
 # -- main -------------------------------------------------------------------------------------
+
+
+def prepare_targets(targets: list[str]) -> tuple[list[str], list[str]]:
+    """Install the peers named and check the servers named; return the targets
+    that can run and a message for each one that cannot (the run goes on)."""
+    kept, skipped = [], []
+    for target in targets:
+        base, server = split_target(target)
+        reason = None
+        if base in peers.PEERS:
+            try:
+                peers.install(base)
+            except peers.PeerUnavailable as exc:
+                reason = str(exc)
+        elif importlib.util.find_spec(server) is None:
+            reason = f"{server} is not installed in {sys.prefix} (make venv)"
+        if reason is None:
+            kept.append(target)
+        else:
+            message = f"{target}: {reason}"
+            print(f"skipping {message}", flush=True)
+            skipped.append(message)
+    return kept, skipped
+
+
+def plan_level(
+    targets: list[str],
+    level: int,
+    *,
+    workers_list: list[int],
+    multi_worker_min_level: int,
+    max_level: dict[str, int],
+) -> tuple[list[tuple[str, int]], list[str]]:
+    """The (target, workers) runs at one level, and why any target sits it out.
+
+    Worker counts above 1 are for the gateway (and baseline) under uvicorn only,
+    at levels of at least ``multi_worker_min_level``.
+    """
+    plan: list[tuple[str, int]] = []
+    left_out: list[str] = []
+    for target in targets:
+        cap = max_level.get(target)
+        if cap is not None and level > cap:
+            left_out.append(
+                f"{target} at C={level}: only up to C={cap} (--{target}-max-level; "
+                "it cannot carry more streams on one core)"
+            )
+            continue
+        if not is_gateway(target) or "@" in target:
+            plan.append((target, 1))
+            continue
+        for workers in workers_list:
+            if workers == 1 or level >= multi_worker_min_level:
+                plan.append((target, workers))
+    return plan, left_out
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -1064,14 +1372,33 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", type=Path, default=BENCH / "results/gateway.json")
-    parser.add_argument("--levels", default="100,500,1000")
+    parser.add_argument(
+        "--per-request",
+        action="store_true",
+        help="measure the fixed cost per request instead of the cost per token: "
+        "defaults --levels 50 --max-tokens 2 --rate 1000 --ramp-s 1 --targets "
+        "bare,gateway,smg,litellm, and the checks judge CPU per request",
+    )
+    parser.add_argument(
+        "--levels", default=None, help="default 100,500,1000 (--per-request: 50)"
+    )
     parser.add_argument(
         "--targets",
-        default="direct,bare,bare+consumer,gateway",
-        help="bare+consumer: the bare relay as a Channels AsyncHttpConsumer; also "
-        "bare+race, bare+parse, bare+race+parse, bare+deep: the bare relay with "
-        "pieces of the gateway's relay loop (see bench/bare_relay.py); baseline: "
-        "the gateway from --baseline-tree",
+        default=None,
+        help="default direct,bare,gateway,gateway@daphne,smg,litellm "
+        "(--per-request: bare,gateway,smg,litellm). smg, litellm: the peer "
+        "gateways (bench/peers.py); TARGET@daphne, TARGET@granian: the gateway or "
+        "a bare relay under that ASGI server; bare+consumer: the bare relay as a "
+        "Channels AsyncHttpConsumer; also bare+race, bare+parse, bare+race+parse, "
+        "bare+deep: the bare relay with pieces of the gateway's relay loop (see "
+        "bench/bare_relay.py); baseline: the gateway from --baseline-tree",
+    )
+    parser.add_argument(
+        "--litellm-max-level",
+        type=int,
+        default=100,
+        help="run LiteLLM only at levels up to this (it cannot carry 500 streams "
+        "on one core)",
     )
     parser.add_argument(
         "--baseline-tree",
@@ -1094,7 +1421,7 @@ def main() -> None:
     )
     parser.add_argument("--multi-worker-min-level", type=int, default=1000)
     parser.add_argument("--duration-s", type=float, default=20.0)
-    parser.add_argument("--ramp-s", type=float, default=10.0)
+    parser.add_argument("--ramp-s", type=float, default=None, help="default 10 (1)")
     parser.add_argument(
         "--warmup-s", type=float, default=None, help="default: ramp + 2 s"
     )
@@ -1105,8 +1432,15 @@ def main() -> None:
         default=5.0,
         help="measure each relay's CPU unloaded for this long before the load",
     )
-    parser.add_argument("--max-tokens", type=int, default=300)
-    parser.add_argument("--rate", type=float, default=30.0)
+    parser.add_argument(
+        "--max-tokens", type=int, default=None, help="default 300 (--per-request: 2)"
+    )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="the upstream's tokens/s per stream: default 30 (--per-request: 1000)",
+    )
     parser.add_argument("--upstreams", type=int, default=2)
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument("--pin", choices=["split", "none"], default="split")
@@ -1136,6 +1470,10 @@ def main() -> None:
     )
     parser.add_argument("--profile-level", type=int, default=None)
     args = parser.parse_args()
+    mode = "per_request" if args.per_request else "streams"
+    for name, value in MODE_DEFAULTS[mode].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     if args.warmup_s is None:
         args.warmup_s = args.ramp_s + 2.0
     args.profile_now = False
@@ -1147,8 +1485,12 @@ def main() -> None:
             parser.error(f"--baseline-tree {args.baseline_tree}: no config/asgi.py")
         if "baseline" not in targets:
             targets.append("baseline")
-    elif "baseline" in targets:
+    elif any(split_target(t)[0] == "baseline" for t in targets):
         parser.error("the baseline target needs --baseline-tree")
+    for target in targets:
+        error = target_error(target)
+        if error:
+            parser.error(error)
     per_event = [int(x) for x in args.tokens_per_event.split(",") if x]
     if not per_event or min(per_event) < 1:
         parser.error("--tokens-per-event takes numbers of 1 or more")
@@ -1159,6 +1501,8 @@ def main() -> None:
         old.unlink()
 
     bench = Bench(args)
+    targets, skipped = prepare_targets(targets)
+    max_level = {"litellm": args.litellm_max_level}
     runs: list[dict[str, Any]] = []
     output: dict[str, Any] = {
         "command": " ".join([Path(PY).name, *sys.argv]),
@@ -1166,14 +1510,16 @@ def main() -> None:
         "settings": {
             k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
         },
+        "mode": mode,
         "pinning": (
-            "relay (1 process) on CPU 0; upstreams + load generator on CPU 1; "
-            "multi-worker gateways unpinned"
+            "relay or peer (its whole process tree) on CPU 0; upstreams + load "
+            "generator on CPU 1; multi-worker gateways unpinned"
             if bench.relay_cpus
             else "none"
         ),
         "nice": bench.nice,
         "targets": TARGETS,
+        "peers": {name: peers.version(name) for name in peers.PEERS if name in targets},
         "code": git_state(),
     }
     started = time.monotonic()
@@ -1182,7 +1528,7 @@ def main() -> None:
         replica_urls = [
             bench.upstream_urls()[i % args.upstreams] for i in range(args.replicas)
         ]
-        if any(t in GATEWAYS for t in targets):
+        if any(is_gateway(t) for t in targets):
             bench.platform.create(replica_urls)
             bench.platform.start_beats()
         for tokens_per_event in per_event:
@@ -1190,14 +1536,17 @@ def main() -> None:
                 bench.start_upstreams(tokens_per_event)
             for repeat in range(args.repeat):
                 for level in levels:
-                    plan: list[tuple[str, int]] = []
-                    for target in targets:
-                        if target not in GATEWAYS:
-                            plan.append((target, 1))
-                            continue
-                        for workers in workers_list:
-                            if workers == 1 or level >= args.multi_worker_min_level:
-                                plan.append((target, workers))
+                    plan, left_out = plan_level(
+                        targets,
+                        level,
+                        workers_list=workers_list,
+                        multi_worker_min_level=args.multi_worker_min_level,
+                        max_level=max_level,
+                    )
+                    for message in left_out:
+                        if message not in skipped:
+                            print(message, flush=True)
+                            skipped.append(message)
                     for target, workers in plan:
                         runs.extend(
                             bench.measure(level, target, workers, repeat, started)
@@ -1223,14 +1572,30 @@ def main() -> None:
         bench.platform.close()
     measured = [r for r in runs if "failed" not in r and r.get("kept", True)]
     rows = summarize(measured)
+    ratios = gateway_ratios(
+        rows,
+        "relay_cpu_us_per_request"
+        if args.per_request
+        else "relay_cpu_s_per_10k_tokens",
+    )
+    output["skipped"] = skipped
     output["runs"] = runs
     output["summary"] = rows
-    output["checks"] = check_targets(rows)
+    output["gateway_ratios"] = ratios
+    output["checks"] = (
+        check_per_request(rows) if args.per_request else check_targets(rows)
+    )
     output["elapsed_s"] = time.monotonic() - started
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(output, indent=2))
     print()
     print(table(rows))
+    if ratios:
+        print()
+        print(ratio_table(ratios))
+    if skipped:
+        print()
+        print("\n".join(f"skipped: {message}" for message in skipped))
     print()
     print(json.dumps(output["checks"], indent=2))
     if output.get("profile") and "self_pct" in output["profile"]:
