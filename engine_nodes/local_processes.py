@@ -152,6 +152,7 @@ def spawn(argv: list[str], env: dict[str, str], log_path: Path, url: str) -> Pro
 
 SERVERS = ("uvicorn", "daphne", "granian")
 _APP = "config.asgi:application"
+_HTTP_PROTOCOL = "config.http_protocol:GatewayHttpProtocol"
 
 
 def gateway_argv(
@@ -207,9 +208,11 @@ def gateway_argv(
             "--workers", str(workers), "--loop", "uvloop",
             "--no-access-log", "--log-level", log_level, _APP,
         ]  # fmt: skip
+    # uvicorn's httptools protocol, plus the gateway's chunk-frame writes
+    # (config.http_protocol).
     argv = [
         *python, _APP, "--host", host, "--port", str(port), "--lifespan", "on",
-        "--no-access-log", "--log-level", log_level,
+        "--no-access-log", "--log-level", log_level, "--http", _HTTP_PROTOCOL,
     ]  # fmt: skip
     if workers > 1:
         argv += ["--workers", str(workers)]

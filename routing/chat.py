@@ -37,7 +37,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from config.asgi_io import Send
+from config.asgi_io import ChunkedWrite, Send
 from metering import metrics
 from metering.domain.figures import Role, VersionFigures, one_request
 from metering.domain.usage import UsageCounts, UsageKey
@@ -206,8 +206,12 @@ class ChatService:
         send: Send,
         *,
         before_last_send: Callable[[], None],
+        write_frames: ChunkedWrite | None = None,
     ) -> None:
         """Answer ``plan`` on ``send``.
+
+        ``write_frames``: the server's write of chunk frames to the client
+        (``config.http_protocol``), which the relay uses where it can.
 
         ``before_last_send`` is called just before the message that completes the
         answer: after it the server reports the client gone, which must no longer
@@ -237,7 +241,9 @@ class ChatService:
             )
         served = _Served(self._figure_role(plan, snapshot, remembered))
         try:
-            await self._route(plan, snapshot, send, ticket, served, before_last_send)
+            await self._route(
+                plan, snapshot, send, ticket, served, before_last_send, write_frames
+            )
         except GatewayError as exc:
             served.is_client_error = exc.status < 500
             raise
@@ -408,6 +414,7 @@ class ChatService:
         ticket: Ticket,
         served: _Served,
         before_last_send: Callable[[], None],
+        write_frames: ChunkedWrite | None,
     ) -> None:
         model, version = plan.resolution.model, plan.resolution.version
         policy = self._policy(snapshot, model, version)
@@ -444,6 +451,7 @@ class ChatService:
                     ticket,
                     served,
                     before_last_send,
+                    write_frames,
                 )
                 return
             except asyncio.CancelledError:
@@ -473,6 +481,7 @@ class ChatService:
         ticket: Ticket,
         served: _Served,
         before_last_send: Callable[[], None],
+        write_frames: ChunkedWrite | None,
     ) -> metrics.Outcome:
         """Stream one attempt; return the outcome, or raise ``UpstreamFailed``."""
         region = self.settings.region
@@ -519,6 +528,7 @@ class ChatService:
             on_tokens=load.shrink,
             # Only answers the rollout guards judge keep their head (refusals).
             capture_head=served.figure_role is not None,
+            write_frames=write_frames,
         )
         served.replica_id, served.relay = replica_id, relay
         is_done = False

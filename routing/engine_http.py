@@ -36,11 +36,14 @@ from urllib.parse import urlsplit
 
 import httptools
 
-__all__ = ["EngineClient", "EngineResponse", "Sink"]
+__all__ = ["EngineClient", "EngineResponse", "FramedSink", "Sink", "chunk_data"]
 
 # A sink takes one read's body bytes and returns True when it consumed them;
 # False leaves them for ``readany``.
 Sink = Callable[[bytes], bool]
+# A framed sink takes a read that is whole chunks as it came (frames) and their
+# data (body); False: the read goes through the parser and to the ``Sink``.
+FramedSink = Callable[[bytes, bytes], bool]
 
 _MAX_BODY_BYTES = 8 * 1024 * 1024  # an error body or a whole answer, read whole
 _PULL_HIGH_WATER = 256 * 1024  # unread bytes before the socket stops being read
@@ -66,6 +69,11 @@ class EngineResponse(asyncio.Protocol):
         self._head: asyncio.Future[None] | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._sink: Sink | None = None
+        self._framed: FramedSink | None = None
+        # The parser ended its last read at the end of a chunk: the next read,
+        # if it is whole chunks, may skip it (``chunk_data``).
+        self._chunk_closed = False
+        self._at_boundary = False
         self._error: BaseException | None = None
         self._complete = False
         self._got_bytes = False
@@ -86,6 +94,15 @@ class EngineResponse(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.last_read_at = time.monotonic()
         self._got_bytes = True
+        framed = self._framed
+        if (
+            framed is not None
+            and self._at_boundary
+            and not self._buffer
+            and (body := chunk_data(data)) is not None
+            and framed(data, body)
+        ):
+            return  # whole chunks, sent on as they came; the parser is between chunks
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -94,6 +111,7 @@ class EngineResponse(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._fail(ConnectionError(f"the replica's answer is not HTTP: {exc}"))
             return
+        self._at_boundary = self._chunk_closed and data.endswith(b"\r\n")
         pieces = self._pieces
         if pieces:
             chunk = pieces[0] if len(pieces) == 1 else b"".join(pieces)
@@ -130,9 +148,16 @@ class EngineResponse(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         self._pieces.append(body)
 
+    def on_chunk_header(self) -> None:
+        self._chunk_closed = False
+
+    def on_chunk_complete(self) -> None:
+        self._chunk_closed = True
+
     def on_message_complete(self) -> None:
         self._complete = True
         self._sink = None
+        self._framed = None
 
     # -- the request ---------------------------------------------------------------------
 
@@ -154,6 +179,9 @@ class EngineResponse(asyncio.Protocol):
         self._buffered = 0
         self._pieces.clear()
         self._sink = None
+        self._framed = None
+        self._chunk_closed = False
+        self._at_boundary = False
         self._error = None
         self._complete = False
         self._got_bytes = False
@@ -201,11 +229,13 @@ class EngineResponse(asyncio.Protocol):
                 raise ConnectionError("the replica's answer is too large")
         return b"".join(parts)
 
-    def stream_to(self, sink: Sink) -> None:
+    def stream_to(self, sink: Sink, framed: FramedSink | None = None) -> None:
         """From now on give each read's body to ``sink`` (what it declines, and
-        what is still unread, stays for ``readany``)."""
+        what is still unread, stays for ``readany``); with ``framed``, a read of
+        whole chunks goes to it first, as it came."""
         if not self._complete:
             self._sink = sink
+            self._framed = framed
 
     def expect_tokens(self) -> None:
         """The first token arrived: time reads by the inter-token timeout from now."""
@@ -231,7 +261,7 @@ class EngineResponse(asyncio.Protocol):
 
     def release(self) -> None:
         """Done with the answer: back to the pool if it was read to its end."""
-        self._sink = None
+        self._sink = self._framed = None
         self._client.unwatch(self)
         if self._complete and self._parser.should_keep_alive() and not self._paused:
             self._client.keep(self)
@@ -240,7 +270,7 @@ class EngineResponse(asyncio.Protocol):
 
     def close(self) -> None:
         """Close the connection (an answer abandoned or broken)."""
-        self._sink = None
+        self._sink = self._framed = None
         self._client.unwatch(self)
         if self.transport is not None:
             self.transport.close()
@@ -252,7 +282,7 @@ class EngineResponse(asyncio.Protocol):
 
     def _fail(self, exc: BaseException) -> None:
         self._error = exc
-        self._sink = None
+        self._sink = self._framed = None
         if self._head is not None and not self._head.done():
             self._head.set_exception(exc)
         if self.transport is not None:
@@ -263,6 +293,36 @@ class EngineResponse(asyncio.Protocol):
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+
+def chunk_data(data: bytes) -> bytes | None:
+    """Return the data of ``data`` if it is whole HTTP/1.1 chunks (none of them
+    the last, empty one), else None.
+
+    Strict: a size line is hex digits only (no extensions, signs or spaces, which
+    ``int`` would accept and a client's parser might not).
+    """
+    parts: list[bytes] = []
+    start, length = 0, len(data)
+    while start < length:
+        line_end = data.find(b"\r\n", start, start + 18)
+        if line_end <= start:
+            return None
+        size_line = data[start:line_end]
+        if not size_line.isalnum():
+            return None
+        try:
+            size = int(size_line, 16)
+        except ValueError:
+            return None
+        end = line_end + 2 + size
+        if size == 0 or data[end : end + 2] != b"\r\n":
+            return None
+        if start == 0 and end + 2 == length:
+            return data[line_end + 2 : end]  # the common read: one chunk
+        parts.append(data[line_end + 2 : end])
+        start = end + 2
+    return b"".join(parts) if parts else None
 
 
 class EngineClient:

@@ -36,7 +36,7 @@ import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from config.asgi_io import Receive, Scope, Send, wait_disconnect
+from config.asgi_io import CHUNKED_WRITE, Receive, Scope, Send, wait_disconnect
 from metering import metrics
 from routing.chat import BackgroundTasks, ChatService
 from routing.domain.hosts import HostPolicy
@@ -475,7 +475,13 @@ class Gateway:
                 rng=self._rng,
                 batch_key=key.batch,
             )
-            await self.chat.serve(plan, snapshot, send, before_last_send=watch.finish)
+            await self.chat.serve(
+                plan,
+                snapshot,
+                send,
+                before_last_send=watch.finish,
+                write_frames=scope.get("extensions", {}).get(CHUNKED_WRITE),
+            )
         except asyncio.CancelledError:
             if not watch.fired:
                 raise

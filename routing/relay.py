@@ -41,7 +41,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from config.asgi_io import Send
+from config.asgi_io import ChunkedWrite, Send
 
 __all__ = [
     "EVENT_END",
@@ -174,6 +174,7 @@ class Relay:
         "_send_failed",
         "_stream",
         "_unshrunk",
+        "_write_frames",
         "answer_id",
         "events",
         "finish_reason",
@@ -191,8 +192,11 @@ class Relay:
         on_tokens: Callable[[int], None],
         clock: Callable[[], float] = time.monotonic,
         capture_head: bool = False,
+        write_frames: ChunkedWrite | None = None,
     ) -> None:
         self._send = send
+        # The server's chunk-frame write (config.http_protocol), when it has one.
+        self._write_frames = write_frames
         self._stream = stream
         self._on_first = on_first
         self._on_tokens = on_tokens
@@ -313,9 +317,14 @@ class Relay:
                     )
                     if self._reader is None and hasattr(reader, "stream_to"):
                         # From here on, reads of whole token events are sent from
-                        # the reader's side (``_push``), without waking this task.
+                        # the reader's side (``_push``), without waking this task;
+                        # as the engine framed them, where the server can write
+                        # frames (``_push_frames``).
                         self._reader = reader
-                        reader.stream_to(self._push)
+                        reader.stream_to(
+                            self._push,
+                            self._push_frames if self._write_frames else None,
+                        )
                 else:
                     self._collect(out)
             if done:
@@ -354,6 +363,23 @@ class Relay:
             reader = self._reader
             reader.pause_reading()
             pending.add_done_callback(self._pending_done)
+        return True
+
+    def _push_frames(self, frames: bytes, body: bytes) -> bool:
+        """Forward a read of whole chunks as the engine framed them, if ``body``
+        (their data) is whole token events and the server can write it now."""
+        if (
+            self._pending is not None
+            or self._rest
+            or self._send_failed
+            or not body.endswith(EVENT_END)
+            or (events := body.count(EVENT_END)) != body.count(_CONTENT_MARK)
+        ):
+            return False
+        assert self._write_frames is not None
+        if not self._write_frames(frames):
+            return False
+        self._count(body, events)
         return True
 
     def _pending_done(self, task: asyncio.Task[None]) -> None:

@@ -41,6 +41,8 @@ def test_uvicorn_is_the_default_with_lifespan_and_no_access_log(
         "--no-access-log",
         "--log-level",
         "warning",
+        "--http",
+        "config.http_protocol:GatewayHttpProtocol",
     ]
     assert gateway_argv(8100, workers=3)[-2:] == ["--workers", "3"]
 
