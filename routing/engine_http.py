@@ -76,6 +76,7 @@ class EngineResponse(asyncio.Protocol):
         self._at_boundary = False
         self._error: BaseException | None = None
         self._complete = False
+        self._keep_alive = False
         self._got_bytes = False
         self._paused = 0  # reasons reading is paused: a slow client, a full buffer
         self.status = 0
@@ -156,6 +157,8 @@ class EngineResponse(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self._complete = True
+        # Read now: llhttp resets its flags once the message is done.
+        self._keep_alive = self._parser.should_keep_alive()
         self._sink = None
         self._framed = None
 
@@ -184,6 +187,7 @@ class EngineResponse(asyncio.Protocol):
         self._at_boundary = False
         self._error = None
         self._complete = False
+        self._keep_alive = False
         self._got_bytes = False
         self._head = None
         self.status = 0
@@ -263,7 +267,7 @@ class EngineResponse(asyncio.Protocol):
         """Done with the answer: back to the pool if it was read to its end."""
         self._sink = self._framed = None
         self._client.unwatch(self)
-        if self._complete and self._parser.should_keep_alive() and not self._paused:
+        if self._complete and self._keep_alive and not self._paused:
             self._client.keep(self)
         else:
             self.close()
@@ -391,11 +395,15 @@ class EngineClient:
             try:
                 await connection.request(head, payload)
                 return connection
-            except OSError:
-                # Closed by the server while idle, before it read the request.
-                if connection._got_bytes:
-                    raise
+            except OSError as exc:
                 connection.close()
+                # Closed by the server while idle, before it read the request:
+                # send it again. Silence (TimeoutError is an OSError) is not.
+                if connection._got_bytes or isinstance(exc, TimeoutError):
+                    raise
+            except BaseException:
+                connection.close()
+                raise
         connection = await self._connect(host, port)
         try:
             await connection.request(head, payload)

@@ -172,6 +172,7 @@ class Relay:
         "_rest",
         "_send",
         "_send_failed",
+        "_sending",
         "_stream",
         "_unshrunk",
         "_write_frames",
@@ -211,6 +212,7 @@ class Relay:
         self._reader: Any = None  # the reader streamed by push, once begun
         self._pending: asyncio.Task[None] | None = None  # a push send that waits
         self._send_failed = False
+        self._sending = False  # run's own send is under way: push must wait
         self.events = 0
         self.first_token_at: float | None = None
         self.usage: dict[str, Any] | None = None
@@ -246,7 +248,6 @@ class Relay:
             UpstreamFailed: the engine failed, sent an error event or ended
                 before the first token.
         """
-        send = self._send
         started = False
         fast = False  # streaming, past the first event: forward bytes as they come
         while True:
@@ -271,10 +272,7 @@ class Relay:
                 # The common case: whole token events only. Forward the bytes as
                 # they came, counting events, without splitting or copying them.
                 self._count(chunk, events)
-                await self._wait_pending()
-                await send(
-                    {"type": "http.response.body", "body": chunk, "more_body": True}
-                )
+                await self._send_in_order(chunk)
                 continue
             end = chunk.rfind(EVENT_END)
             if end < 0:
@@ -311,10 +309,7 @@ class Relay:
                 if self._stream:
                     body = EVENT_END.join(out) + EVENT_END
                     self._keep_head(body)
-                    await self._wait_pending()
-                    await send(
-                        {"type": "http.response.body", "body": body, "more_body": True}
-                    )
+                    await self._send_in_order(body)
                     if self._reader is None and hasattr(reader, "stream_to"):
                         # From here on, reads of whole token events are sent from
                         # the reader's side (``_push``), without waking this task;
@@ -342,6 +337,7 @@ class Relay:
         """
         if (
             self._pending is not None
+            or self._sending
             or self._rest
             or self._send_failed
             or not chunk.endswith(EVENT_END)
@@ -370,6 +366,7 @@ class Relay:
         (their data) is whole token events and the server can write it now."""
         if (
             self._pending is not None
+            or self._sending
             or self._rest
             or self._send_failed
             or not body.endswith(EVENT_END)
@@ -387,6 +384,18 @@ class Relay:
         if task.cancelled() or task.exception() is not None:
             self._send_failed = True
         self._reader.resume_reading()
+
+    async def _send_in_order(self, body: bytes) -> None:
+        """Send from ``run``, after a push send that waits and before any push
+        of later reads (``_push`` declines while this one is under way)."""
+        await self._wait_pending()
+        self._sending = True
+        try:
+            await self._send(
+                {"type": "http.response.body", "body": body, "more_body": True}
+            )
+        finally:
+            self._sending = False
 
     async def _wait_pending(self) -> None:
         """Let a push send that waits finish first: events stay in order."""

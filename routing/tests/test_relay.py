@@ -17,12 +17,21 @@ from typing import Any
 import pytest
 
 from routing.live import AttemptLoad, LiveLoad
-from routing.relay import Relay, RelayOutcome, UpstreamFailed
+from routing.relay import Relay, RelayOutcome, UpstreamFailed, send_now
 from routing.responses import (
     FinalUsage,
     final_event,
     stream_error_event,
     whole_answer,
+)
+from routing.tests.test_engine_http import (
+    END,
+    HEAD,
+    chunk,
+    engine_client,
+    fed_response,
+    replica,
+    until,
 )
 
 CAPTURE = (
@@ -344,3 +353,292 @@ def test_non_streaming_answer_keeps_the_engines_logprobs() -> None:
     assert choice["message"]["content"] == "ab"
     assert [e["logprob"] for e in choice["logprobs"]["content"]] == [-0.5, -1.25]
     assert choice["finish_reason"] == "length"
+
+
+# -- push mode -------------------------------------------------------------------------
+#
+# Past the first token, ``Relay.run`` hands the reader a sink (``stream_to``) and
+# reads of whole token events are sent from the reader's side (``send_now``). The
+# reader here is a real ``EngineResponse`` whose socket reads the test feeds
+# (``fed_response``), or one on a real socket.
+
+
+class Gated:
+    """An ASGI ``send`` that waits on the calls in ``gated`` until the test opens
+    their gate; a body counts as sent (written) once the call returns."""
+
+    def __init__(self, gated: set[int], relay_task: list[asyncio.Task[Any]]) -> None:
+        self.gated = gated
+        self.gates = {n: asyncio.Event() for n in gated}
+        self.calls = 0
+        self.waiting: set[int] = set()
+        self.bodies: list[bytes] = []
+        self.pushed = 0  # calls made outside the relay's task: by push
+        self._relay_task = relay_task
+
+    async def __call__(self, message: Any) -> None:
+        call = self.calls
+        self.calls += 1
+        if asyncio.current_task() is not self._relay_task[0]:
+            self.pushed += 1
+        if call in self.gates:
+            self.waiting.add(call)
+            await self.gates[call].wait()
+            self.waiting.discard(call)
+        if message["type"] == "http.response.body":
+            self.bodies.append(message["body"])
+
+
+class PushRun:
+    """A relay over a fed ``EngineResponse``; the test feeds reads one by one."""
+
+    def __init__(self, gated: set[int] | None = None) -> None:
+        self._task: list[asyncio.Task[Any]] = []
+        self.send = Gated(gated or set(), self._task)
+        self.relay = Relay(
+            send=self.send,
+            stream=True,
+            request_id="chatcmpl-gateway",
+            on_first=self._on_first,
+            on_tokens=lambda n: None,
+        )
+
+    async def _on_first(self, answer_id: str) -> None:
+        return None
+
+    async def start(self) -> None:
+        self.response, self.transport = await fed_response()
+        self.task = asyncio.ensure_future(self.relay.run(self.response))
+        self._task.append(self.task)
+
+    def feed(self, *events: bytes) -> None:
+        """One socket read: ``events`` joined, as one HTTP chunk."""
+        assert not self.transport.paused, "a paused socket gives no reads"
+        self.response.data_received(chunk(b"".join(events)))
+
+    def end(self) -> None:
+        self.response.data_received(chunk(EVENTS[-2] + EVENTS[-1]) + END)
+
+
+def test_push_relay_sends_every_byte_in_order_from_the_readers_side() -> None:
+    async def scenario() -> tuple[PushRun, bool]:
+        run = PushRun()
+        await run.start()
+        run.feed(EVENTS[0])
+        await until(lambda: run.send.calls == 1)
+        for event in TOKEN_EVENTS[1:4]:
+            run.feed(event)
+        run.feed(*TOKEN_EVENTS[4:])
+        run.end()
+        return run, await asyncio.wait_for(run.task, 10)
+
+    run, is_done = asyncio.run(scenario())
+    assert is_done is True
+    assert run.send.bodies == [
+        EVENTS[0],
+        *TOKEN_EVENTS[1:4],
+        b"".join(TOKEN_EVENTS[4:]),
+    ]
+    assert run.send.pushed == 4  # every token read, none by the relay's task
+    outcome = run.relay.outcome()
+    assert outcome.events == len(TOKEN_EVENTS)
+    assert outcome.usage == UPSTREAM_USAGE
+
+
+def test_a_push_send_that_waits_pauses_the_reader_and_keeps_the_order() -> None:
+    """GIVEN a client whose send waits (a full socket) on a pushed read
+    THEN reading stops until that send is done, a read already taken waits for
+    it, and the relay's task still handles the usage and ``[DONE]``."""
+
+    async def scenario() -> tuple[PushRun, bool, list[bool]]:
+        run = PushRun(gated={1, 3})
+        await run.start()
+        run.feed(EVENTS[0])
+        await until(lambda: run.send.calls == 1)
+        run.feed(TOKEN_EVENTS[1])  # pushed; its send waits
+        paused = [run.transport.paused, run.response.is_paused]
+        run.send.gates[1].set()
+        await until(lambda: not run.transport.paused)
+        paused.append(run.response.is_paused)
+        run.feed(TOKEN_EVENTS[2])  # pushed at once
+        run.feed(TOKEN_EVENTS[3])  # pushed; waits
+        paused.append(run.transport.paused)
+        # A read that was already off the socket: for the relay's task, which
+        # must let the waiting send finish first.
+        run.response.data_received(chunk(TOKEN_EVENTS[4]))
+        await until(lambda: run.send.waiting == {3})
+        run.send.gates[3].set()
+        await until(lambda: run.send.calls == 5 and not run.send.waiting)
+        run.feed(TOKEN_EVENTS[5])
+        run.end()
+        return run, await asyncio.wait_for(run.task, 10), paused
+
+    run, is_done, paused = asyncio.run(scenario())
+    assert paused == [True, True, False, True]
+    assert is_done is True
+    assert run.send.bodies == TOKEN_EVENTS
+    assert not run.transport.paused
+    outcome = run.relay.outcome()
+    assert outcome.events == len(TOKEN_EVENTS)
+    assert outcome.usage == UPSTREAM_USAGE
+
+
+@pytest.mark.parametrize(
+    "gated",
+    [
+        set(),
+        {2},
+    ],
+    ids=["sends-at-once", "relay-send-waits"],
+)
+def test_a_cut_event_held_by_the_relay_is_not_overtaken_by_push(
+    gated: set[int],
+) -> None:
+    """GIVEN an event cut across two reads (the relay's task holds its start)
+    THEN it reaches the client before the read after it, even when the relay's
+    send of it waits (call 2: role chunk 0, event 1, the completed event 2)."""
+
+    async def scenario() -> tuple[PushRun, bool]:
+        run = PushRun(gated=gated)
+        await run.start()
+        run.feed(EVENTS[0])
+        await until(lambda: run.send.calls == 1)
+        run.feed(TOKEN_EVENTS[1], TOKEN_EVENTS[2][:30])  # cut: for the relay's task
+        await until(lambda: run.send.calls == 2)
+        run.feed(TOKEN_EVENTS[2][30:])  # declined: the start is held
+        await until(lambda: run.send.calls == 3)
+        run.feed(TOKEN_EVENTS[3])  # the relay's send of event 2 may still wait
+        for call in gated:
+            run.send.gates[call].set()
+        await until(lambda: run.send.calls == 4 and not run.send.waiting)
+        run.feed(*TOKEN_EVENTS[4:])
+        run.end()
+        return run, await asyncio.wait_for(run.task, 10)
+
+    run, is_done = asyncio.run(scenario())
+    assert is_done is True
+    assert run.send.bodies == [*TOKEN_EVENTS[:4], b"".join(TOKEN_EVENTS[4:])]
+    # Event 3 goes by push, unless it came while the relay's own send waited: then
+    # the task sends it after event 2. The last read goes by push.
+    assert run.send.pushed == (1 if gated else 2)
+    assert run.relay.outcome().events == len(TOKEN_EVENTS)
+
+
+@pytest.mark.parametrize("size", [200, 600])
+def test_push_relay_over_a_real_socket_with_a_send_that_waits(size: int) -> None:
+    """A real ``EngineResponse`` on a socket, whole events per write, and a client
+    whose every other send waits a loop turn: every byte arrives in order."""
+    writes = [b"".join(TOKEN_EVENTS[i : i + 2]) for i in range(0, len(TOKEN_EVENTS), 2)]
+    writes.append(EVENTS[-2] + EVENTS[-1])
+
+    async def answer(writer: asyncio.StreamWriter, n: int) -> bool:
+        writer.write(HEAD)
+        for data in writes:
+            writer.write(chunk(data))
+            await writer.drain()
+            await asyncio.sleep(0)  # a read each, mostly
+        writer.write(END)
+        return True
+
+    async def scenario() -> tuple[list[bytes], bool, RelayOutcome, int]:
+        bodies: list[bytes] = []
+        calls = 0
+
+        async def send(message: Any) -> None:
+            nonlocal calls
+            calls += 1
+            if calls % 2 == 0:
+                waited = asyncio.Event()
+                asyncio.get_running_loop().call_soon(waited.set)
+                await waited.wait()
+            bodies.append(message["body"])
+
+        async with replica(answer) as served, engine_client() as client:
+            response = await client.post(served.url, "/v1/chat/completions", b"{}")
+            relay = Relay(
+                send=send,
+                stream=True,
+                request_id="chatcmpl-gateway",
+                on_first=_no_start,
+                on_tokens=lambda n: None,
+            )
+            is_done = await asyncio.wait_for(relay.run(response), 10)
+            paused = response.is_paused
+            response.release()
+            return bodies, is_done, relay.outcome(), paused
+
+    bodies, is_done, outcome, paused = asyncio.run(scenario())
+    assert is_done is True
+    assert b"".join(bodies) == b"".join(TOKEN_EVENTS)
+    assert outcome.usage == UPSTREAM_USAGE
+    assert outcome.events == len(TOKEN_EVENTS)
+    assert not paused
+
+
+async def _no_start(answer_id: str) -> None:
+    return None
+
+
+# -- send_now --------------------------------------------------------------------------
+
+
+def test_send_now_runs_a_send_that_does_not_wait_to_its_end() -> None:
+    sent: list[Any] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    async def scenario() -> asyncio.Task[None] | None:
+        return send_now(send, {"n": 1})
+
+    assert asyncio.run(scenario()) is None
+    assert sent == [{"n": 1}]
+
+
+def test_send_now_finishes_a_send_that_waits_as_a_task() -> None:
+    async def scenario() -> tuple[list[str], list[str]]:
+        steps: list[str] = []
+        gate = asyncio.Event()
+
+        async def send(message: Any) -> None:
+            steps.append("begun")
+            await gate.wait()
+            steps.append("written")
+
+        task = send_now(send, {})
+        assert task is not None
+        before = list(steps)
+        await asyncio.sleep(0)
+        assert not task.done()
+        gate.set()
+        await asyncio.wait_for(task, 5)
+        return before, steps
+
+    before, steps = asyncio.run(scenario())
+    assert before == ["begun"]
+    assert steps == ["begun", "written"]
+
+
+def test_send_now_raises_what_send_raised_before_it_waited() -> None:
+    async def send(message: Any) -> None:
+        raise ConnectionResetError("client gone")
+
+    async def scenario() -> None:
+        send_now(send, {})
+
+    with pytest.raises(ConnectionResetError, match="client gone"):
+        asyncio.run(scenario())
+
+
+def test_send_now_task_fails_with_what_send_raised_after_it_waited() -> None:
+    async def scenario() -> None:
+        async def send(message: Any) -> None:
+            await asyncio.sleep(0)
+            raise ConnectionResetError("client gone")
+
+        task = send_now(send, {})
+        assert task is not None
+        await asyncio.wait_for(task, 5)
+
+    with pytest.raises(ConnectionResetError, match="client gone"):
+        asyncio.run(scenario())

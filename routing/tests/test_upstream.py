@@ -1,4 +1,9 @@
-"""The upstream's read timeouts against a real HTTP server that goes silent."""
+"""The upstream's read timeouts against a real HTTP server that goes silent.
+
+``Upstream.chat`` (aiohttp, still used by shadow copies) and ``Upstream.stream``
+(the engine client, ``routing.engine_http``, tested in depth in
+``test_engine_http``) time reads the same way.
+"""
 
 from __future__ import annotations
 
@@ -136,3 +141,49 @@ def test_tokens_closer_than_the_inter_token_timeout_keep_the_stream() -> None:
             await upstream.close()
 
     assert asyncio.run(scenario()).count(b"\n\n") == 11
+
+
+def test_stream_times_silence_before_and_after_the_first_token() -> None:
+    """GIVEN a replica that sends one token and then stalls
+    WHEN the gateway reads it over ``Upstream.stream``
+    THEN the first read waits for the token, and once ``expect_tokens`` was called
+    the next fails after the inter-token timeout: ``open`` started the sweep."""
+
+    async def scenario() -> float:
+        upstream = await open_upstream()
+        try:
+            async with replica(one_token) as url:
+                response = await upstream.stream(url, b"{}")
+                assert response.status == 200
+                assert b"content" in await asyncio.wait_for(response.readany(), 10)
+                response.expect_tokens()
+                started = time.monotonic()
+                with pytest.raises(TimeoutError):
+                    await asyncio.wait_for(response.readany(), 10)
+                response.close()
+                return time.monotonic() - started
+        finally:
+            await upstream.close()
+
+    waited = asyncio.run(scenario())
+    assert INTER_TOKEN_S - 0.05 <= waited < INTER_TOKEN_S + LATE_S
+
+
+def test_stream_silence_before_the_first_token_times_out_after_the_first_token_timeout() -> (
+    None
+):
+    async def scenario() -> float:
+        upstream = await open_upstream()
+        try:
+            async with replica(nothing) as url:
+                response = await upstream.stream(url, b"{}")
+                started = time.monotonic()
+                with pytest.raises(TimeoutError):
+                    await asyncio.wait_for(response.readany(), 10)
+                response.close()
+                return time.monotonic() - started
+        finally:
+            await upstream.close()
+
+    waited = asyncio.run(scenario())
+    assert FIRST_TOKEN_S - 0.05 <= waited < FIRST_TOKEN_S + LATE_S
