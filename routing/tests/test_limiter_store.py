@@ -1031,3 +1031,87 @@ def test_pair_needs_slots_kept_in_the_same_place() -> None:
     assert isinstance(
         RedisBucketStore(client, "p").pair(RedisConcurrency(client, "p")), RedisLimits
     )
+
+
+# -- the claims and give-backs of one turn of the event loop share a round trip --------
+
+
+def test_redis_claims_of_one_loop_turn_go_in_one_pipeline(
+    redis_url: str,
+    prefix: str,
+    sync_redis: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pipelines: list[int] = []
+
+    async def work(client: redis.asyncio.Redis) -> list[Claim]:
+        open_pipeline = client.pipeline
+
+        def counted(transaction: bool = True) -> object:
+            pipeline = open_pipeline(transaction=transaction)
+            pipelines.append(id(pipeline))
+            return pipeline
+
+        monkeypatch.setattr(client, "pipeline", counted)
+        limits = RedisBucketStore(client, prefix).pair(RedisConcurrency(client, prefix))
+        claims = await asyncio.gather(
+            *(
+                limits.charge_and_acquire(
+                    "t:m", amount=10, limit=3, request_id=f"r{i}", now=T0, **LIMITS
+                )
+                for i in range(5)
+            )
+        )
+        await asyncio.gather(
+            *(
+                limits.refund_and_release(
+                    "t:m", amount=5, request_id=f"r{i}", now=T0, **LIMITS
+                )
+                for i in range(2)
+            )
+        )
+        return claims
+
+    claims = run_redis(redis_url, work)
+    assert len(pipelines) == 2  # five claims, then two give-backs
+    assert [c.has_slot for c in claims] == [True, True, True, False, False]
+    assert [c.charge.remaining for c in claims] == [90, 80, 70, 70, 70]
+    assert sync_redis.zrange(f"{prefix}:conc:t:m", 0, -1) == [b"r2"]
+    assert float(sync_redis.hget(f"{prefix}:bucket:t:m", "tokens") or 0) == 80.0
+
+
+def test_redis_claim_cancelled_before_its_batch_is_sent_takes_nothing(
+    redis_url: str, prefix: str, sync_redis: redis.Redis
+) -> None:
+    async def work(client: redis.asyncio.Redis) -> Claim:
+        limits = RedisBucketStore(client, prefix).pair(RedisConcurrency(client, prefix))
+        gone = asyncio.ensure_future(
+            limits.charge_and_acquire(
+                "t:m", amount=10, limit=3, request_id="gone", now=T0, **LIMITS
+            )
+        )
+        await asyncio.sleep(0)  # the claim waits for its batch to be sent
+        gone.cancel()
+        kept = await limits.charge_and_acquire(
+            "t:m", amount=10, limit=3, request_id="kept", now=T0, **LIMITS
+        )
+        assert gone.cancelled()
+        return kept
+
+    assert run_redis(redis_url, work).charge.remaining == 90
+    assert sync_redis.zrange(f"{prefix}:conc:t:m", 0, -1) == [b"kept"]
+
+
+def test_redis_batch_loads_a_script_redis_does_not_hold(redis_url: str) -> None:
+    from routing.limiter_redis import _TickBatch
+
+    async def work(client: redis.asyncio.Redis) -> list[object]:
+        # A script of its own text, never loaded: the pipeline's EVALSHA fails.
+        script = client.register_script(f"return ARGV[1] .. '{uuid.uuid4().hex}'")
+        batch = _TickBatch(client)
+        replies = await asyncio.gather(
+            batch.call(script, [], ["a"]), batch.call(script, [], ["b"])
+        )
+        return [reply[:1] for reply in replies]
+
+    assert run_redis(redis_url, work) == [b"a", b"b"]
