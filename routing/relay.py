@@ -264,11 +264,7 @@ class Relay:
             if self._rest:
                 chunk = self._rest + chunk
                 self._rest = b""
-            if (
-                fast
-                and chunk.endswith(EVENT_END)
-                and (events := chunk.count(EVENT_END)) == chunk.count(_CONTENT_MARK)
-            ):
+            if fast and (events := _whole_token_events(chunk)):
                 # The common case: whole token events only. Forward the bytes as
                 # they came, counting events, without splitting or copying them.
                 self._count(chunk, events)
@@ -335,14 +331,8 @@ class Relay:
         A send that has to wait (the client's socket is full) pauses reading the
         replica until it is done: the replica's stream waits with the client.
         """
-        if (
-            self._pending is not None
-            or self._sending
-            or self._rest
-            or self._send_failed
-            or not chunk.endswith(EVENT_END)
-            or (events := chunk.count(EVENT_END)) != chunk.count(_CONTENT_MARK)
-        ):
+        events = self._pushable(chunk)
+        if not events:
             return False
         try:
             pending = send_now(
@@ -364,20 +354,22 @@ class Relay:
     def _push_frames(self, frames: bytes, body: bytes) -> bool:
         """Forward a read of whole chunks as the engine framed them, if ``body``
         (their data) is whole token events and the server can write it now."""
-        if (
-            self._pending is not None
-            or self._sending
-            or self._rest
-            or self._send_failed
-            or not body.endswith(EVENT_END)
-            or (events := body.count(EVENT_END)) != body.count(_CONTENT_MARK)
-        ):
+        events = self._pushable(body)
+        if not events:
             return False
         assert self._write_frames is not None
         if not self._write_frames(frames):
             return False
         self._count(body, events)
         return True
+
+    def _pushable(self, body: bytes) -> int:
+        """Return how many token events ``body`` is if a push may send it now;
+        0 while an earlier send is under way or the start of a cut event is
+        held, after a failed send, or when ``body`` is not whole token events."""
+        if self._pending is not None or self._sending or self._rest:
+            return 0
+        return 0 if self._send_failed else _whole_token_events(body)
 
     def _pending_done(self, task: asyncio.Task[None]) -> None:
         self._pending = None
@@ -432,6 +424,15 @@ class Relay:
                     self._logprobs.extend(logprobs["content"])
                 if choice.get("finish_reason"):
                     self.finish_reason = choice["finish_reason"]
+
+
+def _whole_token_events(body: bytes) -> int:
+    """Return how many events ``body`` is if it is whole token events only, else 0:
+    as many event ends as ``"choices":[{`` marks, and it ends with one."""
+    if not body.endswith(EVENT_END):
+        return 0
+    events = body.count(EVENT_END)
+    return events if events == body.count(_CONTENT_MARK) else 0
 
 
 def events_text(head: bytes) -> str:
