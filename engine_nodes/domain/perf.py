@@ -68,6 +68,12 @@ class PerfProfile:
     frontend_ms: float = 5.0
     p_ms: float = 0.0  # per prefill chunk in the step
     h_ms: float = 0.0  # host time per sequence in the step, overlapping the device
+    # KV bytes of one token on one GPU of the replica (2 · layers · KV heads ·
+    # head size · bytes, over the tensor-parallel GPUs): sizes the CPU offload tier.
+    kv_bytes_per_token: int = 131_072
+    # Device time to load one token's KV from host memory (the offload tier's cost
+    # per block moved, over its tokens): KV bytes over the host link's bandwidth.
+    host_load_us_per_token: float = 5.2
 
     def __post_init__(self) -> None:
         times = (
@@ -79,12 +85,16 @@ class PerfProfile:
             self.frontend_ms,
             self.p_ms,
             self.h_ms,
+            self.host_load_us_per_token,
         )
         if self.w_ms <= 0 or min(times) < 0:
             raise ValueError(f"profile {self.name}: time constants must be positive")
         if min(self.num_gpu_blocks - 1, self.max_num_batched_tokens) < 1:
             raise ValueError(f"profile {self.name}: needs KV blocks and a token budget")
-        if min(self.max_num_seqs, self.block_size, self.gpus) < 1:
+        if (
+            min(self.max_num_seqs, self.block_size, self.gpus, self.kv_bytes_per_token)
+            < 1
+        ):
             raise ValueError(f"profile {self.name}: sizes must be positive")
 
 
@@ -110,6 +120,9 @@ PROFILES: dict[str, PerfProfile] = {
             max_num_batched_tokens=2048,
             max_num_seqs=256,
             gpus=1,
+            # Llama-3-8B: 2·32·8·128·2 bytes; PCIe Gen4 x16 at ~25 GB/s.
+            kv_bytes_per_token=131_072,
+            host_load_us_per_token=5.2,
             description=(
                 "Llama-3-8B BF16 on one A100-80GB (default). Calibrated: 83 "
                 "closed-loop streams of 650/250 tokens give about 2,500 output "
@@ -128,6 +141,9 @@ PROFILES: dict[str, PerfProfile] = {
             max_num_batched_tokens=8192,
             max_num_seqs=1024,
             gpus=1,
+            # PCIe Gen5 x16 at ~50 GB/s.
+            kv_bytes_per_token=131_072,
+            host_load_us_per_token=2.6,
             description=(
                 "Llama-3-8B BF16 on one H100-80GB; single-stream ITL ≈ 6.7 ms "
                 "(measured vLLM: 6.5 ms)."
@@ -145,6 +161,9 @@ PROFILES: dict[str, PerfProfile] = {
             max_num_batched_tokens=8192,
             max_num_seqs=1024,
             gpus=4,
+            # Llama-3-70B: 2·80·8·128·2 bytes over 4 GPUs, each its own Gen5 link.
+            kv_bytes_per_token=81_920,
+            host_load_us_per_token=1.6,
             description=(
                 "Llama-3-70B BF16 on four H100-80GB (TP4): W = 13.2 ms weights + "
                 "3.2 ms all-reduce. Prefill may be pessimistic by up to 1.5x."
@@ -162,6 +181,9 @@ PROFILES: dict[str, PerfProfile] = {
             max_num_batched_tokens=8192,
             max_num_seqs=1024,
             gpus=2,
+            # 2·80·8·128·2 bytes over 2 GPUs, each its own Gen5 link.
+            kv_bytes_per_token=163_840,
+            host_load_us_per_token=3.3,
             description=(
                 "Llama-3-70B with INT8 (W8A8) weights on two H100-80GB (TP2); derived, "
                 "not measured. W = 14 ms (35 GB of weights per GPU at ~2.5 TB/s) + "
@@ -190,6 +212,9 @@ PROFILES: dict[str, PerfProfile] = {
             max_num_seqs=32,
             block_size=128,
             gpus=1,
+            # The tiny Llama: 2·2·2·32·2 bytes; host and "device" are one memory.
+            kv_bytes_per_token=512,
+            host_load_us_per_token=0.05,
             description=(
                 "Real vLLM 0.32.0, CPU build, serving the tiny Llama (manage.py "
                 "make_tiny_model: 2 layers, hidden 128, bf16) on a 2-core AMD EPYC "

@@ -1,7 +1,8 @@
 """vLLM V1's KV block pool with automatic prefix caching (research spec §3).
 
-Public surface: ``BlockPool``, ``NONE_HASH``, ``hash_block_tokens``,
-``hash_full_blocks``, ``max_cache_hit_blocks``.
+Public surface: ``BlockPool``, ``HostBlockCache`` (the CPU offloading tier),
+``host_blocks``, ``NONE_HASH``, ``hash_block_tokens``, ``hash_full_blocks``,
+``max_cache_hit_blocks``.
 
 - KV lives in blocks of ``block_size`` tokens. Block 0 is vLLM's *null block*: never
   allocated, never free, which is why usage divides by ``num_blocks - 1``.
@@ -38,8 +39,10 @@ from collections.abc import Iterable, Sequence
 __all__ = [
     "NONE_HASH",
     "BlockPool",
+    "HostBlockCache",
     "hash_block_tokens",
     "hash_full_blocks",
+    "host_blocks",
     "max_cache_hit_blocks",
 ]
 
@@ -261,3 +264,115 @@ class BlockPool:
         self._cached.clear()
         self._block_hash = [None] * self.num_blocks
         return True
+
+
+class HostBlockCache:
+    """vLLM's CPU offloading tier: KV blocks copied to host memory, found by hash.
+
+    What vLLM 0.32 does with ``--kv-offloading-size N`` (``--kv-offloading-backend
+    native``: its ``OffloadingConnector`` with the CPU manager and the LRU policy),
+    reduced to what decides hits:
+
+    - ``num_blocks`` host blocks (``N`` GiB over ``block_size`` tokens times the
+      model's KV bytes per token: ``host_blocks``); an LRU of block hashes.
+    - Every full block a request computes (prompt and answer) is stored once it is
+      computed (``store``); a block already there moves to the tail instead. Storing
+      past capacity evicts from the head.
+    - A request that misses in the GPU pool looks up the blocks that follow its GPU
+      hit (``lookup``): the run of consecutive stored hashes is loaded into its
+      freshly allocated GPU blocks before it prefills the rest, and those blocks
+      move to the tail (``touch``).
+
+    Blocks no later request can match (the fleet simulator hashes only the blocks
+    on a conversation's stream) still take host space: ``store_unmatched`` adds
+    that many entries no lookup finds. Counters: ``blocks_stored``,
+    ``blocks_loaded``, ``evictions``.
+
+    Invariant: ``len(self) <= num_blocks``.
+    """
+
+    __slots__ = (
+        "_blocks",
+        "_next_anonymous",
+        "blocks_loaded",
+        "blocks_stored",
+        "evictions",
+        "num_blocks",
+    )
+
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks < 1:
+            raise ValueError("a host cache needs at least one block")
+        self.num_blocks = num_blocks
+        self._blocks: OrderedDict[int, None] = OrderedDict()
+        self._next_anonymous = -1  # keys below 0 are never looked up
+        self.blocks_stored = 0
+        self.blocks_loaded = 0
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def __contains__(self, block_hash: int) -> bool:
+        return block_hash in self._blocks
+
+    def lookup(self, block_hashes: Sequence[int], start: int, stop: int) -> int:
+        """Return how many of ``block_hashes[start:stop]``, from ``start`` on, are
+        stored without a gap. Nothing moves."""
+        blocks = self._blocks
+        found = 0
+        for block_hash in block_hashes[start:stop]:
+            if block_hash not in blocks:
+                break
+            found += 1
+        return found
+
+    def touch(self, block_hashes: Iterable[int]) -> None:
+        """Move stored blocks to the tail (loaded by a request) and count them."""
+        blocks = self._blocks
+        for block_hash in block_hashes:
+            blocks.move_to_end(block_hash)
+            self.blocks_loaded += 1
+
+    def store(self, block_hashes: Iterable[int]) -> int:
+        """Store computed blocks (a stored one moves to the tail); return how many
+        were new."""
+        blocks = self._blocks
+        new = 0
+        for block_hash in block_hashes:
+            if block_hash in blocks:
+                blocks.move_to_end(block_hash)
+                continue
+            blocks[block_hash] = None
+            new += 1
+        self.blocks_stored += new
+        self._evict()
+        return new
+
+    def store_unmatched(self, count: int) -> None:
+        """Store ``count`` blocks no lookup will ever find (space, not hits)."""
+        if count <= 0:
+            return
+        blocks = self._blocks
+        key = self._next_anonymous
+        for _ in range(count):
+            blocks[key] = None
+            key -= 1
+        self._next_anonymous = key
+        self.blocks_stored += count
+        self._evict()
+
+    def _evict(self) -> None:
+        blocks = self._blocks
+        over = len(blocks) - self.num_blocks
+        for _ in range(over):
+            blocks.popitem(last=False)
+        if over > 0:
+            self.evictions += over
+
+
+def host_blocks(offload_gib: float, block_size: int, kv_bytes_per_token: int) -> int:
+    """Return the host blocks ``--kv-offloading-size offload_gib`` holds."""
+    if offload_gib < 0 or block_size < 1 or kv_bytes_per_token < 1:
+        raise ValueError("offload size, block size and KV bytes must be positive")
+    return int(offload_gib * (1 << 30) // (block_size * kv_bytes_per_token))
