@@ -26,6 +26,32 @@ its end. Scheduling follows vLLM V1 (research spec §2.6, §6.3):
    step, or it is decoding) samples one token. Reaching ``output_len`` finishes it:
    its blocks are freed, last block first, to the LRU tail.
 
+The CPU offload tier (``EngineConfig.kv_offloading_size`` GiB, vLLM's
+``--kv-offloading-size`` with its native ``OffloadingConnector``, CPU manager and LRU
+policy; off by default) is a ``prefix_cache.HostBlockCache`` of
+``host_blocks(size, block_size, kv_bytes_per_token * gpus)`` blocks (vLLM splits the
+size over the tensor-parallel ranks, each holding its share of every block):
+
+- at ``end_step`` every newly full block of a scheduled request (prompt and answer)
+  is stored to the host tier under its chained hash, whether or not prefix caching
+  is on (vLLM hashes blocks for a KV connector either way);
+- at admission, after the GPU hit, the blocks that follow it are looked up in the
+  host tier (a gap ends the run; capped as the GPU hit is, so the last token is
+  recomputed); those tokens count as computed, the blocks are touched, and their
+  load, ``host_tokens * host_load_us_per_token / 1000`` ms, is added to the device
+  time of that step. That is pessimistic: vLLM loads asynchronously, the request
+  waiting (``WAITING_FOR_REMOTE_KVS``) while other requests' steps run;
+- the loaded blocks are registered in the GPU prefix cache when the step ends, as
+  the ones the request computes.
+
+Counters as vLLM 0.32's scheduler records them (``PrefixCacheStats`` of the
+connector, for a request's first admission only; a preempted request's lookups go
+to the preempted fields vLLM does not export): ``host_cache_queries += num_tokens
+- gpu_hit_tokens`` (``vllm:external_prefix_cache_queries``) and ``host_cache_hits
++= host_tokens`` (``vllm:external_prefix_cache_hits``). ``cached_tokens`` (usage's
+``prompt_tokens_details.cached_tokens``, vLLM's ``num_cached_tokens``) is the GPU
+hit plus the host hit.
+
 Deviation from vLLM, deliberate: blocks are cached when the step **ends** (vLLM caches
 them when it schedules), so two identical prompts admitted in the same step both miss.
 
@@ -36,6 +62,7 @@ reply back in its next turn.
 
 from __future__ import annotations
 
+import math
 import random
 from collections import deque
 from collections.abc import Sequence
@@ -46,7 +73,9 @@ from engine_nodes.domain.perf import PerfProfile, jitter_factor
 from engine_nodes.domain.prefix_cache import (
     NONE_HASH,
     BlockPool,
+    HostBlockCache,
     hash_block_tokens,
+    host_blocks,
 )
 from engine_nodes.domain.tokens import output_token_ids, request_seed
 
@@ -73,14 +102,19 @@ class EngineOverrides(TypedDict, total=False):
     block_size: int
     max_model_len: int
     enable_prefix_caching: bool
+    kv_offloading_size: float | None
 
 
 @dataclass(slots=True)
 class EngineConfig:
     """The scheduler and KV limits of one replica (vLLM's names).
 
+    ``kv_offloading_size``: GiB of host memory for the CPU offload tier (vLLM's
+    ``--kv-offloading-size``, the total over tensor-parallel ranks); None: no tier.
+
     Invariants: every size is positive; ``num_gpu_blocks >= 2`` (one is the null
-    block).
+    block); ``kv_offloading_size`` is None or a finite number above 0 (vLLM refuses
+    0: its CPU offload spec needs ``cpu_bytes_to_use``).
     """
 
     max_num_seqs: int
@@ -89,6 +123,7 @@ class EngineConfig:
     block_size: int = 16
     max_model_len: int = 8192
     enable_prefix_caching: bool = True
+    kv_offloading_size: float | None = None
 
     def __post_init__(self) -> None:
         sizes = (
@@ -102,6 +137,16 @@ class EngineConfig:
         if self.num_gpu_blocks < 2:
             raise ValueError(
                 "num_gpu_blocks must be at least 2 (one is the null block)"
+            )
+        size = self.kv_offloading_size
+        if size is not None and (
+            isinstance(size, bool)
+            or not isinstance(size, int | float)
+            or not math.isfinite(size)
+            or size <= 0
+        ):
+            raise ValueError(
+                f"kv_offloading_size must be a number of GiB above 0, not {size!r}"
             )
 
     @classmethod
@@ -154,7 +199,7 @@ class FinishedRequest:
 
     request_id: str
     prompt_tokens: int
-    cached_tokens: int  # prefix-cache hit at first scheduling
+    cached_tokens: int  # prefix-cache hit at first scheduling (GPU + host tier)
     output_tokens: int
     finish_reason: str  # "length" | "stop" | "abort"
     arrived_at: float
@@ -186,9 +231,11 @@ class _Request:
         "cached_tokens",
         "finish_reason",
         "first_token_at",
+        "host_cached_tokens",
         "num_cached_blocks",
         "num_computed",
         "num_generated",
+        "num_offloaded_blocks",
         "num_preemptions",
         "output_len",
         "prompt",
@@ -217,7 +264,9 @@ class _Request:
             int
         ] = []  # chained hashes of full blocks, computed lazily
         self.num_cached_blocks = 0  # leading blocks already registered in the pool
+        self.num_offloaded_blocks = 0  # leading blocks already stored to the host tier
         self.cached_tokens = 0
+        self.host_cached_tokens = 0  # the part of cached_tokens the host tier gave
         self.arrived_at = now
         self.scheduled_at: float | None = None
         self.first_token_at: float | None = None
@@ -235,7 +284,10 @@ class Engine:
     ``prompt_tokens_total`` and ``prompt_tokens_cached`` (the prompts and their prefix
     hits, counted once per request when its prefill completes, as vLLM's
     ``vllm:prompt_tokens_total`` and ``vllm:prompt_tokens_cached_total`` are),
-    ``generation_tokens`` and ``num_preemptions``.
+    ``generation_tokens`` and ``num_preemptions``; with the host tier
+    ``host_cache_queries`` and ``host_cache_hits`` (tokens, counted as vLLM's
+    ``external_prefix_cache_*``) and ``prompt_tokens_cached_host`` (the host part of
+    ``prompt_tokens_cached``), all 0 without it.
 
     Invariants: at most one step is in flight; a request is in exactly one of waiting,
     running or gone; only running requests hold blocks; unfinished requests are
@@ -243,6 +295,7 @@ class Engine:
     """
 
     __slots__ = (
+        "_host",
         "_jitter_cv",
         "_pool",
         "_requests",
@@ -257,11 +310,14 @@ class Engine:
         "_waiting",
         "config",
         "generation_tokens",
+        "host_cache_hits",
+        "host_cache_queries",
         "num_preemptions",
         "prefix_cache_hits",
         "prefix_cache_queries",
         "profile",
         "prompt_tokens_cached",
+        "prompt_tokens_cached_host",
         "prompt_tokens_computed",
         "prompt_tokens_total",
     )
@@ -283,6 +339,17 @@ class Engine:
             self.config.block_size,
             enable_caching=self.config.enable_prefix_caching,
         )
+        self._host: HostBlockCache | None = None
+        offload_gib = self.config.kv_offloading_size
+        if offload_gib is not None:
+            block_bytes = profile.kv_bytes_per_token * profile.gpus
+            num_host = host_blocks(offload_gib, self.config.block_size, block_bytes)
+            if num_host < 1:
+                raise ValueError(
+                    f"kv_offloading_size {offload_gib} GiB holds no KV block of "
+                    f"{self.config.block_size * block_bytes} bytes"
+                )
+            self._host = HostBlockCache(num_host)
         self._rng = random.Random(seed)
         self._jitter_cv = jitter_cv
         self._requests: dict[str, _Request] = {}
@@ -299,6 +366,9 @@ class Engine:
         self.prompt_tokens_computed = 0
         self.prompt_tokens_total = 0
         self.prompt_tokens_cached = 0
+        self.prompt_tokens_cached_host = 0
+        self.host_cache_queries = 0
+        self.host_cache_hits = 0
         self.generation_tokens = 0
         self.num_preemptions = 0
 
@@ -323,6 +393,11 @@ class Engine:
     def block_pool(self) -> BlockPool:
         """The KV block pool (read it; do not allocate from it)."""
         return self._pool
+
+    @property
+    def host_cache(self) -> HostBlockCache | None:
+        """The CPU offload tier (read it), or None without ``kv_offloading_size``."""
+        return self._host
 
     def has_work(self) -> bool:
         """Return True while any request is waiting or running."""
@@ -421,6 +496,7 @@ class Engine:
         decode_seqs = kv_tokens = prefill_tokens = prefill_seqs = 0
         prefill_work = 0.0
         preempted = 0
+        host_load_tokens = 0
 
         index = 0
         while index < len(running) and budget > 0:
@@ -459,15 +535,23 @@ class Engine:
             waiting = self._waiting
             max_num_seqs = config.max_num_seqs
             caching = config.enable_prefix_caching
+            host = self._host
             while waiting and budget > 0 and len(running) < max_num_seqs:
                 req = waiting[0]
                 num_tokens = req.prompt_len + req.num_generated
                 hit_ids: list[int] = []
-                if caching:
-                    max_blocks = (num_tokens - 1) // block_size
+                max_blocks = (num_tokens - 1) // block_size
+                if caching or host is not None:
                     self._ensure_hashes(req, max_blocks)
+                if caching:
                     hit_ids = pool.cached_block_ids(req.block_hashes, max_blocks)
-                hit_tokens = len(hit_ids) * block_size
+                num_gpu_hit = len(hit_ids)
+                num_host_hit = 0
+                if host is not None:
+                    num_host_hit = host.lookup(
+                        req.block_hashes, num_gpu_hit, max_blocks
+                    )
+                hit_tokens = (num_gpu_hit + num_host_hit) * block_size
                 left = num_tokens - hit_tokens
                 n = left if left < budget else budget
                 need_blocks = (hit_tokens + n + block_size - 1) // block_size - len(
@@ -479,16 +563,28 @@ class Engine:
                 hit_ids.extend(pool.allocate(need_blocks))
                 req.block_ids = hit_ids
                 req.num_computed = hit_tokens
-                req.num_cached_blocks = hit_tokens // block_size
+                # Loaded blocks are registered in the pool once the step ends.
+                req.num_cached_blocks = num_gpu_hit
                 req.state = _RUNNING
                 waiting.popleft()
                 running.append(req)
+                host_tokens = num_host_hit * block_size
+                if host is not None and num_host_hit:
+                    host.touch(
+                        req.block_hashes[num_gpu_hit : num_gpu_hit + num_host_hit]
+                    )
+                    host_load_tokens += host_tokens
                 if req.scheduled_at is None:
                     req.scheduled_at = now
                     req.cached_tokens = hit_tokens
+                    req.host_cached_tokens = host_tokens
+                    gpu_tokens = num_gpu_hit * block_size
                     if caching:
                         self.prefix_cache_queries += num_tokens
-                        self.prefix_cache_hits += hit_tokens
+                        self.prefix_cache_hits += gpu_tokens
+                    if host is not None:
+                        self.host_cache_queries += num_tokens - gpu_tokens
+                        self.host_cache_hits += host_tokens
                 scheduled.append((req, n))
                 budget -= n
                 if left == 1 and req.num_generated:
@@ -515,6 +611,9 @@ class Engine:
             + profile.p_ms * prefill_seqs
             + profile.kkv_us * 1e-3 * kv_tokens
             + profile.katt * prefill_work
+            # Host-tier loads as device time in the admitting step (pessimistic:
+            # vLLM overlaps them with other requests' steps).
+            + profile.host_load_us_per_token * 1e-3 * host_load_tokens
         )
         host_ms = profile.h_ms * (decode_seqs + prefill_seqs)
         if host_ms > step_ms:
@@ -534,6 +633,7 @@ class Engine:
         pool = self._pool
         block_size = self.config.block_size
         caching = self.config.enable_prefix_caching
+        host = self._host
         tokens: list[TokenEvent] = []
         finished: list[FinishedRequest] = []
         for req, n in step:
@@ -550,6 +650,12 @@ class Engine:
                     for k in range(req.num_cached_blocks, full):
                         pool.cache_block(block_ids[k], block_hashes[k])
                     req.num_cached_blocks = full
+            if host is not None:
+                full = num_computed // block_size
+                if full > req.num_offloaded_blocks:
+                    self._ensure_hashes(req, full)
+                    host.store(req.block_hashes[req.num_offloaded_blocks : full])
+                    req.num_offloaded_blocks = full
             generated = req.num_generated
             if num_computed != req.prompt_len + generated:
                 continue  # a prefill chunk that did not finish the prompt
@@ -558,6 +664,7 @@ class Engine:
                 req.first_token_at = now
                 self.prompt_tokens_total += req.prompt_len
                 self.prompt_tokens_cached += req.cached_tokens
+                self.prompt_tokens_cached_host += req.host_cached_tokens
             is_final = generated + 1 == req.output_len
             tokens.append(TokenEvent(req.request_id, generated, is_final))
             if is_final:

@@ -10,7 +10,10 @@ The manifest is a plain dict in the API's camelCase shape, ready for
 
 - ``resources``: ``nvidia.com/gpu`` = ``gpus_per_replica`` in both requests and
   limits (extended resources must have them equal), written as a string quantity,
-  as the API returns it;
+  as the API returns it; with CPU offloading of the KV cache (``--kv-offloading-size
+  N`` in ``argv``, passed through like every flag) a ``memory`` request of ``N``
+  GiB (in whole MiB, rounded up), so the pod lands on a node with that much host
+  memory for vLLM's pinned offload buffer (no limit: the process needs more);
 - probes on ``GET /health``: a startup probe that allows ``startup_timeout_s``
   (weights load and CUDA graph capture take minutes), then readiness (out of the
   Service within ~15 s) and liveness (restart after ~60 s of failures);
@@ -231,6 +234,10 @@ def render_deployment(*, namespace: str, spec: PoolSpec) -> dict[str, Any]:
         "app.kubernetes.io/managed-by": MANAGED_BY,
     }
     gpus = str(spec.gpus_per_replica)
+    requests: dict[str, str] = {GPU_RESOURCE: gpus}
+    offload = _offload_memory(spec.argv)
+    if offload is not None:
+        requests["memory"] = offload
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": spec.image,
@@ -240,7 +247,7 @@ def render_deployment(*, namespace: str, spec: PoolSpec) -> dict[str, Any]:
         "ports": [{"name": "http", "containerPort": spec.port, "protocol": "TCP"}],
         "resources": {
             "limits": {GPU_RESOURCE: gpus},
-            "requests": {GPU_RESOURCE: gpus},
+            "requests": requests,
         },
         "startupProbe": _health_probe(
             period_s=STARTUP_PERIOD_S,
@@ -335,6 +342,25 @@ def follow_action(
     if existing_replicas != manifest["spec"]["replicas"]:
         return FollowAction.SCALE
     return FollowAction.NONE
+
+
+def _offload_memory(argv: tuple[str, ...]) -> str | None:
+    """Return the memory quantity of ``--kv-offloading-size`` GiB, or None."""
+    value: str | None = None
+    for k, arg in enumerate(argv):
+        if arg == "--kv-offloading-size" and k + 1 < len(argv):
+            value = argv[k + 1]
+        elif arg.startswith("--kv-offloading-size="):
+            value = arg.partition("=")[2]
+    if value is None:
+        return None
+    try:
+        gib = float(value)
+    except ValueError:
+        return None  # vLLM refuses it at start; nothing to reserve
+    if not math.isfinite(gib) or gib <= 0:
+        return None
+    return f"{math.ceil(gib * 1024)}Mi"
 
 
 def _health_probe(*, period_s: int, failure_threshold: int) -> dict[str, Any]:

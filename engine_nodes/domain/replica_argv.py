@@ -36,6 +36,17 @@ Precision (the version's identity, not a tunable):
 - ``4bit``: ``--dtype float16 --quantization awq`` (AWQ kernels run in float16),
   or the method ``engine_config["quantization"]`` names (``gptq``, ``awq_marlin``...).
 
+CPU offloading of the KV cache (vLLM's second cache tier): ``kv_offloading_size``
+(GiB of host memory, the total over tensor-parallel ranks; a number above 0) and
+``kv_offloading_backend`` (``"native"``, vLLM's OffloadingConnector to CPU memory
+with its LRU policy, the default; or ``"lmcache"``) reach ``vllm serve`` as
+``--kv-offloading-size N --kv-offloading-backend X`` and the simulated replica
+alike (it models ``native`` and refuses ``lmcache`` at start). vLLM fails to start
+with a size of 0 (its CPU offload spec needs ``cpu_bytes_to_use``), so 0 is
+refused here: leave the key out for no offloading. The vLLM CPU build parses the
+flags but its worker refuses them ("CPU Offloading is currently only supported
+on CUDA-alike and XPU GPUs"); ``lmcache`` needs the ``lmcache`` package.
+
 ``engine_config["dtype"]`` may replace ``float16`` (``bfloat16`` for checkpoints
 trained in bf16). Keys starting with ``sim_`` configure the simulated replica and
 never reach vLLM: ``sim_profile`` (its performance profile), ``sim_quality``
@@ -108,7 +119,14 @@ _RESTATABLE = frozenset(
 # Consumed by the fixed part of the argv (precision and prefix caching).
 _CONSUMED_KEYS = frozenset({"dtype", "quantization", "enable_prefix_caching"})
 # The flags the simulated replica shares with ``vllm serve``.
-_SIM_FLAG_KEYS = ("max_model_len", "max_num_batched_tokens", "max_num_seqs")
+_SIM_FLAG_KEYS = (
+    "kv_offloading_backend",
+    "kv_offloading_size",
+    "max_model_len",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+)
+_OFFLOADING_BACKENDS = ("native", "lmcache")
 _SIM_PREFIX = "sim_"
 
 _FLAG_KEY = re.compile(r"^[a-z][a-z0-9_]*\Z")
@@ -189,6 +207,7 @@ def vllm_serve_argv(spec: ReplicaSpec, *, vllm_executable: str = "vllm") -> list
         raise ValueError("vllm serve needs a weights_dir")
     config = dict(spec.engine_config)
     _check_reserved(config, spec)
+    _check_offloading(config)
     argv = [
         vllm_executable,
         "serve",
@@ -225,7 +244,8 @@ def sim_replica_argv(
 
     The simulator takes ``vllm serve``'s flag names where they exist. Only the
     flags it models are passed (``max_model_len``, ``max_num_batched_tokens``,
-    ``max_num_seqs``, prefix caching); the profile comes from
+    ``max_num_seqs``, ``kv_offloading_size``, ``kv_offloading_backend``, prefix
+    caching); the profile comes from
     ``sim_profile_for(spec, default=profile)``, then ``--sim-quality`` and
     ``--sim-ttft-factor`` when the config sets them (``sim_quality_for``,
     ``sim_ttft_factor_for``). ``--model`` is the weights directory, or the model
@@ -236,6 +256,7 @@ def sim_replica_argv(
     """
     config = dict(spec.engine_config)
     _check_reserved(config, spec)
+    _check_offloading(config)
     argv = [
         python,
         "-m",
@@ -379,6 +400,27 @@ def _check_reserved(config: Mapping[str, Any], spec: ReplicaSpec) -> None:
         raise ValueError(
             f"engine_config may not set {key!r}: the platform controls it"
             + (f" (it is {own[key]!r} here)" if key in own else "")
+        )
+
+
+def _check_offloading(config: Mapping[str, Any]) -> None:
+    size = config.get("kv_offloading_size")
+    if "kv_offloading_size" in config and (
+        _is_bool(size)
+        or not isinstance(size, int | float)
+        or not math.isfinite(size)
+        or size <= 0
+    ):
+        raise ValueError(
+            f"engine_config['kv_offloading_size'] must be a number of GiB above 0, "
+            f"not {size!r} (vLLM fails to start with 0: leave the key out for no "
+            "CPU offloading)"
+        )
+    backend = config.get("kv_offloading_backend", "native")
+    if backend not in _OFFLOADING_BACKENDS:
+        raise ValueError(
+            f"engine_config['kv_offloading_backend'] must be one of "
+            f"{list(_OFFLOADING_BACKENDS)}, not {backend!r}"
         )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -13,6 +14,7 @@ from engine_nodes.domain.perf import PROFILES
 from engine_nodes.sim.replica import (
     Faults,
     SimOptions,
+    check_offloading_backend,
     check_quality,
     check_ttft_factor,
 )
@@ -61,6 +63,21 @@ def build_parser() -> argparse.ArgumentParser:
     add("--num-gpu-blocks-override", type=int, default=None)
     add("--block-size", type=int, default=16)
     add("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    add(
+        "--kv-offloading-size",
+        type=_offloading_size,
+        default=None,
+        help="GiB of host memory for the CPU offload tier of the KV cache (vLLM's "
+        "native OffloadingConnector, LRU); the total over tensor-parallel ranks. "
+        "Unset: no offloading.",
+    )
+    add(
+        "--kv-offloading-backend",
+        choices=["native", "lmcache"],
+        default="native",
+        help="Only native is simulated; lmcache is refused (its KV lives in a "
+        "separate LMCache server).",
+    )
     add("--enable-prompt-tokens-details", action="store_true")
     add("--enable-force-include-usage", action="store_true")
     add("--enable-request-id-headers", action="store_true")
@@ -163,6 +180,8 @@ def options_from_args(args: argparse.Namespace) -> tuple[SimOptions, Faults]:
         num_gpu_blocks=args.num_gpu_blocks_override,
         block_size=args.block_size,
         enable_prefix_caching=args.enable_prefix_caching,
+        kv_offloading_size=args.kv_offloading_size,
+        kv_offloading_backend=args.kv_offloading_backend,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         enable_force_include_usage=args.enable_force_include_usage,
         enable_request_id_headers=args.enable_request_id_headers,
@@ -199,6 +218,21 @@ def _quality(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _offloading_size(text: str) -> float:
+    # vLLM takes a float; 0 makes its CPU offload spec fail at start
+    # ("cpu_bytes_to_use must be specified"), so it is refused here.
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of GiB") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(
+            f"--kv-offloading-size must be above 0 GiB, not {text}; leave it out "
+            "to turn offloading off"
+        )
+    return value
+
+
 def _ttft_factor(text: str) -> float:
     try:
         return check_ttft_factor(float(text))
@@ -210,7 +244,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Parse flags and serve until interrupted."""
     import uvicorn
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        check_offloading_backend(args.kv_offloading_backend)
+    except ValueError as exc:
+        parser.error(str(exc))
     options, faults = options_from_args(args)
     logging.basicConfig(
         level=args.log_level.upper(),

@@ -9,7 +9,19 @@ The families, their labels and buckets are those of vLLM 0.32 and are checked
 against a capture of real vLLM (``engine_nodes/tests/test_sim_conformance.py``).
 Labelled families are created with every label value up front, as vLLM does, so a
 scraper sees the same series before and after the first request. Families for
-what is not simulated (external KV transfer, multimodal inputs) stay at zero.
+what is not simulated (KV transfer between instances, multimodal inputs) stay at
+zero.
+
+The CPU offload tier (``--kv-offloading-size``, vLLM's native offloading
+connector) feeds what vLLM 0.32 feeds from its connector's ``PrefixCacheStats``:
+``vllm:external_prefix_cache_queries`` (per first admission, the request's tokens
+past its GPU hit), ``vllm:external_prefix_cache_hits`` (the tokens loaded from the
+host tier), ``vllm:prompt_tokens_cached_by_source{source="host"}`` (the same hits;
+``source="device"`` takes ``vllm:prefix_cache_hits``, so the sources sum to the two
+hit counters, counted at admission) and, once each prefill completes,
+``vllm:prompt_tokens_by_source{source="external_kv_transfer"}`` (the host part of
+``vllm:prompt_tokens_cached``). vLLM's connector-only ``vllm:kv_offload_*``
+families are not simulated.
 """
 
 from __future__ import annotations
@@ -166,6 +178,7 @@ class EngineMetrics:
         block_size: int,
         num_gpu_blocks: int,
         enable_prefix_caching: bool,
+        kv_offloading_size: float | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.model_name = model_name
@@ -228,9 +241,17 @@ class EngineMetrics:
             "vllm:prefix_cache_hits",
             "Prefix cache hits, in terms of number of cached tokens.",
         )
-        # Nothing comes from another instance's KV or from multimodal inputs here.
-        counter("vllm:external_prefix_cache_queries", "External prefix cache queries.")
-        counter("vllm:external_prefix_cache_hits", "External prefix cache hits.")
+        # Fed by the CPU offload tier; nothing comes from another instance's KV.
+        self.external_prefix_cache_queries = counter(
+            "vllm:external_prefix_cache_queries",
+            "External prefix cache queries from KV connector cross-instance cache "
+            "sharing, in terms of number of queried tokens.",
+        )
+        self.external_prefix_cache_hits = counter(
+            "vllm:external_prefix_cache_hits",
+            "External prefix cache hits from KV connector cross-instance cache "
+            "sharing, in terms of number of cached tokens.",
+        )
         counter("vllm:mm_cache_queries", "Multi-modal cache queries.")
         counter("vllm:mm_cache_hits", "Multi-modal cache hits.")
         self.num_preemptions = counter(
@@ -367,6 +388,7 @@ class EngineMetrics:
             "effective_attention_block_size": str(block_size),
             "enable_prefix_caching": str(enable_prefix_caching),
             "engine": "0",
+            "kv_offloading_size": str(kv_offloading_size),
             "kv_cache_max_concurrency": str(kv_tokens / max_model_len),
             "kv_cache_size_tokens": str(kv_tokens),
             "num_gpu_blocks": str(num_gpu_blocks),
@@ -382,8 +404,11 @@ class EngineMetrics:
         self._seen = {
             "queries": 0,
             "hits": 0,
+            "host_queries": 0,
+            "host_hits": 0,
             "prompt": 0,
             "cached": 0,
+            "cached_host": 0,
             "generation": 0,
             "preempt": 0,
         }
@@ -401,12 +426,19 @@ class EngineMetrics:
         prompt_tokens_cached: int,
         generation_tokens: int,
         num_preemptions: int,
+        host_cache_queries: int = 0,
+        host_cache_hits: int = 0,
+        prompt_tokens_cached_host: int = 0,
     ) -> None:
         """Set the gauges and advance the counters from the engine's cumulative state.
 
         As in vLLM, ``vllm:prompt_tokens`` counts whole prompts (cached tokens
-        included) once each prefill completes; the ``by_source`` split and
-        ``prompt_tokens_cached`` count the same prompts' computed and cached parts.
+        included) once each prefill completes; the ``prompt_tokens_by_source``
+        split and ``prompt_tokens_cached`` count the same prompts' computed and
+        cached parts (``prompt_tokens_cached_host`` of them from the host tier).
+        ``prompt_tokens_cached_by_source`` follows the hit counters instead
+        (``device``: ``prefix_cache_hits``; ``host``: ``host_cache_hits``), as
+        vLLM's logger increments it from the scheduler's prefix-cache stats.
         """
         self.num_requests_running.set(num_running)
         self.num_requests_waiting.set(num_waiting)
@@ -417,18 +449,36 @@ class EngineMetrics:
             self.iteration_tokens.observe(iteration_tokens)
         seen = self._seen
         cached = prompt_tokens_cached - seen["cached"]
+        cached_host = prompt_tokens_cached_host - seen["cached_host"]
         computed = prompt_tokens_total - seen["prompt"] - cached
         if cached > 0:
             self.prompt_tokens_cached.inc(cached)
-            self.prompt_tokens_by_source["local_cache_hit"].inc(cached)
-            self.prompt_tokens_cached_by_source["device"].inc(cached)
+            if cached > cached_host:
+                self.prompt_tokens_by_source["local_cache_hit"].inc(
+                    cached - cached_host
+                )
+        if cached_host > 0:
+            self.prompt_tokens_by_source["external_kv_transfer"].inc(cached_host)
         if computed > 0:
             self.prompt_tokens_by_source["local_compute"].inc(computed)
+        hits = prefix_cache_hits - seen["hits"]
+        if hits > 0:
+            self.prompt_tokens_cached_by_source["device"].inc(hits)
+        host_hits = host_cache_hits - seen["host_hits"]
+        if host_hits > 0:
+            self.prompt_tokens_cached_by_source["host"].inc(host_hits)
         for key, total, collector in (
             ("queries", prefix_cache_queries, self.prefix_cache_queries),
             ("hits", prefix_cache_hits, self.prefix_cache_hits),
+            (
+                "host_queries",
+                host_cache_queries,
+                self.external_prefix_cache_queries,
+            ),
+            ("host_hits", host_cache_hits, self.external_prefix_cache_hits),
             ("prompt", prompt_tokens_total, self.prompt_tokens),
             ("cached", prompt_tokens_cached, None),
+            ("cached_host", prompt_tokens_cached_host, None),
             ("generation", generation_tokens, self.generation_tokens),
             ("preempt", num_preemptions, self.num_preemptions),
         ):

@@ -1,7 +1,7 @@
 """The simulated vLLM replica's engine side: its options, faults and engine loop.
 
 Public surface: ``SimOptions``, ``Faults``, ``Stream``, ``Answer``, ``SimReplica``,
-``check_quality``, ``check_ttft_factor``, ``refusal``, ``next_step_start``, and the
+``check_quality``, ``check_ttft_factor``, ``check_offloading_backend``, ``refusal``, ``next_step_start``, and the
 constants of vLLM's surface (``VLLM_VERSION``, ``SYSTEM_FINGERPRINT``,
 ``MAX_BODY_BYTES``, ``DEGRADED_PIECES``).
 
@@ -89,6 +89,10 @@ class SimOptions:
     num_gpu_blocks: int | None = None
     block_size: int = 16
     enable_prefix_caching: bool = True
+    # vLLM's --kv-offloading-size (GiB, None: off) and --kv-offloading-backend;
+    # only "native" (its OffloadingConnector to CPU memory) is simulated.
+    kv_offloading_size: float | None = None
+    kv_offloading_backend: str = "native"
     enable_prompt_tokens_details: bool = False
     enable_force_include_usage: bool = False
     enable_request_id_headers: bool = False
@@ -157,6 +161,23 @@ def check_quality(value: Any) -> float:
     return float(value)
 
 
+def check_offloading_backend(value: Any) -> str:
+    """Return ``value`` if it is the simulated offloading backend; raise ValueError.
+
+    Only ``native`` (vLLM's OffloadingConnector, KV blocks copied to this host's
+    memory) is modelled. ``lmcache`` keeps the KV in a separate LMCache server whose
+    capacity vLLM does not set (it passes no ``--kv-offloading-size`` to it), so a
+    simulated replica refuses it rather than pretend it is native.
+    """
+    if value != "native":
+        raise ValueError(
+            f"kv_offloading_backend {value!r} is not simulated: the simulated "
+            "replica models only 'native' (vLLM's CPU OffloadingConnector); "
+            "'lmcache' keeps its KV in a separate LMCache server"
+        )
+    return value
+
+
 def check_ttft_factor(value: Any) -> float:
     """Return ``value`` as a TTFT factor, a finite number >= 1; raise ValueError if not.
 
@@ -216,6 +237,7 @@ class SimReplica:
         self.faults = faults or Faults()
         check_quality(self.faults.quality)
         check_ttft_factor(self.faults.ttft_factor)
+        check_offloading_backend(options.kv_offloading_backend)
         # The overrides name PerfProfile's float fields (sim.cli.PROFILE_FLAGS);
         # replace() refuses any other name at run time.
         profile_overrides: dict[str, Any] = dict(options.profile_overrides)
@@ -227,6 +249,7 @@ class SimReplica:
             "block_size": options.block_size,
             "max_model_len": options.max_model_len,
             "enable_prefix_caching": options.enable_prefix_caching,
+            "kv_offloading_size": options.kv_offloading_size,
         }
         if options.max_num_seqs:
             overrides["max_num_seqs"] = options.max_num_seqs
@@ -244,6 +267,7 @@ class SimReplica:
             block_size=self.config.block_size,
             num_gpu_blocks=self.config.num_gpu_blocks,
             enable_prefix_caching=self.config.enable_prefix_caching,
+            kv_offloading_size=self.config.kv_offloading_size,
         )
         self.started_at = time.time()
         self._monotonic_start = time.monotonic()
@@ -495,6 +519,9 @@ class SimReplica:
             prompt_tokens_cached=engine.prompt_tokens_cached,
             generation_tokens=engine.generation_tokens,
             num_preemptions=engine.num_preemptions,
+            host_cache_queries=engine.host_cache_queries,
+            host_cache_hits=engine.host_cache_hits,
+            prompt_tokens_cached_host=engine.prompt_tokens_cached_host,
         )
 
     def choose_output_len(
