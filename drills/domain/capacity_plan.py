@@ -52,6 +52,13 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from drills.domain.replica_load import (
+    ChatLoad,
+    StepCosts,
+    estimate_fleet,
+    smallest_fleet,
+)
+from engine_nodes.domain.perf import PROFILES, PerfProfile
 from metering.domain.usage import usd_per_million_tokens
 
 __all__ = [
@@ -205,7 +212,101 @@ class ColdStart:
     )
 
 
+_A100 = PROFILES["a100-8b"]
+
+
+@dataclass(frozen=True, slots=True)
+class ChatReplicaShape:
+    """How fast one 7B replica steps (scenario section ``replica``).
+
+    The step-time constants of ``engine_nodes.domain.perf`` (defaults: the fleet
+    simulator's ``a100-8b`` profile, calibrated to the seed's 2,500 output tokens/s)
+    and its KV cache, for the plan's count of replicas with prefill
+    (``drills.domain.replica_load``). ``ChatReplicaShape.from_profile`` takes them
+    from any profile (``capacity_plan --profile``).
+    """
+
+    a_ms: float = _key(
+        _A100.a_ms, "ms", "fixed cost of one step", is_minimum_allowed=True
+    )
+    w_ms: float = _key(_A100.w_ms, "ms", "reading the weights once (memory-bound step)")
+    ctok_ms: float = _key(
+        _A100.ctok_ms, "ms", "linear layers per token in the step (1 / prefill speed)"
+    )
+    b_ms: float = _key(
+        _A100.b_ms, "ms", "per decoding stream in the step", is_minimum_allowed=True
+    )
+    kkv_us: float = _key(
+        _A100.kkv_us,
+        "us",
+        "decode attention per KV token read",
+        is_minimum_allowed=True,
+    )
+    katt: float = _key(
+        _A100.katt,
+        "ms",
+        "prefill attention per unit of n x (context + n / 2)",
+        is_minimum_allowed=True,
+    )
+    p_ms: float = _key(
+        _A100.p_ms, "ms", "per prefill chunk in the step", is_minimum_allowed=True
+    )
+    kv_cache_tokens: float = _key(
+        (_A100.num_gpu_blocks - 1) * _A100.block_size,
+        "tokens",
+        "KV cache of one replica (vLLM's GPU blocks x block size)",
+    )
+    max_num_seqs: int = _key(
+        _A100.max_num_seqs, "streams", "most streams one replica runs", is_whole=True
+    )
+    max_num_batched_tokens: int = _key(
+        _A100.max_num_batched_tokens,
+        "tokens",
+        "tokens one step computes (chunked prefill budget)",
+        is_whole=True,
+    )
+    host_load_us_per_token: float = _key(
+        _A100.host_load_us_per_token,
+        "us",
+        "loading one token's KV from host memory (the offload tier)",
+        is_minimum_allowed=True,
+    )
+
+    @classmethod
+    def from_profile(cls, profile: PerfProfile) -> ChatReplicaShape:
+        """Return the shape of ``profile``'s replica."""
+        return cls(
+            a_ms=profile.a_ms,
+            w_ms=profile.w_ms,
+            ctok_ms=profile.ctok_ms,
+            b_ms=profile.b_ms,
+            kkv_us=profile.kkv_us,
+            katt=profile.katt,
+            p_ms=profile.p_ms,
+            kv_cache_tokens=(profile.num_gpu_blocks - 1) * profile.block_size,
+            max_num_seqs=profile.max_num_seqs,
+            max_num_batched_tokens=profile.max_num_batched_tokens,
+            host_load_us_per_token=profile.host_load_us_per_token,
+        )
+
+    def step_costs(self) -> StepCosts:
+        return StepCosts(
+            a_ms=self.a_ms,
+            w_ms=self.w_ms,
+            ctok_ms=self.ctok_ms,
+            b_ms=self.b_ms,
+            kkv_us=self.kkv_us,
+            katt=self.katt,
+            p_ms=self.p_ms,
+            kv_cache_tokens=self.kv_cache_tokens,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            host_load_us_per_token=self.host_load_us_per_token,
+        )
+
+
 _SECTIONS: dict[str, type] = {
+    "replica": ChatReplicaShape,
     "big": BigLoad,
     "model": ChatModelShape,
     "big_model": BigModelShape,
@@ -262,6 +363,27 @@ class Scenario:
         2.50, "USD", "price of one GPU-hour", is_minimum_allowed=True
     )
     hours_per_month: float = _key(720, "h", "hours billed per month")
+    host_offload_gib: float = _key(
+        0,
+        "GiB",
+        "host memory per 7B replica for its KV cache (vLLM --kv-offloading-size)",
+        is_minimum_allowed=True,
+    )
+    host_gib_month_usd: float = _key(
+        0,
+        "USD",
+        "price of one GiB of host memory a month (0: it comes with the GPU node)",
+        is_minimum_allowed=True,
+    )
+    affinity_off_owner: float = _key(
+        0.06,
+        "fraction",
+        "requests prefix affinity's load bound sends off their warm replica "
+        "(measured: routing_ab's hit rate over the cache model's at the seed's peak)",
+        is_minimum_allowed=True,
+        maximum=1,
+    )
+    replica: ChatReplicaShape = field(default_factory=ChatReplicaShape)
     big: BigLoad = field(default_factory=BigLoad)
     model: ChatModelShape = field(default_factory=ChatModelShape)
     big_model: BigModelShape = field(default_factory=BigModelShape)
@@ -790,12 +912,180 @@ def plan(scenario: Scenario) -> Plan:
         1,
     )
 
+    prefill_warnings = _prefill_figures(
+        scenario,
+        add,
+        requests_per_s / survivors,
+        kv_bytes,
+        chat_replicas,
+        big_replicas * big.gpus_per_replica,
+    )
+
     options = tuple(
         _precision_option(scenario, name, bytes_per_param, chat_replicas, big_replicas)
         for name, bytes_per_param in PRECISIONS
     )
     warnings = _warnings(scenario, on_arrival, chat_free_gb, options)
-    return Plan(scenario, tuple(figures), options, warnings)
+    return Plan(scenario, tuple(figures), options, warnings + prefill_warnings)
+
+
+def _prefill_figures(
+    s: Scenario,
+    add: Any,
+    region_rate: float,
+    kv_bytes: float,
+    output_only_replicas: int,
+    big_gpus_per_region: int,
+) -> tuple[str, ...]:
+    """Add the section "Replicas, counting prefill"; return its warnings.
+
+    The replica model is ``drills.domain.replica_load``: the mean step of a replica
+    of ``s.replica`` at a region's peak, carried when streams keep
+    ``stream_tokens_per_s``; hits either assumed (``prefix_hit_rate``) or from
+    the cache model (GPU KV cache, ``host_offload_gib``, ``message_interval_s``,
+    ``affinity_off_owner``).
+    """
+    section = "Replicas, counting prefill"
+    r = s.replica
+    costs = r.step_costs()
+    host_tokens = s.host_offload_gib * (1 << 30) / kv_bytes
+    load = ChatLoad(
+        requests_per_s=region_rate,
+        prompt_tokens=s.prompt_tokens,
+        cached_prefix_tokens=s.cached_prefix_tokens,
+        answer_tokens=s.answer_tokens,
+        stream_tokens_per_s=s.stream_tokens_per_s,
+        message_interval_s=s.message_interval_s,
+        host_cache_tokens=host_tokens,
+        off_owner=s.affinity_off_owner,
+    )
+    step_target = 1000 / s.stream_tokens_per_s
+    add(
+        "replica_prefill_tokens_per_s",
+        1000 / r.ctok_ms,
+        "tokens/s",
+        f"1,000 / {_n(r.ctok_ms)} ms per token (the replica's prefill speed)",
+        section,
+    )
+    add(
+        "chat_step_ms_target",
+        step_target,
+        "ms",
+        f"1,000 / {_n(s.stream_tokens_per_s)}: a step per token of every stream",
+        section,
+        1,
+    )
+    found: list[str] = []
+    output_only = estimate_fleet(costs, load, output_only_replicas)
+    if not output_only.is_carried(s.stream_tokens_per_s):
+        step = output_only.step_ms
+        found.append(
+            f"once prefill counts, the output-only plan's {output_only_replicas} "
+            "replicas per region do not carry the peak ("
+            + (
+                "queues grow without end"
+                if step is None
+                else f"streams at {1000 / step:.0f} tokens/s, not "
+                f"{s.stream_tokens_per_s:g}"
+            )
+            + f'); see "{section}"'
+        )
+    assumed = smallest_fleet(costs, load, s.prefix_hit_rate)
+    if assumed is not None and assumed.step_ms is not None:
+        add(
+            "chat_replicas_per_region_with_prefill_at_assumed_hit",
+            assumed.replicas,
+            "replicas",
+            f"smallest N whose replicas, at {_n(region_rate)} / N requests/s of "
+            f"{_n(s.prompt_tokens)} prompt tokens less {_n(s.prefix_hit_rate)} x "
+            f"{_n(s.cached_prefix_tokens)} cached, step in at most "
+            f"{_n(step_target)} ms ({_n(assumed.step_ms)})",
+            section,
+        )
+    add(
+        "host_cache_tokens_per_replica",
+        host_tokens,
+        "tokens",
+        f"{_n(s.host_offload_gib)} GiB x 2^30 / {_n(kv_bytes)} bytes",
+        section,
+    )
+    fleet = smallest_fleet(costs, load)
+    if fleet is None or fleet.step_ms is None or fleet.streams_per_replica is None:
+        found.append(
+            "no fleet up to 10,000 replicas carries the peak with its prefill at "
+            "the cache model's hit rate"
+        )
+        return tuple(found)
+    n = fleet.replicas
+    add(
+        "prefix_hit_rate_expected",
+        fleet.hit_rate,
+        "fraction",
+        f"on {n} replicas: 1 - exp(-tau / {_n(s.message_interval_s)} s) x "
+        f"(1 - {_n(s.affinity_off_owner)}), tau the longer of the GPU cache's and "
+        "the host tier's turnover",
+        section,
+        3,
+    )
+    add(
+        "host_hit_rate_expected",
+        fleet.host_hit_rate,
+        "fraction",
+        "of those, found only in host memory",
+        section,
+        3,
+    )
+    add(
+        "chat_replicas_per_region_with_prefill",
+        n,
+        "replicas",
+        f"smallest N whose replicas step in at most {_n(step_target)} ms at "
+        f"{_n(region_rate)} / N requests/s, hits from the cache model",
+        section,
+    )
+    add(
+        "chat_step_ms_with_prefill",
+        fleet.step_ms,
+        "ms",
+        f"mean step of {n} replicas (time per output token)",
+        section,
+        1,
+    )
+    add(
+        "streams_per_replica_with_prefill",
+        fleet.streams_per_replica,
+        "streams",
+        f"{_n(region_rate)} / {n} x {_n(s.answer_tokens)} x {_n(fleet.step_ms)} ms",
+        section,
+        1,
+    )
+    add(
+        "prefill_tokens_per_s_uncached_with_prefill",
+        fleet.uncached_prefill_tokens_per_s,
+        "tokens/s",
+        f"{_n(region_rate)} x ({_n(s.prompt_tokens)} - {_n(fleet.hit_rate)} x "
+        f"{_n(s.cached_prefix_tokens)})",
+        section,
+    )
+    gpus = s.regions * (n * CHAT_GPUS_PER_REPLICA + big_gpus_per_region)
+    add(
+        "gpus_total_with_prefill",
+        gpus,
+        "GPUs",
+        f"{s.regions} x ({n} x {CHAT_GPUS_PER_REPLICA} + {big_gpus_per_region})",
+        section,
+    )
+    host_usd = s.regions * n * s.host_offload_gib * s.host_gib_month_usd
+    add(
+        "usd_per_month_with_prefill",
+        _cents(gpus * s.gpu_hour_usd * s.hours_per_month + host_usd),
+        "USD",
+        f"{gpus} x {_n(s.gpu_hour_usd)} x {_n(s.hours_per_month)} + "
+        f"{s.regions} x {n} x {_n(s.host_offload_gib)} GiB x "
+        f"{_n(s.host_gib_month_usd)}",
+        section,
+    )
+    return tuple(found)
 
 
 def _precision_option(

@@ -150,6 +150,7 @@ class FleetSim:
         self.workload = workload
         profile = config.perf_profile
         self.profile = profile
+        self._host_blocks = config.host_blocks
         self.policy = make_policy(config.policy, config.policy_options)
         self.budget = RetryBudget(
             ratio=config.retry_ratio, min_retries=config.retry_min
@@ -312,6 +313,7 @@ class FleetSim:
             seed=self.config.seed * 1000 + index,
             jitter_cv=self.config.jitter_cv,
             scheduling=self.config.engine_scheduling,
+            host_blocks=self._host_blocks,
         )
         self.replicas[replica.replica_id] = replica
         return replica

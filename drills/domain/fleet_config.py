@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from drills.domain.fleet_scaling import FleetAutoscaling
 from drills.domain.replica import SCHEDULING_POLICIES
 from engine_nodes.domain.perf import PROFILES, PerfProfile
+from engine_nodes.domain.prefix_cache import host_blocks
 from routing.domain.admission_control import AdmissionOptions
 from routing.domain.policies import DEFAULT_POLICY_OPTIONS, PolicyOptions
 
@@ -51,6 +52,9 @@ class FleetConfig:
     # The replicas' engine scheduling policy (``drills.domain.replica``): "fcfs"
     # or "priority" (vLLM's ``--scheduling-policy``, priority = the tier's rank).
     engine_scheduling: str = "fcfs"
+    # The replicas' CPU offload tier in GiB (vLLM's ``--kv-offloading-size``; 0:
+    # none), sized with the profile's KV bytes per token.
+    host_offload_gib: float = 0.0
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -61,6 +65,8 @@ class FleetConfig:
             )
         if self.block_size < 1 or self.sample_s <= 0:
             raise ValueError("block_size and sample_s must be positive")
+        if not 0 <= self.host_offload_gib < float("inf"):
+            raise ValueError("host_offload_gib must be a finite number >= 0")
         if self.engine_scheduling not in SCHEDULING_POLICIES:
             raise ValueError(
                 f"engine_scheduling is {' or '.join(SCHEDULING_POLICIES)}; got "
@@ -70,6 +76,17 @@ class FleetConfig:
     @property
     def perf_profile(self) -> PerfProfile:
         return PROFILES[self.profile]
+
+    @property
+    def host_blocks(self) -> int:
+        """Return each replica's host-tier blocks of ``block_size`` tokens."""
+        profile = self.perf_profile
+        # vLLM's size is the total over the tensor-parallel ranks.
+        return host_blocks(
+            self.host_offload_gib,
+            self.block_size,
+            profile.kv_bytes_per_token * profile.gpus,
+        )
 
     @property
     def policy_options(self) -> PolicyOptions:

@@ -35,6 +35,7 @@ class FleetSummary(TypedDict):
     requests: int
     outcomes: dict[str, int]
     prefix_hit_rate: float | None
+    host_hit_rate: float | None
     cached_token_share: float | None
     ttft_p50_s: float | None
     ttft_p95_s: float | None
@@ -110,6 +111,7 @@ class FleetResult:
         cached = sum(
             min(r.cached_tokens, r.cacheable_tokens(self.block_size)) for r in ok
         )
+        host = sum(r.host_tokens for r in ok)
         prompt = sum(r.prompt_tokens for r in ok)
         ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
         tpots = [r.tpot_s for r in ok if r.tpot_s is not None]
@@ -123,6 +125,8 @@ class FleetResult:
             "requests": len(self.requests),
             "outcomes": outcomes,
             "prefix_hit_rate": cached / cacheable if cacheable else None,
+            # Of those hits, the share loaded from the host tier (CPU offload).
+            "host_hit_rate": host / cacheable if cacheable else None,
             "cached_token_share": sum(r.cached_tokens for r in ok) / prompt
             if prompt
             else None,

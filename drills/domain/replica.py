@@ -40,6 +40,17 @@ same physics with a different bookkeeping:
   arriving mid-segment cuts it at the end of the step in progress
   (``interrupt``), exactly where the engine would have admitted it.
 
+- **A host tier, optional** (``host_blocks``: vLLM's CPU offloading,
+  ``--kv-offloading-size``; ``engine_nodes.domain.prefix_cache.HostBlockCache``).
+  Every full block a request computes is stored in host memory when its prompt is
+  done and when it finishes (blocks off the conversation's stream take space and
+  never hit); on admission, the stream blocks after the GPU hit that the host tier
+  holds without a gap are loaded, not prefilled: they count as cached, their GPU
+  blocks are allocated as for any miss, and the load costs
+  ``host_load_us_per_token`` of device time per token in the step the request first
+  prefills (pessimistic: vLLM loads asynchronously, and stores cost nothing here,
+  as its stores overlap compute).
+
 Deviations from ``Engine``, deliberate and small at fleet scale: a request's KV
 blocks for its whole answer (``prompt + max_tokens``) are reserved on admission,
 so the pool never preempts (it admits less instead); jitter is per segment.
@@ -59,7 +70,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from engine_nodes.domain.perf import PerfProfile, jitter_factor
-from engine_nodes.domain.prefix_cache import BlockPool
+from engine_nodes.domain.prefix_cache import BlockPool, HostBlockCache
 
 __all__ = [
     "SCHEDULING_POLICIES",
@@ -106,6 +117,9 @@ class FleetRequest:
         "first_token_at",
         "gen0",
         "history_tokens",
+        "host_stored",
+        "host_tokens",
+        "load_pending",
         "max_tokens",
         "outcome",
         "output_tokens",
@@ -164,6 +178,9 @@ class FleetRequest:
         self.computed = 0
         self.gen0 = 0
         self.clock0 = 0
+        self.host_tokens = 0  # of cached_tokens, those loaded from the host tier
+        self.host_stored = 0  # leading full blocks stored in the host tier
+        self.load_pending = False  # the host load is charged in its first step
 
     @property
     def ttft_s(self) -> float | None:
@@ -233,8 +250,9 @@ class FleetReplica:
     Read-only state: ``tokens_in_flight`` (prompt plus ``max_tokens`` minus tokens
     generated, over every request it holds: the gateway's load measure),
     ``num_running``, ``num_waiting``, ``kv_cache_usage_perc``, and the counters
-    ``generated_tokens``, ``prefill_tokens`` (computed, hits excluded) and
-    ``busy_s`` (time spent in steps). ``scheduling`` is ``"fcfs"`` or
+    ``generated_tokens``, ``prefill_tokens`` (computed, hits excluded),
+    ``host_hit_tokens`` (loaded from the host tier) and ``busy_s`` (time spent in
+    steps). ``host`` is the host tier (``host_blocks`` > 0) or None. ``scheduling`` is ``"fcfs"`` or
     ``"priority"`` (see the module docstring).
     """
 
@@ -248,6 +266,7 @@ class FleetReplica:
         seed: int = 0,
         jitter_cv: float = 0.04,
         scheduling: str = "fcfs",
+        host_blocks: int = 0,
     ) -> None:
         if scheduling not in SCHEDULING_POLICIES:
             raise ValueError(
@@ -266,6 +285,11 @@ class FleetReplica:
             else kv_tokens // self.block_size + 1
         )
         self.pool = BlockPool(blocks, self.block_size)
+        # The CPU offload tier, in blocks of this replica's size (0: none).
+        self.host: HostBlockCache | None = (
+            HostBlockCache(host_blocks) if host_blocks > 0 else None
+        )
+        self._load_ms_per_token = profile.host_load_us_per_token / 1000.0
         self.max_num_seqs = profile.max_num_seqs
         self.max_num_batched_tokens = profile.max_num_batched_tokens
         self._rng = random.Random(seed)
@@ -286,6 +310,7 @@ class FleetReplica:
         self.segment: Segment | None = None
         self.generated_tokens = 0
         self.prefill_tokens = 0
+        self.host_hit_tokens = 0
         self.busy_s = 0.0
         self.alive = True
 
@@ -371,9 +396,12 @@ class FleetReplica:
             chunks: list[tuple[FleetRequest, int]] = []
             prefill_tokens = 0
             prefill_work = 0.0
+            load_tokens = 0
             for request in self.prefilling:
                 if budget <= 0:
                     break
+                if request.load_pending:
+                    load_tokens += request.host_tokens
                 left = request.prompt_tokens - request.computed
                 n = left if left < budget else budget
                 chunks.append((request, n))
@@ -383,7 +411,7 @@ class FleetReplica:
             steps, growth = 1, 0.0
         else:
             chunks = []
-            prefill_tokens, prefill_work = 0, 0.0
+            prefill_tokens, prefill_work, load_tokens = 0, 0.0, 0
             steps = min(self._finish_heap[0][0] - self.clock, _MAX_DECODE_STEPS)
             growth = profile.kkv_us * 1e-3 * decoders
         linear = profile.ctok_ms * (decoders + prefill_tokens)
@@ -394,6 +422,7 @@ class FleetReplica:
             + profile.p_ms * len(chunks)
             + profile.kkv_us * 1e-3 * kv_tokens
             + profile.katt * prefill_work
+            + self._load_ms_per_token * load_tokens
         )
         host = profile.h_ms * (decoders + len(chunks))
         if host > base:
@@ -431,11 +460,13 @@ class FleetReplica:
         # Prefill chunks (a one-step segment): prompts that complete sample a token.
         for request, n in segment.chunks:
             request.computed += n
+            request.load_pending = False
             self.prefill_tokens += n
             if request.computed < request.prompt_tokens:
                 continue
             self.prefilling.remove(request)
             self._cache_stream_blocks(request, request.prompt_tokens)
+            self._store_host(request, request.prompt_tokens)
             request.first_token_at = now
             first.append(request)
             self.generated_tokens += 1
@@ -459,7 +490,9 @@ class FleetReplica:
                 continue  # removed earlier (failed over)
             self._kv_base -= done.prompt_tokens + done.gen0 - done.clock0
             self._gen_base -= done.gen0 - done.clock0
-            self._cache_stream_blocks(done, done.prompt_tokens + done.output_tokens - 1)
+            computed = done.prompt_tokens + done.output_tokens - 1
+            self._cache_stream_blocks(done, computed)
+            self._store_host(done, computed)
             finished.append(self._release(done, now))
         return first, finished
 
@@ -506,13 +539,18 @@ class FleetReplica:
             # As the engine: the hit stops below the last prompt token.
             max_hit = (request.prompt_tokens - 1) // block_size
             stream_blocks = min(request.stream_tokens // block_size, max_hit)
-            hit_ids = pool.cached_block_ids(
-                [
-                    stream_block_hash(request.conversation, k)
-                    for k in range(stream_blocks)
-                ]
+            hashes = [
+                stream_block_hash(request.conversation, k) for k in range(stream_blocks)
+            ]
+            hit_ids = pool.cached_block_ids(hashes)
+            gpu_hit = len(hit_ids)
+            host = self.host
+            host_hit = (
+                host.lookup(hashes, gpu_hit, stream_blocks)
+                if host is not None and gpu_hit < stream_blocks
+                else 0
             )
-            need = -(-(total - 1) // block_size) - len(hit_ids)
+            need = -(-(total - 1) // block_size) - gpu_hit
             if need + pool.num_evictable(hit_ids) > pool.num_free_blocks:
                 if not self.decoding and not self.prefilling:
                     # It can never fit: refuse it rather than stall the replica.
@@ -526,9 +564,13 @@ class FleetReplica:
             pool.touch(hit_ids)
             hit_ids.extend(pool.allocate(need))
             request.block_ids = hit_ids
-            request.cached_tokens = request.computed = (
-                len(hit_ids) - need
-            ) * block_size
+            request.cached_tokens = request.computed = (gpu_hit + host_hit) * block_size
+            if host_hit:
+                assert host is not None
+                host.touch(hashes[gpu_hit : gpu_hit + host_hit])
+                request.host_tokens = host_hit * block_size
+                request.load_pending = True
+                self.host_hit_tokens += request.host_tokens
             prefilling = self.prefilling
             if self._by_priority and prefilling and prefilling[-1].rank > request.rank:
                 # Before the first of a higher rank: by (rank, admission).
@@ -543,12 +585,35 @@ class FleetReplica:
         """Hash the full blocks of ``request`` that lie on its conversation's stream."""
         block_size = self.block_size
         full = min(computed, request.stream_tokens) // block_size
-        first = request.cached_tokens // block_size
+        # Blocks loaded from the host tier are cached on the GPU like computed ones.
+        first = (request.cached_tokens - request.host_tokens) // block_size
         pool = self.pool
         conversation = request.conversation
         block_ids = request.block_ids
         for k in range(first, full):
             pool.cache_block(block_ids[k], stream_block_hash(conversation, k))
+
+    def _store_host(self, request: FleetRequest, computed: int) -> None:
+        """Store the full blocks of ``request``'s first ``computed`` tokens in the
+        host tier (those already stored by it excepted)."""
+        host = self.host
+        if host is None:
+            return
+        block_size = self.block_size
+        full = computed // block_size
+        start = request.host_stored
+        if full <= start:
+            return
+        on_stream = min(computed, request.stream_tokens) // block_size
+        conversation = request.conversation
+        host.store(
+            [
+                stream_block_hash(conversation, k)
+                for k in range(start, min(full, on_stream))
+            ]
+        )
+        host.store_unmatched(full - max(start, on_stream))
+        request.host_stored = full
 
     def _release(self, request: FleetRequest, now: float) -> FleetRequest:
         self.pool.free(request.block_ids)

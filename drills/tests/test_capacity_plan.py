@@ -82,7 +82,12 @@ def test_plan_reproduces_every_seed_figure_with_the_defaults() -> None:
     assert p["chat_replicas_per_region_at_low_capacity"] == 38
     assert p["prefill_gpus"] == pytest.approx(5.6)
     assert p["prefill_gpus_without_cache"] == pytest.approx(12)
-    assert p["warnings"] == []
+    # The seed's one warning: its 12 replicas carry its output, not its prompts.
+    assert len(p["warnings"]) == 1
+    assert (
+        "the output-only plan's 12 replicas per region do not carry"
+        in (p["warnings"][0])
+    )
 
 
 def test_plan_reproduces_the_seed_precision_options() -> None:
