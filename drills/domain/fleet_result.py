@@ -111,7 +111,7 @@ class FleetResult:
         cached = sum(
             min(r.cached_tokens, r.cacheable_tokens(self.block_size)) for r in ok
         )
-        host = sum(r.host_tokens for r in ok)
+        host = sum(min(r.host_tokens, r.cacheable_tokens(self.block_size)) for r in ok)
         prompt = sum(r.prompt_tokens for r in ok)
         ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
         tpots = [r.tpot_s for r in ok if r.tpot_s is not None]
