@@ -1,7 +1,8 @@
 """Headless plots of the fleet experiments: the routing A/B, the isolation test, the
 overload drill, the capacity test and the autoscaling drill.
 
-Public surface: ``default_plot_path``, ``plot_routing_ab``, ``plot_isolation``,
+Public surface: ``default_plot_path``, ``plot_routing_ab``, ``plot_cache_sweep``,
+``plot_isolation``,
 ``plot_overload``, ``plot_capacity``, ``plot_autoscaling``.
 
 matplotlib with the Agg backend (no display); each function writes one PNG and
@@ -10,8 +11,9 @@ returns its path, creating the folder if needed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -20,6 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from drills.domain.autoscaling_drill import SHAPES, DrillOutcome, load_factor
+from drills.domain.cache_sweep import SweepPoint
 from drills.domain.capacity_test import CapacityAnswer
 from drills.domain.isolation_sim import NOISY_TEAM, IsolationOutcome
 from drills.domain.overload import TIERS, OverloadOutcome
@@ -29,6 +32,7 @@ from drills.domain.timeline import percentile_in_bins
 __all__ = [
     "default_plot_path",
     "plot_autoscaling",
+    "plot_cache_sweep",
     "plot_capacity",
     "plot_isolation",
     "plot_overload",
@@ -343,6 +347,104 @@ def plot_routing_ab(
     ax.set_title("Imbalance over time, sampled every second")
     ax.legend(loc="upper right")
     fig.suptitle(title)
+    return _save(fig, path)
+
+
+def plot_cache_sweep(
+    points: Sequence[SweepPoint], path: Path, *, title: str, hit_target: float = 0.8
+) -> Path:
+    """Draw the sweep: hit rate, p95 TTFT and uncached prefill against replicas (a
+    line per host-offload size, the plan's hit rate dashed, carried points filled)
+    and against host-offload size (a line per fleet); return ``path``."""
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8.5), layout="constrained")
+    offloads = sorted({p.host_offload_gib for p in points})
+    fleets = sorted({p.replicas for p in points})
+    cmap = plt.get_cmap("viridis")
+    panels = [
+        ("Prefix hit rate", "share of history served from cache", "prefix_hit_rate"),
+        ("p95 time to first token", "seconds (log)", "ttft_p95_s"),
+        (
+            "Uncached prefill",
+            "prompt tokens/s computed",
+            "uncached_prefill_tokens_per_s",
+        ),
+    ]
+
+    def draw(
+        ax: Any,
+        group: list[SweepPoint],
+        x_of: Callable[[SweepPoint], float],
+        attribute: str,
+        colour: Any,
+        label: str,
+    ) -> None:
+        xs = [x_of(p) for p in group]
+        ys = [getattr(p, attribute) or 0.0 for p in group]
+        ax.plot(xs, ys, color=colour, label=label, linewidth=1.2)
+        ax.scatter(
+            xs,
+            ys,
+            color=[colour if p.carried else "white" for p in group],
+            edgecolors=colour,
+            zorder=3,
+        )
+        if attribute == "prefix_hit_rate":
+            ax.plot(
+                xs,
+                [
+                    p.plan.hit_rate
+                    if p.plan is not None and p.plan.step_ms is not None
+                    else float("nan")
+                    for p in group
+                ],
+                color=colour,
+                linestyle="--",
+                linewidth=0.8,
+            )
+
+    for column, (label, unit, attribute) in enumerate(panels):
+        rows: tuple[
+            tuple[
+                Sequence[float],
+                Callable[[SweepPoint], float],
+                str,
+                Callable[[float], str],
+            ],
+            ...,
+        ] = (
+            (offloads, lambda p: p.replicas, "replicas", lambda k: f"{k:g} GiB"),
+            (
+                fleets,
+                lambda p: p.host_offload_gib,
+                "host offload (GiB per replica)",
+                lambda k: f"{k:g} replicas",
+            ),
+        )
+        for row, (keys, x_of, x_label, name_of) in enumerate(rows):
+            ax = axes[row][column]
+            for index, key in enumerate(keys):
+                group = [
+                    p
+                    for p in points
+                    if (p.host_offload_gib if row == 0 else p.replicas) == key
+                ]
+                group.sort(key=x_of)
+                colour = cmap(index / max(len(keys) - 1, 1))
+                draw(ax, group, x_of, attribute, colour, name_of(key))
+            ax.set_xlabel(x_label)
+            ax.set_ylabel(unit)
+            ax.set_title(label)
+            if attribute == "prefix_hit_rate":
+                ax.axhline(hit_target, color="grey", linestyle=":", linewidth=0.8)
+                ax.set_ylim(0, 1)
+            if attribute == "ttft_p95_s":
+                ax.set_yscale("log")
+                ax.axhline(1.0, color="grey", linestyle=":", linewidth=0.8)
+            ax.legend(fontsize=7)
+    fig.suptitle(
+        f"{title}\nfilled: carried (p95 TTFT < 1 s, streams at 30 tokens/s); "
+        "dashed: the capacity plan's expected hit rate"
+    )
     return _save(fig, path)
 
 

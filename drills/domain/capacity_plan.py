@@ -1,8 +1,9 @@
 """The seed's capacity arithmetic as one plan that recomputes from its inputs.
 
-Public surface: ``Scenario`` (sections ``BigLoad``, ``ChatModelShape``,
-``BigModelShape``, ``ColdStart``), ``ScenarioError``, ``KeyRule``, ``scenario_keys``,
-``Figure``, ``PrecisionOption``, ``Plan``, ``plan``.
+Public surface: ``Scenario`` (sections ``ChatReplicaShape``, ``BigLoad``,
+``ChatModelShape``, ``BigModelShape``, ``ColdStart``), ``ScenarioError``,
+``KeyRule``, ``scenario_keys``, ``Figure``, ``PrecisionOption``, ``Plan``, ``plan``,
+``chat_load``, ``estimate_chat_fleet``.
 
 Every default of ``Scenario`` is a figure the seed states, so ``plan(Scenario())``
 reproduces the seed; change one input (a measured replica capacity, a model shape,
@@ -32,6 +33,13 @@ by the seed's section names:
 - Capacity per version: at 800 tokens/s per replica the peak needs 38 replicas; the
   56,000 uncached prompt tokens/s are 5.6 GPUs of prefill at 10,000 per GPU.
 
+- Replicas, counting prefill (not in the seed's sums; it warns of them): the chat
+  replicas per region at which the fleet carries the peak once prompts count, from
+  ``drills.domain.replica_load``'s model of the fleet simulator's replica (section
+  ``replica``, the ``a100-8b`` profile) and its cache (``host_offload_gib``): 14
+  without host offload, 12 with 128 GiB (docs/capacity-plan.md, "Counting
+  prefill").
+
 Rounding follows the seed: replica counts and the planned cold start (whole minutes)
 round up, streams per replica round down, money rounds to cents. Every other figure
 keeps full precision; ``Figure.places`` says how many decimals the seed shows.
@@ -54,6 +62,7 @@ from typing import Any
 
 from drills.domain.replica_load import (
     ChatLoad,
+    FleetEstimate,
     StepCosts,
     estimate_fleet,
     smallest_fleet,
@@ -65,6 +74,7 @@ __all__ = [
     "BigLoad",
     "BigModelShape",
     "ChatModelShape",
+    "ChatReplicaShape",
     "ColdStart",
     "Figure",
     "KeyRule",
@@ -72,6 +82,8 @@ __all__ = [
     "PrecisionOption",
     "Scenario",
     "ScenarioError",
+    "chat_load",
+    "estimate_chat_fleet",
     "plan",
     "scenario_keys",
 ]
@@ -929,6 +941,31 @@ def plan(scenario: Scenario) -> Plan:
     return Plan(scenario, tuple(figures), options, warnings + prefill_warnings)
 
 
+def chat_load(s: Scenario) -> tuple[StepCosts, ChatLoad]:
+    """Return the replica's step costs and one region's chat peak, as the section
+    "Replicas, counting prefill" models them."""
+    m = s.model
+    kv_bytes = 2 * m.layers * m.kv_heads * m.head_dim * m.bytes_per_value
+    requests_per_s = s.peak_streams * s.stream_tokens_per_s / s.answer_tokens
+    load = ChatLoad(
+        requests_per_s=requests_per_s / (s.regions - s.regions_lost),
+        prompt_tokens=s.prompt_tokens,
+        cached_prefix_tokens=s.cached_prefix_tokens,
+        answer_tokens=s.answer_tokens,
+        stream_tokens_per_s=s.stream_tokens_per_s,
+        message_interval_s=s.message_interval_s,
+        host_cache_tokens=s.host_offload_gib * (1 << 30) / kv_bytes,
+        off_owner=s.affinity_off_owner,
+    )
+    return s.replica.step_costs(), load
+
+
+def estimate_chat_fleet(s: Scenario, replicas: int) -> FleetEstimate:
+    """Return what ``replicas`` chat replicas do with one region's peak."""
+    costs, load = chat_load(s)
+    return estimate_fleet(costs, load, replicas)
+
+
 def _prefill_figures(
     s: Scenario,
     add: Any,
@@ -947,18 +984,8 @@ def _prefill_figures(
     """
     section = "Replicas, counting prefill"
     r = s.replica
-    costs = r.step_costs()
-    host_tokens = s.host_offload_gib * (1 << 30) / kv_bytes
-    load = ChatLoad(
-        requests_per_s=region_rate,
-        prompt_tokens=s.prompt_tokens,
-        cached_prefix_tokens=s.cached_prefix_tokens,
-        answer_tokens=s.answer_tokens,
-        stream_tokens_per_s=s.stream_tokens_per_s,
-        message_interval_s=s.message_interval_s,
-        host_cache_tokens=host_tokens,
-        off_owner=s.affinity_off_owner,
-    )
+    costs, load = chat_load(s)
+    host_tokens = load.host_cache_tokens
     step_target = 1000 / s.stream_tokens_per_s
     add(
         "replica_prefill_tokens_per_s",

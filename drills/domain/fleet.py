@@ -105,7 +105,11 @@ _REFUSED = {400: "too_large", 429: "rate_limited", 503: "shed"}
     _DRAIN_END,
     _SOURCE_TICK,
     _SOURCE_SENT,
-) = range(10)
+    _ROUTE_AGAIN,
+) = range(11)
+# How often a request waiting for its warm replica (``FleetConfig.owner_wait_s``)
+# looks again.
+_OWNER_POLL_S = 0.025
 _PUMP_S = 0.05  # the admission queue's tick while anything waits (as the gateway)
 
 
@@ -151,6 +155,7 @@ class FleetSim:
         profile = config.perf_profile
         self.profile = profile
         self._host_blocks = config.host_blocks
+        self._owner_waits: dict[int, float] = {}  # request id -> waiting since
         self.policy = make_policy(config.policy, config.policy_options)
         self.budget = RetryBudget(
             ratio=config.retry_ratio, min_retries=config.retry_min
@@ -289,6 +294,8 @@ class FleetSim:
                 self._on_source_tick(cast(RequestSource, payload))
             elif kind == _SOURCE_SENT:
                 self._admit(cast(FleetRequest, payload))
+            elif kind == _ROUTE_AGAIN:
+                self._route(cast(FleetRequest, payload), first=False)
         if not counted:
             result.generated_tokens = self._generated() - generated0
             result.prefill_tokens = self._prefilled() - prefill0
@@ -545,6 +552,16 @@ class FleetSim:
             self._give_back(request, used=0)
             self._end(request, "no_replica")
             return
+        wait_s = self.config.owner_wait_s
+        if wait_s > 0 and 0 < decision.skipped_over_bound < len(nodes):
+            # Its warm replica is over the bound: wait a little for it to drop
+            # under, polling, before going elsewhere (an experiment, not the
+            # gateway's behaviour).
+            since = self._owner_waits.setdefault(request.request_id, now)
+            if now + _OWNER_POLL_S <= since + wait_s:
+                self._push(now + _OWNER_POLL_S, _ROUTE_AGAIN, request)
+                return
+        self._owner_waits.pop(request.request_id, None)
         replica = self.replicas[decision.candidates[0]]
         request.routed_at = now
         request.attempts += 1

@@ -55,6 +55,12 @@ class FleetConfig:
     # The replicas' CPU offload tier in GiB (vLLM's ``--kv-offloading-size``; 0:
     # none), sized with the profile's KV bytes per token.
     host_offload_gib: float = 0.0
+    # An experiment (routing_ab --owner-wait-ms): a request whose warm replica is
+    # over prefix affinity's bound waits up to this long for it, polling every
+    # 25 ms, before the policy's next choice takes it. 0: the gateway's behaviour.
+    owner_wait_s: float = 0.0
+    # Prefix affinity's ring walk (``PolicyOptions.ring_choices``; 0: whole ring).
+    ring_choices: int = DEFAULT_POLICY_OPTIONS.ring_choices
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -65,6 +71,8 @@ class FleetConfig:
             )
         if self.block_size < 1 or self.sample_s <= 0:
             raise ValueError("block_size and sample_s must be positive")
+        if not 0 <= self.owner_wait_s < float("inf"):
+            raise ValueError("owner_wait_s must be a finite number >= 0")
         if not 0 <= self.host_offload_gib < float("inf"):
             raise ValueError("host_offload_gib must be a finite number >= 0")
         if self.engine_scheduling not in SCHEDULING_POLICIES:
@@ -91,7 +99,9 @@ class FleetConfig:
     @property
     def policy_options(self) -> PolicyOptions:
         return PolicyOptions(
-            load_factor=self.load_factor, min_bound_tokens=self.min_bound_tokens
+            load_factor=self.load_factor,
+            min_bound_tokens=self.min_bound_tokens,
+            ring_choices=self.ring_choices,
         )
 
     @property

@@ -67,3 +67,46 @@ def test_a_malformed_trace_is_a_command_error_naming_the_line(tmp_path: Path) ->
     trace.write_text('{"t": 0, "prompt_tokens": null, "max_tokens": 5}\n')
     with pytest.raises(CommandError, match="trace line 1"):
         call_command("routing_ab", f"--trace={trace}")
+
+
+def test_cache_sweep_json_has_a_point_per_fleet_and_offload(tmp_path: Path) -> None:
+    out = StringIO()
+    plot = tmp_path / "sweep.png"
+    call_command(
+        "routing_ab",
+        "--sweep-replicas=2,3",
+        "--sweep-offload=0,8",
+        "--minutes=1",
+        "--warmup-minutes=0.5",
+        "--rate=12",
+        "--json",
+        f"--plot={plot}",
+        stdout=out,
+    )
+    data = json.loads(out.getvalue())
+    points = data["points"]
+    assert [(p["replicas"], p["host_offload_gib"]) for p in points] == [
+        (2, 0),
+        (2, 8),
+        (3, 0),
+        (3, 8),
+    ]
+    for point in points:
+        assert point["prefix_hit_rate"] is not None
+        assert isinstance(point["carried"], bool)
+        # No offload, no host hits; the plan's estimate rides along.
+        if point["host_offload_gib"] == 0:
+            assert point["host_hit_rate"] == 0
+        assert "plan_step_ms" in point
+    assert set(data["plan"]) == {"0", "8"}
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cache_sweep_refuses_bad_lists(tmp_path: Path) -> None:
+    with pytest.raises(CommandError, match="comma-separated numbers"):
+        call_command(
+            "routing_ab",
+            "--sweep-replicas=two",
+            f"--plot={tmp_path / 'p.png'}",
+            stdout=StringIO(),
+        )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from pathlib import Path
@@ -10,9 +11,15 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from drills.domain.cache_sweep import (
+    plan_scenario_for,
+    run_cache_sweep,
+    smallest_carried,
+)
+from drills.domain.capacity_plan import Plan, estimate_chat_fleet, plan
 from drills.domain.fleet_config import FleetConfig
 from drills.domain.routing_ab import POLICY_ORDER, generate_arrivals, run_routing_ab
-from drills.domain.workload import ChatWorkload, read_trace, trace_arrivals
+from drills.domain.workload import Arrival, ChatWorkload, read_trace, trace_arrivals
 
 
 class Command(BaseCommand):
@@ -39,6 +46,37 @@ class Command(BaseCommand):
             help="prefix affinity's bound over the pool average (seed: 1.25)",
         )
         parser.add_argument(
+            "--host-offload-gib",
+            type=float,
+            default=0.0,
+            help="CPU offload tier per replica in GiB (vLLM --kv-offloading-size)",
+        )
+        parser.add_argument(
+            "--ring-choices",
+            type=int,
+            help="prefix affinity tries this many ring nodes, then the least loaded "
+            "(0: the whole ring; default PLATFORM_AFFINITY_RING_CHOICES)",
+        )
+        parser.add_argument(
+            "--owner-wait-ms",
+            type=float,
+            default=0.0,
+            help="an experiment: a request whose warm replica is over the bound waits "
+            "up to this long for it (0: none, as the gateway)",
+        )
+        parser.add_argument(
+            "--sweep-replicas",
+            type=_numbers(int),
+            help="run the cache sweep instead: prefix affinity on these fleet sizes "
+            "(e.g. 10,12,14) times --sweep-offload",
+        )
+        parser.add_argument(
+            "--sweep-offload",
+            type=_numbers(float),
+            default=(0.0,),
+            help="host-offload sizes in GiB for the sweep (e.g. 0,64,128)",
+        )
+        parser.add_argument(
             "--trace", type=Path, help="replay this JSONL trace instead"
         )
         parser.add_argument("--json", action="store_true")
@@ -57,6 +95,13 @@ class Command(BaseCommand):
                 load_factor=options["load_factor"],
                 min_bound_tokens=settings.PLATFORM_AFFINITY_MIN_BOUND_TOKENS,
                 replica_tokens_in_flight=settings.PLATFORM_DEFAULT_REPLICA_TOKENS_IN_FLIGHT,
+                host_offload_gib=options["host_offload_gib"],
+                ring_choices=(
+                    settings.PLATFORM_AFFINITY_RING_CHOICES
+                    if options["ring_choices"] is None
+                    else options["ring_choices"]
+                ),
+                owner_wait_s=options["owner_wait_ms"] / 1000,
             )
             if options["trace"]:
                 arrivals = list(trace_arrivals(read_trace(options["trace"])))
@@ -79,6 +124,11 @@ class Command(BaseCommand):
                 }
         except (OSError, ValueError) as exc:
             raise CommandError(str(exc)) from None
+        if options["sweep_replicas"]:
+            if options["trace"]:
+                raise CommandError("the cache sweep replays the seed's workload only")
+            self._sweep(config, arrivals, workload, scenario, options)
+            return
         started = time.process_time()
         outcomes = run_routing_ab(
             config, arrivals, duration_s=duration_s, warmup_s=warmup_s
@@ -90,6 +140,9 @@ class Command(BaseCommand):
             block_size=config.block_size,
             load_factor=config.load_factor,
             min_bound_tokens=config.min_bound_tokens,
+            host_offload_gib=config.host_offload_gib,
+            ring_choices=config.ring_choices,
+            owner_wait_s=config.owner_wait_s,
             minutes=options["minutes"],
             warmup_minutes=options["warmup_minutes"],
             seed=config.seed,
@@ -140,6 +193,173 @@ class Command(BaseCommand):
                 f"{o.uncached_prefill_tokens_per_s:>17,.0f} {o.output_tokens_per_s:>10,.0f}"
             )
         self.stdout.write(f"plot: {plot}")
+
+    def _sweep(
+        self,
+        config: FleetConfig,
+        arrivals: list[Arrival],
+        workload: ChatWorkload,
+        scenario: dict[str, Any],
+        options: dict[str, Any],
+    ) -> None:
+        warmup_s = options["warmup_minutes"] * 60
+        duration_s = options["minutes"] * 60
+        base = plan_scenario_for(workload, config)
+        started = time.process_time()
+        points = run_cache_sweep(
+            config,
+            arrivals,
+            replicas=options["sweep_replicas"],
+            host_offload_gib=options["sweep_offload"],
+            duration_s=duration_s,
+            warmup_s=warmup_s,
+            estimate=lambda n, gib: estimate_chat_fleet(
+                base.with_values({"host_offload_gib": gib}), n
+            ),
+        )
+        cpu_s = time.process_time() - started
+        smallest = smallest_carried(points, min_hit_rate=0.8)
+        plans = {
+            gib: plan(base.with_values({"host_offload_gib": gib}))
+            for gib in options["sweep_offload"]
+        }
+        scenario.update(
+            profile=config.profile,
+            block_size=config.block_size,
+            load_factor=config.load_factor,
+            min_bound_tokens=config.min_bound_tokens,
+            minutes=options["minutes"],
+            warmup_minutes=options["warmup_minutes"],
+            seed=config.seed,
+            requests=len(arrivals),
+            simulator_cpu_s=round(cpu_s, 2),
+        )
+        from drills.experiment_plots import default_plot_path, plot_cache_sweep
+
+        plot = options["plot"] or default_plot_path("cache_sweep")
+        plot_cache_sweep(
+            points,
+            plot,
+            title=(
+                f"Cache sweep: {config.profile}, {workload.arrival_rate:g} req/s, "
+                f"prefix affinity at {config.load_factor:g}, "
+                f"{options['minutes']:g} min (seed {config.seed})"
+            ),
+        )
+        plan_rows: dict[str, dict[str, Any]] = {
+            f"{gib:g}": {
+                "chat_replicas_per_region_with_prefill": _figure(
+                    p, "chat_replicas_per_region_with_prefill"
+                ),
+                "prefix_hit_rate_expected": _figure(p, "prefix_hit_rate_expected"),
+                "usd_per_month_with_prefill": _figure(p, "usd_per_month_with_prefill"),
+            }
+            for gib, p in plans.items()
+        }
+        smallest_row: dict[str, Any] | None = None
+        if smallest is not None:
+            cost = plan(
+                base.with_values({"host_offload_gib": smallest.host_offload_gib})
+            )
+            gpus = cost.scenario.regions * (
+                smallest.replicas
+                + cost["big_replicas_per_region"] * cost.scenario.big.gpus_per_replica
+            )
+            smallest_row = {
+                **smallest.row(),
+                "gpus_total": gpus,
+                "usd_per_month": round(
+                    gpus * cost.scenario.gpu_hour_usd * cost.scenario.hours_per_month, 2
+                ),
+                "seed_usd_per_month": cost["usd_per_month"],
+            }
+        if options["json"]:
+            self.stdout.write(
+                json.dumps(
+                    {
+                        "points": [p.row() for p in points],
+                        "plan": plan_rows,
+                        "smallest_at_80_percent": smallest_row,
+                        "scenario": scenario,
+                        "plot": str(plot),
+                    },
+                    indent=2,
+                )
+            )
+            return
+        self.stdout.write(
+            f"Cache sweep: prefix affinity, {len(arrivals):,} requests over "
+            f"{options['warmup_minutes']:g} + {options['minutes']:g} min, seed "
+            f"{config.seed}; simulated in {cpu_s:.1f} s of CPU"
+        )
+        self.stdout.write(
+            f"{'replicas':>8} {'offload':>8} {'hit rate':>9} {'host':>6} "
+            f"{'p50 TTFT':>9} {'p95 TTFT':>9} {'TPOT':>7} {'uncached':>10} "
+            f"{'carried':>8} {'plan hit':>9} {'plan TPOT':>10} {'plan':>6}"
+        )
+        self.stdout.write(
+            f"{'':>8} {'GiB':>8} {'':>9} {'':>6} {'s':>9} {'s':>9} {'ms':>7} "
+            f"{'tokens/s':>10} {'':>8} {'':>9} {'ms':>10} {'':>6}"
+        )
+        for point in points:
+            estimate = point.plan
+            # The cache model's hit rate means nothing where queues grow.
+            steady = None if estimate is None or estimate.step_ms is None else estimate
+            self.stdout.write(
+                f"{point.replicas:>8} {point.host_offload_gib:>8g} "
+                f"{_pct(point.prefix_hit_rate):>9} {_pct(point.host_hit_rate):>6} "
+                f"{_num(point.ttft_p50_s, 2):>9} {_num(point.ttft_p95_s, 2):>9} "
+                f"{_num(point.tpot_p50_s and point.tpot_p50_s * 1000, 1):>7} "
+                f"{point.uncached_prefill_tokens_per_s:>10,.0f} "
+                f"{'yes' if point.carried else 'no':>8} "
+                f"{_pct(None if steady is None else steady.hit_rate):>9} "
+                f"{_num(None if estimate is None else estimate.step_ms, 1):>10} "
+                f"{'yes' if estimate and estimate.is_carried(30.0) else 'no':>6}"
+            )
+        for gib, row in plan_rows.items():
+            self.stdout.write(
+                f"plan at {gib} GiB: {row['chat_replicas_per_region_with_prefill']} "
+                f"replicas per region, hit rate "
+                f"{_pct(row['prefix_hit_rate_expected'])}, "
+                f"{row['usd_per_month_with_prefill']} USD/month"
+            )
+        if smallest_row is None:
+            self.stdout.write("no point carried the peak at an 80% hit rate or more")
+        else:
+            self.stdout.write(
+                f"smallest carried at >= 80% hits: {smallest_row['replicas']} replicas "
+                f"x {smallest_row['host_offload_gib']:g} GiB: hit rate "
+                f"{_pct(smallest_row['prefix_hit_rate'])}, p95 TTFT "
+                f"{_num(smallest_row['ttft_p95_s'], 2)} s; "
+                f"{smallest_row['gpus_total']} GPUs, "
+                f"{smallest_row['usd_per_month']:,.0f} USD/month (seed: "
+                f"{smallest_row['seed_usd_per_month']:,.0f})"
+            )
+        self.stdout.write(f"plot: {plot}")
+
+
+def _figure(result: Plan, name: str) -> float | int | None:
+    try:
+        return result[name]
+    except KeyError:
+        return None
+
+
+def _numbers(kind: type) -> Any:
+    def parse(text: str) -> tuple[Any, ...]:
+        try:
+            values = tuple(kind(item) for item in text.split(",") if item.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated numbers, not {text!r}"
+            ) from None
+        if not values or min(values) < 0:
+            raise argparse.ArgumentTypeError(
+                f"expected non-negative numbers, not {text!r}"
+            )
+        return values
+
+    return parse
 
 
 def _default_plot() -> Path:
