@@ -369,6 +369,13 @@ try:
         DEFAULT_POLICY_OPTIONS.min_bound_tokens,
         minimum=0,
     )
+    # Prefix affinity tries this many replicas in ring order before the least
+    # loaded (0: the whole ring); 1 measured best (docs/fleet-simulator.md).
+    PLATFORM_AFFINITY_RING_CHOICES = env_int(
+        "PLATFORM_AFFINITY_RING_CHOICES",
+        DEFAULT_POLICY_OPTIONS.ring_choices,
+        minimum=0,
+    )
     PLATFORM_RETRY_RATIO = env_float("PLATFORM_RETRY_RATIO", 0.1, minimum=0.0)
     PLATFORM_SNAPSHOT_REFRESH_S = env_float(
         "PLATFORM_SNAPSHOT_REFRESH_S", 2.0, minimum=0.1

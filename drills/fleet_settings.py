@@ -22,6 +22,7 @@ def platform_fleet_config(**overrides: Any) -> FleetConfig:
     values: dict[str, Any] = {
         "policy": settings.PLATFORM_ROUTING_POLICY,
         "min_bound_tokens": settings.PLATFORM_AFFINITY_MIN_BOUND_TOKENS,
+        "ring_choices": settings.PLATFORM_AFFINITY_RING_CHOICES,
         "replica_tokens_in_flight": settings.PLATFORM_DEFAULT_REPLICA_TOKENS_IN_FLIGHT,
         "max_queue": settings.PLATFORM_ADMISSION_MAX_QUEUE,
         "max_wait_s": settings.PLATFORM_ADMISSION_MAX_WAIT_S,

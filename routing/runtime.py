@@ -66,7 +66,8 @@ def gateway_settings() -> GatewaySettings:
         first_token_timeout_s=settings.PLATFORM_FIRST_TOKEN_TIMEOUT_S,
         inter_token_timeout_s=settings.PLATFORM_INTER_TOKEN_TIMEOUT_S,
         policy_options=PolicyOptions(
-            min_bound_tokens=settings.PLATFORM_AFFINITY_MIN_BOUND_TOKENS
+            min_bound_tokens=settings.PLATFORM_AFFINITY_MIN_BOUND_TOKENS,
+            ring_choices=settings.PLATFORM_AFFINITY_RING_CHOICES,
         ),
         engine_api_key=settings.PLATFORM_ENGINE_API_KEY,
         figures_bucket_s=settings.PLATFORM_FIGURES_BUCKET_S,

@@ -88,16 +88,24 @@ class PolicyOptions:
     counts as overloaded, so light traffic keeps its affinity (about 15% of a 7B
     replica's tokens in flight). ``PLATFORM_AFFINITY_MIN_BOUND_TOKENS`` and the fleet
     simulator default to these values; policies without a bound ignore both.
+    ``ring_choices`` limits prefix affinity's walk (0: the whole ring).
     """
 
     load_factor: float = 1.25
     min_bound_tokens: int = 16_384
+    # How many nodes prefix affinity tries in ring order before it takes the least
+    # loaded; 0: the whole ring (every key's overflow has a fixed order of homes).
+    # 1 (the owner, else the least loaded) measured best: routing_ab at the seed's
+    # peak, docs/fleet-simulator.md.
+    ring_choices: int = 1
 
     def __post_init__(self) -> None:
         if not self.load_factor >= 1.0:
             raise ValueError("load_factor must be at least 1.0")
         if self.min_bound_tokens < 0:
             raise ValueError("min_bound_tokens must not be negative")
+        if self.ring_choices < 0:
+            raise ValueError("ring_choices must not be negative")
 
 
 DEFAULT_POLICY_OPTIONS: PolicyOptions = PolicyOptions()

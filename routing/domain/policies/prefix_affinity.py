@@ -46,8 +46,9 @@ class PrefixAffinityPolicy:
 
     Invariants:
 
-    - The chosen node is within the bound whenever any node is. When none is, the
-      least loaded node is chosen, ties going to the earlier node in ring order.
+    - The chosen node is within the bound whenever any node is (any of the first
+      ``ring_choices`` in ring order, when that is not 0). When none is, the least
+      loaded node is chosen, ties going to the earlier node in ring order.
     - ``candidates`` is the chosen node, then every other node in ring order (the
       skipped, hot ones first: they still hold the warmest caches for a retry).
     - ``skipped_over_bound`` is the chosen node's position in ring order when it
@@ -64,11 +65,17 @@ class PrefixAffinityPolicy:
         load_factor: float = DEFAULT_POLICY_OPTIONS.load_factor,
         vnodes: int = DEFAULT_VNODES,
         min_bound_tokens: int = 0,
+        ring_choices: int = 0,
     ) -> None:
-        # PolicyOptions checks the two tunables; the bare rule has no floor.
-        PolicyOptions(load_factor=load_factor, min_bound_tokens=min_bound_tokens)
+        # PolicyOptions checks the tunables; the bare rule has no floor.
+        PolicyOptions(
+            load_factor=load_factor,
+            min_bound_tokens=min_bound_tokens,
+            ring_choices=ring_choices,
+        )
         self.load_factor = load_factor
         self.min_bound_tokens = min_bound_tokens
+        self.ring_choices = ring_choices
         self.vnodes = vnodes
         self._ring = HashRing((), vnodes)
 
@@ -76,7 +83,9 @@ class PrefixAffinityPolicy:
     def from_options(cls, options: PolicyOptions) -> PrefixAffinityPolicy:
         """Return a fresh policy with ``options``' bound and floor."""
         return cls(
-            load_factor=options.load_factor, min_bound_tokens=options.min_bound_tokens
+            load_factor=options.load_factor,
+            min_bound_tokens=options.min_bound_tokens,
+            ring_choices=options.ring_choices,
         )
 
     @property
@@ -108,7 +117,8 @@ class PrefixAffinityPolicy:
             self.min_bound_tokens,
         )
 
-        for position, replica_id in enumerate(order):
+        walk = order[: self.ring_choices] if self.ring_choices else order
+        for position, replica_id in enumerate(walk):
             if by_id[replica_id].tokens_in_flight + request_tokens <= bound:
                 chosen, skipped = replica_id, position
                 break
