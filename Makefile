@@ -37,12 +37,18 @@ up: venv debs
 	else bash platform/local/up.sh; fi
 
 ## Set up and run every check: ruff, mypy (files and flags in pyproject.toml), then
-## the whole pytest suite.
+## the whole pytest suite, in PYTEST_WORKERS processes (pytest-xdist; each has a
+## test database of its own, and the end-to-end tests their own ports and Redis
+## prefixes). A file's tests stay in one process (--dist loadfile), so a module's
+## platform starts once. The tests marked serial (real-time throughput, which the
+## other worker's load skews) run after, alone. PYTEST_WORKERS=0: no workers.
+PYTEST_WORKERS ?= 2
 test: venv debs
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m 'not vllm and not serial'
+	$(PY) -m pytest -m 'serial and not vllm'
 
 ## Benchmarks: the engine model in virtual time, the replica server and the gateway in
 ## real time, the fleet simulator's speed, and the simulated replica against real

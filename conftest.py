@@ -43,13 +43,16 @@ def django_db_setup(
     django_test_environment: None,
     django_db_blocker: DjangoDbBlocker,
     django_db_keepdb: bool,  # noqa: FBT001 (a pytest-django fixture)
+    django_db_modify_db_settings: None,
 ) -> Iterator[None]:
     """Create the test database whenever any test runs, not only for `db` tests.
 
     pytest-django sets up only the databases that the selected tests mark; the
     end-to-end tests share the database with processes they start and never use
     the `db` fixture, and without this they would write to the development
-    database when run alone.
+    database when run alone. ``django_db_modify_db_settings`` gives each
+    pytest-xdist worker a test database of its own (``test_<name>_gw0``...), as
+    pytest-django's own ``django_db_setup`` does.
     """
     from django.db import connections
     from django.test.utils import setup_databases, teardown_databases
