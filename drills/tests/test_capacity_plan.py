@@ -393,3 +393,25 @@ def test_docs_name_every_key_and_output() -> None:
         assert f"`{name}`" in text, name
     for field_name in data["big_precision_options"]["fp16"]:
         assert f"`{field_name}`" in text, field_name
+
+
+def test_profile_sets_the_replica_section_and_offload_lowers_the_fleet() -> None:
+    out = StringIO()
+    call_command("capacity_plan", "--json", stdout=out)
+    seed = json.loads(out.getvalue())
+    out = StringIO()
+    call_command("capacity_plan", "--profile", "h100-8b", "--json", stdout=out)
+    h100 = json.loads(out.getvalue())
+    assert h100["scenario"]["replica"]["ctok_ms"] == 0.022
+    # A faster replica carries the peak on fewer of them.
+    assert (
+        h100["chat_replicas_per_region_with_prefill"]
+        < seed["chat_replicas_per_region_with_prefill"]
+    )
+    out = StringIO()
+    call_command("capacity_plan", "--set", "host_offload_gib=128", "--json", stdout=out)
+    offload = json.loads(out.getvalue())
+    assert offload["chat_replicas_per_region_with_prefill"] == 12
+    assert offload["prefix_hit_rate_expected"] > 0.8 > seed["prefix_hit_rate_expected"]
+    assert offload["host_hit_rate_expected"] > 0
+    assert offload["usd_per_month_with_prefill"] == 64_800

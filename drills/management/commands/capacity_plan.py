@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from drills.domain.capacity_plan import Figure, Plan, Scenario, ScenarioError, plan
+from drills.domain.capacity_plan import (
+    ChatReplicaShape,
+    Figure,
+    Plan,
+    Scenario,
+    ScenarioError,
+    plan,
+)
+from engine_nodes.domain.perf import PROFILES
 
 
 class Command(BaseCommand):
@@ -36,6 +45,12 @@ class Command(BaseCommand):
             metavar="KEY=VALUE",
             help="override a key after the file, e.g. --set big.peak_streams=80",
         )
+        parser.add_argument(
+            "--profile",
+            choices=sorted(PROFILES),
+            help="take the replica section (step costs, KV cache) from this fleet "
+            "simulator profile (default a100-8b), before the file and --set",
+        )
         parser.add_argument("--json", action="store_true", help="print JSON")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -43,6 +58,9 @@ class Command(BaseCommand):
             scenario = Scenario()
             if options["scenario"] is not None:
                 scenario = Scenario.from_mapping(_read_scenario(options["scenario"]))
+            if options["profile"] is not None:
+                shape = ChatReplicaShape.from_profile(PROFILES[options["profile"]])
+                scenario = replace(scenario, replica=shape)
             scenario = scenario.with_overrides(options["overrides"])
         except ScenarioError as exc:
             raise CommandError(f"invalid scenario: {exc}") from None
