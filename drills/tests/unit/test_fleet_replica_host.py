@@ -14,6 +14,7 @@ from drills.domain.fleet import FleetSim
 from drills.domain.fleet_config import FleetConfig
 from drills.domain.replica import FleetReplica, FleetRequest, stream_block_hash
 from drills.domain.workload import ChatWorkload
+from drills.tests.unit.test_fleet_replica import request
 from engine_nodes.domain.perf import PROFILES, step_time_from_totals_ms
 
 PROFILE = PROFILES["a100-8b"]  # 16-token blocks, 2,048 batched tokens a step
@@ -22,29 +23,6 @@ BS = 16
 # pool of 95 (94 usable) holds exactly one such request, so each request evicts
 # every block the one before it left.
 ONE_REQUEST_POOL = 95
-
-
-def request(
-    rid: int,
-    *,
-    conversation: int,
-    prompt: int = 1200,
-    output: int = 300,
-    history: int = 0,
-    stream: int = 800,
-) -> FleetRequest:
-    return FleetRequest(
-        rid,
-        team="t",
-        tier="standard",
-        conversation=conversation,
-        prompt_tokens=prompt,
-        output_tokens=output,
-        max_tokens=output,
-        history_tokens=history,
-        stream_tokens=stream,
-        arrived_at=0.0,
-    )
 
 
 def replica(*, num_gpu_blocks: int | None = None, host_blocks: int = 0) -> FleetReplica:
