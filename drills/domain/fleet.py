@@ -553,10 +553,10 @@ class FleetSim:
             self._end(request, "no_replica")
             return
         wait_s = self.config.owner_wait_s
-        if wait_s > 0 and 0 < decision.skipped_over_bound < len(nodes):
+        if wait_s > 0 and decision.skipped_over_bound > 0:
             # Its warm replica is over the bound: wait a little for it to drop
             # under, polling, before going elsewhere (an experiment, not the
-            # gateway's behaviour).
+            # gateway's behaviour). With ``ring_choices`` 1 a skip is ``n``.
             since = self._owner_waits.setdefault(request.request_id, now)
             if now + _OWNER_POLL_S <= since + wait_s:
                 self._push(now + _OWNER_POLL_S, _ROUTE_AGAIN, request)

@@ -320,3 +320,34 @@ def test_a_teams_concurrency_cap_refuses_streams_beyond_it_uncharged() -> None:
     assert ended and not any(r.request_id in sim._tickets for r in capped + ended)
     held = sim.limits.slots.count("capped:chat-7b", sim.now)
     assert held == len(sim._tickets) <= 3
+
+
+@pytest.mark.parametrize("ring_choices", [0, 1])
+def test_waiting_for_the_owner_delays_routing_by_at_most_the_wait(
+    ring_choices: int,
+) -> None:
+    """owner_wait_s holds a request whose warm replica is over the bound (polling
+    every 25 ms) for no longer than the wait; without it nothing waits."""
+    # Light load on few replicas: loads are a few requests each, so an owner is
+    # often over 1.25 times the mean.
+    workload = ChatWorkload(arrival_rate=8.0)
+    arrivals = generate_arrivals(workload, 60.0, seed=3)
+
+    def routing_delays(wait_s: float) -> list[float]:
+        config = FleetConfig(
+            replicas=4,
+            min_bound_tokens=0,
+            ring_choices=ring_choices,
+            owner_wait_s=wait_s,
+        )
+        result = FleetSim(config, arrivals=arrivals).run(50.0, warmup_s=10.0)
+        return [
+            r.routed_at - r.arrived_at
+            for r in result.requests
+            if r.routed_at is not None
+        ]
+
+    assert max(routing_delays(0.0)) == pytest.approx(0.0, abs=1e-9)
+    delays = routing_delays(0.2)
+    assert max(delays) > 0.0  # some owner was over the bound and was waited for
+    assert max(delays) <= 0.2 + 1e-9
