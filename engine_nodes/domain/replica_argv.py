@@ -1,6 +1,7 @@
 """The command line that starts one engine replica: ``vllm serve`` or the simulator.
 
-Public surface: ``ReplicaSpec``, ``vllm_serve_argv``, ``sim_replica_argv``,
+Public surface: ``ReplicaSpec``, ``vllm_serve_argv``, ``sglang_launch_argv``,
+``engine_for``, ``ENGINES``, ``sim_replica_argv``,
 ``sim_profile_for``, ``sim_quality_for``, ``sim_ttft_factor_for``,
 ``sim_degraded_for``,
 ``engine_flag_args``, ``DEFAULT_QUANTIZATION_4BIT``, ``RESERVED_KEYS``.
@@ -75,9 +76,12 @@ from models_registry.domain.identity import Precision
 __all__ = [
     "DEFAULT_QUANTIZATION_4BIT",
     "DEFAULT_SIM_PROFILE",
+    "ENGINES",
     "RESERVED_KEYS",
     "ReplicaSpec",
     "engine_flag_args",
+    "engine_for",
+    "sglang_launch_argv",
     "sim_degraded_for",
     "sim_profile_for",
     "sim_quality_for",
@@ -116,8 +120,26 @@ _RESTATABLE = frozenset(
         "enable_prompt_tokens_details",
     }
 )
-# Consumed by the fixed part of the argv (precision and prefix caching).
-_CONSUMED_KEYS = frozenset({"dtype", "quantization", "enable_prefix_caching"})
+# Consumed by the fixed part of the argv (engine, precision and prefix caching).
+_CONSUMED_KEYS = frozenset({"engine", "dtype", "quantization", "enable_prefix_caching"})
+# The inference engines a version may run (``engine_config["engine"]``).
+ENGINES = ("vllm", "sglang")
+DEFAULT_ENGINE = "vllm"
+# SGLang's flags the platform owns, besides RESERVED_KEYS (spelled as SGLang's
+# server_args fields): the model path, tensor parallelism, metrics, the cache report
+# that usage's cached_tokens needs, and the file the API key comes from.
+_SGLANG_RESERVED = frozenset(
+    {
+        "model_path",
+        "tp_size",
+        "enable_metrics",
+        "enable_cache_report",
+        "config",
+        "admin_api_key",
+    }
+)
+# SGLang's quantization for pre-quantized W8A8 INT8 checkpoints.
+SGLANG_QUANTIZATION_INT8 = "w8a8_int8"
 # The flags the simulated replica shares with ``vllm serve``.
 _SIM_FLAG_KEYS = (
     "kv_offloading_backend",
@@ -205,6 +227,8 @@ def vllm_serve_argv(spec: ReplicaSpec, *, vllm_executable: str = "vllm") -> list
     """
     if not spec.weights_dir:
         raise ValueError("vllm serve needs a weights_dir")
+    if engine_for(spec) != "vllm":
+        raise ValueError("this version runs on sglang: use sglang_launch_argv")
     config = dict(spec.engine_config)
     _check_reserved(config, spec)
     _check_offloading(config)
@@ -235,6 +259,114 @@ def vllm_serve_argv(spec: ReplicaSpec, *, vllm_executable: str = "vllm") -> list
     argv.extend(engine_flag_args(flags))
     argv.extend(spec.extra)
     return argv
+
+
+def engine_for(spec: ReplicaSpec) -> str:
+    """Return the version's engine, ``engine_config["engine"]`` ("vllm" unset).
+
+    Raises:
+        ValueError: it names no engine the platform runs.
+    """
+    engine = spec.engine_config.get("engine", DEFAULT_ENGINE)
+    if engine not in ENGINES:
+        raise ValueError(
+            f"engine_config['engine'] must be one of {list(ENGINES)}, not {engine!r}"
+        )
+    return str(engine)
+
+
+def sglang_launch_argv(
+    spec: ReplicaSpec, *, python: str = "python", config_file: str | None = None
+) -> list[str]:
+    """Return the ``python -m sglang.launch_server`` argv for ``spec``.
+
+    The platform's flags first (model path, served name, host, port, ``--tp-size``
+    = ``gpus_per_replica``, ``--enable-metrics`` for the beats,
+    ``--enable-cache-report`` so usage carries cached tokens), then precision
+    (``--dtype float16``; INT8 adds ``--quantization w8a8_int8``, the method for
+    pre-quantized W8A8 checkpoints, 4bit ``--quantization awq`` unless the config
+    names another), ``--disable-radix-cache`` only when the version turns prefix
+    caching off, then the config's own SGLang flags sorted by key, then
+    ``spec.extra``. SGLang's boolean flags are ``store_true`` only: True is the bare
+    flag, False leaves it out. The API key never enters the argv: ``config_file``
+    (``--config``, SGLang's YAML of server arguments, written by the actuator
+    with the key) carries it. Guarded as ``vllm_serve_argv`` is.
+
+    Raises:
+        ValueError: the version's engine is not sglang, or as ``vllm_serve_argv``.
+    """
+    if engine_for(spec) != "sglang":
+        raise ValueError("sglang_launch_argv needs engine_config['engine'] = 'sglang'")
+    if not spec.weights_dir:
+        raise ValueError("sglang needs a weights_dir")
+    config = dict(spec.engine_config)
+    _check_reserved(config, spec)
+    for key in sorted(_SGLANG_RESERVED & config.keys()):
+        raise ValueError(f"engine_config may not set {key!r}: the platform controls it")
+    argv = [
+        python,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        spec.weights_dir,
+        "--served-model-name",
+        spec.served_model_name,
+        "--host",
+        spec.host,
+        "--port",
+        str(spec.port),
+        "--tp-size",
+        str(spec.gpus_per_replica),
+        "--enable-metrics",
+        "--enable-cache-report",
+    ]
+    if config_file is not None:
+        _check_value_text(config_file, "config_file")
+        argv.extend(["--config", config_file])
+    argv.extend(_sglang_precision_args(spec.precision, config))
+    caching = config.get("enable_prefix_caching", True)
+    if not _is_bool(caching):
+        raise ValueError("engine_config['enable_prefix_caching'] must be a boolean")
+    if not caching:
+        argv.append("--disable-radix-cache")
+    flags = {
+        key: value
+        for key, value in config.items()
+        if key not in RESERVED_KEYS
+        and key not in _CONSUMED_KEYS
+        and not key.startswith(_SIM_PREFIX)
+        and not (_is_bool(value) and not value)
+    }
+    if spec.max_model_len is not None:
+        configured = flags.get("context_length")
+        if configured is not None and configured != spec.max_model_len:
+            raise ValueError(
+                f"max_model_len {spec.max_model_len} conflicts with "
+                f"engine_config['context_length'] = {configured!r}"
+            )
+        flags["context_length"] = spec.max_model_len
+    argv.extend(engine_flag_args(flags))
+    argv.extend(spec.extra)
+    return argv
+
+
+def _sglang_precision_args(precision: str, config: Mapping[str, Any]) -> list[str]:
+    args = ["--dtype", _scalar_text("dtype", config.get("dtype", DEFAULT_DTYPE))]
+    quantization = config.get("quantization")
+    if precision == Precision.FP16.value:
+        if quantization is not None:
+            raise ValueError(
+                "an fp16 version takes no 'quantization'; register the quantized "
+                "weights as an int8 or 4bit version"
+            )
+        return args
+    if quantization is None:
+        quantization = (
+            SGLANG_QUANTIZATION_INT8
+            if precision == Precision.INT8.value
+            else DEFAULT_QUANTIZATION_4BIT
+        )
+    return [*args, "--quantization", _scalar_text("quantization", quantization)]
 
 
 def sim_replica_argv(
