@@ -8,6 +8,14 @@ blocks, x ``block_size``, from ``vllm:cache_config_info``; vLLM's usage leaves o
 null block) is the prompt and output tokens held by running requests. The gateway
 (online-path issue) knows its own share exactly; this figure is the replica's view,
 which also covers traffic from other gateways.
+
+SGLang (``--enable-metrics``; names from its ``srt/metrics/collector.py``) reads into
+the same fields: ``sglang:num_running_reqs`` and ``sglang:num_queue_reqs``,
+``sglang:token_usage`` (the share of its token pool in use) over
+``sglang:max_total_num_tokens`` (a pool of one-token pages, so ``block_size`` 1),
+and ``sglang:prompt_tokens_total`` / ``sglang:cached_tokens_total`` as the prefix
+cache's queries and hits (its radix cache counts in tokens, as vLLM's). A scrape
+with any ``vllm:`` series is read as vLLM's.
 """
 
 from __future__ import annotations
@@ -78,7 +86,7 @@ def parse_metrics_text(text: str) -> EngineStats:
             name, _, value_text = line.partition(" ")
             label_text = ""
         name = name.strip()
-        if not name.startswith("vllm:"):
+        if not name.startswith(("vllm:", "sglang:")):
             continue
         if name == "vllm:cache_config_info":
             labels = _labels(label_text)
@@ -92,6 +100,9 @@ def parse_metrics_text(text: str) -> EngineStats:
         if math.isnan(value):
             continue
         values[name] = values.get(name, 0.0) + value
+    is_vllm = num_gpu_blocks > 0 or any(name.startswith("vllm:") for name in values)
+    if not is_vllm and any(name.startswith("sglang:") for name in values):
+        return _sglang_stats(values)
     return EngineStats(
         num_requests_running=int(values.get("vllm:num_requests_running", 0)),
         num_requests_waiting=int(values.get("vllm:num_requests_waiting", 0)),
@@ -103,4 +114,19 @@ def parse_metrics_text(text: str) -> EngineStats:
         prefix_cache_queries=int(values.get("vllm:prefix_cache_queries_total", 0)),
         prefix_cache_hits=int(values.get("vllm:prefix_cache_hits_total", 0)),
         generation_tokens=int(values.get("vllm:generation_tokens_total", 0)),
+    )
+
+
+def _sglang_stats(values: dict[str, float]) -> EngineStats:
+    pool_tokens = int(values.get("sglang:max_total_num_tokens", 0))
+    return EngineStats(
+        num_requests_running=int(values.get("sglang:num_running_reqs", 0)),
+        num_requests_waiting=int(values.get("sglang:num_queue_reqs", 0)),
+        kv_cache_usage_perc=min(1.0, max(0.0, values.get("sglang:token_usage", 0.0))),
+        # One-token pages; the extra one stands for vLLM's null block.
+        num_gpu_blocks=pool_tokens + 1 if pool_tokens else 0,
+        block_size=1,
+        prefix_cache_queries=int(values.get("sglang:prompt_tokens_total", 0)),
+        prefix_cache_hits=int(values.get("sglang:cached_tokens_total", 0)),
+        generation_tokens=int(values.get("sglang:generation_tokens_total", 0)),
     )

@@ -25,3 +25,41 @@ def test_kv_tokens_in_use_are_whole_blocks_of_vllms_usage(blocks_used: int) -> N
     assert stats.num_gpu_blocks == 1024
     assert stats.block_size == 128
     assert stats.kv_tokens_in_use == blocks_used * 128
+
+
+SGLANG_METRICS = """\
+# HELP sglang:num_running_reqs The number of running requests.
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="chat-7b@v4"} 37.0
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="chat-7b@v4"} 5.0
+# TYPE sglang:token_usage gauge
+sglang:token_usage{model_name="chat-7b@v4"} 0.25
+# TYPE sglang:max_total_num_tokens gauge
+sglang:max_total_num_tokens{model_name="chat-7b@v4"} 400000.0
+# TYPE sglang:cache_hit_rate gauge
+sglang:cache_hit_rate{model_name="chat-7b@v4"} 0.6
+# TYPE sglang:prompt_tokens_total counter
+sglang:prompt_tokens_total{model_name="chat-7b@v4"} 120000.0
+# TYPE sglang:cached_tokens_total counter
+sglang:cached_tokens_total{model_name="chat-7b@v4"} 72000.0
+# TYPE sglang:generation_tokens_total counter
+sglang:generation_tokens_total{model_name="chat-7b@v4"} 30000.0
+"""
+
+
+def test_sglang_metrics_read_into_the_same_fields() -> None:
+    stats = parse_metrics_text(SGLANG_METRICS)
+    assert stats.num_requests_running == 37
+    assert stats.queue_depth == 5
+    assert stats.kv_cache_usage_perc == 0.25
+    assert stats.kv_tokens_in_use == 100_000  # 0.25 of a 400,000-token pool
+    assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (120_000, 72_000)
+    assert stats.generation_tokens == 30_000
+
+
+def test_a_scrape_with_vllm_series_is_read_as_vllm() -> None:
+    text = SGLANG_METRICS + 'vllm:num_requests_running{model_name="m"} 2.0\n'
+    stats = parse_metrics_text(text)
+    assert stats.num_requests_running == 2
+    assert stats.queue_depth == 0
