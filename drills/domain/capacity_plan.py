@@ -302,19 +302,8 @@ class ChatReplicaShape:
         )
 
     def step_costs(self) -> StepCosts:
-        return StepCosts(
-            a_ms=self.a_ms,
-            w_ms=self.w_ms,
-            ctok_ms=self.ctok_ms,
-            b_ms=self.b_ms,
-            kkv_us=self.kkv_us,
-            katt=self.katt,
-            p_ms=self.p_ms,
-            kv_cache_tokens=self.kv_cache_tokens,
-            max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self.max_num_batched_tokens,
-            host_load_us_per_token=self.host_load_us_per_token,
-        )
+        """Return these keys as ``replica_load``'s costs (the same names)."""
+        return StepCosts(**asdict(self))
 
 
 _SECTIONS: dict[str, type] = {
@@ -871,7 +860,7 @@ def plan(scenario: Scenario) -> Plan:
     )
 
     precision = "Precision is chosen per model"
-    kv_bytes = 2 * m.layers * m.kv_heads * m.head_dim * m.bytes_per_value
+    kv_bytes = _kv_bytes_per_token(m)
     add(
         "kv_bytes_per_token",
         int(kv_bytes) if kv_bytes == int(kv_bytes) else kv_bytes,
@@ -925,12 +914,7 @@ def plan(scenario: Scenario) -> Plan:
     )
 
     prefill_warnings = _prefill_figures(
-        scenario,
-        add,
-        requests_per_s / survivors,
-        kv_bytes,
-        chat_replicas,
-        big_replicas * big.gpus_per_replica,
+        scenario, add, chat_replicas, big_replicas * big.gpus_per_replica
     )
 
     options = tuple(
@@ -941,11 +925,15 @@ def plan(scenario: Scenario) -> Plan:
     return Plan(scenario, tuple(figures), options, warnings + prefill_warnings)
 
 
+def _kv_bytes_per_token(m: ChatModelShape) -> float:
+    """K and V, every layer and KV head: 2 x 32 x 8 x 128 x 2 = 131,072 bytes."""
+    return 2 * m.layers * m.kv_heads * m.head_dim * m.bytes_per_value
+
+
 def chat_load(s: Scenario) -> tuple[StepCosts, ChatLoad]:
     """Return the replica's step costs and one region's chat peak, as the section
     "Replicas, counting prefill" models them."""
-    m = s.model
-    kv_bytes = 2 * m.layers * m.kv_heads * m.head_dim * m.bytes_per_value
+    kv_bytes = _kv_bytes_per_token(s.model)
     requests_per_s = s.peak_streams * s.stream_tokens_per_s / s.answer_tokens
     load = ChatLoad(
         requests_per_s=requests_per_s / (s.regions - s.regions_lost),
@@ -967,12 +955,7 @@ def estimate_chat_fleet(s: Scenario, replicas: int) -> FleetEstimate:
 
 
 def _prefill_figures(
-    s: Scenario,
-    add: Any,
-    region_rate: float,
-    kv_bytes: float,
-    output_only_replicas: int,
-    big_gpus_per_region: int,
+    s: Scenario, add: Any, output_only_replicas: int, big_gpus_per_region: int
 ) -> tuple[str, ...]:
     """Add the section "Replicas, counting prefill"; return its warnings.
 
@@ -985,6 +968,8 @@ def _prefill_figures(
     section = "Replicas, counting prefill"
     r = s.replica
     costs, load = chat_load(s)
+    region_rate = load.requests_per_s
+    kv_bytes = _kv_bytes_per_token(s.model)
     host_tokens = load.host_cache_tokens
     step_target = 1000 / s.stream_tokens_per_s
     add(

@@ -248,13 +248,7 @@ def vllm_serve_argv(spec: ReplicaSpec, *, vllm_executable: str = "vllm") -> list
         "--enable-prompt-tokens-details",
         *_precision_args(spec.precision, config),
     ]
-    flags = {
-        key: value
-        for key, value in config.items()
-        if key not in RESERVED_KEYS
-        and key not in _CONSUMED_KEYS
-        and not key.startswith(_SIM_PREFIX)
-    }
+    flags = _config_flags(config)
     _merge_max_model_len(flags, spec)
     argv.extend(engine_flag_args(flags))
     argv.extend(spec.extra)
@@ -301,8 +295,10 @@ def sglang_launch_argv(
         raise ValueError("sglang needs a weights_dir")
     config = dict(spec.engine_config)
     _check_reserved(config, spec)
-    for key in sorted(_SGLANG_RESERVED & config.keys()):
-        raise ValueError(f"engine_config may not set {key!r}: the platform controls it")
+    if clashes := sorted(_SGLANG_RESERVED & config.keys()):
+        raise ValueError(
+            f"engine_config may not set {clashes[0]!r}: the platform controls it"
+        )
     argv = [
         python,
         "-m",
@@ -323,50 +319,23 @@ def sglang_launch_argv(
     if config_file is not None:
         _check_value_text(config_file, "config_file")
         argv.extend(["--config", config_file])
-    argv.extend(_sglang_precision_args(spec.precision, config))
-    caching = config.get("enable_prefix_caching", True)
-    if not _is_bool(caching):
-        raise ValueError("engine_config['enable_prefix_caching'] must be a boolean")
-    if not caching:
+    argv.extend(
+        _precision_args(
+            spec.precision, config, int8_quantization=SGLANG_QUANTIZATION_INT8
+        )
+    )
+    if not _prefix_caching_on(config):
         argv.append("--disable-radix-cache")
+    # store_true flags only: False is SGLang's default, so the flag stays out.
     flags = {
         key: value
-        for key, value in config.items()
-        if key not in RESERVED_KEYS
-        and key not in _CONSUMED_KEYS
-        and not key.startswith(_SIM_PREFIX)
-        and not (_is_bool(value) and not value)
+        for key, value in _config_flags(config).items()
+        if not (_is_bool(value) and not value)
     }
-    if spec.max_model_len is not None:
-        configured = flags.get("context_length")
-        if configured is not None and configured != spec.max_model_len:
-            raise ValueError(
-                f"max_model_len {spec.max_model_len} conflicts with "
-                f"engine_config['context_length'] = {configured!r}"
-            )
-        flags["context_length"] = spec.max_model_len
+    _merge_max_model_len(flags, spec, key="context_length")
     argv.extend(engine_flag_args(flags))
     argv.extend(spec.extra)
     return argv
-
-
-def _sglang_precision_args(precision: str, config: Mapping[str, Any]) -> list[str]:
-    args = ["--dtype", _scalar_text("dtype", config.get("dtype", DEFAULT_DTYPE))]
-    quantization = config.get("quantization")
-    if precision == Precision.FP16.value:
-        if quantization is not None:
-            raise ValueError(
-                "an fp16 version takes no 'quantization'; register the quantized "
-                "weights as an int8 or 4bit version"
-            )
-        return args
-    if quantization is None:
-        quantization = (
-            SGLANG_QUANTIZATION_INT8
-            if precision == Precision.INT8.value
-            else DEFAULT_QUANTIZATION_4BIT
-        )
-    return [*args, "--quantization", _scalar_text("quantization", quantization)]
 
 
 def sim_replica_argv(
@@ -556,15 +525,35 @@ def _check_offloading(config: Mapping[str, Any]) -> None:
         )
 
 
-def _prefix_caching_flag(config: Mapping[str, Any]) -> str:
+def _config_flags(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Return the config's own engine flags: neither the platform's, nor those the
+    fixed part of the argv consumed, nor the simulator's."""
+    return {
+        key: value
+        for key, value in config.items()
+        if key not in RESERVED_KEYS
+        and key not in _CONSUMED_KEYS
+        and not key.startswith(_SIM_PREFIX)
+    }
+
+
+def _prefix_caching_on(config: Mapping[str, Any]) -> bool:
     # On unless the version turns it off: prefix-affinity routing depends on it.
     value = config.get("enable_prefix_caching", True)
     if not _is_bool(value):
         raise ValueError("engine_config['enable_prefix_caching'] must be a boolean")
-    return "--enable-prefix-caching" if value else "--no-enable-prefix-caching"
+    return bool(value)
 
 
-def _precision_args(precision: str, config: Mapping[str, Any]) -> list[str]:
+def _prefix_caching_flag(config: Mapping[str, Any]) -> str:
+    if _prefix_caching_on(config):
+        return "--enable-prefix-caching"
+    return "--no-enable-prefix-caching"
+
+
+def _precision_args(
+    precision: str, config: Mapping[str, Any], *, int8_quantization: str | None = None
+) -> list[str]:
     dtype = config.get("dtype", DEFAULT_DTYPE)
     args = ["--dtype", _scalar_text("dtype", dtype)]
     quantization = config.get("quantization")
@@ -576,25 +565,31 @@ def _precision_args(precision: str, config: Mapping[str, Any]) -> list[str]:
             )
     elif precision == Precision.INT8.value:
         # Pre-quantized W8A8: the checkpoint's own quantization config decides
-        # unless the version names a method explicitly.
-        if quantization is not None:
-            args.extend(["--quantization", _scalar_text("quantization", quantization)])
+        # (vLLM) unless the version names a method; SGLang must be told
+        # (``int8_quantization``).
+        method = int8_quantization if quantization is None else quantization
+        if method is not None:
+            args.extend(["--quantization", _scalar_text("quantization", method)])
     else:
         method = DEFAULT_QUANTIZATION_4BIT if quantization is None else quantization
         args.extend(["--quantization", _scalar_text("quantization", method)])
     return args
 
 
-def _merge_max_model_len(flags: dict[str, Any], spec: ReplicaSpec) -> None:
+def _merge_max_model_len(
+    flags: dict[str, Any], spec: ReplicaSpec, *, key: str = "max_model_len"
+) -> None:
+    """Put ``spec.max_model_len`` under the engine's ``key`` (SGLang:
+    ``context_length``), refusing a config that sets another."""
     if spec.max_model_len is None:
         return
-    configured = flags.get("max_model_len")
+    configured = flags.get(key)
     if configured is not None and configured != spec.max_model_len:
         raise ValueError(
             f"max_model_len {spec.max_model_len} conflicts with "
-            f"engine_config['max_model_len'] = {configured!r}"
+            f"engine_config[{key!r}] = {configured!r}"
         )
-    flags["max_model_len"] = spec.max_model_len
+    flags[key] = spec.max_model_len
 
 
 def _scalar_text(key: str, value: Any) -> str:
