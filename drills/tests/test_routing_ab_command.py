@@ -102,6 +102,16 @@ def test_cache_sweep_json_has_a_point_per_fleet_and_offload(tmp_path: Path) -> N
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_cache_sweep_refuses_an_empty_fleet(tmp_path: Path) -> None:
+    with pytest.raises(CommandError, match="at least one replica"):
+        call_command(
+            "routing_ab",
+            "--sweep-replicas=0,2",
+            f"--plot={tmp_path / 'p.png'}",
+            stdout=StringIO(),
+        )
+
+
 def test_cache_sweep_refuses_bad_lists(tmp_path: Path) -> None:
     with pytest.raises(CommandError, match="comma-separated numbers"):
         call_command(

@@ -127,6 +127,10 @@ class Command(BaseCommand):
         if options["sweep_replicas"]:
             if options["trace"]:
                 raise CommandError("the cache sweep replays the seed's workload only")
+            if min(options["sweep_replicas"]) < 1:
+                raise CommandError(
+                    "--sweep-replicas: a fleet needs at least one replica"
+                )
             self._sweep(config, arrivals, workload, scenario, options)
             return
         started = time.process_time()
@@ -135,19 +139,10 @@ class Command(BaseCommand):
         )
         cpu_s = time.process_time() - started
         scenario.update(
+            _run_figures(config, options, len(arrivals), cpu_s),
             replicas=config.replicas,
-            profile=config.profile,
-            block_size=config.block_size,
-            load_factor=config.load_factor,
-            min_bound_tokens=config.min_bound_tokens,
             host_offload_gib=config.host_offload_gib,
-            ring_choices=config.ring_choices,
             owner_wait_s=config.owner_wait_s,
-            minutes=options["minutes"],
-            warmup_minutes=options["warmup_minutes"],
-            seed=config.seed,
-            requests=len(arrivals),
-            simulator_cpu_s=round(cpu_s, 2),
         )
         plot = options["plot"] or _default_plot()
         from drills.experiment_plots import plot_routing_ab
@@ -223,17 +218,7 @@ class Command(BaseCommand):
             gib: plan(base.with_values({"host_offload_gib": gib}))
             for gib in options["sweep_offload"]
         }
-        scenario.update(
-            profile=config.profile,
-            block_size=config.block_size,
-            load_factor=config.load_factor,
-            min_bound_tokens=config.min_bound_tokens,
-            minutes=options["minutes"],
-            warmup_minutes=options["warmup_minutes"],
-            seed=config.seed,
-            requests=len(arrivals),
-            simulator_cpu_s=round(cpu_s, 2),
-        )
+        scenario.update(_run_figures(config, options, len(arrivals), cpu_s))
         from drills.experiment_plots import default_plot_path, plot_cache_sweep
 
         plot = options["plot"] or default_plot_path("cache_sweep")
@@ -336,6 +321,24 @@ class Command(BaseCommand):
                 f"{smallest_row['seed_usd_per_month']:,.0f})"
             )
         self.stdout.write(f"plot: {plot}")
+
+
+def _run_figures(
+    config: FleetConfig, options: dict[str, Any], requests: int, cpu_s: float
+) -> dict[str, Any]:
+    """Return what both reports say of the run: the fleet, routing and replay."""
+    return {
+        "profile": config.profile,
+        "block_size": config.block_size,
+        "load_factor": config.load_factor,
+        "min_bound_tokens": config.min_bound_tokens,
+        "ring_choices": config.ring_choices,
+        "minutes": options["minutes"],
+        "warmup_minutes": options["warmup_minutes"],
+        "seed": config.seed,
+        "requests": requests,
+        "simulator_cpu_s": round(cpu_s, 2),
+    }
 
 
 def _figure(result: Plan, name: str) -> float | int | None:
