@@ -3,7 +3,7 @@
 Public surface: ``UsageCounter`` (the protocol), ``RedisUsageCounter``,
 ``MemoryUsageCounter``, ``FailoverUsageCounter``, ``usage_hash_key``,
 ``usage_index_key``, ``parse_usage_hash_key``, ``check_counts``, ``USAGE_TTL_S``,
-``USAGE_KEEP_FLUSHED_S``, ``REDIS_ERRORS``.
+``USAGE_KEEP_FLUSHED_S``, ``REDIS_ERRORS``, ``redis_pool``.
 
 With Redis, each (team, model, version, minute) is a hash of running totals under
 ``<prefix>:usage:<minute_epoch>:<team>:<model>:<version>``, listed in the set
@@ -26,6 +26,8 @@ from typing import Protocol
 
 import redis
 import redis.asyncio
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from accounts.domain.names import is_valid_slug
 from metering import metrics
@@ -49,6 +51,7 @@ __all__ = [
     "UsageCounter",
     "check_counts",
     "parse_usage_hash_key",
+    "redis_pool",
     "usage_hash_key",
     "usage_index_key",
 ]
@@ -62,6 +65,31 @@ USAGE_KEEP_FLUSHED_S = 3600
 # What an unreachable or failing Redis raises (redis-py wraps socket errors in its
 # ConnectionError and TimeoutError; OSError covers what it does not wrap).
 REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, OSError)
+
+
+def redis_pool(
+    url: str, *, max_connections: int, wait_s: float, socket_timeout_s: float
+) -> redis.asyncio.BlockingConnectionPool:
+    """Return the connection pool of a gateway's Redis client.
+
+    Blocking: a burst of requests ending together waits up to ``wait_s`` for a
+    connection instead of failing with "Too many connections".
+
+    A command that finds its pooled connection closed by the server (one opened
+    before Redis restarted) is sent once more on a new connection: that command
+    never reached the server that answers now, and without the retry each such
+    stale connection would fail one call after Redis is back and switch the
+    gateway to its local limits again. Timeouts are not retried: a slow command
+    may have run, and the hot path must not wait twice.
+    """
+    return redis.asyncio.BlockingConnectionPool.from_url(
+        url,
+        max_connections=max_connections,
+        timeout=wait_s,
+        socket_timeout=socket_timeout_s,
+        socket_connect_timeout=socket_timeout_s,
+        retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
+    )
 
 
 class UsageCounter(Protocol):
@@ -143,12 +171,11 @@ class RedisUsageCounter:
         connections" past its size, a blocking pool makes the burst wait (up to
         ``timeout_s``) for a connection instead.
         """
-        pool = redis.asyncio.BlockingConnectionPool.from_url(
+        pool = redis_pool(
             url,
             max_connections=max_connections,
-            timeout=timeout_s,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
+            wait_s=timeout_s,
+            socket_timeout_s=timeout_s,
         )
         return cls(redis.asyncio.Redis.from_pool(pool), prefix)
 

@@ -197,15 +197,11 @@ def _redis_client() -> Any | None:
         return None
     import redis.asyncio as redis_asyncio
 
-    # A blocking pool: a burst of requests ending together waits for a connection
-    # instead of failing with "too many connections".
+    from metering.counters import redis_pool
+
     return redis_asyncio.Redis(
-        connection_pool=redis_asyncio.BlockingConnectionPool.from_url(
-            settings.REDIS_URL,
-            max_connections=64,
-            timeout=2.0,
-            socket_timeout=1.0,
-            socket_connect_timeout=1.0,
+        connection_pool=redis_pool(
+            settings.REDIS_URL, max_connections=64, wait_s=2.0, socket_timeout_s=1.0
         )
     )
 

@@ -15,7 +15,12 @@ import redis
 import redis.asyncio as redis_asyncio
 from prometheus_client import REGISTRY
 
-from metering.counters import FailoverUsageCounter, RedisUsageCounter, usage_hash_key
+from metering.counters import (
+    FailoverUsageCounter,
+    RedisUsageCounter,
+    redis_pool,
+    usage_hash_key,
+)
 from metering.domain.usage import UsageCounts, UsageKey
 from tests.live import RedisServer
 
@@ -92,5 +97,42 @@ def test_usage_counted_during_an_outage_is_pushed_when_redis_answers(
                 usage_hash_key(prefix, one),
                 usage_hash_key(prefix, two),
             }
+    finally:
+        server.stop()
+
+
+def test_the_gateways_pool_survives_a_redis_restart(
+    tmp_path: Path, redis_server_binary: str
+) -> None:
+    """GIVEN the gateway's pool holding connections opened before Redis restarted
+    WHEN commands go out on them once Redis answers again
+    THEN each succeeds (sent again on a new connection), so no stale connection
+    switches a gateway back to its local limits; while Redis is down the first
+    attempt still fails at once.
+    """
+    server = RedisServer(tmp_path, binary=redis_server_binary)
+    server.start()
+
+    async def scenario() -> None:
+        pool = redis_pool(
+            server.url, max_connections=8, wait_s=2.0, socket_timeout_s=1.0
+        )
+        client = redis_asyncio.Redis.from_pool(pool)
+        try:
+            # Eight connections open at once, all back in the pool.
+            await asyncio.gather(*(client.blpop([f"none-{i}"], 0.05) for i in range(8)))
+            server.stop()
+            with pytest.raises(redis.ConnectionError):
+                await client.ping()
+            server.start()
+            replies = await asyncio.gather(
+                *(client.incr("after-restart") for _ in range(8))
+            )
+            assert sorted(replies) == list(range(1, 9))  # each ran exactly once
+        finally:
+            await client.aclose()
+
+    try:
+        asyncio.run(scenario())
     finally:
         server.stop()
