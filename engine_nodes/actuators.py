@@ -7,10 +7,14 @@ Public surface: ``Actuator``, ``ReplicaHandle``, ``LocalProcessActuator``,
 replica and everything it spawns (vLLM's EngineCore and workers) form one process
 group that ``stop`` signals as a whole: SIGTERM, up to ``grace_s`` for the group to
 exit, then SIGKILL for whatever is left. Output goes to ``<log_dir>/<replica>.log``.
-Secrets reach a replica in its environment, never in its argv (which every user of
-the machine can read in the process list): the engine key as ``VLLM_API_KEY``
-(vLLM's own variable for ``--api-key``, which the simulated replica reads too) and,
-for simulated replicas, the admin token of ``/sim/faults`` as ``SIM_ADMIN_TOKEN``.
+Secrets never enter a replica's argv (which every user of the machine can read in
+the process list): a vLLM replica gets the engine key as ``VLLM_API_KEY`` (vLLM's
+own variable for ``--api-key``, which the simulated replica reads too); an SGLang
+replica, which reads no such variable, gets it in a file only the agent's user
+can read (``<log_dir>/<replica>.sglang.json``, mode 0600, ``{"api-key": ...}``,
+passed as ``--config``: SGLang's file of server arguments), removed when the
+replica stops. Simulated replicas get the admin token of ``/sim/faults`` as
+``SIM_ADMIN_TOKEN``.
 The platform's own secrets in the agent's environment (``REPLICA_ENV_DROPPED``:
 the database and Redis URLs, the signing key, the metrics token) are not passed on.
 
@@ -24,6 +28,7 @@ passes ``Pool.target_replicas``), with a scale patch when only the count moved.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -48,6 +53,8 @@ from engine_nodes.domain.k8s import (
 from engine_nodes.domain.replica_argv import (
     DEFAULT_SIM_PROFILE,
     ReplicaSpec,
+    engine_for,
+    sglang_launch_argv,
     sim_replica_argv,
     vllm_serve_argv,
 )
@@ -91,6 +98,8 @@ class ReplicaHandle:
     argv: tuple[str, ...]
     log_path: Path
     process: subprocess.Popen[bytes] = field(repr=False)
+    # The 0600 file holding an SGLang replica's API key (removed at stop), or None.
+    secret_path: Path | None = None
 
     @property
     def pid(self) -> int:
@@ -121,11 +130,14 @@ class Actuator(Protocol):
 class LocalProcessActuator:
     """Run replicas as child processes of the node agent.
 
-    ``kind="sim"`` runs ``python -m engine_nodes.sim`` from the project root;
-    ``kind="vllm"`` runs ``vllm serve`` with ``VLLM_OFFLINE_ENV`` on top of the
-    agent's environment (an empty ``VLLM_CPU_KVCACHE_SPACE`` is dropped: vLLM's
-    CPU worker crashes on it). ``env`` adds or overrides variables for both kinds.
-    ``engine_api_key`` becomes ``VLLM_API_KEY`` (both kinds demand it on ``/v1``),
+    ``kind="sim"`` runs ``python -m engine_nodes.sim`` from the project root (with
+    ``--sim-engine sglang`` for a version whose engine is SGLang);
+    ``kind="vllm"`` runs the real engines: ``vllm serve`` with ``VLLM_OFFLINE_ENV``
+    on top of the agent's environment (an empty ``VLLM_CPU_KVCACHE_SPACE`` is
+    dropped: vLLM's CPU worker crashes on it), or ``sglang_python -m
+    sglang.launch_server`` for an SGLang version. ``env`` adds or overrides
+    variables for both kinds. ``engine_api_key`` is the key every replica demands
+    on ``/v1`` (``VLLM_API_KEY``, or the 0600 ``--config`` file for SGLang),
     ``sim_admin_token`` becomes ``SIM_ADMIN_TOKEN`` (simulated replicas only); empty
     means none.
     """
@@ -137,6 +149,7 @@ class LocalProcessActuator:
         python: str = sys.executable,
         log_dir: Path,
         vllm_executable: str = "vllm",
+        sglang_python: str = "python3",
         sim_profile: str = DEFAULT_SIM_PROFILE,
         env: Mapping[str, str] | None = None,
         engine_api_key: str = "",
@@ -149,6 +162,7 @@ class LocalProcessActuator:
         self.python = python
         self.log_dir = Path(log_dir)
         self.vllm_executable = vllm_executable
+        self.sglang_python = sglang_python
         self.sim_profile = sim_profile
         self.env = dict(env or {})
         self.engine_api_key = engine_api_key
@@ -156,20 +170,40 @@ class LocalProcessActuator:
         self.cwd = cwd
 
     def argv_for(self, spec: ReplicaSpec) -> list[str]:
-        """Return the argv ``start`` would run for ``spec``."""
-        if self.kind == "vllm":
-            return vllm_serve_argv(spec, vllm_executable=self.vllm_executable)
-        return sim_replica_argv(spec, python=self.python, profile=self.sim_profile)
+        """Return the argv ``start`` would run for ``spec``.
 
-    def environment(self) -> dict[str, str]:
-        """Return the environment a replica of this kind starts with."""
+        Raises:
+            ValueError: the spec's engine config is unusable (see ``replica_argv``).
+        """
+        config_file = str(self.secret_path(spec)) if self._key_in_file(spec) else None
+        if self.kind == "vllm":
+            if engine_for(spec) == "sglang":
+                return sglang_launch_argv(
+                    spec, python=self.sglang_python, config_file=config_file
+                )
+            return vllm_serve_argv(spec, vllm_executable=self.vllm_executable)
+        return sim_replica_argv(
+            spec, python=self.python, profile=self.sim_profile, config_file=config_file
+        )
+
+    def secret_path(self, spec: ReplicaSpec) -> Path:
+        """Return where an SGLang replica's API key file is written."""
+        return self.log_dir / f"{_file_name(spec.replica_id)}.sglang.json"
+
+    def environment(self, spec: ReplicaSpec | None = None) -> dict[str, str]:
+        """Return the environment a replica of this kind (and ``spec``'s engine)
+        starts with."""
         env = {k: v for k, v in os.environ.items() if k not in REPLICA_ENV_DROPPED}
         env["PYTHONUNBUFFERED"] = "1"  # logs reach the file as they are written
-        if self.kind == "vllm":
+        # An SGLang replica's key is in its --config file; no engine key in env.
+        sglang = spec is not None and engine_for(spec) == "sglang"
+        if sglang:
+            env.pop("VLLM_API_KEY", None)
+        if self.kind == "vllm" and not sglang:
             env.update(VLLM_OFFLINE_ENV)
             if not env.get("VLLM_CPU_KVCACHE_SPACE", "x"):
                 del env["VLLM_CPU_KVCACHE_SPACE"]
-        if self.engine_api_key:
+        if self.engine_api_key and not sglang:
             env["VLLM_API_KEY"] = self.engine_api_key
         if self.kind == "sim" and self.sim_admin_token:
             env["SIM_ADMIN_TOKEN"] = self.sim_admin_token
@@ -185,7 +219,11 @@ class LocalProcessActuator:
         """
         argv = self.argv_for(spec)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        log_path = self.log_dir / f"{_UNSAFE_FILE_CHARS.sub('_', spec.replica_id)}.log"
+        log_path = self.log_dir / f"{_file_name(spec.replica_id)}.log"
+        secret_path = None
+        if self._key_in_file(spec):
+            secret_path = self.secret_path(spec)
+            _write_private(secret_path, json.dumps({"api-key": self.engine_api_key}))
         with log_path.open("ab") as log:
             log.write(f"==> starting {shlex.join(argv)}\n".encode())
             log.flush()
@@ -194,7 +232,7 @@ class LocalProcessActuator:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=self.environment(),
+                env=self.environment(spec),
                 cwd=self.cwd,
                 start_new_session=True,
             )
@@ -209,7 +247,11 @@ class LocalProcessActuator:
             argv=tuple(argv),
             log_path=log_path,
             process=process,
+            secret_path=secret_path,
         )
+
+    def _key_in_file(self, spec: ReplicaSpec) -> bool:
+        return bool(self.engine_api_key) and engine_for(spec) == "sglang"
 
     def stop(self, handle: ReplicaHandle, *, grace_s: float) -> None:
         """Stop the replica's process group; return once the leader is reaped.
@@ -234,6 +276,8 @@ class LocalProcessActuator:
         # Also reaps stragglers (engine workers) that outlived a clean leader exit.
         _signal_group(handle.pid, signal.SIGKILL)
         process.wait()
+        if handle.secret_path is not None:
+            handle.secret_path.unlink(missing_ok=True)
         logger.info(
             "replica %s stopped (exit %s)", handle.replica_id, process.returncode
         )
@@ -245,6 +289,19 @@ class LocalProcessActuator:
     def exit_code(self, handle: ReplicaHandle) -> int | None:
         """Return the leader's exit status, or None while it runs."""
         return handle.process.poll()
+
+
+def _file_name(replica_id: str) -> str:
+    return _UNSAFE_FILE_CHARS.sub("_", replica_id)
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by this user only (0600 from creation,
+    so the key is never readable by others, even for a moment)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as file:
+        os.fchmod(file.fileno(), 0o600)  # an older file may have had another mode
+        file.write(text)
 
 
 def _signal_group(pgid: int, signum: signal.Signals) -> None:

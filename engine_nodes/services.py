@@ -23,7 +23,12 @@ from engine_nodes.domain.k8s import (
     deployment_name,
 )
 from engine_nodes.domain.liveness import ReplicaState, is_silent, silence_cutoff
-from engine_nodes.domain.replica_argv import ReplicaSpec, vllm_serve_argv
+from engine_nodes.domain.replica_argv import (
+    ReplicaSpec,
+    engine_for,
+    sglang_launch_argv,
+    vllm_serve_argv,
+)
 from engine_nodes.models import Node, Replica
 from metering.services import prefix_hit_rate_since
 from models_registry.domain.capacity import CapacityRecord, pool_capacity_tokens
@@ -269,14 +274,17 @@ def replica_spec(
 
 
 def kubernetes_pool_spec(pool: Pool, template: DeploymentTemplate) -> PoolSpec:
-    """Return the Deployment spec of ``pool``: ``vllm serve`` at its target size.
+    """Return the Deployment spec of ``pool``: ``vllm serve`` (or SGLang's
+    ``launch_server`` for an SGLang version) at its target size.
 
     ``replicas`` is ``pool.target_replicas``, so the Deployment follows what the
     autoscaler decided; the weights are the version's hash directory on the
     template's volume.
 
     Raises:
-        ValueError: the version's engine config is unusable (``vllm_serve_argv``).
+        ValueError: the version's engine config is unusable (``vllm_serve_argv``,
+            ``sglang_launch_argv``), or it runs on SGLang and the template has no
+            SGLang image.
     """
     version = pool.version
     weights_dir = template.weights_dir(version.weights_hash)
@@ -288,14 +296,21 @@ def kubernetes_pool_spec(pool: Pool, template: DeploymentTemplate) -> PoolSpec:
         host="0.0.0.0",  # inside its pod: reached on the pod's IP
         port=template.port,
     )
+    engine = engine_for(replica)
+    argv = (
+        sglang_launch_argv(replica, python="python3")
+        if engine == "sglang"
+        else vllm_serve_argv(replica)
+    )
     return PoolSpec(
         model=pool.model_id,
         version=version.version,
         region=pool.region,
         replicas=pool.target_replicas,
-        image=template.image,
+        image=template.image_for(engine),
+        engine=engine,
         gpus_per_replica=version.gpus_per_replica,
-        argv=tuple(vllm_serve_argv(replica)),
+        argv=tuple(argv),
         weights_dir=weights_dir,
         port=template.port,
         startup_timeout_s=template.startup_timeout_s,

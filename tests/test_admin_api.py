@@ -305,6 +305,7 @@ def test_register_version_for_unknown_model_is_404(admin_client: APIClient) -> N
         ({"gpus_per_replica": 0}, "gpus_per_replica"),
         ({"gpus_per_replica": 65}, "gpus_per_replica"),
         ({"engine_config": [1, 2]}, "engine_config"),
+        ({"engine_config": {"engine": "tgi"}}, "engine_config"),
         ({"chat_template": "   "}, "chat_template"),
         ({"weights_uri": "s3://elsewhere/w/"}, "weights_uri"),
         ({"weights_uri": "s3://models/../secrets/"}, "weights_uri"),

@@ -6,7 +6,9 @@ Public surface: ``PoolSpec``, ``DeploymentTemplate``, ``FollowAction``,
 
 The manifest is a plain dict in the API's camelCase shape, ready for
 ``AppsV1Api.create_namespaced_deployment(body=...)`` or ``kubectl apply``. It runs
-``argv`` (from ``replica_argv.vllm_serve_argv``) in a container named ``vllm``:
+``argv`` (from ``replica_argv.vllm_serve_argv``, or ``sglang_launch_argv`` for a
+version whose engine is SGLang) in a container named after the engine (``vllm``
+or ``sglang``; the image is the template's ``image`` or ``sglang_image``):
 
 - ``resources``: ``nvidia.com/gpu`` = ``gpus_per_replica`` in both requests and
   limits (extended resources must have them equal), written as a string quantity,
@@ -51,6 +53,7 @@ from typing import Any
 __all__ = [
     "APP_NAME",
     "CONTAINER_NAME",
+    "ENGINE_CONTAINERS",
     "MAX_NAME_LEN",
     "SPEC_DIGEST_ANNOTATION",
     "DeploymentTemplate",
@@ -67,6 +70,8 @@ __all__ = [
 
 APP_NAME = "vllm"
 CONTAINER_NAME = "vllm"
+# The engine's container name (a vLLM pool's stays "vllm", as it always was).
+ENGINE_CONTAINERS = {"vllm": CONTAINER_NAME, "sglang": "sglang"}
 MANAGED_BY = "gpu-serving-platform"
 MAX_NAME_LEN = 63
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -111,9 +116,14 @@ class PoolSpec:
     startup_timeout_s: int = 300
     drain_s: int = 120
     shm_size: str | None = "8Gi"
+    engine: str = "vllm"  # the container's name: "vllm" or "sglang"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "argv", tuple(self.argv))
+        if self.engine not in ENGINE_CONTAINERS:
+            raise ValueError(
+                f"engine must be one of {list(ENGINE_CONTAINERS)}, not {self.engine!r}"
+            )
         if self.replicas < 0:
             raise ValueError("replicas must not be negative")
         if self.gpus_per_replica < 1:
@@ -156,12 +166,29 @@ class DeploymentTemplate:
     port: int = 8000
     startup_timeout_s: int = 300
     drain_s: int = 600
+    # The image of SGLang versions (e.g. lmsysorg/sglang:<tag>); None: refused.
+    sglang_image: str | None = None
 
     def __post_init__(self) -> None:
         if (self.weights_pvc is None) == (self.weights_host_root is None):
             raise ValueError("set exactly one of weights_pvc and weights_host_root")
         if not self.weights_mount.startswith("/"):
             raise ValueError("weights_mount must be an absolute path")
+
+    def image_for(self, engine: str) -> str:
+        """Return the image that runs ``engine``.
+
+        Raises:
+            ValueError: an SGLang version, and no ``sglang_image`` is set.
+        """
+        if engine != "sglang":
+            return self.image
+        if not self.sglang_image:
+            raise ValueError(
+                "this version runs on sglang and no SGLang image is set "
+                "(kubernetes_pools --sglang-image)"
+            )
+        return self.sglang_image
 
     def weights_dir(self, weights_hash: str) -> str:
         """Return where a version's weights appear inside the container."""
@@ -239,7 +266,7 @@ def render_deployment(*, namespace: str, spec: PoolSpec) -> dict[str, Any]:
     if offload is not None:
         requests["memory"] = offload
     container: dict[str, Any] = {
-        "name": CONTAINER_NAME,
+        "name": ENGINE_CONTAINERS[spec.engine],
         "image": spec.image,
         "command": [spec.argv[0]],
         "args": list(spec.argv[1:]),

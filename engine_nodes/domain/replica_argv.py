@@ -71,7 +71,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from models_registry.domain.identity import Precision
+from models_registry.domain.identity import DEFAULT_ENGINE, ENGINES, Precision
 
 __all__ = [
     "DEFAULT_QUANTIZATION_4BIT",
@@ -122,9 +122,6 @@ _RESTATABLE = frozenset(
 )
 # Consumed by the fixed part of the argv (engine, precision and prefix caching).
 _CONSUMED_KEYS = frozenset({"engine", "dtype", "quantization", "enable_prefix_caching"})
-# The inference engines a version may run (``engine_config["engine"]``).
-ENGINES = ("vllm", "sglang")
-DEFAULT_ENGINE = "vllm"
 # SGLang's flags the platform owns, besides RESERVED_KEYS (spelled as SGLang's
 # server_args fields): the model path, tensor parallelism, metrics, the cache report
 # that usage's cached_tokens needs, and the file the API key comes from.
@@ -339,24 +336,35 @@ def sglang_launch_argv(
 
 
 def sim_replica_argv(
-    spec: ReplicaSpec, *, python: str = "python", profile: str = DEFAULT_SIM_PROFILE
+    spec: ReplicaSpec,
+    *,
+    python: str = "python",
+    profile: str = DEFAULT_SIM_PROFILE,
+    config_file: str | None = None,
 ) -> list[str]:
     """Return the argv of a simulated replica standing in for ``spec``.
 
-    The simulator takes ``vllm serve``'s flag names where they exist. Only the
+    The simulator takes the engine's own flag names. For a vLLM version, only the
     flags it models are passed (``max_model_len``, ``max_num_batched_tokens``,
     ``max_num_seqs``, ``kv_offloading_size``, ``kv_offloading_backend``, prefix
-    caching); the profile comes from
-    ``sim_profile_for(spec, default=profile)``, then ``--sim-quality`` and
-    ``--sim-ttft-factor`` when the config sets them (``sim_quality_for``,
-    ``sim_ttft_factor_for``). ``--model`` is the weights directory, or the model
-    name when no weights were pulled.
+    caching). For an SGLang version it runs ``--sim-engine sglang`` with the
+    platform's part of ``sglang_launch_argv`` (``--model-path``, ``--tp-size``,
+    ``--enable-metrics``, ``--enable-cache-report``, ``--config config_file`` for
+    the API key, ``--disable-radix-cache`` when caching is off, ``--context-length``
+    from ``max_model_len``): the flags a real SGLang would get. Either way the
+    profile comes from ``sim_profile_for(spec, default=profile)``, then
+    ``--sim-quality`` and ``--sim-ttft-factor`` when the config sets them
+    (``sim_quality_for``, ``sim_ttft_factor_for``). The model is the weights
+    directory, or the model name when no weights were pulled.
 
     Raises:
         ValueError: as ``vllm_serve_argv``, or the profile name is not a slug.
     """
     config = dict(spec.engine_config)
     _check_reserved(config, spec)
+    engine = engine_for(spec)
+    if engine == "sglang":
+        return _sim_sglang_argv(spec, config, python, profile, config_file)
     _check_offloading(config)
     argv = [
         python,
@@ -370,9 +378,65 @@ def sim_replica_argv(
         spec.host,
         "--port",
         str(spec.port),
-        "--sim-profile",
-        sim_profile_for(spec, default=profile),
+        *_sim_flags(spec, profile),
     ]
+    argv.extend([_prefix_caching_flag(config), "--enable-prompt-tokens-details"])
+    flags = {key: config[key] for key in _SIM_FLAG_KEYS if key in config}
+    _merge_max_model_len(flags, spec)
+    argv.extend(engine_flag_args(flags))
+    argv.extend(spec.extra)
+    return argv
+
+
+def _sim_sglang_argv(
+    spec: ReplicaSpec,
+    config: Mapping[str, Any],
+    python: str,
+    profile: str,
+    config_file: str | None,
+) -> list[str]:
+    if clashes := sorted(_SGLANG_RESERVED & config.keys()):
+        raise ValueError(
+            f"engine_config may not set {clashes[0]!r}: the platform controls it"
+        )
+    argv = [
+        python,
+        "-m",
+        "engine_nodes.sim",
+        "--sim-engine",
+        "sglang",
+        "--model-path",
+        spec.weights_dir or spec.model,
+        "--served-model-name",
+        spec.served_model_name,
+        "--host",
+        spec.host,
+        "--port",
+        str(spec.port),
+        "--tp-size",
+        str(spec.gpus_per_replica),
+        "--enable-metrics",
+        "--enable-cache-report",
+    ]
+    if config_file is not None:
+        _check_value_text(config_file, "config_file")
+        argv.extend(["--config", config_file])
+    argv.extend(_sim_flags(spec, profile))
+    if not _prefix_caching_on(config):
+        argv.append("--disable-radix-cache")
+    flags: dict[str, Any] = {}
+    if "context_length" in config:
+        flags["context_length"] = config["context_length"]
+    _merge_max_model_len(flags, spec, key="context_length")
+    argv.extend(engine_flag_args(flags))
+    argv.extend(spec.extra)
+    return argv
+
+
+def _sim_flags(spec: ReplicaSpec, profile: str) -> list[str]:
+    """Return the simulator's own flags for ``spec``: profile, quality, TTFT
+    factor, degraded."""
+    argv = ["--sim-profile", sim_profile_for(spec, default=profile)]
     quality = sim_quality_for(spec)
     if quality is not None:
         argv.extend(["--sim-quality", repr(quality)])
@@ -381,11 +445,6 @@ def sim_replica_argv(
         argv.extend(["--sim-ttft-factor", repr(ttft_factor)])
     if sim_degraded_for(spec):
         argv.append("--sim-degraded")
-    argv.extend([_prefix_caching_flag(config), "--enable-prompt-tokens-details"])
-    flags = {key: config[key] for key in _SIM_FLAG_KEYS if key in config}
-    _merge_max_model_len(flags, spec)
-    argv.extend(engine_flag_args(flags))
-    argv.extend(spec.extra)
     return argv
 
 

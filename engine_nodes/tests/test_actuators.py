@@ -235,6 +235,57 @@ def test_local_actuator_passes_secrets_in_the_environment_never_the_argv(
         assert secret not in handle.log_path.read_bytes()
 
 
+@pytest.mark.parametrize("kind", ["sim", "vllm"])
+def test_an_sglang_replica_gets_its_key_in_a_private_config_file(
+    tmp_path: Path,
+    handles: list[tuple[LocalProcessActuator, ReplicaHandle]],
+    monkeypatch: pytest.MonkeyPatch,
+    kind: str,
+) -> None:
+    """GIVEN a version whose engine is SGLang (which reads no VLLM_API_KEY)
+    WHEN the actuator starts a replica of it (simulated or real)
+    THEN the key is in a 0600 JSON file passed as --config, never in the argv, the
+    log or the environment, and the file is gone once the replica stops."""
+    monkeypatch.setenv("VLLM_API_KEY", "inherited-key")  # the agent's, not passed on
+    script, out = write_fake_replica(tmp_path, "graceful", watched=SECRET_ENV)
+    actuator = LocalProcessActuator(
+        kind="sim" if kind == "sim" else "vllm",
+        python=str(script),
+        sglang_python=str(script),
+        log_dir=tmp_path / "logs",
+        engine_api_key="sk-engine-secret",
+        sim_admin_token="sim-admin-secret",
+    )
+    spec = make_spec(engine_config={"engine": "sglang"})
+    handle = actuator.start(spec)
+    handles.append((actuator, handle))
+
+    state = read_ready(out)
+    argv = state["argv"][1:]
+    expected_start = (
+        ["-m", "engine_nodes.sim", "--sim-engine", "sglang"]
+        if kind == "sim"
+        else ["-m", "sglang.launch_server"]
+    )
+    assert argv[: len(expected_start)] == expected_start
+    assert argv[argv.index("--model-path") + 1] == "/weights/abc"
+    config = Path(argv[argv.index("--config") + 1])
+    assert config == actuator.secret_path(spec) == handle.secret_path
+    assert stat.S_IMODE(config.stat().st_mode) == 0o600
+    assert json.loads(config.read_text()) == {"api-key": "sk-engine-secret"}
+    assert state["env"]["VLLM_API_KEY"] is None
+    assert state["env"]["SIM_ADMIN_TOKEN"] == (
+        "sim-admin-secret" if kind == "sim" else None
+    )
+    cmdline = Path(f"/proc/{handle.pid}/cmdline").read_bytes()
+    assert b"sk-engine-secret" not in cmdline
+    assert b"sk-engine-secret" not in handle.log_path.read_bytes()
+
+    actuator.stop(handle, grace_s=5)
+    handles.remove((actuator, handle))
+    assert not config.exists()
+
+
 def test_local_actuator_writes_a_log_per_replica(
     tmp_path: Path, handles: list[tuple[LocalProcessActuator, ReplicaHandle]]
 ) -> None:

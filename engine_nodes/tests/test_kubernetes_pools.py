@@ -21,7 +21,9 @@ from django.core.management import CommandError, call_command
 from engine_nodes import services
 from engine_nodes.actuators import KubernetesActuator
 from engine_nodes.domain.k8s import DeploymentTemplate, FollowAction
+from models_registry import services as registry_services
 from models_registry.models import ModelVersion, Pool
+from tests.factories import VERSION_BODY
 
 pytestmark = pytest.mark.django_db
 
@@ -118,6 +120,59 @@ def test_the_pool_s_deployment_is_created_at_its_target_size(pool: Pool) -> None
         pool.version.weights_hash,
     )
     assert deployment.spec.template.spec.termination_grace_period_seconds == 600
+
+
+def test_an_sglang_version_s_pool_runs_sglang_in_its_own_image(
+    chat_v1: ModelVersion,
+) -> None:
+    """GIVEN the 70B INT8 version on 2 GPUs with engine sglang
+    WHEN its pool follows on Kubernetes
+    THEN the Deployment runs SGLang's launch_server from the SGLang image in a
+    container named sglang, 2 GPUs, tensor parallel 2, INT8 weights, cache report
+    on; without an SGLang image the pool is skipped, the others still follow."""
+    body = {
+        **VERSION_BODY,
+        "weights_hash": "b" * 64,
+        "precision": "int8",
+        "gpus_per_replica": 2,
+        "engine_config": {"engine": "sglang"},
+    }
+    version = registry_services.register_version(model_id="chat-7b", **body)
+    Pool.objects.create(
+        model_id="chat-7b",
+        version=version,
+        region="eu-west",
+        min_replicas=1,
+        max_replicas=2,
+        desired_replicas=1,
+    )
+    name = f"vllm-chat-7b-{version.version}-eu-west"
+    api = ClientAppsV1()
+    assert follow(api) == {}  # no SGLang image: skipped (and logged)
+
+    template = DeploymentTemplate(
+        image=TEMPLATE.image,
+        sglang_image="lmsysorg/sglang:v0.5.9",
+        weights_pvc="model-weights",
+        drain_s=600,
+    )
+    assert follow(api, template) == {name: FollowAction.CREATE}
+    container = api.objects[name].spec.template.spec.containers[0]
+    assert container.name == "sglang"
+    assert container.image == "lmsysorg/sglang:v0.5.9"
+    assert container.command == ["python3"]
+    args = container.args
+    assert args[:4] == [
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        f"/weights/{'b' * 64}",
+    ]
+    assert args[args.index("--tp-size") + 1] == "2"
+    assert args[args.index("--quantization") + 1] == "w8a8_int8"
+    assert "--enable-cache-report" in args and "--enable-metrics" in args
+    assert container.resources.limits == {"nvidia.com/gpu": "2"}
+    assert container.readiness_probe.http_get.path == "/health"
 
 
 def test_the_deployment_scales_with_the_pool_s_target_and_only_then(

@@ -3,7 +3,7 @@
 Public surface: ``Precision``, ``VersionStatus``, ``IDENTITY_FIELDS``, ``ModelRef``,
 ``is_sha256_hex``, ``sha256_text``, ``parse_model_ref``, ``is_valid_model_name``,
 ``is_valid_version_label``, ``next_version_label``, ``uri_errors``,
-``engine_config_errors``.
+``engine_config_errors``, ``ENGINES``, ``DEFAULT_ENGINE``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from accounts.domain.keys import SHA256_PATTERN
 from accounts.domain.names import is_valid_slug
 
 __all__ = [
+    "DEFAULT_ENGINE",
+    "ENGINES",
     "IDENTITY_FIELDS",
     "SHA256_PATTERN",
     "VERSION_PATTERN",
@@ -36,6 +38,10 @@ __all__ = [
     "sha256_text",
     "uri_errors",
 ]
+
+# The inference engines a version may run on (``engine_config["engine"]``).
+ENGINES: tuple[str, ...] = ("vllm", "sglang")
+DEFAULT_ENGINE = "vllm"
 
 # The fields whose change would make a different version. A new chat template,
 # precision or engine flag is a new version and goes through a full rollout.
@@ -172,10 +178,15 @@ def uri_errors(uri: str, roots: Sequence[str]) -> list[str]:
 
 
 def engine_config_errors(config: object) -> list[str]:
-    """Return why an engine config is unusable; it must be a JSON object of flags."""
+    """Return why an engine config is unusable: it must be a JSON object of flags,
+    and its ``engine``, when set, one of ``ENGINES`` (the engine is part of the
+    version, so changing it is a full rollout)."""
     if not isinstance(config, dict):
         return ["must be a JSON object of engine flags"]
     for key in config:
         if not isinstance(key, str) or not key:
             return ["keys must be non-empty strings"]
+    engine = config.get("engine", DEFAULT_ENGINE)
+    if not isinstance(engine, str) or engine not in ENGINES:
+        return [f"engine must be one of {', '.join(ENGINES)}, not {engine!r}"]
     return []

@@ -32,7 +32,14 @@ class Command(BaseCommand):
             "--kind",
             choices=["sim", "vllm"],
             default="sim",
-            help="Run simulated replicas or real `vllm serve`.",
+            help="Run simulated replicas or real engines (`vllm serve`, or SGLang "
+            "for a version whose engine is sglang).",
+        )
+        parser.add_argument(
+            "--sglang-python",
+            default="python3",
+            help="The Python with SGLang installed, for --kind vllm and a version "
+            "whose engine is sglang (runs `-m sglang.launch_server`).",
         )
         parser.add_argument(
             "--vllm-executable",
@@ -92,7 +99,8 @@ class Command(BaseCommand):
                 python=sys.executable,
                 log_dir=options["log_dir"],
                 vllm_executable=options["vllm_executable"],
-                # In the replicas' environment, never their argv (the actuator).
+                sglang_python=options["sglang_python"],
+                # In the replicas' environment or a 0600 file, never their argv.
                 engine_api_key=settings.PLATFORM_ENGINE_API_KEY,
                 sim_admin_token=settings.PLATFORM_SIM_ADMIN_TOKEN,
             ),

@@ -57,6 +57,12 @@ class Command(BaseCommand):
         )
         parser.add_argument("--namespace", required=True)
         parser.add_argument("--image", required=True, help="The vLLM image.")
+        parser.add_argument(
+            "--sglang-image",
+            default=None,
+            help="The SGLang image, for versions whose engine is sglang (e.g. "
+            "lmsysorg/sglang:<tag>); without it their pools are skipped.",
+        )
         weights = parser.add_mutually_exclusive_group(required=True)
         weights.add_argument(
             "--weights-pvc", help="A volume claim holding one directory per hash."
@@ -84,6 +90,7 @@ class Command(BaseCommand):
         try:
             template = DeploymentTemplate(
                 image=options["image"],
+                sglang_image=options["sglang_image"],
                 weights_pvc=options["weights_pvc"],
                 weights_host_root=options["weights_host_root"],
                 port=options["port"],

@@ -140,3 +140,53 @@ def test_the_engine_chooses_the_builder() -> None:
     # The key never reaches vLLM or the simulator as a flag.
     assert "--engine" not in vllm_serve_argv(make_spec({"engine": "vllm"}))
     assert "--engine" not in sim_replica_argv(make_spec({"engine": "sglang"}))
+
+
+def test_a_simulated_sglang_replica_gets_the_flags_a_real_one_would() -> None:
+    """The simulator stands in for SGLang with SGLang's own platform flags, so the
+    end-to-end test runs the command line production would."""
+    spec = make_spec(
+        {"engine": "sglang", "enable_prefix_caching": False, "sim_quality": 0.9},
+        precision="int8",
+        gpus=2,
+        max_model_len=4096,
+    )
+    argv = sim_replica_argv(
+        spec, python="/py", profile="h100-70b-int8-tp2", config_file="/run/k.json"
+    )
+    assert argv == [
+        "/py",
+        "-m",
+        "engine_nodes.sim",
+        "--sim-engine",
+        "sglang",
+        "--model-path",
+        "/weights/chat-7b",
+        "--served-model-name",
+        "chat-7b@v4",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8102",
+        "--tp-size",
+        "2",
+        "--enable-metrics",
+        "--enable-cache-report",
+        "--config",
+        "/run/k.json",
+        "--sim-profile",
+        "h100-70b-int8-tp2",
+        "--sim-quality",
+        "0.9",
+        "--disable-radix-cache",
+        "--context-length",
+        "4096",
+    ]
+    real = sglang_launch_argv(spec, python="/py", config_file="/run/k.json")
+    platform_part = real[3 : real.index("--config") + 2]
+    assert argv[5 : 5 + len(platform_part)] == platform_part
+    # A vLLM version's simulator never sees SGLang's flags, and the reverse.
+    vllm_sim = sim_replica_argv(make_spec({}), python="/py")
+    assert "--sim-engine" not in vllm_sim and "--model" in vllm_sim
+    with pytest.raises(ValueError, match="platform controls it"):
+        sim_replica_argv(make_spec({"engine": "sglang", "tp_size": 4}))

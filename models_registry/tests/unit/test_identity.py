@@ -277,3 +277,16 @@ def test_canonical_json_equal_for_different_key_order() -> None:
 
 def test_canonical_json_differs_for_different_values() -> None:
     assert canonical_json({"tp": 2}) != canonical_json({"tp": 4})
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_engine_config_accepts_the_engines_the_platform_runs(engine: str) -> None:
+    assert engine_config_errors({"engine": engine, "max_model_len": 8192}) == []
+
+
+@pytest.mark.parametrize("engine", ["tgi", "SGLang", "", None, 1, ["sglang"]])
+def test_engine_config_refuses_any_other_engine(engine: object) -> None:
+    """An engine the agent cannot start is refused at registration, not at the
+    node (where the version would fail every replica it starts)."""
+    [problem] = engine_config_errors({"engine": engine})
+    assert problem.startswith("engine must be one of vllm, sglang, not ")
