@@ -295,11 +295,17 @@ _POLICY_COLOURS = {
 def plot_routing_ab(
     outcomes: Sequence[PolicyOutcome], path: Path, *, title: str
 ) -> Path:
-    """Draw the A/B: four bar charts and the imbalance over time; return ``path``."""
+    """Draw the A/B: four bar charts and the imbalance over time; return ``path``.
+
+    Rows of more than one engine (``--compare-engines``) are named policy and
+    engine; the second engine's bars are hatched."""
     fig = plt.figure(figsize=(13, 8), layout="constrained")
     grid = fig.add_gridspec(2, 4)
-    names = [o.policy for o in outcomes]
-    colours = [_POLICY_COLOURS.get(name, "#1f77b4") for name in names]
+    engines = list(dict.fromkeys(o.engine for o in outcomes))
+    mixed = len(engines) > 1
+    names = [f"{o.policy} {o.engine}" if mixed else o.policy for o in outcomes]
+    colours = [_POLICY_COLOURS.get(o.policy, "#1f77b4") for o in outcomes]
+    hatches = [("//" if engines.index(o.engine) else "") for o in outcomes]
     bars = [
         ("Prefix hit rate", "share of history served from cache", "prefix_hit_rate", 1),
         ("p95 time to first token", "seconds", "ttft_p95_s", 1),
@@ -314,8 +320,12 @@ def plot_routing_ab(
     for column, (label, unit, attribute, _) in enumerate(bars):
         ax = fig.add_subplot(grid[0, column])
         values = [getattr(o, attribute) or 0.0 for o in outcomes]
-        ax.bar(range(len(names)), values, color=colours)
-        ax.set_xticks(range(len(names)), [n.replace("_", "\n") for n in names])
+        ax.bar(range(len(names)), values, color=colours, hatch=hatches)
+        ax.set_xticks(
+            range(len(names)),
+            [n.replace("_", "\n").replace(" ", "\n") for n in names],
+            fontsize=7 if mixed else None,
+        )
         ax.set_title(label)
         ax.set_ylabel(unit)
         for x, value in enumerate(values):
@@ -327,7 +337,9 @@ def plot_routing_ab(
                 fontsize=8,
             )
     ax = fig.add_subplot(grid[1, :])
-    for outcome, colour in zip(outcomes, colours, strict=True):
+    for outcome, name, colour, hatch in zip(
+        outcomes, names, colours, hatches, strict=True
+    ):
         samples = [
             (s.at, s.imbalance)
             for s in outcome.result.samples
@@ -337,9 +349,10 @@ def plot_routing_ab(
             ax.plot(
                 [t / 60 for t, _ in samples],
                 [v for _, v in samples],
-                label=outcome.policy,
+                label=name,
                 color=colour,
                 linewidth=0.8,
+                linestyle="--" if hatch else "-",
             )
     ax.axhline(1.25, color="grey", linestyle="--", linewidth=0.8, label="bound 1.25")
     ax.set_xlabel("simulated time (minutes)")

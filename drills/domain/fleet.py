@@ -27,7 +27,8 @@ What runs is the gateway's decision code, not a copy of it:
   cold or warm start and scale-downs drain (``drills.domain.fleet_scaling``).
 
 Replicas are ``drills.domain.replica.FleetReplica`` (the engine's step-time model
-and vLLM's block pool, advanced a segment of steps at a time). Everything is
+and vLLM's block pool, or SGLang's radix cache with ``FleetConfig.engine``
+"sglang", advanced a segment of steps at a time). Everything is
 deterministic for a seed: one ``random.Random`` per replica and one per team for
 its arrivals (``drills.domain.fleet_arrivals``: one team's surge leaves the others'
 requests unchanged), and a
@@ -228,7 +229,7 @@ class FleetSim:
             config=self.config,
             started_at=warmup_s,
             ended_at=end,
-            block_size=self.config.block_size,
+            block_size=self.config.hit_block_size,
             scaling=self.scaler.log if self.scaler is not None else None,
         )
         if self.scaler is not None:
@@ -321,6 +322,7 @@ class FleetSim:
             jitter_cv=self.config.jitter_cv,
             scheduling=self.config.engine_scheduling,
             host_blocks=self._host_blocks,
+            cache=self.config.replica_cache,
         )
         self.replicas[replica.replica_id] = replica
         return replica

@@ -1,6 +1,6 @@
 """What a fleet simulation runs with: the fleet, the platform's options, the scenario.
 
-Public surface: ``FleetConfig``, ``FleetEvent``.
+Public surface: ``ENGINES``, ``FleetConfig``, ``FleetEvent``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,11 @@ from engine_nodes.domain.prefix_cache import host_blocks
 from routing.domain.admission_control import AdmissionOptions
 from routing.domain.policies import DEFAULT_POLICY_OPTIONS, PolicyOptions
 
-__all__ = ["FleetConfig", "FleetEvent"]
+__all__ = ["ENGINES", "FleetConfig", "FleetEvent"]
+
+# The serving engine of a pool's replicas, and the prefix cache each one runs
+# (``drills.domain.replica``): vLLM's block pool or SGLang's radix tree.
+ENGINES = {"vllm": "block", "sglang": "radix"}
 
 _DEFAULT_ADMISSION = AdmissionOptions()
 
@@ -29,6 +33,8 @@ class FleetConfig:
     KV block (the same memory in fewer, larger blocks is faster to simulate; hits
     are then whole blocks of this size). ``autoscaling`` (None: a fixed fleet of
     ``replicas``) runs the platform's autoscaler from ``replicas`` on.
+    ``engine`` is the pool's serving engine (``ENGINES``): one config is one pool,
+    so a drill mixes engines by giving its pools different ones.
     """
 
     replicas: int = 12
@@ -61,6 +67,9 @@ class FleetConfig:
     owner_wait_s: float = 0.0
     # Prefix affinity's ring walk (``PolicyOptions.ring_choices``; 0: whole ring).
     ring_choices: int = DEFAULT_POLICY_OPTIONS.ring_choices
+    # The replicas' engine: "vllm" (block pool of ``block_size`` tokens) or
+    # "sglang" (radix cache, hits to the token; no host offload tier).
+    engine: str = "vllm"
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -80,10 +89,28 @@ class FleetConfig:
                 f"engine_scheduling is {' or '.join(SCHEDULING_POLICIES)}; got "
                 f"{self.engine_scheduling!r}"
             )
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine is {' or '.join(ENGINES)}; got {self.engine!r}")
+        if self.engine == "sglang" and self.host_offload_gib > 0:
+            raise ValueError(
+                "host_offload_gib models vLLM's CPU offloading; SGLang's "
+                "hierarchical cache is not modelled: use 0 with engine='sglang'"
+            )
 
     @property
     def perf_profile(self) -> PerfProfile:
         return PROFILES[self.profile]
+
+    @property
+    def replica_cache(self) -> str:
+        """Return the replicas' prefix cache: ``"block"`` or ``"radix"``."""
+        return ENGINES[self.engine]
+
+    @property
+    def hit_block_size(self) -> int:
+        """Return the granularity hits are counted in: ``block_size`` for vLLM's
+        blocks, 1 for SGLang's radix tree (a hit to the token)."""
+        return 1 if self.engine == "sglang" else self.block_size
 
     @property
     def host_blocks(self) -> int:

@@ -51,6 +51,25 @@ same physics with a different bookkeeping:
   prefills (pessimistic: vLLM loads asynchronously, and stores cost nothing here,
   as its stores overlap compute).
 
+- **SGLang's radix cache, optional** (``cache="radix"``; ``"block"``, vLLM's
+  block pool, is the default). The same KV memory, ``(num_gpu_blocks - 1) *
+  block_size`` tokens, holds ``engine_nodes.domain.radix_cache.RadixCache`` (page
+  size 1: hits to the token, LRU eviction of unlocked leaves). A conversation's
+  stream is the key ``range(base, base + n)`` (``stream_token_base``), so a match
+  costs O(1) per edge. On admission a request matches its stream prefix (at most
+  ``min(stream_tokens, prompt_tokens - 1)`` tokens) and locks the node; when its
+  prompt is computed the prompt goes into the tree (locked while the request
+  runs), and at the finish prompt and answer (then unlocked). Tokens off the
+  stream (a turn's own new text, the seed's answers) go in as a range of their own
+  from a negative base, unique per request: they take KV while the request runs
+  and after it, as an unmatchable leaf, so eviction pressure is SGLang's. The tail
+  is a leaf beside the stream's node rather than below it (a range key cannot
+  continue one stream with other tokens); both are inserted at once, so the LRU
+  order barely differs. Admission reserves ``prompt + max_tokens - 1`` tokens less
+  the hit, as the block path reserves blocks, evicting leaves as needed. The host
+  tier is block-only (SGLang's hierarchical cache, HiCache, is another design):
+  ``host_blocks > 0`` with ``"radix"`` is refused.
+
 Deviations from ``Engine``, deliberate and small at fleet scale: a request's KV
 blocks for its whole answer (``prompt + max_tokens``) are reserved on admission,
 so the pool never preempts (it admits less instead); jitter is per segment.
@@ -71,14 +90,20 @@ from dataclasses import dataclass
 
 from engine_nodes.domain.perf import PerfProfile, jitter_factor
 from engine_nodes.domain.prefix_cache import BlockPool, HostBlockCache
+from engine_nodes.domain.radix_cache import RadixCache, RadixNode
 
 __all__ = [
+    "CACHES",
     "SCHEDULING_POLICIES",
     "FleetReplica",
     "FleetRequest",
     "Segment",
     "stream_block_hash",
+    "stream_token_base",
 ]
+
+# The replica's prefix cache: vLLM's block pool or SGLang's radix tree.
+CACHES = ("block", "radix")
 
 # The engine's scheduling policies (vLLM's ``--scheduling-policy``).
 SCHEDULING_POLICIES = ("fcfs", "priority")
@@ -89,11 +114,20 @@ _STANDARD_RANK = 1
 _RANKS = 3
 _STREAM_SHIFT = 24  # block index bits of a synthetic block hash
 _MAX_DECODE_STEPS = 512  # a segment never runs longer than this many steps
+# A request's off-stream tokens (radix cache): keys from -(k + 1) * span on, one
+# span per request, never equal to a stream's (positive) tokens.
+_TAIL_SPAN = 1 << 32
 
 
 def stream_block_hash(conversation: int, block: int) -> int:
     """Return the synthetic hash of block ``block`` of a conversation's token stream."""
     return (conversation + 1) << _STREAM_SHIFT | block
+
+
+def stream_token_base(conversation: int) -> int:
+    """Return the first synthetic token id of a conversation's stream (radix keys:
+    token ``i`` of the stream is ``base + i``; streams never overlap)."""
+    return (conversation + 1) << _STREAM_SHIFT
 
 
 class FleetRequest:
@@ -124,6 +158,10 @@ class FleetRequest:
         "outcome",
         "output_tokens",
         "prompt_tokens",
+        "radix_nodes",
+        "radix_private",
+        "radix_tail",
+        "radix_tree",
         "rank",
         "replica_id",
         "request_id",
@@ -181,6 +219,12 @@ class FleetRequest:
         self.host_tokens = 0  # of cached_tokens, those loaded from the host tier
         self.host_stored = 0  # leading full blocks stored in the host tier
         self.load_pending = False  # the host load is charged in its first step
+        # Radix cache: the nodes it locks, the tokens it holds outside the tree
+        # (reserved, not yet inserted), its tokens in the tree, its tail's base.
+        self.radix_nodes: list[RadixNode] = []
+        self.radix_private = 0
+        self.radix_tree = 0
+        self.radix_tail: int | None = None
 
     @property
     def ttft_s(self) -> float | None:
@@ -253,7 +297,9 @@ class FleetReplica:
     ``generated_tokens``, ``prefill_tokens`` (computed, hits excluded),
     ``host_hit_tokens`` (loaded from the host tier) and ``busy_s`` (time spent in
     steps). ``host`` is the host tier (``host_blocks`` > 0) or None. ``scheduling`` is ``"fcfs"`` or
-    ``"priority"`` (see the module docstring).
+    ``"priority"`` (see the module docstring). ``cache`` is ``"block"`` (``pool``,
+    vLLM's block pool) or ``"radix"`` (``radix``, SGLang's tree of
+    ``kv_capacity_tokens`` tokens; ``pool`` then raises AttributeError).
     """
 
     def __init__(
@@ -267,10 +313,19 @@ class FleetReplica:
         jitter_cv: float = 0.04,
         scheduling: str = "fcfs",
         host_blocks: int = 0,
+        cache: str = "block",
     ) -> None:
         if scheduling not in SCHEDULING_POLICIES:
             raise ValueError(
                 f"scheduling is {' or '.join(SCHEDULING_POLICIES)}; got {scheduling!r}"
+            )
+        if cache not in CACHES:
+            raise ValueError(f"cache is {' or '.join(CACHES)}; got {cache!r}")
+        if cache == "radix" and host_blocks > 0:
+            raise ValueError(
+                "the host offload tier models vLLM's block offloading; SGLang's "
+                "hierarchical cache (HiCache) is not modelled: use host_blocks=0 "
+                "with the radix cache"
             )
         self.replica_id = replica_id
         self.scheduling = scheduling
@@ -284,7 +339,22 @@ class FleetReplica:
             if num_gpu_blocks is not None
             else kv_tokens // self.block_size + 1
         )
-        self.pool = BlockPool(blocks, self.block_size)
+        self.cache = cache
+        # The KV memory in tokens: the pool's whole blocks; the radix tree holds
+        # the profile's tokens exactly (no rounding to this replica's blocks).
+        self.kv_capacity_tokens = (
+            kv_tokens
+            if cache == "radix" and num_gpu_blocks is None
+            else (blocks - 1) * self.block_size
+        )
+        self._pool: BlockPool | None = None
+        self.radix: RadixCache | None = None
+        if cache == "radix":
+            self.radix = RadixCache()
+        else:
+            self._pool = BlockPool(blocks, self.block_size)
+        self._radix_private = 0  # Σ tokens reserved outside the tree
+        self._next_tail = 0  # off-stream tails handed out (radix)
         # The CPU offload tier, in blocks of this replica's size (0: none).
         self.host: HostBlockCache | None = (
             HostBlockCache(host_blocks) if host_blocks > 0 else None
@@ -330,7 +400,26 @@ class FleetReplica:
         return [request for queue in self._waiting for request in queue]
 
     @property
+    def kv_reserved_tokens(self) -> int:
+        """Radix cache: tokens reserved by running requests outside the tree (their
+        KV not yet inserted, their answers to come); 0 with the block pool."""
+        return self._radix_private
+
+    @property
+    def pool(self) -> BlockPool:
+        """The block pool (``cache="block"``)."""
+        if self._pool is None:
+            raise AttributeError("a radix-cache replica has no block pool")
+        return self._pool
+
+    @property
     def kv_cache_usage_perc(self) -> float:
+        """vLLM's ``kv_cache_usage_perc`` (blocks referenced); with the radix cache,
+        SGLang's token usage: tokens held by running requests (locked in the tree or
+        reserved outside it) over the capacity."""
+        if self.radix is not None:
+            held = self.radix.protected_size + self._radix_private
+            return held / self.kv_capacity_tokens
         return self.pool.usage
 
     def tokens_in_flight(self, now: float | None = None) -> int:
@@ -465,8 +554,13 @@ class FleetReplica:
             if request.computed < request.prompt_tokens:
                 continue
             self.prefilling.remove(request)
-            self._cache_stream_blocks(request, request.prompt_tokens)
-            self._store_host(request, request.prompt_tokens)
+            if self.radix is not None:
+                self._cache_radix(
+                    request, request.prompt_tokens, done=request.output_tokens == 1
+                )
+            else:
+                self._cache_stream_blocks(request, request.prompt_tokens)
+                self._store_host(request, request.prompt_tokens)
             request.first_token_at = now
             first.append(request)
             self.generated_tokens += 1
@@ -491,8 +585,11 @@ class FleetReplica:
             self._kv_base -= done.prompt_tokens + done.gen0 - done.clock0
             self._gen_base -= done.gen0 - done.clock0
             computed = done.prompt_tokens + done.output_tokens - 1
-            self._cache_stream_blocks(done, computed)
-            self._store_host(done, computed)
+            if self.radix is not None:
+                self._cache_radix(done, computed, done=True)
+            else:
+                self._cache_stream_blocks(done, computed)
+                self._store_host(done, computed)
             finished.append(self._release(done, now))
         return first, finished
 
@@ -520,6 +617,7 @@ class FleetReplica:
         self.decoding.clear()
         self._finish_heap.clear()
         self._held_tokens = self._kv_base = self._gen_base = 0
+        self._radix_private = 0
         self.segment = None
         self.alive = False
         return lost
@@ -527,6 +625,9 @@ class FleetReplica:
     # -- internals ---------------------------------------------------------------------
 
     def _admit(self) -> None:
+        if self.radix is not None:
+            self._admit_radix(self.radix)
+            return
         pool = self.pool
         block_size = self.block_size
         while (
@@ -571,15 +672,95 @@ class FleetReplica:
                 request.host_tokens = host_hit * block_size
                 request.load_pending = True
                 self.host_hit_tokens += request.host_tokens
-            prefilling = self.prefilling
-            if self._by_priority and prefilling and prefilling[-1].rank > request.rank:
-                # Before the first of a higher rank: by (rank, admission).
-                at = len(prefilling)
-                while at and prefilling[at - 1].rank > request.rank:
-                    at -= 1
-                prefilling.insert(at, request)
-            else:
-                prefilling.append(request)
+            self._start_prefill(request)
+
+    def _start_prefill(self, request: FleetRequest) -> None:
+        prefilling = self.prefilling
+        if self._by_priority and prefilling and prefilling[-1].rank > request.rank:
+            # Before the first of a higher rank: by (rank, admission).
+            at = len(prefilling)
+            while at and prefilling[at - 1].rank > request.rank:
+                at -= 1
+            prefilling.insert(at, request)
+        else:
+            prefilling.append(request)
+
+    def _admit_radix(self, tree: RadixCache) -> None:
+        """Admit as ``_admit`` does, against the radix tree: match the stream prefix
+        (to the token), lock it, reserve the rest of ``prompt + max_tokens - 1``,
+        evicting unlocked leaves for it."""
+        capacity = self.kv_capacity_tokens
+        while (
+            self._num_waiting
+            and len(self.decoding) + len(self.prefilling) < self.max_num_seqs
+        ):
+            waiting = next(queue for queue in self._waiting if queue)
+            request = waiting[0]
+            total = request.prompt_tokens + request.max_tokens
+            # As the engine: the hit stops below the last prompt token.
+            limit = min(request.stream_tokens, request.prompt_tokens - 1)
+            base = stream_token_base(request.conversation)
+            match = tree.match_prefix(range(base, base + max(limit, 0)))
+            tree.lock(match.node)
+            need = total - 1 - match.length
+            free = capacity - tree.total_size - self._radix_private
+            if need > free + tree.evictable_size:
+                tree.unlock(match.node)
+                if not self.decoding and not self.prefilling:
+                    # It can never fit: refuse it rather than stall the replica.
+                    raise ValueError(
+                        f"request needs {need} KV tokens; the cache has "
+                        f"{free + tree.evictable_size} free or evictable"
+                    )
+                break
+            if need > free:
+                tree.evict(need - free)
+            waiting.popleft()
+            self._num_waiting -= 1
+            request.radix_nodes = [match.node]
+            request.radix_tree = match.length
+            request.radix_private = need
+            self._radix_private += need
+            request.cached_tokens = request.computed = match.length
+            self._start_prefill(request)
+
+    def _cache_radix(self, request: FleetRequest, computed: int, *, done: bool) -> None:
+        """Put ``request``'s first ``computed`` tokens in the tree: the stream part
+        as the stream's range, the rest as the request's own tail. Running
+        (``done`` false), it locks what it inserted and releases its old locks; done,
+        it unlocks everything and gives back what it reserved."""
+        tree = self.radix
+        assert tree is not None
+        on_stream = min(computed, request.stream_tokens)
+        tail = computed - on_stream
+        keys: list[range] = []
+        if on_stream > 0:
+            base = stream_token_base(request.conversation)
+            keys.append(range(base, base + on_stream))
+        if tail > 0:
+            if request.radix_tail is None:
+                if tail >= _TAIL_SPAN:
+                    raise ValueError("a request's own tokens exceed the tail span")
+                self._next_tail += 1
+                request.radix_tail = -self._next_tail * _TAIL_SPAN
+            keys.append(range(request.radix_tail, request.radix_tail + tail))
+        locked: list[RadixNode] = []
+        for key in keys:
+            tree.insert(key)
+            if not done:
+                # Nothing evicts between the insert and this lock.
+                node = tree.match_prefix(key).node
+                tree.lock(node)
+                locked.append(node)
+        for node in request.radix_nodes:
+            tree.unlock(node)
+        request.radix_nodes = locked
+        # Tokens now in the tree (new, or duplicates of another request's, freed)
+        # leave the request's reservation; at the end all of it goes back.
+        moved = request.radix_private if done else computed - request.radix_tree
+        request.radix_tree = computed
+        request.radix_private -= moved
+        self._radix_private -= moved
 
     def _cache_stream_blocks(self, request: FleetRequest, computed: int) -> None:
         """Hash the full blocks of ``request`` that lie on its conversation's stream."""
@@ -616,7 +797,8 @@ class FleetReplica:
         request.host_stored = full
 
     def _release(self, request: FleetRequest, now: float) -> FleetRequest:
-        self.pool.free(request.block_ids)
+        if self._pool is not None:
+            self._pool.free(request.block_ids)
         request.block_ids = []
         self._held_tokens -= request.prompt_tokens + request.max_tokens
         request.finished_at = now

@@ -1,7 +1,7 @@
 """The seed's routing A/B: one replay, run once per routing policy.
 
 Public surface: ``POLICY_ORDER``, ``generate_arrivals``, ``PolicyOutcome``,
-``run_routing_ab``.
+``run_routing_ab``, ``run_engine_ab``, ``history_hit_rate``.
 
 The arrivals are drawn once (``generate_arrivals``, deterministic for a seed) and
 replayed unchanged through a fresh fleet per policy, so the policies differ in
@@ -9,6 +9,13 @@ nothing but their routing. Per policy it reports the prefix hit rate (cached
 tokens over the history tokens a warm replica could have served), p95 TTFT,
 imbalance (highest tokens in flight over the pool average, time-averaged and peak,
 sampled every second) and uncached prefill tokens per second.
+
+``run_engine_ab`` replays the same arrivals once per engine too
+(``FleetConfig.engine``: vLLM's block pool, SGLang's radix cache), so the two
+prefix caches differ in nothing else. Each engine's ``prefix_hit_rate`` counts
+hits in its own granularity (whole blocks for vLLM, tokens for SGLang);
+``history_hit_rate`` counts both against the same denominator, the history to the
+token, so the rows compare directly.
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ __all__ = [
     "POLICY_ORDER",
     "PolicyOutcome",
     "generate_arrivals",
+    "history_hit_rate",
+    "run_engine_ab",
     "run_routing_ab",
 ]
 
@@ -79,11 +88,15 @@ class PolicyOutcome:
     requests: int
     unfinished: int
     result: FleetResult
+    engine: str = "vllm"
+    history_hit_rate: float | None = None
 
     def row(self) -> dict[str, object]:
         """Return the JSON row (the issue's keys first)."""
         return {
             "policy": self.policy,
+            "engine": self.engine,
+            "history_hit_rate": self.history_hit_rate,
             "prefix_hit_rate": self.prefix_hit_rate,
             "ttft_p95_s": self.ttft_p95_s,
             "imbalance_mean": self.imbalance_mean,
@@ -95,6 +108,20 @@ class PolicyOutcome:
             "requests": self.requests,
             "unfinished": self.unfinished,
         }
+
+
+def history_hit_rate(result: FleetResult) -> float | None:
+    """Return cached tokens over the history a warm cache could serve *to the
+    token* (``min(history, prompt - 1)`` per answered request): the same
+    denominator for every engine, so a block pool's rounding shows as a loss."""
+    cacheable = cached = 0
+    for request in result.requests:
+        if request.outcome != "ok":
+            continue
+        limit = request.cacheable_tokens(1)
+        cacheable += limit
+        cached += min(request.cached_tokens, limit)
+    return cached / cacheable if cacheable else None
 
 
 def run_routing_ab(
@@ -127,6 +154,37 @@ def run_routing_ab(
                 requests=summary["requests"],
                 unfinished=summary["outcomes"]["unfinished"],
                 result=result,
+                engine=config.engine,
+                history_hit_rate=history_hit_rate(result),
+            )
+        )
+    return outcomes
+
+
+def run_engine_ab(
+    config: FleetConfig,
+    arrivals: Sequence[Arrival],
+    *,
+    engines: Iterable[str],
+    duration_s: float,
+    warmup_s: float = 0.0,
+    policies: Iterable[str] = POLICY_ORDER,
+    events: Iterable[FleetEvent] = (),
+) -> list[PolicyOutcome]:
+    """Run ``run_routing_ab`` once per engine on the same arrivals; return the
+    rows engine by engine, each in ``policies``' order."""
+    policies = tuple(policies)
+    events = tuple(events)
+    outcomes: list[PolicyOutcome] = []
+    for engine in engines:
+        outcomes.extend(
+            run_routing_ab(
+                replace(config, engine=engine),
+                arrivals,
+                duration_s=duration_s,
+                warmup_s=warmup_s,
+                policies=policies,
+                events=events,
             )
         )
     return outcomes

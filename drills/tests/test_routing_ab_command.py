@@ -120,3 +120,75 @@ def test_cache_sweep_refuses_bad_lists(tmp_path: Path) -> None:
             f"--plot={tmp_path / 'p.png'}",
             stdout=StringIO(),
         )
+
+
+def test_compare_engines_replays_one_workload_on_both_caches(tmp_path: Path) -> None:
+    """GIVEN a small fleet and two routing policies
+    WHEN routing_ab runs with --compare-engines
+    THEN the JSON has a row per engine and policy, vLLM's first, both engines saw
+    the same requests, SGLang's hit rate is counted to the token (its two hit rates
+    agree) and the table names both engines."""
+    out = StringIO()
+    plot = tmp_path / "engines.png"
+    args = (
+        "routing_ab",
+        "--compare-engines",
+        "--policies=round_robin,prefix_affinity",
+        "--block-size=16",
+        "--replicas=3",
+        "--minutes=1",
+        "--warmup-minutes=0.5",
+        "--rate=12",
+        f"--plot={plot}",
+    )
+    call_command(*args, "--json", stdout=out)
+    data = json.loads(out.getvalue())
+    rows = data["policies"]
+    assert [(r["engine"], r["policy"]) for r in rows] == [
+        ("vllm", "round_robin"),
+        ("vllm", "prefix_affinity"),
+        ("sglang", "round_robin"),
+        ("sglang", "prefix_affinity"),
+    ]
+    assert rows[0]["requests"] == rows[2]["requests"] > 0
+    assert rows[1]["requests"] == rows[3]["requests"]
+    for row in rows[2:]:
+        assert row["history_hit_rate"] == pytest.approx(row["prefix_hit_rate"])
+    assert rows[3]["history_hit_rate"] >= rows[1]["history_hit_rate"] - 0.02
+    assert data["scenario"]["engines"] == ["vllm", "sglang"]
+    assert data["scenario"]["block_size"] == 16
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = StringIO()
+    call_command(*args, "--policies=prefix_affinity", stdout=table)
+    text = table.getvalue()
+    assert "sglang radix cache" in text and "vllm 16-token blocks" in text
+    assert "hist hits" in text
+
+
+def test_engine_sglang_refuses_the_host_tier(tmp_path: Path) -> None:
+    with pytest.raises(CommandError, match="hierarchical"):
+        call_command(
+            "routing_ab",
+            "--engine=sglang",
+            "--host-offload-gib=8",
+            f"--plot={tmp_path / 'p.png'}",
+            stdout=StringIO(),
+        )
+    with pytest.raises(CommandError, match="hierarchical"):
+        call_command(
+            "routing_ab",
+            "--compare-engines",
+            "--host-offload-gib=8",
+            f"--plot={tmp_path / 'p.png'}",
+            stdout=StringIO(),
+        )
+
+
+def test_an_unknown_policy_is_a_command_error(tmp_path: Path) -> None:
+    with pytest.raises(CommandError, match="expected some of"):
+        call_command(
+            "routing_ab",
+            "--policies=prefix_affinity,random",
+            f"--plot={tmp_path / 'p.png'}",
+            stdout=StringIO(),
+        )

@@ -1,4 +1,9 @@
-"""``manage.py routing_ab``: the seed's routing A/B in the fleet simulator."""
+"""``manage.py routing_ab``: the seed's routing A/B in the fleet simulator.
+
+``--engine sglang`` runs the replicas with SGLang's radix cache instead of vLLM's
+block pool; ``--compare-engines`` replays the same arrivals with both and prints
+one table, a row per policy and engine (``drills.domain.routing_ab.run_engine_ab``).
+"""
 
 from __future__ import annotations
 
@@ -17,8 +22,12 @@ from drills.domain.cache_sweep import (
     smallest_carried,
 )
 from drills.domain.capacity_plan import Plan, estimate_chat_fleet, plan
-from drills.domain.fleet_config import FleetConfig
-from drills.domain.routing_ab import POLICY_ORDER, generate_arrivals, run_routing_ab
+from drills.domain.fleet_config import ENGINES, FleetConfig
+from drills.domain.routing_ab import (
+    POLICY_ORDER,
+    generate_arrivals,
+    run_engine_ab,
+)
 from drills.domain.workload import Arrival, ChatWorkload, read_trace, trace_arrivals
 
 
@@ -38,6 +47,52 @@ class Command(BaseCommand):
             "--rate", type=float, default=100.0, help="requests/s (seed: 100)"
         )
         parser.add_argument("--mode", choices=["seed", "growing"], default="seed")
+        defaults = ChatWorkload()
+        parser.add_argument(
+            "--prompt-tokens",
+            type=int,
+            default=defaults.prompt_tokens,
+            help=f"prompt length (seed: {defaults.prompt_tokens}; growing: the "
+            "first prompt is prompt - history new tokens)",
+        )
+        parser.add_argument(
+            "--history-tokens",
+            type=int,
+            default=defaults.history_tokens,
+            help=f"of the prompt, the conversation's history (seed: "
+            f"{defaults.history_tokens})",
+        )
+        parser.add_argument(
+            "--answer-tokens",
+            type=int,
+            default=defaults.answer_tokens,
+            help=f"answer length and max_tokens (seed: {defaults.answer_tokens})",
+        )
+        parser.add_argument(
+            "--engine",
+            choices=list(ENGINES),
+            default="vllm",
+            help="the replicas' engine: vllm (block pool) or sglang (radix cache)",
+        )
+        parser.add_argument(
+            "--compare-engines",
+            action="store_true",
+            help="replay the same arrivals with every engine (vllm, sglang)",
+        )
+        parser.add_argument(
+            "--policies",
+            type=_names(POLICY_ORDER),
+            default=POLICY_ORDER,
+            help=f"comma-separated routing policies (default {','.join(POLICY_ORDER)})",
+        )
+        block_size = FleetConfig().block_size
+        parser.add_argument(
+            "--block-size",
+            type=int,
+            default=block_size,
+            help="the simulated vLLM KV block in tokens (default "
+            f"{block_size}: faster; vLLM's is 16)",
+        )
         parser.add_argument("--profile", default="a100-8b")
         parser.add_argument(
             "--load-factor",
@@ -102,13 +157,20 @@ class Command(BaseCommand):
                     else options["ring_choices"]
                 ),
                 owner_wait_s=options["owner_wait_ms"] / 1000,
+                engine=options["engine"],
+                block_size=options["block_size"],
             )
             if options["trace"]:
                 arrivals = list(trace_arrivals(read_trace(options["trace"])))
                 scenario: dict[str, Any] = {"trace": str(options["trace"])}
             else:
                 workload = ChatWorkload(
-                    arrival_rate=options["rate"], mode=options["mode"]
+                    arrival_rate=options["rate"],
+                    mode=options["mode"],
+                    prompt_tokens=options["prompt_tokens"],
+                    history_tokens=options["history_tokens"],
+                    answer_tokens=options["answer_tokens"],
+                    max_tokens=options["answer_tokens"],
                 )
                 arrivals = generate_arrivals(
                     workload, warmup_s + duration_s, seed=options["seed"]
@@ -127,15 +189,33 @@ class Command(BaseCommand):
         if options["sweep_replicas"]:
             if options["trace"]:
                 raise CommandError("the cache sweep replays the seed's workload only")
+            if options["compare_engines"]:
+                raise CommandError("the cache sweep runs one engine: use --engine")
+            if config.engine == "sglang" and max(options["sweep_offload"]) > 0:
+                raise CommandError(
+                    "--sweep-offload: the host tier is vLLM's; SGLang's "
+                    "hierarchical cache is not modelled"
+                )
             if min(options["sweep_replicas"]) < 1:
                 raise CommandError(
                     "--sweep-replicas: a fleet needs at least one replica"
                 )
             self._sweep(config, arrivals, workload, scenario, options)
             return
+        engines = list(ENGINES) if options["compare_engines"] else [config.engine]
+        if "sglang" in engines and config.host_offload_gib > 0:
+            raise CommandError(
+                "--host-offload-gib: the host tier is vLLM's; SGLang's hierarchical "
+                "cache is not modelled"
+            )
         started = time.process_time()
-        outcomes = run_routing_ab(
-            config, arrivals, duration_s=duration_s, warmup_s=warmup_s
+        outcomes = run_engine_ab(
+            config,
+            arrivals,
+            engines=engines,
+            duration_s=duration_s,
+            warmup_s=warmup_s,
+            policies=options["policies"],
         )
         cpu_s = time.process_time() - started
         scenario.update(
@@ -143,12 +223,14 @@ class Command(BaseCommand):
             replicas=config.replicas,
             host_offload_gib=config.host_offload_gib,
             owner_wait_s=config.owner_wait_s,
+            engines=engines,
         )
         plot = options["plot"] or _default_plot()
         from drills.experiment_plots import plot_routing_ab
 
         title = (
-            f"Routing A/B: {config.replicas} x {config.profile}, "
+            f"Routing A/B: {config.replicas} x {config.profile} "
+            f"({', '.join(engines)}), "
             f"{scenario.get('arrival_rate', 'trace')} req/s, "
             f"{options['minutes']:g} min (seed {config.seed})"
         )
@@ -166,23 +248,26 @@ class Command(BaseCommand):
             )
             return
         self.stdout.write(
-            f"Routing A/B: {config.replicas} replicas ({config.profile}), "
+            f"Routing A/B: {config.replicas} replicas ({config.profile}, "
+            f"{' and '.join(_engine_label(e, config) for e in engines)}), "
             f"{len(arrivals):,} requests over {options['warmup_minutes']:g} + "
             f"{options['minutes']:g} min, seed {config.seed}; "
             f"simulated in {cpu_s:.1f} s of CPU"
         )
         self.stdout.write(
-            f"{'policy':<16} {'hit rate':>9} {'p50 TTFT':>9} {'p95 TTFT':>9} "
+            f"{'policy':<16} {'engine':<7} {'hit rate':>9} {'hist hits':>9} "
+            f"{'p50 TTFT':>9} {'p95 TTFT':>9} "
             f"{'TPOT':>8} {'imb mean':>9} {'imb peak':>9} {'uncached prefill':>17} "
             f"{'output':>10}"
         )
         self.stdout.write(
-            f"{'':<16} {'':>9} {'s':>9} {'s':>9} {'ms':>8} {'x':>9} {'x':>9} "
-            f"{'tokens/s':>17} {'tokens/s':>10}"
+            f"{'':<16} {'':<7} {'':>9} {'to token':>9} {'s':>9} {'s':>9} {'ms':>8} "
+            f"{'x':>9} {'x':>9} {'tokens/s':>17} {'tokens/s':>10}"
         )
         for o in outcomes:
             self.stdout.write(
-                f"{o.policy:<16} {_pct(o.prefix_hit_rate):>9} {_num(o.ttft_p50_s, 2):>9} "
+                f"{o.policy:<16} {o.engine:<7} {_pct(o.prefix_hit_rate):>9} "
+                f"{_pct(o.history_hit_rate):>9} {_num(o.ttft_p50_s, 2):>9} "
                 f"{_num(o.ttft_p95_s, 2):>9} {_num(o.tpot_p50_s and o.tpot_p50_s * 1000, 1):>8} "
                 f"{_num(o.imbalance_mean, 3):>9} {_num(o.imbalance_peak, 3):>9} "
                 f"{o.uncached_prefill_tokens_per_s:>17,.0f} {o.output_tokens_per_s:>10,.0f}"
@@ -330,6 +415,7 @@ def _run_figures(
     return {
         "profile": config.profile,
         "block_size": config.block_size,
+        "engine": config.engine,
         "load_factor": config.load_factor,
         "min_bound_tokens": config.min_bound_tokens,
         "ring_choices": config.ring_choices,
@@ -339,6 +425,25 @@ def _run_figures(
         "requests": requests,
         "simulator_cpu_s": round(cpu_s, 2),
     }
+
+
+def _engine_label(engine: str, config: FleetConfig) -> str:
+    if engine == "sglang":
+        return "sglang radix cache"
+    return f"vllm {config.block_size}-token blocks"
+
+
+def _names(known: tuple[str, ...]) -> Any:
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(item.strip() for item in text.split(",") if item.strip())
+        unknown = [name for name in names if name not in known]
+        if not names or unknown:
+            raise argparse.ArgumentTypeError(
+                f"expected some of {','.join(known)}, not {text!r}"
+            )
+        return names
+
+    return parse
 
 
 def _figure(result: Plan, name: str) -> float | int | None:
