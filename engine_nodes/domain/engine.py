@@ -55,6 +55,29 @@ hit plus the host hit.
 Deviation from vLLM, deliberate: blocks are cached when the step **ends** (vLLM caches
 them when it schedules), so two identical prompts admitted in the same step both miss.
 
+SGLang's cache (``EngineConfig.cache = "radix"``; the scheduling and the step-time
+model stay the ones above, only the KV side changes): the KV pool is
+``max_total_num_tokens = (num_gpu_blocks - 1) * block_size`` one-token slots (the
+same memory as the block pool) and the prefix cache is a
+``radix_cache.RadixCache`` (page size 1), as SGLang's ``RadixCache``:
+
+- at admission the request matches its tokens but the last
+  (``len - 1``: SGLang recomputes the last token so it has logits to sample
+  from), reuses the match to the token and locks its node while it runs;
+- every token it computes takes one slot; when free slots run short the tree
+  evicts unlocked leaves, least recently used first, and only then is a running
+  request preempted (its slots freed, its lock dropped, nothing inserted);
+- when its prefill completes its prompt is inserted and the lock moves to the
+  prompt's node; when it finishes everything it computed (prompt and output) is
+  inserted and the lock dropped. Tokens another request inserted first are
+  duplicates and go back to the free slots;
+- ``kv_cache_usage_perc`` is SGLang's ``token_usage``: ``(max_total - free -
+  evictable) / max_total``, so cached idle tokens count as free;
+- with ``enable_prefix_caching`` off (SGLang's ``--disable-radix-cache``) there is
+  no tree: no hits, and a request's slots are freed when it ends.
+
+The host tier is vLLM's and needs the block cache.
+
 Generated token ids are ``tokens.output_token_id(tokens.request_seed(request_id), i)``,
 so output blocks hash to what the streamed text re-encodes to when a client sends the
 reply back in its next turn.
@@ -77,9 +100,11 @@ from engine_nodes.domain.prefix_cache import (
     hash_block_tokens,
     host_blocks,
 )
+from engine_nodes.domain.radix_cache import RadixCache, RadixNode
 from engine_nodes.domain.tokens import output_token_ids, request_seed
 
 __all__ = [
+    "CACHE_KINDS",
     "Engine",
     "EngineConfig",
     "EngineOverrides",
@@ -90,6 +115,7 @@ __all__ = [
 ]
 
 _FINISH_REASONS = frozenset({"length", "stop"})
+CACHE_KINDS = ("block", "radix")
 _WAITING, _RUNNING, _DONE = 0, 1, 2
 
 
@@ -103,11 +129,16 @@ class EngineOverrides(TypedDict, total=False):
     max_model_len: int
     enable_prefix_caching: bool
     kv_offloading_size: float | None
+    cache: str
 
 
 @dataclass(slots=True)
 class EngineConfig:
     """The scheduler and KV limits of one replica (vLLM's names).
+
+    ``cache``: ``"block"`` (vLLM's block pool and hashed prefix cache) or
+    ``"radix"`` (SGLang's token pool and radix tree, page size 1, over the same
+    ``(num_gpu_blocks - 1) * block_size`` tokens of KV memory).
 
     ``kv_offloading_size``: GiB of host memory for the CPU offload tier (vLLM's
     ``--kv-offloading-size``, the total over tensor-parallel ranks); None: no tier.
@@ -124,6 +155,7 @@ class EngineConfig:
     max_model_len: int = 8192
     enable_prefix_caching: bool = True
     kv_offloading_size: float | None = None
+    cache: str = "block"
 
     def __post_init__(self) -> None:
         sizes = (
@@ -148,6 +180,18 @@ class EngineConfig:
             raise ValueError(
                 f"kv_offloading_size must be a number of GiB above 0, not {size!r}"
             )
+        if self.cache not in CACHE_KINDS:
+            raise ValueError(f"cache must be one of {CACHE_KINDS}, not {self.cache!r}")
+        if self.cache == "radix" and size is not None:
+            raise ValueError(
+                "kv_offloading_size is vLLM's host tier; it needs cache='block'"
+            )
+
+    @property
+    def max_total_num_tokens(self) -> int:
+        """KV slots of the token pool (SGLang's ``max_total_num_tokens``): the
+        block pool's memory without its null block."""
+        return (self.num_gpu_blocks - 1) * self.block_size
 
     @classmethod
     def from_profile(
@@ -238,8 +282,11 @@ class _Request:
         "num_offloaded_blocks",
         "num_preemptions",
         "output_len",
+        "private_tokens",
         "prompt",
         "prompt_len",
+        "radix_locked",
+        "radix_node",
         "request_id",
         "scheduled_at",
         "seed",
@@ -272,6 +319,11 @@ class _Request:
         self.first_token_at: float | None = None
         self.num_preemptions = 0
         self.state = _WAITING
+        # Radix cache only: the locked node, its depth (tokens) and the slots the
+        # request holds outside the tree.
+        self.radix_node: RadixNode | None = None
+        self.radix_locked = 0
+        self.private_tokens = 0
 
 
 class Engine:
@@ -287,7 +339,9 @@ class Engine:
     ``generation_tokens`` and ``num_preemptions``; with the host tier
     ``host_cache_queries`` and ``host_cache_hits`` (tokens, counted as vLLM's
     ``external_prefix_cache_*``) and ``prompt_tokens_cached_host`` (the host part of
-    ``prompt_tokens_cached``), all 0 without it.
+    ``prompt_tokens_cached``), all 0 without it. With the radix cache,
+    ``num_used_tokens`` and ``max_total_num_tokens`` (SGLang's figures) and the
+    tree itself (``radix_cache``).
 
     Invariants: at most one step is in flight; a request is in exactly one of waiting,
     running or gone; only running requests hold blocks; unfinished requests are
@@ -298,6 +352,9 @@ class Engine:
         "_host",
         "_jitter_cv",
         "_pool",
+        "_private_tokens",
+        "_radix",
+        "_radix_mode",
         "_requests",
         "_rng",
         "_running",
@@ -350,6 +407,13 @@ class Engine:
                     f"{self.config.block_size * block_bytes} bytes"
                 )
             self._host = HostBlockCache(num_host)
+        self._radix_mode = self.config.cache == "radix"
+        self._radix: RadixCache | None = (
+            RadixCache()
+            if self._radix_mode and self.config.enable_prefix_caching
+            else None
+        )
+        self._private_tokens = 0  # radix: slots held by requests, not in the tree
         self._rng = random.Random(seed)
         self._jitter_cv = jitter_cv
         self._requests: dict[str, _Request] = {}
@@ -386,8 +450,34 @@ class Engine:
 
     @property
     def kv_cache_usage_perc(self) -> float:
-        """``1 - free / (num_gpu_blocks - 1)``; cached idle blocks count as free."""
+        """``1 - free / (num_gpu_blocks - 1)``; cached idle blocks count as free.
+
+        Radix cache: SGLang's ``token_usage``, ``num_used_tokens /
+        max_total_num_tokens``; cached idle tokens count as free."""
+        if self._radix_mode:
+            return self.num_used_tokens / self.config.max_total_num_tokens
         return self._pool.usage
+
+    @property
+    def max_total_num_tokens(self) -> int:
+        """The KV pool in tokens (SGLang's ``max_total_num_tokens``)."""
+        return self.config.max_total_num_tokens
+
+    @property
+    def num_used_tokens(self) -> int:
+        """KV tokens in use: SGLang's ``max_total - available - evictable`` (the
+        slots running requests hold, in the tree or not); block cache: the used
+        blocks' tokens."""
+        if self._radix_mode:
+            protected = self._radix.protected_size if self._radix is not None else 0
+            return self._private_tokens + protected
+        pool = self._pool
+        return (pool.num_blocks - 1 - pool.num_free_blocks) * self.config.block_size
+
+    @property
+    def radix_cache(self) -> RadixCache | None:
+        """The radix tree (read it), or None with the block cache or caching off."""
+        return self._radix
 
     @property
     def block_pool(self) -> BlockPool:
@@ -468,8 +558,11 @@ class Engine:
             return None
         if req.state == _RUNNING:
             self._running.remove(req)
-            self._pool.free(req.block_ids)
-            req.block_ids = []
+            if self._radix_mode:
+                self._radix_release(req, insert=False)
+            else:
+                self._pool.free(req.block_ids)
+                req.block_ids = []
         else:
             self._waiting.remove(req)
         req.state = _DONE
@@ -497,6 +590,7 @@ class Engine:
         prefill_work = 0.0
         preempted = 0
         host_load_tokens = 0
+        radix = self._radix_mode
 
         index = 0
         while index < len(running) and budget > 0:
@@ -504,9 +598,24 @@ class Engine:
             num_computed = req.num_computed
             left = req.prompt_len + req.num_generated - num_computed
             n = left if left < budget else budget
-            need_blocks = (num_computed + n + block_size - 1) // block_size - len(
-                req.block_ids
-            )
+            if radix:
+                need = num_computed + n - req.radix_locked - req.private_tokens
+                if need > 0:
+                    while not self._radix_reserve(need):
+                        victim = running.pop()
+                        self._preempt(victim)
+                        preempted += 1
+                        if victim is req:
+                            break
+                    if req.state != _RUNNING:
+                        break
+                    req.private_tokens += need
+                    self._private_tokens += need
+                need_blocks = 0
+            else:
+                need_blocks = (num_computed + n + block_size - 1) // block_size - len(
+                    req.block_ids
+                )
             if need_blocks > 0:
                 while pool.num_free_blocks < need_blocks:
                     victim = running.pop()
@@ -539,6 +648,32 @@ class Engine:
             while waiting and budget > 0 and len(running) < max_num_seqs:
                 req = waiting[0]
                 num_tokens = req.prompt_len + req.num_generated
+                if radix:
+                    admitted = self._admit_radix(req, num_tokens, budget)
+                    if admitted is None:
+                        break
+                    hit_tokens, n = admitted
+                    left = num_tokens - hit_tokens
+                    req.num_computed = hit_tokens
+                    req.state = _RUNNING
+                    waiting.popleft()
+                    running.append(req)
+                    if req.scheduled_at is None:
+                        req.scheduled_at = now
+                        req.cached_tokens = hit_tokens
+                        if caching:
+                            self.prefix_cache_queries += num_tokens
+                            self.prefix_cache_hits += hit_tokens
+                    scheduled.append((req, n))
+                    budget -= n
+                    if left == 1 and req.num_generated:
+                        decode_seqs += 1
+                        kv_tokens += num_tokens
+                    else:
+                        prefill_tokens += n
+                        prefill_seqs += 1
+                        prefill_work += n * (hit_tokens + n / 2)
+                    continue
                 hit_ids: list[int] = []
                 max_blocks = (num_tokens - 1) // block_size
                 if caching or host is not None:
@@ -634,6 +769,8 @@ class Engine:
         block_size = self.config.block_size
         caching = self.config.enable_prefix_caching
         host = self._host
+        radix = self._radix_mode
+        radix_tree = self._radix
         tokens: list[TokenEvent] = []
         finished: list[FinishedRequest] = []
         for req, n in step:
@@ -641,7 +778,14 @@ class Engine:
                 continue  # aborted while the step was in flight
             num_computed = req.num_computed + n
             req.num_computed = num_computed
-            if caching:
+            if radix:
+                if (
+                    radix_tree is not None
+                    and req.num_generated == 0
+                    and num_computed == req.prompt_len
+                ):
+                    self._radix_cache_prompt(req, radix_tree)
+            elif caching:
                 full = num_computed // block_size
                 if full > req.num_cached_blocks:
                     self._ensure_hashes(req, full)
@@ -669,8 +813,11 @@ class Engine:
             tokens.append(TokenEvent(req.request_id, generated, is_final))
             if is_final:
                 req.state = _DONE
-                pool.free(req.block_ids)
-                req.block_ids = []
+                if radix:
+                    self._radix_release(req, insert=True)
+                else:
+                    pool.free(req.block_ids)
+                    req.block_ids = []
                 del self._requests[req.request_id]
                 self._tokens_in_flight -= req.prompt_len
                 finished.append(self._finished(req, req.finish_reason, now))
@@ -692,14 +839,93 @@ class Engine:
 
     def _preempt(self, req: _Request) -> None:
         """Recompute-preempt: free the blocks, keep the tokens, queue at the front."""
-        self._pool.free(req.block_ids)
-        req.block_ids = []
+        if self._radix_mode:
+            self._radix_release(req, insert=False)
+        else:
+            self._pool.free(req.block_ids)
+            req.block_ids = []
         req.num_computed = 0
         req.num_cached_blocks = 0
         req.state = _WAITING
         req.num_preemptions += 1
         self.num_preemptions += 1
         self._waiting.appendleft(req)
+
+    # -- the radix cache ------------------------------------------------------------------
+
+    def _radix_free(self) -> int:
+        """Free KV slots: the pool less the tree and the requests' own slots."""
+        tree = self._radix.total_size if self._radix is not None else 0
+        return self.config.max_total_num_tokens - tree - self._private_tokens
+
+    def _radix_reserve(self, need: int) -> bool:
+        """Make ``need`` slots free, evicting unlocked tree leaves (LRU) if short;
+        return False if even that cannot."""
+        free = self._radix_free()
+        if free < need and self._radix is not None:
+            self._radix.evict(need - free)
+            free = self._radix_free()
+        return free >= need
+
+    def _radix_key(self, req: _Request, num_tokens: int) -> tuple[int, ...]:
+        """The first ``num_tokens`` tokens of ``req``: its prompt, then its output."""
+        prompt_len = req.prompt_len
+        if num_tokens <= prompt_len:
+            return tuple(req.prompt[:num_tokens])
+        return (*req.prompt, *output_token_ids(req.seed, 0, num_tokens - prompt_len))
+
+    def _admit_radix(
+        self, req: _Request, num_tokens: int, budget: int
+    ) -> tuple[int, int] | None:
+        """Match and lock ``req``'s cached prefix and reserve its first chunk;
+        return (hit tokens, tokens scheduled), or None if the slots are short."""
+        tree = self._radix
+        hit = 0
+        node: RadixNode | None = None
+        if tree is not None:
+            # All but the last token: SGLang recomputes it to sample from.
+            match = tree.match_prefix(self._radix_key(req, num_tokens - 1))
+            hit, node = match.length, match.node
+            tree.lock(node)  # before evicting, so the match survives
+        left = num_tokens - hit
+        n = left if left < budget else budget
+        if not self._radix_reserve(n):
+            if tree is not None and node is not None:
+                tree.unlock(node)
+            return None
+        req.radix_node = node
+        req.radix_locked = hit
+        req.private_tokens = n
+        self._private_tokens += n
+        return hit, n
+
+    def _radix_cache_prompt(self, req: _Request, tree: RadixCache) -> None:
+        """Insert a prompt whose prefill completed; move the lock to its node."""
+        prompt = tuple(req.prompt)
+        tree.insert(prompt)
+        match = tree.match_prefix(prompt)
+        tree.lock(match.node)
+        if req.radix_node is not None:
+            tree.unlock(req.radix_node)
+        req.radix_node = match.node
+        req.radix_locked = match.length
+        # The prompt's slots are the tree's now (or were duplicates, freed).
+        self._private_tokens -= req.private_tokens
+        req.private_tokens = 0
+
+    def _radix_release(self, req: _Request, *, insert: bool) -> None:
+        """Give back ``req``'s slots and lock; with ``insert`` (it finished) its
+        computed tokens join the tree first."""
+        tree = self._radix
+        if tree is not None:
+            if insert:
+                tree.insert(self._radix_key(req, req.num_computed))
+            if req.radix_node is not None:
+                tree.unlock(req.radix_node)
+        req.radix_node = None
+        req.radix_locked = 0
+        self._private_tokens -= req.private_tokens
+        req.private_tokens = 0
 
     def _ensure_hashes(self, req: _Request, num_blocks: int) -> None:
         """Extend ``req.block_hashes`` to its first ``num_blocks`` full blocks."""

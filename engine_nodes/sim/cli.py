@@ -1,4 +1,19 @@
-"""Command line of the simulated replica; flag names follow ``vllm serve``."""
+"""Command line of the simulated replica; flag names follow ``vllm serve``.
+
+With ``--sim-engine sglang`` the replica stands in for ``python -m
+sglang.launch_server`` and takes the flags the platform gives SGLang
+(``engine_nodes.domain.replica_argv.sglang_launch_argv``): ``--model-path`` (for
+``--model``), ``--context-length`` (for ``--max-model-len``),
+``--disable-radix-cache`` (prefix caching off), ``--enable-metrics`` (``/metrics``
+is served only with it, as SGLang's), ``--enable-cache-report`` (usage carries
+cached tokens), ``--tp-size``, ``--dtype`` and ``--quantization`` (accepted; the
+profile already models the GPUs and precision), and ``--config FILE``: SGLang's
+file of server arguments (``server_args_config_parser.py``), YAML or JSON by
+suffix, keys being flag names with dashes or underscores. Its arguments go before
+the command line's, so the command line wins, as in SGLang; the platform writes
+the API key there (``{"api-key": ...}``), out of the process list. These flags are
+refused without ``--sim-engine sglang``.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +24,14 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import yaml
 
 from engine_nodes.domain.perf import PROFILES
 from engine_nodes.sim.replica import (
+    ENGINES,
     Faults,
     SimOptions,
     check_offloading_backend,
@@ -35,19 +55,53 @@ PROFILE_FLAGS = {
 
 
 _NO_FAULTS = Faults()
+# SGLang's flags (dest -> default): refused unless --sim-engine sglang.
+SGLANG_ONLY = {
+    "model_path": None,
+    "tp_size": None,
+    "enable_metrics": False,
+    "enable_cache_report": False,
+    "dtype": None,
+    "quantization": None,
+    "disable_radix_cache": False,
+    "context_length": None,
+    "config": None,
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser (shared by ``manage.py sim_replica``)."""
     parser = argparse.ArgumentParser(
         prog="python -m engine_nodes.sim",
-        description="A simulated vLLM replica: vLLM's HTTP surface on a performance model.",
+        description="A simulated vLLM (or, with --sim-engine sglang, SGLang) replica: "
+        "the engine's HTTP surface on a performance model.",
     )
     add = parser.add_argument
     add(
+        "--sim-engine",
+        choices=ENGINES,
+        default="vllm",
+        help="Whose surface to present: vLLM's (block cache, vllm: metrics) or "
+        "SGLang's (radix cache, sglang: metrics, SGLang's flags).",
+    )
+    add(
         "--model",
-        required=True,
-        help="Model path or name (shown as root in /v1/models).",
+        default=None,
+        help="Model path or name (shown as root in /v1/models); required.",
+    )
+    sglang = parser.add_argument_group("SGLang's flags (--sim-engine sglang)")
+    sglang.add_argument("--model-path", default=None, help="SGLang's --model.")
+    sglang.add_argument("--tp-size", type=int, default=None)
+    sglang.add_argument("--enable-metrics", action="store_true")
+    sglang.add_argument("--enable-cache-report", action="store_true")
+    sglang.add_argument("--dtype", default=None)
+    sglang.add_argument("--quantization", default=None)
+    sglang.add_argument("--disable-radix-cache", action="store_true")
+    sglang.add_argument("--context-length", type=int, default=None)
+    sglang.add_argument(
+        "--config",
+        default=None,
+        help="SGLang's YAML (or JSON) file of server arguments, e.g. the API key.",
     )
     add(
         "--served-model-name",
@@ -162,11 +216,86 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def config_file_args(path: str) -> list[str]:
+    """Return the flags SGLang's ``--config`` file ``path`` stands for.
+
+    A mapping of server-argument names (dashes or underscores) to values: True is
+    the bare flag, False leaves it out, a list gives its items. ``.json`` is read
+    as JSON, anything else as YAML (which JSON is too).
+
+    Raises:
+        ValueError: the file is unreadable or not a mapping.
+    """
+    file = Path(path)
+    try:
+        text = file.read_text()
+        data: Any = json.loads(text) if file.suffix == ".json" else yaml.safe_load(text)
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raise ValueError(f"cannot read --config {path}: {exc}") from None
+    if data is None:
+        return []
+    if not isinstance(data, dict):
+        raise ValueError(f"--config {path} must hold a mapping of server arguments")
+    argv: list[str] = []
+    for key, value in data.items():
+        flag = "--" + str(key).replace("_", "-")
+        if isinstance(value, bool):
+            if value:
+                argv.append(flag)
+        elif isinstance(value, list):
+            argv.extend([flag, *(str(item) for item in value)])
+        elif value is not None:
+            argv.extend([flag, str(value)])
+    return argv
+
+
+def parse_args(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None = None
+) -> argparse.Namespace:
+    """Parse ``argv`` with ``--config``'s arguments before it (the command line
+    wins); refuse SGLang's flags without ``--sim-engine sglang`` and a missing
+    model."""
+    given = list(argv) if argv is not None else None
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", default=None)
+    known, _ = pre.parse_known_args(given)
+    if known.config is not None:
+        try:
+            from_file = config_file_args(known.config)
+        except ValueError as exc:
+            parser.error(str(exc))
+        import sys
+
+        given = from_file + (given if given is not None else sys.argv[1:])
+    args = parser.parse_args(given)
+    if args.sim_engine != "sglang":
+        used = [
+            "--" + dest.replace("_", "-")
+            for dest, default in SGLANG_ONLY.items()
+            if getattr(args, dest) != default
+        ]
+        if used:
+            parser.error(f"{', '.join(used)}: SGLang's flags need --sim-engine sglang")
+    elif args.model is not None and args.model_path is not None:
+        parser.error("give --model-path or --model, not both")
+    if args.model is None and args.model_path is None:
+        parser.error("--model (SGLang: --model-path) is required")
+    return args
+
+
 def options_from_args(args: argparse.Namespace) -> tuple[SimOptions, Faults]:
     """Turn parsed flags into the server's options and initial faults."""
-    names = args.served_model_name or [args.model]
+    model = args.model if args.model is not None else args.model_path
+    names = args.served_model_name or [model]
+    is_sglang = args.sim_engine == "sglang"
+    max_model_len = args.max_model_len
+    enable_prefix_caching = args.enable_prefix_caching
+    if is_sglang:
+        if args.context_length is not None:
+            max_model_len = args.context_length
+        enable_prefix_caching = enable_prefix_caching and not args.disable_radix_cache
     options = SimOptions(
-        model=args.model,
+        model=model,
         served_model_names=list(names),
         profile=args.sim_profile,
         profile_overrides={
@@ -174,12 +303,12 @@ def options_from_args(args: argparse.Namespace) -> tuple[SimOptions, Faults]:
             for name in PROFILE_FLAGS
             if (value := getattr(args, f"sim_{name}")) is not None
         },
-        max_model_len=args.max_model_len,
+        max_model_len=max_model_len,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         num_gpu_blocks=args.num_gpu_blocks_override,
         block_size=args.block_size,
-        enable_prefix_caching=args.enable_prefix_caching,
+        enable_prefix_caching=enable_prefix_caching,
         kv_offloading_size=args.kv_offloading_size,
         kv_offloading_backend=args.kv_offloading_backend,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
@@ -197,6 +326,9 @@ def options_from_args(args: argparse.Namespace) -> tuple[SimOptions, Faults]:
         api_keys=tuple(
             key for key in (args.api_key or [os.environ.get("VLLM_API_KEY", "")]) if key
         ),
+        engine=args.sim_engine,
+        enable_cache_report=is_sglang and args.enable_cache_report,
+        enable_metrics=not is_sglang or args.enable_metrics,
     )
     faults = Faults(
         crash_after_tokens=args.sim_crash_after_tokens,
@@ -245,7 +377,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     import uvicorn
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     try:
         check_offloading_backend(args.kv_offloading_backend)
     except ValueError as exc:
@@ -257,7 +389,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     app = build_app(options, faults=faults)
     logging.getLogger("engine_nodes.sim").warning(
-        "simulated replica %s (profile %s) on %s:%d; faults %s; /v1 %s; /sim %s",
+        "simulated %s replica %s (profile %s) on %s:%d; faults %s; /v1 %s; /sim %s",
+        options.engine,
         ",".join(options.served_model_names),
         options.profile,
         args.host,

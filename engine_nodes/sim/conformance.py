@@ -4,7 +4,16 @@ Public surface: ``Capture``, ``capture``, ``read_capture``, ``write_capture``,
 ``MetricShape``, ``metric_shapes``, ``diff_metrics``, ``stream_facts``,
 ``diff_stream``, ``json_shape``, ``diff_json_shapes``, ``PLATFORM_METRICS``,
 ``REFERENCE_DIR``, ``CAPTURE_SERVER_FLAGS``, ``CAPTURE_API_KEY``, ``AUTH_PROBES``,
-``probe_auth``.
+``probe_auth``, ``ENGINES``, ``SGLANG_PLATFORM_METRICS``,
+``SGLANG_REFERENCE_DIR``, ``SGLANG_CAPTURE_SERVER_FLAGS``, ``reference_dir``,
+``repeated_prompt_messages``.
+
+Every reader, writer and diff takes ``engine`` (``"vllm"``, the default, or
+``"sglang"``): it picks the metric prefix (``vllm:`` / ``sglang:``), the metrics
+the platform reads (``PLATFORM_METRICS`` / ``SGLANG_PLATFORM_METRICS``) and the
+reference files' names (``vllm_*`` / ``sglang_*``). SGLang's reference
+(``SGLANG_REFERENCE_DIR``) is written by hand from SGLang's source, not captured;
+its README says from which files.
 
 The reference is a capture of real vLLM (the CPU build serving the tiny Llama),
 committed under ``engine_nodes/tests/data/``. ``capture`` sends the same few
@@ -42,8 +51,12 @@ __all__ = [
     "AUTH_PROBES",
     "CAPTURE_API_KEY",
     "CAPTURE_SERVER_FLAGS",
+    "ENGINES",
     "PLATFORM_METRICS",
     "REFERENCE_DIR",
+    "SGLANG_CAPTURE_SERVER_FLAGS",
+    "SGLANG_PLATFORM_METRICS",
+    "SGLANG_REFERENCE_DIR",
     "Capture",
     "MetricShape",
     "capture",
@@ -54,11 +67,15 @@ __all__ = [
     "metric_shapes",
     "probe_auth",
     "read_capture",
+    "reference_dir",
+    "repeated_prompt_messages",
     "stream_facts",
     "write_capture",
 ]
 
 REFERENCE_DIR = Path(__file__).resolve().parent.parent / "tests" / "data"
+SGLANG_REFERENCE_DIR = REFERENCE_DIR / "sglang-reference"
+ENGINES = ("vllm", "sglang")
 
 # The flags of the server a reference is captured from (and of the simulated
 # replica diffed against it), as the node agent runs the tiny model.
@@ -71,6 +88,16 @@ CAPTURE_SERVER_FLAGS = (
     "128",
     "--enable-prefix-caching",
     "--enable-prompt-tokens-details",
+)
+
+# The same for SGLang, with the flags the platform gives it (sglang_launch_argv).
+SGLANG_CAPTURE_SERVER_FLAGS = (
+    "--context-length",
+    "2048",
+    "--tp-size",
+    "1",
+    "--enable-metrics",
+    "--enable-cache-report",
 )
 
 # The capture server's engine key (VLLM_API_KEY); the capture sends it throughout.
@@ -107,19 +134,54 @@ PLATFORM_METRICS = frozenset(
     }
 )
 
-_FILES = {
-    "metrics": "vllm_metrics.txt",
-    "stream": "vllm_stream.txt",
-    "stream_no_usage": "vllm_stream_no_usage.txt",
-    "completion": "vllm_completion.json",
-    "meta": "vllm_capture.json",
-    "auth": "vllm_auth.json",
-}
+# What engine_nodes.domain.scrape reads from SGLang.
+SGLANG_PLATFORM_METRICS = frozenset(
+    {
+        "sglang:num_running_reqs",
+        "sglang:num_queue_reqs",
+        "sglang:token_usage",
+        "sglang:max_total_num_tokens",
+        "sglang:prompt_tokens",
+        "sglang:cached_tokens",
+        "sglang:generation_tokens",
+    }
+)
+_PLATFORM = {"vllm": PLATFORM_METRICS, "sglang": SGLANG_PLATFORM_METRICS}
+
+
+def _files(engine: str) -> dict[str, str]:
+    """The reference file of each capture part, for ``engine``."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, not {engine!r}")
+    return {
+        "metrics": f"{engine}_metrics.txt",
+        "stream": f"{engine}_stream.txt",
+        "stream_no_usage": f"{engine}_stream_no_usage.txt",
+        "completion": f"{engine}_completion.json",
+        "meta": f"{engine}_capture.json",
+        "auth": f"{engine}_auth.json",
+    }
+
+
+def reference_dir(engine: str = "vllm") -> Path:
+    """Where ``engine``'s reference files are."""
+    return SGLANG_REFERENCE_DIR if engine == "sglang" else REFERENCE_DIR
+
+
 # A system prompt of several 128-token blocks, sent twice, so the capture shows a
 # prefix hit (cached_tokens > 0) and non-zero prefix-cache counters.
 _LONG_SYSTEM = (
     "You answer questions about the serving platform briefly." + " word" * 400
 )
+
+
+def repeated_prompt_messages(question: str) -> list[dict[str, str]]:
+    """The messages of the capture's long prompt, asked as ``"one"`` then
+    ``"two"`` (its prefix hit is ``Capture.cached_tokens``)."""
+    return [
+        {"role": "system", "content": _LONG_SYSTEM},
+        {"role": "user", "content": question},
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +193,9 @@ class Capture:
     stream_no_usage: str  # streaming chat without include_usage
     completion: str  # non-streaming chat, the raw JSON body
     stream_content_type: str
-    cached_tokens: int  # prompt_tokens_details.cached_tokens of the repeated prefix
+    # prompt_tokens_details.cached_tokens of the repeated prefix (a hand-written
+    # reference may leave it 0: it depends on the tokenizer)
+    cached_tokens: int
     # "METHOD path (credentials)" -> {"status"} (+ "body", "content_type" if 401)
     auth: Mapping[str, Any]
 
@@ -180,10 +244,7 @@ def capture(
                 chat,
                 json={
                     **base,
-                    "messages": [
-                        {"role": "system", "content": _LONG_SYSTEM},
-                        {"role": "user", "content": question},
-                    ],
+                    "messages": repeated_prompt_messages(question),
                     "max_tokens": 2,
                 },
             )
@@ -236,35 +297,40 @@ def probe_auth(
     return answers
 
 
-def write_capture(captured: Capture, directory: Path) -> None:
-    """Write ``captured`` as the reference files in ``directory``."""
+def write_capture(captured: Capture, directory: Path, *, engine: str = "vllm") -> None:
+    """Write ``captured`` as ``engine``'s reference files in ``directory``."""
+    files = _files(engine)
     directory.mkdir(parents=True, exist_ok=True)
     for field in ("metrics", "stream", "stream_no_usage", "completion"):
-        (directory / _FILES[field]).write_text(getattr(captured, field))
+        (directory / files[field]).write_text(getattr(captured, field))
     meta = {
         "stream_content_type": captured.stream_content_type,
         "cached_tokens": captured.cached_tokens,
     }
-    (directory / _FILES["meta"]).write_text(json.dumps(meta, indent=2) + "\n")
-    (directory / _FILES["auth"]).write_text(
+    (directory / files["meta"]).write_text(json.dumps(meta, indent=2) + "\n")
+    (directory / files["auth"]).write_text(
         json.dumps(dict(captured.auth), indent=2) + "\n"
     )
 
 
-def read_capture(directory: Path = REFERENCE_DIR) -> Capture:
-    """Read the reference files written by ``write_capture``."""
-    meta = json.loads((directory / _FILES["meta"]).read_text())
+def read_capture(directory: Path | None = None, *, engine: str = "vllm") -> Capture:
+    """Read ``engine``'s reference files (written by ``write_capture``, or by
+    hand) from ``directory`` (default: ``reference_dir(engine)``)."""
+    files = _files(engine)
+    if directory is None:
+        directory = reference_dir(engine)
+    meta = json.loads((directory / files["meta"]).read_text())
     return Capture(
-        metrics=(directory / _FILES["metrics"]).read_text(),
-        stream=(directory / _FILES["stream"]).read_text(),
-        stream_no_usage=(directory / _FILES["stream_no_usage"]).read_text(),
-        completion=(directory / _FILES["completion"]).read_text(),
+        metrics=(directory / files["metrics"]).read_text(),
+        stream=(directory / files["stream"]).read_text(),
+        stream_no_usage=(directory / files["stream_no_usage"]).read_text(),
+        completion=(directory / files["completion"]).read_text(),
         stream_content_type=meta["stream_content_type"],
-        cached_tokens=int(meta["cached_tokens"]),
+        cached_tokens=int(meta.get("cached_tokens") or 0),
         auth={
             name: answer
             for name, answer in json.loads(
-                (directory / _FILES["auth"]).read_text()
+                (directory / files["auth"]).read_text()
             ).items()
             if not name.startswith("_")  # notes on where the file came from
         },
@@ -284,8 +350,9 @@ class MetricShape:
     buckets: tuple[float, ...] = ()
 
 
-def metric_shapes(text: str) -> dict[str, MetricShape]:
-    """Return the shape of every ``vllm:`` family in an exposition text.
+def metric_shapes(text: str, *, engine: str = "vllm") -> dict[str, MetricShape]:
+    """Return the shape of every ``vllm:`` (``sglang:``) family in an exposition
+    text.
 
     Label names are the union over the family's samples, without ``le``; buckets are
     the ``le`` bounds of a histogram's first series. prometheus_client writes a
@@ -293,8 +360,9 @@ def metric_shapes(text: str) -> dict[str, MetricShape]:
     is folded back into its family (as one more sample name).
     """
     shapes: dict[str, MetricShape] = {}
+    prefix = f"{engine}:"
     for family in text_string_to_metric_families(text):
-        if not family.name.startswith("vllm:"):
+        if not family.name.startswith(prefix):
             continue
         labels: set[str] = set()
         names: set[str] = set()
@@ -333,8 +401,10 @@ def diff_metrics(
     candidate: str,
     *,
     allowed_missing: Mapping[str, str] | None = None,
+    engine: str = "vllm",
 ) -> list[str]:
-    """Return how ``candidate``'s ``vllm:`` metrics differ from ``reference``'s.
+    """Return how ``candidate``'s ``vllm:`` (``sglang:``) metrics differ from
+    ``reference``'s.
 
     Every reference family must be in the candidate with the same type, label
     names, sample names and buckets, unless ``allowed_missing`` names it (with the
@@ -344,17 +414,18 @@ def diff_metrics(
     (stale allowances hide drift).
     """
     allowed = dict(allowed_missing or {})
-    ref = metric_shapes(reference)
-    got = metric_shapes(candidate)
+    ref = metric_shapes(reference, engine=engine)
+    got = metric_shapes(candidate, engine=engine)
+    platform = _PLATFORM[engine]
     problems: list[str] = []
-    for name in sorted(PLATFORM_METRICS):
+    for name in sorted(platform):
         if name not in ref:
             problems.append(f"{name}: read by the platform, absent from the reference")
         if name in allowed:
             problems.append(f"{name}: read by the platform, cannot be allowed missing")
     for name, shape in sorted(ref.items()):
         if name not in got:
-            if name not in allowed or name in PLATFORM_METRICS:
+            if name not in allowed or name in platform:
                 problems.append(f"{name}: missing ({shape.type})")
             continue
         if name in allowed:
@@ -377,7 +448,7 @@ def diff_metrics(
                 f"{name}: buckets {list(mine.buckets)}, reference {list(shape.buckets)}"
             )
     for name in sorted(set(got) - set(ref)):
-        problems.append(f"{name}: not in the reference (vLLM has no such metric)")
+        problems.append(f"{name}: not in the reference ({engine} has no such metric)")
     for name in sorted(set(allowed) - set(ref)):
         problems.append(f"{name}: allowed missing but not in the reference")
     return problems
@@ -470,8 +541,9 @@ def stream_facts(raw: str) -> dict[str, Any]:
     ``order``: the chunk kinds in order, a run of content chunks as one
     ``content*`` (vLLM may put several tokens in one chunk, or all of them in the
     chunk that finishes); ``shapes``: per kind, the distinct ``json_shape``s of its
-    chunks; ``role_delta``, ``finish_reason``, ``stop_reason``: the exact values;
-    ``problems``: framing errors.
+    chunks; ``role_delta``, ``finish_reason``, ``stop_reason``, ``finish_delta``,
+    ``matched_stop``: the exact values (SGLang finishes with an empty delta and
+    a ``matched_stop``; vLLM has neither key: None); ``problems``: framing errors.
     """
     events, problems = _events(raw)
     order: list[str] = []
@@ -494,6 +566,10 @@ def stream_facts(raw: str) -> dict[str, Any]:
         elif kind == "finish":
             facts["finish_reason"] = choice["finish_reason"]
             facts["stop_reason"] = choice.get("stop_reason")
+            facts["matched_stop"] = choice.get("matched_stop")
+            facts["finish_delta"] = (
+                choice.get("delta") if choice.get("delta") == {} else "non-empty"
+            )
     ids = {e["id"] for e in events if isinstance(e, dict)}
     if len(ids) > 1:
         problems.append(f"chunks carry {len(ids)} different ids")
@@ -514,7 +590,7 @@ def diff_stream(reference: str, candidate: str) -> list[str]:
     got_order = [k for k in got["order"] if k != "content*"]
     if got_order != ref_order:
         problems.append(f"chunk order {got['order']}, reference {ref['order']}")
-    for key in ("role_delta", "finish_reason", "stop_reason"):
+    for key in ("role_delta", "finish_reason", "stop_reason", "matched_stop"):
         if got.get(key) != ref.get(key):
             problems.append(f"{key} {got.get(key)!r}, reference {ref.get(key)!r}")
     for kind, ref_shapes in ref["shapes"].items():
@@ -537,12 +613,17 @@ def _main(argv: Iterable[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Capture a server's reference files.")
     parser.add_argument("--url", required=True)
     parser.add_argument("--model", default="tiny-llama")
-    parser.add_argument("--out", type=Path, default=REFERENCE_DIR)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--engine", choices=ENGINES, default="vllm")
     parser.add_argument(
         "--api-key", default=CAPTURE_API_KEY, help="The key the server demands."
     )
     args = parser.parse_args(list(argv) if argv is not None else None)
-    write_capture(capture(args.url, args.model, api_key=args.api_key), args.out)
+    write_capture(
+        capture(args.url, args.model, api_key=args.api_key),
+        args.out if args.out is not None else reference_dir(args.engine),
+        engine=args.engine,
+    )
 
 
 if __name__ == "__main__":

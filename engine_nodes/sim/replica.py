@@ -1,9 +1,15 @@
 """The simulated vLLM replica's engine side: its options, faults and engine loop.
 
 Public surface: ``SimOptions``, ``Faults``, ``Stream``, ``Answer``, ``SimReplica``,
-``check_quality``, ``check_ttft_factor``, ``check_offloading_backend``, ``refusal``, ``next_step_start``, and the
-constants of vLLM's surface (``VLLM_VERSION``, ``SYSTEM_FINGERPRINT``,
+``check_quality``, ``check_ttft_factor``, ``check_offloading_backend``, ``refusal``,
+``next_step_start``, ``ENGINES``, and the constants of vLLM's and SGLang's surfaces
+(``VLLM_VERSION``, ``SYSTEM_FINGERPRINT``, ``SGLANG_VERSION``, ``EOS_TOKEN_ID``,
 ``MAX_BODY_BYTES``, ``DEGRADED_PIECES``).
+
+``SimOptions.engine`` picks the engine the replica stands in for: ``"vllm"`` (the
+block cache and vLLM's metrics) or ``"sglang"`` (``--sim-engine sglang``: the
+engine's radix cache, ``EngineConfig.cache = "radix"``, and SGLang's metrics,
+``engine_nodes.sim.sglang_metrics``); the HTTP side follows it too.
 
 One process is one replica: an engine loop that sleeps until each step's end on the
 event loop's monotonic clock, feeding each request's ``Stream`` of token events.
@@ -51,10 +57,17 @@ from engine_nodes.domain.engine import (
 from engine_nodes.domain.perf import PROFILES
 from engine_nodes.sim import oracle
 from engine_nodes.sim.metrics import EngineMetrics
+from engine_nodes.sim.sglang_metrics import SGLangMetrics
 
 logger = logging.getLogger("engine_nodes.sim")
 
 VLLM_VERSION = "0.32.0"
+# The SGLang release whose surface --sim-engine sglang presents (its /version).
+SGLANG_VERSION = "0.5.6"
+# The simulated tokenizer's end-of-sequence id: SGLang's matched_stop for an answer
+# that ended by itself.
+EOS_TOKEN_ID = 2
+ENGINES = ("vllm", "sglang")
 # How far behind model time the engine loop may wake and still start the next step
 # where the last one ended (see SimReplica._engine_loop).
 _MAX_LAG_S = 0.005
@@ -76,7 +89,8 @@ DEGRADED_PIECES = (
 
 @dataclass(slots=True)
 class SimOptions:
-    """What ``python -m engine_nodes.sim`` was started with (vLLM's flag names)."""
+    """What ``python -m engine_nodes.sim`` was started with (vLLM's flag names;
+    SGLang's where only it has the option)."""
 
     model: str
     served_model_names: list[str]
@@ -106,6 +120,12 @@ class SimOptions:
     admin_token: str | None = None
     # vLLM's --api-key (or VLLM_API_KEY): any one of them opens /v1.
     api_keys: tuple[str, ...] = ()
+    # "vllm" or "sglang" (--sim-engine): whose cache, metrics and HTTP surface.
+    engine: str = "vllm"
+    # SGLang's --enable-cache-report (usage carries cached tokens) and
+    # --enable-metrics (/metrics is served); vLLM always serves /metrics.
+    enable_cache_report: bool = False
+    enable_metrics: bool = True
 
 
 @dataclass(slots=True)
@@ -238,6 +258,8 @@ class SimReplica:
         check_quality(self.faults.quality)
         check_ttft_factor(self.faults.ttft_factor)
         check_offloading_backend(options.kv_offloading_backend)
+        if options.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, not {options.engine!r}")
         # The overrides name PerfProfile's float fields (sim.cli.PROFILE_FLAGS);
         # replace() refuses any other name at run time.
         profile_overrides: dict[str, Any] = dict(options.profile_overrides)
@@ -250,6 +272,7 @@ class SimReplica:
             "max_model_len": options.max_model_len,
             "enable_prefix_caching": options.enable_prefix_caching,
             "kv_offloading_size": options.kv_offloading_size,
+            "cache": "radix" if options.engine == "sglang" else "block",
         }
         if options.max_num_seqs:
             overrides["max_num_seqs"] = options.max_num_seqs
@@ -261,14 +284,21 @@ class SimReplica:
         self.engine = Engine(
             profile, self.config, seed=options.seed, jitter_cv=options.jitter_cv
         )
-        self.metrics = EngineMetrics(
-            model_name=options.served_model_names[0],
-            max_model_len=options.max_model_len,
-            block_size=self.config.block_size,
-            num_gpu_blocks=self.config.num_gpu_blocks,
-            enable_prefix_caching=self.config.enable_prefix_caching,
-            kv_offloading_size=self.config.kv_offloading_size,
-        )
+        self.metrics: EngineMetrics | SGLangMetrics
+        if options.engine == "sglang":
+            self.metrics = SGLangMetrics(
+                model_name=options.served_model_names[0],
+                max_total_num_tokens=self.config.max_total_num_tokens,
+            )
+        else:
+            self.metrics = EngineMetrics(
+                model_name=options.served_model_names[0],
+                max_model_len=options.max_model_len,
+                block_size=self.config.block_size,
+                num_gpu_blocks=self.config.num_gpu_blocks,
+                enable_prefix_caching=self.config.enable_prefix_caching,
+                kv_offloading_size=self.config.kv_offloading_size,
+            )
         self.started_at = time.time()
         self._monotonic_start = time.monotonic()
         self._ready_at = self._monotonic_start + self.faults.ready_in_s
@@ -508,6 +538,9 @@ class SimReplica:
 
     def _publish_gauges(self, iteration_tokens: int) -> None:
         engine = self.engine
+        if isinstance(self.metrics, SGLangMetrics):
+            self.metrics.record_engine(engine, time.monotonic())
+            return
         self.metrics.record_step(
             num_running=engine.num_running,
             num_waiting=engine.num_waiting,

@@ -15,6 +15,27 @@ path under ``/v1`` needs ``Authorization: Bearer <key>`` and anything else gets
 vLLM's 401 ``{"error":"Unauthorized"}``, before routing, so an unknown ``/v1`` path
 is a 401 too; ``/health``, ``/metrics``, ``/version`` and ``/tokenize`` stay open
 and ``OPTIONS`` is never checked, as in vLLM 0.32's ``AuthenticationMiddleware``.
+
+With ``SimOptions.engine == "sglang"`` (``--sim-engine sglang``) it presents
+SGLang's surface instead (``python/sglang/srt/entrypoints/http_server.py``,
+``entrypoints/openai/serving_chat.py``, ``sse_utils.py``, ``protocol.py``,
+``utils/common.py`` ``add_api_key_middleware``):
+
+- the key guards every path but ``/health*`` and ``/metrics*`` (and ``OPTIONS``):
+  the ``Authorization`` header must be exactly ``Bearer <key>``, else 401
+  ``{"error":"Unauthorized"}``; ``/sim/*`` keeps its own admin token;
+- streams: a role chunk, content chunks (``delta`` without null keys,
+  ``logprobs``/``finish_reason``/``matched_stop`` null), a separate finish chunk
+  with an empty ``delta``, ``finish_reason`` and ``matched_stop`` (the EOS id for
+  ``stop``), the usage chunk when ``stream_options.include_usage``, ``[DONE]``;
+- usage is SGLang's ``UsageInfo``: ``prompt_tokens_details`` is
+  ``{"cached_tokens": N}`` only with ``--enable-cache-report`` and N > 0, else
+  null; ``reasoning_tokens`` 0;
+- errors are SGLang's flat ``ErrorResponse`` (``{"object":"error","message",
+  "type","param","code"}``); any model name is served, and echoed;
+- ``/health`` (200, empty), ``/v1/models`` (``owned_by: sglang``),
+  ``/get_model_info``, ``/version``, and ``/metrics`` only with
+  ``--enable-metrics``, as SGLang.
 """
 
 from __future__ import annotations
@@ -32,7 +53,9 @@ from typing import Any
 from config.asgi_io import Receive, Scope, Send, wait_disconnect
 from engine_nodes.domain import tokens
 from engine_nodes.sim.replica import (
+    EOS_TOKEN_ID,
     MAX_BODY_BYTES,
+    SGLANG_VERSION,
     SYSTEM_FINGERPRINT,
     VLLM_VERSION,
     Faults,
@@ -62,6 +85,18 @@ class HttpError(Exception):
         self.status = status
         self.message = message
         self.param = param
+
+    def sglang_body(self) -> bytes:
+        """SGLang's flat ``ErrorResponse``."""
+        return _json_bytes(
+            {
+                "object": "error",
+                "message": self.message,
+                "type": self.TYPES.get(self.status, "BadRequestError"),
+                "param": self.param,
+                "code": self.status,
+            }
+        )
 
     def body(self) -> bytes:
         return _json_bytes(
@@ -128,6 +163,15 @@ def _bearer_digest(scope: Scope) -> bytes | None:
     return None
 
 
+def _header_digest(scope: Scope) -> bytes | None:
+    """Return the SHA-256 of the raw ``Authorization`` header, or None (SGLang
+    compares the whole header with ``"Bearer " + key``)."""
+    for name, value in scope.get("headers") or ():
+        if name == b"authorization":
+            return hashlib.sha256(value).digest()
+    return None
+
+
 def _is_one_of(digest: bytes | None, digests: tuple[bytes, ...]) -> bool:
     # Every candidate is compared, in constant time, as vLLM does.
     matched = False
@@ -147,8 +191,11 @@ class SimApp:
         self.options = replica.options
         self.names = set(replica.options.served_model_names)
         self.model_name = replica.options.served_model_names[0]
+        self.sglang = replica.options.engine == "sglang"
+        # SGLang compares the whole header, vLLM the bearer token.
+        prefix = "Bearer " if self.sglang else ""
         self._key_digests = tuple(
-            hashlib.sha256(key.encode()).digest()
+            hashlib.sha256(f"{prefix}{key}".encode()).digest()
             for key in replica.options.api_keys
             if key
         )
@@ -169,8 +216,8 @@ class SimApp:
         if (
             self._key_digests
             and method != "OPTIONS"
-            and path.startswith("/v1")
-            and not _is_one_of(_bearer_digest(scope), self._key_digests)
+            and self._guarded(path)
+            and not self._authorized(scope)
         ):
             await _respond(send, 401, _UNAUTHORIZED)
             return
@@ -180,6 +227,10 @@ class SimApp:
             elif path == "/health" and method == "GET":
                 status = 200 if self.replica.is_ready else 503
                 await _respond(send, status, b"")
+            elif self.sglang and not self._sglang_route(path, method):
+                raise HttpError(404, "Not Found")
+            elif self.sglang and path == "/get_model_info":
+                await _respond(send, 200, _json_bytes(self._model_info()))
             elif path == "/metrics" and method == "GET":
                 await _respond(
                     send,
@@ -190,7 +241,8 @@ class SimApp:
             elif path == "/v1/models" and method == "GET":
                 await _respond(send, 200, _json_bytes(self._models()))
             elif path == "/version" and method == "GET":
-                await _respond(send, 200, _json_bytes({"version": VLLM_VERSION}))
+                version = SGLANG_VERSION if self.sglang else VLLM_VERSION
+                await _respond(send, 200, _json_bytes({"version": version}))
             elif path == "/tokenize" and method == "POST":
                 await self._tokenize(receive, send)
             elif path in ("/sim/faults", "/sim/state"):
@@ -198,9 +250,43 @@ class SimApp:
             else:
                 raise HttpError(404, "Not Found")
         except HttpError as exc:
-            await _respond(send, exc.status, exc.body())
+            body = exc.sglang_body() if self.sglang else exc.body()
+            await _respond(send, exc.status, body)
         except ConnectionResetError:
             return
+
+    def _guarded(self, path: str) -> bool:
+        """Whether the engine key guards ``path`` (vLLM: ``/v1``; SGLang: all
+        but ``/health*`` and ``/metrics*``; ``/sim`` has its own token)."""
+        if not self.sglang:
+            return path.startswith("/v1")
+        return not path.startswith(("/health", "/metrics", "/sim/"))
+
+    def _authorized(self, scope: Scope) -> bool:
+        if self.sglang:
+            return _is_one_of(_header_digest(scope), self._key_digests)
+        return _is_one_of(_bearer_digest(scope), self._key_digests)
+
+    def _sglang_route(self, path: str, method: str) -> bool:
+        """Whether SGLang serves ``path`` (``/metrics`` only with
+        ``--enable-metrics``)."""
+        if path == "/metrics":
+            return method == "GET" and self.options.enable_metrics
+        if path == "/tokenize":
+            return method == "POST"
+        return path in ("/v1/models", "/get_model_info", "/version") or (
+            path in ("/sim/faults", "/sim/state")
+        )
+
+    def _model_info(self) -> dict[str, Any]:
+        """SGLang's ``/get_model_info`` (the fields every version has)."""
+        return {
+            "model_path": self.options.model,
+            "tokenizer_path": self.options.model,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+        }
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -215,6 +301,23 @@ class SimApp:
 
     def _models(self) -> dict[str, Any]:
         created = int(self.replica.started_at)
+        if self.sglang:
+            # SGLang's ModelList of ModelCards (protocol.py).
+            return {
+                "object": "list",
+                "data": [
+                    {
+                        "id": name,
+                        "object": "model",
+                        "created": created,
+                        "owned_by": "sglang",
+                        "root": self.options.model,
+                        "parent": None,
+                        "max_model_len": self.options.max_model_len,
+                    }
+                    for name in self.options.served_model_names
+                ],
+            }
         return {
             "object": "list",
             "data": [
@@ -320,7 +423,10 @@ class SimApp:
         arrived_at = time.monotonic()
         body = await self._json_body(receive)
         model = body.get("model")
-        if model not in self.names:
+        if self.sglang:
+            # SGLang serves whatever model name it is asked for, and echoes it.
+            model = str(model) if model is not None else "default"
+        elif model not in self.names:
             raise HttpError(
                 404,
                 f"The model `{model}` does not exist. "
@@ -362,7 +468,7 @@ class SimApp:
             raise HttpError(503, "The server is starting up")
         stream_options = body.get("stream_options") or {}
         include_usage = bool(
-            self.options.enable_force_include_usage
+            (self.options.enable_force_include_usage and not self.sglang)
             or (
                 isinstance(stream_options, Mapping)
                 and stream_options.get("include_usage")
@@ -396,7 +502,10 @@ class SimApp:
             raise HttpError(503, "The server is overloaded: too many queued requests")
         if replica.roll_failure():
             raise HttpError(500, "simulated engine failure before the first token")
-        request_id = f"chatcmpl-{secrets.token_hex(8)}"
+        # SGLang's request ids are bare uuid4 hex.
+        request_id = (
+            secrets.token_hex(16) if self.sglang else f"chatcmpl-{secrets.token_hex(8)}"
+        )
         stream = replica.submit(
             request_id=request_id,
             prompt_token_ids=prompt_ids,
@@ -411,7 +520,13 @@ class SimApp:
         if self.options.enable_request_id_headers:
             headers.append((b"x-request-id", request_id.encode()))
         try:
-            if body.get("stream"):
+            if self.sglang and body.get("stream"):
+                await self._sglang_stream(
+                    stream, send, receive, model, headers, include_usage=include_usage
+                )
+            elif self.sglang:
+                await self._sglang_complete(stream, send, receive, model, headers)
+            elif body.get("stream"):
                 await self._stream(
                     stream, send, receive, model, headers, include_usage=include_usage
                 )
@@ -626,6 +741,170 @@ class SimApp:
             "kv_transfer_params": None,
             "ec_transfer_params": None,
             "metrics": None,
+        }
+        await _respond(send, 200, _json_bytes(body), extra_headers=headers)
+
+    # -- SGLang's shapes ----------------------------------------------------------------
+
+    def _sglang_usage(self, stream: Stream) -> dict[str, Any]:
+        """SGLang's ``UsageInfo`` (pydantic dump: nulls kept)."""
+        done = stream.done
+        assert done is not None
+        cached = done.cached_tokens
+        details = (
+            {"cached_tokens": cached}
+            if self.options.enable_cache_report and cached > 0
+            else None
+        )
+        return {
+            "prompt_tokens": done.prompt_tokens,
+            "total_tokens": done.prompt_tokens + done.output_tokens,
+            "completion_tokens": done.output_tokens,
+            "prompt_tokens_details": details,
+            "reasoning_tokens": 0,
+        }
+
+    @staticmethod
+    def _matched_stop(reason: str) -> int | None:
+        """SGLang's ``matched_stop``: the EOS id when the answer ended itself."""
+        return EOS_TOKEN_ID if reason == "stop" else None
+
+    async def _sglang_stream(
+        self,
+        stream: Stream,
+        send: Send,
+        receive: Receive,
+        model: str,
+        headers: list[tuple[bytes, bytes]],
+        *,
+        include_usage: bool,
+    ) -> None:
+        created = int(time.time())
+        head = (
+            f'data: {{"id":"{stream.request_id}","object":"chat.completion.chunk",'
+            f'"created":{created},"model":{json.dumps(model, ensure_ascii=False)},'
+            '"choices":[{"index":0,"delta":'
+        )
+        tail = ',"logprobs":null,"finish_reason":null,"matched_stop":null}]}\n\n'
+        disconnected = asyncio.ensure_future(wait_disconnect(receive))
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [
+                        (b"content-type", b"text/event-stream; charset=utf-8"),
+                        (b"cache-control", b"no-cache"),
+                        *headers,
+                    ],
+                }
+            )
+            sent = 0
+            while True:
+                if not await self._wait(stream, disconnected):
+                    return
+                produced = stream.produced
+                done = stream.done
+                if produced > sent:
+                    parts = []
+                    if sent == 0:
+                        parts.append(
+                            (head + '{"role":"assistant","content":""}' + tail).encode()
+                        )
+                    for piece in stream.pieces[sent:produced]:
+                        content = json.dumps(
+                            {"content": piece},
+                            separators=(",", ":"),
+                            ensure_ascii=False,
+                        )
+                        parts.append((head + content + tail).encode())
+                    sent = produced
+                    await send(
+                        {
+                            "type": "http.response.body",
+                            "body": b"".join(parts),
+                            "more_body": True,
+                        }
+                    )
+                if done is not None:
+                    break
+            done = stream.done
+            assert done is not None
+            finish = {
+                "id": stream.request_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {},
+                        "logprobs": None,
+                        "finish_reason": done.finish_reason,
+                        "matched_stop": self._matched_stop(done.finish_reason),
+                    }
+                ],
+            }
+            final = b"data: " + _json_bytes(finish) + b"\n\n"
+            if include_usage:
+                usage_chunk = {
+                    "id": stream.request_id,
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": model,
+                    "choices": [],
+                    "usage": self._sglang_usage(stream),
+                }
+                final += b"data: " + _json_bytes(usage_chunk) + b"\n\n"
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": final + b"data: [DONE]\n\n",
+                    "more_body": False,
+                }
+            )
+        finally:
+            disconnected.cancel()
+
+    async def _sglang_complete(
+        self,
+        stream: Stream,
+        send: Send,
+        receive: Receive,
+        model: str,
+        headers: list[tuple[bytes, bytes]],
+    ) -> None:
+        disconnected = asyncio.ensure_future(wait_disconnect(receive))
+        try:
+            while stream.done is None:
+                if not await self._wait(stream, disconnected):
+                    return
+        finally:
+            disconnected.cancel()
+        done = stream.done
+        text = "".join(stream.pieces[: done.output_tokens])
+        # SGLang's ChatCompletionResponse, null fields included.
+        body = {
+            "id": stream.request_id,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {
+                        "role": "assistant",
+                        "content": text,
+                        "reasoning_content": None,
+                        "tool_calls": None,
+                    },
+                    "logprobs": None,
+                    "finish_reason": done.finish_reason,
+                    "matched_stop": self._matched_stop(done.finish_reason),
+                }
+            ],
+            "usage": self._sglang_usage(stream),
+            "metadata": None,
         }
         await _respond(send, 200, _json_bytes(body), extra_headers=headers)
 
