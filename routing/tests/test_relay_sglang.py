@@ -14,6 +14,7 @@ gives ``{"cached_tokens": N}``. The gateway's final event must say
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -123,3 +124,29 @@ def test_a_whole_answer_from_sglang_takes_the_finish_from_its_own_chunk() -> Non
     assert answer["choices"][0]["message"]["content"] == "Hi there!"
     assert answer["choices"][0]["finish_reason"] == "length"
     assert answer["usage"]["cached_tokens"] == 16
+
+
+REFERENCE = (
+    Path(__file__).resolve().parents[2]
+    / "engine_nodes/tests/data/sglang-reference/sglang_stream.txt"
+)
+
+
+@pytest.mark.parametrize("size", [1, 64, 100_000])
+def test_the_sglang_reference_stream_relays_with_its_usage(size: int) -> None:
+    """The reference the simulated SGLang replica is held to (written from SGLang's
+    source) relays as the hand-built stream above: its token events untouched, its
+    usage chunk kept back, null details read as 0 cached tokens."""
+    stream = REFERENCE.read_bytes()
+    events = [e + b"\n\n" for e in stream.split(b"\n\n") if e]
+    usage = json.loads(next(e for e in events if b'"choices":[]' in e)[6:])["usage"]
+    run = Run(cut(stream, size))
+
+    assert run.is_done is True
+    assert run.body == b"".join(e for e in events if b'"choices":[{' in e)
+    final = FinalUsage.of(run.outcome, prompt_tokens=1)
+    assert (final.prompt_tokens, final.completion_tokens) == (
+        usage["prompt_tokens"],
+        usage["completion_tokens"],
+    )
+    assert usage["prompt_tokens_details"] is None and final.cached_tokens == 0
