@@ -1,7 +1,7 @@
 """The command line that starts one engine replica: ``vllm serve`` or the simulator.
 
 Public surface: ``ReplicaSpec``, ``vllm_serve_argv``, ``sglang_launch_argv``,
-``engine_for``, ``ENGINES``, ``sim_replica_argv``,
+``engine_for``, ``ENGINES``, ``SGLANG_FLAG_NAMES``, ``sim_replica_argv``,
 ``sim_profile_for``, ``sim_quality_for``, ``sim_ttft_factor_for``,
 ``sim_degraded_for``,
 ``engine_flag_args``, ``DEFAULT_QUANTIZATION_4BIT``, ``RESERVED_KEYS``.
@@ -78,6 +78,7 @@ __all__ = [
     "DEFAULT_SIM_PROFILE",
     "ENGINES",
     "RESERVED_KEYS",
+    "SGLANG_FLAG_NAMES",
     "ReplicaSpec",
     "engine_flag_args",
     "engine_for",
@@ -133,6 +134,17 @@ _SGLANG_RESERVED = frozenset(
         "enable_cache_report",
         "config",
         "admin_api_key",
+    }
+)
+# vLLM's names for the limits a version sets, and SGLang's for the same: an SGLang
+# version may use either (server_args.py: --context-length, --max-running-requests,
+# --chunked-prefill-size, --mem-fraction-static).
+SGLANG_FLAG_NAMES: Mapping[str, str] = MappingProxyType(
+    {
+        "max_model_len": "context_length",
+        "max_num_seqs": "max_running_requests",
+        "max_num_batched_tokens": "chunked_prefill_size",
+        "gpu_memory_utilization": "mem_fraction_static",
     }
 )
 # SGLang's quantization for pre-quantized W8A8 INT8 checkpoints.
@@ -326,7 +338,7 @@ def sglang_launch_argv(
     # store_true flags only: False is SGLang's default, so the flag stays out.
     flags = {
         key: value
-        for key, value in _config_flags(config).items()
+        for key, value in _sglang_names(_config_flags(config)).items()
         if not (_is_bool(value) and not value)
     }
     _merge_max_model_len(flags, spec, key="context_length")
@@ -425,8 +437,9 @@ def _sim_sglang_argv(
     if not _prefix_caching_on(config):
         argv.append("--disable-radix-cache")
     flags: dict[str, Any] = {}
-    if "context_length" in config:
-        flags["context_length"] = config["context_length"]
+    context = _sglang_names(_config_flags(config)).get("context_length")
+    if context is not None:
+        flags["context_length"] = context
     _merge_max_model_len(flags, spec, key="context_length")
     argv.extend(engine_flag_args(flags))
     argv.extend(spec.extra)
@@ -594,6 +607,27 @@ def _config_flags(config: Mapping[str, Any]) -> dict[str, Any]:
         and key not in _CONSUMED_KEYS
         and not key.startswith(_SIM_PREFIX)
     }
+
+
+def _sglang_names(flags: Mapping[str, Any]) -> dict[str, Any]:
+    """Return ``flags`` with the platform's vLLM-named keys under SGLang's names
+    (``SGLANG_FLAG_NAMES``), so a version keeps its limits when its engine changes.
+
+    Raises:
+        ValueError: a key and its SGLang name both set, to different values.
+    """
+    renamed = {k: v for k, v in flags.items() if k not in SGLANG_FLAG_NAMES}
+    for vllm_key, sglang_key in SGLANG_FLAG_NAMES.items():
+        if vllm_key not in flags:
+            continue
+        value = flags[vllm_key]
+        if sglang_key in renamed and renamed[sglang_key] != value:
+            raise ValueError(
+                f"engine_config[{vllm_key!r}] = {value!r} conflicts with "
+                f"engine_config[{sglang_key!r}] = {renamed[sglang_key]!r}"
+            )
+        renamed[sglang_key] = value
+    return renamed
 
 
 def _prefix_caching_on(config: Mapping[str, Any]) -> bool:

@@ -190,3 +190,44 @@ def test_a_simulated_sglang_replica_gets_the_flags_a_real_one_would() -> None:
     assert "--sim-engine" not in vllm_sim and "--model" in vllm_sim
     with pytest.raises(ValueError, match="platform controls it"):
         sim_replica_argv(make_spec({"engine": "sglang", "tp_size": 4}))
+
+
+def test_a_version_s_vllm_named_limits_reach_sglang_under_sglang_s_names() -> None:
+    """GIVEN the 70B INT8 example's engine config (vLLM's names) with engine sglang
+    THEN SGLang gets --context-length, --max-running-requests,
+    --chunked-prefill-size and --mem-fraction-static, never a vLLM flag it would
+    refuse; a key and its SGLang name set to different values are refused."""
+    config = {
+        "engine": "sglang",
+        "tensor_parallel_size": 2,
+        "max_num_seqs": 64,
+        "max_model_len": 32768,
+        "max_num_batched_tokens": 8192,
+        "gpu_memory_utilization": 0.85,
+        "enable_prefix_caching": True,
+    }
+    argv = sglang_launch_argv(
+        make_spec(config, precision="int8", gpus=2, max_model_len=32768)
+    )
+    tail = argv[argv.index("w8a8_int8") + 1 :]
+    assert tail == [
+        "--chunked-prefill-size",
+        "8192",
+        "--context-length",
+        "32768",
+        "--max-running-requests",
+        "64",
+        "--mem-fraction-static",
+        "0.85",
+    ]
+    assert not {"--max-model-len", "--max-num-seqs", "--tensor-parallel-size"} & set(
+        argv
+    )
+    same = {**config, "max_running_requests": 64}
+    assert sglang_launch_argv(make_spec(same, precision="int8", gpus=2)) == (
+        sglang_launch_argv(make_spec(config, precision="int8", gpus=2))
+    )
+    with pytest.raises(ValueError, match="conflicts"):
+        sglang_launch_argv(
+            make_spec({**config, "max_running_requests": 32}, precision="int8", gpus=2)
+        )
