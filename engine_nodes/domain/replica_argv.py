@@ -304,30 +304,12 @@ def sglang_launch_argv(
         raise ValueError("sglang needs a weights_dir")
     config = dict(spec.engine_config)
     _check_reserved(config, spec)
-    if clashes := sorted(_SGLANG_RESERVED & config.keys()):
-        raise ValueError(
-            f"engine_config may not set {clashes[0]!r}: the platform controls it"
-        )
     argv = [
         python,
         "-m",
         "sglang.launch_server",
-        "--model-path",
-        spec.weights_dir,
-        "--served-model-name",
-        spec.served_model_name,
-        "--host",
-        spec.host,
-        "--port",
-        str(spec.port),
-        "--tp-size",
-        str(spec.gpus_per_replica),
-        "--enable-metrics",
-        "--enable-cache-report",
+        *_sglang_platform_flags(spec, config, spec.weights_dir, config_file),
     ]
-    if config_file is not None:
-        _check_value_text(config_file, "config_file")
-        argv.extend(["--config", config_file])
     argv.extend(
         _precision_args(
             spec.precision, config, int8_quantization=SGLANG_QUANTIZATION_INT8
@@ -407,18 +389,44 @@ def _sim_sglang_argv(
     profile: str,
     config_file: str | None,
 ) -> list[str]:
-    if clashes := sorted(_SGLANG_RESERVED & config.keys()):
-        raise ValueError(
-            f"engine_config may not set {clashes[0]!r}: the platform controls it"
-        )
     argv = [
         python,
         "-m",
         "engine_nodes.sim",
         "--sim-engine",
         "sglang",
+        *_sglang_platform_flags(
+            spec, config, spec.weights_dir or spec.model, config_file
+        ),
+    ]
+    argv.extend(_sim_flags(spec, profile))
+    if not _prefix_caching_on(config):
+        argv.append("--disable-radix-cache")
+    flags: dict[str, Any] = {}
+    context = _sglang_names(_config_flags(config)).get("context_length")
+    if context is not None:
+        flags["context_length"] = context
+    _merge_max_model_len(flags, spec, key="context_length")
+    argv.extend(engine_flag_args(flags))
+    argv.extend(spec.extra)
+    return argv
+
+
+def _sglang_platform_flags(
+    spec: ReplicaSpec,
+    config: Mapping[str, Any],
+    model_path: str,
+    config_file: str | None,
+) -> list[str]:
+    """Return the flags the platform owns on SGLang's command line (real or
+    simulated), refusing a config that sets one of them."""
+    if clashes := sorted(_SGLANG_RESERVED & config.keys()):
+        raise ValueError(
+            f"engine_config may not set {clashes[0]!r}: the platform controls it"
+        )
+    flags = [
         "--model-path",
-        spec.weights_dir or spec.model,
+        model_path,
         "--served-model-name",
         spec.served_model_name,
         "--host",
@@ -432,18 +440,8 @@ def _sim_sglang_argv(
     ]
     if config_file is not None:
         _check_value_text(config_file, "config_file")
-        argv.extend(["--config", config_file])
-    argv.extend(_sim_flags(spec, profile))
-    if not _prefix_caching_on(config):
-        argv.append("--disable-radix-cache")
-    flags: dict[str, Any] = {}
-    context = _sglang_names(_config_flags(config)).get("context_length")
-    if context is not None:
-        flags["context_length"] = context
-    _merge_max_model_len(flags, spec, key="context_length")
-    argv.extend(engine_flag_args(flags))
-    argv.extend(spec.extra)
-    return argv
+        flags.extend(["--config", config_file])
+    return flags
 
 
 def _sim_flags(spec: ReplicaSpec, profile: str) -> list[str]:
