@@ -11,9 +11,9 @@ Secrets never enter a replica's argv (which every user of the machine can read i
 the process list): a vLLM replica gets the engine key as ``VLLM_API_KEY`` (vLLM's
 own variable for ``--api-key``, which the simulated replica reads too); an SGLang
 replica, which reads no such variable, gets it in a file only the agent's user
-can read (``<log_dir>/<replica>.sglang.json``, mode 0600, ``{"api-key": ...}``,
-passed as ``--config``: SGLang's file of server arguments), removed when the
-replica stops. Simulated replicas get the admin token of ``/sim/faults`` as
+can read (``<log_dir>/<replica>.sglang.yaml``, mode 0600, ``{"api-key": ...}``
+in JSON, which is YAML too; SGLang takes only a YAML-named ``--config``, its file of
+server arguments), removed when the replica stops. Simulated replicas get the admin token of ``/sim/faults`` as
 ``SIM_ADMIN_TOKEN``.
 The platform's own secrets in the agent's environment (``REPLICA_ENV_DROPPED``:
 the database and Redis URLs, the signing key, the metrics token) are not passed on.
@@ -188,7 +188,7 @@ class LocalProcessActuator:
 
     def secret_path(self, spec: ReplicaSpec) -> Path:
         """Return where an SGLang replica's API key file is written."""
-        return self.log_dir / f"{_file_name(spec.replica_id)}.sglang.json"
+        return self.log_dir / f"{_file_name(spec.replica_id)}.sglang.yaml"
 
     def environment(self, spec: ReplicaSpec | None = None) -> dict[str, str]:
         """Return the environment a replica of this kind (and ``spec``'s engine)
@@ -223,6 +223,7 @@ class LocalProcessActuator:
         secret_path = None
         if self._key_in_file(spec):
             secret_path = self.secret_path(spec)
+            # JSON is YAML, and quotes the key whatever characters it holds.
             _write_private(secret_path, json.dumps({"api-key": self.engine_api_key}))
         with log_path.open("ab") as log:
             log.write(f"==> starting {shlex.join(argv)}\n".encode())

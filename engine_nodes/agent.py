@@ -163,6 +163,7 @@ class NodeAgent:
         drain_timeout_s: float | None = None,
         drain_settle_s: float | None = None,
         scrape_timeout_s: float = 0.8,
+        health_timeout_s: float = 5.0,
         scrape_grace_s: float = 10.0,
         stall_after_s: float | None = None,
         db_every_s: float | None = None,
@@ -195,6 +196,7 @@ class NodeAgent:
             else drain_settle_s
         )
         self.scrape_timeout_s = scrape_timeout_s
+        self.health_timeout_s = health_timeout_s
         self.scrape_grace_s = scrape_grace_s
         self.stall_after_s = (
             settings.PLATFORM_STALL_AFTER_S if stall_after_s is None else stall_after_s
@@ -648,8 +650,11 @@ class NodeAgent:
         return planned + sum(r.gpus for r in self.running.values())
 
     def _healthy(self, url: str) -> bool:
+        # SGLang's /health generates one token before it answers (about 1 s on
+        # this CPU), so the probe waits longer than the client's 1 s default.
         try:
-            return self.http.get(f"{url}/health").status_code == 200
+            response = self.http.get(f"{url}/health", timeout=self.health_timeout_s)
+            return response.status_code == 200
         except httpx.HTTPError:
             return False
 

@@ -219,17 +219,20 @@ def build_parser() -> argparse.ArgumentParser:
 def config_file_args(path: str) -> list[str]:
     """Return the flags SGLang's ``--config`` file ``path`` stands for.
 
-    A mapping of server-argument names (dashes or underscores) to values: True is
-    the bare flag, False leaves it out, a list gives its items. ``.json`` is read
-    as JSON, anything else as YAML (which JSON is too).
+    A YAML mapping of server-argument names (dashes or underscores) to values:
+    True is the bare flag, False leaves it out, a list gives its items. As SGLang
+    0.5.23, only a ``.yaml`` or ``.yml`` file is taken (its parser refuses
+    ``.json``: "Config file must be YAML format").
 
     Raises:
-        ValueError: the file is unreadable or not a mapping.
+        ValueError: the file is not YAML by name, unreadable, or not a mapping.
     """
     file = Path(path)
+    if file.suffix.lower() not in (".yaml", ".yml"):
+        raise ValueError(f"Config file must be YAML format, got: {file.suffix}")
     try:
         text = file.read_text()
-        data: Any = json.loads(text) if file.suffix == ".json" else yaml.safe_load(text)
+        data: Any = yaml.safe_load(text)
     except (OSError, ValueError, yaml.YAMLError) as exc:
         raise ValueError(f"cannot read --config {path}: {exc}") from None
     if data is None:

@@ -42,12 +42,12 @@ def test_the_platforms_sglang_command_line_starts_a_radix_replica(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """GIVEN the argv the platform builds for a simulated SGLang replica, its key
-    in a 0600 --config JSON file
+    in a 0600 --config YAML file (JSON text, as the actuator writes it)
     WHEN the simulator parses it
     THEN it runs SGLang's engine (radix cache), the model path, context length,
     cache report and metrics the flags say, and the file's key."""
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
-    config = tmp_path / "key.json"
+    config = tmp_path / "key.yaml"
     config.write_text(json.dumps({"api-key": "sk-from-file"}))
     argv = sim_replica_argv(
         spec(enable_prefix_caching=False), config_file=str(config), profile="cpu-tiny"
@@ -121,7 +121,7 @@ def test_the_env_key_still_works_without_a_config(
     [
         ["--model", "m", "--disable-radix-cache"],
         ["--model-path", "m"],
-        ["--model", "m", "--config", "/nope.json"],
+        ["--model", "m", "--config", "/nope.yaml"],
         ["--sim-engine", "sglang", "--model", "m", "--model-path", "m"],
         ["--sim-engine", "sglang"],
     ],
@@ -129,19 +129,29 @@ def test_the_env_key_still_works_without_a_config(
 def test_sglang_flags_need_sglang_and_a_model(
     argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    if "/nope.json" in argv:
-        missing = tmp_path / "k.json"
+    if "/nope.yaml" in argv:
+        missing = tmp_path / "k.yaml"
         missing.write_text("{}")
-        argv = [str(missing) if a == "/nope.json" else a for a in argv]
+        argv = [str(missing) if a == "/nope.yaml" else a for a in argv]
     with pytest.raises(SystemExit):
         cli_parse_args(build_parser(), argv)
     assert "error:" in capsys.readouterr().err
 
 
 def test_a_config_that_is_not_a_mapping_is_refused(tmp_path: Path) -> None:
-    config = tmp_path / "bad.json"
+    config = tmp_path / "bad.yaml"
     config.write_text("[1, 2]")
     with pytest.raises(ValueError, match="mapping"):
+        config_file_args(str(config))
+
+
+def test_a_json_named_config_is_refused_as_sglang_refuses_it(tmp_path: Path) -> None:
+    """SGLang 0.5.23 takes only .yaml/.yml (real: "Config file must be YAML
+    format, got: .json"); so does the simulator, so the actuator's file name is
+    held to what the real server accepts."""
+    config = tmp_path / "key.json"
+    config.write_text('{"api-key": "k"}')
+    with pytest.raises(ValueError, match=r"must be YAML format, got: \.json"):
         config_file_args(str(config))
 
 
