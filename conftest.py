@@ -5,7 +5,8 @@ PostgreSQL or Redis takes the ``postgres`` or ``redis_url`` fixture (or
 ``redis_server_binary``, to run a Redis of its own), which skips
 when the server is not configured or unreachable, and with ``REQUIRE_SERVICES=1``
 (CI) fails the run instead. Real vLLM has its own gate, ``REQUIRE_VLLM``, in the
-``tiny_model`` fixture. ``tests/test_skips.py`` holds tests to these paths.
+``tiny_model`` fixture; real SGLang its own, ``REQUIRE_SGLANG``, in
+``sglang_tiny_model``. ``tests/test_skips.py`` holds tests to these paths.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 
 REQUIRE_SERVICES = os.environ.get("REQUIRE_SERVICES", "") == "1"
 REQUIRE_VLLM = os.environ.get("REQUIRE_VLLM", "") == "1"
+REQUIRE_SGLANG = os.environ.get("REQUIRE_SGLANG", "") == "1"
 
 
 def _service_missing(what: str) -> None:
@@ -151,6 +153,33 @@ def tiny_model() -> Path:
         pytest.skip(reason)
     if not (TINY_MODEL / "config.json").exists():
         call_command("make_tiny_model", str(TINY_MODEL))
+    return TINY_MODEL
+
+
+@pytest.fixture(scope="session")
+def sglang_tiny_model() -> Path:
+    """Return the tiny checkpoint for real SGLang (``make sglang-cpu tiny-model``).
+
+    Skips, with what is missing, where ``.sglang/.installed`` or the model is not
+    there; with ``REQUIRE_SGLANG=1`` (``make test-sglang`` where it must run)
+    that is a failure. Unlike ``tiny_model`` it builds nothing.
+    """
+    from engine_nodes.local_processes import ROOT
+    from engine_nodes.local_vllm import TINY_MODEL
+
+    missing = [
+        f"{path.relative_to(ROOT)} ({target})"
+        for path, target in (
+            (ROOT / ".sglang" / ".installed", "make sglang-cpu"),
+            (TINY_MODEL / "config.json", "make tiny-model"),
+        )
+        if not path.exists()
+    ]
+    if missing:
+        reason = f"real SGLang cannot run here: missing {', '.join(missing)}"
+        if REQUIRE_SGLANG:
+            pytest.fail(f"{reason} (REQUIRE_SGLANG=1)")
+        pytest.skip(reason)
     return TINY_MODEL
 
 

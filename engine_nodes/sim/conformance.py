@@ -12,8 +12,9 @@ Every reader, writer and diff takes ``engine`` (``"vllm"``, the default, or
 ``"sglang"``): it picks the metric prefix (``vllm:`` / ``sglang:``), the metrics
 the platform reads (``PLATFORM_METRICS`` / ``SGLANG_PLATFORM_METRICS``) and the
 reference files' names (``vllm_*`` / ``sglang_*``). SGLang's reference
-(``SGLANG_REFERENCE_DIR``) is written by hand from SGLang's source, not captured;
-its README says from which files.
+(``SGLANG_REFERENCE_DIR``) is a capture of real SGLang 0.5.23 on CPU
+(``UPDATE_SGLANG_REFERENCE=1 make test-sglang``, ``tests/test_sglang_real.py``);
+its README says how.
 
 The reference is a capture of real vLLM (the CPU build serving the tiny Llama),
 committed under ``engine_nodes/tests/data/``. ``capture`` sends the same few

@@ -492,6 +492,19 @@ class EngineMetrics:
         """Count a request refused by a queue limit (``ADMISSION_REASONS``)."""
         self.admission_rejections[reason].inc()
 
+    def observe_first_token(
+        self,
+        seconds: float,
+        *,
+        streaming: bool,  # vLLM does not split by it
+    ) -> None:
+        """Observe one request's time to first token."""
+        self.time_to_first_token.observe(seconds)
+
+    def observe_inter_token(self, seconds: float) -> None:
+        """Observe the gap between two of a request's tokens."""
+        self.inter_token_latency.observe(seconds)
+
     def record_finished(
         self,
         done: FinishedRequest,
@@ -499,6 +512,7 @@ class EngineMetrics:
         arrived_at: float,
         max_tokens: int,
         delivered_at: float | None = None,
+        streaming: bool = False,  # vLLM does not split by it
     ) -> None:
         """Observe one finished request's histograms (times from frontend arrival).
 

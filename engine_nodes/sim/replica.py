@@ -241,6 +241,8 @@ class Stream:
     held: bool = False
     # When the first token reaches the client (monotonic clock), once made.
     first_token_at: float | None = None
+    # Whether the client asked for a stream (SGLang's is_streaming label).
+    streaming: bool = False
 
 
 class SimReplica:
@@ -383,6 +385,7 @@ class SimReplica:
         arrived_at: float,
         text_seed: int,
         answer: Answer | None = None,
+        streaming: bool = False,
     ) -> Stream:
         """Queue a request in the engine and return the stream its tokens arrive on.
 
@@ -398,6 +401,7 @@ class SimReplica:
             arrived_at=arrived_at,
             max_tokens=max_tokens,
             pieces=pieces,
+            streaming=streaming,
         )
         self._streams[request_id] = stream
         self._last_arrival = time.monotonic()
@@ -436,7 +440,10 @@ class SimReplica:
         done = self.engine.abort(request_id, now)
         if done is not None:
             self.metrics.record_finished(
-                done, arrived_at=stream.arrived_at, max_tokens=stream.max_tokens
+                done,
+                arrived_at=stream.arrived_at,
+                max_tokens=stream.max_tokens,
+                streaming=stream.streaming,
             )
 
     @property
@@ -478,8 +485,7 @@ class SimReplica:
         self, events: list[TokenEvent], finished: list[FinishedRequest], now: float
     ) -> None:
         streams = self._streams
-        ttft = self.metrics.time_to_first_token
-        itl = self.metrics.inter_token_latency
+        metrics = self.metrics
         for event in events:
             stream = streams.get(event.request_id)
             if stream is None:
@@ -489,9 +495,11 @@ class SimReplica:
             # by ttft_factor, it is observed as delivered. ITL is the engine's.
             if event.index == 0:
                 first_at = self._hold_first_token(stream, now)
-                ttft.observe(first_at - stream.arrived_at)
+                metrics.observe_first_token(
+                    first_at - stream.arrived_at, streaming=stream.streaming
+                )
             else:
-                itl.observe(now - stream.last_token_at)
+                metrics.observe_inter_token(now - stream.last_token_at)
             stream.last_token_at = now
             stream.produced = event.index + 1
             stream.is_final = event.is_final
@@ -509,6 +517,7 @@ class SimReplica:
                 arrived_at=stream.arrived_at,
                 max_tokens=stream.max_tokens,
                 delivered_at=stream.first_token_at,
+                streaming=stream.streaming,
             )
         if self._crash_budget is not None and events:
             self._crash_budget -= len(events)

@@ -22,15 +22,17 @@ SGLang's surface instead (``python/sglang/srt/entrypoints/http_server.py``,
 ``utils/common.py`` ``add_api_key_middleware``):
 
 - the key guards every path but ``/health*`` and ``/metrics*`` (and ``OPTIONS``):
-  the ``Authorization`` header must be exactly ``Bearer <key>``, else 401
-  ``{"error":"Unauthorized"}``; ``/sim/*`` keeps its own admin token;
-- streams: a role chunk, content chunks (``delta`` without null keys,
-  ``logprobs``/``finish_reason``/``matched_stop`` null), a separate finish chunk
-  with an empty ``delta``, ``finish_reason`` and ``matched_stop`` (the EOS id for
-  ``stop``), the usage chunk when ``stream_options.include_usage``, ``[DONE]``;
+  the ``Authorization`` header must be ``Bearer <key>`` (the scheme in any case),
+  else 401 ``{"error":"Unauthorized"}``; ``/sim/*`` keeps its own admin token;
+- streams: a role chunk, content chunks (every ``delta`` carries
+  ``"reasoning_content":null``; ``logprobs``/``finish_reason``/``matched_stop``
+  null), a separate finish chunk whose ``delta`` is only that null,
+  ``finish_reason`` and ``matched_stop`` (the EOS id for ``stop``), the usage
+  chunk when ``stream_options.include_usage``, ``[DONE]``;
 - usage is SGLang's ``UsageInfo``: ``prompt_tokens_details`` is
-  ``{"cached_tokens": N}`` only with ``--enable-cache-report`` and N > 0, else
-  null; ``reasoning_tokens`` 0;
+  ``{"cached_tokens": N}`` with ``--enable-cache-report`` (N may be 0), else
+  null; ``reasoning_tokens`` 0, ``completion_tokens_details`` null; the plain
+  answer's ``metadata`` names the weight version (``"default"``);
 - errors are SGLang's flat ``ErrorResponse`` (``{"object":"error","message",
   "type","param","code"}``); any model name is served, and echoed;
 - ``/health`` (200, empty), ``/v1/models`` (``owned_by: sglang``),
@@ -153,22 +155,16 @@ def _stable_seed(*parts: Any) -> int:
 
 
 def _bearer_digest(scope: Scope) -> bytes | None:
-    """Return the SHA-256 of the request's bearer token (vLLM's parsing), or None."""
+    """Return the SHA-256 of the request's bearer token, or None.
+
+    vLLM and SGLang (``utils/auth.py`` ``decide_request_auth``) parse alike: the
+    header split at its first space, the scheme compared case-insensitively."""
     for name, value in scope.get("headers") or ():
         if name == b"authorization":
             scheme, _, token = value.decode("latin-1").partition(" ")
             if scheme.lower() != "bearer":
                 return None
             return hashlib.sha256(token.encode()).digest()
-    return None
-
-
-def _header_digest(scope: Scope) -> bytes | None:
-    """Return the SHA-256 of the raw ``Authorization`` header, or None (SGLang
-    compares the whole header with ``"Bearer " + key``)."""
-    for name, value in scope.get("headers") or ():
-        if name == b"authorization":
-            return hashlib.sha256(value).digest()
     return None
 
 
@@ -181,6 +177,8 @@ def _is_one_of(digest: bytes | None, digests: tuple[bytes, ...]) -> bool:
 
 
 _UNAUTHORIZED = _json_bytes({"error": "Unauthorized"})
+# SGLang's first chunk of a chat stream (its StreamDelta keeps reasoning_content).
+_SGLANG_ROLE_DELTA = '{"reasoning_content":null,"role":"assistant","content":""}'
 
 
 class SimApp:
@@ -192,10 +190,8 @@ class SimApp:
         self.names = set(replica.options.served_model_names)
         self.model_name = replica.options.served_model_names[0]
         self.sglang = replica.options.engine == "sglang"
-        # SGLang compares the whole header, vLLM the bearer token.
-        prefix = "Bearer " if self.sglang else ""
         self._key_digests = tuple(
-            hashlib.sha256(f"{prefix}{key}".encode()).digest()
+            hashlib.sha256(key.encode()).digest()
             for key in replica.options.api_keys
             if key
         )
@@ -263,8 +259,6 @@ class SimApp:
         return not path.startswith(("/health", "/metrics", "/sim/"))
 
     def _authorized(self, scope: Scope) -> bool:
-        if self.sglang:
-            return _is_one_of(_header_digest(scope), self._key_digests)
         return _is_one_of(_bearer_digest(scope), self._key_digests)
 
     def _sglang_route(self, path: str, method: str) -> bool:
@@ -515,6 +509,7 @@ class SimApp:
             arrived_at=arrived_at,
             text_seed=text_seed,
             answer=answer,
+            streaming=bool(body.get("stream")),
         )
         headers: list[tuple[bytes, bytes]] = []
         if self.options.enable_request_id_headers:
@@ -752,9 +747,7 @@ class SimApp:
         assert done is not None
         cached = done.cached_tokens
         details = (
-            {"cached_tokens": cached}
-            if self.options.enable_cache_report and cached > 0
-            else None
+            {"cached_tokens": cached} if self.options.enable_cache_report else None
         )
         return {
             "prompt_tokens": done.prompt_tokens,
@@ -762,6 +755,7 @@ class SimApp:
             "completion_tokens": done.output_tokens,
             "prompt_tokens_details": details,
             "reasoning_tokens": 0,
+            "completion_tokens_details": None,
         }
 
     @staticmethod
@@ -808,12 +802,10 @@ class SimApp:
                 if produced > sent:
                     parts = []
                     if sent == 0:
-                        parts.append(
-                            (head + '{"role":"assistant","content":""}' + tail).encode()
-                        )
+                        parts.append((head + _SGLANG_ROLE_DELTA + tail).encode())
                     for piece in stream.pieces[sent:produced]:
                         content = json.dumps(
-                            {"content": piece},
+                            {"reasoning_content": None, "content": piece},
                             separators=(",", ":"),
                             ensure_ascii=False,
                         )
@@ -838,7 +830,7 @@ class SimApp:
                 "choices": [
                     {
                         "index": 0,
-                        "delta": {},
+                        "delta": {"reasoning_content": None},
                         "logprobs": None,
                         "finish_reason": done.finish_reason,
                         "matched_stop": self._matched_stop(done.finish_reason),
@@ -896,7 +888,6 @@ class SimApp:
                         "role": "assistant",
                         "content": text,
                         "reasoning_content": None,
-                        "tool_calls": None,
                     },
                     "logprobs": None,
                     "finish_reason": done.finish_reason,
@@ -904,7 +895,12 @@ class SimApp:
                 }
             ],
             "usage": self._sglang_usage(stream),
-            "metadata": None,
+            "metadata": {
+                "weight_version": "default",
+                "weight_versions": [
+                    {"version": "default", "start": 0, "end": done.output_tokens}
+                ],
+            },
         }
         await _respond(send, 200, _json_bytes(body), extra_headers=headers)
 

@@ -3,15 +3,19 @@
 Public surface: ``SGLangMetrics``, ``TTFT_BUCKETS``, ``ITL_BUCKETS``,
 ``E2E_BUCKETS``, ``SCHEDULER_LABELS``, ``TOKENIZER_LABELS``.
 
-Names, types, label names and default buckets are those of SGLang's
-``python/sglang/srt/metrics/collector.py``: the scheduler's gauges
-(``SchedulerMetricsCollector``, labelled ``model_name``, ``engine_type``
-("unified": no prefill/decode disaggregation), ``tp_rank`` and ``pp_rank``, as
-``scheduler_metrics_mixin.init_metrics`` builds them) and the tokenizer's counters
-and histograms (``TokenizerMetricsCollector``, labelled ``model_name``). Only the
-families the simulator has figures for are exported; speculative decoding, PD
-disaggregation, grammar, LoRA and routing-key families are not (see
-``engine_nodes/tests/data/sglang-reference/README.md``).
+Names, types, label names and default buckets are those real SGLang 0.5.23
+exports (``python/sglang/srt/observability/metrics_collector.py``; the reference
+``engine_nodes/tests/data/sglang-reference/`` is a capture of it): the
+scheduler's gauges (labelled ``model_name``, ``engine_type`` ("unified": no
+prefill/decode disaggregation), ``tp_rank``, ``pp_rank`` and ``moe_ep_rank``) and
+the tokenizer's counters and histograms (``model_name`` and ``engine_type``; the
+per-request counters, TTFT and end-to-end latency also ``is_streaming``,
+``cached_tokens_total`` ``cache_source="device"``). SGLang serves them through
+prometheus_client's multiprocess collector, so there are no ``_created`` series
+and a labelled family shows up only once a series of it has been touched (no
+``num_aborted_requests_total`` before an abort): ``render`` does the same. Only
+the families the simulator has figures for are exported (22 of real SGLang's 83);
+``engine_nodes/tests/test_sim_sglang.py`` lists the others and why.
 
 As in SGLang the tokenizer side counts a request once it finishes:
 ``sglang:prompt_tokens_total`` (its whole prompt), ``sglang:cached_tokens_total``
@@ -27,6 +31,8 @@ batch), ``gen_throughput`` tokens per second over the last half second or more.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -34,6 +40,8 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from engine_nodes.domain.engine import Engine, FinishedRequest
 
@@ -93,8 +101,9 @@ ITL_BUCKETS = (
     6.000,
     8.000,
 )
-SCHEDULER_LABELS = ("model_name", "engine_type", "tp_rank", "pp_rank")
-TOKENIZER_LABELS = ("model_name",)
+SCHEDULER_LABELS = ("model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank")
+TOKENIZER_LABELS = ("model_name", "engine_type")
+_PER_REQUEST_LABELS = (*TOKENIZER_LABELS, "is_streaming")
 # gen_throughput is measured over at least this long (SGLang: its decode log
 # interval, 40 steps).
 _THROUGHPUT_WINDOW_S = 0.5
@@ -104,9 +113,8 @@ class SGLangMetrics:
     """One replica's SGLang collectors, in a registry of their own.
 
     The same recording surface as ``metrics.EngineMetrics`` (``record_engine``,
-    ``record_finished``, ``record_admission_rejection``, ``render`` and the
-    ``time_to_first_token`` / ``inter_token_latency`` histograms the replica
-    observes), so the replica drives either.
+    ``record_finished``, ``record_admission_rejection``, ``observe_first_token``,
+    ``observe_inter_token``, ``render``), so the replica drives either.
     """
 
     def __init__(self, *, model_name: str, max_total_num_tokens: int) -> None:
@@ -117,19 +125,21 @@ class SGLangMetrics:
             "engine_type": "unified",
             "tp_rank": "0",
             "pp_rank": "0",
+            "moe_ep_rank": "0",
         }
-        tok = {"model_name": model_name}
+        self._tok = {"model_name": model_name, "engine_type": "unified"}
 
         def gauge(name: str, doc: str) -> Gauge:
             return Gauge(name, doc, SCHEDULER_LABELS, registry=reg).labels(**sched)
 
+        # The tokenizer's families stay labelled (their series made on first use).
         def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, TOKENIZER_LABELS, registry=reg).labels(**tok)
+            return Counter(name, doc, _PER_REQUEST_LABELS, registry=reg)
 
-        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(
-                name, doc, TOKENIZER_LABELS, registry=reg, buckets=buckets
-            ).labels(**tok)
+        def histogram(
+            name: str, doc: str, buckets: tuple[float, ...], labels: tuple[str, ...]
+        ) -> Histogram:
+            return Histogram(name, doc, labels, registry=reg, buckets=buckets)
 
         self.num_running_reqs = gauge(
             "sglang:num_running_reqs", "The number of running requests."
@@ -158,30 +168,41 @@ class SGLangMetrics:
         self.generation_tokens = counter(
             "sglang:generation_tokens_total", "Number of generation tokens processed."
         )
-        self.cached_tokens = counter(
-            "sglang:cached_tokens_total", "Number of cached prompt tokens."
+        self.cached_tokens = Counter(
+            "sglang:cached_tokens_total",
+            "Number of cached prompt tokens.",
+            (*TOKENIZER_LABELS, "cache_source"),
+            registry=reg,
         )
         self.num_requests = counter(
             "sglang:num_requests_total", "Number of requests processed."
         )
-        self.num_aborted_requests = counter(
-            "sglang:num_aborted_requests_total", "Number of requests aborted."
+        self.num_aborted_requests = Counter(
+            "sglang:num_aborted_requests_total",
+            "Number of requests aborted.",
+            TOKENIZER_LABELS,
+            registry=reg,
         )
         self.time_to_first_token = histogram(
             "sglang:time_to_first_token_seconds",
             "Histogram of time to first token in seconds.",
             TTFT_BUCKETS,
+            _PER_REQUEST_LABELS,
         )
         self.inter_token_latency = histogram(
             "sglang:inter_token_latency_seconds",
             "Histogram of inter-token latency in seconds.",
             ITL_BUCKETS,
+            TOKENIZER_LABELS,
         )
         self.e2e_request_latency = histogram(
             "sglang:e2e_request_latency_seconds",
             "Histogram of End-to-end request latency in seconds",
             E2E_BUCKETS,
+            _PER_REQUEST_LABELS,
         )
+        self._view = CollectorRegistry(auto_describe=False)
+        self._view.register(_AsMultiprocess(reg))
         self._seen_queries = 0
         self._seen_hits = 0
         self._throughput_at: float | None = None
@@ -212,6 +233,19 @@ class SGLangMetrics:
     def record_admission_rejection(self, reason: str) -> None:
         """SGLang has no admission-rejection family; nothing is counted."""
 
+    def _request_labels(self, *, streaming: bool) -> dict[str, str]:
+        return {**self._tok, "is_streaming": "true" if streaming else "false"}
+
+    def observe_first_token(self, seconds: float, *, streaming: bool) -> None:
+        """Observe one request's time to first token."""
+        self.time_to_first_token.labels(
+            **self._request_labels(streaming=streaming)
+        ).observe(seconds)
+
+    def observe_inter_token(self, seconds: float) -> None:
+        """Observe the gap between two of a request's tokens."""
+        self.inter_token_latency.labels(**self._tok).observe(seconds)
+
     def record_finished(
         self,
         done: FinishedRequest,
@@ -219,19 +253,43 @@ class SGLangMetrics:
         arrived_at: float,
         max_tokens: int,
         delivered_at: float | None = None,
+        streaming: bool = False,
     ) -> None:
         """Count a finished request as SGLang's tokenizer does (an abort only in
-        ``num_aborted_requests_total``); ``max_tokens`` is not exported."""
+        ``num_aborted_requests_total``), under ``is_streaming``; ``max_tokens`` is
+        not exported."""
         if done.finish_reason == "abort":
-            self.num_aborted_requests.inc()
+            self.num_aborted_requests.labels(**self._tok).inc()
             return
-        self.prompt_tokens.inc(done.prompt_tokens)
-        self.cached_tokens.inc(done.cached_tokens)
-        self.generation_tokens.inc(done.output_tokens)
-        self.num_requests.inc()
+        labels = self._request_labels(streaming=streaming)
+        self.prompt_tokens.labels(**labels).inc(done.prompt_tokens)
+        self.cached_tokens.labels(**self._tok, cache_source="device").inc(
+            done.cached_tokens
+        )
+        self.generation_tokens.labels(**labels).inc(done.output_tokens)
+        self.num_requests.labels(**labels).inc()
         ended_at = max(done.finished_at, delivered_at or done.finished_at)
-        self.e2e_request_latency.observe(max(0.0, ended_at - arrived_at))
+        self.e2e_request_latency.labels(**labels).observe(
+            max(0.0, ended_at - arrived_at)
+        )
 
     def render(self) -> bytes:
-        """Return the exposition text for ``GET /metrics``."""
-        return generate_latest(self.registry)
+        """Return the exposition text for ``GET /metrics``, as SGLang's
+        multiprocess collector writes it: no ``_created`` series, no family
+        without a series."""
+        return generate_latest(self._view)
+
+
+class _AsMultiprocess(Collector):
+    """A view of a registry without ``_created`` samples or empty families."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.registry.collect():
+            samples = [s for s in family.samples if not s.name.endswith("_created")]
+            if not samples:
+                continue
+            family.samples = samples
+            yield family

@@ -1,4 +1,4 @@
-"""The shape diffs on the hand-written SGLang reference, and the platform's scraper
+"""The shape diffs on the SGLang reference (captured from real SGLang 0.5.23), and the platform's scraper
 on the simulator's SGLang metrics (no server)."""
 
 from __future__ import annotations
@@ -28,8 +28,15 @@ def reference() -> Capture:
 def test_reference_stream_is_sglangs_chunk_sequence(reference: Capture) -> None:
     facts = stream_facts(reference.stream)
     assert facts["order"] == ["role", "content*", "finish", "usage", "done"]
-    assert facts["role_delta"] == {"role": "assistant", "content": ""}
-    assert facts["finish_delta"] == {}
+    assert facts["role_delta"] == {
+        "reasoning_content": None,
+        "role": "assistant",
+        "content": "",
+    }
+    # SGLang's finish chunk: a delta of reasoning_content null only.
+    assert facts["shapes"]["finish"][0]["choices"][0]["delta"] == {
+        "reasoning_content": "null"
+    }
     assert (facts["finish_reason"], facts["matched_stop"]) == ("length", None)
     usage = facts["shapes"]["usage"][0]["usage"]
     assert set(usage) == {
@@ -38,6 +45,7 @@ def test_reference_stream_is_sglangs_chunk_sequence(reference: Capture) -> None:
         "completion_tokens",
         "prompt_tokens_details",
         "reasoning_tokens",
+        "completion_tokens_details",
     }
     assert stream_facts(reference.stream_no_usage)["order"] == [
         "role",
@@ -50,7 +58,9 @@ def test_reference_stream_is_sglangs_chunk_sequence(reference: Capture) -> None:
 def _merge_finish_into_last_content(stream: str) -> str:
     """vLLM's way: the last token rides on the chunk that finishes."""
     blocks = stream.split("\n\n")
-    finish = next(i for i, b in enumerate(blocks) if '"delta":{}' in b)
+    finish = next(
+        i for i, b in enumerate(blocks) if '"delta":{"reasoning_content":null},' in b
+    )
     blocks[finish - 1] = blocks[finish - 1].replace(
         '"finish_reason":null', '"finish_reason":"length"'
     )
@@ -65,10 +75,8 @@ def _merge_finish_into_last_content(stream: str) -> str:
         (lambda s: s.replace(',"matched_stop":null', ""), "matched_stop: missing"),
         (lambda s: s.replace(',"reasoning_tokens":0', ""), "reasoning_tokens"),
         (
-            lambda s: s.replace(
-                '"content":""}', '"content":"","reasoning_content":""}'
-            ),
-            "reasoning_content: extra",
+            lambda s: s.replace('{"reasoning_content":null,', "{"),
+            "reasoning_content: missing",
         ),
     ],
 )
