@@ -54,6 +54,7 @@ from typing import Any
 
 from config.asgi_io import Receive, Scope, Send, wait_disconnect
 from engine_nodes.domain import tokens
+from engine_nodes.domain.engine import FinishedRequest
 from engine_nodes.sim.replica import (
     EOS_TOKEN_ID,
     MAX_BODY_BYTES,
@@ -565,6 +566,71 @@ class SimApp:
         stream.wake.clear()
         return True
 
+    async def _until_done(self, stream: Stream, receive: Receive) -> bool:
+        """Wait for the whole answer; return False if the client went away first."""
+        disconnected = asyncio.ensure_future(wait_disconnect(receive))
+        try:
+            while stream.done is None:
+                if not await self._wait(stream, disconnected):
+                    return False
+        finally:
+            disconnected.cancel()
+        return True
+
+    async def _send_events(
+        self,
+        stream: Stream,
+        send: Send,
+        receive: Receive,
+        headers: list[tuple[bytes, bytes]],
+        *,
+        render: Callable[[int, int, FinishedRequest | None], bytes],
+        end: Callable[[], bytes],
+    ) -> None:
+        """Send ``stream`` as server-sent events, in both engines' framing.
+
+        The headers, then for each batch of new pieces ``render(sent, produced,
+        done)`` (the events of pieces ``sent`` to ``produced``; ``done`` once the
+        answer is over), then ``end()`` (the events after the last piece) and
+        ``[DONE]``. A client that goes away ends it quietly.
+        """
+        disconnected = asyncio.ensure_future(wait_disconnect(receive))
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [
+                        (b"content-type", b"text/event-stream; charset=utf-8"),
+                        (b"cache-control", b"no-cache"),
+                        *headers,
+                    ],
+                }
+            )
+            sent = 0
+            while True:
+                if not await self._wait(stream, disconnected):
+                    return
+                produced = stream.produced
+                done = stream.done
+                if produced > sent:
+                    body = render(sent, produced, done)
+                    sent = produced
+                    await send(
+                        {"type": "http.response.body", "body": body, "more_body": True}
+                    )
+                if done is not None:
+                    break
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": end() + b"data: [DONE]\n\n",
+                    "more_body": False,
+                }
+            )
+        finally:
+            disconnected.cancel()
+
     async def _stream(
         self,
         stream: Stream,
@@ -588,96 +654,61 @@ class SimApp:
             if include_usage
             else f',"system_fingerprint":"{SYSTEM_FINGERPRINT}"}}\n\n'
         )
-        disconnected = asyncio.ensure_future(wait_disconnect(receive))
-        try:
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 200,
-                    "headers": [
-                        (b"content-type", b"text/event-stream; charset=utf-8"),
-                        (b"cache-control", b"no-cache"),
-                        *headers,
-                    ],
-                }
-            )
-            sent = 0
-            while True:
-                if not await self._wait(stream, disconnected):
-                    return
-                produced = stream.produced
-                done = stream.done
-                if produced > sent:
-                    pieces = stream.pieces[sent:produced]
-                    parts = []
-                    if sent == 0:
-                        first = {
-                            "id": stream.request_id,
-                            "object": "chat.completion.chunk",
-                            "created": created,
-                            "model": model,
-                            "choices": [
-                                {
-                                    "index": 0,
-                                    "delta": {"role": "assistant", "content": ""},
-                                    "logprobs": None,
-                                    "finish_reason": None,
-                                }
-                            ],
-                            "prompt_token_ids": None,
-                            "prompt_text": None,
-                        }
-                        parts.append(b"data: " + _json_bytes(first) + b"\n\n")
-                    last_index = produced - 1
-                    for offset, piece in enumerate(pieces):
-                        index = sent + offset
-                        if done is not None and index == last_index:
-                            reason = done.finish_reason
-                            parts.append(
-                                (
-                                    head
-                                    + json.dumps(piece, ensure_ascii=False)
-                                    + f'}},"logprobs":null,"finish_reason":"{reason}",'
-                                    '"stop_reason":null,"token_ids":null}]' + finish_end
-                                ).encode()
-                            )
-                        else:
-                            parts.append(
-                                (
-                                    head + json.dumps(piece, ensure_ascii=False) + tail
-                                ).encode()
-                            )
-                    sent = produced
-                    await send(
-                        {
-                            "type": "http.response.body",
-                            "body": b"".join(parts),
-                            "more_body": True,
-                        }
-                    )
-                if done is not None:
-                    break
-            final = b""
-            if include_usage:
-                usage_chunk = {
+
+        def render(sent: int, produced: int, done: FinishedRequest | None) -> bytes:
+            parts = []
+            if sent == 0:
+                first = {
                     "id": stream.request_id,
                     "object": "chat.completion.chunk",
                     "created": created,
                     "model": model,
-                    "choices": [],
-                    "usage": self._usage(stream),
-                    "system_fingerprint": SYSTEM_FINGERPRINT,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ],
+                    "prompt_token_ids": None,
+                    "prompt_text": None,
                 }
-                final = b"data: " + _json_bytes(usage_chunk) + b"\n\n"
-            await send(
-                {
-                    "type": "http.response.body",
-                    "body": final + b"data: [DONE]\n\n",
-                    "more_body": False,
-                }
-            )
-        finally:
-            disconnected.cancel()
+                parts.append(b"data: " + _json_bytes(first) + b"\n\n")
+            last_index = produced - 1
+            for offset, piece in enumerate(stream.pieces[sent:produced]):
+                index = sent + offset
+                if done is not None and index == last_index:
+                    reason = done.finish_reason
+                    parts.append(
+                        (
+                            head
+                            + json.dumps(piece, ensure_ascii=False)
+                            + f'}},"logprobs":null,"finish_reason":"{reason}",'
+                            '"stop_reason":null,"token_ids":null}]' + finish_end
+                        ).encode()
+                    )
+                else:
+                    parts.append(
+                        (head + json.dumps(piece, ensure_ascii=False) + tail).encode()
+                    )
+            return b"".join(parts)
+
+        def end() -> bytes:
+            if not include_usage:
+                return b""
+            usage_chunk = {
+                "id": stream.request_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [],
+                "usage": self._usage(stream),
+                "system_fingerprint": SYSTEM_FINGERPRINT,
+            }
+            return b"data: " + _json_bytes(usage_chunk) + b"\n\n"
+
+        await self._send_events(stream, send, receive, headers, render=render, end=end)
 
     async def _complete(
         self,
@@ -687,14 +718,10 @@ class SimApp:
         model: str,
         headers: list[tuple[bytes, bytes]],
     ) -> None:
-        disconnected = asyncio.ensure_future(wait_disconnect(receive))
-        try:
-            while stream.done is None:
-                if not await self._wait(stream, disconnected):
-                    return
-        finally:
-            disconnected.cancel()
+        if not await self._until_done(stream, receive):
+            return
         done = stream.done
+        assert done is not None
         text = "".join(stream.pieces[: done.output_tokens])
         usage = self._usage(stream)
         details = usage.get("prompt_tokens_details")
@@ -780,46 +807,22 @@ class SimApp:
             '"choices":[{"index":0,"delta":'
         )
         tail = ',"logprobs":null,"finish_reason":null,"matched_stop":null}]}\n\n'
-        disconnected = asyncio.ensure_future(wait_disconnect(receive))
-        try:
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 200,
-                    "headers": [
-                        (b"content-type", b"text/event-stream; charset=utf-8"),
-                        (b"cache-control", b"no-cache"),
-                        *headers,
-                    ],
-                }
-            )
-            sent = 0
-            while True:
-                if not await self._wait(stream, disconnected):
-                    return
-                produced = stream.produced
-                done = stream.done
-                if produced > sent:
-                    parts = []
-                    if sent == 0:
-                        parts.append((head + _SGLANG_ROLE_DELTA + tail).encode())
-                    for piece in stream.pieces[sent:produced]:
-                        content = json.dumps(
-                            {"reasoning_content": None, "content": piece},
-                            separators=(",", ":"),
-                            ensure_ascii=False,
-                        )
-                        parts.append((head + content + tail).encode())
-                    sent = produced
-                    await send(
-                        {
-                            "type": "http.response.body",
-                            "body": b"".join(parts),
-                            "more_body": True,
-                        }
-                    )
-                if done is not None:
-                    break
+
+        def render(sent: int, produced: int, done: FinishedRequest | None) -> bytes:
+            parts = []
+            if sent == 0:
+                parts.append((head + _SGLANG_ROLE_DELTA + tail).encode())
+            for piece in stream.pieces[sent:produced]:
+                content = json.dumps(
+                    {"reasoning_content": None, "content": piece},
+                    separators=(",", ":"),
+                    ensure_ascii=False,
+                )
+                parts.append((head + content + tail).encode())
+            return b"".join(parts)
+
+        def end() -> bytes:
+            # SGLang's finish reason comes in a chunk of its own, after the text.
             done = stream.done
             assert done is not None
             finish = {
@@ -848,15 +851,9 @@ class SimApp:
                     "usage": self._sglang_usage(stream),
                 }
                 final += b"data: " + _json_bytes(usage_chunk) + b"\n\n"
-            await send(
-                {
-                    "type": "http.response.body",
-                    "body": final + b"data: [DONE]\n\n",
-                    "more_body": False,
-                }
-            )
-        finally:
-            disconnected.cancel()
+            return final
+
+        await self._send_events(stream, send, receive, headers, render=render, end=end)
 
     async def _sglang_complete(
         self,
@@ -866,14 +863,10 @@ class SimApp:
         model: str,
         headers: list[tuple[bytes, bytes]],
     ) -> None:
-        disconnected = asyncio.ensure_future(wait_disconnect(receive))
-        try:
-            while stream.done is None:
-                if not await self._wait(stream, disconnected):
-                    return
-        finally:
-            disconnected.cancel()
+        if not await self._until_done(stream, receive):
+            return
         done = stream.done
+        assert done is not None
         text = "".join(stream.pieces[: done.output_tokens])
         # SGLang's ChatCompletionResponse, null fields included.
         body = {
