@@ -648,72 +648,53 @@ class Engine:
             while waiting and budget > 0 and len(running) < max_num_seqs:
                 req = waiting[0]
                 num_tokens = req.prompt_len + req.num_generated
+                host_tokens = 0  # of the hit, loaded from the host tier
                 if radix:
                     admitted = self._admit_radix(req, num_tokens, budget)
                     if admitted is None:
                         break
                     hit_tokens, n = admitted
-                    left = num_tokens - hit_tokens
-                    req.num_computed = hit_tokens
-                    req.state = _RUNNING
-                    waiting.popleft()
-                    running.append(req)
-                    if req.scheduled_at is None:
-                        req.scheduled_at = now
-                        req.cached_tokens = hit_tokens
-                        if caching:
-                            self.prefix_cache_queries += num_tokens
-                            self.prefix_cache_hits += hit_tokens
-                    scheduled.append((req, n))
-                    budget -= n
-                    if left == 1 and req.num_generated:
-                        decode_seqs += 1
-                        kv_tokens += num_tokens
-                    else:
-                        prefill_tokens += n
-                        prefill_seqs += 1
-                        prefill_work += n * (hit_tokens + n / 2)
-                    continue
-                hit_ids: list[int] = []
-                max_blocks = (num_tokens - 1) // block_size
-                if caching or host is not None:
-                    self._ensure_hashes(req, max_blocks)
-                if caching:
-                    hit_ids = pool.cached_block_ids(req.block_hashes, max_blocks)
-                num_gpu_hit = len(hit_ids)
-                num_host_hit = 0
-                if host is not None:
-                    num_host_hit = host.lookup(
-                        req.block_hashes, num_gpu_hit, max_blocks
+                else:
+                    hit_ids: list[int] = []
+                    max_blocks = (num_tokens - 1) // block_size
+                    if caching or host is not None:
+                        self._ensure_hashes(req, max_blocks)
+                    if caching:
+                        hit_ids = pool.cached_block_ids(req.block_hashes, max_blocks)
+                    num_gpu_hit = len(hit_ids)
+                    num_host_hit = 0
+                    if host is not None:
+                        num_host_hit = host.lookup(
+                            req.block_hashes, num_gpu_hit, max_blocks
+                        )
+                    hit_tokens = (num_gpu_hit + num_host_hit) * block_size
+                    n = min(num_tokens - hit_tokens, budget)
+                    need_blocks = (hit_tokens + n + block_size - 1) // block_size - len(
+                        hit_ids
                     )
-                hit_tokens = (num_gpu_hit + num_host_hit) * block_size
+                    if need_blocks + pool.num_evictable(hit_ids) > pool.num_free_blocks:
+                        break
+                    pool.touch(hit_ids)
+                    hit_ids.extend(pool.allocate(need_blocks))
+                    req.block_ids = hit_ids
+                    # Loaded blocks are registered in the pool once the step ends.
+                    req.num_cached_blocks = num_gpu_hit
+                    host_tokens = num_host_hit * block_size
+                    if host is not None and num_host_hit:
+                        host.touch(
+                            req.block_hashes[num_gpu_hit : num_gpu_hit + num_host_hit]
+                        )
+                        host_load_tokens += host_tokens
                 left = num_tokens - hit_tokens
-                n = left if left < budget else budget
-                need_blocks = (hit_tokens + n + block_size - 1) // block_size - len(
-                    hit_ids
-                )
-                if need_blocks + pool.num_evictable(hit_ids) > pool.num_free_blocks:
-                    break
-                pool.touch(hit_ids)
-                hit_ids.extend(pool.allocate(need_blocks))
-                req.block_ids = hit_ids
                 req.num_computed = hit_tokens
-                # Loaded blocks are registered in the pool once the step ends.
-                req.num_cached_blocks = num_gpu_hit
                 req.state = _RUNNING
                 waiting.popleft()
                 running.append(req)
-                host_tokens = num_host_hit * block_size
-                if host is not None and num_host_hit:
-                    host.touch(
-                        req.block_hashes[num_gpu_hit : num_gpu_hit + num_host_hit]
-                    )
-                    host_load_tokens += host_tokens
                 if req.scheduled_at is None:
                     req.scheduled_at = now
                     req.cached_tokens = hit_tokens
                     req.host_cached_tokens = host_tokens
-                    gpu_tokens = num_gpu_hit * block_size
+                    gpu_tokens = hit_tokens - host_tokens
                     if caching:
                         self.prefix_cache_queries += num_tokens
                         self.prefix_cache_hits += gpu_tokens
