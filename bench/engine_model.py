@@ -1,6 +1,6 @@
 """Benchmark the pure replica model: calibration against the spec, and its own speed.
 
-Runs the virtual-time closed loop (``engine_nodes.domain.workload``) with 650-token
+Runs the virtual-time closed loop (``simengine.domain.workload``) with 650-token
 prompts and 250-token outputs, no prefix hits: 1, 16, 32, 64, 83 and 128 streams on
 ``a100-8b`` and 83 streams on every other profile. For each point it reports the
 simulated throughput and latencies next to the research spec's prediction (§2.4) and
@@ -23,8 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine_nodes.domain.perf import PROFILES  # noqa: E402
-from engine_nodes.domain.workload import LoadResult, run_closed_loop  # noqa: E402
+from simengine.domain.perf import PROFILES  # noqa: E402
+from simengine.domain.workload import LoadResult, run_closed_loop  # noqa: E402
 
 PROMPT_TOKENS = 650
 OUTPUT_TOKENS = 250

@@ -71,7 +71,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import peers  # noqa: E402
-from engine_nodes.local_processes import SERVERS, free_port, gateway_argv  # noqa: E402
+from localrun.processes import SERVERS, free_port, gateway_argv  # noqa: E402
 
 BENCH = ROOT / "bench"
 LOG_DIR = ROOT / ".local" / "bench-gateway"
@@ -271,7 +271,7 @@ def wait_for(
 REGISTER = """
 import json, os
 from django.utils import timezone
-from drills.seeding import (
+from localrun.seeding import (
     LimitSeed, ModelSeed, PlatformSeed, TeamSeed, VersionSeed, digest, seed_platform,
     version_body,
 )

@@ -47,7 +47,7 @@ except ImportError:  # pragma: no cover - the bench venv has it
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine_nodes.domain.percentiles import percentile  # noqa: E402
+from simengine.domain.percentiles import percentile  # noqa: E402
 
 _CRLF = b"\r\n"
 _HEAD_END = b"\r\n\r\n"

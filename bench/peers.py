@@ -30,7 +30,7 @@ from pathlib import Path
 
 import yaml
 
-from engine_nodes.local_processes import free_port
+from localrun.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PEERS_DIR = ROOT / ".local" / "peers"

@@ -1,6 +1,6 @@
 """Benchmark the simulated replica server in real time, against the model's target.
 
-Starts ``python -m engine_nodes.sim`` (profile a100-8b), drives it with closed-loop
+Starts ``python -m simengine`` (profile a100-8b), drives it with closed-loop
 streams of 650 prompt / 250 output tokens (``ignore_eos``, unique prompts, so no
 prefix hits) and reports output tokens/s, time per output token, TTFT and the share
 of one core the server process used. Run from the repository root:
@@ -27,9 +27,9 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine_nodes.domain import tokens  # noqa: E402
 from engine_nodes.domain.scrape import parse_metrics_text  # noqa: E402
-from engine_nodes.local_processes import free_port, is_healthy, wait_until  # noqa: E402
+from localrun.processes import free_port, is_healthy, wait_until  # noqa: E402
+from simengine.domain import tokens  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -167,7 +167,7 @@ def main() -> None:
         [
             sys.executable,
             "-m",
-            "engine_nodes.sim",
+            "simengine",
             "--model",
             "chat-7b",
             "--served-model-name",

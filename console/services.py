@@ -5,7 +5,7 @@ Public surface: ``Sees``, ``fleet_overview``, ``fleet_feed``, ``pool_feed``, ``o
 ``team_usage``, ``ACTIONS``, ``TTFT_WINDOW``.
 
 Nothing here is computed a second time: a pool's replicas, capacity, hit rate,
-the autoscaler's last tick and decisions come from ``engine_nodes.autoscaling.
+the autoscaler's last tick and decisions come from ``control.autoscaling.
 pool_state`` (the admin API's ``/admin/pools/<model>/state``), TTFT from the
 rollout guards' histograms (``metering.services.version_figures``), rollouts move
 through ``rollouts.plans`` as the admin API moves them. What the console adds is
@@ -30,7 +30,7 @@ from django.db.models import Sum
 from django.db.models.functions import TruncDate
 
 from batches.models import Batch
-from engine_nodes import autoscaling
+from control import autoscaling
 from engine_nodes.domain.liveness import ReplicaState
 from metering.domain.figures import Role
 from metering.models import Usage

@@ -3,7 +3,7 @@
 Public surface: ``TwoRegions``, ``Sample``, ``run_load``, ``run_live``.
 
 ``TwoRegions`` runs what ``make up REGIONS=2`` runs, in miniature and of its own:
-a PostgreSQL server of its own (``drills.own_postgres``: the control plane, which
+a PostgreSQL server of its own (``localrun.own_postgres``: the control plane, which
 a drill may stop), migrated and bootstrapped per region (``bootstrap_local``: the
 demo team and models, each region's pools); per region a node agent with its
 simulated replicas, a gateway on a fixed port and a Redis logical database; and
@@ -43,9 +43,8 @@ import httpx
 
 from drills.domain.failover_drill import FailoverReport, SeriesPoint, judge
 from drills.domain.overload import Check
-from drills.own_postgres import OwnPostgres
-from engine_nodes.domain.percentiles import percentile
-from engine_nodes.local_processes import (
+from localrun.own_postgres import OwnPostgres
+from localrun.processes import (
     Process,
     free_port,
     spawn,
@@ -54,6 +53,7 @@ from engine_nodes.local_processes import (
     wait_until,
 )
 from routing.domain.global_lb import HealthCheck, Region, render_haproxy
+from simengine.domain.percentiles import percentile
 
 __all__ = ["Sample", "TwoRegions", "run_live", "run_load"]
 

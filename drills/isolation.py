@@ -23,7 +23,15 @@ from django.utils import timezone
 
 from accounts.models import Team
 from drills.domain.isolation import Sample
-from drills.seeding import (
+from engine_nodes.models import Replica
+from localrun.processes import (
+    database_url,
+    serving_replicas,
+    start_agent,
+    start_gateway,
+    wait_until,
+)
+from localrun.seeding import (
     LimitSeed,
     ModelSeed,
     PlatformSeed,
@@ -32,14 +40,6 @@ from drills.seeding import (
     digest,
     seed_platform,
 )
-from engine_nodes.local_processes import (
-    database_url,
-    serving_replicas,
-    start_agent,
-    start_gateway,
-    wait_until,
-)
-from engine_nodes.models import Replica
 from metering.models import Usage
 from models_registry.models import Model, ModelVersion, Pool
 from rollouts.models import Rollout

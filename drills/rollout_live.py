@@ -10,7 +10,7 @@ Public surface: ``LiveRolloutPlan``, ``LiveOutcome``, ``LIVE_SCENARIOS``,
 sends conversations of three turns from a few threads for the whole run, starts
 the candidate on a short plan (``rollouts.plans.start_plan``) and every
 ``guard_s`` runs the platform's own guard tick
-(``engine_nodes.rollout_guard.guard_rollouts``, what Celery beat runs every
+(``control.rollout_guard.guard_rollouts``, what Celery beat runs every
 minute) after flushing the gateway's figures. It stops at the rollout's end (and,
 for a promotion, once the old version is retired and its pool released), and
 removes everything it created. The fleet simulator runs the same policy at the
@@ -44,7 +44,16 @@ from django.conf import settings
 from django.utils import timezone
 
 from accounts.models import Team
-from drills.seeding import (
+from control import rollout_guard
+from engine_nodes.models import Replica
+from localrun.processes import (
+    database_url,
+    serving_replicas,
+    start_agent,
+    start_gateway,
+    wait_until,
+)
+from localrun.seeding import (
     LimitSeed,
     ModelSeed,
     PlatformSeed,
@@ -53,15 +62,6 @@ from drills.seeding import (
     digest,
     seed_platform,
 )
-from engine_nodes import rollout_guard
-from engine_nodes.local_processes import (
-    database_url,
-    serving_replicas,
-    start_agent,
-    start_gateway,
-    wait_until,
-)
-from engine_nodes.models import Replica
 from metering import services as metering
 from metering.models import Usage, VersionFigure
 from models_registry.models import Model, ModelVersion, Pool

@@ -130,7 +130,7 @@ class Actuator(Protocol):
 class LocalProcessActuator:
     """Run replicas as child processes of the node agent.
 
-    ``kind="sim"`` runs ``python -m engine_nodes.sim`` from the project root (with
+    ``kind="sim"`` runs ``python -m simengine`` from the project root (with
     ``--sim-engine sglang`` for a version whose engine is SGLang);
     ``kind="vllm"`` runs the real engines: ``vllm serve`` with ``VLLM_OFFLINE_ENV``
     on top of the agent's environment (an empty ``VLLM_CPU_KVCACHE_SPACE`` is

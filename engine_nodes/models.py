@@ -11,9 +11,9 @@ from django.db.models.signals import post_delete
 from django.dispatch import receiver
 from django.utils import timezone
 
-from engine_nodes.domain.autoscaler import Reason
 from engine_nodes.domain.liveness import ReplicaState
 from metering.spans import SpanStart, close_spans, record_moves
+from models_registry.domain.autoscaler import Reason
 
 
 def is_silent_since(cutoff: datetime) -> Q:
@@ -224,7 +224,7 @@ class ScalingDecision(models.Model):
     in flight and queued, queue depth, capacity per replica, the windows' demand);
     ``capacity_is_assumed`` says the capacity per replica was the platform's default
     because the version had no load test. Old rows are pruned as new ones come
-    (``PLATFORM_AUTOSCALE_DECISIONS_KEPT`` per pool, ``engine_nodes.autoscaling``).
+    (``PLATFORM_AUTOSCALE_DECISIONS_KEPT`` per pool, ``control.autoscaling``).
     """
 
     pool = models.ForeignKey(

@@ -488,7 +488,7 @@ class _ScrapeTimeCollector(Collector, Generic[F]):
 class PoolScalingCollector(_ScrapeTimeCollector[PoolScalingFigures]):
     """Export the autoscaler's per-pool figures, read when Prometheus scrapes.
 
-    ``read`` returns them (``engine_nodes.autoscaling.pool_figures``, two
+    ``read`` returns them (``control.autoscaling.pool_figures``, two
     queries). Every scraped process of a region exports the same values:
     aggregate with ``max by (model, version, region)``.
     """
@@ -563,7 +563,7 @@ class PoolCostFigures:
 class PoolCostCollector(_ScrapeTimeCollector[PoolCostFigures]):
     """Export each pool's GPUs, their cost per hour and its silent replicas.
 
-    ``read`` is ``engine_nodes.pool_costs.pool_cost_figures``. Like the scaling
+    ``read`` is ``control.pool_costs.pool_cost_figures``. Like the scaling
     figures, every scraped process exports the same values: aggregate with ``max``.
     """
 

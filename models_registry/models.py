@@ -407,7 +407,7 @@ class EvalSet(models.Model):
 class Pool(models.Model):
     """The replicas of one version in one region, with the autoscaler's settings.
 
-    The settings are the autoscaler's (``engine_nodes.domain.autoscaler``
+    The settings are the autoscaler's (``models_registry.domain.autoscaler``
     ``ScalingSettings``), with its defaults; what makes no sense is refused by the
     rules of ``models_registry.domain.scaling``, here (``clean``), in the API and by
     the policy. ``desired_replicas`` is written by the autoscaler (compare-and-set)

@@ -42,7 +42,7 @@ from models_registry.models import GateRun, Model, ModelVersion, Pool, VersionRe
 
 logger = logging.getLogger(__name__)
 
-# The Celery task that runs a version's gates (``engine_nodes.gates``): it needs
+# The Celery task that runs a version's gates (``control.gates``): it needs
 # the node agents' staging replicas and the weights' copies, which sit above the
 # registry, so the registry names the task rather than importing it.
 RUN_GATES_TASK = "engine_nodes.run_gates"

@@ -286,7 +286,7 @@ class VersionOverrideAdmin(ReadOnlyAdmin):
 @admin.register(GuardEvaluation)
 class GuardEvaluationAdmin(ReadOnlyAdmin):
     """Every tick of the rollout guards: the comparison and what it decided, and
-    why. Written by the guard task (``engine_nodes.rollout_guard``)."""
+    why. Written by the guard task (``control.rollout_guard``)."""
 
     list_display = ("at", "rollout", "stage", "percent", "action", "reason")
     list_filter = ("action", "stage", "rollout__model")

@@ -22,7 +22,7 @@ A step takes traffic only once the candidate has a serving replica in every regi
 where its pool is (``begin_step``, called by the guard task with what the agents
 report): a canary share sent to a pool still starting would fail its conversations.
 Serving replicas are the node agents' to count, so the task that calls this module
-lives with them (``engine_nodes.rollout_guard``).
+lives with them (``control.rollout_guard``).
 """
 
 from __future__ import annotations

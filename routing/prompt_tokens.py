@@ -11,7 +11,7 @@ tokens as variables, ``add_generation_prompt=True``; the result encoded without
 adding special tokens). The tokenizer files must still have the version's
 ``tokenizer_hash``. Every other version (the simulated fleet, weights on object
 storage) is counted with the stand-in tokenizer the simulated replica shares
-(``engine_nodes.domain.tokens``). Either way the engine's own usage stays the
+(``simengine.domain.tokens``). Either way the engine's own usage stays the
 number that is metered; this count is what admission charges and what the
 context-length check uses before the engine is asked.
 
@@ -38,9 +38,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from engine_nodes.domain import tokens
 from engine_nodes.weights import WeightsError, local_path, tokenizer_digest
 from routing.domain.snapshot import VersionRecord
+from simengine.domain import tokens
 
 __all__ = [
     "STAND_IN",

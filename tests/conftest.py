@@ -6,7 +6,7 @@ Every vLLM start costs 30-90 s on two cores, so a process started for one module
 serves another where their tests allow it. ``tests/test_vllm_e2e.py`` starts its
 replicas with the capture server's flags (``test_vllm_fidelity.CAPTURE_ENGINE_CONFIG``
 over the tiny model's), and its platform captures one of them
-(``engine_nodes.sim.conformance.capture``) as soon as it serves, before any of its
+(``simengine.conformance.capture``) as soon as it serves, before any of its
 tests sends it a request; ``tests/test_vllm_fidelity.py`` diffs that capture
 against the committed reference, and starts a capture server of its own only
 where no capture was left here (the module run alone, or first). Nothing here
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from engine_nodes.sim.conformance import Capture
+    from simengine.conformance import Capture
 
 
 @dataclass

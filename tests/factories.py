@@ -1,6 +1,6 @@
 """Shared test data: a valid version body, and factories for rows tests need in bulk.
 
-The version body and its helpers are the platform seeding's (``drills.seeding``),
+The version body and its helpers are the platform seeding's (``localrun.seeding``),
 so the tests, the drills and the benchmarks register the same versions.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 import factory
 
 from accounts.models import Team
-from drills.seeding import VERSION_BODY, digest, version_body
 from engine_nodes.models import Replica
+from localrun.seeding import VERSION_BODY, digest, version_body
 from models_registry import services as registry_services
 from models_registry.models import ModelVersion
 

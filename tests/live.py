@@ -1,7 +1,7 @@
 """A live platform for end-to-end tests: the gateway and the node agent as processes.
 
 ``start_platform`` seeds the control-plane rows into the test database
-(``drills.seeding``; committed, so the processes see them), starts ``manage.py
+(``localrun.seeding``; committed, so the processes see them), starts ``manage.py
 engine_agent`` (which starts the simulated replicas) and the gateway under uvicorn,
 and waits until the gateway serves. Everything talks HTTP on loopback; Redis is used when REDIS_URL is set.
 ``RedisServer`` is a Redis of a test's own, which the test may stop and start
@@ -31,7 +31,18 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
-from drills.seeding import (
+from control.autoscaling import set_pool_autoscaling
+from engine_nodes.models import Replica
+from localrun.processes import (
+    Process,
+    database_url,
+    free_port,
+    spawn,
+    start_agent,
+    start_gateway,
+    wait_until,
+)
+from localrun.seeding import (
     VERSION_BODY,
     LimitSeed,
     ModelSeed,
@@ -42,17 +53,6 @@ from drills.seeding import (
     seed_platform,
     version_body,
 )
-from engine_nodes.autoscaling import set_pool_autoscaling
-from engine_nodes.local_processes import (
-    Process,
-    database_url,
-    free_port,
-    spawn,
-    start_agent,
-    start_gateway,
-    wait_until,
-)
-from engine_nodes.models import Replica
 from models_registry.models import ModelVersion, Pool
 
 if TYPE_CHECKING:

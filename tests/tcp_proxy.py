@@ -1,7 +1,7 @@
 """A loopback TCP proxy that a test can cut, to make a server unreachable.
 
 The platform's processes (gateway, node agent, simulated replica, real vLLM) are
-started with ``engine_nodes.local_processes`` and ``engine_nodes.local_vllm``.
+started with ``localrun.processes`` and ``localrun.vllm_cpu``.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import threading
 
-from engine_nodes.local_processes import free_port
+from localrun.processes import free_port
 
 __all__ = ["TcpProxy"]
 

@@ -718,7 +718,7 @@ def test_list_teams_has_fixed_query_count(
 def test_pool_state_schema_names_the_fields_the_api_returns(
     admin_client: APIClient, chat_v1: ModelVersion
 ) -> None:
-    from engine_nodes.api.serializers import (
+    from control.api.serializers import (
         PoolStateSerializer,
         ReplicaStateSerializer,
     )

@@ -34,7 +34,7 @@ import redis
 from django.conf import settings
 
 from batches.models import Batch, BatchLine
-from engine_nodes.local_processes import Process, spawn, wait_until
+from localrun.processes import Process, spawn, wait_until
 from tests.live import LivePlatform, start_platform
 
 if TYPE_CHECKING:

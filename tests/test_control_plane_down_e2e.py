@@ -1,6 +1,6 @@
 """The control plane's database down: serving goes on and no usage is lost.
 
-GIVEN a platform on a PostgreSQL of the test's own (``drills.own_postgres``), its
+GIVEN a platform on a PostgreSQL of the test's own (``localrun.own_postgres``), its
 own Redis, a gateway, a node agent with simulated replicas and a Celery worker
 with beat (the usage flush), and a second team with a small tokens_per_minute,
 already over it
@@ -27,8 +27,8 @@ import openai
 import psycopg
 import pytest
 
-from drills.own_postgres import OwnPostgres
-from engine_nodes.local_processes import (
+from localrun.own_postgres import OwnPostgres
+from localrun.processes import (
     ROOT,
     Process,
     spawn,

@@ -25,7 +25,8 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
-from drills.seeding import (
+from localrun.processes import Process, start_gateway, wait_until
+from localrun.seeding import (
     AdminTokenSeed,
     LimitSeed,
     ModelSeed,
@@ -35,7 +36,6 @@ from drills.seeding import (
     seed_platform,
     version_body,
 )
-from engine_nodes.local_processes import Process, start_gateway, wait_until
 from tests.live import platform_env
 
 if TYPE_CHECKING:

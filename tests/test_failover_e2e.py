@@ -5,7 +5,7 @@ region B within the health-check window; A back -> traffic returns to it. And th
 balancer follows ``/healthz``, not only whether a process answers: a region whose
 replicas are gone is taken out while its gateway still runs.
 
-Everything is real and of the test's own: PostgreSQL (``drills.own_postgres``),
+Everything is real and of the test's own: PostgreSQL (``localrun.own_postgres``),
 two gateways, two node agents with simulated replicas, HAProxy; the client is the
 ``openai`` SDK with no retries, so every failure is seen.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from drills.failover_live import Sample, TwoRegions, run_load
-from engine_nodes.local_processes import wait_until
+from localrun.processes import wait_until
 
 pytestmark = pytest.mark.usefixtures("haproxy_binary")
 

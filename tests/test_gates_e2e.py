@@ -31,10 +31,10 @@ import pytest
 from django.core.management import call_command
 
 from accounts import services as accounts_services
-from drills.seeding import VERSION_BODY, ModelSeed, VersionSeed, digest, version_body
-from engine_nodes.local_processes import wait_until
 from engine_nodes.models import Replica
 from engine_nodes.weights import tree_digest
+from localrun.processes import wait_until
+from localrun.seeding import VERSION_BODY, ModelSeed, VersionSeed, digest, version_body
 from models_registry.models import GateRun, Model, ModelVersion, Pool, VersionRegion
 from tests.live import LivePlatform, start_platform
 

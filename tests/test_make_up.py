@@ -33,7 +33,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from engine_nodes.local_processes import ROOT, database_url, free_port, wait_until
+from localrun.processes import ROOT, database_url, free_port, wait_until
 from tests.live import process_cmdlines
 
 if TYPE_CHECKING:

@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import time_machine
 
-from drills.seeding import digest, version_body
 from engine_nodes import services
 from engine_nodes.models import Replica
+from localrun.seeding import digest, version_body
 from metering.domain.cost import pool_times
 from metering.models import ReplicaSpan
 from metering.spans import spans_between

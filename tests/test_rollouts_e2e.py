@@ -35,8 +35,8 @@ import httpx
 import pytest
 
 from accounts import services as accounts_services
-from engine_nodes.local_processes import wait_until
 from engine_nodes.models import Replica
+from localrun.processes import wait_until
 from models_registry.models import Model, ModelVersion, Pool
 from rollouts.models import GuardEvaluation, Rollout
 from tests.live import LivePlatform, start_platform

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from accounts.models import ApiKey
-from engine_nodes.local_processes import server_pgid, wait_until
+from localrun.processes import server_pgid, wait_until
 from tests.live import LivePlatform, extra_of, process_cmdlines, start_platform
 
 if TYPE_CHECKING:

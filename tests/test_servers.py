@@ -15,7 +15,7 @@ import pytest
 from granian.cli import cli as granian_cli
 from uvicorn.main import main as uvicorn_cli
 
-from engine_nodes.local_processes import SERVERS, gateway_argv
+from localrun.processes import SERVERS, gateway_argv
 
 APP = "config.asgi:application"
 # daphne ships no type information (and mypy's overrides in pyproject.toml do not

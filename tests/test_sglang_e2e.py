@@ -2,7 +2,7 @@
 
 The platform runs as real processes (``tests.live.start_platform``): the node
 agent starts the version's replicas as simulated SGLang servers
-(``python -m engine_nodes.sim --sim-engine sglang`` with the flags a real SGLang
+(``python -m simengine --sim-engine sglang`` with the flags a real SGLang
 would get and its API key in a 0600 ``--config`` file), they beat through Redis
 with figures read from SGLang's ``sglang:`` metrics, and the gateway serves them
 to the openai SDK. SGLang's radix cache reuses a repeated prompt to the token
@@ -29,8 +29,8 @@ from django.utils import timezone
 
 from engine_nodes.domain.scrape import parse_metrics_text
 from engine_nodes.heartbeats import RedisBeatStore
-from engine_nodes.local_processes import wait_until
 from engine_nodes.models import Replica
+from localrun.processes import wait_until
 from metering.models import Usage
 from metering.services import flush_redis_usage
 from tests.live import LivePlatform, start_platform, usage_of
@@ -56,7 +56,7 @@ def replica_process(port: int) -> tuple[int, list[str]]:
             continue
         argv = [arg.decode() for arg in raw.split(b"\0") if arg]
         flags = dict(itertools.pairwise(argv))
-        if "engine_nodes.sim" in argv and flags.get("--port") == str(port):
+        if "simengine" in argv and flags.get("--port") == str(port):
             return int(proc.name), argv
     raise AssertionError(f"no simulated replica on port {port}")
 
@@ -86,7 +86,7 @@ def test_an_sglang_version_serves_with_its_own_cache_and_metrics(
     the usage rows equal what the client was told."""
     [replica] = Replica.objects.filter(region=live.region, state="serving")
     pid, argv = replica_process(int(replica.url.rsplit(":", 1)[1]))
-    assert argv[1:5] == ["-m", "engine_nodes.sim", "--sim-engine", "sglang"]
+    assert argv[1:5] == ["-m", "simengine", "--sim-engine", "sglang"]
     assert {"--model-path", "--tp-size", "--enable-cache-report"} <= set(argv)
     config = Path(argv[argv.index("--config") + 1])
     assert stat.S_IMODE(config.stat().st_mode) == 0o600

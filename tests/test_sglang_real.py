@@ -1,11 +1,11 @@
 """Real SGLang against its committed capture, and the platform's command line.
 
-``engine_nodes/tests/test_sim_sglang.py`` diffs the simulated SGLang replica
-against the reference files in ``engine_nodes/tests/data/sglang-reference/``.
+``simengine/tests/test_sim_sglang.py`` diffs the simulated SGLang replica
+against the reference files in ``simengine/tests/data/sglang-reference/``.
 This module starts real SGLang 0.5.23 on this machine's CPU (``make sglang-cpu``,
 ``docs/sglang-cpu.md``: ``.sglang/bin/sglang-cpu-serve`` serving the tiny Llama of
 ``make tiny-model``), re-captures the reference from it
-(``engine_nodes.sim.conformance.capture``, engine ``"sglang"``) and diffs the
+(``simengine.conformance.capture``, engine ``"sglang"``) and diffs the
 live capture against the committed one, so an SGLang upgrade that changes a
 metric, a chunk, the body or the key guard fails here, loudly, instead of leaving
 the simulator quietly out of date. ``UPDATE_SGLANG_REFERENCE=1 make test-sglang``
@@ -39,8 +39,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from engine_nodes.actuators import LocalProcessActuator
 from engine_nodes.domain.replica_argv import ReplicaSpec, sglang_launch_argv
 from engine_nodes.domain.scrape import parse_metrics_text
-from engine_nodes.local_processes import ROOT, free_port, wait_until
-from engine_nodes.sim.conformance import (
+from localrun.processes import ROOT, free_port, wait_until
+from simengine.conformance import (
     CAPTURE_API_KEY,
     SGLANG_CAPTURE_SERVER_FLAGS,
     SGLANG_REFERENCE_DIR,

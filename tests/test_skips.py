@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 GATES = ROOT / "conftest.py"
 # Direct skips that concern no service, each with its reason.
 ALLOWED = {
-    "engine_nodes/tests/test_sim_server.py": (
+    "simengine/tests/test_sim_server.py": (
         "a prompt length the tokenizer cannot render exactly: test data, not a service"
     ),
 }

@@ -39,7 +39,14 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
-from drills.seeding import (
+from engine_nodes.domain.scrape import EngineStats, parse_metrics_text
+from engine_nodes.models import Replica
+from engine_nodes.weights import local_identity
+from localrun.processes import (
+    start_gateway,
+    wait_until,
+)
+from localrun.seeding import (
     LimitSeed,
     ModelSeed,
     PlatformSeed,
@@ -47,12 +54,7 @@ from drills.seeding import (
     VersionSeed,
     seed_platform,
 )
-from engine_nodes.domain.scrape import EngineStats, parse_metrics_text
-from engine_nodes.local_processes import (
-    start_gateway,
-    wait_until,
-)
-from engine_nodes.local_vllm import (
+from localrun.vllm_cpu import (
     MODEL,
     TINY_VERSION_FILE,
     engine_core_pids,
@@ -60,10 +62,8 @@ from engine_nodes.local_vllm import (
     lower_engine_priority,
     start_vllm_agent,
 )
-from engine_nodes.models import Replica
-from engine_nodes.sim.conformance import capture
-from engine_nodes.weights import local_identity
 from metering.models import Usage
+from simengine.conformance import capture
 from tests.live import (
     LivePlatform,
     cached_tokens_of,

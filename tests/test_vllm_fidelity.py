@@ -1,7 +1,7 @@
 """Real vLLM against its committed capture: what the simulated replica is held to.
 
-``engine_nodes/tests/test_sim_conformance.py`` diffs the simulated replica against
-the reference files in ``engine_nodes/tests/data/``. This module re-captures them
+``simengine/tests/test_sim_conformance.py`` diffs the simulated replica against
+the reference files in ``simengine/tests/data/``. This module re-captures them
 from a live real vLLM (the CPU build, tiny Llama, the agent's flags) and diffs the
 live capture against the committed one in the same way, so a vLLM upgrade that
 changes a metric, a chunk or the body fails here, loudly, instead of leaving the
@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine_nodes.local_vllm import MODEL, vllm_server
-from engine_nodes.sim.conformance import (
+from localrun.vllm_cpu import MODEL, vllm_server
+from simengine.conformance import (
     CAPTURE_API_KEY,
     REFERENCE_DIR,
     Capture,
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 
 # The capture server: the tiny model's registered flags plus the limits the
-# simulated replica is diffed with (engine_nodes.sim.conformance).
+# simulated replica is diffed with (simengine.conformance).
 CAPTURE_ENGINE_CONFIG = {
     "block_size": 128,
     "max_num_seqs": 32,

@@ -2,7 +2,7 @@
 
 ``make test-vllm`` runs this module. Real processes: the node agent (``--kind
 vllm``, two GPUs), its vLLM replicas, the gateway, PostgreSQL and Redis; the gates
-themselves (``engine_nodes.gates.run_gates``) run in this test's process, as the
+themselves (``control.gates.run_gates``) run in this test's process, as the
 Celery task would run them.
 
 GIVEN ``tiny-llama@v1`` serving from one vLLM replica (a pool of one) and
@@ -55,22 +55,22 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from engine_nodes import gates
+from control import gates
 from engine_nodes.domain.scrape import EngineStats
-from engine_nodes.local_processes import (
+from engine_nodes.models import Replica
+from engine_nodes.weights import local_identity, local_path, tree_digest
+from localrun.processes import (
     Process,
     start_gateway,
     wait_until,
 )
-from engine_nodes.local_vllm import (
+from localrun.vllm_cpu import (
     MODEL,
     TINY_VERSION_FILE,
     engine_pid,
     lower_engine_priority,
     start_vllm_agent,
 )
-from engine_nodes.models import Replica
-from engine_nodes.weights import local_identity, local_path, tree_digest
 from models_registry import services as registry
 from models_registry.domain.eval_gate import CATEGORIES
 from models_registry.models import GateRun, ModelVersion, Pool, VersionRegion

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from engine_nodes.local_processes import ROOT
+from localrun.processes import ROOT
 
 PRINT_DATABASE = (
     "import json, django; django.setup(); from django.conf import settings; "

@@ -64,7 +64,7 @@ from drills.domain.fleet_scaling import ColdStart, FleetAutoscaling
 from drills.domain.overload import DEFAULT_TEAMS, Check
 from drills.domain.scaling_figures import CaseFigures, measure_case
 from drills.domain.workload import ChatWorkload
-from engine_nodes.domain.autoscaler import ScalingSettings
+from models_registry.domain.autoscaler import ScalingSettings
 
 __all__ = [
     "FLEETS",

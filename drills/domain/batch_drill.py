@@ -89,8 +89,8 @@ from drills.domain.fleet_result import FleetResult
 from drills.domain.overload import Check
 from drills.domain.replica import FleetRequest
 from drills.domain.workload import Arrival, ChatWorkload, TeamSpec
-from engine_nodes.domain.percentiles import percentile
 from routing.domain.tiers import Tier
+from simengine.domain.percentiles import percentile
 
 __all__ = [
     "CASES",

@@ -67,8 +67,8 @@ from drills.domain.replica_load import (
     estimate_fleet,
     smallest_fleet,
 )
-from engine_nodes.domain.perf import PROFILES, PerfProfile
 from metering.domain.usage import usd_per_million_tokens
+from simengine.domain.perf import PROFILES, PerfProfile
 
 __all__ = [
     "BigLoad",
@@ -231,7 +231,7 @@ _A100 = PROFILES["a100-8b"]
 class ChatReplicaShape:
     """How fast one 7B replica steps (scenario section ``replica``).
 
-    The step-time constants of ``engine_nodes.domain.perf`` (defaults: the fleet
+    The step-time constants of ``simengine.domain.perf`` (defaults: the fleet
     simulator's ``a100-8b`` profile, calibrated to the seed's 2,500 output tokens/s)
     and its KV cache, for the plan's count of replicas with prefill
     (``drills.domain.replica_load``). ``ChatReplicaShape.from_profile`` takes them

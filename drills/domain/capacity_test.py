@@ -1,7 +1,7 @@
 """The seed's "capacity per version" procedure against one modelled replica.
 
 Public surface: ``run_capacity_test``, ``replay_arrivals``,
-``run_trace_capacity_test``; and, re-exported from ``engine_nodes.domain.load_test``
+``run_trace_capacity_test``; and, re-exported from ``models_registry.domain.load_test``
 where the live load-test gate shares them, the rule, the search and the replay
 (``CapacityCriteria``, ``CapacityStep``, ``CapacityAnswer``, ``step_rates``,
 ``judge_step``, ``check_search``, ``next_rate``, ``capacity_answer``,
@@ -15,7 +15,7 @@ own) warmed up, then measured for ``duration_s``, fed either Poisson arrivals of
 ``ChatWorkload`` (``run_capacity_test``) or a replay (``run_trace_capacity_test``).
 
 The rule, the search and the replay (how a step is judged, which rates run, how
-a trace is replayed, and why) are ``engine_nodes.domain.load_test``'s; this module
+a trace is replayed, and why) are ``models_registry.domain.load_test``'s; this module
 adds only the modelled replica.
 """
 
@@ -29,7 +29,7 @@ from drills.domain.fleet_config import FleetConfig
 from drills.domain.fleet_result import FleetResult
 from drills.domain.replica import FleetRequest
 from drills.domain.workload import Arrival, ChatWorkload
-from engine_nodes.domain.load_test import (
+from models_registry.domain.load_test import (
     CapacityAnswer,
     CapacityCriteria,
     CapacityStep,

@@ -22,7 +22,7 @@ What runs is the gateway's decision code, not a copy of it:
 - failures: ``routing.domain.retry_budget.RetryBudget`` (a request that lost its
   replica before its first token is retried on the next candidate within the
   budget; one that had tokens ends with an error and is metered for them);
-- autoscaling (``FleetConfig.autoscaling``): ``engine_nodes.domain.autoscaler.
+- autoscaling (``FleetConfig.autoscaling``): ``models_registry.domain.autoscaler.
   decide`` every 5 s, the live task's policy; new replicas join the ring after a
   cold or warm start and scale-downs drain (``drills.domain.fleet_scaling``).
 

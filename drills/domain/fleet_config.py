@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 from drills.domain.fleet_scaling import FleetAutoscaling
 from drills.domain.replica import SCHEDULING_POLICIES
-from engine_nodes.domain.perf import PROFILES, PerfProfile
-from engine_nodes.domain.prefix_cache import host_blocks
 from routing.domain.admission_control import AdmissionOptions
 from routing.domain.policies import DEFAULT_POLICY_OPTIONS, PolicyOptions
+from simengine.domain.perf import PROFILES, PerfProfile
+from simengine.domain.prefix_cache import host_blocks
 
 __all__ = ["ENGINES", "FleetConfig", "FleetEvent"]
 

@@ -12,7 +12,7 @@ from typing import TypedDict
 from drills.domain.fleet_config import FleetConfig
 from drills.domain.fleet_scaling import ScalingLog
 from drills.domain.replica import FleetRequest
-from engine_nodes.domain.percentiles import percentile
+from simengine.domain.percentiles import percentile
 
 __all__ = ["OUTCOMES", "FleetResult", "FleetSummary", "GroupFigures", "Sample"]
 

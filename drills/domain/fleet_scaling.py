@@ -4,7 +4,7 @@ cold starts, a warm pool, drains and the GPU bill.
 Public surface: ``ColdStart``, ``FleetAutoscaling``, ``ReplicaStart``, ``Drain``,
 ``ScalingTick``, ``ScalingLog``, ``FleetScaler``.
 
-The policy is ``engine_nodes.domain.autoscaler.decide``, the live task's own, called
+The policy is ``models_registry.domain.autoscaler.decide``, the live task's own, called
 every ``interval_s`` (5 s, the live task's beat) with the pool as the simulator
 sees it (``FleetScaler.decide``): serving replicas (those in the ring), the starts
 in progress, tokens in flight (the admission's count, ``FleetPool.in_flight``:
@@ -44,7 +44,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from drills.domain.capacity_plan import Scenario
-from engine_nodes.domain.autoscaler import (
+from models_registry.domain.autoscaler import (
     AutoscalerState,
     PoolSignals,
     ScalingDecision,

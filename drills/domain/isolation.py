@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from engine_nodes.domain.percentiles import percentile
+from simengine.domain.percentiles import percentile
 
 __all__ = ["Sample", "TeamPhase", "Verdict", "judge", "summarise"]
 

@@ -54,8 +54,8 @@ from drills.domain.timeline import (
     percentile_in_bins,
 )
 from drills.domain.workload import ChatWorkload, TeamSpec
-from engine_nodes.domain.percentiles import percentile as nearest_rank
 from routing.domain.tiers import Tier
+from simengine.domain.percentiles import percentile as nearest_rank
 
 __all__ = [
     "DEFAULT_TEAMS",

@@ -3,7 +3,7 @@ advanced many steps at a time.
 
 Public surface: ``FleetRequest``, ``FleetReplica``, ``Segment``.
 
-The simulated replica server runs ``engine_nodes.domain.engine.Engine``, which
+The simulated replica server runs ``simengine.domain.engine.Engine``, which
 walks every request on every step: exact, and far too slow for twelve replicas
 over an hour (a million steps of ~80 requests each). A fleet replica keeps the
 same physics with a different bookkeeping:
@@ -12,7 +12,7 @@ same physics with a different bookkeeping:
   replica's ``PerfProfile`` (decode sequences, KV tokens read, prefill tokens and
   prefill attention work), times the same lognormal jitter, drawn once per
   segment instead of once per step.
-- **Same prefix cache.** KV blocks live in ``engine_nodes.domain.prefix_cache.
+- **Same prefix cache.** KV blocks live in ``simengine.domain.prefix_cache.
   BlockPool`` (vLLM's block pool: LRU free queue, hash map, ref counts), looked up
   and touched on admission, cached when full and computed, freed last block first.
   Block hashes are synthetic: block ``k`` of conversation ``c``'s token stream is
@@ -41,7 +41,7 @@ same physics with a different bookkeeping:
   (``interrupt``), exactly where the engine would have admitted it.
 
 - **A host tier, optional** (``host_blocks``: vLLM's CPU offloading,
-  ``--kv-offloading-size``; ``engine_nodes.domain.prefix_cache.HostBlockCache``).
+  ``--kv-offloading-size``; ``simengine.domain.prefix_cache.HostBlockCache``).
   Every full block a request computes is stored in host memory when its prompt is
   done and when it finishes (blocks off the conversation's stream take space and
   never hit); on admission, the stream blocks after the GPU hit that the host tier
@@ -53,7 +53,7 @@ same physics with a different bookkeeping:
 
 - **SGLang's radix cache, optional** (``cache="radix"``; ``"block"``, vLLM's
   block pool, is the default). The same KV memory, ``(num_gpu_blocks - 1) *
-  block_size`` tokens, holds ``engine_nodes.domain.radix_cache.RadixCache`` (page
+  block_size`` tokens, holds ``simengine.domain.radix_cache.RadixCache`` (page
   size 1: hits to the token, LRU eviction of unlocked leaves). A conversation's
   stream is the key ``range(base, base + n)`` (``stream_token_base``), so a match
   costs O(1) per edge. On admission a request matches its stream prefix (at most
@@ -88,9 +88,9 @@ import random
 from collections import deque
 from dataclasses import dataclass
 
-from engine_nodes.domain.perf import PerfProfile, jitter_factor
-from engine_nodes.domain.prefix_cache import BlockPool, HostBlockCache
-from engine_nodes.domain.radix_cache import RadixCache, RadixNode
+from simengine.domain.perf import PerfProfile, jitter_factor
+from simengine.domain.prefix_cache import BlockPool, HostBlockCache
+from simengine.domain.radix_cache import RadixCache, RadixNode
 
 __all__ = [
     "CACHES",

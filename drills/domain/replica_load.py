@@ -8,7 +8,7 @@ Public surface: ``StepCosts``, ``ChatLoad``, ``ReplicaLoad``, ``replica_load``,
 **Mean step time.** A replica receiving ``rate`` requests/s of ``prompt`` tokens
 (``uncached`` of them computed, ``loaded`` of them read back from host memory) and
 ``answer`` output tokens runs steps of the ``PerfProfile`` formula
-(``engine_nodes.domain.perf``): every step gives each of its ``c`` decoding
+(``simengine.domain.perf``): every step gives each of its ``c`` decoding
 streams one token, so a stream's answer takes ``answer`` steps and, by Little's
 law, ``c = rate * answer * T`` for a mean step of ``T`` seconds. A prompt is
 prefilled in ``ceil(uncached / (max_num_batched_tokens - c))`` steps; the other

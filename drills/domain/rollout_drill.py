@@ -152,7 +152,7 @@ __all__ = [
 ]
 
 MODEL, LIVE_VERSION, CANDIDATE_VERSION = "chat-7b", "v1", "v2"
-# The simulated replica's degraded answer (engine_nodes.sim.replica.DEGRADED_PIECES).
+# The simulated replica's degraded answer (simengine.replica.DEGRADED_PIECES).
 REFUSAL_TEXT = "I am sorry, I cannot help with that."
 REFUSAL_TOKENS = 10
 SLOW_TTFT_FACTOR = 1.3

@@ -27,8 +27,8 @@ from drills.domain.fleet_result import FleetResult
 from drills.domain.fleet_scaling import ReplicaStart, ScalingTick
 from drills.domain.replica import FleetRequest
 from drills.domain.timeline import bin_starts, percentile_in_bins
-from engine_nodes.domain.percentiles import percentile
 from routing.domain.tiers import Tier
+from simengine.domain.percentiles import percentile
 
 __all__ = ["LATENCY_TIERS", "CaseFigures", "Series", "measure_case"]
 

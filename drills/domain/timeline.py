@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from engine_nodes.domain.percentiles import percentile
+from simengine.domain.percentiles import percentile
 
 __all__ = ["bin_starts", "count_in_bins", "max_in_bins", "percentile_in_bins"]
 

@@ -38,8 +38,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine_nodes.domain import tokens as tokenizer
 from routing.domain.tiers import Tier
+from simengine.domain import tokens as tokenizer
 
 __all__ = [
     "Arrival",

@@ -17,7 +17,7 @@ from drills.management.commands.make_load_trace import (
     build_trace,
     trace_figures,
 )
-from engine_nodes.local_processes import ROOT
+from localrun.processes import ROOT
 
 SHIPPED = ROOT / DEFAULT_OUT
 

@@ -1,7 +1,7 @@
 """The load-test gate's measurement against simulated replicas, over HTTP.
 
 The main test replays the shipped trace (``platform/traces/chat-650-250.jsonl``)
-against one ``a100-8b`` simulated replica (a real ``python -m engine_nodes.sim``
+against one ``a100-8b`` simulated replica (a real ``python -m simengine``
 process, demanding an engine key as the gate's staging replicas do) and runs the
 modelled capacity test (``FleetSim``) on the same trace, the same rates, steps and
 seed. Its rates bracket the knee that ``manage.py capacity_test --sim --trace``
@@ -28,6 +28,13 @@ from pathlib import Path
 
 import pytest
 
+from control.load_test import (
+    SHORT_SETTINGS,
+    LoadTestError,
+    LoadTestResult,
+    LoadTestSettings,
+    load_test,
+)
 from drills.domain.capacity_test import (
     CapacityAnswer,
     CapacityStep,
@@ -36,14 +43,7 @@ from drills.domain.capacity_test import (
     run_trace_capacity_test,
 )
 from drills.domain.fleet_config import FleetConfig
-from engine_nodes.load_test import (
-    SHORT_SETTINGS,
-    LoadTestError,
-    LoadTestResult,
-    LoadTestSettings,
-    load_test,
-)
-from engine_nodes.local_processes import ROOT, Process, free_port, sim_replica
+from localrun.processes import ROOT, Process, free_port, sim_replica
 
 TRACE = ROOT / "platform" / "traces" / "chat-650-250.jsonl"
 MODEL = "chat-7b"

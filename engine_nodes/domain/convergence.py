@@ -2,7 +2,7 @@
 
 Public surface: ``ReplicaView``, ``Convergence``, ``Step``, ``converge``.
 
-The autoscaler (``engine_nodes.domain.autoscaler``) decides how many replicas a pool
+The autoscaler (``models_registry.domain.autoscaler``) decides how many replicas a pool
 wants; this module decides, each time a node agent reconciles, what to do about
 the difference, so that no stream is cut by a scale-down:
 

@@ -15,7 +15,7 @@ its admission queue for the pool. The gateways read each other's shares (routing
 and admission); the autoscaler sums them per pool (``sum_pool_load``).
 
 The layout lives here, below both the gateway (``routing``) and the autoscaler
-(``engine_nodes.autoscaling``), so that writer and reader cannot drift apart.
+(``control.autoscaling``), so that writer and reader cannot drift apart.
 """
 
 from __future__ import annotations

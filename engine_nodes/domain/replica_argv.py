@@ -363,7 +363,7 @@ def sim_replica_argv(
     argv = [
         python,
         "-m",
-        "engine_nodes.sim",
+        "simengine",
         "--model",
         spec.weights_dir or spec.model,
         "--served-model-name",
@@ -392,7 +392,7 @@ def _sim_sglang_argv(
     argv = [
         python,
         "-m",
-        "engine_nodes.sim",
+        "simengine",
         "--sim-engine",
         "sglang",
         *_sglang_platform_flags(

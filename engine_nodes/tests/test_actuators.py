@@ -19,7 +19,7 @@ from engine_nodes.actuators import (
 )
 from engine_nodes.domain.k8s import PoolSpec, render_deployment
 from engine_nodes.domain.replica_argv import ReplicaSpec
-from engine_nodes.local_processes import wait_until
+from localrun.processes import wait_until
 
 WATCHED_ENV = (
     "HF_HUB_OFFLINE",
@@ -263,7 +263,7 @@ def test_an_sglang_replica_gets_its_key_in_a_private_config_file(
     state = read_ready(out)
     argv = state["argv"][1:]
     expected_start = (
-        ["-m", "engine_nodes.sim", "--sim-engine", "sglang"]
+        ["-m", "simengine", "--sim-engine", "sglang"]
         if kind == "sim"
         else ["-m", "sglang.launch_server"]
     )
@@ -318,7 +318,7 @@ def test_local_actuator_sim_kind_runs_the_simulator_argv(
     state = read_ready(out)
     assert state["argv"][1:] == [
         "-m",
-        "engine_nodes.sim",
+        "simengine",
         "--model",
         "chat-7b",
         "--served-model-name",
@@ -416,7 +416,7 @@ def test_local_actuator_rejects_unknown_kind(tmp_path: Path) -> None:
 
 
 def test_sim_argv_is_accepted_by_the_simulator_parser(tmp_path: Path) -> None:
-    cli = pytest.importorskip("engine_nodes.sim.cli")
+    cli = pytest.importorskip("simengine.cli")
     actuator = LocalProcessActuator(kind="sim", log_dir=tmp_path)
     spec = make_spec(
         precision="int8",

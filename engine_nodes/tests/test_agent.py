@@ -25,9 +25,9 @@ from engine_nodes.actuators import LocalProcessActuator
 from engine_nodes.agent import BeatSink, NodeAgent, spec_builder
 from engine_nodes.domain.beats import ReplicaBeat
 from engine_nodes.heartbeats import RedisBeatStore
-from engine_nodes.local_processes import free_port, wait_until
 from engine_nodes.models import Node, Replica
 from engine_nodes.warm_pool import WarmPool
+from localrun.processes import free_port, wait_until
 from models_registry import services as registry
 from models_registry.models import Model, ModelVersion, Pool
 from tests.factories import version_body

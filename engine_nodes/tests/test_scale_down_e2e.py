@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 import openai
 import pytest
 
-from engine_nodes.local_processes import wait_until
 from engine_nodes.models import Replica
+from localrun.processes import wait_until
 from models_registry.models import Pool
 from tests.live import LivePlatform, extra_of, start_platform, usage_of
 

@@ -1,7 +1,7 @@
 """Control-plane endpoints for a model's versions and their gates.
 
 The model endpoints themselves (list, detail, alias) show where traffic goes, so
-they live in ``rollouts.api.views``; a pool's live state is ``engine_nodes.api``.
+they live in ``rollouts.api.views``; a pool's live state is ``control.api``.
 """
 
 from __future__ import annotations

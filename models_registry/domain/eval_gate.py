@@ -7,7 +7,7 @@ Public surface: ``CATEGORIES``, ``PAIR_LABELS``, ``JUDGE_VERDICTS``, ``EvalItem`
 
 Pure: no Django, no I/O. The gate's tasks (issue 15) read the JSONL, send each
 prompt through the gateway to the candidate and the live version, ask the judge,
-and hand the answers here (``models_registry.gates.eval_run``).
+and hand the answers here (``control.eval_run``).
 
 **Eval sets** are JSONL, one item per line: ``{"id", "messages", "reference",
 "category"}``; ``category`` is one of ``CATEGORIES``. Some items also carry a

@@ -6,7 +6,7 @@ Public surface: ``ScheduleWindow``, ``schedule_rule_problems``, ``windows_overla
 ``MAX_SCHEDULE_RULES``.
 
 A pool's settings are ``models_registry.models.Pool`` columns; the autoscaler's
-policy (``engine_nodes.domain.autoscaler.ScalingSettings``) refuses the same
+policy (``models_registry.domain.autoscaler.ScalingSettings``) refuses the same
 settings on construction by calling these functions, so ``Pool.clean()``, the
 control-plane API and the policy agree (the registry cannot import the policy:
 ``engine_nodes`` depends on the registry, never the reverse).

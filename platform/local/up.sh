@@ -121,11 +121,11 @@ run_in() {
     LAST_PID=$!
 }
 # gateway_command PORT: the gateway's command line on $HOST:PORT, one word a line,
-# from engine_nodes.local_processes.gateway_argv (fails on a PLATFORM_SERVER it
+# from localrun.processes.gateway_argv (fails on a PLATFORM_SERVER it
 # does not know).
 gateway_command() {
     $PY -c 'import sys
-from engine_nodes.local_processes import gateway_argv
+from localrun.processes import gateway_argv
 print("\n".join(gateway_argv(int(sys.argv[1]), host=sys.argv[2], log_level="info")))' "$1" "$HOST"
 }
 # Names of each region's logs and pid files: server.log as before with one region,

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine_nodes.local_processes import Process, sim_replica
+from localrun.processes import Process, sim_replica
 from metering.domain.usage import UsageCounts
 from routing.tests.embedded_gateway import BATCH_KEY, MODEL, TEAM_KEY, EmbeddedGateway
 

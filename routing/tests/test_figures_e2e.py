@@ -16,7 +16,7 @@ import httpx
 import pytest
 from django.utils import timezone
 
-from engine_nodes.local_processes import wait_until
+from localrun.processes import wait_until
 from metering.domain.figures import Role, VersionFigures
 from metering.services import flush_redis_figures, version_figures
 from rollouts import services as rollouts

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from engine_nodes.local_processes import ROOT
+from localrun.processes import ROOT
 
 PRINT_SETTINGS = (
     "import json, django; django.setup(); from django.conf import settings; "

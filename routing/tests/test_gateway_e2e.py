@@ -19,7 +19,7 @@ import pytest
 from django.utils import timezone
 
 from engine_nodes import services as engine_services
-from engine_nodes.local_processes import (
+from localrun.processes import (
     free_port,
     gateway_argv,
     start_gateway,
@@ -328,7 +328,7 @@ def test_stream_without_include_usage_sends_no_usage_yet_is_metered(
 def test_tokenize_passes_through_to_the_versions_replicas(
     platform: LivePlatform,
 ) -> None:
-    from engine_nodes.domain import tokens
+    from simengine.domain import tokens
 
     url = f"{platform.url}/tokenize"
     auth = {"Authorization": f"Bearer {platform.keys['alpha']}"}

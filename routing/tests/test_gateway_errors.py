@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from engine_nodes.local_processes import Process, sim_replica
+from localrun.processes import Process, sim_replica
 from routing import chat as chat_module
 from routing.domain.snapshot import VersionRecord
 from routing.prompt_tokens import VersionCounters

@@ -15,7 +15,7 @@ import redis.asyncio as redis_asyncio
 from pytest_django import DjangoDbBlocker
 
 from accounts import services as accounts
-from engine_nodes.local_processes import start_gateway, wait_until
+from localrun.processes import start_gateway, wait_until
 from routing.limiter_redis import RedisBucketStore
 from tests.live import LivePlatform, start_platform
 

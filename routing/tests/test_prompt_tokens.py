@@ -16,7 +16,6 @@ from typing import TypedDict, Unpack
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from engine_nodes.domain import tokens
 from engine_nodes.weights import tokenizer_digest
 from routing.domain.snapshot import VersionRecord
 from routing.prompt_tokens import (
@@ -26,6 +25,7 @@ from routing.prompt_tokens import (
     VersionCounters,
     load_counter,
 )
+from simengine.domain import tokens
 
 TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n"

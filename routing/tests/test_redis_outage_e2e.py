@@ -24,7 +24,7 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from accounts import services as accounts
-from engine_nodes.local_processes import Process, start_gateway, wait_until
+from localrun.processes import Process, start_gateway, wait_until
 from metering.models import Usage
 from metering.services import flush_redis_usage
 from tests.live import LivePlatform, RedisServer, start_platform, usage_of

@@ -34,9 +34,7 @@ from routing.tests.test_engine_http import (
     until,
 )
 
-CAPTURE = (
-    Path(__file__).resolve().parents[2] / "engine_nodes/tests/data/vllm_stream.txt"
-)
+CAPTURE = Path(__file__).resolve().parents[2] / "simengine/tests/data/vllm_stream.txt"
 STREAM = CAPTURE.read_bytes()
 EVENTS = [e + b"\n\n" for e in STREAM.split(b"\n\n") if e]
 TOKEN_EVENTS = [e for e in EVENTS if b'"choices":[{' in e]

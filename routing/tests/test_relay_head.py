@@ -12,9 +12,7 @@ import pytest
 
 from routing.relay import HEAD_BYTES, Relay, events_text
 
-CAPTURE = (
-    Path(__file__).resolve().parents[2] / "engine_nodes/tests/data/vllm_stream.txt"
-)
+CAPTURE = Path(__file__).resolve().parents[2] / "simengine/tests/data/vllm_stream.txt"
 EVENTS = [e + b"\n\n" for e in CAPTURE.read_bytes().split(b"\n\n") if e]
 TOKEN_EVENTS = [e for e in EVENTS if b'"choices":[{' in e]
 # A long answer: the captured token events again and again, then the usage and

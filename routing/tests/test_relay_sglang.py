@@ -2,7 +2,7 @@
 
 SGLang's OpenAI server (``python/sglang/srt/entrypoints/openai/serving_chat.py``,
 ``sse_utils.py``, ``usage_processor.py``; 0.5.23 as captured in
-``engine_nodes/tests/data/sglang-reference/``) streams a role chunk, content
+``simengine/tests/data/sglang-reference/``) streams a role chunk, content
 chunks whose choices carry ``"matched_stop":null``, then a *separate* finish chunk
 with no content, then (``stream_options.include_usage``, which the gateway always
 asks for) a usage chunk dumped with its nulls, then ``[DONE]``. Its usage says
@@ -129,7 +129,7 @@ def test_a_whole_answer_from_sglang_takes_the_finish_from_its_own_chunk() -> Non
 
 REFERENCE = (
     Path(__file__).resolve().parents[2]
-    / "engine_nodes/tests/data/sglang-reference/sglang_stream.txt"
+    / "simengine/tests/data/sglang-reference/sglang_stream.txt"
 )
 
 

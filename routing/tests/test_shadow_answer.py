@@ -14,9 +14,7 @@ from metering.domain.figures import one_request
 from routing.domain.refusals import RefusalDetector
 from routing.shadow import ShadowAnswer, read_shadow_answer
 
-CAPTURE = (
-    Path(__file__).resolve().parents[2] / "engine_nodes/tests/data/vllm_stream.txt"
-)
+CAPTURE = Path(__file__).resolve().parents[2] / "simengine/tests/data/vllm_stream.txt"
 STREAM = CAPTURE.read_bytes()
 EVENTS = [e + b"\n\n" for e in STREAM.split(b"\n\n") if e]
 TOKEN_EVENTS = [e for e in EVENTS if b'"choices":[{' in e]

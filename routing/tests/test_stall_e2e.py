@@ -21,8 +21,8 @@ import redis
 import redis.asyncio
 
 from accounts.models import TeamLimit
-from engine_nodes.local_processes import wait_until
 from engine_nodes.models import Replica
+from localrun.processes import wait_until
 from routing.limiter_redis import RedisBucketStore, RedisConcurrency
 from tests.live import LivePlatform, extra_of, start_platform, usage_of
 

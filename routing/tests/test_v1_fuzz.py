@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from engine_nodes.local_processes import sim_replica
+from localrun.processes import sim_replica
 from routing.tests.embedded_gateway import MODEL, Answer, EmbeddedGateway
 from tests.live import LivePlatform, start_platform
 

@@ -18,7 +18,7 @@ from drills.domain.capacity_plan import (
     ScenarioError,
     plan,
 )
-from engine_nodes.domain.perf import PROFILES
+from simengine.domain.perf import PROFILES
 
 
 class Command(BaseCommand):

@@ -13,7 +13,7 @@ conversations that share prefixes):
   arrivals so that requests come at ``--rate`` req/s), each with ``conversation``,
   ``max_tokens`` (the answer's length: every answer is ``--answer-tokens`` long)
   and ``messages`` with real text, counted by the platform's tokenizer
-  (``engine_nodes.domain.tokens``: about 4 characters a token).
+  (``simengine.domain.tokens``: about 4 characters a token).
 - Every conversation opens with the same short system prompt (22 tokens with its
   chat markers: one whole 16-token KV block, which every request shares).
 - A conversation goes on after each turn with probability ``--follow-up`` (at most
@@ -45,7 +45,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from engine_nodes.domain import tokens
+from simengine.domain import tokens
 
 DEFAULT_OUT = Path("platform/traces/chat-650-250.jsonl")
 SYSTEM_PROMPT = "You are the support assistant of Acme Cloud. Answer briefly."

@@ -24,7 +24,7 @@ from drills.domain.fleet_config import FleetConfig, FleetEvent
 from drills.domain.fleet_result import FleetResult
 from drills.domain.fleet_scaling import ColdStart, FleetAutoscaling, FleetScaler
 from drills.domain.workload import ChatWorkload
-from engine_nodes.domain.autoscaler import Reason, ScalingSettings
+from models_registry.domain.autoscaler import Reason, ScalingSettings
 
 # A small replica (20,000 tokens in flight) fills at about one request/s of the
 # seed's 1,500-token requests, so a few requests/s exercise the policy.

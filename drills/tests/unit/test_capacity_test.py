@@ -22,7 +22,7 @@ from drills.domain.capacity_test import (
     search_capacity,
 )
 from drills.domain.fleet_config import FleetConfig
-from engine_nodes.domain import tokens
+from simengine.domain import tokens
 
 CRITERIA = CapacityCriteria()
 SYSTEM = {"role": "system", "content": "You are the support assistant of Acme."}

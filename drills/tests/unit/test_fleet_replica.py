@@ -9,9 +9,9 @@ import random
 import pytest
 
 from drills.domain.replica import FleetReplica, FleetRequest
-from engine_nodes.domain.engine import Engine, EngineConfig, SimRequest
-from engine_nodes.domain.percentiles import percentile
-from engine_nodes.domain.perf import PROFILES, PerfProfile, step_time_from_totals_ms
+from simengine.domain.engine import Engine, EngineConfig, SimRequest
+from simengine.domain.percentiles import percentile
+from simengine.domain.perf import PROFILES, PerfProfile, step_time_from_totals_ms
 
 PROFILE = PROFILES["a100-8b"]
 

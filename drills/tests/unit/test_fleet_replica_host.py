@@ -15,7 +15,7 @@ from drills.domain.fleet_config import FleetConfig
 from drills.domain.replica import FleetReplica, FleetRequest, stream_block_hash
 from drills.domain.workload import ChatWorkload
 from drills.tests.unit.test_fleet_replica import request
-from engine_nodes.domain.perf import PROFILES, step_time_from_totals_ms
+from simengine.domain.perf import PROFILES, step_time_from_totals_ms
 
 PROFILE = PROFILES["a100-8b"]  # 16-token blocks, 2,048 batched tokens a step
 BS = 16

@@ -11,7 +11,7 @@ import pytest
 
 from drills.domain.fleet_config import FleetConfig
 from drills.domain.replica import FleetReplica, FleetRequest
-from engine_nodes.domain.perf import PROFILES
+from simengine.domain.perf import PROFILES
 
 PROFILE = PROFILES["a100-8b"]  # 2,048 batched tokens a step
 

@@ -17,7 +17,7 @@ from drills.domain.replica import FleetReplica, FleetRequest, stream_token_base
 from drills.domain.routing_ab import generate_arrivals, history_hit_rate
 from drills.domain.workload import ChatWorkload
 from drills.tests.unit.test_fleet_replica import request, run_alone
-from engine_nodes.domain.perf import PROFILES
+from simengine.domain.perf import PROFILES
 
 PROFILE = PROFILES["a100-8b"]  # 16-token blocks
 

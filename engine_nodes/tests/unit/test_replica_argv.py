@@ -6,7 +6,6 @@ from typing import Any
 
 import pytest
 
-from engine_nodes.domain.perf import PROFILES
 from engine_nodes.domain.replica_argv import (
     ReplicaSpec,
     engine_flag_args,
@@ -16,7 +15,8 @@ from engine_nodes.domain.replica_argv import (
     sim_ttft_factor_for,
     vllm_serve_argv,
 )
-from engine_nodes.sim.cli import build_parser, options_from_args
+from simengine.cli import build_parser, options_from_args
+from simengine.domain.perf import PROFILES
 
 WEIGHTS = "/var/lib/platform/weights/" + "a" * 64
 
@@ -352,7 +352,7 @@ def test_sim_replica_argv_fp16_7b() -> None:
     assert sim_replica_argv(spec, python="/usr/bin/python3") == [
         "/usr/bin/python3",
         "-m",
-        "engine_nodes.sim",
+        "simengine",
         "--model",
         WEIGHTS,
         "--served-model-name",
@@ -383,7 +383,7 @@ def test_sim_replica_argv_uses_model_name_without_weights_and_passes_extra() -> 
     assert sim_replica_argv(spec) == [
         "python",
         "-m",
-        "engine_nodes.sim",
+        "simengine",
         "--model",
         "chat-7b",
         "--served-model-name",

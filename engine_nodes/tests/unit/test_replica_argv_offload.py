@@ -12,7 +12,7 @@ from engine_nodes.domain.replica_argv import (
     sim_replica_argv,
     vllm_serve_argv,
 )
-from engine_nodes.sim.cli import build_parser, options_from_args
+from simengine.cli import build_parser, options_from_args
 
 
 def make_spec(engine_config: dict[str, Any]) -> ReplicaSpec:

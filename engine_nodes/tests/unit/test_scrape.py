@@ -8,7 +8,9 @@ import pytest
 
 from engine_nodes.domain.scrape import parse_metrics_text
 
-CAPTURE = (Path(__file__).parents[1] / "data/vllm_metrics.txt").read_text()
+CAPTURE = (
+    Path(__file__).resolve().parents[3] / "simengine/tests/data/vllm_metrics.txt"
+).read_text()
 USAGE_LINE = 'vllm:kv_cache_usage_perc{engine="0",model_name="tiny-llama"} 0.0'
 
 

@@ -157,7 +157,7 @@ def test_a_simulated_sglang_replica_gets_the_flags_a_real_one_would() -> None:
     assert argv == [
         "/py",
         "-m",
-        "engine_nodes.sim",
+        "simengine",
         "--sim-engine",
         "sglang",
         "--model-path",

@@ -1,0 +1,174 @@
+"""Bodies of the pool endpoints: the autoscaling settings (request and response) and
+the pool state (response); rules live in services and the registry's domain.
+
+Request fields are ``config.fields``': each takes only its JSON type and its own
+bounds, so the schema says what a 400 refuses field by field. Rules between fields
+(min above max, the scale-down threshold not below the target, overlapping
+schedule rows that disagree) are ``models_registry.domain.scaling``'s, refused by
+the service with a 400 naming the field.
+"""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from config import fields
+from models_registry.domain.autoscaler import Reason
+from models_registry.domain.scaling import (
+    MAX_PANIC_FACTOR,
+    MAX_REPLICAS,
+    MAX_SCALE_DOWN_INTERVAL_S,
+    MAX_SCHEDULE_RULES,
+    MAX_WINDOW_S,
+    MINUTES_PER_DAY,
+)
+
+
+class ScheduleRuleSerializer(serializers.Serializer):
+    """One scheduled floor: at least ``min_replicas`` on ``weekdays`` (0 Monday to
+    6 Sunday) from ``start_minute`` to ``end_minute`` (UTC minutes of the day, the
+    end excluded; 08:30-10:00 is 510-600)."""
+
+    weekdays = serializers.ListField(
+        child=fields.IntegerField(min_value=0, max_value=6),
+        min_length=1,
+        max_length=7,
+    )
+    start_minute = fields.IntegerField(min_value=0, max_value=MINUTES_PER_DAY - 1)
+    end_minute = fields.IntegerField(min_value=1, max_value=MINUTES_PER_DAY)
+    min_replicas = fields.IntegerField(min_value=0, max_value=MAX_REPLICAS)
+
+
+class AutoscalingSerializer(serializers.Serializer):
+    """PUT /admin/pools/{model}/{version}/{region}/autoscaling.
+
+    Every field is optional: those not sent keep their values. ``schedule``, when
+    sent, replaces the pool's schedule rows (``[]`` removes them).
+    """
+
+    min_replicas = fields.IntegerField(
+        required=False, min_value=0, max_value=MAX_REPLICAS
+    )
+    max_replicas = fields.IntegerField(
+        required=False, min_value=1, max_value=MAX_REPLICAS
+    )
+    warm_floor = fields.IntegerField(
+        required=False, min_value=0, max_value=MAX_REPLICAS
+    )
+    target_utilisation = fields.NumberField(
+        required=False, greater_than=0.0, less_than=1.0
+    )
+    scale_down_utilisation = fields.NumberField(
+        required=False, greater_than=0.0, less_than=1.0
+    )
+    stable_window_s = fields.NumberField(
+        required=False, greater_than=0.0, max_value=MAX_WINDOW_S
+    )
+    panic_window_s = fields.NumberField(
+        required=False, greater_than=0.0, max_value=MAX_WINDOW_S
+    )
+    panic_factor = fields.NumberField(
+        required=False, greater_than=1.0, max_value=MAX_PANIC_FACTOR
+    )
+    scale_down_interval_s = fields.NumberField(
+        required=False, min_value=0.0, max_value=MAX_SCALE_DOWN_INTERVAL_S
+    )
+    schedule = serializers.ListField(
+        child=ScheduleRuleSerializer(), required=False, max_length=MAX_SCHEDULE_RULES
+    )
+
+
+class AutoscalingOutSerializer(serializers.Serializer):
+    """A pool's autoscaling settings and schedule, and the size the agents aim at."""
+
+    model = serializers.CharField()
+    version = serializers.CharField()
+    region = serializers.CharField()
+    min_replicas = serializers.IntegerField()
+    max_replicas = serializers.IntegerField()
+    warm_floor = serializers.IntegerField()
+    target_utilisation = serializers.FloatField()
+    scale_down_utilisation = serializers.FloatField()
+    stable_window_s = serializers.FloatField()
+    panic_window_s = serializers.FloatField()
+    panic_factor = serializers.FloatField()
+    scale_down_interval_s = serializers.FloatField()
+    desired_replicas = serializers.IntegerField()
+    schedule = ScheduleRuleSerializer(many=True)
+
+
+class DecisionSerializer(serializers.Serializer):
+    """One change of a pool's desired size, and the signals it was made on."""
+
+    decided_at = serializers.DateTimeField()
+    from_replicas = serializers.IntegerField()
+    to_replicas = serializers.IntegerField()
+    reason = serializers.ChoiceField(choices=[r.value for r in Reason])
+    utilisation = serializers.FloatField(allow_null=True)
+    is_panicking = serializers.BooleanField()
+    is_capacity_exhausted = serializers.BooleanField()
+    capacity_is_assumed = serializers.BooleanField()
+    signals = serializers.DictField(child=serializers.FloatField())
+
+
+class ReplicaStateSerializer(serializers.Serializer):
+    """One replica in the pool state."""
+
+    replica_id = serializers.CharField()
+    version = serializers.CharField()
+    region = serializers.CharField()
+    node = serializers.CharField()
+    state = serializers.CharField()
+    is_silent = serializers.BooleanField()
+    queue_depth = serializers.IntegerField()
+    tokens_in_flight = serializers.IntegerField()
+    kv_cache_usage_perc = serializers.FloatField()
+    last_heartbeat = serializers.DateTimeField(allow_null=True)
+
+
+class PoolSerializer(serializers.Serializer):
+    """One pool in the pool state: its capacity, and what the autoscaler sees and did.
+
+    ``utilisation`` and the ``autoscaler_*`` figures are the last tick's
+    (``observed_at``; null before the first); ``warnings`` say when capacity is
+    exhausted or assumed.
+    """
+
+    version = serializers.CharField()
+    region = serializers.CharField()
+    min_replicas = serializers.IntegerField()
+    max_replicas = serializers.IntegerField()
+    serving_replicas = serializers.IntegerField()
+    capacity_tokens_in_flight = serializers.IntegerField()
+    capacity_is_measured = serializers.BooleanField()
+    desired_replicas = serializers.IntegerField()
+    starting_replicas = serializers.IntegerField()
+    replica_tokens_in_flight = serializers.IntegerField()
+    capacity_is_assumed = serializers.BooleanField()
+    utilisation = serializers.FloatField(allow_null=True)
+    stable_utilisation = serializers.FloatField(allow_null=True)
+    autoscaler_tokens_in_flight = serializers.IntegerField(allow_null=True)
+    autoscaler_queued_tokens = serializers.IntegerField(allow_null=True)
+    autoscaler_queue_depth = serializers.IntegerField(allow_null=True)
+    is_capacity_exhausted = serializers.BooleanField()
+    is_panicking = serializers.BooleanField()
+    last_reason = serializers.ChoiceField(
+        choices=[r.value for r in Reason], allow_null=True
+    )
+    observed_at = serializers.DateTimeField(allow_null=True)
+    warnings = serializers.ListField(child=serializers.CharField())
+    autoscaling = AutoscalingOutSerializer()
+    decisions = DecisionSerializer(many=True)
+
+
+class PoolStateSerializer(serializers.Serializer):
+    """GET /admin/pools/{model}/state: the seed's fields plus per-pool capacity and
+    autoscaling."""
+
+    model = serializers.CharField()
+    region = serializers.CharField(allow_null=True)
+    replicas = ReplicaStateSerializer(many=True)
+    queue_depth = serializers.IntegerField()
+    tokens_in_flight = serializers.IntegerField()
+    prefix_hit_rate = serializers.FloatField(allow_null=True)
+    pools = PoolSerializer(many=True)

@@ -1,0 +1,65 @@
+"""Control-plane endpoints of pools: their live state, and their autoscaling settings."""
+
+from __future__ import annotations
+
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from accounts.domain.names import SLUG_PATTERN, SLUG_RULE, is_valid_slug
+from config.api import ControlPlaneView, openapi_pattern, validated
+from config.errors import InvalidRequest
+from control import autoscaling
+from control.api.serializers import (
+    AutoscalingOutSerializer,
+    AutoscalingSerializer,
+    PoolStateSerializer,
+)
+
+
+class PoolStateView(ControlPlaneView):
+    """The seed's GET /admin/pools/{model}/state, with what the autoscaler sees."""
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "region",
+                str,
+                required=False,
+                description=f"Only this region's pools: {SLUG_RULE}.",
+                pattern=openapi_pattern(SLUG_PATTERN),
+            )
+        ],
+        responses={200: PoolStateSerializer},
+    )
+    def get(self, request: Request, model: str) -> Response:
+        region = request.query_params.get("region")
+        if region is not None and not is_valid_slug(region):
+            raise InvalidRequest(f"region must be {SLUG_RULE}", param="region")
+        return Response(
+            autoscaling.pool_state(model_id=model, now=timezone.now(), region=region)
+        )
+
+
+class PoolAutoscalingView(ControlPlaneView):
+    """Read or change a pool's autoscaling settings and schedule.
+
+    GET /admin/pools/{model}/{version}/{region}/autoscaling, and PUT with the fields
+    to change (the others keep their values; ``schedule`` replaces the rows).
+    """
+
+    @extend_schema(responses={200: AutoscalingOutSerializer})
+    def get(self, request: Request, model: str, version: str, region: str) -> Response:
+        pool = autoscaling.get_pool(model_id=model, version=version, region=region)
+        return Response(autoscaling.autoscaling_dict(pool))
+
+    @extend_schema(
+        request=AutoscalingSerializer, responses={200: AutoscalingOutSerializer}
+    )
+    def put(self, request: Request, model: str, version: str, region: str) -> Response:
+        body = validated(AutoscalingSerializer, request.data)
+        pool = autoscaling.set_pool_autoscaling(
+            model_id=model, version=version, region=region, changes=body
+        )
+        return Response(autoscaling.autoscaling_dict(pool))

@@ -1,0 +1,18 @@
+from django.apps import AppConfig
+
+
+class ControlConfig(AppConfig):
+    """Every control loop's live tick, its Celery task and its API; no models."""
+
+    name = "control"
+    verbose_name = "Control loops"
+
+    def ready(self) -> None:
+        """Export the autoscaler's figures, and the pools' GPUs and cost, at /metrics
+        (read at scrape time)."""
+        from control.autoscaling import pool_figures
+        from control.pool_costs import pool_cost_figures
+        from metering.metrics import register_pool_costs, register_pool_scaling
+
+        register_pool_scaling(pool_figures)
+        register_pool_costs(pool_cost_figures)

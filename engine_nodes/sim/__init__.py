@@ -1,5 +1,0 @@
-"""The simulated vLLM (or SGLang) replica server (``python -m engine_nodes.sim``).
-
-Imports no Django: a replica starts in well under a second and several run on one
-machine.
-"""

@@ -1,1 +1,0 @@
-"""The version gates that run outside a request: the eval gate and the load test."""

@@ -1,0 +1,908 @@
+"""The simulated vLLM replica's HTTP side: vLLM's surface around ``SimReplica``.
+
+Public surface: ``SimApp``, ``build_app``.
+
+A raw ASGI app (no framework: this process relays thousands of SSE chunks a second
+and should spend its CPU on them). Clients see vLLM's bytes: chunk shapes, usage,
+error bodies, status codes and metric names (``/v1/chat/completions`` streaming
+and not, ``/v1/models``, ``/health``, ``/metrics``, ``/tokenize``, ``/version``,
+and ``/sim/faults`` behind the admin token; it sets ``degraded`` (refuse once and
+stop), ``quality`` and ``ttft_factor`` (first tokens held back) as well as the
+failures, and ``/sim/state`` shows them).
+
+Started with an engine key (``--api-key`` or ``VLLM_API_KEY``, as vLLM is), every
+path under ``/v1`` needs ``Authorization: Bearer <key>`` and anything else gets
+vLLM's 401 ``{"error":"Unauthorized"}``, before routing, so an unknown ``/v1`` path
+is a 401 too; ``/health``, ``/metrics``, ``/version`` and ``/tokenize`` stay open
+and ``OPTIONS`` is never checked, as in vLLM 0.32's ``AuthenticationMiddleware``.
+
+With ``SimOptions.engine == "sglang"`` (``--sim-engine sglang``) it presents
+SGLang's surface instead (``python/sglang/srt/entrypoints/http_server.py``,
+``entrypoints/openai/serving_chat.py``, ``sse_utils.py``, ``protocol.py``,
+``utils/common.py`` ``add_api_key_middleware``):
+
+- the key guards every path but ``/health*`` and ``/metrics*`` (and ``OPTIONS``):
+  the ``Authorization`` header must be ``Bearer <key>`` (the scheme in any case),
+  else 401 ``{"error":"Unauthorized"}``; ``/sim/*`` keeps its own admin token;
+- streams: a role chunk, content chunks (every ``delta`` carries
+  ``"reasoning_content":null``; ``logprobs``/``finish_reason``/``matched_stop``
+  null), a separate finish chunk whose ``delta`` is only that null,
+  ``finish_reason`` and ``matched_stop`` (the EOS id for ``stop``), the usage
+  chunk when ``stream_options.include_usage``, ``[DONE]``;
+- usage is SGLang's ``UsageInfo``: ``prompt_tokens_details`` is
+  ``{"cached_tokens": N}`` with ``--enable-cache-report`` (N may be 0), else
+  null; ``reasoning_tokens`` 0, ``completion_tokens_details`` null; the plain
+  answer's ``metadata`` names the weight version (``"default"``);
+- errors are SGLang's flat ``ErrorResponse`` (``{"object":"error","message",
+  "type","param","code"}``); any model name is served, and echoed;
+- ``/health`` (200, empty), ``/v1/models`` (``owned_by: sglang``),
+  ``/get_model_info``, ``/version``, and ``/metrics`` only with
+  ``--enable-metrics``, as SGLang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict
+from typing import Any
+
+from config.asgi_io import Receive, Scope, Send, wait_disconnect
+from simengine.domain import tokens
+from simengine.domain.engine import FinishedRequest
+from simengine.replica import (
+    EOS_TOKEN_ID,
+    MAX_BODY_BYTES,
+    SGLANG_VERSION,
+    SYSTEM_FINGERPRINT,
+    VLLM_VERSION,
+    Faults,
+    SimOptions,
+    SimReplica,
+    Stream,
+)
+
+logger = logging.getLogger("simengine")
+
+# -- HTTP ---------------------------------------------------------------------------------
+
+
+class HttpError(Exception):
+    """An error answered in vLLM's shape: {"error": {message, type, param, code}}."""
+
+    TYPES = {
+        400: "BadRequestError",
+        404: "NotFoundError",
+        401: "Unauthorized",
+        500: "InternalServerError",
+        503: "ServiceUnavailableError",
+    }
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+    def sglang_body(self) -> bytes:
+        """SGLang's flat ``ErrorResponse``."""
+        return _json_bytes(
+            {
+                "object": "error",
+                "message": self.message,
+                "type": self.TYPES.get(self.status, "BadRequestError"),
+                "param": self.param,
+                "code": self.status,
+            }
+        )
+
+    def body(self) -> bytes:
+        return _json_bytes(
+            {
+                "error": {
+                    "message": self.message,
+                    "type": self.TYPES.get(self.status, "BadRequestError"),
+                    "param": self.param,
+                    "code": self.status,
+                }
+            }
+        )
+
+
+def _json_bytes(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+async def _respond(
+    send: Send,
+    status: int,
+    body: bytes,
+    content_type: bytes = b"application/json",
+    extra_headers: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    headers = [
+        (b"content-type", content_type),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    headers.extend(extra_headers or [])
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ConnectionResetError
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise HttpError(400, "request body too large")
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+def _stable_seed(*parts: Any) -> int:
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def _bearer_digest(scope: Scope) -> bytes | None:
+    """Return the SHA-256 of the request's bearer token, or None.
+
+    vLLM and SGLang (``utils/auth.py`` ``decide_request_auth``) parse alike: the
+    header split at its first space, the scheme compared case-insensitively."""
+    for name, value in scope.get("headers") or ():
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            if scheme.lower() != "bearer":
+                return None
+            return hashlib.sha256(token.encode()).digest()
+    return None
+
+
+def _is_one_of(digest: bytes | None, digests: tuple[bytes, ...]) -> bool:
+    # Every candidate is compared, in constant time, as vLLM does.
+    matched = False
+    for candidate in digests:
+        matched |= digest is not None and secrets.compare_digest(digest, candidate)
+    return matched
+
+
+_UNAUTHORIZED = _json_bytes({"error": "Unauthorized"})
+# SGLang's first chunk of a chat stream (its StreamDelta keeps reasoning_content).
+_SGLANG_ROLE_DELTA = '{"reasoning_content":null,"role":"assistant","content":""}'
+
+
+class SimApp:
+    """The raw ASGI application of one simulated replica."""
+
+    def __init__(self, replica: SimReplica) -> None:
+        self.replica = replica
+        self.options = replica.options
+        self.names = set(replica.options.served_model_names)
+        self.model_name = replica.options.served_model_names[0]
+        self.sglang = replica.options.engine == "sglang"
+        self._key_digests = tuple(
+            hashlib.sha256(key.encode()).digest()
+            for key in replica.options.api_keys
+            if key
+        )
+        token = replica.options.admin_token
+        self._admin_digests = (
+            (hashlib.sha256(token.encode()).digest(),) if token else ()
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        self.replica.ensure_started()
+        path = scope["path"]
+        method = scope["method"]
+        if (
+            self._key_digests
+            and method != "OPTIONS"
+            and self._guarded(path)
+            and not self._authorized(scope)
+        ):
+            await _respond(send, 401, _UNAUTHORIZED)
+            return
+        try:
+            if path == "/v1/chat/completions" and method == "POST":
+                await self._chat(scope, receive, send)
+            elif path == "/health" and method == "GET":
+                status = 200 if self.replica.is_ready else 503
+                await _respond(send, status, b"")
+            elif self.sglang and not self._sglang_route(path, method):
+                raise HttpError(404, "Not Found")
+            elif self.sglang and path == "/get_model_info":
+                await _respond(send, 200, _json_bytes(self._model_info()))
+            elif path == "/metrics" and method == "GET":
+                await _respond(
+                    send,
+                    200,
+                    self.replica.metrics.render(),
+                    b"text/plain; version=0.0.4; charset=utf-8",
+                )
+            elif path == "/v1/models" and method == "GET":
+                await _respond(send, 200, _json_bytes(self._models()))
+            elif path == "/version" and method == "GET":
+                version = SGLANG_VERSION if self.sglang else VLLM_VERSION
+                await _respond(send, 200, _json_bytes({"version": version}))
+            elif path == "/tokenize" and method == "POST":
+                await self._tokenize(receive, send)
+            elif path in ("/sim/faults", "/sim/state"):
+                await self._admin(scope, receive, send)
+            else:
+                raise HttpError(404, "Not Found")
+        except HttpError as exc:
+            body = exc.sglang_body() if self.sglang else exc.body()
+            await _respond(send, exc.status, body)
+        except ConnectionResetError:
+            return
+
+    def _guarded(self, path: str) -> bool:
+        """Whether the engine key guards ``path`` (vLLM: ``/v1``; SGLang: all
+        but ``/health*`` and ``/metrics*``; ``/sim`` has its own token)."""
+        if not self.sglang:
+            return path.startswith("/v1")
+        return not path.startswith(("/health", "/metrics", "/sim/"))
+
+    def _authorized(self, scope: Scope) -> bool:
+        return _is_one_of(_bearer_digest(scope), self._key_digests)
+
+    def _sglang_route(self, path: str, method: str) -> bool:
+        """Whether SGLang serves ``path`` (``/metrics`` only with
+        ``--enable-metrics``)."""
+        if path == "/metrics":
+            return method == "GET" and self.options.enable_metrics
+        if path == "/tokenize":
+            return method == "POST"
+        return path in ("/v1/models", "/get_model_info", "/version") or (
+            path in ("/sim/faults", "/sim/state")
+        )
+
+    def _model_info(self) -> dict[str, Any]:
+        """SGLang's ``/get_model_info`` (the fields every version has)."""
+        return {
+            "model_path": self.options.model,
+            "tokenizer_path": self.options.model,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+        }
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self.replica.ensure_started()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.replica.stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    def _models(self) -> dict[str, Any]:
+        created = int(self.replica.started_at)
+        if self.sglang:
+            # SGLang's ModelList of ModelCards (protocol.py).
+            return {
+                "object": "list",
+                "data": [
+                    {
+                        "id": name,
+                        "object": "model",
+                        "created": created,
+                        "owned_by": "sglang",
+                        "root": self.options.model,
+                        "parent": None,
+                        "max_model_len": self.options.max_model_len,
+                    }
+                    for name in self.options.served_model_names
+                ],
+            }
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "vllm",
+                    "root": self.options.model,
+                    "parent": None,
+                    "max_model_len": self.options.max_model_len,
+                    "permission": [
+                        {
+                            "id": f"modelperm-{_stable_seed(name, created):016x}",
+                            "object": "model_permission",
+                            "created": created,
+                            "allow_create_engine": False,
+                            "allow_sampling": True,
+                            "allow_logprobs": True,
+                            "allow_search_indices": False,
+                            "allow_view": True,
+                            "allow_fine_tuning": False,
+                            "organization": "*",
+                            "group": None,
+                            "is_blocking": False,
+                        }
+                    ],
+                }
+                for name in self.options.served_model_names
+            ],
+        }
+
+    async def _json_body(self, receive: Receive) -> dict[str, Any]:
+        raw = await _read_body(receive)
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise HttpError(400, f"Invalid JSON body: {exc}") from None
+        if not isinstance(body, dict):
+            raise HttpError(400, "The request body must be a JSON object")
+        return body
+
+    async def _tokenize(self, receive: Receive, send: Send) -> None:
+        body = await self._json_body(receive)
+        if "messages" in body:
+            text = tokens.render_chat(self._messages(body))
+        else:
+            text = str(body.get("prompt", ""))
+        ids = tokens.encode(text)
+        await _respond(
+            send,
+            200,
+            _json_bytes(
+                {
+                    "count": len(ids),
+                    "max_model_len": self.options.max_model_len,
+                    "tokens": ids,
+                    "token_strs": None,
+                }
+            ),
+        )
+
+    async def _admin(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._admin_digests and not _is_one_of(
+            _bearer_digest(scope), self._admin_digests
+        ):
+            raise HttpError(401, "sim admin endpoints need the admin token")
+        if scope["path"] == "/sim/state":
+            await _respond(send, 200, _json_bytes(self.replica.state()))
+            return
+        if scope["method"] == "POST":
+            body = await self._json_body(receive)
+            try:
+                self.replica.set_faults(**body)
+            except (TypeError, ValueError) as exc:
+                raise HttpError(400, str(exc)) from None
+        await _respond(send, 200, _json_bytes(asdict(self.replica.faults)))
+
+    def _messages(self, body: Mapping[str, Any]) -> list[dict[str, str]]:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise HttpError(400, "messages must be a non-empty list", "messages")
+        rendered = []
+        for message in messages:
+            if not isinstance(message, Mapping) or "role" not in message:
+                raise HttpError(
+                    400, "each message needs a role and content", "messages"
+                )
+            content = message.get("content")
+            if content is not None and not isinstance(content, str | list):
+                raise HttpError(
+                    400,
+                    "message content must be a string or a list of parts",
+                    "messages",
+                )
+            rendered.append(
+                {"role": str(message["role"]), "content": tokens.message_text(content)}
+            )
+        return rendered
+
+    async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
+        replica = self.replica
+        arrived_at = time.monotonic()
+        body = await self._json_body(receive)
+        model = body.get("model")
+        if self.sglang:
+            # SGLang serves whatever model name it is asked for, and echoes it.
+            model = str(model) if model is not None else "default"
+        elif model not in self.names:
+            raise HttpError(
+                404,
+                f"The model `{model}` does not exist. "
+                f"Valid aliases: {', '.join(sorted(self.names))}.",
+                "model",
+            )
+        if body.get("n", 1) != 1:
+            raise HttpError(400, "n must be 1 on this server", "n")
+        messages = self._messages(body)
+        prompt_ids = tokens.encode(tokens.render_chat(messages))
+        prompt_len = len(prompt_ids)
+        max_len = self.options.max_model_len
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        if max_tokens is None:
+            max_tokens = max_len - prompt_len
+        if (
+            not isinstance(max_tokens, int)
+            or isinstance(max_tokens, bool)
+            or max_tokens < 1
+        ):
+            raise HttpError(400, "max_tokens must be a positive integer", "max_tokens")
+        if max_tokens > max_len:
+            raise HttpError(
+                400,
+                f"max_tokens={max_tokens} cannot be greater than max_model_len={max_len}. "
+                "Please request fewer output tokens.",
+                "max_tokens",
+            )
+        if prompt_len + max_tokens > max_len:
+            raise HttpError(
+                400,
+                f"This model's maximum context length is {max_len} tokens. However, you "
+                f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the messages, "
+                f"{max_tokens} in the completion). Please reduce the length of the "
+                "messages or completion.",
+                "messages",
+            )
+        if not replica.is_ready:
+            raise HttpError(503, "The server is starting up")
+        stream_options = body.get("stream_options") or {}
+        include_usage = bool(
+            (self.options.enable_force_include_usage and not self.sglang)
+            or (
+                isinstance(stream_options, Mapping)
+                and stream_options.get("include_usage")
+            )
+        )
+        request_seed = body.get("seed")
+        text_seed = _stable_seed(request_seed, prompt_ids[-16:], prompt_len)
+        ignore_eos = bool(body.get("ignore_eos"))
+        # A prompt the oracle knows gets its answer (right or not, by quality).
+        answer = replica.plan_answer(
+            messages, max_tokens=max_tokens, ignore_eos=ignore_eos, text_seed=text_seed
+        )
+        if answer is not None:
+            output_len, finish_reason = answer.output_len, answer.finish_reason
+        else:
+            output_len, finish_reason = replica.choose_output_len(
+                max_tokens=max_tokens,
+                ignore_eos=ignore_eos,
+                seed=_stable_seed(
+                    request_seed, prompt_ids[-32:], prompt_len, max_tokens
+                ),
+            )
+        if replica.frontend_ms > 0:
+            # Tokenization and request set-up, counted in TTFT as vLLM counts it.
+            await asyncio.sleep(replica.frontend_ms / 1000.0)
+        # Checked with no await before submit: requests that arrive together all
+        # sleep the frontend time first, and each must see the others queued.
+        limit = self.options.max_num_queued_reqs
+        if limit and replica.queued_requests >= limit:
+            replica.metrics.record_admission_rejection("max_num_queued_reqs")
+            raise HttpError(503, "The server is overloaded: too many queued requests")
+        if replica.roll_failure():
+            raise HttpError(500, "simulated engine failure before the first token")
+        # SGLang's request ids are bare uuid4 hex.
+        request_id = (
+            secrets.token_hex(16) if self.sglang else f"chatcmpl-{secrets.token_hex(8)}"
+        )
+        stream = replica.submit(
+            request_id=request_id,
+            prompt_token_ids=prompt_ids,
+            output_len=output_len,
+            finish_reason=finish_reason,
+            max_tokens=max_tokens,
+            arrived_at=arrived_at,
+            text_seed=text_seed,
+            answer=answer,
+            streaming=bool(body.get("stream")),
+        )
+        headers: list[tuple[bytes, bytes]] = []
+        if self.options.enable_request_id_headers:
+            headers.append((b"x-request-id", request_id.encode()))
+        try:
+            if self.sglang and body.get("stream"):
+                await self._sglang_stream(
+                    stream, send, receive, model, headers, include_usage=include_usage
+                )
+            elif self.sglang:
+                await self._sglang_complete(stream, send, receive, model, headers)
+            elif body.get("stream"):
+                await self._stream(
+                    stream, send, receive, model, headers, include_usage=include_usage
+                )
+            else:
+                await self._complete(stream, send, receive, model, headers)
+        finally:
+            if stream.done is None:
+                replica.abort(request_id)
+
+    def _usage(self, stream: Stream) -> dict[str, Any]:
+        """Return vLLM's usage object (the streamed form; ``_complete`` adds the
+        null fields a plain answer carries)."""
+        done = stream.done
+        assert done is not None
+        usage: dict[str, Any] = {
+            "prompt_tokens": done.prompt_tokens,
+            "total_tokens": done.prompt_tokens + done.output_tokens,
+            "completion_tokens": done.output_tokens,
+        }
+        if self.options.enable_prompt_tokens_details:
+            # vLLM: the prompt's full blocks, once cached, minus those it hit
+            # (PrefillStats.finalize); nothing is written with caching off.
+            created = 0
+            if self.replica.config.enable_prefix_caching:
+                block_size = self.replica.config.block_size
+                full = done.prompt_tokens // block_size * block_size
+                created = max(0, full - done.cached_tokens)
+            usage["prompt_tokens_details"] = {
+                "cached_tokens": done.cached_tokens,
+                "created_cache_tokens": created,
+            }
+        return usage
+
+    async def _wait(self, stream: Stream, disconnected: asyncio.Task[Any]) -> bool:
+        """Wait for the next tokens; return False if the client went away first."""
+        waiter = asyncio.ensure_future(stream.wake.wait())
+        await asyncio.wait({waiter, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+        if not waiter.done():
+            waiter.cancel()
+            return False
+        stream.wake.clear()
+        return True
+
+    async def _until_done(self, stream: Stream, receive: Receive) -> bool:
+        """Wait for the whole answer; return False if the client went away first."""
+        disconnected = asyncio.ensure_future(wait_disconnect(receive))
+        try:
+            while stream.done is None:
+                if not await self._wait(stream, disconnected):
+                    return False
+        finally:
+            disconnected.cancel()
+        return True
+
+    async def _send_events(
+        self,
+        stream: Stream,
+        send: Send,
+        receive: Receive,
+        headers: list[tuple[bytes, bytes]],
+        *,
+        render: Callable[[int, int, FinishedRequest | None], bytes],
+        end: Callable[[], bytes],
+    ) -> None:
+        """Send ``stream`` as server-sent events, in both engines' framing.
+
+        The headers, then for each batch of new pieces ``render(sent, produced,
+        done)`` (the events of pieces ``sent`` to ``produced``; ``done`` once the
+        answer is over), then ``end()`` (the events after the last piece) and
+        ``[DONE]``. A client that goes away ends it quietly.
+        """
+        disconnected = asyncio.ensure_future(wait_disconnect(receive))
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [
+                        (b"content-type", b"text/event-stream; charset=utf-8"),
+                        (b"cache-control", b"no-cache"),
+                        *headers,
+                    ],
+                }
+            )
+            sent = 0
+            while True:
+                if not await self._wait(stream, disconnected):
+                    return
+                produced = stream.produced
+                done = stream.done
+                if produced > sent:
+                    body = render(sent, produced, done)
+                    sent = produced
+                    await send(
+                        {"type": "http.response.body", "body": body, "more_body": True}
+                    )
+                if done is not None:
+                    break
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": end() + b"data: [DONE]\n\n",
+                    "more_body": False,
+                }
+            )
+        finally:
+            disconnected.cancel()
+
+    async def _stream(
+        self,
+        stream: Stream,
+        send: Send,
+        receive: Receive,
+        model: str,
+        headers: list[tuple[bytes, bytes]],
+        *,
+        include_usage: bool,
+    ) -> None:
+        created = int(time.time())
+        head = (
+            f'data: {{"id":"{stream.request_id}","object":"chat.completion.chunk",'
+            f'"created":{created},"model":{json.dumps(model)},"choices":[{{"index":0,'
+            '"delta":{"content":'
+        )
+        tail = '},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n'
+        # Without a usage chunk vLLM puts the fingerprint on the chunk that finishes.
+        finish_end = (
+            "}\n\n"
+            if include_usage
+            else f',"system_fingerprint":"{SYSTEM_FINGERPRINT}"}}\n\n'
+        )
+
+        def render(sent: int, produced: int, done: FinishedRequest | None) -> bytes:
+            parts = []
+            if sent == 0:
+                first = {
+                    "id": stream.request_id,
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": model,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ],
+                    "prompt_token_ids": None,
+                    "prompt_text": None,
+                }
+                parts.append(b"data: " + _json_bytes(first) + b"\n\n")
+            last_index = produced - 1
+            for offset, piece in enumerate(stream.pieces[sent:produced]):
+                index = sent + offset
+                if done is not None and index == last_index:
+                    reason = done.finish_reason
+                    parts.append(
+                        (
+                            head
+                            + json.dumps(piece, ensure_ascii=False)
+                            + f'}},"logprobs":null,"finish_reason":"{reason}",'
+                            '"stop_reason":null,"token_ids":null}]' + finish_end
+                        ).encode()
+                    )
+                else:
+                    parts.append(
+                        (head + json.dumps(piece, ensure_ascii=False) + tail).encode()
+                    )
+            return b"".join(parts)
+
+        def end() -> bytes:
+            if not include_usage:
+                return b""
+            usage_chunk = {
+                "id": stream.request_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [],
+                "usage": self._usage(stream),
+                "system_fingerprint": SYSTEM_FINGERPRINT,
+            }
+            return b"data: " + _json_bytes(usage_chunk) + b"\n\n"
+
+        await self._send_events(stream, send, receive, headers, render=render, end=end)
+
+    async def _complete(
+        self,
+        stream: Stream,
+        send: Send,
+        receive: Receive,
+        model: str,
+        headers: list[tuple[bytes, bytes]],
+    ) -> None:
+        if not await self._until_done(stream, receive):
+            return
+        done = stream.done
+        assert done is not None
+        text = "".join(stream.pieces[: done.output_tokens])
+        usage = self._usage(stream)
+        details = usage.get("prompt_tokens_details")
+        if details is not None:
+            details["multimodal_tokens"] = None
+        usage["prompt_tokens_details"] = details
+        usage["completion_tokens_details"] = None
+        # vLLM 0.32's body, null fields included (simengine/tests/data).
+        body = {
+            "id": stream.request_id,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {
+                        "role": "assistant",
+                        "content": text,
+                        "refusal": None,
+                        "annotations": None,
+                        "audio": None,
+                        "function_call": None,
+                        "reasoning": None,
+                    },
+                    "logprobs": None,
+                    "finish_reason": done.finish_reason,
+                    "stop_reason": None,
+                    "token_ids": None,
+                    "routed_experts": None,
+                }
+            ],
+            "service_tier": None,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
+            "usage": usage,
+            "prompt_logprobs": None,
+            "prompt_token_ids": None,
+            "prompt_text": None,
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "metrics": None,
+        }
+        await _respond(send, 200, _json_bytes(body), extra_headers=headers)
+
+    # -- SGLang's shapes ----------------------------------------------------------------
+
+    def _sglang_usage(self, stream: Stream) -> dict[str, Any]:
+        """SGLang's ``UsageInfo`` (pydantic dump: nulls kept)."""
+        done = stream.done
+        assert done is not None
+        cached = done.cached_tokens
+        details = (
+            {"cached_tokens": cached} if self.options.enable_cache_report else None
+        )
+        return {
+            "prompt_tokens": done.prompt_tokens,
+            "total_tokens": done.prompt_tokens + done.output_tokens,
+            "completion_tokens": done.output_tokens,
+            "prompt_tokens_details": details,
+            "reasoning_tokens": 0,
+            "completion_tokens_details": None,
+        }
+
+    @staticmethod
+    def _matched_stop(reason: str) -> int | None:
+        """SGLang's ``matched_stop``: the EOS id when the answer ended itself."""
+        return EOS_TOKEN_ID if reason == "stop" else None
+
+    async def _sglang_stream(
+        self,
+        stream: Stream,
+        send: Send,
+        receive: Receive,
+        model: str,
+        headers: list[tuple[bytes, bytes]],
+        *,
+        include_usage: bool,
+    ) -> None:
+        created = int(time.time())
+        head = (
+            f'data: {{"id":"{stream.request_id}","object":"chat.completion.chunk",'
+            f'"created":{created},"model":{json.dumps(model, ensure_ascii=False)},'
+            '"choices":[{"index":0,"delta":'
+        )
+        tail = ',"logprobs":null,"finish_reason":null,"matched_stop":null}]}\n\n'
+
+        def render(sent: int, produced: int, done: FinishedRequest | None) -> bytes:
+            parts = []
+            if sent == 0:
+                parts.append((head + _SGLANG_ROLE_DELTA + tail).encode())
+            for piece in stream.pieces[sent:produced]:
+                content = json.dumps(
+                    {"reasoning_content": None, "content": piece},
+                    separators=(",", ":"),
+                    ensure_ascii=False,
+                )
+                parts.append((head + content + tail).encode())
+            return b"".join(parts)
+
+        def end() -> bytes:
+            # SGLang's finish reason comes in a chunk of its own, after the text.
+            done = stream.done
+            assert done is not None
+            finish = {
+                "id": stream.request_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"reasoning_content": None},
+                        "logprobs": None,
+                        "finish_reason": done.finish_reason,
+                        "matched_stop": self._matched_stop(done.finish_reason),
+                    }
+                ],
+            }
+            final = b"data: " + _json_bytes(finish) + b"\n\n"
+            if include_usage:
+                usage_chunk = {
+                    "id": stream.request_id,
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": model,
+                    "choices": [],
+                    "usage": self._sglang_usage(stream),
+                }
+                final += b"data: " + _json_bytes(usage_chunk) + b"\n\n"
+            return final
+
+        await self._send_events(stream, send, receive, headers, render=render, end=end)
+
+    async def _sglang_complete(
+        self,
+        stream: Stream,
+        send: Send,
+        receive: Receive,
+        model: str,
+        headers: list[tuple[bytes, bytes]],
+    ) -> None:
+        if not await self._until_done(stream, receive):
+            return
+        done = stream.done
+        assert done is not None
+        text = "".join(stream.pieces[: done.output_tokens])
+        # SGLang's ChatCompletionResponse, null fields included.
+        body = {
+            "id": stream.request_id,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {
+                        "role": "assistant",
+                        "content": text,
+                        "reasoning_content": None,
+                    },
+                    "logprobs": None,
+                    "finish_reason": done.finish_reason,
+                    "matched_stop": self._matched_stop(done.finish_reason),
+                }
+            ],
+            "usage": self._sglang_usage(stream),
+            "metadata": {
+                "weight_version": "default",
+                "weight_versions": [
+                    {"version": "default", "start": 0, "end": done.output_tokens}
+                ],
+            },
+        }
+        await _respond(send, 200, _json_bytes(body), extra_headers=headers)
+
+
+def build_app(
+    options: SimOptions,
+    *,
+    faults: Faults | None = None,
+    on_crash: Callable[[], None] | None = None,
+) -> SimApp:
+    """Return the ASGI app of a replica started with ``options``."""
+    return SimApp(SimReplica(options, faults=faults, on_crash=on_crash))
