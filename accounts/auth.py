@@ -8,7 +8,7 @@ gets 403 elsewhere. A team's API key is recognised, so that its holder gets 403
 is 401: a batch job's key too, which no person holds and which opens only the
 gateway's chat completions (``accounts.services.find_active_team_key`` never
 returns one). ``TeamKeyAuthentication`` and ``IsTeam`` guard the team's own /v1
-endpoints (files, batches, its usage).
+endpoints (files, batches, its usage), through their base view TeamView.
 """
 
 from __future__ import annotations

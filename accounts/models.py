@@ -8,7 +8,7 @@ from django.db.models import Q
 
 from accounts.domain.keys import SHA256_PATTERN
 from accounts.domain.limits import MAX_TOKENS_PER_MINUTE
-from accounts.domain.names import SLUG_PATTERN, SLUG_RULE
+from config.names import SLUG_PATTERN, SLUG_RULE
 
 slug_validator = RegexValidator(SLUG_PATTERN, f"Use {SLUG_RULE}.")
 sha256_validator = RegexValidator(

@@ -10,9 +10,9 @@ from django.db.models import Q
 
 from accounts.domain.keys import KeyKind, display_prefix, hash_secret, new_secret
 from accounts.domain.limits import LimitRecord, limit_errors, share_overflow
-from accounts.domain.names import SLUG_RULE, is_valid_slug
 from accounts.models import AdminToken, ApiKey, Team, TeamLimit
 from config.errors import Conflict, InvalidRequest, NotFound
+from config.names import SLUG_RULE, is_valid_slug
 
 # last_used_at is written at most this often per secret: a write per request
 # would turn every authenticated call into a row update.

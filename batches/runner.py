@@ -1,6 +1,6 @@
 """The batch runner: one job's lines through the gateway, paced by the scheduler.
 
-Public surface: ``run_batch``, ``dispatch``, ``hand_on``, ``scheduler_settings``,
+Public surface: ``run_batch``, ``dispatch``, ``mark_handed_on``, ``scheduler_settings``,
 ``Outcome``.
 
 ``dispatch`` (Celery beat, every ``PLATFORM_BATCH_DISPATCH_S``) hands each active
@@ -70,7 +70,7 @@ from batches.models import Batch, BatchLine
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Outcome", "dispatch", "hand_on", "run_batch", "scheduler_settings"]
+__all__ = ["Outcome", "dispatch", "mark_handed_on", "run_batch", "scheduler_settings"]
 
 _TICK_S = 0.25
 # How often the runner rereads the job's status, and writes the scheduler's
@@ -160,7 +160,7 @@ def _release(batch_id: str, me: str) -> None:
 
 
 def dispatch(
-    *, now: float | None = None, enqueue: Callable[[str], None] | None = None
+    *, enqueue: Callable[[str], None], now: float | None = None
 ) -> dict[str, int]:
     """Hand every batch that needs a runner and has none to one; return how many.
 
@@ -170,7 +170,6 @@ def dispatch(
     queued); the task expires after two leases, so the queue never piles up.
     """
     now = time.time() if now is None else now
-    enqueue = enqueue or hand_on
     free = Q(lease_until__isnull=True) | Q(lease_until__lt=_utc(now))
     recent = Q(dispatched_at__gte=_utc(now - settings.PLATFORM_BATCH_LEASE_S))
     waiting = (
@@ -186,12 +185,10 @@ def dispatch(
     return {"started": started}
 
 
-def hand_on(batch_id: str) -> None:
-    """Queue a runner task for the batch (it expires unstarted after two leases)."""
-    from batches.tasks import run_batch as task
-
+def mark_handed_on(batch_id: str) -> None:
+    """Record that a runner task was queued for the batch now, so ``dispatch``
+    leaves it alone for a lease (``control.tasks`` queues the task itself)."""
     Batch.objects.filter(pk=batch_id).update(dispatched_at=_utc(time.time()))
-    task.apply_async((batch_id,), expires=settings.PLATFORM_BATCH_LEASE_S * 2)
 
 
 # -- one slice of one job -------------------------------------------------------------

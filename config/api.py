@@ -1,6 +1,6 @@
 """What every control-plane view shares: its base class, body parser and schema.
 
-Public surface: ``validated``, ``ControlPlaneView``, ``TeamView``, ``ControlPlaneSchema``, ``ErrorSerializer``, ``PATH_NAMES``, ``openapi_pattern``,
+Public surface: ``validated``, ``ControlPlaneView``, ``ControlPlaneSchema``, ``ErrorSerializer``, ``PATH_NAMES``, ``openapi_pattern``,
 ``finish_schema`` (a drf-spectacular postprocessing hook).
 
 The rules a client can break are checked here once, before any view runs, and
@@ -8,7 +8,7 @@ documented from the same constants, so the schema (``GET /admin/schema``) says
 what the API refuses:
 
 - path names (``{team}``, ``{model}``, ``{region}``) follow the slug rule
-  (``accounts.domain.names``), ``{version}`` the label rule (``v1``, ``v2``, ...):
+  (``config.names``), ``{version}`` the label rule (``v1``, ``v2``, ...):
   a malformed one is a 400 naming it, a well-formed unknown one a 404;
 - a body is parsed by ``config.parsers.BodyParser`` (bounded, no NUL): a 400
   naming the field otherwise;
@@ -29,18 +29,21 @@ from drf_spectacular.utils import OpenApiParameter
 from rest_framework import serializers
 from rest_framework.views import APIView
 
-from accounts.auth import IsTeam, TeamCaller, TeamKeyAuthentication
-from accounts.domain.names import SLUG_PATTERN, SLUG_RULE, is_valid_slug
 from config.errors import InvalidRequest
 from config.fields import LabelField
-from models_registry.domain.identity import VERSION_PATTERN, is_valid_version_label
+from config.names import (
+    SLUG_PATTERN,
+    SLUG_RULE,
+    VERSION_PATTERN,
+    is_valid_slug,
+    is_valid_version_label,
+)
 
 __all__ = [
     "PATH_NAMES",
     "ControlPlaneSchema",
     "ControlPlaneView",
     "ErrorSerializer",
-    "TeamView",
     "admin_name",
     "finish_schema",
     "openapi_pattern",
@@ -107,20 +110,6 @@ class ControlPlaneView(APIView):
             value = kwargs.get(name)
             if value is not None and not path_name.is_valid(value):
                 raise InvalidRequest(f"{name} must be {path_name.rule}", param=name)
-
-
-class TeamView(APIView):
-    """Base of the /v1 views Django serves for a team's key (files, batches, usage):
-    a team's API key or a 401 in OpenAI's shape; ``team`` names the key's team."""
-
-    authentication_classes = [TeamKeyAuthentication]
-    permission_classes = [IsTeam]
-    schema = None  # the OpenAI surface; /admin/schema documents the control plane
-
-    def team(self, request: Any) -> str:
-        caller = request.user
-        assert isinstance(caller, TeamCaller)  # IsTeam let only a team through
-        return caller.team_id
 
 
 def admin_name(request: Any) -> str:

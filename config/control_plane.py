@@ -23,6 +23,8 @@ from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.deprecation import MiddlewareMixin
 
+from config.error_shape import API_PREFIXES, error_body
+
 __all__ = [
     "DatabaseUnavailable",
     "database_unavailable_response",
@@ -84,8 +86,6 @@ def retry_after_header() -> dict[str, str]:
 
 def database_unavailable_response(request: HttpRequest) -> HttpResponse:
     """Return the 503: the API's error shape under the API prefixes, a page elsewhere."""
-    from config.errors import API_PREFIXES, error_body
-
     headers = retry_after_header()
     if request.path.startswith(API_PREFIXES):
         return JsonResponse(
@@ -122,8 +122,6 @@ def unavailable_drf_response(exc: BaseException) -> Any:
     if not is_database_unavailable(exc):
         return None
     from rest_framework.response import Response
-
-    from config.errors import error_body
 
     return Response(
         error_body(503, MESSAGE, code="control_plane_unavailable"),

@@ -27,10 +27,9 @@ from config.control_plane import (
     is_database_unavailable,
     unavailable_drf_response,
 )
+from config.error_shape import API_PREFIXES, error_body
 
 logger = logging.getLogger(__name__)
-
-API_PREFIXES = ("/admin/", "/v1/")
 
 
 class PlatformError(Exception):
@@ -64,41 +63,6 @@ class Conflict(PlatformError):
 
     status_code = status.HTTP_409_CONFLICT
     error_type = "conflict_error"
-
-
-_TYPE_BY_STATUS = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    409: "conflict_error",
-    413: "invalid_request_error",
-    415: "invalid_request_error",
-    429: "rate_limit_error",
-    500: "server_error",
-    503: "service_unavailable_error",
-}
-
-
-def error_body(
-    status_code: int,
-    message: str,
-    *,
-    param: str | None = None,
-    code: str | None = None,
-    error_type: str | None = None,
-) -> dict[str, Any]:
-    """Return the error document for ``status_code``."""
-    return {
-        "error": {
-            "type": error_type
-            or _TYPE_BY_STATUS.get(status_code, "invalid_request_error"),
-            "message": message,
-            "param": param,
-            "code": code,
-        }
-    }
 
 
 def first_validation_error(detail: Any, prefix: str = "") -> tuple[str | None, str]:

@@ -26,8 +26,7 @@ from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from drf_spectacular.plumbing import ResolvedComponent
 from rest_framework import serializers
 
-from accounts.domain.names import SLUG_PATTERN, SLUG_RULE
-from models_registry.domain.identity import VERSION_PATTERN
+from config.names import SLUG_PATTERN, SLUG_RULE, VERSION_PATTERN
 
 __all__ = [
     "WHITESPACE",
@@ -91,7 +90,7 @@ class _PatternField(_StrictString):
 
 
 class SlugField(_PatternField):
-    """A team, model or region name (``accounts.domain.names``)."""
+    """A team, model or region name (``config.names``)."""
 
     pattern = SLUG_PATTERN
     rule = SLUG_RULE

@@ -3,7 +3,7 @@
 Public surface: ``BodyParser`` (``REST_FRAMEWORK["DEFAULT_PARSER_CLASSES"]``).
 
 DRF's own JSONParser lets a body nested about 1,000 deep raise RecursionError, a
-500; this one parses with ``routing.domain.json_body``, the gateway's bounds
+500; this one parses with ``config.json_body``, the gateway's bounds
 (nesting, lone surrogates, non-finite numbers, huge integers), each a 400 naming
 the field. Kept apart from ``config.api``: DRF imports its parser classes while
 ``rest_framework.views`` is still loading, so this module must not import it.
@@ -17,13 +17,13 @@ from typing import Any
 from rest_framework.parsers import JSONParser
 
 from config.errors import InvalidRequest
-from routing.domain.json_body import BodyError, parse_json_object
+from config.json_body import BodyError, parse_json_object
 
 __all__ = ["BodyParser"]
 
 
 class BodyParser(JSONParser):
-    """Parse a JSON object within ``routing.domain.json_body``'s bounds."""
+    """Parse a JSON object within ``config.json_body``'s bounds."""
 
     def parse(
         self,

@@ -593,13 +593,16 @@ CELERY_TIMEZONE = "UTC"
 # loops' ticks (autoscaler, reaper, usage flush) never wait behind them.
 # A batch's runner works for minutes at a time: on a queue of its own too.
 CELERY_TASK_ROUTES = {
+    "control.run_gates": {"queue": "gates"},
+    "control.run_batch": {"queue": "batches"},
+    # Their names before the control loops moved to control/ (control.tasks.RENAMED).
     "engine_nodes.run_gates": {"queue": "gates"},
     "batches.run_batch": {"queue": "batches"},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(LOCAL_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE = {
     "reap-silent-replicas": {
-        "task": "engine_nodes.reap_silent_replicas",
+        "task": "control.reap_silent_replicas",
         "schedule": timedelta(seconds=PLATFORM_REAPER_INTERVAL_S),
         # A reaping that could not start within its interval is superseded by the next.
         "options": {"expires": PLATFORM_REAPER_INTERVAL_S * 0.9},
@@ -610,18 +613,18 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": PLATFORM_USAGE_FLUSH_S * 0.9},
     },
     "autoscale-pools": {
-        "task": "engine_nodes.autoscale_pools",
+        "task": "control.autoscale_pools",
         "schedule": timedelta(seconds=PLATFORM_AUTOSCALE_INTERVAL_S),
         # A tick that could not start in time is stale: the next one observes anew.
         "options": {"expires": PLATFORM_AUTOSCALE_INTERVAL_S * 0.9},
     },
     "guard-rollouts": {
-        "task": "engine_nodes.guard_rollouts",
+        "task": "control.guard_rollouts",
         "schedule": timedelta(seconds=PLATFORM_ROLLOUT_GUARD_INTERVAL_S),
         "options": {"expires": PLATFORM_ROLLOUT_GUARD_INTERVAL_S * 0.9},
     },
     "dispatch-batches": {
-        "task": "batches.dispatch_batches",
+        "task": "control.dispatch_batches",
         "schedule": timedelta(seconds=PLATFORM_BATCH_DISPATCH_S),
         "options": {"expires": PLATFORM_BATCH_DISPATCH_S * 0.9},
     },

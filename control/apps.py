@@ -9,7 +9,9 @@ class ControlConfig(AppConfig):
 
     def ready(self) -> None:
         """Export the autoscaler's figures, and the pools' GPUs and cost, at /metrics
-        (read at scrape time)."""
+        (read at scrape time); load the Celery app, so every process that runs
+        Django sends tasks through the platform's broker, not Celery's default."""
+        import config.celery  # noqa: F401
         from control.autoscaling import pool_figures
         from control.pool_costs import pool_cost_figures
         from metering.metrics import register_pool_costs, register_pool_scaling

@@ -7,7 +7,7 @@ Public surface: ``autoscale_region``, ``pool_signals``, ``scaling_settings``,
 
 The policy is ``models_registry.domain.autoscaler.decide`` (the same function the fleet
 simulator runs in virtual time). Per pool of the region, each tick (the Celery beat
-task ``engine_nodes.autoscale_pools``, every ``PLATFORM_AUTOSCALE_INTERVAL_S``):
+task ``control.autoscale_pools``, every ``PLATFORM_AUTOSCALE_INTERVAL_S``):
 
 1. **Signals.** Serving and starting replicas from the ``Replica`` rows (serving:
    state serving and heard from within the missed-beat window; starting: every

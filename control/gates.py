@@ -2,7 +2,7 @@
 
 Public surface: ``run_gates``, ``GateFailed``, ``GATE_TEAM``.
 
-``run_gates(version_id, attempt)`` runs as the Celery task ``engine_nodes.run_gates``
+``run_gates(version_id, attempt)`` runs as the Celery task ``control.run_gates``
 (``control.tasks``) that ``models_registry.services.start_gates`` queues on registration and on
 ``POST /admin/models/{model}/versions/{version}/gates``. It walks the attempt's
 rows in ``GATE_ORDER``, each ``running`` then ``passed`` or ``failed``, and leaves

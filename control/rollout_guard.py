@@ -4,7 +4,7 @@ Public surface: ``guard_rollouts``, ``candidate_serves``, ``release_pools``.
 
 The rollouts app decides (``rollouts.plans``, on the pure ``rollouts.domain``);
 this module, beside the node agents whose replicas it counts, runs one tick of it
-for every pending rollout (Celery beat, ``engine_nodes.guard_rollouts``):
+for every pending rollout (Celery beat, ``control.guard_rollouts``):
 
 1. versions past their retention after a promotion are retired;
 2. the figures the gateways recorded are flushed, so the guards read the last

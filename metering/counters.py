@@ -29,7 +29,7 @@ import redis.asyncio
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from accounts.domain.names import is_valid_slug
+from config.names import is_valid_slug
 from metering import metrics
 from metering.domain.usage import (
     COUNTER_FIELDS,

@@ -36,7 +36,7 @@ from typing import Protocol
 
 import redis.asyncio
 
-from accounts.domain.names import is_valid_slug
+from config.names import is_valid_slug
 from metering import metrics
 from metering.counters import REDIS_ERRORS
 from metering.domain.figures import Role, VersionFigures

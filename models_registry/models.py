@@ -11,13 +11,13 @@ from django.db import models
 from django.db.models import Q
 
 from accounts.models import sha256_validator, slug_validator
+from config.names import VERSION_PATTERN
 from models_registry.domain.capacity import CapacityRecord, replica_tokens_in_flight
 from models_registry.domain.gates import GateKind, GateState, RegionState
 from models_registry.domain.identity import (
     IDENTITY_FIELDS,
     MAX_GPUS_PER_REPLICA,
     SHA256_PATTERN,
-    VERSION_PATTERN,
     Precision,
     VersionStatus,
     canonical_json,

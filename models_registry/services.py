@@ -14,9 +14,9 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from accounts.domain.names import SLUG_RULE
 from config.celery import app as celery_app
 from config.errors import Conflict, InvalidRequest, NotFound
+from config.names import SLUG_RULE, is_valid_version_label
 from models_registry.domain.gates import (
     GATE_ORDER,
     GATING_STATUSES,
@@ -33,7 +33,6 @@ from models_registry.domain.identity import (
     engine_config_errors,
     is_sha256_hex,
     is_valid_model_name,
-    is_valid_version_label,
     next_version_label,
     sha256_text,
     uri_errors,
@@ -45,7 +44,7 @@ logger = logging.getLogger(__name__)
 # The Celery task that runs a version's gates (``control.gates``): it needs
 # the node agents' staging replicas and the weights' copies, which sit above the
 # registry, so the registry names the task rather than importing it.
-RUN_GATES_TASK = "engine_nodes.run_gates"
+RUN_GATES_TASK = "control.run_gates"
 
 
 def get_model(model_id: str, *, for_update: bool = False) -> Model:

@@ -7,7 +7,7 @@ A request goes key -> team -> tier -> body -> routing key -> version -> limits -
 prompt tokens, and comes out as one immutable ``ChatPlan`` or a ``GatewayError``
 in OpenAI's shape (401 bad key, 400 bad body or ``x-priority``, 403 a model the
 team may not use, 404 unknown model or version, 413 too large, 503 no live
-version). The body is parsed within bounds (``routing.domain.json_body``) and its
+version). The body is parsed within bounds (``config.json_body``) and its
 fields checked as OpenAI checks them (``routing.domain.chat_body``), so nothing a
 client sends can raise anything but a ``GatewayError`` here. A ``/tokenize``
 request is resolved to a version the same way, as a ``TokenizePlan``. Nothing
@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from config.asgi_io import Receive, Scope
+from config.json_body import BodyError, parse_json_object
 from routing.domain.chat_body import check_chat_body, check_tokenize_body
-from routing.domain.json_body import BodyError, parse_json_object
 from routing.domain.policies import DEFAULT_POLICY_OPTIONS, PolicyOptions
 from routing.domain.refusals import DEFAULT_REFUSAL_PATTERNS
 from routing.domain.resolve import (
@@ -214,7 +214,7 @@ async def read_json(
 
     Raises:
         GatewayError: 413 too large, 400 not a JSON object or out of bounds
-            (``routing.domain.json_body``).
+            (``config.json_body``).
         ClientGone: the client left before sending the whole body.
     """
     declared = headers.get(b"content-length")

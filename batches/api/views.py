@@ -22,8 +22,8 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from accounts.api.team_view import TeamView
 from batches import services
-from config.api import TeamView
 from config.errors import InvalidRequest, NotFound
 from config.parsers import BodyParser
 

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from routing.domain.json_body import BodyError, parse_json_object
+from config.json_body import BodyError, parse_json_object
 
 __all__ = [
     "ENDPOINT",

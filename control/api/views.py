@@ -7,9 +7,9 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from accounts.domain.names import SLUG_PATTERN, SLUG_RULE, is_valid_slug
 from config.api import ControlPlaneView, openapi_pattern, validated
 from config.errors import InvalidRequest
+from config.names import SLUG_PATTERN, SLUG_RULE, is_valid_slug
 from control import autoscaling
 from control.api.serializers import (
     AutoscalingOutSerializer,

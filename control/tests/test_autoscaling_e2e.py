@@ -1,7 +1,7 @@
 """Autoscaling end to end: doubling the load adds replicas, its fall removes them.
 
 Real processes: the gateway, the node agent and its simulated replicas, a Celery
-worker with beat running the autoscaler's tick (``engine_nodes.autoscale_pools``),
+worker with beat running the autoscaler's tick (``control.autoscale_pools``),
 PostgreSQL, Redis, the load generator (``bench/loadgen.py``) and ``openai`` SDK
 clients. Each replica carries a small measured capacity (``C`` tokens in flight,
 about six requests), so that a handful of streams moves the autoscaler.

@@ -31,7 +31,7 @@ from django.utils import timezone
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from config.api import TeamView
+from accounts.api.team_view import TeamView
 from config.errors import InvalidRequest
 from metering import reports
 from metering.models import Usage

@@ -25,9 +25,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from accounts.auth import CanReadReports
-from accounts.domain.names import SLUG_PATTERN, SLUG_RULE, is_valid_slug
 from config.api import ControlPlaneView, openapi_pattern
 from config.errors import InvalidRequest
+from config.names import SLUG_PATTERN, SLUG_RULE, is_valid_slug
 from metering import reports
 from metering.domain.periods import INSTANT_PATTERN
 

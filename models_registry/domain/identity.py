@@ -17,14 +17,13 @@ from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
 from accounts.domain.keys import SHA256_PATTERN
-from accounts.domain.names import is_valid_slug
+from config.names import is_valid_slug, is_valid_version_label
 
 __all__ = [
     "DEFAULT_ENGINE",
     "ENGINES",
     "IDENTITY_FIELDS",
     "SHA256_PATTERN",
-    "VERSION_PATTERN",
     "ModelRef",
     "Precision",
     "VersionStatus",
@@ -32,7 +31,6 @@ __all__ = [
     "engine_config_errors",
     "is_sha256_hex",
     "is_valid_model_name",
-    "is_valid_version_label",
     "next_version_label",
     "parse_model_ref",
     "sha256_text",
@@ -59,9 +57,7 @@ IDENTITY_FIELDS: tuple[str, ...] = (
 )
 
 MAX_GPUS_PER_REPLICA = 64
-VERSION_PATTERN = r"^v[1-9][0-9]{0,8}\Z"
 _SHA256 = re.compile(SHA256_PATTERN)
-_VERSION = re.compile(VERSION_PATTERN)
 
 
 class Precision(enum.StrEnum):
@@ -114,11 +110,6 @@ def canonical_json(value: object) -> str:
 def is_valid_model_name(name: str) -> bool:
     """Return True for a lowercase name of letters, digits, '.', '-' and '_' (no '@')."""
     return is_valid_slug(name)
-
-
-def is_valid_version_label(label: str) -> bool:
-    """Return True for ``v1``, ``v2``, ... ``v13`` ...: versions are numbered, never reused."""
-    return _VERSION.fullmatch(label) is not None
 
 
 def parse_model_ref(text: str) -> ModelRef:

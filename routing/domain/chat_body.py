@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from routing.domain.json_body import BodyError
+from config.json_body import BodyError
 
 __all__ = [
     "ALLOWED_ROLES",

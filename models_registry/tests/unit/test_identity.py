@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from accounts.domain.names import is_valid_slug
+from config.names import is_valid_slug, is_valid_version_label
 from models_registry.domain.identity import (
     ModelRef,
     canonical_json,
     engine_config_errors,
     is_sha256_hex,
     is_valid_model_name,
-    is_valid_version_label,
     next_version_label,
     parse_model_ref,
     sha256_text,

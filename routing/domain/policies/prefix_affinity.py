@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
-from routing.domain.policies import (
+from routing.domain.policies.base import (
     DEFAULT_POLICY_OPTIONS,
     PolicyOptions,
     RouteDecision,

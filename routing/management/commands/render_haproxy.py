@@ -19,7 +19,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from accounts.domain.names import is_valid_slug
+from config.names import is_valid_slug
 from routing.domain.global_lb import HealthCheck, Region, render_haproxy
 
 _HOST = re.compile(r"[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\]")

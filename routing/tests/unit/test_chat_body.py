@@ -6,13 +6,13 @@ from typing import Any
 
 import pytest
 
+from config.json_body import BodyError
 from routing.domain.chat_body import (
     ChatBody,
     TokenizeBody,
     check_chat_body,
     check_tokenize_body,
 )
-from routing.domain.json_body import BodyError
 
 USER = {"role": "user", "content": "hi"}
 FUNCTION = {"type": "function", "function": {"name": "get_weather"}}

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from routing.domain.json_body import (
+from config.json_body import (
     MAX_DEPTH,
     MAX_INT_DIGITS,
     BodyError,
