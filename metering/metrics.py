@@ -15,7 +15,8 @@ pools' GPUs and their cost (``PoolCostFigures``, ``PoolCostCollector``,
 Labels are bounded: model, version, region, team, tier, outcome; never request ids
 or user text. Helpers cache ``.labels()`` children (a dict lookup instead of the
 label validation and lock of ``.labels()`` on every request). ``forget_pool``
-removes a pool's series when the pool goes away.
+removes a pool's series when the pool goes away: the gateway calls it when a pool
+leaves its snapshot (``routing.gateway``), in the process that holds the series.
 """
 
 from __future__ import annotations
@@ -383,7 +384,11 @@ def count_figures_dropped(*, reason: Literal["redis", "invalid"]) -> None:
 
 
 def forget_pool(model: str, version: str, region: str) -> None:
-    """Remove every series of a pool (it was deleted or left this region)."""
+    """Remove every series of a pool (it was deleted or left this region).
+
+    Called by the gateway when a pool is no longer in its snapshot; a later
+    request of the pool starts its counters from zero.
+    """
     labels = {"model": model, "version": version, "region": region}
     for metric in _POOL_COLLECTORS:
         metric.remove_by_labels(labels)

@@ -118,6 +118,8 @@ class Gateway:
         self.key_uses = key_uses
         self.key_uses_flush_s = key_uses_flush_s
         self._host_verdicts: dict[bytes, bool] = {}
+        # (model, version) of the pools whose series this process publishes.
+        self._published_pools: set[tuple[str, str]] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._rng = random.Random()
         self.tokenize = TokenizeProxy(
@@ -203,11 +205,19 @@ class Gateway:
         self._readiness()  # the gauge, between the balancer's checks
 
     def _publish_pool_gauges(self) -> None:
-        """Set each pool's tokens in flight and queue depth (once a second)."""
+        """Set each pool's tokens in flight and queue depth (once a second).
+
+        A pool is this region's while the snapshot has a replica of it or a pool
+        row that wants one (0 and 0 without replicas). A pool that left (removed,
+        released once nothing routes to its version, its last replica gone) has
+        its series removed, gauges and counters, so none stays at its last value.
+        """
         snapshot = self.snapshots.current
         if snapshot is None:
             return
-        pools: dict[tuple[str, str], list[int]] = {}
+        pools: dict[tuple[str, str], list[int]] = {
+            pool: [0, 0] for pool in snapshot.pools
+        }
         for replica in snapshot.replicas:
             totals = pools.setdefault((replica.model, replica.version), [0, 0])
             totals[0] += self.live.tokens_in_flight(replica.replica_id)
@@ -221,6 +231,9 @@ class Gateway:
                 tokens_in_flight=tokens_in_flight,
                 queue_depth=queue_depth,
             )
+        for model, version in self._published_pools - pools.keys():
+            metrics.forget_pool(model, version, self.settings.region)
+        self._published_pools = set(pools)
 
     async def _every(
         self, interval_s: float, job: Callable[[], Awaitable[None]]
