@@ -2,7 +2,9 @@
 
 Public surface: ``Sees``, ``fleet_overview``, ``fleet_feed``, ``pool_feed``, ``open_rollouts``,
 ``rollout_page``, ``rollout_state``, ``start_rollout``, ``control_rollout``,
-``team_usage``, ``ACTIONS``, ``TTFT_WINDOW``.
+``team_usage``, ``ACTIONS``, ``TTFT_WINDOW``, and what they return: ``PoolRow``,
+``PoolFeed``, ``FleetCells``, ``Alert``, ``FleetOverview``, ``FleetFeed``,
+``RolloutPage``, ``TeamUsage``.
 
 Nothing here is computed a second time: a pool's replicas, capacity, hit rate,
 the autoscaler's last tick and decisions come from ``control.autoscaling.
@@ -21,30 +23,41 @@ p95 TTFT the version's over ``TTFT_WINDOW`` in every region and role.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import date, datetime, timedelta
+from typing import Any, Literal, NotRequired, TypedDict
 
 from django.db.models import Sum
 from django.db.models.functions import TruncDate
 
 from batches.models import Batch
 from control import autoscaling
+from control.autoscaling import DecisionOut, PoolOut, PoolStateOut, ReplicaStateOut
 from engine_nodes.domain.liveness import ReplicaState
 from metering.domain.figures import Role
 from metering.models import Usage
 from metering.services import version_figures
 from models_registry.domain.gates import TRAFFIC_STATUSES
-from models_registry.models import ModelVersion, Pool
+from models_registry.models import Model, ModelVersion, Pool
 from models_registry.services import get_model
 from rollouts import plans, services
-from rollouts.domain.plan import Decision
+from rollouts.domain.plan import Decision, RolloutPlan
 from rollouts.models import Rollout
+from rollouts.services import RolloutOut
 
 __all__ = [
     "ACTIONS",
     "TTFT_WINDOW",
+    "Alert",
+    "FleetCells",
+    "FleetFeed",
+    "FleetOverview",
+    "PoolFeed",
+    "PoolRow",
+    "RolloutPage",
+    "Sees",
+    "TeamUsage",
     "control_rollout",
     "fleet_feed",
     "fleet_overview",
@@ -70,6 +83,126 @@ ACTIONS: dict[str, plans.Controls] = {
 _BATCH_RUNNING = (Batch.Status.VALIDATING, Batch.Status.IN_PROGRESS)
 
 
+# -- what the pages and their JSON feeds show ---------------------------------------
+
+
+class PoolRow(TypedDict):
+    """One pool of a model's ``pool_state`` as the console shows it."""
+
+    pool: str  # model/version/region
+    model: str
+    version: str
+    region: str
+    serving_replicas: int
+    desired_replicas: int
+    starting_replicas: int
+    min_replicas: int
+    max_replicas: int
+    tokens_in_flight: int  # its serving replicas' that still beat
+    capacity_tokens_in_flight: int
+    capacity_is_assumed: bool
+    utilisation: float | None  # live: tokens in flight over capacity
+    autoscaler_utilisation: float | None  # what the autoscaler's last tick saw
+    queue_depth: int
+    prefix_hit_rate: float | None  # the model's
+    ttft_p95_ms: float | None
+    is_panicking: bool
+    is_capacity_exhausted: bool
+    last_reason: str | None
+    observed_at: str | None  # ISO 8601
+    warnings: list[str]
+    replicas: list[ReplicaStateOut]
+    decisions: list[DecisionOut]
+
+
+class PoolFeed(PoolRow):
+    """The pool page and its JSON feed."""
+
+    refreshed_at: str  # ISO 8601
+
+
+class FleetCells(TypedDict):
+    """A pool's cells in the home page's table (its JSON feed)."""
+
+    pool: str
+    serving_replicas: int
+    desired_replicas: int
+    tokens_in_flight: int
+    capacity_tokens_in_flight: int
+    capacity_is_assumed: bool
+    utilisation: float | None
+    queue_depth: int
+    ttft_p95_ms: float | None
+    prefix_hit_rate: float | None
+    last_reason: str | None
+
+
+AlertKind = Literal[
+    "capacity_exhausted",
+    "panicking",
+    "no_serving_replica",
+    "replica_silent",
+    "replica_stalled",
+    "rollout_paused",
+    "rollout_rolled_back",
+    "batch_at_risk",
+]
+
+
+class Alert(TypedDict):
+    """Something on the home page an operator should look at."""
+
+    kind: AlertKind
+    subject: str  # a pool, replica, version or batch
+    text: str
+
+
+class FleetOverview(TypedDict):
+    """The home page: every pool, the running rollouts, the alerts."""
+
+    pools: list[PoolRow]
+    rollouts: list[Rollout]
+    alerts: list[Alert]
+
+
+class FleetFeed(TypedDict):
+    """The home page's JSON feed."""
+
+    refreshed_at: str  # ISO 8601
+    pools: list[FleetCells]
+    alerts: list[Alert]
+    rollouts: list[RolloutOut]
+
+
+class RolloutPage(TypedDict):
+    """A model's rollout page (a template's context, not JSON)."""
+
+    model: Model
+    rollout: Rollout | None  # the running one, else the latest
+    state: str | None  # rollout_state of it
+    is_running: bool
+    evaluations: list[dict[str, Any]]  # plans.evaluations
+    history: list[Rollout]
+    plan: RolloutPlan
+    startable: list[ModelVersion]
+
+
+class TeamUsage(TypedDict):
+    """A team's usage of a model (on a day, when asked by day)."""
+
+    team_id: str
+    model_id: str
+    day: NotRequired[date]
+    requests: int
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    rate_limited: int
+    shed: int
+    batch_requests: int
+    tokens: int  # prompt and output
+
+
 # -- pools -------------------------------------------------------------------------
 
 
@@ -86,14 +219,12 @@ def _ttft_p95_ms(model_id: str, version: str, *, now: datetime) -> float | None:
     return None if p95 is None else round(p95 * 1000.0, 1)
 
 
-def _is_counted(replica: dict[str, Any]) -> bool:
+def _is_counted(replica: ReplicaStateOut) -> bool:
     # As pool_state sums a model's load: serving replicas that still beat.
     return replica["state"] == ReplicaState.SERVING and not replica["is_silent"]
 
 
-def _pool_row(
-    state: dict[str, Any], pool: dict[str, Any], *, now: datetime
-) -> dict[str, Any]:
+def _pool_row(state: PoolStateOut, pool: PoolOut, *, now: datetime) -> PoolRow:
     """Return one pool of a model's ``pool_state`` as the console shows it."""
     version, region = pool["version"], pool["region"]
     replicas = [
@@ -132,14 +263,12 @@ def _pool_row(
     }
 
 
-def _model_pools(model_id: str, *, now: datetime) -> list[dict[str, Any]]:
+def _model_pools(model_id: str, *, now: datetime) -> list[PoolRow]:
     state = autoscaling.pool_state(model_id=model_id, now=now)
     return [_pool_row(state, pool, now=now) for pool in state["pools"]]
 
 
-def pool_feed(
-    *, model_id: str, version: str, region: str, now: datetime
-) -> dict[str, Any]:
+def pool_feed(*, model_id: str, version: str, region: str, now: datetime) -> PoolFeed:
     """Return one pool's live state (the pool page and its JSON feed).
 
     Raises:
@@ -170,7 +299,7 @@ def open_rollouts() -> list[Rollout]:
     )
 
 
-def rollout_page(model_id: str) -> dict[str, Any]:
+def rollout_page(model_id: str) -> RolloutPage:
     """Return a model's rollout page: the running (else latest) rollout, its guard
     evaluations, its history and the versions a new rollout may start.
 
@@ -218,57 +347,49 @@ def control_rollout(*, model_id: str, action: str, by: str, now: datetime) -> Ro
 # -- the home page -----------------------------------------------------------------
 
 
+def _pool_alerts(pool: PoolRow) -> Iterator[Alert]:
+    name = pool["pool"]
+    if pool["is_capacity_exhausted"]:
+        yield {
+            "kind": "capacity_exhausted",
+            "subject": name,
+            "text": "capacity exhausted",
+        }
+    if pool["is_panicking"]:
+        yield {
+            "kind": "panicking",
+            "subject": name,
+            "text": "autoscaler in panic mode",
+        }
+    if pool["desired_replicas"] and not pool["serving_replicas"]:
+        yield {
+            "kind": "no_serving_replica",
+            "subject": name,
+            "text": f"no replica serving ({pool['desired_replicas']} desired)",
+        }
+    for replica in pool["replicas"]:
+        if replica["is_silent"]:
+            yield {
+                "kind": "replica_silent",
+                "subject": replica["replica_id"],
+                "text": f"silent since {replica['last_heartbeat'] or 'it started'} ({name})",
+            }
+        elif replica["state"] == ReplicaState.STALLED:
+            yield {
+                "kind": "replica_stalled",
+                "subject": replica["replica_id"],
+                "text": f"stalled ({name})",
+            }
+
+
 def _alerts(
-    pools: Iterable[dict[str, Any]],
+    pools: Iterable[PoolRow],
     rollouts: Iterable[Rollout],
     *,
     now: datetime,
     sees: Sees,
-) -> list[dict[str, str]]:
-    alerts: list[dict[str, str]] = []
-    for pool in pools:
-        name = pool["pool"]
-        if pool["is_capacity_exhausted"]:
-            alerts.append(
-                {
-                    "kind": "capacity_exhausted",
-                    "subject": name,
-                    "text": "capacity exhausted",
-                }
-            )
-        if pool["is_panicking"]:
-            alerts.append(
-                {
-                    "kind": "panicking",
-                    "subject": name,
-                    "text": "autoscaler in panic mode",
-                }
-            )
-        if pool["desired_replicas"] and not pool["serving_replicas"]:
-            alerts.append(
-                {
-                    "kind": "no_serving_replica",
-                    "subject": name,
-                    "text": f"no replica serving ({pool['desired_replicas']} desired)",
-                }
-            )
-        for replica in pool["replicas"]:
-            if replica["is_silent"]:
-                alerts.append(
-                    {
-                        "kind": "replica_silent",
-                        "subject": replica["replica_id"],
-                        "text": f"silent since {replica['last_heartbeat'] or 'it started'} ({name})",
-                    }
-                )
-            elif replica["state"] == ReplicaState.STALLED:
-                alerts.append(
-                    {
-                        "kind": "replica_stalled",
-                        "subject": replica["replica_id"],
-                        "text": f"stalled ({name})",
-                    }
-                )
+) -> list[Alert]:
+    alerts = [alert for pool in pools for alert in _pool_alerts(pool)]
     for rollout in rollouts:
         if rollout.paused:
             alerts.append(
@@ -311,7 +432,7 @@ class Sees:
     batches: bool
 
 
-def fleet_overview(*, now: datetime, sees: Sees) -> dict[str, Any]:
+def fleet_overview(*, now: datetime, sees: Sees) -> FleetOverview:
     """Return the home page: every pool, the running rollouts and what is alerting
     (rollouts and batches only for a user who may see them)."""
     model_ids = sorted(set(Pool.objects.values_list("model_id", flat=True)))
@@ -324,29 +445,30 @@ def fleet_overview(*, now: datetime, sees: Sees) -> dict[str, Any]:
     }
 
 
-# Per pool, what the home page's feed carries (its table's cells).
-_FLEET_FIELDS = (
-    "pool",
-    "serving_replicas",
-    "desired_replicas",
-    "tokens_in_flight",
-    "capacity_tokens_in_flight",
-    "capacity_is_assumed",
-    "utilisation",
-    "queue_depth",
-    "ttft_p95_ms",
-    "prefix_hit_rate",
-    "last_reason",
-)
+def _fleet_cells(pool: PoolRow) -> FleetCells:
+    """Per pool, what the home page's feed carries (its table's cells)."""
+    return {
+        "pool": pool["pool"],
+        "serving_replicas": pool["serving_replicas"],
+        "desired_replicas": pool["desired_replicas"],
+        "tokens_in_flight": pool["tokens_in_flight"],
+        "capacity_tokens_in_flight": pool["capacity_tokens_in_flight"],
+        "capacity_is_assumed": pool["capacity_is_assumed"],
+        "utilisation": pool["utilisation"],
+        "queue_depth": pool["queue_depth"],
+        "ttft_p95_ms": pool["ttft_p95_ms"],
+        "prefix_hit_rate": pool["prefix_hit_rate"],
+        "last_reason": pool["last_reason"],
+    }
 
 
-def fleet_feed(*, now: datetime, sees: Sees) -> dict[str, Any]:
+def fleet_feed(*, now: datetime, sees: Sees) -> FleetFeed:
     """Return the home page's figures as JSON: each pool's cells, the alerts and
     the running rollouts (as the admin API shows them)."""
     overview = fleet_overview(now=now, sees=sees)
     return {
         "refreshed_at": now.isoformat(),
-        "pools": [{k: p[k] for k in _FLEET_FIELDS} for p in overview["pools"]],
+        "pools": [_fleet_cells(p) for p in overview["pools"]],
         "alerts": overview["alerts"],
         "rollouts": [services.rollout_dict(r) for r in overview["rollouts"]],
     }
@@ -357,7 +479,7 @@ def fleet_feed(*, now: datetime, sees: Sees) -> dict[str, Any]:
 
 def team_usage(
     *, since: datetime, team_id: str | None = None, by_day: bool = False
-) -> list[dict[str, Any]]:
+) -> list[TeamUsage]:
     """Return usage since ``since`` per team and model (and day, with ``by_day``):
     requests, prompt (and cached), output tokens, 429s (rate limited) and shed."""
     rows = Usage.objects.filter(minute__gte=since)
@@ -380,6 +502,21 @@ def team_usage(
         )
         .order_by(*(["-day"] if by_day else []), "team_id", "model_id")
     )
-    return [
-        {**row, "tokens": row["prompt_tokens"] + row["output_tokens"]} for row in totals
-    ]
+    usage = []
+    for row in totals:
+        entry: TeamUsage = {
+            "team_id": row["team_id"],
+            "model_id": row["model_id"],
+            "requests": row["requests"],
+            "prompt_tokens": row["prompt_tokens"],
+            "cached_tokens": row["cached_tokens"],
+            "output_tokens": row["output_tokens"],
+            "rate_limited": row["rate_limited"],
+            "shed": row["shed"],
+            "batch_requests": row["batch_requests"],
+            "tokens": row["prompt_tokens"] + row["output_tokens"],
+        }
+        if by_day:
+            entry["day"] = row["day"]
+        usage.append(entry)
+    return usage

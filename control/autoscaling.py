@@ -3,7 +3,9 @@ and writes the desired size and a row saying why.
 
 Public surface: ``autoscale_region``, ``pool_signals``, ``scaling_settings``,
 ``read_load_shares``, ``pool_state``, ``pool_figures``, ``autoscaling_dict``,
-``get_pool``, ``set_pool_autoscaling``, ``prune_decisions``.
+``decision_dict``, ``get_pool``, ``set_pool_autoscaling``, ``prune_decisions``, and
+the JSON they hand to views and the console: ``PoolStateOut`` (with ``PoolOut``,
+``ReplicaStateOut``), ``AutoscalingOut`` (``ScheduleRuleOut``), ``DecisionOut``.
 
 The policy is ``models_registry.domain.autoscaler.decide`` (the same function the fleet
 simulator runs in virtual time). Per pool of the region, each tick (the Celery beat
@@ -42,7 +44,7 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import redis
 from django.conf import settings
@@ -103,6 +105,127 @@ class TickResult:
     pool_id: int
     decision: Decision
     written: bool  # desired_replicas changed (and a row was written)
+
+
+# -- the JSON handed to views and the console (control.api.serializers draws them) --
+
+
+class LastTick(TypedDict):
+    """What a tick saw and decided, kept in ``Pool.autoscaler_state["last"]``."""
+
+    at: str  # ISO 8601
+    current: int
+    desired: int
+    reason: str  # a Reason value
+    utilisation: float | None
+    stable_utilisation: float | None
+    is_panicking: bool
+    is_capacity_exhausted: bool
+    capacity_is_assumed: bool
+    load_source: str
+    signals: dict[str, float]
+
+
+class ScheduleRuleOut(TypedDict):
+    """A schedule row: at least ``min_replicas`` on these weekdays, these minutes."""
+
+    weekdays: list[int]
+    start_minute: int
+    end_minute: int
+    min_replicas: int
+
+
+class AutoscalingOut(TypedDict):
+    """A pool's autoscaling settings (``SCALING_FIELDS``) and schedule."""
+
+    model: str
+    version: str
+    region: str
+    min_replicas: int
+    max_replicas: int
+    warm_floor: int
+    target_utilisation: float
+    scale_down_utilisation: float
+    stable_window_s: float
+    panic_window_s: float
+    panic_factor: float
+    scale_down_interval_s: float
+    desired_replicas: int
+    schedule: list[ScheduleRuleOut]
+
+
+class DecisionOut(TypedDict):
+    """One ``ScalingDecision`` row: a size the autoscaler changed, and why."""
+
+    decided_at: str  # ISO 8601
+    from_replicas: int
+    to_replicas: int
+    reason: str  # a Reason value
+    utilisation: float | None
+    is_panicking: bool
+    is_capacity_exhausted: bool
+    capacity_is_assumed: bool
+    signals: dict[str, float]
+
+
+class PoolScalingOut(TypedDict):
+    """What the autoscaler adds to a pool of the pool state."""
+
+    desired_replicas: int
+    starting_replicas: int
+    replica_tokens_in_flight: int
+    capacity_is_assumed: bool
+    utilisation: float | None
+    stable_utilisation: float | None
+    autoscaler_tokens_in_flight: int | None
+    autoscaler_queued_tokens: int | None
+    autoscaler_queue_depth: int | None
+    is_capacity_exhausted: bool
+    is_panicking: bool
+    last_reason: str | None
+    observed_at: str | None  # ISO 8601, the last tick's
+    warnings: list[str]
+    autoscaling: AutoscalingOut
+    decisions: list[DecisionOut]
+
+
+class ReplicaStateOut(TypedDict):
+    """A replica of the pool state, as ``engine_nodes.services.pool_state`` lists it."""
+
+    replica_id: str
+    version: str
+    region: str
+    node: str
+    state: str
+    is_silent: bool
+    queue_depth: int
+    tokens_in_flight: int
+    kv_cache_usage_perc: float
+    last_heartbeat: str | None  # ISO 8601
+
+
+class PoolOut(PoolScalingOut):
+    """A pool of the pool state: the fleet's figures, then the autoscaler's."""
+
+    version: str
+    region: str
+    min_replicas: int
+    max_replicas: int
+    serving_replicas: int
+    capacity_tokens_in_flight: int
+    capacity_is_measured: bool
+
+
+class PoolStateOut(TypedDict):
+    """``GET /admin/pools/{model}/state``: a model's replicas, load and pools."""
+
+    model: str
+    region: str | None
+    replicas: list[ReplicaStateOut]
+    queue_depth: int
+    tokens_in_flight: int
+    prefix_hit_rate: float | None
+    pools: list[PoolOut]
 
 
 # -- settings ---------------------------------------------------------------------
@@ -403,7 +526,7 @@ def _tick(
 
 def _last_dict(
     decision: Decision, *, now: datetime, source: str, signals: dict[str, float]
-) -> dict[str, Any]:
+) -> LastTick:
     return {
         "at": now.isoformat(),
         "current": decision.current,
@@ -455,14 +578,23 @@ def get_pool(
 
 def autoscaling_dict(
     pool: Pool, schedule: Iterable[PoolSchedule] | None = None
-) -> dict[str, Any]:
+) -> AutoscalingOut:
     """Return a pool's autoscaling settings and schedule as the API shows them."""
     rows = pool.schedule.all() if schedule is None else schedule
     return {
         "model": pool.model_id,
         "version": pool.version.version,
         "region": pool.region,
-        **{name: getattr(pool, name) for name in SCALING_FIELDS},
+        # SCALING_FIELDS, in their order:
+        "min_replicas": pool.min_replicas,
+        "max_replicas": pool.max_replicas,
+        "warm_floor": pool.warm_floor,
+        "target_utilisation": pool.target_utilisation,
+        "scale_down_utilisation": pool.scale_down_utilisation,
+        "stable_window_s": pool.stable_window_s,
+        "panic_window_s": pool.panic_window_s,
+        "panic_factor": pool.panic_factor,
+        "scale_down_interval_s": pool.scale_down_interval_s,
         "desired_replicas": pool.target_replicas,
         "schedule": [
             {
@@ -478,14 +610,16 @@ def autoscaling_dict(
 
 def pool_state(
     *, model_id: str, now: datetime, region: str | None = None
-) -> dict[str, Any]:
+) -> PoolStateOut:
     """Return the seed's pool state with, per pool, what the autoscaler sees and did.
 
     Per pool: capacity per replica (and whether it is assumed), desired, serving
     and starting replicas, the last tick's utilisation, panic and capacity
     exhausted, the settings and the last decisions, and warnings for an operator.
     """
-    return services.pool_state(
+    # engine_nodes.services builds the fleet's part untyped; PoolStateOut is its
+    # shape with _pool_scaling's keys (control/tests/test_pool_api.py checks it).
+    state = services.pool_state(
         model_id=model_id,
         now=now,
         region=region,
@@ -499,18 +633,19 @@ def pool_state(
                 to_attr="last_decisions",
             ),
         ),
-        describe_pool=_pool_scaling,
+        describe_pool=lambda pool, starting: dict(_pool_scaling(pool, starting)),
     )
+    return cast(PoolStateOut, state)
 
 
-def _pool_scaling(pool: Pool, starting: int) -> dict[str, Any]:
+def _pool_scaling(pool: Pool, starting: int) -> PoolScalingOut:
     per_replica, is_assumed = replica_capacity(pool)
     last = pool.last_tick()
     signals = last.get("signals")
     if not isinstance(signals, dict):
         signals = {}
     is_exhausted = bool(last.get("is_capacity_exhausted"))
-    warnings = []
+    warnings: list[str] = []
     if is_exhausted:
         warnings.append(
             "capacity exhausted: the region's nodes have no GPUs for the replicas "
@@ -545,7 +680,7 @@ def _pool_scaling(pool: Pool, starting: int) -> dict[str, Any]:
     }
 
 
-def decision_dict(row: ScalingDecision) -> dict[str, Any]:
+def decision_dict(row: ScalingDecision) -> DecisionOut:
     """Return a decision row as the API shows it."""
     return {
         "decided_at": row.decided_at.isoformat(),

@@ -2,13 +2,17 @@
 
 Moving the alias and rollouts is ``rollouts.services``; a pool's live state (its
 replicas and hit rate) is ``engine_nodes.services.pool_state``.
+
+What the API shows is typed here, next to what builds it: ``ModelOut`` (with
+``VersionOut`` and ``PoolSizeOut``), ``GateRunOut``, ``GatesSummary``,
+``GateHistory`` (``models_registry.api.serializers`` draws the same shapes).
 """
 
 from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -208,7 +212,94 @@ def _validate_identity(
         raise InvalidRequest(f"engine_config {problems[0]}", param="engine_config")
 
 
-def model_dict(model: Model) -> dict[str, Any]:
+# -- what the API shows ---------------------------------------------------------------
+
+
+class GateRunOut(TypedDict):
+    """One gate of one attempt."""
+
+    gate: str  # a GateKind value
+    attempt: int
+    state: str
+    detail: str
+    progress: dict[str, int]  # {"done": n, "total": n}
+    result: Any  # the gate's own JSON (GateRun.result)
+    requested_by: str
+    started_at: str | None  # ISO 8601
+    finished_at: str | None
+
+
+class GatesSummary(TypedDict):
+    """A version's last gate attempt, gate by gate."""
+
+    attempt: int
+    gates: list[GateRunOut]
+
+
+class GateHistory(TypedDict):
+    """Every gate attempt of a version, newest first."""
+
+    model: str
+    version: str
+    status: str
+    status_reason: str
+    runs: list[GateRunOut]
+
+
+class RegionCopyOut(TypedDict):
+    """Where a version's weights are in one region."""
+
+    state: str
+    uri: str
+    detail: str
+
+
+class VersionOut(TypedDict):
+    """A registered version (its chat template by hash only)."""
+
+    model: str
+    version: str
+    weights_uri: str
+    weights_hash: str
+    tokenizer_hash: str
+    chat_template_hash: str
+    precision: str
+    gpus_per_replica: int
+    engine_config: dict[str, Any]  # the engine's own settings (JSON)
+    eval_report_uri: str | None
+    load_test_tokens_per_s: float | None
+    load_test_tokens_in_flight: int | None
+    load_test_prefix_hit_rate: float | None
+    status: str
+    status_reason: str
+    gates: GatesSummary | None
+    regions: dict[str, RegionCopyOut]
+    created_at: str  # ISO 8601
+
+
+class PoolSizeOut(TypedDict):
+    """A pool of a model as the model listing shows it: where, and its bounds."""
+
+    version: str
+    region: str
+    min_replicas: int
+    max_replicas: int
+    staging: bool
+
+
+class ModelOut(TypedDict):
+    """A model with its versions and pools."""
+
+    model: str
+    description: str
+    live_version: str | None
+    canary_version: str | None
+    canary_percent: float
+    versions: list[VersionOut]
+    pools: list[PoolSizeOut]
+
+
+def model_dict(model: Model) -> ModelOut:
     """Return a model with its versions and pools as the API shows it.
 
     Where its traffic goes beyond the alias (the pending rollout) is added by
@@ -237,7 +328,7 @@ def model_dict(model: Model) -> dict[str, Any]:
     }
 
 
-def version_dict(version: ModelVersion) -> dict[str, Any]:
+def version_dict(version: ModelVersion) -> VersionOut:
     """Return a version as the API shows it (the chat template by its hash only)."""
     return {
         "model": version.model_id,
@@ -446,7 +537,7 @@ def accept_version(
     return found
 
 
-def gate_run_dict(run: GateRun) -> dict[str, Any]:
+def gate_run_dict(run: GateRun) -> GateRunOut:
     """Return one gate of one attempt as the API shows it."""
     return {
         "gate": run.kind,
@@ -461,7 +552,7 @@ def gate_run_dict(run: GateRun) -> dict[str, Any]:
     }
 
 
-def gates_summary(version: ModelVersion) -> dict[str, Any] | None:
+def gates_summary(version: ModelVersion) -> GatesSummary | None:
     """Return the version's last gate attempt, gate by gate (None before any)."""
     attempt = latest_attempt(version)
     if not attempt:
@@ -477,7 +568,7 @@ def gates_summary(version: ModelVersion) -> dict[str, Any] | None:
     }
 
 
-def gate_history(model_id: str, version: str) -> dict[str, Any]:
+def gate_history(model_id: str, version: str) -> GateHistory:
     """Return every gate attempt of ``model@version``, newest first."""
     found = get_version(model_id, version)
     runs = list(GateRun.objects.filter(version=found).order_by("-attempt", "id"))

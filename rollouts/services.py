@@ -3,14 +3,15 @@
 The registry holds what exists (models, versions, pools); this app moves traffic
 between versions and keeps the rollout history. It depends on the registry, never
 the reverse: a model shown with its pending rollout (``model_detail``) is built
-here, on top of the registry's ``model_dict``.
+here, on top of the registry's ``model_dict``. What the API shows is typed next to
+what builds it: ``RolloutOut``, ``ModelDetail``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 from django.db import transaction
 from django.utils import timezone
@@ -20,6 +21,7 @@ from models_registry.domain.gates import traffic_refusal
 from models_registry.domain.identity import VersionStatus
 from models_registry.models import Model, ModelVersion
 from models_registry.services import (
+    ModelOut,
     gates_running,
     get_model,
     get_version,
@@ -248,7 +250,36 @@ def _retention_s(model: Model) -> float:
         return DEFAULT_PLAN.retention_s
 
 
-def model_detail(model_id: str) -> dict[str, Any]:
+class RolloutOut(TypedDict):
+    """A rollout row."""
+
+    id: int
+    model: str
+    version: str
+    stage: str  # a Stage value
+    percent: float
+    started_at: str  # ISO 8601, as every *_at below
+    guard_metrics: dict[str, Any]  # the guards' last readings (JSON)
+    decision: str  # a Decision value
+    decided_at: str | None
+    plan: dict[str, Any] | None  # its RolloutPlan (JSON); None: a stage set by hand
+    step: int
+    step_started_at: str | None
+    paused: bool
+    approved_step: int | None
+    reason: str
+    previous_version: str | None
+    retire_after: str | None
+    retired_at: str | None
+
+
+class ModelDetail(ModelOut):
+    """A model as the API shows it: the registry's view and its pending rollout."""
+
+    rollout: RolloutOut | None
+
+
+def model_detail(model_id: str) -> ModelDetail:
     """Return a model as the API shows it: the registry's view plus its pending rollout.
 
     Raises NotFound for an unknown model.
@@ -265,7 +296,7 @@ def model_detail(model_id: str) -> dict[str, Any]:
     }
 
 
-def rollout_dict(rollout: Rollout) -> dict[str, Any]:
+def rollout_dict(rollout: Rollout) -> RolloutOut:
     """Return a rollout row as the API shows it."""
     return {
         "id": rollout.pk,

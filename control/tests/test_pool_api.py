@@ -18,10 +18,20 @@ from control.api.serializers import (
     AutoscalingOutSerializer,
     DecisionSerializer,
     PoolSerializer,
+    PoolStateSerializer,
+    ReplicaStateSerializer,
+)
+from control.autoscaling import (
+    AutoscalingOut,
+    DecisionOut,
+    PoolOut,
+    PoolStateOut,
+    ReplicaStateOut,
+    ScheduleRuleOut,
 )
 from engine_nodes.models import ScalingDecision
 from models_registry import services as registry_services
-from models_registry.models import ModelVersion, Pool, PoolSchedule
+from models_registry.models import SCALING_FIELDS, ModelVersion, Pool, PoolSchedule
 from tests.factories import ReplicaFactory, digest, version_body
 
 pytestmark = pytest.mark.django_db
@@ -240,6 +250,38 @@ def test_pool_state_shows_what_the_autoscaler_sees_and_did(
     assert set(decision) == set(DecisionSerializer().fields)
     assert (decision["from_replicas"], decision["to_replicas"]) == (3, 5)
     assert entry["autoscaling"]["target_utilisation"] == 0.7
+
+
+def test_pool_state_has_the_keys_its_typed_dicts_and_serializers_name(
+    admin_client: APIClient, pool: Pool
+) -> None:
+    """``PoolStateOut`` types what ``engine_nodes.services.pool_state`` builds (a
+    cast): the JSON, the TypedDicts and the serializers name the same keys."""
+    for _ in range(3):
+        ReplicaFactory(version=pool.version, region="eu", last_heartbeat=T0)
+    PoolSchedule.objects.create(pool=pool, **WEEKDAY_MORNINGS)
+    tick(pool, T0, tokens=90_000)
+    tick(pool, T0 + timedelta(seconds=5), tokens=120_000)  # decision rows
+
+    with time_machine.travel(T0 + timedelta(seconds=6), tick=False):
+        data = admin_client.get("/admin/pools/chat-7b/state").json()
+
+    def keys(typed: Any) -> set[str]:
+        required: frozenset[str] = typed.__required_keys__
+        return set(required)
+
+    assert set(data) == keys(PoolStateOut) == set(PoolStateSerializer().fields)
+    [entry] = data["pools"]
+    assert set(entry) == keys(PoolOut) == set(PoolSerializer().fields)
+    replica = data["replicas"][0]
+    assert set(replica) == keys(ReplicaStateOut) == set(ReplicaStateSerializer().fields)
+    decision = entry["decisions"][0]
+    assert set(decision) == keys(DecisionOut) == set(DecisionSerializer().fields)
+    shown = entry["autoscaling"]
+    assert set(shown) == keys(AutoscalingOut) == set(AutoscalingOutSerializer().fields)
+    assert set(SCALING_FIELDS) <= keys(AutoscalingOut)
+    [rule] = shown["schedule"]
+    assert set(rule) == keys(ScheduleRuleOut)
 
 
 def test_pool_state_queries_do_not_grow_with_pools_and_decisions(
