@@ -20,10 +20,15 @@ regions are separate runs that share no state, each pool its own run:
   autoscaler. At ``loss_at_s`` every replica is lost at once (``lose_replica``):
   what was in flight fails (a request before its first token is retried on the
   region's other replicas, which are gone too). Requests keep arriving at A until
-  the global load balancer notices: HAProxy marks a server down after ``fall``
-  failed checks ``inter_s`` apart, so the detection window is ``inter_s x fall``
-  (defaults 2 s x 2 = 4 s, HAProxy's ``inter 2s fall 2``); each of those requests
-  finds no replica and fails at once. A's run stops at the end of the window.
+  the global load balancer notices, judged by its own rules: every ``inter_s``
+  HAProxy asks A's ``/healthz``, whose verdict is the gateway's readiness rule
+  (``routing.domain.readiness.judge_readiness``: A's gateway and control plane
+  stay up, but its pools have no serving replica), and ``HealthCheck.observe``
+  (``routing.domain.global_lb``, the rendered ``inter 2s fall 2``) takes A out
+  after ``fall`` failed checks in a row. The checks' phase is the worst one: a
+  check passed at the instant of the loss, so detection comes ``inter_s x fall``
+  after it (4 s by default). Each request sent to A meanwhile finds no replica
+  and fails at once. A's run stops at detection.
 - **region B** (the survivor): the same pools at half load, with batch filling the
   chat pool's idle capacity (``drills.domain.batch_drill.JobSource``: the real
   batch scheduler, idle-only, its lines at the batch tier) and the platform's
@@ -77,6 +82,8 @@ from drills.domain.fleet_scaling import ColdStart, FleetAutoscaling
 from drills.domain.overload import Check
 from drills.domain.replica import FleetRequest
 from drills.domain.workload import Arrival, ChatWorkload, Conversations, TeamSpec
+from routing.domain.global_lb import HealthCheck, ServerHealth
+from routing.domain.readiness import Readiness, judge_readiness
 from routing.domain.tiers import Tier
 from simengine.domain.percentiles import percentile
 
@@ -108,6 +115,11 @@ _FAILED = ("error", "no_replica", "shed", "unfinished")
 _SHIFTED_USER_OFFSET = 1 << 22
 _BATCH_LINES = 10**7  # a job the run never finishes: batch always has work
 _SETTLE_S = 60.0  # the autoscaler's first tick (the pools start with cold caches)
+_CHECK = HealthCheck()  # the rendered haproxy.cfg's checks
+# The lost region's snapshot is fresh (its control plane answers): any bound holds.
+_MAX_SNAPSHOT_AGE_S = 10.0
+# A region that passes its checks this long after a loss has a rule gone wrong.
+_MAX_CHECKS = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,8 +151,8 @@ class FailoverScenario:
     loss_at_s: float = 180.0
     duration_s: float = 780.0
     shift_s: float = 300.0
-    check_inter_s: float = 2.0
-    check_fall: int = 2
+    check_inter_s: float = _CHECK.inter_s
+    check_fall: int = _CHECK.fall
     batch_ceiling: float = 0.6
     batch_jobs: int = 8
     batch_team: TeamSpec = BATCH_TEAM
@@ -182,15 +194,53 @@ class FailoverScenario:
     @property
     def window_s(self) -> float:
         """The load balancer's health-check window: ``inter x fall``."""
-        return self.check_inter_s * self.check_fall
+        return self.health_check.window_s
 
     @property
     def loss_t(self) -> float:
         return self.warmup_s + self.loss_at_s
 
     @property
+    def health_check(self) -> HealthCheck:
+        """The global load balancer's checks, at the scenario's ``inter`` and
+        ``fall``."""
+        return HealthCheck(inter_s=self.check_inter_s, fall=self.check_fall)
+
+    @property
+    def detect_s(self) -> float:
+        """Seconds from the loss until the load balancer takes the region out."""
+        check = self.health_check
+        health = ServerHealth()
+        # Worst phase: the check at the instant of the loss ran just before it.
+        for k in range(_MAX_CHECKS):
+            at = k * check.inter_s
+            health = check.observe(
+                health, is_passed=self.lost_region_readiness(at).ready
+            )
+            if not health.is_up:
+                return at
+        raise ValueError("the lost region never failed its health checks")
+
+    @property
     def detect_t(self) -> float:
-        return self.loss_t + self.window_s
+        return self.loss_t + self.detect_s
+
+    def lost_region_readiness(self, since_loss_s: float) -> Readiness:
+        """What the lost region's ``/healthz`` says ``since_loss_s`` after the
+        loss (at 0, just before it): its gateway, Redis and control plane are up;
+        its pools' replicas are gone."""
+        is_lost = since_loss_s > 0
+        serving = {"chat": 0 if is_lost else self.chat_replicas}
+        if self.reasoning_replicas:
+            serving["reasoning"] = 0 if is_lost else self.reasoning_replicas
+        return judge_readiness(
+            has_snapshot=True,
+            snapshot_age_s=0.0,
+            control_plane_up=True,
+            max_snapshot_age_s=_MAX_SNAPSHOT_AGE_S,
+            redis="up",
+            serving=serving,
+        )
 
     @property
     def end_t(self) -> float:
@@ -577,7 +627,7 @@ def _run_lost(pool: _Pool, s: FailoverScenario) -> FleetResult:
             FleetEvent(at=s.loss_t, kind="lose_replica", count=pool.config.replicas)
         ],
     )
-    return sim.run(s.loss_at_s + s.window_s, warmup_s=s.warmup_s, drain_s=0.0)
+    return sim.run(s.loss_at_s + s.detect_s, warmup_s=s.warmup_s, drain_s=0.0)
 
 
 def _run_survivor(

@@ -1,6 +1,6 @@
 """The global load balancer's configuration (HAProxy), rendered from the regions.
 
-Public surface: ``Region``, ``HealthCheck``, ``render_haproxy``.
+Public surface: ``Region``, ``HealthCheck``, ``ServerHealth``, ``render_haproxy``.
 
 One frontend per region: a client reaches the frontend of its nearest region (in
 production a GeoDNS name per region points there; here each has its own port). Its
@@ -26,7 +26,10 @@ so traffic stays home while home is healthy and moves only when it is not:
   enough for a reasoning model's minutes-long stream.
 
 The output is deterministic (the same regions give the same text), so the copy in
-``platform/haproxy/`` is checked against a fresh rendering.
+``platform/haproxy/`` is checked against a fresh rendering. ``HealthCheck.observe``
+and ``HealthCheck.connection_failed`` state the same rules as code (a server's
+state after each check), so the failover simulation
+(``drills.domain.failover_drill``) judges a lost region by the rendered rules.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["HealthCheck", "Region", "render_haproxy"]
+__all__ = ["HealthCheck", "Region", "ServerHealth", "render_haproxy"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +63,34 @@ class HealthCheck:
         connections are refused or its /healthz says 503; a region that hangs holds
         each check up to ``timeout check`` (2 s) longer."""
         return self.inter_s * self.fall
+
+    def observe(self, health: ServerHealth, *, is_passed: bool) -> ServerHealth:
+        """Return a server's state after one check (``default-server ... fall rise``).
+
+        Up, ``fall`` failed checks in a row take it down; down, ``rise`` passed
+        checks in a row bring it back; a check that agrees with the state resets
+        the count.
+        """
+        if is_passed == health.is_up:
+            return ServerHealth(is_up=health.is_up)
+        streak = health.streak + 1
+        if streak >= (self.fall if health.is_up else self.rise):
+            return ServerHealth(is_up=not health.is_up)
+        return ServerHealth(is_up=health.is_up, streak=streak)
+
+    def connection_failed(self, health: ServerHealth) -> ServerHealth:
+        """Return a server's state after a request's connection to it failed:
+        down at once (``observe layer4 error-limit 1 on-error mark-down``)."""
+        return ServerHealth(is_up=False) if health.is_up else health
+
+
+@dataclass(frozen=True, slots=True)
+class ServerHealth:
+    """A server as HAProxy's checks see it: up or down, and how many checks in a
+    row have said otherwise."""
+
+    is_up: bool = True
+    streak: int = 0
 
 
 def _ms(seconds: float) -> str:

@@ -121,3 +121,17 @@ def test_the_window_must_end_inside_the_run() -> None:
         FailoverScenario(loss_at_s=100.0, duration_s=102.0)
     with pytest.raises(ValueError, match="check_fall"):
         FailoverScenario(check_fall=0)
+
+
+def test_detection_follows_the_load_balancer_and_readiness_rules() -> None:
+    s = replace(small_scenario(), check_inter_s=1.5, check_fall=3)
+    # The check at the loss passed; the region's /healthz fails from the next
+    # one on (no serving replica), and the third failure in a row takes it out.
+    assert s.lost_region_readiness(0.0).ready
+    after = s.lost_region_readiness(s.check_inter_s)
+    assert not after.ready
+    assert "no serving replica for chat" in after.reasons
+    assert s.detect_s == 3 * 1.5 == s.window_s
+    assert s.detect_t == s.loss_t + 4.5
+    # The default is the rendered haproxy.cfg's: inter 2s fall 2.
+    assert FailoverScenario().detect_s == 4.0

@@ -9,7 +9,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from routing.domain.global_lb import HealthCheck, Region, render_haproxy
+from routing.domain.global_lb import HealthCheck, Region, ServerHealth, render_haproxy
 from routing.management.commands.render_haproxy import parse_region
 
 REGIONS = (
@@ -114,3 +114,24 @@ def test_the_command_takes_names_and_bracketed_ipv6() -> None:
     assert parse_region("east=gw.example:8010,[::1]:8000") == Region(
         "east", gateway="gw.example:8010", listen="[::1]:8000"
     )
+
+
+def test_health_check_takes_a_server_out_after_fall_failures_and_back_after_rise() -> (
+    None
+):
+    check = HealthCheck(inter_s=2.0, fall=3, rise=2)
+    health = ServerHealth()
+    seen = []
+    for is_passed in (False, False, True, False, False, False, True, False, True, True):
+        health = check.observe(health, is_passed=is_passed)
+        seen.append(health.is_up)
+    # A pass between failures resets the count: down only at the third in a row;
+    # back only at the second pass in a row.
+    assert seen == [True, True, True, True, True, False, False, False, False, True]
+
+
+def test_a_failed_connection_marks_a_server_down_at_once() -> None:
+    check = HealthCheck(fall=5)
+    health = check.connection_failed(ServerHealth())
+    assert not health.is_up
+    assert check.observe(health, is_passed=True).is_up is False  # rise 2
