@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from engine_nodes.actuators import KubernetesActuator
 from engine_nodes.domain.beats import ReplicaBeat
-from engine_nodes.domain.convergence import ReplicaView, converge
+from engine_nodes.domain.convergence import ReplicaView, StartReplica, converge_steps
 from engine_nodes.domain.k8s import (
     DeploymentTemplate,
     FollowAction,
@@ -161,8 +161,8 @@ def reconcile_pools(
 ) -> tuple[list[Replica], list[str]]:
     """Move each pool of ``region`` toward its target size; return the changes.
 
-    What to do about each pool is ``engine_nodes.domain.convergence.converge``:
-    starting and loading replicas count toward the target; above it, replicas
+    What to do about each pool is ``engine_nodes.domain.convergence``'s step
+    (``converge_steps``; the fleet simulator drives the same one): starting and loading replicas count toward the target; above it, replicas
     that never served are cancelled, then one replica at a time is marked
     ``draining`` (the least loaded, only while the others serving make the
     target), whichever node holds it: that node's agent drains and stops it.
@@ -191,7 +191,7 @@ def reconcile_pools(
                     state=ReplicaState.GONE
                 )
             )
-            plan = converge(
+            steps = converge_steps(
                 pool.target_replicas,
                 [
                     ReplicaView(
@@ -207,34 +207,56 @@ def reconcile_pools(
                 ],
             )
             states = {r.replica_id: r.state for r in replicas}
-            for replica_id in plan.drain:
-                updated = Replica.objects.filter(
-                    pk=replica_id, state=states[replica_id]
-                ).update(state=ReplicaState.DRAINING)
-                if updated:
-                    drained.append(replica_id)
-            if pool.version_id in skip_version_ids:
-                continue
-            for _ in range(plan.start):
-                gpus = pool.version.gpus_per_replica
-                if gpus > gpus_free:
+            done: bool | None = None  # the answer to the last effect
+            while True:
+                try:
+                    effect = next(steps) if done is None else steps.send(done)
+                except StopIteration:
                     break
-                port = allocate_port()
-                replica = Replica.objects.create(
-                    # A port is reused once its replica is gone, and gone rows stay
-                    # for the record: the suffix keeps ids unique.
-                    replica_id=f"{pool.model_id}-{pool.version.version}-{region}-"
-                    f"{node}-{port}-{secrets.token_hex(3)}",
-                    model_id=pool.model_id,
-                    version=pool.version,
-                    region=region,
-                    node=node,
-                    url=replica_url(host, port),
-                    state=ReplicaState.STARTING,
-                )
-                gpus_free -= gpus
-                created.append(replica)
+                if isinstance(effect, StartReplica):
+                    gpus = pool.version.gpus_per_replica
+                    done = pool.version_id not in skip_version_ids and gpus <= gpus_free
+                    if done:
+                        created.append(
+                            _create_replica(
+                                pool,
+                                region=region,
+                                node=node,
+                                host=host,
+                                port=allocate_port(),
+                            )
+                        )
+                        gpus_free -= gpus
+                else:
+                    # Cancelled or drained, the row says draining: the agent holding
+                    # it stops it (at once when it never served). Compare-and-set:
+                    # a replica that changed state meanwhile is left alone.
+                    done = bool(
+                        Replica.objects.filter(
+                            pk=effect.replica_id, state=states[effect.replica_id]
+                        ).update(state=ReplicaState.DRAINING)
+                    )
+                    if done:
+                        drained.append(effect.replica_id)
     return created, drained
+
+
+def _create_replica(
+    pool: Pool, *, region: str, node: str, host: str, port: int
+) -> Replica:
+    """Create a ``starting`` replica of ``pool`` on ``node``, served at ``port``."""
+    return Replica.objects.create(
+        # A port is reused once its replica is gone, and gone rows stay for the
+        # record: the suffix keeps ids unique.
+        replica_id=f"{pool.model_id}-{pool.version.version}-{region}-"
+        f"{node}-{port}-{secrets.token_hex(3)}",
+        model_id=pool.model_id,
+        version=pool.version,
+        region=region,
+        node=node,
+        url=replica_url(host, port),
+        state=ReplicaState.STARTING,
+    )
 
 
 def pool_versions(*, region: str) -> list[ModelVersion]:

@@ -23,8 +23,10 @@ What runs is the gateway's decision code, not a copy of it:
   replica before its first token is retried on the next candidate within the
   budget; one that had tokens ends with an error and is metered for them);
 - autoscaling (``FleetConfig.autoscaling``): ``models_registry.domain.autoscaler.
-  decide`` every 5 s, the live task's policy; new replicas join the ring after a
-  cold or warm start and scale-downs drain (``drills.domain.fleet_scaling``).
+  decide`` every 5 s, the live task's policy, and the live reconcile's
+  convergence (``engine_nodes.domain.convergence.converge_steps``, its effects
+  performed here: starts, cancels, one drain at a time); new replicas join the
+  ring after a cold or warm start (``drills.domain.fleet_scaling``).
 
 Replicas are ``drills.domain.replica.FleetReplica`` (the engine's step-time model
 and vLLM's block pool, or SGLang's radix cache with ``FleetConfig.engine``
@@ -61,6 +63,14 @@ from drills.domain.fleet_result import FleetResult, Sample
 from drills.domain.fleet_scaling import FleetScaler
 from drills.domain.replica import FleetReplica, FleetRequest
 from drills.domain.workload import Arrival, ChatWorkload, TeamSpec
+from engine_nodes.domain.convergence import (
+    CancelReplica,
+    Effect,
+    ReplicaView,
+    StartReplica,
+    converge_steps,
+)
+from engine_nodes.domain.liveness import ReplicaState
 from routing.domain.admission import Outcome, Verdict
 from routing.domain.admission_control import (
     AdmissionControl,
@@ -164,6 +174,7 @@ class FleetSim:
         team_list = list(workload.teams if workload is not None else ()) + list(teams)
         self.teams: dict[str, TeamSpec] = {team.name: team for team in team_list}
         self.replicas: dict[str, FleetReplica] = {}
+        self._created: dict[str, float] = {}
         self.serving: list[FleetReplica] = []
         self.pool = FleetPool(
             self.serving,
@@ -325,6 +336,8 @@ class FleetSim:
             cache=self.config.replica_cache,
         )
         self.replicas[replica.replica_id] = replica
+        # The order of creation: convergence's "newest" among equals.
+        self._created[replica.replica_id] = float(index)
         return replica
 
     def _serve(self, replica: FleetReplica) -> None:
@@ -657,31 +670,76 @@ class FleetSim:
     def _on_scale(self) -> None:
         """Call the platform's policy and converge to its desired size."""
         scaler = self.scaler
-        assert scaler is not None and self._result is not None
+        assert scaler is not None
         decision = scaler.decide(
             self.now,
             serving=len(self.serving),
             tokens_in_flight=self.pool.in_flight,
             queued=self.admission.waiting(_POOL),
         )
+        self.converge(decision.desired)
+
+    def replica_views(self) -> list[ReplicaView]:
+        """Return the pool as the agent's rows would show it at ``now``: serving
+        replicas with their tokens in flight, starts in progress, the draining."""
+        now = self.now
+        views = [
+            ReplicaView(
+                replica.replica_id,
+                ReplicaState.SERVING,
+                tokens_in_flight=replica.tokens_in_flight(now),
+                created_at=self._created[replica.replica_id],
+            )
+            for replica in self.serving
+        ]
+        if self.scaler is not None:
+            views += [
+                ReplicaView(replica_id, state, created_at=self._created[replica_id])
+                for replica_id, state in self.scaler.unready(now)
+            ]
+        views += [
+            ReplicaView(
+                replica_id,
+                ReplicaState.DRAINING,
+                created_at=self._created[replica_id],
+            )
+            for replica_id in self._draining
+        ]
+        return views
+
+    def converge(self, target: int) -> list[Effect]:
+        """Move the pool toward ``target`` replicas by the live reconcile's step.
+
+        ``engine_nodes.domain.convergence.converge_steps`` judges
+        ``replica_views()``; this performs its effects on the modelled replicas.
+        Returns the effects performed, in order.
+        """
+        scaler = self.scaler
+        assert scaler is not None and self._result is not None
+        now = self.now
+        views = self.replica_views()
+        steps = converge_steps(target, views)
         events = self._result.events
-        for _ in range(decision.desired - decision.current):
-            replica = self._new_replica()
-            start = scaler.start(replica.replica_id, self.now)
-            self._push(start.ready_at, _READY, replica)
-            kind = "warm" if start.is_warm else "cold"
-            events.append((self.now, f"replica {replica.replica_id} starting {kind}"))
-        for _ in range(decision.current - decision.desired):
-            # A start not yet serving is the cheapest to give up; else drain the
-            # replica with the least to finish.
-            cancelled = scaler.cancel_start(self.now)
-            if cancelled is not None:
-                events.append((self.now, f"replica {cancelled} cancelled"))
-            elif self.serving:
-                now = self.now
-                self._drain(
-                    min(reversed(self.serving), key=lambda r: r.tokens_in_flight(now))
-                )
+        performed: list[Effect] = []
+        done: bool | None = None  # the answer to the last effect
+        while True:
+            try:
+                effect = next(steps) if done is None else steps.send(done)
+            except StopIteration:
+                return performed
+            performed.append(effect)
+            if isinstance(effect, StartReplica):
+                replica = self._new_replica()
+                start = scaler.start(replica.replica_id, now)
+                self._push(start.ready_at, _READY, replica)
+                kind = "warm" if start.is_warm else "cold"
+                events.append((now, f"replica {replica.replica_id} starting {kind}"))
+            elif isinstance(effect, CancelReplica):
+                scaler.cancel(effect.replica_id, now)
+                events.append((now, f"replica {effect.replica_id} cancelled"))
+            else:
+                self._drain(self.replicas[effect.replica_id])
+            done = True
 
     def _drain(self, replica: FleetReplica) -> None:
         """Take ``replica`` out of the ring; it stops when its streams end."""

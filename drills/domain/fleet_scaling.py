@@ -29,10 +29,15 @@ machinery would (the agent, the node pool, the bill):
   weights pull (268 s). A replica stopped after a drain gives its node back to the
   pool when the pool is short (instantly: the weights are on its disk), else the
   node is released. Warm nodes are GPUs that are up: they are billed.
-- **Scale-down** (``FleetSim``): the start that would serve last is cancelled
-  first; otherwise one serving replica (the one with the fewest tokens in flight)
-  leaves the ring at once, its streams finish, then it stops. Streams still
-  running at ``drain_deadline_s`` end with an error (``Drain.errors``).
+- **Convergence** (``FleetSim``): the live reconcile's own step,
+  ``engine_nodes.domain.convergence.converge_steps``, moves the pool to the
+  policy's desired size. Starts in progress count (``starting`` until the node is
+  up with the weights on its disk, then ``loading``); above target, starts that
+  never served are cancelled (``starting`` first, then ``loading``, newest
+  first), else one serving replica (the fewest tokens in flight, ties to the
+  newest) leaves the ring, and no other drains while it does. Its streams finish,
+  then it stops; streams still running at ``drain_deadline_s`` (600 s, the live
+  ``PLATFORM_DRAIN_TIMEOUT_S``) end with an error (``Drain.errors``).
 - **The bill**: every node is billed from its node start to its release (a
   replica's whole life, starting and draining included, and every warm or
   provisioning node); ``ScalingLog.gpu_hours`` integrates it over a window.
@@ -44,6 +49,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from drills.domain.capacity_plan import Scenario
+from engine_nodes.domain.liveness import ReplicaState
 from models_registry.domain.autoscaler import (
     AutoscalerState,
     PoolSignals,
@@ -127,7 +133,7 @@ class FleetAutoscaling:
     cold_start: ColdStart = field(default_factory=ColdStart)
     warm_nodes: int = 0
     gpu_budget: int = _UNBOUNDED_GPUS
-    drain_deadline_s: float = 60.0
+    drain_deadline_s: float = 600.0  # the live PLATFORM_DRAIN_TIMEOUT_S's default
     capacity_is_assumed: bool = False
     first_tick_s: float = 0.0
 
@@ -209,7 +215,8 @@ class FleetScaler:
     """The autoscaler's state and the machinery's bookkeeping, for one ``FleetSim``.
 
     The simulator is its one caller: it asks ``decide`` every interval and reports
-    what it did (``start``, ``cancel_start``, ``drain``, ``stop``, ``joins``).
+    what it did (``start``, ``cancel``, ``drain``, ``stop``, ``joins``) and what
+    starts are in progress (``unready``).
     """
 
     def __init__(
@@ -296,16 +303,26 @@ class FleetScaler:
         self._starting.pop(replica_id, None)
         return True
 
-    def cancel_start(self, now: float) -> str | None:
-        """Cancel the start that would serve last; return its replica, or None."""
-        if not self._starting:
-            return None
-        replica_id = max(self._starting, key=lambda r: (self._starting[r].ready_at, r))
+    def unready(self, now: float) -> list[tuple[str, ReplicaState]]:
+        """Return the starts in progress and their state as the agent would beat
+        it: ``starting`` until the node has the weights on its disk, then
+        ``loading``."""
+        return [
+            (
+                replica_id,
+                ReplicaState.STARTING
+                if now < starting.weights_at
+                else ReplicaState.LOADING,
+            )
+            for replica_id, starting in self._starting.items()
+        ]
+
+    def cancel(self, replica_id: str, now: float) -> None:
+        """Cancel the start of ``replica_id`` (it will not join the ring)."""
         starting = self._starting.pop(replica_id)
         self._cancelled.add(replica_id)
         self.log.cancelled.append(replica_id)
         self._release(replica_id, now, has_weights=now >= starting.weights_at)
-        return replica_id
 
     def drain(self, replica_id: str, now: float) -> None:
         """A serving replica left the ring to drain."""

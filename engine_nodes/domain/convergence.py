@@ -1,6 +1,8 @@
 """How a pool converges to its target size: which replicas to add, which to drain.
 
-Public surface: ``ReplicaView``, ``Convergence``, ``Step``, ``converge``.
+Public surface: ``ReplicaView``, ``Convergence``, ``Step``, ``converge``,
+``converge_steps`` and its effects ``StartReplica``, ``CancelReplica``,
+``DrainReplica``.
 
 The autoscaler (``models_registry.domain.autoscaler``) decides how many replicas a pool
 wants; this module decides, each time a node agent reconciles, what to do about
@@ -26,19 +28,36 @@ the difference, so that no stream is cut by a scale-down:
   its drain ends soonest and, if the deadline passes, ends the fewest streams
   with an error; between equals, the newest has the least warm prefix cache.
 
-Pure: the caller passes what the database holds; the fleet simulator can call it
-on its modelled replicas.
+Pure: the caller passes what the database holds, or what the fleet simulator
+models. ``converge_steps`` is the step written once as a generator of effects (the
+shape of ``routing.domain.admission_control``): it yields ``CancelReplica``,
+``DrainReplica`` and ``StartReplica``, each answered with whether it was done, and
+returns the ``Convergence``. The node agent's reconcile
+(``engine_nodes.services.reconcile_pools``) performs them on the database, the
+fleet simulator (``drills.domain.fleet``) on its modelled replicas in virtual time,
+so a drill measures this code, not a copy of it.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 
 from engine_nodes.domain.liveness import ReplicaState
 
-__all__ = ["Convergence", "ReplicaView", "Step", "converge"]
+__all__ = [
+    "CancelReplica",
+    "Convergence",
+    "DrainReplica",
+    "Effect",
+    "ReplicaView",
+    "StartReplica",
+    "Step",
+    "Steps",
+    "converge",
+    "converge_steps",
+]
 
 _UNREADY = (ReplicaState.STARTING, ReplicaState.LOADING)
 _LEAVING = (ReplicaState.DRAINING, ReplicaState.GONE)
@@ -112,6 +131,51 @@ def converge(target: int, replicas: Sequence[ReplicaView]) -> Convergence:
     else:
         return Convergence(Step.WAIT_SERVING)
     return Convergence(Step.DRAIN, drain=(chosen.replica_id,))
+
+
+@dataclass(frozen=True, slots=True)
+class CancelReplica:
+    """Give up ``replica_id``, which never served (it carries no stream)."""
+
+    replica_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class DrainReplica:
+    """Take ``replica_id`` out of the ring; it stops once its streams end or its
+    drain deadline passes."""
+
+    replica_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class StartReplica:
+    """Start one more replica of the pool."""
+
+
+Effect = CancelReplica | DrainReplica | StartReplica
+# Each effect is answered with whether the driver did it: a replica's state changed
+# meanwhile (compare-and-set lost) or no GPU is left for a start.
+Steps = Generator[Effect, bool, Convergence]
+
+
+def converge_steps(target: int, replicas: Sequence[ReplicaView]) -> Steps:
+    """Yield what moves ``replicas`` toward ``target``; return the ``Convergence``.
+
+    Cancels and the drain come first (a convergence never both starts and drains);
+    starts stop at the first one the driver could not do (no GPU left), so a
+    driver's answer is the only way the count falls short.
+    """
+    plan = converge(target, replicas)
+    if plan.step == Step.CANCEL:
+        for replica_id in plan.drain:
+            yield CancelReplica(replica_id)
+    elif plan.step == Step.DRAIN:
+        yield DrainReplica(plan.drain[0])
+    for _ in range(plan.start):
+        if not (yield StartReplica()):
+            break
+    return plan
 
 
 def _drain_order(replica: ReplicaView) -> tuple[int, float, str]:

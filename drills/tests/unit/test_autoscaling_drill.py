@@ -24,6 +24,7 @@ from drills.domain.fleet_config import FleetConfig, FleetEvent
 from drills.domain.fleet_result import FleetResult
 from drills.domain.fleet_scaling import ColdStart, FleetAutoscaling, FleetScaler
 from drills.domain.workload import ChatWorkload
+from engine_nodes.domain.liveness import ReplicaState
 from models_registry.domain.autoscaler import Reason, ScalingSettings
 
 # A small replica (20,000 tokens in flight) fills at about one request/s of the
@@ -197,7 +198,9 @@ def test_the_warm_pool_serves_starts_in_44_s_and_refills_in_268_s() -> None:
     assert warm > 0
 
 
-def test_cancelling_a_start_gives_up_the_one_that_would_serve_last() -> None:
+def test_scaler_starts_beat_starting_then_loading_and_a_cancelled_one_never_joins() -> (
+    None
+):
     scaler = FleetScaler(
         FleetAutoscaling(settings=SETTINGS, warm_nodes=1),
         replica_tokens_in_flight=SMALL_REPLICA,
@@ -206,10 +209,17 @@ def test_cancelling_a_start_gives_up_the_one_that_would_serve_last() -> None:
     )
     scaler.start("warm", 0.0)
     scaler.start("cold", 0.0)
-    assert scaler.cancel_start(10.0) == "cold"
+    # The warm node has the weights on its disk: it loads at once; the cold one
+    # waits for its node and the pull.
+    assert scaler.unready(10.0) == [
+        ("warm", ReplicaState.LOADING),
+        ("cold", ReplicaState.STARTING),
+    ]
+    scaler.cancel("cold", 10.0)
+    assert scaler.unready(10.0) == [("warm", ReplicaState.LOADING)]
     assert not scaler.joins("cold")
     assert scaler.joins("warm")
-    assert scaler.cancel_start(20.0) is None
+    assert scaler.unready(20.0) == []
 
 
 def test_the_ramp_grows_5_percent_a_minute_from_half_of_peak() -> None:

@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from engine_nodes.domain.convergence import Convergence, ReplicaView, Step, converge
+from engine_nodes.domain.convergence import (
+    CancelReplica,
+    Convergence,
+    DrainReplica,
+    Effect,
+    ReplicaView,
+    StartReplica,
+    Step,
+    Steps,
+    converge,
+    converge_steps,
+)
 
 
 def view(
@@ -95,3 +106,37 @@ def test_converge_drains_a_stalled_replica_before_a_serving_one() -> None:
 def test_converge_refuses_a_negative_target() -> None:
     with pytest.raises(ValueError, match="target"):
         converge(-1, [])
+
+
+def drive(steps: Steps, answers: list[bool]) -> tuple[list[Effect], Convergence]:
+    """Answer each effect in turn (True once ``answers`` run out)."""
+    effects: list[Effect] = []
+    answer: bool | None = None
+    while True:
+        try:
+            effect = next(steps) if answer is None else steps.send(answer)
+        except StopIteration as done:
+            return effects, done.value
+        effects.append(effect)
+        answer = answers.pop(0) if answers else True
+
+
+def test_converge_steps_start_until_the_driver_has_no_room() -> None:
+    effects, plan = drive(converge_steps(5, [view("a")]), [True, False])
+    assert plan == Convergence(Step.START, start=4)
+    assert effects == [StartReplica(), StartReplica()]  # stopped at the refusal
+
+
+def test_converge_steps_cancel_every_unready_surplus_then_drain_one() -> None:
+    pool = [view("a"), view("b", "starting", created_at=2), view("c", "loading")]
+    effects, _ = drive(converge_steps(1, pool), [])
+    assert effects == [CancelReplica("b"), CancelReplica("c")]
+    effects, plan = drive(converge_steps(1, [view("a"), view("b", tokens=5)]), [])
+    assert effects == [DrainReplica("a")]
+    assert plan.step == Step.DRAIN
+
+
+def test_converge_steps_yield_nothing_while_one_drains() -> None:
+    pool = [view("a"), view("b"), view("c", "draining")]
+    effects, plan = drive(converge_steps(1, pool), [])
+    assert (effects, plan.step) == ([], Step.WAIT_DRAINING)
