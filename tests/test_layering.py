@@ -565,7 +565,6 @@ LARGE_GLUE = {
     "metering/services.py": "usage flush, cost and reports: reports to split off",
     "models_registry/admin.py": "the console's model, version and pool admins",
     "models_registry/models.py": "Model, ModelVersion, Pool: a models/ package next",
-    "routing/chat.py": "ChatService, being cut into steps that return results",
     "simengine/replica.py": "the simulated replica's engine loop, faults and metrics",
     "simengine/server.py": "the simulated replica's HTTP surface, vLLM's and SGLang's",
 }

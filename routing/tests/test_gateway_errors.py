@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from localrun.processes import Process, sim_replica
-from routing import chat as chat_module
+from routing import attempt as attempt_module
 from routing.domain.snapshot import VersionRecord
 from routing.prompt_tokens import VersionCounters
 from routing.tests.embedded_gateway import MODEL, EmbeddedGateway
@@ -99,7 +99,7 @@ def test_an_unexpected_error_mid_stream_ends_it_with_an_error_event(
     def broken_final_event(**kwargs: object) -> bytes:
         raise RuntimeError("a bug in the answer's end")
 
-    monkeypatch.setattr(chat_module, "final_event", broken_final_event)
+    monkeypatch.setattr(attempt_module, "final_event", broken_final_event)
     with EmbeddedGateway(replica.url) as gateway:
         answer = gateway.request(
             "/v1/chat/completions",

@@ -1,0 +1,313 @@
+"""One attempt at a replica: open, relay, end the answer; return what happened.
+
+Public surface: ``Attempt``, ``AttemptResult``, ``NoFirstToken``, ``Cut``.
+
+An ``Attempt`` is built with all it needs for one replica and run once. It returns
+an immutable ``AttemptResult`` (outcome, replica, first-token time, usage, error
+kind, and the error the client gets, if any), or raises ``UpstreamFailed`` before
+the first token, when another replica may be tried. Cut short after it began (the
+client left, a bug), it raises ``Cut``, which holds what was served so far and the
+exception to pass on, so that the request is still metered for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from config.asgi_io import ChunkedWrite, Send
+from metering import metrics
+from routing.engine_http import EngineResponse
+from routing.live import AttemptLoad, LiveLoad
+from routing.plan import ChatPlan
+from routing.relay import Relay, UpstreamFailed
+from routing.responses import (
+    FinalUsage,
+    GatewayError,
+    answer_headers,
+    final_event,
+    respond,
+    stream_error_event,
+    upstream_client_error,
+    whole_answer,
+)
+from routing.upstream import Upstream
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Attempt", "AttemptResult", "Cut", "NoFirstToken"]
+
+
+class NoFirstToken(UpstreamFailed):
+    """The replica sent no first token within the deadline."""
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptResult:
+    """What one request's routing ended with.
+
+    ``error_kind`` is how it failed, as the guards count it
+    (``metering.domain.figures.ERROR_KINDS``); ``error`` the answer the client
+    gets instead of a 200 (raised once the request is metered); ``head_text``
+    the answer's head, kept only for the refusal detector.
+    """
+
+    outcome: metrics.Outcome
+    replica_id: str = ""
+    first_token_at: float | None = None
+    usage: FinalUsage | None = None
+    head_text: str = ""
+    error_kind: str | None = None
+    error: GatewayError | None = None
+
+    @property
+    def is_client_error(self) -> bool:
+        """A 4xx the client's request caused: no error of the version."""
+        return self.error is not None and self.error.status < 500
+
+
+class Cut(Exception):
+    """An attempt cut short after it began: what it served, and why it stopped.
+
+    ``cause`` (a cancellation included) is raised again once the request is
+    metered for ``so_far``.
+    """
+
+    def __init__(self, so_far: AttemptResult, cause: BaseException) -> None:
+        super().__init__(type(cause).__name__)
+        self.so_far = so_far
+        self.cause = cause
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One try of one request at one replica."""
+
+    plan: ChatPlan
+    replica_id: str
+    url: str
+    region: str
+    rate_limit: dict[str, str]
+    first_token_timeout_s: float
+    live: LiveLoad
+    upstream: Upstream
+    send: Send
+    before_last_send: Callable[[], None]
+    write_frames: ChunkedWrite | None
+    capture_head: bool
+
+    async def run(self) -> AttemptResult:
+        """Stream the answer and end it.
+
+        Raises:
+            UpstreamFailed: before the first token; another replica may be tried.
+            Cut: cut short after the relay began (a cancellation included).
+        """
+        plan = self.plan
+        load = AttemptLoad(
+            self.live,
+            self.replica_id,
+            tokens=plan.request_tokens,
+            floor=plan.prompt_tokens,
+        )
+        # The first token's deadline, from now (connect and headers included).
+        first_token = asyncio.timeout(self.first_token_timeout_s)
+        response: EngineResponse | None = None
+        relay: Relay | None = None
+        is_done = False
+        error_kind: str | None = None
+        try:
+            try:
+                async with first_token:
+                    response = await self._open()
+                    relay = Relay(
+                        send=self.send,
+                        stream=plan.stream,
+                        request_id=plan.request_id,
+                        on_first=functools.partial(self._start, first_token, response),
+                        on_tokens=load.shrink,
+                        capture_head=self.capture_head,
+                        write_frames=self.write_frames,
+                    )
+                    # The relay loop runs as a task of its own: each engine chunk
+                    # then resumes this one coroutine, not the whole chain of
+                    # frames above it (the server, the router, the gateway ...
+                    # the attempt), which cost about 10% of the relay's CPU per
+                    # token. Cancelling this task (the deadline, a client that
+                    # left) cancels it.
+                    is_done = await asyncio.ensure_future(relay.run(response))
+            except TimeoutError:
+                if not first_token.expired():
+                    raise
+                raise NoFirstToken(
+                    f"no first token within {self.first_token_timeout_s:g} s"
+                ) from None
+            if not is_done:
+                # Broken after its first token (died, sent an error, or silent for
+                # the inter-token timeout): too late to retry, but new requests
+                # avoid it for the missed-beat window (by then a dead one stopped
+                # beating and a stalled one beats as stalled).
+                logger.warning("replica %s broke a stream mid-way", self.replica_id)
+                error_kind = "broken"
+                self.live.eject(self.replica_id, time.monotonic())
+                error = await self._end_broken()
+                return self._result(relay, "error", error_kind, error)
+            return await self._end(relay)
+        except UpstreamFailed:
+            raise  # before the first token: the caller tries another replica
+        except GatewayError as exc:  # a 4xx the client's request caused
+            return self._result(relay, "error", error_kind, exc)
+        except asyncio.CancelledError as exc:
+            raise Cut(self._result(relay, "client_closed", error_kind), exc) from None
+        except Exception as exc:
+            raise Cut(self._result(relay, "error", error_kind), exc) from None
+        finally:
+            if response is not None:
+                # A stream read to [DONE] leaves a reusable connection.
+                response.release() if is_done else response.close()
+            load.drop()
+
+    async def _start(
+        self, first_token: asyncio.Timeout, response: EngineResponse, answer_id: str
+    ) -> None:
+        """Begin the answer, at its first token."""
+        # First, before any await: past here the deadline can no longer cancel an
+        # answer that has begun. From now on the replica may stay silent for
+        # inter_token_timeout_s between reads (the engine client).
+        first_token.reschedule(None)
+        response.expect_tokens()
+        if self.plan.stream:
+            await self.send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": self._headers(answer_id),
+                }
+            )
+
+    def _headers(self, answer_id: str) -> list[tuple[bytes, bytes]]:
+        return answer_headers(
+            request_id=answer_id,
+            version=self.plan.resolution.version,
+            region=self.region,
+            replica_id=self.replica_id,
+            rate_limit=self.rate_limit,
+            stream=self.plan.stream,
+        )
+
+    def _result(
+        self,
+        relay: Relay | None,
+        outcome: metrics.Outcome,
+        error_kind: str | None,
+        error: GatewayError | None = None,
+    ) -> AttemptResult:
+        """Return what ``relay`` (None: not begun) served so far, ended with
+        ``outcome``."""
+        if relay is None or not relay.first_token_at:
+            return AttemptResult(
+                outcome, self.replica_id, error_kind=error_kind, error=error
+            )
+        return AttemptResult(
+            outcome=outcome,
+            replica_id=self.replica_id,
+            first_token_at=relay.first_token_at,
+            usage=FinalUsage.of(relay.outcome(), prompt_tokens=self.plan.prompt_tokens),
+            head_text=relay.head_text() if self.capture_head else "",
+            error_kind=error_kind,
+            error=error,
+        )
+
+    async def _end(self, relay: Relay) -> AttemptResult:
+        """Send the answer's end (the final event, or the whole answer)."""
+        plan = self.plan
+        outcome = relay.outcome()
+        result = self._result(relay, "ok", None)
+        usage = result.usage
+        assert usage is not None  # a relay that read to [DONE] had a first token
+        # The answer's id is the engine's (every content chunk carries it), and
+        # so is x-request-id.
+        served_by = {
+            "answer_id": outcome.answer_id,
+            "model_ref": plan.model_ref,
+            "version": plan.resolution.version,
+            "region": self.region,
+            "replica_id": self.replica_id,
+        }
+        self.before_last_send()
+        if plan.stream:
+            await self.send(
+                {
+                    "type": "http.response.body",
+                    "body": final_event(
+                        **served_by, usage=usage, include_usage=plan.include_usage
+                    ),
+                    "more_body": False,
+                }
+            )
+        else:
+            body = whole_answer(**served_by, outcome=outcome, usage=usage)
+            await respond(
+                self.send, 200, body, raw_headers=self._headers(outcome.answer_id)
+            )
+        return result
+
+    async def _open(self) -> EngineResponse:
+        """Send the request to the replica; return its 200 response, body unread.
+
+        Raises:
+            UpstreamFailed: no connection, a 5xx, or the engine refused the
+                gateway's engine key: another replica may be tried.
+            GatewayError: a 4xx the client's request caused, in OpenAI's shape.
+        """
+        try:
+            response = await self.upstream.stream(self.url, self.plan.payload)
+        except (TimeoutError, OSError) as exc:
+            raise UpstreamFailed(type(exc).__name__) from None
+        if response.status == 200:
+            return response
+        try:
+            if response.status >= 500:
+                raise UpstreamFailed(f"HTTP {response.status}")
+            if response.status in (401, 403):
+                # The engine refused the gateway's engine key (vLLM: 401
+                # {"error":"Unauthorized"}): the platform's fault, not the client's.
+                raise UpstreamFailed(
+                    f"HTTP {response.status}: the replica refused the engine API key"
+                )
+            try:
+                body = await response.read()
+            except (TimeoutError, OSError) as exc:
+                raise UpstreamFailed(type(exc).__name__) from None
+            raise upstream_client_error(response.status, body)
+        finally:
+            response.close()
+
+    async def _end_broken(self) -> GatewayError | None:
+        """Tell the client its answer broke after tokens were sent (no retry then).
+
+        A whole answer has not started: its error is returned, for the caller.
+        """
+        if not self.plan.stream:
+            return GatewayError(
+                502,
+                "the replica failed while answering; the answer is incomplete",
+                code="upstream_failed",
+                error_type="server_error",
+            )
+        self.before_last_send()
+        try:
+            await self.send(
+                {
+                    "type": "http.response.body",
+                    "body": stream_error_event(replica_id=self.replica_id),
+                    "more_body": False,
+                }
+            )
+        except Exception as exc:  # the client may be gone already
+            logger.info("could not send the stream's error event: %r", exc)
+        return None

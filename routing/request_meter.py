@@ -1,0 +1,186 @@
+"""A served request, metered once from one immutable record, and its claim refunded.
+
+Public surface: ``Served``, ``RequestMeter``, ``UsageCounter``.
+
+``RequestMeter.settle`` is the one place a request's end is counted: the Prometheus
+figures, the team's usage row (batch work in its own part too), the version's
+figures for the rollout guards (``metering.figures``: role live or canary, the
+answer's head judged by the refusal detector), and the refund of what admission
+charged. ``count_refusal`` counts a request admission refused (429 or 503).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+from metering import metrics
+from metering.domain.figures import Role, VersionFigures, one_request
+from metering.domain.usage import UsageCounts, UsageKey
+from metering.figures import FigureKey, FigureRecorder
+from routing.admission import Admission
+from routing.attempt import AttemptResult
+from routing.background import BackgroundTasks
+from routing.domain.admission_control import Ticket
+from routing.domain.refusals import RefusalDetector
+from routing.plan import ChatPlan
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["RequestMeter", "Served", "UsageCounter"]
+
+
+class UsageCounter(Protocol):
+    """Where usage is counted until the flush (Redis, or memory)."""
+
+    async def add(self, key: UsageKey, counts: UsageCounts) -> None:
+        """Add ``counts`` to the row of ``key``."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """One admitted request at its end: its plan, its claim, how its routing ended.
+
+    ``figure_role`` is the role the request's figures count for (None: not
+    recorded).
+    """
+
+    plan: ChatPlan
+    ticket: Ticket
+    figure_role: Role | None
+    ended: AttemptResult
+
+
+class RequestMeter:
+    """Meter admitted and refused requests (one per gateway)."""
+
+    def __init__(
+        self,
+        *,
+        region: str,
+        figures_bucket_s: int,
+        admission: Admission,
+        usage_counter: UsageCounter,
+        background: BackgroundTasks,
+        refusals: RefusalDetector,
+        figures: FigureRecorder | None = None,
+    ) -> None:
+        self.region = region
+        self.figures_bucket_s = figures_bucket_s
+        self.admission = admission
+        self.usage_counter = usage_counter
+        self.background = background
+        self.refusals = refusals
+        self.figures = figures
+
+    async def settle(self, served: Served) -> None:
+        """Meter the request once, whatever happened (disconnects included), and
+        give its claim back (the refund of the tokens it did not use)."""
+        plan, ended = served.plan, served.ended
+        usage = ended.usage
+        self._observe(plan, ended)
+        if served.figure_role is not None and self.figures is not None:
+            figures = self._figures(plan, ended)
+            if figures is not None:
+                self.background.spawn(
+                    self.figures.add(
+                        FigureKey.from_time(
+                            plan.resolution.model,
+                            plan.resolution.version,
+                            served.figure_role,
+                            time.time(),
+                            self.figures_bucket_s,
+                        ),
+                        figures,
+                        plan.routing_key,
+                    )
+                )
+        if usage is not None:
+            # Batch work (the batch tier, or a batch job's key at any tier) is
+            # counted in the totals and again in its own part: a batch token is a
+            # team token.
+            is_batch = plan.is_batch_work
+            self._count(
+                plan,
+                UsageCounts(
+                    prompt_tokens=usage.prompt_tokens,
+                    cached_tokens=min(usage.cached_tokens, usage.prompt_tokens),
+                    output_tokens=usage.completion_tokens,
+                    requests=1,
+                    batch_requests=1 if is_batch else 0,
+                    batch_prompt_tokens=usage.prompt_tokens if is_batch else 0,
+                    batch_output_tokens=usage.completion_tokens if is_batch else 0,
+                ),
+            )
+        try:
+            await self.admission.release(
+                served.ticket, used_tokens=usage.total_tokens if usage else 0
+            )
+        except Exception as exc:
+            # The answer is complete: a failed refund must not break the
+            # connection. The bucket refills by itself; the slot expires.
+            logger.warning("releasing admission failed: %s", type(exc).__name__)
+
+    def count_refusal(self, plan: ChatPlan, status: int) -> None:
+        """Count a request refused with ``status`` 429 (rate limited) or 503 (shed)."""
+        metrics.count_rejection(
+            team=plan.team,
+            model=plan.resolution.model,
+            tier=plan.tier.value,
+            status=status,
+        )
+        self._count(
+            plan, UsageCounts(rate_limited=1) if status == 429 else UsageCounts(shed=1)
+        )
+
+    def _count(self, plan: ChatPlan, counts: UsageCounts) -> None:
+        resolution = plan.resolution
+        self.background.spawn(
+            self.usage_counter.add(
+                UsageKey.from_time(
+                    plan.team, resolution.model, resolution.version, time.time()
+                ),
+                counts,
+            )
+        )
+
+    def _observe(self, plan: ChatPlan, ended: AttemptResult) -> None:
+        usage, first_token_at = ended.usage, ended.first_token_at
+        metrics.observe_request(
+            model=plan.resolution.model,
+            version=plan.resolution.version,
+            region=self.region,
+            team=plan.team,
+            outcome=ended.outcome,
+            ttft_s=(first_token_at - plan.started_at) if first_token_at else None,
+            duration_s=time.monotonic() - plan.started_at,
+            prompt_tokens=usage.prompt_tokens if usage else 0,
+            cached_tokens=usage.cached_tokens if usage else 0,
+            output_tokens=usage.completion_tokens if usage else 0,
+        )
+
+    def _figures(self, plan: ChatPlan, ended: AttemptResult) -> VersionFigures | None:
+        """Return the request's figures for the guards; None for a client's 4xx.
+
+        A complete answer counts its output tokens and whether it opens with a
+        refusal; a client that left counts as a request with neither an answer
+        nor an error; anything else is an error of the version, by kind.
+        """
+        first_token_at = ended.first_token_at
+        ttft = (first_token_at - plan.started_at) if first_token_at else None
+        if ended.outcome == "ok" and ended.usage is not None:
+            return one_request(
+                ttft_s=ttft,
+                output_tokens=ended.usage.completion_tokens,
+                refused=self.refusals.is_refusal(ended.head_text),
+            )
+        if ended.outcome == "client_closed":
+            return one_request(ttft_s=ttft, output_tokens=None)
+        if ended.is_client_error and ended.error_kind is None:
+            return None
+        return one_request(
+            ttft_s=ttft, output_tokens=None, error_kind=ended.error_kind or "error"
+        )
