@@ -1,0 +1,166 @@
+"""A request is metered once, from its record: refund, usage row, version figures."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from metering.domain.figures import Role, VersionFigures, one_request
+from metering.domain.usage import UsageCounts, UsageKey
+from metering.figures import FigureKey
+from routing.attempt import AttemptResult
+from routing.background import BackgroundTasks
+from routing.domain.admission_control import AdmissionRequest, Ticket
+from routing.domain.refusals import RefusalDetector
+from routing.domain.resolve import Resolution
+from routing.domain.snapshot import LimitRecord
+from routing.domain.tiers import Tier
+from routing.plan import ChatPlan
+from routing.request_meter import RequestMeter, Served
+from routing.responses import FinalUsage, GatewayError
+
+LIMIT = LimitRecord("alpha", "chat-7b", 10_000, 4, 0.25)
+
+
+class Recorder:
+    """The admission, usage counter and figure recorder, as lists."""
+
+    def __init__(self) -> None:
+        self.released: list[int] = []
+        self.usage: list[tuple[UsageKey, UsageCounts]] = []
+        self.figures: list[tuple[FigureKey, VersionFigures]] = []
+
+    async def admit(self, request: AdmissionRequest) -> Ticket:
+        raise AssertionError("not admitted here")
+
+    async def release(self, ticket: Ticket, *, used_tokens: int) -> None:
+        self.released.append(used_tokens)
+
+    async def add(self, key: UsageKey, counts: UsageCounts) -> None:
+        self.usage.append((key, counts))
+
+
+class Figures:
+    def __init__(self) -> None:
+        self.added: list[VersionFigures] = []
+
+    async def add(
+        self, key: FigureKey, figures: VersionFigures, conversation: str | None
+    ) -> None:
+        self.added.append(figures)
+
+
+def plan(*, tier: Tier = Tier.STANDARD) -> ChatPlan:
+    return ChatPlan(
+        request_id="chatcmpl-1",
+        team="alpha",
+        model_ref="chat-7b",
+        resolution=Resolution("chat-7b", "v2", False, True, None),
+        tier=tier,
+        limit=LIMIT,
+        prompt_tokens=10,
+        max_tokens=20,
+        stream=True,
+        routing_key="conv-1",
+        payload=b"{}",
+        started_at=0.0,
+    )
+
+
+def settle(
+    ended: AttemptResult, *, role: Role | None, tier: Tier = Tier.STANDARD
+) -> tuple[Recorder, Figures]:
+    """Settle one request ending with ``ended``; return what was recorded."""
+    recorder, figures = Recorder(), Figures()
+
+    async def run() -> None:
+        background = BackgroundTasks()
+        meter = RequestMeter(
+            region="eu",
+            figures_bucket_s=60,
+            admission=recorder,
+            usage_counter=recorder,
+            background=background,
+            refusals=RefusalDetector(),
+            figures=figures,
+        )
+        ticket = Ticket(
+            AdmissionRequest("alpha", "chat-7b", "v2", tier, 10, 20, LIMIT), "a1", 30
+        )
+        await meter.settle(Served(plan(tier=tier), ticket, role, ended))
+        await background.drain()
+
+    asyncio.run(run())
+    return recorder, figures
+
+
+USAGE = FinalUsage(prompt_tokens=10, cached_tokens=4, completion_tokens=7)
+
+
+def test_an_answer_refunds_what_it_did_not_use_and_counts_its_tokens() -> None:
+    recorder, figures = settle(
+        AttemptResult("ok", "r1", first_token_at=0.5, usage=USAGE),
+        role=Role.CANARY,
+    )
+
+    assert recorder.released == [17]
+    [(key, counts)] = recorder.usage
+    assert (key.team, key.model, key.version) == ("alpha", "chat-7b", "v2")
+    assert counts == UsageCounts(
+        prompt_tokens=10, cached_tokens=4, output_tokens=7, requests=1
+    )
+    assert figures.added == [one_request(ttft_s=0.5, output_tokens=7)]
+
+
+def test_batch_work_is_counted_again_in_its_own_part() -> None:
+    recorder, _ = settle(
+        AttemptResult("ok", "r1", first_token_at=0.5, usage=USAGE),
+        role=None,
+        tier=Tier.BATCH,
+    )
+
+    [(_, counts)] = recorder.usage
+    assert (counts.batch_requests, counts.batch_prompt_tokens) == (1, 10)
+    assert counts.batch_output_tokens == 7
+
+
+def test_a_client_that_left_mid_answer_pays_for_what_it_was_sent() -> None:
+    recorder, figures = settle(
+        AttemptResult("client_closed", "r1", first_token_at=0.5, usage=USAGE),
+        role=Role.LIVE,
+    )
+
+    assert recorder.released == [17]
+    assert [counts.output_tokens for _, counts in recorder.usage] == [7]
+    assert figures.added == [one_request(ttft_s=0.5, output_tokens=None)]
+
+
+def test_a_client_error_is_no_error_of_the_version() -> None:
+    bad = GatewayError(400, "bad request", code="invalid_request")
+    recorder, figures = settle(AttemptResult("error", "r1", error=bad), role=Role.LIVE)
+
+    assert recorder.released == [0]  # all refunded
+    assert recorder.usage == []
+    assert figures.added == []
+
+
+@pytest.mark.parametrize("kind", ["timeout", "upstream", "broken"])
+def test_a_failure_counts_as_an_error_of_the_version_by_kind(kind: str) -> None:
+    failed = GatewayError(503, "no replica", code="no_replica_available")
+    recorder, figures = settle(
+        AttemptResult("error", error_kind=kind, error=failed), role=Role.CANARY
+    )
+
+    assert recorder.released == [0]
+    assert figures.added == [
+        one_request(ttft_s=None, output_tokens=None, error_kind=kind)
+    ]
+
+
+def test_a_request_outside_a_rollout_records_no_figures() -> None:
+    _, figures = settle(
+        AttemptResult("ok", "r1", first_token_at=0.5, usage=USAGE), role=None
+    )
+
+    assert figures.added == []
