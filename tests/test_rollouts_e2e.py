@@ -44,7 +44,7 @@ from tests.live import LivePlatform, start_platform
 if TYPE_CHECKING:
     from pytest_django import DjangoDbBlocker
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 GUARD_S = 2.0
 # A step's minimums and the guards' sample floor, small for a short test.

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from openai.types import CompletionUsage
     from pytest_django import DjangoDbBlocker
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 # A long prompt, sent twice: the second is answered from the prefix cache.
 PROMPT = " ".join(f"clause {i} of the shared system prompt;" for i in range(60))

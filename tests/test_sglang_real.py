@@ -54,7 +54,7 @@ from simengine.conformance import (
     write_capture,
 )
 
-pytestmark = [pytest.mark.sglang, pytest.mark.e2e]
+pytestmark = [pytest.mark.sglang, pytest.mark.e2e, pytest.mark.slow]
 
 SGLANG_VENV = ROOT / ".sglang"
 SERVE = SGLANG_VENV / "bin" / "sglang-cpu-serve"

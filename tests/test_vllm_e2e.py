@@ -84,7 +84,7 @@ if TYPE_CHECKING:
 
     from tests.conftest import VllmCaptureSlot
 
-pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
+pytestmark = [pytest.mark.vllm, pytest.mark.e2e, pytest.mark.slow]
 
 REGION = "e2e-vllm"
 ENGINE_KEY = "sk-engine-e2e"

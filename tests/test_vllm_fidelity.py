@@ -42,7 +42,7 @@ from simengine.conformance import (
 if TYPE_CHECKING:
     from tests.conftest import VllmCaptureSlot
 
-pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
+pytestmark = [pytest.mark.vllm, pytest.mark.e2e, pytest.mark.slow]
 
 # The capture server: the tiny model's registered flags plus the limits the
 # simulated replica is diffed with (simengine.conformance).

@@ -85,7 +85,7 @@ from tests.test_vllm_e2e import (
 if TYPE_CHECKING:
     from pytest_django import DjangoDbBlocker, Settings
 
-pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
+pytestmark = [pytest.mark.vllm, pytest.mark.e2e, pytest.mark.slow]
 
 REGION = "e2e-vllm-gates"
 ITEMS_PER_CATEGORY = 2

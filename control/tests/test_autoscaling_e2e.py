@@ -49,7 +49,7 @@ from tests.live import LivePlatform, extra_of, start_platform, usage_of
 if TYPE_CHECKING:
     from pytest_django import DjangoDbBlocker
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 logger = logging.getLogger(__name__)
 

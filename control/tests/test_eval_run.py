@@ -33,7 +33,7 @@ from control.eval_report import write_report
 from control.eval_run import EvalReport, Target, run_eval
 from models_registry.domain.eval_gate import EvalItem, EvalSetError, parse_eval_set
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 EVAL_SET = ROOT / "platform/evals/chat-default.jsonl"

@@ -18,7 +18,7 @@ from rollouts.models import Rollout
 if TYPE_CHECKING:
     from pytest_django import DjangoDbBlocker
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -32,7 +32,7 @@ from models_registry import services as registry
 from models_registry.models import Model, ModelVersion, Pool
 from tests.factories import version_body
 
-pytestmark = [pytest.mark.django_db, pytest.mark.e2e]
+pytestmark = [pytest.mark.django_db, pytest.mark.e2e, pytest.mark.slow]
 
 T = TypeVar("T")
 

@@ -26,7 +26,7 @@ from tests.live import LivePlatform, extra_of, start_platform, usage_of
 if TYPE_CHECKING:
     from pytest_django import DjangoDbBlocker
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 DRAIN_TIMEOUT_S = 5.0
 # Long enough to outlast the deadline: about 90 tokens a second per stream.

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from openai.types.chat import ChatCompletion, ChatCompletionChunk
     from pytest_django import DjangoDbBlocker
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 logger = logging.getLogger(__name__)
 
 LIMIT = 1200  # beta's tokens per minute: 600 per gateway while they are apart

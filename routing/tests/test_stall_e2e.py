@@ -29,7 +29,7 @@ from tests.live import LivePlatform, extra_of, start_platform, usage_of
 if TYPE_CHECKING:
     from pytest_django import DjangoDbBlocker
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 FIRST_TOKEN_TIMEOUT_S = 3.0
 INTER_TOKEN_TIMEOUT_S = 2.0

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
     from tests.live import LivePlatform
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def test_login_shows_the_fleet_with_the_seeded_pool(

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from tests.live import LivePlatform
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 POOL_PATH = "/console/fleet/pools/chat-7b/v1/e2e/"
 # The pool's own figure, not a replica row's (the replicas table may sit inside #pool).

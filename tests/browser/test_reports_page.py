@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     from tests.live import LivePlatform
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 FINANCE = ("finance-reader", "finance-Pa55-word")
 TEAM = "ledger"  # a team of its own: no live traffic adds to its usage

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from tests.live import LivePlatform
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ROLLOUT_PATH = "/console/rollouts/chat-7b/"
 # What the console's "roll back" ends a rollout as: ``plans.control``'s abort
