@@ -7,14 +7,19 @@ when the server is not configured or unreachable, and with ``REQUIRE_SERVICES=1`
 (CI) fails the run instead. Real vLLM has its own gate, ``REQUIRE_VLLM``, in the
 ``tiny_model`` fixture; real SGLang its own, ``REQUIRE_SGLANG``, in
 ``sglang_tiny_model``. ``tests/test_skips.py`` holds tests to these paths.
+
+The small end-to-end modules of ``SHARED_PLATFORM_MODULES`` share one running
+platform (``shared_platform``, a ``tests.live.SharedPlatform``); ``WORK_UNITS``
+gives pytest-xdist's ``--dist loadfile`` groups of files that must go to one
+worker together (those modules; the browser tests, whose platform is the package's).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from rest_framework.test import APIClient
@@ -28,6 +33,7 @@ if TYPE_CHECKING:
 
     from accounts.models import Team
     from models_registry.models import Model, ModelVersion
+    from tests.live import LivePlatform, SharedPlatform
 
 REQUIRE_SERVICES = os.environ.get("REQUIRE_SERVICES", "") == "1"
 REQUIRE_VLLM = os.environ.get("REQUIRE_VLLM", "") == "1"
@@ -248,3 +254,110 @@ def chat_v1(chat_model: Model) -> ModelVersion:
 def settings_storage_roots(settings: Settings) -> Iterator[list[str]]:
     """Return the configured storage roots (tests may change them via ``settings``)."""
     yield settings.PLATFORM_STORAGE_ROOTS
+
+
+# The modules that take ``shared_platform`` instead of starting a platform each
+# (what it runs: tests.live.SHARED_POOLS). pytest-xdist's controller sees test
+# ids only, not fixtures, so they are named here; a module that takes the
+# fixture without being named is a collection error.
+SHARED_PLATFORM_MODULES = (
+    "routing/tests/test_figures_e2e.py",
+    "routing/tests/test_limits_e2e.py",
+    "routing/tests/test_v1_fuzz.py",
+    "tests/test_secrets_e2e.py",
+)
+# Files that pytest-xdist gives to one worker, one after another, as one unit of
+# work: (a file, or a folder ending in "/") -> the unit's name. Each shares a
+# platform that would otherwise start once per worker, or once per run of files.
+WORK_UNITS: dict[str, str] = {
+    **dict.fromkeys(SHARED_PLATFORM_MODULES, "shared-platform"),
+    "tests/browser/": "browser-platform",
+}
+_SHARED_PLATFORM = pytest.StashKey["SharedPlatform"]()
+
+
+def work_unit(nodeid: str) -> str:
+    """Return the unit of work of test ``nodeid``: its file, or its WORK_UNITS group."""
+    path = nodeid.split("::", 1)[0]
+    for prefix, unit in WORK_UNITS.items():
+        if path == prefix or (prefix.endswith("/") and path.startswith(prefix)):
+            return unit
+    return path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile``, its units of work grouped by ``WORK_UNITS``."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling  # type: ignore[import-untyped]
+
+    class Scheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return Scheduling(config, log)
+
+
+def _takes_shared_platform(item: pytest.Item) -> bool:
+    return "shared_platform" in getattr(item, "fixturenames", ())
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Hold ``shared_platform``'s users to SHARED_PLATFORM_MODULES, and run them
+    one after another (where the first is), so one platform serves them all."""
+    users = [item for item in items if _takes_shared_platform(item)]
+    stray = sorted(
+        {item.nodeid.split("::", 1)[0] for item in users} - set(SHARED_PLATFORM_MODULES)
+    )
+    if stray:
+        raise pytest.UsageError(
+            f"shared_platform is taken by {', '.join(stray)}, not named in "
+            "conftest.py's SHARED_PLATFORM_MODULES (pytest-xdist must give its "
+            "users to one worker)"
+        )
+    if users:
+        first = items.index(users[0])
+        rest = [item for item in items if not _takes_shared_platform(item)]
+        items[:] = [*rest[:first], *users, *rest[first:]]
+
+
+@pytest.fixture(scope="session")
+def _shared_platform_holder(
+    request: pytest.FixtureRequest,
+    django_db_setup: None,
+    django_db_blocker: DjangoDbBlocker,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[SharedPlatform]:
+    from tests.live import SharedPlatform
+
+    holder = SharedPlatform(tmp_path_factory, django_db_blocker)
+    request.config.stash[_SHARED_PLATFORM] = holder
+    try:
+        yield holder
+    finally:  # a run that stops early (-x, Ctrl-C) stops it here
+        holder.stop()
+        del request.config.stash[_SHARED_PLATFORM]
+
+
+@pytest.fixture(scope="module")
+def shared_platform(_shared_platform_holder: SharedPlatform) -> LivePlatform:
+    """Return the platform the SHARED_PLATFORM_MODULES share (tests.live.SharedPlatform)."""
+    return _shared_platform_holder.get()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None]:
+    """Stop the shared platform once a module is done with it and the next test
+    is in a module that does not take it (or there is none)."""
+    try:
+        return (yield)
+    finally:
+        holder = item.config.stash.get(_SHARED_PLATFORM, None)
+        if holder is not None and (
+            nextitem is None
+            or (nextitem.path != item.path and not _takes_shared_platform(nextitem))
+        ):
+            holder.stop()

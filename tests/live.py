@@ -4,6 +4,7 @@
 (``localrun.seeding``; committed, so the processes see them), starts ``manage.py
 engine_agent`` (which starts the simulated replicas) and the gateway under uvicorn,
 and waits until the gateway serves. Everything talks HTTP on loopback; Redis is used when REDIS_URL is set.
+``SharedPlatform`` is one such platform that several small modules use in turn.
 ``RedisServer`` is a Redis of a test's own, which the test may stop and start
 again (never the machine's shared one).
 
@@ -57,8 +58,10 @@ from models_registry.models import ModelVersion, Pool
 
 if TYPE_CHECKING:
     import openai
+    import pytest
     from openai.types import CompletionUsage
     from openai.types.chat import ChatCompletion, ChatCompletionChunk
+    from pytest_django import DjangoDbBlocker
 
 
 @dataclass
@@ -264,6 +267,60 @@ def start_platform(
             gateway.stop()
         agent.stop(grace_s=20)
         call_command("flush", interactive=False, verbosity=0)
+
+
+# The platform that the modules of conftest.py's SHARED_PLATFORM_MODULES use in
+# turn: v1 live on two replicas, v2 ready on one (for canaries and shadows), and a
+# request that names no max_tokens ends after 6 (the fuzzed bodies: a property of
+# the gateway, not of long answers). A module that needs other settings starts a
+# platform of its own.
+SHARED_POOLS = {"v1": 2, "v2": 1}
+
+
+class SharedPlatform:
+    """One running platform for several test modules, started when one asks for it.
+
+    Every module that starts a platform of its own costs a start (seeding, the
+    agent, its replicas, the gateway) and a stop (a database flush); the small
+    end-to-end modules that need nothing special take this one instead
+    (conftest.py's ``shared_platform``). It stays up while such modules follow
+    one another and stops (``stop``) before a test that does not use it runs, so
+    the other tests find the database empty and no processes of it left; the next
+    module that asks starts it again. conftest.py's WORK_UNITS give those
+    modules to one pytest-xdist worker, one after another, so it starts once.
+
+    A module using it leaves it as it found it: the alias on v1, no rollout, no
+    fault left on a replica, the seeded team limits.
+    """
+
+    def __init__(
+        self, tmp_path_factory: pytest.TempPathFactory, blocker: DjangoDbBlocker
+    ) -> None:
+        self._tmp_path_factory = tmp_path_factory
+        self._blocker = blocker
+        self._stack: contextlib.ExitStack | None = None
+        self._live: LivePlatform | None = None
+
+    def get(self) -> LivePlatform:
+        """Return the running platform, started first if it is not running."""
+        if self._live is None:
+            with contextlib.ExitStack() as stack:
+                # The processes read the seeded rows; the stop flushes them.
+                stack.enter_context(self._blocker.unblock())
+                tmp = self._tmp_path_factory.mktemp("shared-platform")
+                self._live = stack.enter_context(
+                    start_platform(
+                        tmp, pools=SHARED_POOLS, PLATFORM_DEFAULT_MAX_TOKENS="6"
+                    )
+                )
+                self._stack = stack.pop_all()
+        return self._live
+
+    def stop(self) -> None:
+        """Stop the platform and flush its rows (nothing when it is not running)."""
+        stack, self._stack, self._live = self._stack, None, None
+        if stack is not None:
+            stack.close()
 
 
 def start_worker(env: dict[str, str], tmp: Path, *, region: str) -> Process:

@@ -21,29 +21,21 @@ from metering.domain.figures import Role, VersionFigures
 from metering.services import flush_redis_figures, version_figures
 from rollouts import services as rollouts
 from routing.domain.routing_key import routing_key, stable_fraction
-from tests.live import LivePlatform, extra_of, start_platform, usage_of
+from tests.live import LivePlatform, extra_of, usage_of
 
 if TYPE_CHECKING:
     from openai.types.chat import ChatCompletionMessageParam
     from pytest_django import DjangoDbBlocker
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]
 
 
 @pytest.fixture(scope="module")
-def platform(
-    django_db_setup: None,
-    django_db_blocker: DjangoDbBlocker,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[LivePlatform]:
-    tmp = tmp_path_factory.mktemp("figures")
-    with (
-        django_db_blocker.unblock(),
-        start_platform(tmp, pools={"v1": 1, "v2": 1}) as live,
-    ):
-        yield live
+def platform(shared_platform: LivePlatform) -> LivePlatform:
+    """The shared platform (conftest.py): v1 live, v2 ready for a rollout."""
+    return shared_platform
 
 
 @pytest.fixture

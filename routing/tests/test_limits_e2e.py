@@ -15,11 +15,12 @@ import redis.asyncio as redis_asyncio
 from pytest_django import DjangoDbBlocker
 
 from accounts import services as accounts
+from accounts.models import TeamLimit
 from localrun.processes import start_gateway, wait_until
 from routing.limiter_redis import RedisBucketStore
-from tests.live import LivePlatform, start_platform
+from tests.live import LivePlatform
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 LIMIT = 3_000  # tokens per minute: 50 a second
 # 20 s of hammering: the full bucket goes in the first second, then the refill.
@@ -31,36 +32,63 @@ DURATION_S = float(os.environ.get("PLATFORM_TEST_LIMIT_DURATION_S", "20"))
 
 @pytest.fixture(scope="module")
 def two_gateways(
-    django_db_setup: None,
+    shared_platform: LivePlatform,
     django_db_blocker: DjangoDbBlocker,
     tmp_path_factory: pytest.TempPathFactory,
     redis_url: str,
 ) -> Iterator[tuple[LivePlatform, str]]:
+    """The shared platform (conftest.py; v1 on two replicas) with the teams held to
+    LIMIT, and a second gateway beside its own; the seeded limits come back after."""
+    live = shared_platform
     tmp = tmp_path_factory.mktemp("limits")
-    with django_db_blocker.unblock(), start_platform(tmp, pools={"v1": 2}) as live:
-        for team in ("alpha", "beta"):
-            accounts.set_team_limit(
-                team_id=team,
-                model_id="chat-7b",
-                tokens_per_minute=LIMIT,
-                max_concurrency=1000,
-                guaranteed_share=0.0,
+    with django_db_blocker.unblock():
+        seeded = _set_limits(tokens_per_minute=LIMIT, max_concurrency=1000)
+    second = None
+    try:
+        with django_db_blocker.unblock():
+            second = start_gateway(live.env, tmp, name="gateway-2")
+        for url in (live.url, second.url):
+            wait_until(
+                functools.partial(_has_the_limit, url, live, LIMIT),
+                timeout_s=20,
+                message="the new limit in every gateway",
             )
-        second = start_gateway(live.env, tmp, name="gateway-2")
-        try:
-            for url in (live.url, second.url):
-                wait_until(
-                    functools.partial(_has_the_limit, url, live),
-                    timeout_s=20,
-                    message="the new limit in every gateway",
-                )
-            yield live, second.url
-        finally:
+        yield live, second.url
+    finally:
+        if second is not None:
             second.stop()
+        with django_db_blocker.unblock():
+            _set_limits(**seeded)
+        # The modules after this one must not meet LIMIT.
+        wait_until(
+            functools.partial(
+                _has_the_limit, live.url, live, seeded["tokens_per_minute"]
+            ),
+            timeout_s=20,
+            message="the seeded limit back in the gateway",
+        )
 
 
-def _has_the_limit(url: str, live: LivePlatform) -> bool:
-    return _limit_header(url, live) == str(LIMIT)
+def _set_limits(*, tokens_per_minute: int, max_concurrency: int) -> dict[str, int]:
+    """Set both teams' chat-7b limits; return what beta's were (the seed's, as
+    alpha's, with no guaranteed share)."""
+    before = TeamLimit.objects.get(team_id="beta", model_id="chat-7b")
+    for team in ("alpha", "beta"):
+        accounts.set_team_limit(
+            team_id=team,
+            model_id="chat-7b",
+            tokens_per_minute=tokens_per_minute,
+            max_concurrency=max_concurrency,
+            guaranteed_share=0.0,
+        )
+    return {
+        "tokens_per_minute": before.tokens_per_minute,
+        "max_concurrency": before.max_concurrency,
+    }
+
+
+def _has_the_limit(url: str, live: LivePlatform, limit: int) -> bool:
+    return _limit_header(url, live) == str(limit)
 
 
 def _limit_header(url: str, live: LivePlatform) -> str | None:

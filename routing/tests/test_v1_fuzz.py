@@ -25,10 +25,9 @@ from hypothesis import strategies as st
 
 from localrun.processes import sim_replica
 from routing.tests.embedded_gateway import MODEL, Answer, EmbeddedGateway
-from tests.live import LivePlatform, start_platform
 
 if TYPE_CHECKING:
-    from pytest_django import DjangoDbBlocker
+    from tests.live import LivePlatform
 
 # Answers are short: the property is about the gateway, not the engine's speed.
 FAST_ENGINE = (
@@ -244,33 +243,19 @@ def test_v1_bodies_never_get_a_5xx_in_process(
 
 
 @pytest.fixture(scope="module")
-def platform(
-    django_db_setup: None,
-    django_db_blocker: DjangoDbBlocker,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[LivePlatform]:
-    with (
-        django_db_blocker.unblock(),
-        start_platform(
-            tmp_path_factory.mktemp("platform"),
-            pools={"v1": 1},
-            PLATFORM_DEFAULT_MAX_TOKENS="6",
-        ) as live,
-    ):
-        yield live
-
-
-@pytest.fixture(scope="module")
-def client(platform: LivePlatform) -> Iterator[httpx.Client]:
+def client(shared_platform: LivePlatform) -> Iterator[httpx.Client]:
+    """A client of the shared platform (conftest.py), whose gateway ends an answer
+    after 6 tokens where the body names no max_tokens."""
     with httpx.Client(
-        base_url=platform.url,
-        headers={"Authorization": f"Bearer {platform.keys['alpha']}"},
+        base_url=shared_platform.url,
+        headers={"Authorization": f"Bearer {shared_platform.keys['alpha']}"},
         timeout=30,
     ) as http:
         yield http
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 @settings(FUZZ, max_examples=60)
 @given(request=requests, extra_headers=headers)
 def test_v1_bodies_never_get_a_5xx_from_a_gateway_process(
