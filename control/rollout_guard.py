@@ -1,17 +1,17 @@
 """The rollout guards' live loop: begin steps, evaluate, retire, release pools.
 
-Public surface: ``guard_rollouts``, ``candidate_serves``, ``release_pools``.
-
-The rollouts app decides (``rollouts.plans``, on the pure ``rollouts.domain``);
-this module, beside the node agents whose replicas it counts, runs one tick of it
-for every pending rollout (Celery beat, ``control.guard_rollouts``):
+The rollouts app holds the plans (``rollouts.plans``) and the pure tick
+(``rollouts.domain.guard_tick``); this module, beside the node agents whose
+replicas it counts, runs one tick of every pending rollout (Celery beat,
+``control.guard_rollouts``):
 
 1. versions past their retention after a promotion are retired;
 2. the figures the gateways recorded are flushed, so the guards read the last
    bucket too;
 3. a step that waits for its candidate's replicas begins once they serve (or the
    rollout is aborted past ``PLATFORM_ROLLOUT_CAPACITY_TIMEOUT_S``);
-4. every begun step is evaluated and acted on (continue, advance, hold, roll back);
+4. every begun step is evaluated and acted on (continue, advance, hold, roll
+   back): ``tick_rollout`` performs the pure tick's effects on the database;
 5. pools nothing sends traffic to any more (retired versions, rolled-back
    candidates) are released: their replicas drain (streams finish, then they
    stop) and the pool row goes. An aborted candidate keeps its pools.
@@ -20,8 +20,10 @@ for every pending rollout (Celery beat, ``control.guard_rollouts``):
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import redis
 from django.conf import settings
@@ -32,15 +34,43 @@ from engine_nodes.domain.liveness import ReplicaState, is_silent
 from engine_nodes.models import Replica
 from metering import services as metering
 from metering.domain.figures import VersionFigures
+from models_registry.domain.gates import traffic_refusal
 from models_registry.domain.identity import VersionStatus
 from models_registry.models import Model, ModelVersion, Pool
+from models_registry.services import get_model, status_after_live
 from rollouts import plans
-from rollouts.domain.plan import Decision
-from rollouts.models import Rollout
+from rollouts.domain.guard_tick import (
+    AdvanceStep,
+    Effect,
+    Evaluation,
+    GuardedRollout,
+    LockRollout,
+    Promote,
+    ReadFigures,
+    ReadGates,
+    RecordEvaluation,
+    Reply,
+    RollBack,
+    StayInStep,
+    drive,
+    guard_tick,
+)
+from rollouts.domain.plan import Decision, Stage, StepSpec
+from rollouts.models import GuardEvaluation, Rollout
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GuardTick", "candidate_serves", "guard_rollouts", "release_pools"]
+__all__ = [
+    "FiguresReader",
+    "GuardTick",
+    "candidate_serves",
+    "guard_rollouts",
+    "release_pools",
+    "tick_rollout",
+]
+
+# What reads a version's figures: (model, version label, role, since) -> figures.
+FiguresReader = Callable[[str, str, str, datetime], VersionFigures]
 
 
 @dataclass(slots=True)
@@ -82,7 +112,7 @@ def guard_rollouts(
     *,
     now: datetime,
     flush: bool = True,
-    figures: plans.FiguresReader | None = None,
+    figures: FiguresReader | None = None,
 ) -> GuardTick:
     """Run one tick of every rollout's guards (see the module docstring).
 
@@ -131,7 +161,7 @@ def _tick_one(
     *,
     now: datetime,
     timeout: timedelta,
-    figures: plans.FiguresReader | None,
+    figures: FiguresReader | None,
 ) -> None:
     if rollout.step_started_at is None:
         if candidate_serves(rollout.version, now=now):
@@ -146,7 +176,7 @@ def _tick_one(
         ):
             tick.aborted.append(rollout.pk)
         return
-    evaluation = plans.guard_tick(rollout.pk, now=now, figures=figures or _figures)
+    evaluation = tick_rollout(rollout.pk, now=now, figures=figures or _figures)
     if evaluation is not None:
         tick.actions[rollout.pk] = evaluation.action
         logger.info(
@@ -157,6 +187,191 @@ def _tick_one(
             evaluation.percent,
             evaluation.action,
         )
+
+
+def tick_rollout(
+    rollout_id: int, *, now: datetime, figures: FiguresReader
+) -> GuardEvaluation | None:
+    """Run one pending rollout's guard tick (``rollouts.domain.guard_tick``) and act.
+
+    Returns the stored evaluation; None when the rollout is no longer pending,
+    its step has not begun, or an admin or another tick moved it meanwhile.
+    ``figures`` reads a version's figures since a time.
+    """
+    rollout = (
+        Rollout.objects.select_related("version", "model__live_version")
+        .filter(pk=rollout_id, decision=Decision.PENDING)
+        .first()
+    )
+    if rollout is None or rollout.step_started_at is None:
+        return None
+    live = rollout.model.live_version
+    guarded = GuardedRollout(
+        model=rollout.model_id,
+        candidate=rollout.version.version,
+        live=None if live is None else live.version,
+        stage=Stage(rollout.stage),
+        percent=rollout.percent,
+        step=rollout.step,
+        step_started_at=rollout.step_started_at.timestamp(),
+        plan=plans.plan_of(rollout),
+        paused=rollout.paused,
+        approved_step=rollout.approved_step,
+    )
+    with ExitStack() as stack:
+        driver = _LiveTick(rollout, now=now, figures=figures, stack=stack)
+        drive(guard_tick(guarded, now=now.timestamp()), driver.perform)
+        return driver.evaluation
+
+
+_Write = RecordEvaluation | StayInStep | AdvanceStep | Promote | RollBack
+
+
+class _LiveTick:
+    """Perform one tick's effects on the database: reads before the lock, every
+    write in the transaction the lock opens (``stack`` closes it)."""
+
+    def __init__(
+        self,
+        rollout: Rollout,
+        *,
+        now: datetime,
+        figures: FiguresReader,
+        stack: ExitStack,
+    ) -> None:
+        self.rollout = rollout  # as read before the lock
+        self.now = now
+        self.figures = figures
+        self.stack = stack
+        self.locked: Rollout | None = None
+        self.evaluation: GuardEvaluation | None = None
+
+    def perform(self, effect: Effect) -> Reply:
+        if isinstance(effect, ReadFigures):
+            since = datetime.fromtimestamp(effect.since, tz=UTC)
+            return self.figures(effect.model, effect.version, effect.role, since)
+        if isinstance(effect, LockRollout):
+            return self._lock(effect.rollout)
+        if isinstance(effect, ReadGates):
+            version = ModelVersion.objects.get(
+                model_id=effect.model, version=effect.version
+            )
+            return traffic_refusal(version.ref, version.status, version.status_reason)
+        self._write(effect)
+        return None
+
+    def _lock(self, guarded: GuardedRollout) -> bool:
+        self.stack.enter_context(transaction.atomic())
+        # The model first, then the rollout: the order every writer takes (an
+        # admin's control, PUT rollout or alias), so none of them deadlocks a tick.
+        get_model(guarded.model, for_update=True)
+        self.locked = (
+            Rollout.objects.select_for_update()
+            .filter(
+                pk=self.rollout.pk,
+                decision=Decision.PENDING,
+                step=guarded.step,
+                step_started_at=self.rollout.step_started_at,
+                # Decided on these: a pause or an approval meanwhile waits a tick.
+                paused=guarded.paused,
+                approved_step=guarded.approved_step,
+            )
+            .first()
+        )
+        return self.locked is not None
+
+    def _write(self, effect: _Write) -> None:
+        locked = self.locked
+        assert locked is not None, "a tick writes only under its lock"
+        now = self.now
+        if isinstance(effect, RecordEvaluation):
+            self.evaluation = _record(locked, effect.evaluation, now=now)
+            return
+        locked.guard_metrics = {"at": now.isoformat(), **effect.report.to_json()}
+        locked.reason = effect.reason[:2000]
+        if isinstance(effect, RollBack):
+            plans.end_rollout(
+                locked, Decision.ROLLED_BACK, now=now, reject=effect.reason
+            )
+        elif isinstance(effect, Promote):
+            _promote(locked, retention_s=effect.retention_s, now=now)
+        elif isinstance(effect, AdvanceStep):
+            _advance(locked, effect.step, effect.spec, now=now)
+        else:
+            locked.save(update_fields=["guard_metrics", "reason"])
+
+
+def _record(
+    rollout: Rollout, evaluation: Evaluation, *, now: datetime
+) -> GuardEvaluation:
+    decision = evaluation.decision
+    return GuardEvaluation.objects.create(
+        rollout=rollout,
+        at=now,
+        step=rollout.step,
+        stage=rollout.stage,
+        percent=rollout.percent,
+        action=decision.action.value,
+        reason=decision.reason[:2000],
+        report=evaluation.report.to_json(),
+        candidate=evaluation.candidate.to_json(),
+        live=evaluation.live.to_json(),
+    )
+
+
+def _advance(rollout: Rollout, step: int, spec: StepSpec, *, now: datetime) -> None:
+    """Move a locked rollout to ``step`` from now: its share and its pools."""
+    model = get_model(rollout.model_id, for_update=True)
+    rollout.step = step
+    rollout.stage = spec.stage.value
+    rollout.percent = spec.percent
+    rollout.step_started_at = now
+    rollout.approved_step = None
+    rollout.save(
+        update_fields=[
+            "guard_metrics",
+            "reason",
+            "step",
+            "stage",
+            "percent",
+            "step_started_at",
+            "approved_step",
+        ]
+    )
+    plans.ensure_candidate_pools(model, rollout.version, percent=spec.percent)
+    plans.apply_traffic(model, rollout)
+
+
+def _promote(rollout: Rollout, *, retention_s: float, now: datetime) -> None:
+    """Point the alias at the candidate; keep the old version loaded until its
+    retention ends."""
+    model = get_model(rollout.model_id, for_update=True)
+    previous = model.live_version
+    if previous is not None and previous.pk != rollout.version_id:
+        ModelVersion.objects.filter(pk=previous.pk).update(
+            status=status_after_live(previous)
+        )
+    ModelVersion.objects.filter(pk=rollout.version_id).update(
+        status=VersionStatus.LIVE, status_reason=""
+    )
+    model.live_version_id = rollout.version_id
+    model.canary_version = None
+    model.canary_percent = 0.0
+    model.save(
+        update_fields=["live_version", "canary_version", "canary_percent", "updated_at"]
+    )
+    rollout.decision = Decision.PROMOTED
+    rollout.decided_at = now
+    rollout.retire_after = now + timedelta(seconds=retention_s)
+    rollout.save(
+        update_fields=[
+            "decision",
+            "decided_at",
+            "retire_after",
+            "guard_metrics",
+            "reason",
+        ]
+    )
 
 
 def _released_versions(now: datetime) -> list[ModelVersion]:

@@ -1,82 +1,64 @@
-"""Rollouts that run themselves: start a plan, one guard tick, admin controls, retention.
+"""Rollout plans as a service: start, begin a step, end, admin controls, retention.
 
-Public surface: ``start_plan``, ``begin_step``, ``guard_tick``, ``control``,
-``retire_expired``, ``candidate_role``, ``plan_of``, ``model_plan``,
-``set_model_plan``, ``Controls``.
+The guard tick that judges a begun step lives with the other control loops
+(``control.rollout_guard``, on the pure ``rollouts.domain.guard_tick``); this
+module holds the writes it shares with them and with the admins:
 
-The decisions are pure (``rollouts.domain.plan.decide_step`` and
-``rollouts.domain.guards.compare``, which the fleet simulator's drill calls too);
-this module gathers what they read (the figures the gateways recorded, flushed to
-``version_figures``), stores every evaluation (``guard_metrics``) and acts:
-
-- **advance**: the next step's share, by the same conversation split (raising a
-  canary's percent only moves conversations onto it, never back);
-- **promote**: the alias points at the candidate; the old version stays loaded
-  (``ready``, its pools untouched) until ``retire_after``;
-- **roll back**: the canary share goes to zero (one change: the alias still points
-  at the old version, which never stopped serving); the candidate is rejected with
-  the figures that tripped, and its pools are released by the node agents'
-  sweep (``engine_nodes.pool_release``).
-
-A step takes traffic only once the candidate has a serving replica in every region
-where its pool is (``begin_step``, called by the guard task with what the agents
-report): a canary share sent to a pool still starting would fail its conversations.
-Serving replicas are the node agents' to count, so the task that calls this module
-lives with them (``control.rollout_guard``).
+- ``start_plan``: the candidate's first step, and its pools beside the live ones
+  (``ensure_candidate_pools``); a step takes traffic only once the candidate has
+  a serving replica in every region where its pool is (``begin_step``, called by
+  the guard task with what the node agents report): a canary share sent to a
+  pool still starting would fail its conversations;
+- ``apply_traffic``: the model's canary fields for a step (raising a canary's
+  percent only moves conversations onto it, never back);
+- ``end_rollout``: the canary share goes to zero (one change: the alias still
+  points at the old version, which never stopped serving); a rollback also
+  rejects the candidate, whose pools the guard task then releases;
+- ``control``, ``abort_waiting``: an admin's pause, resume, approve or abort, and
+  the guards' abort of a candidate that never served;
+- ``retire_expired``: the old version after a promotion's retention.
 """
 
 from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable, Mapping
-from datetime import datetime, timedelta
+from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from django.db import transaction
 
 from config.errors import Conflict, InvalidRequest, NotFound
-from metering.domain.figures import Role, VersionFigures
-from models_registry.domain.gates import traffic_refusal
 from models_registry.domain.identity import VersionStatus
 from models_registry.models import Model, ModelVersion, Pool
-from models_registry.services import get_model, get_version, status_after_live
-from rollouts.domain.guards import GuardReport, baseline_roles, compare
+from models_registry.services import get_model, get_version
 from rollouts.domain.plan import (
     DEFAULT_PLAN,
     Decision,
-    GuardAction,
     PlanError,
-    PlanState,
     RolloutPlan,
     Stage,
-    StepDecision,
-    decide_manual,
-    decide_step,
     parse_plan,
 )
-from rollouts.models import GuardEvaluation, Rollout
+from rollouts.models import Rollout
 from rollouts.services import Override, admit
 
 __all__ = [
     "Controls",
-    "FiguresReader",
     "abort_waiting",
+    "apply_traffic",
     "begin_step",
-    "candidate_role",
     "control",
+    "end_rollout",
     "ensure_candidate_pools",
     "evaluations",
-    "guard_tick",
     "model_plan",
     "plan_of",
     "retire_expired",
     "set_model_plan",
     "start_plan",
 ]
-
-# What reads a version's figures: (model, version label, role, since) -> figures.
-FiguresReader = Callable[[str, str, str, datetime], VersionFigures]
 
 
 class Controls(enum.StrEnum):
@@ -133,11 +115,6 @@ def plan_of(rollout: Rollout) -> RolloutPlan | None:
         return parse_plan(rollout.plan)
     except PlanError:
         return DEFAULT_PLAN
-
-
-def candidate_role(stage: str) -> Role:
-    """Return the figures' role of a candidate at ``stage``."""
-    return Role.SHADOW if stage == Stage.SHADOW else Role.CANARY
 
 
 def start_plan(
@@ -246,7 +223,7 @@ def ensure_candidate_pools(
             pool.save(update_fields=changed)
 
 
-def _apply_traffic(model: Model, rollout: Rollout) -> None:
+def apply_traffic(model: Model, rollout: Rollout) -> None:
     """Point the model's canary fields at the rollout's step (shadow: none)."""
     if rollout.stage == Stage.CANARY:
         model.canary_version_id = rollout.version_id
@@ -278,143 +255,11 @@ def begin_step(rollout_id: int, *, now: datetime) -> bool:
         rollout.step_started_at = now
         rollout.reason = "the candidate serves: its traffic began"
         rollout.save(update_fields=["step_started_at", "reason"])
-        _apply_traffic(model, rollout)
+        apply_traffic(model, rollout)
     return True
 
 
-def guard_tick(
-    rollout_id: int, *, now: datetime, figures: FiguresReader
-) -> GuardEvaluation | None:
-    """Evaluate one pending rollout's guards, store it, and act on the decision.
-
-    Returns the stored evaluation; None when the rollout is no longer pending or
-    its step has not begun. ``figures`` reads a version's figures since a time.
-    """
-    rollout = (
-        Rollout.objects.select_related("version", "model__live_version")
-        .filter(pk=rollout_id, decision=Decision.PENDING)
-        .first()
-    )
-    if rollout is None or rollout.step_started_at is None:
-        return None
-    model = rollout.model
-    live = model.live_version
-    since = rollout.step_started_at
-    role = candidate_role(rollout.stage)
-    candidate_figures = figures(model.model, rollout.version.version, role, since)
-    live_figures = VersionFigures()
-    if live is not None:
-        for live_role in baseline_roles(role):
-            live_figures += figures(model.model, live.version, live_role, since)
-    plan = plan_of(rollout)
-    thresholds = plan.thresholds if plan is not None else DEFAULT_PLAN.thresholds
-    report = compare(candidate_figures, live_figures, thresholds)
-    if plan is None:
-        decision = decide_manual(report)
-    else:
-        decision = decide_step(
-            plan,
-            PlanState(
-                step=rollout.step,
-                step_started_at=since.timestamp(),
-                paused=rollout.paused,
-                approved_step=rollout.approved_step,
-            ),
-            report,
-            now=now.timestamp(),
-            requests=candidate_figures.requests,
-            conversations=candidate_figures.conversations,
-        )
-    with transaction.atomic():
-        # The model first, then the rollout: the order every writer takes (an
-        # admin's control, PUT rollout or alias), so none of them deadlocks a tick.
-        get_model(model.model, for_update=True)
-        locked = (
-            Rollout.objects.select_for_update()
-            .filter(
-                pk=rollout.pk,
-                decision=Decision.PENDING,
-                step=rollout.step,
-                step_started_at=rollout.step_started_at,
-                # Decided on these: a pause or an approval meanwhile waits a tick.
-                paused=rollout.paused,
-                approved_step=rollout.approved_step,
-            )
-            .first()
-        )
-        if locked is None:
-            return None  # an admin or another tick moved it meanwhile
-        if decision.promote:
-            decision = _may_promote(decision, locked)
-        evaluation = GuardEvaluation.objects.create(
-            rollout=locked,
-            at=now,
-            step=locked.step,
-            stage=locked.stage,
-            percent=locked.percent,
-            action=decision.action.value,
-            reason=decision.reason[:2000],
-            report=report.to_json(),
-            candidate=candidate_figures.to_json(),
-            live=live_figures.to_json(),
-        )
-        _act(locked, decision, report, plan, now=now)
-    return evaluation
-
-
-def _may_promote(decision: StepDecision, rollout: Rollout) -> StepDecision:
-    """Hold a promotion the version gates would refuse (an alias change).
-
-    A plan started with an override, or a version whose gates were re-run and
-    failed during the rollout, may pass every guard and still not be ready: the
-    alias moves only through an admin's ``PUT .../alias`` with an override then.
-    """
-    version = ModelVersion.objects.get(pk=rollout.version_id)
-    refusal = traffic_refusal(version.ref, version.status, version.status_reason)
-    if refusal is None:
-        return decision
-    return StepDecision(
-        GuardAction.HOLD,
-        f"the guards pass, but {refusal}: the alias moves only with an admin's "
-        "override (PUT .../alias)",
-    )
-
-
-def _act(
-    rollout: Rollout,
-    decision: StepDecision,
-    report: GuardReport,
-    plan: RolloutPlan | None,
-    *,
-    now: datetime,
-) -> None:
-    """Carry out a guard decision on a locked pending rollout."""
-    rollout.guard_metrics = {"at": now.isoformat(), **report.to_json()}
-    rollout.reason = decision.reason[:2000]
-    fields = ["guard_metrics", "reason"]
-    if decision.action == GuardAction.ROLL_BACK:
-        _end(rollout, Decision.ROLLED_BACK, now=now, reject=decision.reason)
-        return
-    if decision.action == GuardAction.ADVANCE and plan is not None:
-        if decision.next_step is None:
-            _promote(rollout, plan, now=now)
-            return
-        step = plan.steps[decision.next_step]
-        model = get_model(rollout.model_id, for_update=True)
-        rollout.step = decision.next_step
-        rollout.stage = step.stage.value
-        rollout.percent = step.percent
-        rollout.step_started_at = now
-        rollout.approved_step = None
-        fields += ["step", "stage", "percent", "step_started_at", "approved_step"]
-        rollout.save(update_fields=fields)
-        ensure_candidate_pools(model, rollout.version, percent=step.percent)
-        _apply_traffic(model, rollout)
-        return
-    rollout.save(update_fields=fields)
-
-
-def _end(
+def end_rollout(
     rollout: Rollout, decision: Decision, *, now: datetime, reject: str | None
 ) -> None:
     """End a locked pending rollout with no promotion: the canary share goes to
@@ -436,38 +281,6 @@ def _end(
             status=VersionStatus.REJECTED,
             status_reason=f"rolled back at {where}: {reject}"[:2000],
         )
-
-
-def _promote(rollout: Rollout, plan: RolloutPlan, *, now: datetime) -> None:
-    """Point the alias at the candidate; keep the old version loaded until its
-    retention ends."""
-    model = get_model(rollout.model_id, for_update=True)
-    previous = model.live_version
-    if previous is not None and previous.pk != rollout.version_id:
-        ModelVersion.objects.filter(pk=previous.pk).update(
-            status=status_after_live(previous)
-        )
-    ModelVersion.objects.filter(pk=rollout.version_id).update(
-        status=VersionStatus.LIVE, status_reason=""
-    )
-    model.live_version_id = rollout.version_id
-    model.canary_version = None
-    model.canary_percent = 0.0
-    model.save(
-        update_fields=["live_version", "canary_version", "canary_percent", "updated_at"]
-    )
-    rollout.decision = Decision.PROMOTED
-    rollout.decided_at = now
-    rollout.retire_after = now + timedelta(seconds=plan.retention_s)
-    rollout.save(
-        update_fields=[
-            "decision",
-            "decided_at",
-            "retire_after",
-            "guard_metrics",
-            "reason",
-        ]
-    )
 
 
 def control(model_id: str, action: str, *, by: str, now: datetime) -> Rollout:
@@ -499,7 +312,7 @@ def control(model_id: str, action: str, *, by: str, now: datetime) -> Rollout:
             raise NotFound(f"{model_id} has no rollout running", param="model")
         if chosen == Controls.ABORT:
             rollout.reason = f"aborted by {by}"[:2000]
-            _end(rollout, Decision.ABORTED, now=now, reject=None)
+            end_rollout(rollout, Decision.ABORTED, now=now, reject=None)
             return rollout
         if rollout.plan is None:
             raise Conflict(
@@ -542,7 +355,7 @@ def abort_waiting(rollout_id: int, *, reason: str, now: datetime) -> bool:
         if rollout is None:
             return False
         rollout.reason = reason[:2000]
-        _end(rollout, Decision.ABORTED, now=now, reject=None)
+        end_rollout(rollout, Decision.ABORTED, now=now, reject=None)
     return True
 
 
