@@ -5,9 +5,9 @@ Public surface: ``MODEL``, ``LIVE_VERSION``, ``CANDIDATE_VERSION``,
 ``REFUSAL_TEXT``, ``REFUSAL_TOKENS``, ``SLOW_TTFT_FACTOR``, ``SEED_STREAMS``,
 ``SEED_REPLICAS``, ``Candidate``, ``SCENARIOS``, ``SCENARIO_NAMES``,
 ``RolloutDrillSettings``, ``Turn``, ``Traffic``, ``simulate_traffic``,
-``FigureBucket``, ``Tick``, ``MidChatMoves``, ``ScenarioOutcome``, ``Check``
-(from ``drills.domain.overload``), ``DrillOutcome``, ``replay_rollout``,
-``judge``, ``run_drill``.
+``FigureBucket``, ``FigureStore``, ``SimulatedRollout``, ``Tick``,
+``MidChatMoves``, ``ScenarioOutcome``, ``Check`` (from ``drills.domain.overload``),
+``DrillOutcome``, ``replay_rollout``, ``judge``, ``run_drill``.
 
 Issue 16's drill: (a) a version with a broken chat template (every answer the
 simulated replica's degraded refusal) is caught at canary 1% and rolled back; (b) a
@@ -29,16 +29,13 @@ copy of it:
   counted exactly per bucket (live uses a HyperLogLog per bucket). Each request
   counts in the role ``sticky.figure_role`` gives it (``canary``, ``baseline``:
   the live version's band beside the canary, ``live``), as the gateway's;
-- every ``guard_period_s`` (60 s, ``PLATFORM_ROLLOUT_GUARD_INTERVAL_S``), what
-  ``rollouts.plans.guard_tick`` does: the candidate's figures in its role
-  (``shadow`` in a shadow step, else ``canary``) and the live version's in
-  ``guards.baseline_roles`` (the baseline for a canary, all of it for a shadow),
-  both summed over the buckets from the one holding the step's start
-  on, handed to ``rollouts.domain.guards.compare`` and then to
-  ``rollouts.domain.plan.decide_step`` with the candidate's requests and
-  conversations in the step; the decision is acted on as ``plans._act`` does
-  (advance: the next step's traffic from now; promote: the alias moves, the old
-  version is retained; roll back: the canary and the shadow go).
+- every ``guard_period_s`` (60 s, ``PLATFORM_ROLLOUT_GUARD_INTERVAL_S``), the
+  figures ended so far are flushed to their buckets (``FigureStore``) and the
+  guard tick runs: ``rollouts.domain.guard_tick``, the generator the live task
+  drives too (``control.rollout_guard``), here driven by ``SimulatedRollout`` in
+  virtual time (advance: the next step's traffic from now; promote: the alias
+  moves, the old version is retained; roll back: the canary and the shadow go).
+  A test feeds the same figures to both drivers and gets the same decisions.
 
 The traffic (``simulate_traffic``): the seed's 7B chat workload at ``streams``
 concurrent streams (1,000: 100 requests/s, ``streams x 30 tokens/s / 300
@@ -93,6 +90,7 @@ import math
 import random
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import NamedTuple
 
 from drills.domain.capacity_plan import Scenario as CapacityScenario
@@ -101,16 +99,28 @@ from drills.domain.fleet_config import FleetConfig
 from drills.domain.overload import Check
 from drills.domain.workload import ChatWorkload
 from metering.domain.figures import Role, VersionFigures, output_bucket, ttft_bucket
-from rollouts.domain.guards import GuardReport, GuardResult, baseline_roles, compare
+from rollouts.domain.guard_tick import (
+    AdvanceStep,
+    Effect,
+    Evaluation,
+    GuardedRollout,
+    LockRollout,
+    Promote,
+    ReadFigures,
+    ReadGates,
+    RecordEvaluation,
+    Reply,
+    RollBack,
+    drive,
+    guard_tick,
+)
+from rollouts.domain.guards import GuardReport, GuardResult
 from rollouts.domain.plan import (
     DEFAULT_PLAN,
     Decision,
-    GuardAction,
-    PlanState,
     RolloutPlan,
     Stage,
     StepSpec,
-    decide_step,
 )
 from routing.domain.refusals import RefusalDetector
 from routing.domain.resolve import resolve
@@ -139,9 +149,11 @@ __all__ = [
     "Check",
     "DrillOutcome",
     "FigureBucket",
+    "FigureStore",
     "MidChatMoves",
     "RolloutDrillSettings",
     "ScenarioOutcome",
+    "SimulatedRollout",
     "Tick",
     "Traffic",
     "Turn",
@@ -437,6 +449,22 @@ class Tick:
     candidate_requests: int
     candidate_conversations: int
 
+    @classmethod
+    def of(cls, evaluation: Evaluation) -> Tick:
+        """The tick of one evaluation (``guard_tick.RecordEvaluation``)."""
+        judged, decision = evaluation.rollout, evaluation.decision
+        return cls(
+            at_s=evaluation.at,
+            step=judged.step,
+            stage=judged.stage.value,
+            percent=judged.percent,
+            action=decision.action.value,
+            reason=decision.reason,
+            report=evaluation.report,
+            candidate_requests=evaluation.candidate.requests,
+            candidate_conversations=evaluation.candidate.conversations,
+        )
+
     def result(self, name: str) -> GuardResult:
         return self.report.result(name)
 
@@ -574,7 +602,7 @@ def _plan_for(candidate: Candidate, plan: RolloutPlan) -> RolloutPlan:
 
 
 def _traffic_record(record: ModelRecord, spec: StepSpec) -> ModelRecord:
-    """The model's routing for a step (``plans._apply_traffic`` and the snapshot's
+    """The model's routing for a step (``plans.apply_traffic`` and the snapshot's
     shadows: a shadow step sets the shadow, a canary step the canary)."""
     if spec.stage is Stage.SHADOW:
         return replace(
@@ -591,11 +619,6 @@ def _traffic_record(record: ModelRecord, spec: StepSpec) -> ModelRecord:
         shadow_version=None,
         shadow_percent=0.0,
     )
-
-
-def _is_recorded(record: ModelRecord) -> bool:
-    """Whether the gateway records figures for the model (``_figure_role``)."""
-    return record.canary_version is not None or record.shadow_version is not None
 
 
 class _Answer(NamedTuple):
@@ -643,9 +666,177 @@ def _candidate_answer(
     return live._replace(ttft_s=ttft, finished_at=turn.at + ttft + decode_s)
 
 
+class FigureStore:
+    """The drill's figures per role, version and bucket of ``bucket_s``.
+
+    An answer is recorded when it ends (``record``: the gateway records a request
+    in ``finally``) and lands in its end's bucket at the next ``drain`` (the guard
+    task's flush). ``figures`` reads as ``metering.services.version_figures``
+    does: every bucket from the one holding ``since`` on, summed.
+    """
+
+    def __init__(self, bucket_s: float) -> None:
+        self.bucket_s = bucket_s
+        self.buckets: dict[tuple[str, str, int], FigureBucket] = {}
+        self._pending: list[tuple[float, int, str, str, str, _Answer]] = []
+        self._seq = 0
+
+    def bucket(self, role: str, version: str, at: float) -> FigureBucket:
+        """Return the bucket holding time ``at`` (created empty if need be)."""
+        key = (role, version, math.floor(at / self.bucket_s))
+        bucket = self.buckets.get(key)
+        if bucket is None:
+            bucket = self.buckets[key] = FigureBucket()
+        return bucket
+
+    def figures(self, role: str, version: str, since: float) -> VersionFigures:
+        """Return the figures of every bucket from the one holding ``since`` on."""
+        first = math.floor(since / self.bucket_s)
+        total = VersionFigures()
+        for (r, v, index), bucket in self.buckets.items():
+            if r == role and v == version and index >= first:
+                total = total + bucket.figures()
+        return total
+
+    def record(
+        self, role: str, version: str, conversation: str, answer: _Answer | None
+    ) -> None:
+        """Hold an answer's figures until its end is drained (None: nothing)."""
+        if answer is None:
+            return
+        self._seq += 1
+        heapq.heappush(
+            self._pending,
+            (answer.finished_at, self._seq, role, version, conversation, answer),
+        )
+
+    def drain(self, until: float) -> None:
+        """Add the answers that ended by ``until`` to their end's bucket."""
+        pending = self._pending
+        while pending and pending[0][0] <= until:
+            finished_at, _, role, version, conversation, answer = heapq.heappop(pending)
+            self.bucket(role, version, finished_at).add(
+                ttft_s=answer.ttft_s,
+                output_tokens=answer.output_tokens,
+                error_kind=answer.error_kind,
+                refused=answer.refused,
+                conversation=conversation,
+            )
+
+
+class SimulatedRollout:
+    """One rollout in virtual time: the model's routing, the plan's state, and the
+    guard tick's effects (``rollouts.domain.guard_tick``) performed on them.
+
+    As the live task does (``control.rollout_guard``): advance, the next step's
+    share from now; promote, the alias moves and the old version is retained;
+    roll back, the canary and the shadow go. Nothing else writes the rollout, so
+    the lock always holds, and the candidate passed its gates (no refusal).
+    One writer: whoever calls ``begin`` and ``tick``.
+    """
+
+    def __init__(self, plan: RolloutPlan, store: FigureStore) -> None:
+        self.plan = plan
+        self.store = store
+        self.record = ModelRecord(
+            model=MODEL,
+            live_version=LIVE_VERSION,
+            canary_version=None,
+            canary_percent=0.0,
+            shadow_version=None,
+            shadow_percent=0.0,
+        )
+        self.step = 0
+        self.step_started_at = 0.0
+        self.decision: str = Decision.PENDING.value
+        self.decided_at: float | None = None
+        self.reason = ""
+        self.tripped: tuple[GuardResult, ...] = ()
+        self.ticks: list[Tick] = []
+        self.steps: list[tuple[float, str]] = []
+        self.memory_began_at: float | None = None
+        self.rolled_back_at: float | None = None
+
+    def begin(self, at: float) -> None:
+        """Start the plan's first step at ``at`` (``plans.begin_step``)."""
+        # The gateways remember conversations from the rollout's start (the
+        # snapshot's rollout_pending), before any canary share can take them.
+        self.record = replace(self.record, rollout_pending=True)
+        self.step, self.step_started_at = 0, at
+        self._apply(self.plan.steps[0], at)
+
+    def tick(self, at: float) -> Evaluation | None:
+        """One guard tick at ``at`` (``control.rollout_guard.tick_rollout``)."""
+        spec = self.plan.steps[self.step]
+        guarded = GuardedRollout(
+            model=MODEL,
+            candidate=CANDIDATE_VERSION,
+            live=self.record.live_version,
+            stage=spec.stage,
+            percent=spec.percent,
+            step=self.step,
+            step_started_at=self.step_started_at,
+            plan=self.plan,
+        )
+        return drive(guard_tick(guarded, now=at), partial(self._perform, at))
+
+    def _perform(self, at: float, effect: Effect) -> Reply:
+        if isinstance(effect, ReadFigures):
+            return self.store.figures(effect.role, effect.version, effect.since)
+        if isinstance(effect, LockRollout):
+            return True
+        if isinstance(effect, ReadGates):
+            return None
+        if isinstance(effect, RecordEvaluation):
+            self.ticks.append(Tick.of(effect.evaluation))
+        elif isinstance(effect, RollBack):
+            self._roll_back(effect, at)
+        elif isinstance(effect, Promote):
+            self._promote(effect, at)
+        elif isinstance(effect, AdvanceStep):
+            self.step, self.step_started_at = effect.step, at
+            self._apply(effect.spec, at)
+        return None
+
+    def _apply(self, spec: StepSpec, at: float) -> None:
+        self.record = _traffic_record(self.record, spec)
+        self.steps.append((at, spec.label))
+        if self.memory_began_at is None and needs_memory(self.record):
+            self.memory_began_at = at
+
+    def _roll_back(self, effect: RollBack, at: float) -> None:
+        self._decide(Decision.ROLLED_BACK, at, effect.reason)
+        self.tripped = effect.report.tripped
+        self.rolled_back_at = at
+        self.record = replace(
+            self.record,
+            rollout_pending=False,
+            canary_version=None,
+            canary_percent=0.0,
+            shadow_version=None,
+            shadow_percent=0.0,
+        )
+
+    def _promote(self, effect: Promote, at: float) -> None:
+        self._decide(Decision.PROMOTED, at, effect.reason)
+        self.record = replace(
+            self.record,
+            live_version=CANDIDATE_VERSION,
+            rollout_pending=False,
+            canary_version=None,
+            canary_percent=0.0,
+            shadow_version=None,
+            shadow_percent=0.0,
+            retained_version=LIVE_VERSION,
+        )
+
+    def _decide(self, decision: Decision, at: float, reason: str) -> None:
+        self.decision, self.decided_at, self.reason = decision.value, at, reason
+
+
 class _Replay:
-    """The state of one scenario's replay: the model's routing, the conversation
-    memory, the figures' buckets, the plan's state. One writer: ``run``."""
+    """The state of one scenario's replay: the traffic, the conversation memory,
+    the figures and the rollout. One writer: ``run``."""
 
     def __init__(
         self,
@@ -656,33 +847,13 @@ class _Replay:
         self.traffic = traffic
         self.candidate = candidate
         self.settings = settings
-        self.plan = _plan_for(candidate, settings.plan)
+        self.store = FigureStore(settings.bucket_s)
+        self.rollout = SimulatedRollout(_plan_for(candidate, settings.plan), self.store)
         self.is_refusal = RefusalDetector().is_refusal(REFUSAL_TEXT)
-        self.record = ModelRecord(
-            model=MODEL,
-            live_version=LIVE_VERSION,
-            canary_version=None,
-            canary_percent=0.0,
-            shadow_version=None,
-            shadow_percent=0.0,
-        )
         self.versions = frozenset({(MODEL, LIVE_VERSION), (MODEL, CANDIDATE_VERSION)})
         self.memory: dict[str, Remembered] = {}
-        self.memory_began_at: float | None = None
-        self.rolled_back_at: float | None = None
         self.last: dict[str, tuple[str, float]] = {}
         self.moved: dict[str, str] = {}
-        self.buckets: dict[tuple[str, str, int], FigureBucket] = {}
-        self.pending: list[tuple[float, int, str, str, str, _Answer]] = []
-        self.seq = 0
-        self.step = 0
-        self.step_started_at = 0.0
-        self.decision: str = Decision.PENDING.value
-        self.decided_at: float | None = None
-        self.reason = ""
-        self.tripped: tuple[GuardResult, ...] = ()
-        self.ticks: list[Tick] = []
-        self.steps: list[tuple[float, str]] = []
         self.first_candidate_at: float | None = None
         self.saw: set[str] = set()
         self.requests_saw = 0
@@ -690,126 +861,17 @@ class _Replay:
         self.requests = 0
         self.conversations: set[str] = set()
 
-    # -- the plan ----------------------------------------------------------------------
-
-    def begin(self, at: float) -> None:
-        # The gateways remember conversations from the rollout's start (the
-        # snapshot's rollout_pending), before any canary share can take them.
-        self.record = replace(self.record, rollout_pending=True)
-        self.step, self.step_started_at = 0, at
-        self._apply(self.plan.steps[0], at)
-
-    def _apply(self, spec: StepSpec, at: float) -> None:
-        self.record = _traffic_record(self.record, spec)
-        self.steps.append((at, spec.label))
-        if self.memory_began_at is None and needs_memory(self.record):
-            self.memory_began_at = at
-
     def tick(self, at: float) -> None:
-        """One guard evaluation at ``at`` (``plans.guard_tick``)."""
-        self._drain(at)
-        spec = self.plan.steps[self.step]
-        role = Role.SHADOW if spec.stage is Stage.SHADOW else Role.CANARY
-        first = math.floor(self.step_started_at / self.settings.bucket_s)
-        candidate = self._figures(role, CANDIDATE_VERSION, first)
-        live = VersionFigures()
-        for live_role in baseline_roles(role):
-            live += self._figures(live_role, LIVE_VERSION, first)
-        report = compare(candidate, live, self.plan.thresholds)
-        decision = decide_step(
-            self.plan,
-            PlanState(step=self.step, step_started_at=self.step_started_at),
-            report,
-            now=at,
-            requests=candidate.requests,
-            conversations=candidate.conversations,
-        )
-        self.ticks.append(
-            Tick(
-                at_s=at,
-                step=self.step,
-                stage=spec.stage.value,
-                percent=spec.percent,
-                action=decision.action.value,
-                reason=decision.reason,
-                report=report,
-                candidate_requests=candidate.requests,
-                candidate_conversations=candidate.conversations,
-            )
-        )
-        if decision.action is GuardAction.ROLL_BACK:
-            self._decide(Decision.ROLLED_BACK, at, decision.reason)
-            self.tripped = report.tripped
-            self.rolled_back_at = at
-            self.record = replace(
-                self.record,
-                rollout_pending=False,
-                canary_version=None,
-                canary_percent=0.0,
-                shadow_version=None,
-                shadow_percent=0.0,
-            )
-        elif decision.promote:
-            self._decide(Decision.PROMOTED, at, decision.reason)
-            self.record = replace(
-                self.record,
-                live_version=CANDIDATE_VERSION,
-                rollout_pending=False,
-                canary_version=None,
-                canary_percent=0.0,
-                shadow_version=None,
-                shadow_percent=0.0,
-                retained_version=LIVE_VERSION,
-            )
-        elif decision.action is GuardAction.ADVANCE:
-            assert decision.next_step is not None
-            self.step, self.step_started_at = decision.next_step, at
-            self._apply(self.plan.steps[self.step], at)
-
-    def _decide(self, decision: Decision, at: float, reason: str) -> None:
-        self.decision, self.decided_at, self.reason = decision.value, at, reason
-
-    def _figures(self, role: str, version: str, first_bucket: int) -> VersionFigures:
-        total = VersionFigures()
-        for (r, v, index), bucket in self.buckets.items():
-            if r == role and v == version and index >= first_bucket:
-                total = total + bucket.figures()
-        return total
-
-    def _drain(self, until: float) -> None:
-        """Record the answers that ended by ``until`` in their end's bucket."""
-        pending = self.pending
-        while pending and pending[0][0] <= until:
-            finished_at, _, role, version, conversation, answer = heapq.heappop(pending)
-            index = math.floor(finished_at / self.settings.bucket_s)
-            bucket = self.buckets.get((role, version, index))
-            if bucket is None:
-                bucket = self.buckets[(role, version, index)] = FigureBucket()
-            bucket.add(
-                ttft_s=answer.ttft_s,
-                output_tokens=answer.output_tokens,
-                error_kind=answer.error_kind,
-                refused=answer.refused,
-                conversation=conversation,
-            )
-
-    def _record(
-        self, role: str, version: str, conversation: str, answer: _Answer | None
-    ) -> None:
-        if answer is None:
-            return
-        self.seq += 1
-        heapq.heappush(
-            self.pending,
-            (answer.finished_at, self.seq, role, version, conversation, answer),
-        )
+        """Flush what ended by ``at``, then one guard tick."""
+        self.store.drain(at)
+        self.rollout.tick(at)
 
     # -- one request --------------------------------------------------------------------
 
     def route(self, turn: Turn, draw: float) -> None:
         """Resolve one request as the gateway does, and record its figures."""
         key = f"conv:{turn.conversation}"
-        record = self.record
+        record = self.rollout.record
         resolution = resolve(MODEL, {MODEL: record}, self.versions, key, draw)
         remembered: Remembered | None = None
         if needs_memory(record):
@@ -833,16 +895,16 @@ class _Replay:
             self.requests_saw += 1
             answer = _candidate_answer(turn, self.candidate, is_refusal=self.is_refusal)
             if role is not None:
-                self._record(role, version, key, answer)
+                self.store.record(role, version, key, answer)
         elif version == CANDIDATE_VERSION:
             # Promoted: the candidate is live, and no figures are recorded any more.
             pass
         elif role is not None:
-            self._record(role, version, key, _live_answer(turn))
+            self.store.record(role, version, key, _live_answer(turn))
         if resolution.shadow_version == CANDIDATE_VERSION:
             self._first_candidate(turn.at)
             self.shadow_copies += 1
-            self._record(
+            self.store.record(
                 Role.SHADOW,
                 CANDIDATE_VERSION,
                 key,
@@ -859,9 +921,11 @@ class _Replay:
         if previous is None or previous[0] == version or key in self.moved:
             return
         before = previous[1]
-        if self.rolled_back_at is not None and before < self.rolled_back_at <= at:
+        rolled_back_at = self.rollout.rolled_back_at
+        memory_began_at = self.rollout.memory_began_at
+        if rolled_back_at is not None and before < rolled_back_at <= at:
             cause = "rollback"
-        elif self.memory_began_at is not None and before < self.memory_began_at <= at:
+        elif memory_began_at is not None and before < memory_began_at <= at:
             cause = "before_memory"
         else:
             cause = "other"
@@ -871,6 +935,7 @@ class _Replay:
 
     def run(self) -> ScenarioOutcome:
         s = self.settings
+        rollout = self.rollout
         start = s.lead_s
         horizon = start + s.plan_s + s.hold_allowance_s
         end = horizon + s.after_s
@@ -882,14 +947,16 @@ class _Replay:
         for turn in self.traffic.replay(end):
             at = turn.at
             if not begun and at >= start:
-                self.begin(start)
+                rollout.begin(start)
                 begun = True
-            while begun and self.decided_at is None and next_tick <= min(at, horizon):
+            while (
+                begun and rollout.decided_at is None and next_tick <= min(at, horizon)
+            ):
                 self.tick(next_tick)
                 next_tick += period
-            if self.decided_at is not None and at > self.decided_at + s.after_s:
+            if rollout.decided_at is not None and at > rollout.decided_at + s.after_s:
                 break
-            if self.decided_at is None and at > horizon:
+            if rollout.decided_at is None and at > horizon:
                 break
             self.route(turn, draws.random())
             last_at = at
@@ -899,28 +966,30 @@ class _Replay:
         moves = {"rollback": 0, "before_memory": 0, "other": 0}
         for cause in self.moved.values():
             moves[cause] += 1
-        spec = self.plan.steps[self.step]
+        rollout = self.rollout
+        spec = rollout.plan.steps[rollout.step]
 
         def rel(at: float | None) -> float | None:
             return None if at is None else at - start
 
         return ScenarioOutcome(
             candidate=self.candidate,
-            plan=self.plan,
-            decision=self.decision,
-            decided_at_s=rel(self.decided_at),
-            step=self.step,
+            plan=rollout.plan,
+            decision=rollout.decision,
+            decided_at_s=rel(rollout.decided_at),
+            step=rollout.step,
             stage=spec.stage.value,
             percent=spec.percent,
-            reason=self.reason or (self.ticks[-1].reason if self.ticks else ""),
+            reason=rollout.reason
+            or (rollout.ticks[-1].reason if rollout.ticks else ""),
             first_candidate_s=rel(self.first_candidate_at),
-            tripped=self.tripped,
+            tripped=rollout.tripped,
             conversations_saw=len(self.saw),
             requests_saw=self.requests_saw,
             shadow_copies=self.shadow_copies,
             moves=MidChatMoves(**moves),
-            ticks=tuple(replace(t, at_s=t.at_s - start) for t in self.ticks),
-            steps=tuple((at - start, label) for at, label in self.steps),
+            ticks=tuple(replace(t, at_s=t.at_s - start) for t in rollout.ticks),
+            steps=tuple((at - start, label) for at, label in rollout.steps),
             requests=self.requests,
             conversations=len(self.conversations),
             replayed_s=last_at,
