@@ -26,9 +26,11 @@ def settings_process(**env: str) -> subprocess.CompletedProcess[str]:
         if not key.startswith("PLATFORM_DB_")
     }
     environ.update(
-        DATABASE_URL="postgresql://u@127.0.0.1:5432/platform?sslmode=prefer",
-        DJANGO_SETTINGS_MODULE="config.settings",
-        **env,
+        {
+            "DATABASE_URL": "postgresql://u@127.0.0.1:5432/platform?sslmode=prefer",
+            "DJANGO_SETTINGS_MODULE": "config.settings",
+            **env,
+        }
     )
     return subprocess.run(
         [sys.executable, "-c", PRINT_DATABASE],
@@ -39,6 +41,17 @@ def settings_process(**env: str) -> subprocess.CompletedProcess[str]:
         timeout=60,
         check=False,
     )
+
+
+# What every PostgreSQL connection gets by default (PLATFORM_DB_TCP_TIMEOUT_S=10).
+DEAD_PEER_OPTIONS = {
+    "connect_timeout": 5,
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 10000,
+}
 
 
 def database(**env: str) -> dict[str, Any]:
@@ -52,6 +65,7 @@ def test_postgres_connections_come_from_a_bounded_pool_by_default() -> None:
     assert settings["CONN_MAX_AGE"] == 0
     assert settings["OPTIONS"] == {
         "sslmode": "prefer",
+        **DEAD_PEER_OPTIONS,
         "pool": {
             "min_size": 1,
             "max_size": 10,
@@ -77,7 +91,24 @@ def test_pool_size_and_timeout_come_from_the_environment() -> None:
 
 def test_pool_size_zero_means_no_pool_and_no_persistent_connections() -> None:
     settings = database(PLATFORM_DB_POOL_MAX_SIZE="0")
-    assert settings == {"CONN_MAX_AGE": 0, "OPTIONS": {"sslmode": "prefer"}}
+    assert settings == {
+        "CONN_MAX_AGE": 0,
+        "OPTIONS": {"sslmode": "prefer", **DEAD_PEER_OPTIONS},
+    }
+
+
+def test_a_silent_database_breaks_connections_within_the_tcp_timeout() -> None:
+    """A blackholed database must fail queries in seconds, not the kernel's minutes;
+    the URL's own options win."""
+    options = database(PLATFORM_DB_TCP_TIMEOUT_S="4")["OPTIONS"]
+    assert options["tcp_user_timeout"] == 4000
+    assert options["connect_timeout"] == 2
+    assert options["keepalives_idle"] == 2
+    mine = database(DATABASE_URL="postgresql://u@db.example:5432/p?connect_timeout=30")[
+        "OPTIONS"
+    ]
+    assert mine["connect_timeout"] == "30"
+    assert mine["tcp_user_timeout"] == 10000
 
 
 @pytest.mark.parametrize(
