@@ -29,7 +29,10 @@ beat it:
    ``services.free_gpus`` sums for the autoscaler.
 
 Pulls and stops run in threads of their own: a 28-second pull or a replica slow
-to exit never delays the other replicas' beats.
+to exit never delays the other replicas' beats. So does the pass itself (steps 1-4,
+which read and write the database): ``run`` beats on its own schedule, and while a
+pass holds past its beat (the database slow, refusing or blackholed) it beats to
+Redis from what the agent last knew (``_beat_from_last_known``).
 
 A serving replica that holds requests but whose engine shows no progress for
 ``stall_after_s`` (``engine_nodes.domain.progress``: generated tokens, requests and
@@ -132,6 +135,9 @@ class _Running:
     stopping: Future[None] | None = None
 
 
+# Stopping, the agent waits this long for its pass in flight (which may be
+# starting a replica) before it stops its replicas.
+_PASS_END_WAIT_S = 30.0
 # A replica that never served (or is gone) holds no stream: this long to exit
 # after SIGTERM, then SIGKILL.
 _QUICK_STOP_GRACE_S = 5.0
@@ -219,6 +225,8 @@ class NodeAgent:
         # By replica URL: what its fresh scrapes showed of its engine's progress.
         self._progress: dict[str, Progress] = {}
         self._scraping: dict[str, Future[EngineStats | None]] = {}
+        # The pass and the beat loop (``run``) both scrape.
+        self._scrape_lock = threading.Lock()
         self._scrapers = ThreadPoolExecutor(
             max_workers=16, thread_name_prefix="agent-scrape"
         )
@@ -229,23 +237,61 @@ class NodeAgent:
     # -- the loop ----------------------------------------------------------------------
 
     def run(self, stop: threading.Event, *, beat_s: float | None = None) -> None:
-        """Tick every beat until ``stop`` is set, then stop every replica."""
+        """Beat every ``beat_s`` until ``stop`` is set, then stop every replica.
+
+        The pass that reads and writes the database (``step``) runs in a thread of
+        its own. A pass that holds past its beat (the database slow, refusing or
+        blackholed: a query can wait seconds for a pooled connection, or minutes on
+        a dead TCP peer) does not hold the beats: this loop beats from what the
+        agent last knew (``_beat_from_last_known``) each beat until the pass ends.
+        Gateways route by these beats, so serving never waits on the database.
+        """
         beat_s = beat_s or settings.PLATFORM_HEARTBEAT_S
         self.forget_previous_life()
-        next_tick = self.clock()
+        ticker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-tick")
+        current: Future[None] | None = None
+        next_beat = self.clock()
+        is_behind = False
         try:
             while not stop.is_set():
-                started = self.clock()
-                self.step(now=timezone.now())
-                took_s = self.clock() - started
-                if took_s > beat_s:
-                    logger.warning(
-                        "agent tick took %.2f s (beat %.2f s)", took_s, beat_s
-                    )
-                next_tick += beat_s
-                stop.wait(max(0.0, next_tick - self.clock()))
+                if current is None or current.done():
+                    current = ticker.submit(self._pass, timezone.now(), beat_s)
+                next_beat += beat_s
+                wait([current], timeout=max(0.0, next_beat - self.clock()))
+                if not current.done():
+                    if not is_behind:
+                        is_behind = True
+                        logger.warning(
+                            "agent pass on node %s holds past its beat (%.2f s); "
+                            "beating from what it last knew",
+                            self.node,
+                            beat_s,
+                        )
+                    self._beat_from_last_known()
+                elif is_behind:
+                    is_behind = False
+                    logger.info("agent pass on node %s caught up", self.node)
+                stop.wait(max(0.0, next_beat - self.clock()))
+                if self.clock() - next_beat > beat_s:
+                    next_beat = self.clock()  # fell a whole beat behind: no burst
         finally:
+            # The pass in flight ends before the replicas are stopped (it may be
+            # starting one); one blocked on a dead database is left to its thread.
+            if current is not None:
+                wait([current], timeout=_PASS_END_WAIT_S)
+            ticker.shutdown(wait=False, cancel_futures=True)
             self.shutdown()
+
+    def _pass(self, now: datetime, beat_s: float) -> None:
+        """One ``step`` in the ticker thread, its connections given back after."""
+        started = self.clock()
+        try:
+            self.step(now=now)
+        finally:
+            close_old_connections()
+        took_s = self.clock() - started
+        if took_s > beat_s:
+            logger.warning("agent pass took %.2f s (beat %.2f s)", took_s, beat_s)
 
     def forget_previous_life(self) -> None:
         """Mark replicas of this node that no process of ours runs as gone.
@@ -316,6 +362,10 @@ class NodeAgent:
         # Processes whose rows were deleted elsewhere (an operator in the console).
         for replica_id in set(self.running) - set(mine):
             self._stop_later(replica_id, grace_s=_QUICK_STOP_GRACE_S)
+        # Redis first: gateways route by these, and the database writes below may
+        # wait (the beat loop covers a pass that holds, ``run``).
+        self._last_beats = {beat.replica_id: beat for beat in beats}
+        self._publish(beats)
         # The database hears beats at its own (possibly slower) rate; the small
         # allowance keeps a 1 s schedule from skipping every other beat.
         due_s = self.db_every_s * 0.95
@@ -335,12 +385,6 @@ class NodeAgent:
             # A row created anew (deleted in the console) learns them next beat.
             self._warm_written = None if is_new and not is_changed else warm
             self._node_written_at = self.clock()
-        self._last_beats = {beat.replica_id: beat for beat in beats}
-        if beats and self.sink is not None:
-            try:
-                self.sink.publish(beats)
-            except Exception:
-                logger.warning("publishing %d beats failed", len(beats), exc_info=True)
 
     def step(self, *, now: datetime) -> None:
         """Run one ``tick``; with the database unreachable, beat to Redis alone."""
@@ -360,14 +404,7 @@ class NodeAgent:
                 logger.info("database back; node %s reconciles", self.node)
 
     def _beat_without_database(self, exc: BaseException) -> None:
-        """Keep beating to Redis for the replicas that were serving, the database down.
-
-        Gateways route by the Redis beats; without them every replica would look
-        silent after the missed-beat window and serving would stop with the control
-        plane. Nothing is reconciled meanwhile (no starts, drains or state changes):
-        the replicas last seen serving and still running beat on with fresh
-        scrapes, and the next pass that reaches the database takes over.
-        """
+        """The database refused the pass: beat to Redis from what was last known."""
         if not self._is_database_down:
             self._is_database_down = True
             logger.warning(
@@ -375,30 +412,49 @@ class NodeAgent:
                 type(exc).__name__,
                 self.node,
             )
+        self._beat_from_last_known()
+
+    def _beat_from_last_known(self) -> None:
+        """Beat to Redis for the replicas last seen serving, without the database.
+
+        Gateways route by the Redis beats; without them every replica would look
+        silent after the missed-beat window and serving would stop with the control
+        plane. Nothing is reconciled meanwhile (no starts, drains or state changes):
+        the replicas last seen serving (or stalled) and still running beat on with
+        fresh scrapes, and the next pass that reaches the database takes over. Safe
+        beside a pass running in the ticker thread: it reads the pass's last beats
+        and the running processes, and its scrapes share the pass's (one lock).
+        """
         if self.sink is None:
             return
-        alive = {
-            replica_id: beat
-            for replica_id, beat in self._last_beats.items()
+        last = self._last_beats
+        running = dict(self.running)
+        alive = [
+            beat
+            for replica_id, beat in last.items()
             if beat.state in (ReplicaState.SERVING, ReplicaState.STALLED)
-            and (running := self.running.get(replica_id)) is not None
-            and running.stopping is None
-            and self.actuator.is_running(running.handle)
-        }
-        scraped = self._scrape_all([beat.url for beat in alive.values()])
+            and (process := running.get(replica_id)) is not None
+            and process.stopping is None
+            and self.actuator.is_running(process.handle)
+        ]
+        scraped = self._scrape_all([beat.url for beat in alive], forget_others=False)
         beats = []
-        for beat in alive.values():
+        for beat in alive:
             stats = scraped.get(beat.url)
             if stats is None:
                 # No answer: no beat, so that gateways stop routing to it after
                 # the missed-beat window, as they would with the database up.
                 continue
             beats.append(replace(beat, **_load_of(stats), beat_at=time.time()))
-        if beats:
-            try:
-                self.sink.publish(beats)
-            except Exception:
-                logger.warning("publishing %d beats failed", len(beats), exc_info=True)
+        self._publish(beats)
+
+    def _publish(self, beats: list[ReplicaBeat]) -> None:
+        if not beats or self.sink is None:
+            return
+        try:
+            self.sink.publish(beats)
+        except Exception:
+            logger.warning("publishing %d beats failed", len(beats), exc_info=True)
 
     # -- one replica -------------------------------------------------------------------
 
@@ -658,32 +714,39 @@ class NodeAgent:
         except httpx.HTTPError:
             return False
 
-    def _scrape_all(self, urls: list[str]) -> dict[str, EngineStats | None]:
+    def _scrape_all(
+        self, urls: list[str], *, forget_others: bool = True
+    ) -> dict[str, EngineStats | None]:
         """Scrape every URL at once; return each one's stats (None: no answer yet).
 
         Waits at most ``scrape_timeout_s``; a scrape still running is kept for the
-        next tick instead of being started again.
+        next tick instead of being started again. ``forget_others``: drop what is
+        kept of replicas not in ``urls`` (a pass's full list; not the beat loop's).
         """
-        futures = {}
-        for url in urls:
-            future = self._scraping.get(url)
-            if future is None:
-                future = self._scraping[url] = self._scrapers.submit(self._scrape, url)
-            futures[url] = future
-        done, _ = wait(futures.values(), timeout=self.scrape_timeout_s)
-        stats: dict[str, EngineStats | None] = {}
-        for url, future in futures.items():
-            if future in done:
-                del self._scraping[url]
-                stats[url] = future.result()
-            else:
-                stats[url] = None
-        for url in set(self._last_stats) - set(urls):
-            # Replicas gone or no longer scraped (stopped, loading again).
-            del self._last_stats[url]
-        for url in set(self._progress) - set(urls):
-            del self._progress[url]
-        return stats
+        with self._scrape_lock:
+            futures = {}
+            for url in urls:
+                future = self._scraping.get(url)
+                if future is None:
+                    future = self._scraping[url] = self._scrapers.submit(
+                        self._scrape, url
+                    )
+                futures[url] = future
+            done, _ = wait(futures.values(), timeout=self.scrape_timeout_s)
+            stats: dict[str, EngineStats | None] = {}
+            for url, future in futures.items():
+                if future in done:
+                    del self._scraping[url]
+                    stats[url] = future.result()
+                else:
+                    stats[url] = None
+            if forget_others:
+                for url in set(self._last_stats) - set(urls):
+                    # Replicas gone or no longer scraped (stopped, loading again).
+                    del self._last_stats[url]
+                for url in set(self._progress) - set(urls):
+                    del self._progress[url]
+            return stats
 
     def _recent_stats(self, url: str) -> EngineStats | None:
         """Return the last scrape if it is younger than ``scrape_grace_s``."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import signal
 import threading
@@ -16,7 +17,7 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 import redis
-from django.db import OperationalError
+from django.db import OperationalError, connections
 from django.utils import timezone
 from pytest_django import Settings
 
@@ -167,6 +168,92 @@ def test_agent_beats_to_redis_while_the_database_is_down(
     finally:
         monkeypatch.undo()
         agent.shutdown(grace_s=5)
+
+
+class _RecordingSink:
+    """A beat sink that keeps when each beat was published (and passes them on)."""
+
+    def __init__(self, store: RedisBeatStore) -> None:
+        self.store = store
+        self.published_at: list[float] = []
+
+    def publish(self, beats: list[ReplicaBeat]) -> int:
+        self.published_at.append(time.monotonic())
+        return self.store.publish(beats)
+
+    def forget(self, replica_id: str, region: str) -> None:
+        self.store.forget(replica_id, region)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pass_held_by_the_database_does_not_hold_the_beats(
+    tmp_path: Path,
+    pool: Pool,
+    beat_store: RedisBeatStore,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GIVEN an agent running its loop (0.2 s beats) with a serving replica
+    WHEN its database pass blocks (a blackholed database answers nothing)
+    THEN it beats the replica to Redis every beat all the same, as serving
+    AND once the database answers, the pass ends and reconciling goes on.
+    """
+    sink = _RecordingSink(beat_store)
+    agent = make_agent(tmp_path, sink=sink)
+    beat_s = 0.2
+    stop = threading.Event()
+    blackhole = threading.Event()
+    released = threading.Event()
+    real_pool_versions = services.pool_versions
+
+    def pool_versions(**kwargs: Any) -> Any:
+        if blackhole.is_set():
+            released.wait(timeout=60)
+        return real_pool_versions(**kwargs)
+
+    monkeypatch.setattr(services, "pool_versions", pool_versions)
+
+    def run() -> None:
+        try:
+            agent.run(stop, beat_s=beat_s)
+        finally:
+            connections.close_all()  # this thread's, before the database is dropped
+
+    loop = threading.Thread(target=run)
+    loop.start()
+    try:
+        wait_until(
+            lambda: [b.state for b in beat_store.read_region("test")] == ["serving"],
+            timeout_s=30,
+            message="a serving replica beating",
+        )
+        blackhole.set()
+        blocked_from = time.monotonic()
+        # The pass now in flight (or the next) blocks; beats must go on meanwhile.
+        wait_until(
+            lambda: len([t for t in sink.published_at if t > blocked_from + 1.0]) >= 8,
+            timeout_s=10,
+            message="beats while the pass is blocked",
+        )
+        during = [t for t in sink.published_at if t > blocked_from + 1.0]
+        gaps = [b - a for a, b in itertools.pairwise(during)]
+        # Every beat (a scrape takes part of one), never the 3-beat window missed.
+        assert max(gaps) < 3 * beat_s, gaps
+        [beat] = beat_store.read_region("test")
+        assert beat.state == "serving"
+        assert time.time() - beat.beat_at < 3 * beat_s
+        released.set()
+        before = Replica.objects.get().last_heartbeat
+        wait_until(
+            lambda: Replica.objects.get().last_heartbeat != before,
+            timeout_s=10,
+            message="the database hearing beats again",
+        )
+    finally:
+        released.set()
+        stop.set()
+        loop.join(timeout=30)
+    assert not loop.is_alive()
+    assert Replica.objects.count() == 0  # shut down: its replicas stopped
 
 
 def test_shrinking_three_to_one_drains_one_at_a_time_and_streams_complete(
