@@ -22,14 +22,20 @@ requests stop waiting on Redis; the first exchange that works switches back
 (``RedisFailover.restore``). While Redis is up the hot path is unchanged: one
 round trip per charge and per refund, as ``RedisLimits`` alone.
 
-Coming back, what was charged locally is simply forgotten: the shared buckets
-never saw those charges (a team may spend up to its full bucket again right
-away) and requests admitted locally hold no shared slot (so for their remaining
-lifetime a team may have that many streams more than its cap). Their refunds are
-dropped, never sent to Redis, so nothing is counted twice. Refunds that Redis owed
-when it went away (requests charged there, ended during the outage) are kept and
-replayed first, so no shared bucket stays charged and no shared slot stays held
-until it expires.
+Going local, each process starts a team's bucket where it last saw the shared one
+(refilled to now), at its share, rather than full: a team that had spent its
+bucket does not get a fresh one for the outage. Coming back, the tokens each
+process took locally (less what it refunded) are debited from the shared buckets
+(``LimitStore.debit``, down to empty) before the switch, so the shared bucket does
+not hand out again what was spent during the outage. Over an outage of D seconds
+a region therefore serves a team at most about its bucket plus D seconds of its
+rate, as with Redis (docs/sre.md#redis-outage-limits; the bound is tested in
+routing/tests/test_failover.py). Requests admitted locally hold no shared slot:
+for their remaining lifetime a team may have that many streams more than its cap.
+Their refunds go to the shared bucket once their charges were debited there.
+Refunds that Redis owed when it went away (requests charged there, ended during
+the outage) are kept and replayed first, so no shared bucket stays charged and no
+shared slot stays held until it expires.
 """
 
 from __future__ import annotations
@@ -42,8 +48,10 @@ from dataclasses import dataclass
 
 from metering import metrics
 from metering.counters import REDIS_ERRORS, FailoverUsageCounter
+from routing.domain import limiter
 from routing.domain.limit_share import LocalLimits, local_share
 from routing.domain.limit_table import BucketTable, Claim, LimitTable, SlotTable
+from routing.domain.limiter import Bucket
 from routing.limiter_store import LimitStore
 
 logger = logging.getLogger(__name__)
@@ -62,6 +70,15 @@ class _Refund:
     request_id: str
 
 
+@dataclass(slots=True)
+class _Spent:
+    """Tokens a key's bucket gave out locally in this outage (less refunds)."""
+
+    capacity: int
+    refill_per_s: float
+    tokens: int = 0
+
+
 class FailoverLimits:
     """Team limits in Redis; this process's share of them in memory while it is away.
 
@@ -76,11 +93,19 @@ class FailoverLimits:
         gateways: Callable[[], int],
         clock: Callable[[], float] = time.time,
         max_owed: int = 100_000,
+        max_seen: int = 100_000,
     ) -> None:
         self.shared = shared
         self.gateways = gateways  # the gateway processes last seen in the region
         self.clock = clock
         self.max_owed = max_owed
+        self.max_seen = max_seen
+        # The shared bucket as the last claim through this process left it, by key:
+        # where its local bucket starts in an outage.
+        self._seen: dict[str, tuple[Bucket, int, float]] = {}
+        # Keys whose local bucket this outage has started; tokens spent locally.
+        self._started: set[str] = set()
+        self._spent: dict[str, _Spent] = {}
         self.is_local = False
         self.share = 1  # the limits are split this many ways while local
         self._local = _new_table()
@@ -112,7 +137,7 @@ class FailoverLimits:
         """
         if not self.is_local:
             try:
-                return await self.shared.charge_and_acquire(
+                shared = await self.shared.charge_and_acquire(
                     key,
                     capacity=capacity,
                     refill_per_s=refill_per_s,
@@ -127,6 +152,9 @@ class FailoverLimits:
                 # The script may have run with its reply lost: free the slot it may
                 # hold once Redis answers (tokens it took refill by themselves).
                 self._owe(_Refund(key, capacity, refill_per_s, 0, request_id))
+            else:
+                self._see(key, shared.charge.bucket, capacity, refill_per_s)
+                return shared
         limits = local_share(
             capacity=capacity,
             refill_per_s=refill_per_s,
@@ -134,6 +162,8 @@ class FailoverLimits:
             amount=amount,
             gateways=self.share,
         )
+        if key not in self._started:
+            self._start_local(key, limits, now)
         claim = self._local.charge_and_acquire(
             key,
             capacity=limits.capacity,
@@ -146,7 +176,41 @@ class FailoverLimits:
         )
         if claim.has_slot:
             self._held_here[request_id] = (self._outage, limits)
+            spent = self._spent.get(key)
+            if spent is None:
+                spent = self._spent[key] = _Spent(capacity, refill_per_s)
+            spent.tokens += amount
         return claim
+
+    def _see(
+        self, key: str, bucket: Bucket, capacity: int, refill_per_s: float
+    ) -> None:
+        seen = self._seen
+        if key not in seen and len(seen) >= self.max_seen:
+            del seen[next(iter(seen))]  # the oldest key first seen
+        seen[key] = (bucket, capacity, refill_per_s)
+
+    def _start_local(self, key: str, limits: LocalLimits, now: float) -> None:
+        """Start ``key``'s local bucket at this process's share of the shared one.
+
+        As the last claim through this process left it, refilled to ``now``; a key
+        not seen here starts full (at its share), as an idle team's bucket is.
+        """
+        self._started.add(key)
+        seen = self._seen.get(key)
+        if seen is None:
+            return
+        bucket, capacity, refill_per_s = seen
+        level = limiter.refill(
+            bucket, now, capacity=capacity, refill_per_s=refill_per_s
+        ).tokens
+        share = min(float(limits.capacity), level / self.share)
+        self._local.buckets.seed(
+            key,
+            Bucket(share, now),
+            capacity=limits.capacity,
+            refill_per_s=limits.refill_per_s,
+        )
 
     async def refund_and_release(
         self,
@@ -160,9 +224,9 @@ class FailoverLimits:
     ) -> None:
         """Give ``amount`` tokens back and free the slot, where they were taken.
 
-        A request charged locally in an outage that has ended is forgotten, as its
-        charge was; one charged in Redis while Redis is away is owed (replayed by
-        ``restore``).
+        A request charged locally in an outage that has ended gives its refund to
+        the shared bucket (its charge was debited there); one charged in Redis
+        while Redis is away is owed (replayed by ``restore``).
         """
         held = self._held_here.pop(request_id, None)
         if held is not None:
@@ -176,7 +240,13 @@ class FailoverLimits:
                     request_id=request_id,
                     now=now,
                 )
-            return
+                spent = self._spent.get(key)
+                if spent is not None:
+                    spent.tokens = max(0, spent.tokens - amount)
+                return
+            # Its outage ended and its charge was debited from the shared bucket:
+            # the unused part goes back there (it holds no slot there).
+            request_id = ""
         refund = _Refund(key, capacity, refill_per_s, amount, request_id)
         if not self.is_local:
             try:
@@ -186,6 +256,32 @@ class FailoverLimits:
                 self.fall_back(exc)
         self._owe(refund)
 
+    async def debit(
+        self, key: str, *, capacity: int, refill_per_s: float, amount: int, now: float
+    ) -> None:
+        """Take ``amount`` tokens from ``key``'s bucket, in Redis or (away) here."""
+        if not self.is_local:
+            try:
+                await self.shared.debit(
+                    key,
+                    capacity=capacity,
+                    refill_per_s=refill_per_s,
+                    amount=amount,
+                    now=now,
+                )
+                return
+            except REDIS_ERRORS as exc:
+                self.fall_back(exc)
+        spent = self._spent.setdefault(key, _Spent(capacity, refill_per_s))
+        spent.tokens += amount  # owed to Redis when it answers
+        self._local.debit(
+            key,
+            capacity=max(1, capacity // self.share),
+            refill_per_s=refill_per_s / self.share,
+            amount=amount,
+            now=now,
+        )
+
     def fall_back(self, reason: BaseException | None = None) -> None:
         """Enforce limits in this process from now on (Redis failed or is down)."""
         if self.is_local:
@@ -193,6 +289,7 @@ class FailoverLimits:
         self.share = max(1, self.gateways())
         self._outage += 1
         self._local = _new_table()
+        self._started = set()
         self.is_local = True
         metrics.set_limits_degraded(is_degraded=True)
         logger.warning(
@@ -210,27 +307,54 @@ class FailoverLimits:
         """
         if not self.is_local:
             return True
-        replayed = 0
+        replayed = debited = 0
         try:
-            # Refunds owed while this runs are appended and replayed too; the
-            # switch below happens with no await after the last check.
-            while self._owed:
-                await self._give_back(self._owed[0], self.clock())
-                self._owed.popleft()
-                replayed += 1
+            # Refunds owed while this runs are appended and replayed too, and
+            # tokens spent meanwhile debited; the switch below happens with no
+            # await after the last check.
+            while self._owed or self._spent:
+                if self._owed:
+                    await self._give_back(self._owed[0], self.clock())
+                    self._owed.popleft()
+                    replayed += 1
+                    continue
+                key, spent = next(iter(self._spent.items()))
+                amount = spent.tokens
+                if amount > 0:
+                    await self.shared.debit(
+                        key,
+                        capacity=spent.capacity,
+                        refill_per_s=spent.refill_per_s,
+                        amount=amount,
+                        now=self.clock(),
+                    )
+                    debited += amount
+                # Spent during the await stays, for the next turn of the loop;
+                # refunded during it was debited all the same: given back.
+                spent.tokens -= amount
+                if spent.tokens <= 0:
+                    del self._spent[key]
+                if spent.tokens < 0:
+                    self._owe(
+                        _Refund(
+                            key, spent.capacity, spent.refill_per_s, -spent.tokens, ""
+                        )
+                    )
         except REDIS_ERRORS:
             return False
-        forgotten = sum(
+        unslotted = sum(
             1 for outage, _ in self._held_here.values() if outage == self._outage
         )
         self.is_local = False
         self._local = _new_table()
         metrics.set_limits_degraded(is_degraded=False)
         logger.warning(
-            "Redis answers again: team limits are shared again (%d refunds replayed; "
-            "%d requests admitted locally are not counted there)",
+            "Redis answers again: team limits are shared again (%d refunds replayed, "
+            "%d tokens spent locally debited; %d requests admitted locally hold no "
+            "shared slot)",
             replayed,
-            forgotten,
+            debited,
+            unslotted,
         )
         return True
 

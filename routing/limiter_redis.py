@@ -114,6 +114,18 @@ return {num(tokens), num(updated_at)}
 )
 
 
+# The same steps as ``limiter.debit``: refill, then take the amount down to empty.
+_DEBIT_LUA = (
+    _REFILL_LUA
+    + """
+tokens = math.max(0.0, tokens - amount)
+redis.call('HSET', KEYS[1], 'tokens', num(tokens), 'updated_at', num(updated_at))
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+return 1
+"""
+)
+
+
 def _float_arg(value: float) -> str:
     return repr(float(value))
 
@@ -441,6 +453,7 @@ class RedisLimits:
         self.slots = slots
         self._claim = buckets.client.register_script(_CLAIM_LUA)
         self._give_back = buckets.client.register_script(_GIVE_BACK_LUA)
+        self._debit = buckets.client.register_script(_DEBIT_LUA)
         self._batch = _TickBatch(buckets.client)
 
     async def charge_and_acquire(
@@ -524,4 +537,24 @@ class RedisLimits:
                 ),
                 request_id,
             ],
+        )
+
+    async def debit(
+        self, key: str, *, capacity: int, refill_per_s: float, amount: int, now: float
+    ) -> None:
+        """Take ``amount`` tokens from ``key``'s bucket whatever its level.
+
+        Raises:
+            redis.RedisError: Redis is unreachable; the caller decides.
+        """
+        check_now(now)
+        limiter.debit(
+            None, now, capacity=capacity, refill_per_s=refill_per_s, amount=amount
+        )
+        await self._batch.call(
+            self._debit,
+            [self.buckets.bucket_key(key)],
+            self.buckets._args(
+                capacity=capacity, refill_per_s=refill_per_s, amount=amount, now=now
+            ),
         )

@@ -121,6 +121,16 @@ class LimitStore(Protocol):
         """
         ...
 
+    async def debit(
+        self, key: str, *, capacity: int, refill_per_s: float, amount: int, now: float
+    ) -> None:
+        """Take ``amount`` tokens from ``key``'s bucket whatever its level.
+
+        Down to empty, never refused (``limiter.debit``): tokens a team spent
+        while this store was away, owed to it.
+        """
+        ...
+
 
 class ConcurrencyStore(Protocol):
     """Count requests in flight per key, with a cap and an expiry per slot."""
@@ -301,4 +311,12 @@ class MemoryLimits:
             amount=amount,
             request_id=request_id,
             now=now,
+        )
+
+    async def debit(
+        self, key: str, *, capacity: int, refill_per_s: float, amount: int, now: float
+    ) -> None:
+        """Take ``amount`` tokens from ``key``'s bucket whatever its level."""
+        self.table.debit(
+            key, capacity=capacity, refill_per_s=refill_per_s, amount=amount, now=now
         )

@@ -128,6 +128,26 @@ class BucketTable:
         )
         self._buckets[key] = _Entry(bucket, capacity, refill_per_s)
 
+    def debit(
+        self, key: str, *, capacity: int, refill_per_s: float, amount: int, now: float
+    ) -> None:
+        """Take ``amount`` tokens whatever the level, down to empty (``limiter.debit``)."""
+        check_now(now)
+        bucket = limiter.debit(
+            self.stored(key),
+            now,
+            capacity=capacity,
+            refill_per_s=refill_per_s,
+            amount=amount,
+        )
+        self._buckets[key] = _Entry(bucket, capacity, refill_per_s)
+
+    def seed(
+        self, key: str, bucket: Bucket, *, capacity: int, refill_per_s: float
+    ) -> None:
+        """Start ``key``'s bucket at ``bucket`` (it was known elsewhere)."""
+        self._buckets[key] = _Entry(bucket, capacity, refill_per_s)
+
     def peek(
         self, key: str, *, capacity: int, refill_per_s: float, now: float
     ) -> Bucket:
@@ -321,6 +341,14 @@ class LimitTable:
                 now=now,
             )
         self.slots.release(key, request_id=request_id)
+
+    def debit(
+        self, key: str, *, capacity: int, refill_per_s: float, amount: int, now: float
+    ) -> None:
+        """Take ``amount`` tokens from the bucket whatever its level, down to empty."""
+        self.buckets.debit(
+            key, capacity=capacity, refill_per_s=refill_per_s, amount=amount, now=now
+        )
 
 
 def _drop_expired(slots: dict[str, float], now: float) -> None:

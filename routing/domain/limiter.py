@@ -172,6 +172,27 @@ def refund(
     return Bucket(min(float(capacity), current.tokens + amount), current.updated_at)
 
 
+def debit(
+    bucket: Bucket | None,
+    now: float,
+    *,
+    capacity: int,
+    refill_per_s: float,
+    amount: int,
+) -> Bucket:
+    """Return ``bucket`` at ``now`` less ``amount`` tokens, never below empty.
+
+    A charge that is never refused: tokens already spent elsewhere (a gateway's
+    own bucket while the shared one was away) are owed to the shared bucket, so
+    that the team does not spend them twice. Any amount is taken, down to empty.
+    """
+    _check_limits(capacity, refill_per_s)
+    if amount < 0:
+        raise ValueError("amount must be zero or more")
+    current = refill(bucket, now, capacity=capacity, refill_per_s=refill_per_s)
+    return Bucket(max(0.0, current.tokens - amount), current.updated_at)
+
+
 def format_reset(seconds: float) -> str:
     """Return ``seconds`` in OpenAI's ``x-ratelimit-reset-*`` style (Go durations).
 

@@ -941,7 +941,7 @@ def test_redis_claims_take_exactly_the_cap_and_charge_only_those(
 
 
 def test_limit_stores_agree_on_random_histories(redis_url: str, prefix: str) -> None:
-    """Claims, give-backs and the single operations, mixed, on both stores."""
+    """Claims, give-backs, debits and the single operations, mixed, on both stores."""
     seen: dict[str, set[tuple[bool, bool] | int]] = {"claim": set(), "count": set()}
 
     async def work(client: redis.asyncio.Redis) -> None:
@@ -1001,9 +1001,14 @@ def test_limit_stores_agree_on_random_histories(redis_url: str, prefix: str) -> 
                     )
                     got_charge = await redis_buckets.charge(key, now=now, **charge_args)
                     assert got_charge == expected_charge, f"charge: {where}"
-                else:
+                elif roll < 0.95:
                     await memory_slots.release(key, request_id=request_id)
                     await redis_slots.release(key, request_id=request_id)
+                else:
+                    # A debit (tokens spent while Redis was away), past empty too.
+                    owed = rng.randint(0, 2 * capacity)
+                    await memory.debit(key, amount=owed, now=now, **limits)
+                    await shared.debit(key, amount=owed, now=now, **limits)
                 level = await memory_buckets.peek(key, now=now, **limits)
                 assert await redis_buckets.peek(key, now=now, **limits) == level, (
                     f"level: {where}"
