@@ -112,8 +112,13 @@ class SnapshotHolder:
         persist_s: float = 10.0,
         wall_clock: Callable[[], float] = time.time,
         max_file_age_s: float = 86_400.0,
+        answer_within_s: float = 3.0,
     ) -> None:
         self._load = load
+        # A refresh still waiting after this long counts as the control plane down
+        # (a blackholed database answers nothing, for up to the TCP timeout).
+        self.answer_within_s = answer_within_s
+        self._refresh_started_at: float | None = None
         self.prompt_counters = prompt_counters
         self._clock = clock
         self._wall_clock = wall_clock
@@ -121,7 +126,7 @@ class SnapshotHolder:
         self.persist_s = persist_s
         self.current: ConfigSnapshot | None = None
         self.loaded_at = 0.0  # clock time of the last successful refresh
-        self.control_plane_up = False
+        self._answered = False  # the last refresh that ended succeeded
         # Where ``current`` came from: "database", "disk", or None without one.
         self.source: str | None = None
         self._has_failed = False  # warn once per outage, not on every refresh
@@ -133,6 +138,19 @@ class SnapshotHolder:
         self._file_refused = False
         self._refusals_seen: set[str] = set()  # warn once per reason
 
+    @property
+    def control_plane_up(self) -> bool:
+        """True if the last refresh succeeded and none has waited too long since.
+
+        A refresh in flight for more than ``answer_within_s`` means the database is
+        not answering: the snapshot is stale by design then (degraded, still
+        ready), not a stuck refresh loop.
+        """
+        started = self._refresh_started_at
+        if started is not None and self._clock() - started > self.answer_within_s:
+            return False
+        return self._answered
+
     def age_s(self) -> float | None:
         """Seconds since the last successful refresh, None if none ever succeeded."""
         if self.current is None:
@@ -141,15 +159,16 @@ class SnapshotHolder:
 
     async def refresh(self) -> None:
         """Swap in a fresh snapshot; on failure keep serving the last one."""
+        self._refresh_started_at = self._clock()
         try:
             snapshot = await self._load()
         except Exception as exc:
-            if self.control_plane_up or not self._has_failed:
+            if self._answered or not self._has_failed:
                 logger.warning(
                     "control plane unreachable, serving the last snapshot: %s",
                     type(exc).__name__,
                 )
-            self.control_plane_up = False
+            self._answered = False
             self._has_failed = True
             if (
                 self.current is None
@@ -159,18 +178,20 @@ class SnapshotHolder:
                 await self._load_file(self.file)
             metrics.set_control_plane(up=False, snapshot_age_s=self.age_s())
             return
+        finally:
+            self._refresh_started_at = None
         self.current = snapshot
         self.loaded_at = self._clock()
         self.source = "database"
         metrics.set_snapshot_from_disk(from_disk=False)
         self.prompt_counters.prepare(snapshot.versions.values())
-        if not self.control_plane_up:
+        if not self._answered:
             logger.info(
                 "control plane snapshot loaded (%d models, %d replicas)",
                 len(snapshot.models),
                 len(snapshot.replicas),
             )
-        self.control_plane_up = True
+        self._answered = True
         self._has_failed = False
         metrics.set_control_plane(up=True, snapshot_age_s=0.0)
         await self._persist(snapshot)

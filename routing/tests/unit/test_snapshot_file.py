@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from routing.domain.readiness import judge_readiness
 from routing.domain.snapshot import (
     ConfigSnapshot,
     KeyRecord,
@@ -265,3 +266,54 @@ def test_a_file_missing_at_the_start_is_read_once_it_appears(tmp_path: Path) -> 
     file.write(snapshot(), written_at=1.0)  # another process of the region wrote it
     asyncio.run(restarted.refresh())
     assert (restarted.current, restarted.source) == (snapshot(), "disk")
+
+
+def test_a_refresh_that_waits_too_long_is_the_control_plane_down_not_stuck() -> None:
+    """GIVEN a holder with a fresh snapshot
+    WHEN its next refresh waits on a database that answers nothing (blackholed)
+    THEN after ``answer_within_s`` it reports the control plane down, so /healthz
+    calls the old snapshot stale (still ready), not a stuck refresh (503)
+    AND once the refresh fails or succeeds the holder says so again.
+    """
+    clocks = Clocks()
+    gate: asyncio.Event | None = None
+
+    async def load() -> ConfigSnapshot:
+        if gate is not None:
+            await gate.wait()
+        return snapshot()
+
+    async def scenario() -> None:
+        nonlocal gate
+        held = SnapshotHolder(
+            load,
+            prompt_counters=VersionCounters(),
+            clock=lambda: clocks.mono,
+            wall_clock=lambda: clocks.wall,
+            answer_within_s=3.0,
+        )
+        await held.refresh()
+        assert held.control_plane_up
+        gate = asyncio.Event()
+        waiting = asyncio.create_task(held.refresh())
+        await asyncio.sleep(0)  # the refresh starts and waits on the gate
+        clocks.mono += 2.0
+        assert held.control_plane_up  # a slow answer is not yet no answer
+        clocks.mono += 20.0
+        assert not held.control_plane_up
+        age = held.age_s()
+        assert age is not None
+        verdict = judge_readiness(
+            has_snapshot=True,
+            snapshot_age_s=age,
+            control_plane_up=held.control_plane_up,
+            max_snapshot_age_s=10.0,
+            redis="up",
+            serving={"chat-7b@v1": 1},
+        )
+        assert verdict.ready and verdict.snapshot == "stale"
+        gate.set()
+        await waiting
+        assert held.control_plane_up and held.age_s() == 0.0
+
+    asyncio.run(scenario())
