@@ -26,6 +26,7 @@ from django.utils import timezone
 from batches import runner
 from control import autoscaling, gates, rollout_guard
 from engine_nodes import services
+from engine_nodes.heartbeats import RedisBeatStore
 
 __all__ = [
     "RENAMED",
@@ -52,8 +53,38 @@ _BATCH: dict[str, Any] = {"soft_time_limit": _SLICE_S, "time_limit": _SLICE_S + 
 
 
 def reap_silent_replicas_body() -> int:
-    """Mark replicas that missed their heartbeats as gone; return how many."""
-    return len(services.reap_silent_replicas(now=timezone.now()))
+    """Mark this region's replicas that missed their heartbeats gone; return how many.
+
+    Each region's worker reaps its own region's replicas, and spares those its
+    Redis still hears beating: their database heartbeats may lag their agent's
+    (``services.reap_silent_replicas``). Another region's worker, which cannot
+    hear them, would take every replica of a region whose agents are slower to
+    reach the database after an outage for dead.
+    """
+    return len(
+        services.reap_silent_replicas(
+            now=timezone.now(),
+            heard=_heard_in_region(),
+            region=settings.PLATFORM_REGION,
+        )
+    )
+
+
+def _heard_in_region() -> frozenset[str]:
+    """Ids of the replicas beating to this region's Redis (none without Redis)."""
+    with _region_redis() as client:
+        if client is None:
+            return frozenset()
+        store = RedisBeatStore(
+            client,
+            prefix=settings.REDIS_KEY_PREFIX,
+            ttl_s=settings.PLATFORM_HEARTBEAT_S,
+        )
+        try:
+            beats = store.read_region(settings.PLATFORM_REGION)
+        except redis.RedisError:
+            return frozenset()  # judged by the database alone, as without Redis
+    return frozenset(beat.replica_id for beat in beats)
 
 
 def autoscale_pools_body(*, region: str = "") -> int:

@@ -41,17 +41,26 @@ logger = logging.getLogger(__name__)
 HIT_RATE_WINDOW = timedelta(minutes=15)
 
 
-def reap_silent_replicas(*, now: datetime) -> list[str]:
+def reap_silent_replicas(
+    *, now: datetime, heard: Collection[str] = frozenset(), region: str | None = None
+) -> list[str]:
     """Mark replicas gone that missed ``PLATFORM_MISSED_BEATS`` heartbeats; return their ids.
 
     A replica that never beat is judged by its creation time, so one that dies while
     starting is reaped too. The update is a compare-and-set on the same condition:
     a replica whose heartbeat lands between the read and the write is left alone.
+    ``heard``: replicas whose beats reach the routers now (the region's Redis):
+    never reaped, whatever the database heard. Their agent beats to Redis while
+    its database writes fail or wait (a partition between it and the database,
+    or the database just back from an outage), and gateways route to them.
+    ``region``: reap only that region's replicas (None: every region's).
     """
     cutoff = silence_cutoff(
         now, settings.PLATFORM_HEARTBEAT_DB_S, settings.PLATFORM_MISSED_BEATS
     )
-    silent = Replica.objects.live().silent(cutoff)
+    silent = Replica.objects.live().silent(cutoff).exclude(replica_id__in=heard)
+    if region is not None:
+        silent = silent.filter(region=region)
     reaped = []
     for replica_id in list(silent.values_list("replica_id", flat=True)):
         updated = silent.filter(replica_id=replica_id).update(state=ReplicaState.GONE)

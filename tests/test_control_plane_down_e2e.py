@@ -11,7 +11,8 @@ database's pool timeout), the small team is still
 refused 429 (its bucket is in Redis), an admin limit change answers 503 with
 Retry-After, and a gateway restarted meanwhile serves from its snapshot on disk
 AND once the database is back the usage rows hold exactly the requests and tokens
-the answers reported: nothing lost, nothing doubled.
+the answers reported: nothing lost, nothing doubled, and the replicas that served
+through the outage are still serving (not reaped for their stale database beats).
 """
 
 from __future__ import annotations
@@ -93,6 +94,12 @@ def _usage_totals(url: str, team: str) -> tuple[int, int, int] | None:
         return None
     assert row is not None
     return int(row[0]), int(row[1]), int(row[2])
+
+
+def _replica_states(url: str) -> set[str]:
+    with psycopg.connect(url, connect_timeout=2) as conn:
+        rows = conn.execute("SELECT state FROM replicas").fetchall()
+    return {state for (state,) in rows}
 
 
 def _admin(url: str, token: str, method: str, path: str, body: Any) -> httpx.Response:
@@ -248,6 +255,11 @@ def test_control_plane_down_keeps_serving_and_loses_no_usage(
                 interval_s=0.5,
                 message=f"usage rows totalling {expected}",
             )
+            # Recovered, the replicas that served through it serve on: the reaper
+            # (its worker beats every 5 s) did not take their database heartbeats,
+            # stale from the outage, for death (they beat to Redis all along).
+            assert _replica_states(db_url) == {"serving"}
+            _chat(demo)
         finally:
             for process in reversed(processes):
                 process.stop(grace_s=10)

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
+import redis
 import time_machine
 from pytest_django import Settings
 
 from control import tasks
 from engine_nodes import services
+from engine_nodes.domain.beats import ReplicaBeat
+from engine_nodes.heartbeats import RedisBeatStore
 from engine_nodes.models import Replica
 from models_registry.models import ModelVersion
 from tests.factories import ReplicaFactory
@@ -92,3 +96,75 @@ def test_reaper_task_wiring_uses_the_clock(replicas: Replicas) -> None:
     assert list(
         Replica.objects.filter(state="gone").values_list("replica_id", flat=True)
     ) == [replicas[1].replica_id]
+
+
+def test_reaper_spares_replicas_the_routers_still_hear(replicas: Replicas) -> None:
+    """A replica beating to Redis is alive whatever its database heartbeat says
+    (its agent's database writes wait, or the database is just back)."""
+    fresh, stale, never = replicas
+    reaped = services.reap_silent_replicas(
+        now=T0 + timedelta(seconds=10), heard={stale.replica_id}
+    )
+    assert sorted(reaped) == sorted([fresh.replica_id, never.replica_id])
+    assert states()[stale.replica_id] == "serving"
+
+
+def test_reaper_task_spares_replicas_beating_to_the_regions_redis(
+    replicas: Replicas, redis_url: str, settings: Settings
+) -> None:
+    """GIVEN the stale replica still beating to this region's Redis
+    WHEN the reaper's task runs past its database silence
+    THEN it reaps only the replica that never beat."""
+    fresh, stale, never = replicas
+    prefix = f"test-reaper-{uuid.uuid4().hex[:8]}"
+    settings.REDIS_URL = redis_url
+    settings.REDIS_KEY_PREFIX = prefix
+    settings.PLATFORM_REGION = stale.region
+    client = redis.Redis.from_url(redis_url)
+    store = RedisBeatStore(client, prefix=prefix, ttl_s=60.0)
+    try:
+        for replica in (fresh, stale):
+            store.publish([_beat_of(replica)])
+        with time_machine.travel(T0 + timedelta(seconds=5), tick=False):
+            result = tasks.reap_silent_replicas.apply()
+        assert result.successful()
+        assert result.result == 1
+        assert states() == {
+            fresh.replica_id: "serving",
+            stale.replica_id: "serving",
+            never.replica_id: "gone",
+        }
+    finally:
+        for key in client.scan_iter(f"{prefix}:*"):
+            client.delete(key)
+        client.close()
+
+
+def _beat_of(replica: Replica) -> ReplicaBeat:
+    return ReplicaBeat(
+        replica_id=replica.replica_id,
+        model=replica.model_id,
+        version="v1",
+        region=replica.region,
+        node=replica.node,
+        url=replica.url,
+        state="serving",
+        queue_depth=0,
+        num_running=0,
+        tokens_in_flight=0,
+        kv_cache_usage_perc=0.0,
+        beat_at=T0.timestamp(),
+    )
+
+
+def test_reaper_task_reaps_only_its_own_regions_replicas(
+    replicas: Replicas, settings: Settings
+) -> None:
+    """Another region's replicas are its own worker's to judge (it hears them)."""
+    settings.PLATFORM_REGION = "elsewhere"
+    with time_machine.travel(T0 + timedelta(seconds=10), tick=False):
+        result = tasks.reap_silent_replicas.apply()
+    assert result.successful() and result.result == 0
+    settings.PLATFORM_REGION = replicas[0].region
+    with time_machine.travel(T0 + timedelta(seconds=10), tick=False):
+        assert tasks.reap_silent_replicas.apply().result == 3
