@@ -210,8 +210,8 @@ def test_gateways_serve_through_a_redis_outage_and_lose_no_usage(
     tokens a minute
     WHEN Redis stops while they serve, then starts again on the same port
     THEN requests keep succeeding (replicas judged by their database beats past the
-    missed-beat window), each gateway enforces half of beta's limit (a 429 where
-    Redis would admit), /healthz says the region is not ready and the metrics say
+    missed-beat window), each gateway enforces half of beta's limit, from half the
+    level Redis last showed it (a 429 where Redis would admit), /healthz says the region is not ready and the metrics say
     degraded; once Redis is back the
     limits are shared again and the usage rows equal what the clients received.
     """
@@ -270,17 +270,24 @@ def test_gateways_serve_through_a_redis_outage_and_lose_no_usage(
         outage.ask(urls[served % 2], "gamma")
         served += 1
     assert served >= 2
-    # Beta over its share here: this gateway holds most of its 600 tokens...
-    held = outage.hold(live.url, "beta", max_tokens=hold_tokens)
-    assert held.limit_header == str(LIMIT // 2)
+    # Beta spent about 700 of its 1,200 tokens before (the hold and the ask): this
+    # gateway's share starts at half of what Redis last showed it (about 300 of
+    # its 600), not full, so the hold that Redis admitted is refused here...
     with pytest.raises(openai.RateLimitError) as refused:
-        outage.ask(live.url, "beta", max_tokens=100)
+        outage.hold(live.url, "beta", max_tokens=hold_tokens)
+    outage.tallies["beta"].rate_limited += 1
     assert refused.value.code == "rate_limit_exceeded"
     assert int(refused.value.response.headers["retry-after"]) >= 1
-    # ...while the other gateway still has its own share.
-    assert outage.ask(outage.second.url, "beta", max_tokens=100)[
-        "x-ratelimit-limit-tokens"
-    ] == str(LIMIT // 2)
+    assert refused.value.response.headers["x-ratelimit-limit-tokens"] == str(
+        LIMIT // 2
+    )
+    assert outage.ask(live.url, "beta", max_tokens=100)  # what is left serves
+    # ...while the other gateway, which had served beta nothing, has its whole
+    # share (600): it holds most of it, then is over it.
+    held = outage.hold(outage.second.url, "beta", max_tokens=hold_tokens)
+    assert held.limit_header == str(LIMIT // 2)
+    with pytest.raises(openai.RateLimitError):
+        outage.ask(outage.second.url, "beta", max_tokens=100)
     held.finish()
     wait_until(
         lambda: gauges(live.url)["platform_usage_buffered_rows"] >= 1,
