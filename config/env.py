@@ -19,6 +19,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 __all__ = [
     "EnvError",
+    "dead_peer_options",
     "env_bool",
     "env_float",
     "env_int",
@@ -178,11 +179,37 @@ def env_secret(name: str, environ: Mapping[str, str] | None = None) -> str | Non
     return secret
 
 
-def parse_database_url(url: str, *, base_dir: Path) -> dict[str, Any]:
+def dead_peer_options(tcp_timeout_s: float) -> dict[str, int]:
+    """libpq options that break a PostgreSQL connection to a silent peer in time.
+
+    A database that is blackholed (a partition, a dead host) answers nothing:
+    without these a connect waits for the kernel's SYN retries (about two minutes)
+    and a query on an open connection for its retransmissions (about fifteen).
+    Connects give up after half of ``tcp_timeout_s``, data unacknowledged for
+    ``tcp_timeout_s`` breaks the connection (``tcp_user_timeout``), and keepalives
+    find an idle dead peer as fast, so every caller (the node agent's pass, the
+    gateway's snapshot refresh, the usage flush) learns within seconds that the
+    database is gone and goes on from what it last knew.
+    """
+    half = max(1, round(tcp_timeout_s / 2))
+    return {
+        "connect_timeout": half,
+        "keepalives": 1,
+        "keepalives_idle": half,
+        "keepalives_interval": max(1, round(tcp_timeout_s / 5)),
+        "keepalives_count": 3,
+        "tcp_user_timeout": round(tcp_timeout_s * 1000),
+    }
+
+
+def parse_database_url(
+    url: str, *, base_dir: Path, tcp_timeout_s: float | None = None
+) -> dict[str, Any]:
     """Turn ``sqlite:///path`` or ``postgresql://user:pw@host:port/name`` into DATABASES.
 
     A relative SQLite path is taken relative to ``base_dir``. Query parameters of a
-    PostgreSQL URL become connection options (``?sslmode=require``).
+    PostgreSQL URL become connection options (``?sslmode=require``), over
+    ``dead_peer_options(tcp_timeout_s)`` when that is given.
     """
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
@@ -210,7 +237,10 @@ def parse_database_url(url: str, *, base_dir: Path) -> dict[str, Any]:
             port = parts.port
         except ValueError as exc:
             raise EnvError(f"DATABASE_URL has an invalid port: {exc}") from None
-        options = dict(parse_qsl(parts.query))
+        options: dict[str, Any] = {
+            **(dead_peer_options(tcp_timeout_s) if tcp_timeout_s is not None else {}),
+            **dict(parse_qsl(parts.query)),
+        }
         return {
             "ENGINE": "django.db.backends.postgresql",
             "NAME": name,

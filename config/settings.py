@@ -131,6 +131,8 @@ try:
         "default": parse_database_url(
             env_str("DATABASE_URL", "sqlite:///.local/platform.sqlite3"),
             base_dir=BASE_DIR,
+            # A silent (blackholed) PostgreSQL fails a query within this, not minutes.
+            tcp_timeout_s=env_float("PLATFORM_DB_TCP_TIMEOUT_S", 10.0, minimum=1.0),
         )
     }
 except EnvError as exc:
@@ -171,27 +173,6 @@ else:
         )
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
-    # A database that is blackholed (a partition, a dead host) answers nothing:
-    # without these, a connect waits for the kernel's SYN retries (about two
-    # minutes) and a query on an open connection for its retransmissions (about
-    # fifteen). Connects give up after connect_timeout, and sent data unacknowledged
-    # for PLATFORM_DB_TCP_TIMEOUT_S breaks the connection, so a caller (the node
-    # agent's pass, the gateway's snapshot refresh, the usage flush) learns the
-    # database is gone within seconds and goes on from what it last knew. Options
-    # in DATABASE_URL's query string win.
-    try:
-        _tcp_timeout_s = env_float("PLATFORM_DB_TCP_TIMEOUT_S", 10.0, minimum=1.0)
-    except EnvError as exc:
-        raise ImproperlyConfigured(str(exc)) from None
-    DATABASES["default"]["OPTIONS"] = {
-        "connect_timeout": max(1, round(_tcp_timeout_s / 2)),
-        "keepalives": 1,
-        "keepalives_idle": max(1, round(_tcp_timeout_s / 2)),
-        "keepalives_interval": max(1, round(_tcp_timeout_s / 5)),
-        "keepalives_count": 3,
-        "tcp_user_timeout": round(_tcp_timeout_s * 1000),
-        **DATABASES["default"]["OPTIONS"],
-    }
     if _pool_max_size:
         DATABASES["default"]["OPTIONS"]["pool"] = {
             "min_size": _pool_min_size,
