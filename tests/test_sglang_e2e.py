@@ -63,7 +63,10 @@ def replica_process(port: int) -> tuple[int, list[str]]:
 
 @pytest.fixture
 def live(
-    django_db_setup: None, django_db_blocker: DjangoDbBlocker, tmp_path: Path
+    django_db_setup: None,
+    django_db_blocker: DjangoDbBlocker,
+    tmp_path: Path,
+    redis_url: str,  # its beats and usage are read from Redis: skipped without
 ) -> Iterator[LivePlatform]:
     with (
         django_db_blocker.unblock(),
