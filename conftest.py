@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 from rest_framework.test import APIClient
 
 from accounts import services as accounts_services
@@ -34,6 +35,18 @@ if TYPE_CHECKING:
     from accounts.models import Team
     from models_registry.models import Model, ModelVersion
     from tests.live import LivePlatform, SharedPlatform
+
+# Property tests (hypothesis): CI runs the "ci" profile, derandomized (each test
+# draws the same examples on every run, from a seed fixed by its name), so a red CI
+# replays as it failed with `HYPOTHESIS_PROFILE=ci make test`; no deadline, since
+# a shared CI machine's pauses are not the code's. Elsewhere ("dev", the default)
+# each run draws anew, keeps the failures it found in .hypothesis/ to try first
+# next time, and prints the @reproduce_failure blob of a failure.
+hypothesis_settings.register_profile(
+    "ci", derandomize=True, database=None, deadline=None
+)
+hypothesis_settings.register_profile("dev", print_blob=True)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 REQUIRE_SERVICES = os.environ.get("REQUIRE_SERVICES", "") == "1"
 REQUIRE_VLLM = os.environ.get("REQUIRE_VLLM", "") == "1"

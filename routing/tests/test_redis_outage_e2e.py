@@ -278,9 +278,7 @@ def test_gateways_serve_through_a_redis_outage_and_lose_no_usage(
     outage.tallies["beta"].rate_limited += 1
     assert refused.value.code == "rate_limit_exceeded"
     assert int(refused.value.response.headers["retry-after"]) >= 1
-    assert refused.value.response.headers["x-ratelimit-limit-tokens"] == str(
-        LIMIT // 2
-    )
+    assert refused.value.response.headers["x-ratelimit-limit-tokens"] == str(LIMIT // 2)
     assert outage.ask(live.url, "beta", max_tokens=100)  # what is left serves
     # ...while the other gateway, which had served beta nothing, has its whole
     # share (600): it holds most of it, then is over it.
