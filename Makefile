@@ -32,9 +32,13 @@ $(STAMP): pyproject.toml
 ## On a terminal, `bash -m` runs the script as a job of its own that holds the
 ## terminal, so Ctrl-C reaches the platform's processes and not make: the script
 ## stops them all and exits 0, and make with it (make hit by SIGINT would exit 130).
+## Off a terminal the script replaces the recipe's shell, so make's own SIGTERM
+## (which make passes on to its child) reaches it; PLATFORM_UP_PARENT names make,
+## whose death (a wrapper's SIGKILL) the script watches for, so nothing outlives it.
 up: venv debs
-	@if [ -t 0 ]; then bash -m -c 'bash platform/local/up.sh; exit $$?'; \
-	else bash platform/local/up.sh; fi
+	@export PLATFORM_UP_PARENT=$$PPID; \
+	if [ -t 0 ]; then bash -m -c 'bash platform/local/up.sh; exit $$?'; \
+	else exec bash platform/local/up.sh; fi
 
 ## Set up and run every check: ruff, mypy (files and flags in pyproject.toml), then
 ## the whole pytest suite, in PYTEST_WORKERS processes (pytest-xdist; each has a

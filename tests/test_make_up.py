@@ -219,6 +219,12 @@ def test_make_up_runs_with_its_secrets_and_ctrl_c_stops_it_cleanly(
         creds = json.loads(creds_path.read_text())
         assert all(len(creds[name]) >= 32 for name in SECRETS)
         assert f"Metrics token  {creds['metrics_token']}" in banner
+        # What it runs on: the test database, and Redis or the in-memory stand-ins.
+        assert "database  PostgreSQL" in banner or "database  SQLite" in banner
+        if make_up_env.get("REDIS_URL"):
+            assert "limits    Redis" in banner, banner
+        else:
+            assert "limits    in the gateway's memory" in banner, banner
 
         scrape = {"Authorization": f"Bearer {creds['metrics_token']}"}
         assert httpx.get(f"{base}/metrics").status_code == 401
@@ -270,3 +276,69 @@ def test_make_up_stops_everything_when_its_terminal_closes(
         pids, replica_ports = platform_processes(local, term.text())
         term.hang_up()
     assert_all_stopped(local, pids, replica_ports)
+
+
+def test_make_up_in_the_background_leaves_nothing_when_its_wrapper_kills_it(
+    make_up_env: dict[str, str], tmp_path: Path
+) -> None:
+    """GIVEN `make up` started as a background job of a script (so make and its
+    recipe inherit SIGINT ignored), output to a file
+    WHEN a wrapper sends make SIGINT and then, as wrappers do, SIGKILL
+    THEN every process it started stops: the server, the workers, the agent and
+    its replicas (issue 32 found them all orphaned, serving on)."""
+    local = Path(make_up_env["PLATFORM_LOCAL_DIR"])
+    log = tmp_path / "make-up.log"
+    script = f"make -o .venv/.installed up >{log} 2>&1 & echo $!; wait"
+    wrapper = subprocess.Popen(
+        ["bash", "-c", script],
+        cwd=ROOT,
+        env=make_up_env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        assert wrapper.stdout is not None
+        make_pid = int(wrapper.stdout.readline())
+        wait_until(
+            lambda: log.exists() and BANNER_END in log.read_bytes(),
+            timeout_s=240,
+            interval_s=0.5,
+            message="make up's banner",
+        )
+        banner = log.read_text()
+        assert "database  PostgreSQL" in banner, banner
+        pids, replica_ports = platform_processes(local, banner)
+        os.kill(make_pid, signal.SIGINT)
+        os.kill(make_pid, signal.SIGKILL)
+        assert_all_stopped(local, pids, replica_ports)
+        assert not is_listening(int(make_up_env["PLATFORM_PORT"]))
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(wrapper.pid, signal.SIGKILL)
+        wrapper.wait(10)
+
+
+def test_make_up_refuses_to_start_on_a_taken_port(
+    make_up_env: dict[str, str],
+) -> None:
+    """With its port taken, up.sh says which and by what, exits 1 and starts
+    nothing (before, it printed credentials that did not work, then failed)."""
+    local = Path(make_up_env["PLATFORM_LOCAL_DIR"])
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", int(make_up_env["PLATFORM_PORT"])))
+        holder.listen()
+        done = subprocess.run(
+            ["bash", "platform/local/up.sh"],
+            cwd=ROOT,
+            env=make_up_env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == 1, done.stderr
+    assert f"port {make_up_env['PLATFORM_PORT']} on 127.0.0.1 is taken" in done.stderr
+    assert "Serving platform is up" not in done.stdout
+    assert not list((local / "run").glob("*.pid"))
+    assert not (local / "logs" / "server.log").exists()

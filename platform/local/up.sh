@@ -6,6 +6,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
+# Started as a background job of a script (`make up &`), this shell inherits SIGINT
+# ignored, and bash cannot trap a signal ignored when it started: start again with
+# it reset, so that Ctrl-C or a wrapper's SIGINT stops the platform.
+if [ -z "${PLATFORM_UP_SIGNALS_RESET:-}" ] && [ -n "$(trap -p INT)" ]; then
+    export PLATFORM_UP_SIGNALS_RESET=1
+    exec python3 -c 'import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+os.execvp("bash", ["bash", *sys.argv[1:]])' "$0" "$@"
+fi
+
 PY=.venv/bin/python
 HOST=${PLATFORM_HOST:-127.0.0.1}
 PORT=${PLATFORM_PORT:-8000}
@@ -42,7 +52,8 @@ export PLATFORM_ALLOWED_HOSTS=${PLATFORM_ALLOWED_HOSTS:-127.0.0.1,localhost,[::1
 
 pids=()
 cleanup() {
-    trap '' INT  # a second Ctrl-C must not cut the stop short
+    trap '' INT TERM  # a second Ctrl-C must not cut the stop short
+    [ -z "${WATCHER:-}" ] || kill "$WATCHER" 2>/dev/null || true
     for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
     # Waits for the agent too, which stops its replicas before it exits.
     wait 2>/dev/null || true
@@ -58,6 +69,42 @@ stop() {
 }
 trap cleanup EXIT
 trap stop INT TERM HUP
+
+# Whatever started this script (make, a wrapper) dying must not leave the platform
+# running: a wrapper that interrupts make and then kills it (make ignores SIGINT as
+# a background job, and forwards only SIGTERM) would orphan every process here.
+# The watcher stops the platform when that parent is gone.
+UP_PARENT=${PLATFORM_UP_PARENT:-$PPID}
+(
+    trap - INT TERM HUP EXIT
+    while kill -0 "$UP_PARENT" 2>/dev/null; do sleep 1; done
+    kill -TERM $$ 2>/dev/null
+) </dev/null >/dev/null 2>&1 &
+WATCHER=$!
+
+# Stop what an earlier run left behind (a killed terminal, a lost session).
+mkdir -p "$LOCAL/run"
+for pidfile in "$LOCAL"/run/*.pid; do
+    [ -e "$pidfile" ] || continue
+    kill "$(cat "$pidfile")" 2>/dev/null || true
+    rm -f "$pidfile"
+done
+
+# The ports this run serves on must be free: another platform (or anything) on
+# them would answer instead, with other credentials. Refuse before starting anything.
+if [ "$REGIONS" = 2 ]; then
+    WANTED_PORTS="$PORT $((PORT + 1)) ${PLATFORM_GATEWAY_PORTS:-$((PORT + 10)) $((PORT + 20))}"
+else
+    WANTED_PORTS=$PORT
+fi
+# shellcheck disable=SC2086
+if ! TAKEN=$($PY -m localrun.up_checks ports "$HOST" $WANTED_PORTS); then
+    printf 'make up: cannot start, %s\n' "$TAKEN" >&2
+    printf 'make up: stop what holds it, or choose others (PLATFORM_PORT=%s)\n' "$((PORT + 100))" >&2
+    trap - EXIT
+    kill "$WATCHER" 2>/dev/null || true
+    exit 1
+fi
 
 $PY manage.py migrate --noinput >"$LOCAL/logs/migrate.log"
 CREDS=$($PY manage.py bootstrap_local --json --credentials "$LOCAL/credentials.json")
@@ -77,14 +124,6 @@ use_secret() {
 use_secret PLATFORM_ENGINE_API_KEY engine_api_key
 use_secret PLATFORM_SIM_ADMIN_TOKEN sim_admin_token
 use_secret PLATFORM_METRICS_TOKEN metrics_token
-
-# Stop what an earlier run left behind (a killed terminal, a lost session).
-mkdir -p "$LOCAL/run"
-for pidfile in "$LOCAL"/run/*.pid; do
-    [ -e "$pidfile" ] || continue
-    kill "$(cat "$pidfile")" 2>/dev/null || true
-    rm -f "$pidfile"
-done
 
 # Each process runs in a session of its own, so signals reach it from this script
 # only: Ctrl-C or a closed terminal comes here, and `stop` sends each one SIGTERM
@@ -244,10 +283,13 @@ else
     REGION_LINES=""
     LOGS="$LOCAL/logs/{server,worker,gates-worker,batches-worker,agent}.log, $LOCAL/logs/replicas/"
 fi
+BACKENDS=$($PY -m localrun.up_checks backends | sed 's/^/  /')
 cat <<BANNER
 
   Serving platform is up ($WHERE).
 ${REGION_LINES}
+$BACKENDS
+
   Console        http://$HOST:$PORT/console/
                  user $(field console_user), password $(field console_password)
                  finance (Reports only): user $(field finance_user), password $(field finance_password)
