@@ -406,14 +406,12 @@ try:
     )
     # A replica silent past these is failed: before the first token the request is
     # retried on another (the client sees nothing), after it the stream ends with
-    # the error event. A first token can take a while: the longest prompt served
-    # (32k tokens on a 70B pair) prefills in 10-20 s on a loaded replica.
-    PLATFORM_FIRST_TOKEN_TIMEOUT_S = env_float(
-        "PLATFORM_FIRST_TOKEN_TIMEOUT_S", 30.0, minimum=0.1
-    )
-    PLATFORM_INTER_TOKEN_TIMEOUT_S = env_float(
-        "PLATFORM_INTER_TOKEN_TIMEOUT_S", 15.0, minimum=0.1
-    )
+    # the error event (docs/configuration.md). A replica holding requests and silent
+    # to all for PLATFORM_GATEWAY_STALL_S is stalled: its waiting ones move at once.
+    _FT, _IT = "PLATFORM_FIRST_TOKEN_TIMEOUT_S", "PLATFORM_INTER_TOKEN_TIMEOUT_S"
+    PLATFORM_FIRST_TOKEN_TIMEOUT_S = env_float(_FT, 30.0, minimum=0.1)
+    PLATFORM_INTER_TOKEN_TIMEOUT_S = env_float(_IT, 15.0, minimum=0.1)
+    PLATFORM_GATEWAY_STALL_S = env_float("PLATFORM_GATEWAY_STALL_S", 5.0, minimum=0.1)
     # The key engines (vLLM's --api-key, passed as VLLM_API_KEY) demand on /v1: the
     # node agent starts replicas with it and the gateway sends it upstream.
     PLATFORM_ENGINE_API_KEY = env_secret("PLATFORM_ENGINE_API_KEY") or ""

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from config.asgi_io import ChunkedWrite, Send
 from metering import metrics
+from routing.domain.stall import ReplicaStalled
 from routing.engine_http import EngineResponse
 from routing.live import AttemptLoad, LiveLoad
 from routing.plan import ChatPlan
@@ -267,6 +268,8 @@ class Attempt:
         try:
             response = await self.upstream.stream(self.url, self.plan.payload)
         except (TimeoutError, OSError) as exc:
+            if isinstance(exc, ReplicaStalled):
+                raise UpstreamFailed(str(exc), is_stall=True) from None
             raise UpstreamFailed(type(exc).__name__) from None
         if response.status == 200:
             return response

@@ -358,9 +358,15 @@ class ChatService:
         urls = {node.replica_id: node.url for node in nodes}
         settings = self.settings
         timed_out = False
+        failures: list[str] = []
+        is_budget_spent = False
+        is_stall = False
         for attempt, replica_id in enumerate(decision.candidates):
             if attempt > 0:
-                if not budget.try_spend(time.monotonic()):
+                # Moving off a replica judged stalled is not a retry storm: that
+                # replica's fault, not the pool's load, so the budget is not asked.
+                if not is_stall and not budget.try_spend(time.monotonic()):
+                    is_budget_spent = True
                     break
                 metrics.count_retry(
                     model=model, version=version, region=settings.region
@@ -387,14 +393,46 @@ class ChatService:
                 )
                 self.live.eject(replica_id, time.monotonic())
                 timed_out = isinstance(exc, NoFirstToken)
+                is_stall = exc.is_stall
+                failures.append(f"{replica_id}: {exc}")
         # No replica could start an answer: an error of the version all the same.
         return AttemptResult(
             "error",
             error_kind="timeout" if timed_out else "upstream",
-            error=GatewayError(
-                503,
-                f"no replica of {model}@{version} can serve right now",
-                code="no_replica_available",
-                headers={"retry-after": str(1 + self.rng.randint(0, 2))},
+            error=_no_answer_error(
+                f"{model}@{version}",
+                failures,
+                is_budget_spent=is_budget_spent,
+                retry_after_s=1 + self.rng.randint(0, 2),
             ),
         )
+
+
+def _no_answer_error(
+    pool: str, failures: list[str], *, is_budget_spent: bool, retry_after_s: int
+) -> GatewayError:
+    """The 503 when no replica started an answer, naming why (issue 32: a stall
+    answered "no replica available" while a healthy replica served others)."""
+    headers = {"retry-after": str(retry_after_s)}
+    if is_budget_spent:
+        return GatewayError(
+            503,
+            f"replica {failures[-1]} (before its first token), and {pool}'s retry "
+            "budget is spent: too many requests were retried in the last minute",
+            code="retry_budget_exhausted",
+            headers=headers,
+        )
+    if failures:
+        return GatewayError(
+            503,
+            f"every replica of {pool} tried failed before its first token "
+            f"({'; '.join(failures)})",
+            code="no_replica_available",
+            headers=headers,
+        )
+    return GatewayError(
+        503,
+        f"no replica of {pool} can serve right now (none serving)",
+        code="no_replica_available",
+        headers=headers,
+    )

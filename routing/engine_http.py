@@ -36,7 +36,16 @@ from urllib.parse import urlsplit
 
 import httptools
 
-__all__ = ["EngineClient", "EngineResponse", "FramedSink", "Sink", "chunk_data"]
+from routing.domain.stall import ReplicaStalled, WaitingStream, stalled_replicas
+
+__all__ = [
+    "EngineClient",
+    "EngineResponse",
+    "FramedSink",
+    "ReplicaStalled",
+    "Sink",
+    "chunk_data",
+]
 
 # A sink takes one read's body bytes and returns True when it consumed them;
 # False leaves them for ``readany``.
@@ -85,6 +94,11 @@ class EngineResponse(asyncio.Protocol):
         self.reused = False
         self.read_timeout_s = client.first_token_timeout_s
         self.last_read_at = 0.0
+        # For the stall rule (``routing.domain.stall``): when the request went, when
+        # a byte of answer last came, whether the answer has begun.
+        self.sent_at = 0.0
+        self.answered_at: float | None = None
+        self.has_first_token = False
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
@@ -147,6 +161,7 @@ class EngineResponse(asyncio.Protocol):
             self._head.set_result(None)
 
     def on_body(self, body: bytes) -> None:
+        self.answered_at = self.last_read_at
         self._pieces.append(body)
 
     def on_chunk_header(self) -> None:
@@ -170,7 +185,9 @@ class EngineResponse(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         self._head = loop.create_future()
         self.read_timeout_s = self._client.first_token_timeout_s
-        self.last_read_at = time.monotonic()
+        self.last_read_at = self.sent_at = time.monotonic()
+        self.answered_at = None
+        self.has_first_token = False
         self._client.watch(self)
         self.transport.write(head + payload)
         await self._head
@@ -245,6 +262,7 @@ class EngineResponse(asyncio.Protocol):
         """The first token arrived: time reads by the inter-token timeout from now."""
         self.read_timeout_s = self._client.inter_token_timeout_s
         self.last_read_at = time.monotonic()
+        self.has_first_token = True
 
     def pause_reading(self) -> None:
         """Stop reading the socket (the client is slow); nested with resume."""
@@ -283,6 +301,15 @@ class EngineResponse(asyncio.Protocol):
     def time_out(self, silent_s: float) -> None:
         """Fail the read: the replica was silent for ``silent_s``."""
         self._fail(TimeoutError(f"the replica was silent for {silent_s:.1f} s"))
+
+    def stalled(self, silent_s: float) -> None:
+        """Fail the request before its first token: its replica has stalled."""
+        self._fail(
+            ReplicaStalled(
+                f"the replica sent no answer for {silent_s:.1f} s while it held "
+                "requests (stalled)"
+            )
+        )
 
     def _fail(self, exc: BaseException) -> None:
         self._error = exc
@@ -341,8 +368,11 @@ class EngineClient:
         engine_api_key: str = "",
         keepalive_s: float = 4.0,
         max_idle_per_replica: int = 1024,
+        stall_after_s: float | None = None,
     ) -> None:
         self.connect_timeout_s = connect_timeout_s
+        # None: no stall rule here, only the first-token deadline.
+        self.stall_after_s = stall_after_s
         self.first_token_timeout_s = first_token_timeout_s
         self.inter_token_timeout_s = inter_token_timeout_s
         self.keepalive_s = keepalive_s
@@ -469,8 +499,14 @@ class EngineClient:
     @property
     def sweep_s(self) -> float:
         """How often silent streams are looked for: a quarter of the shortest
-        timeout, at most a second."""
-        return min(1.0, self.first_token_timeout_s / 4, self.inter_token_timeout_s / 4)
+        timeout (or stall rule), at most a second."""
+        stall_s = self.stall_after_s or self.first_token_timeout_s
+        return min(
+            1.0,
+            self.first_token_timeout_s / 4,
+            self.inter_token_timeout_s / 4,
+            stall_s / 4,
+        )
 
     async def _sweep(self) -> None:
         while True:
@@ -484,3 +520,23 @@ class EngineClient:
             for connection, silent_s in silent:
                 self._watched.discard(connection)
                 connection.time_out(silent_s)
+            if self.stall_after_s is not None:
+                self._fail_stalled(now, self.stall_after_s)
+
+    def _fail_stalled(self, now: float, after_s: float) -> None:
+        """Fail the requests waiting for a first token from a stalled replica, so
+        that they go to another one now (``routing.domain.stall``)."""
+        stalled = stalled_replicas(
+            (
+                WaitingStream(c.key, c.sent_at, c.answered_at, c.has_first_token)
+                for c in self._watched
+            ),
+            now=now,
+            after_s=after_s,
+        )
+        if not stalled:
+            return
+        for connection in [c for c in self._watched if c.key in stalled]:
+            if not connection.has_first_token:
+                self._watched.discard(connection)
+                connection.stalled(stalled[connection.key])

@@ -92,6 +92,8 @@ class GatewaySettings:
     connect_timeout_s: float = 2.0
     first_token_timeout_s: float = 30.0
     inter_token_timeout_s: float = 15.0
+    # None: no gateway stall rule (``routing.domain.stall``).
+    stall_after_s: float | None = None
     shadow_concurrency: int = 16
     policy_options: PolicyOptions = field(default=DEFAULT_POLICY_OPTIONS)
     engine_api_key: str = ""

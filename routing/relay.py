@@ -42,6 +42,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from config.asgi_io import ChunkedWrite, Send
+from routing.domain.stall import ReplicaStalled
 
 __all__ = [
     "EVENT_END",
@@ -67,7 +68,15 @@ HEAD_BYTES = 2048
 
 
 class UpstreamFailed(Exception):
-    """The replica failed before the first token: another may be tried."""
+    """The replica failed before the first token: another may be tried.
+
+    ``is_stall``: the gateway judged the replica stalled (``routing.domain.stall``),
+    a fault of that replica, not of the pool's load.
+    """
+
+    def __init__(self, message: str, *, is_stall: bool = False) -> None:
+        super().__init__(message)
+        self.is_stall = is_stall
 
 
 class ChunkReader(Protocol):
@@ -251,13 +260,16 @@ class Relay:
         started = False
         fast = False  # streaming, past the first event: forward bytes as they come
         while True:
+            failure: BaseException | None = None
             try:
                 chunk = await reader.readany()
-            except (TimeoutError, aiohttp.ClientError, OSError):
-                chunk = b""
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                chunk, failure = b"", exc
             if not chunk:
                 # The engine went away before [DONE].
                 if not started:
+                    if isinstance(failure, ReplicaStalled):
+                        raise UpstreamFailed(str(failure), is_stall=True)
                     raise UpstreamFailed("connection closed before the first token")
                 await self._wait_pending()
                 return False

@@ -65,6 +65,7 @@ def gateway_settings() -> GatewaySettings:
         connect_timeout_s=settings.PLATFORM_UPSTREAM_CONNECT_TIMEOUT_S,
         first_token_timeout_s=settings.PLATFORM_FIRST_TOKEN_TIMEOUT_S,
         inter_token_timeout_s=settings.PLATFORM_INTER_TOKEN_TIMEOUT_S,
+        stall_after_s=settings.PLATFORM_GATEWAY_STALL_S,
         policy_options=PolicyOptions(
             min_bound_tokens=settings.PLATFORM_AFFINITY_MIN_BOUND_TOKENS,
             ring_choices=settings.PLATFORM_AFFINITY_RING_CHOICES,
@@ -134,6 +135,7 @@ def build_gateway() -> Gateway:
         first_token_timeout_s=config.first_token_timeout_s,
         inter_token_timeout_s=config.inter_token_timeout_s,
         engine_api_key=config.engine_api_key,
+        stall_after_s=config.stall_after_s,
     )
     background = BackgroundTasks()
     chat = ChatService(

@@ -38,6 +38,7 @@ class Upstream:
         first_token_timeout_s: float = 30.0,
         inter_token_timeout_s: float = 15.0,
         engine_api_key: str = "",
+        stall_after_s: float | None = None,
     ) -> None:
         self.connect_timeout_s = connect_timeout_s
         self.first_token_timeout_s = first_token_timeout_s
@@ -54,6 +55,7 @@ class Upstream:
             first_token_timeout_s=first_token_timeout_s,
             inter_token_timeout_s=inter_token_timeout_s,
             engine_api_key=engine_api_key,
+            stall_after_s=stall_after_s,
         )
 
     @property
