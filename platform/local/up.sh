@@ -256,9 +256,12 @@ TEAM_KEY=$(field team_key)
 METRICS_TOKEN=$PLATFORM_METRICS_TOKEN
 SIM_ADMIN_TOKEN=$PLATFORM_SIM_ADMIN_TOKEN
 # Wait until the gateway routes to the replicas (its snapshot refreshes every 2 s).
-# The key goes in the environment: argv would show it in the process list.
+# The key goes in the environment: argv would show it in the process list. A
+# platform that never answers says so and stops: no banner with credentials that
+# do not work.
+ANSWERED=""
 for _ in $(seq 1 100); do
-    if PROBE_KEY=$TEAM_KEY $PY - "http://$HOST:$PORT" <<'PYEOF' 2>/dev/null; then break; fi
+    if PROBE_KEY=$TEAM_KEY $PY - "http://$HOST:$PORT" <<'PYEOF' 2>/dev/null; then ANSWERED=1; break; fi
 import os, sys, httpx
 r = httpx.post(f"{sys.argv[1]}/v1/chat/completions", timeout=5,
                headers={"Authorization": f"Bearer {os.environ['PROBE_KEY']}"},
@@ -268,6 +271,10 @@ sys.exit(0 if r.status_code == 200 else 1)
 PYEOF
     $PY -c 'import time; time.sleep(0.2)'
 done
+if [ -z "$ANSWERED" ]; then
+    echo "make up: the gateway on http://$HOST:$PORT never answered a chat; see $LOCAL/logs/" >&2
+    exit 1
+fi
 if [ "$REGIONS" = 2 ]; then
     WHERE="regions ${REGION_NAMES[0]} and ${REGION_NAMES[1]}, behind HAProxy"
     REGION_LINES="  Regions        ${REGION_NAMES[0]}: clients http://$HOST:$PORT, gateway http://$HOST:${GATEWAY_PORTS[0]}
