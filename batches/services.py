@@ -79,6 +79,13 @@ class TooLarge(PlatformError):
     status_code = 413
 
 
+class ModelNotAllowed(PlatformError):
+    """A model the team has no limits on (403), as the gateway answers it."""
+
+    status_code = 403
+    error_type = "permission_error"
+
+
 # -- files ----------------------------------------------------------------------
 
 
@@ -386,10 +393,12 @@ def _model(name: str, team_id: str) -> Model:
             f"the model {name!r} does not exist", param="model", code="model_not_found"
         ) from None
     if not _tokens_per_minute(team_id, model_id):
-        raise InvalidRequest(
-            f"team {team_id!r} has no limits on {model_id!r}: ask an admin for a grant",
+        raise ModelNotAllowed(
+            f"team {team_id!r} may not use model {model_id!r}: it has no limits on "
+            "it; ask a platform admin to grant them "
+            f"(PUT /admin/teams/{team_id}/limits)",
             param="model",
-            code="model_not_permitted",
+            code="model_not_allowed",
         )
     return model
 

@@ -334,10 +334,11 @@ try:
             f"file://{BASE_DIR / '.local' / 'batches'}/",
         ],
     )
-    # The gateway (/v1). Teams without a limits row on a model may call it with
-    # these defaults; 0 tokens per minute means explicit grants only.
+    # The gateway (/v1). Default deny: a team uses only the models it has a limits
+    # row on (403 model_not_allowed otherwise). An operator may set a positive
+    # default to let every team call every model at that rate without a grant.
     PLATFORM_DEFAULT_TOKENS_PER_MINUTE = env_int(
-        "PLATFORM_DEFAULT_TOKENS_PER_MINUTE", 600_000, minimum=0
+        "PLATFORM_DEFAULT_TOKENS_PER_MINUTE", 0, minimum=0
     )
     PLATFORM_DEFAULT_MAX_CONCURRENCY = env_int(
         "PLATFORM_DEFAULT_MAX_CONCURRENCY", 64, minimum=0

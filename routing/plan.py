@@ -409,7 +409,9 @@ def _resolve_for_team(
     if limit is None:
         raise GatewayError(
             403,
-            f"team {team!r} may not use model {resolution.model!r}",
+            f"team {team!r} may not use model {resolution.model!r}: it has no "
+            "limits on it; ask a platform admin to grant them "
+            f"(PUT /admin/teams/{team}/limits)",
             param="model",
             code="model_not_allowed",
             error_type="permission_error",

@@ -143,6 +143,26 @@ def test_unknown_model_window_and_purpose_are_400s(
     assert answer.status_code == 404
 
 
+def test_a_model_the_team_has_no_limits_on_is_a_403(
+    store: Path, client_of: APIClient, chat_model: Model
+) -> None:
+    accounts_services.create_team(team_id="other", name="Other")
+    _, secret = accounts_services.issue_key(team_id="other")
+    other = APIClient()
+    other.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
+    file_id = file_id_of(other, jsonl(line("a")))
+
+    answer = create(other, input_file_id=file_id, completion_window="24h")
+
+    assert answer.status_code == 403, answer.content
+    error = answer.json()["error"]
+    assert error["type"] == "permission_error"
+    assert error["code"] == "model_not_allowed"
+    assert "chat-7b" in error["message"]
+    assert "/admin/teams/other/limits" in error["message"]
+    assert not Batch.objects.exists()
+
+
 def test_the_seeds_form_reads_and_writes_only_under_the_roots(
     store: Path, client_of: APIClient, chat_model: Model
 ) -> None:

@@ -205,8 +205,12 @@ def _is_number(value: object) -> bool:
 
 def _model(body: Mapping[str, Any]) -> str:
     model = body.get("model")
-    if not isinstance(model, str) or not model:
+    if model is None:
         raise BodyError("model is required", param="model")
+    if not isinstance(model, str):
+        raise BodyError("model must be a string", param="model")
+    if not model:
+        raise BodyError("model must not be empty", param="model")
     return model
 
 

@@ -31,10 +31,16 @@ def parse_tier(header: str | None) -> Tier:
     """Return the tier named by an ``x-priority`` header; absent means standard.
 
     Raises:
-        ValueError: any other value, so a typo is a 400 rather than a silent downgrade.
+        ValueError: any other value, an empty one included, so a typo (or a template
+            that left the header blank) is a 400 rather than a silent downgrade.
     """
-    if header is None or header.strip() == "":
+    if header is None:
         return DEFAULT_TIER
+    if header.strip() == "":
+        raise ValueError(
+            "x-priority is empty: send one of "
+            f"{', '.join(t.value for t in Tier)}, or leave the header out for standard"
+        )
     try:
         return Tier(header.strip().lower())
     except ValueError:

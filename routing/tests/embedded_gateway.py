@@ -1,12 +1,13 @@
 """The gateway's ASGI app in the test's own process, on a snapshot built by hand.
 
 Public surface: ``EmbeddedGateway``, ``Answer``, ``TEAM_KEY``, ``BATCH_KEY``,
-``MODEL``.
+``MODEL``, ``UNGRANTED_MODEL``.
 
 For tests that must look inside the gateway (its limiter's buckets and slots, its
 usage counter, its log) or send many bodies fast (the /v1 fuzz). The snapshot holds
 one team (key ``TEAM_KEY``; ``BATCH_KEY`` is the team's batch job key) allowed on
-one model (``MODEL``, version v1) and, when a URL is given, one serving replica
+one model (``MODEL``, version v1; ``UNGRANTED_MODEL`` is live too, but the team
+has no limits on it) and, when a URL is given, one serving replica
 there: a real simulated replica the test started. Limits and usage are kept in
 memory, as a gateway without Redis keeps them. What users see is also tested
 against real gateway processes (``test_gateway_e2e.py``, ``test_v1_fuzz.py``).
@@ -49,11 +50,20 @@ from routing.prompt_tokens import VersionCounters
 from routing.snapshots import SnapshotHolder
 from routing.upstream import Upstream
 
-__all__ = ["BATCH_KEY", "MODEL", "TEAM_KEY", "Answer", "EmbeddedGateway"]
+__all__ = [
+    "BATCH_KEY",
+    "MODEL",
+    "TEAM_KEY",
+    "UNGRANTED_MODEL",
+    "Answer",
+    "EmbeddedGateway",
+]
 
 TEAM_KEY = "sk-team-embedded"
 BATCH_KEY = "sk-team-embedded-batch"
 MODEL = "chat-7b"
+# A live model the team has no limits row on (default deny: 403 to it).
+UNGRANTED_MODEL = "reason-70b"
 _TEAM = "alpha"
 
 
@@ -119,23 +129,25 @@ def _snapshot(replica_url: str | None) -> ConfigSnapshot:
             )
         },
         models={
-            MODEL: ModelRecord(
-                model=MODEL,
+            name: ModelRecord(
+                model=name,
                 live_version="v1",
                 canary_version=None,
                 canary_percent=0.0,
                 shadow_version=None,
                 shadow_percent=0.0,
             )
+            for name in (MODEL, UNGRANTED_MODEL)
         },
         versions={
-            (MODEL, "v1"): VersionRecord(
-                model=MODEL,
+            (name, "v1"): VersionRecord(
+                model=name,
                 version="v1",
                 status="live",
                 max_model_len=8192,
                 load_test_tokens_in_flight=None,
             )
+            for name in (MODEL, UNGRANTED_MODEL)
         },
         replicas=tuple(replicas),
     )
@@ -150,10 +162,11 @@ class EmbeddedGateway:
         *,
         counters: VersionCounters | None = None,
         default_max_tokens: int = 1024,
+        settings: GatewaySettings | None = None,
     ) -> None:
         snapshot = _snapshot(replica_url)
         self.loop = asyncio.new_event_loop()
-        self.settings = GatewaySettings(
+        self.settings = settings or GatewaySettings(
             region="embedded", default_max_tokens=default_max_tokens
         )
         self.live = LiveLoad(

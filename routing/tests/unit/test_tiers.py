@@ -7,9 +7,15 @@ import pytest
 from routing.domain.tiers import DEFAULT_TIER, Tier, parse_tier
 
 
-@pytest.mark.parametrize("header", [None, "", "   "])
-def test_parse_tier_absent_header_means_standard(header: str | None) -> None:
-    assert parse_tier(header) is Tier.STANDARD
+def test_parse_tier_absent_header_means_standard() -> None:
+    assert parse_tier(None) is Tier.STANDARD
+
+
+@pytest.mark.parametrize("header", ["", "   "])
+def test_parse_tier_rejects_an_empty_header_naming_the_choices(header: str) -> None:
+    with pytest.raises(ValueError, match="x-priority is empty") as excinfo:
+        parse_tier(header)
+    assert "interactive, standard, batch" in str(excinfo.value)
 
 
 def test_default_tier_is_standard() -> None:
