@@ -8,21 +8,30 @@ Every URI read or written here is checked against ``PLATFORM_STORAGE_ROOTS`` fir
 caller's ``input_uri`` or ``output_uri`` can never reach outside them. Writes go to
 a temporary name first and are moved into place, so a reader never sees half a
 file and a finaliser that is run twice writes the same file twice.
+
+On a local filesystem a team's files (uploads, batch output and error files) are
+created mode 0600 and the directories this module creates 0700: they hold prompts
+and answers, readable by the platform's own user only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 import secrets
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import fsspec
 from django.conf import settings
+from fsspec.implementations.local import LocalFileSystem
 
 from models_registry.domain.identity import uri_errors
 
 __all__ = [
+    "DIRECTORY_MODE",
+    "FILE_MODE",
     "StorageRefused",
     "check_uri",
     "exists",
@@ -33,6 +42,10 @@ __all__ = [
     "write_lines",
     "write_stream",
 ]
+
+
+FILE_MODE = 0o600
+DIRECTORY_MODE = 0o700
 
 
 class StorageRefused(ValueError):
@@ -97,12 +110,16 @@ def write_stream(
     """
     fs, path = _fs(uri)
     parent = path.rsplit("/", 1)[0]
-    fs.makedirs(parent, exist_ok=True)
+    local = isinstance(fs, LocalFileSystem)
+    if local:
+        _make_private_dirs(parent)
+    else:
+        fs.makedirs(parent, exist_ok=True)
     temporary = f"{path}.part-{secrets.token_hex(4)}"
     digest = hashlib.sha256()
     size = 0
     try:
-        with fs.open(temporary, "wb") as handle:
+        with _create(fs, temporary, local=local) as handle:
             for chunk in chunks:
                 size += len(chunk)
                 if size > max_bytes:
@@ -114,6 +131,27 @@ def write_stream(
         if fs.exists(temporary):
             fs.rm(temporary)
     return size, digest.hexdigest()
+
+
+def _make_private_dirs(path: str) -> None:
+    """Create ``path`` and any missing parents 0700 (``os.makedirs`` gives its
+    mode to the last one only); existing directories are left as they are."""
+    missing = []
+    while path and not os.path.isdir(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # made meanwhile by another writer
+            os.mkdir(directory, DIRECTORY_MODE)
+
+
+def _create(fs: Any, path: str, *, local: bool) -> Any:
+    """Open a new file for writing: on a local disk created 0600 (whatever the
+    umask lets through, never more), elsewhere as the store's own ACLs say."""
+    if not local:
+        return fs.open(path, "wb")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+    return os.fdopen(fd, "wb")
 
 
 def write_lines(uri: str, lines: Iterable[bytes]) -> tuple[int, str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -383,6 +384,34 @@ def test_dispatch_hands_an_active_batch_to_one_runner_at_a_time(
     assert runner.dispatch(enqueue=enqueue)["started"] == 0
     assert runner.dispatch(now=time.time() + 31, enqueue=enqueue)["started"] == 1
     assert queued == [batch_id, batch_id]
+
+
+def test_team_files_are_written_0600_in_0700_directories(
+    store: Path, client_of: APIClient, chat_model: Model
+) -> None:
+    previous = os.umask(0o022)  # the usual umask, which let files out 0644
+    try:
+        file_id = file_id_of(client_of, jsonl(line("a"), line("b")))
+        batch_id = create(
+            client_of, input_file_id=file_id, completion_window="1h"
+        ).json()["id"]
+        client_of.post(f"/v1/batches/{batch_id}/cancel")
+        assert runner.dispatch(enqueue=_run_now()) == {"started": 1}
+    finally:
+        os.umask(previous)
+    body = client_of.get(f"/v1/batches/{batch_id}").json()
+    assert body["status"] == "cancelled" and body["error_file_id"]
+
+    files = [path for path in store.rglob("*") if path.is_file()]
+    directories = [path for path in store.rglob("*") if path.is_dir()]
+    assert len(files) >= 2  # the input and the error file at least
+    assert {
+        str(p.relative_to(store)): oct(p.stat().st_mode & 0o777) for p in files
+    } == {str(p.relative_to(store)): "0o600" for p in files}
+    assert directories
+    assert {
+        str(p.relative_to(store)): oct(p.stat().st_mode & 0o777) for p in directories
+    } == {str(p.relative_to(store)): "0o700" for p in directories}
 
 
 def _run_now(clock: Callable[[], float] = time.time) -> Callable[[str], None]:
