@@ -99,3 +99,23 @@ def test_a_model_that_is_not_a_name_says_what_is_wrong(
     error = assert_openai_error(answer, 400)
     assert error["param"] == "model"
     assert error["message"] == message
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        ({"model": "no-such-model", "messages": USER, "max_tokens": 3}, 404),
+        ({"model": 7, "messages": USER, "max_tokens": 3}, 400),
+        ({"model": UNGRANTED_MODEL, "messages": USER, "max_tokens": 3}, 403),
+    ],
+)
+def test_answers_refused_before_the_bucket_carry_no_rate_limit_headers(
+    gateway: EmbeddedGateway, body: dict[str, Any], status: int
+) -> None:
+    # As docs/product-teams.md says: no bucket was read, so no x-ratelimit-* headers
+    # (the 400 for a request larger than the bucket has them: test_stall_e2e).
+    answer = gateway.request("/v1/chat/completions", body)
+
+    assert_openai_error(answer, status)
+    assert not [name for name in answer.headers if name.startswith("x-ratelimit-")]
+    assert not gateway.is_charged()
