@@ -26,6 +26,7 @@ import pwd
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -60,11 +61,23 @@ class OwnPostgres:
     deletes the directory. ``stop``/``start`` may be called any number of times in
     between; the port and the data survive them. ``url(dbname)`` is a
     ``DATABASE_URL`` for user ``postgres`` (no password: trust on loopback).
+    ``host`` is the address it listens on (127.0.0.1 unless a fault drill puts it
+    in a network namespace of its own) and ``command_prefix`` runs every server
+    command under another (``ip netns exec NAME``, so the server lives there).
     """
 
-    def __init__(self, *, port: int | None = None, start_timeout_s: int = 30) -> None:
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        start_timeout_s: int = 30,
+        host: str = "127.0.0.1",
+        command_prefix: Sequence[str] = (),
+    ) -> None:
         self.port = port or free_port()
         self.start_timeout_s = start_timeout_s
+        self.host = host
+        self.command_prefix = tuple(command_prefix)
         self.bin = find_pg_bin()
         self._tmp: Path | None = None
 
@@ -88,11 +101,16 @@ class OwnPostgres:
             # data is thrown away with the directory.
             with (self.data_dir / "postgresql.conf").open("a") as conf:
                 conf.write(
-                    f"\nlisten_addresses = '127.0.0.1'\nport = {self.port}\n"
+                    f"\nlisten_addresses = '{self.host}'\nport = {self.port}\n"
                     f"unix_socket_directories = '{self._tmp}'\n"
                     "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n"
                     "max_connections = 200\n"
                 )
+            if self.host != "127.0.0.1":
+                # Trust the peers on the server's own subnet (the far end of a
+                # namespace's veth pair); initdb trusts loopback only.
+                with (self.data_dir / "pg_hba.conf").open("a") as hba:
+                    hba.write("host all all samenet trust\n")
             self.start()
         except BaseException:
             self._cleanup()
@@ -121,9 +139,10 @@ class OwnPostgres:
             "start",
         )
 
-    def stop(self) -> None:
-        """Stop the server with a fast shutdown (open sessions are disconnected)."""
-        self._run("pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "stop")
+    def stop(self, *, mode: str = "fast") -> None:
+        """Stop the server: a fast shutdown (open sessions are disconnected), or
+        ``mode="immediate"``, as a crash would (no checkpoint; recovery at start)."""
+        self._run("pg_ctl", "-D", str(self.data_dir), "-m", mode, "-w", "stop")
 
     @property
     def is_running(self) -> bool:
@@ -139,14 +158,14 @@ class OwnPostgres:
 
     def url(self, dbname: str = "postgres") -> str:
         """Return the ``DATABASE_URL`` of database ``dbname`` on this server."""
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
+        return f"postgresql://postgres@{self.host}:{self.port}/{dbname}"
 
     def create_database(self, dbname: str) -> str:
         """Create database ``dbname``; return its URL."""
         self._run(
             "createdb",
             "-h",
-            "127.0.0.1",
+            self.host,
             "-p",
             str(self.port),
             "-U",
@@ -190,6 +209,7 @@ class OwnPostgres:
         argv = [str(self.bin / program), *args]
         if self._as_os_user():
             argv = ["runuser", "-u", _OS_USER, "--", *argv]
+        argv = [*self.command_prefix, *argv]
         result = subprocess.run(
             argv,
             capture_output=True,
