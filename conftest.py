@@ -6,7 +6,9 @@ PostgreSQL or Redis takes the ``postgres`` or ``redis_url`` fixture (or
 when the server is not configured or unreachable, and with ``REQUIRE_SERVICES=1``
 (CI) fails the run instead. Real vLLM has its own gate, ``REQUIRE_VLLM``, in the
 ``tiny_model`` fixture; real SGLang its own, ``REQUIRE_SGLANG``, in
-``sglang_tiny_model``. ``tests/test_skips.py`` holds tests to these paths.
+``sglang_tiny_model``; the fault suite's network namespaces theirs, ``REQUIRE_NETNS``
+(or ``REQUIRE_SERVICES``), in ``network_namespaces``. ``tests/test_skips.py`` holds
+tests to these paths.
 
 The small end-to-end modules of ``SHARED_PLATFORM_MODULES`` share one running
 platform (``shared_platform``, a ``tests.live.SharedPlatform``); ``WORK_UNITS``
@@ -51,6 +53,7 @@ hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 REQUIRE_SERVICES = os.environ.get("REQUIRE_SERVICES", "") == "1"
 REQUIRE_VLLM = os.environ.get("REQUIRE_VLLM", "") == "1"
 REQUIRE_SGLANG = os.environ.get("REQUIRE_SGLANG", "") == "1"
+REQUIRE_NETNS = os.environ.get("REQUIRE_NETNS", "") == "1"
 
 
 def _service_missing(what: str) -> None:
@@ -152,6 +155,20 @@ def postgres() -> None:
 
     if connection.vendor != "postgresql":
         _service_missing("PostgreSQL (DATABASE_URL names no PostgreSQL server)")
+
+
+@pytest.fixture(scope="session")
+def network_namespaces() -> None:
+    """Skip unless network namespaces can be made here (root and iproute2), which
+    the fault suite (tests/faults/) puts its PostgreSQL and Redis in. Fails under
+    ``REQUIRE_SERVICES=1`` or ``REQUIRE_NETNS=1`` (``make faults``)."""
+    from tests.faults.netns import netns_unavailable
+
+    reason = netns_unavailable()
+    if reason is not None:
+        if REQUIRE_NETNS:
+            pytest.fail(f"network namespaces are required (REQUIRE_NETNS=1): {reason}")
+        _service_missing(f"network namespaces ({reason})")
 
 
 @pytest.fixture(scope="session")
@@ -285,6 +302,8 @@ SHARED_PLATFORM_MODULES = (
 WORK_UNITS: dict[str, str] = {
     **dict.fromkeys(SHARED_PLATFORM_MODULES, "shared-platform"),
     "tests/browser/": "browser-platform",
+    # The fault suite's platform is the package's (tests/faults/conftest.py).
+    "tests/faults/": "faults-platform",
 }
 _SHARED_PLATFORM = pytest.StashKey["SharedPlatform"]()
 

@@ -1,38 +1,30 @@
 """The fault suite's platform, started once for every case of the package.
 
 Network namespaces need root and iproute2: where they cannot be made the suite
-is skipped with the reason, and with ``REQUIRE_SERVICES=1`` (CI) or
-``REQUIRE_NETNS=1`` that is a failure. Each case's figures are printed at the end
-of the run (from the reports' ``user_properties``, so they come back from
-pytest-xdist's workers too) and written to ``.local/faults/``.
+is skipped with the reason (the root conftest's ``network_namespaces``), and
+with ``REQUIRE_SERVICES=1`` (CI) or ``REQUIRE_NETNS=1`` that is a failure. Each
+case's figures are printed at the end of the run (from the reports'
+``user_properties``, so they come back from pytest-xdist's workers too) and
+written to ``.local/faults/``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from tests.faults.harness import FaultPlatform, Figures, start_fault_platform
-from tests.faults.netns import netns_unavailable, remove_stale
-
-REQUIRE_NETNS = (
-    os.environ.get("REQUIRE_NETNS", "") == "1"
-    or os.environ.get("REQUIRE_SERVICES", "") == "1"
-)
+from tests.faults.netns import remove_stale
 
 
 @pytest.fixture(scope="package")
 def fault_platform(
-    tmp_path_factory: pytest.TempPathFactory, redis_server_binary: str
+    tmp_path_factory: pytest.TempPathFactory,
+    redis_server_binary: str,
+    network_namespaces: None,
 ) -> Iterator[FaultPlatform]:
-    reason = netns_unavailable()
-    if reason is not None:
-        if REQUIRE_NETNS:
-            pytest.fail(f"the fault suite cannot run: {reason} (REQUIRE_NETNS=1)")
-        pytest.skip(f"the fault suite needs network namespaces: {reason}")
     remove_stale()
     with start_fault_platform(
         tmp_path_factory.mktemp("faults"), redis_server_binary

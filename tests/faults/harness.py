@@ -406,7 +406,7 @@ class Case:
                 totals["rate_limited"] += result.get("rate_limited_requests", 0)
         return dict(totals)
 
-    def settle_usage(self, told: dict[str, int], *, timeout_s: float = 60) -> None:
+    def settle_usage(self, told: dict[str, int], *, timeout_s: float = 15) -> None:
         """Wait until the rows hold ``told``, flushing as the worker would; the
         last rows read stay in ``self.last_rows`` for the figures."""
         self.last_rows: dict[str, int] | None = None
@@ -508,7 +508,7 @@ def run_drill(
     for side_case, side_load in side:
         side_answers = side_load.snapshot()
         side_told = told_usage([*side_case.pings, *side_answers])
-        side_case.settle_usage(side_told, timeout_s=20)
+        side_case.settle_usage(side_told)
         sides.append((side_case, side_answers, side_told))
     figures = Figures(
         case=case.name,
