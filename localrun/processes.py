@@ -2,7 +2,7 @@
 
 Public surface: ``ROOT``, ``wait_until``, ``free_port``, ``Process``, ``spawn``,
 ``server_pgid``, ``is_healthy``, ``database_url``, ``SERVERS``, ``gateway_argv``,
-``start_gateway``, ``start_agent``, ``sim_replica``, ``serving_replicas``.
+``start_gateway``, ``agent_argv``, ``start_agent``, ``sim_replica``, ``serving_replicas``.
 
 The gateway (an ASGI server on the ASGI app: uvicorn, daphne or granian), the
 node agent (``manage.py engine_agent``) and one simulated replica
@@ -273,6 +273,29 @@ def _healthz(process: Process, *, any_status: bool = False) -> bool:
         return False
 
 
+def agent_argv(
+    tmp: Path, *, region: str, node: str = "drill-node", gpus: int = 16
+) -> list[str]:
+    """Return the command line of a node agent for ``region``'s pools, its
+    replicas on 61 ports from a free one and their logs under ``tmp/replicas``."""
+    first = free_port()
+    return [
+        sys.executable,
+        "manage.py",
+        "engine_agent",
+        "--node",
+        node,
+        "--region",
+        region,
+        "--gpus",
+        str(gpus),
+        "--ports",
+        f"{first}-{first + 60}",
+        "--log-dir",
+        str(tmp / "replicas"),
+    ]
+
+
 def start_agent(
     env: dict[str, str],
     tmp: Path,
@@ -282,23 +305,8 @@ def start_agent(
     gpus: int = 16,
 ) -> Process:
     """Start a node agent that runs simulated replicas for ``region``'s pools."""
-    first = free_port()
     return spawn(
-        [
-            sys.executable,
-            "manage.py",
-            "engine_agent",
-            "--node",
-            node,
-            "--region",
-            region,
-            "--gpus",
-            str(gpus),
-            "--ports",
-            f"{first}-{first + 60}",
-            "--log-dir",
-            str(tmp / "replicas"),
-        ],
+        agent_argv(tmp, region=region, node=node, gpus=gpus),
         env,
         tmp / f"agent-{node}.log",
         "",

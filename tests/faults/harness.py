@@ -89,14 +89,15 @@ def manage(env: dict[str, str], *args: str, timeout_s: float = 180) -> str:
 
 
 class NsRedis:
-    """A redis-server of the suite's own, listening inside ``netns``.
+    """A redis-server of the suite's own, listening inside ``netns`` (or on the
+    root namespace's loopback with None).
 
     Like ``tests.live.RedisServer`` it keeps its data across a restart (an
     append-only file synced on every write), as the usage counts need.
     """
 
-    def __init__(self, netns: Netns, folder: Path, binary: str) -> None:
-        self.netns = netns
+    def __init__(self, netns: Netns | None, folder: Path, binary: str) -> None:
+        self.netns = netns  # None: the root namespace's loopback
         self.binary = binary
         self.port = free_port()
         self.folder = folder
@@ -105,7 +106,8 @@ class NsRedis:
 
     @property
     def url(self) -> str:
-        return f"redis://{self.netns.ip}:{self.port}/0"
+        host = self.netns.ip if self.netns is not None else "127.0.0.1"
+        return f"redis://{host}:{self.port}/0"
 
     def is_up(self) -> bool:
         import redis
@@ -119,11 +121,12 @@ class NsRedis:
             return False
 
     def start(self) -> None:
-        argv = [self.binary, "--port", str(self.port), "--bind", self.netns.ip]
+        host = self.netns.ip if self.netns is not None else "127.0.0.1"
+        argv = [self.binary, "--port", str(self.port), "--bind", host]
         argv += ["--protected-mode", "no", "--save", "", "--appendonly", "yes"]
         argv += ["--appendfsync", "always", "--dir", str(self.folder)]
         process = spawn(
-            self.netns.exec_argv(argv),
+            self.netns.exec_argv(argv) if self.netns is not None else argv,
             dict(os.environ),
             self.folder / "redis.log",
             self.url,

@@ -20,7 +20,7 @@ from tests.faults.harness import Drill, FaultPlatform, Figures, run_drill
 
 pytestmark = pytest.mark.slow
 
-OUTAGE_S = float(os.environ.get("FAULT_OUTAGE_S", "6"))
+OUTAGE_S = float(os.environ.get("FAULT_OUTAGE_S", "5"))
 RECOVERY_BOUND_S = 30.0  # the gateway's pool reconnects, a refresh succeeds
 SLOW_DELAY_MS = 300  # each way: a query's round trip takes 600 ms more
 
