@@ -20,6 +20,8 @@ This module is async-side code: it imports no models.
 from __future__ import annotations
 
 import logging
+import socket
+import struct
 import threading
 from collections.abc import Mapping
 from typing import Protocol
@@ -45,6 +47,7 @@ __all__ = [
     "REDIS_ERRORS",
     "USAGE_KEEP_FLUSHED_S",
     "USAGE_TTL_S",
+    "AbortingConnection",
     "FailoverUsageCounter",
     "MemoryUsageCounter",
     "RedisUsageCounter",
@@ -65,6 +68,28 @@ USAGE_KEEP_FLUSHED_S = 3600
 # What an unreachable or failing Redis raises (redis-py wraps socket errors in its
 # ConnectionError and TimeoutError; OSError covers what it does not wrap).
 REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, OSError)
+
+
+class AbortingConnection(redis.asyncio.Connection):
+    """A Redis connection whose close discards what Redis has not acknowledged.
+
+    A command sent into a partition (a blackholed Redis) times out, and the
+    gateway counts its usage in memory instead (``FailoverUsageCounter``). Closed
+    the ordinary way, the socket would keep the unacknowledged command in the
+    kernel and retransmit it once the partition heals: Redis would then count it
+    too (issue 32's fault suite: 1-2 requests billed twice per outage). With
+    SO_LINGER 0 the close is abortive (a reset): the command is dropped, never
+    delivered late, so each count lands once.
+    """
+
+    async def _connect(self) -> None:
+        await super()._connect()
+        writer = self._writer
+        sock = writer.transport.get_extra_info("socket") if writer else None
+        if sock is not None:
+            sock.setsockopt(
+                socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+            )
 
 
 def redis_pool(
@@ -89,6 +114,12 @@ def redis_pool(
         socket_timeout=socket_timeout_s,
         socket_connect_timeout=socket_timeout_s,
         retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
+        # Plain TCP only: rediss:// and unix:// keep the classes their URL picks.
+        **(
+            {"connection_class": AbortingConnection}
+            if url.startswith("redis://")
+            else {}
+        ),
     )
 
 

@@ -120,12 +120,6 @@ def test_redis_refused(
     assert_served_within_bounds(drill)
 
 
-@pytest.mark.xfail(
-    reason="issue 32: Redis blackholed 5-6 s bills 2 requests twice (rows 130 vs "
-    "128 told, +32 prompt +24 output tokens), twice in two runs; probably increments sent "
-    "into the blackhole land when it heals and are counted from memory too",
-    strict=True,
-)
 def test_redis_blackholed(
     fault_platform: FaultPlatform, record_figures: list[Figures]
 ) -> None:
