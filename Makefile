@@ -71,9 +71,12 @@ test-fast: venv
 ## load (refused, blackholed, slow), replicas killed, stalled and slowed; every
 ## case checks nothing lost or billed twice, no stream hung, usage exact, limits
 ## within their bound and the recovery time. Short outages (FAULT_OUTAGE_S, 5 s);
-## `make test` runs it too, less the region cut off (marked soak: a second
-## platform of two regions behind HAProxy, about 100 s). Needs root (ip netns); each case's figures go to
-## .local/faults/*.json and the end of the output.
+## `make test` runs four of its cases (PostgreSQL blackholed and stopped, Redis
+## blackholed, a replica stalled); the rest are marked soak for CI's 15-minute
+## budget (PostgreSQL slow, Redis stopped, a replica killed or slow, and the region
+## cut off: a second platform of two regions behind HAProxy, about 100 s). Needs
+## root (ip netns); each case's figures go to .local/faults/*.json and the end of
+## the output.
 FAULT_OUTAGE_S ?= 5
 faults: venv debs
 	FAULT_OUTAGE_S=$(FAULT_OUTAGE_S) REQUIRE_NETNS=1 $(PY) -m pytest -n 0 $(DURATIONS) -m '' tests/faults
