@@ -353,10 +353,12 @@ def test_control_plane_refuses_hostile_input_with_a_4xx_in_its_error_shape(
     assert error["type"] == "invalid_request_error"
 
 
-# Bounded and seeded: the same cases every run, about 30 s on this 2-core machine.
+# Bounded and seeded: the same cases every run: about 30 s on a quiet 2-core
+# machine, 80-90 s on a slow or shared one (seen 2026-12-05, at the same commit);
+# the budget is a guard against a hang, not a speed target.
 SCHEMATHESIS_SEED = 13
 SCHEMATHESIS_MAX_EXAMPLES = 25
-SCHEMATHESIS_BUDGET_S = 90
+SCHEMATHESIS_BUDGET_S = 240
 SCHEMATHESIS_CONFIG = Path(__file__).with_name("schemathesis.toml")
 
 
