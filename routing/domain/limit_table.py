@@ -126,7 +126,7 @@ class BucketTable:
             refill_per_s=refill_per_s,
             amount=amount,
         )
-        self._buckets[key] = _Entry(bucket, capacity, refill_per_s)
+        self.seed(key, bucket, capacity=capacity, refill_per_s=refill_per_s)
 
     def debit(
         self, key: str, *, capacity: int, refill_per_s: float, amount: int, now: float
@@ -140,12 +140,13 @@ class BucketTable:
             refill_per_s=refill_per_s,
             amount=amount,
         )
-        self._buckets[key] = _Entry(bucket, capacity, refill_per_s)
+        self.seed(key, bucket, capacity=capacity, refill_per_s=refill_per_s)
 
     def seed(
         self, key: str, bucket: Bucket, *, capacity: int, refill_per_s: float
     ) -> None:
-        """Start ``key``'s bucket at ``bucket`` (it was known elsewhere)."""
+        """Store ``bucket`` as ``key``'s (a refund's or debit's result, or a level
+        known elsewhere), without a sweep."""
         self._buckets[key] = _Entry(bucket, capacity, refill_per_s)
 
     def peek(
