@@ -1,7 +1,9 @@
 """The fields of a chat (or tokenize) request body, checked as OpenAI checks them.
 
 Public surface: ``ALLOWED_ROLES``, ``ChatBody``, ``TokenizeBody``,
-``check_chat_body``, ``check_messages``, ``check_tokenize_body``.
+``check_chat_body``, ``check_messages``, ``check_tokenize_body``, and the
+constants they check with, which ``routing.openapi`` writes into the API's schema
+(``NUMBER_RANGES``, ``MAX_STOP``, ``MAX_TOP_LOGPROBS``, ``NAME_PATTERN``...).
 
 The gateway relies on a few fields (``model``, ``messages``, ``max_tokens``,
 ``stream``, ``stream_options``) and passes the rest to the engine. A value OpenAI
@@ -31,6 +33,18 @@ from config.json_body import BodyError
 
 __all__ = [
     "ALLOWED_ROLES",
+    "BOOLEAN_FLAGS",
+    "INT64_RANGE",
+    "LOGIT_BIAS_RANGE",
+    "MAX_STOP",
+    "MAX_TOP_LOGPROBS",
+    "MEDIA_PARTS",
+    "NAME_PATTERN",
+    "NUMBER_RANGES",
+    "RESPONSE_FORMATS",
+    "TOKENIZE_FLAGS",
+    "TOOL_CHOICES",
+    "UNSUPPORTED_FIELDS",
     "ChatBody",
     "TokenizeBody",
     "check_chat_body",
@@ -39,17 +53,34 @@ __all__ = [
 ]
 
 ALLOWED_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
-_MEDIA_PARTS = frozenset({"image_url", "input_audio", "file"})
-_TOOL_CHOICES = frozenset({"none", "auto", "required"})
-_RESPONSE_FORMATS = frozenset({"text", "json_object", "json_schema"})
-_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
-_INT64 = (-(2**63), 2**63 - 1)
-_MAX_TOP_LOGPROBS = 20
-_MAX_STOP = 4
+MEDIA_PARTS = frozenset({"image_url", "input_audio", "file"})
+TOOL_CHOICES = frozenset({"none", "auto", "required"})
+RESPONSE_FORMATS = frozenset({"text", "json_object", "json_schema"})
+# The sampling numbers and their closed ranges.
+NUMBER_RANGES: dict[str, tuple[float, float]] = {
+    "temperature": (0.0, 2.0),
+    "top_p": (0.0, 1.0),
+    "presence_penalty": (-2.0, 2.0),
+    "frequency_penalty": (-2.0, 2.0),
+}
+NAME_PATTERN = r"[a-zA-Z0-9_-]{1,64}"
+_NAME = re.compile(NAME_PATTERN)
+INT64_RANGE = (-(2**63), 2**63 - 1)
+LOGIT_BIAS_RANGE = (-100, 100)
+MAX_TOP_LOGPROBS = 20
+MAX_STOP = 4
 _UNSUPPORTED = "unsupported_parameter"
-_BOOLEAN_FLAGS = ("logprobs", "parallel_tool_calls")
+BOOLEAN_FLAGS = ("logprobs", "parallel_tool_calls")
+# Refused whatever their value (null aside): the platform runs no tool calls.
+UNSUPPORTED_FIELDS = (
+    "tools",
+    "tool_choice",
+    "functions",
+    "function_call",
+    "parallel_tool_calls",
+)
 _KIND_NAMES: dict[type, str] = {dict: "an object", bool: "a boolean", str: "a string"}
-_TOKENIZE_FLAGS = (
+TOKENIZE_FLAGS = (
     "add_special_tokens",
     "add_generation_prompt",
     "continue_final_message",
@@ -92,12 +123,7 @@ def check_chat_body(body: Mapping[str, Any]) -> ChatBody:
     model = _model(body)
     messages = check_messages(body.get("messages"))
     max_tokens = _max_tokens(body)
-    for name, low, high in (
-        ("temperature", 0.0, 2.0),
-        ("top_p", 0.0, 1.0),
-        ("presence_penalty", -2.0, 2.0),
-        ("frequency_penalty", -2.0, 2.0),
-    ):
+    for name, (low, high) in NUMBER_RANGES.items():
         value = body.get(name)
         if value is not None and not (_is_number(value) and low <= value <= high):
             raise BodyError(
@@ -105,7 +131,9 @@ def check_chat_body(body: Mapping[str, Any]) -> ChatBody:
             )
     _check_stop(body.get("stop"))
     seed = body.get("seed")
-    if seed is not None and not (_is_int(seed) and _INT64[0] <= seed <= _INT64[1]):
+    if seed is not None and not (
+        _is_int(seed) and INT64_RANGE[0] <= seed <= INT64_RANGE[1]
+    ):
         raise BodyError("seed must be a 64-bit integer", param="seed")
     n = body.get("n")
     if n is not None and not (_is_int(n) and n == 1):
@@ -114,7 +142,7 @@ def check_chat_body(body: Mapping[str, Any]) -> ChatBody:
             param="n",
             code=None if _is_int(n) else "invalid_type",
         )
-    for name in (*_BOOLEAN_FLAGS, "stream"):
+    for name in (*BOOLEAN_FLAGS, "stream"):
         if body.get(name) is not None and not isinstance(body[name], bool):
             raise BodyError(f"{name} must be a boolean", param=name)
     stream = bool(body.get("stream"))
@@ -153,7 +181,7 @@ def check_tokenize_body(body: Mapping[str, Any]) -> TokenizeBody:
     if has_prompt and not isinstance(prompt, str):
         raise BodyError("prompt must be a string", param="prompt")
     messages = check_messages(body["messages"]) if has_messages else None
-    for name in _TOKENIZE_FLAGS:
+    for name in TOKENIZE_FLAGS:
         if body.get(name) is not None and not isinstance(body[name], bool):
             raise BodyError(f"{name} must be a boolean", param=name)
     return TokenizeBody(model=model, prompt=prompt, messages=messages)
@@ -215,11 +243,14 @@ def _model(body: Mapping[str, Any]) -> str:
 
 
 def _max_tokens(body: Mapping[str, Any]) -> int | None:
-    param = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-    value = body.get(param)
-    if value is not None and not (_is_int(value) and value >= 1):
-        raise BodyError(f"{param} must be a positive integer", param=param)
-    return value
+    """Return ``max_completion_tokens``, else ``max_tokens``; both are checked (a
+    bad ``max_tokens`` beside a good ``max_completion_tokens`` is still a 400)."""
+    for param in ("max_tokens", "max_completion_tokens"):
+        value = body.get(param)
+        if value is not None and not (_is_int(value) and value >= 1):
+            raise BodyError(f"{param} must be a positive integer", param=param)
+    value = body.get("max_completion_tokens")
+    return value if value is not None else body.get("max_tokens")
 
 
 def _check_content(content: Any, *, role: str, where: str) -> None:
@@ -241,7 +272,7 @@ def _check_content(content: Any, *, role: str, where: str) -> None:
         if kind == "text" or (kind == "refusal" and role == "assistant"):
             if not isinstance(part.get(kind), str):
                 raise BodyError(f"a {kind} part needs {kind} (a string)", param=at)
-        elif isinstance(kind, str) and kind in _MEDIA_PARTS:
+        elif isinstance(kind, str) and kind in MEDIA_PARTS:
             raise BodyError(
                 "only text content is supported: the models here are text-only",
                 param=f"{at}.type",
@@ -260,11 +291,11 @@ def _check_stop(stop: Any) -> None:
         return
     if not (
         isinstance(stop, list)
-        and len(stop) <= _MAX_STOP
+        and len(stop) <= MAX_STOP
         and all(isinstance(s, str) for s in stop)
     ):
         raise BodyError(
-            f"stop must be a string or a list of up to {_MAX_STOP} strings",
+            f"stop must be a string or a list of up to {MAX_STOP} strings",
             param="stop",
         )
 
@@ -291,9 +322,9 @@ def _check_logprobs(body: Mapping[str, Any]) -> None:
     top = body.get("top_logprobs")
     if top is None:
         return
-    if not (_is_int(top) and 0 <= top <= _MAX_TOP_LOGPROBS):
+    if not (_is_int(top) and 0 <= top <= MAX_TOP_LOGPROBS):
         raise BodyError(
-            f"top_logprobs must be an integer between 0 and {_MAX_TOP_LOGPROBS}",
+            f"top_logprobs must be an integer between 0 and {MAX_TOP_LOGPROBS}",
             param="top_logprobs",
         )
     if body.get("logprobs") is not True:
@@ -307,10 +338,10 @@ def _check_response_format(response_format: Any) -> None:
     if not isinstance(response_format, dict):
         raise BodyError("response_format must be an object", param=param)
     kind = response_format.get("type")
-    if not isinstance(kind, str) or kind not in _RESPONSE_FORMATS:
+    if not isinstance(kind, str) or kind not in RESPONSE_FORMATS:
         raise BodyError(
             "response_format.type must be one of "
-            + ", ".join(sorted(_RESPONSE_FORMATS)),
+            + ", ".join(sorted(RESPONSE_FORMATS)),
             param=f"{param}.type",
         )
     if kind != "json_schema":
@@ -396,9 +427,9 @@ def _check_function(function: Any, param: str) -> None:
 
 def _check_tool_choice(choice: Any, param: str) -> None:
     if isinstance(choice, str):
-        if choice not in _TOOL_CHOICES:
+        if choice not in TOOL_CHOICES:
             raise BodyError(
-                f"{param} must be one of {', '.join(sorted(_TOOL_CHOICES))} or an "
+                f"{param} must be one of {', '.join(sorted(TOOL_CHOICES))} or an "
                 "object naming a function",
                 param=param,
             )
@@ -425,7 +456,7 @@ def _check_logit_bias(bias: Any) -> None:
             token.isascii()
             and token.isdigit()
             and _is_number(value)
-            and -100 <= value <= 100
+            and LOGIT_BIAS_RANGE[0] <= value <= LOGIT_BIAS_RANGE[1]
         ):
             raise BodyError(
                 "logit_bias maps token ids (digits) to numbers between -100 and 100",

@@ -145,6 +145,7 @@ def message(content: Any, role: str = "user") -> dict[str, Any]:
         (chat(max_tokens=0), "max_tokens", None),
         (chat(max_tokens=True), "max_tokens", None),
         (chat(max_completion_tokens=2.0), "max_completion_tokens", None),
+        (chat(max_completion_tokens=2, max_tokens=0), "max_tokens", None),
         (chat(logit_bias={"abc": 1}), "logit_bias", None),
         (chat(logit_bias={"12": 101}), "logit_bias", None),
         (chat(logit_bias=[1]), "logit_bias", None),
@@ -186,7 +187,7 @@ def test_a_refused_value_is_not_quoted_back() -> None:
             ChatBody("chat-7b", [USER], True, 5, False),
         ),
         (
-            chat(stream=True, stream_options={}, max_completion_tokens=7, max_tokens=0),
+            chat(stream=True, stream_options={}, max_completion_tokens=7, max_tokens=9),
             ChatBody("chat-7b", [USER], True, 7, True),
         ),
         (
