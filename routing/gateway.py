@@ -260,15 +260,23 @@ class Gateway:
                 self._check_host(scope)
             if path == "/v1/chat/completions":
                 if method != "POST":
-                    raise GatewayError(405, "use POST for /v1/chat/completions")
+                    raise GatewayError(
+                        405,
+                        "use POST for /v1/chat/completions",
+                        headers={"allow": "POST"},
+                    )
                 await self._chat(scope, receive, send)
             elif path == "/v1/models":
                 if method != "GET":
-                    raise GatewayError(405, "use GET for /v1/models")
+                    raise GatewayError(
+                        405, "use GET for /v1/models", headers={"allow": "GET"}
+                    )
                 await self._models(scope, send)
             elif path == "/tokenize":
                 if method != "POST":
-                    raise GatewayError(405, "use POST for /tokenize")
+                    raise GatewayError(
+                        405, "use POST for /tokenize", headers={"allow": "POST"}
+                    )
                 await self._tokenize(scope, receive, send)
             elif path == "/healthz":
                 await self._health(send)
