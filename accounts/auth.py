@@ -165,3 +165,13 @@ class AdminTokenScheme(OpenApiAuthenticationExtension):
 
     def get_security_definition(self, auto_schema: object) -> dict[str, str]:
         return {"type": "http", "scheme": "bearer", "description": "An admin token."}
+
+
+class TeamKeyScheme(OpenApiAuthenticationExtension):
+    """Describe a team's API key in the OpenAPI schema as an HTTP bearer scheme."""
+
+    target_class = "accounts.auth.TeamKeyAuthentication"
+    name = "teamKey"
+
+    def get_security_definition(self, auto_schema: object) -> dict[str, str]:
+        return {"type": "http", "scheme": "bearer", "description": "A team's API key."}

@@ -1,7 +1,8 @@
 """What every control-plane view shares: its base class, body parser and schema.
 
-Public surface: ``validated``, ``ControlPlaneView``, ``ControlPlaneSchema``, ``ErrorSerializer``, ``PATH_NAMES``, ``openapi_pattern``,
-``finish_schema`` (a drf-spectacular postprocessing hook).
+Public surface: ``validated``, ``ControlPlaneView``, ``ControlPlaneSchema``,
+``TeamApiSchema``, ``ErrorSerializer``, ``PATH_NAMES``, ``openapi_pattern``,
+``finish_schema`` (a postprocessing hook), ``keep_admin_paths`` (a preprocessing hook).
 
 The rules a client can break are checked here once, before any view runs, and
 documented from the same constants, so the schema (``GET /admin/schema``) says
@@ -44,8 +45,10 @@ __all__ = [
     "ControlPlaneSchema",
     "ControlPlaneView",
     "ErrorSerializer",
+    "TeamApiSchema",
     "admin_name",
     "finish_schema",
+    "keep_admin_paths",
     "openapi_pattern",
     "validated",
 ]
@@ -188,6 +191,43 @@ class ControlPlaneSchema(AutoSchema):
                 )
                 responses[code] = {**response, "description": description}
         return dict(sorted(responses.items()))
+
+
+_TEAM_ERRORS = {
+    "400": "The request is malformed (the error's param names the field).",
+    "401": "No API key, or one that is unknown or revoked.",
+}
+_TEAM_ERRORS_WITH_PATH = {"404": "The file or batch named does not exist."}
+_TEAM_ERRORS_WITH_BODY = {
+    "413": "The body is larger than the API takes.",
+    "415": "The body's media type is not the one the operation takes.",
+}
+
+
+class TeamApiSchema(AutoSchema):
+    """The schema of a /v1 operation Django serves for a team's key (files,
+    batches, usage), with its errors in the one shape."""
+
+    def _get_response_bodies(self, direction: Any = "response") -> dict[str, Any]:
+        responses: dict[str, Any] = super()._get_response_bodies(direction)
+        errors = dict(_TEAM_ERRORS)
+        if "{" in self.path:
+            errors.update(_TEAM_ERRORS_WITH_PATH)
+        if self.method == "POST":
+            errors.update(_TEAM_ERRORS_WITH_BODY)
+        for code, description in errors.items():
+            if code not in responses:
+                response = self._get_response_for_code(
+                    ErrorSerializer, code, direction=direction
+                )
+                responses[code] = {**response, "description": description}
+        return dict(sorted(responses.items()))
+
+
+def keep_admin_paths(endpoints: list[Any], **kwargs: Any) -> list[Any]:
+    """Keep the control plane's operations (a preprocessing hook): /admin/schema
+    documents /admin only; the team API has its own (``GET /v1/openapi.json``)."""
+    return [e for e in endpoints if e[0].startswith("/admin/")]
 
 
 def finish_schema(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """ASGI entry point: ``/v1/*``, ``/tokenize`` and ``/healthz`` to the gateway, the
-rest (and the Files and Batch APIs under ``/v1/files`` and ``/v1/batches``, and a
-team's usage under ``/v1/organization``) to Django.
+rest (and the Files and Batch APIs under ``/v1/files`` and ``/v1/batches``, a
+team's usage under ``/v1/organization`` and the API's schema, ``/v1/openapi.json``)
+to Django.
 
 Channels' ``ProtocolTypeRouter`` sits on top; the gateway is a raw ASGI app (the
 token stream is the hottest path and measured against a bare relay), Django serves
@@ -35,8 +36,8 @@ gateway = get_gateway()
 # vLLM serves /tokenize at the root, and so does the gateway (`vllm bench serve`).
 _GATEWAY_PATHS = frozenset({"/healthz", "/tokenize"})
 # The Files and Batch APIs and a team's usage read the database: Django serves
-# them (batches.api, metering.api).
-_DJANGO_V1 = ("/v1/files", "/v1/batches", "/v1/organization")
+# them (batches.api, metering.api), and the schema of all /v1 (config.v1_schema).
+_DJANGO_V1 = ("/v1/files", "/v1/batches", "/v1/organization", "/v1/openapi.json")
 
 
 def _is_django_v1(path: str) -> bool:

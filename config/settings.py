@@ -271,6 +271,7 @@ SPECTACULAR_SETTINGS = {
     # The schema is part of the control plane: same token, same refusal of team keys.
     "SERVE_AUTHENTICATION": ["accounts.auth.AdminTokenAuthentication"],
     "SERVE_PERMISSIONS": ["accounts.auth.IsPlatformAdmin"],
+    "PREPROCESSING_HOOKS": ["config.api.keep_admin_paths"],
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "config.api.finish_schema",

@@ -7,6 +7,7 @@ from django.urls import include, path
 
 import config.checks  # noqa: F401  (registers the project's system checks)
 from config.metrics import metrics_view
+from config.v1_schema import v1_schema_view
 
 urlpatterns = [
     path("", lambda request: HttpResponseRedirect("/console/")),
@@ -14,6 +15,8 @@ urlpatterns = [
     path("console/", include("console.urls")),
     path("console/", admin.site.urls),
     path("admin/", include("config.admin_api_urls")),
+    # The team API's schema (the gateway's operations and Django's below).
+    path("v1/openapi.json", v1_schema_view, name="v1-openapi"),
     # The Files and Batch APIs; config.asgi sends only these /v1 paths to Django.
     path("v1/", include("batches.api.urls")),
     # A team's own usage and cost (OpenAI's organization usage and costs shapes).

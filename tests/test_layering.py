@@ -271,6 +271,7 @@ CONFIG_ROOF = {
     "checks",
     "metrics",
     "startup",
+    "v1_schema",
 }
 CONFIG_GROUND = {
     "__init__",

@@ -13,6 +13,7 @@ from typing import Any
 from rest_framework.views import APIView
 
 from accounts.auth import IsTeam, TeamCaller, TeamKeyAuthentication
+from config.api import TeamApiSchema
 
 __all__ = ["TeamView"]
 
@@ -23,7 +24,8 @@ class TeamView(APIView):
 
     authentication_classes = [TeamKeyAuthentication]
     permission_classes = [IsTeam]
-    schema = None  # the OpenAI surface; /admin/schema documents the control plane
+    # In the team API's schema (GET /v1/openapi.json), not in /admin/schema.
+    schema = TeamApiSchema()
 
     def team(self, request: Any) -> str:
         caller = request.user

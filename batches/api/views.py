@@ -17,6 +17,8 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.http import StreamingHttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.parsers import MultiPartParser
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
@@ -24,6 +26,16 @@ from rest_framework.response import Response
 
 from accounts.api.team_view import TeamView
 from batches import services
+from batches.api.schemas import (
+    BATCH,
+    BATCH_CREATE,
+    FILE,
+    FILE_UPLOAD,
+    ID_PATTERN,
+    list_parameters,
+    page_of,
+)
+from config.api import ErrorSerializer
 from config.errors import InvalidRequest, NotFound
 from config.parsers import BodyParser
 
@@ -40,9 +52,26 @@ class _TeamView(TeamView):
                 raise NotFound(f"no {name.removesuffix('_id')} {value!r}", param=name)
 
 
+_AFTER_UNKNOWN = OpenApiResponse(
+    ErrorSerializer, description="after names none of the team's files or batches."
+)
+
+
+def _path_id(name: str) -> OpenApiParameter:
+    return OpenApiParameter(
+        name, OpenApiTypes.STR, OpenApiParameter.PATH, pattern=ID_PATTERN
+    )
+
+
 class FileListView(_TeamView):
     parser_classes = [MultiPartParser]
 
+    @extend_schema(
+        operation_id="createFile",
+        summary="Upload a batch's input (JSONL).",
+        request=FILE_UPLOAD,
+        responses={200: FILE},
+    )
     def post(self, request: Request) -> Response:
         upload = request.FILES.get("file")
         if upload is None:
@@ -61,6 +90,16 @@ class FileListView(_TeamView):
         )
         return Response(services.file_object(found), status=200)
 
+    @extend_schema(
+        operation_id="listFiles",
+        summary="List the team's files.",
+        parameters=[
+            *list_parameters(most=10_000),
+            OpenApiParameter("order", {"enum": ["asc", "desc"]}),
+            OpenApiParameter("purpose", OpenApiTypes.STR),
+        ],
+        responses={200: page_of(FILE), 404: _AFTER_UNKNOWN},
+    )
     def get(self, request: Request) -> Response:
         params = request.query_params
         order = params.get("order", "desc")
@@ -77,6 +116,12 @@ class FileListView(_TeamView):
 
 
 class FileDetailView(_TeamView):
+    @extend_schema(
+        operation_id="retrieveFile",
+        summary="Describe a file.",
+        parameters=[_path_id("file_id")],
+        responses={200: FILE},
+    )
     def get(self, request: Request, file_id: str) -> Response:
         found = services.get_file(team_id=self.team(request), file_id=file_id)
         return Response(services.file_object(found))
@@ -120,6 +165,14 @@ class FileContentView(_TeamView):
         # asks for application/binary); only an error is rendered, as JSON.
         return JSONRenderer(), "application/json"
 
+    @extend_schema(
+        operation_id="downloadFile",
+        summary="Read a file's bytes (a batch's input, output or errors).",
+        parameters=[_path_id("file_id")],
+        responses={
+            (200, "application/jsonl"): {"type": "string"},
+        },
+    )
     def get(self, request: Request, file_id: str) -> StreamingHttpResponse:
         chunks = services.file_content(team_id=self.team(request), file_id=file_id)
         # An async iterator: under ASGI, Django would read a sync one whole first.
@@ -129,6 +182,20 @@ class FileContentView(_TeamView):
 class BatchListView(_TeamView):
     parser_classes = [BodyParser]
 
+    @extend_schema(
+        operation_id="createBatch",
+        summary="Start a batch of chat completions.",
+        request={"application/json": BATCH_CREATE},
+        responses={
+            200: BATCH,
+            403: OpenApiResponse(
+                ErrorSerializer, description="The team may not use the model."
+            ),
+            404: OpenApiResponse(
+                ErrorSerializer, description="The team has no such input file."
+            ),
+        },
+    )
     def post(self, request: Request) -> Response:
         body = request.data
         if not isinstance(body, dict):
@@ -146,6 +213,12 @@ class BatchListView(_TeamView):
         )
         return Response(services.batch_object(batch), status=200)
 
+    @extend_schema(
+        operation_id="listBatches",
+        summary="List the team's batches, newest first.",
+        parameters=list_parameters(most=100),
+        responses={200: page_of(BATCH), 404: _AFTER_UNKNOWN},
+    )
     def get(self, request: Request) -> Response:
         params = request.query_params
         page, has_more = services.list_batches(
@@ -157,12 +230,25 @@ class BatchListView(_TeamView):
 
 
 class BatchDetailView(_TeamView):
+    @extend_schema(
+        operation_id="retrieveBatch",
+        summary="Describe a batch.",
+        parameters=[_path_id("batch_id")],
+        responses={200: BATCH},
+    )
     def get(self, request: Request, batch_id: str) -> Response:
         batch = services.get_batch(team_id=self.team(request), batch_id=batch_id)
         return Response(services.batch_object(batch))
 
 
 class BatchCancelView(_TeamView):
+    @extend_schema(
+        operation_id="cancelBatch",
+        summary="Cancel a batch: lines not started are not run.",
+        parameters=[_path_id("batch_id")],
+        request=None,
+        responses={200: BATCH},
+    )
     def post(self, request: Request, batch_id: str) -> Response:
         batch = services.cancel_batch(team_id=self.team(request), batch_id=batch_id)
         return Response(services.batch_object(batch))

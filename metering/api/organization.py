@@ -28,6 +28,8 @@ from typing import Any
 from django.db.models import Sum
 from django.db.models.functions import TruncDay, TruncHour, TruncMinute
 from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -203,9 +205,123 @@ def _lines(n: dict[str, int], *, split: bool) -> list[dict[str, Any]]:
     return lines
 
 
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+_COUNT = {"type": "integer", "minimum": 0}
+_USAGE_RESULT: dict[str, Any] = {
+    "type": "object",
+    "required": ["object", "input_tokens", "output_tokens", "num_model_requests"],
+    "properties": {
+        "object": {"const": "organization.usage.completions.result"},
+        **{
+            name: _COUNT
+            for name in (
+                "input_tokens",
+                "output_tokens",
+                "input_cached_tokens",
+                "input_audio_tokens",
+                "output_audio_tokens",
+                "num_model_requests",
+                "rate_limited_requests",
+                "shed_requests",
+            )
+        },
+        "project_id": {"type": "null"},
+        "user_id": {"type": "null"},
+        "api_key_id": {"type": "null"},
+        "model": _nullable({"type": "string"}),
+        "batch": _nullable({"type": "boolean"}),
+    },
+}
+_COST_RESULT: dict[str, Any] = {
+    "type": "object",
+    "required": ["object", "amount"],
+    "properties": {
+        "object": {"const": "organization.costs.result"},
+        "amount": {
+            "type": "object",
+            "required": ["value", "currency"],
+            "properties": {"value": {"type": "number"}, "currency": {"const": "usd"}},
+        },
+        "line_item": _nullable({"type": "string"}),
+        "project_id": {"type": "null"},
+    },
+}
+
+
+def _page_schema(result: dict[str, Any]) -> dict[str, Any]:
+    bucket = {
+        "type": "object",
+        "required": ["object", "start_time", "end_time", "results"],
+        "properties": {
+            "object": {"const": "bucket"},
+            "start_time": {"type": "integer"},
+            "end_time": {"type": "integer"},
+            "results": {"type": "array", "items": result},
+        },
+    }
+    return {
+        "type": "object",
+        "required": ["object", "data", "has_more", "next_page"],
+        "properties": {
+            "object": {"const": "page"},
+            "data": {"type": "array", "items": bucket},
+            "has_more": {"type": "boolean"},
+            "next_page": _nullable({"type": "string"}),
+        },
+    }
+
+
+def _time(name: str, *, required: bool = False) -> OpenApiParameter:
+    return OpenApiParameter(
+        name,
+        {"type": "integer", "minimum": 0, "maximum": _MAX_UNIX_S - 1},
+        required=required,
+        description="Unix seconds.",
+    )
+
+
+def _window_parameters(max_limit: int) -> list[OpenApiParameter]:
+    return [
+        _time("start_time", required=True),
+        _time("end_time"),
+        OpenApiParameter(
+            "limit", {"type": "integer", "minimum": 1, "maximum": max_limit}
+        ),
+        OpenApiParameter(
+            "page",
+            OpenApiTypes.STR,
+            description="A next_page of a previous answer.",
+            pattern=_PAGE.pattern,
+        ),
+    ]
+
+
 class CompletionsUsageView(TeamView):
     """The team's completions usage per bucket (OpenAI's organization usage)."""
 
+    @extend_schema(
+        operation_id="usageCompletions",
+        summary="The team's completions usage per bucket.",
+        description="The limit's most depends on bucket_width (1440 of 1m, 168 of "
+        "1h, 31 of 1d); end_time must be after start_time.",
+        parameters=[
+            *_window_parameters(max(w[3] for w in _WIDTHS.values())),
+            OpenApiParameter("bucket_width", {"enum": sorted(_WIDTHS)}),
+            OpenApiParameter(
+                "group_by",
+                {"type": "array", "items": {"enum": list(_USAGE_GROUPS)}},
+                explode=True,
+            ),
+            OpenApiParameter(
+                "models", {"type": "array", "items": {"type": "string"}}, explode=True
+            ),
+            OpenApiParameter("batch", {"enum": ["true", "false"]}),
+        ],
+        responses={200: _page_schema(_USAGE_RESULT)},
+    )
     def get(self, request: Request) -> Response:
         width_name = request.query_params.get("bucket_width") or "1d"
         if width_name not in _WIDTHS:
@@ -268,6 +384,21 @@ class CompletionsUsageView(TeamView):
 class CostsView(TeamView):
     """The team's cost per day (OpenAI's organization costs), from the cost model."""
 
+    @extend_schema(
+        operation_id="costs",
+        summary="The team's cost per day, in USD.",
+        description="end_time must be after start_time.",
+        parameters=[
+            *_window_parameters(_COST_LIMITS[1]),
+            OpenApiParameter("bucket_width", {"enum": ["1d"]}),
+            OpenApiParameter(
+                "group_by",
+                {"type": "array", "items": {"enum": ["line_item", "project_id"]}},
+                explode=True,
+            ),
+        ],
+        responses={200: _page_schema(_COST_RESULT)},
+    )
     def get(self, request: Request) -> Response:
         width_name = request.query_params.get("bucket_width") or "1d"
         if width_name != "1d":

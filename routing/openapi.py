@@ -1,0 +1,487 @@
+"""The OpenAPI 3.1 description of the gateway's own operations under the team API.
+
+Public surface: ``gateway_paths``, ``gateway_components``, ``error_responses``.
+
+``POST /v1/chat/completions`` (a whole answer or a ``text/event-stream``),
+``GET /v1/models`` and ``POST /tokenize``. The request bodies are written from the
+constants ``routing.domain.chat_body`` checks with (ranges, roles, the stop count,
+the name pattern...), so the schema and the checks cannot drift apart; a test holds
+them equal. What the platform does not serve (tools and functions, ``n`` other
+than 1, content parts other than text) is stated: only ``null`` is valid there.
+``config.v1_schema`` merges these paths with the Django-served ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from routing.domain import chat_body as rules
+from routing.domain.tiers import Tier
+
+__all__ = ["error_responses", "gateway_components", "gateway_paths"]
+
+Schema = dict[str, Any]
+
+ERROR_REF = {"$ref": "#/components/schemas/Error"}
+_RETRY_AFTER = {
+    "Retry-After": {
+        "description": "Seconds to wait before trying again.",
+        "schema": {"type": "string"},
+    }
+}
+# What each error status means on this API; an operation names the ones it can answer.
+_ERRORS = {
+    "400": "The request is malformed; the error's param names the field.",
+    "401": "No API key, or one that is unknown or revoked.",
+    "403": "The key may not do this (a batch job's key; a model without limits).",
+    "404": "The model (or path) named does not exist.",
+    "405": "The path does not take this method.",
+    "413": "The body is larger than the gateway takes.",
+    "422": "The replica refused the request's values.",
+    "429": "The team's token or concurrency limit is reached; retry after a while.",
+    "503": "No replica can serve now (starting, shedding, draining); retry later.",
+}
+
+
+def error_responses(*statuses: str) -> dict[str, Schema]:
+    """Return the responses of ``statuses``, each in the one error shape."""
+    responses: dict[str, Schema] = {}
+    for status in statuses:
+        response: Schema = {
+            "description": _ERRORS[status],
+            "content": {"application/json": {"schema": ERROR_REF}},
+        }
+        if status in ("429", "503"):
+            response["headers"] = _RETRY_AFTER
+        responses[status] = response
+    return responses
+
+
+def _nullable(schema: Schema) -> Schema:
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def _pattern(regex: str) -> str:
+    return f"^{regex}$"
+
+
+def _text_part(kind: str) -> Schema:
+    return {
+        "type": "object",
+        "required": ["type", kind],
+        "properties": {"type": {"const": kind}, kind: {"type": "string"}},
+    }
+
+
+def _message(roles: list[str], *, content: Schema, required: list[str]) -> Schema:
+    return {
+        "type": "object",
+        "required": ["role", *required],
+        "properties": {
+            "role": {"enum": roles},
+            "content": content,
+            "name": _nullable({"type": "string"}),
+        },
+    }
+
+
+def _messages() -> Schema:
+    """Messages: a known role each; content a string or a non-empty list of text
+    parts (refusal parts too in an assistant message, whose content may be null)."""
+    text = {"$ref": "#/components/schemas/TextPart"}
+    refusal = {"$ref": "#/components/schemas/RefusalPart"}
+    content = {
+        "anyOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": text}]
+    }
+    assistant_content = {
+        "anyOf": [
+            {"type": "string"},
+            {"type": "null"},
+            {"type": "array", "minItems": 1, "items": {"anyOf": [text, refusal]}},
+        ]
+    }
+    speakers = sorted(rules.ALLOWED_ROLES - {"assistant", "tool"})
+    tool = _message(["tool"], content=content, required=["content", "tool_call_id"])
+    tool["properties"]["tool_call_id"] = {"type": "string"}
+    return {
+        "type": "array",
+        "minItems": 1,
+        "items": {
+            "oneOf": [
+                _message(speakers, content=content, required=["content"]),
+                _message(["assistant"], content=assistant_content, required=[]),
+                tool,
+            ]
+        },
+    }
+
+
+def _chat_request() -> Schema:
+    properties: dict[str, Schema] = {
+        "model": {
+            "type": "string",
+            "minLength": 1,
+            "description": "A model's name, or name@version to pin a version.",
+        },
+        "messages": {"$ref": "#/components/schemas/Messages"},
+        "stream": _nullable({"type": "boolean"}),
+        "stream_options": _nullable(
+            {
+                "type": "object",
+                "description": "Only with stream true.",
+                "properties": {"include_usage": _nullable({"type": "boolean"})},
+            }
+        ),
+        "n": _nullable(
+            {"const": 1, "description": "The platform returns one choice per request."}
+        ),
+        "seed": _nullable(
+            {
+                "type": "integer",
+                "minimum": rules.INT64_RANGE[0],
+                "maximum": rules.INT64_RANGE[1],
+            }
+        ),
+        "stop": _nullable(
+            {
+                "anyOf": [
+                    {"type": "string"},
+                    {
+                        "type": "array",
+                        "maxItems": rules.MAX_STOP,
+                        "items": {"type": "string"},
+                    },
+                ]
+            }
+        ),
+        "top_logprobs": _nullable(
+            {
+                "type": "integer",
+                "minimum": 0,
+                "maximum": rules.MAX_TOP_LOGPROBS,
+                "description": "Only with logprobs true.",
+            }
+        ),
+        "response_format": _nullable({"$ref": "#/components/schemas/ResponseFormat"}),
+        "logit_bias": _nullable(
+            {
+                "type": "object",
+                "propertyNames": {"pattern": "^[0-9]+$"},
+                "additionalProperties": {
+                    "type": "number",
+                    "minimum": rules.LOGIT_BIAS_RANGE[0],
+                    "maximum": rules.LOGIT_BIAS_RANGE[1],
+                },
+            }
+        ),
+        "user": _nullable({"type": "string"}),
+    }
+    for name in ("max_tokens", "max_completion_tokens"):
+        properties[name] = _nullable({"type": "integer", "minimum": 1})
+    properties["max_completion_tokens"]["description"] = (
+        "Wins over max_tokens. The prompt and this must fit the model's context "
+        "length (a 400, context_length_exceeded, otherwise)."
+    )
+    for name, (low, high) in rules.NUMBER_RANGES.items():
+        properties[name] = _nullable(
+            {"type": "number", "minimum": low, "maximum": high}
+        )
+    for name in rules.BOOLEAN_FLAGS:
+        properties.setdefault(name, _nullable({"type": "boolean"}))
+    for name in rules.UNSUPPORTED_FIELDS:
+        properties[name] = {
+            "type": "null",
+            "description": "Not supported: the platform's replicas run no tool-call "
+            "parser (any other value is a 400, unsupported_parameter).",
+        }
+    return {
+        "type": "object",
+        "required": ["model", "messages"],
+        "properties": dict(sorted(properties.items())),
+        # Fields that need another: stream_options needs stream true, top_logprobs
+        # logprobs true.
+        "allOf": [
+            {
+                "anyOf": [
+                    {"properties": {"stream_options": {"type": "null"}}},
+                    {"required": ["stream"], "properties": {"stream": {"const": True}}},
+                ]
+            },
+            {
+                "anyOf": [
+                    {"properties": {"top_logprobs": {"type": "null"}}},
+                    {
+                        "required": ["logprobs"],
+                        "properties": {"logprobs": {"const": True}},
+                    },
+                ]
+            },
+        ],
+        "description": "OpenAI's chat request. Fields not named here go to the "
+        "engine as they are.",
+    }
+
+
+def _response_format() -> Schema:
+    simple = sorted(rules.RESPONSE_FORMATS - {"json_schema"})
+    return {
+        "oneOf": [
+            {
+                "type": "object",
+                "required": ["type"],
+                "properties": {"type": {"enum": simple}},
+            },
+            {
+                "type": "object",
+                "required": ["type", "json_schema"],
+                "properties": {
+                    "type": {"const": "json_schema"},
+                    "json_schema": {
+                        "type": "object",
+                        "required": ["name"],
+                        "properties": {
+                            "name": {
+                                "type": "string",
+                                "pattern": _pattern(rules.NAME_PATTERN),
+                            },
+                            "schema": _nullable({"type": "object"}),
+                            "strict": _nullable({"type": "boolean"}),
+                            "description": _nullable({"type": "string"}),
+                        },
+                    },
+                },
+            },
+        ]
+    }
+
+
+def _tokenize_request() -> Schema:
+    properties: dict[str, Schema] = {
+        "model": {"type": "string", "minLength": 1},
+        "prompt": {"type": "string"},
+        "messages": {"$ref": "#/components/schemas/Messages"},
+    }
+    for name in rules.TOKENIZE_FLAGS:
+        properties[name] = _nullable({"type": "boolean"})
+    return {
+        "type": "object",
+        "required": ["model"],
+        "properties": properties,
+        "oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}],
+        "description": "vLLM's two forms: a prompt, or chat messages (not both).",
+    }
+
+
+_USAGE: Schema = {
+    "type": "object",
+    "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
+    "properties": {
+        "prompt_tokens": {"type": "integer", "minimum": 0},
+        "completion_tokens": {"type": "integer", "minimum": 0},
+        "total_tokens": {"type": "integer", "minimum": 0},
+        "cached_tokens": {"type": "integer", "minimum": 0},
+        "prompt_tokens_details": {
+            "type": "object",
+            "properties": {"cached_tokens": {"type": "integer", "minimum": 0}},
+        },
+    },
+}
+# One server-sent event: its data is a chat.completion.chunk (JSON), an error
+# object, or the closing "[DONE]".
+_EVENT: Schema = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+}
+_SERVED_BY: dict[str, Schema] = {
+    "model_version": {"type": "string"},
+    "region": {"type": "string"},
+    "replica_id": {"type": "string"},
+}
+
+
+def _chat_completion() -> Schema:
+    return {
+        "type": "object",
+        "required": ["id", "object", "created", "model", "choices", "usage"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "chat.completion"},
+            "created": {"type": "integer"},
+            "model": {"type": "string"},
+            "choices": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["index", "message", "finish_reason"],
+                    "properties": {
+                        "index": {"type": "integer"},
+                        "message": {
+                            "type": "object",
+                            "required": ["role", "content"],
+                            "properties": {
+                                "role": {"const": "assistant"},
+                                "content": _nullable({"type": "string"}),
+                            },
+                        },
+                        "logprobs": _nullable({"type": "object"}),
+                        "finish_reason": {"type": "string"},
+                    },
+                },
+            },
+            "usage": {"$ref": "#/components/schemas/Usage"},
+            **_SERVED_BY,
+        },
+    }
+
+
+def _model_list() -> Schema:
+    return {
+        "type": "object",
+        "required": ["object", "data"],
+        "properties": {
+            "object": {"const": "list"},
+            "data": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["id", "object", "created", "owned_by"],
+                    "properties": {
+                        "id": {"type": "string"},
+                        "object": {"const": "model"},
+                        "created": {"type": "integer"},
+                        "owned_by": {"type": "string"},
+                        "live_version": {"type": "string"},
+                    },
+                },
+            },
+        },
+    }
+
+
+def _tokenize_answer() -> Schema:
+    return {
+        "type": "object",
+        "required": ["count", "tokens"],
+        "properties": {
+            "count": {"type": "integer", "minimum": 0},
+            "max_model_len": {"type": "integer"},
+            "tokens": {"type": "array", "items": {"type": "integer"}},
+            "token_strs": _nullable({"type": "array", "items": {"type": "string"}}),
+        },
+    }
+
+
+def gateway_components() -> dict[str, Schema]:
+    """Return the schemas the gateway's operations refer to, by name."""
+    return {
+        "Error": {
+            "type": "object",
+            "required": ["error"],
+            "properties": {
+                "error": {
+                    "type": "object",
+                    "required": ["type", "message", "param", "code"],
+                    "properties": {
+                        "type": {"type": "string"},
+                        "message": {"type": "string"},
+                        "param": _nullable({"type": "string"}),
+                        "code": _nullable({"type": "string"}),
+                    },
+                }
+            },
+            "description": "Every error: OpenAI's shape.",
+        },
+        "TextPart": _text_part("text"),
+        "RefusalPart": _text_part("refusal"),
+        "Messages": _messages(),
+        "ResponseFormat": _response_format(),
+        "ChatCompletionRequest": _chat_request(),
+        "ChatCompletion": _chat_completion(),
+        "Usage": _USAGE,
+        "ModelList": _model_list(),
+        "TokenizeRequest": _tokenize_request(),
+        "TokenizeAnswer": _tokenize_answer(),
+    }
+
+
+def _json(ref: str) -> Schema:
+    return {"application/json": {"schema": {"$ref": f"#/components/schemas/{ref}"}}}
+
+
+def gateway_paths() -> dict[str, Schema]:
+    """Return the gateway's operations, keyed by path (OpenAPI ``paths``)."""
+    tiers = [tier.value for tier in Tier]
+    headers = [
+        {
+            "name": "x-priority",
+            "in": "header",
+            "required": False,
+            "description": "The request's tier (standard when absent).",
+            "schema": {"enum": tiers},
+        },
+        {
+            "name": "x-conversation-id",
+            "in": "header",
+            "required": False,
+            "description": "Keeps a conversation on one replica (its prefix cache).",
+            "schema": {"type": "string"},
+        },
+    ]
+    chat_errors = ("400", "401", "403", "404", "405", "413", "422", "429", "503")
+    return {
+        "/v1/chat/completions": {
+            "post": {
+                "operationId": "createChatCompletion",
+                "summary": "Answer a chat, whole or as a stream of events.",
+                "parameters": headers,
+                "requestBody": {
+                    "required": True,
+                    "content": _json("ChatCompletionRequest"),
+                },
+                "responses": {
+                    "200": {
+                        "description": "The answer; with stream true, server-sent "
+                        "events of chat.completion.chunk objects, the last with usage "
+                        "and who served it, then [DONE]. An error after the first "
+                        "token comes as an error event.",
+                        "content": {
+                            **_json("ChatCompletion"),
+                            "text/event-stream": {"schema": _EVENT},
+                        },
+                    },
+                    **error_responses(*chat_errors),
+                },
+            }
+        },
+        "/v1/models": {
+            "get": {
+                "operationId": "listModels",
+                "summary": "List the models the key's team may call.",
+                "responses": {
+                    "200": {
+                        "description": "The models.",
+                        "content": _json("ModelList"),
+                    },
+                    **error_responses("401", "403", "405", "503"),
+                },
+            }
+        },
+        "/tokenize": {
+            "post": {
+                "operationId": "tokenize",
+                "summary": "Count a prompt's tokens with the model's tokenizer.",
+                "parameters": headers[1:],
+                "requestBody": {"required": True, "content": _json("TokenizeRequest")},
+                "responses": {
+                    "200": {
+                        "description": "The tokens.",
+                        "content": _json("TokenizeAnswer"),
+                    },
+                    **error_responses(
+                        "400", "401", "403", "404", "405", "413", "422", "503"
+                    ),
+                },
+            }
+        },
+    }
