@@ -285,8 +285,11 @@ def test_make_up_in_the_background_leaves_nothing_when_its_wrapper_kills_it(
     recipe inherit SIGINT ignored), output to a file
     WHEN a wrapper sends make SIGINT and then, as wrappers do, SIGKILL
     THEN every process it started stops: the server, the workers, the agent and
-    its replicas (issue 32 found them all orphaned, serving on)."""
+    its replicas (issue 32 found them all orphaned, serving on); one that cannot
+    finish (here the worker, stopped) is killed after the stop's grace, by name.
+    """
     local = Path(make_up_env["PLATFORM_LOCAL_DIR"])
+    make_up_env = {**make_up_env, "PLATFORM_UP_STOP_GRACE_S": "3"}
     log = tmp_path / "make-up.log"
     script = f"make -o .venv/.installed up >{log} 2>&1 & echo $!; wait"
     wrapper = subprocess.Popen(
@@ -309,10 +312,15 @@ def test_make_up_in_the_background_leaves_nothing_when_its_wrapper_kills_it(
         banner = log.read_text()
         assert "database  PostgreSQL" in banner, banner
         pids, replica_ports = platform_processes(local, banner)
+        # A worker that cannot answer SIGTERM (stopped: the signal stays pending).
+        worker = int((local / "run" / "worker.pid").read_text())
+        os.kill(worker, signal.SIGSTOP)
         os.kill(make_pid, signal.SIGINT)
         os.kill(make_pid, signal.SIGKILL)
         assert_all_stopped(local, pids, replica_ports)
         assert not is_listening(int(make_up_env["PLATFORM_PORT"]))
+        said = f"worker (pid {worker}) did not stop within 3 s; killing it"
+        assert said in log.read_text(), log.read_text()[-2000:]
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(wrapper.pid, signal.SIGKILL)

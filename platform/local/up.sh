@@ -51,11 +51,33 @@ export PLATFORM_SERVE_STATIC=${PLATFORM_SERVE_STATIC:-true}
 export PLATFORM_ALLOWED_HOSTS=${PLATFORM_ALLOWED_HOSTS:-127.0.0.1,localhost,[::1],$HOST}
 
 pids=()
+# How long a stop waits for each process to finish by itself (the agent stops its
+# replicas, a worker its task, the server its open streams) before killing it.
+STOP_GRACE_S=${PLATFORM_UP_STOP_GRACE_S:-20}
+is_alive() {  # a child that exited is a zombie until waited for: not alive
+    local state
+    state=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -c1) || return 1
+    [ -n "$state" ] && [ "$state" != Z ]
+}
+name_of() {  # the pid file that names a pid: server, worker, agent...
+    grep -lx "$1" "$LOCAL"/run/*.pid 2>/dev/null | head -n 1 | xargs -r basename -s .pid
+}
 cleanup() {
-    trap '' INT TERM  # a second Ctrl-C must not cut the stop short
+    trap '' INT TERM HUP  # a second Ctrl-C must not cut the stop short
     [ -z "${WATCHER:-}" ] || kill "$WATCHER" 2>/dev/null || true
     for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-    # Waits for the agent too, which stops its replicas before it exits.
+    local deadline=$((SECONDS + STOP_GRACE_S)) left=() pid
+    while :; do
+        left=()
+        for pid in "${pids[@]}"; do is_alive "$pid" && left+=("$pid"); done
+        [ "${#left[@]}" -gt 0 ] && [ "$SECONDS" -lt "$deadline" ] || break
+        sleep 0.2
+    done
+    # Each runs in a session of its own (setsid): its process group goes with it.
+    for pid in "${left[@]}"; do
+        echo "$(name_of "$pid") (pid $pid) did not stop within $STOP_GRACE_S s; killing it" >&2 || true
+        kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+    done
     wait 2>/dev/null || true
     pids=()
     rm -f "$LOCAL"/run/*.pid
