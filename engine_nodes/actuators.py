@@ -37,7 +37,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -126,6 +126,11 @@ class Actuator(Protocol):
         """Return the exit status (negative: killed by that signal), None if running."""
         ...
 
+    def stop_leftovers(self, *, keep: Collection[str], grace_s: float) -> list[str]:
+        """Stop the replicas a previous life of this agent started and left running
+        (all but ``keep``); return their ids."""
+        ...
+
 
 class LocalProcessActuator:
     """Run replicas as child processes of the node agent.
@@ -140,6 +145,13 @@ class LocalProcessActuator:
     on ``/v1`` (``VLLM_API_KEY``, or the 0600 ``--config`` file for SGLang),
     ``sim_admin_token`` becomes ``SIM_ADMIN_TOKEN`` (simulated replicas only); empty
     means none.
+
+    Each replica's leader pid (and its start time, so that a reused pid is never
+    taken for it) is kept in ``pid_dir`` while it runs. A node agent killed
+    outright (SIGKILL, the OOM killer) leaves its replicas running in their own
+    sessions; ``stop_leftovers``, which the next agent calls as it starts, stops
+    them by those files. Without it they would serve on unseen, their GPUs and
+    ports held for good, while the new agent starts their replacements.
     """
 
     def __init__(
@@ -155,6 +167,7 @@ class LocalProcessActuator:
         engine_api_key: str = "",
         sim_admin_token: str = "",
         cwd: Path = ROOT,
+        pid_dir: Path | None = None,
     ) -> None:
         if kind not in ("sim", "vllm"):
             raise ValueError(f"kind must be 'sim' or 'vllm', not {kind!r}")
@@ -168,6 +181,8 @@ class LocalProcessActuator:
         self.engine_api_key = engine_api_key
         self.sim_admin_token = sim_admin_token
         self.cwd = cwd
+        # One agent's own: another agent's replicas are never its leftovers.
+        self.pid_dir = Path(pid_dir) if pid_dir is not None else self.log_dir / "pids"
 
     def argv_for(self, spec: ReplicaSpec) -> list[str]:
         """Return the argv ``start`` would run for ``spec``.
@@ -237,6 +252,10 @@ class LocalProcessActuator:
                 cwd=self.cwd,
                 start_new_session=True,
             )
+        self.pid_dir.mkdir(parents=True, exist_ok=True)
+        self._pid_path(spec.replica_id).write_text(
+            f"{process.pid} {_start_time(process.pid)}\n"
+        )
         logger.info(
             "started replica %s (pid %d, log %s)",
             spec.replica_id,
@@ -277,6 +296,7 @@ class LocalProcessActuator:
         # Also reaps stragglers (engine workers) that outlived a clean leader exit.
         _signal_group(handle.pid, signal.SIGKILL)
         process.wait()
+        self._pid_path(handle.replica_id).unlink(missing_ok=True)
         if handle.secret_path is not None:
             handle.secret_path.unlink(missing_ok=True)
         logger.info(
@@ -291,9 +311,67 @@ class LocalProcessActuator:
         """Return the leader's exit status, or None while it runs."""
         return handle.process.poll()
 
+    def stop_leftovers(self, *, keep: Collection[str], grace_s: float) -> list[str]:
+        """Stop each replica a previous agent left running (by ``pid_dir``).
+
+        A pid file whose process is gone, or whose pid now names another process
+        (its start time differs), is only removed. A leftover's group gets
+        SIGTERM, up to ``grace_s`` for its leader to exit, then SIGKILL, as
+        ``stop`` does; it is not this process's child, so it is not waited for.
+        """
+        stopped: list[str] = []
+        if not self.pid_dir.is_dir():
+            return stopped
+        kept = {_file_name(replica_id) for replica_id in keep}
+        for path in sorted(self.pid_dir.glob("*.pid")):
+            if path.stem in kept:
+                continue
+            try:
+                pid_text, started = path.read_text().split()
+                pid = int(pid_text)
+            except (OSError, ValueError):
+                path.unlink(missing_ok=True)
+                continue
+            if _start_time(pid) == started and _is_group_leader(pid):
+                deadline = time.monotonic() + max(grace_s, 0.0)
+                _signal_group(pid, signal.SIGTERM)
+                while _start_time(pid) == started and time.monotonic() < deadline:
+                    # A short pause between polls of the leader, bounded by grace_s.
+                    time.sleep(_GROUP_POLL_S)
+                _signal_group(pid, signal.SIGKILL)
+                logger.warning(
+                    "stopped replica %s left running (pid %d)", path.stem, pid
+                )
+                stopped.append(path.stem)
+            path.unlink(missing_ok=True)
+        return stopped
+
+    def _pid_path(self, replica_id: str) -> Path:
+        return self.pid_dir / f"{_file_name(replica_id)}.pid"
+
 
 def _file_name(replica_id: str) -> str:
     return _UNSAFE_FILE_CHARS.sub("_", replica_id)
+
+
+def _start_time(pid: int) -> str:
+    """Return when process ``pid`` started (clock ticks since boot, from
+    ``/proc``), or "" if it is gone or a zombie: a pid and its start time name
+    one process for good."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    fields = stat.rsplit(")", 1)[1].split()
+    # Field 3 (the state) is fields[0]; field 22 (starttime) is fields[19].
+    return "" if fields[0] in ("Z", "X") else fields[19]
+
+
+def _is_group_leader(pid: int) -> bool:
+    try:
+        return os.getpgid(pid) == pid
+    except ProcessLookupError:
+        return False
 
 
 def _write_private(path: Path, text: str) -> None:

@@ -293,11 +293,15 @@ class NodeAgent:
         if took_s > beat_s:
             logger.warning("agent pass took %.2f s (beat %.2f s)", took_s, beat_s)
 
-    def forget_previous_life(self) -> None:
-        """Mark replicas of this node that no process of ours runs as gone.
+    def forget_previous_life(self, *, grace_s: float = 10.0) -> None:
+        """Stop the replicas an agent of this node that died left running, and mark
+        replicas of this node that no process of ours runs as gone.
 
-        They belong to an agent that died; their ports are probed before reuse.
+        Their rows are gone (or soon reaped) and the reconcile starts their
+        replacements: left running, they would hold their GPUs and ports for
+        good, seen by no one. Their ports are probed before reuse.
         """
+        self.actuator.stop_leftovers(keep=list(self.running), grace_s=grace_s)
         stale = Replica.objects.live().filter(node=self.node, region=self.region)
         for replica_id in stale.exclude(replica_id__in=list(self.running)).values_list(
             "replica_id", flat=True

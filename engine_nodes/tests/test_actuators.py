@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import stat
 import sys
@@ -400,6 +401,56 @@ def test_local_actuator_reports_an_exit_code_of_its_own(
         message="the replica to exit",
     )
     assert actuator.exit_code(handle) == 3
+
+
+def test_a_restarted_agent_stops_the_replicas_its_previous_life_left(
+    tmp_path: Path, handles: list[tuple[LocalProcessActuator, ReplicaHandle]]
+) -> None:
+    # GIVEN two replicas started by an agent that was then killed outright (its
+    # actuator is simply dropped: nothing stops them)
+    script, out = write_fake_replica(tmp_path, "graceful")
+    before = LocalProcessActuator(
+        kind="vllm", vllm_executable=str(script), log_dir=tmp_path / "logs"
+    )
+    left = before.start(make_spec())
+    handles.append((before, left))
+    state = read_ready(out)
+    kept = before.start(make_spec(replica_id="chat-7b/v1/node-a:1"))
+    handles.append((before, kept))
+    # WHEN the next agent's actuator, on the same folder, stops the leftovers
+    # but the ones it keeps
+    after = LocalProcessActuator(
+        kind="vllm", vllm_executable=str(script), log_dir=tmp_path / "logs"
+    )
+    stopped = after.stop_leftovers(keep=["chat-7b/v1/node-a:1"], grace_s=10)
+    # THEN the leftover's whole group is gone (its SIGTERM handler ran), the kept
+    # one runs on, and only the kept one's pid file remains
+    assert stopped == ["chat-7b_v1_node-a_0"]
+    left.process.wait(10)
+    assert (out / "terminated").read_text() == "yes"
+    wait_until(
+        lambda: not is_alive(state["grandchild"]),
+        timeout_s=10,
+        message="the leftover's grandchild to exit",
+    )
+    assert before.is_running(kept)
+    assert [p.name for p in (tmp_path / "logs" / "pids").iterdir()] == [
+        "chat-7b_v1_node-a_1.pid"
+    ]
+
+
+def test_stop_leftovers_never_signals_a_pid_reused_by_another_process(
+    tmp_path: Path,
+) -> None:
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    # This test's own pid, but with another start time: not the replica's process.
+    (pid_dir / "r0.pid").write_text(f"{os.getpid()} 1\n")
+    (pid_dir / "r1.pid").write_text("not a pid\n")
+    actuator = LocalProcessActuator(kind="sim", log_dir=tmp_path, pid_dir=pid_dir)
+
+    assert actuator.stop_leftovers(keep=(), grace_s=0) == []
+    assert list(pid_dir.iterdir()) == []
 
 
 def test_local_actuator_refuses_an_unsafe_spec_before_spawning(tmp_path: Path) -> None:

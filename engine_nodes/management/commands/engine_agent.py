@@ -98,6 +98,8 @@ class Command(BaseCommand):
                 kind=options["kind"],
                 python=sys.executable,
                 log_dir=options["log_dir"],
+                # Per node and region: several agents may share one log folder.
+                pid_dir=options["log_dir"] / "pids" / f"{region}.{options['node']}",
                 vllm_executable=options["vllm_executable"],
                 sglang_python=options["sglang_python"],
                 # In the replicas' environment or a 0600 file, never their argv.
