@@ -424,11 +424,24 @@ class RedisServer:
 
     Never the machine's shared Redis. It keeps its data across a restart (an
     append-only file under its folder, synced on every write), as a production
-    Redis must for the usage counts it holds until they are flushed.
+    Redis must for the usage counts it holds until they are flushed. ``host`` is
+    the address it listens on (127.0.0.1 unless a fault drill puts it in a
+    network namespace of its own) and ``command_prefix`` runs it under another
+    command (``ip netns exec NAME``, so the server lives there), as
+    ``localrun.own_postgres.OwnPostgres`` takes them.
     """
 
-    def __init__(self, tmp: Path, *, binary: str = "redis-server") -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        *,
+        binary: str = "redis-server",
+        host: str = "127.0.0.1",
+        command_prefix: Sequence[str] = (),
+    ) -> None:
         self.binary = binary  # the conftest's ``redis_server_binary``
+        self.host = host
+        self.command_prefix = tuple(command_prefix)
         self.port = free_port()
         self.folder = tmp / f"redis-{self.port}"
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -436,20 +449,24 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"redis://{self.host}:{self.port}/0"
 
     def is_up(self) -> bool:
         import redis
 
         try:
-            with redis.Redis(port=self.port, socket_connect_timeout=0.5) as client:
+            with redis.Redis.from_url(
+                self.url, socket_connect_timeout=0.5, socket_timeout=0.5
+            ) as client:
                 return bool(client.ping())
         except redis.RedisError:
             return False
 
     def start(self) -> None:
         """Start the server (again, on the same port and data) and wait for it."""
-        argv = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1"]
+        argv = [*self.command_prefix, self.binary, "--port", str(self.port)]
+        # Not protected: a server in a namespace is reached from outside loopback.
+        argv += ["--bind", self.host, "--protected-mode", "no"]
         argv += ["--save", "", "--appendonly", "yes", "--appendfsync", "always"]
         argv += ["--dir", str(self.folder), "--daemonize", "no"]
         process = spawn(argv, dict(os.environ), self.folder / "redis.log", self.url)
@@ -457,7 +474,7 @@ class RedisServer:
         wait_until(
             lambda: self.is_up() or process.popen.poll() is not None,
             timeout_s=20,
-            message=f"redis-server on port {self.port}",
+            message=f"redis-server on {self.url}",
         )
         if process.popen.poll() is not None:
             raise AssertionError(f"redis-server exited:\n{process.log()}")

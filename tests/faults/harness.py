@@ -5,7 +5,8 @@ Public surface: ``FaultPlatform``, ``start_fault_platform``, ``Case``, ``Figures
 ``Load``, ``Answer``, ``HealthWatch``).
 
 ``start_fault_platform`` runs, for the whole suite, a PostgreSQL of its own
-(``localrun.own_postgres``) and a redis-server of its own, each in a network
+(``localrun.own_postgres``) and a redis-server of its own
+(``tests.live.RedisServer``), each in a network
 namespace of its own (``tests.faults.netns``), and in the root namespace the
 platform's processes as ``make up`` runs them: the node agent with its simulated
 replicas, a gateway and a Celery worker with beat (the usage flush). The machine's
@@ -45,7 +46,6 @@ from localrun.own_postgres import OwnPostgres
 from localrun.processes import (
     ROOT,
     Process,
-    free_port,
     server_pgid,
     spawn,
     start_agent,
@@ -54,6 +54,7 @@ from localrun.processes import (
 )
 from tests.faults.load import Answer, HealthWatch, Load, outcomes, told_usage
 from tests.faults.netns import Netns
+from tests.live import RedisServer
 
 __all__ = [
     "FIGURES_DIR",
@@ -88,64 +89,6 @@ def manage(env: dict[str, str], *args: str, timeout_s: float = 180) -> str:
     return result.stdout
 
 
-class NsRedis:
-    """A redis-server of the suite's own, listening inside ``netns`` (or on the
-    root namespace's loopback with None).
-
-    Like ``tests.live.RedisServer`` it keeps its data across a restart (an
-    append-only file synced on every write), as the usage counts need.
-    """
-
-    def __init__(self, netns: Netns | None, folder: Path, binary: str) -> None:
-        self.netns = netns  # None: the root namespace's loopback
-        self.binary = binary
-        self.port = free_port()
-        self.folder = folder
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self.process: Process | None = None
-
-    @property
-    def url(self) -> str:
-        host = self.netns.ip if self.netns is not None else "127.0.0.1"
-        return f"redis://{host}:{self.port}/0"
-
-    def is_up(self) -> bool:
-        import redis
-
-        try:
-            with redis.Redis.from_url(
-                self.url, socket_connect_timeout=0.5, socket_timeout=0.5
-            ) as client:
-                return bool(client.ping())
-        except redis.RedisError:
-            return False
-
-    def start(self) -> None:
-        host = self.netns.ip if self.netns is not None else "127.0.0.1"
-        argv = [self.binary, "--port", str(self.port), "--bind", host]
-        argv += ["--protected-mode", "no", "--save", "", "--appendonly", "yes"]
-        argv += ["--appendfsync", "always", "--dir", str(self.folder)]
-        process = spawn(
-            self.netns.exec_argv(argv) if self.netns is not None else argv,
-            dict(os.environ),
-            self.folder / "redis.log",
-            self.url,
-        )
-        self.process = process
-        wait_until(
-            lambda: self.is_up() or process.popen.poll() is not None,
-            timeout_s=20,
-            message=f"redis-server on {self.url}",
-        )
-        if process.popen.poll() is not None:
-            raise AssertionError(f"redis-server exited:\n{process.log()}")
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.stop(grace_s=10)
-            self.process = None
-
-
 @dataclass
 class FaultPlatform:
     """The running platform of the suite and the servers its faults act on."""
@@ -154,7 +97,7 @@ class FaultPlatform:
     creds: dict[str, str]
     pg: OwnPostgres
     pg_netns: Netns
-    redis: NsRedis
+    redis: RedisServer
     redis_netns: Netns
     agent: Process
     gateway: Process
@@ -230,7 +173,12 @@ def start_fault_platform(tmp: Path, redis_binary: str) -> Iterator[FaultPlatform
             OwnPostgres(host=pg_netns.ip, command_prefix=pg_netns.exec_argv([]))
         )
         db_url = pg.create_database("platform")
-        redis_server = NsRedis(redis_netns, tmp / "redis", redis_binary)
+        redis_server = RedisServer(
+            tmp,
+            binary=redis_binary,
+            host=redis_netns.ip,
+            command_prefix=redis_netns.exec_argv([]),
+        )
         redis_server.start()
         stack.callback(redis_server.stop)
         env = {

@@ -34,8 +34,9 @@ from localrun.processes import (
     wait_until,
 )
 from routing.domain.global_lb import HealthCheck, Region, render_haproxy
-from tests.faults.harness import NsRedis, manage
+from tests.faults.harness import manage
 from tests.faults.netns import Netns
+from tests.live import RedisServer
 
 __all__ = ["LIVE_CHECK", "CutRegions"]
 
@@ -72,8 +73,13 @@ class CutRegions:
         netns = self.netns = self._stack.enter_context(Netns())
         pg = self._stack.enter_context(OwnPostgres(host="0.0.0.0"))
         pg.create_database("platform")
-        east_redis = NsRedis(netns, self.tmp / "redis-east", self.redis_binary)
-        west_redis = NsRedis(None, self.tmp / "redis-west", self.redis_binary)
+        east_redis = RedisServer(
+            self.tmp,
+            binary=self.redis_binary,
+            host=netns.ip,
+            command_prefix=netns.exec_argv([]),
+        )
+        west_redis = RedisServer(self.tmp, binary=self.redis_binary)
         for server in (east_redis, west_redis):
             server.start()
             self._stack.callback(server.stop)
