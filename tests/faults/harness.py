@@ -46,6 +46,7 @@ from localrun.own_postgres import OwnPostgres
 from localrun.processes import (
     ROOT,
     Process,
+    gateway_argv,
     server_pgid,
     spawn,
     start_agent,
@@ -104,6 +105,9 @@ class FaultPlatform:
     worker: Process
     tmp: Path
     db_url: str
+    # What the suite stops at its end (``start_fault_platform``): a process
+    # started again takes the place of the one it replaces.
+    processes: list[Process] = field(default_factory=list)
 
     def admin(self, method: str, path: str, body: Any = None) -> httpx.Response:
         return httpx.request(
@@ -141,9 +145,71 @@ class FaultPlatform:
             ).fetchall()
         return [str(url) for (url,) in rows]
 
+    def live_replica_urls(self) -> list[str]:
+        """Return the URLs of every model's replicas not marked gone (database)."""
+        with psycopg.connect(self.db_url, connect_timeout=5) as conn:
+            rows = conn.execute(
+                "SELECT url FROM replicas WHERE state <> 'gone' ORDER BY replica_id"
+            ).fetchall()
+        return [str(url) for (url,) in rows]
+
     def kill_replica(self, url: str) -> None:
         """SIGKILL the process group of the replica serving ``url``."""
         os.killpg(server_pgid(url), signal.SIGKILL)
+
+    def kill_gateway(self) -> None:
+        """SIGKILL the gateway (uvicorn, one process in its group) and reap it."""
+        os.killpg(self.gateway.popen.pid, signal.SIGKILL)
+        self.gateway.popen.wait(10)
+
+    def restart_gateway(self) -> None:
+        """Start the gateway again on its port, as its supervisor would; return
+        at once (the caller measures how long it takes to serve)."""
+        old = self.gateway
+        port = int(old.url.rsplit(":", 1)[1])
+        self.gateway = self._replace(
+            old, gateway_argv(port), f"gateway-{port}-again-{time.time_ns()}.log"
+        )
+
+    def kill_agent(self) -> None:
+        """SIGKILL the node agent's process alone (as the OOM killer would) and
+        reap it; its replicas run in sessions of their own."""
+        os.kill(self.agent.popen.pid, signal.SIGKILL)
+        self.agent.popen.wait(10)
+
+    def restart_agent(self) -> None:
+        """Start the node agent again with its command line (node, ports, log
+        folder), as its supervisor would; return at once."""
+        old = self.agent
+        self.agent = self._replace(
+            old, argv_of(old), f"agent-again-{time.time_ns()}.log"
+        )
+
+    def _replace(self, old: Process, argv: list[str], log: str) -> Process:
+        new = spawn(argv, self.env, self.tmp / log, old.url)
+        self.processes[[p is old for p in self.processes].index(True)] = new
+        return new
+
+    def replica_processes(self) -> list[tuple[int, int]]:
+        """Return (port, pid) of each simulated replica's leader running on the
+        node agent's ports, whichever agent started it (a port twice: a
+        duplicate)."""
+        argv = argv_of(self.agent)
+        first, last = (int(p) for p in argv[argv.index("--ports") + 1].split("-"))
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                words = (entry / "cmdline").read_bytes().split(b"\0")
+                pid = int(entry.name)
+                if b"simengine" in words and b"--port" in words:
+                    port = int(words[words.index(b"--port") + 1])
+                    if first <= port <= last and os.getpgid(pid) == pid:
+                        found.append((port, pid))
+            except (OSError, ValueError, IndexError):
+                continue
+        return sorted(found)
 
     def healthz(self) -> tuple[int, dict[str, Any]]:
         response = httpx.get(f"{self.gateway.url}/healthz", timeout=5)
@@ -161,6 +227,13 @@ class FaultPlatform:
             "now=timezone.now() + timedelta(minutes=2))"
         )
         manage(self.env, "shell", "-c", code, timeout_s=60)
+
+
+def argv_of(process: Process) -> list[str]:
+    """Return the command line ``process`` was started with."""
+    args = process.popen.args
+    assert isinstance(args, list), args
+    return [str(arg) for arg in args]
 
 
 @contextlib.contextmanager
@@ -237,6 +310,7 @@ def start_fault_platform(tmp: Path, redis_binary: str) -> Iterator[FaultPlatform
             worker=worker,
             tmp=tmp,
             db_url=db_url,
+            processes=processes,
         )
         wait_until(
             lambda: len(platform.replica_urls()) >= 2 and platform.healthz()[0] == 200,

@@ -138,7 +138,9 @@ class Load:
         except openai.APIStatusError as exc:
             code = getattr(exc, "code", None) or ""
             answer.outcome = f"{exc.status_code}:{code}"
-        except openai.APIError as exc:
+        except (openai.APIError, httpx.HTTPError) as exc:
+            # httpx's own errors: a stream whose connection died mid-body (its
+            # gateway killed) is read past the SDK's wrapping.
             answer.outcome = type(exc).__name__
         answer.ended = time.monotonic()
         return answer
