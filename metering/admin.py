@@ -23,6 +23,7 @@ class UsageAdmin(ReadOnlyAdmin):
         "team",
         "model",
         "version",
+        "region",
         "requests",
         "prompt_tokens",
         "cached_tokens",
@@ -33,7 +34,7 @@ class UsageAdmin(ReadOnlyAdmin):
         "batch_prompt_tokens",
         "batch_output_tokens",
     )
-    list_filter = ("model", "team")
+    list_filter = ("model", "team", "region")
     search_fields = ("team__team", "model__model", "version__version")
     list_select_related = ("team", "model", "version")
     date_hierarchy = "minute"

@@ -10,7 +10,7 @@ from metering.domain.figures import Role
 
 
 class Usage(models.Model):
-    """What a team used of one model version in one minute.
+    """What a team used of one model version in one minute, as one region counted it.
 
     With Redis, each minute's totals accumulate in Redis and the flush writes them
     (never lowering a stored total), so running it twice or after a crash neither
@@ -31,6 +31,9 @@ class Usage(models.Model):
     version = models.ForeignKey(
         "models_registry.ModelVersion", on_delete=models.PROTECT, related_name="+"
     )
+    # The region whose gateways counted it: each region flushes its own Redis,
+    # so a team served by two regions in one minute (a failover) has two rows.
+    region = models.CharField(max_length=64, default="")
     minute = models.DateTimeField()
     prompt_tokens = models.PositiveBigIntegerField(default=0)
     cached_tokens = models.PositiveBigIntegerField(default=0)
@@ -51,8 +54,8 @@ class Usage(models.Model):
         ]
         constraints = [
             models.UniqueConstraint(
-                fields=["team", "model", "version", "minute"],
-                name="usage_team_model_minute",
+                fields=["team", "model", "version", "region", "minute"],
+                name="usage_team_model_region_minute",
             ),
             models.CheckConstraint(
                 condition=Q(cached_tokens__lte=F("prompt_tokens")),

@@ -172,8 +172,11 @@ def _write_rows(
     *,
     entries: Mapping[UsageKey, UsageCounts],
     merge: Callable[[str, int], models.Expression | F],
+    region: str | None,
 ) -> list[UsageKey]:
-    """Upsert one row per known key with ``merge(counter, value)``; return the keys."""
+    """Upsert one row per known key (and ``region``: None is this process's,
+    ``PLATFORM_REGION``) with ``merge(counter, value)``; return the keys."""
+    region = settings.PLATFORM_REGION if region is None else region
     teams, versions = _versions_by_name(entries.keys())
     written: list[UsageKey] = []
     with transaction.atomic():
@@ -205,6 +208,7 @@ def _write_rows(
                 "team_id": key.team,
                 "model_id": key.model,
                 "version_id": version_id,
+                "region": region,
                 "minute": key.minute_at,
             }
             updates = {f: merge(f, getattr(counts, f)) for f in COUNTER_FIELDS}
@@ -230,7 +234,9 @@ def _plus(field: str, value: int) -> F | models.Expression:
     return F(field) + value if value else F(field)
 
 
-def write_usage_rows(*, entries: Mapping[UsageKey, UsageCounts]) -> list[UsageKey]:
+def write_usage_rows(
+    *, entries: Mapping[UsageKey, UsageCounts], region: str | None = None
+) -> list[UsageKey]:
     """Write each minute's full totals to its row, in one transaction; return the keys.
 
     SET semantics, so writing the same totals twice (a second flush, or a flush
@@ -242,13 +248,14 @@ def write_usage_rows(*, entries: Mapping[UsageKey, UsageCounts]) -> list[UsageKe
     Keys naming a team or version that no longer exists are skipped with a warning
     and left out of the result.
 
-    Known limit: one writer per row key. Each region has one Redis, and a row has
-    no region column, so two regions serving the same team, model, version and
-    minute would overwrite each other's totals (the larger wins); serving one model
-    version from several regions needs a region column first. The Redis flush and
-    ``flush_memory_usage`` must not both feed the same rows either.
+    One writer per row: each region has one Redis, so a row is the region's too
+    (``region``; None: ``PLATFORM_REGION``, the region this flush runs for). Two
+    regions serving the same team, model, version and minute (a failover) write
+    two rows, which every reader sums; in one row they would overwrite each
+    other's totals (the larger wins: issue 32's region drill lost the smaller).
+    The Redis flush and ``flush_memory_usage`` must not both feed the same rows.
     """
-    return _write_rows(entries=entries, merge=_at_least)
+    return _write_rows(entries=entries, merge=_at_least, region=region)
 
 
 def forget_flushed(
@@ -285,7 +292,12 @@ def forget_flushed(
 
 
 def flush_redis_usage(
-    *, client: redis.Redis, prefix: str, now: datetime, grace_s: float = 5.0
+    *,
+    client: redis.Redis,
+    prefix: str,
+    now: datetime,
+    grace_s: float = 5.0,
+    region: str | None = None,
 ) -> int:
     """Write the usage of every closed minute found in Redis to rows; return how many.
 
@@ -297,7 +309,9 @@ def flush_redis_usage(
     pending = read_closed_usage(client=client, prefix=prefix, now=now, grace_s=grace_s)
     if not pending:
         return 0
-    written = set(write_usage_rows(entries={p.key: p.counts for p in pending}))
+    written = set(
+        write_usage_rows(entries={p.key: p.counts for p in pending}, region=region)
+    )
     transaction.on_commit(
         partial(
             forget_flushed,
@@ -310,7 +324,9 @@ def flush_redis_usage(
     return len(written)
 
 
-def flush_memory_usage(*, entries: Mapping[UsageKey, UsageCounts]) -> int:
+def flush_memory_usage(
+    *, entries: Mapping[UsageKey, UsageCounts], region: str | None = None
+) -> int:
     """Add a gateway's drained ledger to the rows, in one transaction; return how many.
 
     ADD semantics (``F()`` increments): each gateway process drains its own ledger,
@@ -318,7 +334,7 @@ def flush_memory_usage(*, entries: Mapping[UsageKey, UsageCounts]) -> int:
     skipped with a warning. Known limit of the embedded mode: a gateway that dies
     loses the counts of its last flush interval.
     """
-    return len(_write_rows(entries=entries, merge=_plus))
+    return len(_write_rows(entries=entries, merge=_plus, region=region))
 
 
 def prefix_hit_rate_since(*, model_id: str, since: datetime) -> float | None:

@@ -233,6 +233,23 @@ def test_write_usage_rows_never_lowers_a_total(
     assert row() == newer
 
 
+def test_two_regions_flushing_one_minute_both_count(
+    team: Team, chat_v1: ModelVersion, settings: Settings
+) -> None:
+    """A failover: east and west served the team in the same minute, each region's
+    flush writes its own Redis's totals; the rows hold both (issue 32's region
+    drill lost the smaller region's)."""
+    settings.PLATFORM_REGION = "east"
+    write_usage_rows(entries={KEY: TEN + TEN})
+    settings.PLATFORM_REGION = "west"
+    write_usage_rows(entries={KEY: TEN})
+    write_usage_rows(entries={KEY: TEN})  # a second flush of west: no double count
+
+    rows = Usage.objects.filter(team_id=KEY.team, minute=KEY.minute_at)
+    assert sorted(rows.values_list("region", "requests")) == [("east", 2), ("west", 1)]
+    assert sum(r.prompt_tokens for r in rows) == 30
+
+
 def test_flush_skips_an_unknown_team_and_drops_its_hash(
     team: Team,
     chat_v1: ModelVersion,
