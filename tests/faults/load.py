@@ -138,9 +138,7 @@ class Load:
         except openai.APIStatusError as exc:
             code = getattr(exc, "code", None) or ""
             answer.outcome = f"{exc.status_code}:{code}"
-        except (openai.APIError, httpx.HTTPError) as exc:
-            # httpx's own errors: a stream whose connection died mid-body (its
-            # gateway killed) is read past the SDK's wrapping.
+        except openai.APIError as exc:
             answer.outcome = type(exc).__name__
         answer.ended = time.monotonic()
         return answer

@@ -89,6 +89,7 @@ def test_gateway_killed(
     figures.extra.update(
         cut_streams=len(cut),
         cut_outcomes=sorted({a.outcome for a in cut}),
+        cut_mid_body=sum(1 for a in cut if a.first_token_s is not None),
         refused_while_down=sum(
             1
             for a in drill.answers
@@ -105,7 +106,8 @@ def test_gateway_killed(
     assert figures.recovery_s is not None, figures.line()
     assert figures.recovery_s <= RECOVERY_BOUND_S, figures.line()
     assert not failed_after(drill, serving_again), figures.line()
-    assert figures.answers.get("ok", 0) >= 9, figures.line()
+    # Long streams: three before the kill and three after the recovery.
+    assert figures.answers.get("ok", 0) >= 6, figures.line()
     # Never billed beyond what the clients were told (nothing twice, nothing cut);
     # short of it by at most the requests that ended at the kill.
     for name in ("requests", "prompt_tokens", "output_tokens"):
