@@ -385,6 +385,36 @@ def test_killed_replica_is_reaped_after_three_missed_beats_and_replaced(
         agent.shutdown(grace_s=5)
 
 
+def test_a_restarted_agent_replaces_what_its_killed_self_left_running(
+    tmp_path: Path, pool: Pool
+) -> None:
+    # GIVEN an agent serving a replica, then killed outright: nothing stops the
+    # replica, which runs on in its own session
+    killed = make_agent(tmp_path)
+    tick_until(killed, lambda: list(states().values()) == ["serving"], "a replica")
+    (old,) = killed.running.values()
+    # WHEN the next agent of the node starts (same log folder, so same pid files)
+    agent = make_agent(tmp_path)
+    try:
+        agent.forget_previous_life(grace_s=5)
+        # THEN the old replica is stopped and its row marked gone, and the next
+        # passes start one replacement: one replica process, not two
+        assert old.handle.process.wait(10) is not None
+        assert list(states().values()) == ["gone"]
+        tick_until(
+            agent,
+            lambda: (
+                list(states().values()) == ["serving"]
+                and old.handle.replica_id not in states()
+            ),
+            "a replacement replica",
+        )
+        assert len(agent.running) == 1
+    finally:
+        agent.shutdown(grace_s=5)
+        killed.actuator.stop(old.handle, grace_s=0)
+
+
 def test_a_replica_slow_to_answer_metrics_beats_on_within_the_grace(
     tmp_path: Path, pool: Pool
 ) -> None:
