@@ -48,6 +48,7 @@ __all__ = [
     "REQUESTS",
     "SHADOW_REQUESTS",
     "SHADOW_TTFT_SECONDS",
+    "SHED_CAUSES",
     "SNAPSHOT_AGE_SECONDS",
     "SNAPSHOT_FILE_REFUSED",
     "SNAPSHOT_FROM_DISK",
@@ -69,6 +70,7 @@ __all__ = [
     "PoolScalingCollector",
     "PoolScalingFigures",
     "RolloutCollector",
+    "ShedCause",
     "count_figures_dropped",
     "count_rate_limited",
     "count_rejection",
@@ -92,6 +94,11 @@ __all__ = [
 
 Outcome = Literal["ok", "error", "client_closed", "retried"]
 OUTCOMES: tuple[Outcome, ...] = ("ok", "error", "client_closed", "retried")
+# Why a request was shed with 503: admission shed its tier (the pool is
+# overloaded), or no replica of the pool could start an answer (none serving, every
+# one tried failed before its first token, or the retry budget was spent).
+ShedCause = Literal["overload", "no_replica"]
+SHED_CAUSES: tuple[ShedCause, ...] = ("overload", "no_replica")
 
 POOL_LABELS = ("model", "version", "region")
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -164,8 +171,9 @@ TEAM_RATE_LIMITED = Counter(
 )
 TEAM_SHED = Counter(
     "platform_team_shed_total",
-    "Requests shed with 503, per team, model and tier.",
-    ("team", "model", "tier"),
+    "Requests refused with 503, per team, model, tier and cause: overload (admission "
+    "shed the tier) or no_replica (no replica of the pool could start an answer).",
+    ("team", "model", "tier", "cause"),
 )
 
 # The gateway itself.
@@ -317,11 +325,12 @@ def observe_shadow(
 
 
 def count_rejection(*, team: str, model: str, tier: str, status: int) -> None:
-    """Count one refused request: 429 is rate limited, any other status is shed."""
+    """Count one request admission refused: 429 is rate limited, any other status
+    is shed for overload."""
     if status == 429:
         count_rate_limited(team=team, model=model, tier=tier)
     else:
-        count_shed(team=team, model=model, tier=tier)
+        count_shed(team=team, model=model, tier=tier, cause="overload")
 
 
 def count_rate_limited(*, team: str, model: str, tier: str) -> None:
@@ -329,9 +338,9 @@ def count_rate_limited(*, team: str, model: str, tier: str) -> None:
     _child(TEAM_RATE_LIMITED, team, model, tier).inc()
 
 
-def count_shed(*, team: str, model: str, tier: str) -> None:
-    """Count one request shed with 503."""
-    _child(TEAM_SHED, team, model, tier).inc()
+def count_shed(*, team: str, model: str, tier: str, cause: ShedCause) -> None:
+    """Count one request refused with 503, and why (``ShedCause``)."""
+    _child(TEAM_SHED, team, model, tier, cause).inc()
 
 
 def set_pool_load(

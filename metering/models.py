@@ -16,7 +16,9 @@ class Usage(models.Model):
     (never lowering a stored total), so running it twice or after a crash neither
     loses nor doubles a count. In the embedded mode each gateway process adds its
     drained counts with ``F()`` expressions. ``cached_tokens`` is the part of ``prompt_tokens`` served from
-    the prefix cache. ``shed`` counts 503s; ``rate_limited`` counts 429s.
+    the prefix cache. ``shed`` counts 503s, both kinds: admission shed the request's
+    tier, or no replica could start an answer (``routing.request_meter`` says why
+    one column); ``rate_limited`` counts 429s. Neither is in ``requests`` or tokens.
     ``batch_requests``, ``batch_prompt_tokens`` and ``batch_output_tokens`` are the
     part of ``requests``, ``prompt_tokens`` and ``output_tokens`` that was batch
     work (the batch tier, or a batch job's key at any tier).

@@ -70,6 +70,15 @@ class AttemptResult:
         """A 4xx the client's request caused: no error of the version."""
         return self.error is not None and self.error.status < 500
 
+    @property
+    def is_unserved(self) -> bool:
+        """A 503 before any answer: no replica of the pool could start one (none
+        serving, every one tried failed before its first token, or the retry
+        budget was spent). Nothing was served, so nothing is billed."""
+        return (
+            self.error is not None and self.error.status == 503 and self.usage is None
+        )
+
 
 class Cut(Exception):
     """An attempt cut short after it began: what it served, and why it stopped.

@@ -7,6 +7,17 @@ figures, the team's usage row (batch work in its own part too), the version's
 figures for the rollout guards (``metering.figures``: role live or canary, the
 answer's head judged by the refusal detector), and the refund of what admission
 charged. ``count_refusal`` counts a request admission refused (429 or 503).
+
+Both kinds of 503 a client can get here are counted in the usage row's ``shed``
+column and in ``platform_team_shed_total``, whose ``cause`` label tells them apart:
+``overload`` (admission shed the request's tier: ``count_refusal``) and
+``no_replica`` (admitted, but no replica could start an answer: ``settle``). One
+column, not two, because the usage row is what a team is billed and shown: for it
+both are the same event (asked, told 503 with Retry-After, served nothing, billed
+no token), and ``/v1/organization/usage`` already promises ``shed_requests`` as the
+team's 503s. Why the platform could not serve is an operator's question, answered
+per cause by the metric. Neither is counted in ``requests`` nor in any token
+column.
 """
 
 from __future__ import annotations
@@ -82,6 +93,14 @@ class RequestMeter:
         plan, ended = served.plan, served.ended
         usage = ended.usage
         self._observe(plan, ended)
+        if ended.is_unserved:
+            metrics.count_shed(
+                team=plan.team,
+                model=plan.resolution.model,
+                tier=plan.tier.value,
+                cause="no_replica",
+            )
+            self._count(plan, UsageCounts(shed=1))
         if served.figure_role is not None and self.figures is not None:
             figures = self._figures(plan, ended)
             if figures is not None:
@@ -125,7 +144,8 @@ class RequestMeter:
             logger.warning("releasing admission failed: %s", type(exc).__name__)
 
     def count_refusal(self, plan: ChatPlan, status: int) -> None:
-        """Count a request refused with ``status`` 429 (rate limited) or 503 (shed)."""
+        """Count a request admission refused: ``status`` 429 (rate limited) or 503
+        (shed for overload)."""
         metrics.count_rejection(
             team=plan.team,
             model=plan.resolution.model,

@@ -31,7 +31,7 @@ POOL = ("model", "version", "region")
         ("platform_shadow_ttft_seconds", "histogram", POOL),
         ("platform_team_tokens", "counter", ("team", "model", "kind")),
         ("platform_team_rate_limited", "counter", ("team", "model", "tier")),
-        ("platform_team_shed", "counter", ("team", "model", "tier")),
+        ("platform_team_shed", "counter", ("team", "model", "tier", "cause")),
         ("platform_snapshot_age_seconds", "gauge", ()),
         ("platform_control_plane_up", "gauge", ()),
     ],
@@ -123,7 +123,8 @@ def test_count_rejection_splits_rate_limited_from_shed() -> None:
     value = REGISTRY.get_sample_value
     labels = {"team": team, "model": "chat-7b", "tier": "batch"}
     assert value("platform_team_rate_limited_total", labels) == 1
-    assert value("platform_team_shed_total", labels) == 2
+    assert value("platform_team_shed_total", {**labels, "cause": "overload"}) == 2
+    assert value("platform_team_shed_total", {**labels, "cause": "no_replica"}) is None
 
 
 def test_set_control_plane_sets_both_gauges() -> None:
@@ -153,8 +154,9 @@ def test_team_helpers_count_by_kind_and_tier() -> None:
         team=team, model="chat-7b", prompt_tokens=5, output_tokens=2
     )
     metrics.count_rate_limited(team=team, model="chat-7b", tier="batch")
-    metrics.count_shed(team=team, model="chat-7b", tier="batch")
-    metrics.count_shed(team=team, model="chat-7b", tier="batch")
+    metrics.count_shed(team=team, model="chat-7b", tier="batch", cause="overload")
+    metrics.count_shed(team=team, model="chat-7b", tier="batch", cause="no_replica")
+    metrics.count_shed(team=team, model="chat-7b", tier="batch", cause="no_replica")
 
     value = REGISTRY.get_sample_value
     labels = {"team": team, "model": "chat-7b"}
@@ -162,7 +164,9 @@ def test_team_helpers_count_by_kind_and_tier() -> None:
     assert value("platform_team_tokens_total", {**labels, "kind": "output"}) == 2
     assert value("platform_team_tokens_total", {**labels, "kind": "cached"}) is None
     assert value("platform_team_rate_limited_total", {**labels, "tier": "batch"}) == 1
-    assert value("platform_team_shed_total", {**labels, "tier": "batch"}) == 2
+    shed = {**labels, "tier": "batch"}
+    assert value("platform_team_shed_total", {**shed, "cause": "overload"}) == 1
+    assert value("platform_team_shed_total", {**shed, "cause": "no_replica"}) == 2
 
 
 def test_forget_pool_removes_its_series_only() -> None:
