@@ -4,7 +4,8 @@ Public surface: the collectors below, ``observe_request``, ``observe_team_tokens
 ``observe_shadow``, ``count_retry``, ``count_rejection``, ``count_rate_limited``,
 ``count_shed``, ``set_pool_load``, ``set_control_plane``, ``set_snapshot_from_disk``,
 ``count_snapshot_file_refused``, ``set_limits_degraded``,
-``set_usage_buffered``, ``count_figures_dropped``, ``forget_pool``, ``OUTCOMES``,
+``set_usage_buffered``, ``count_figures_dropped``, ``pools_with_series``,
+``forget_pool``, ``OUTCOMES``, ``SHED_CAUSES``,
 and the figures read from the database at scrape time: the autoscaler's
 (``PoolScalingFigures``, ``PoolScalingCollector``, ``register_pool_scaling``), the
 pools' GPUs and their cost (``PoolCostFigures``, ``PoolCostCollector``,
@@ -15,8 +16,12 @@ pools' GPUs and their cost (``PoolCostFigures``, ``PoolCostCollector``,
 Labels are bounded: model, version, region, team, tier, outcome; never request ids
 or user text. Helpers cache ``.labels()`` children (a dict lookup instead of the
 label validation and lock of ``.labels()`` on every request). ``forget_pool``
-removes a pool's series when the pool goes away: the gateway calls it when a pool
-leaves its snapshot (``routing.gateway``), in the process that holds the series.
+removes a pool's series (every series labelled with its model, version and region)
+when the pool is not this region's: the gateway calls it once a second for each
+pool with a series (``pools_with_series``) that its snapshot does not hold
+(``routing.gateway``), in the process that holds the series. The team series are
+per team and model, not per pool, and stay for the process's life (counters of a
+bounded label set; removing them would lose their increase).
 """
 
 from __future__ import annotations
@@ -81,6 +86,7 @@ __all__ = [
     "observe_request",
     "observe_shadow",
     "observe_team_tokens",
+    "pools_with_series",
     "register_batches",
     "register_pool_costs",
     "register_pool_scaling",
@@ -392,11 +398,27 @@ def count_figures_dropped(*, reason: Literal["redis", "invalid"]) -> None:
     _child(FIGURES_DROPPED, reason).inc()
 
 
+def pools_with_series(region: str) -> set[tuple[str, str]]:
+    """Return the (model, version) of every pool of ``region`` with a series here.
+
+    Whatever made the series (the load gauges, a request, a retry, a shadow
+    copy), so that the gateway can forget a pool its snapshot never held.
+    """
+    with _children_lock:
+        return {
+            (values[0], values[1])
+            for metric, values in _children
+            if metric in _POOL_COLLECTORS and values[2] == region
+        }
+
+
 def forget_pool(model: str, version: str, region: str) -> None:
     """Remove every series of a pool (it was deleted or left this region).
 
-    Called by the gateway when a pool is no longer in its snapshot; a later
-    request of the pool starts its counters from zero.
+    Called by the gateway for every pool with a series here that its snapshot
+    does not hold (``pools_with_series``); a later request of the pool starts its
+    counters from zero. The team series (team, model, ...) are not a pool's:
+    bounded by teams x models, they live as long as the process.
     """
     labels = {"model": model, "version": version, "region": region}
     for metric in _POOL_COLLECTORS:

@@ -118,8 +118,6 @@ class Gateway:
         self.key_uses = key_uses
         self.key_uses_flush_s = key_uses_flush_s
         self._host_verdicts: dict[bytes, bool] = {}
-        # (model, version) of the pools whose series this process publishes.
-        self._published_pools: set[tuple[str, str]] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._rng = random.Random()
         self.tokenize = TokenizeProxy(
@@ -208,9 +206,11 @@ class Gateway:
         """Set each pool's tokens in flight and queue depth (once a second).
 
         A pool is this region's while the snapshot has a replica of it or a pool
-        row that wants one (0 and 0 without replicas). A pool that left (removed,
-        released once nothing routes to its version, its last replica gone) has
-        its series removed, gauges and counters, so none stays at its last value.
+        row that wants one (0 and 0 without replicas). Any other pool with series
+        here has them removed, gauges and counters, so none stays at its last
+        value: one that left (removed, released once nothing routes to its
+        version, its last replica gone), and one the snapshot never held (a
+        request pinned to a version with no pool in this region, answered 503).
         """
         snapshot = self.snapshots.current
         if snapshot is None:
@@ -231,9 +231,9 @@ class Gateway:
                 tokens_in_flight=tokens_in_flight,
                 queue_depth=queue_depth,
             )
-        for model, version in self._published_pools - pools.keys():
-            metrics.forget_pool(model, version, self.settings.region)
-        self._published_pools = set(pools)
+        region = self.settings.region
+        for model, version in metrics.pools_with_series(region) - pools.keys():
+            metrics.forget_pool(model, version, region)
 
     async def _every(
         self, interval_s: float, job: Callable[[], Awaitable[None]]

@@ -194,6 +194,40 @@ def test_forget_pool_removes_its_series_only() -> None:
     assert value("platform_requests_total", series(kept, outcome="error")) == 1
 
 
+def test_pools_with_series_names_every_pool_a_helper_made_a_series_for() -> None:
+    loaded, requested, shadowed, elsewhere = (pool_labels() for _ in range(4))
+    elsewhere["region"] = "us"
+    metrics.set_pool_load(**loaded, tokens_in_flight=1, queue_depth=0)
+    metrics.observe_request(**requested, outcome="error")
+    metrics.observe_shadow(**shadowed, outcome="ok", ttft_s=None)
+    metrics.count_retry(**elsewhere)
+
+    found = metrics.pools_with_series("eu")
+
+    for pool in (loaded, requested, shadowed):
+        assert (pool["model"], pool["version"]) in found
+    assert (elsewhere["model"], elsewhere["version"]) not in found
+    metrics.forget_pool(requested["model"], requested["version"], "eu")
+    assert (requested["model"], requested["version"]) not in (
+        metrics.pools_with_series("eu")
+    )
+
+
+def test_forget_pool_keeps_the_team_series() -> None:
+    """Team series are per team and model, not per pool: they stay."""
+    pool, team = pool_labels(), f"t-{uuid.uuid4().hex[:8]}"
+    metrics.observe_request(**pool, outcome="ok", team=team, output_tokens=4)
+    metrics.count_shed(team=team, model=pool["model"], tier="batch", cause="overload")
+
+    metrics.forget_pool(pool["model"], pool["version"], pool["region"])
+
+    value = REGISTRY.get_sample_value
+    labels = {"team": team, "model": pool["model"]}
+    assert value("platform_team_tokens_total", {**labels, "kind": "output"}) == 4
+    shed = {**labels, "tier": "batch", "cause": "overload"}
+    assert value("platform_team_shed_total", shed) == 1
+
+
 def test_a_forgotten_pool_counts_from_zero_when_it_returns() -> None:
     pool = pool_labels()
     metrics.observe_request(**pool, outcome="ok", output_tokens=5)

@@ -66,3 +66,22 @@ def test_a_pool_that_wants_replicas_keeps_its_series_at_zero_load() -> None:
         assert value("platform_tokens_in_flight", POOL) == 0
         assert value("platform_queue_depth", POOL) == 0
         assert value("platform_output_tokens_total", POOL) is not None
+
+
+def test_a_pool_never_in_the_snapshot_has_its_series_removed() -> None:
+    """A request to a version with no pool in this region (pinned to one that
+    another region serves, say) is counted (a 503), under a pool label set the
+    snapshot never held: it is removed at the next publication all the same."""
+    elsewhere = {**POOL, "version": "v-elsewhere"}
+    with EmbeddedGateway("http://127.0.0.1:9") as gateway:
+        metrics.observe_request(
+            model=MODEL, version="v-elsewhere", region=REGION, outcome="error"
+        )
+        requests = {**elsewhere, "outcome": "error"}
+        assert REGISTRY.get_sample_value("platform_requests_total", requests) == 1
+
+        gateway.app._publish_pool_gauges()
+
+        assert REGISTRY.get_sample_value("platform_requests_total", requests) is None
+        # The snapshot's own pool keeps its series.
+        assert REGISTRY.get_sample_value("platform_tokens_in_flight", POOL) is not None
