@@ -164,3 +164,27 @@ def test_a_request_outside_a_rollout_records_no_figures() -> None:
     )
 
     assert figures.added == []
+
+
+def test_a_503_before_any_answer_is_counted_as_shed_and_billed_nothing() -> None:
+    for code in ("no_replica_available", "retry_budget_exhausted"):
+        failed = GatewayError(503, "no replica", code=code)
+        recorder, _ = settle(
+            AttemptResult("error", error_kind="upstream", error=failed), role=None
+        )
+
+        assert recorder.released == [0]
+        [(key, counts)] = recorder.usage
+        assert (key.team, key.version) == ("alpha", "v2")
+        assert counts == UsageCounts(shed=1)
+
+
+def test_a_failure_after_tokens_were_sent_is_no_shed() -> None:
+    broken = GatewayError(502, "the replica failed", code="upstream_failed")
+    recorder, _ = settle(
+        AttemptResult("error", "r1", 0.5, usage=USAGE, error=broken), role=None
+    )
+
+    [(_, counts)] = recorder.usage
+    assert counts.shed == 0
+    assert counts.output_tokens == 7
