@@ -250,6 +250,66 @@ def test_two_regions_flushing_one_minute_both_count(
     assert sum(r.prompt_tokens for r in rows) == 30
 
 
+def test_two_regions_replaying_their_flushes_count_once_each(
+    team: Team,
+    chat_v1: ModelVersion,
+    redis_url: str,
+    client: redis.Redis,
+    django_capture_on_commit_callbacks: DjangoCaptureOnCommitCallbacks,
+) -> None:
+    """GIVEN east and west counting the same minute, each in its own Redis
+    WHEN east flushes twice, and west's flush dies after its commit, is rerun, and
+    then a stale copy of its first read is written again
+    THEN the minute holds east's totals plus west's, each once.
+    """
+    prefixes = {"east": f"test-{uuid.uuid4().hex[:8]}", "west": ""}
+    prefixes["west"] = prefixes["east"] + "-west"
+
+    def add(region: str, counts: UsageCounts) -> None:
+        async def main() -> None:
+            counter = RedisUsageCounter.from_url(redis_url, prefix=prefixes[region])
+            try:
+                await counter.add(KEY, counts)
+            finally:
+                await counter.aclose()
+
+        asyncio.run(main())
+
+    def flush(region: str) -> int:
+        with django_capture_on_commit_callbacks(execute=True):
+            return flush_redis_usage(
+                client=client, prefix=prefixes[region], now=AFTER_CLOSE, region=region
+            )
+
+    west_counts = UsageCounts(prompt_tokens=3, output_tokens=800, requests=8)
+    try:
+        add("east", TEN)
+        add("east", TEN)
+        add("west", west_counts)
+
+        assert flush("east") == 1
+        assert flush("east") == 0  # retried: nothing left to write
+        stale = read_closed_usage(
+            client=client, prefix=prefixes["west"], now=AFTER_CLOSE
+        )
+        write_usage_rows(entries={p.key: p.counts for p in stale}, region="west")
+        assert flush("west") == 1  # the rerun after the crash: same totals
+        write_usage_rows(entries={p.key: p.counts for p in stale}, region="west")
+        assert flush("west") == 0
+    finally:
+        for prefix in prefixes.values():
+            for key in client.scan_iter(f"{prefix}:*"):
+                client.delete(key)
+
+    rows = Usage.objects.filter(team_id=KEY.team, minute=KEY.minute_at)
+    assert sorted(rows.values_list("region", "requests", "output_tokens")) == [
+        ("east", 2, 14),
+        ("west", 8, 800),
+    ]
+    assert sum(r.output_tokens for r in rows) == 814
+    assert sum(r.prompt_tokens for r in rows) == 23
+
+
 def test_flush_skips_an_unknown_team_and_drops_its_hash(
     team: Team,
     chat_v1: ModelVersion,
