@@ -4,12 +4,13 @@ cost model (``metering.domain.cost``) over the replicas' state history.
 Public surface: ``ReportQuery``, ``Report``, ``report_query``, ``usage_report``,
 ``report_csv``, ``CSV_COLUMNS``, ``token_weights``, ``TOKEN_FIELDS``.
 
-A report covers ``[start, end)`` in UTC periods. For each period and version the
-GPU time of its pools (every region) is priced at the region's GPU-hour price, and
-the used part is split between all the teams that used the version; the rows then
-keep only the team and model asked for. The idle part of each model's cost is its
+A report covers ``[start, end)`` in UTC periods. For each period, version and
+region the GPU time of the region's pools is priced at the region's GPU-hour price,
+and the used part is split between all the teams that used the version in that
+region; the rows (one per period, team, model and region) then keep only the team,
+model and region asked for. The idle part of each model's cost in a region is its
 own line (``line: idle``), so the teams' bills and the idle lines add up to what
-the GPUs cost.
+the GPUs cost, in each region and in total.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from django.db.models import Sum
 from django.db.models.functions import TruncDay, TruncMonth
 
 from config.errors import InvalidRequest, NotFound
+from config.names import SLUG_RULE, is_valid_slug
 from metering.domain.cost import (
     PoolCost,
     Span,
@@ -70,6 +72,7 @@ CSV_COLUMNS = (
     "line",
     "team",
     "model",
+    "region",
     *TOKEN_FIELDS,
     "weighted_tokens",
     "usd",
@@ -92,17 +95,19 @@ def token_weights() -> TokenWeights:
 @dataclass(frozen=True, slots=True)
 class ReportQuery:
     """What a report covers: ``[start, end)``, rows per ``group_by``, optionally one
-    team and one model."""
+    team, one model and one region."""
 
     start: datetime
     end: datetime
     group_by: str = "month"
     team: str | None = None
     model: str | None = None
+    region: str | None = None
 
 
 def report_query(params: Mapping[str, str], *, now: datetime) -> ReportQuery:
-    """Read ``from``, ``to``, ``group_by``, ``team`` and ``model`` from a query string.
+    """Read ``from``, ``to``, ``group_by``, ``team``, ``model`` and ``region`` from a
+    query string.
 
     ``from`` defaults to the start of this month, ``to`` to now; each is
     ``YYYY-MM``, ``YYYY-MM-DD`` or an ISO 8601 instant, and a month or day as ``to``
@@ -112,6 +117,9 @@ def report_query(params: Mapping[str, str], *, now: datetime) -> ReportQuery:
         InvalidRequest: a bad value, with the parameter it came from.
     """
     group_by = params.get("group_by") or "month"
+    region = params.get("region") or None
+    if region is not None and not is_valid_slug(region):
+        raise InvalidRequest(f"region must be {SLUG_RULE}", param="region")
     if group_by not in GROUP_BYS:
         raise InvalidRequest(
             f"group_by must be one of {', '.join(GROUP_BYS)}", param="group_by"
@@ -146,6 +154,7 @@ def report_query(params: Mapping[str, str], *, now: datetime) -> ReportQuery:
         group_by=group_by,
         team=params.get("team") or None,
         model=params.get("model") or None,
+        region=region,
     )
 
 
@@ -180,6 +189,7 @@ class Report:
             "group_by": q.group_by,
             "team": q.team,
             "model": q.model,
+            "region": q.region,
             "currency": "usd",
             "gpu_hour_usd": settings.PLATFORM_GPU_HOUR_USD,
             "gpu_hour_usd_by_region": dict(settings.PLATFORM_GPU_HOUR_USD_BY_REGION),
@@ -199,18 +209,20 @@ class Report:
 def _usage_by_version(
     query: ReportQuery,
 ) -> dict[str, list[tuple[TeamTokens, dict[str, int]]]]:
-    """Return each period's usage per team and version (every team: the split needs
-    all of them), with its counts."""
+    """Return each period's usage per team, version and region (every team: the
+    split needs all of them), with its counts."""
     trunc = TruncMonth if query.group_by == "month" else TruncDay
     rows = (
         Usage.objects.filter(minute__gte=query.start, minute__lt=query.end)
         .annotate(period=trunc("minute", tzinfo=UTC))
-        .values("period", "team_id", "model_id", "version__version")
+        .values("period", "team_id", "model_id", "version__version", "region")
         .annotate(**{f"sum_{f}": Sum(f) for f in TOKEN_FIELDS})
-        .order_by("period", "team_id", "model_id", "version__version")
+        .order_by("period", "team_id", "model_id", "version__version", "region")
     )
     if query.model:
         rows = rows.filter(model_id=query.model)
+    if query.region:
+        rows = rows.filter(region=query.region)
     label = "%Y-%m" if query.group_by == "month" else "%Y-%m-%d"
     found: dict[str, list[tuple[TeamTokens, dict[str, int]]]] = defaultdict(list)
     for values in rows:
@@ -220,6 +232,7 @@ def _usage_by_version(
             team=row["team_id"],
             model=row["model_id"],
             version=row["version__version"],
+            region=row["region"],
             prompt_tokens=counts["prompt_tokens"],
             cached_tokens=counts["cached_tokens"],
             output_tokens=counts["output_tokens"],
@@ -312,13 +325,16 @@ def usage_report(query: ReportQuery, *, now: datetime) -> Report:
         priced = [
             (p, assumed)
             for p, assumed in _pool_costs(period, spans, versions, now=now)
-            if query.model is None or p.time.model == query.model
+            if query.model in (None, p.time.model)
+            and query.region in (None, p.time.region)
         ]
         counted = usage.get(period.label, [])
         costs = allocate(
             [p for p, _ in priced], [t for t, _ in counted], weights=weights
         )
-        counts_of = {(t.team, t.model, t.version): counts for t, counts in counted}
+        counts_of = {
+            (t.team, t.model, t.version, t.region): counts for t, counts in counted
+        }
         assumed = {(p.time.model, p.time.version, p.time.region): a for p, a in priced}
         _add_period(report, period, costs, counts_of, assumed)
     return report
@@ -328,32 +344,33 @@ def _add_period(
     report: Report,
     period: Period,
     costs: list[VersionCost],
-    counts_of: Mapping[tuple[str, str, str], Mapping[str, int]],
+    counts_of: Mapping[tuple[str, str, str, str], Mapping[str, int]],
     assumed: Mapping[tuple[str, str, str], bool],
 ) -> None:
     team = report.query.team
-    rows: dict[tuple[str, str], dict[str, Any]] = {}
-    idle: dict[str, float] = defaultdict(float)
+    rows: dict[tuple[str, str, str], dict[str, Any]] = {}
+    idle: dict[tuple[str, str], float] = defaultdict(float)
     for cost in costs:
-        idle[cost.model] += cost.idle_usd
+        idle[(cost.model, cost.region)] += cost.idle_usd
         for share in cost.teams:
             t = share.tokens
             if team is not None and t.team != team:
                 continue
             row = rows.setdefault(
-                (t.team, t.model),
+                (t.team, t.model, t.region),
                 {
                     "period": period.label,
                     "period_start": period.start.isoformat(),
                     "line": "team",
                     "team": t.team,
                     "model": t.model,
+                    "region": t.region,
                     **dict.fromkeys(TOKEN_FIELDS, 0),
                     "weighted_tokens": 0.0,
                     "usd": 0.0,
                 },
             )
-            for f, n in counts_of[(t.team, t.model, t.version)].items():
+            for f, n in counts_of[(t.team, t.model, t.version, t.region)].items():
                 row[f] += n
             row["weighted_tokens"] += share.weighted_tokens
             row["usd"] += share.usd
@@ -377,12 +394,12 @@ def _add_period(
                     ),
                 }
             )
-    for row in sorted(rows.values(), key=lambda r: (r["team"], r["model"])):
+    for _, row in sorted(rows.items()):
         row["weighted_tokens"] = round(row["weighted_tokens"], 3)
         row["usd"] = _usd(row["usd"])
         report.rows.append(row)
     if team is None:
-        for model, usd in sorted(idle.items()):
+        for (model, region), usd in sorted(idle.items()):
             if usd > 0:
                 report.idle.append(
                     {
@@ -391,6 +408,7 @@ def _add_period(
                         "line": "idle",
                         "team": "",
                         "model": model,
+                        "region": region,
                         "usd": _usd(usd),
                     }
                 )
@@ -402,6 +420,7 @@ def _version_summary(period: Period, cost: VersionCost) -> dict[str, Any]:
         "period": period.label,
         "model": cost.model,
         "version": cost.version,
+        "region": cost.region,
         "usd": _usd(cost.usd),
         "gpu_hours": round(cost.gpu_hours, 6),
         "output_tokens": cost.output_tokens,
@@ -426,8 +445,9 @@ def _cell(value: Any) -> Any:
 
 
 def report_csv(report: Report) -> str:
-    """Return the report as CSV: one line per period, team and model, then the idle
-    lines; the same figures as the JSON ``data`` and ``idle``."""
+    """Return the report as CSV: one line per period, team, model and region, then
+    the idle lines (per model and region); the same figures as the JSON ``data`` and
+    ``idle``."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\r\n")
     writer.writerow(CSV_COLUMNS)

@@ -49,6 +49,7 @@ def month(chat_v1: ModelVersion) -> dict[str, Any]:
             team=team,
             model_id=chat_v1.model_id,
             version=chat_v1,
+            region="local",  # the replica's (ReplicaFactory's)
             minute=minute,
             **counts,
         )
@@ -160,9 +161,77 @@ def test_one_team_and_days(month: dict[str, Any], admin_client: APIClient) -> No
     assert body["data"][1]["usd"] == 0
 
 
+OCT = datetime(2026, 10, 5, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def two_regions(chat_v1: ModelVersion, settings: Any) -> Team:
+    """October: one chat replica an hour in east (2.00 USD a GPU-hour) made half
+    busy by search, and one in west (4.00 USD) kept full by search."""
+    settings.PLATFORM_GPU_HOUR_USD_BY_REGION = {"east": 2.0, "west": 4.0}
+    ModelVersion.objects.filter(pk=chat_v1.pk).update(load_test_tokens_per_s=2500.0)
+    search = accounts_services.create_team(team_id="search", name="Search")
+    for region, output in (("east", 4_500_000), ("west", 9_000_000)):
+        with time_machine.travel(OCT, tick=False):
+            replica = ReplicaFactory.create(
+                version=chat_v1, state="serving", region=region
+            )
+        with time_machine.travel(OCT + timedelta(hours=1), tick=False):
+            Replica.objects.filter(pk=replica.pk).update(state="gone")
+        Usage.objects.create(
+            team=search,
+            model_id=chat_v1.model_id,
+            version=chat_v1,
+            region=region,
+            minute=OCT + timedelta(minutes=1),
+            requests=3,
+            output_tokens=output,
+        )
+    return search
+
+
+def test_each_region_is_priced_at_its_own_gpu_hour_price(
+    two_regions: Team, admin_client: APIClient
+) -> None:
+    """East's half-used 2.00 USD bills 1.00, west's full 4.00 USD bills 4.00: 5.00.
+
+    Priced as one version over both regions (6.00 USD for 18 million tokens of
+    capacity, 13.5 million used) the same tokens would bill 4.50.
+    """
+    with time_machine.travel(NOW, tick=False):
+        body = admin_client.get(
+            "/admin/reports/usage", {"from": "2026-10", "to": "2026-10"}
+        ).json()
+        west = admin_client.get(
+            "/admin/reports/usage",
+            {"from": "2026-10", "to": "2026-10", "region": "west", "format": "csv"},
+        )
+    usd = {(r["team"], r["region"]): r["usd"] for r in body["data"]}
+    assert usd == {("search", "east"): 1.0, ("search", "west"): 4.0}
+    assert body["totals"]["usd"] == 5.0
+    assert [(i["region"], i["usd"]) for i in body["idle"]] == [("east", 1.0)]
+    assert body["totals"]["gpu_usd"] == 6.0
+    assert {(p["region"], p["gpu_hour_usd"]) for p in body["pools"]} == {
+        ("east", 2.0),
+        ("west", 4.0),
+    }
+    assert {(v["region"], v["utilisation"]) for v in body["versions"]} == {
+        ("east", 0.5),
+        ("west", 1.0),
+    }
+
+    assert west.status_code == 200, west.content
+    lines = list(csv.DictReader(io.StringIO(west.content.decode())))
+    assert [(line["region"], line["output_tokens"], line["usd"]) for line in lines] == [
+        ("west", "9000000", "4.0")
+    ]
+
+
 @pytest.mark.parametrize(
     ("query", "status", "param"),
     [
+        ({"region": "East Coast"}, 400, "region"),
+        ({"region": ""}, 400, "region"),
         ({"group_by": "week"}, 400, "group_by"),
         ({"from": "last tuesday"}, 400, "from"),
         ({"from": "2026-11", "to": "2026-10"}, 400, "to"),

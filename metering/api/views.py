@@ -53,7 +53,7 @@ class ReportCSVRenderer(BaseRenderer):
 
 
 class UsageReportView(ControlPlaneView):
-    """Usage and cost per team and model, per day or month."""
+    """Usage and cost per team, model and region, per day or month."""
 
     permission_classes = [CanReadReports]
     renderer_classes = [JSONRenderer, ReportCSVRenderer]
@@ -92,6 +92,14 @@ class UsageReportView(ControlPlaneView):
                 description=f"Only this model: {SLUG_RULE}.",
                 pattern=openapi_pattern(SLUG_PATTERN),
             ),
+            OpenApiParameter(
+                "region",
+                str,
+                required=False,
+                description="Only this region's usage and pools (rows are per "
+                f"region either way): {SLUG_RULE}.",
+                pattern=openapi_pattern(SLUG_PATTERN),
+            ),
             OpenApiParameter("format", str, enum=list(_FORMATS), required=False),
         ],
         responses={
@@ -109,7 +117,7 @@ class UsageReportView(ControlPlaneView):
     )
     def get(self, request: Request) -> Response:
         params = request.query_params
-        for name in ("team", "model"):
+        for name in ("team", "model", "region"):
             value = params.get(name)
             if value is not None and not is_valid_slug(value):
                 raise InvalidRequest(f"{name} must be {SLUG_RULE}", param=name)

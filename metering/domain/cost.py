@@ -23,8 +23,9 @@ bills (seed: 0.28 USD per million output tokens when full, 0.56 when half busy).
 Capacity is measured in output tokens at the load test's mix of prompts, so a pool
 full at a prompt-heavy mix reads 1 (capped) a little before it is.
 
-Usage is metered per team, model, version and minute, without a region, so the
-split is per version: the version's pools in every region are added up first.
+Usage is metered per team, model, version, region and minute, so the split is per
+version and region: each region's tokens pay for that region's pools, at that
+region's GPU-hour price, and each region's idle part is its own.
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ _MILLION = 1_000_000.0
 # tokens. ``gone`` holds nothing.
 HOLDING_STATES = frozenset({"starting", "loading", "serving", "stalled", "draining"})
 SERVING_STATE = "serving"
+
+# A pool: model, version and region.
+_PoolKey = tuple[str, str, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,11 +246,12 @@ class PoolCost:
 
 @dataclass(frozen=True, slots=True)
 class TeamTokens:
-    """What one team used of one version over the period."""
+    """What one team used of one version in one region over the period."""
 
     team: str
     model: str
     version: str
+    region: str
     prompt_tokens: int
     cached_tokens: int
     output_tokens: int
@@ -263,7 +268,7 @@ class TeamCost:
 
 @dataclass(frozen=True, slots=True)
 class VersionCost:
-    """One version's cost over the period, all its regions together.
+    """One version's cost in one region over the period.
 
     ``usd`` = ``teams_usd`` + ``idle_usd``. ``utilisation`` is the weighted tokens
     over the capacity, None when no replica served (nothing to measure against). ``usd_per_million_tokens`` is
@@ -274,6 +279,7 @@ class VersionCost:
 
     model: str
     version: str
+    region: str
     pools: tuple[PoolCost, ...]
     usd: float
     gpu_hours: float
@@ -293,23 +299,26 @@ def allocate(
     *,
     weights: TokenWeights,
 ) -> list[VersionCost]:
-    """Split each version's GPU cost between its teams, the rest on an idle line.
+    """Split each version's GPU cost in each region between the teams that used it
+    there, the rest on an idle line.
 
-    Tokens of a version with no GPU time in the period (its replicas were started
-    before and their history is missing, or the usage is late) cost nothing here
-    and still appear, with ``usd`` 0, so the token totals stay whole.
+    A region's tokens pay for that region's pools only (at its GPU-hour price), so
+    a region that costs more bills more per token. Tokens of a version with no GPU
+    time in their region in the period (its replicas were started before and
+    their history is missing, or the usage is late) cost nothing here and still
+    appear, with ``usd`` 0, so the token totals stay whole.
     """
-    by_version: dict[tuple[str, str], list[PoolCost]] = defaultdict(list)
+    by_pool: dict[_PoolKey, list[PoolCost]] = defaultdict(list)
     for pool in pools:
-        by_version[(pool.time.model, pool.time.version)].append(pool)
-    used: dict[tuple[str, str], list[TeamTokens]] = defaultdict(list)
+        by_pool[(pool.time.model, pool.time.version, pool.time.region)].append(pool)
+    used: dict[_PoolKey, list[TeamTokens]] = defaultdict(list)
     for row in usage:
-        used[(row.model, row.version)].append(row)
+        used[(row.model, row.version, row.region)].append(row)
 
     costs = []
-    for model, version in sorted(set(by_version) | set(used)):
-        its_pools = tuple(by_version.get((model, version), ()))
-        its_usage = used.get((model, version), [])
+    for model, version, region in sorted(set(by_pool) | set(used)):
+        its_pools = tuple(by_pool.get((model, version, region), ()))
+        its_usage = used.get((model, version, region), [])
         usd = sum(p.usd for p in its_pools)
         capacity = sum(p.capacity_tokens for p in its_pools)
         output = sum(r.output_tokens for r in its_usage)
@@ -349,6 +358,7 @@ def allocate(
             VersionCost(
                 model=model,
                 version=version,
+                region=region,
                 pools=its_pools,
                 usd=usd,
                 gpu_hours=sum(p.time.gpu_hours for p in its_pools),

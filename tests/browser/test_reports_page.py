@@ -107,6 +107,7 @@ def ledger(
                 team_id=TEAM,
                 model_id="chat-7b",
                 version=v1,
+                region=browser_platform.region,
                 minute=month + timedelta(minutes=minutes),
                 **counts,
             )
@@ -114,6 +115,7 @@ def ledger(
             team_id=TEAM,
             model_id="chat-7b",
             version=v1,
+            region=browser_platform.region,
             minute=month - timedelta(days=1),
             **LAST_MONTH,
         )

@@ -41,11 +41,19 @@ def seed_pool(*, replicas: int = 1, hours: float = 1.0) -> PoolCost:
     )
 
 
-def tokens(team: str, output: int, *, prompt: int = 0, cached: int = 0) -> TeamTokens:
+def tokens(
+    team: str,
+    output: int,
+    *,
+    prompt: int = 0,
+    cached: int = 0,
+    region: str = "east",
+) -> TeamTokens:
     return TeamTokens(
         team=team,
         model="chat",
         version="v1",
+        region=region,
         prompt_tokens=prompt,
         cached_tokens=cached,
         output_tokens=output,
@@ -147,18 +155,40 @@ def test_usage_without_gpu_time_keeps_its_tokens_at_no_cost() -> None:
     assert cost.teams[0].usd == 0.0
 
 
-def test_versions_sum_their_regions() -> None:
-    east = seed_pool()
-    west = PoolCost(
+def west_pool(*, gpu_hour_usd: float = 3.50) -> PoolCost:
+    return PoolCost(
         time=PoolTime("chat", "v1", "west", HOUR, HOUR, HOUR),
         gpus_per_replica=1,
-        gpu_hour_usd=3.50,
+        gpu_hour_usd=gpu_hour_usd,
         tokens_per_s=2500.0,
     )
-    (cost,) = allocate([east, west], [tokens("a", 9_000_000)], weights=TokenWeights())
-    assert cost.usd == pytest.approx(6.00)
-    assert cost.utilisation == pytest.approx(0.5)
-    assert cost.usd_per_million_tokens_at_full == pytest.approx(6.0 / 18)
+
+
+def test_each_region_pays_its_own_gpu_hour_price() -> None:
+    """East (2.50 USD) half busy, west (3.50 USD) full: the team pays 1.25 + 3.50.
+
+    Splitting the version's 6.00 USD over both regions' 18 million tokens of
+    capacity would bill the same 13.5 million tokens 4.50 USD.
+    """
+    usage = [tokens("a", 4_500_000), tokens("a", 9_000_000, region="west")]
+    east, west = allocate([seed_pool(), west_pool()], usage, weights=TokenWeights())
+    assert (east.region, west.region) == ("east", "west")
+    assert east.teams[0].usd == pytest.approx(1.25)
+    assert east.idle_usd == pytest.approx(1.25)
+    assert west.teams[0].usd == pytest.approx(3.50)
+    assert west.idle_usd == pytest.approx(0.0)
+    assert east.teams[0].usd + west.teams[0].usd == pytest.approx(4.75)
+    assert west.usd_per_million_tokens_at_full == pytest.approx(3.50 / 9)
+
+
+def test_a_regions_tokens_never_fill_another_regions_pool() -> None:
+    """West's tokens with no west pool cost nothing; east's pool stays idle."""
+    east, west = allocate(
+        [seed_pool()], [tokens("a", 9_000_000, region="west")], weights=TokenWeights()
+    )
+    assert east.idle_usd == pytest.approx(2.50)
+    assert east.teams == ()
+    assert (west.usd, west.teams[0].usd, west.output_tokens) == (0.0, 0.0, 9_000_000)
 
 
 def test_pool_times_clip_spans_and_count_only_holding_states() -> None:
