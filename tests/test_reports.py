@@ -162,6 +162,7 @@ def test_one_team_and_days(month: dict[str, Any], admin_client: APIClient) -> No
 
 
 OCT = datetime(2026, 10, 5, 12, 0, tzinfo=UTC)
+OCT_START = int(datetime(2026, 10, 5, tzinfo=UTC).timestamp())
 
 
 @pytest.fixture
@@ -225,6 +226,35 @@ def test_each_region_is_priced_at_its_own_gpu_hour_price(
     assert [(line["region"], line["output_tokens"], line["usd"]) for line in lines] == [
         ("west", "9000000", "4.0")
     ]
+
+
+def test_a_team_filters_its_usage_and_cost_by_region(two_regions: Team) -> None:
+    client = team_client("search")
+
+    def get(path: str, **params: str) -> list[dict[str, Any]]:
+        with time_machine.travel(NOW, tick=False):
+            answer = client.get(
+                f"/v1/organization/{path}",
+                {"start_time": str(OCT_START), "limit": "1", **params},
+            )
+        assert answer.status_code == 200, answer.content
+        return answer.json()["data"][0]["results"]
+
+    def output(**params: str) -> int:
+        (result,) = get("usage/completions", **params)
+        return int(result["output_tokens"])
+
+    def cost(**params: str) -> float:
+        (result,) = get("costs", **params)
+        return float(result["amount"]["value"])
+
+    assert output() == 13_500_000
+    assert output(regions="west") == 9_000_000
+    assert output(regions="east,west") == 13_500_000
+    assert get("usage/completions", regions="north") == []
+    assert cost() == pytest.approx(5.0)
+    assert cost(regions="east") == pytest.approx(1.0)
+    assert cost(regions="west") == pytest.approx(4.0)
 
 
 @pytest.mark.parametrize(
@@ -421,6 +451,8 @@ def test_a_team_splits_batch_work_and_sees_no_other_team(month: dict[str, Any]) 
         ("usage/completions", {"start_time": 0, "page": "page_99999999999999"}, "page"),
         ("usage/completions", {"start_time": 253402300000}, "start_time"),
         ("costs", {"start_time": 253402300000}, "start_time"),
+        ("usage/completions", {"start_time": 0, "regions": "East!"}, "regions"),
+        ("costs", {"start_time": 0, "regions": "-west"}, "regions"),
     ],
 )
 def test_bad_usage_queries(

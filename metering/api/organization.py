@@ -2,19 +2,23 @@
 
 - ``GET /v1/organization/usage/completions``: ``start_time`` (Unix seconds,
   required), ``end_time``, ``bucket_width`` (``1m``, ``1h`` or ``1d``; default
-  ``1d``), ``group_by`` (``model``, ``batch``), ``models``, ``batch``, ``limit``,
-  ``page``. Each bucket lists results with ``input_tokens``, ``output_tokens``,
+  ``1d``), ``group_by`` (``model``, ``batch``), ``models``, ``regions``,
+  ``batch``, ``limit``, ``page``. Each bucket lists results with ``input_tokens``, ``output_tokens``,
   ``input_cached_tokens``, ``num_model_requests`` (and, beyond OpenAI's fields,
   ``rate_limited_requests`` and ``shed_requests``: the team's 429s and 503s).
 - ``GET /v1/organization/costs``: ``start_time``, ``end_time``, ``bucket_width``
-  (``1d`` only), ``group_by`` (``line_item``: one line per model), ``limit``,
-  ``page``. ``amount.value`` is what the cost model bills the team (its share of
+  (``1d`` only), ``group_by`` (``line_item``: one line per model), ``regions``,
+  ``limit``, ``page``. ``amount.value`` is what the cost model bills the team (its share of
   the used GPU time, ``metering.reports``), in USD.
 
 The key's team is the organization: a team sees only its own usage, and a key of
 another team cannot name it. Buckets are aligned to UTC minutes, hours or days.
 Every bucket in range is listed, empty or not; ``next_page`` continues after the
 last one.
+
+``regions`` (beyond OpenAI's filters, shaped like ``models``) keeps the usage
+counted, and the cost billed, in those regions only: a region's tokens pay its
+own pools' GPU-hours, so the regions' costs add up to the whole.
 """
 
 from __future__ import annotations
@@ -34,7 +38,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from accounts.api.team_view import TeamView
+from config.api import openapi_pattern
 from config.errors import InvalidRequest
+from config.names import SLUG_PATTERN, SLUG_RULE, is_valid_slug
 from metering import reports
 from metering.models import Usage
 
@@ -61,6 +67,17 @@ def _list(request: Request, name: str) -> list[str]:
         f"{name}[]"
     )
     return [item.strip() for v in values for item in v.split(",") if item.strip()]
+
+
+def _regions(request: Request) -> list[str]:
+    """The ``regions`` filter: region names (slugs), none for every region."""
+    regions = _list(request, "regions")
+    for region in regions:
+        if not is_valid_slug(region):
+            raise InvalidRequest(
+                f"each of regions must be {SLUG_RULE}", param="regions"
+            )
+    return regions
 
 
 def _int(request: Request, name: str, *, required: bool = False) -> int | None:
@@ -285,6 +302,16 @@ def _time(name: str, *, required: bool = False) -> OpenApiParameter:
 
 def _window_parameters(max_limit: int) -> list[OpenApiParameter]:
     return [
+        OpenApiParameter(
+            "regions",
+            {
+                "type": "array",
+                "items": {"type": "string", "pattern": openapi_pattern(SLUG_PATTERN)},
+            },
+            explode=True,
+            description="Only the usage and cost of these regions (not OpenAI's: "
+            f"this platform's). Each {SLUG_RULE}.",
+        ),
         _time("start_time", required=True),
         _time("end_time"),
         OpenApiParameter(
@@ -345,6 +372,9 @@ class CompletionsUsageView(TeamView):
         models = _list(request, "models")
         if models:
             rows = rows.filter(model_id__in=models)
+        regions = _regions(request)
+        if regions:
+            rows = rows.filter(region__in=regions)
         batch = request.query_params.get("batch")
         if batch not in (None, "", "true", "false"):
             raise InvalidRequest("batch must be true or false", param="batch")
@@ -408,6 +438,7 @@ class CostsView(TeamView):
             raise InvalidRequest(
                 "group_by takes line_item and project_id", param="group_by"
             )
+        regions = _regions(request)
         width = timedelta(days=1)
         first, end, _, has_more = _window(request, width, *_COST_LIMITS)
         team = self.team(request)
@@ -425,6 +456,8 @@ class CostsView(TeamView):
                 lambda: defaultdict(float)
             )
             for row in report.rows:
+                if regions and row["region"] not in regions:
+                    continue
                 line = row["model"] if "line_item" in groups else None
                 by_day[row["period"]][line] += row["usd"]
             for day, lines in by_day.items():
