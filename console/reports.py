@@ -1,7 +1,7 @@
 """The Reports page: usage and cost per team and month, for finance and admins.
 
-``/console/reports/`` shows the report's rows (tokens, 429s, shed, USD) with the
-idle lines and each pool's GPU-hours, utilisation and USD per million tokens, a
+``/console/reports/`` shows the report's rows (tokens, 429s, shed, USD per team,
+model and region; a region filter narrows it to one) with the idle lines and each pool's GPU-hours, utilisation and USD per million tokens, a
 chart of USD per month and team, and a CSV download (``/console/reports/usage.csv``)
 of the same report. Both need ``metering.view_cost_report`` (the finance group has
 it, ``metering.roles``); nothing here shows keys, limits or the fleet.
@@ -24,7 +24,7 @@ from accounts.models import Team
 from config.errors import PlatformError
 from console.views import _context
 from metering import reports
-from models_registry.models import Model
+from models_registry.models import Model, Pool
 
 __all__ = ["report_csv", "report_page"]
 
@@ -56,6 +56,7 @@ def _report(
         "to": get.get("to") or "",
         "team": get.get("team") or "",
         "model": get.get("model") or "",
+        "region": get.get("region") or "",
     }
     query = reports.report_query({**params, "group_by": "month"}, now=now)
     return reports.usage_report(query, now=now), params
@@ -88,6 +89,13 @@ def _chart(report: reports.Report) -> dict[str, Any]:
     return {"labels": months, "datasets": datasets}
 
 
+def _regions(report: reports.Report) -> list[str]:
+    """The regions a report can be narrowed to: those with pools, and those the
+    report's rows name (a region whose pools are gone; no scan of the usage)."""
+    pools = Pool.objects.order_by("region").values_list("region", flat=True).distinct()
+    return sorted(set(pools) | {r["region"] for r in report.rows})
+
+
 @never_cache
 def report_page(request: HttpRequest) -> HttpResponse:
     """Per team and month: tokens, 429s, shed and USD, with idle cost and pools."""
@@ -113,6 +121,7 @@ def report_page(request: HttpRequest) -> HttpResponse:
             chart=_chart(report),
             teams=Team.objects.order_by("team").values_list("team", flat=True),
             models=Model.objects.order_by("model").values_list("model", flat=True),
+            regions=_regions(report),
         ),
     )
 

@@ -335,6 +335,21 @@ def test_finance_sees_reports_and_nothing_else(month: dict[str, Any]) -> None:
     assert client.get("/console/metering/usage/").status_code == 200
 
 
+def test_the_console_page_shows_and_filters_regions(two_regions: Team) -> None:
+    client = finance_user()
+    with time_machine.travel(NOW, tick=False):
+        every = client.get("/console/reports/?from=2026-10&to=2026-10").content
+        west = client.get("/console/reports/?from=2026-10&to=2026-10&region=west")
+    html = every.decode()
+    for region in ("east", "west"):
+        assert f'data-model="chat-7b" data-region="{region}"' in html
+        assert f'<option value="{region}">{region}</option>' in html
+    assert 'data-idle="chat-7b" data-month="2026-10" data-region="east"' in html
+    assert west.status_code == 200
+    assert 'data-region="east"' not in west.content.decode()
+    assert '<option value="west" selected>west</option>' in west.content.decode()
+
+
 def test_the_console_page_refuses_staff_without_the_permission(
     month: dict[str, Any],
 ) -> None:
