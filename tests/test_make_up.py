@@ -102,8 +102,12 @@ def _take_terminal() -> None:
     # script cannot trap a signal ignored when it started.
     os.setsid()
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+    # A shell on a terminal starts with every signal at its default and none
+    # blocked; a test worker may have some ignored or blocked (inherited across
+    # exec), and a script cannot trap a signal ignored when it started.
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
 
 @contextlib.contextmanager
@@ -155,8 +159,11 @@ def assert_all_stopped(local: Path, pids: list[int], ports: list[int]) -> None:
         left = {pid: _cmdline(pid) for pid in pids if is_running(pid)}
         files = sorted(p.name for p in (local / "run").glob("*.pid"))
         up = [line for line in process_cmdlines().split(b"\n") if b"up.sh" in line]
+        hup = signal.getsignal(signal.SIGHUP)
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
         raise AssertionError(
-            f"{exc}: still running {left}; pid files {files}; up.sh: {up}"
+            f"{exc}: still running {left}; pid files {files}; up.sh: {up}; "
+            f"this worker's SIGHUP {hup}, blocked {blocked}"
         ) from None
     assert not any(is_listening(port) for port in ports)
 
