@@ -58,6 +58,7 @@ from routing.domain.admission import (
 )
 from routing.domain.limit_table import Claim, LimitTable
 from routing.domain.limiter import ChargeTooLarge, rate_limit_headers
+from routing.domain.region_shares import RegionalLimits, regional_limits
 from routing.domain.snapshot import LimitRecord
 from routing.domain.tiers import Tier
 
@@ -90,11 +91,22 @@ class AdmissionRequest:
     prompt_tokens: int
     max_tokens: int
     limit: LimitRecord
+    # This region's share of the team's limits (``routing.domain.region_shares``).
+    region_share: float = 1.0
 
     @property
     def charge_tokens(self) -> int:
         """The tokens charged up front: prompt plus the most the answer may use."""
         return self.prompt_tokens + self.max_tokens
+
+    def regional(self, amount: int) -> RegionalLimits:
+        """Return the limits this region enforces for a charge of ``amount``."""
+        return regional_limits(
+            tokens_per_minute=self.limit.tokens_per_minute,
+            max_concurrency=self.limit.max_concurrency,
+            share=self.region_share,
+            amount=amount,
+        )
 
     @property
     def limit_key(self) -> str:
@@ -279,22 +291,24 @@ class AdmissionControl:
         """
         limit = request.limit
         amount = request.charge_tokens
-        capacity = limit.tokens_per_minute
-        refill_per_s = capacity / 60.0
+        regional = request.regional(amount)
+        capacity = regional.capacity
+        refill_per_s = regional.refill_per_s
         try:
             claim = yield ChargeAndAcquire(
                 key=request.limit_key,
                 capacity=capacity,
                 refill_per_s=refill_per_s,
                 amount=amount,
-                limit=limit.max_concurrency,
+                limit=regional.max_concurrency,
                 request_id=admission_id,
             )
         except ChargeTooLarge:
             raise Rejected(
                 400,
                 f"this request needs {amount} tokens (prompt + max_tokens) but the "
-                f"team's limit is {capacity} tokens per minute; lower max_tokens",
+                f"team's limit is {limit.tokens_per_minute} tokens per minute; "
+                "lower max_tokens",
                 retry_after_s=0,
                 code="request_exceeds_token_limit",
                 headers=(yield from self._read_bucket(request, admission_id)),
@@ -306,7 +320,7 @@ class AdmissionControl:
             raise Rejected(
                 429,
                 f"team {request.team!r} is over its token limit on {request.model} "
-                f"({capacity} tokens per minute)",
+                f"({_limit_text(limit.tokens_per_minute, request.region_share)})",
                 retry_after_s=charge.retry_after_s,
                 code="rate_limit_exceeded",
                 headers=headers,
@@ -315,8 +329,9 @@ class AdmissionControl:
             # Nothing was charged: the headers show the bucket as it stands.
             raise Rejected(
                 429,
-                f"team {request.team!r} already has {limit.max_concurrency} streams "
-                f"in flight on {request.model}",
+                f"team {request.team!r} already has {regional.max_concurrency} "
+                f"streams in flight on {request.model}"
+                + _region_text(limit.max_concurrency, request.region_share),
                 retry_after_s=1,
                 code="concurrency_limit_exceeded",
                 headers=headers,
@@ -354,11 +369,11 @@ class AdmissionControl:
         self.view.give_back(
             request.model, request.version, request.team, ticket.charged
         )
-        capacity = request.limit.tokens_per_minute
+        regional = request.regional(ticket.charged)
         return RefundAndRelease(
             key=request.limit_key,
-            capacity=capacity,
-            refill_per_s=capacity / 60.0,
+            capacity=regional.capacity,
+            refill_per_s=regional.refill_per_s,
             amount=max(0, ticket.charged - max(0, used_tokens)),
             request_id=ticket.admission_id,
         )
@@ -412,10 +427,11 @@ class AdmissionControl:
         """
         capacity = request.limit.tokens_per_minute
         try:
+            # The whole limit: a charge above it is why this request is a 400.
             claim = yield ChargeAndAcquire(
                 key=request.limit_key,
                 capacity=capacity,
-                refill_per_s=capacity / 60.0,
+                refill_per_s=request.regional(capacity).refill_per_s,
                 amount=0,
                 limit=0,
                 request_id=admission_id,
@@ -514,3 +530,16 @@ class AdmissionControl:
                 batch_ceiling=self.options.batch_ceiling,
             )
         return queue
+
+
+def _limit_text(tokens_per_minute: int, share: float) -> str:
+    text = f"{tokens_per_minute} tokens per minute"
+    if share < 1.0:
+        text += f" over all regions, {share:.0%} of it here"
+    return text
+
+
+def _region_text(max_concurrency: int, share: float) -> str:
+    if share < 1.0:
+        return f" ({share:.0%} here of {max_concurrency} over all regions)"
+    return ""

@@ -119,6 +119,7 @@ def request(
     tokens_per_minute: int = 10**9,
     max_concurrency: int = 10**6,
     share: float = 0.0,
+    region_share: float = 1.0,
 ) -> AdmissionRequest:
     return AdmissionRequest(
         team=team,
@@ -128,6 +129,7 @@ def request(
         prompt_tokens=tokens // 2,
         max_tokens=tokens - tokens // 2,
         limit=LimitRecord(team, "chat-7b", tokens_per_minute, max_concurrency, share),
+        region_share=region_share,
     )
 
 
@@ -160,6 +162,45 @@ def test_release_refunds_the_unused_part_once_and_empties_the_pool() -> None:
     assert driver.slots("a") == 0
     assert driver.pool.in_flight == 0
     assert driver.control.release(ticket, used_tokens=0) is None
+
+
+def test_region_share_sizes_the_bucket_the_refill_and_the_slots() -> None:
+    driver = Driver(Pool())
+
+    def quarter(tokens: int) -> AdmissionRequest:
+        return request(
+            "a", tokens, tokens_per_minute=6000, max_concurrency=4, region_share=0.25
+        )
+
+    _, ticket = driver.start(quarter(1000), "r1")
+    _, refused = driver.start(quarter(1000), "r2")
+
+    assert isinstance(ticket, Ticket)
+    charge = driver.effects[0]
+    assert isinstance(charge, ChargeAndAcquire)
+    assert (charge.capacity, charge.refill_per_s, charge.limit) == (1500, 25.0, 1)
+    assert isinstance(refused, Rejected)
+    assert refused.code == "rate_limit_exceeded"
+    assert "6000 tokens per minute over all regions, 25% of it here" in refused.message
+    refund = driver.control.release(ticket, used_tokens=100)
+    assert isinstance(refund, RefundAndRelease)
+    assert (refund.capacity, refund.refill_per_s) == (1500, 25.0)
+
+
+def test_region_share_never_turns_an_allowed_request_into_a_400() -> None:
+    driver = Driver(Pool())
+
+    _, ticket = driver.start(
+        request("a", 4000, tokens_per_minute=6000, region_share=0.05), "r1"
+    )
+    _, too_big = driver.start(
+        request("b", 7000, tokens_per_minute=6000, region_share=0.05), "r2"
+    )
+
+    assert isinstance(ticket, Ticket)
+    assert isinstance(too_big, Rejected)
+    assert too_big.code == "request_exceeds_token_limit"
+    assert "limit is 6000 tokens per minute" in too_big.message
 
 
 @pytest.mark.parametrize(
