@@ -192,3 +192,33 @@ class AdminToken(SecretRecord):
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.name or 'admin token'})"
+
+
+class RegionDemand(models.Model):
+    """One region's recent demand on one team's limit, as its control loop last saw.
+
+    Each region's ``control.region_limits`` tick upserts its rows every few
+    seconds and every region reads them all, to share a team's limits across
+    regions (``routing.domain.region_shares``). ``limit_key`` is the gateway's
+    ``team:model``; the row with an empty key is the region's beat, so that a
+    region with no demand still counts as live. A region drops its own rows of
+    keys with no demand left; rows of a lost region simply age.
+    """
+
+    region = models.CharField(max_length=64)
+    limit_key = models.CharField(max_length=300, blank=True)
+    demand_tokens = models.PositiveBigIntegerField(default=0)
+    window_s = models.FloatField()
+    heard_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "region_demand"
+        ordering = ["region", "limit_key"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["region", "limit_key"], name="region_demand_unique"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.region} {self.limit_key or '(beat)'}"

@@ -467,6 +467,27 @@ try:
     PLATFORM_AUTOSCALE_DECISIONS_KEPT = env_int(
         "PLATFORM_AUTOSCALE_DECISIONS_KEPT", 1000, minimum=1
     )
+    # One limit across regions (control.region_limits): how often each region
+    # publishes its teams' demand and recomputes its shares, over what window of
+    # demand (in slots of PLATFORM_LIMIT_SHARES_SLOT_S), each live region's floor,
+    # and after how long without figures a region counts as lost.
+    PLATFORM_LIMIT_SHARES_INTERVAL_S = env_float(
+        "PLATFORM_LIMIT_SHARES_INTERVAL_S", 2.0, minimum=0.5
+    )
+    PLATFORM_LIMIT_SHARES_WINDOW_S = env_float(
+        "PLATFORM_LIMIT_SHARES_WINDOW_S", 30.0, minimum=1.0
+    )
+    PLATFORM_LIMIT_SHARES_SLOT_S = env_float(
+        "PLATFORM_LIMIT_SHARES_SLOT_S", 5.0, minimum=0.5
+    )
+    PLATFORM_LIMIT_SHARES_FLOOR = env_float(
+        "PLATFORM_LIMIT_SHARES_FLOOR", 0.05, minimum=0.0
+    )
+    if PLATFORM_LIMIT_SHARES_FLOOR > 1.0:
+        raise EnvError("PLATFORM_LIMIT_SHARES_FLOOR must be at most 1")
+    PLATFORM_LIMIT_SHARES_STALE_S = env_float(
+        "PLATFORM_LIMIT_SHARES_STALE_S", 6.0, minimum=1.0
+    )
     # The rollout guards (control.rollout_guard): how often they compare
     # each rollout's candidate with the live version and act, and how long a
     # rollout waits for its candidate's replicas to serve before it is aborted.
@@ -619,6 +640,12 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": timedelta(seconds=PLATFORM_AUTOSCALE_INTERVAL_S),
         # A tick that could not start in time is stale: the next one observes anew.
         "options": {"expires": PLATFORM_AUTOSCALE_INTERVAL_S * 0.9},
+    },
+    "share-region-limits": {
+        "task": "control.share_region_limits",
+        "schedule": timedelta(seconds=PLATFORM_LIMIT_SHARES_INTERVAL_S),
+        # A late tick is superseded by the next, which reads the demand anew.
+        "options": {"expires": PLATFORM_LIMIT_SHARES_INTERVAL_S * 0.9},
     },
     "guard-rollouts": {
         "task": "control.guard_rollouts",

@@ -3,7 +3,8 @@
 Public surface: the tasks, and ``RENAMED`` (old task name -> new).
 
 Beat runs the ticks (``config.settings.CELERY_BEAT_SCHEDULE``): the reaper, the
-autoscaler, the rollout guards and the batch dispatcher; the version gates and a
+autoscaler, the region limit shares, the rollout guards and the batch dispatcher;
+the version gates and a
 batch's runner slices run on queues of their own (``CELERY_TASK_ROUTES``).
 
 The tasks were named after the app that held them before the control loops had a
@@ -24,7 +25,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from batches import runner
-from control import autoscaling, gates, rollout_guard
+from control import autoscaling, gates, region_limits, rollout_guard
 from engine_nodes import services
 from engine_nodes.heartbeats import RedisBeatStore
 
@@ -36,6 +37,7 @@ __all__ = [
     "reap_silent_replicas",
     "run_batch",
     "run_gates",
+    "share_region_limits",
 ]
 
 _TICK: dict[str, Any] = {"acks_late": True, "ignore_result": True}
@@ -100,6 +102,26 @@ def autoscale_pools_body(*, region: str = "") -> int:
             redis_client=client,
         )
     return sum(result.written for result in results)
+
+
+def share_region_limits_body(*, region: str = "") -> int:
+    """Publish the region's demand and share its teams' limits (one tick of
+    ``control.region_limits``); return how many keys have a share of their own.
+
+    Needs the region's Redis (where the gateways count demand and read shares):
+    without one there is one process and nothing to share.
+    """
+    with _region_redis() as client:
+        if client is None:
+            return 0
+        shares = region_limits.share_region_limits(
+            client=client,
+            prefix=settings.REDIS_KEY_PREFIX,
+            region=region or settings.PLATFORM_REGION,
+            now=timezone.now(),
+            options=region_limits.share_settings(),
+        )
+    return len(shares) - 1
 
 
 def run_gates_body(version_id: int, attempt: int) -> str:
@@ -171,6 +193,9 @@ guard_rollouts = _register(
     guard_rollouts_body,
     _TICK,
 )
+share_region_limits: Task[Any, Any] = shared_task(
+    name="control.share_region_limits", **_TICK
+)(share_region_limits_body)
 dispatch_batches = _register("control.dispatch_batches", dispatch_batches_body, {})
 run_batch = _register("control.run_batch", run_batch_body, _BATCH)
 

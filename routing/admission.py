@@ -23,6 +23,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Protocol
 
 from engine_nodes.domain.load_shares import (
@@ -47,6 +48,7 @@ from routing.domain.limit_table import Claim
 from routing.domain.snapshot import ConfigSnapshot
 from routing.limiter_store import LimitStore
 from routing.live import LiveLoad
+from routing.region_limits import RegionLimits
 
 logger = logging.getLogger(__name__)
 
@@ -144,8 +146,11 @@ class LiveAdmission:
         pump_interval_s: float = 0.05,
         clock: Callable[[], float] = time.time,
         live: LiveLoad | None = None,
+        region_limits: RegionLimits | None = None,
     ) -> None:
         self.control = control
+        # This region's shares of teams' limits, and the demand noted for them.
+        self.region_limits = region_limits
         # Charge and slot are taken (and given back) together: one round trip each.
         self.limits = limits
         self.pump_interval_s = pump_interval_s
@@ -158,6 +163,10 @@ class LiveAdmission:
 
     async def admit(self, request: AdmissionRequest) -> Ticket:
         """Admit ``request`` or raise ``Rejected``; may wait in the pool's queue."""
+        if self.region_limits is not None:
+            key = request.limit_key
+            self.region_limits.note(key, request.charge_tokens)
+            request = replace(request, region_share=self.region_limits.share(key))
         steps = self.control.admit(request, secrets.token_hex(8), self.clock())
         reply: Claim | Verdict | None = None
         error: BaseException | None = None

@@ -53,6 +53,7 @@ from routing.plan import (
     read_json,
     team_limit,
 )
+from routing.region_limits import RegionLimits
 from routing.relay import EVENT_END
 from routing.responses import ClientGone, GatewayError, respond
 from routing.snapshots import SnapshotHolder
@@ -95,8 +96,10 @@ class Gateway:
         key_uses: KeyUses | None = None,
         key_uses_flush_s: float = 60.0,
         max_snapshot_age_s: float | None = None,
+        region_limits: RegionLimits | None = None,
     ) -> None:
         self.settings = settings
+        self.region_limits = region_limits
         # Older than this while the control plane answers, the refresh loop is
         # stuck: /healthz takes the region out.
         self.max_snapshot_age_s = (
@@ -199,6 +202,11 @@ class Gateway:
         else:
             if self.failover is not None:
                 await self.failover.restore()
+            if self.region_limits is not None:
+                try:
+                    await self.region_limits.exchange()
+                except Exception as exc:
+                    logger.warning("limit shares exchange failed: %s", exc)
         self._publish_pool_gauges()
         self._readiness()  # the gauge, between the balancer's checks
 

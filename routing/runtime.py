@@ -43,6 +43,7 @@ from routing.limiter_store import LimitStore, MemoryBucketStore, MemoryConcurren
 from routing.live import LiveLoad
 from routing.plan import GatewaySettings
 from routing.prompt_tokens import VersionCounters
+from routing.region_limits import RegionLimits
 from routing.services import build_snapshot
 from routing.snapshots import SnapshotFile, SnapshotHolder
 from routing.sticky import ConversationVersions
@@ -115,6 +116,15 @@ def build_gateway() -> Gateway:
         max_file_age_s=settings.PLATFORM_SNAPSHOT_MAX_FILE_AGE_S,
     )
     limits, counter, figures, flush, failover = _stores(redis_client, live)
+    region_limits = RegionLimits(
+        redis=redis_client,
+        prefix=settings.REDIS_KEY_PREFIX,
+        slot_s=settings.PLATFORM_LIMIT_SHARES_SLOT_S,
+        # A slot is read until it leaves the window, then expires.
+        slot_ttl_s=settings.PLATFORM_LIMIT_SHARES_WINDOW_S
+        + 2 * settings.PLATFORM_LIMIT_SHARES_SLOT_S,
+        clock=time.time,
+    )
     admission = LiveAdmission(
         control=AdmissionControl(
             LivePoolView(
@@ -128,6 +138,7 @@ def build_gateway() -> Gateway:
         ),
         limits=limits,
         live=live,
+        region_limits=region_limits,
     )
     config = gateway_settings()
     upstream = Upstream(
@@ -163,6 +174,7 @@ def build_gateway() -> Gateway:
         hosts=allowed_hosts(),
         key_uses=KeyUses(_write_key_uses),
         key_uses_flush_s=settings.PLATFORM_KEY_LAST_USED_FLUSH_S,
+        region_limits=region_limits,
     )
 
 

@@ -24,6 +24,7 @@ from routing.domain.tiers import Tier
 from routing.limiter_redis import RedisBucketStore, RedisConcurrency
 from routing.limiter_store import MemoryBucketStore, MemoryConcurrency
 from routing.live import LiveLoad
+from routing.region_limits import RegionLimits
 
 T = TypeVar("T")
 
@@ -127,6 +128,33 @@ def test_bucket_charges_up_front_and_refunds_the_unused_part() -> None:
         clock.now += 42  # 700 tokens refill: the bucket is full again
         third = await admission.admit(request("a", 1000, tokens_per_minute=1000))
         assert third.headers["x-ratelimit-remaining-tokens"] == "0"
+
+    run(scenario())
+
+
+def test_region_share_sizes_the_bucket_and_demand_is_noted() -> None:
+    """GIVEN this region holds a quarter of team a's limit, WHEN a asks for two
+    requests of 1,000 tokens, THEN its bucket here holds 1,500 (one is refused)
+    and both charges count as the region's demand, refused or not."""
+
+    async def scenario() -> None:
+        admission, _, clock = build()
+        shares = RegionLimits(
+            redis=None, prefix="p", slot_s=5.0, slot_ttl_s=40.0, clock=clock
+        )
+        shares.shares = {"a:chat-7b": 0.25, "*": 0.5}
+        admission.region_limits = shares
+        limits: Limits = {"tokens_per_minute": 6000, "max_concurrency": 4}
+        first = await admission.admit(request("a", 1000, **limits))
+        with pytest.raises(Rejected) as refused:
+            await admission.admit(request("a", 1000, **limits))
+        assert first.headers["x-ratelimit-limit-tokens"] == "1500"
+        assert refused.value.status == 429
+        assert "25% of it here" in refused.value.message
+        assert shares._unsent == {"a:chat-7b": 2000}
+        # A team without a share of its own takes the default one.
+        other = await admission.admit(request("b", 100, **limits))
+        assert other.headers["x-ratelimit-limit-tokens"] == "3000"
 
     run(scenario())
 
