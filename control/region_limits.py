@@ -1,9 +1,10 @@
 """The live tick of one limit across regions: publish demand, share the limits.
 
-Public surface: ``ShareSettings``, ``share_settings``, ``share_region_limits``,
+Public surface: ``ShareOptions``, ``share_settings``, ``share_region_limits``,
 ``read_region_demand``.
 
-Every few seconds each region's beat runs this tick (``control.share_region_limits``):
+Every few seconds each region's beat runs this tick (``control.share_region_limits``),
+the pure ``routing.domain.region_shares.share_tick`` driven over Redis and the ORM:
 
 1. read the region's demand per ``team:model`` over the window from its own Redis
    (the slots the gateways add each charge to: ``routing.region_limits``);
@@ -20,8 +21,8 @@ keeps its last shares. The bound this gives is in ``docs/platform-admins.md``.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
 
 import redis
 from django.conf import settings
@@ -29,39 +30,31 @@ from django.db import transaction
 
 from accounts.models import RegionDemand
 from routing.domain.region_shares import (
-    DEFAULT_FIELD,
+    BEAT_KEY,
+    DemandRow,
+    PublishDemand,
+    ReadDemand,
+    ShareOptions,
+    WriteShares,
     demand_slot,
     demand_slot_key,
-    region_shares,
+    share_tick,
     shares_key,
 )
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "ShareSettings",
+    "ShareOptions",
     "read_region_demand",
     "share_region_limits",
     "share_settings",
 ]
 
-# The region's beat row in region_demand.
-_BEAT_KEY = ""
 
-
-@dataclass(frozen=True, slots=True)
-class ShareSettings:
-    """The tick's bounds (``PLATFORM_LIMIT_SHARES_*``)."""
-
-    window_s: float = 30.0
-    slot_s: float = 5.0
-    floor: float = 0.05
-    stale_after_s: float = 6.0
-
-
-def share_settings() -> ShareSettings:
+def share_settings() -> ShareOptions:
     """Return the tick's bounds from Django settings."""
-    return ShareSettings(
+    return ShareOptions(
         window_s=settings.PLATFORM_LIMIT_SHARES_WINDOW_S,
         slot_s=settings.PLATFORM_LIMIT_SHARES_SLOT_S,
         floor=settings.PLATFORM_LIMIT_SHARES_FLOOR,
@@ -80,10 +73,51 @@ def read_region_demand(
     Raises:
         redis.RedisError: Redis did not answer.
     """
-    last = demand_slot(now, slot_s)
-    first = demand_slot(now - window_s, slot_s)
+    return _read_slots(
+        client,
+        prefix,
+        ReadDemand(demand_slot(now - window_s, slot_s), demand_slot(now, slot_s)),
+    )
+
+
+def share_region_limits(
+    *,
+    client: redis.Redis,
+    prefix: str,
+    region: str,
+    now: datetime,
+    options: ShareOptions | None = None,
+) -> dict[str, float]:
+    """Run one tick for ``region`` (see the module docstring); return its shares.
+
+    The pure tick (``routing.domain.region_shares.share_tick``) driven over the
+    region's Redis and the control plane.
+
+    Raises:
+        redis.RedisError: the region's Redis did not answer; nothing published.
+        django.db.Error: the control plane did not answer; the shares in Redis
+            are left as they were.
+    """
+    options = options or ShareOptions()
+    tick = share_tick(region=region, now=now.timestamp(), options=options)
+    reply: Mapping[str, int] | list[DemandRow] | None = None
+    while True:
+        try:
+            effect = tick.send(reply)
+        except StopIteration as done:
+            return done.value
+        if isinstance(effect, ReadDemand):
+            reply = _read_slots(client, prefix, effect)
+        elif isinstance(effect, PublishDemand):
+            reply = _publish_and_read(effect, options)
+        else:
+            _write_shares(client, prefix, effect)
+            reply = None
+
+
+def _read_slots(client: redis.Redis, prefix: str, effect: ReadDemand) -> dict[str, int]:
     pipe = client.pipeline(transaction=False)
-    for slot in range(first, last + 1):
+    for slot in range(effect.first_slot, effect.last_slot + 1):
         pipe.hgetall(demand_slot_key(prefix, slot))
     totals: dict[str, int] = {}
     for raw in pipe.execute():
@@ -93,75 +127,18 @@ def read_region_demand(
     return totals
 
 
-def share_region_limits(
-    *,
-    client: redis.Redis,
-    prefix: str,
-    region: str,
-    now: datetime,
-    options: ShareSettings | None = None,
-) -> dict[str, float]:
-    """Run one tick for ``region`` (see the module docstring); return its shares.
-
-    The shares returned are what was written to Redis: one per key some live
-    region asked for, and ``*`` for every other key.
-
-    Raises:
-        redis.RedisError: the region's Redis did not answer; nothing published.
-        django.db.Error: the control plane did not answer; the shares in Redis
-            are left as they were.
-    """
-    options = options or ShareSettings()
-    unix = now.timestamp()
-    demand = read_region_demand(
-        client,
-        prefix=prefix,
-        now=unix,
-        window_s=options.window_s,
-        slot_s=options.slot_s,
-    )
-    rows = _publish_and_read(region, demand, now, options)
-    heard_at: dict[str, float] = {}
-    by_key: dict[str, dict[str, float]] = {}
-    for row in rows:
-        at = row.heard_at.timestamp()
-        if row.limit_key == _BEAT_KEY:
-            heard_at[row.region] = max(at, heard_at.get(row.region, at))
-        elif unix - at <= options.stale_after_s:
-            by_key.setdefault(row.limit_key, {})[row.region] = row.demand_tokens
-
-    def share_of(asked: dict[str, float]) -> float:
-        return region_shares(
-            own_region=region,
-            heard_at=heard_at,
-            demand=asked,
-            now=unix,
-            floor=options.floor,
-            stale_after_s=options.stale_after_s,
-        )[region]
-
-    shares = {key: share_of(asked) for key, asked in sorted(by_key.items())}
-    shares[DEFAULT_FIELD] = share_of({})
-    pipe = client.pipeline(transaction=True)
-    pipe.delete(shares_key(prefix))
-    pipe.hset(shares_key(prefix), mapping={k: repr(v) for k, v in shares.items()})
-    pipe.execute()
-    return shares
-
-
-def _publish_and_read(
-    region: str, demand: dict[str, int], now: datetime, options: ShareSettings
-) -> list[RegionDemand]:
+def _publish_and_read(effect: PublishDemand, options: ShareOptions) -> list[DemandRow]:
     """Upsert the region's rows, drop its keys without demand; return all rows."""
+    heard_at = datetime.fromtimestamp(effect.heard_at, tz=UTC)
     rows = [
         RegionDemand(
-            region=region,
+            region=effect.region,
             limit_key=key,
             demand_tokens=tokens,
             window_s=options.window_s,
-            heard_at=now,
+            heard_at=heard_at,
         )
-        for key, tokens in [(_BEAT_KEY, 0), *sorted(demand.items())]
+        for key, tokens in [(BEAT_KEY, 0), *sorted(effect.demand.items())]
     ]
     with transaction.atomic():
         RegionDemand.objects.bulk_create(
@@ -170,9 +147,28 @@ def _publish_and_read(
             unique_fields=["region", "limit_key"],
             update_fields=["demand_tokens", "window_s", "heard_at"],
         )
-        RegionDemand.objects.filter(region=region).exclude(
+        RegionDemand.objects.filter(region=effect.region).exclude(
             limit_key__in=[row.limit_key for row in rows]
         ).delete()
     # Rows of regions lost for long are of no use to anyone: keep ten windows.
-    horizon = now - timedelta(seconds=10 * max(options.window_s, options.stale_after_s))
-    return list(RegionDemand.objects.filter(heard_at__gte=horizon))
+    horizon = heard_at - timedelta(
+        seconds=10 * max(options.window_s, options.stale_after_s)
+    )
+    return [
+        DemandRow(
+            region=row.region,
+            limit_key=row.limit_key,
+            demand_tokens=row.demand_tokens,
+            heard_at=row.heard_at.timestamp(),
+        )
+        for row in RegionDemand.objects.filter(heard_at__gte=horizon)
+    ]
+
+
+def _write_shares(client: redis.Redis, prefix: str, effect: WriteShares) -> None:
+    pipe = client.pipeline(transaction=True)
+    pipe.delete(shares_key(prefix))
+    pipe.hset(
+        shares_key(prefix), mapping={k: repr(v) for k, v in effect.shares.items()}
+    )
+    pipe.execute()

@@ -15,14 +15,13 @@ from pytest_django import Settings
 
 from accounts.models import RegionDemand
 from control import region_limits, tasks
-from control.region_limits import ShareSettings
-from routing.domain.region_shares import shares_key
+from routing.domain.region_shares import ShareOptions, shares_key
 from routing.region_limits import RegionLimits
 
 pytestmark = pytest.mark.django_db
 
 T0 = datetime(2026, 12, 5, 12, 0, 0, tzinfo=UTC)
-OPTIONS = ShareSettings(window_s=30.0, slot_s=5.0, floor=0.05, stale_after_s=6.0)
+OPTIONS = ShareOptions(window_s=30.0, slot_s=5.0, floor=0.05, stale_after_s=6.0)
 
 
 @pytest.fixture

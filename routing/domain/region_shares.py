@@ -1,7 +1,9 @@
 """Each region's share of a team's limits, one contract across regions.
 
 Public surface: ``RegionalLimits``, ``region_shares``, ``regional_limits``,
-``demand_slot``, ``demand_slot_key``, ``shares_key``, ``DEFAULT_FIELD``.
+``ShareOptions``, ``DemandRow``, ``share_tick`` and its effects ``ReadDemand``,
+``PublishDemand`` and ``WriteShares``, ``demand_slot``, ``demand_slot_key``,
+``shares_key``, ``DEFAULT_FIELD``.
 
 A team's ``tokens_per_minute`` and ``max_concurrency`` on a model hold over every
 region together. Each region keeps its own bucket on the hot path (its own Redis,
@@ -12,10 +14,13 @@ region can start and be seen asking; a region whose figures stopped arriving
 (older than ``stale_after_s``) is lost and its part goes to the others. Shares
 always sum to 1 over the regions a computation counts as live.
 
-The region's control loop (``control.region_limits``) computes the shares every
-few seconds from every region's figures in the control plane and writes them to
-its Redis; the gateways size the bucket from them (``regional_limits``). The
-bound this gives is in ``docs/platform-admins.md`` ("One limit across regions").
+The region's control loop computes the shares every few seconds from every
+region's figures in the control plane and writes them to its Redis; the gateways
+size the bucket from them (``regional_limits``). The loop is ``share_tick``, a
+generator of effects (read the region's demand, publish it and read every
+region's rows, write the shares) with two interpreters: ``control.region_limits``
+(Redis and the ORM) and the drill (``drills.domain.region_limits``, virtual time).
+The bound this gives is in ``docs/platform-admins.md`` ("One limit across regions").
 
 Redis layout (one region's Redis): the gateways add each charge's tokens to the
 hash ``<prefix>:limit-demand:<slot>`` (field ``team:model``, a slot per
@@ -28,21 +33,30 @@ down a region keeps its last ones.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 
 __all__ = [
+    "BEAT_KEY",
     "DEFAULT_FIELD",
+    "DemandRow",
+    "PublishDemand",
+    "ReadDemand",
     "RegionalLimits",
+    "ShareOptions",
+    "WriteShares",
     "demand_slot",
     "demand_slot_key",
     "region_shares",
     "regional_limits",
+    "share_tick",
     "shares_key",
 ]
 
 # The shares hash's field for every pair that has none of its own.
 DEFAULT_FIELD = "*"
+# A region's beat row in the control plane (``DemandRow``): no key.
+BEAT_KEY = ""
 
 
 def demand_slot(now: float, slot_s: float) -> int:
@@ -142,6 +156,98 @@ def regional_limits(
     # Never a zero rate: a region at a zero share still refills, slowly.
     refill_per_s = max(tokens, 1.0) / 60.0
     return RegionalLimits(capacity, refill_per_s, slots)
+
+
+@dataclass(frozen=True, slots=True)
+class ShareOptions:
+    """The tick's bounds (``PLATFORM_LIMIT_SHARES_*``)."""
+
+    window_s: float = 30.0
+    slot_s: float = 5.0
+    floor: float = 0.05
+    stale_after_s: float = 6.0
+
+
+@dataclass(frozen=True, slots=True)
+class DemandRow:
+    """One region's demand on one key as the control plane holds it.
+
+    The empty key is the region's beat: it is live while that row is fresh.
+    """
+
+    region: str
+    limit_key: str
+    demand_tokens: float
+    heard_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReadDemand:
+    """Return the region's tokens asked per key in slots ``first_slot..last_slot``."""
+
+    first_slot: int
+    last_slot: int
+
+
+@dataclass(frozen=True, slots=True)
+class PublishDemand:
+    """Publish the region's demand (and beat) at ``heard_at``; drop its other keys;
+    answer with every region's rows."""
+
+    region: str
+    demand: Mapping[str, int]
+    heard_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class WriteShares:
+    """Replace the region's shares (``shares_key``) with these."""
+
+    shares: Mapping[str, float]
+
+
+Effect = ReadDemand | PublishDemand | WriteShares
+Tick = Generator[Effect, Mapping[str, int] | list[DemandRow] | None, dict[str, float]]
+
+
+def share_tick(*, region: str, now: float, options: ShareOptions) -> Tick:
+    """Run one tick of ``region``'s limit shares at unix time ``now``; return them.
+
+    The shares written are one per key some live region asked for, and
+    ``DEFAULT_FIELD`` for every other key. An effect that fails (Redis or the
+    control plane away) ends the tick there: the shares stay as last written.
+    """
+    demand = yield ReadDemand(
+        first_slot=demand_slot(now - options.window_s, options.slot_s),
+        last_slot=demand_slot(now, options.slot_s),
+    )
+    assert isinstance(demand, Mapping)
+    rows = yield PublishDemand(region=region, demand=dict(demand), heard_at=now)
+    assert isinstance(rows, list)
+    heard_at: dict[str, float] = {}
+    by_key: dict[str, dict[str, float]] = {}
+    for row in rows:
+        if row.limit_key == BEAT_KEY:
+            heard_at[row.region] = max(
+                row.heard_at, heard_at.get(row.region, -math.inf)
+            )
+        elif now - row.heard_at <= options.stale_after_s:
+            by_key.setdefault(row.limit_key, {})[row.region] = row.demand_tokens
+
+    def share_of(asked: Mapping[str, float]) -> float:
+        return region_shares(
+            own_region=region,
+            heard_at=heard_at,
+            demand=asked,
+            now=now,
+            floor=options.floor,
+            stale_after_s=options.stale_after_s,
+        )[region]
+
+    shares = {key: share_of(asked) for key, asked in sorted(by_key.items())}
+    shares[DEFAULT_FIELD] = share_of({})
+    yield WriteShares(shares)
+    return shares
 
 
 def _tokens(value: float) -> float:

@@ -9,10 +9,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from routing.domain.region_shares import (
+    BEAT_KEY,
+    DemandRow,
+    PublishDemand,
+    ReadDemand,
+    ShareOptions,
+    WriteShares,
     demand_slot,
     demand_slot_key,
     region_shares,
     regional_limits,
+    share_tick,
     shares_key,
 )
 
@@ -197,3 +204,42 @@ def test_demand_slots_and_keys() -> None:
     assert demand_slot(20.0, 5.0) == 4
     assert demand_slot_key("p", 4) == "p:limit-demand:4"
     assert shares_key("p") == "p:limit-shares"
+
+
+def test_share_tick_reads_publishes_then_writes_the_shares() -> None:
+    options = ShareOptions(window_s=30.0, slot_s=5.0, floor=0.05, stale_after_s=6.0)
+    tick = share_tick(region="east", now=NOW, options=options)
+
+    read = next(tick)
+    assert read == ReadDemand(first_slot=199_994, last_slot=200_000)
+    publish = tick.send({"a:m": 300})
+    assert publish == PublishDemand(region="east", demand={"a:m": 300}, heard_at=NOW)
+    write = tick.send(
+        [
+            DemandRow("east", BEAT_KEY, 0, NOW),
+            DemandRow("east", "a:m", 300, NOW),
+            DemandRow("west", BEAT_KEY, 0, NOW - 1),
+            DemandRow("west", "a:m", 100, NOW - 1),
+            DemandRow("west", "b:m", 50, NOW - 1),
+            # A key whose row went stale in a live region counts as no demand.
+            DemandRow("west", "c:m", 50, NOW - 7),
+        ]
+    )
+    assert isinstance(write, WriteShares)
+    with pytest.raises(StopIteration) as done:
+        tick.send(None)
+    assert done.value.value == write.shares
+    assert write.shares == {
+        "a:m": pytest.approx(0.05 + 0.9 * 0.75),
+        "b:m": pytest.approx(0.05),
+        "*": 0.5,
+    }
+
+
+def test_share_tick_without_a_live_peer_takes_everything() -> None:
+    tick = share_tick(region="east", now=NOW, options=ShareOptions())
+    next(tick)
+    tick.send({})
+    write = tick.send([DemandRow("west", BEAT_KEY, 0, NOW - 60)])
+    assert isinstance(write, WriteShares)
+    assert write.shares == {"*": 1.0}
