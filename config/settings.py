@@ -481,7 +481,7 @@ try:
         "PLATFORM_LIMIT_SHARES_SLOT_S", 5.0, minimum=0.5
     )
     PLATFORM_LIMIT_SHARES_FLOOR = env_float(
-        "PLATFORM_LIMIT_SHARES_FLOOR", 0.05, minimum=0.0
+        "PLATFORM_LIMIT_SHARES_FLOOR", 0.04, minimum=0.0
     )
     if PLATFORM_LIMIT_SHARES_FLOOR > 1.0:
         raise EnvError("PLATFORM_LIMIT_SHARES_FLOOR must be at most 1")

@@ -1,9 +1,9 @@
 """Headless plots of the fleet experiments: the routing A/B, the isolation test, the
-overload drill, the capacity test and the autoscaling drill.
+overload drill, the capacity test, the autoscaling drill and the region limits drill.
 
 Public surface: ``default_plot_path``, ``plot_routing_ab``, ``plot_cache_sweep``,
 ``plot_isolation``,
-``plot_overload``, ``plot_capacity``, ``plot_autoscaling``.
+``plot_overload``, ``plot_capacity``, ``plot_autoscaling``, ``plot_region_limits``.
 
 matplotlib with the Agg backend (no display); each function writes one PNG and
 returns its path, creating the folder if needed.
@@ -26,6 +26,7 @@ from drills.domain.cache_sweep import SweepPoint
 from drills.domain.capacity_test import CapacityAnswer
 from drills.domain.isolation_sim import NOISY_TEAM, IsolationOutcome
 from drills.domain.overload import TIERS, OverloadOutcome
+from drills.domain.region_limits import RegionLimitsReport
 from drills.domain.routing_ab import PolicyOutcome
 from drills.domain.timeline import percentile_in_bins
 
@@ -36,6 +37,7 @@ __all__ = [
     "plot_capacity",
     "plot_isolation",
     "plot_overload",
+    "plot_region_limits",
     "plot_routing_ab",
 ]
 
@@ -560,4 +562,25 @@ def plot_autoscaling(outcome: DrillOutcome, path: Path, *, title: str) -> Path:
         ttft.set_xlabel("simulated time (minutes)")
         ttft.legend(loc="upper left", fontsize=7)
     fig.suptitle(title)
+    return _save(fig, path)
+
+
+def plot_region_limits(report: RegionLimitsReport, path: Path, *, title: str) -> Path:
+    """Shares over time (top); admitted per minute over the limit (bottom)."""
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True)
+    times = [s[0] for s in report.shares]
+    top.plot(times, [s[1] for s in report.shares], label="both: east's share")
+    top.plot(times, [s[2] for s in report.shares], label="both: west's share")
+    top.plot(times, [s[3] for s in report.shares], label="one: east's share")
+    top.set_ylabel("share of the limit")
+    top.set_ylim(0, 1.05)
+    top.legend(loc="lower left", fontsize=8)
+    top.set_title(title)
+    bottom.plot(*zip(*report.both_minutes, strict=True), label="both (2 regions)")
+    bottom.plot(*zip(*report.one_minutes, strict=True), label="one (east only)")
+    bottom.axhline(1.10, color="#d62728", linestyle="--", linewidth=1, label="110%")
+    bottom.axhline(0.95, color="#2ca02c", linestyle="--", linewidth=1, label="95%")
+    bottom.set_ylabel("admitted / limit, last minute")
+    bottom.set_xlabel("s")
+    bottom.legend(loc="upper right", fontsize=8)
     return _save(fig, path)

@@ -164,7 +164,7 @@ class ShareOptions:
 
     window_s: float = 30.0
     slot_s: float = 5.0
-    floor: float = 0.05
+    floor: float = 0.04
     stale_after_s: float = 6.0
 
 
