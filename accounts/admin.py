@@ -27,7 +27,14 @@ from django.utils.text import capfirst
 from accounts import services
 from accounts.domain.limits import share_overflow
 from accounts.login_throttle import ConsoleLoginForm
-from accounts.models import AdminToken, ApiKey, SecretRecord, Team, TeamLimit
+from accounts.models import (
+    AdminToken,
+    ApiKey,
+    RegionDemand,
+    SecretRecord,
+    Team,
+    TeamLimit,
+)
 
 if TYPE_CHECKING:
     from django_stubs_ext import WithAnnotations
@@ -364,3 +371,24 @@ class AdminTokenAdmin(SecretRecordAdmin):
         return services.create_admin_token(
             name=form.cleaned_data["name"], scope=form.cleaned_data["scope"]
         )
+
+
+@admin.register(RegionDemand)
+class RegionDemandAdmin(admin.ModelAdmin):
+    """Each region's recent demand on a team's limit, by which the regions share it
+    (``control.region_limits``): written by the regions' control loops, read here.
+    The row with no key is the region's beat; a region whose rows stop moving is
+    lost, and the others take its share."""
+
+    list_display = ("region", "limit_key", "demand_tokens", "window_s", "heard_at")
+    list_filter = ("region",)
+    search_fields = ("limit_key", "region")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

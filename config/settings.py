@@ -623,40 +623,32 @@ CELERY_TASK_ROUTES = {
     "batches.run_batch": {"queue": "batches"},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(LOCAL_DIR / "celerybeat-schedule")
+
+
+def _every(task: str, interval_s: float) -> dict[str, object]:
+    """Beat ``task`` every ``interval_s``. A run that could not start within its
+    interval expires: the next one observes anew (a stale tick would act on old
+    state, and a backlog of them would run back to back)."""
+    return {
+        "task": task,
+        "schedule": timedelta(seconds=interval_s),
+        "options": {"expires": interval_s * 0.9},
+    }
+
+
 CELERY_BEAT_SCHEDULE = {
-    "reap-silent-replicas": {
-        "task": "control.reap_silent_replicas",
-        "schedule": timedelta(seconds=PLATFORM_REAPER_INTERVAL_S),
-        # A reaping that could not start within its interval is superseded by the next.
-        "options": {"expires": PLATFORM_REAPER_INTERVAL_S * 0.9},
-    },
-    "flush-usage": {
-        "task": "metering.flush_usage",
-        "schedule": timedelta(seconds=PLATFORM_USAGE_FLUSH_S),
-        "options": {"expires": PLATFORM_USAGE_FLUSH_S * 0.9},
-    },
-    "autoscale-pools": {
-        "task": "control.autoscale_pools",
-        "schedule": timedelta(seconds=PLATFORM_AUTOSCALE_INTERVAL_S),
-        # A tick that could not start in time is stale: the next one observes anew.
-        "options": {"expires": PLATFORM_AUTOSCALE_INTERVAL_S * 0.9},
-    },
-    "share-region-limits": {
-        "task": "control.share_region_limits",
-        "schedule": timedelta(seconds=PLATFORM_LIMIT_SHARES_INTERVAL_S),
-        # A late tick is superseded by the next, which reads the demand anew.
-        "options": {"expires": PLATFORM_LIMIT_SHARES_INTERVAL_S * 0.9},
-    },
-    "guard-rollouts": {
-        "task": "control.guard_rollouts",
-        "schedule": timedelta(seconds=PLATFORM_ROLLOUT_GUARD_INTERVAL_S),
-        "options": {"expires": PLATFORM_ROLLOUT_GUARD_INTERVAL_S * 0.9},
-    },
-    "dispatch-batches": {
-        "task": "control.dispatch_batches",
-        "schedule": timedelta(seconds=PLATFORM_BATCH_DISPATCH_S),
-        "options": {"expires": PLATFORM_BATCH_DISPATCH_S * 0.9},
-    },
+    "reap-silent-replicas": _every(
+        "control.reap_silent_replicas", PLATFORM_REAPER_INTERVAL_S
+    ),
+    "flush-usage": _every("metering.flush_usage", PLATFORM_USAGE_FLUSH_S),
+    "autoscale-pools": _every("control.autoscale_pools", PLATFORM_AUTOSCALE_INTERVAL_S),
+    "share-region-limits": _every(
+        "control.share_region_limits", PLATFORM_LIMIT_SHARES_INTERVAL_S
+    ),
+    "guard-rollouts": _every(
+        "control.guard_rollouts", PLATFORM_ROLLOUT_GUARD_INTERVAL_S
+    ),
+    "dispatch-batches": _every("control.dispatch_batches", PLATFORM_BATCH_DISPATCH_S),
 }
 
 # ---------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from accounts import services as accounts_services
 from accounts.domain.keys import hash_secret
-from accounts.models import AdminToken, ApiKey, Team, TeamLimit
+from accounts.models import AdminToken, ApiKey, RegionDemand, Team, TeamLimit
 from engine_nodes import services as node_services
 from engine_nodes.models import Node, Replica, ScalingDecision
 from metering.models import ReplicaSpan, Usage, VersionFigure
@@ -72,12 +72,14 @@ CONSOLE_MODELS: list[type[DjangoModel]] = [
     VersionFigure,
     GuardEvaluation,
     ReplicaSpan,
+    RegionDemand,
 ]
 # Usage is written by the gateway's flush only, nodes and replicas by their agents,
 # decisions by the autoscaler, gate runs and region copies by the gates, overrides
 # by the traffic changes they allowed, and schedule rows on their pool's page; the
 # console may not add rows.
 NO_ADD_PAGE = {
+    RegionDemand,
     Replica,
     ReplicaSpan,
     Usage,
@@ -238,6 +240,13 @@ def rows(team: Team, chat_v1: ModelVersion) -> dict[type[DjangoModel], DjangoMod
         GuardEvaluation: evaluation,
         # The replica's first state, written as it was created.
         ReplicaSpan: ReplicaSpan.objects.get(replica_id=replica.replica_id),
+        RegionDemand: RegionDemand.objects.create(
+            region="local",
+            limit_key=f"{team.team}:{chat_v1.model_id}",
+            demand_tokens=1200,
+            window_s=30.0,
+            heard_at=timezone.now(),
+        ),
     }
 
 

@@ -556,6 +556,7 @@ SIZE_BUDGET_LINES = 650
 LARGE_GLUE = {
     "bench/gateway.py": "one benchmark script: its levels, peers and report",
     "bench/vllm_fidelity.py": "one benchmark script: simulated against real vLLM",
+    "config/settings.py": "every setting, read from the environment: split by concern next",
     "batches/services.py": "the Files and Batch APIs' use-cases, one transaction each",
     "control/autoscaling.py": "the autoscaler's tick and the pool state it serves",
     "control/eval_run.py": "the eval gate's run: answers, judge, pairs, report",
