@@ -97,6 +97,8 @@ class VersionFigure(models.Model):
     label, as the guards ask for it. ``errors`` maps an error kind to its count,
     ``ttft`` and ``output`` map a histogram bucket (``metering.domain.figures``,
     as a string) to its count. ``conversations`` is the bucket's distinct count.
+    Role ``pool`` rows are every pool's live figures (rollout or not); only they
+    fill ``prompt_tokens``, ``cached_tokens`` and ``tpot`` (time per output token).
     """
 
     model = models.ForeignKey(
@@ -118,6 +120,9 @@ class VersionFigure(models.Model):
     errors = models.JSONField(default=dict)
     ttft = models.JSONField(default=dict)
     output = models.JSONField(default=dict)
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    cached_tokens = models.PositiveBigIntegerField(default=0)
+    tpot = models.JSONField(default=dict)
 
     class Meta:
         db_table = "version_figures"

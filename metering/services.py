@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from functools import partial
 
@@ -38,7 +38,7 @@ from metering.counters import (
     parse_usage_hash_key,
     usage_index_key,
 )
-from metering.domain.figures import VersionFigures
+from metering.domain.figures import Role, VersionFigures
 from metering.domain.usage import (
     COUNTER_FIELDS,
     UsageCounts,
@@ -337,15 +337,15 @@ def flush_memory_usage(
     return len(_write_rows(entries=entries, merge=_plus, region=region))
 
 
+# -- the rollout guards' figures ------------------------------------------------------
+
+
 def prefix_hit_rate_since(*, model_id: str, since: datetime) -> float | None:
     """Return cached / prompt tokens of a model's usage since ``since``; None if idle."""
     totals = Usage.objects.filter(model_id=model_id, minute__gte=since).aggregate(
         prompt=Sum("prompt_tokens"), cached=Sum("cached_tokens")
     )
     return prefix_hit_rate(totals["prompt"] or 0, totals["cached"] or 0)
-
-
-# -- the rollout guards' figures ------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,6 +369,9 @@ def _figure_columns(figures: VersionFigures) -> dict[str, object]:
             "errors",
             "ttft",
             "output",
+            "prompt_tokens",
+            "cached_tokens",
+            "tpot",
         )
     }
 
@@ -383,6 +386,9 @@ def _figures_of(row: VersionFigure) -> VersionFigures:
         errors={str(k): int(v) for k, v in (row.errors or {}).items()},
         ttft={int(k): int(v) for k, v in (row.ttft or {}).items()},
         output={int(k): int(v) for k, v in (row.output or {}).items()},
+        prompt_tokens=row.prompt_tokens,
+        cached_tokens=row.cached_tokens,
+        tpot={int(k): int(v) for k, v in (row.tpot or {}).items()},
     )
 
 
@@ -419,16 +425,7 @@ def _read_figures(
             continue
         # The hash counts no conversations itself: the HyperLogLog beside it does,
         # over every gateway process (an estimate, exact for small counts).
-        figures = VersionFigures(
-            requests=figures.requests,
-            answered=figures.answered,
-            refusals=figures.refusals,
-            output_tokens=figures.output_tokens,
-            conversations=int(conversations),
-            errors=figures.errors,
-            ttft=figures.ttft,
-            output=figures.output,
-        )
+        figures = replace(figures, conversations=int(conversations))
         pending.append(_PendingFigures(hash_key, key, figures, fields))
     return pending, garbage, expired
 
@@ -501,6 +498,9 @@ def flush_redis_figures(
                     "errors",
                     "ttft",
                     "output",
+                    "prompt_tokens",
+                    "cached_tokens",
+                    "tpot",
                 ],
             )
     horizon = now.timestamp() - grace_s
@@ -676,3 +676,34 @@ def figure_buckets(
         figures = _figures_of(row)
         buckets[row.bucket_start] = figures if current is None else current + figures
     return sorted(buckets.items())
+
+
+def pool_live_figures(
+    *,
+    model_id: str,
+    since: datetime,
+    region: str | None = None,
+    bucket_s: int | None = None,
+) -> dict[tuple[str, str], VersionFigures]:
+    """Return each pool's live figures (role ``pool``) since ``since``, summed
+    over buckets, keyed by (version, region); one query.
+
+    The window floors ``since`` to its bucket, as ``version_figures`` does. The
+    gateways record these for every request a pool serves, rollout or not.
+    """
+    length = bucket_s or settings.PLATFORM_FIGURES_BUCKET_S
+    start = datetime.fromtimestamp(
+        (since.timestamp() // length) * length, tz=since.tzinfo
+    )
+    rows = VersionFigure.objects.filter(
+        model_id=model_id, role=Role.POOL.value, bucket_start__gte=start
+    )
+    if region is not None:
+        rows = rows.filter(region=region)
+    totals: dict[tuple[str, str], VersionFigures] = {}
+    for row in rows.iterator():
+        key = (row.version, row.region)
+        figures = _figures_of(row)
+        current = totals.get(key)
+        totals[key] = figures if current is None else current + figures
+    return totals

@@ -3,10 +3,11 @@
 Public surface: ``Served``, ``RequestMeter``, ``UsageCounter``.
 
 ``RequestMeter.settle`` is the one place a request's end is counted: the Prometheus
-figures, the team's usage row (batch work in its own part too), the version's
-figures for the rollout guards (``metering.figures``: role live or canary, the
-answer's head judged by the refusal detector), and the refund of what admission
-charged. ``count_refusal`` counts a request admission refused (429 or 503).
+figures, the team's usage row (batch work in its own part too), the pool's live
+figures (``metering.figures``: role ``pool``, every request, with its prompt and
+cached tokens and time per output token), the version's figures for the rollout
+guards (role live, baseline or canary under a rollout, the answer's head judged
+by the refusal detector), and the refund of what admission charged. ``count_refusal`` counts a request admission refused (429 or 503).
 
 Both kinds of 503 a client can get here are counted in the usage row's ``shed``
 column and in ``platform_team_shed_total``, whose ``cause`` label tells them apart:
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from metering import metrics
-from metering.domain.figures import Role, VersionFigures, one_request
+from metering.domain.figures import Role, VersionFigures, one_request, tpot_bucket
 from metering.domain.usage import UsageCounts, UsageKey
 from metering.figures import FigureKey, FigureRecorder
 from routing.admission import Admission
@@ -101,22 +102,8 @@ class RequestMeter:
                 cause="no_replica",
             )
             self._count(plan, UsageCounts(shed=1))
-        if served.figure_role is not None and self.figures is not None:
-            figures = self._figures(plan, ended)
-            if figures is not None:
-                self.background.spawn(
-                    self.figures.add(
-                        FigureKey.from_time(
-                            plan.resolution.model,
-                            plan.resolution.version,
-                            served.figure_role,
-                            time.time(),
-                            self.figures_bucket_s,
-                        ),
-                        figures,
-                        plan.routing_key,
-                    )
-                )
+        if self.figures is not None:
+            self._record_figures(served)
         if usage is not None:
             # Batch work (the batch tier, or a batch job's key at any tier) is
             # counted in the totals and again in its own part: a batch token is a
@@ -142,6 +129,50 @@ class RequestMeter:
             # The answer is complete: a failed refund must not break the
             # connection. The bucket refills by itself; the slot expires.
             logger.warning("releasing admission failed: %s", type(exc).__name__)
+
+    def _record_figures(self, served: Served) -> None:
+        """Add the request's figures: to its pool's live figures (role ``pool``,
+        every request, rollout or not), and to its guard role's when it has one."""
+        assert self.figures is not None
+        plan, ended = served.plan, served.ended
+        guard = self._figures(plan, ended)
+        if guard is None:
+            return
+        now = time.time()
+        model, version = plan.resolution.model, plan.resolution.version
+        usage = ended.usage
+        pool = guard
+        if usage is not None and guard.answered:
+            pool = guard + VersionFigures(
+                prompt_tokens=usage.prompt_tokens,
+                cached_tokens=min(usage.cached_tokens, usage.prompt_tokens),
+                tpot={tpot_bucket(tpot): 1}
+                if (tpot := self._tpot(ended)) is not None
+                else {},
+            )
+        roles = [(Role.POOL, pool)]
+        if served.figure_role is not None:
+            roles.append((served.figure_role, guard))
+        for role, figures in roles:
+            self.background.spawn(
+                self.figures.add(
+                    FigureKey.from_time(
+                        model, version, role, now, self.figures_bucket_s
+                    ),
+                    figures,
+                    plan.routing_key,
+                )
+            )
+
+    @staticmethod
+    def _tpot(ended: AttemptResult) -> float | None:
+        """Seconds per output token after the first; None below two tokens."""
+        usage, first_token_at = ended.usage, ended.first_token_at
+        if usage is None or first_token_at is None or usage.completion_tokens < 2:
+            return None
+        return max(0.0, time.monotonic() - first_token_at) / (
+            usage.completion_tokens - 1
+        )
 
     def count_refusal(self, plan: ChatPlan, status: int) -> None:
         """Count a request admission refused: ``status`` 429 (rate limited) or 503

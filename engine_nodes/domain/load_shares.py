@@ -2,7 +2,7 @@
 
 Public surface: ``gateway_load_key``, ``gateways_seen_key``, ``pool_key``,
 ``team_key``, ``queue_tokens_key``, ``queue_depth_key``, ``PoolLoad``,
-``sum_pool_load``.
+``sum_pool_load``, ``sum_replica_tokens``.
 
 Each gateway process of a region writes its share (``routing.live.LiveLoad.own``)
 as a Redis hash under ``<prefix>:load:<region>:<gateway_id>`` once a second, and
@@ -31,6 +31,7 @@ __all__ = [
     "queue_depth_key",
     "queue_tokens_key",
     "sum_pool_load",
+    "sum_replica_tokens",
     "team_key",
 ]
 
@@ -90,3 +91,12 @@ def sum_pool_load(
         queued_tokens += max(0, share.get(queued, 0))
         queue_depth += max(0, share.get(depth, 0))
     return PoolLoad(tokens_in_flight, queued_tokens, queue_depth)
+
+
+def sum_replica_tokens(
+    shares: Iterable[Mapping[str, int]], replica_ids: Iterable[str]
+) -> int:
+    """Return the tokens in flight on ``replica_ids`` as the routers count them
+    (prompt plus remaining output of their open requests), over ``shares``."""
+    ids = set(replica_ids)
+    return sum(max(0, share.get(rid, 0)) for share in shares for rid in ids)

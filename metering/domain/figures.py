@@ -22,6 +22,12 @@ conversations: ``routing.domain.sticky``); ``live`` the alias's other requests t
 the live version; ``shadow`` the copies sent to a shadow version. Pinned requests
 are left out: a team pinning a version chose it. A canary is compared with the
 baseline, a shadow with live and baseline together (its copies sample both).
+
+``pool`` is no side of a comparison: it counts every request a pool (version and
+region) served, pinned or not, under a rollout or not, so that a pool's live
+figures (p95/p99 TTFT, time per output token, prefix hit rate) are always there.
+The guards never read it. Only its requests carry the prompt and cached tokens and
+the time-per-output-token histogram (``tpot``, on the TTFT bounds).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "ERROR_KINDS",
+    "GUARD_ROLES",
     "OUTPUT_BOUNDS",
     "TTFT_BOUNDS_S",
     "Role",
@@ -41,6 +48,7 @@ __all__ = [
     "one_request",
     "output_bucket",
     "output_value",
+    "tpot_bucket",
     "ttft_bucket",
     "ttft_value",
 ]
@@ -53,6 +61,11 @@ class Role(enum.StrEnum):
     BASELINE = "baseline"
     CANARY = "canary"
     SHADOW = "shadow"
+    POOL = "pool"
+
+
+# The roles a rollout guard compares (``pool`` is the pools' live figures).
+GUARD_ROLES: tuple[Role, ...] = (Role.LIVE, Role.BASELINE, Role.CANARY, Role.SHADOW)
 
 
 # How a request failed, as the guards count it: ``upstream`` (no replica could
@@ -82,6 +95,28 @@ OUTPUT_BOUNDS: tuple[float, ...] = tuple(
 def ttft_bucket(seconds: float) -> int:
     """Return the index of the TTFT bucket holding ``seconds``."""
     return bisect.bisect_left(TTFT_BOUNDS_S, max(0.0, seconds))
+
+
+def tpot_bucket(seconds: float) -> int:
+    """Return the index of the time-per-output-token bucket holding ``seconds``."""
+    return ttft_bucket(seconds)
+
+
+def _quantile(hist: Mapping[int, int], q: float) -> float | None:
+    """The ``q`` quantile of a histogram on the TTFT bounds: its bucket's upper
+    bound (never below the truth by more than a bucket); None without samples."""
+    total = sum(hist.values())
+    if not total:
+        return None
+    rank = q * total
+    seen = 0
+    for index in sorted(hist):
+        seen += hist[index]
+        if seen >= rank and index < len(TTFT_BOUNDS_S):
+            return TTFT_BOUNDS_S[index]
+        if seen >= rank:
+            break
+    return TTFT_BOUNDS_S[-1] * _RATIO
 
 
 def output_bucket(tokens: int) -> int:
@@ -134,6 +169,9 @@ class VersionFigures:
     that broke mid-way counts its TTFT but no length. ``conversations`` is the sum
     of each bucket's distinct conversations (a conversation active in two buckets
     counts twice): an upper bound, used only as a stage's minimum.
+    ``prompt_tokens``, ``cached_tokens`` (of answered requests) and ``tpot`` (time
+    per output token after the first, seconds, on the TTFT bounds) are counted for
+    the ``pool`` role only.
     """
 
     requests: int = 0
@@ -144,6 +182,9 @@ class VersionFigures:
     errors: Mapping[str, int] = field(default_factory=dict)
     ttft: Mapping[int, int] = field(default_factory=dict)
     output: Mapping[int, int] = field(default_factory=dict)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    tpot: Mapping[int, int] = field(default_factory=dict)
 
     def __add__(self, other: VersionFigures) -> VersionFigures:
         return VersionFigures(
@@ -155,7 +196,22 @@ class VersionFigures:
             errors=_add_maps(self.errors, other.errors),
             ttft=_add_hist(self.ttft, other.ttft),
             output=_add_hist(self.output, other.output),
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            cached_tokens=self.cached_tokens + other.cached_tokens,
+            tpot=_add_hist(self.tpot, other.tpot),
         )
+
+    @property
+    def prefix_hit_rate(self) -> float | None:
+        """Cached over prompt tokens (None without prompt tokens)."""
+        if not self.prompt_tokens:
+            return None
+        return min(self.cached_tokens, self.prompt_tokens) / self.prompt_tokens
+
+    def tpot_quantile(self, q: float) -> float | None:
+        """Return the ``q`` quantile of time per output token in seconds, read
+        from the buckets as ``ttft_quantile`` reads TTFT; None without samples."""
+        return _quantile(self.tpot, q)
 
     @property
     def error_count(self) -> int:
@@ -186,42 +242,37 @@ class VersionFigures:
         The bucket's upper bound (its lower bound's 10% above), so a reading is
         never below the truth by more than a bucket; None without samples.
         """
-        total = self.ttft_count
-        if not total:
-            return None
-        rank = q * total
-        seen = 0
-        for index in sorted(self.ttft):
-            seen += self.ttft[index]
-            if seen >= rank:
-                return (
-                    TTFT_BOUNDS_S[index]
-                    if index < len(TTFT_BOUNDS_S)
-                    else TTFT_BOUNDS_S[-1] * _RATIO
-                )
-        return TTFT_BOUNDS_S[-1] * _RATIO
+        return _quantile(self.ttft, q)
 
     def to_fields(self) -> dict[str, int]:
         """Return the figures as flat counters (a Redis hash; zeros left out).
 
         ``requests``, ``answered``, ``refusals``, ``output_tokens``,
-        ``conversations``, ``e:<kind>``, ``t:<bucket>`` and ``o:<bucket>``.
+        ``conversations``, ``prompt_tokens``, ``cached_tokens``, ``e:<kind>``,
+        ``t:<bucket>``, ``o:<bucket>`` and ``p:<bucket>`` (time per output token).
         """
         fields_: dict[str, int] = {}
-        for name in ("requests", "answered", "refusals", "output_tokens"):
+        for name in (
+            "requests",
+            "answered",
+            "refusals",
+            "output_tokens",
+            "prompt_tokens",
+            "cached_tokens",
+        ):
             if value := getattr(self, name):
                 fields_[name] = value
         if self.conversations:
             fields_["conversations"] = self.conversations
-        for kind, count in self.errors.items():
-            if count:
-                fields_[f"e:{kind}"] = count
-        for index, count in self.ttft.items():
-            if count:
-                fields_[f"t:{index}"] = count
-        for index, count in self.output.items():
-            if count:
-                fields_[f"o:{index}"] = count
+        for head, counts in (
+            ("e", self.errors),
+            ("t", self.ttft),
+            ("o", self.output),
+            ("p", self.tpot),
+        ):
+            for label, count in counts.items():
+                if count:
+                    fields_[f"{head}:{label}"] = count
         return fields_
 
     @classmethod
@@ -233,6 +284,7 @@ class VersionFigures:
         errors: dict[str, int] = {}
         ttft: dict[int, int] = {}
         output: dict[int, int] = {}
+        tpot: dict[int, int] = {}
         for name, raw in fields_.items():
             value = int(raw)
             if value < 0:
@@ -246,6 +298,8 @@ class VersionFigures:
                 ttft[int(tail)] = value
             elif head == "o" and tail.isdigit():
                 output[int(tail)] = value
+            elif head == "p" and tail.isdigit():
+                tpot[int(tail)] = value
         return cls(
             requests=plain.get("requests", 0),
             answered=plain.get("answered", 0),
@@ -255,6 +309,9 @@ class VersionFigures:
             errors=errors,
             ttft=ttft,
             output=output,
+            prompt_tokens=plain.get("prompt_tokens", 0),
+            cached_tokens=plain.get("cached_tokens", 0),
+            tpot=tpot,
         )
 
     def to_json(self) -> dict[str, object]:
@@ -268,6 +325,9 @@ class VersionFigures:
             "errors": dict(self.errors),
             "ttft": {str(k): v for k, v in sorted(self.ttft.items())},
             "output": {str(k): v for k, v in sorted(self.output.items())},
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "tpot": {str(k): v for k, v in sorted(self.tpot.items())},
         }
 
 
@@ -277,12 +337,18 @@ def one_request(
     output_tokens: int | None,
     error_kind: str | None = None,
     refused: bool = False,
+    prompt_tokens: int = 0,
+    cached_tokens: int = 0,
+    tpot_s: float | None = None,
 ) -> VersionFigures:
     """Return the figures of one request.
 
     ``ttft_s`` None: no first token. ``output_tokens`` None: no complete answer
     (failed or broken); a complete answer counts as answered with its length and
     refusal verdict. ``error_kind`` one of ``ERROR_KINDS`` for a failed request.
+    ``prompt_tokens``, ``cached_tokens`` and ``tpot_s`` (time per output token
+    after the first; None: fewer than two tokens) are the pool role's: given only
+    for an answer.
 
     Raises:
         ValueError: an unknown error kind, or an answer that is also an error.
@@ -300,4 +366,7 @@ def one_request(
         errors={error_kind: 1} if error_kind else {},
         ttft={ttft_bucket(ttft_s): 1} if ttft_s is not None else {},
         output={output_bucket(output_tokens): 1} if output_tokens is not None else {},
+        prompt_tokens=max(0, prompt_tokens) if answered else 0,
+        cached_tokens=max(0, min(cached_tokens, prompt_tokens)) if answered else 0,
+        tpot={tpot_bucket(tpot_s): 1} if answered and tpot_s is not None else {},
     )

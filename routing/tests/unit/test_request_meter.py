@@ -1,8 +1,10 @@
-"""A request is metered once, from its record: refund, usage row, version figures."""
+"""A request is metered once, from its record: refund, usage row, version figures
+(the pool's live figures always, the guards' under a rollout)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -42,13 +44,26 @@ class Recorder:
 
 
 class Figures:
+    """The figures recorded, per role."""
+
     def __init__(self) -> None:
-        self.added: list[VersionFigures] = []
+        self.keys: list[FigureKey] = []
+        self.by_role: dict[str, list[VersionFigures]] = {}
 
     async def add(
         self, key: FigureKey, figures: VersionFigures, conversation: str | None
     ) -> None:
-        self.added.append(figures)
+        self.keys.append(key)
+        self.by_role.setdefault(key.role, []).append(figures)
+
+    @property
+    def added(self) -> list[VersionFigures]:
+        """The guards' figures (every role but ``pool``)."""
+        return [f for role, fs in self.by_role.items() if role != Role.POOL for f in fs]
+
+    @property
+    def pool(self) -> list[VersionFigures]:
+        return self.by_role.get(Role.POOL, [])
 
 
 def plan(*, tier: Tier = Tier.STANDARD) -> ChatPlan:
@@ -158,12 +173,48 @@ def test_a_failure_counts_as_an_error_of_the_version_by_kind(kind: str) -> None:
     ]
 
 
-def test_a_request_outside_a_rollout_records_no_figures() -> None:
+def test_a_request_outside_a_rollout_records_only_its_pools_figures() -> None:
     _, figures = settle(
         AttemptResult("ok", "r1", first_token_at=0.5, usage=USAGE), role=None
     )
 
     assert figures.added == []
+    [pool] = figures.pool
+    assert (pool.requests, pool.answered, pool.output_tokens) == (1, 1, 7)
+    assert (pool.prompt_tokens, pool.cached_tokens) == (10, 4)
+    assert pool.ttft_quantile(0.95) == one_request(
+        ttft_s=0.5, output_tokens=7
+    ).ttft_quantile(0.95)
+    assert {(k.model, k.version, k.role) for k in figures.keys} == {
+        ("chat-7b", "v2", "pool")
+    }
+
+
+def test_a_request_under_a_rollout_counts_for_its_pool_and_its_role() -> None:
+    # Six tokens after the first, 0.6 s after it: 0.1 s per output token.
+    first = time.monotonic() - 0.6
+    _, figures = settle(
+        AttemptResult("ok", "r1", first_token_at=first, usage=USAGE),
+        role=Role.CANARY,
+    )
+
+    [guard] = figures.by_role[Role.CANARY]
+    [pool] = figures.pool
+    assert guard.prompt_tokens == 0 and guard.tpot == {}  # the guards' as before
+    assert pool.requests == guard.requests == 1
+    tpot = pool.tpot_quantile(0.5)
+    assert tpot is not None and 0.1 <= tpot <= 0.13
+
+
+def test_a_failure_counts_for_its_pool_without_tokens() -> None:
+    failed = GatewayError(503, "no replica", code="no_replica_available")
+    _, figures = settle(
+        AttemptResult("error", error_kind="upstream", error=failed), role=None
+    )
+
+    assert figures.pool == [
+        one_request(ttft_s=None, output_tokens=None, error_kind="upstream")
+    ]
 
 
 def test_a_503_before_any_answer_is_counted_as_shed_and_billed_nothing() -> None:
