@@ -2,7 +2,7 @@
 and writes the desired size and a row saying why.
 
 Public surface: ``autoscale_region``, ``pool_signals``, ``scaling_settings``,
-``read_load_shares``, ``pool_state``, ``pool_figures``, ``autoscaling_dict``,
+``read_load_shares``, ``region_redis``, ``pool_state``, ``pool_figures``, ``autoscaling_dict``,
 ``decision_dict``, ``get_pool``, ``set_pool_autoscaling``, ``prune_decisions``, and
 the JSON they hand to views and the console: ``PoolStateOut`` (with ``PoolOut``,
 ``ReplicaStateOut``), ``AutoscalingOut`` (``ScheduleRuleOut``), ``DecisionOut``.
@@ -40,8 +40,9 @@ and ``/metrics`` (``pool_figures``, read at scrape time) show.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypedDict, cast
@@ -59,6 +60,7 @@ from engine_nodes.domain.load_shares import (
     gateway_load_key,
     gateways_seen_key,
     sum_pool_load,
+    sum_replica_tokens,
 )
 from engine_nodes.models import Replica, ScalingDecision
 from metering.metrics import PoolScalingFigures
@@ -204,7 +206,27 @@ class ReplicaStateOut(TypedDict):
     last_heartbeat: str | None  # ISO 8601
 
 
-class PoolOut(PoolScalingOut):
+class PoolLiveOut(TypedDict):
+    """A pool's live figures: the gateways' (``metering.domain.pool_live`` over
+    ``engine_nodes.services.LIVE_FIGURES_WINDOW``, and the routers' load now).
+
+    The ``router_*`` figures are the gateways' live-load shares in this region's
+    Redis: null for another region's pool, or when Redis does not answer.
+    """
+
+    requests: int
+    ttft_p95_ms: float | None
+    ttft_p99_ms: float | None
+    tpot_p50_ms: float | None
+    tpot_p95_ms: float | None
+    prefix_hit_rate: float | None
+    usd_per_million_tokens: float | None
+    router_tokens_in_flight: int | None
+    router_queue_depth: int | None
+    router_utilisation: float | None
+
+
+class PoolOut(PoolScalingOut, PoolLiveOut):
     """A pool of the pool state: the fleet's figures, then the autoscaler's."""
 
     version: str
@@ -226,6 +248,18 @@ class PoolStateOut(TypedDict):
     tokens_in_flight: int
     prefix_hit_rate: float | None
     pools: list[PoolOut]
+
+
+@contextlib.contextmanager
+def region_redis() -> Iterator[redis.Redis | None]:
+    """Yield a client of this region's Redis (short timeouts), or None without one."""
+    if not settings.REDIS_URL:
+        yield None
+        return
+    with redis.Redis.from_url(
+        settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2
+    ) as client:
+        yield client
 
 
 # -- settings ---------------------------------------------------------------------
@@ -635,7 +669,35 @@ def pool_state(
         ),
         describe_pool=lambda pool, starting: dict(_pool_scaling(pool, starting)),
     )
+    _add_router_load(state, region=region)
     return cast(PoolStateOut, state)
+
+
+def _add_router_load(state: dict[str, Any], *, region: str | None) -> None:
+    """Add each pool's router load (``PoolLiveOut``'s ``router_*``) to ``state``.
+
+    Only this region's pools: their gateways publish to this region's Redis.
+    """
+    here = settings.PLATFORM_REGION
+    shares: list[dict[str, int]] | None = None
+    if region in (None, here) and any(p["region"] == here for p in state["pools"]):
+        with region_redis() as client:
+            shares = _shares(client, region=here)
+    for pool in state["pools"]:
+        tokens = queue = utilisation = None
+        if shares is not None and pool["region"] == here:
+            ids = [
+                r["replica_id"]
+                for r in state["replicas"]
+                if r["version"] == pool["version"] and r["region"] == here
+            ]
+            tokens = sum_replica_tokens(shares, ids)
+            queue = sum_pool_load(shares, state["model"], pool["version"]).queue_depth
+            capacity = pool["capacity_tokens_in_flight"]
+            utilisation = tokens / capacity if capacity else None
+        pool["router_tokens_in_flight"] = tokens
+        pool["router_queue_depth"] = queue
+        pool["router_utilisation"] = utilisation
 
 
 def _pool_scaling(pool: Pool, starting: int) -> PoolScalingOut:

@@ -15,8 +15,7 @@ schedule not yet upgraded, still runs.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -74,7 +73,7 @@ def reap_silent_replicas_body() -> int:
 
 def _heard_in_region() -> frozenset[str]:
     """Ids of the replicas beating to this region's Redis (none without Redis)."""
-    with _region_redis() as client:
+    with autoscaling.region_redis() as client:
         if client is None:
             return frozenset()
         store = RedisBeatStore(
@@ -95,7 +94,7 @@ def autoscale_pools_body(*, region: str = "") -> int:
     ``region`` defaults to this worker's ``PLATFORM_REGION``: each region's worker
     sizes its own pools, from its own Redis. A redelivered tick just decides again.
     """
-    with _region_redis() as client:
+    with autoscaling.region_redis() as client:
         results = autoscaling.autoscale_region(
             region=region or settings.PLATFORM_REGION,
             now=timezone.now(),
@@ -198,15 +197,3 @@ share_region_limits: Task[Any, Any] = shared_task(
 )(share_region_limits_body)
 dispatch_batches = _register("control.dispatch_batches", dispatch_batches_body, {})
 run_batch = _register("control.run_batch", run_batch_body, _BATCH)
-
-
-@contextlib.contextmanager
-def _region_redis() -> Iterator[redis.Redis | None]:
-    """Yield a client of this region's Redis (short timeouts), or None without one."""
-    if not settings.REDIS_URL:
-        yield None
-        return
-    with redis.Redis.from_url(
-        settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2
-    ) as client:
-        yield client

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import asdict
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -30,15 +31,19 @@ from engine_nodes.domain.replica_argv import (
     vllm_serve_argv,
 )
 from engine_nodes.models import Node, Replica
-from metering.services import prefix_hit_rate_since
+from metering.domain.cost import gpu_hour_usd_for, gpu_usd_per_hour
+from metering.domain.figures import VersionFigures
+from metering.domain.pool_live import pool_live
+from metering.services import pool_live_figures
 from models_registry.domain.capacity import CapacityRecord, pool_capacity_tokens
 from models_registry.models import ModelVersion, Pool
 from models_registry.services import get_model
 
 logger = logging.getLogger(__name__)
 
-# The window over which the pool state reports its prefix hit rate.
-HIT_RATE_WINDOW = timedelta(minutes=15)
+# The window over which the pool state reads the pools' live figures (TTFT, time
+# per output token, prefix hit rate, USD per million tokens).
+LIVE_FIGURES_WINDOW = timedelta(minutes=5)
 
 
 def reap_silent_replicas(
@@ -417,6 +422,9 @@ def pool_state(
 
     Sums cover replicas that are serving and heard from within the missed-beat
     window; every non-gone replica is listed with its state and silence. Each
+    pool carries its live figures over ``LIVE_FIGURES_WINDOW`` (the gateways'
+    role ``pool`` figures: ``metering.domain.pool_live``), and the model's
+    ``prefix_hit_rate`` is theirs summed over its pools (``region``'s). Each
     pool's entry is extended with ``describe_pool(pool, starting)`` when given
     (``starting``: the replicas the agents count that are not serving, i.e. all
     but serving and draining ones), the pools read with ``prefetch``.
@@ -436,12 +444,14 @@ def pool_state(
     replicas = []
     serving_by_pool: dict[tuple[int, str], int] = {}
     starting_by_pool: dict[tuple[int, str], int] = {}
+    held_by_pool: dict[tuple[int, str], int] = {}
     queue_depth = 0
     tokens_in_flight = 0
     for replica in replicas_qs:
         silent = is_silent(replica.last_heartbeat, now, beat_s, missed)
         is_serving = replica.state == ReplicaState.SERVING and not silent
         key = (replica.version_id, replica.region)
+        held_by_pool[key] = held_by_pool.get(key, 0) + 1
         if is_serving:
             queue_depth += replica.queue_depth
             tokens_in_flight += replica.tokens_in_flight
@@ -466,9 +476,21 @@ def pool_state(
                 ),
             }
         )
+    window = LIVE_FIGURES_WINDOW
+    live = pool_live_figures(model_id=model.model, since=now - window, region=region)
+    all_pools = sum(live.values(), VersionFigures())
     pools = []
     for pool in pools_qs:
         key = (pool.version_id, pool.region)
+        figures = live.get((pool.version.version, pool.region), VersionFigures())
+        usd_per_hour = gpu_usd_per_hour(
+            gpus=held_by_pool.get(key, 0) * pool.version.gpus_per_replica,
+            gpu_hour_usd=gpu_hour_usd_for(
+                pool.region,
+                default=settings.PLATFORM_GPU_HOUR_USD,
+                by_region=settings.PLATFORM_GPU_HOUR_USD_BY_REGION,
+            ),
+        )
         serving = serving_by_pool.get(key, 0)
         capacity = CapacityRecord(
             tokens_per_s=pool.version.load_test_tokens_per_s,
@@ -488,6 +510,13 @@ def pool_state(
                 settings.PLATFORM_DEFAULT_REPLICA_TOKENS_IN_FLIGHT,
             ),
             "capacity_is_measured": capacity.is_measured,
+            **asdict(
+                pool_live(
+                    figures,
+                    usd_per_hour=usd_per_hour,
+                    window_s=window.total_seconds(),
+                )
+            ),
         }
         if describe_pool is not None:
             entry.update(describe_pool(pool, starting_by_pool.get(key, 0)))
@@ -498,8 +527,6 @@ def pool_state(
         "replicas": replicas,
         "queue_depth": queue_depth,
         "tokens_in_flight": tokens_in_flight,
-        "prefix_hit_rate": prefix_hit_rate_since(
-            model_id=model.model, since=now - HIT_RATE_WINDOW
-        ),
+        "prefix_hit_rate": all_pools.prefix_hit_rate,
         "pools": pools,
     }

@@ -28,7 +28,7 @@ from functools import partial
 import redis
 from django.conf import settings
 from django.db import IntegrityError, models, transaction
-from django.db.models import F, Sum, Value
+from django.db.models import F, Value
 from django.db.models.functions import Greatest
 
 from accounts.models import Team
@@ -43,7 +43,6 @@ from metering.domain.usage import (
     COUNTER_FIELDS,
     UsageCounts,
     UsageKey,
-    prefix_hit_rate,
 )
 from metering.figures import (
     FIGURES_KEEP_FLUSHED_S,
@@ -338,14 +337,6 @@ def flush_memory_usage(
 
 
 # -- the rollout guards' figures ------------------------------------------------------
-
-
-def prefix_hit_rate_since(*, model_id: str, since: datetime) -> float | None:
-    """Return cached / prompt tokens of a model's usage since ``since``; None if idle."""
-    totals = Usage.objects.filter(model_id=model_id, minute__gte=since).aggregate(
-        prompt=Sum("prompt_tokens"), cached=Sum("cached_tokens")
-    )
-    return prefix_hit_rate(totals["prompt"] or 0, totals["cached"] or 0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from django.utils import timezone
 from accounts.domain.keys import hash_secret
 from accounts.models import AdminToken, ApiKey, TeamLimit
 from engine_nodes.models import Replica
-from metering.models import Usage
+from metering.models import Usage, VersionFigure
 from models_registry.models import Model, ModelVersion
 from rollouts.models import Rollout
 from tests.factories import ReplicaFactory, accept, digest, version_body
@@ -769,9 +769,11 @@ def test_pool_state_leaves_silent_replicas_out_of_the_sums(
     assert sorted(r["is_silent"] for r in data["replicas"]) == [False, True]
 
 
-def test_pool_state_prefix_hit_rate_from_recent_usage(
+def test_pool_state_prefix_hit_rate_is_the_pools_live_figures(
     admin_client: APIClient, chat_v1: ModelVersion, team: Team
 ) -> None:
+    """The hit rate is the gateways' live figures (role ``pool``), not the minute
+    usage rows, which trail the flush and know no region."""
     minute = timezone.now().replace(second=0, microsecond=0)
     Usage.objects.create(
         team=team,
@@ -783,8 +785,23 @@ def test_pool_state_prefix_hit_rate_from_recent_usage(
         output_tokens=300,
         requests=1,
     )
+    assert (
+        admin_client.get("/admin/pools/chat-7b/state").json()["prefix_hit_rate"] is None
+    )
+    VersionFigure.objects.create(
+        model_id="chat-7b",
+        version=chat_v1.version,
+        role="pool",
+        region="eu",
+        bucket_start=minute,
+        bucket_s=60,
+        requests=1,
+        answered=1,
+        prompt_tokens=1000,
+        cached_tokens=250,
+    )
     data = admin_client.get("/admin/pools/chat-7b/state").json()
-    assert data["prefix_hit_rate"] == pytest.approx(800 / 1200)
+    assert data["prefix_hit_rate"] == pytest.approx(0.25)
 
 
 def test_pool_state_filters_by_region(

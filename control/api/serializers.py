@@ -127,8 +127,20 @@ class ReplicaStateSerializer(serializers.Serializer):
 
 
 class PoolSerializer(serializers.Serializer):
-    """One pool in the pool state: its capacity, and what the autoscaler sees and did.
+    """One pool in the pool state: its capacity, its live figures, and what the
+    autoscaler sees and did.
 
+    The live figures are the gateways' for this pool (version and region), written
+    for every request whether or not a rollout runs, over the last five minutes:
+    ``requests``, TTFT and time-per-output-token quantiles (ms), ``prefix_hit_rate``
+    (cached over prompt tokens) and ``usd_per_million_tokens`` (the GPUs the pool
+    holds, at its region's price, over the prompt and output tokens it served);
+    null while the pool served nothing. ``router_tokens_in_flight`` (prompt plus
+    remaining output of the requests the gateways have open on its replicas),
+    ``router_queue_depth`` (requests waiting in their admission queues) and
+    ``router_utilisation`` (those tokens over ``capacity_tokens_in_flight``) are
+    the gateways' live-load shares now: null for a pool of another region than
+    the answering control plane's, or while its Redis does not answer.
     ``utilisation`` and the ``autoscaler_*`` figures are the last tick's
     (``observed_at``; null before the first); ``warnings`` say when capacity is
     exhausted or assumed.
@@ -141,6 +153,16 @@ class PoolSerializer(serializers.Serializer):
     serving_replicas = serializers.IntegerField()
     capacity_tokens_in_flight = serializers.IntegerField()
     capacity_is_measured = serializers.BooleanField()
+    requests = serializers.IntegerField()
+    ttft_p95_ms = serializers.FloatField(allow_null=True)
+    ttft_p99_ms = serializers.FloatField(allow_null=True)
+    tpot_p50_ms = serializers.FloatField(allow_null=True)
+    tpot_p95_ms = serializers.FloatField(allow_null=True)
+    prefix_hit_rate = serializers.FloatField(allow_null=True)
+    usd_per_million_tokens = serializers.FloatField(allow_null=True)
+    router_tokens_in_flight = serializers.IntegerField(allow_null=True)
+    router_queue_depth = serializers.IntegerField(allow_null=True)
+    router_utilisation = serializers.FloatField(allow_null=True)
     desired_replicas = serializers.IntegerField()
     starting_replicas = serializers.IntegerField()
     replica_tokens_in_flight = serializers.IntegerField()
@@ -162,8 +184,14 @@ class PoolSerializer(serializers.Serializer):
 
 
 class PoolStateSerializer(serializers.Serializer):
-    """GET /admin/pools/{model}/state: the seed's fields plus per-pool capacity and
-    autoscaling."""
+    """GET /admin/pools/{model}/state: the seed's fields plus per-pool capacity,
+    live figures and autoscaling.
+
+    ``queue_depth`` and ``tokens_in_flight`` sum the serving replicas' heartbeats;
+    the routers' figures are each pool's ``router_*``. ``prefix_hit_rate`` is the
+    pools' live figures summed over the model's pools (``region``'s with
+    ``?region=``): cached over prompt tokens in the last five minutes.
+    """
 
     model = serializers.CharField()
     region = serializers.CharField(allow_null=True)

@@ -7,7 +7,7 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from config.api import ControlPlaneView, openapi_pattern, validated
+from config.api import ControlPlaneView, ErrorSerializer, openapi_pattern, validated
 from config.errors import InvalidRequest
 from config.names import SLUG_PATTERN, SLUG_RULE, is_valid_slug
 from control import autoscaling
@@ -19,7 +19,8 @@ from control.api.serializers import (
 
 
 class PoolStateView(ControlPlaneView):
-    """The seed's GET /admin/pools/{model}/state, with what the autoscaler sees."""
+    """The seed's GET /admin/pools/{model}/state: per pool and region its live
+    figures (the gateways', rollout or not) and what the autoscaler sees."""
 
     @extend_schema(
         parameters=[
@@ -27,11 +28,14 @@ class PoolStateView(ControlPlaneView):
                 "region",
                 str,
                 required=False,
-                description=f"Only this region's pools: {SLUG_RULE}.",
+                description=(
+                    f"Only this region's pools, replicas and hit rate: {SLUG_RULE}. "
+                    "A malformed region is a 400."
+                ),
                 pattern=openapi_pattern(SLUG_PATTERN),
             )
         ],
-        responses={200: PoolStateSerializer},
+        responses={200: PoolStateSerializer, 400: ErrorSerializer},
     )
     def get(self, request: Request, model: str) -> Response:
         region = request.query_params.get("region")
