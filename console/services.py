@@ -2,23 +2,25 @@
 
 Public surface: ``Sees``, ``fleet_overview``, ``fleet_feed``, ``pool_feed``, ``open_rollouts``,
 ``rollout_page``, ``rollout_state``, ``start_rollout``, ``control_rollout``,
-``team_usage``, ``ACTIONS``, ``TTFT_WINDOW``, and what they return: ``PoolRow``,
+``team_usage``, ``ACTIONS``, and what they return: ``PoolRow``,
 ``PoolFeed``, ``FleetCells``, ``Alert``, ``FleetOverview``, ``FleetFeed``,
 ``RolloutPage``, ``TeamUsage``.
 
 Nothing here is computed a second time: a pool's replicas, capacity, hit rate,
 the autoscaler's last tick and decisions come from ``control.autoscaling.
-pool_state`` (the admin API's ``/admin/pools/<model>/state``), TTFT from the
-rollout guards' histograms (``metering.services.version_figures``), rollouts move
-through ``rollouts.plans`` as the admin API moves them. What the console adds is
+pool_state`` (the admin API's ``/admin/pools/<model>/state``), and so do each
+pool's live figures (TTFT, time per output token, hit rate, USD per million tokens,
+the routers' tokens in flight and queue: the gateways' role ``pool`` figures and
+live-load shares, rollout or not), rollouts move through ``rollouts.plans`` as the
+admin API moves them. What the console adds is
 the split of a model's state into its pools and the shape of each page.
 
 Per pool, ``tokens_in_flight`` and ``queue_depth`` are the heartbeats of its
 serving replicas that are not silent (the sums ``pool_state`` makes for the
 whole model, split by pool); ``utilisation`` is those tokens over the pool's
 capacity, live, and ``autoscaler_utilisation`` what the autoscaler's last tick saw
-(queued tokens included). The hit rate is the model's (``Usage`` has no region),
-p95 TTFT the version's over ``TTFT_WINDOW`` in every region and role.
+(queued tokens included). Hit rate and TTFT are the pool's own (its version in
+its region) over ``engine_nodes.services.LIVE_FIGURES_WINDOW``.
 """
 
 from __future__ import annotations
@@ -35,9 +37,7 @@ from batches.models import Batch
 from control import autoscaling
 from control.autoscaling import DecisionOut, PoolOut, PoolStateOut, ReplicaStateOut
 from engine_nodes.domain.liveness import ReplicaState
-from metering.domain.figures import Role
 from metering.models import Usage
-from metering.services import version_figures
 from models_registry.domain.gates import TRAFFIC_STATUSES
 from models_registry.models import Model, ModelVersion, Pool
 from models_registry.services import get_model
@@ -48,7 +48,6 @@ from rollouts.services import RolloutOut
 
 __all__ = [
     "ACTIONS",
-    "TTFT_WINDOW",
     "Alert",
     "FleetCells",
     "FleetFeed",
@@ -69,8 +68,6 @@ __all__ = [
     "team_usage",
 ]
 
-# The window p95 TTFT is read over: long enough to hold a few buckets of figures.
-TTFT_WINDOW = timedelta(minutes=5)
 # How long an ended rollout that was rolled back stays on the home page's alerts.
 _ROLLED_BACK_ALERT = timedelta(hours=24)
 # The console's buttons and the admin API's actions (``plans.Controls``) they send.
@@ -104,8 +101,14 @@ class PoolRow(TypedDict):
     utilisation: float | None  # live: tokens in flight over capacity
     autoscaler_utilisation: float | None  # what the autoscaler's last tick saw
     queue_depth: int
-    prefix_hit_rate: float | None  # the model's
+    prefix_hit_rate: float | None  # the pool's, live
     ttft_p95_ms: float | None
+    ttft_p99_ms: float | None
+    tpot_p50_ms: float | None
+    usd_per_million_tokens: float | None
+    router_tokens_in_flight: int | None  # the gateways' count; None elsewhere
+    router_queue_depth: int | None
+    router_utilisation: float | None
     is_panicking: bool
     is_capacity_exhausted: bool
     last_reason: str | None
@@ -206,25 +209,12 @@ class TeamUsage(TypedDict):
 # -- pools -------------------------------------------------------------------------
 
 
-def _ttft_p95_ms(model_id: str, version: str, *, now: datetime) -> float | None:
-    """Return a version's p95 TTFT in ms over ``TTFT_WINDOW``, all roles summed."""
-    since = now - TTFT_WINDOW
-    figures = None
-    for role in Role:
-        part = version_figures(
-            model_id=model_id, version=version, role=role.value, since=since
-        )
-        figures = part if figures is None else figures + part
-    p95 = figures.ttft_quantile(0.95) if figures is not None else None
-    return None if p95 is None else round(p95 * 1000.0, 1)
-
-
 def _is_counted(replica: ReplicaStateOut) -> bool:
     # As pool_state sums a model's load: serving replicas that still beat.
     return replica["state"] == ReplicaState.SERVING and not replica["is_silent"]
 
 
-def _pool_row(state: PoolStateOut, pool: PoolOut, *, now: datetime) -> PoolRow:
+def _pool_row(state: PoolStateOut, pool: PoolOut) -> PoolRow:
     """Return one pool of a model's ``pool_state`` as the console shows it."""
     version, region = pool["version"], pool["region"]
     replicas = [
@@ -251,8 +241,14 @@ def _pool_row(state: PoolStateOut, pool: PoolOut, *, now: datetime) -> PoolRow:
         "utilisation": tokens / capacity if capacity else None,
         "autoscaler_utilisation": pool["utilisation"],
         "queue_depth": sum(r["queue_depth"] for r in counted),
-        "prefix_hit_rate": state["prefix_hit_rate"],
-        "ttft_p95_ms": _ttft_p95_ms(state["model"], version, now=now),
+        "prefix_hit_rate": pool["prefix_hit_rate"],
+        "ttft_p95_ms": pool["ttft_p95_ms"],
+        "ttft_p99_ms": pool["ttft_p99_ms"],
+        "tpot_p50_ms": pool["tpot_p50_ms"],
+        "usd_per_million_tokens": pool["usd_per_million_tokens"],
+        "router_tokens_in_flight": pool["router_tokens_in_flight"],
+        "router_queue_depth": pool["router_queue_depth"],
+        "router_utilisation": pool["router_utilisation"],
         "is_panicking": pool["is_panicking"],
         "is_capacity_exhausted": pool["is_capacity_exhausted"],
         "last_reason": pool["last_reason"],
@@ -265,7 +261,7 @@ def _pool_row(state: PoolStateOut, pool: PoolOut, *, now: datetime) -> PoolRow:
 
 def _model_pools(model_id: str, *, now: datetime) -> list[PoolRow]:
     state = autoscaling.pool_state(model_id=model_id, now=now)
-    return [_pool_row(state, pool, now=now) for pool in state["pools"]]
+    return [_pool_row(state, pool) for pool in state["pools"]]
 
 
 def pool_feed(*, model_id: str, version: str, region: str, now: datetime) -> PoolFeed:
@@ -277,7 +273,7 @@ def pool_feed(*, model_id: str, version: str, region: str, now: datetime) -> Poo
     autoscaling.get_pool(model_id=model_id, version=version, region=region)
     state = autoscaling.pool_state(model_id=model_id, now=now, region=region)
     pool = next(p for p in state["pools"] if p["version"] == version)
-    return {**_pool_row(state, pool, now=now), "refreshed_at": now.isoformat()}
+    return {**_pool_row(state, pool), "refreshed_at": now.isoformat()}
 
 
 # -- rollouts ----------------------------------------------------------------------

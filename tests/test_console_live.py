@@ -137,9 +137,11 @@ def test_pool_feed_sums_the_pools_serving_replicas_and_changes_with_their_load(
     assert silent == {"r-a": False, "r-b": True}
 
 
-def test_pool_feed_reads_hit_rate_ttft_and_decisions_from_their_services(
+def test_pool_feed_reads_its_pools_live_figures_and_decisions(
     console: Client, pool: Pool, team: Team, chat_v1: ModelVersion
 ) -> None:
+    """Hit rate and TTFT are the pool's own live figures (role ``pool``, written
+    with no rollout running), not the minute usage rows nor the guards'."""
     now = timezone.now()
     Usage.objects.create(
         team=team,
@@ -147,20 +149,36 @@ def test_pool_feed_reads_hit_rate_ttft_and_decisions_from_their_services(
         version=chat_v1,
         minute=now.replace(second=0, microsecond=0),
         prompt_tokens=1_200,
-        cached_tokens=800,
+        cached_tokens=100,
         requests=2,
     )
     VersionFigure.objects.create(
         model=chat_v1.model,
         version="v1",
-        role="live",
+        role="pool",
         region="local",
         bucket_start=now - timedelta(seconds=30),
         bucket_s=60,
         requests=20,
         answered=20,
+        prompt_tokens=1_200,
+        cached_tokens=800,
         ttft={"10": 19, "40": 1},
     )
+    # Another region's pool, and the guards' figures, are not this pool's.
+    for role, region in (("pool", "elsewhere"), ("live", "local")):
+        VersionFigure.objects.create(
+            model=chat_v1.model,
+            version="v1",
+            role=role,
+            region=region,
+            bucket_start=now - timedelta(seconds=30),
+            bucket_s=60,
+            requests=5,
+            answered=5,
+            prompt_tokens=100,
+            ttft={"60": 5},
+        )
     ScalingDecision.objects.create(
         pool=pool,
         region="local",
@@ -197,6 +215,12 @@ def test_pool_page_has_the_fields_the_script_refreshes(
         "queue_depth",
         "serving_replicas",
         "prefix_hit_rate",
+        "ttft_p95_ms",
+        "ttft_p99_ms",
+        "tpot_p50_ms",
+        "router_tokens_in_flight",
+        "router_utilisation",
+        "usd_per_million_tokens",
     ):
         assert f'data-field="{name}"' in body
     assert 'data-replica="r-a"' in body

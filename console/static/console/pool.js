@@ -21,9 +21,12 @@
   var FORMATS = {
     utilisation: pct,
     autoscaler_utilisation: pct,
+    router_utilisation: pct,
     prefix_hit_rate: pct,
     kv_cache_usage_perc: pct,
     ttft_p95_ms: ms,
+    ttft_p99_ms: ms,
+    tpot_p50_ms: ms,
   };
 
   function writeSummary(feed) {
