@@ -2,7 +2,8 @@
 and writes the desired size and a row saying why.
 
 Public surface: ``autoscale_region``, ``pool_signals``, ``scaling_settings``,
-``read_load_shares``, ``region_redis``, ``pool_state``, ``pool_figures``, ``autoscaling_dict``,
+``read_load_shares``, ``region_redis``, ``pool_state``, ``pool_figures``,
+``pool_live_figures``, ``autoscaling_dict``,
 ``decision_dict``, ``get_pool``, ``set_pool_autoscaling``, ``prune_decisions``, and
 the JSON they hand to views and the console: ``PoolStateOut`` (with ``PoolOut``,
 ``ReplicaStateOut``), ``AutoscalingOut`` (``ScheduleRuleOut``), ``DecisionOut``.
@@ -63,7 +64,7 @@ from engine_nodes.domain.load_shares import (
     sum_replica_tokens,
 )
 from engine_nodes.models import Replica, ScalingDecision
-from metering.metrics import PoolScalingFigures
+from metering.metrics import PoolLiveFigures, PoolScalingFigures
 from models_registry.domain.autoscaler import (
     AutoscalerState,
     PoolSignals,
@@ -671,6 +672,45 @@ def pool_state(
     )
     _add_router_load(state, region=region)
     return cast(PoolStateOut, state)
+
+
+def pool_live_figures(
+    *, region: str | None = None, now: datetime | None = None
+) -> list[PoolLiveFigures]:
+    """Return each pool's live figures for ``/metrics`` (read at scrape time).
+
+    The pools of ``region`` (this process's ``PLATFORM_REGION`` by default), read
+    through ``pool_state`` model by model: the entries the admin API and the
+    console show, so the three never disagree.
+    """
+    region = settings.PLATFORM_REGION if region is None else region
+    now = now or timezone.now()
+    models = sorted(
+        set(Pool.objects.filter(region=region).values_list("model_id", flat=True))
+    )
+    figures = []
+    for model_id in models:
+        for pool in pool_state(model_id=model_id, now=now, region=region)["pools"]:
+            figures.append(
+                PoolLiveFigures(
+                    model=model_id,
+                    version=pool["version"],
+                    region=pool["region"],
+                    requests=pool["requests"],
+                    ttft_p95_s=_seconds(pool["ttft_p95_ms"]),
+                    ttft_p99_s=_seconds(pool["ttft_p99_ms"]),
+                    tpot_p50_s=_seconds(pool["tpot_p50_ms"]),
+                    tpot_p95_s=_seconds(pool["tpot_p95_ms"]),
+                    prefix_hit_rate=pool["prefix_hit_rate"],
+                    usd_per_million_tokens=pool["usd_per_million_tokens"],
+                    router_utilisation=pool["router_utilisation"],
+                )
+            )
+    return figures
+
+
+def _seconds(ms: float | None) -> float | None:
+    return None if ms is None else ms / 1000.0
 
 
 def _add_router_load(state: dict[str, Any], *, region: str | None) -> None:

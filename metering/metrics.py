@@ -9,7 +9,8 @@ Public surface: the collectors below, ``observe_request``, ``observe_team_tokens
 and the figures read from the database at scrape time: the autoscaler's
 (``PoolScalingFigures``, ``PoolScalingCollector``, ``register_pool_scaling``), the
 pools' GPUs and their cost (``PoolCostFigures``, ``PoolCostCollector``,
-``register_pool_costs``), rollouts (``OpenRollout``, ``GuardTrips``,
+``register_pool_costs``), the pools' live figures (``PoolLiveFigures``,
+``PoolLiveCollector``, ``register_pool_live``), rollouts (``OpenRollout``, ``GuardTrips``,
 ``RolloutCollector``, ``register_rollouts``) and batches
 (``BatchFigures``, ``BatchCollector``, ``register_batches``).
 
@@ -72,6 +73,8 @@ __all__ = [
     "Outcome",
     "PoolCostCollector",
     "PoolCostFigures",
+    "PoolLiveCollector",
+    "PoolLiveFigures",
     "PoolScalingCollector",
     "PoolScalingFigures",
     "RolloutCollector",
@@ -89,6 +92,7 @@ __all__ = [
     "pools_with_series",
     "register_batches",
     "register_pool_costs",
+    "register_pool_live",
     "register_pool_scaling",
     "register_rollouts",
     "set_control_plane",
@@ -637,6 +641,117 @@ class PoolCostCollector(_ScrapeTimeCollector[PoolCostFigures]):
         yield from (gpus, usd_per_hour, at_full, silent)
 
 
+@dataclass(frozen=True, slots=True)
+class PoolLiveFigures:
+    """One pool's live figures as ``GET /admin/pools/{model}/state`` shows them.
+
+    Latencies in seconds; None (no sample in the window, or no router figure for
+    another region's pool) exports no sample.
+    """
+
+    model: str
+    version: str
+    region: str
+    requests: int
+    ttft_p95_s: float | None
+    ttft_p99_s: float | None
+    tpot_p50_s: float | None
+    tpot_p95_s: float | None
+    prefix_hit_rate: float | None
+    usd_per_million_tokens: float | None
+    router_utilisation: float | None
+
+
+class PoolLiveCollector(_ScrapeTimeCollector[PoolLiveFigures]):
+    """Export each pool's live figures (the gateways' role ``pool`` figures over
+    five minutes, and the routers' utilisation), read from the pool state.
+
+    ``read`` is ``control.autoscaling.pool_live_figures``: the same entries the
+    admin API and the console show. The routers' tokens in flight and queue depth
+    are the gateways' own ``platform_tokens_in_flight`` and
+    ``platform_queue_depth``. Every scraped process exports the same values:
+    aggregate with ``max``.
+    """
+
+    what = "pool live figures"
+
+    def _families(self, figures: list[PoolLiveFigures]) -> Iterator[Metric]:
+        def gauge(name: str, text: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, text, labels=POOL_LABELS)
+
+        requests = gauge(
+            "platform_pool_live_requests",
+            "Requests the pool served in the last five minutes (answered or failed).",
+        )
+        values: dict[str, tuple[GaugeMetricFamily, Callable[[PoolLiveFigures], Any]]]
+        values = {
+            "ttft_p95": (
+                gauge(
+                    "platform_pool_ttft_p95_seconds",
+                    "p95 time to first token over the last five minutes, per pool.",
+                ),
+                lambda f: f.ttft_p95_s,
+            ),
+            "ttft_p99": (
+                gauge(
+                    "platform_pool_ttft_p99_seconds",
+                    "p99 time to first token over the last five minutes, per pool.",
+                ),
+                lambda f: f.ttft_p99_s,
+            ),
+            "tpot_p50": (
+                gauge(
+                    "platform_pool_tpot_p50_seconds",
+                    "Median time per output token after the first, last five "
+                    "minutes, per pool.",
+                ),
+                lambda f: f.tpot_p50_s,
+            ),
+            "tpot_p95": (
+                gauge(
+                    "platform_pool_tpot_p95_seconds",
+                    "p95 time per output token after the first, last five "
+                    "minutes, per pool.",
+                ),
+                lambda f: f.tpot_p95_s,
+            ),
+            "hit": (
+                gauge(
+                    "platform_pool_prefix_hit_rate",
+                    "Cached over prompt tokens of the pool's answers, last five "
+                    "minutes.",
+                ),
+                lambda f: f.prefix_hit_rate,
+            ),
+            "usd": (
+                gauge(
+                    "platform_pool_usd_per_million_tokens",
+                    "What the pool's GPUs cost over the last five minutes per "
+                    "million prompt and output tokens it served.",
+                ),
+                lambda f: f.usd_per_million_tokens,
+            ),
+            "router_utilisation": (
+                gauge(
+                    "platform_pool_router_utilisation",
+                    "The routers' tokens in flight on the pool over its capacity "
+                    "(this region's pools).",
+                ),
+                lambda f: f.router_utilisation,
+            ),
+        }
+        for f in figures:
+            pool = [f.model, f.version, f.region]
+            requests.add_metric(pool, f.requests)
+            for family, value_of in values.values():
+                value = value_of(f)
+                if value is not None:
+                    family.add_metric(pool, value)
+        yield requests
+        for family, _ in values.values():
+            yield family
+
+
 # -- rollouts, read at scrape time ---------------------------------------------------
 
 
@@ -760,6 +875,11 @@ def _register_once(name: str, collector: Collector) -> None:
 def register_pool_costs(read: Callable[[], Iterable[PoolCostFigures]]) -> None:
     """Export the pools' GPUs, cost and silent replicas from ``read`` (once)."""
     _register_once("pool_costs", PoolCostCollector(read))
+
+
+def register_pool_live(read: Callable[[], Iterable[PoolLiveFigures]]) -> None:
+    """Export the pools' live figures from ``read`` (once)."""
+    _register_once("pool_live", PoolLiveCollector(read))
 
 
 def register_rollouts(

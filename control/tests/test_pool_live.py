@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import redis
 from django.utils import timezone
+from prometheus_client import REGISTRY
 from pytest_django import Settings
 from rest_framework.test import APIClient
 
@@ -213,3 +214,36 @@ def test_router_figures_are_the_gateways_shares_of_this_region(
     # Another region's gateways publish to its own Redis: not read here.
     assert us["router_tokens_in_flight"] is None
     assert us["router_utilisation"] is None
+
+
+def test_metrics_export_the_figures_the_pool_state_shows(
+    admin_client: APIClient,
+    chat_v1: ModelVersion,
+    pools: list[Pool],
+    settings: Settings,
+) -> None:
+    settings.PLATFORM_REGION = "eu"
+    write(chat_v1, "eu", answers(20, ttft_s=0.1, prompt=100, cached=50))
+    write(chat_v1, "us", answers(20, ttft_s=0.8, prompt=100, cached=90))
+    eu = entry(admin_client.get("/admin/pools/chat-7b/state").json(), "eu")
+
+    def sample(name: str) -> float | None:
+        labels = {"model": "chat-7b", "version": chat_v1.version, "region": "eu"}
+        return REGISTRY.get_sample_value(name, labels)
+
+    assert sample("platform_pool_live_requests") == 20
+    assert sample("platform_pool_ttft_p95_seconds") == pytest.approx(
+        eu["ttft_p95_ms"] / 1000
+    )
+    assert sample("platform_pool_tpot_p50_seconds") == pytest.approx(
+        eu["tpot_p50_ms"] / 1000
+    )
+    assert sample("platform_pool_prefix_hit_rate") == pytest.approx(0.5)
+    # This process's region only: us's pool is its own region's to export.
+    assert (
+        REGISTRY.get_sample_value(
+            "platform_pool_live_requests",
+            {"model": "chat-7b", "version": chat_v1.version, "region": "us"},
+        )
+        is None
+    )
