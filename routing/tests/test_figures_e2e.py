@@ -2,12 +2,15 @@
 
 A canary's and the live version's requests are counted per role, a degraded
 canary's refusals are caught by the detector, and a shadow whose replica fails
-every request never reaches the caller while its figures count the errors.
+every request never reaches the caller while its figures count the errors. With
+no rollout at all, every pool's live figures (role ``pool``) still come back
+through the pool state API, per region.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -16,15 +19,16 @@ import httpx
 import pytest
 from django.utils import timezone
 
+from accounts import services as accounts_services
 from localrun.processes import wait_until
 from metering.domain.figures import Role, VersionFigures
 from metering.services import flush_redis_figures, version_figures
 from rollouts import services as rollouts
 from routing.domain.routing_key import routing_key, stable_fraction
-from tests.live import LivePlatform, extra_of, usage_of
+from tests.live import LivePlatform, cached_tokens_of, extra_of, usage_of
 
 if TYPE_CHECKING:
-    from openai.types.chat import ChatCompletionMessageParam
+    from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
     from pytest_django import DjangoDbBlocker
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -237,3 +241,99 @@ def test_a_shadow_failure_never_reaches_the_caller(
     finally:
         faults(platform, "v2", fail_rate=0.0)
         rollouts.set_alias(model_id="chat-7b", version="v1")
+
+
+def flush(platform: LivePlatform) -> None:
+    """Flush the figures as the beat task would (without Redis the gateway
+    flushes its own every second)."""
+    if os.environ.get("REDIS_URL"):
+        import redis
+
+        with redis.Redis.from_url(os.environ["REDIS_URL"]) as client:
+            flush_redis_figures(
+                client=client,
+                prefix=platform.prefix,
+                region=platform.region,
+                now=timezone.now(),
+            )
+
+
+def test_pool_state_shows_live_figures_per_region_without_a_rollout(
+    platform: LivePlatform, unblocked: None
+) -> None:
+    _, secret = accounts_services.create_admin_token(name="pool-live-e2e")
+    api = httpx.Client(
+        base_url=platform.url,
+        headers={"Authorization": f"Bearer {secret}"},
+        timeout=30,
+    )
+    system: ChatCompletionMessageParam = {
+        "role": "system",
+        "content": "You answer briefly. " * 40,
+    }
+    versions: set[str] = set()
+    cached = 0
+    ttfts: list[float] = []
+    for i in range(6):
+        turns: list[ChatCompletionMessageParam] = [system]
+        for text in ("one", "two"):
+            turns.append({"role": "user", "content": f"{text} {i}"})
+            started = time.monotonic()
+            stream = platform.client().chat.completions.create(
+                model="chat-7b",
+                messages=turns,
+                max_tokens=8,
+                stream=True,
+                extra_headers={"x-conversation-id": f"pool-live-{i}"},
+            )
+            chunks: list[ChatCompletionChunk] = []
+            for chunk in stream:
+                if not chunks:
+                    ttfts.append(time.monotonic() - started)
+                chunks.append(chunk)
+            final = chunks[-1]
+            versions.add(extra_of(final)["model_version"])
+            cached += cached_tokens_of(final)
+            turns.append(
+                {
+                    "role": "assistant",
+                    "content": "".join(
+                        c.choices[0].delta.content or "" for c in chunks if c.choices
+                    ),
+                }
+            )
+    # No canary, no shadow: the alias sent everything to the live version.
+    assert versions == {"v1"}
+    assert cached > 0  # the follow-ups hit the replicas' prefix caches
+
+    def pool_entry() -> dict[str, Any] | None:
+        flush(platform)
+        state = api.get(
+            "/admin/pools/chat-7b/state", params={"region": platform.region}
+        )
+        state.raise_for_status()
+        data = state.json()
+        assert data["region"] == platform.region
+        [v1] = [p for p in data["pools"] if p["version"] == "v1"]
+        assert {p["region"] for p in data["pools"]} == {platform.region}
+        found: dict[str, Any] = {**v1, "model_hit_rate": data["prefix_hit_rate"]}
+        return found if v1["requests"] >= 12 and v1["prefix_hit_rate"] else None
+
+    v1 = wait_until(pool_entry, timeout_s=15, interval_s=0.5, message="pool figures")
+
+    assert v1["ttft_p95_ms"] is not None and v1["ttft_p95_ms"] > 0
+    assert v1["ttft_p99_ms"] >= v1["ttft_p95_ms"]
+    assert 0 < v1["prefix_hit_rate"] <= 1
+    assert 0 < v1["model_hit_rate"] <= 1
+    assert v1["tpot_p50_ms"] is not None
+    # The routers' count is read from this region's gateways' shares (what an
+    # earlier test left open may still be in it: a number, never null).
+    assert isinstance(v1["router_tokens_in_flight"], int)
+    assert v1["router_tokens_in_flight"] >= 0
+    # Another region has no pool here; a malformed one is refused.
+    elsewhere = api.get("/admin/pools/chat-7b/state", params={"region": "nowhere"})
+    assert elsewhere.json()["pools"] == []
+    assert elsewhere.json()["prefix_hit_rate"] is None
+    bad = api.get("/admin/pools/chat-7b/state", params={"region": "Not A Region"})
+    assert bad.status_code == 400
+    assert bad.json()["error"]["param"] == "region"
