@@ -272,6 +272,10 @@ SPECTACULAR_SETTINGS = {
     "SERVE_AUTHENTICATION": ["accounts.auth.AdminTokenAuthentication"],
     "SERVE_PERMISSIONS": ["accounts.auth.IsPlatformAdmin"],
     "PREPROCESSING_HOOKS": ["config.api.keep_admin_paths"],
+    # A decision's reason and a pool's last reason are one choice set: one name.
+    "ENUM_NAME_OVERRIDES": {
+        "ScalingReasonEnum": "control.api.serializers.REASONS",
+    },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "config.api.finish_schema",

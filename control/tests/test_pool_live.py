@@ -4,6 +4,7 @@ shares."""
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -247,3 +248,30 @@ def test_metrics_export_the_figures_the_pool_state_shows(
         )
         is None
     )
+
+
+def test_the_schema_names_the_region_parameter_the_400_and_the_figures(
+    admin_client: APIClient,
+) -> None:
+    schema = json.loads(admin_client.get("/admin/schema").content)
+    get = schema["paths"]["/admin/pools/{model}/state"]["get"]
+
+    [region] = [p for p in get["parameters"] if p["name"] == "region"]
+    assert region["in"] == "query" and "pattern" in region["schema"]
+    assert "400" in get["responses"]
+    state = schema["components"]["schemas"]["PoolState"]["properties"]
+    assert state["pools"]["items"]["$ref"].endswith("/PoolStateEntry")
+    entry = schema["components"]["schemas"]["PoolStateEntry"]["properties"]
+    for name in (
+        "requests",
+        "ttft_p95_ms",
+        "ttft_p99_ms",
+        "tpot_p50_ms",
+        "tpot_p95_ms",
+        "prefix_hit_rate",
+        "usd_per_million_tokens",
+        "router_tokens_in_flight",
+        "router_queue_depth",
+        "router_utilisation",
+    ):
+        assert name in entry, name
