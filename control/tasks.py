@@ -110,7 +110,7 @@ def share_region_limits_body(*, region: str = "") -> int:
     Needs the region's Redis (where the gateways count demand and read shares):
     without one there is one process and nothing to share.
     """
-    with _region_redis() as client:
+    with autoscaling.region_redis() as client:
         if client is None:
             return 0
         shares = region_limits.share_region_limits(
