@@ -176,6 +176,7 @@ class Gateway:
                 await task
         self._tasks = []
         await self.background.drain()
+        await self.snapshots.prompt_counters.close()
         if self.flush_usage is not None:
             with contextlib.suppress(Exception):
                 await self.flush_usage()

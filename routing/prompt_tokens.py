@@ -30,6 +30,7 @@ a few hundred characters are encoded in a worker thread with ``encode_batch``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
@@ -358,6 +359,17 @@ class VersionCounters:
         if len(text) <= self.inline_chars:
             return counter.count_text(text)
         return await asyncio.to_thread(counter.count_text, text)
+
+    async def close(self) -> None:
+        """Cancel the loads still running (a gateway stopping), so that none is
+        left pending when its event loop closes (asyncio would log each one as a
+        task destroyed while pending). Their threads finish and are discarded."""
+        loading = list(self._loading.values())
+        for future in loading:
+            future.cancel()
+        for future in loading:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await future
 
     def _start(
         self, key: tuple[str, str], version: VersionRecord
