@@ -1,9 +1,11 @@
 """Headless plots of the fleet experiments: the routing A/B, the isolation test, the
-overload drill, the capacity test, the autoscaling drill and the region limits drill.
+overload drill, the capacity test, the autoscaling drill, the region limits drill and
+the billing drill.
 
 Public surface: ``default_plot_path``, ``plot_routing_ab``, ``plot_cache_sweep``,
 ``plot_isolation``,
-``plot_overload``, ``plot_capacity``, ``plot_autoscaling``, ``plot_region_limits``.
+``plot_overload``, ``plot_capacity``, ``plot_autoscaling``, ``plot_region_limits``,
+``plot_billing``.
 
 matplotlib with the Agg backend (no display); each function writes one PNG and
 returns its path, creating the folder if needed.
@@ -22,6 +24,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from drills.domain.autoscaling_drill import SHAPES, DrillOutcome, load_factor
+from drills.domain.billing_drill import BillingReport
 from drills.domain.cache_sweep import SweepPoint
 from drills.domain.capacity_test import CapacityAnswer
 from drills.domain.isolation_sim import NOISY_TEAM, IsolationOutcome
@@ -33,6 +36,7 @@ from drills.domain.timeline import percentile_in_bins
 __all__ = [
     "default_plot_path",
     "plot_autoscaling",
+    "plot_billing",
     "plot_cache_sweep",
     "plot_capacity",
     "plot_isolation",
@@ -583,4 +587,55 @@ def plot_region_limits(report: RegionLimitsReport, path: Path, *, title: str) ->
     bottom.set_ylabel("admitted / limit, last minute")
     bottom.set_xlabel("s")
     bottom.legend(loc="upper right", fontsize=8)
+    return _save(fig, path)
+
+
+def plot_billing(report: BillingReport, path: Path, *, title: str) -> Path:
+    """Per region and in total: output tokens told (the cut streams' bounds as an
+    error bar) beside each source's (left); USD billed beside the cost model's
+    (right)."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    names = [line.region for line in report.lines]
+    sources = list(report.lines[0].sources) if report.lines else []
+    width = 0.8 / (len(sources) + 1)
+    for i, line in enumerate(report.lines):
+        low, high = line.told.low.output_tokens, line.told.high.output_tokens
+        left.bar(
+            i,
+            low,
+            width,
+            color="#7f7f7f",
+            yerr=[[0], [high - low]],
+            capsize=3,
+            label="told (cut: up to max_tokens)" if i == 0 else None,
+        )
+        for j, name in enumerate(sources):
+            left.bar(
+                i + (j + 1) * width,
+                line.sources[name].output_tokens,
+                width,
+                color=f"C{j}",
+                label=name if i == 0 else None,
+            )
+    left.set_xticks([i + 0.4 - width / 2 for i in range(len(names))], names)
+    left.set_ylabel("output tokens")
+    left.legend(fontsize=8)
+    left.set_title(title)
+    regions = [c.region for c in report.costs]
+    xs = range(len(regions))
+    right.bar(
+        [x - 0.2 for x in xs],
+        [c.billed_usd for c in report.costs],
+        0.4,
+        label="billed (report)",
+    )
+    right.bar(
+        [x + 0.2 for x in xs],
+        [c.model_usd for c in report.costs],
+        0.4,
+        label="cost model",
+    )
+    right.set_xticks(list(xs), regions)
+    right.set_ylabel("USD, the drill's teams")
+    right.legend(fontsize=8)
     return _save(fig, path)
