@@ -638,4 +638,5 @@ def plot_billing(report: BillingReport, path: Path, *, title: str) -> Path:
     right.set_xticks(list(xs), regions)
     right.set_ylabel("USD, the drill's teams")
     right.legend(fontsize=8)
+    fig.tight_layout()
     return _save(fig, path)
