@@ -341,9 +341,14 @@ def run_live(
     seed: int = 0,
     settle_s: float = 120.0,
     log: Callable[[str], None] = print,
+    flush: Callable[[], None] | None = None,
 ) -> tuple[BillingReport, dict[str, Any]]:
     """Run the drill against ``platform``; return the report and the window's
-    figures (teams, times, the report's totals)."""
+    figures (teams, times, the report's totals).
+
+    ``flush`` runs before each read of the bill: a platform without its workers
+    (a test's) flushes the regions' usage there; ``make up``'s beat does it.
+    """
     if len(platform.regions) < 2:
         raise ValueError(f"two regions wanted, found {sorted(platform.regions)}")
     run = secrets.token_hex(3)
@@ -383,6 +388,8 @@ def run_live(
         if wait > 0:
             time.sleep(min(wait, 5.0))
             continue
+        if flush is not None:
+            flush()
         data, text = read_report(platform, start, end)
         rows = _sum_rows(data["data"], team_names)
         holds = all(e.holds(rows.get(key, Figures())) for key, e in expected.items())
