@@ -19,7 +19,9 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -484,3 +486,64 @@ class RedisServer:
         if self.process is not None:
             self.process.stop(grace_s=10)
             self.process = None
+
+
+def assert_conforms_to_schema(
+    schema_url: str,
+    *,
+    token: str,
+    config: Path,
+    hooks: str,
+    seed: int,
+    max_examples: int,
+    budget_s: float,
+    workdir: Path,
+    request_timeout_s: int = 10,
+) -> None:
+    """Run schemathesis (``st run``: every phase and check) against a live schema;
+    fail with its report unless it finds no issue within ``budget_s``.
+
+    Bounded and seeded, with no example database (a failure found once is not
+    replayed next run); ``hooks`` is the module of its hooks, imported from here.
+    """
+    argv = [
+        str(Path(sys.executable).with_name("st")),
+        "--no-color",
+        "--config-file",
+        str(config),
+        "run",
+        schema_url,
+        "--header",
+        f"Authorization: Bearer {token}",
+        "--seed",
+        str(seed),
+        "--max-examples",
+        str(max_examples),
+        "--generation-database",
+        "none",
+        "--workers",
+        "1",
+        "--request-timeout",
+        str(request_timeout_s),
+    ]
+    repo = Path(__file__).resolve().parent.parent
+    started = time.monotonic()
+    run = subprocess.run(
+        argv,
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=budget_s,
+        check=False,
+        env={
+            **os.environ,
+            "SCHEMATHESIS_HOOKS": hooks,
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [str(repo), os.environ.get("PYTHONPATH")])
+            ),
+        },
+    )
+    took_s = time.monotonic() - started
+    assert run.returncode == 0, f"{run.stdout[-20000:]}\n{run.stderr[-4000:]}"
+    assert "No issues found" in run.stdout, run.stdout[-4000:]
+    assert took_s < budget_s

@@ -8,10 +8,6 @@ every check against it, bounded and seeded.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -36,7 +32,7 @@ from localrun.seeding import (
     seed_platform,
     version_body,
 )
-from tests.live import platform_env
+from tests.live import assert_conforms_to_schema, platform_env
 
 if TYPE_CHECKING:
     from pytest_django import DjangoDbBlocker
@@ -370,47 +366,14 @@ def test_control_plane_conforms_to_its_openapi_schema(
     THEN no operation answers outside its schema: no 5xx, no undocumented status,
     no body off its schema, no valid input refused and no invalid one accepted.
     """
-    st = Path(sys.executable).with_name("st")
-    argv = [
-        str(st),
-        "--no-color",
-        "--config-file",
-        str(SCHEMATHESIS_CONFIG),
-        "run",
+    assert_conforms_to_schema(
         f"{control_plane.url}/admin/schema",
-        "--header",
-        f"Authorization: Bearer {control_plane.admin_token}",
-        "--seed",
-        str(SCHEMATHESIS_SEED),
-        "--max-examples",
-        str(SCHEMATHESIS_MAX_EXAMPLES),
-        # No example database: a failure found once is not replayed next run.
-        "--generation-database",
-        "none",
-        "--workers",
-        "1",
-        "--request-timeout",
-        "10",
-    ]
-    started = time.monotonic()
-    repo = Path(__file__).resolve().parent.parent
-    run = subprocess.run(
-        argv,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=SCHEMATHESIS_BUDGET_S,
-        check=False,
+        token=control_plane.admin_token,
+        config=SCHEMATHESIS_CONFIG,
         # The CSV report's deserializer (tests/schemathesis_hooks.py).
-        env={
-            **os.environ,
-            "SCHEMATHESIS_HOOKS": "tests.schemathesis_hooks",
-            "PYTHONPATH": os.pathsep.join(
-                filter(None, [str(repo), os.environ.get("PYTHONPATH")])
-            ),
-        },
+        hooks="tests.schemathesis_hooks",
+        seed=SCHEMATHESIS_SEED,
+        max_examples=SCHEMATHESIS_MAX_EXAMPLES,
+        budget_s=SCHEMATHESIS_BUDGET_S,
+        workdir=tmp_path,
     )
-    took_s = time.monotonic() - started
-    assert run.returncode == 0, f"{run.stdout[-20000:]}\n{run.stderr[-4000:]}"
-    assert "No issues found" in run.stdout, run.stdout[-4000:]
-    assert took_s < SCHEMATHESIS_BUDGET_S

@@ -7,10 +7,6 @@ every check, bounded and seeded, with no example database.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,7 +14,7 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-from tests.live import LivePlatform, start_platform
+from tests.live import LivePlatform, assert_conforms_to_schema, start_platform
 
 if TYPE_CHECKING:
     from pytest_django import DjangoDbBlocker
@@ -64,45 +60,14 @@ def test_v1_api_conforms_to_its_openapi_schema(
     THEN no operation answers outside its schema: no 5xx, no undocumented status,
     no body off its schema, no valid input refused and no invalid one accepted.
     """
-    argv = [
-        str(Path(sys.executable).with_name("st")),
-        "--no-color",
-        "--config-file",
-        str(HERE / "schemathesis_v1.toml"),
-        "run",
+    assert_conforms_to_schema(
         f"{platform.url}/v1/openapi.json",
-        "--header",
-        f"Authorization: Bearer {platform.keys['alpha']}",
-        "--seed",
-        str(SCHEMATHESIS_SEED),
-        "--max-examples",
-        str(SCHEMATHESIS_MAX_EXAMPLES),
-        # No example database: a failure found once is not replayed next run.
-        "--generation-database",
-        "none",
-        "--workers",
-        "1",
-        "--request-timeout",
-        "20",
-    ]
-    repo = HERE.parent
-    started = time.monotonic()
-    run = subprocess.run(
-        argv,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=SCHEMATHESIS_BUDGET_S,
-        check=False,
-        env={
-            **os.environ,
-            "SCHEMATHESIS_HOOKS": "tests.schemathesis_v1_hooks",
-            "PYTHONPATH": os.pathsep.join(
-                filter(None, [str(repo), os.environ.get("PYTHONPATH")])
-            ),
-        },
+        token=platform.keys["alpha"],
+        config=HERE / "schemathesis_v1.toml",
+        hooks="tests.schemathesis_v1_hooks",
+        seed=SCHEMATHESIS_SEED,
+        max_examples=SCHEMATHESIS_MAX_EXAMPLES,
+        budget_s=SCHEMATHESIS_BUDGET_S,
+        workdir=tmp_path,
+        request_timeout_s=20,
     )
-    took_s = time.monotonic() - started
-    assert run.returncode == 0, f"{run.stdout[-20000:]}\n{run.stderr[-4000:]}"
-    assert "No issues found" in run.stdout, run.stdout[-4000:]
-    assert took_s < SCHEMATHESIS_BUDGET_S
