@@ -5,7 +5,9 @@ Public surface: ``Platform``, ``platform_from_local``, ``run_live``.
 It talks HTTP only, like a client and an admin would: it creates two teams of its
 own with limits (the admin API; the platform denies a model to a team without
 them), one generous and one with a concurrency of two, so some of its streams are
-refused with a 429. It sends streams with the ``openai`` SDK to each region's
+refused with a 429. Every seventh stream asks for the batch tier
+(``x-priority: batch``): a platform started with a low ``PLATFORM_BATCH_CEILING``
+sheds those with a 503. It sends streams with the ``openai`` SDK to each region's
 gateway directly, half each, some closed by the client after a few chunks, and
 keeps what each client was told. Then it waits for the window's last minute to
 close and the regions' usage flushes, and reads the bill three ways: the usage
@@ -45,9 +47,14 @@ __all__ = ["Platform", "platform_from_local", "run_live"]
 
 MODEL = "chat-7b"
 PROMPT = [{"role": "user", "content": "Tell me how a bill is checked."}]
-# Every tenth stream from here is cut by its client after CUT_AFTER chunks.
+# Every fifth stream from here is cut by its client after CUT_AFTER chunks.
 CUT_EVERY = 5
 CUT_AFTER = 3
+# Every seventh stream asks for the batch tier: with a low PLATFORM_BATCH_CEILING
+# admission sheds it (503 ``pool_overloaded``, the ``shed`` column); otherwise it
+# is served like the rest. Seven and the two teams and regions put some in each.
+BATCH_EVERY = 7
+BATCH = {"x-priority": "batch"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +120,13 @@ def create_team(
 
 
 async def _one(
-    client: Any, *, team: str, region: str, max_tokens: int, cut: bool
+    client: Any,
+    *,
+    team: str,
+    region: str,
+    max_tokens: int,
+    cut: bool,
+    batch: bool = False,
 ) -> Told:
     """Send one stream; return what its client was told (or read, when cut)."""
     import openai
@@ -126,6 +139,7 @@ async def _one(
             max_tokens=max_tokens,
             stream=True,
             stream_options={"include_usage": True},
+            extra_headers=BATCH if batch else None,
         )
         async for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
@@ -190,6 +204,7 @@ async def _send(
                 region=region,
                 max_tokens=rng.randint(8, 48),
                 cut=i % CUT_EVERY == CUT_EVERY - 1,
+                batch=i % BATCH_EVERY == BATCH_EVERY - 1,
             )
 
     try:
@@ -256,7 +271,8 @@ def _row_figures(row: Mapping[str, Any]) -> Figures:
         prompt_tokens=int(row["prompt_tokens"]),
         cached_tokens=int(row["cached_tokens"]),
         output_tokens=int(row["output_tokens"]),
-        refused=int(row["rate_limited"]) + int(row["shed"]),
+        rate_limited=int(row["rate_limited"]),
+        shed=int(row["shed"]),
     )
 
 
@@ -322,8 +338,8 @@ def org_figures(
                         prompt_tokens=r["input_tokens"],
                         cached_tokens=r["input_cached_tokens"],
                         output_tokens=r["output_tokens"],
-                        refused=r.get("rate_limited_requests", 0)
-                        + r.get("shed_requests", 0),
+                        rate_limited=r.get("rate_limited_requests", 0),
+                        shed=r.get("shed_requests", 0),
                     )
             found[(team, region)] = total
     return found

@@ -14,7 +14,10 @@ Every stream a client sent ends one of three ways:
   bound that: one request, no cached tokens, at least the tokens it read and at
   most ``max_tokens``; the prompt is the one a complete stream with the same
   messages was told (the gateway counts it the same way).
-- **refused** (429, 503): billed nothing, counted in ``rate_limited`` or ``shed``.
+- **refused**: billed nothing, counted in ``rate_limited`` when a 429 (a team's
+  limit) and in ``shed`` when a 503 (admission shed its tier, or no replica
+  answered), each exactly: the drill sends a share of its streams at the batch
+  tier, which a low ``PLATFORM_BATCH_CEILING`` sheds.
 
 ``compare`` puts each source the platform reads (the usage rows through the
 report's JSON, its CSV, a team's ``/v1/organization/usage/completions``) beside
@@ -63,7 +66,8 @@ class Figures:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     output_tokens: int = 0
-    refused: int = 0  # 429s and 503s: rate_limited + shed
+    rate_limited: int = 0  # 429s
+    shed: int = 0  # 503s
 
     def __add__(self, other: Figures) -> Figures:
         return Figures(
@@ -141,7 +145,7 @@ def expected_of(told: Iterable[Told]) -> dict[tuple[str, str], Expected]:
                 cut=1,
             )
         else:
-            one = Figures(refused=1)
+            one = Figures(shed=1) if t.status == 503 else Figures(rate_limited=1)
             add = Expected(one, one)
         found[(t.team, t.region)] = found[(t.team, t.region)] + add
     return dict(found)

@@ -99,7 +99,8 @@ _COLUMNS = (
     ("prompt_tokens", "prompt"),
     ("cached_tokens", "cached"),
     ("output_tokens", "output"),
-    ("refused", "429+503"),
+    ("rate_limited", "429"),
+    ("shed", "503"),
 )
 
 

@@ -18,13 +18,15 @@ REGIONS = ["east", "west"]
 
 
 def _told() -> list[Told]:
-    """Ten streams: complete ones in both regions, one cut, one refused."""
+    """Eleven streams: complete ones in both regions, one cut, one refused with a
+    429 (a team's limit) and one with a 503 (a batch stream shed)."""
     told = [
         Told(team, region, "complete", prompt_tokens=15, completion_tokens=10 + i)
         for i, (team, region) in enumerate([(t, r) for t in TEAMS for r in REGIONS] * 2)
     ]
     told.append(Told("wide", "east", "cut", tokens_seen=3, max_tokens=20))
     told.append(Told("tight", "west", "refused", status=429))
+    told.append(Told("wide", "west", "refused", status=503))
     return told
 
 
@@ -36,8 +38,10 @@ def _bill(cut_output: int = 4) -> dict[tuple[str, str], Figures]:
             add = Figures(1, t.prompt_tokens, t.cached_tokens, t.completion_tokens)
         elif t.outcome == "cut":
             add = Figures(1, 15, 0, cut_output)
+        elif t.status == 503:
+            add = Figures(shed=1)
         else:
-            add = Figures(refused=1)
+            add = Figures(rate_limited=1)
         bill[(t.team, t.region)] = bill.get((t.team, t.region), Figures()) + add
     return bill
 
@@ -51,13 +55,16 @@ def test_a_bill_equal_to_what_was_told_passes() -> None:
     assert report.passed
     total = report.lines[-1]
     assert total.region == "total"
-    assert total.sources["rows"] == Figures(9, 135, 0, 4 + sum(range(10, 18)), 1)
+    assert total.sources["rows"] == Figures(
+        9, 135, 0, 4 + sum(range(10, 18)), rate_limited=1, shed=1
+    )
     assert report.streams == {
-        "sent": 10,
+        "sent": 11,
         "complete": 8,
         "cut": 1,
-        "refused": 1,
+        "refused": 2,
         "refused_429": 1,
+        "refused_503": 1,
     }
 
 
@@ -88,8 +95,28 @@ def test_a_missing_request_or_a_billed_refusal_is_caught() -> None:
     assert report.lines[0].differences["rows"] == Figures(-1, -15, 0, -9)
 
     refused = dict(bill)
-    refused[("tight", "west")] = refused[("tight", "west")] + Figures(refused=1)
+    refused[("tight", "west")] = refused[("tight", "west")] + Figures(rate_limited=1)
     assert not compare(_told(), {"rows": refused}, regions=REGIONS, teams=TEAMS).passed
+
+
+def test_a_shed_counted_as_rate_limited_or_missing_is_caught() -> None:
+    """503s and 429s are held apart: a shed request in ``rate_limited`` is two
+    differences, not none."""
+    bill = _bill()
+    assert bill[("wide", "west")].shed == 1
+    swapped = dict(bill)
+    swapped[("wide", "west")] = swapped[("wide", "west")].minus(
+        Figures(shed=1)
+    ) + Figures(rate_limited=1)
+    report = compare(_told(), {"rows": swapped}, regions=REGIONS, teams=TEAMS)
+    assert not report.passed
+    assert report.lines[1].differences["rows"] == Figures(rate_limited=1, shed=-1)
+    assert report.lines[0].passed
+
+    missing = dict(bill)
+    missing[("wide", "west")] = missing[("wide", "west")].minus(Figures(shed=1))
+    report = compare(_told(), {"rows": missing}, regions=REGIONS, teams=TEAMS)
+    assert report.lines[-1].differences["rows"] == Figures(shed=-1)
 
 
 def test_a_cut_stream_is_bounded_by_what_was_read_and_max_tokens() -> None:
