@@ -2,7 +2,8 @@
 
 Public surface: ``ROOT``, ``wait_until``, ``free_port``, ``Process``, ``spawn``,
 ``server_pgid``, ``is_healthy``, ``database_url``, ``SERVERS``, ``gateway_argv``,
-``start_gateway``, ``agent_argv``, ``start_agent``, ``sim_replica``, ``serving_replicas``.
+``start_gateway``, ``agent_argv``, ``start_agent``, ``sim_replica``, ``serving_replicas``,
+``manage``, ``bootstrap_platform``.
 
 The gateway (an ASGI server on the ASGI app: uvicorn, daphne or granian), the
 node agent (``manage.py engine_agent``) and one simulated replica
@@ -16,6 +17,7 @@ condition against a deadline and fails with a message when the deadline passes.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -25,7 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import httpx
 
@@ -372,3 +374,39 @@ def serving_replicas(region: str) -> int:
     from engine_nodes.models import Replica
 
     return Replica.objects.filter(region=region, state="serving").count()
+
+
+def manage(env: dict[str, str], *args: str, timeout_s: float = 180) -> str:
+    """Run ``manage.py ARGS`` with ``env``; return its stdout.
+
+    Raises:
+        RuntimeError: it exited with an error (the end of its stderr says why).
+    """
+    result = subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout_s,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"manage.py {args[0] if args else ''} failed: {result.stderr[-3000:]}"
+        )
+    return result.stdout
+
+
+def bootstrap_platform(env: dict[str, str], credentials: Path) -> dict[str, Any]:
+    """Migrate ``env``'s database and bootstrap the demo team and the secrets
+    (``bootstrap_local``, which writes them to ``credentials``); put the secrets
+    the processes need into ``env`` (never on a command line); return them all."""
+    manage(env, "migrate", "--noinput")
+    creds: dict[str, Any] = json.loads(
+        manage(env, "bootstrap_local", "--json", "--credentials", str(credentials))
+    )
+    env["PLATFORM_ENGINE_API_KEY"] = creds["engine_api_key"]
+    env["PLATFORM_SIM_ADMIN_TOKEN"] = creds["sim_admin_token"]
+    env["PLATFORM_METRICS_TOKEN"] = creds["metrics_token"]
+    return creds

@@ -17,9 +17,7 @@ through the outage are still serving (not reaped for their stale database beats)
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 import time
 import uuid
@@ -33,8 +31,8 @@ import pytest
 
 from localrun.own_postgres import OwnPostgres
 from localrun.processes import (
-    ROOT,
     Process,
+    bootstrap_platform,
     spawn,
     start_agent,
     start_gateway,
@@ -48,20 +46,6 @@ REGION = "local"
 # The settings' defaults, which the processes run with.
 HEARTBEAT_S = 1.0
 MISSED_BEATS = 3
-
-
-def _manage(env: dict[str, str], *args: str) -> str:
-    result = subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
 
 
 def _chat(client: openai.OpenAI) -> tuple[int, int]:
@@ -136,19 +120,7 @@ def test_control_plane_down_keeps_serving_and_loses_no_usage(
                 "SECRET_KEY": "e2e-only",
             }
             env.pop("DJANGO_SETTINGS_MODULE", None)
-            _manage(env, "migrate", "--noinput")
-            creds = json.loads(
-                _manage(
-                    env,
-                    "bootstrap_local",
-                    "--json",
-                    "--credentials",
-                    str(tmp_path / "credentials.json"),
-                )
-            )
-            env["PLATFORM_ENGINE_API_KEY"] = creds["engine_api_key"]
-            env["PLATFORM_SIM_ADMIN_TOKEN"] = creds["sim_admin_token"]
-            env["PLATFORM_METRICS_TOKEN"] = creds["metrics_token"]
+            creds = bootstrap_platform(env, tmp_path / "credentials.json")
             processes.append(start_agent(env, tmp_path, region=REGION))
             gateway = start_gateway(env, tmp_path, wait_for_snapshot=False)
             processes.append(gateway)

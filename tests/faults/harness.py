@@ -27,7 +27,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -46,7 +45,9 @@ from localrun.own_postgres import OwnPostgres
 from localrun.processes import (
     ROOT,
     Process,
+    bootstrap_platform,
     gateway_argv,
+    manage,
     server_pgid,
     spawn,
     start_agent,
@@ -73,21 +74,6 @@ __all__ = [
 FIGURES_DIR = ROOT / ".local" / "faults"
 REGION = "local"
 MODEL = "chat-7b"
-
-
-def manage(env: dict[str, str], *args: str, timeout_s: float = 180) -> str:
-    """Run ``manage.py ARGS`` with ``env``; return its stdout (fail on an error)."""
-    result = subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=timeout_s,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
 
 
 @dataclass
@@ -269,19 +255,7 @@ def start_fault_platform(tmp: Path, redis_binary: str) -> Iterator[FaultPlatform
             "SECRET_KEY": "faults-only",
         }
         env.pop("DJANGO_SETTINGS_MODULE", None)
-        manage(env, "migrate", "--noinput")
-        creds = json.loads(
-            manage(
-                env,
-                "bootstrap_local",
-                "--json",
-                "--credentials",
-                str(tmp / "credentials.json"),
-            )
-        )
-        env["PLATFORM_ENGINE_API_KEY"] = creds["engine_api_key"]
-        env["PLATFORM_SIM_ADMIN_TOKEN"] = creds["sim_admin_token"]
-        env["PLATFORM_METRICS_TOKEN"] = creds["metrics_token"]
+        creds = bootstrap_platform(env, tmp / "credentials.json")
         processes: list[Process] = []
 
         def stop_all() -> None:

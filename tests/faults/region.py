@@ -29,12 +29,12 @@ from localrun.processes import (
     agent_argv,
     free_port,
     gateway_argv,
+    manage,
     spawn,
     start_agent,
     wait_until,
 )
 from routing.domain.global_lb import HealthCheck, Region, render_haproxy
-from tests.faults.harness import manage
 from tests.faults.netns import Netns
 from tests.live import RedisServer
 
