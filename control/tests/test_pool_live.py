@@ -164,11 +164,13 @@ def test_usd_per_million_prices_the_gpus_held_over_the_tokens_served(
 
 
 @pytest.fixture
-def shares(settings: Settings) -> Iterator[redis.Redis]:
-    """This region's Redis under a prefix of its own, emptied afterwards."""
+def shares(settings: Settings, redis_url: str) -> Iterator[redis.Redis]:
+    """This region's Redis under a prefix of its own, emptied afterwards (the
+    routers' figures live there only: without Redis the test is skipped)."""
+    settings.REDIS_URL = redis_url
     settings.REDIS_KEY_PREFIX = f"test-{secrets.token_hex(4)}"
     settings.PLATFORM_REGION = "eu"
-    client = redis.Redis.from_url(settings.REDIS_URL)
+    client = redis.Redis.from_url(redis_url)
     yield client
     keys = client.keys(f"{settings.REDIS_KEY_PREFIX}:*")
     if keys:

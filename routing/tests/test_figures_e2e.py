@@ -326,10 +326,15 @@ def test_pool_state_shows_live_figures_per_region_without_a_rollout(
     assert 0 < v1["prefix_hit_rate"] <= 1
     assert 0 < v1["model_hit_rate"] <= 1
     assert v1["tpot_p50_ms"] is not None
-    # The routers' count is read from this region's gateways' shares (what an
-    # earlier test left open may still be in it: a number, never null).
-    assert isinstance(v1["router_tokens_in_flight"], int)
-    assert v1["router_tokens_in_flight"] >= 0
+    # The routers' count is read from this region's gateways' shares in Redis
+    # (what an earlier test left open may still be in it: a number, never null).
+    # Without Redis the one gateway keeps it in its own memory, which the control
+    # plane cannot read: null, as the docs say.
+    if os.environ.get("REDIS_URL"):
+        assert isinstance(v1["router_tokens_in_flight"], int)
+        assert v1["router_tokens_in_flight"] >= 0
+    else:
+        assert v1["router_tokens_in_flight"] is None
     # Another region has no pool here; a malformed one is refused.
     elsewhere = api.get("/admin/pools/chat-7b/state", params={"region": "nowhere"})
     assert elsewhere.json()["pools"] == []
