@@ -35,12 +35,16 @@ from routing.responses import (
     stream_error_event,
     upstream_client_error,
     whole_answer,
+    whole_completion,
 )
 from routing.upstream import Upstream
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["Attempt", "AttemptResult", "Cut", "NoFirstToken"]
+
+# Where each surface's requests go on the engine (vLLM's and SGLang's paths).
+_ENGINE_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
 
 class NoFirstToken(UpstreamFailed):
@@ -226,7 +230,11 @@ class Attempt:
             outcome=outcome,
             replica_id=self.replica_id,
             first_token_at=relay.first_token_at,
-            usage=FinalUsage.of(relay.outcome(), prompt_tokens=self.plan.prompt_tokens),
+            usage=FinalUsage.of(
+                relay.outcome(),
+                prompt_tokens=self.plan.prompt_tokens,
+                role_chunks=self.plan.choices if self.plan.surface == "chat" else 0,
+            ),
             head_text=relay.head_text() if self.capture_head else "",
             error_kind=error_kind,
             error=error,
@@ -249,18 +257,25 @@ class Attempt:
             "replica_id": self.replica_id,
         }
         self.before_last_send()
+        is_chat = plan.surface == "chat"
         if plan.stream:
             await self.send(
                 {
                     "type": "http.response.body",
                     "body": final_event(
-                        **served_by, usage=usage, include_usage=plan.include_usage
+                        **served_by,
+                        usage=usage,
+                        include_usage=plan.include_usage,
+                        chunk_object=(
+                            "chat.completion.chunk" if is_chat else "text_completion"
+                        ),
                     ),
                     "more_body": False,
                 }
             )
         else:
-            body = whole_answer(**served_by, outcome=outcome, usage=usage)
+            whole = whole_answer if is_chat else whole_completion
+            body = whole(**served_by, outcome=outcome, usage=usage)
             await respond(
                 self.send, 200, body, raw_headers=self._headers(outcome.answer_id)
             )
@@ -275,7 +290,9 @@ class Attempt:
             GatewayError: a 4xx the client's request caused, in OpenAI's shape.
         """
         try:
-            response = await self.upstream.stream(self.url, self.plan.payload)
+            response = await self.upstream.stream(
+                self.url, self.plan.payload, path=_ENGINE_PATHS[self.plan.surface]
+            )
         except (TimeoutError, OSError) as exc:
             if isinstance(exc, ReplicaStalled):
                 raise UpstreamFailed(str(exc), is_stall=True) from None

@@ -179,7 +179,8 @@ class ChatService:
     def _copy_to_shadow(self, plan: ChatPlan, snapshot: ConfigSnapshot) -> None:
         """Send a copy of the request to the shadow version, if the plan names one."""
         resolution = plan.resolution
-        if resolution.shadow_version is None:
+        if resolution.shadow_version is None or plan.surface != "chat":
+            # Shadow versions are judged on chat answers only.
             return
         self.background.spawn(
             self.shadow.copy(
@@ -266,7 +267,7 @@ class ChatService:
                     version=resolution.version,
                     tier=plan.tier,
                     prompt_tokens=plan.prompt_tokens,
-                    max_tokens=plan.max_tokens,
+                    max_tokens=plan.output_claim,
                     limit=plan.limit,
                 )
             )

@@ -1,5 +1,5 @@
-"""The OpenAI-compatible gateway: ``/v1/chat/completions``, ``/v1/models``,
-``/tokenize``, ``/healthz``.
+"""The OpenAI-compatible gateway: ``/v1/chat/completions``, ``/v1/completions``,
+``/v1/models``, ``/tokenize``, ``/healthz``.
 
 Public surface: ``Gateway``.
 
@@ -13,7 +13,8 @@ This module is the process's lifecycle (the upstream session, the background
 loops: snapshot refresh, live-load exchange, usage flush) and the dispatch of a
 request. A chat request is a pipeline of the modules beside it:
 ``routing.plan`` (key -> team -> body -> version -> limits -> prompt tokens, one
-immutable ``ChatPlan``), ``routing.chat`` (admission, routing with retries, the
+immutable ``ChatPlan``; a completion is planned as one too, and served by the same
+pipeline), ``routing.chat`` (admission, routing with retries, the
 ``routing.relay``, metering), with the OpenAI shapes in ``routing.responses``.
 ``/tokenize`` is resolved the same way and passed to a replica
 (``routing.tokenize``). A batch job's key (``KeyRecord.batch``) opens only chat
@@ -46,9 +47,11 @@ from routing.failover import RedisFailover
 from routing.key_uses import KeyUses
 from routing.live import LiveLoad
 from routing.plan import (
+    ChatPlan,
     GatewaySettings,
     authenticate,
     plan_chat,
+    plan_completion,
     plan_tokenize,
     read_json,
     team_limit,
@@ -274,7 +277,15 @@ class Gateway:
                         "use POST for /v1/chat/completions",
                         headers={"allow": "POST"},
                     )
-                await self._chat(scope, receive, send)
+                await self._chat(scope, receive, send, planner=plan_chat)
+            elif path == "/v1/completions":
+                if method != "POST":
+                    raise GatewayError(
+                        405,
+                        "use POST for /v1/completions",
+                        headers={"allow": "POST"},
+                    )
+                await self._chat(scope, receive, send, planner=plan_completion)
             elif path == "/v1/models":
                 if method != "GET":
                     raise GatewayError(
@@ -428,6 +439,10 @@ class Gateway:
     def _team(self, scope: Scope, snapshot: ConfigSnapshot) -> str:
         """Return the team of the request's key; a batch job's key is refused (403):
         it opens only chat completions."""
+        return self._key_of_team(scope, snapshot).team
+
+    def _key_of_team(self, scope: Scope, snapshot: ConfigSnapshot) -> KeyRecord:
+        """Return the request's key, a team's own (a batch job's is refused: 403)."""
         key = self._key(scope, snapshot)
         if key.batch:
             raise GatewayError(
@@ -436,7 +451,7 @@ class Gateway:
                 code="batch_key_not_allowed",
                 error_type="permission_error",
             )
-        return key.team
+        return key
 
     def _snapshot(self) -> ConfigSnapshot:
         snapshot = self.snapshots.current
@@ -480,11 +495,24 @@ class Gateway:
         )
         await self.tokenize.serve(plan, snapshot, send)
 
-    async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _chat(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        *,
+        planner: Callable[..., Awaitable[ChatPlan]],
+    ) -> None:
+        """Plan a generation request (``planner``: chat or completion) and serve
+        it; a batch job's key opens only chat completions."""
         started_at = time.monotonic()
         snapshot = self._snapshot()
         headers = dict(scope.get("headers", ()))
-        key = self._key(scope, snapshot)
+        key = (
+            self._key(scope, snapshot)
+            if planner is plan_chat
+            else self._key_of_team(scope, snapshot)
+        )
         body = await read_json(receive, headers, self.settings.max_body_bytes)
         # From here on a client that goes away cancels this task (queued admission
         # included); reads from the engine need no per-chunk race with the client.
@@ -494,7 +522,7 @@ class Gateway:
         watcher = asyncio.ensure_future(wait_disconnect(receive))
         watcher.add_done_callback(watch.on_disconnect)
         try:
-            plan = await plan_chat(
+            plan = await planner(
                 snapshot=snapshot,
                 settings=self.settings,
                 counters=self.snapshots.prompt_counters,

@@ -2,12 +2,14 @@
 
 Public surface: ``gateway_paths``, ``gateway_components``, ``error_responses``.
 
-``POST /v1/chat/completions`` (a whole answer or a ``text/event-stream``),
-``GET /v1/models`` and ``POST /tokenize``. The request bodies are written from the
-constants ``routing.domain.chat_body`` checks with (ranges, roles, the stop count,
-the name pattern...), so the schema and the checks cannot drift apart; a test holds
-them equal. What the platform does not serve (tools and functions, ``n`` other
-than 1, content parts other than text) is stated: only ``null`` is valid there.
+``POST /v1/chat/completions`` and ``POST /v1/completions`` (each a whole answer or
+a ``text/event-stream``), ``GET /v1/models`` and ``POST /tokenize``. The request
+bodies are written from the constants ``routing.domain.chat_body`` and
+``routing.domain.completion_body`` check with (ranges, roles, the stop count, the
+name pattern, the caps on ``n``, tools and prompts...), so the schema and the
+checks cannot drift apart; a test holds them equal. What the platform does not
+serve (the deprecated ``functions``, a completion's ``suffix``, content parts
+other than text) is stated: only ``null`` is valid there.
 ``config.v1_schema`` merges these paths with the Django-served ones.
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from routing.domain import chat_body as rules
+from routing.domain import completion_body as completion_rules
 from routing.domain.tiers import Tier
 
 __all__ = ["error_responses", "gateway_components", "gateway_paths"]
@@ -103,17 +106,102 @@ def _messages() -> Schema:
     speakers = sorted(rules.ALLOWED_ROLES - {"assistant", "tool"})
     tool = _message(["tool"], content=content, required=["content", "tool_call_id"])
     tool["properties"]["tool_call_id"] = {"type": "string"}
+    assistant = _message(["assistant"], content=assistant_content, required=[])
+    assistant["properties"]["tool_calls"] = _nullable(
+        {"type": "array", "items": {"$ref": "#/components/schemas/ToolCall"}}
+    )
     return {
         "type": "array",
         "minItems": 1,
         "items": {
             "oneOf": [
                 _message(speakers, content=content, required=["content"]),
-                _message(["assistant"], content=assistant_content, required=[]),
+                assistant,
                 tool,
             ]
         },
     }
+
+
+def _tool_call() -> Schema:
+    """A tool call as the model made it: its arguments are a JSON string."""
+    return {
+        "type": "object",
+        "required": ["id", "type", "function"],
+        "properties": {
+            "id": {"type": "string"},
+            "type": {"const": "function"},
+            "function": {
+                "type": "object",
+                "required": ["name", "arguments"],
+                "properties": {
+                    "name": {"type": "string"},
+                    "arguments": {"type": "string"},
+                },
+            },
+        },
+    }
+
+
+def _tool() -> Schema:
+    return {
+        "type": "object",
+        "required": ["type", "function"],
+        "properties": {
+            "type": {"const": "function"},
+            "function": {
+                "type": "object",
+                "required": ["name"],
+                "properties": {
+                    "name": {"type": "string", "pattern": _pattern(rules.NAME_PATTERN)},
+                    "description": _nullable({"type": "string"}),
+                    "parameters": _nullable(
+                        {
+                            "type": "object",
+                            "description": "A JSON Schema of an object (checked "
+                            "against the 2020-12 metaschema).",
+                        }
+                    ),
+                    "strict": _nullable({"type": "boolean"}),
+                },
+            },
+        },
+    }
+
+
+def _tool_choice() -> Schema:
+    return {
+        "anyOf": [
+            {"enum": sorted(rules.TOOL_CHOICES)},
+            {
+                "type": "object",
+                "required": ["type", "function"],
+                "description": "Names one of tools.",
+                "properties": {
+                    "type": {"const": "function"},
+                    "function": {
+                        "type": "object",
+                        "required": ["name"],
+                        "properties": {
+                            "name": {
+                                "type": "string",
+                                "pattern": _pattern(rules.NAME_PATTERN),
+                            }
+                        },
+                    },
+                },
+            },
+        ]
+    }
+
+
+def _needs(field: str, other: str, *, value: Any = None) -> Schema:
+    """``field`` absent or null, or ``other`` present (equal to ``value``, if
+    given)."""
+    present: Schema = {"required": [other]}
+    if value is not None:
+        present["properties"] = {other: {"const": value}}
+    return {"anyOf": [{"properties": {field: {"type": "null"}}}, present]}
 
 
 def _chat_request() -> Schema:
@@ -133,8 +221,25 @@ def _chat_request() -> Schema:
             }
         ),
         "n": _nullable(
-            {"const": 1, "description": "The platform returns one choice per request."}
+            {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": rules.MAX_N,
+                "description": "Choices; each is charged max_tokens up front.",
+            }
         ),
+        "tools": _nullable(
+            {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": rules.MAX_TOOLS,
+                "items": {"$ref": "#/components/schemas/Tool"},
+                "description": "Functions the model may call, with unique names. "
+                "Served by versions whose engine parses tool calls; elsewhere a "
+                "400 (unsupported_parameter).",
+            }
+        ),
+        "tool_choice": _nullable({"$ref": "#/components/schemas/ToolChoice"}),
         "seed": _nullable(
             {
                 "type": "integer",
@@ -191,31 +296,20 @@ def _chat_request() -> Schema:
     for name in rules.UNSUPPORTED_FIELDS:
         properties[name] = {
             "type": "null",
-            "description": "Not supported: the platform's replicas run no tool-call "
-            "parser (any other value is a 400, unsupported_parameter).",
+            "description": "Deprecated by OpenAI for tools and tool_choice, and not "
+            "served (any other value is a 400, unsupported_parameter).",
         }
     return {
         "type": "object",
         "required": ["model", "messages"],
         "properties": dict(sorted(properties.items())),
         # Fields that need another: stream_options needs stream true, top_logprobs
-        # logprobs true.
+        # logprobs true, tool_choice and parallel_tool_calls tools.
         "allOf": [
-            {
-                "anyOf": [
-                    {"properties": {"stream_options": {"type": "null"}}},
-                    {"required": ["stream"], "properties": {"stream": {"const": True}}},
-                ]
-            },
-            {
-                "anyOf": [
-                    {"properties": {"top_logprobs": {"type": "null"}}},
-                    {
-                        "required": ["logprobs"],
-                        "properties": {"logprobs": {"const": True}},
-                    },
-                ]
-            },
+            _needs("stream_options", "stream", value=True),
+            _needs("top_logprobs", "logprobs", value=True),
+            _needs("tool_choice", "tools"),
+            _needs("parallel_tool_calls", "tools"),
         ],
         "description": "OpenAI's chat request. Fields not named here go to the "
         "engine as they are.",
@@ -252,6 +346,109 @@ def _response_format() -> Schema:
                 },
             },
         ]
+    }
+
+
+def _completion_request() -> Schema:
+    chat = _chat_request()["properties"]
+    token_ids = {
+        "type": "array",
+        "minItems": 1,
+        "items": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": completion_rules.MAX_TOKEN_ID,
+        },
+    }
+    properties: dict[str, Schema] = {
+        name: chat[name]
+        for name in (
+            "model",
+            "stream",
+            "stream_options",
+            "n",
+            "seed",
+            "stop",
+            "logit_bias",
+            "user",
+            "max_tokens",
+            *rules.NUMBER_RANGES,
+        )
+    }
+    properties.update(
+        prompt={
+            "anyOf": [
+                {"type": "string"},
+                token_ids,
+                {
+                    "type": "array",
+                    "minItems": 1,
+                    "maxItems": completion_rules.MAX_PROMPTS,
+                    "items": {"anyOf": [{"type": "string"}, token_ids]},
+                },
+            ],
+            "description": "A prompt, token ids, or a list of either: each prompt "
+            "of a list gets n choices of its own.",
+        },
+        echo=_nullable({"type": "boolean"}),
+        logprobs=_nullable(
+            {
+                "type": "integer",
+                "minimum": 0,
+                "maximum": completion_rules.MAX_COMPLETION_LOGPROBS,
+            }
+        ),
+        suffix={
+            "type": "null",
+            "description": "Not served: the models here do not fill in the middle "
+            "(any other value is a 400, unsupported_parameter).",
+        },
+        best_of=_nullable({"const": 1}),
+    )
+    properties["max_tokens"] = _nullable(
+        {
+            "type": "integer",
+            "minimum": 1,
+            "description": "Per choice; "
+            f"{completion_rules.DEFAULT_COMPLETION_MAX_TOKENS} when absent. Each "
+            "prompt and this must fit the model's context length.",
+        }
+    )
+    return {
+        "type": "object",
+        "required": ["model", "prompt"],
+        "properties": dict(sorted(properties.items())),
+        "allOf": [_needs("stream_options", "stream", value=True)],
+        "description": "OpenAI's (legacy) completions request. Fields not named "
+        "here go to the engine as they are.",
+    }
+
+
+def _completion() -> Schema:
+    return {
+        "type": "object",
+        "required": ["id", "object", "created", "model", "choices", "usage"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "text_completion"},
+            "created": {"type": "integer"},
+            "model": {"type": "string"},
+            "choices": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["index", "text", "finish_reason"],
+                    "properties": {
+                        "index": {"type": "integer"},
+                        "text": {"type": "string"},
+                        "logprobs": _nullable({"type": "object"}),
+                        "finish_reason": {"type": "string"},
+                    },
+                },
+            },
+            "usage": {"$ref": "#/components/schemas/Usage"},
+            **_SERVED_BY,
+        },
     }
 
 
@@ -322,6 +519,10 @@ def _chat_completion() -> Schema:
                             "properties": {
                                 "role": {"const": "assistant"},
                                 "content": _nullable({"type": "string"}),
+                                "tool_calls": {
+                                    "type": "array",
+                                    "items": {"$ref": "#/components/schemas/ToolCall"},
+                                },
                             },
                         },
                         "logprobs": _nullable({"type": "object"}),
@@ -396,8 +597,13 @@ def gateway_components() -> dict[str, Schema]:
         "RefusalPart": _text_part("refusal"),
         "Messages": _messages(),
         "ResponseFormat": _response_format(),
+        "Tool": _tool(),
+        "ToolChoice": _tool_choice(),
+        "ToolCall": _tool_call(),
         "ChatCompletionRequest": _chat_request(),
         "ChatCompletion": _chat_completion(),
+        "CompletionRequest": _completion_request(),
+        "Completion": _completion(),
         "Usage": _USAGE,
         "ModelList": _model_list(),
         "TokenizeRequest": _tokenize_request(),
@@ -447,6 +653,29 @@ def gateway_paths() -> dict[str, Schema]:
                         "token comes as an error event.",
                         "content": {
                             **_json("ChatCompletion"),
+                            "text/event-stream": {"schema": _EVENT},
+                        },
+                    },
+                    **error_responses(*chat_errors),
+                },
+            }
+        },
+        "/v1/completions": {
+            "post": {
+                "operationId": "createCompletion",
+                "summary": "Continue a prompt (or several), whole or as a stream.",
+                "parameters": headers,
+                "requestBody": {
+                    "required": True,
+                    "content": _json("CompletionRequest"),
+                },
+                "responses": {
+                    "200": {
+                        "description": "The completion; with stream true, "
+                        "server-sent events of text_completion objects, the last "
+                        "with usage and who served it, then [DONE].",
+                        "content": {
+                            **_json("Completion"),
                             "text/event-stream": {"schema": _EVENT},
                         },
                     },

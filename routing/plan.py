@@ -1,7 +1,16 @@
 """The request plan: everything decided about a chat request before it is admitted.
 
-Public surface: ``GatewaySettings``, ``ChatPlan``, ``TokenizePlan``,
-``authenticate``, ``team_limit``, ``read_json``, ``plan_chat``, ``plan_tokenize``.
+Public surface: ``GatewaySettings``, ``ChatPlan``, ``TokenizePlan``, ``Surface``,
+``authenticate``, ``team_limit``, ``read_json``, ``plan_chat``,
+``plan_completion``, ``plan_tokenize``.
+
+A ``/v1/completions`` request is planned the same way (``plan_completion``), as a
+``ChatPlan`` of surface ``completions``: the same admission, limits, routing,
+metering and final event follow. Every choice is charged ``max_tokens`` up front
+(``n`` per prompt, each prompt of a list its own ``n``), and refunded by what the
+engine's usage says was generated. A request with ``tools`` is planned only for a
+version whose engine parses tool calls (``VersionRecord.tool_call_parser``):
+anywhere else it is a 400 before admission, never the engine's 500.
 
 A request goes key -> team -> tier -> body -> routing key -> version -> limits ->
 prompt tokens, and comes out as one immutable ``ChatPlan`` or a ``GatewayError``
@@ -22,11 +31,15 @@ import random
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from config.asgi_io import Receive, Scope
 from config.json_body import BodyError, parse_json_object
 from routing.domain.chat_body import check_chat_body, check_tokenize_body
+from routing.domain.completion_body import (
+    DEFAULT_COMPLETION_MAX_TOKENS,
+    check_completion_body,
+)
 from routing.domain.policies import DEFAULT_POLICY_OPTIONS, PolicyOptions
 from routing.domain.refusals import DEFAULT_REFUSAL_PATTERNS
 from routing.domain.resolve import (
@@ -54,6 +67,7 @@ __all__ = [
     "authenticate",
     "payload_for",
     "plan_chat",
+    "plan_completion",
     "plan_tokenize",
     "read_json",
     "team_limit",
@@ -72,6 +86,12 @@ _GATEWAY_FIELDS = {
     "priority",
 }
 _DEFAULT_MAX_MODEL_LEN = 8192
+# The OpenAI API a request came on: its engine path, event and answer shapes.
+Surface = Literal["chat", "completions"]
+# A completion's routing key hashes this much of its (first) prompt: prompts that
+# share a long opening (few-shot examples) share a key, and a warm prefix cache.
+_COMPLETION_KEY_CHARS = 1024
+_COMPLETION_KEY_TOKENS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,11 +151,20 @@ class ChatPlan:
     # only a first turn may go to the canary: routing.domain.sticky).
     first_turn: bool = True
     batch_key: bool = False
+    surface: Surface = "chat"
+    # Sequences the engine generates: n, times the prompts of a completion.
+    choices: int = 1
 
     @property
     def request_tokens(self) -> int:
-        """Prompt plus ``max_tokens``: the most the request can hold in flight."""
-        return self.prompt_tokens + self.max_tokens
+        """Prompt plus ``max_tokens`` per choice: the most the request can hold
+        in flight, and what admission charges."""
+        return self.prompt_tokens + self.choices * self.max_tokens
+
+    @property
+    def output_claim(self) -> int:
+        """The output tokens charged up front: ``max_tokens`` per choice."""
+        return self.choices * self.max_tokens
 
     @property
     def is_batch_work(self) -> bool:
@@ -297,8 +326,17 @@ async def plan_chat(
     )
     version = snapshot.versions.get((resolution.model, resolution.version))
     max_model_len = version.max_model_len if version else _DEFAULT_MAX_MODEL_LEN
+    if checked.tools is not None and not (version and version.tool_call_parser):
+        raise GatewayError(
+            400,
+            f"{resolution.model}@{resolution.version} does not serve tool calls: "
+            "its engine runs no tool-call parser (a platform admin sets "
+            "engine_config tool_call_parser on the version)",
+            param="tools",
+            code="unsupported_parameter",
+        )
     try:
-        prompt_tokens = await counters.count(version, messages)
+        prompt_tokens = await counters.count(version, messages, checked.tools)
     except PromptRejected as exc:
         raise GatewayError(400, str(exc), param="messages") from None
     if checked.max_tokens is None:
@@ -340,6 +378,93 @@ async def plan_chat(
         include_usage=checked.include_usage,
         first_turn=not any(m.get("role") == "assistant" for m in messages),
         batch_key=batch_key,
+        choices=checked.n,
+    )
+
+
+async def plan_completion(
+    *,
+    snapshot: ConfigSnapshot,
+    settings: GatewaySettings,
+    counters: VersionCounters,
+    team: str,
+    headers: Mapping[bytes, bytes],
+    body: Mapping[str, Any],
+    started_at: float,
+    rng: random.Random,
+    batch_key: bool = False,
+) -> ChatPlan:
+    """Return the plan of one ``/v1/completions`` request from ``team``.
+
+    The routing key is the conversation header's, else a hash of the opening of
+    the first prompt (``_COMPLETION_KEY_CHARS`` characters or
+    ``_COMPLETION_KEY_TOKENS`` token ids). Each prompt must fit the context with
+    ``max_tokens`` (with ``echo`` the prompt comes back too, uncharged: it is
+    counted once, as prompt tokens).
+
+    Raises:
+        GatewayError: the request cannot be served as asked (see the module).
+    """
+    try:
+        tier = parse_tier(_header(headers, b"x-priority"))
+    except ValueError as exc:
+        raise GatewayError(400, str(exc), param="x-priority") from None
+    try:
+        checked = check_completion_body(body)
+    except BodyError as exc:
+        raise _bad_body(exc) from None
+    first = checked.prompts[0]
+    opening = (
+        first[:_COMPLETION_KEY_CHARS]
+        if isinstance(first, str)
+        else json.dumps(first[:_COMPLETION_KEY_TOKENS])
+    )
+    key = routing_key(
+        _header(headers, b"x-conversation-id"),
+        [{"role": "user", "content": opening}],
+    )
+    resolution, limit = _resolve_for_team(
+        snapshot, settings, team, checked.model, key, rng
+    )
+    version = snapshot.versions.get((resolution.model, resolution.version))
+    max_model_len = version.max_model_len if version else _DEFAULT_MAX_MODEL_LEN
+    counts = await counters.count_prompts(version, checked.prompts)
+    max_tokens = checked.max_tokens or DEFAULT_COMPLETION_MAX_TOKENS
+    for index, count in enumerate(counts):
+        if count + max_tokens > max_model_len:
+            raise GatewayError(
+                400,
+                f"This model's maximum context length is {max_model_len} tokens; "
+                f"prompt {index} takes {count} and max_tokens asks {max_tokens}.",
+                param="prompt",
+                code="context_length_exceeded",
+            )
+    upstream_body = {k: v for k, v in body.items() if k not in _GATEWAY_FIELDS}
+    upstream_body.update(
+        model=resolution.model,
+        stream=True,
+        stream_options={"include_usage": True},
+        max_tokens=max_tokens,
+    )
+    if version is not None and version.priority_scheduling:
+        upstream_body["priority"] = tier.rank
+    return ChatPlan(
+        request_id=f"cmpl-{secrets.token_hex(12)}",
+        team=team,
+        model_ref=checked.model,
+        resolution=resolution,
+        tier=tier,
+        limit=limit,
+        prompt_tokens=sum(counts),
+        max_tokens=max_tokens,
+        stream=checked.stream,
+        routing_key=key,
+        payload=json.dumps(upstream_body).encode(),
+        started_at=started_at,
+        include_usage=checked.include_usage,
+        batch_key=batch_key,
+        surface="completions",
+        choices=checked.n * len(checked.prompts),
     )
 
 

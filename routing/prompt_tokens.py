@@ -19,7 +19,11 @@ Message content is shaped as vLLM shapes it for text-only requests: a list of te
 parts is joined with newlines when the template reads ``content`` as a string, and
 kept as ``[{"type": "text", "text": ...}]`` parts when it loops over it; a
 ``developer`` message becomes ``system`` when the template has no developer role.
-Tools, images and per-request template arguments are outside the count.
+Tool definitions are rendered as vLLM hands them to the template (each tool's
+``function`` with ``description`` and ``parameters`` present, null when absent),
+and an assistant message's tool-call arguments as objects (vLLM parses the JSON
+string before rendering), so a request with tools is charged for them up front.
+Images and per-request template arguments are outside the count.
 
 Loading a tokenizer reads and hashes files and takes milliseconds: ``VersionCounters``
 does it in a worker thread, once per version (versions are immutable). Encoding
@@ -61,6 +65,10 @@ INLINE_CHARS = 512
 _SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
 
 
+# A request's tool definitions (``[{"type": "function", "function": {...}}]``).
+Tools = Sequence[Mapping[str, Any]] | None
+
+
 class PromptRejected(ValueError):
     """The version's chat template refused the messages (as the engine would: 400)."""
 
@@ -73,7 +81,14 @@ class ChatTokenCounter(Protocol):
         """Say which tokenizer counts (for logs)."""
         ...
 
-    def count(self, messages: Sequence[Mapping[str, Any]]) -> int: ...
+    def count(
+        self, messages: Sequence[Mapping[str, Any]], tools: Tools = None
+    ) -> int: ...
+
+    def count_prompt(self, text: str) -> int:
+        """Return the tokens of a completion's prompt (special tokens added, as
+        the engine adds them)."""
+        ...
 
 
 class StandInCounter:
@@ -81,8 +96,13 @@ class StandInCounter:
 
     name = "stand-in"
 
-    def count(self, messages: Sequence[Mapping[str, Any]]) -> int:
-        return tokens.count_chat_tokens(messages)
+    def count(self, messages: Sequence[Mapping[str, Any]], tools: Tools = None) -> int:
+        if tools is None:
+            return tokens.count_chat_tokens(messages)
+        return tokens.count_chat_tokens(messages, tools=tools)
+
+    def count_prompt(self, text: str) -> int:
+        return len(tokens.encode(text))
 
 
 STAND_IN = StandInCounter()
@@ -99,8 +119,9 @@ class TemplateCounter:
     has_developer_role: bool
     special_tokens: Mapping[str, str] = field(default_factory=dict)
 
-    def render(self, messages: Sequence[Mapping[str, Any]]) -> str:
-        """Return the prompt text the engine builds from ``messages``."""
+    def render(self, messages: Sequence[Mapping[str, Any]], tools: Tools = None) -> str:
+        """Return the prompt text the engine builds from ``messages`` (and
+        ``tools``)."""
         conversation = [self._message(m) for m in messages]
         if not self.has_developer_role and any(
             m["role"] == "developer" for m in conversation
@@ -108,21 +129,26 @@ class TemplateCounter:
             conversation = _developer_as_system(conversation)
         text: str = self.template.render(
             messages=conversation,
-            tools=None,
+            tools=None if tools is None else [_tool_as_vllm(t) for t in tools],
             documents=None,
             add_generation_prompt=True,
             **self.special_tokens,
         )
         return text
 
-    def count(self, messages: Sequence[Mapping[str, Any]]) -> int:
+    def count(self, messages: Sequence[Mapping[str, Any]], tools: Tools = None) -> int:
         """Return the number of prompt tokens (encodes in this thread)."""
-        return self.count_text(self.render(messages))
+        return self.count_text(self.render(messages, tools))
 
-    def count_text(self, text: str) -> int:
+    def count_text(self, text: str, *, add_special_tokens: bool = False) -> int:
         # encode_batch releases the GIL; encode does not.
-        encoding = self.tokenizer.encode_batch([text], add_special_tokens=False)[0]
+        encoding = self.tokenizer.encode_batch(
+            [text], add_special_tokens=add_special_tokens
+        )[0]
         return len(encoding.ids)
+
+    def count_prompt(self, text: str) -> int:
+        return self.count_text(text, add_special_tokens=True)
 
     def _message(self, message: Mapping[str, Any]) -> dict[str, Any]:
         content = message.get("content")
@@ -144,8 +170,35 @@ class TemplateCounter:
             if isinstance(message.get(key), str):
                 shaped[key] = message[key]
         if message.get("tool_calls") is not None:
-            shaped["tool_calls"] = message["tool_calls"]
+            shaped["tool_calls"] = [_call_as_vllm(c) for c in message["tool_calls"]]
         return shaped
+
+
+def _tool_as_vllm(tool: Mapping[str, Any]) -> dict[str, Any]:
+    """A tool as vLLM's ``ChatCompletionToolsParam.model_dump()`` gives it to the
+    template: the function's optional fields present, null when absent."""
+    function = tool.get("function") or {}
+    return {
+        "type": "function",
+        "function": {
+            "name": function.get("name"),
+            "description": function.get("description"),
+            "parameters": function.get("parameters"),
+        },
+    }
+
+
+def _call_as_vllm(call: Any) -> Any:
+    """An assistant's tool call with its arguments parsed, as vLLM renders it
+    (arguments that are not JSON stay a string)."""
+    if not isinstance(call, Mapping) or not isinstance(call.get("function"), Mapping):
+        return call
+    function = dict(call["function"])
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        with contextlib.suppress(ValueError):
+            function["arguments"] = json.loads(arguments)
+    return {**call, "function": function}
 
 
 def load_counter(version: VersionRecord) -> ChatTokenCounter:
@@ -336,20 +389,17 @@ class VersionCounters:
         return self._counters.get((model, version))
 
     async def count(
-        self, version: VersionRecord | None, messages: Sequence[Mapping[str, Any]]
+        self,
+        version: VersionRecord | None,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Tools = None,
     ) -> int:
-        """Return the prompt tokens of ``messages`` for ``version``."""
-        if version is None:
-            return STAND_IN.count(messages)
-        key = (version.model, version.version)
-        counter = self._counters.get(key)
-        if counter is None:
-            future = self._loading.get(key) or self._start(key, version)
-            counter = await asyncio.shield(future)
+        """Return the prompt tokens of ``messages`` (and ``tools``) for ``version``."""
+        counter = await self._counter(version)
         if not isinstance(counter, TemplateCounter):
-            return counter.count(messages)
+            return counter.count(messages, tools)
         try:
-            text = counter.render(messages)
+            text = counter.render(messages, tools)
         except Exception as exc:
             # A template may raise_exception() on messages it does not accept
             # (roles out of order); vLLM answers those with a 400 as well.
@@ -359,6 +409,32 @@ class VersionCounters:
         if len(text) <= self.inline_chars:
             return counter.count_text(text)
         return await asyncio.to_thread(counter.count_text, text)
+
+    async def count_prompts(
+        self, version: VersionRecord | None, prompts: Sequence[str | list[int]]
+    ) -> list[int]:
+        """Return the tokens of each completion prompt: a token list's length, a
+        text's tokens with the engine's special tokens added."""
+        counter = await self._counter(version)
+        counts = []
+        for prompt in prompts:
+            if isinstance(prompt, list):
+                counts.append(len(prompt))
+            elif len(prompt) <= self.inline_chars:
+                counts.append(counter.count_prompt(prompt))
+            else:
+                counts.append(await asyncio.to_thread(counter.count_prompt, prompt))
+        return counts
+
+    async def _counter(self, version: VersionRecord | None) -> ChatTokenCounter:
+        if version is None:
+            return STAND_IN
+        key = (version.model, version.version)
+        counter = self._counters.get(key)
+        if counter is None:
+            future = self._loading.get(key) or self._start(key, version)
+            counter = await asyncio.shield(future)
+        return counter
 
     async def close(self) -> None:
         """Cancel the loads still running (a gateway stopping), so that none is

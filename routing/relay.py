@@ -9,8 +9,8 @@ token chunks (each with a non-empty ``choices`` list), one usage chunk
 untouched, never re-serialised, and keeps only what the gateway needs of the
 rest: the engine's id for the answer (from its first event: every chunk of an
 engine's stream carries the same one, and the answer's end must too), the
-engine's usage, and for a non-streaming answer its text, log probabilities and
-finish reason. It does not send the end of the answer: it returns, and the caller
+engine's usage, and for a non-streaming answer each choice's text (a chat
+delta's or a completion's), tool calls, log probabilities and finish reason. It does not send the end of the answer: it returns, and the caller
 adds the final event (``routing.responses``) or the error event.
 
 The common read, whole token events and nothing else, costs two scans: the count
@@ -48,6 +48,7 @@ __all__ = [
     "EVENT_END",
     "HEAD_BYTES",
     "ChunkReader",
+    "GatheredChoice",
     "Relay",
     "RelayOutcome",
     "UpstreamFailed",
@@ -144,22 +145,110 @@ def send_now(send: Send, message: dict[str, Any]) -> asyncio.Task[None] | None:
 
 
 @dataclass(frozen=True, slots=True)
+class GatheredChoice:
+    """One choice of a non-streaming answer, gathered from the engine's chunks.
+
+    ``content`` is a chat delta's text or a completion's ``text``; ``tool_calls``
+    the chat tool calls merged from their deltas (id, type, function name, the
+    arguments joined), in their order; ``logprobs`` a chat choice's
+    ``logprobs.content`` entries, ``completion_logprobs`` a completion's lists
+    (``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset``) joined.
+    """
+
+    index: int
+    content: str = ""
+    tool_calls: tuple[dict[str, Any], ...] = ()
+    logprobs: tuple[dict[str, Any], ...] = ()
+    completion_logprobs: dict[str, list[Any]] | None = None
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class RelayOutcome:
     """What a relay saw: events forwarded, first token time, the engine's usage.
 
-    ``events`` counts content events, the role chunk included. ``answer_id`` is
+    ``events`` counts content events, role chunks included. ``answer_id`` is
     the engine's id of the answer (the gateway's request id if the engine's first
-    event had none). ``content``, ``logprobs`` (vLLM's ``logprobs.content``
-    entries) and ``finish_reason`` are gathered only for a non-streaming answer.
+    event had none). ``choices`` are gathered only for a non-streaming answer,
+    by index.
     """
 
     events: int
     first_token_at: float | None
     usage: dict[str, Any] | None
     answer_id: str = ""
-    content: tuple[str, ...] = ()
-    logprobs: tuple[dict[str, Any], ...] = ()
-    finish_reason: str | None = None
+    choices: tuple[GatheredChoice, ...] = ()
+
+    @property
+    def content(self) -> str:
+        """The first choice's text ("" when none was gathered)."""
+        return self.choices[0].content if self.choices else ""
+
+
+class _Gathering:
+    """A choice being gathered from chunks (``Relay._collect``)."""
+
+    __slots__ = ("calls", "completion_logprobs", "finish_reason", "logprobs", "text")
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.logprobs: list[dict[str, Any]] = []
+        self.completion_logprobs: dict[str, list[Any]] | None = None
+        self.finish_reason: str | None = None
+
+    def add(self, choice: dict[str, Any]) -> None:
+        delta = choice.get("delta")
+        if isinstance(delta, dict):  # a chat chunk
+            if delta.get("content"):
+                self.text.append(delta["content"])
+            for call in delta.get("tool_calls") or ():
+                self._add_call(call)
+            logprobs = choice.get("logprobs")
+            if isinstance(logprobs, dict) and logprobs.get("content"):
+                self.logprobs.extend(logprobs["content"])
+        else:  # a completion chunk
+            if choice.get("text"):
+                self.text.append(choice["text"])
+            logprobs = choice.get("logprobs")
+            if isinstance(logprobs, dict):
+                joined = self.completion_logprobs
+                if joined is None:
+                    joined = self.completion_logprobs = {}
+                for name, values in logprobs.items():
+                    if isinstance(values, list):
+                        joined.setdefault(name, []).extend(values)
+        if choice.get("finish_reason"):
+            self.finish_reason = choice["finish_reason"]
+
+    def _add_call(self, call: Any) -> None:
+        if not isinstance(call, dict):
+            return
+        index = call.get("index", len(self.calls))
+        merged = self.calls.get(index)
+        if merged is None:
+            merged = self.calls[index] = {
+                "id": call.get("id"),
+                "type": call.get("type") or "function",
+                "function": {"name": None, "arguments": ""},
+            }
+        if call.get("id"):
+            merged["id"] = call["id"]
+        function = call.get("function") or {}
+        if function.get("name"):
+            merged["function"]["name"] = function["name"]
+        if function.get("arguments"):
+            merged["function"]["arguments"] += function["arguments"]
+
+    def result(self, index: int) -> GatheredChoice:
+        return GatheredChoice(
+            index=index,
+            content="".join(self.text),
+            tool_calls=tuple(self.calls[i] for i in sorted(self.calls)),
+            logprobs=tuple(self.logprobs),
+            completion_logprobs=self.completion_logprobs,
+            finish_reason=self.finish_reason,
+        )
 
 
 class Relay:
@@ -170,10 +259,9 @@ class Relay:
     """
 
     __slots__ = (
+        "_choices",
         "_clock",
-        "_content",
         "_head",
-        "_logprobs",
         "_on_first",
         "_on_tokens",
         "_pending",
@@ -187,7 +275,6 @@ class Relay:
         "_write_frames",
         "answer_id",
         "events",
-        "finish_reason",
         "first_token_at",
         "usage",
     )
@@ -211,8 +298,7 @@ class Relay:
         self._on_first = on_first
         self._on_tokens = on_tokens
         self._clock = clock
-        self._content: list[str] = []
-        self._logprobs: list[dict[str, Any]] = []
+        self._choices: dict[int, _Gathering] = {}
         # The first HEAD_BYTES of the content events, kept only when asked.
         self._head: bytearray | None = bytearray() if capture_head else None
         self.answer_id = request_id
@@ -225,7 +311,6 @@ class Relay:
         self.events = 0
         self.first_token_at: float | None = None
         self.usage: dict[str, Any] | None = None
-        self.finish_reason: str | None = None
 
     def outcome(self) -> RelayOutcome:
         """Return what the relay has seen so far."""
@@ -234,16 +319,17 @@ class Relay:
             first_token_at=self.first_token_at,
             usage=self.usage,
             answer_id=self.answer_id,
-            content=tuple(self._content),
-            logprobs=tuple(self._logprobs),
-            finish_reason=self.finish_reason,
+            choices=tuple(
+                self._choices[index].result(index) for index in sorted(self._choices)
+            ),
         )
 
     def head_text(self) -> str:
         """Return the start of the answer's text (``capture_head``, or a
         non-streaming answer); "" when nothing was kept."""
-        if self._content:
-            return "".join(self._content)
+        first = self._choices.get(0)
+        if first is not None and first.text:
+            return "".join(first.text)
         return events_text(bytes(self._head)) if self._head else ""
 
     async def run(self, reader: ChunkReader) -> bool:
@@ -423,19 +509,15 @@ class Relay:
             head += body[: HEAD_BYTES - len(head)]
 
     def _collect(self, events: list[bytes]) -> None:
-        """Gather a non-streaming answer's text and log probabilities from the
-        engine's chunks."""
+        """Gather a non-streaming answer's choices from the engine's chunks."""
         for event in events:
             chunk = json.loads(event[6:])
             for choice in chunk.get("choices") or ():
-                delta = choice.get("delta") or {}
-                if delta.get("content"):
-                    self._content.append(delta["content"])
-                logprobs = choice.get("logprobs")
-                if isinstance(logprobs, dict) and logprobs.get("content"):
-                    self._logprobs.extend(logprobs["content"])
-                if choice.get("finish_reason"):
-                    self.finish_reason = choice["finish_reason"]
+                index = choice.get("index", 0)
+                gathering = self._choices.get(index)
+                if gathering is None:
+                    gathering = self._choices[index] = _Gathering()
+                gathering.add(choice)
 
 
 def _whole_token_events(body: bytes) -> int:

@@ -1,7 +1,8 @@
 """What the gateway answers, in OpenAI's shapes: errors, the final event, whole answers.
 
 Public surface: ``GatewayError``, ``ClientGone``, ``FinalUsage``, ``respond``,
-``answer_headers``, ``final_event``, ``whole_answer``, ``stream_error_event``,
+``answer_headers``, ``final_event``, ``whole_answer``, ``whole_completion``,
+``stream_error_event``,
 ``upstream_client_error``.
 
 Every refusal is a ``GatewayError`` rendered as ``{"error": {"type", "message",
@@ -26,7 +27,7 @@ from typing import Any
 
 from config.asgi_io import Send
 from config.errors import error_body
-from routing.relay import EVENT_END, RelayOutcome
+from routing.relay import EVENT_END, GatheredChoice, RelayOutcome
 
 __all__ = [
     "ClientGone",
@@ -38,6 +39,7 @@ __all__ = [
     "stream_error_event",
     "upstream_client_error",
     "whole_answer",
+    "whole_completion",
 ]
 
 _JSON = (b"content-type", b"application/json")
@@ -103,16 +105,21 @@ class FinalUsage:
         return self.prompt_tokens + self.completion_tokens
 
     @classmethod
-    def of(cls, outcome: RelayOutcome, *, prompt_tokens: int) -> FinalUsage:
+    def of(
+        cls, outcome: RelayOutcome, *, prompt_tokens: int, role_chunks: int = 1
+    ) -> FinalUsage:
         """Return the usage of a relayed answer.
 
         The engine's own usage chunk wins. Without it (the stream broke), the
         prompt is the gateway's count and the completion is the content events
-        forwarded, less the role chunk, which carries no token.
+        forwarded, less the role chunks (one per chat choice; completions have
+        none), which carry no token.
         """
         upstream = outcome.usage or {}
         prompt = int(upstream.get("prompt_tokens", prompt_tokens))
-        completion = int(upstream.get("completion_tokens", max(0, outcome.events - 1)))
+        completion = int(
+            upstream.get("completion_tokens", max(0, outcome.events - role_chunks))
+        )
         details = upstream.get("prompt_tokens_details") or {}
         cached = int(details.get("cached_tokens") or 0)
         return cls(
@@ -177,16 +184,18 @@ def final_event(
     replica_id: str,
     usage: FinalUsage,
     include_usage: bool = True,
+    chunk_object: str = "chat.completion.chunk",
 ) -> bytes:
     """Return the stream's last event (usage and who served it), then ``[DONE]``.
 
     Without ``include_usage`` (the client asked for no usage chunk) only ``[DONE]``.
+    ``chunk_object`` is the stream's object (``text_completion`` for completions).
     """
     if not include_usage:
         return _DONE
     final = {
         "id": answer_id,
-        "object": "chat.completion.chunk",
+        "object": chunk_object,
         "created": int(time.time()),
         "model": model_ref,
         "choices": [],
@@ -208,21 +217,46 @@ def whole_answer(
     outcome: RelayOutcome,
     usage: FinalUsage,
 ) -> bytes:
-    """Return a non-streaming answer (``chat.completion``) built from the relay."""
+    """Return a non-streaming answer (``chat.completion``) built from the relay:
+    each choice's message with its text, or its tool calls (content null then)."""
     answer = {
         "id": answer_id,
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model_ref,
+        "choices": [_chat_choice(choice) for choice in outcome.choices],
+        "usage": usage.as_openai(),
+        "model_version": version,
+        "region": region,
+        "replica_id": replica_id,
+    }
+    return json.dumps(answer).encode()
+
+
+def whole_completion(
+    *,
+    answer_id: str,
+    model_ref: str,
+    version: str,
+    region: str,
+    replica_id: str,
+    outcome: RelayOutcome,
+    usage: FinalUsage,
+) -> bytes:
+    """Return a non-streaming ``text_completion`` built from the relay."""
+    answer = {
+        "id": answer_id,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model_ref,
         "choices": [
             {
-                "index": 0,
-                "message": {"role": "assistant", "content": "".join(outcome.content)},
-                "logprobs": (
-                    {"content": list(outcome.logprobs)} if outcome.logprobs else None
-                ),
-                "finish_reason": outcome.finish_reason or "stop",
+                "index": choice.index,
+                "text": choice.content,
+                "logprobs": choice.completion_logprobs,
+                "finish_reason": choice.finish_reason or "stop",
             }
+            for choice in outcome.choices
         ],
         "usage": usage.as_openai(),
         "model_version": version,
@@ -230,6 +264,21 @@ def whole_answer(
         "replica_id": replica_id,
     }
     return json.dumps(answer).encode()
+
+
+def _chat_choice(choice: GatheredChoice) -> dict[str, Any]:
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": choice.content if choice.content or not choice.tool_calls else None,
+    }
+    if choice.tool_calls:
+        message["tool_calls"] = list(choice.tool_calls)
+    return {
+        "index": choice.index,
+        "message": message,
+        "logprobs": {"content": list(choice.logprobs)} if choice.logprobs else None,
+        "finish_reason": choice.finish_reason or "stop",
+    }
 
 
 def stream_error_event(*, replica_id: str) -> bytes:

@@ -66,6 +66,7 @@ def build_snapshot(*, region: str, default_policy: str) -> ConfigSnapshot:
             tokenizer_hash=version.tokenizer_hash,
             chat_template=version.chat_template,
             priority_scheduling=config.get("scheduling_policy") == "priority",
+            tool_call_parser=str(config.get("tool_call_parser") or ""),
         )
     # One query for what the rollouts say: the pending ones (the memory of
     # conversations begins with them; a begun shadow step copies requests), and

@@ -95,14 +95,16 @@ class Upstream:
             self._session = None
             await self.engine.close()
 
-    async def stream(self, base_url: str, payload: bytes) -> EngineResponse:
-        """POST ``payload`` to a replica's ``/v1/chat/completions`` over the engine
-        client; return the response once its head arrived.
+    async def stream(
+        self, base_url: str, payload: bytes, *, path: str = "/v1/chat/completions"
+    ) -> EngineResponse:
+        """POST ``payload`` to a replica's ``path`` (chat completions by default)
+        over the engine client; return the response once its head arrived.
 
         Until ``EngineResponse.expect_tokens``, a read fails after
         ``first_token_timeout_s`` of silence (waiting for the head included).
         """
-        return await self.engine.post(base_url, "/v1/chat/completions", payload)
+        return await self.engine.post(base_url, path, payload)
 
     async def chat(self, base_url: str, payload: bytes) -> aiohttp.ClientResponse:
         """POST ``payload`` to a replica's ``/v1/chat/completions``; return the

@@ -11,6 +11,7 @@ from config.v1_schema import build_v1_schema
 V1_PATHS = {
     "/tokenize",
     "/v1/chat/completions",
+    "/v1/completions",
     "/v1/models",
     "/v1/files",
     "/v1/files/{file_id}",

@@ -12,22 +12,34 @@ parameter (``messages.0.content.1.type``), so a bad request is never charged and
 never reaches a replica. What the platform cannot serve is refused as clearly
 (code ``unsupported_parameter`` or ``unsupported_value``), never dropped in silence:
 
-- ``n`` other than the integer 1: one choice per request;
-- ``tools`` and ``functions`` (so ``tool_choice``, ``function_call`` and
-  ``parallel_tool_calls`` too): the replicas run no tool-call parser, the prompt
-  count leaves tools out, and whole answers are assembled from text;
+- ``n`` above ``MAX_N`` (each choice is charged ``max_tokens`` up front);
+- ``functions`` and ``function_call``, which OpenAI deprecated for ``tools`` and
+  ``tool_choice`` (vLLM has no parser for them either);
 - content parts other than ``text`` (and ``refusal``, in an assistant message):
   the models are text-only.
+
+Tools are checked as OpenAI checks them: at most ``MAX_TOOLS`` functions with
+distinct names, each ``parameters`` a JSON Schema of an object (checked against
+the metaschema, as is a ``json_schema`` response format's ``schema``);
+``tool_choice`` and ``parallel_tool_calls`` only beside ``tools``, a named choice
+naming one of them; an assistant message's ``tool_calls`` are functions with an
+id, a name and their arguments as a string. Whether the version can parse tool
+calls is the plan's question (``routing.plan``): the body does not know the version.
 
 Messages never quote the client's values: they may be prompt text.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import jsonschema
+import jsonschema.exceptions
 
 from config.json_body import BodyError
 
@@ -36,7 +48,9 @@ __all__ = [
     "BOOLEAN_FLAGS",
     "INT64_RANGE",
     "LOGIT_BIAS_RANGE",
+    "MAX_N",
     "MAX_STOP",
+    "MAX_TOOLS",
     "MAX_TOP_LOGPROBS",
     "MEDIA_PARTS",
     "NAME_PATTERN",
@@ -48,7 +62,12 @@ __all__ = [
     "ChatBody",
     "TokenizeBody",
     "check_chat_body",
+    "check_json_schema",
     "check_messages",
+    "check_model",
+    "check_n",
+    "check_sampling",
+    "check_stream",
     "check_tokenize_body",
 ]
 
@@ -69,15 +88,16 @@ INT64_RANGE = (-(2**63), 2**63 - 1)
 LOGIT_BIAS_RANGE = (-100, 100)
 MAX_TOP_LOGPROBS = 20
 MAX_STOP = 4
+# Choices per request: each is charged max_tokens up front, so a cap keeps one
+# request from claiming a pool's whole budget (OpenAI allows 128).
+MAX_N = 8
+MAX_TOOLS = 128  # OpenAI's cap
 _UNSUPPORTED = "unsupported_parameter"
 BOOLEAN_FLAGS = ("logprobs", "parallel_tool_calls")
-# Refused whatever their value (null aside): the platform runs no tool calls.
-UNSUPPORTED_FIELDS = (
-    "tools",
-    "tool_choice",
-    "functions",
-    "function_call",
-    "parallel_tool_calls",
+# Refused whatever their value (null aside): deprecated by OpenAI for tools.
+UNSUPPORTED_FIELDS = ("functions", "function_call")
+_METASCHEMA = jsonschema.Draft202012Validator(
+    jsonschema.Draft202012Validator.META_SCHEMA
 )
 _KIND_NAMES: dict[type, str] = {dict: "an object", bool: "a boolean", str: "a string"}
 TOKENIZE_FLAGS = (
@@ -102,6 +122,10 @@ class ChatBody:
     stream: bool
     max_tokens: int | None
     include_usage: bool
+    n: int = 1
+    # The tool definitions (``[{"type": "function", "function": {...}}]``), None
+    # without tools: they are part of the prompt the engine renders.
+    tools: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,9 +144,36 @@ def check_chat_body(body: Mapping[str, Any]) -> ChatBody:
         BodyError: the first field OpenAI would refuse, or the platform cannot
             serve.
     """
-    model = _model(body)
+    model = check_model(body)
     messages = check_messages(body.get("messages"))
     max_tokens = _max_tokens(body)
+    check_sampling(body)
+    n = check_n(body)
+    for name in BOOLEAN_FLAGS:
+        if body.get(name) is not None and not isinstance(body[name], bool):
+            raise BodyError(f"{name} must be a boolean", param=name)
+    stream, include_usage = check_stream(body)
+    _check_logprobs(body)
+    _check_response_format(body.get("response_format"))
+    tools = _check_tools(body)
+    return ChatBody(
+        model=model,
+        messages=messages,
+        stream=stream,
+        max_tokens=max_tokens,
+        include_usage=include_usage,
+        n=n,
+        tools=tools,
+    )
+
+
+def check_sampling(body: Mapping[str, Any]) -> None:
+    """Check the fields chat and completions share: the sampling numbers,
+    ``stop``, ``seed``, ``logit_bias`` and ``user``.
+
+    Raises:
+        BodyError: naming the first bad field.
+    """
     for name, (low, high) in NUMBER_RANGES.items():
         value = body.get(name)
         if value is not None and not (_is_number(value) and low <= value <= high):
@@ -135,32 +186,43 @@ def check_chat_body(body: Mapping[str, Any]) -> ChatBody:
         _is_int(seed) and INT64_RANGE[0] <= seed <= INT64_RANGE[1]
     ):
         raise BodyError("seed must be a 64-bit integer", param="seed")
-    n = body.get("n")
-    if n is not None and not (_is_int(n) and n == 1):
-        raise BodyError(
-            "n must be the integer 1: the platform returns one choice per request",
-            param="n",
-            code=None if _is_int(n) else "invalid_type",
-        )
-    for name in (*BOOLEAN_FLAGS, "stream"):
-        if body.get(name) is not None and not isinstance(body[name], bool):
-            raise BodyError(f"{name} must be a boolean", param=name)
-    stream = bool(body.get("stream"))
-    include_usage = _include_usage(body.get("stream_options"), stream=stream)
-    _check_logprobs(body)
-    _check_response_format(body.get("response_format"))
-    _check_tools(body)
     _check_logit_bias(body.get("logit_bias"))
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise BodyError("user must be a string", param="user")
-    return ChatBody(
-        model=model,
-        messages=messages,
-        stream=stream,
-        max_tokens=max_tokens,
-        include_usage=include_usage,
-    )
+
+
+def check_n(body: Mapping[str, Any]) -> int:
+    """Return ``n`` (1 when absent), an integer from 1 to ``MAX_N``.
+
+    Raises:
+        BodyError: anything else.
+    """
+    n = body.get("n")
+    if n is None:
+        return 1
+    if not (_is_int(n) and 1 <= n <= MAX_N):
+        raise BodyError(
+            f"n must be an integer from 1 to {MAX_N} (each choice is charged "
+            "max_tokens up front)",
+            param="n",
+            code=None if _is_int(n) else "invalid_type",
+        )
+    return int(n)
+
+
+def check_stream(body: Mapping[str, Any]) -> tuple[bool, bool]:
+    """Return ``stream`` and whether the stream ends with usage
+    (``stream_options.include_usage``, true when absent).
+
+    Raises:
+        BodyError: ``stream`` not a boolean, ``stream_options`` malformed or sent
+            without a stream.
+    """
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise BodyError("stream must be a boolean", param="stream")
+    return bool(stream), _include_usage(body.get("stream_options"), stream=bool(stream))
 
 
 def check_tokenize_body(body: Mapping[str, Any]) -> TokenizeBody:
@@ -170,7 +232,7 @@ def check_tokenize_body(body: Mapping[str, Any]) -> TokenizeBody:
         BodyError: no model, neither or both of ``prompt`` and ``messages``, or a
             field of the wrong type.
     """
-    model = _model(body)
+    model = check_model(body)
     has_prompt, has_messages = "prompt" in body, "messages" in body
     if has_prompt == has_messages:
         raise BodyError(
@@ -217,7 +279,49 @@ def check_messages(messages: Any) -> list[dict[str, Any]]:
                 "a tool message needs tool_call_id (a string)",
                 param=f"{where}.tool_call_id",
             )
+        calls = message.get("tool_calls")
+        if calls is not None:
+            if role != "assistant":
+                raise BodyError(
+                    "only an assistant message may carry tool_calls",
+                    param=f"{where}.tool_calls",
+                )
+            _check_tool_calls(calls, f"{where}.tool_calls")
     return messages
+
+
+def check_json_schema(schema: Any, *, param: str, of_object: bool = False) -> None:
+    """Check that ``schema`` is a JSON Schema (Draft 2020-12's metaschema), and
+    with ``of_object`` one whose instances are objects (OpenAI asks that of a
+    function's parameters).
+
+    Raises:
+        BodyError: naming ``param``; the message quotes the metaschema's rule,
+            never the client's values.
+    """
+    if not isinstance(schema, dict):
+        raise BodyError("a schema must be an object", param=param)
+    if of_object and schema.get("type", "object") != "object":
+        raise BodyError(
+            'a function\'s parameters must be a JSON Schema of "type": "object"',
+            param=param,
+        )
+    problem = _schema_problem(json.dumps(schema, sort_keys=True))
+    if problem is not None:
+        raise BodyError(f"not a valid JSON Schema: {problem}", param=param)
+
+
+@functools.lru_cache(maxsize=1024)
+def _schema_problem(schema_json: str) -> str | None:
+    """Return why a schema breaks the metaschema (its rule and where), else None.
+
+    Cached by the schema's text: clients send the same tools with every turn."""
+    schema = json.loads(schema_json)
+    error = jsonschema.exceptions.best_match(_METASCHEMA.iter_errors(schema))
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.absolute_path) or "the root"
+    return f"at {where}, the rule {error.validator!r} fails"
 
 
 # -- one field at a time ------------------------------------------------------------
@@ -231,7 +335,12 @@ def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _model(body: Mapping[str, Any]) -> str:
+def check_model(body: Mapping[str, Any]) -> str:
+    """Return the body's ``model``: a non-empty string.
+
+    Raises:
+        BodyError: absent, not a string, or empty.
+    """
     model = body.get("model")
     if model is None:
         raise BodyError("model is required", param="model")
@@ -360,6 +469,8 @@ def _check_response_format(response_format: Any) -> None:
                 f"json_schema.{name} must be {_KIND_NAMES[kinds]}",
                 param=f"{param}.json_schema.{name}",
             )
+    if schema.get("schema") is not None:
+        check_json_schema(schema["schema"], param=f"{param}.json_schema.schema")
 
 
 def _check_name(name: Any, *, param: str) -> None:
@@ -370,38 +481,60 @@ def _check_name(name: Any, *, param: str) -> None:
         )
 
 
-def _check_tools(body: Mapping[str, Any]) -> None:
-    """Check the tool fields' shape as OpenAI does, then refuse tools clearly."""
-    for tools_name, choice_name, check in (
-        ("tools", "tool_choice", _check_tool),
-        ("functions", "function_call", _check_function),
-    ):
-        tools = body.get(tools_name)
-        if tools is not None:
-            if not isinstance(tools, list) or not tools:
+def _check_tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """Check the tool fields as OpenAI does; return the tools (None: none)."""
+    _refuse_functions(body)
+    tools = body.get("tools")
+    choice = body.get("tool_choice")
+    if tools is None:
+        for name in ("tool_choice", "parallel_tool_calls"):
+            if body.get(name) is not None:
                 raise BodyError(
-                    f"{tools_name} must be a non-empty list", param=tools_name
+                    f"{name} is only allowed when tools are specified", param=name
                 )
-            for index, tool in enumerate(tools):
-                check(tool, f"{tools_name}.{index}")
+        return None
+    if not isinstance(tools, list) or not tools:
+        raise BodyError("tools must be a non-empty list", param="tools")
+    if len(tools) > MAX_TOOLS:
+        raise BodyError(f"tools may hold at most {MAX_TOOLS} tools", param="tools")
+    names: set[str] = set()
+    for index, tool in enumerate(tools):
+        _check_tool(tool, f"tools.{index}")
+        name = tool["function"]["name"]
+        if name in names:
             raise BodyError(
-                f"{tools_name} are not supported: the platform's replicas run no "
-                "tool-call parser",
-                param=tools_name,
+                "tool names must be unique", param=f"tools.{index}.function.name"
+            )
+        names.add(name)
+    if choice is not None:
+        _check_tool_choice(choice, "tool_choice")
+        if isinstance(choice, dict) and choice["function"]["name"] not in names:
+            raise BodyError(
+                "tool_choice names a function that is not in tools",
+                param="tool_choice.function.name",
+            )
+    return tools
+
+
+def _refuse_functions(body: Mapping[str, Any]) -> None:
+    """Check the deprecated ``functions`` and ``function_call`` for shape, then
+    refuse them clearly."""
+    functions = body.get("functions")
+    if functions is not None:
+        if not isinstance(functions, list) or not functions:
+            raise BodyError("functions must be a non-empty list", param="functions")
+        for index, function in enumerate(functions):
+            _check_function(function, f"functions.{index}")
+    for name in UNSUPPORTED_FIELDS:
+        if body.get(name) is not None:
+            if name == "function_call":
+                _check_tool_choice(body[name], name)
+            raise BodyError(
+                f"{name} is deprecated and not served here: send tools and "
+                "tool_choice instead",
+                param=name,
                 code=_UNSUPPORTED,
             )
-        choice = body.get(choice_name)
-        if choice is not None:
-            _check_tool_choice(choice, choice_name)
-            raise BodyError(
-                f"{choice_name} is only allowed when {tools_name} are specified",
-                param=choice_name,
-            )
-    if body.get("parallel_tool_calls") is not None:
-        raise BodyError(
-            "parallel_tool_calls is only allowed when tools are specified",
-            param="parallel_tool_calls",
-        )
 
 
 def _check_tool(tool: Any, param: str) -> None:
@@ -422,6 +555,40 @@ def _check_function(function: Any, param: str) -> None:
             raise BodyError(
                 f"a function's {name} must be {_KIND_NAMES[kinds]}",
                 param=f"{param}.{name}",
+            )
+    if function.get("parameters") is not None:
+        check_json_schema(
+            function["parameters"], param=f"{param}.parameters", of_object=True
+        )
+
+
+def _check_tool_calls(calls: Any, param: str) -> None:
+    """An assistant message's ``tool_calls``: functions with an id, a name and
+    their arguments (a string, as the model wrote them)."""
+    if not isinstance(calls, list):
+        raise BodyError("tool_calls must be a list", param=param)
+    for index, call in enumerate(calls):
+        at = f"{param}.{index}"
+        if not isinstance(call, dict):
+            raise BodyError("each tool call must be an object", param=at)
+        if not isinstance(call.get("id"), str):
+            raise BodyError("a tool call needs id (a string)", param=f"{at}.id")
+        if call.get("type") != "function":
+            raise BodyError("a tool call's type must be function", param=f"{at}.type")
+        function = call.get("function")
+        if not isinstance(function, dict):
+            raise BodyError(
+                "a tool call needs function (an object)", param=f"{at}.function"
+            )
+        if not isinstance(function.get("name"), str):
+            raise BodyError(
+                "a tool call's function needs name (a string)",
+                param=f"{at}.function.name",
+            )
+        if not isinstance(function.get("arguments"), str):
+            raise BodyError(
+                "a tool call's function needs arguments (a JSON string)",
+                param=f"{at}.function.arguments",
             )
 
 

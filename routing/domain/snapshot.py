@@ -71,6 +71,10 @@ class VersionRecord:
     # The engine runs vLLM's ``--scheduling-policy priority`` (engine_config
     # ``scheduling_policy``): the gateway sends each request's tier as its priority.
     priority_scheduling: bool = False
+    # The engine's tool-call parser (engine_config ``tool_call_parser``: vLLM's
+    # ``--tool-call-parser`` with ``--enable-auto-tool-choice``, SGLang's
+    # ``--tool-call-parser``); "" without one: requests with tools are refused.
+    tool_call_parser: str = ""
 
 
 @dataclass(frozen=True, slots=True)

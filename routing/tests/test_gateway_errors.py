@@ -68,7 +68,10 @@ class FailingCounters(VersionCounters):
     """Prompt counting that fails with the prompt in its message (a bug)."""
 
     async def count(
-        self, version: VersionRecord | None, messages: Sequence[Mapping[str, Any]]
+        self,
+        version: VersionRecord | None,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> int:
         raise KeyError(f"no such token in {messages[0]['content']}")
 

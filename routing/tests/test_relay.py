@@ -260,7 +260,7 @@ def test_non_streaming_relay_collects_the_text_and_sends_nothing(size: int) -> N
     )
     assert answer["object"] == "chat.completion"
     assert answer["choices"][0]["message"]["content"] == text
-    assert answer["choices"][0]["finish_reason"] == run.outcome.finish_reason
+    assert answer["choices"][0]["finish_reason"] == run.outcome.choices[0].finish_reason
     assert answer["usage"]["completion_tokens"] == UPSTREAM_USAGE["completion_tokens"]
 
 

@@ -65,7 +65,8 @@ def message(content: Any, role: str = "user") -> dict[str, Any]:
         ),
         (chat(n=1.0), "n", "invalid_type"),
         (chat(n=True), "n", "invalid_type"),
-        (chat(n=2), "n", None),
+        (chat(n=9), "n", None),
+        (chat(n=0), "n", None),
         (chat(n="1"), "n", "invalid_type"),
         (chat(presence_penalty=5), "presence_penalty", None),
         (chat(presence_penalty="high"), "presence_penalty", None),
@@ -121,13 +122,95 @@ def message(content: Any, role: str = "user") -> dict[str, Any]:
             "tools.0.function.parameters",
             None,
         ),
-        (chat(tools=[FUNCTION]), "tools", "unsupported_parameter"),
+        (chat(tools=[FUNCTION, FUNCTION]), "tools.1.function.name", None),
+        (chat(tools=[FUNCTION] * 129), "tools", None),
+        (
+            chat(
+                tools=[
+                    {
+                        "type": "function",
+                        "function": {"name": "f", "parameters": {"type": "string"}},
+                    }
+                ]
+            ),
+            "tools.0.function.parameters",
+            None,
+        ),
+        (
+            chat(
+                tools=[
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "f",
+                            "parameters": {"type": "object", "properties": 3},
+                        },
+                    }
+                ]
+            ),
+            "tools.0.function.parameters",
+            None,
+        ),
+        (
+            chat(
+                tools=[FUNCTION],
+                tool_choice={"type": "function", "function": {"name": "other"}},
+            ),
+            "tool_choice.function.name",
+            None,
+        ),
+        (chat(tools=[FUNCTION], tool_choice="maybe"), "tool_choice", None),
+        (
+            chat(
+                messages=[
+                    USER,
+                    {"role": "assistant", "tool_calls": [{"id": "c", "type": "x"}]},
+                ]
+            ),
+            "messages.1.tool_calls.0.type",
+            None,
+        ),
+        (
+            chat(
+                messages=[
+                    USER,
+                    {
+                        "role": "assistant",
+                        "tool_calls": [
+                            {
+                                "id": "c",
+                                "type": "function",
+                                "function": {"name": "f", "arguments": {"a": 1}},
+                            }
+                        ],
+                    },
+                ]
+            ),
+            "messages.1.tool_calls.0.function.arguments",
+            None,
+        ),
+        (
+            chat(messages=[{"role": "user", "content": "x", "tool_calls": []}]),
+            "messages.0.tool_calls",
+            None,
+        ),
+        (
+            chat(
+                response_format={
+                    "type": "json_schema",
+                    "json_schema": {"name": "a", "schema": {"type": 5}},
+                }
+            ),
+            "response_format.json_schema.schema",
+            None,
+        ),
         (chat(tool_choice="maybe"), "tool_choice", None),
         (chat(tool_choice={"type": "function"}), "tool_choice", None),
         (chat(tool_choice="auto"), "tool_choice", None),
         (chat(tool_choice=7), "tool_choice", None),
         (chat(functions=[{"name": "f"}]), "functions", "unsupported_parameter"),
-        (chat(function_call="auto"), "function_call", None),
+        (chat(function_call="auto"), "function_call", "unsupported_parameter"),
+        (chat(function_call="never"), "function_call", None),
         (chat(parallel_tool_calls=True), "parallel_tool_calls", None),
         (chat(parallel_tool_calls="yes"), "parallel_tool_calls", None),
         (chat(stream_options=[]), "stream_options", None),
@@ -194,6 +277,11 @@ def test_a_refused_value_is_not_quoted_back() -> None:
             chat(n=1, stream=None, logprobs=True, top_logprobs=20, seed=-(2**63)),
             ChatBody("chat-7b", [USER], False, None, True),
         ),
+        (chat(n=8), ChatBody("chat-7b", [USER], False, None, True, n=8)),
+        (
+            chat(tools=[FUNCTION], tool_choice="required", parallel_tool_calls=False),
+            ChatBody("chat-7b", [USER], False, None, True, tools=[FUNCTION]),
+        ),
     ],
 )
 def test_valid_chat_bodies_give_what_the_gateway_needs(
@@ -226,6 +314,43 @@ def test_valid_chat_bodies_give_what_the_gateway_needs(
                 },
                 {"role": "tool", "content": "42", "tool_call_id": "call-1"},
             ]
+        },
+        {
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "get_weather",
+                        "description": "the weather in a city",
+                        "strict": True,
+                        "parameters": {
+                            "type": "object",
+                            "properties": {"city": {"type": "string"}},
+                            "required": ["city"],
+                            "additionalProperties": False,
+                        },
+                    },
+                }
+            ],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            "messages": [
+                USER,
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "call-1",
+                            "type": "function",
+                            "function": {
+                                "name": "get_weather",
+                                "arguments": '{"city": "Oslo"}',
+                            },
+                        }
+                    ],
+                },
+                {"role": "tool", "content": "3 C", "tool_call_id": "call-1"},
+            ],
         },
     ],
 )

@@ -9,11 +9,12 @@ from typing import Any
 import pytest
 import schemathesis
 
-from routing.domain import chat_body
+from routing.domain import chat_body, completion_body
 from routing.openapi import gateway_components, gateway_paths
 
 COMPONENTS = gateway_components()
 CHAT = COMPONENTS["ChatCompletionRequest"]["properties"]
+COMPLETION = COMPONENTS["CompletionRequest"]["properties"]
 
 
 def document() -> dict[str, Any]:
@@ -66,9 +67,21 @@ def test_chat_roles_and_formats_are_chat_bodys() -> None:
     )
 
 
+def test_caps_on_choices_tools_and_prompts_are_the_bodys() -> None:
+    assert not_null(CHAT["n"])["maximum"] == chat_body.MAX_N
+    assert not_null(COMPLETION["n"])["maximum"] == chat_body.MAX_N
+    assert not_null(CHAT["tools"])["maxItems"] == chat_body.MAX_TOOLS
+    choices = set(COMPONENTS["ToolChoice"]["anyOf"][0]["enum"])
+    assert choices == chat_body.TOOL_CHOICES
+    lists = COMPLETION["prompt"]["anyOf"][2]
+    assert lists["maxItems"] == completion_body.MAX_PROMPTS
+    logprobs = not_null(COMPLETION["logprobs"])
+    assert logprobs["maximum"] == completion_body.MAX_COMPLETION_LOGPROBS
+
+
 def test_unsupported_fields_admit_only_null() -> None:
     for name in chat_body.UNSUPPORTED_FIELDS:
         assert CHAT[name]["type"] == "null", name
-    assert not_null(CHAT["n"])["const"] == 1
+    assert COMPLETION["suffix"]["type"] == "null"
     parts = COMPONENTS["TextPart"]["properties"]["type"]
     assert parts == {"const": "text"}
