@@ -48,11 +48,13 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
 from config.asgi_io import Receive, Scope, Send, wait_disconnect
+from simengine import choices
+from simengine.choices import ChoiceOutput
 from simengine.domain import tokens
 from simengine.domain.engine import FinishedRequest
 from simengine.replica import (
@@ -61,6 +63,7 @@ from simengine.replica import (
     SGLANG_VERSION,
     SYSTEM_FINGERPRINT,
     VLLM_VERSION,
+    Answer,
     Faults,
     SimOptions,
     SimReplica,
@@ -391,7 +394,7 @@ class SimApp:
                 raise HttpError(400, str(exc)) from None
         await _respond(send, 200, _json_bytes(asdict(self.replica.faults)))
 
-    def _messages(self, body: Mapping[str, Any]) -> list[dict[str, str]]:
+    def _messages(self, body: Mapping[str, Any]) -> list[dict[str, Any]]:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise HttpError(400, "messages must be a non-empty list", "messages")
@@ -408,9 +411,14 @@ class SimApp:
                     "message content must be a string or a list of parts",
                     "messages",
                 )
-            rendered.append(
-                {"role": str(message["role"]), "content": tokens.message_text(content)}
-            )
+            entry: dict[str, Any] = {
+                "role": str(message["role"]),
+                "content": tokens.message_text(content),
+            }
+            tool_calls = message.get("tool_calls")
+            if isinstance(tool_calls, list) and tool_calls:
+                entry["tool_calls"] = tool_calls
+            rendered.append(entry)
         return rendered
 
     async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -428,10 +436,27 @@ class SimApp:
                 f"Valid aliases: {', '.join(sorted(self.names))}.",
                 "model",
             )
-        if body.get("n", 1) != 1:
-            raise HttpError(400, "n must be 1 on this server", "n")
+        tools: list[Any] | None = None
+        tool_choice: Any = None
+        schema: Mapping[str, Any] | None = None
+        if self.sglang:
+            if body.get("n", 1) != 1:
+                raise HttpError(400, "n must be 1 on this server", "n")
+            n = 1
+        else:
+            try:
+                n = choices.check_n(body.get("n"))
+                tool_choice = choices.check_tool_choice(
+                    body,
+                    auto_enabled=self.options.enable_auto_tool_choice,
+                    has_parser=self.options.tool_call_parser is not None,
+                )
+                schema = choices.output_schema(body.get("response_format"))
+            except choices.RequestError as exc:
+                raise HttpError(400, exc.message, exc.param) from None
+            tools = body.get("tools") or None
         messages = self._messages(body)
-        prompt_ids = tokens.encode(tokens.render_chat(messages))
+        prompt_ids = tokens.encode(tokens.render_chat(messages, tools))
         prompt_len = len(prompt_ids)
         max_len = self.options.max_model_len
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
@@ -501,6 +526,44 @@ class SimApp:
         request_id = (
             secrets.token_hex(16) if self.sglang else f"chatcmpl-{secrets.token_hex(8)}"
         )
+        functions: list[Mapping[str, Any]] = []
+        if tools and (tool_choice != "auto" or self.options.enable_auto_tool_choice):
+            functions = choices.choose_tools(
+                tools,
+                tool_choice,
+                messages,
+                parallel=body.get("parallel_tool_calls") is not False,
+            )
+        if n > 1 or functions or schema is not None:
+            outputs = [
+                self._plan_choice(
+                    index,
+                    messages,
+                    functions=functions,
+                    is_named=isinstance(tool_choice, Mapping),
+                    schema=schema,
+                    text_seed=text_seed
+                    if index == 0
+                    else _stable_seed(text_seed, index),
+                    max_tokens=max_tokens,
+                    ignore_eos=ignore_eos,
+                )
+                for index in range(n)
+            ]
+            await self._chat_choices(
+                request_id,
+                outputs,
+                send,
+                receive,
+                model=model,
+                prompt_ids=prompt_ids,
+                max_tokens=max_tokens,
+                arrived_at=arrived_at,
+                is_streaming=bool(body.get("stream")),
+                include_usage=include_usage,
+                tool_choice=tool_choice,
+            )
+            return
         stream = replica.submit(
             request_id=request_id,
             prompt_token_ids=prompt_ids,
@@ -535,12 +598,21 @@ class SimApp:
     def _usage(self, stream: Stream) -> dict[str, Any]:
         """Return vLLM's usage object (the streamed form; ``_complete`` adds the
         null fields a plain answer carries)."""
-        done = stream.done
-        assert done is not None
+        return self._usage_of((stream,))
+
+    def _usage_of(self, streams: Sequence[Stream]) -> dict[str, Any]:
+        """Return vLLM's usage of the choices of one request: the prompt once,
+        the completions summed, the cache figures of the first choice."""
+        first = streams[0].done
+        assert first is not None
+        completion = 0
+        for stream in streams:
+            assert stream.done is not None
+            completion += stream.done.output_tokens
         usage: dict[str, Any] = {
-            "prompt_tokens": done.prompt_tokens,
-            "total_tokens": done.prompt_tokens + done.output_tokens,
-            "completion_tokens": done.output_tokens,
+            "prompt_tokens": first.prompt_tokens,
+            "total_tokens": first.prompt_tokens + completion,
+            "completion_tokens": completion,
         }
         if self.options.enable_prompt_tokens_details:
             # vLLM: the prompt's full blocks, once cached, minus those it hit
@@ -548,10 +620,10 @@ class SimApp:
             created = 0
             if self.replica.config.enable_prefix_caching:
                 block_size = self.replica.config.block_size
-                full = done.prompt_tokens // block_size * block_size
-                created = max(0, full - done.cached_tokens)
+                full = first.prompt_tokens // block_size * block_size
+                created = max(0, full - first.cached_tokens)
             usage["prompt_tokens_details"] = {
-                "cached_tokens": done.cached_tokens,
+                "cached_tokens": first.cached_tokens,
                 "created_cache_tokens": created,
             }
         return usage
@@ -766,6 +838,275 @@ class SimApp:
         }
         await _respond(send, 200, _json_bytes(body), extra_headers=headers)
 
+    # -- choices: tools, structured output, n > 1 ---------------------------------------
+
+    def _plan_choice(
+        self,
+        index: int,
+        messages: list[dict[str, Any]],
+        *,
+        functions: Sequence[Mapping[str, Any]],
+        is_named: bool,
+        schema: Mapping[str, Any] | None,
+        text_seed: int,
+        max_tokens: int,
+        ignore_eos: bool,
+    ) -> ChoiceOutput:
+        """Return what choice ``index`` says: tool calls, a JSON value or text."""
+        if functions:
+            return choices.plan_tool_calls(
+                functions,
+                seed=text_seed,
+                max_tokens=max_tokens,
+                call_ids=[f"chatcmpl-tool-{secrets.token_hex(8)}" for _ in functions],
+                is_named=is_named,
+            )
+        if schema is not None:
+            return choices.plan_json(schema, seed=text_seed, max_tokens=max_tokens)
+        answer = self.replica.plan_answer(
+            messages, max_tokens=max_tokens, ignore_eos=ignore_eos, text_seed=text_seed
+        )
+        if answer is not None:
+            return choices.plan_text(
+                answer.pieces[: answer.output_len], answer.finish_reason
+            )
+        output_len, finish_reason = self.replica.choose_output_len(
+            max_tokens=max_tokens,
+            ignore_eos=ignore_eos,
+            seed=_stable_seed(text_seed, index, max_tokens),
+        )
+        return choices.plan_text(
+            tokens.output_text(text_seed, output_len), finish_reason
+        )
+
+    def _submit_choices(
+        self,
+        request_id: str,
+        outputs: Sequence[ChoiceOutput],
+        *,
+        prompt_ids: list[int],
+        max_tokens: int,
+        arrived_at: float,
+        is_streaming: bool,
+    ) -> list[Stream]:
+        """Queue one engine request per choice (``{i}_{id}`` when several, as
+        vLLM names a parent request's children)."""
+        streams = []
+        for index, output in enumerate(outputs):
+            pieces = output.pieces
+            streams.append(
+                self.replica.submit(
+                    request_id=request_id
+                    if len(outputs) == 1
+                    else f"{index}_{request_id}",
+                    prompt_token_ids=prompt_ids,
+                    output_len=len(pieces),
+                    finish_reason=output.finish_reason,
+                    max_tokens=max_tokens,
+                    arrived_at=arrived_at,
+                    text_seed=_stable_seed(request_id, index),
+                    answer=Answer(pieces, len(pieces), output.finish_reason),
+                    streaming=is_streaming,
+                )
+            )
+        return streams
+
+    def _id_headers(self, request_id: str) -> list[tuple[bytes, bytes]]:
+        if self.options.enable_request_id_headers:
+            return [(b"x-request-id", request_id.encode())]
+        return []
+
+    async def _chat_choices(
+        self,
+        request_id: str,
+        outputs: Sequence[ChoiceOutput],
+        send: Send,
+        receive: Receive,
+        *,
+        model: str,
+        prompt_ids: list[int],
+        max_tokens: int,
+        arrived_at: float,
+        is_streaming: bool,
+        include_usage: bool,
+        tool_choice: Any,
+    ) -> None:
+        """Answer a chat request whose choices call tools, hold JSON or are several."""
+        streams = self._submit_choices(
+            request_id,
+            outputs,
+            prompt_ids=prompt_ids,
+            max_tokens=max_tokens,
+            arrived_at=arrived_at,
+            is_streaming=is_streaming,
+        )
+        headers = self._id_headers(request_id)
+        try:
+            if is_streaming:
+                render = _ChatChunks(
+                    request_id, model, outputs, include_usage=include_usage
+                )
+                await self._send_choice_events(
+                    streams,
+                    send,
+                    receive,
+                    headers,
+                    start=render.start,
+                    render=render.pieces,
+                    end=lambda: (
+                        render.usage(self._usage_of(streams)) if include_usage else b""
+                    ),
+                )
+            else:
+                await self._complete_choices(
+                    request_id,
+                    streams,
+                    outputs,
+                    send,
+                    receive,
+                    model=model,
+                    headers=headers,
+                    tool_choice=tool_choice,
+                )
+        finally:
+            for stream in streams:
+                if stream.done is None:
+                    self.replica.abort(stream.request_id)
+
+    async def _all_done(self, streams: Sequence[Stream], receive: Receive) -> bool:
+        """Wait until every stream is done; False if the client went away first."""
+        for stream in streams:
+            if not await self._until_done(stream, receive):
+                return False
+        return True
+
+    async def _send_choice_events(
+        self,
+        streams: Sequence[Stream],
+        send: Send,
+        receive: Receive,
+        headers: list[tuple[bytes, bytes]],
+        *,
+        start: Callable[[], bytes],
+        render: Callable[[int, int, int, FinishedRequest | None], bytes],
+        end: Callable[[], bytes],
+        done_line: bytes = b"data: [DONE]\n\n",
+    ) -> None:
+        """Send several streams as server-sent events, interleaved as they come.
+
+        ``start()`` goes with the first piece of any stream, then for each new
+        batch of stream ``i`` ``render(i, sent, produced, done)``; at the end
+        ``end()`` and ``done_line``. A client that goes away ends it quietly.
+        """
+        disconnected = asyncio.ensure_future(wait_disconnect(receive))
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [
+                        (b"content-type", b"text/event-stream; charset=utf-8"),
+                        (b"cache-control", b"no-cache"),
+                        *headers,
+                    ],
+                }
+            )
+            sent = [0] * len(streams)
+            finished = [False] * len(streams)
+            started = False
+            while not all(finished):
+                live = [s for s, f in zip(streams, finished, strict=True) if not f]
+                if not any(s.wake.is_set() for s in live):
+                    waiters = [asyncio.ensure_future(s.wake.wait()) for s in live]
+                    await asyncio.wait(
+                        {*waiters, disconnected}, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    for waiter in waiters:
+                        waiter.cancel()
+                    if disconnected.done():
+                        return
+                parts = []
+                for index, stream in enumerate(streams):
+                    if finished[index] or not stream.wake.is_set():
+                        continue
+                    stream.wake.clear()
+                    produced, done = stream.produced, stream.done
+                    if produced > sent[index]:
+                        if not started:
+                            parts.append(start())
+                            started = True
+                        parts.append(render(index, sent[index], produced, done))
+                        sent[index] = produced
+                    finished[index] = done is not None
+                if parts:
+                    await send(
+                        {
+                            "type": "http.response.body",
+                            "body": b"".join(parts),
+                            "more_body": True,
+                        }
+                    )
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": end() + done_line,
+                    "more_body": False,
+                }
+            )
+        finally:
+            disconnected.cancel()
+
+    async def _complete_choices(
+        self,
+        request_id: str,
+        streams: Sequence[Stream],
+        outputs: Sequence[ChoiceOutput],
+        send: Send,
+        receive: Receive,
+        *,
+        model: str,
+        headers: list[tuple[bytes, bytes]],
+        tool_choice: Any,
+    ) -> None:
+        if not await self._all_done(streams, receive):
+            return
+        usage = self._usage_of(streams)
+        details = usage.get("prompt_tokens_details")
+        if details is not None:
+            details["multimodal_tokens"] = None
+        usage["prompt_tokens_details"] = details
+        usage["completion_tokens_details"] = None
+        # vLLM's named and "required" calls carry content "", "auto" ones null.
+        call_content = None if tool_choice in (None, "auto") else ""
+        body = {
+            "id": request_id,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [
+                {
+                    "index": index,
+                    "message": _chat_message(output, call_content),
+                    "logprobs": None,
+                    "finish_reason": output.reported_finish(),
+                    "stop_reason": None,
+                    "token_ids": None,
+                    "routed_experts": None,
+                }
+                for index, output in enumerate(outputs)
+            ],
+            "service_tier": None,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
+            "usage": usage,
+            "prompt_logprobs": None,
+            "prompt_token_ids": None,
+            "prompt_text": None,
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "metrics": None,
+        }
+        await _respond(send, 200, _json_bytes(body), extra_headers=headers)
+
     # -- SGLang's shapes ----------------------------------------------------------------
 
     def _sglang_usage(self, stream: Stream) -> dict[str, Any]:
@@ -896,6 +1237,145 @@ class SimApp:
             },
         }
         await _respond(send, 200, _json_bytes(body), extra_headers=headers)
+
+
+def _piece_owners(output: ChoiceOutput) -> list[int]:
+    """Return, per piece, the index of the tool call it belongs to (-1: text)."""
+    owners = [-1] * len(output.pieces)
+    for index, span in enumerate(output.tool_calls):
+        owners[span.start : span.stop] = [index] * (span.stop - span.start)
+    return owners
+
+
+def _chat_delta(output: ChoiceOutput, owners: list[int], piece_index: int) -> str:
+    """Return the JSON of a piece's ``delta``: content, or a tool call's first
+    chunk (id, type, name) or its next argument piece, as vLLM streams them."""
+    piece = output.pieces[piece_index]
+    owner = owners[piece_index]
+    if owner < 0:
+        return '{"content":' + json.dumps(piece, ensure_ascii=False) + "}"
+    span = output.tool_calls[owner]
+    if piece_index == span.start:
+        call: dict[str, Any] = {
+            "id": span.call_id,
+            "type": "function",
+            "index": owner,
+            "function": {"name": span.name, "arguments": piece},
+        }
+    else:
+        call = {"index": owner, "function": {"arguments": piece}}
+    return '{"tool_calls":[' + _json_bytes(call).decode() + "]}"
+
+
+class _ChatChunks:
+    """vLLM's chat stream chunks for choices that call tools, hold JSON or are
+    several (``serving.py`` ``chat_completion_stream_generator``)."""
+
+    def __init__(
+        self,
+        request_id: str,
+        model: str,
+        outputs: Sequence[ChoiceOutput],
+        *,
+        include_usage: bool,
+    ) -> None:
+        self.request_id = request_id
+        self.model = model
+        self.outputs = outputs
+        self.owners = [_piece_owners(output) for output in outputs]
+        self.include_usage = include_usage
+        self.created = int(time.time())
+        self.head = (
+            f'data: {{"id":"{request_id}","object":"chat.completion.chunk",'
+            f'"created":{self.created},"model":{json.dumps(model)},"choices":[{{'
+        )
+
+    def start(self) -> bytes:
+        """Return the role chunk of every choice (vLLM sends them all first)."""
+        parts = []
+        for index in range(len(self.outputs)):
+            first = {
+                "id": self.request_id,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.model,
+                "choices": [
+                    {
+                        "index": index,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+                "prompt_token_ids": None,
+                "prompt_text": None,
+            }
+            parts.append(b"data: " + _json_bytes(first) + b"\n\n")
+        return b"".join(parts)
+
+    def pieces(
+        self, index: int, sent: int, produced: int, done: FinishedRequest | None
+    ) -> bytes:
+        """Return the chunks of choice ``index``'s pieces ``sent:produced``."""
+        output = self.outputs[index]
+        owners = self.owners[index]
+        parts = []
+        for piece_index in range(sent, produced):
+            delta = _chat_delta(output, owners, piece_index)
+            if done is not None and piece_index == produced - 1:
+                tail = (
+                    f'"logprobs":null,"finish_reason":"{output.reported_finish()}",'
+                    '"stop_reason":null,"token_ids":null}]'
+                    + (
+                        "}\n\n"
+                        if self.include_usage
+                        else f',"system_fingerprint":"{SYSTEM_FINGERPRINT}"}}\n\n'
+                    )
+                )
+            else:
+                tail = '"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n'
+            parts.append(f'{self.head}"index":{index},"delta":{delta},{tail}'.encode())
+        return b"".join(parts)
+
+    def usage(self, usage: dict[str, Any]) -> bytes:
+        """Return the usage chunk (``stream_options.include_usage``)."""
+        chunk = {
+            "id": self.request_id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [],
+            "usage": usage,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
+        }
+        return b"data: " + _json_bytes(chunk) + b"\n\n"
+
+
+def _chat_message(output: ChoiceOutput, call_content: str | None) -> dict[str, Any]:
+    """Return a plain answer's ``message`` (vLLM's ``ChatMessage``, nulls kept;
+    ``tool_calls`` only when there are some)."""
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": "".join(output.pieces) if not output.tool_calls else call_content,
+        "refusal": None,
+        "annotations": None,
+        "audio": None,
+        "function_call": None,
+    }
+    if output.tool_calls:
+        message["tool_calls"] = [
+            {
+                "id": span.call_id,
+                "type": "function",
+                "function": {
+                    "name": span.name,
+                    "arguments": "".join(output.pieces[span.start : span.stop]),
+                },
+            }
+            for span in output.tool_calls
+        ]
+    message["reasoning"] = None
+    return message
 
 
 def build_app(
