@@ -88,11 +88,13 @@ def vllm_server(
     name: str = "vllm",
     start_timeout_s: float = START_TIMEOUT_S,
     engine_api_key: str = "",
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[str]:
     """Run ``vllm serve`` on a free port; yield its URL once ``/health`` is 200.
 
     ``engine_config`` adds to or overrides the tiny model's flags; with
-    ``engine_api_key`` the server demands it on ``/v1``. On exit the
+    ``engine_api_key`` the server demands it on ``/v1``; ``env`` adds to (or
+    overrides) the server's environment (``VLLM_*`` switches). On exit the
     whole process group is stopped (SIGTERM, then SIGKILL after 30 s).
 
     Raises:
@@ -116,6 +118,7 @@ def vllm_server(
         log_dir=log_dir,
         vllm_executable=str(VLLM),
         engine_api_key=engine_api_key,
+        env=env,
     )
     url = f"http://{spec.host}:{spec.port}"
     started = time.monotonic()

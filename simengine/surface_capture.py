@@ -2,7 +2,7 @@
 
 Public surface: ``Case``, ``CASES``, ``Answer``, ``TOOLS``, ``WEATHER_SCHEMA``,
 ``capture_surfaces``, ``write_surfaces``, ``read_surfaces``, ``surface_shape``,
-``SURFACES_DIR``.
+``SURFACES_DIR``, ``SURFACE_ENGINE_CONFIG``, ``SURFACE_ENV``.
 
 ``simengine.conformance`` holds plain chat, metrics and the engine key to real
 vLLM; this module does the same for tools (``tool_choice`` named, ``required``,
@@ -14,8 +14,8 @@ bytes the server answered (SSE text as received, JSON bodies as sent), one file
 per case, with an ``index.json`` of each case's request, status and content type.
 
 The committed capture (``SURFACES_DIR``) is of real vLLM 0.32.0 (CPU build, the
-tiny random-weight Llama, ``--enable-auto-tool-choice --tool-call-parser
-hermes``); ``tests/test_vllm_surfaces.py`` re-captures from a live server and
+tiny random-weight Llama, ``SURFACE_ENGINE_CONFIG`` and ``SURFACE_ENV``: hermes
+tool calls); ``tests/test_vllm_surfaces.py`` re-captures from a live server and
 diffs the shapes. To record again from a running server:
 ``python -m simengine.surface_capture URL MODEL OUTDIR``.
 """
@@ -37,6 +37,8 @@ from simengine.conformance import json_shape
 __all__ = [
     "CASES",
     "SURFACES_DIR",
+    "SURFACE_ENGINE_CONFIG",
+    "SURFACE_ENV",
     "TOOLS",
     "WEATHER_SCHEMA",
     "Answer",
@@ -48,6 +50,21 @@ __all__ = [
 ]
 
 SURFACES_DIR = Path(__file__).resolve().parent / "tests" / "data" / "vllm_surfaces"
+
+# The capture server's flags on top of the fidelity capture's (a version's
+# ``engine_config``): hermes tool calls, and compact JSON under a grammar (the
+# random-weight model otherwise writes whitespace until max_tokens).
+SURFACE_ENGINE_CONFIG: Mapping[str, Any] = {
+    "enable_auto_tool_choice": True,
+    "tool_call_parser": "hermes",
+    "structured_outputs_config": {
+        "backend": "xgrammar",
+        "disable_any_whitespace": True,
+    },
+}
+# And its environment: forced tool calls constrained by the tool's JSON schema,
+# not by vLLM 0.32's structural tag (which ignores disable_any_whitespace).
+SURFACE_ENV: Mapping[str, str] = {"VLLM_ENFORCE_STRICT_TOOL_CALLING": "0"}
 
 # A schema whose every valid instance is short (an enum and a small integer), so a
 # random-weight model under guided decoding finishes within a few tokens.
