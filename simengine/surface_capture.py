@@ -377,19 +377,41 @@ def _sse_payloads(raw: str) -> list[Any]:
     return events
 
 
+def _tokens_as_keys(value: Any) -> Any:
+    """``value`` with each ``top_logprobs`` object of the completions API (keyed
+    by token text, a value) turned into one ``{"<token>": logprob}`` entry."""
+    if isinstance(value, list):
+        return [_tokens_as_keys(item) for item in value]
+    if not isinstance(value, Mapping):
+        return value
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        if key == "top_logprobs" and isinstance(item, list):
+            item = [
+                {"<token>": next(iter(top.values()))}
+                if isinstance(top, Mapping) and top and "logprob" not in top
+                else top
+                for top in item
+            ]
+        out[key] = _tokens_as_keys(item)
+    return out
+
+
 def surface_shape(answer: Answer) -> dict[str, Any]:
     """The shape of an answer: status, content type and the JSON shapes.
 
     For a stream, the distinct shapes of its events in order of first sight (a
     Responses stream keyed by each event's ``type``), and whether it ends with
-    ``[DONE]``.
+    ``[DONE]``. The completions API's ``top_logprobs`` objects are keyed by token
+    text: their keys count as one ``"<token>"``.
     """
     shape: dict[str, Any] = {
         "status": answer.status,
         "content_type": answer.content_type.split(";")[0],
     }
     if "text/event-stream" not in answer.content_type:
-        shape["body"] = json_shape(json.loads(answer.raw)) if answer.raw else None
+        body = json.loads(answer.raw) if answer.raw else None
+        shape["body"] = json_shape(_tokens_as_keys(body))
         return shape
     events = _sse_payloads(answer.raw)
     shape["done"] = bool(events) and events[-1] == "[DONE]"
@@ -399,7 +421,7 @@ def surface_shape(answer: Answer) -> dict[str, Any]:
             continue
         key = str(event.get("type") or event.get("object") or "chunk")
         seen = kinds.setdefault(key, [])
-        item = json_shape(event)
+        item = json_shape(_tokens_as_keys(event))
         if item not in seen:
             seen.append(item)
     shape["events"] = kinds
