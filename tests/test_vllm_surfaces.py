@@ -21,7 +21,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
-import jsonschema
 import openai
 import pydantic
 import pytest
@@ -36,7 +35,6 @@ from simengine.surface_capture import (
     SURFACE_ENGINE_CONFIG,
     SURFACE_ENV,
     SURFACES_DIR,
-    WEATHER_SCHEMA,
     Answer,
     capture_surfaces,
     read_surfaces,
@@ -57,7 +55,8 @@ _ASK: list[ChatCompletionMessageParam] = [
 
 
 class Weather(pydantic.BaseModel):
-    """The capture's weather schema (``WEATHER_SCHEMA``) as a pydantic model."""
+    """The capture's weather schema (``WEATHER_SCHEMA``) as a pydantic model:
+    validating against it is validating against the schema."""
 
     model_config = pydantic.ConfigDict(extra="forbid")
     city: Literal["Paris", "Rome"]
@@ -109,7 +108,7 @@ def test_the_forced_tool_call_satisfies_the_schema(live: dict[str, Answer]) -> N
     for name in ("chat_tool_named", "chat_tool_required"):
         (call,) = json.loads(live[name].raw)["choices"][0]["message"]["tool_calls"]
         assert call["function"]["name"] == "get_weather"
-        jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER_SCHEMA)
+        Weather.model_validate_json(call["function"]["arguments"])
 
 
 def test_sdk_named_tool_call(client: openai.OpenAI) -> None:
@@ -124,7 +123,7 @@ def test_sdk_named_tool_call(client: openai.OpenAI) -> None:
     (call,) = answer.choices[0].message.tool_calls or []
     assert call.type == "function"
     assert call.function.name == "get_weather"
-    jsonschema.validate(json.loads(call.function.arguments), WEATHER_SCHEMA)
+    Weather.model_validate_json(call.function.arguments)
 
 
 def test_sdk_named_tool_call_streamed(client: openai.OpenAI) -> None:
@@ -147,7 +146,7 @@ def test_sdk_named_tool_call_streamed(client: openai.OpenAI) -> None:
                 if call.function and call.function.arguments:
                     arguments += call.function.arguments
     assert names == ["get_weather"]
-    jsonschema.validate(json.loads(arguments), WEATHER_SCHEMA)
+    Weather.model_validate_json(arguments)
 
 
 def test_sdk_parse_with_a_pydantic_model(client: openai.OpenAI) -> None:
