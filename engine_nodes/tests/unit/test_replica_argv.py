@@ -17,6 +17,7 @@ from engine_nodes.domain.replica_argv import (
 )
 from simengine.cli import build_parser, options_from_args
 from simengine.domain.perf import PROFILES
+from simengine.surface_capture import SURFACE_ENGINE_CONFIG
 
 WEIGHTS = "/var/lib/platform/weights/" + "a" * 64
 
@@ -189,6 +190,19 @@ def test_vllm_serve_argv_sorts_config_flags_and_appends_extra() -> None:
         "64",
         "--kv-cache-memory-bytes",
         "67108864",
+    ]
+
+
+def test_vllm_serve_argv_spells_the_tool_and_structured_output_flags() -> None:
+    """The flags the real-vLLM surface capture runs with (tool calls, compact JSON
+    under a grammar) come out of a version's engine_config as vLLM reads them."""
+    spec = make_spec(engine_config=dict(SURFACE_ENGINE_CONFIG))
+    assert vllm_serve_argv(spec)[15:] == [
+        "--enable-auto-tool-choice",
+        "--structured-outputs-config",
+        '{"backend":"xgrammar","disable_any_whitespace":true}',
+        "--tool-call-parser",
+        "hermes",
     ]
 
 
