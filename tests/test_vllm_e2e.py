@@ -30,10 +30,12 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
+import jsonschema
 import openai
+import pydantic
 import pytest
 from django.core.management import call_command
 from django.db import connection
@@ -64,6 +66,12 @@ from localrun.vllm_cpu import (
 )
 from metering.models import Usage
 from simengine.conformance import capture
+from simengine.surface_capture import (
+    SURFACE_ENGINE_CONFIG,
+    SURFACE_ENV,
+    TOOLS,
+    WEATHER_SCHEMA,
+)
 from tests.live import (
     LivePlatform,
     cached_tokens_of,
@@ -127,7 +135,13 @@ def start_vllm_platform(tmp: Path, model_dir: Path) -> Iterator[LivePlatform]:
     # verifies the weights and the gateway loads the tokenizer against them.
     body = {**local_identity(model_dir), **json.loads(TINY_VERSION_FILE.read_text())}
     # The capture server's flags: these replicas are also test_vllm_fidelity's.
-    body["engine_config"] = {**body["engine_config"], **CAPTURE_ENGINE_CONFIG}
+    # And the surfaces' flags (hermes tool calls, whitespace-free guided JSON):
+    # tools, structured outputs, n and completions go through these replicas.
+    body["engine_config"] = {
+        **body["engine_config"],
+        **CAPTURE_ENGINE_CONFIG,
+        **SURFACE_ENGINE_CONFIG,
+    }
     seeded = seed_platform(
         seed=PlatformSeed(
             region=REGION,
@@ -150,7 +164,9 @@ def start_vllm_platform(tmp: Path, model_dir: Path) -> Iterator[LivePlatform]:
         now=timezone.now(),
     )
     keys = dict(seeded.keys)
-    env = platform_env(region=REGION, prefix=prefix, PLATFORM_ENGINE_API_KEY=ENGINE_KEY)
+    env = platform_env(
+        region=REGION, prefix=prefix, PLATFORM_ENGINE_API_KEY=ENGINE_KEY, **SURFACE_ENV
+    )
     agent = start_vllm_agent(
         env,
         tmp,
@@ -550,6 +566,139 @@ def test_engine_key_is_required_and_a_wrong_one_is_not_the_clients_401(
     assert response.status_code == 503, response.text
     assert response.json()["error"]["code"] == "no_replica_available"
     assert "retry-after" in response.headers
+
+
+class Weather(pydantic.BaseModel):
+    """A structured answer (the capture's schema: short under guided decoding)."""
+
+    city: Literal["Paris", "Rome"]
+    days: int = pydantic.Field(ge=1, le=3)
+
+
+NAMED_TOOL: Any = {"type": "function", "function": {"name": "get_weather"}}
+TOOL_LIST: Any = list(TOOLS)
+ASK: list[Any] = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def test_a_named_tool_call_through_the_gateway_satisfies_its_schema(
+    platform: LivePlatform,
+) -> None:
+    client = platform.client()
+    answer = client.chat.completions.create(
+        model=MODEL,
+        messages=ASK,
+        tools=TOOL_LIST,
+        tool_choice=NAMED_TOOL,
+        max_tokens=40,
+    )
+    (call,) = answer.choices[0].message.tool_calls or []
+    assert call.type == "function"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER_SCHEMA)
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=ASK,
+            tools=TOOL_LIST,
+            tool_choice=NAMED_TOOL,
+            max_tokens=40,
+            stream=True,
+        )
+    )
+    arguments = "".join(
+        delta.function.arguments or ""
+        for chunk in chunks
+        for choice in chunk.choices
+        for delta in choice.delta.tool_calls or ()
+        if delta.function
+    )
+    jsonschema.validate(json.loads(arguments), WEATHER_SCHEMA)
+    assert usage_of(chunks[-1]).prompt_tokens == usage_of(answer).prompt_tokens
+
+
+def test_structured_outputs_parse_twenty_of_twenty(platform: LivePlatform) -> None:
+    client = platform.client()
+    for index in range(20):
+        parsed = client.chat.completions.parse(
+            model=MODEL,
+            messages=[{"role": "user", "content": f"Forecast {index}"}],
+            response_format=Weather,
+            max_tokens=40,
+        )
+        assert isinstance(parsed.choices[0].message.parsed, Weather), index
+
+
+def test_three_choices_and_completions_through_the_gateway(
+    platform: LivePlatform,
+) -> None:
+    client = platform.client()
+    # vLLM refuses n > 1 under greedy sampling: n needs a temperature.
+    answer = client.chat.completions.create(
+        model=MODEL, messages=ASK, n=3, temperature=1.0, seed=7, max_tokens=4
+    )
+    assert sorted(c.index for c in answer.choices) == [0, 1, 2]
+    completion = client.completions.create(
+        model=MODEL, prompt="Once upon a", max_tokens=5, temperature=0
+    )
+    assert completion.choices[0].text
+    assert completion.usage is not None
+    assert completion.usage.completion_tokens == 5 or (
+        completion.choices[0].finish_reason == "stop"
+    )
+
+
+def _straight_to(platform: LivePlatform, path: str, body: dict[str, Any]) -> Any:
+    """``body`` sent to a replica itself, as the gateway's engine client."""
+    url = sorted(replica_urls(platform).values())[0]
+    response = httpx.post(
+        f"{url}{path}",
+        json={**body, "model": MODEL},
+        headers={"Authorization": f"Bearer {ENGINE_KEY}"},
+        timeout=120,
+    )
+    response.raise_for_status()
+    return response.json()
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (
+            "/v1/chat/completions",
+            {"messages": ASK, "tools": TOOL_LIST, "tool_choice": NAMED_TOOL},
+        ),
+        ("/v1/completions", {"prompt": "Once upon a time"}),
+    ],
+    ids=["chat-with-tools", "completions"],
+)
+def test_greedy_answers_through_the_gateway_are_vllms_own(
+    platform: LivePlatform, path: str, body: dict[str, Any]
+) -> None:
+    greedy = {**body, "temperature": 0, "max_tokens": 24}
+    direct = _straight_to(platform, path, greedy)
+    via = httpx.post(
+        f"{platform.url}{path}",
+        json={**greedy, "model": MODEL},
+        headers={"Authorization": f"Bearer {platform.keys['alpha']}"},
+        timeout=120,
+    )
+    via.raise_for_status()
+
+    def essence(doc: dict[str, Any]) -> list[Any]:
+        return [
+            (
+                choice.get("text"),
+                (choice.get("message") or {}).get("content") or None,
+                [
+                    (c["function"]["name"], c["function"]["arguments"])
+                    for c in (choice.get("message") or {}).get("tool_calls") or ()
+                ],
+                choice["finish_reason"],
+            )
+            for choice in doc["choices"]
+        ]
+
+    assert essence(via.json()) == essence(direct)
+    assert via.json()["usage"]["prompt_tokens"] == direct["usage"]["prompt_tokens"]
 
 
 def test_replica_killed_before_its_first_token_is_retried_on_the_other(
