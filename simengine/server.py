@@ -53,8 +53,9 @@ from dataclasses import asdict
 from typing import Any
 
 from config.asgi_io import Receive, Scope, Send, wait_disconnect
-from simengine import choices
+from simengine import choices, completions
 from simengine.choices import ChoiceOutput
+from simengine.completions import CompletionPrompt
 from simengine.domain import tokens
 from simengine.domain.engine import FinishedRequest
 from simengine.replica import (
@@ -224,6 +225,8 @@ class SimApp:
         try:
             if path == "/v1/chat/completions" and method == "POST":
                 await self._chat(scope, receive, send)
+            elif path == "/v1/completions" and method == "POST" and not self.sglang:
+                await self._completions(receive, send)
             elif path == "/health" and method == "GET":
                 status = 200 if self.replica.is_ready else 503
                 await _respond(send, status, b"")
@@ -421,45 +424,25 @@ class SimApp:
             rendered.append(entry)
         return rendered
 
-    async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
-        replica = self.replica
-        arrived_at = time.monotonic()
-        body = await self._json_body(receive)
+    def _check_model(self, body: Mapping[str, Any]) -> str:
+        """Return the model name to echo; vLLM's 404 for one it does not serve."""
         model = body.get("model")
         if self.sglang:
             # SGLang serves whatever model name it is asked for, and echoes it.
-            model = str(model) if model is not None else "default"
-        elif model not in self.names:
+            return str(model) if model is not None else "default"
+        if model not in self.names:
             raise HttpError(
                 404,
                 f"The model `{model}` does not exist. "
                 f"Valid aliases: {', '.join(sorted(self.names))}.",
                 "model",
             )
-        tools: list[Any] | None = None
-        tool_choice: Any = None
-        schema: Mapping[str, Any] | None = None
-        if self.sglang:
-            if body.get("n", 1) != 1:
-                raise HttpError(400, "n must be 1 on this server", "n")
-            n = 1
-        else:
-            try:
-                n = choices.check_n(body.get("n"))
-                tool_choice = choices.check_tool_choice(
-                    body,
-                    auto_enabled=self.options.enable_auto_tool_choice,
-                    has_parser=self.options.tool_call_parser is not None,
-                )
-                schema = choices.output_schema(body.get("response_format"))
-            except choices.RequestError as exc:
-                raise HttpError(400, exc.message, exc.param) from None
-            tools = body.get("tools") or None
-        messages = self._messages(body)
-        prompt_ids = tokens.encode(tokens.render_chat(messages, tools))
-        prompt_len = len(prompt_ids)
+        return str(model)
+
+    def _check_max_tokens(self, max_tokens: Any, prompt_len: int) -> int:
+        """Return the output budget (the context left when None) or raise
+        vLLM's 400s for a bad or too large one."""
         max_len = self.options.max_model_len
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         if max_tokens is None:
             max_tokens = max_len - prompt_len
         if (
@@ -484,16 +467,67 @@ class SimApp:
                 "messages or completion.",
                 "messages",
             )
-        if not replica.is_ready:
-            raise HttpError(503, "The server is starting up")
+        return max_tokens
+
+    def _include_usage(self, body: Mapping[str, Any]) -> bool:
         stream_options = body.get("stream_options") or {}
-        include_usage = bool(
+        return bool(
             (self.options.enable_force_include_usage and not self.sglang)
             or (
                 isinstance(stream_options, Mapping)
                 and stream_options.get("include_usage")
             )
         )
+
+    async def _admit(self) -> None:
+        """Spend the frontend time, then refuse as the queue limit or the failure
+        faults say."""
+        replica = self.replica
+        if replica.frontend_ms > 0:
+            # Tokenization and request set-up, counted in TTFT as vLLM counts it.
+            await asyncio.sleep(replica.frontend_ms / 1000.0)
+        # Checked with no await before submit: requests that arrive together all
+        # sleep the frontend time first, and each must see the others queued.
+        limit = self.options.max_num_queued_reqs
+        if limit and replica.queued_requests >= limit:
+            replica.metrics.record_admission_rejection("max_num_queued_reqs")
+            raise HttpError(503, "The server is overloaded: too many queued requests")
+        if replica.roll_failure():
+            raise HttpError(500, "simulated engine failure before the first token")
+
+    async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
+        replica = self.replica
+        arrived_at = time.monotonic()
+        body = await self._json_body(receive)
+        model = self._check_model(body)
+        tools: list[Any] | None = None
+        tool_choice: Any = None
+        schema: Mapping[str, Any] | None = None
+        if self.sglang:
+            if body.get("n", 1) != 1:
+                raise HttpError(400, "n must be 1 on this server", "n")
+            n = 1
+        else:
+            try:
+                n = choices.check_n(body.get("n"))
+                tool_choice = choices.check_tool_choice(
+                    body,
+                    auto_enabled=self.options.enable_auto_tool_choice,
+                    has_parser=self.options.tool_call_parser is not None,
+                )
+                schema = choices.output_schema(body.get("response_format"))
+            except choices.RequestError as exc:
+                raise HttpError(400, exc.message, exc.param) from None
+            tools = body.get("tools") or None
+        messages = self._messages(body)
+        prompt_ids = tokens.encode(tokens.render_chat(messages, tools))
+        prompt_len = len(prompt_ids)
+        max_tokens = self._check_max_tokens(
+            body.get("max_completion_tokens", body.get("max_tokens")), prompt_len
+        )
+        if not replica.is_ready:
+            raise HttpError(503, "The server is starting up")
+        include_usage = self._include_usage(body)
         request_seed = body.get("seed")
         text_seed = _stable_seed(request_seed, prompt_ids[-16:], prompt_len)
         ignore_eos = bool(body.get("ignore_eos"))
@@ -511,17 +545,7 @@ class SimApp:
                     request_seed, prompt_ids[-32:], prompt_len, max_tokens
                 ),
             )
-        if replica.frontend_ms > 0:
-            # Tokenization and request set-up, counted in TTFT as vLLM counts it.
-            await asyncio.sleep(replica.frontend_ms / 1000.0)
-        # Checked with no await before submit: requests that arrive together all
-        # sleep the frontend time first, and each must see the others queued.
-        limit = self.options.max_num_queued_reqs
-        if limit and replica.queued_requests >= limit:
-            replica.metrics.record_admission_rejection("max_num_queued_reqs")
-            raise HttpError(503, "The server is overloaded: too many queued requests")
-        if replica.roll_failure():
-            raise HttpError(500, "simulated engine failure before the first token")
+        await self._admit()
         # SGLang's request ids are bare uuid4 hex.
         request_id = (
             secrets.token_hex(16) if self.sglang else f"chatcmpl-{secrets.token_hex(8)}"
@@ -884,13 +908,13 @@ class SimApp:
         request_id: str,
         outputs: Sequence[ChoiceOutput],
         *,
-        prompt_ids: list[int],
+        prompts: Sequence[list[int]],
         max_tokens: int,
         arrived_at: float,
         is_streaming: bool,
     ) -> list[Stream]:
-        """Queue one engine request per choice (``{i}_{id}`` when several, as
-        vLLM names a parent request's children)."""
+        """Queue one engine request per choice, choice ``i`` on ``prompts[i]``
+        (``{i}_{id}`` when several, as vLLM names a parent request's children)."""
         streams = []
         for index, output in enumerate(outputs):
             pieces = output.pieces
@@ -899,7 +923,7 @@ class SimApp:
                     request_id=request_id
                     if len(outputs) == 1
                     else f"{index}_{request_id}",
-                    prompt_token_ids=prompt_ids,
+                    prompt_token_ids=prompts[index],
                     output_len=len(pieces),
                     finish_reason=output.finish_reason,
                     max_tokens=max_tokens,
@@ -935,7 +959,7 @@ class SimApp:
         streams = self._submit_choices(
             request_id,
             outputs,
-            prompt_ids=prompt_ids,
+            prompts=[prompt_ids] * len(outputs),
             max_tokens=max_tokens,
             arrived_at=arrived_at,
             is_streaming=is_streaming,
@@ -1106,6 +1130,133 @@ class SimApp:
             "metrics": None,
         }
         await _respond(send, 200, _json_bytes(body), extra_headers=headers)
+
+    # -- /v1/completions ------------------------------------------------------------------
+
+    async def _completions(self, receive: Receive, send: Send) -> None:
+        """vLLM's ``/v1/completions``: every prompt times ``n`` choices, indexed
+        prompt-major, each its own engine request."""
+        arrived_at = time.monotonic()
+        body = await self._json_body(receive)
+        model = self._check_model(body)
+        echo = bool(body.get("echo"))
+        try:
+            n = choices.check_n(body.get("n"))
+            top = completions.check_logprobs(body.get("logprobs"))
+            if body.get("suffix") is not None:
+                # vLLM 0.32 (online_renderer): only FIM models take a suffix.
+                raise choices.RequestError(
+                    "Echo is unsupported with suffix."
+                    if echo
+                    else "suffix is only supported for models with FIM completion "
+                    "rendering",
+                    "suffix",
+                )
+            prompts = completions.read_prompts(body.get("prompt"))
+        except choices.RequestError as exc:
+            raise HttpError(400, exc.message, exc.param) from None
+        requested = body.get("max_tokens", 16)
+        max_tokens = min(
+            self._check_max_tokens(requested, len(p.token_ids)) for p in prompts
+        )
+        if not self.replica.is_ready:
+            raise HttpError(503, "The server is starting up")
+        include_usage = self._include_usage(body)
+        await self._admit()
+        request_id = f"cmpl-{secrets.token_hex(8)}"
+        outputs = []
+        prompt_ids = []
+        for prompt in prompts:
+            for index in range(n):
+                seed = _stable_seed(body.get("seed"), prompt.token_ids[-16:], index)
+                length, reason = self.replica.choose_output_len(
+                    max_tokens=max_tokens,
+                    ignore_eos=bool(body.get("ignore_eos")),
+                    seed=_stable_seed(seed, max_tokens),
+                )
+                outputs.append(
+                    choices.plan_text(tokens.output_text(seed, length), reason)
+                )
+                prompt_ids.append(prompt.token_ids)
+        is_streaming = bool(body.get("stream"))
+        streams = self._submit_choices(
+            request_id,
+            outputs,
+            prompts=prompt_ids,
+            max_tokens=max_tokens,
+            arrived_at=arrived_at,
+            is_streaming=is_streaming,
+        )
+        chunks = _CompletionChunks(
+            request_id,
+            model,
+            outputs,
+            [prompts[i // n] for i in range(len(outputs))] if echo else None,
+            top=top,
+            include_usage=include_usage,
+        )
+        headers = self._id_headers(request_id)
+        try:
+            if is_streaming:
+                await self._send_choice_events(
+                    streams,
+                    send,
+                    receive,
+                    headers,
+                    start=lambda: b"",
+                    render=chunks.pieces,
+                    end=lambda: (
+                        chunks.usage(
+                            self._completion_usage(streams, n, is_streamed=True)
+                        )
+                        if include_usage
+                        else b""
+                    ),
+                )
+            elif await self._all_done(streams, receive):
+                body_out = chunks.body(
+                    self._completion_usage(streams, n, is_streamed=False)
+                )
+                await _respond(send, 200, _json_bytes(body_out), extra_headers=headers)
+        finally:
+            for stream in streams:
+                if stream.done is None:
+                    self.replica.abort(stream.request_id)
+
+    def _completion_usage(
+        self, streams: Sequence[Stream], n: int, *, is_streamed: bool
+    ) -> dict[str, Any]:
+        """vLLM's completions usage: each prompt once, every choice's tokens; the
+        streamed form drops nulls (``exclude_none``), the plain one keeps them."""
+        prompt_tokens = 0
+        completion_tokens = 0
+        cached = 0
+        for index, stream in enumerate(streams):
+            done = stream.done
+            assert done is not None
+            completion_tokens += done.output_tokens
+            if index % n == 0:
+                prompt_tokens += done.prompt_tokens
+            cached = done.cached_tokens
+        usage: dict[str, Any] = {
+            "prompt_tokens": prompt_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "completion_tokens": completion_tokens,
+        }
+        details: dict[str, Any] | None = (
+            {"cached_tokens": cached}
+            if self.options.enable_prompt_tokens_details
+            else None
+        )
+        if is_streamed:
+            if details is not None:
+                usage["prompt_tokens_details"] = details
+            return usage
+        if details is not None:
+            details.update(created_cache_tokens=None, multimodal_tokens=None)
+        usage["prompt_tokens_details"] = details
+        usage["completion_tokens_details"] = None
+        return usage
 
     # -- SGLang's shapes ----------------------------------------------------------------
 
@@ -1376,6 +1527,126 @@ def _chat_message(output: ChoiceOutput, call_content: str | None) -> dict[str, A
         ]
     message["reasoning"] = None
     return message
+
+
+class _CompletionChunks:
+    """vLLM's ``text_completion`` chunks and body (``completion/serving.py``)."""
+
+    def __init__(
+        self,
+        request_id: str,
+        model: str,
+        outputs: Sequence[ChoiceOutput],
+        echoed: Sequence[CompletionPrompt] | None,
+        *,
+        top: int | None,
+        include_usage: bool,
+    ) -> None:
+        self.request_id = request_id
+        self.model = model
+        self.outputs = outputs
+        self.echoed = echoed
+        self.include_usage = include_usage
+        self.created = int(time.time())
+        self.writers = (
+            [completions.LogprobsWriter(top, index) for index in range(len(outputs))]
+            if top is not None
+            else None
+        )
+        self.head = (
+            f'data: {{"id":"{request_id}","object":"text_completion",'
+            f'"created":{self.created},"model":{json.dumps(model)},"choices":['
+        )
+
+    def _text_and_logprobs(
+        self, index: int, start: int, stop: int
+    ) -> tuple[str, dict[str, Any] | None]:
+        pieces = self.outputs[index].pieces[start:stop]
+        prompt = self.echoed[index] if self.echoed is not None and start == 0 else None
+        text = "".join(pieces)
+        if prompt is not None:
+            text = prompt.text + text
+        if self.writers is None:
+            return text, None
+        writer = self.writers[index]
+        if prompt is None:
+            return text, writer.write(pieces)
+        return text, writer.write([*prompt.pieces, *pieces], first_is_unscored=True)
+
+    def pieces(
+        self, index: int, sent: int, produced: int, done: FinishedRequest | None
+    ) -> bytes:
+        """Return one chunk per piece of choice ``index`` (the echo with the first)."""
+        output = self.outputs[index]
+        parts = []
+        for piece_index in range(sent, produced):
+            text, logprobs = self._text_and_logprobs(
+                index, piece_index, piece_index + 1
+            )
+            is_last = done is not None and piece_index == produced - 1
+            choice = {
+                "index": index,
+                "text": text,
+                "logprobs": logprobs,
+                "finish_reason": output.finish_reason if is_last else None,
+                "stop_reason": None,
+                "prompt_token_ids": None,
+                "token_ids": None,
+            }
+            tail = (
+                f',"system_fingerprint":"{SYSTEM_FINGERPRINT}"}}\n\n'
+                if is_last and not self.include_usage
+                else "}\n\n"
+            )
+            parts.append(
+                (self.head + _json_bytes(choice).decode() + "]" + tail).encode()
+            )
+        return b"".join(parts)
+
+    def usage(self, usage: dict[str, Any]) -> bytes:
+        """Return the usage chunk (``exclude_none``: no nulls)."""
+        chunk = {
+            "id": self.request_id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [],
+            "usage": usage,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
+        }
+        return b"data: " + _json_bytes(chunk) + b"\n\n"
+
+    def body(self, usage: dict[str, Any]) -> dict[str, Any]:
+        """Return the plain answer (``CompletionResponse``, nulls kept)."""
+        choices_out = []
+        for index, output in enumerate(self.outputs):
+            text, logprobs = self._text_and_logprobs(index, 0, len(output.pieces))
+            choices_out.append(
+                {
+                    "index": index,
+                    "text": text,
+                    "logprobs": logprobs,
+                    "finish_reason": output.finish_reason,
+                    "stop_reason": None,
+                    "token_ids": None,
+                    "prompt_logprobs": None,
+                    "prompt_token_ids": None,
+                    "routed_experts": None,
+                }
+            )
+        return {
+            "id": self.request_id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices_out,
+            "service_tier": None,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
+            "usage": usage,
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "metrics": None,
+        }
 
 
 def build_app(

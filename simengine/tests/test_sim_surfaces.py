@@ -351,3 +351,85 @@ def test_n_above_the_limit_is_refused(replica: Process) -> None:
     )
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "n"
+
+
+# -- /v1/completions ----------------------------------------------------------------------
+
+
+def test_completion_answers_text_completion_with_16_tokens_by_default(
+    client: openai.OpenAI,
+) -> None:
+    answer = client.completions.create(
+        model=MODEL, prompt="Once upon a time", extra_body={"ignore_eos": True}
+    )
+    assert answer.object == "text_completion"
+    assert answer.id.startswith("cmpl-")
+    choice = answer.choices[0]
+    assert choice.finish_reason == "length"
+    assert answer.usage is not None
+    assert answer.usage.completion_tokens == 16 == len(tokens.encode(choice.text))
+    assert answer.usage.prompt_tokens == len(tokens.encode("Once upon a time"))
+
+
+def test_completion_streams_with_a_usage_chunk(client: openai.OpenAI) -> None:
+    stream = client.completions.create(
+        model=MODEL,
+        prompt=["first prompt", "second one"],
+        n=2,
+        max_tokens=5,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    indexes = {c.choices[0].index for c in chunks if c.choices}
+    assert indexes == {0, 1, 2, 3}
+    final = chunks[-1]
+    assert final.choices == [] and final.usage is not None
+    texts: dict[int, str] = {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+    assert final.usage.completion_tokens == sum(
+        len(tokens.encode(t)) for t in texts.values()
+    )
+    assert final.usage.prompt_tokens == len(tokens.encode("first prompt")) + len(
+        tokens.encode("second one")
+    )
+
+
+def test_completion_token_id_prompts_count_their_ids(client: openai.OpenAI) -> None:
+    ids = tokens.output_token_ids(7, 0, 9)
+    answer = client.completions.create(model=MODEL, prompt=ids, max_tokens=3, echo=True)
+    assert answer.usage is not None and answer.usage.prompt_tokens == 9
+    assert answer.choices[0].text.startswith("".join(tokens.output_text(7, 9)))
+    batch = client.completions.create(model=MODEL, prompt=[ids, ids[:4]], max_tokens=2)
+    assert batch.usage is not None and batch.usage.prompt_tokens == 13
+
+
+def test_completion_logprobs_have_vllms_shape(client: openai.OpenAI) -> None:
+    answer = client.completions.create(
+        model=MODEL, prompt="hello there", max_tokens=4, logprobs=2
+    )
+    logprobs = answer.choices[0].logprobs
+    assert logprobs is not None
+    assert logprobs.tokens is not None and len(logprobs.tokens) == 4
+    assert "".join(logprobs.tokens) == answer.choices[0].text
+    assert logprobs.text_offset == [
+        sum(len(t) for t in logprobs.tokens[:i]) for i in range(4)
+    ]
+    assert logprobs.top_logprobs is not None
+    assert all(top is not None and len(top) == 3 for top in logprobs.top_logprobs)
+
+
+def test_completion_suffix_is_refused_as_by_vllm(replica: Process) -> None:
+    response = httpx.post(
+        f"{replica.url}/v1/completions",
+        json={"model": MODEL, "prompt": "def f(", "suffix": "return x"},
+    )
+    assert response.status_code == 400
+    assert response.json()["error"] == {
+        "message": "suffix is only supported for models with FIM completion rendering",
+        "type": "BadRequestError",
+        "param": "suffix",
+        "code": 400,
+    }
