@@ -9,7 +9,7 @@ lists (vLLM 0.32's ``CompletionRequest.prompt``); ids decode with
 stand-in word) and count as they are: ``prompt_tokens`` is their number.
 
 Logprobs follow vLLM's ``CompletionLogProbs`` (``tokens``, ``token_logprobs``,
-``top_logprobs`` with the sampled token and ``logprobs`` others, ``text_offset``
+``top_logprobs`` with the ``logprobs`` likeliest, the sampled one first, ``text_offset``
 running over the text as sent); the values are made up but fixed by the seed.
 """
 
@@ -123,7 +123,9 @@ class LogprobsWriter:
             token_logprobs.append(value)
             top = {piece: value}
             rank = 0
-            while len(top) < self.top + 1 and rank < 2 * self.top + 2:
+            # The sampled token is the most likely here, so it is one of the
+            # ``top`` (vLLM lists the sampled token and the top ones, once each).
+            while len(top) < max(self.top, 1) and rank < 2 * self.top + 2:
                 word = tokens.OUTPUT_WORDS[(self.position * 7 + rank * 31) % 256]
                 rank += 1
                 if word not in top:
