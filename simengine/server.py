@@ -5,7 +5,8 @@ Public surface: ``SimApp``, ``build_app``.
 A raw ASGI app (no framework: this process relays thousands of SSE chunks a second
 and should spend its CPU on them). Clients see vLLM's bytes: chunk shapes, usage,
 error bodies, status codes and metric names (``/v1/chat/completions`` streaming
-and not, ``/v1/models``, ``/health``, ``/metrics``, ``/tokenize``, ``/version``,
+and not, with tools, structured output and ``n``; ``/v1/completions``,
+``/v1/responses``, ``/v1/models``, ``/health``, ``/metrics``, ``/tokenize``, ``/version``,
 and ``/sim/faults`` behind the admin token; it sets ``degraded`` (refuse once and
 stop), ``quality`` and ``ttft_factor`` (first tokens held back) as well as the
 failures, and ``/sim/state`` shows them).
@@ -380,7 +381,10 @@ class SimApp:
     async def _tokenize(self, receive: Receive, send: Send) -> None:
         body = await self._json_body(receive)
         if "messages" in body:
-            text = tokens.render_chat(self._messages(body))
+            tools = body.get("tools")
+            text = tokens.render_chat(
+                self._messages(body), tools if isinstance(tools, list) else None
+            )
         else:
             text = str(body.get("prompt", ""))
         ids = tokens.encode(text)
@@ -601,7 +605,6 @@ class SimApp:
                 arrived_at=arrived_at,
                 is_streaming=bool(body.get("stream")),
                 include_usage=include_usage,
-                tool_choice=tool_choice,
             )
             return
         stream = replica.submit(
@@ -969,7 +972,6 @@ class SimApp:
         arrived_at: float,
         is_streaming: bool,
         include_usage: bool,
-        tool_choice: Any,
     ) -> None:
         """Answer a chat request whose choices call tools, hold JSON or are several."""
         streams = self._submit_choices(
@@ -1010,7 +1012,6 @@ class SimApp:
                     receive,
                     model=model,
                     headers=headers,
-                    tool_choice=tool_choice,
                 )
         finally:
             for stream in streams:
@@ -1117,7 +1118,6 @@ class SimApp:
         *,
         model: str,
         headers: list[tuple[bytes, bytes]],
-        tool_choice: Any,
     ) -> None:
         if not await self._all_done(streams, receive):
             return

@@ -585,3 +585,17 @@ def test_response_previous_id_is_unknown_as_in_vllm(client: openai.OpenAI) -> No
             model=MODEL, input="again", previous_response_id="resp_0123456789abcdef"
         )
     assert "resp_0123456789abcdef" in str(raised.value)
+
+
+def test_tokenize_counts_tools_as_the_chat_prompt_does(
+    replica: Process, client: openai.OpenAI
+) -> None:
+    messages = ask("What does get_weather say for Oslo?")
+    counted = httpx.post(
+        f"{replica.url}/tokenize",
+        json={"model": MODEL, "messages": messages, "tools": TOOLS},
+    ).json()["count"]
+    answer = client.chat.completions.create(
+        model=MODEL, messages=messages, tools=TOOLS, max_tokens=4
+    )
+    assert answer.usage is not None and answer.usage.prompt_tokens == counted
