@@ -61,13 +61,16 @@ class RequestError(Exception):
 @dataclass(frozen=True, slots=True)
 class ToolCallSpan:
     """One tool call of a choice: its id, function, the pieces ``start:stop`` of
-    its arguments as generated and the arguments a plain answer reports."""
+    its arguments as generated, the arguments a plain answer reports and the
+    piece with which a stream announces the call (``header``: hermes names it
+    once the name is complete, before the arguments; else with their first)."""
 
     call_id: str
     name: str
     start: int
     stop: int
     arguments: str
+    header: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,7 +274,7 @@ def plan_tool_calls(
     The generated text is what vLLM's model writes for ``mode``: ``named``, the
     arguments as compact JSON (guided decoding); ``required``, the compact
     array ``[{"name":...,"parameters":{...}}]``; ``auto``, hermes's
-    ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks. A plain
+    ``<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`` blocks. A plain
     answer reports ``required`` and ``auto`` arguments re-serialized by vLLM
     (``json.dumps``: with spaces), named ones as generated.
     """
@@ -295,19 +298,21 @@ def plan_tool_calls(
     else:
         for index, value in enumerate(values):
             opening = "\n" if index else ""
-            segments.append(
-                (f'{opening}<tool_call>\n{{"name": {json.dumps(names[index])}, ', -1)
-            )
-            segments.append(('"arguments": ', -1))
+            named = f'{opening}<tool_call>\n{{"name": {json.dumps(names[index])}'
+            segments.append((named, -2 - index))  # its last piece names the call
+            segments.append((', "arguments": ', -1))
             segments.append((json.dumps(value, ensure_ascii=False), index))
             segments.append(("}\n</tool_call>", -1))
     pieces: list[str] = []
     bounds = [(0, 0)] * len(functions)
+    headers: dict[int, int] = {}
     for text, owner in segments:
         start = len(pieces)
         pieces += tokens.split_pieces(text)
         if owner >= 0:
             bounds[owner] = (start, len(pieces))
+        elif owner <= -2:
+            headers[-2 - owner] = len(pieces) - 1
     kept, reason, has_eos = _cut_with_eos(pieces, max_tokens)
     spans = tuple(
         ToolCallSpan(
@@ -318,9 +323,10 @@ def plan_tool_calls(
             "".join(kept[start:stop])
             if mode == "named"
             else json.dumps(values[index], ensure_ascii=False),
+            headers.get(index, start),
         )
         for index, (start, stop) in enumerate(bounds)
-        if start < len(kept)
+        if headers.get(index, start) < len(kept)
     )
     return ChoiceOutput(kept, reason, spans, tool_mode=mode, has_eos=has_eos)
 

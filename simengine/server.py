@@ -1589,6 +1589,8 @@ def _chat_delta(
         return '{"content":' + json.dumps(piece, ensure_ascii=False) + "}"
     if is_eos:
         return _NAMED_EOS_DELTA if mode == "named" else "{}"
+    if mode == "auto":
+        return _hermes_delta(output, owners, piece_index)
     owner = owners[piece_index]
     if owner < 0:
         return None
@@ -1606,6 +1608,31 @@ def _chat_delta(
     else:
         call = {"index": owner, "function": {"arguments": piece}}
     return '{"tool_calls":[' + _json_bytes(call).decode() + "]}"
+
+
+def _hermes_delta(
+    output: ChoiceOutput, owners: list[int], piece_index: int
+) -> str | None:
+    """Return the delta of hermes's streaming parser (``hermes_tool_parser.py``)
+    for a piece of an "auto" call: the call's id, type and name once its name is
+    complete, then each argument piece; the rest of the syntax sends nothing.
+    Its deltas set ``content`` (null) explicitly, so vLLM's chunk keeps it."""
+    call: dict[str, Any]
+    for index, span in enumerate(output.tool_calls):
+        if piece_index == span.header:
+            call = {
+                "id": span.call_id,
+                "type": "function",
+                "index": index,
+                "function": {"name": span.name},
+            }
+            break
+    else:
+        owner = owners[piece_index]
+        if owner < 0:
+            return None
+        call = {"index": owner, "function": {"arguments": output.pieces[piece_index]}}
+    return '{"content":null,"tool_calls":[' + _json_bytes(call).decode() + "]}"
 
 
 class _ChatChunks:
