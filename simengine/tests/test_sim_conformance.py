@@ -30,6 +30,7 @@ from simengine.conformance import (
 )
 from simengine.surface_capture import (
     CASES,
+    SURFACES_DIR,
     Answer,
     capture_surfaces,
     read_surfaces,
@@ -302,3 +303,18 @@ def test_sim_surface_answers_what_vllm_answered(
         assert simulated[1]["message"].startswith(prefix)
     else:
         assert simulated == reference
+
+
+def test_sim_without_a_tool_parser_refuses_tool_choice_as_vllm_does(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    reference = read_surfaces(SURFACES_DIR / "no_tool_parser")
+    tmp = tmp_path_factory.mktemp("sim-no-tool-parser")
+    with sim_replica(
+        tmp, *CAPTURE_SERVER_FLAGS, "--sim-profile", "cpu-tiny", model="tiny-llama"
+    ) as process:
+        simulated = capture_surfaces(process.url, "tiny-llama", only=reference)
+    for name, answer in reference.items():
+        got = simulated[name]
+        assert (got.status, got.content_type) == (answer.status, answer.content_type)
+        assert json.loads(got.raw) == json.loads(answer.raw), name
