@@ -71,6 +71,7 @@ from simengine.replica import (
     SimReplica,
     Stream,
 )
+from simengine.response_store import ResponseStore
 
 logger = logging.getLogger("simengine")
 
@@ -204,6 +205,7 @@ class SimApp:
         self.names = set(replica.options.served_model_names)
         self.model_name = replica.options.served_model_names[0]
         self.sglang = replica.options.engine == "sglang"
+        self.response_store = ResponseStore()
         self._key_digests = tuple(
             hashlib.sha256(key.encode()).digest()
             for key in replica.options.api_keys
@@ -243,7 +245,7 @@ class SimApp:
                 and method == "GET"
                 and not self.sglang
             ):
-                raise _response_not_found(path.removeprefix("/v1/responses/"))
+                await self._stored_response(path.removeprefix("/v1/responses/"), send)
             elif path == "/health" and method == "GET":
                 status = 200 if self.replica.is_ready else 503
                 await _respond(send, status, b"")
@@ -1286,21 +1288,29 @@ class SimApp:
     # -- /v1/responses --------------------------------------------------------------------
 
     async def _responses(self, receive: Receive, send: Send) -> None:
-        """vLLM's ``/v1/responses`` (no store: vLLM keeps responses only with
-        ``VLLM_ENABLE_RESPONSES_API_STORE``, so a ``previous_response_id`` is
-        always unknown)."""
+        """vLLM's ``/v1/responses``. Responses are kept only with
+        ``VLLM_ENABLE_RESPONSES_API_STORE=1`` (and ``store`` not false), as in
+        vLLM; without, any ``previous_response_id`` is unknown (404)."""
         arrived_at = time.monotonic()
         body = await self._json_body(receive)
         model = self._check_model(body)
         previous = body.get("previous_response_id")
+        history: list[dict[str, Any]] = []
         if previous is not None:
-            raise _response_not_found(str(previous))
+            found = self.response_store.history(str(previous))
+            if found is None:
+                raise _response_not_found(str(previous))
+            history = found
         try:
             messages = responses_input.to_chat_messages(
                 body.get("instructions"), body.get("input")
             )
         except ValueError as exc:
             raise HttpError(400, str(exc), "input") from None
+        if history:
+            # Instructions first, then the earlier turns, then the new input.
+            has_system = bool(body.get("instructions"))
+            messages = [*messages[:has_system], *history, *messages[has_system:]]
         chat_tools = responses_input.to_chat_tools(body.get("tools"))
         tool_choice = _chat_tool_choice(body.get("tool_choice"))
         try:
@@ -1365,9 +1375,17 @@ class SimApp:
                 tool_parameters=functions[0].get("parameters")
                 if functions and isinstance(tool_choice, Mapping)
                 else None,
+                previous_response_id=previous,
             ),
             output,
         )
+        is_kept = self.options.enable_responses_store and body.get("store") is not False
+
+        def finish(answer: dict[str, Any]) -> dict[str, Any]:
+            if is_kept:
+                self.response_store.keep(messages, answer)
+            return answer
+
         headers = self._id_headers(request_id)
         try:
             if is_streaming:
@@ -1378,16 +1396,25 @@ class SimApp:
                     headers,
                     start=events.start,
                     render=events.pieces,
-                    end=lambda: events.end(self._response_usage(streams[0])),
+                    end=lambda: events.completed(
+                        finish(events.final(self._response_usage(streams[0])))
+                    ),
                     done_line=b"",
                     is_start_early=True,
                 )
             elif await self._all_done(streams, receive):
-                answer = events.response(self._response_usage(streams[0]))
+                answer = finish(events.response(self._response_usage(streams[0])))
                 await _respond(send, 200, _json_bytes(answer), extra_headers=headers)
         finally:
             if streams[0].done is None:
                 self.replica.abort(streams[0].request_id)
+
+    async def _stored_response(self, response_id: str, send: Send) -> None:
+        """``GET /v1/responses/{id}``: a stored response, else vLLM's 404."""
+        stored = self.response_store.response(response_id)
+        if stored is None:
+            raise _response_not_found(response_id)
+        await _respond(send, 200, _json_bytes(stored))
 
     def _response_usage(self, stream: Stream) -> dict[str, Any]:
         """vLLM's ``ResponseUsage`` (one turn: the per-turn lists stay empty)."""
@@ -1971,6 +1998,7 @@ class _ResponseFrame:
     tool_choice: Any
     # A named function's parameters: vLLM reports them as the text format.
     tool_parameters: Any
+    previous_response_id: Any = None
     created_at: int = field(default_factory=lambda: int(time.time()))
 
     def response(
@@ -2007,7 +2035,7 @@ class _ResponseFrame:
             "background": bool(body.get("background")),
             "max_output_tokens": self.max_tokens,
             "max_tool_calls": body.get("max_tool_calls"),
-            "previous_response_id": None,
+            "previous_response_id": self.previous_response_id,
             "prompt": None,
             "reasoning": body.get("reasoning"),
             "service_tier": body.get("service_tier") or "auto",
@@ -2212,11 +2240,14 @@ class _ResponseEvents:
     def _status(self) -> str:
         return "completed" if self.output.is_complete else "incomplete"
 
-    def end(self, usage: dict[str, Any]) -> bytes:
-        """Return ``response.completed`` with the whole response."""
-        final = self.frame.response(
+    def final(self, usage: dict[str, Any]) -> dict[str, Any]:
+        """Return the whole response, once the stream's items are closed."""
+        return self.frame.response(
             output=self.items, status=self._status(), usage=usage
         )
+
+    def completed(self, final: dict[str, Any]) -> bytes:
+        """Return ``response.completed`` carrying ``final``."""
         return self._event("response.completed", {"response": final})
 
     def response(self, usage: dict[str, Any]) -> dict[str, Any]:

@@ -318,3 +318,24 @@ def test_sim_without_a_tool_parser_refuses_tool_choice_as_vllm_does(
         got = simulated[name]
         assert (got.status, got.content_type) == (answer.status, answer.content_type)
         assert json.loads(got.raw) == json.loads(answer.raw), name
+
+
+def test_sim_with_the_responses_store_keeps_responses_as_vllm_does(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reference = read_surfaces(SURFACES_DIR / "responses_store")
+    monkeypatch.setenv("VLLM_ENABLE_RESPONSES_API_STORE", "1")
+    tmp = tmp_path_factory.mktemp("sim-responses-store")
+    with sim_replica(
+        tmp, *CAPTURE_SERVER_FLAGS, "--sim-profile", "cpu-tiny", model="tiny-llama"
+    ) as process:
+        simulated = capture_surfaces(process.url, "tiny-llama", only=reference)
+    for name, answer in reference.items():
+        shape = _tokens_unkeyed(surface_shape(answer))
+        assert diff_json_shapes(shape, surface_shape(simulated[name])) == [], name
+    first = json.loads(simulated["responses_store_true"].raw)
+    follow_up = json.loads(simulated["responses_previous_id"].raw)
+    assert follow_up["previous_response_id"] == first["id"]
+    # The earlier turn is in the follow-up's prompt.
+    assert follow_up["usage"]["input_tokens"] > first["usage"]["input_tokens"]
+    assert json.loads(simulated["responses_get_stored"].raw) == first
