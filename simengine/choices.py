@@ -60,31 +60,55 @@ class RequestError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class ToolCallSpan:
-    """One tool call of a choice: its id, function and pieces ``start:stop``."""
+    """One tool call of a choice: its id, function, the pieces ``start:stop`` of
+    its arguments as generated, the arguments a plain answer reports and the
+    piece with which a stream announces the call (``header``: hermes names it
+    once the name is complete, before the arguments; else with their first)."""
 
     call_id: str
     name: str
     start: int
     stop: int
+    arguments: str
+    header: int
 
 
 @dataclass(frozen=True, slots=True)
 class ChoiceOutput:
-    """One choice's pieces, why the engine stops (``stop``/``length``) and, for a
-    tool-calling choice, where each call's arguments lie among the pieces."""
+    """One choice: its pieces (every generated token's text, the end-of-sequence
+    token's ``""`` last when it stopped by itself), why the engine stops
+    (``stop``/``length``), and for tool calls how they were asked for
+    (``tool_mode``: ``named``, ``required`` or ``auto``) and where they lie."""
 
     pieces: list[str]
     finish_reason: str
     tool_calls: tuple[ToolCallSpan, ...] = ()
-    # The client's finish reason for a finished call: "tool_calls" ("auto",
-    # "required") or "stop" (a named function), as vLLM reports them.
-    tool_finish_reason: str = "tool_calls"
+    tool_mode: str | None = None
+    has_eos: bool = False
+
+    @property
+    def is_complete(self) -> bool:
+        """Whether the whole planned output was generated (not cut)."""
+        return self.finish_reason == "stop"
 
     def reported_finish(self) -> str:
-        """Return the finish reason the client sees."""
-        if self.tool_calls and self.finish_reason == "stop":
-            return self.tool_finish_reason
+        """Return the finish reason the client sees: vLLM reports "tool_calls"
+        for "auto" and "required" calls and "stop" for a named function."""
+        if self.tool_calls and self.is_complete and self.tool_mode != "named":
+            return "tool_calls"
         return self.finish_reason
+
+    def reported_calls(self) -> tuple[ToolCallSpan, ...]:
+        """Return the calls a plain answer lists: a cut "required" array or
+        "auto" call does not parse, so vLLM lists none; a named one keeps its
+        raw (cut) arguments."""
+        if self.tool_mode == "named" or self.is_complete:
+            return self.tool_calls
+        return ()
+
+    def text(self) -> str:
+        """Return the generated text."""
+        return "".join(self.pieces)
 
 
 _CORRECT_USAGE = (
@@ -92,8 +116,9 @@ _CORRECT_USAGE = (
 )
 
 
-def check_n(n: Any) -> int:
-    """Return ``n`` (default 1), or raise ``RequestError`` as vLLM does."""
+def check_n(n: Any, temperature: Any = None) -> int:
+    """Return ``n`` (default 1), or raise ``RequestError`` as vLLM does (several
+    choices need sampling: not at temperature 0)."""
     if n is None:
         return 1
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
@@ -104,6 +129,8 @@ def check_n(n: Any) -> int:
             "Set VLLM_MAX_N_SEQUENCES to increase this limit.",
             "n",
         )
+    if n > 1 and temperature == 0:
+        raise RequestError(f"n must be 1 when using greedy sampling, got {n}.")
     return n
 
 
@@ -230,10 +257,8 @@ def choose_tools(
     return named[:1] if not parallel else named
 
 
-def _cut(pieces: list[str], max_tokens: int) -> tuple[list[str], str]:
-    if len(pieces) > max_tokens:
-        return pieces[:max_tokens], "length"
-    return pieces, "stop"
+def _compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 def plan_tool_calls(
@@ -242,33 +267,76 @@ def plan_tool_calls(
     seed: int,
     max_tokens: int,
     call_ids: Sequence[str],
-    is_named: bool,
+    mode: str,
 ) -> ChoiceOutput:
-    """Return a choice that calls ``functions`` with schema-valid arguments."""
-    pieces: list[str] = []
-    spans: list[ToolCallSpan] = []
-    for index, function in enumerate(functions):
-        arguments = json.dumps(
-            make_instance(function.get("parameters") or {}, seed + index),
-            ensure_ascii=False,
-        )
-        start = len(pieces)
-        pieces += tokens.split_pieces(arguments)
-        spans.append(
-            ToolCallSpan(call_ids[index], str(function.get("name")), start, len(pieces))
-        )
-    kept, reason = _cut(pieces, max_tokens)
-    spans = [
-        ToolCallSpan(s.call_id, s.name, s.start, min(s.stop, len(kept)))
-        for s in spans
-        if s.start < len(kept)
+    """Return a choice that calls ``functions`` with schema-valid arguments.
+
+    The generated text is what vLLM's model writes for ``mode``: ``named``, the
+    arguments as compact JSON (guided decoding); ``required``, the compact
+    array ``[{"name":...,"parameters":{...}}]``; ``auto``, hermes's
+    ``<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`` blocks. A plain
+    answer reports ``required`` and ``auto`` arguments re-serialized by vLLM
+    (``json.dumps``: with spaces), named ones as generated.
+    """
+    segments: list[tuple[str, int]] = []  # (text, index of the call or -1)
+    values = [
+        make_instance(function.get("parameters") or {}, seed + index)
+        for index, function in enumerate(functions)
     ]
-    return ChoiceOutput(
-        kept,
-        reason,
-        tuple(spans),
-        tool_finish_reason="stop" if is_named else "tool_calls",
+    names = [str(function.get("name")) for function in functions]
+    if mode == "named":
+        segments.append((_compact(values[0]), 0))
+    elif mode == "required":
+        segments.append(("[", -1))
+        for index, value in enumerate(values):
+            opening = "," if index else ""
+            segments.append((f'{opening}{{"name":{_compact(names[index])},', -1))
+            segments.append(('"parameters":', -1))
+            segments.append((_compact(value), index))
+            segments.append(("}", -1))
+        segments.append(("]", -1))
+    else:
+        for index, value in enumerate(values):
+            opening = "\n" if index else ""
+            named = f'{opening}<tool_call>\n{{"name": {json.dumps(names[index])}'
+            segments.append((named, -2 - index))  # its last piece names the call
+            segments.append((', "arguments": ', -1))
+            segments.append((json.dumps(value, ensure_ascii=False), index))
+            segments.append(("}\n</tool_call>", -1))
+    pieces: list[str] = []
+    bounds = [(0, 0)] * len(functions)
+    headers: dict[int, int] = {}
+    for text, owner in segments:
+        start = len(pieces)
+        pieces += tokens.split_pieces(text)
+        if owner >= 0:
+            bounds[owner] = (start, len(pieces))
+        elif owner <= -2:
+            headers[-2 - owner] = len(pieces) - 1
+    kept, reason, has_eos = _cut_with_eos(pieces, max_tokens)
+    spans = tuple(
+        ToolCallSpan(
+            call_ids[index],
+            names[index],
+            start,
+            min(stop, len(kept)),
+            "".join(kept[start:stop])
+            if mode == "named"
+            else json.dumps(values[index], ensure_ascii=False),
+            headers.get(index, start),
+        )
+        for index, (start, stop) in enumerate(bounds)
+        if headers.get(index, start) < len(kept)
     )
+    return ChoiceOutput(kept, reason, spans, tool_mode=mode, has_eos=has_eos)
+
+
+def _cut_with_eos(pieces: list[str], max_tokens: int) -> tuple[list[str], str, bool]:
+    """Return the pieces a ``max_tokens`` budget lets out, why they end, and
+    whether the end-of-sequence token (text ``""``, one token) closes them."""
+    if len(pieces) + 1 > max_tokens:
+        return pieces[:max_tokens], "length", False
+    return [*pieces, ""], "stop", True
 
 
 def output_schema(response_format: Any) -> Mapping[str, Any] | None:
@@ -296,11 +364,11 @@ def output_schema(response_format: Any) -> Mapping[str, Any] | None:
 
 
 def plan_json(schema: Mapping[str, Any], *, seed: int, max_tokens: int) -> ChoiceOutput:
-    """Return a choice whose text is a JSON value valid against ``schema``
-    (cut, and invalid, past ``max_tokens``: ``length``)."""
-    text = json.dumps(make_instance(schema, seed), ensure_ascii=False)
-    pieces, reason = _cut(tokens.split_pieces(text), max_tokens)
-    return ChoiceOutput(pieces, reason)
+    """Return a choice whose text is a compact JSON value valid against
+    ``schema`` (cut, and invalid, past ``max_tokens``: ``length``)."""
+    pieces = tokens.split_pieces(_compact(make_instance(schema, seed)))
+    kept, reason, has_eos = _cut_with_eos(pieces, max_tokens)
+    return ChoiceOutput(kept, reason, has_eos=has_eos)
 
 
 def plan_text(pieces: list[str], finish_reason: str) -> ChoiceOutput:

@@ -332,6 +332,9 @@ def options_from_args(args: argparse.Namespace) -> tuple[SimOptions, Faults]:
         enable_request_id_headers=args.enable_request_id_headers,
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,
+        enable_responses_store=bool(
+            int(os.environ.get("VLLM_ENABLE_RESPONSES_API_STORE", "0") or "0")
+        ),
         max_num_queued_reqs=args.max_num_queued_reqs,
         jitter_cv=args.sim_jitter_cv,
         frontend_ms=args.sim_frontend_ms,

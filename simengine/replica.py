@@ -113,6 +113,8 @@ class SimOptions:
     # vLLM's --enable-auto-tool-choice and --tool-call-parser (tool_choice "auto").
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
+    # vLLM's VLLM_ENABLE_RESPONSES_API_STORE (an environment variable there too).
+    enable_responses_store: bool = False
     max_num_queued_reqs: int = 0
     jitter_cv: float = 0.04
     frontend_ms: float | None = None  # None: the profile's frontend_ms

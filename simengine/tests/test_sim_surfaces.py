@@ -16,6 +16,7 @@ from openai.types.chat import ChatCompletionToolParam
 
 from localrun.processes import Process, sim_replica
 from simengine.domain import tokens
+from simengine.domain.responses_input import count_response_tokens
 
 pytestmark = pytest.mark.e2e
 
@@ -106,7 +107,8 @@ def test_auto_tool_choice_calls_the_tool_the_user_names(client: openai.OpenAI) -
     jsonschema.validate(arguments, WEATHER_PARAMETERS)
     usage = answer.usage
     assert usage is not None
-    assert usage.completion_tokens == len(tokens.encode(call.function.arguments))
+    # The hermes syntax around the arguments and the end token count too.
+    assert usage.completion_tokens > len(tokens.encode(call.function.arguments))
     assert usage.prompt_tokens == tokens.count_chat_tokens(
         ask("What does get_weather say for Oslo?"), TOOLS
     )
@@ -279,7 +281,9 @@ def test_json_object_answers_a_json_object_streamed_in_pieces(
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert isinstance(json.loads(text), dict)
     usage = chunks[-1].usage
-    assert usage is not None and usage.completion_tokens == len(tokens.encode(text))
+    # The JSON's tokens and the end-of-sequence token, as vLLM counts them.
+    assert usage is not None
+    assert usage.completion_tokens == len(tokens.encode(text)) + 1
 
 
 def test_max_tokens_cuts_structured_output_with_length(
@@ -351,3 +355,247 @@ def test_n_above_the_limit_is_refused(replica: Process) -> None:
     )
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "n"
+
+
+# -- /v1/completions ----------------------------------------------------------------------
+
+
+def test_completion_answers_text_completion_with_16_tokens_by_default(
+    client: openai.OpenAI,
+) -> None:
+    answer = client.completions.create(
+        model=MODEL, prompt="Once upon a time", extra_body={"ignore_eos": True}
+    )
+    assert answer.object == "text_completion"
+    assert answer.id.startswith("cmpl-")
+    choice = answer.choices[0]
+    assert choice.finish_reason == "length"
+    assert answer.usage is not None
+    assert answer.usage.completion_tokens == 16 == len(tokens.encode(choice.text))
+    assert answer.usage.prompt_tokens == len(tokens.encode("Once upon a time"))
+
+
+def test_completion_streams_with_a_usage_chunk(client: openai.OpenAI) -> None:
+    stream = client.completions.create(
+        model=MODEL,
+        prompt=["first prompt", "second one"],
+        n=2,
+        max_tokens=5,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    indexes = {c.choices[0].index for c in chunks if c.choices}
+    assert indexes == {0, 1, 2, 3}
+    final = chunks[-1]
+    assert final.choices == [] and final.usage is not None
+    texts: dict[int, str] = {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+    assert final.usage.completion_tokens == sum(
+        len(tokens.encode(t)) for t in texts.values()
+    )
+    assert final.usage.prompt_tokens == len(tokens.encode("first prompt")) + len(
+        tokens.encode("second one")
+    )
+
+
+def test_completion_token_id_prompts_count_their_ids(client: openai.OpenAI) -> None:
+    ids = tokens.output_token_ids(7, 0, 9)
+    answer = client.completions.create(model=MODEL, prompt=ids, max_tokens=3, echo=True)
+    assert answer.usage is not None and answer.usage.prompt_tokens == 9
+    assert answer.choices[0].text.startswith("".join(tokens.output_text(7, 9)))
+    batch = client.completions.create(model=MODEL, prompt=[ids, ids[:4]], max_tokens=2)
+    assert batch.usage is not None and batch.usage.prompt_tokens == 13
+
+
+def test_completion_logprobs_have_vllms_shape(client: openai.OpenAI) -> None:
+    answer = client.completions.create(
+        model=MODEL, prompt="hello there", max_tokens=4, logprobs=2
+    )
+    logprobs = answer.choices[0].logprobs
+    assert logprobs is not None
+    assert logprobs.tokens is not None and len(logprobs.tokens) == 4
+    assert "".join(logprobs.tokens) == answer.choices[0].text
+    assert logprobs.text_offset == [
+        sum(len(t) for t in logprobs.tokens[:i]) for i in range(4)
+    ]
+    assert logprobs.top_logprobs is not None
+    assert all(top is not None and len(top) == 2 for top in logprobs.top_logprobs)
+
+
+def test_completion_suffix_is_refused_as_by_vllm(replica: Process) -> None:
+    response = httpx.post(
+        f"{replica.url}/v1/completions",
+        json={"model": MODEL, "prompt": "def f(", "suffix": "return x"},
+    )
+    assert response.status_code == 400
+    assert response.json()["error"] == {
+        "message": "suffix is only supported for models with FIM completion rendering",
+        "type": "BadRequestError",
+        "param": "suffix",
+        "code": 400,
+    }
+
+
+# -- /v1/responses ------------------------------------------------------------------------
+
+RESPONSES_TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": WEATHER_PARAMETERS,
+        "strict": True,
+    }
+]
+
+
+def test_response_answers_text_with_usage_counted_as_the_gateway_counts(
+    client: openai.OpenAI,
+) -> None:
+    response = client.responses.create(
+        model=MODEL, instructions="Be brief.", input="Say hello", max_output_tokens=64
+    )
+    assert response.object == "response" and response.id.startswith("resp_")
+    assert response.status in ("completed", "incomplete")
+    assert response.output[0].type == "message"
+    assert response.usage is not None
+    assert response.usage.input_tokens == count_response_tokens(
+        "Be brief.", "Say hello"
+    )
+    assert response.usage.output_tokens == len(tokens.encode(response.output_text))
+    assert response.usage.total_tokens == (
+        response.usage.input_tokens + response.usage.output_tokens
+    )
+
+
+def test_response_stream_sends_typed_events_through_completed(
+    client: openai.OpenAI,
+) -> None:
+    events = list(
+        client.responses.create(
+            model=MODEL, input="Say hello", max_output_tokens=8, stream=True
+        )
+    )
+    kinds = [event.type for event in events]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    deltas = "".join(
+        event.delta for event in events if event.type == "response.output_text.delta"
+    )
+    completed = events[-1]
+    assert completed.type == "response.completed"
+    assert completed.response.output_text == deltas
+    assert completed.response.usage is not None
+
+
+def test_response_calls_a_named_function_with_valid_arguments(
+    client: openai.OpenAI,
+) -> None:
+    response = client.responses.create(
+        model=MODEL,
+        input="weather?",
+        tools=RESPONSES_TOOLS,
+        tool_choice={"type": "function", "name": "get_weather"},
+    )
+    assert response.status == "completed"
+    call = response.output[0]
+    assert call.type == "function_call" and call.name == "get_weather"
+    jsonschema.validate(json.loads(call.arguments), WEATHER_PARAMETERS)
+
+
+def test_response_streams_a_function_call(client: openai.OpenAI) -> None:
+    events = list(
+        client.responses.create(
+            model=MODEL,
+            input=[
+                {"role": "developer", "content": "Use tools."},
+                {
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "get_weather in Oslo"}],
+                },
+            ],
+            tools=RESPONSES_TOOLS,
+            stream=True,
+        )
+    )
+    arguments = "".join(
+        event.delta
+        for event in events
+        if event.type == "response.function_call_arguments.delta"
+    )
+    jsonschema.validate(json.loads(arguments), WEATHER_PARAMETERS)
+    done = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert done and done[0].arguments == arguments
+
+
+def test_response_follows_a_function_call_output(client: openai.OpenAI) -> None:
+    items: list[Any] = [
+        {"role": "user", "content": "get_weather in Oslo"},
+        {
+            "type": "function_call",
+            "call_id": "call-1",
+            "name": "get_weather",
+            "arguments": '{"city": "Oslo", "unit": "celsius"}',
+        },
+        {"type": "function_call_output", "call_id": "call-1", "output": "cold"},
+    ]
+    response = client.responses.create(
+        model=MODEL, input=items, tools=RESPONSES_TOOLS, tool_choice="none"
+    )
+    assert response.output[0].type == "message"
+    assert response.usage is not None
+    assert response.usage.input_tokens == count_response_tokens(
+        None, items, RESPONSES_TOOLS
+    )
+
+
+def test_response_with_a_json_schema_format_validates(client: openai.OpenAI) -> None:
+    response = client.responses.create(
+        model=MODEL,
+        input="forecast",
+        text={
+            "format": {
+                "type": "json_schema",
+                "name": "forecast",
+                "schema": Forecast.model_json_schema(),
+                "strict": True,
+            }
+        },
+    )
+    Forecast.model_validate_json(response.output_text)
+
+
+def test_response_previous_id_is_unknown_as_in_vllm(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as raised:
+        client.responses.create(
+            model=MODEL, input="again", previous_response_id="resp_0123456789abcdef"
+        )
+    assert "resp_0123456789abcdef" in str(raised.value)
+
+
+def test_tokenize_counts_tools_as_the_chat_prompt_does(
+    replica: Process, client: openai.OpenAI
+) -> None:
+    messages = ask("What does get_weather say for Oslo?")
+    counted = httpx.post(
+        f"{replica.url}/tokenize",
+        json={"model": MODEL, "messages": messages, "tools": TOOLS},
+    ).json()["count"]
+    answer = client.chat.completions.create(
+        model=MODEL, messages=messages, tools=TOOLS, max_tokens=4
+    )
+    assert answer.usage is not None and answer.usage.prompt_tokens == counted
