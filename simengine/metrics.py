@@ -9,8 +9,9 @@ The families, their labels and buckets are those of vLLM 0.32 and are checked
 against a capture of real vLLM (``simengine/tests/test_sim_conformance.py``).
 Labelled families are created with every label value up front, as vLLM does, so a
 scraper sees the same series before and after the first request. Families for
-what is not simulated (KV transfer between instances, multimodal inputs) stay at
-zero.
+what is not simulated (KV transfer between instances, multimodal inputs, and the
+tool-call parser's invocations, which a replica started with ``--tool-call-parser``
+exports as vLLM does) stay at zero.
 
 The CPU offload tier (``--kv-offloading-size``, vLLM's native offloading
 connector) feeds what vLLM 0.32 feeds from its connector's ``PrefixCacheStats``:
@@ -179,6 +180,7 @@ class EngineMetrics:
         num_gpu_blocks: int,
         enable_prefix_caching: bool,
         kv_offloading_size: float | None = None,
+        tool_call_parser: str | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.model_name = model_name
@@ -393,6 +395,25 @@ class EngineMetrics:
             "kv_cache_size_tokens": str(kv_tokens),
             "num_gpu_blocks": str(num_gpu_blocks),
         }
+        if tool_call_parser:
+            # vLLM 0.32's parser metrics (vllm/parser/metrics.py): no engine label,
+            # every series created up front.
+            invocations = Counter(
+                "vllm:tool_call_parser_invocations",
+                "Total number of ToolParser invocations. Non-streaming increments "
+                "once per choice; streaming increments once per delta.",
+                ["model_name", "mode", "outcome", "request_type"],
+                registry=reg,
+            )
+            for mode in ("streaming", "non_streaming"):
+                for outcome in ("tool_call", "no_tool_call"):
+                    for request_type in ("chat_completions", "responses", "other"):
+                        invocations.labels(
+                            model_name=model_name,
+                            mode=mode,
+                            outcome=outcome,
+                            request_type=request_type,
+                        )
         # model_name is not a label of this family in vLLM.
         Gauge(
             "vllm:cache_config_info",

@@ -305,6 +305,7 @@ class SimReplica:
                 num_gpu_blocks=self.config.num_gpu_blocks,
                 enable_prefix_caching=self.config.enable_prefix_caching,
                 kv_offloading_size=self.config.kv_offloading_size,
+                tool_call_parser=options.tool_call_parser,
             )
         self.started_at = time.time()
         self._monotonic_start = time.monotonic()

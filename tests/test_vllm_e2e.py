@@ -66,12 +66,7 @@ from localrun.vllm_cpu import (
 )
 from metering.models import Usage
 from simengine.conformance import capture
-from simengine.surface_capture import (
-    SURFACE_ENGINE_CONFIG,
-    SURFACE_ENV,
-    TOOLS,
-    WEATHER_SCHEMA,
-)
+from simengine.surface_capture import SURFACE_ENV, TOOLS, WEATHER_SCHEMA
 from tests.live import (
     LivePlatform,
     cached_tokens_of,
@@ -135,13 +130,9 @@ def start_vllm_platform(tmp: Path, model_dir: Path) -> Iterator[LivePlatform]:
     # verifies the weights and the gateway loads the tokenizer against them.
     body = {**local_identity(model_dir), **json.loads(TINY_VERSION_FILE.read_text())}
     # The capture server's flags: these replicas are also test_vllm_fidelity's.
-    # And the surfaces' flags (hermes tool calls, whitespace-free guided JSON):
+    # Among them the surfaces' (hermes tool calls, whitespace-free guided JSON):
     # tools, structured outputs, n and completions go through these replicas.
-    body["engine_config"] = {
-        **body["engine_config"],
-        **CAPTURE_ENGINE_CONFIG,
-        **SURFACE_ENGINE_CONFIG,
-    }
+    body["engine_config"] = {**body["engine_config"], **CAPTURE_ENGINE_CONFIG}
     seeded = seed_platform(
         seed=PlatformSeed(
             region=REGION,

@@ -38,6 +38,7 @@ from simengine.conformance import (
     read_capture,
     write_capture,
 )
+from simengine.surface_capture import SURFACE_ENGINE_CONFIG, SURFACE_ENV
 
 if TYPE_CHECKING:
     from tests.conftest import VllmCaptureSlot
@@ -51,6 +52,9 @@ CAPTURE_ENGINE_CONFIG = {
     "max_num_seqs": 32,
     "max_model_len": 2048,
     "enable_prefix_caching": True,
+    # The surfaces' flags (a hermes tool-call parser...): the platform's tiny
+    # version runs them, and the parser adds a metric family.
+    **SURFACE_ENGINE_CONFIG,
 }
 
 
@@ -68,6 +72,7 @@ def live(
             engine_config=CAPTURE_ENGINE_CONFIG,
             model_dir=tiny_model,
             engine_api_key=CAPTURE_API_KEY,
+            env=SURFACE_ENV,
         ) as url:
             captured = capture(url, MODEL)
         vllm_capture_slot.capture = captured

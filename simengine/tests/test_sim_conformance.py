@@ -52,6 +52,9 @@ SIM_MISSING_METRICS = {
 }
 
 
+SURFACE_FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+
+
 @pytest.fixture(scope="module")
 def reference() -> Capture:
     return read_capture()
@@ -60,9 +63,12 @@ def reference() -> Capture:
 @pytest.fixture(scope="module")
 def simulated(tmp_path_factory: pytest.TempPathFactory) -> Capture:
     tmp = tmp_path_factory.mktemp("sim-conformance")
+    # The reference is a replica of the platform's tiny version, which names a
+    # tool-call parser (its metrics then include the parser's family).
     with sim_replica(
         tmp,
         *CAPTURE_SERVER_FLAGS,
+        *SURFACE_FLAGS,
         "--sim-profile",
         "cpu-tiny",
         "--api-key",
@@ -150,7 +156,6 @@ def test_prompt_token_counters_add_up_as_in_vllm(
 
 # -- the surfaces beyond plain chat (simengine/tests/data/vllm_surfaces) ----------------
 
-SURFACE_FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
 
 
 @pytest.fixture(scope="module")
