@@ -2,10 +2,11 @@
 
 Public surface: ``gateway_paths``, ``gateway_components``, ``error_responses``.
 
-``POST /v1/chat/completions`` and ``POST /v1/completions`` (each a whole answer or
-a ``text/event-stream``), ``GET /v1/models`` and ``POST /tokenize``. The request
-bodies are written from the constants ``routing.domain.chat_body`` and
-``routing.domain.completion_body`` check with (ranges, roles, the stop count, the
+``POST /v1/chat/completions``, ``POST /v1/completions`` and ``POST /v1/responses``
+(each a whole answer or a ``text/event-stream``), ``GET /v1/models`` and ``POST
+/tokenize``. The request bodies are written from the constants
+``routing.domain.chat_body``, ``routing.domain.completion_body`` and
+``routing.domain.responses_body`` check with (ranges, roles, the stop count, the
 name pattern, the caps on ``n``, tools and prompts...), so the schema and the
 checks cannot drift apart; a test holds them equal. What the platform does not
 serve (the deprecated ``functions``, a completion's ``suffix``, content parts
@@ -19,6 +20,7 @@ from typing import Any
 
 from routing.domain import chat_body as rules
 from routing.domain import completion_body as completion_rules
+from routing.domain import responses_body as responses_rules
 from routing.domain.tiers import Tier
 
 __all__ = ["error_responses", "gateway_components", "gateway_paths"]
@@ -452,6 +454,234 @@ def _completion() -> Schema:
     }
 
 
+def _input_items() -> Schema:
+    """A response's input items: messages, function calls and their outputs."""
+
+    def parts(kind: str) -> Schema:
+        return {"type": "array", "minItems": 1, "items": _typed_text_part(kind)}
+
+    def message(roles: list[str], part: str) -> Schema:
+        return {
+            "type": "object",
+            "required": ["role", "content"],
+            "properties": {
+                "type": {"const": "message"},
+                "role": {"enum": roles},
+                "content": {"anyOf": [{"type": "string"}, parts(part)]},
+            },
+        }
+
+    def call(kind: str, fields: list[str]) -> Schema:
+        return {
+            "type": "object",
+            "required": ["type", *fields],
+            "properties": {
+                "type": {"const": kind},
+                **{name: {"type": "string"} for name in fields},
+            },
+        }
+
+    speakers = sorted(responses_rules.INPUT_ROLES - {"assistant"})
+    return {
+        "type": "array",
+        "minItems": 1,
+        "items": {
+            "anyOf": [
+                message(speakers, "input_text"),
+                message(["assistant"], "output_text"),
+                call("function_call", ["call_id", "name", "arguments"]),
+                call("function_call_output", ["call_id", "output"]),
+            ]
+        },
+    }
+
+
+def _typed_text_part(kind: str) -> Schema:
+    return {
+        "type": "object",
+        "required": ["type", "text"],
+        "properties": {"type": {"const": kind}, "text": {"type": "string"}},
+    }
+
+
+def _text_config() -> Schema:
+    name = {"type": "string", "pattern": _pattern(rules.NAME_PATTERN)}
+    simple = sorted(responses_rules.TEXT_FORMATS - {"json_schema"})
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "format": _nullable(
+                {
+                    "anyOf": [
+                        {
+                            "type": "object",
+                            "required": ["type"],
+                            "properties": {"type": {"enum": simple}},
+                        },
+                        {
+                            "type": "object",
+                            "required": ["type", "name", "schema"],
+                            "properties": {
+                                "type": {"const": "json_schema"},
+                                "name": name,
+                                "schema": {"type": "object"},
+                                "strict": _nullable({"type": "boolean"}),
+                                "description": _nullable({"type": "string"}),
+                            },
+                        },
+                    ]
+                }
+            )
+        },
+    }
+
+
+def _responses_request() -> Schema:
+    name = {"type": "string", "pattern": _pattern(rules.NAME_PATTERN)}
+    tool = {
+        "type": "object",
+        "required": ["type", "name"],
+        "properties": {
+            "type": {"const": "function"},
+            "name": name,
+            "description": _nullable({"type": "string"}),
+            "parameters": _nullable(
+                {"type": "object", "description": "A JSON Schema of an object."}
+            ),
+            "strict": _nullable({"type": "boolean"}),
+        },
+    }
+    refused = "Not served (any other value is a 400, unsupported_parameter): "
+    properties: dict[str, Schema] = {
+        "model": {"type": "string", "minLength": 1},
+        "input": {
+            "anyOf": [{"type": "string"}, {"$ref": "#/components/schemas/InputItems"}],
+            "description": "A user message, or the whole conversation as items.",
+        },
+        "instructions": _nullable({"type": "string"}),
+        "max_output_tokens": _nullable(
+            {
+                "type": "integer",
+                "minimum": 1,
+                "description": "The prompt and this must fit the model's context "
+                "length (a 400, context_length_exceeded, otherwise).",
+            }
+        ),
+        "stream": _nullable({"type": "boolean"}),
+        "parallel_tool_calls": _nullable({"type": "boolean"}),
+        "user": _nullable({"type": "string"}),
+        "metadata": _nullable(
+            {
+                "type": "object",
+                "maxProperties": responses_rules.MAX_METADATA_PAIRS,
+                "propertyNames": {"maxLength": responses_rules.MAX_METADATA_KEY_CHARS},
+                "additionalProperties": {
+                    "type": "string",
+                    "maxLength": responses_rules.MAX_METADATA_VALUE_CHARS,
+                },
+            }
+        ),
+        "store": _nullable(
+            {
+                "const": False,
+                "description": "The platform never stores prompts or answers: "
+                "true is a 400 (unsupported_value).",
+            }
+        ),
+        "background": _nullable(
+            {"const": False, "description": "true is a 400 (unsupported_value)."}
+        ),
+        "include": _nullable(
+            {
+                "type": "array",
+                "items": {"enum": sorted(responses_rules.INCLUDABLE)},
+            }
+        ),
+        "top_logprobs": _nullable(
+            {"type": "integer", "minimum": 0, "maximum": rules.MAX_TOP_LOGPROBS}
+        ),
+        "truncation": _nullable({"enum": sorted(responses_rules.TRUNCATIONS)}),
+        "text": _nullable(_text_config()),
+        "tools": _nullable(
+            {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": rules.MAX_TOOLS,
+                "items": tool,
+                "description": "Function tools with unique names. Served by "
+                "versions whose engine parses tool calls; elsewhere a 400 "
+                "(unsupported_parameter).",
+            }
+        ),
+        "tool_choice": _nullable(
+            {
+                "anyOf": [
+                    {"enum": sorted(rules.TOOL_CHOICES)},
+                    {
+                        "type": "object",
+                        "required": ["type", "name"],
+                        "description": "Names one of tools.",
+                        "properties": {"type": {"const": "function"}, "name": name},
+                    },
+                ]
+            }
+        ),
+    }
+    for field_name in responses_rules.RESPONSES_SAMPLING:
+        low, high = rules.NUMBER_RANGES[field_name]
+        properties[field_name] = _nullable(
+            {"type": "number", "minimum": low, "maximum": high}
+        )
+    for field_name, why in responses_rules.UNSUPPORTED_FIELDS.items():
+        properties[field_name] = {"type": "null", "description": refused + why}
+    return {
+        "type": "object",
+        "required": ["model", "input"],
+        "properties": dict(sorted(properties.items())),
+        "additionalProperties": False,
+        "allOf": [
+            _needs("tool_choice", "tools"),
+            _needs("parallel_tool_calls", "tools"),
+        ],
+        "description": "OpenAI's Responses request, as far as the platform serves "
+        "it: nothing is stored, so the whole conversation comes in input.",
+    }
+
+
+def _response() -> Schema:
+    return {
+        "type": "object",
+        "required": ["id", "object", "created_at", "model", "output", "status"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "response"},
+            "created_at": {"type": "number"},
+            "model": {"type": "string"},
+            "status": {"type": "string"},
+            "output": {"type": "array", "items": {"type": "object"}},
+            "usage": _nullable(
+                {
+                    "type": "object",
+                    "required": ["input_tokens", "output_tokens", "total_tokens"],
+                    "properties": {
+                        "input_tokens": {"type": "integer", "minimum": 0},
+                        "output_tokens": {"type": "integer", "minimum": 0},
+                        "total_tokens": {"type": "integer", "minimum": 0},
+                        "input_tokens_details": {
+                            "type": "object",
+                            "properties": {
+                                "cached_tokens": {"type": "integer", "minimum": 0}
+                            },
+                        },
+                    },
+                }
+            ),
+            **_SERVED_BY,
+        },
+    }
+
+
 def _tokenize_request() -> Schema:
     properties: dict[str, Schema] = {
         "model": {"type": "string", "minLength": 1},
@@ -606,6 +836,9 @@ def gateway_components() -> dict[str, Schema]:
         "Completion": _completion(),
         "Usage": _USAGE,
         "ModelList": _model_list(),
+        "InputItems": _input_items(),
+        "ResponseRequest": _responses_request(),
+        "Response": _response(),
         "TokenizeRequest": _tokenize_request(),
         "TokenizeAnswer": _tokenize_answer(),
     }
@@ -676,6 +909,29 @@ def gateway_paths() -> dict[str, Schema]:
                         "with usage and who served it, then [DONE].",
                         "content": {
                             **_json("Completion"),
+                            "text/event-stream": {"schema": _EVENT},
+                        },
+                    },
+                    **error_responses(*chat_errors),
+                },
+            }
+        },
+        "/v1/responses": {
+            "post": {
+                "operationId": "createResponse",
+                "summary": "Answer a conversation (Responses API), whole or as a "
+                "stream of typed events. Nothing is stored.",
+                "parameters": headers,
+                "requestBody": {"required": True, "content": _json("ResponseRequest")},
+                "responses": {
+                    "200": {
+                        "description": "The response object, with who served it; "
+                        "with stream true, server-sent typed events (response.created "
+                        "... response.completed, whose response carries the usage "
+                        "and who served it). An error after the first token comes "
+                        "as an error event.",
+                        "content": {
+                            **_json("Response"),
                             "text/event-stream": {"schema": _EVENT},
                         },
                     },
