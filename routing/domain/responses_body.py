@@ -171,7 +171,7 @@ def input_messages(
     assistant message's ``tool_calls``; a call's output a ``tool`` message.
     """
     messages: list[dict[str, Any]] = []
-    if instructions is not None:
+    if instructions:  # as vLLM: empty instructions add no system message
         messages.append({"role": "system", "content": instructions})
     for item in items:
         kind = item.get("type", "message")

@@ -249,3 +249,9 @@ def test_responses_body_items_become_chat_messages() -> None:
         }
     ]
     assert checked.max_output_tokens == 64
+
+
+def test_responses_body_empty_instructions_add_no_system_message() -> None:
+    """As vLLM renders them: the count must be the engine's."""
+    checked = check_responses_body(request(instructions=""))
+    assert checked.messages == [{"role": "user", "content": "Hello"}]
