@@ -144,7 +144,7 @@ def check_responses_body(body: Mapping[str, Any]) -> ResponsesBody:
     _check_metadata(body.get("metadata"))
     _check_include(body)
     truncation = body.get("truncation")
-    if truncation is not None and truncation not in TRUNCATIONS:
+    if truncation is not None and not _is_one_of(truncation, TRUNCATIONS):
         raise BodyError(
             "truncation may only be disabled here: send a conversation that fits "
             "the model's context",
@@ -213,6 +213,12 @@ def _is_int(value: object) -> bool:
 
 def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_one_of(value: object, names: frozenset[str]) -> bool:
+    """True when ``value`` is one of ``names`` (a list or object never is, and
+    must not reach a set's hash)."""
+    return isinstance(value, str) and value in names
 
 
 def _check_scalars(body: Mapping[str, Any]) -> int | None:
@@ -285,7 +291,7 @@ def _check_input(value: Any) -> list[dict[str, Any]]:
         if not isinstance(item, dict):
             raise BodyError("each input item must be an object", param=where)
         kind = item.get("type", "message")
-        if kind not in INPUT_ITEMS:
+        if not _is_one_of(kind, INPUT_ITEMS):
             raise BodyError(
                 "an input item's type must be one of "
                 + ", ".join(sorted(INPUT_ITEMS))
@@ -329,7 +335,7 @@ def _check_message(item: Mapping[str, Any], where: str) -> None:
     for index, part in enumerate(content):
         at = f"{where}.content.{index}"
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind in MEDIA_INPUT_PARTS:
+        if _is_one_of(kind, MEDIA_INPUT_PARTS):
             raise BodyError(
                 f"{kind} parts are not supported: the models here are text-only",
                 param=f"{at}.type",
@@ -373,7 +379,7 @@ def _check_include(body: Mapping[str, Any]) -> None:
         if not isinstance(include, list):
             raise BodyError("include must be a list", param="include")
         for index, name in enumerate(include):
-            if name not in INCLUDABLE:
+            if not _is_one_of(name, INCLUDABLE):
                 raise BodyError(
                     "include may name only " + ", ".join(sorted(INCLUDABLE)),
                     param=f"include.{index}",

@@ -5,9 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from config.json_body import BodyError
 from routing.domain.responses_body import (
+    ACCEPTED_FIELDS,
     MAX_METADATA_PAIRS,
     check_responses_body,
 )
@@ -255,3 +258,47 @@ def test_responses_body_empty_instructions_add_no_system_message() -> None:
     """As vLLM renders them: the count must be the engine's."""
     checked = check_responses_body(request(instructions=""))
     assert checked.messages == [{"role": "user", "content": "Hello"}]
+
+
+JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=12),
+    lambda children: (
+        st.lists(children, max_size=3)
+        | st.dictionaries(st.text(max_size=6), children, max_size=3)
+    ),
+    max_leaves=6,
+)
+NEAR_MISSES = st.sampled_from(
+    [
+        {"type": "function", "name": "f"},
+        {"type": "message", "role": "user", "content": [{"type": []}]},
+        [{"type": {}}],
+        [{"role": "user", "content": [{"type": ["input_text"]}]}],
+        {"format": {"type": "json_schema", "name": "a", "schema": {"type": 3}}},
+        {"type": "function", "name": {}},
+    ]
+)
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=300)
+@given(
+    st.fixed_dictionaries(
+        {"model": st.just("chat-7b"), "input": st.just("hi") | JSON_VALUES},
+        optional={
+            name: JSON_VALUES | NEAR_MISSES
+            for name in sorted(ACCEPTED_FIELDS - {"model", "input"})
+        },
+    )
+)
+def test_responses_body_is_checked_or_refused_never_crashes(
+    body: dict[str, Any],
+) -> None:
+    """Whatever JSON a client sends: a checked body, or a BodyError naming a param."""
+    try:
+        check_responses_body(body)
+    except BodyError as exc:
+        assert exc.param
