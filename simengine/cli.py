@@ -136,6 +136,16 @@ def build_parser() -> argparse.ArgumentParser:
     add("--enable-force-include-usage", action="store_true")
     add("--enable-request-id-headers", action="store_true")
     add(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help='Serve tool_choice "auto" (needs --tool-call-parser), as vLLM.',
+    )
+    add(
+        "--tool-call-parser",
+        default=None,
+        help="The tool-call parser's name (any name; the sim parses its own output).",
+    )
+    add(
         "--max-num-queued-reqs",
         type=int,
         default=0,
@@ -283,6 +293,9 @@ def parse_args(
         parser.error("give --model-path or --model, not both")
     if args.model is None and args.model_path is None:
         parser.error("--model (SGLang: --model-path) is required")
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        # vLLM's validate_parsed_serve_args, word for word.
+        parser.error("Error: --enable-auto-tool-choice requires --tool-call-parser")
     return args
 
 
@@ -317,6 +330,8 @@ def options_from_args(args: argparse.Namespace) -> tuple[SimOptions, Faults]:
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         enable_force_include_usage=args.enable_force_include_usage,
         enable_request_id_headers=args.enable_request_id_headers,
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
+        tool_call_parser=args.tool_call_parser,
         max_num_queued_reqs=args.max_num_queued_reqs,
         jitter_cv=args.sim_jitter_cv,
         frontend_ms=args.sim_frontend_ms,

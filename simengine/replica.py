@@ -110,6 +110,9 @@ class SimOptions:
     enable_prompt_tokens_details: bool = False
     enable_force_include_usage: bool = False
     enable_request_id_headers: bool = False
+    # vLLM's --enable-auto-tool-choice and --tool-call-parser (tool_choice "auto").
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
     max_num_queued_reqs: int = 0
     jitter_cv: float = 0.04
     frontend_ms: float | None = None  # None: the profile's frontend_ms
@@ -584,7 +587,7 @@ class SimReplica:
 
     def plan_answer(
         self,
-        messages: list[dict[str, str]],
+        messages: list[dict[str, Any]],
         *,
         max_tokens: int,
         ignore_eos: bool,

@@ -48,12 +48,15 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import asdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from config.asgi_io import Receive, Scope, Send, wait_disconnect
-from simengine.domain import tokens
+from simengine import choices, completions
+from simengine.choices import ChoiceOutput, ToolCallSpan
+from simengine.completions import CompletionPrompt
+from simengine.domain import responses_input, tokens
 from simengine.domain.engine import FinishedRequest
 from simengine.replica import (
     EOS_TOKEN_ID,
@@ -61,6 +64,7 @@ from simengine.replica import (
     SGLANG_VERSION,
     SYSTEM_FINGERPRINT,
     VLLM_VERSION,
+    Answer,
     Faults,
     SimOptions,
     SimReplica,
@@ -83,11 +87,19 @@ class HttpError(Exception):
         503: "ServiceUnavailableError",
     }
 
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        *,
+        err_type: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
+        self.err_type = err_type or self.TYPES.get(status, "BadRequestError")
 
     def sglang_body(self) -> bytes:
         """SGLang's flat ``ErrorResponse``."""
@@ -95,7 +107,7 @@ class HttpError(Exception):
             {
                 "object": "error",
                 "message": self.message,
-                "type": self.TYPES.get(self.status, "BadRequestError"),
+                "type": self.err_type,
                 "param": self.param,
                 "code": self.status,
             }
@@ -106,7 +118,7 @@ class HttpError(Exception):
             {
                 "error": {
                     "message": self.message,
-                    "type": self.TYPES.get(self.status, "BadRequestError"),
+                    "type": self.err_type,
                     "param": self.param,
                     "code": self.status,
                 }
@@ -221,6 +233,16 @@ class SimApp:
         try:
             if path == "/v1/chat/completions" and method == "POST":
                 await self._chat(scope, receive, send)
+            elif path == "/v1/completions" and method == "POST" and not self.sglang:
+                await self._completions(receive, send)
+            elif path == "/v1/responses" and method == "POST" and not self.sglang:
+                await self._responses(receive, send)
+            elif (
+                path.startswith("/v1/responses/")
+                and method == "GET"
+                and not self.sglang
+            ):
+                raise _response_not_found(path.removeprefix("/v1/responses/"))
             elif path == "/health" and method == "GET":
                 status = 200 if self.replica.is_ready else 503
                 await _respond(send, status, b"")
@@ -391,7 +413,7 @@ class SimApp:
                 raise HttpError(400, str(exc)) from None
         await _respond(send, 200, _json_bytes(asdict(self.replica.faults)))
 
-    def _messages(self, body: Mapping[str, Any]) -> list[dict[str, str]]:
+    def _messages(self, body: Mapping[str, Any]) -> list[dict[str, Any]]:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise HttpError(400, "messages must be a non-empty list", "messages")
@@ -408,33 +430,35 @@ class SimApp:
                     "message content must be a string or a list of parts",
                     "messages",
                 )
-            rendered.append(
-                {"role": str(message["role"]), "content": tokens.message_text(content)}
-            )
+            entry: dict[str, Any] = {
+                "role": str(message["role"]),
+                "content": tokens.message_text(content),
+            }
+            tool_calls = message.get("tool_calls")
+            if isinstance(tool_calls, list) and tool_calls:
+                entry["tool_calls"] = tool_calls
+            rendered.append(entry)
         return rendered
 
-    async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
-        replica = self.replica
-        arrived_at = time.monotonic()
-        body = await self._json_body(receive)
+    def _check_model(self, body: Mapping[str, Any]) -> str:
+        """Return the model name to echo; vLLM's 404 for one it does not serve."""
         model = body.get("model")
         if self.sglang:
             # SGLang serves whatever model name it is asked for, and echoes it.
-            model = str(model) if model is not None else "default"
-        elif model not in self.names:
+            return str(model) if model is not None else "default"
+        if model not in self.names:
             raise HttpError(
                 404,
                 f"The model `{model}` does not exist. "
                 f"Valid aliases: {', '.join(sorted(self.names))}.",
                 "model",
             )
-        if body.get("n", 1) != 1:
-            raise HttpError(400, "n must be 1 on this server", "n")
-        messages = self._messages(body)
-        prompt_ids = tokens.encode(tokens.render_chat(messages))
-        prompt_len = len(prompt_ids)
+        return str(model)
+
+    def _check_max_tokens(self, max_tokens: Any, prompt_len: int) -> int:
+        """Return the output budget (the context left when None) or raise
+        vLLM's 400s for a bad or too large one."""
         max_len = self.options.max_model_len
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         if max_tokens is None:
             max_tokens = max_len - prompt_len
         if (
@@ -459,16 +483,67 @@ class SimApp:
                 "messages or completion.",
                 "messages",
             )
-        if not replica.is_ready:
-            raise HttpError(503, "The server is starting up")
+        return max_tokens
+
+    def _include_usage(self, body: Mapping[str, Any]) -> bool:
         stream_options = body.get("stream_options") or {}
-        include_usage = bool(
+        return bool(
             (self.options.enable_force_include_usage and not self.sglang)
             or (
                 isinstance(stream_options, Mapping)
                 and stream_options.get("include_usage")
             )
         )
+
+    async def _admit(self) -> None:
+        """Spend the frontend time, then refuse as the queue limit or the failure
+        faults say."""
+        replica = self.replica
+        if replica.frontend_ms > 0:
+            # Tokenization and request set-up, counted in TTFT as vLLM counts it.
+            await asyncio.sleep(replica.frontend_ms / 1000.0)
+        # Checked with no await before submit: requests that arrive together all
+        # sleep the frontend time first, and each must see the others queued.
+        limit = self.options.max_num_queued_reqs
+        if limit and replica.queued_requests >= limit:
+            replica.metrics.record_admission_rejection("max_num_queued_reqs")
+            raise HttpError(503, "The server is overloaded: too many queued requests")
+        if replica.roll_failure():
+            raise HttpError(500, "simulated engine failure before the first token")
+
+    async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
+        replica = self.replica
+        arrived_at = time.monotonic()
+        body = await self._json_body(receive)
+        model = self._check_model(body)
+        tools: list[Any] | None = None
+        tool_choice: Any = None
+        schema: Mapping[str, Any] | None = None
+        if self.sglang:
+            if body.get("n", 1) != 1:
+                raise HttpError(400, "n must be 1 on this server", "n")
+            n = 1
+        else:
+            try:
+                n = choices.check_n(body.get("n"), body.get("temperature"))
+                tool_choice = choices.check_tool_choice(
+                    body,
+                    auto_enabled=self.options.enable_auto_tool_choice,
+                    has_parser=self.options.tool_call_parser is not None,
+                )
+                schema = choices.output_schema(body.get("response_format"))
+            except choices.RequestError as exc:
+                raise HttpError(400, exc.message, exc.param) from None
+            tools = body.get("tools") or None
+        messages = self._messages(body)
+        prompt_ids = tokens.encode(tokens.render_chat(messages, tools))
+        prompt_len = len(prompt_ids)
+        max_tokens = self._check_max_tokens(
+            body.get("max_completion_tokens", body.get("max_tokens")), prompt_len
+        )
+        if not replica.is_ready:
+            raise HttpError(503, "The server is starting up")
+        include_usage = self._include_usage(body)
         request_seed = body.get("seed")
         text_seed = _stable_seed(request_seed, prompt_ids[-16:], prompt_len)
         ignore_eos = bool(body.get("ignore_eos"))
@@ -486,21 +561,49 @@ class SimApp:
                     request_seed, prompt_ids[-32:], prompt_len, max_tokens
                 ),
             )
-        if replica.frontend_ms > 0:
-            # Tokenization and request set-up, counted in TTFT as vLLM counts it.
-            await asyncio.sleep(replica.frontend_ms / 1000.0)
-        # Checked with no await before submit: requests that arrive together all
-        # sleep the frontend time first, and each must see the others queued.
-        limit = self.options.max_num_queued_reqs
-        if limit and replica.queued_requests >= limit:
-            replica.metrics.record_admission_rejection("max_num_queued_reqs")
-            raise HttpError(503, "The server is overloaded: too many queued requests")
-        if replica.roll_failure():
-            raise HttpError(500, "simulated engine failure before the first token")
+        await self._admit()
         # SGLang's request ids are bare uuid4 hex.
         request_id = (
             secrets.token_hex(16) if self.sglang else f"chatcmpl-{secrets.token_hex(8)}"
         )
+        functions: list[Mapping[str, Any]] = []
+        if tools and (tool_choice != "auto" or self.options.enable_auto_tool_choice):
+            functions = choices.choose_tools(
+                tools,
+                tool_choice,
+                messages,
+                parallel=body.get("parallel_tool_calls") is not False,
+            )
+        if n > 1 or functions or schema is not None:
+            outputs = [
+                self._plan_choice(
+                    index,
+                    messages,
+                    functions=functions,
+                    tool_mode=_tool_mode(tool_choice),
+                    schema=schema,
+                    text_seed=text_seed
+                    if index == 0
+                    else _stable_seed(text_seed, index),
+                    max_tokens=max_tokens,
+                    ignore_eos=ignore_eos,
+                )
+                for index in range(n)
+            ]
+            await self._chat_choices(
+                request_id,
+                outputs,
+                send,
+                receive,
+                model=model,
+                prompt_ids=prompt_ids,
+                max_tokens=max_tokens,
+                arrived_at=arrived_at,
+                is_streaming=bool(body.get("stream")),
+                include_usage=include_usage,
+                tool_choice=tool_choice,
+            )
+            return
         stream = replica.submit(
             request_id=request_id,
             prompt_token_ids=prompt_ids,
@@ -535,12 +638,21 @@ class SimApp:
     def _usage(self, stream: Stream) -> dict[str, Any]:
         """Return vLLM's usage object (the streamed form; ``_complete`` adds the
         null fields a plain answer carries)."""
-        done = stream.done
-        assert done is not None
+        return self._usage_of((stream,))
+
+    def _usage_of(self, streams: Sequence[Stream]) -> dict[str, Any]:
+        """Return vLLM's usage of the choices of one request: the prompt once,
+        the completions summed, the cache figures of the first choice."""
+        first = streams[0].done
+        assert first is not None
+        completion = 0
+        for stream in streams:
+            assert stream.done is not None
+            completion += stream.done.output_tokens
         usage: dict[str, Any] = {
-            "prompt_tokens": done.prompt_tokens,
-            "total_tokens": done.prompt_tokens + done.output_tokens,
-            "completion_tokens": done.output_tokens,
+            "prompt_tokens": first.prompt_tokens,
+            "total_tokens": first.prompt_tokens + completion,
+            "completion_tokens": completion,
         }
         if self.options.enable_prompt_tokens_details:
             # vLLM: the prompt's full blocks, once cached, minus those it hit
@@ -548,10 +660,10 @@ class SimApp:
             created = 0
             if self.replica.config.enable_prefix_caching:
                 block_size = self.replica.config.block_size
-                full = done.prompt_tokens // block_size * block_size
-                created = max(0, full - done.cached_tokens)
+                full = first.prompt_tokens // block_size * block_size
+                created = max(0, full - first.cached_tokens)
             usage["prompt_tokens_details"] = {
-                "cached_tokens": done.cached_tokens,
+                "cached_tokens": first.cached_tokens,
                 "created_cache_tokens": created,
             }
         return usage
@@ -766,6 +878,546 @@ class SimApp:
         }
         await _respond(send, 200, _json_bytes(body), extra_headers=headers)
 
+    # -- choices: tools, structured output, n > 1 ---------------------------------------
+
+    def _plan_choice(
+        self,
+        index: int,
+        messages: list[dict[str, Any]],
+        *,
+        functions: Sequence[Mapping[str, Any]],
+        tool_mode: str,
+        schema: Mapping[str, Any] | None,
+        text_seed: int,
+        max_tokens: int,
+        ignore_eos: bool,
+    ) -> ChoiceOutput:
+        """Return what choice ``index`` says: tool calls, a JSON value or text."""
+        if functions:
+            return choices.plan_tool_calls(
+                functions,
+                seed=text_seed,
+                max_tokens=max_tokens,
+                call_ids=[f"chatcmpl-tool-{secrets.token_hex(8)}" for _ in functions],
+                mode=tool_mode,
+            )
+        if schema is not None:
+            return choices.plan_json(schema, seed=text_seed, max_tokens=max_tokens)
+        answer = self.replica.plan_answer(
+            messages, max_tokens=max_tokens, ignore_eos=ignore_eos, text_seed=text_seed
+        )
+        if answer is not None:
+            return choices.plan_text(
+                answer.pieces[: answer.output_len], answer.finish_reason
+            )
+        output_len, finish_reason = self.replica.choose_output_len(
+            max_tokens=max_tokens,
+            ignore_eos=ignore_eos,
+            seed=_stable_seed(text_seed, index, max_tokens),
+        )
+        return choices.plan_text(
+            tokens.output_text(text_seed, output_len), finish_reason
+        )
+
+    def _submit_choices(
+        self,
+        request_id: str,
+        outputs: Sequence[ChoiceOutput],
+        *,
+        prompts: Sequence[list[int]],
+        max_tokens: int,
+        arrived_at: float,
+        is_streaming: bool,
+    ) -> list[Stream]:
+        """Queue one engine request per choice, choice ``i`` on ``prompts[i]``
+        (``{i}_{id}`` when several, as vLLM names a parent request's children)."""
+        streams = []
+        for index, output in enumerate(outputs):
+            pieces = output.pieces
+            streams.append(
+                self.replica.submit(
+                    request_id=request_id
+                    if len(outputs) == 1
+                    else f"{index}_{request_id}",
+                    prompt_token_ids=prompts[index],
+                    output_len=len(pieces),
+                    finish_reason=output.finish_reason,
+                    max_tokens=max_tokens,
+                    arrived_at=arrived_at,
+                    text_seed=_stable_seed(request_id, index),
+                    answer=Answer(pieces, len(pieces), output.finish_reason),
+                    streaming=is_streaming,
+                )
+            )
+        return streams
+
+    def _id_headers(self, request_id: str) -> list[tuple[bytes, bytes]]:
+        if self.options.enable_request_id_headers:
+            return [(b"x-request-id", request_id.encode())]
+        return []
+
+    async def _chat_choices(
+        self,
+        request_id: str,
+        outputs: Sequence[ChoiceOutput],
+        send: Send,
+        receive: Receive,
+        *,
+        model: str,
+        prompt_ids: list[int],
+        max_tokens: int,
+        arrived_at: float,
+        is_streaming: bool,
+        include_usage: bool,
+        tool_choice: Any,
+    ) -> None:
+        """Answer a chat request whose choices call tools, hold JSON or are several."""
+        streams = self._submit_choices(
+            request_id,
+            outputs,
+            prompts=[prompt_ids] * len(outputs),
+            max_tokens=max_tokens,
+            arrived_at=arrived_at,
+            is_streaming=is_streaming,
+        )
+        headers = self._id_headers(request_id)
+        try:
+            if is_streaming:
+                render = _ChatChunks(
+                    request_id,
+                    model,
+                    outputs,
+                    include_usage=include_usage,
+                    has_parser=self.options.tool_call_parser is not None,
+                )
+                await self._send_choice_events(
+                    streams,
+                    send,
+                    receive,
+                    headers,
+                    start=render.start,
+                    render=render.pieces,
+                    end=lambda: (
+                        render.usage(self._usage_of(streams)) if include_usage else b""
+                    ),
+                )
+            else:
+                await self._complete_choices(
+                    request_id,
+                    streams,
+                    outputs,
+                    send,
+                    receive,
+                    model=model,
+                    headers=headers,
+                    tool_choice=tool_choice,
+                )
+        finally:
+            for stream in streams:
+                if stream.done is None:
+                    self.replica.abort(stream.request_id)
+
+    async def _all_done(self, streams: Sequence[Stream], receive: Receive) -> bool:
+        """Wait until every stream is done; False if the client went away first."""
+        for stream in streams:
+            if not await self._until_done(stream, receive):
+                return False
+        return True
+
+    async def _send_choice_events(
+        self,
+        streams: Sequence[Stream],
+        send: Send,
+        receive: Receive,
+        headers: list[tuple[bytes, bytes]],
+        *,
+        start: Callable[[], bytes],
+        render: Callable[[int, int, int, FinishedRequest | None], bytes],
+        end: Callable[[], bytes],
+        done_line: bytes = b"data: [DONE]\n\n",
+        is_start_early: bool = False,
+    ) -> None:
+        """Send several streams as server-sent events, interleaved as they come.
+
+        ``start()`` goes with the first piece of any stream (at once with
+        ``is_start_early``, as vLLM's Responses stream opens), then for each new
+        batch of stream ``i`` ``render(i, sent, produced, done)``; at the end
+        ``end()`` and ``done_line``. A client that goes away ends it quietly.
+        """
+        disconnected = asyncio.ensure_future(wait_disconnect(receive))
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [
+                        (b"content-type", b"text/event-stream; charset=utf-8"),
+                        (b"cache-control", b"no-cache"),
+                        *headers,
+                    ],
+                }
+            )
+            sent = [0] * len(streams)
+            finished = [False] * len(streams)
+            started = False
+            if is_start_early:
+                await send(
+                    {"type": "http.response.body", "body": start(), "more_body": True}
+                )
+                started = True
+            while not all(finished):
+                live = [s for s, f in zip(streams, finished, strict=True) if not f]
+                if not any(s.wake.is_set() for s in live):
+                    waiters = [asyncio.ensure_future(s.wake.wait()) for s in live]
+                    await asyncio.wait(
+                        {*waiters, disconnected}, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    for waiter in waiters:
+                        waiter.cancel()
+                    if disconnected.done():
+                        return
+                parts = []
+                for index, stream in enumerate(streams):
+                    if finished[index] or not stream.wake.is_set():
+                        continue
+                    stream.wake.clear()
+                    produced, done = stream.produced, stream.done
+                    if produced > sent[index]:
+                        if not started:
+                            parts.append(start())
+                            started = True
+                        parts.append(render(index, sent[index], produced, done))
+                        sent[index] = produced
+                    finished[index] = done is not None
+                if parts:
+                    await send(
+                        {
+                            "type": "http.response.body",
+                            "body": b"".join(parts),
+                            "more_body": True,
+                        }
+                    )
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": end() + done_line,
+                    "more_body": False,
+                }
+            )
+        finally:
+            disconnected.cancel()
+
+    async def _complete_choices(
+        self,
+        request_id: str,
+        streams: Sequence[Stream],
+        outputs: Sequence[ChoiceOutput],
+        send: Send,
+        receive: Receive,
+        *,
+        model: str,
+        headers: list[tuple[bytes, bytes]],
+        tool_choice: Any,
+    ) -> None:
+        if not await self._all_done(streams, receive):
+            return
+        usage = self._usage_of(streams)
+        details = usage.get("prompt_tokens_details")
+        if details is not None:
+            details["multimodal_tokens"] = None
+        usage["prompt_tokens_details"] = details
+        usage["completion_tokens_details"] = None
+        body = {
+            "id": request_id,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [
+                {
+                    "index": index,
+                    "message": _chat_message(output),
+                    "logprobs": None,
+                    "finish_reason": output.reported_finish(),
+                    "stop_reason": None,
+                    "token_ids": None,
+                    "routed_experts": None,
+                }
+                for index, output in enumerate(outputs)
+            ],
+            "service_tier": None,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
+            "usage": usage,
+            "prompt_logprobs": None,
+            "prompt_token_ids": None,
+            "prompt_text": None,
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "metrics": None,
+        }
+        await _respond(send, 200, _json_bytes(body), extra_headers=headers)
+
+    # -- /v1/completions ------------------------------------------------------------------
+
+    async def _completions(self, receive: Receive, send: Send) -> None:
+        """vLLM's ``/v1/completions``: every prompt times ``n`` choices, indexed
+        prompt-major, each its own engine request."""
+        arrived_at = time.monotonic()
+        body = await self._json_body(receive)
+        model = self._check_model(body)
+        echo = bool(body.get("echo"))
+        try:
+            n = choices.check_n(body.get("n"), body.get("temperature"))
+            top = completions.check_logprobs(body.get("logprobs"))
+            if body.get("suffix") is not None:
+                # vLLM 0.32 (online_renderer): only FIM models take a suffix.
+                raise choices.RequestError(
+                    "Echo is unsupported with suffix."
+                    if echo
+                    else "suffix is only supported for models with FIM completion "
+                    "rendering",
+                    "suffix",
+                )
+            prompts = completions.read_prompts(body.get("prompt"))
+        except choices.RequestError as exc:
+            raise HttpError(400, exc.message, exc.param) from None
+        requested = body.get("max_tokens", 16)
+        max_tokens = min(
+            self._check_max_tokens(requested, len(p.token_ids)) for p in prompts
+        )
+        if not self.replica.is_ready:
+            raise HttpError(503, "The server is starting up")
+        include_usage = self._include_usage(body)
+        await self._admit()
+        request_id = f"cmpl-{secrets.token_hex(8)}"
+        outputs = []
+        prompt_ids = []
+        for prompt in prompts:
+            for index in range(n):
+                seed = _stable_seed(body.get("seed"), prompt.token_ids[-16:], index)
+                length, reason = self.replica.choose_output_len(
+                    max_tokens=max_tokens,
+                    ignore_eos=bool(body.get("ignore_eos")),
+                    seed=_stable_seed(seed, max_tokens),
+                )
+                outputs.append(
+                    choices.plan_text(tokens.output_text(seed, length), reason)
+                )
+                prompt_ids.append(prompt.token_ids)
+        is_streaming = bool(body.get("stream"))
+        streams = self._submit_choices(
+            request_id,
+            outputs,
+            prompts=prompt_ids,
+            max_tokens=max_tokens,
+            arrived_at=arrived_at,
+            is_streaming=is_streaming,
+        )
+        chunks = _CompletionChunks(
+            request_id,
+            model,
+            outputs,
+            [prompts[i // n] for i in range(len(outputs))] if echo else None,
+            top=top,
+            include_usage=include_usage,
+        )
+        headers = self._id_headers(request_id)
+        try:
+            if is_streaming:
+                await self._send_choice_events(
+                    streams,
+                    send,
+                    receive,
+                    headers,
+                    start=lambda: b"",
+                    render=chunks.pieces,
+                    end=lambda: (
+                        chunks.usage(
+                            self._completion_usage(streams, n, is_streamed=True)
+                        )
+                        if include_usage
+                        else b""
+                    ),
+                )
+            elif await self._all_done(streams, receive):
+                body_out = chunks.body(
+                    self._completion_usage(streams, n, is_streamed=False)
+                )
+                await _respond(send, 200, _json_bytes(body_out), extra_headers=headers)
+        finally:
+            for stream in streams:
+                if stream.done is None:
+                    self.replica.abort(stream.request_id)
+
+    def _completion_usage(
+        self, streams: Sequence[Stream], n: int, *, is_streamed: bool
+    ) -> dict[str, Any]:
+        """vLLM's completions usage: each prompt once, every choice's tokens; the
+        streamed form drops nulls (``exclude_none``), the plain one keeps them."""
+        prompt_tokens = 0
+        completion_tokens = 0
+        cached = 0
+        for index, stream in enumerate(streams):
+            done = stream.done
+            assert done is not None
+            completion_tokens += done.output_tokens
+            if index % n == 0:
+                prompt_tokens += done.prompt_tokens
+            cached = done.cached_tokens
+        usage: dict[str, Any] = {
+            "prompt_tokens": prompt_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "completion_tokens": completion_tokens,
+        }
+        details: dict[str, Any] | None = (
+            {"cached_tokens": cached}
+            if self.options.enable_prompt_tokens_details
+            else None
+        )
+        if is_streamed:
+            if details is not None:
+                usage["prompt_tokens_details"] = details
+            return usage
+        if details is not None:
+            details.update(created_cache_tokens=None, multimodal_tokens=None)
+        usage["prompt_tokens_details"] = details
+        usage["completion_tokens_details"] = None
+        return usage
+
+    # -- /v1/responses --------------------------------------------------------------------
+
+    async def _responses(self, receive: Receive, send: Send) -> None:
+        """vLLM's ``/v1/responses`` (no store: vLLM keeps responses only with
+        ``VLLM_ENABLE_RESPONSES_API_STORE``, so a ``previous_response_id`` is
+        always unknown)."""
+        arrived_at = time.monotonic()
+        body = await self._json_body(receive)
+        model = self._check_model(body)
+        previous = body.get("previous_response_id")
+        if previous is not None:
+            raise _response_not_found(str(previous))
+        try:
+            messages = responses_input.to_chat_messages(
+                body.get("instructions"), body.get("input")
+            )
+        except ValueError as exc:
+            raise HttpError(400, str(exc), "input") from None
+        chat_tools = responses_input.to_chat_tools(body.get("tools"))
+        tool_choice = _chat_tool_choice(body.get("tool_choice"))
+        try:
+            if chat_tools:
+                tool_choice = choices.check_tool_choice(
+                    {"tools": chat_tools, "tool_choice": tool_choice},
+                    auto_enabled=self.options.enable_auto_tool_choice,
+                    has_parser=self.options.tool_call_parser is not None,
+                )
+            text_config = body.get("text")
+            schema = choices.output_schema(
+                _response_format(text_config.get("format"))
+                if isinstance(text_config, Mapping)
+                else None
+            )
+        except choices.RequestError as exc:
+            raise HttpError(400, exc.message, exc.param) from None
+        prompt_ids = tokens.encode(tokens.render_chat(messages, chat_tools))
+        max_tokens = self._check_max_tokens(
+            body.get("max_output_tokens"), len(prompt_ids)
+        )
+        if not self.replica.is_ready:
+            raise HttpError(503, "The server is starting up")
+        await self._admit()
+        request_id = f"resp_{secrets.token_hex(8)}"
+        functions: list[Mapping[str, Any]] = []
+        if chat_tools and (
+            tool_choice != "auto" or self.options.enable_auto_tool_choice
+        ):
+            functions = choices.choose_tools(
+                chat_tools,
+                tool_choice,
+                messages,
+                parallel=body.get("parallel_tool_calls") is not False,
+            )
+        output = self._plan_choice(
+            0,
+            messages,
+            functions=functions,
+            tool_mode=_tool_mode(tool_choice),
+            schema=schema,
+            text_seed=_stable_seed(body.get("seed"), prompt_ids[-16:], len(prompt_ids)),
+            max_tokens=max_tokens,
+            ignore_eos=False,
+        )
+        is_streaming = bool(body.get("stream"))
+        streams = self._submit_choices(
+            request_id,
+            [output],
+            prompts=[prompt_ids],
+            max_tokens=max_tokens,
+            arrived_at=arrived_at,
+            is_streaming=is_streaming,
+        )
+        events = _ResponseEvents(
+            _ResponseFrame(
+                request_id=request_id,
+                model=model,
+                body=body,
+                max_tokens=max_tokens,
+                tool_choice=tool_choice,
+                tool_parameters=functions[0].get("parameters")
+                if functions and isinstance(tool_choice, Mapping)
+                else None,
+            ),
+            output,
+        )
+        headers = self._id_headers(request_id)
+        try:
+            if is_streaming:
+                await self._send_choice_events(
+                    streams,
+                    send,
+                    receive,
+                    headers,
+                    start=events.start,
+                    render=events.pieces,
+                    end=lambda: events.end(self._response_usage(streams[0])),
+                    done_line=b"",
+                    is_start_early=True,
+                )
+            elif await self._all_done(streams, receive):
+                answer = events.response(self._response_usage(streams[0]))
+                await _respond(send, 200, _json_bytes(answer), extra_headers=headers)
+        finally:
+            if streams[0].done is None:
+                self.replica.abort(streams[0].request_id)
+
+    def _response_usage(self, stream: Stream) -> dict[str, Any]:
+        """vLLM's ``ResponseUsage`` (one turn: the per-turn lists stay empty)."""
+        usage = self._usage_of((stream,))
+        cached = 0
+        created = 0
+        details = usage.get("prompt_tokens_details")
+        if details is not None:
+            cached = details["cached_tokens"]
+            created = details["created_cache_tokens"]
+        elif stream.done is not None:
+            cached = stream.done.cached_tokens
+        return {
+            "input_tokens": usage["prompt_tokens"],
+            "input_tokens_details": {
+                "cached_tokens": cached,
+                "cache_write_tokens": created,
+                "input_tokens_per_turn": [],
+                "cached_tokens_per_turn": [],
+            },
+            "output_tokens": usage["completion_tokens"],
+            "output_tokens_details": {
+                "reasoning_tokens": 0,
+                "tool_output_tokens": 0,
+                "output_tokens_per_turn": [],
+                "tool_output_tokens_per_turn": [],
+            },
+            "total_tokens": usage["total_tokens"],
+        }
+
     # -- SGLang's shapes ----------------------------------------------------------------
 
     def _sglang_usage(self, stream: Stream) -> dict[str, Any]:
@@ -896,6 +1548,661 @@ class SimApp:
             },
         }
         await _respond(send, 200, _json_bytes(body), extra_headers=headers)
+
+
+def _tool_mode(tool_choice: Any) -> str:
+    if isinstance(tool_choice, Mapping):
+        return "named"
+    return "required" if tool_choice == "required" else "auto"
+
+
+def _piece_owners(output: ChoiceOutput) -> list[int]:
+    """Return, per piece, the index of the tool call whose arguments it is part
+    of (-1: text, or the tool-call syntax around the arguments)."""
+    owners = [-1] * len(output.pieces)
+    for index, span in enumerate(output.tool_calls):
+        owners[span.start : span.stop] = [index] * (span.stop - span.start)
+    return owners
+
+
+# The delta of the end-of-sequence token of a named call (its text is "").
+_NAMED_EOS_DELTA = '{"tool_calls":[{"index":0,"function":{"arguments":""}}]}'
+
+
+def _chat_delta(
+    output: ChoiceOutput, owners: list[int], piece_index: int, *, has_parser: bool
+) -> str | None:
+    """Return the JSON of a piece's ``delta`` as vLLM streams it, or None where
+    vLLM sends no chunk (the tool-call syntax around the arguments).
+
+    Text is content; a call's first argument piece comes with its id, type
+    and name, the next ones alone (``"name": null`` for "required", as its
+    array parser sends). The end-of-sequence token is ``{}`` with a parser
+    (``{"content": ""}`` without), an empty argument piece for a named call.
+    """
+    piece = output.pieces[piece_index]
+    is_eos = output.has_eos and piece_index == len(output.pieces) - 1
+    mode = output.tool_mode
+    if mode is None:
+        if is_eos and has_parser:
+            return "{}"
+        return '{"content":' + json.dumps(piece, ensure_ascii=False) + "}"
+    if is_eos:
+        return _NAMED_EOS_DELTA if mode == "named" else "{}"
+    owner = owners[piece_index]
+    if owner < 0:
+        return None
+    span = output.tool_calls[owner]
+    call: dict[str, Any]
+    if piece_index == span.start:
+        call = {
+            "id": span.call_id,
+            "type": "function",
+            "index": owner,
+            "function": {"name": span.name, "arguments": piece},
+        }
+    elif mode == "required":
+        call = {"index": owner, "function": {"name": None, "arguments": piece}}
+    else:
+        call = {"index": owner, "function": {"arguments": piece}}
+    return '{"tool_calls":[' + _json_bytes(call).decode() + "]}"
+
+
+class _ChatChunks:
+    """vLLM's chat stream chunks for choices that call tools, hold JSON or are
+    several (``serving.py`` ``chat_completion_stream_generator``)."""
+
+    def __init__(
+        self,
+        request_id: str,
+        model: str,
+        outputs: Sequence[ChoiceOutput],
+        *,
+        include_usage: bool,
+        has_parser: bool,
+    ) -> None:
+        self.request_id = request_id
+        self.model = model
+        self.outputs = outputs
+        self.has_parser = has_parser
+        self.owners = [_piece_owners(output) for output in outputs]
+        self.include_usage = include_usage
+        self.created = int(time.time())
+        self.head = (
+            f'data: {{"id":"{request_id}","object":"chat.completion.chunk",'
+            f'"created":{self.created},"model":{json.dumps(model)},"choices":[{{'
+        )
+
+    def start(self) -> bytes:
+        """Return the role chunk of every choice (vLLM sends them all first)."""
+        parts = []
+        for index in range(len(self.outputs)):
+            first = {
+                "id": self.request_id,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.model,
+                "choices": [
+                    {
+                        "index": index,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+                "prompt_token_ids": None,
+                "prompt_text": None,
+            }
+            parts.append(b"data: " + _json_bytes(first) + b"\n\n")
+        return b"".join(parts)
+
+    def pieces(
+        self, index: int, sent: int, produced: int, done: FinishedRequest | None
+    ) -> bytes:
+        """Return the chunks of choice ``index``'s pieces ``sent:produced``."""
+        output = self.outputs[index]
+        owners = self.owners[index]
+        parts = []
+        for piece_index in range(sent, produced):
+            is_last = done is not None and piece_index == produced - 1
+            delta = _chat_delta(output, owners, piece_index, has_parser=self.has_parser)
+            if delta is None:
+                if not is_last:
+                    continue
+                delta = "{}"
+            if is_last:
+                tail = (
+                    f'"logprobs":null,"finish_reason":"{output.reported_finish()}",'
+                    '"stop_reason":null,"token_ids":null}]'
+                    + (
+                        "}\n\n"
+                        if self.include_usage
+                        else f',"system_fingerprint":"{SYSTEM_FINGERPRINT}"}}\n\n'
+                    )
+                )
+            else:
+                tail = '"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n'
+            parts.append(f'{self.head}"index":{index},"delta":{delta},{tail}'.encode())
+        return b"".join(parts)
+
+    def usage(self, usage: dict[str, Any]) -> bytes:
+        """Return the usage chunk (``stream_options.include_usage``)."""
+        chunk = {
+            "id": self.request_id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [],
+            "usage": usage,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
+        }
+        return b"data: " + _json_bytes(chunk) + b"\n\n"
+
+
+def _chat_message(output: ChoiceOutput) -> dict[str, Any]:
+    """Return a plain answer's ``message`` (vLLM's ``ChatMessage``, nulls kept;
+    ``tool_calls`` only when there are some).
+
+    Named and "required" calls come with content ``""``, "auto" ones with null;
+    a cut "required" array has content ``""`` and no calls, a cut "auto" call
+    is left as text (vLLM's parsers cannot read it).
+    """
+    calls = output.reported_calls()
+    if calls:
+        content: str | None = None if output.tool_mode == "auto" else ""
+    elif output.tool_mode == "required":
+        content = ""
+    else:
+        content = output.text()
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": content,
+        "refusal": None,
+        "annotations": None,
+        "audio": None,
+        "function_call": None,
+    }
+    if calls:
+        message["tool_calls"] = [
+            {
+                "id": span.call_id,
+                "type": "function",
+                "function": {"name": span.name, "arguments": span.arguments},
+            }
+            for span in calls
+        ]
+    message["reasoning"] = None
+    return message
+
+
+class _CompletionChunks:
+    """vLLM's ``text_completion`` chunks and body (``completion/serving.py``)."""
+
+    def __init__(
+        self,
+        request_id: str,
+        model: str,
+        outputs: Sequence[ChoiceOutput],
+        echoed: Sequence[CompletionPrompt] | None,
+        *,
+        top: int | None,
+        include_usage: bool,
+    ) -> None:
+        self.request_id = request_id
+        self.model = model
+        self.outputs = outputs
+        self.echoed = echoed
+        self.include_usage = include_usage
+        self.created = int(time.time())
+        self.writers = (
+            [completions.LogprobsWriter(top, index) for index in range(len(outputs))]
+            if top is not None
+            else None
+        )
+        self.head = (
+            f'data: {{"id":"{request_id}","object":"text_completion",'
+            f'"created":{self.created},"model":{json.dumps(model)},"choices":['
+        )
+
+    def _text_and_logprobs(
+        self, index: int, start: int, stop: int
+    ) -> tuple[str, dict[str, Any] | None]:
+        pieces = self.outputs[index].pieces[start:stop]
+        prompt = self.echoed[index] if self.echoed is not None and start == 0 else None
+        text = "".join(pieces)
+        if prompt is not None:
+            text = prompt.text + text
+        if self.writers is None:
+            return text, None
+        writer = self.writers[index]
+        if prompt is None:
+            return text, writer.write(pieces)
+        return text, writer.write([*prompt.pieces, *pieces], first_is_unscored=True)
+
+    def pieces(
+        self, index: int, sent: int, produced: int, done: FinishedRequest | None
+    ) -> bytes:
+        """Return one chunk per piece of choice ``index`` (the echo with the first)."""
+        output = self.outputs[index]
+        parts = []
+        for piece_index in range(sent, produced):
+            text, logprobs = self._text_and_logprobs(
+                index, piece_index, piece_index + 1
+            )
+            is_last = done is not None and piece_index == produced - 1
+            choice = {
+                "index": index,
+                "text": text,
+                "logprobs": logprobs,
+                "finish_reason": output.finish_reason if is_last else None,
+                "stop_reason": None,
+                "prompt_token_ids": None,
+                "token_ids": None,
+            }
+            tail = (
+                f',"system_fingerprint":"{SYSTEM_FINGERPRINT}"}}\n\n'
+                if is_last and not self.include_usage
+                else "}\n\n"
+            )
+            parts.append(
+                (self.head + _json_bytes(choice).decode() + "]" + tail).encode()
+            )
+        return b"".join(parts)
+
+    def usage(self, usage: dict[str, Any]) -> bytes:
+        """Return the usage chunk (``exclude_none``: no nulls)."""
+        chunk = {
+            "id": self.request_id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [],
+            "usage": usage,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
+        }
+        return b"data: " + _json_bytes(chunk) + b"\n\n"
+
+    def body(self, usage: dict[str, Any]) -> dict[str, Any]:
+        """Return the plain answer (``CompletionResponse``, nulls kept)."""
+        choices_out = []
+        for index, output in enumerate(self.outputs):
+            text, logprobs = self._text_and_logprobs(index, 0, len(output.pieces))
+            choices_out.append(
+                {
+                    "index": index,
+                    "text": text,
+                    "logprobs": logprobs,
+                    "finish_reason": output.finish_reason,
+                    "stop_reason": None,
+                    "token_ids": None,
+                    "prompt_logprobs": None,
+                    "prompt_token_ids": None,
+                    "routed_experts": None,
+                }
+            )
+        return {
+            "id": self.request_id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices_out,
+            "service_tier": None,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
+            "usage": usage,
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "metrics": None,
+        }
+
+
+def _response_not_found(response_id: str) -> HttpError:
+    return HttpError(
+        404,
+        f"Response with id '{response_id}' not found.",
+        "response_id",
+        err_type="invalid_request_error",
+    )
+
+
+def _chat_tool_choice(tool_choice: Any) -> Any:
+    """Return a Responses ``tool_choice`` in the chat form (a named function:
+    ``{"type": "function", "function": {"name": ...}}``)."""
+    if isinstance(tool_choice, Mapping) and tool_choice.get("type") == "function":
+        return {"type": "function", "function": {"name": tool_choice.get("name")}}
+    return tool_choice
+
+
+def _response_format(text_format: Any) -> Any:
+    """Return a Responses ``text.format`` as a chat ``response_format``."""
+    if isinstance(text_format, Mapping) and text_format.get("type") == "json_schema":
+        return {"type": "json_schema", "json_schema": dict(text_format)}
+    return text_format
+
+
+def _text_config(text: Any, tool_parameters: Any) -> dict[str, Any] | None:
+    """Return the response's ``text`` as vLLM reports it: the request's, or for
+    a named function the schema it constrains the output with."""
+    if tool_parameters is not None:
+        text = {
+            "format": {
+                "type": "json_schema",
+                "name": "tool_calling_response",
+                "schema": tool_parameters,
+                "strict": True,
+            }
+        }
+    if not isinstance(text, Mapping):
+        return None
+    fmt = text.get("format")
+    dumped: dict[str, Any] | None = None
+    if isinstance(fmt, Mapping) and fmt.get("type") == "json_schema":
+        dumped = {
+            "name": fmt.get("name"),
+            "schema": fmt.get("schema"),
+            "type": "json_schema",
+            "description": fmt.get("description"),
+            "strict": fmt.get("strict"),
+        }
+    elif isinstance(fmt, Mapping):
+        dumped = {"type": fmt.get("type")}
+    return {"format": dumped, "verbosity": text.get("verbosity")}
+
+
+def _response_tool(tool: Any) -> Any:
+    """Return a function tool as vLLM echoes it (openai's ``FunctionTool``)."""
+    if not isinstance(tool, Mapping) or tool.get("type") != "function":
+        return tool
+    return {
+        "name": tool.get("name"),
+        "parameters": tool.get("parameters"),
+        "strict": tool.get("strict"),
+        "type": "function",
+        "allowed_callers": None,
+        "async": None,
+        "defer_loading": None,
+        "description": tool.get("description"),
+        "output_schema": None,
+    }
+
+
+def _response_tool_choice(tool_choice: Any, *, has_tools: bool) -> Any:
+    if isinstance(tool_choice, Mapping):
+        return {"name": tool_choice.get("function", {}).get("name"), "type": "function"}
+    if tool_choice is None:
+        return "auto" if has_tools else "none"
+    return tool_choice
+
+
+@dataclass(frozen=True, slots=True)
+class _ResponseFrame:
+    """What a response object says besides its output and usage."""
+
+    request_id: str
+    model: str
+    body: Mapping[str, Any]
+    max_tokens: int
+    tool_choice: Any
+    # A named function's parameters: vLLM reports them as the text format.
+    tool_parameters: Any
+    created_at: int = field(default_factory=lambda: int(time.time()))
+
+    def response(
+        self,
+        *,
+        output: list[dict[str, Any]],
+        status: str,
+        usage: dict[str, Any] | None,
+    ) -> dict[str, Any]:
+        """Return vLLM's ``ResponsesResponse`` (its fields in its order)."""
+        body = self.body
+        tools = body.get("tools") or []
+        temperature = body.get("temperature")
+        top_p = body.get("top_p")
+        parallel = body.get("parallel_tool_calls")
+        return {
+            "id": self.request_id,
+            "created_at": self.created_at,
+            "incomplete_details": {"reason": "max_output_tokens"}
+            if status == "incomplete"
+            else None,
+            "instructions": body.get("instructions"),
+            "metadata": body.get("metadata"),
+            "model": self.model,
+            "object": "response",
+            "output": output,
+            "parallel_tool_calls": parallel if parallel is not None else True,
+            "temperature": float(temperature) if temperature is not None else 1.0,
+            "tool_choice": _response_tool_choice(
+                self.tool_choice, has_tools=bool(tools)
+            ),
+            "tools": [_response_tool(tool) for tool in tools],
+            "top_p": float(top_p) if top_p is not None else 1.0,
+            "background": bool(body.get("background")),
+            "max_output_tokens": self.max_tokens,
+            "max_tool_calls": body.get("max_tool_calls"),
+            "previous_response_id": None,
+            "prompt": None,
+            "reasoning": body.get("reasoning"),
+            "service_tier": body.get("service_tier") or "auto",
+            "status": status,
+            "text": _text_config(body.get("text"), self.tool_parameters),
+            "top_logprobs": None,
+            "truncation": body.get("truncation") or "disabled",
+            "usage": usage,
+            "user": body.get("user"),
+            "presence_penalty": 0.0,
+            "frequency_penalty": 0.0,
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "input_messages": None,
+            "output_messages": None,
+        }
+
+
+def _text_part(text: str, logprobs: list[Any] | None) -> dict[str, Any]:
+    return {
+        "annotations": [],
+        "text": text,
+        "type": "output_text",
+        "logprobs": logprobs,
+    }
+
+
+def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    return {
+        "id": item_id,
+        "content": [_text_part(text, None)] if text else [],
+        "role": "assistant",
+        "status": status,
+        "type": "message",
+        "phase": None,
+    }
+
+
+def _call_item(
+    item_id: str, span: ToolCallSpan, arguments: str, status: str
+) -> dict[str, Any]:
+    return {
+        "arguments": arguments,
+        "call_id": span.call_id,
+        "name": span.name,
+        "type": "function_call",
+        "id": item_id,
+        "async": None,
+        "caller": None,
+        "namespace": None,
+        "status": status,
+    }
+
+
+class _ResponseEvents:
+    """vLLM's Responses stream (``streaming_events.py``, simple path): typed
+    events with a ``sequence_number``, message text or function calls opened,
+    streamed and closed, then ``response.completed``; and the plain answer."""
+
+    def __init__(self, frame: _ResponseFrame, output: ChoiceOutput) -> None:
+        self.frame = frame
+        self.output = output
+        self.owners = _piece_owners(output)
+        self.sequence = 0
+        self.open_owner: int | None = None  # -1: the message, else a call
+        self.open_id = ""
+        self.accumulated = ""
+        self.output_index = 0
+        self.items: list[dict[str, Any]] = []
+
+    def _event(self, kind: str, payload: dict[str, Any]) -> bytes:
+        payload["sequence_number"] = self.sequence
+        payload["type"] = kind
+        self.sequence += 1
+        return f"event: {kind}\ndata: ".encode() + _json_bytes(payload) + b"\n\n"
+
+    def start(self) -> bytes:
+        """Return ``response.created`` and ``response.in_progress``."""
+        initial = self.frame.response(output=[], status="in_progress", usage=None)
+        return self._event("response.created", {"response": initial}) + self._event(
+            "response.in_progress", {"response": initial}
+        )
+
+    def _open(self, owner: int) -> bytes:
+        self.open_owner = owner
+        self.accumulated = ""
+        if owner < 0:
+            self.open_id = f"msg_{secrets.token_hex(8)}"
+            return self._event(
+                "response.output_item.added",
+                {
+                    "item": _message_item(self.open_id, "", "in_progress"),
+                    "output_index": self.output_index,
+                },
+            ) + self._event(
+                "response.content_part.added",
+                {
+                    "content_index": 0,
+                    "item_id": self.open_id,
+                    "output_index": self.output_index,
+                    "part": _text_part("", []),
+                },
+            )
+        self.open_id = f"fc_{secrets.token_hex(8)}"
+        span = self.output.tool_calls[owner]
+        return self._event(
+            "response.output_item.added",
+            {
+                "item": _call_item(self.open_id, span, "", "in_progress"),
+                "output_index": self.output_index,
+            },
+        )
+
+    def _delta(self, piece: str) -> bytes:
+        self.accumulated += piece
+        if self.open_owner is not None and self.open_owner < 0:
+            return self._event(
+                "response.output_text.delta",
+                {
+                    "content_index": 0,
+                    "delta": piece,
+                    "item_id": self.open_id,
+                    "logprobs": [],
+                    "output_index": self.output_index,
+                },
+            )
+        return self._event(
+            "response.function_call_arguments.delta",
+            {
+                "delta": piece,
+                "item_id": self.open_id,
+                "output_index": self.output_index,
+            },
+        )
+
+    def _close(self) -> bytes:
+        owner = self.open_owner
+        if owner is None:
+            return b""
+        text = self.accumulated
+        index = self.output_index
+        if owner < 0:
+            item = _message_item(self.open_id, text, "completed")
+            events = self._event(
+                "response.output_text.done",
+                {
+                    "content_index": 0,
+                    "item_id": self.open_id,
+                    "logprobs": [],
+                    "output_index": index,
+                    "text": text,
+                },
+            ) + self._event(
+                "response.content_part.done",
+                {
+                    "content_index": 0,
+                    "item_id": self.open_id,
+                    "output_index": index,
+                    "part": _text_part(text, None),
+                },
+            )
+        else:
+            span = self.output.tool_calls[owner]
+            item = _call_item(self.open_id, span, text, "completed")
+            events = self._event(
+                "response.function_call_arguments.done",
+                {
+                    "arguments": text,
+                    "item_id": self.open_id,
+                    "output_index": index,
+                    "name": span.name,
+                },
+            )
+        events += self._event(
+            "response.output_item.done", {"item": item, "output_index": index}
+        )
+        self.items.append(item)
+        self.output_index += 1
+        self.open_owner = None
+        return events
+
+    def pieces(
+        self, index: int, sent: int, produced: int, done: FinishedRequest | None
+    ) -> bytes:
+        """Return the events of pieces ``sent:produced`` (closing the open item
+        once ``done``)."""
+        parts = []
+        is_tool_call = self.output.tool_mode is not None
+        for piece_index in range(sent, produced):
+            piece = self.output.pieces[piece_index]
+            owner = self.owners[piece_index]
+            if not piece or (is_tool_call and owner < 0):
+                continue  # the end token, or tool-call syntax: no event
+            if self.open_owner != owner:
+                parts.append(self._close())
+                parts.append(self._open(owner))
+            parts.append(self._delta(piece))
+        if done is not None:
+            parts.append(self._close())
+        return b"".join(parts)
+
+    def _status(self) -> str:
+        return "completed" if self.output.is_complete else "incomplete"
+
+    def end(self, usage: dict[str, Any]) -> bytes:
+        """Return ``response.completed`` with the whole response."""
+        final = self.frame.response(
+            output=self.items, status=self._status(), usage=usage
+        )
+        return self._event("response.completed", {"response": final})
+
+    def response(self, usage: dict[str, Any]) -> dict[str, Any]:
+        """Return the plain answer."""
+        calls = self.output.reported_calls()
+        items = [
+            _call_item(f"fc_{secrets.token_hex(8)}", span, span.arguments, "completed")
+            for span in calls
+        ]
+        if not calls:
+            text = "" if self.output.tool_mode == "required" else self.output.text()
+            items = [_message_item(f"msg_{secrets.token_hex(8)}", text, "completed")]
+        return self.frame.response(output=items, status=self._status(), usage=usage)
 
 
 def build_app(

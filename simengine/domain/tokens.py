@@ -1,7 +1,7 @@
 """The deterministic stand-in tokenizer and chat template (gateway and replica).
 
-Public surface: ``render_chat``, ``encode``, ``count_chat_tokens``, ``decode_token``,
-``output_token_id``, ``output_token_ids``, ``output_text``, ``request_seed``,
+Public surface: ``render_chat``, ``encode``, ``split_pieces``, ``count_chat_tokens``,
+``decode_token``, ``output_token_id``, ``output_token_ids``, ``output_text``, ``request_seed``,
 ``SPECIAL_TOKEN_IDS``, ``OUTPUT_WORDS``.
 
 It is not a real BPE. It only has to be the same everywhere, cheap, prefix-stable and
@@ -24,6 +24,10 @@ about as dense as a real one (≈ 4 characters of English per token):
   with a marker, and the prompt ends with ``<|assistant|>\\n``; the regex never joins
   across those points, so a conversation that grows by whole messages (or by the reply
   after ``<|assistant|>\\n``) has the old token list as an exact prefix.
+- Tools: with ``tools`` the prompt opens with one ``<|system|>`` block holding the
+  tool definitions' compact JSON; an assistant message's ``tool_calls`` follow its
+  content as ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``. Without
+  tools the prompt is as it always was.
 - Output text is drawn from ``OUTPUT_WORDS`` by a seeded counter-mode generator: 256
   short English words, each with a leading space, each exactly one piece and thus one
   token, with distinct ids. ``output_token_id(seed, i)`` is the id of the i-th output
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import re
 import zlib
 from collections.abc import Mapping, Sequence
@@ -53,6 +58,7 @@ __all__ = [
     "output_token_ids",
     "render_chat",
     "request_seed",
+    "split_pieces",
 ]
 
 SPECIAL_TOKEN_IDS: Mapping[str, int] = {
@@ -98,12 +104,37 @@ def message_text(content: Any) -> str:
     return ""
 
 
-def render_chat(messages: Sequence[Mapping[str, Any]]) -> str:
-    """Return the prompt text: ``<|role|>\\ncontent<|end|>\\n`` per message, then
-    ``<|assistant|>\\n``."""
-    parts = [
-        f"<|{m['role']}|>\n{message_text(m.get('content'))}<|end|>\n" for m in messages
-    ]
+def _compact_json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _render_message(message: Mapping[str, Any]) -> str:
+    text = message_text(message.get("content"))
+    calls = message.get("tool_calls")
+    if calls:
+        text += "".join(
+            "<tool_call>"
+            + _compact_json(
+                {
+                    "name": call.get("function", {}).get("name"),
+                    "arguments": call.get("function", {}).get("arguments"),
+                }
+            )
+            + "</tool_call>"
+            for call in calls
+            if isinstance(call, Mapping)
+        )
+    return f"<|{message['role']}|>\n{text}<|end|>\n"
+
+
+def render_chat(
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None = None,
+) -> str:
+    """Return the prompt text: the tools' block when ``tools`` is non-empty, then
+    ``<|role|>\ncontent<|end|>\n`` per message, then ``<|assistant|>\n``."""
+    parts = [f"<|system|>\n{_compact_json(list(tools))}<|end|>\n"] if tools else []
+    parts.extend(_render_message(m) for m in messages)
     parts.append("<|assistant|>\n")
     return "".join(parts)
 
@@ -113,9 +144,19 @@ def encode(text: str) -> list[int]:
     return [_piece_id(piece) for piece in _PIECE_RE.findall(text)]
 
 
-def count_chat_tokens(messages: Sequence[Mapping[str, Any]]) -> int:
-    """Return the number of prompt tokens of a chat request."""
-    return len(encode(render_chat(messages)))
+def split_pieces(text: str) -> list[str]:
+    """Return ``text`` cut into its tokens' texts: they join back to ``text`` and
+    ``len(split_pieces(t)) == len(encode(t))``."""
+    return _PIECE_RE.findall(text)
+
+
+def count_chat_tokens(
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None = None,
+) -> int:
+    """Return the number of prompt tokens of a chat request (with its ``tools``,
+    as the request sends them), equal to the replica's ``prompt_tokens``."""
+    return len(encode(render_chat(messages, tools)))
 
 
 # 256 short, common words, all with distinct ids: with the leading space each is one

@@ -3,12 +3,15 @@
 The reference files in ``simengine/tests/data/`` were recorded from real vLLM
 (the CPU build, tiny Llama; ``tests/test_vllm_fidelity.py`` re-captures and checks
 them under ``make test-vllm``). Here the simulated replica answers the same
-requests and its answers must have the same shape (``simengine.conformance``).
+requests and its answers must have the same shape (``simengine.conformance``);
+likewise for tools, structured output, n, ``/v1/completions`` and
+``/v1/responses`` (``vllm_surfaces/``, ``simengine.surface_capture``).
 """
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -24,6 +27,13 @@ from simengine.conformance import (
     diff_stream,
     json_shape,
     read_capture,
+)
+from simengine.surface_capture import (
+    CASES,
+    Answer,
+    capture_surfaces,
+    read_surfaces,
+    surface_shape,
 )
 
 pytestmark = pytest.mark.e2e
@@ -135,3 +145,160 @@ def test_prompt_token_counters_add_up_as_in_vllm(
     assert total == computed + hit
     assert hit == _counter(metrics, "vllm:prompt_tokens_cached_total") > 0
     assert hit == _counter(metrics, "vllm:prefix_cache_hits_total")
+
+
+# -- the surfaces beyond plain chat (simengine/tests/data/vllm_surfaces) ----------------
+
+SURFACE_FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+
+
+@pytest.fixture(scope="module")
+def surfaces_reference() -> dict[str, Answer]:
+    return read_surfaces()
+
+
+@pytest.fixture(scope="module")
+def surfaces_simulated(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, Answer]:
+    tmp = tmp_path_factory.mktemp("sim-surfaces-conformance")
+    with sim_replica(
+        tmp,
+        *CAPTURE_SERVER_FLAGS,
+        *SURFACE_FLAGS,
+        "--sim-profile",
+        "cpu-tiny",
+        model="tiny-llama",
+    ) as process:
+        return capture_surfaces(process.url, "tiny-llama")
+
+
+def _tokens_unkeyed(shape: Any) -> Any:
+    """A shape with each ``top_logprobs`` map reduced to its value types: its
+    keys are the model's tokens, not part of the shape."""
+    if isinstance(shape, list):
+        return [_tokens_unkeyed(item) for item in shape]
+    if not isinstance(shape, dict):
+        return shape
+    reduced = {}
+    for key, item in shape.items():
+        if key == "top_logprobs" and isinstance(item, list) and item:
+            first = item[0]
+            reduced[key] = (
+                [sorted({str(v) for v in first.values()})]
+                if isinstance(first, dict)
+                else item
+            )
+        else:
+            reduced[key] = _tokens_unkeyed(item)
+    return reduced
+
+
+@pytest.mark.parametrize("case", [case.name for case in CASES])
+def test_sim_surface_answer_has_vllms_shape(
+    case: str,
+    surfaces_reference: dict[str, Answer],
+    surfaces_simulated: dict[str, Answer],
+) -> None:
+    reference = _tokens_unkeyed(surface_shape(surfaces_reference[case]))
+    simulated = _tokens_unkeyed(surface_shape(surfaces_simulated[case]))
+    assert diff_json_shapes(reference, simulated) == []
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        case.name
+        for case in CASES
+        if case.stream and case.path == "/v1/chat/completions"
+    ],
+)
+def test_sim_surface_chat_stream_has_vllms_chunks(
+    case: str,
+    surfaces_reference: dict[str, Answer],
+    surfaces_simulated: dict[str, Answer],
+) -> None:
+    problems = diff_stream(surfaces_reference[case].raw, surfaces_simulated[case].raw)
+    assert problems == []
+
+
+def _event_order(raw: str) -> list[str]:
+    order: list[str] = []
+    for line in raw.splitlines():
+        if line.startswith("event: "):
+            kind = line.removeprefix("event: ")
+            if not order or order[-1] != kind or not kind.endswith(".delta"):
+                order.append(kind)
+    return order
+
+
+def test_sim_responses_stream_sends_vllms_events_in_order(
+    surfaces_reference: dict[str, Answer],
+    surfaces_simulated: dict[str, Answer],
+) -> None:
+    reference = surfaces_reference["responses_stream"].raw
+    simulated = surfaces_simulated["responses_stream"].raw
+    assert _event_order(simulated) == _event_order(reference)
+    assert "[DONE]" not in simulated
+    numbers = [
+        json.loads(line.removeprefix("data: "))["sequence_number"]
+        for line in simulated.splitlines()
+        if line.startswith("data: ")
+    ]
+    assert numbers == list(range(len(numbers)))
+
+
+def _facts(answer: Answer) -> Any:
+    """The values a client acts on: errors, finish reasons, which message
+    fields hold what (not the text a model happens to write)."""
+    body = json.loads(answer.raw) if answer.raw.startswith("{") else None
+    if body is None:
+        return answer.status
+    if "error" in body:
+        return answer.status, body["error"]
+    facts: list[Any] = [answer.status, body.get("status")]
+    for choice in body.get("choices", []):
+        message = choice.get("message") or {}
+        facts.append(
+            (
+                choice["index"],
+                choice.get("finish_reason"),
+                message.get("content") == "",
+                message.get("content") is None,
+                [c["function"]["name"] for c in message.get("tool_calls", [])],
+            )
+        )
+    for item in body.get("output", []):
+        facts.append((item["type"], item.get("name"), item.get("status")))
+    return facts
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "chat_tool_named",
+        "chat_tool_required",
+        "chat_json_schema",
+        "chat_json_object",
+        "chat_n3_greedy",
+        "completion_suffix",
+        "responses_tool_named",
+        "responses_previous_id",
+        "responses_get_stored",
+    ],
+)
+def test_sim_surface_answers_what_vllm_answered(
+    case: str,
+    surfaces_reference: dict[str, Answer],
+    surfaces_simulated: dict[str, Answer],
+) -> None:
+    reference = _facts(surfaces_reference[case])
+    simulated = _facts(surfaces_simulated[case])
+    if isinstance(reference, tuple):  # an error: the same but for the id quoted
+        assert simulated[0] == reference[0]
+        assert simulated[1]["type"] == reference[1]["type"]
+        assert simulated[1]["param"] == reference[1]["param"]
+        prefix = reference[1]["message"].split("'")[0]
+        assert simulated[1]["message"].startswith(prefix)
+    else:
+        assert simulated == reference

@@ -168,3 +168,51 @@ def test_message_text_joins_text_parts_and_counts_like_a_string() -> None:
     as_parts = [{"role": "user", "content": parts}]
     as_text = [{"role": "user", "content": "Hello there"}]
     assert count_chat_tokens(as_parts) == count_chat_tokens(as_text)
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+def test_render_chat_without_tools_is_unchanged() -> None:
+    assert render_chat(HISTORY, None) == render_chat(HISTORY)
+    assert render_chat(HISTORY, []) == render_chat(HISTORY)
+
+
+def test_count_chat_tokens_counts_the_tools_block() -> None:
+    with_tools = count_chat_tokens(HISTORY, [WEATHER_TOOL])
+    assert with_tools > count_chat_tokens(HISTORY)
+    assert render_chat(HISTORY, [WEATHER_TOOL]).startswith("<|system|>\n[{")
+
+
+def test_tool_turns_keep_the_prompt_prefix_stable() -> None:
+    first = [{"role": "user", "content": "weather in Paris?"}]
+    call = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call-1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+            }
+        ],
+    }
+    result = {"role": "tool", "tool_call_id": "call-1", "content": "sunny"}
+    before = encode(render_chat(first, [WEATHER_TOOL]))
+    after = encode(render_chat([*first, call, result], [WEATHER_TOOL]))
+    assert after[: len(before) - 2] == before[:-2]
+    assert "get_weather" in render_chat([call])
+
+
+def test_split_pieces_joins_back_and_counts_as_encode() -> None:
+    from simengine.domain.tokens import split_pieces
+
+    text = '{"city": "Paris", "days": [1, 2], "note": "a_b <|end|>"}'
+    assert "".join(split_pieces(text)) == text
+    assert len(split_pieces(text)) == len(encode(text))
