@@ -380,7 +380,7 @@ def _completion_request() -> Schema:
     properties.update(
         prompt={
             "anyOf": [
-                {"type": "string"},
+                {"type": "string", "minLength": 1},
                 token_ids,
                 {
                     "type": "array",
