@@ -44,17 +44,16 @@ from routing.domain.hosts import HostPolicy
 from routing.domain.readiness import Readiness, judge_readiness
 from routing.domain.snapshot import ConfigSnapshot, KeyRecord
 from routing.failover import RedisFailover
+from routing.intake import authenticate, read_json
 from routing.key_uses import KeyUses
 from routing.live import LiveLoad
 from routing.plan import (
     ChatPlan,
     GatewaySettings,
-    authenticate,
     plan_chat,
     plan_completion,
     plan_response,
     plan_tokenize,
-    read_json,
     team_limit,
 )
 from routing.region_limits import RegionLimits

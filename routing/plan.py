@@ -1,8 +1,8 @@
 """The request plan: everything decided about a chat request before it is admitted.
 
 Public surface: ``GatewaySettings``, ``ChatPlan``, ``TokenizePlan``, ``Surface``,
-``authenticate``, ``team_limit``, ``read_json``, ``plan_chat``,
-``plan_completion``, ``plan_response``, ``plan_tokenize``.
+``team_limit``, ``payload_for``, ``plan_chat``, ``plan_completion``,
+``plan_response``, ``plan_tokenize``.
 
 A ``/v1/completions`` request is planned the same way (``plan_completion``), as a
 ``ChatPlan`` of surface ``completions``: the same admission, limits, routing,
@@ -15,20 +15,19 @@ anywhere else it is a 400 before admission, never the engine's 500. A
 ``responses``: its input, as chat messages, is counted and keyed as a chat's, and
 the engine is always sent ``store: false`` (the platform never stores answers).
 
-A request goes key -> team -> tier -> body -> routing key -> version -> limits ->
-prompt tokens, and comes out as one immutable ``ChatPlan`` or a ``GatewayError``
-in OpenAI's shape (401 bad key, 400 bad body or ``x-priority``, 403 a model the
-team may not use, 404 unknown model or version, 413 too large, 503 no live
-version). The body is parsed within bounds (``config.json_body``) and its
-fields checked as OpenAI checks them (``routing.domain.chat_body``), so nothing a
-client sends can raise anything but a ``GatewayError`` here. A ``/tokenize``
+A request's key and body are read by ``routing.intake``; from its team it goes
+tier -> body -> routing key -> version -> limits -> prompt tokens, and comes out
+as one immutable ``ChatPlan`` or a ``GatewayError`` in OpenAI's shape (400 bad
+body or ``x-priority``, 403 a model the team may not use, 404 unknown model or
+version, 503 no live version). The body's fields are checked as OpenAI checks
+them (``routing.domain.chat_body`` and its siblings), so nothing a client sends
+can raise anything but a ``GatewayError`` here. A ``/tokenize``
 request is resolved to a version the same way, as a ``TokenizePlan``. Nothing
 here touches the ORM: keys, limits and versions come from the ``ConfigSnapshot``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 import secrets
@@ -36,8 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from config.asgi_io import Receive, Scope
-from config.json_body import BodyError, parse_json_object
+from config.json_body import BodyError
 from routing.domain.chat_body import check_chat_body, check_tokenize_body
 from routing.domain.completion_body import (
     DEFAULT_COMPLETION_MAX_TOKENS,
@@ -56,25 +54,22 @@ from routing.domain.responses_body import check_responses_body
 from routing.domain.routing_key import routing_key
 from routing.domain.snapshot import (
     ConfigSnapshot,
-    KeyRecord,
     LimitRecord,
     VersionRecord,
 )
 from routing.domain.tiers import Tier, parse_tier
 from routing.prompt_tokens import PromptRejected, VersionCounters
-from routing.responses import ClientGone, GatewayError
+from routing.responses import GatewayError
 
 __all__ = [
     "ChatPlan",
     "GatewaySettings",
     "TokenizePlan",
-    "authenticate",
     "payload_for",
     "plan_chat",
     "plan_completion",
     "plan_response",
     "plan_tokenize",
-    "read_json",
     "team_limit",
 ]
 
@@ -203,36 +198,6 @@ class TokenizePlan:
     payload: bytes
 
 
-def authenticate(scope: Scope, snapshot: ConfigSnapshot) -> KeyRecord:
-    """Return the active key the request's bearer secret opens (its team, its id).
-
-    Raises:
-        GatewayError: 401, no key or one that is not active in the snapshot.
-    """
-    header = b""
-    for name, value in scope.get("headers", ()):
-        if name == b"authorization":
-            header = value
-            break
-    scheme, _, secret = header.decode("latin-1").partition(" ")
-    if scheme.lower() != "bearer" or not secret.strip():
-        raise GatewayError(
-            401,
-            "missing API key: send 'Authorization: Bearer <key>'",
-            code="invalid_api_key",
-            error_type="invalid_request_error",
-        )
-    key = snapshot.keys.get(hashlib.sha256(secret.strip().encode()).hexdigest())
-    if key is None:
-        raise GatewayError(
-            401,
-            "invalid API key",
-            code="invalid_api_key",
-            error_type="invalid_request_error",
-        )
-    return key
-
-
 def team_limit(
     snapshot: ConfigSnapshot, settings: GatewaySettings, team: str, model: str
 ) -> LimitRecord | None:
@@ -249,44 +214,6 @@ def team_limit(
             guaranteed_share=0.0,
         )
     return None
-
-
-async def read_json(
-    receive: Receive, headers: Mapping[bytes, bytes], limit: int
-) -> dict[str, Any]:
-    """Read the request body, at most ``limit`` bytes, as a JSON object.
-
-    Raises:
-        GatewayError: 413 too large, 400 not a JSON object or out of bounds
-            (``config.json_body``).
-        ClientGone: the client left before sending the whole body.
-    """
-    declared = headers.get(b"content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise GatewayError(
-            413, f"request body is larger than {limit} bytes", code="request_too_large"
-        )
-    chunks = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise GatewayError(
-                413,
-                f"request body is larger than {limit} bytes",
-                code="request_too_large",
-            )
-        chunks.append(chunk)
-        if not message.get("more_body"):
-            break
-    try:
-        return parse_json_object(b"".join(chunks))
-    except BodyError as exc:
-        raise _bad_body(exc) from None
 
 
 def payload_for(payload: bytes, tier: Tier, version: VersionRecord | None) -> bytes:
