@@ -57,6 +57,14 @@ first tokens reach clients that many times later, ``--sim-ttft-factor``, so a sl
 canary measurably trips a TTFT guard) and ``sim_degraded`` (a boolean: every
 answer is a short refusal, ``--sim-degraded``, a broken chat template).
 
+Tool calls: ``tool_call_parser`` names the engine's parser of the model's tool-call
+format (vLLM's ``hermes``, ``llama3_json``, ``mistral``...; SGLang's ``qwen25``,
+``llama3``...). For vLLM it brings ``--enable-auto-tool-choice`` with it (the
+parser is what ``tool_choice: auto`` needs; ``"enable_auto_tool_choice": false``
+in the config leaves it off), for SGLang it is ``--tool-call-parser`` alone, and
+the simulated replica gets the same flags as the engine it stands in for. The
+gateway serves requests with ``tools`` only to a version that names a parser.
+
 Argv order is deterministic: the fixed platform flags, then the precision flags,
 then the remaining config flags sorted by key, then ``spec.extra`` verbatim.
 """
@@ -151,12 +159,16 @@ SGLANG_FLAG_NAMES: Mapping[str, str] = MappingProxyType(
 SGLANG_QUANTIZATION_INT8 = "w8a8_int8"
 # The flags the simulated replica shares with ``vllm serve``.
 _SIM_FLAG_KEYS = (
+    "enable_auto_tool_choice",
     "kv_offloading_backend",
     "kv_offloading_size",
     "max_model_len",
     "max_num_batched_tokens",
     "max_num_seqs",
+    "tool_call_parser",
 )
+_TOOL_PARSER = "tool_call_parser"
+_AUTO_TOOL_CHOICE = "enable_auto_tool_choice"
 _OFFLOADING_BACKENDS = ("native", "lmcache")
 _SIM_PREFIX = "sim_"
 
@@ -257,11 +269,19 @@ def vllm_serve_argv(spec: ReplicaSpec, *, vllm_executable: str = "vllm") -> list
         "--enable-prompt-tokens-details",
         *_precision_args(spec.precision, config),
     ]
-    flags = _config_flags(config)
+    flags = _with_auto_tool_choice(_config_flags(config))
     _merge_max_model_len(flags, spec)
     argv.extend(engine_flag_args(flags))
     argv.extend(spec.extra)
     return argv
+
+
+def _with_auto_tool_choice(flags: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's flags with ``enable_auto_tool_choice`` on wherever a tool-call parser
+    is named and the config does not say otherwise."""
+    if flags.get(_TOOL_PARSER) and _AUTO_TOOL_CHOICE not in flags:
+        return {**flags, _AUTO_TOOL_CHOICE: True}
+    return flags
 
 
 def engine_for(spec: ReplicaSpec) -> str:
@@ -321,7 +341,7 @@ def sglang_launch_argv(
     flags = {
         key: value
         for key, value in _sglang_names(_config_flags(config)).items()
-        if not (_is_bool(value) and not value)
+        if not (_is_bool(value) and not value) and key != _AUTO_TOOL_CHOICE
     }
     _merge_max_model_len(flags, spec, key="context_length")
     argv.extend(engine_flag_args(flags))
@@ -375,7 +395,9 @@ def sim_replica_argv(
         *_sim_flags(spec, profile),
     ]
     argv.extend([_prefix_caching_flag(config), "--enable-prompt-tokens-details"])
-    flags = {key: config[key] for key in _SIM_FLAG_KEYS if key in config}
+    flags = _with_auto_tool_choice(
+        {key: config[key] for key in _SIM_FLAG_KEYS if key in config}
+    )
     _merge_max_model_len(flags, spec)
     argv.extend(engine_flag_args(flags))
     argv.extend(spec.extra)
@@ -403,9 +425,10 @@ def _sim_sglang_argv(
     if not _prefix_caching_on(config):
         argv.append("--disable-radix-cache")
     flags: dict[str, Any] = {}
-    context = _sglang_names(_config_flags(config)).get("context_length")
-    if context is not None:
-        flags["context_length"] = context
+    named = _sglang_names(_config_flags(config))
+    for key in ("context_length", _TOOL_PARSER):
+        if named.get(key) is not None:
+            flags[key] = named[key]
     _merge_max_model_len(flags, spec, key="context_length")
     argv.extend(engine_flag_args(flags))
     argv.extend(spec.extra)
