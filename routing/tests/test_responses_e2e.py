@@ -3,7 +3,8 @@ processes, PostgreSQL and Redis, and the openai SDK's ``client.responses``.
 
 What the client is told (the response's usage) is what the team's usage rows say;
 what the platform never does (store a response, continue a stored one) is a 400
-that never reaches admission, so it is never charged nor metered.
+that never reaches admission, so it is never charged nor metered. The version
+parses tool calls (``tool_call_parser``), so function tools are served too.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from metering.models import Usage
 from tests.live import LivePlatform, extra_of, start_platform
 
 if TYPE_CHECKING:
-    from openai.types.responses import Response
+    from openai.types.responses import FunctionToolParam, Response
     from pytest_django import DjangoDbBlocker
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -39,7 +40,14 @@ def platform(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[LivePlatform]:
     tmp: Path = tmp_path_factory.mktemp("responses")
-    with django_db_blocker.unblock(), start_platform(tmp, pools={"v1": 1}) as live:
+    with (
+        django_db_blocker.unblock(),
+        start_platform(
+            tmp,
+            pools={"v1": 1},
+            version_configs={"v1": {"tool_call_parser": "hermes"}},
+        ) as live,
+    ):
         yield live
 
 
@@ -181,3 +189,69 @@ def test_stored_state_is_a_400_never_charged(
     assert "input" in error["message"] or "never stores" in error["message"]
     flush_usage(platform)
     assert usage_totals("alpha") == before
+
+
+WEATHER: FunctionToolParam = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+    "strict": True,
+}
+
+
+def test_function_call_streams_and_its_output_comes_back_in_input(
+    platform: LivePlatform,
+) -> None:
+    """GIVEN a function tool the model must call (tool_choice names it)
+    WHEN the call streams, and the next turn sends the call and its output back
+    THEN the call's arguments arrive as deltas that make up the completed call,
+    and the next turn, the whole conversation in input, is answered.
+    """
+    client = platform.client("alpha")
+    arguments: list[str] = []
+    completed: Response | None = None
+    with client.responses.create(
+        model=MODEL,
+        input="What is the weather in Paris?",
+        tools=[WEATHER],
+        tool_choice={"type": "function", "name": "get_weather"},
+        max_output_tokens=64,
+        stream=True,
+    ) as stream:
+        for event in stream:
+            if event.type == "response.function_call_arguments.delta":
+                arguments.append(event.delta)
+            elif event.type == "response.completed":
+                completed = event.response
+    assert completed is not None
+    calls = [item for item in completed.output if item.type == "function_call"]
+    assert [call.name for call in calls] == ["get_weather"]
+    assert "".join(arguments) == calls[0].arguments
+
+    answer = client.responses.create(
+        model=MODEL,
+        input=[
+            {"role": "user", "content": "What is the weather in Paris?"},
+            {
+                "type": "function_call",
+                "call_id": calls[0].call_id,
+                "name": "get_weather",
+                "arguments": calls[0].arguments,
+            },
+            {
+                "type": "function_call_output",
+                "call_id": calls[0].call_id,
+                "output": "sunny, 21 C",
+            },
+        ],
+        tools=[WEATHER],
+        max_output_tokens=8,
+    )
+    assert answer.status in ("completed", "incomplete")
+    assert answer.usage is not None
+    assert answer.usage.input_tokens > 0
