@@ -31,6 +31,7 @@ all the same. An error comes as an ``error`` event (or a ``{"error": ...}`` body
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -60,6 +61,8 @@ _OPENING_EVENTS = frozenset(
 # a read is whole delta events only when it has as many of these as event ends.
 _DELTA_MARK = b'.delta\ndata: {"'
 _SHRINK_EVERY = 8
+# The id goes into a header and the answer's end: printable ASCII only (as chat's).
+_RESPONSE_ID = re.compile(r"[!-~]{1,128}")
 
 
 class ResponsesRelay:
@@ -129,7 +132,7 @@ class ResponsesRelay:
         text once it came, else the ``capture_head`` bytes' deltas."""
         response = self.terminal.get("response") if self.terminal else None
         if isinstance(response, dict):
-            return output_text(response)[: HEAD_BYTES * 4]
+            return output_text(response)
         return _delta_text(bytes(self._head)) if self._head else ""
 
     async def run(self, reader: ChunkReader) -> bool:
@@ -318,14 +321,15 @@ def _parse_event(event: bytes) -> tuple[str, bytes]:
 
 
 def _response_id(data: bytes) -> str | None:
+    """Return the id of ``response.created``'s response, if it is usable."""
     try:
         event = json.loads(data)
     except ValueError:
         return None
     response = event.get("response") if isinstance(event, dict) else None
     answer_id = response.get("id") if isinstance(response, dict) else None
-    if isinstance(answer_id, str) and 0 < len(answer_id) <= 128 and answer_id.isascii():
-        return answer_id if answer_id.isprintable() and " " not in answer_id else None
+    if isinstance(answer_id, str) and _RESPONSE_ID.fullmatch(answer_id):
+        return answer_id
     return None
 
 

@@ -197,3 +197,14 @@ def test_response_error_event_is_openais_error_event() -> None:
     error = json.loads(data)
     assert error["type"] == "error"
     assert error["code"] == "upstream_failed"
+
+
+@pytest.mark.parametrize(
+    "bad_id", [b'""', b'"has space"', b'"' + b"x" * 129 + b'"', b"7"]
+)
+def test_responses_relay_keeps_its_own_id_when_the_engines_is_unusable(
+    bad_id: bytes,
+) -> None:
+    created = EVENTS[0].replace(b'"id":"resp_846a17c852ebcdbf"', b'"id":' + bad_id, 1)
+    run = Run([created, *EVENTS[1:]])
+    assert run.started == ["resp_gateway"]
