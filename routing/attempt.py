@@ -7,13 +7,17 @@ an immutable ``AttemptResult`` (outcome, replica, first-token time, usage, error
 kind, and the error the client gets, if any), or raises ``UpstreamFailed`` before
 the first token, when another replica may be tried. Cut short after it began (the
 client left, a bug), it raises ``Cut``, which holds what was served so far and the
-exception to pass on, so that the request is still metered for it.
+exception to pass on, so that the request is still metered for it. The relay and
+the answer's end are the plan's surface's: ``routing.relay`` for chat and
+completions, ``routing.responses_relay`` for ``/v1/responses`` (which ends with the
+engine's terminal event, or its response object whole).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -32,11 +36,15 @@ from routing.responses import (
     answer_headers,
     final_event,
     respond,
+    response_end_event,
+    response_error_event,
     stream_error_event,
     upstream_client_error,
     whole_answer,
     whole_completion,
+    whole_response,
 )
+from routing.responses_relay import ResponsesRelay
 from routing.upstream import Upstream
 
 logger = logging.getLogger(__name__)
@@ -44,7 +52,11 @@ logger = logging.getLogger(__name__)
 __all__ = ["Attempt", "AttemptResult", "Cut", "NoFirstToken"]
 
 # Where each surface's requests go on the engine (vLLM's and SGLang's paths).
-_ENGINE_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+_ENGINE_PATHS = {
+    "chat": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "responses": "/v1/responses",
+}
 
 
 class NoFirstToken(UpstreamFailed):
@@ -131,22 +143,33 @@ class Attempt:
         # The first token's deadline, from now (connect and headers included).
         first_token = asyncio.timeout(self.first_token_timeout_s)
         response: EngineResponse | None = None
-        relay: Relay | None = None
+        relay: Relay | ResponsesRelay | None = None
         is_done = False
         error_kind: str | None = None
         try:
             try:
                 async with first_token:
                     response = await self._open()
-                    relay = Relay(
-                        send=self.send,
-                        stream=plan.stream,
-                        request_id=plan.request_id,
-                        on_first=functools.partial(self._start, first_token, response),
-                        on_tokens=load.shrink,
-                        capture_head=self.capture_head,
-                        write_frames=self.write_frames,
-                    )
+                    on_first = functools.partial(self._start, first_token, response)
+                    if plan.surface == "responses":
+                        relay = ResponsesRelay(
+                            send=self.send,
+                            stream=plan.stream,
+                            request_id=plan.request_id,
+                            on_first=on_first,
+                            on_tokens=load.shrink,
+                            capture_head=self.capture_head,
+                        )
+                    else:
+                        relay = Relay(
+                            send=self.send,
+                            stream=plan.stream,
+                            request_id=plan.request_id,
+                            on_first=on_first,
+                            on_tokens=load.shrink,
+                            capture_head=self.capture_head,
+                            write_frames=self.write_frames,
+                        )
                     # The relay loop runs as a task of its own: each engine chunk
                     # then resumes this one coroutine, not the whole chain of
                     # frames above it (the server, the router, the gateway ...
@@ -215,7 +238,7 @@ class Attempt:
 
     def _result(
         self,
-        relay: Relay | None,
+        relay: Relay | ResponsesRelay | None,
         outcome: metrics.Outcome,
         error_kind: str | None,
         error: GatewayError | None = None,
@@ -240,9 +263,11 @@ class Attempt:
             error=error,
         )
 
-    async def _end(self, relay: Relay) -> AttemptResult:
+    async def _end(self, relay: Relay | ResponsesRelay) -> AttemptResult:
         """Send the answer's end (the final event, or the whole answer)."""
         plan = self.plan
+        if isinstance(relay, ResponsesRelay):
+            return await self._end_response(relay)
         outcome = relay.outcome()
         result = self._result(relay, "ok", None)
         usage = result.usage
@@ -278,6 +303,37 @@ class Attempt:
             body = whole(**served_by, outcome=outcome, usage=usage)
             await respond(
                 self.send, 200, body, raw_headers=self._headers(outcome.answer_id)
+            )
+        return result
+
+    async def _end_response(self, relay: ResponsesRelay) -> AttemptResult:
+        """End a ``/v1/responses`` answer with the engine's terminal event, or
+        answer its response object whole."""
+        result = self._result(relay, "ok", None)
+        terminal = relay.terminal
+        assert terminal is not None  # a relay that returned True had one
+        response = whole_response(
+            response=relay.outcome().response or {},
+            model_ref=self.plan.model_ref,
+            version=self.plan.resolution.version,
+            region=self.region,
+            replica_id=self.replica_id,
+        )
+        self.before_last_send()
+        if self.plan.stream:
+            await self.send(
+                {
+                    "type": "http.response.body",
+                    "body": response_end_event(terminal, response),
+                    "more_body": False,
+                }
+            )
+        else:
+            await respond(
+                self.send,
+                200,
+                json.dumps(response).encode(),
+                raw_headers=self._headers(relay.answer_id),
             )
         return result
 
@@ -329,11 +385,16 @@ class Attempt:
                 error_type="server_error",
             )
         self.before_last_send()
+        error_event = (
+            response_error_event
+            if self.plan.surface == "responses"
+            else stream_error_event
+        )
         try:
             await self.send(
                 {
                     "type": "http.response.body",
-                    "body": stream_error_event(replica_id=self.replica_id),
+                    "body": error_event(replica_id=self.replica_id),
                     "more_body": False,
                 }
             )

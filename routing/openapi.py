@@ -2,12 +2,14 @@
 
 Public surface: ``gateway_paths``, ``gateway_components``, ``error_responses``.
 
-``POST /v1/chat/completions`` and ``POST /v1/completions`` (each a whole answer or
-a ``text/event-stream``), ``GET /v1/models`` and ``POST /tokenize``. The request
-bodies are written from the constants ``routing.domain.chat_body`` and
-``routing.domain.completion_body`` check with (ranges, roles, the stop count, the
-name pattern, the caps on ``n``, tools and prompts...), so the schema and the
-checks cannot drift apart; a test holds them equal. What the platform does not
+``POST /v1/chat/completions``, ``POST /v1/completions`` and ``POST /v1/responses``
+(each a whole answer or a ``text/event-stream``), ``GET /v1/models`` and ``POST
+/tokenize``; the completion's and the response's schemas are their own modules
+(``routing.openapi_completions``, ``routing.openapi_responses``). The request
+bodies are written from the constants ``routing.domain.chat_body`` and its
+siblings check with (ranges, roles, the stop count, the name pattern, the caps on
+``n``, tools and prompts...), so the schema and the checks cannot drift apart; a
+test holds them equal. What the platform does not
 serve (the deprecated ``functions``, a completion's ``suffix``, content parts
 other than text) is stated: only ``null`` is valid there.
 ``config.v1_schema`` merges these paths with the Django-served ones.
@@ -15,15 +17,21 @@ other than text) is stated: only ``null`` is valid there.
 
 from __future__ import annotations
 
-from typing import Any
-
 from routing.domain import chat_body as rules
-from routing.domain import completion_body as completion_rules
 from routing.domain.tiers import Tier
+from routing.openapi_completions import completion_components, completion_path_item
+from routing.openapi_parts import (
+    EVENT,
+    SERVED_BY,
+    Schema,
+    json_content,
+    needs,
+    nullable,
+    pattern,
+)
+from routing.openapi_responses import responses_components, responses_path_item
 
 __all__ = ["error_responses", "gateway_components", "gateway_paths"]
-
-Schema = dict[str, Any]
 
 ERROR_REF = {"$ref": "#/components/schemas/Error"}
 _RETRY_AFTER = {
@@ -60,14 +68,6 @@ def error_responses(*statuses: str) -> dict[str, Schema]:
     return responses
 
 
-def _nullable(schema: Schema) -> Schema:
-    return {"anyOf": [schema, {"type": "null"}]}
-
-
-def _pattern(regex: str) -> str:
-    return f"^{regex}$"
-
-
 def _text_part(kind: str) -> Schema:
     return {
         "type": "object",
@@ -83,7 +83,7 @@ def _message(roles: list[str], *, content: Schema, required: list[str]) -> Schem
         "properties": {
             "role": {"enum": roles},
             "content": content,
-            "name": _nullable({"type": "string"}),
+            "name": nullable({"type": "string"}),
         },
     }
 
@@ -107,7 +107,7 @@ def _messages() -> Schema:
     tool = _message(["tool"], content=content, required=["content", "tool_call_id"])
     tool["properties"]["tool_call_id"] = {"type": "string"}
     assistant = _message(["assistant"], content=assistant_content, required=[])
-    assistant["properties"]["tool_calls"] = _nullable(
+    assistant["properties"]["tool_calls"] = nullable(
         {"type": "array", "items": {"$ref": "#/components/schemas/ToolCall"}}
     )
     return {
@@ -153,16 +153,16 @@ def _tool() -> Schema:
                 "type": "object",
                 "required": ["name"],
                 "properties": {
-                    "name": {"type": "string", "pattern": _pattern(rules.NAME_PATTERN)},
-                    "description": _nullable({"type": "string"}),
-                    "parameters": _nullable(
+                    "name": {"type": "string", "pattern": pattern(rules.NAME_PATTERN)},
+                    "description": nullable({"type": "string"}),
+                    "parameters": nullable(
                         {
                             "type": "object",
                             "description": "A JSON Schema of an object (checked "
                             "against the 2020-12 metaschema).",
                         }
                     ),
-                    "strict": _nullable({"type": "boolean"}),
+                    "strict": nullable({"type": "boolean"}),
                 },
             },
         },
@@ -185,7 +185,7 @@ def _tool_choice() -> Schema:
                         "properties": {
                             "name": {
                                 "type": "string",
-                                "pattern": _pattern(rules.NAME_PATTERN),
+                                "pattern": pattern(rules.NAME_PATTERN),
                             }
                         },
                     },
@@ -193,15 +193,6 @@ def _tool_choice() -> Schema:
             },
         ]
     }
-
-
-def _needs(field: str, other: str, *, value: Any = None) -> Schema:
-    """``field`` absent or null, or ``other`` present (equal to ``value``, if
-    given)."""
-    present: Schema = {"required": [other]}
-    if value is not None:
-        present["properties"] = {other: {"const": value}}
-    return {"anyOf": [{"properties": {field: {"type": "null"}}}, present]}
 
 
 def _chat_request() -> Schema:
@@ -212,15 +203,15 @@ def _chat_request() -> Schema:
             "description": "A model's name, or name@version to pin a version.",
         },
         "messages": {"$ref": "#/components/schemas/Messages"},
-        "stream": _nullable({"type": "boolean"}),
-        "stream_options": _nullable(
+        "stream": nullable({"type": "boolean"}),
+        "stream_options": nullable(
             {
                 "type": "object",
                 "description": "Only with stream true.",
-                "properties": {"include_usage": _nullable({"type": "boolean"})},
+                "properties": {"include_usage": nullable({"type": "boolean"})},
             }
         ),
-        "n": _nullable(
+        "n": nullable(
             {
                 "type": "integer",
                 "minimum": 1,
@@ -228,7 +219,7 @@ def _chat_request() -> Schema:
                 "description": "Choices; each is charged max_tokens up front.",
             }
         ),
-        "tools": _nullable(
+        "tools": nullable(
             {
                 "type": "array",
                 "minItems": 1,
@@ -239,15 +230,15 @@ def _chat_request() -> Schema:
                 "400 (unsupported_parameter).",
             }
         ),
-        "tool_choice": _nullable({"$ref": "#/components/schemas/ToolChoice"}),
-        "seed": _nullable(
+        "tool_choice": nullable({"$ref": "#/components/schemas/ToolChoice"}),
+        "seed": nullable(
             {
                 "type": "integer",
                 "minimum": rules.INT64_RANGE[0],
                 "maximum": rules.INT64_RANGE[1],
             }
         ),
-        "stop": _nullable(
+        "stop": nullable(
             {
                 "anyOf": [
                     {"type": "string"},
@@ -259,7 +250,7 @@ def _chat_request() -> Schema:
                 ]
             }
         ),
-        "top_logprobs": _nullable(
+        "top_logprobs": nullable(
             {
                 "type": "integer",
                 "minimum": 0,
@@ -267,8 +258,8 @@ def _chat_request() -> Schema:
                 "description": "Only with logprobs true.",
             }
         ),
-        "response_format": _nullable({"$ref": "#/components/schemas/ResponseFormat"}),
-        "logit_bias": _nullable(
+        "response_format": nullable({"$ref": "#/components/schemas/ResponseFormat"}),
+        "logit_bias": nullable(
             {
                 "type": "object",
                 "propertyNames": {"pattern": "^[0-9]+$"},
@@ -279,20 +270,18 @@ def _chat_request() -> Schema:
                 },
             }
         ),
-        "user": _nullable({"type": "string"}),
+        "user": nullable({"type": "string"}),
     }
     for name in ("max_tokens", "max_completion_tokens"):
-        properties[name] = _nullable({"type": "integer", "minimum": 1})
+        properties[name] = nullable({"type": "integer", "minimum": 1})
     properties["max_completion_tokens"]["description"] = (
         "Wins over max_tokens. The prompt and this must fit the model's context "
         "length (a 400, context_length_exceeded, otherwise)."
     )
     for name, (low, high) in rules.NUMBER_RANGES.items():
-        properties[name] = _nullable(
-            {"type": "number", "minimum": low, "maximum": high}
-        )
+        properties[name] = nullable({"type": "number", "minimum": low, "maximum": high})
     for name in rules.BOOLEAN_FLAGS:
-        properties.setdefault(name, _nullable({"type": "boolean"}))
+        properties.setdefault(name, nullable({"type": "boolean"}))
     for name in rules.UNSUPPORTED_FIELDS:
         properties[name] = {
             "type": "null",
@@ -306,10 +295,10 @@ def _chat_request() -> Schema:
         # Fields that need another: stream_options needs stream true, top_logprobs
         # logprobs true, tool_choice and parallel_tool_calls tools.
         "allOf": [
-            _needs("stream_options", "stream", value=True),
-            _needs("top_logprobs", "logprobs", value=True),
-            _needs("tool_choice", "tools"),
-            _needs("parallel_tool_calls", "tools"),
+            needs("stream_options", "stream", value=True),
+            needs("top_logprobs", "logprobs", value=True),
+            needs("tool_choice", "tools"),
+            needs("parallel_tool_calls", "tools"),
         ],
         "description": "OpenAI's chat request. Fields not named here go to the "
         "engine as they are.",
@@ -336,119 +325,16 @@ def _response_format() -> Schema:
                         "properties": {
                             "name": {
                                 "type": "string",
-                                "pattern": _pattern(rules.NAME_PATTERN),
+                                "pattern": pattern(rules.NAME_PATTERN),
                             },
-                            "schema": _nullable({"type": "object"}),
-                            "strict": _nullable({"type": "boolean"}),
-                            "description": _nullable({"type": "string"}),
+                            "schema": nullable({"type": "object"}),
+                            "strict": nullable({"type": "boolean"}),
+                            "description": nullable({"type": "string"}),
                         },
                     },
                 },
             },
         ]
-    }
-
-
-def _completion_request() -> Schema:
-    chat = _chat_request()["properties"]
-    token_ids = {
-        "type": "array",
-        "minItems": 1,
-        "items": {
-            "type": "integer",
-            "minimum": 0,
-            "maximum": completion_rules.MAX_TOKEN_ID,
-        },
-    }
-    properties: dict[str, Schema] = {
-        name: chat[name]
-        for name in (
-            "model",
-            "stream",
-            "stream_options",
-            "n",
-            "seed",
-            "stop",
-            "logit_bias",
-            "user",
-            "max_tokens",
-            *rules.NUMBER_RANGES,
-        )
-    }
-    properties.update(
-        prompt={
-            "anyOf": [
-                {"type": "string"},
-                token_ids,
-                {
-                    "type": "array",
-                    "minItems": 1,
-                    "maxItems": completion_rules.MAX_PROMPTS,
-                    "items": {"anyOf": [{"type": "string"}, token_ids]},
-                },
-            ],
-            "description": "A prompt, token ids, or a list of either: each prompt "
-            "of a list gets n choices of its own.",
-        },
-        echo=_nullable({"type": "boolean"}),
-        logprobs=_nullable(
-            {
-                "type": "integer",
-                "minimum": 0,
-                "maximum": completion_rules.MAX_COMPLETION_LOGPROBS,
-            }
-        ),
-        suffix={
-            "type": "null",
-            "description": "Not served: the models here do not fill in the middle "
-            "(any other value is a 400, unsupported_parameter).",
-        },
-        best_of=_nullable({"const": 1}),
-    )
-    properties["max_tokens"] = _nullable(
-        {
-            "type": "integer",
-            "minimum": 1,
-            "description": "Per choice; "
-            f"{completion_rules.DEFAULT_COMPLETION_MAX_TOKENS} when absent. Each "
-            "prompt and this must fit the model's context length.",
-        }
-    )
-    return {
-        "type": "object",
-        "required": ["model", "prompt"],
-        "properties": dict(sorted(properties.items())),
-        "allOf": [_needs("stream_options", "stream", value=True)],
-        "description": "OpenAI's (legacy) completions request. Fields not named "
-        "here go to the engine as they are.",
-    }
-
-
-def _completion() -> Schema:
-    return {
-        "type": "object",
-        "required": ["id", "object", "created", "model", "choices", "usage"],
-        "properties": {
-            "id": {"type": "string"},
-            "object": {"const": "text_completion"},
-            "created": {"type": "integer"},
-            "model": {"type": "string"},
-            "choices": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "required": ["index", "text", "finish_reason"],
-                    "properties": {
-                        "index": {"type": "integer"},
-                        "text": {"type": "string"},
-                        "logprobs": _nullable({"type": "object"}),
-                        "finish_reason": {"type": "string"},
-                    },
-                },
-            },
-            "usage": {"$ref": "#/components/schemas/Usage"},
-            **_SERVED_BY,
-        },
     }
 
 
@@ -459,7 +345,7 @@ def _tokenize_request() -> Schema:
         "messages": {"$ref": "#/components/schemas/Messages"},
     }
     for name in rules.TOKENIZE_FLAGS:
-        properties[name] = _nullable({"type": "boolean"})
+        properties[name] = nullable({"type": "boolean"})
     return {
         "type": "object",
         "required": ["model"],
@@ -482,18 +368,6 @@ _USAGE: Schema = {
             "properties": {"cached_tokens": {"type": "integer", "minimum": 0}},
         },
     },
-}
-# One server-sent event: its data is a chat.completion.chunk (JSON), an error
-# object, or the closing "[DONE]".
-_EVENT: Schema = {
-    "type": "object",
-    "required": ["data"],
-    "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
-}
-_SERVED_BY: dict[str, Schema] = {
-    "model_version": {"type": "string"},
-    "region": {"type": "string"},
-    "replica_id": {"type": "string"},
 }
 
 
@@ -518,20 +392,20 @@ def _chat_completion() -> Schema:
                             "required": ["role", "content"],
                             "properties": {
                                 "role": {"const": "assistant"},
-                                "content": _nullable({"type": "string"}),
+                                "content": nullable({"type": "string"}),
                                 "tool_calls": {
                                     "type": "array",
                                     "items": {"$ref": "#/components/schemas/ToolCall"},
                                 },
                             },
                         },
-                        "logprobs": _nullable({"type": "object"}),
+                        "logprobs": nullable({"type": "object"}),
                         "finish_reason": {"type": "string"},
                     },
                 },
             },
             "usage": {"$ref": "#/components/schemas/Usage"},
-            **_SERVED_BY,
+            **SERVED_BY,
         },
     }
 
@@ -568,7 +442,7 @@ def _tokenize_answer() -> Schema:
             "count": {"type": "integer", "minimum": 0},
             "max_model_len": {"type": "integer"},
             "tokens": {"type": "array", "items": {"type": "integer"}},
-            "token_strs": _nullable({"type": "array", "items": {"type": "string"}}),
+            "token_strs": nullable({"type": "array", "items": {"type": "string"}}),
         },
     }
 
@@ -586,8 +460,8 @@ def gateway_components() -> dict[str, Schema]:
                     "properties": {
                         "type": {"type": "string"},
                         "message": {"type": "string"},
-                        "param": _nullable({"type": "string"}),
-                        "code": _nullable({"type": "string"}),
+                        "param": nullable({"type": "string"}),
+                        "code": nullable({"type": "string"}),
                     },
                 }
             },
@@ -602,17 +476,13 @@ def gateway_components() -> dict[str, Schema]:
         "ToolCall": _tool_call(),
         "ChatCompletionRequest": _chat_request(),
         "ChatCompletion": _chat_completion(),
-        "CompletionRequest": _completion_request(),
-        "Completion": _completion(),
+        **completion_components(_chat_request()["properties"]),
         "Usage": _USAGE,
         "ModelList": _model_list(),
+        **responses_components(),
         "TokenizeRequest": _tokenize_request(),
         "TokenizeAnswer": _tokenize_answer(),
     }
-
-
-def _json(ref: str) -> Schema:
-    return {"application/json": {"schema": {"$ref": f"#/components/schemas/{ref}"}}}
 
 
 def gateway_paths() -> dict[str, Schema]:
@@ -643,7 +513,7 @@ def gateway_paths() -> dict[str, Schema]:
                 "parameters": headers,
                 "requestBody": {
                     "required": True,
-                    "content": _json("ChatCompletionRequest"),
+                    "content": json_content("ChatCompletionRequest"),
                 },
                 "responses": {
                     "200": {
@@ -652,37 +522,16 @@ def gateway_paths() -> dict[str, Schema]:
                         "and who served it, then [DONE]. An error after the first "
                         "token comes as an error event.",
                         "content": {
-                            **_json("ChatCompletion"),
-                            "text/event-stream": {"schema": _EVENT},
+                            **json_content("ChatCompletion"),
+                            "text/event-stream": {"schema": EVENT},
                         },
                     },
                     **error_responses(*chat_errors),
                 },
             }
         },
-        "/v1/completions": {
-            "post": {
-                "operationId": "createCompletion",
-                "summary": "Continue a prompt (or several), whole or as a stream.",
-                "parameters": headers,
-                "requestBody": {
-                    "required": True,
-                    "content": _json("CompletionRequest"),
-                },
-                "responses": {
-                    "200": {
-                        "description": "The completion; with stream true, "
-                        "server-sent events of text_completion objects, the last "
-                        "with usage and who served it, then [DONE].",
-                        "content": {
-                            **_json("Completion"),
-                            "text/event-stream": {"schema": _EVENT},
-                        },
-                    },
-                    **error_responses(*chat_errors),
-                },
-            }
-        },
+        "/v1/completions": completion_path_item(headers, error_responses(*chat_errors)),
+        "/v1/responses": responses_path_item(headers, error_responses(*chat_errors)),
         "/v1/models": {
             "get": {
                 "operationId": "listModels",
@@ -690,7 +539,7 @@ def gateway_paths() -> dict[str, Schema]:
                 "responses": {
                     "200": {
                         "description": "The models.",
-                        "content": _json("ModelList"),
+                        "content": json_content("ModelList"),
                     },
                     **error_responses("401", "403", "405", "503"),
                 },
@@ -701,11 +550,14 @@ def gateway_paths() -> dict[str, Schema]:
                 "operationId": "tokenize",
                 "summary": "Count a prompt's tokens with the model's tokenizer.",
                 "parameters": headers[1:],
-                "requestBody": {"required": True, "content": _json("TokenizeRequest")},
+                "requestBody": {
+                    "required": True,
+                    "content": json_content("TokenizeRequest"),
+                },
                 "responses": {
                     "200": {
                         "description": "The tokens.",
-                        "content": _json("TokenizeAnswer"),
+                        "content": json_content("TokenizeAnswer"),
                     },
                     **error_responses(
                         "400", "401", "403", "404", "405", "413", "422", "503"

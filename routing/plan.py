@@ -1,8 +1,8 @@
 """The request plan: everything decided about a chat request before it is admitted.
 
 Public surface: ``GatewaySettings``, ``ChatPlan``, ``TokenizePlan``, ``Surface``,
-``authenticate``, ``team_limit``, ``read_json``, ``plan_chat``,
-``plan_completion``, ``plan_tokenize``.
+``team_limit``, ``payload_for``, ``plan_chat``, ``plan_completion``,
+``plan_response``, ``plan_tokenize``.
 
 A ``/v1/completions`` request is planned the same way (``plan_completion``), as a
 ``ChatPlan`` of surface ``completions``: the same admission, limits, routing,
@@ -10,22 +10,24 @@ metering and final event follow. Every choice is charged ``max_tokens`` up front
 (``n`` per prompt, each prompt of a list its own ``n``), and refunded by what the
 engine's usage says was generated. A request with ``tools`` is planned only for a
 version whose engine parses tool calls (``VersionRecord.tool_call_parser``):
-anywhere else it is a 400 before admission, never the engine's 500.
+anywhere else it is a 400 before admission, never the engine's 500. A
+``/v1/responses`` request (``plan_response``) is a ``ChatPlan`` of surface
+``responses``: its input, as chat messages, is counted and keyed as a chat's, and
+the engine is always sent ``store: false`` (the platform never stores answers).
 
-A request goes key -> team -> tier -> body -> routing key -> version -> limits ->
-prompt tokens, and comes out as one immutable ``ChatPlan`` or a ``GatewayError``
-in OpenAI's shape (401 bad key, 400 bad body or ``x-priority``, 403 a model the
-team may not use, 404 unknown model or version, 413 too large, 503 no live
-version). The body is parsed within bounds (``config.json_body``) and its
-fields checked as OpenAI checks them (``routing.domain.chat_body``), so nothing a
-client sends can raise anything but a ``GatewayError`` here. A ``/tokenize``
+A request's key and body are read by ``routing.intake``; from its team it goes
+tier -> body -> routing key -> version -> limits -> prompt tokens, and comes out
+as one immutable ``ChatPlan`` or a ``GatewayError`` in OpenAI's shape (400 bad
+body or ``x-priority``, 403 a model the team may not use, 404 unknown model or
+version, 503 no live version). The body's fields are checked as OpenAI checks
+them (``routing.domain.chat_body`` and its siblings), so nothing a client sends
+can raise anything but a ``GatewayError`` here. A ``/tokenize``
 request is resolved to a version the same way, as a ``TokenizePlan``. Nothing
 here touches the ORM: keys, limits and versions come from the ``ConfigSnapshot``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 import secrets
@@ -33,8 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from config.asgi_io import Receive, Scope
-from config.json_body import BodyError, parse_json_object
+from config.json_body import BodyError
 from routing.domain.chat_body import check_chat_body, check_tokenize_body
 from routing.domain.completion_body import (
     DEFAULT_COMPLETION_MAX_TOKENS,
@@ -49,27 +50,26 @@ from routing.domain.resolve import (
     UnknownVersion,
     resolve,
 )
+from routing.domain.responses_body import check_responses_body
 from routing.domain.routing_key import routing_key
 from routing.domain.snapshot import (
     ConfigSnapshot,
-    KeyRecord,
     LimitRecord,
     VersionRecord,
 )
 from routing.domain.tiers import Tier, parse_tier
 from routing.prompt_tokens import PromptRejected, VersionCounters
-from routing.responses import ClientGone, GatewayError
+from routing.responses import GatewayError
 
 __all__ = [
     "ChatPlan",
     "GatewaySettings",
     "TokenizePlan",
-    "authenticate",
     "payload_for",
     "plan_chat",
     "plan_completion",
+    "plan_response",
     "plan_tokenize",
-    "read_json",
     "team_limit",
 ]
 
@@ -85,9 +85,17 @@ _GATEWAY_FIELDS = {
     "max_completion_tokens",
     "priority",
 }
+# A response's: the engine is always sent store false and a stream.
+_GATEWAY_RESPONSES_FIELDS = {
+    "model",
+    "stream",
+    "store",
+    "max_output_tokens",
+    "priority",
+}
 _DEFAULT_MAX_MODEL_LEN = 8192
 # The OpenAI API a request came on: its engine path, event and answer shapes.
-Surface = Literal["chat", "completions"]
+Surface = Literal["chat", "completions", "responses"]
 # A completion's routing key hashes this much of its (first) prompt: prompts that
 # share a long opening (few-shot examples) share a key, and a warm prefix cache.
 _COMPLETION_KEY_CHARS = 1024
@@ -190,36 +198,6 @@ class TokenizePlan:
     payload: bytes
 
 
-def authenticate(scope: Scope, snapshot: ConfigSnapshot) -> KeyRecord:
-    """Return the active key the request's bearer secret opens (its team, its id).
-
-    Raises:
-        GatewayError: 401, no key or one that is not active in the snapshot.
-    """
-    header = b""
-    for name, value in scope.get("headers", ()):
-        if name == b"authorization":
-            header = value
-            break
-    scheme, _, secret = header.decode("latin-1").partition(" ")
-    if scheme.lower() != "bearer" or not secret.strip():
-        raise GatewayError(
-            401,
-            "missing API key: send 'Authorization: Bearer <key>'",
-            code="invalid_api_key",
-            error_type="invalid_request_error",
-        )
-    key = snapshot.keys.get(hashlib.sha256(secret.strip().encode()).hexdigest())
-    if key is None:
-        raise GatewayError(
-            401,
-            "invalid API key",
-            code="invalid_api_key",
-            error_type="invalid_request_error",
-        )
-    return key
-
-
 def team_limit(
     snapshot: ConfigSnapshot, settings: GatewaySettings, team: str, model: str
 ) -> LimitRecord | None:
@@ -236,44 +214,6 @@ def team_limit(
             guaranteed_share=0.0,
         )
     return None
-
-
-async def read_json(
-    receive: Receive, headers: Mapping[bytes, bytes], limit: int
-) -> dict[str, Any]:
-    """Read the request body, at most ``limit`` bytes, as a JSON object.
-
-    Raises:
-        GatewayError: 413 too large, 400 not a JSON object or out of bounds
-            (``config.json_body``).
-        ClientGone: the client left before sending the whole body.
-    """
-    declared = headers.get(b"content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise GatewayError(
-            413, f"request body is larger than {limit} bytes", code="request_too_large"
-        )
-    chunks = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise GatewayError(
-                413,
-                f"request body is larger than {limit} bytes",
-                code="request_too_large",
-            )
-        chunks.append(chunk)
-        if not message.get("more_body"):
-            break
-    try:
-        return parse_json_object(b"".join(chunks))
-    except BodyError as exc:
-        raise _bad_body(exc) from None
 
 
 def payload_for(payload: bytes, tier: Tier, version: VersionRecord | None) -> bytes:
@@ -325,34 +265,16 @@ async def plan_chat(
         snapshot, settings, team, checked.model, key, rng
     )
     version = snapshot.versions.get((resolution.model, resolution.version))
-    max_model_len = version.max_model_len if version else _DEFAULT_MAX_MODEL_LEN
-    if checked.tools is not None and not (version and version.tool_call_parser):
-        raise GatewayError(
-            400,
-            f"{resolution.model}@{resolution.version} does not serve tool calls: "
-            "its engine runs no tool-call parser (a platform admin sets "
-            "engine_config tool_call_parser on the version)",
-            param="tools",
-            code="unsupported_parameter",
-        )
-    try:
-        prompt_tokens = await counters.count(version, messages, checked.tools)
-    except PromptRejected as exc:
-        raise GatewayError(400, str(exc), param="messages") from None
-    if checked.max_tokens is None:
-        max_tokens = max(
-            1, min(settings.default_max_tokens, max_model_len - prompt_tokens)
-        )
-    else:
-        max_tokens = checked.max_tokens
-    if prompt_tokens + max_tokens > max_model_len:
-        raise GatewayError(
-            400,
-            f"This model's maximum context length is {max_model_len} tokens; the "
-            f"messages take {prompt_tokens} and max_tokens asks {max_tokens}.",
-            param="messages",
-            code="context_length_exceeded",
-        )
+    _check_tools_served(checked.tools, resolution, version)
+    prompt_tokens, max_tokens = await _count_and_fit(
+        counters,
+        version,
+        messages,
+        checked.tools,
+        asked=checked.max_tokens,
+        default=settings.default_max_tokens,
+        names=("messages", "max_tokens"),
+    )
     upstream_body = {k: v for k, v in body.items() if k not in _GATEWAY_FIELDS}
     upstream_body.update(
         model=resolution.model,
@@ -468,6 +390,81 @@ async def plan_completion(
     )
 
 
+async def plan_response(
+    *,
+    snapshot: ConfigSnapshot,
+    settings: GatewaySettings,
+    counters: VersionCounters,
+    team: str,
+    headers: Mapping[bytes, bytes],
+    body: Mapping[str, Any],
+    started_at: float,
+    rng: random.Random,
+    batch_key: bool = False,
+) -> ChatPlan:
+    """Return the plan of one ``/v1/responses`` request from ``team``.
+
+    Planned as a chat of its input's messages (``routing.domain.responses_body``):
+    the same routing key, tool check and count; ``max_output_tokens`` is the
+    client's, or chat's default that fits the context.
+
+    Raises:
+        GatewayError: the request cannot be served as asked (see the module).
+    """
+    try:
+        tier = parse_tier(_header(headers, b"x-priority"))
+    except ValueError as exc:
+        raise GatewayError(400, str(exc), param="x-priority") from None
+    try:
+        checked = check_responses_body(body)
+    except BodyError as exc:
+        raise _bad_body(exc) from None
+    messages = checked.messages
+    key = routing_key(_header(headers, b"x-conversation-id"), messages)
+    resolution, limit = _resolve_for_team(
+        snapshot, settings, team, checked.model, key, rng
+    )
+    version = snapshot.versions.get((resolution.model, resolution.version))
+    _check_tools_served(checked.tools, resolution, version)
+    prompt_tokens, max_tokens = await _count_and_fit(
+        counters,
+        version,
+        messages,
+        checked.tools,
+        asked=checked.max_output_tokens,
+        default=settings.default_max_tokens,
+        names=("input", "max_output_tokens"),
+    )
+    upstream_body = {
+        k: v for k, v in body.items() if k not in _GATEWAY_RESPONSES_FIELDS
+    }
+    upstream_body.update(
+        model=resolution.model,
+        stream=True,
+        store=False,
+        max_output_tokens=max_tokens,
+    )
+    if version is not None and version.priority_scheduling:
+        upstream_body["priority"] = tier.rank
+    return ChatPlan(
+        request_id=f"resp_{secrets.token_hex(12)}",
+        team=team,
+        model_ref=checked.model,
+        resolution=resolution,
+        tier=tier,
+        limit=limit,
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        stream=checked.stream,
+        routing_key=key,
+        payload=json.dumps(upstream_body).encode(),
+        started_at=started_at,
+        first_turn=not any(m.get("role") == "assistant" for m in messages),
+        batch_key=batch_key,
+        surface="responses",
+    )
+
+
 def plan_tokenize(
     *,
     snapshot: ConfigSnapshot,
@@ -542,6 +539,63 @@ def _resolve_for_team(
             error_type="permission_error",
         )
     return resolution, limit
+
+
+def _check_tools_served(
+    tools: list[dict[str, Any]] | None,
+    resolution: Resolution,
+    version: VersionRecord | None,
+) -> None:
+    """Refuse tools (400) for a version whose engine parses no tool calls."""
+    if tools is not None and not (version and version.tool_call_parser):
+        raise GatewayError(
+            400,
+            f"{resolution.model}@{resolution.version} does not serve tool calls: "
+            "its engine runs no tool-call parser (a platform admin sets "
+            "engine_config tool_call_parser on the version)",
+            param="tools",
+            code="unsupported_parameter",
+        )
+
+
+async def _count_and_fit(
+    counters: VersionCounters,
+    version: VersionRecord | None,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    *,
+    asked: int | None,
+    default: int,
+    names: tuple[str, str],
+) -> tuple[int, int]:
+    """Return the prompt's tokens and the output tokens to charge: ``asked``, or
+    ``default`` cut to what fits the context. ``names`` are the body's prompt and
+    output-limit fields, for the errors.
+
+    Raises:
+        GatewayError: 400, the prompt refused, or it and the output do not fit.
+    """
+    prompt_name, limit_name = names
+    verb = "take" if prompt_name.endswith("s") else "takes"
+    max_model_len = version.max_model_len if version else _DEFAULT_MAX_MODEL_LEN
+    try:
+        prompt_tokens = await counters.count(version, messages, tools)
+    except PromptRejected as exc:
+        raise GatewayError(400, str(exc), param=prompt_name) from None
+    if asked is None:
+        max_tokens = max(1, min(default, max_model_len - prompt_tokens))
+    else:
+        max_tokens = asked
+    if prompt_tokens + max_tokens > max_model_len:
+        raise GatewayError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens; the "
+            f"{prompt_name} {verb} {prompt_tokens} and {limit_name} asks "
+            f"{max_tokens}.",
+            param=prompt_name,
+            code="context_length_exceeded",
+        )
+    return prompt_tokens, max_tokens
 
 
 def _bad_body(exc: BodyError) -> GatewayError:

@@ -170,7 +170,8 @@ class RelayOutcome:
     ``events`` counts content events, role chunks included. ``answer_id`` is
     the engine's id of the answer (the gateway's request id if the engine's first
     event had none). ``choices`` are gathered only for a non-streaming answer,
-    by index.
+    by index. ``response`` is a ``/v1/responses`` answer's whole response object,
+    from its terminal event (``routing.responses_relay``).
     """
 
     events: int
@@ -178,6 +179,7 @@ class RelayOutcome:
     usage: dict[str, Any] | None
     answer_id: str = ""
     choices: tuple[GatheredChoice, ...] = ()
+    response: dict[str, Any] | None = None
 
     @property
     def content(self) -> str:

@@ -2,8 +2,8 @@
 
 Public surface: ``GatewayError``, ``ClientGone``, ``FinalUsage``, ``respond``,
 ``answer_headers``, ``final_event``, ``whole_answer``, ``whole_completion``,
-``stream_error_event``,
-``upstream_client_error``.
+``stream_error_event``, ``response_end_event``, ``whole_response``,
+``response_error_event``, ``upstream_client_error``.
 
 Every refusal is a ``GatewayError`` rendered as ``{"error": {"type", "message",
 "param", "code"}}`` with its status and headers. A streamed answer ends with one
@@ -12,8 +12,11 @@ event carrying ``usage`` (``prompt_tokens``, ``cached_tokens``,
 and ``model_version``, ``region`` and ``replica_id``, then ``data: [DONE]``; with
 ``stream_options.include_usage: false`` it ends with ``data: [DONE]`` alone, as
 OpenAI's does. A whole answer carries the same fields. The answer's ``id`` is the
-engine's, the one on every content chunk. Messages never carry secrets or prompt
-text.
+engine's, the one on every content chunk. A ``/v1/responses`` answer ends with
+the engine's terminal event (``response.completed``), whose ``response`` object
+gets ``model_version``, ``region`` and ``replica_id`` beside OpenAI's fields, as a
+chat's whole answer does (the SDK keeps unknown fields); a whole response is that
+object. Messages never carry secrets or prompt text.
 """
 
 from __future__ import annotations
@@ -36,10 +39,13 @@ __all__ = [
     "answer_headers",
     "final_event",
     "respond",
+    "response_end_event",
+    "response_error_event",
     "stream_error_event",
     "upstream_client_error",
     "whole_answer",
     "whole_completion",
+    "whole_response",
 ]
 
 _JSON = (b"content-type", b"application/json")
@@ -279,6 +285,52 @@ def _chat_choice(choice: GatheredChoice) -> dict[str, Any]:
         "logprobs": {"content": list(choice.logprobs)} if choice.logprobs else None,
         "finish_reason": choice.finish_reason or "stop",
     }
+
+
+def whole_response(
+    *,
+    response: dict[str, Any],
+    model_ref: str,
+    version: str,
+    region: str,
+    replica_id: str,
+) -> dict[str, Any]:
+    """Return a ``/v1/responses`` answer's response object (the engine's, from
+    its terminal event) with the model the client named and who served it."""
+    return {
+        **response,
+        "model": model_ref,
+        "model_version": version,
+        "region": region,
+        "replica_id": replica_id,
+    }
+
+
+def response_end_event(terminal: dict[str, Any], response: dict[str, Any]) -> bytes:
+    """Return a ``/v1/responses`` stream's last event: the engine's terminal event
+    (``response.completed``...) carrying ``response`` (``whole_response``)."""
+    kind = str(terminal.get("type") or "response.completed")
+    event = {**terminal, "response": response}
+    return (
+        b"event: "
+        + kind.encode()
+        + b"\ndata: "
+        + json.dumps(event).encode()
+        + EVENT_END
+    )
+
+
+def response_error_event(*, replica_id: str) -> bytes:
+    """Return the event that ends a ``/v1/responses`` stream broken after its
+    first token (OpenAI's ``error`` event)."""
+    event = {
+        "type": "error",
+        "code": "upstream_failed",
+        "message": "the replica failed mid-stream; the answer is incomplete",
+        "param": None,
+        "replica_id": replica_id,
+    }
+    return b"event: error\ndata: " + json.dumps(event).encode() + EVENT_END
 
 
 def stream_error_event(*, replica_id: str) -> bytes:

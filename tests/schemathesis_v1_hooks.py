@@ -18,7 +18,9 @@ MODEL = os.environ.get("V1_SCHEMA_MODEL", "chat-7b")
 
 
 # The operations whose body names a model.
-MODEL_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/tokenize"})
+MODEL_PATHS = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/tokenize"}
+)
 
 
 @schemathesis.hook

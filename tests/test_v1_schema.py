@@ -12,6 +12,7 @@ V1_PATHS = {
     "/tokenize",
     "/v1/chat/completions",
     "/v1/completions",
+    "/v1/responses",
     "/v1/models",
     "/v1/files",
     "/v1/files/{file_id}",

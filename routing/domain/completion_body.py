@@ -124,6 +124,9 @@ def _prompts(prompt: Any) -> list[Prompt]:
     if prompt is None:
         raise BodyError("prompt is required", param="prompt")
     if isinstance(prompt, str):
+        if not prompt:
+            # As vLLM refuses it (400), before it is charged.
+            raise BodyError("prompt must not be empty", param="prompt")
         return [prompt]
     if not isinstance(prompt, list) or not prompt:
         raise BodyError(

@@ -8,10 +8,19 @@ import json
 import random
 import time
 
+import pytest
+
 from routing.domain.snapshot import ConfigSnapshot
 from routing.domain.tiers import Tier
-from routing.plan import GatewaySettings, payload_for, plan_chat
+from routing.plan import (
+    ChatPlan,
+    GatewaySettings,
+    payload_for,
+    plan_chat,
+    plan_response,
+)
 from routing.prompt_tokens import VersionCounters
+from routing.responses import GatewayError
 from routing.tests.embedded_gateway import MODEL, _snapshot
 
 
@@ -85,3 +94,63 @@ def test_a_clients_priority_never_reaches_the_engine() -> None:
     assert "priority" not in sent
     assert sent["temperature"] == 0.5  # the rest passes through
     assert sent["stream"] is True and sent["max_tokens"] == 8
+
+
+def _plan_response(body: dict[str, object]) -> ChatPlan:
+    return asyncio.run(
+        plan_response(
+            snapshot=_snapshot(None),
+            settings=GatewaySettings(region="embedded"),
+            counters=VersionCounters(),
+            team="alpha",
+            headers={},
+            body=body,
+            started_at=time.monotonic(),
+            rng=random.Random(0),
+        )
+    )
+
+
+def test_a_response_goes_to_the_engine_streamed_and_unstored() -> None:
+    plan = _plan_response(
+        {"model": MODEL, "input": "hello", "store": False, "temperature": 0.5}
+    )
+    payload = json.loads(plan.payload)
+    assert payload["stream"] is True
+    assert payload["store"] is False
+    assert payload["temperature"] == 0.5
+    assert payload["max_output_tokens"] == plan.max_tokens
+    assert plan.surface == "responses"
+    assert not plan.stream
+    # Keyed and counted as the chat of the same messages.
+    chat = asyncio.run(
+        plan_chat(
+            snapshot=_snapshot(None),
+            settings=GatewaySettings(region="embedded"),
+            counters=VersionCounters(),
+            team="alpha",
+            headers={},
+            body={"model": MODEL, "messages": [{"role": "user", "content": "hello"}]},
+            started_at=time.monotonic(),
+            rng=random.Random(0),
+        )
+    )
+    assert (plan.routing_key, plan.prompt_tokens) == (
+        chat.routing_key,
+        chat.prompt_tokens,
+    )
+    assert plan.max_tokens == chat.max_tokens
+
+
+def test_a_response_with_tools_needs_a_tool_call_parser() -> None:
+    tool = {"type": "function", "name": "f", "parameters": {"type": "object"}}
+    with pytest.raises(GatewayError) as caught:
+        _plan_response({"model": MODEL, "input": "hello", "tools": [tool]})
+    assert (caught.value.status, caught.value.param) == (400, "tools")
+    assert caught.value.code == "unsupported_parameter"
+
+
+def test_a_response_refused_body_is_a_400_naming_its_param() -> None:
+    with pytest.raises(GatewayError) as caught:
+        _plan_response({"model": MODEL, "input": "hello", "store": True})
+    assert (caught.value.status, caught.value.param) == (400, "store")

@@ -3,9 +3,10 @@
 Bodies are drawn by hypothesis (derandomized: the same examples on every run,
 bounded in number): mostly OpenAI chat bodies with some fields replaced by
 arbitrary JSON, the issue's hostile shapes (lone surrogates, deep nesting, long
-integers, NaN), and raw bytes. Every answer must be below 500; every refusal in
-OpenAI's shape, ``{"error": {"type", "message", "param", "code"}}``; every 200 a
-whole answer or a stream ending in ``[DONE]`` without an error event.
+integers, NaN), and raw bytes; Responses bodies the same way. Every answer must be
+below 500; every refusal in OpenAI's shape, ``{"error": {"type", "message",
+"param", "code"}}``; every 200 a whole answer or a stream ending in ``[DONE]``
+(``response.completed`` for a response) without an error event.
 
 Two gateways take them: one in this process (``embedded_gateway``, many examples
 fast, in front of a real simulated replica process), and a real gateway process
@@ -144,6 +145,67 @@ tokenize_bodies = st.fixed_dictionaries(
 )
 
 
+input_items = st.lists(
+    st.fixed_dictionaries(
+        {
+            "role": st.sampled_from(["system", "developer", "user"]),
+            "content": st.text(max_size=40)
+            | st.lists(
+                st.fixed_dictionaries(
+                    {"type": st.just("input_text"), "text": st.text(max_size=20)}
+                ),
+                min_size=1,
+                max_size=2,
+            ),
+        }
+    ),
+    min_size=1,
+    max_size=3,
+)
+RESPONSES_VALID: dict[str, st.SearchStrategy[Any]] = {
+    "instructions": st.text(max_size=20),
+    "max_output_tokens": st.integers(min_value=1, max_value=6),
+    "stream": st.booleans(),
+    "store": st.just(False),
+    "temperature": st.floats(min_value=0, max_value=2),
+    "top_p": st.floats(min_value=0, max_value=1),
+    "text": st.sampled_from(
+        [
+            {"format": {"type": "text"}},
+            {"format": {"type": "json_object"}},
+            {"format": {"type": "json_schema", "name": "a", "schema": {}}},
+        ]
+    ),
+    "user": st.text(max_size=8),
+    "metadata": st.dictionaries(st.text(max_size=6), st.text(max_size=6), max_size=2),
+}
+RESPONSES_WRONG_ONLY = [
+    "model",
+    "input",
+    "tools",
+    "tool_choice",
+    "previous_response_id",
+    "include",
+    "background",
+    "extra",
+]
+
+
+@st.composite
+def responses_bodies(draw: st.DrawFn) -> dict[str, Any]:
+    """A valid Responses body, or one with a field gone wrong."""
+    body: dict[str, Any] = {
+        "model": draw(st.sampled_from([MODEL, f"{MODEL}@v1"])),
+        "input": draw(st.text(max_size=40) | input_items),
+    }
+    for name in draw(st.sets(st.sampled_from(sorted(RESPONSES_VALID)), max_size=5)):
+        body[name] = draw(RESPONSES_VALID[name])
+    if draw(st.booleans()):
+        name = draw(st.sampled_from(sorted(RESPONSES_VALID) + RESPONSES_WRONG_ONLY))
+        body[name] = draw(json_values | near_misses)
+    return body
+
+
 def hostile_text(body: dict[str, Any]) -> st.SearchStrategy[str]:
     """The body as JSON text, with one of the issue's hostile values spliced in."""
     text = json.dumps(body)
@@ -175,6 +237,11 @@ requests = st.one_of(
     ),
     st.tuples(st.sampled_from(["/v1/chat/completions", "/tokenize"]), st.binary()),
     st.tuples(st.just("/tokenize"), tokenize_bodies.map(as_bytes)),
+    st.tuples(st.just("/v1/responses"), responses_bodies().map(as_bytes)),
+    st.tuples(
+        st.just("/v1/responses"),
+        responses_bodies().flatmap(hostile_text).map(str.encode),
+    ),
 )
 headers = st.fixed_dictionaries(
     {},
@@ -203,11 +270,17 @@ def check(path: str, status: int, content_type: str, body: bytes) -> None:
         assert error["code"] is None or isinstance(error["code"], str), error
     elif content_type.startswith("text/event-stream"):
         events = [e for e in body.decode().split("\n\n") if e]
+        if path == "/v1/responses":
+            assert events[-1].startswith("event: response.completed\n"), events[-3:]
+            assert not any(e.startswith("event: error") for e in events), events
+            return
         assert events[-1] == "data: [DONE]", events[-3:]
         assert not any(e.startswith('data: {"error"') for e in events), events
     else:
         answer = json.loads(body)
-        if path == "/tokenize":
+        if path == "/v1/responses":
+            assert answer["object"] == "response", answer
+        elif path == "/tokenize":
             assert answer["count"] == len(answer["tokens"]), answer
         else:
             assert answer["choices"], answer

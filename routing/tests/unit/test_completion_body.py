@@ -24,6 +24,7 @@ def completion(**fields: Any) -> dict[str, Any]:
         ({"prompt": "x"}, "model", None),
         ({"model": "chat-7b"}, "prompt", None),
         (completion(prompt=[]), "prompt", None),
+        (completion(prompt=""), "prompt", None),
         (completion(prompt=7), "prompt", None),
         (completion(prompt=[1, -2]), "prompt", None),
         (completion(prompt=[1, 2**31]), "prompt", None),

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import schemathesis
 
-from routing.domain import chat_body, completion_body
+from routing.domain import chat_body, completion_body, responses_body
 from routing.openapi import gateway_components, gateway_paths
 
 COMPONENTS = gateway_components()
@@ -85,3 +85,29 @@ def test_unsupported_fields_admit_only_null() -> None:
     assert COMPLETION["suffix"]["type"] == "null"
     parts = COMPONENTS["TextPart"]["properties"]["type"]
     assert parts == {"const": "text"}
+
+
+def test_responses_fields_are_responses_bodys() -> None:
+    request = COMPONENTS["ResponseRequest"]
+    assert set(request["properties"]) == responses_body.ACCEPTED_FIELDS
+    assert request["additionalProperties"] is False  # unknown fields are a 400
+    properties = request["properties"]
+    for name in responses_body.RESPONSES_SAMPLING:
+        low, high = chat_body.NUMBER_RANGES[name]
+        assert not_null(properties[name])["minimum"] == low
+        assert not_null(properties[name])["maximum"] == high
+    assert not_null(properties["include"])["items"]["enum"] == sorted(
+        responses_body.INCLUDABLE
+    )
+    assert not_null(properties["tools"])["maxItems"] == chat_body.MAX_TOOLS
+    metadata = not_null(properties["metadata"])
+    assert metadata["maxProperties"] == responses_body.MAX_METADATA_PAIRS
+    for name in responses_body.UNSUPPORTED_FIELDS:
+        assert properties[name]["type"] == "null"
+    # What the platform never does is only ever false.
+    for name in ("store", "background"):
+        assert not_null(properties[name])["const"] is False
+    items = COMPONENTS["InputItems"]["items"]["anyOf"]
+    messages = [item for item in items if "role" in item["properties"]]
+    roles = {role for item in messages for role in item["properties"]["role"]["enum"]}
+    assert roles == responses_body.INPUT_ROLES
