@@ -45,6 +45,11 @@ class CompletionPrompt:
 
 
 def _from_text(text: str) -> CompletionPrompt:
+    if not text:
+        # vLLM 0.32's CompletionRequest validator.
+        raise RequestError(
+            "Either prompt or prompt_embeds must be provided and non-empty.", "prompt"
+        )
     return CompletionPrompt(text, tokens.split_pieces(text), tokens.encode(text))
 
 

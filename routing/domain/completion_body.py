@@ -142,14 +142,14 @@ def _prompts(prompt: Any) -> list[Prompt]:
         )
     prompts: list[Prompt] = []
     for index, item in enumerate(prompt):
-        if isinstance(item, str):
+        if isinstance(item, str) and item:
             prompts.append(item)
         elif isinstance(item, list) and item:
             prompts.append(_token_ids(item, f"prompt.{index}"))
         else:
             raise BodyError(
-                "each prompt of a list must be a string or a non-empty list of "
-                "token ids",
+                "each prompt of a list must be a non-empty string or a non-empty "
+                "list of token ids",
                 param=f"prompt.{index}",
             )
     return prompts

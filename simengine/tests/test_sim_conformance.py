@@ -157,7 +157,6 @@ def test_prompt_token_counters_add_up_as_in_vllm(
 # -- the surfaces beyond plain chat (simengine/tests/data/vllm_surfaces) ----------------
 
 
-
 @pytest.fixture(scope="module")
 def surfaces_reference() -> dict[str, Answer]:
     return read_surfaces()

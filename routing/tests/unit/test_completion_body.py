@@ -30,6 +30,7 @@ def completion(**fields: Any) -> dict[str, Any]:
         (completion(prompt=[1, 2**31]), "prompt", None),
         (completion(prompt=["a", 3.5]), "prompt.1", None),
         (completion(prompt=["a", []]), "prompt.1", None),
+        (completion(prompt=["a", ""]), "prompt.1", None),
         (completion(prompt=["a", [1, "b"]]), "prompt.1", None),
         (completion(prompt=["a"] * (MAX_PROMPTS + 1)), "prompt", None),
         (completion(max_tokens=0), "max_tokens", None),
