@@ -658,13 +658,15 @@ def _straight_to(platform: LivePlatform, path: str, body: dict[str, Any]) -> Any
             {"messages": ASK, "tools": TOOL_LIST, "tool_choice": NAMED_TOOL},
         ),
         ("/v1/completions", {"prompt": "Once upon a time"}),
+        ("/v1/responses", {"input": "Once upon a time", "store": False}),
     ],
-    ids=["chat-with-tools", "completions"],
+    ids=["chat-with-tools", "completions", "responses"],
 )
 def test_greedy_answers_through_the_gateway_are_vllms_own(
     platform: LivePlatform, path: str, body: dict[str, Any]
 ) -> None:
-    greedy = {**body, "temperature": 0, "max_tokens": 24}
+    length = "max_output_tokens" if path == "/v1/responses" else "max_tokens"
+    greedy = {**body, "temperature": 0, length: 24}
     direct = _straight_to(platform, path, greedy)
     via = httpx.post(
         f"{platform.url}{path}",
@@ -675,6 +677,11 @@ def test_greedy_answers_through_the_gateway_are_vllms_own(
     via.raise_for_status()
 
     def essence(doc: dict[str, Any]) -> list[Any]:
+        if doc.get("object") == "response":
+            return [
+                (item["type"], item.get("content"), item.get("arguments"))
+                for item in doc["output"]
+            ] + [doc["status"], doc["usage"]["output_tokens"]]
         return [
             (
                 choice.get("text"),
@@ -689,7 +696,28 @@ def test_greedy_answers_through_the_gateway_are_vllms_own(
         ]
 
     assert essence(via.json()) == essence(direct)
-    assert via.json()["usage"]["prompt_tokens"] == direct["usage"]["prompt_tokens"]
+    prompt = "input_tokens" if path == "/v1/responses" else "prompt_tokens"
+    assert via.json()["usage"][prompt] == direct["usage"][prompt]
+
+
+def test_a_streamed_response_through_the_gateway(platform: LivePlatform) -> None:
+    """The Responses API's typed events, through the gateway, with usage."""
+    stream = platform.client().responses.create(
+        model=MODEL, input="Once upon a time", max_output_tokens=8, stream=True
+    )
+    events = list(stream)
+    kinds = [event.type for event in events]
+    assert kinds[0] == "response.created"
+    assert kinds[-1] == "response.completed"
+    assert "response.output_text.delta" in kinds
+    final = events[-1]
+    assert final.type == "response.completed"
+    usage = final.response.usage
+    assert usage is not None and usage.output_tokens >= 1
+    text = "".join(
+        event.delta for event in events if event.type == "response.output_text.delta"
+    )
+    assert text == final.response.output_text
 
 
 def test_replica_killed_before_its_first_token_is_retried_on_the_other(
