@@ -22,14 +22,19 @@ import pytest
 
 if TYPE_CHECKING:
     from simengine.conformance import Capture
+    from simengine.surface_capture import Answer
 
 
 @dataclass
 class VllmCaptureSlot:
-    """A capture of real vLLM taken earlier in the session, and what served it."""
+    """Captures of real vLLM taken earlier in the session, and what served them:
+    plain chat and metrics (``capture``, for ``test_vllm_fidelity``) and the
+    surfaces beyond chat (``surfaces``, for ``test_vllm_surfaces``)."""
 
     capture: Capture | None = None
     source: str = ""
+    surfaces: dict[str, Answer] | None = None
+    surfaces_source: str = ""
 
 
 @pytest.fixture(scope="session")

@@ -8,8 +8,10 @@ sides. The last two tests kill the replicas, one before its first token and one
 mid-stream, so they run last.
 
 The replicas run the capture server's flags (``test_vllm_fidelity``), and once they
-serve, before any test here, one of them is captured for that module
-(``tests/conftest.py``): it then starts no vLLM of its own.
+serve, before any test here, one of them is captured for that module and the other
+on the surfaces beyond chat for ``test_vllm_surfaces`` (``tests/conftest.py``):
+those then start no vLLM of their own. Tools, structured outputs, ``n``,
+completions and the Responses API go through the gateway here, with the SDK.
 
 Where the CPU build cannot be installed the module is skipped with the reason;
 with ``REQUIRE_VLLM=1`` that is a failure.
@@ -66,7 +68,12 @@ from localrun.vllm_cpu import (
 )
 from metering.models import Usage
 from simengine.conformance import capture
-from simengine.surface_capture import SURFACE_ENV, TOOLS, WEATHER_SCHEMA
+from simengine.surface_capture import (
+    SURFACE_ENV,
+    TOOLS,
+    WEATHER_SCHEMA,
+    capture_surfaces,
+)
 from tests.live import (
     LivePlatform,
     cached_tokens_of,
@@ -109,6 +116,12 @@ def platform(
         replica_id, url = sorted(replica_urls(live).items())[0]
         vllm_capture_slot.capture = capture(url, MODEL, api_key=ENGINE_KEY)
         vllm_capture_slot.source = f"replica {replica_id} of test_vllm_e2e"
+        # For test_vllm_surfaces: the other replica, on the surfaces beyond chat.
+        other_id, other_url = sorted(replica_urls(live).items())[1]
+        vllm_capture_slot.surfaces = capture_surfaces(
+            other_url, MODEL, api_key=ENGINE_KEY
+        )
+        vllm_capture_slot.surfaces_source = f"replica {other_id} of test_vllm_e2e"
         yield live
 
 
@@ -707,8 +720,9 @@ def test_a_streamed_response_through_the_gateway(platform: LivePlatform) -> None
     )
     events = list(stream)
     kinds = [event.type for event in events]
-    assert kinds[0] == "response.created"
+    assert kinds[:2] == ["response.created", "response.in_progress"]
     assert kinds[-1] == "response.completed"
+    assert [event.sequence_number for event in events] == list(range(len(events)))
     assert "response.output_text.delta" in kinds
     final = events[-1]
     assert final.type == "response.completed"
