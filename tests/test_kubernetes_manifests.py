@@ -1,0 +1,400 @@
+"""The Kubernetes package (platform/kubernetes/, docs/kubernetes.md), without a cluster.
+
+Each overlay is built with ``kubectl kustomize`` and every object is validated,
+strictly (unknown fields fail), against the OpenAPI schemas of three Kubernetes
+versions that kubernetes-validate ships: 1.35, 1.36 and 1.37. The pool Deployment
+that the actuator renders is validated the same way. The pool actuator's Role is
+held equal to what the actuator calls: its loop runs against a recording API
+server through scale up, spec change and scale down.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import io
+import json
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import kubernetes_validate
+import pytest
+import yaml
+from django.conf import settings
+from django.core.management import call_command
+
+from engine_nodes.domain.k8s import PoolSpec, render_deployment
+from localrun.processes import gateway_argv
+from models_registry.models import ModelVersion, Pool
+
+ROOT = Path(__file__).resolve().parent.parent
+KUSTOMIZE = ROOT / "platform" / "kubernetes"
+OVERLAYS = ("region-a", "region-b")
+KUBERNETES_VERSIONS = ("1.35.0", "1.36.0", "1.37.0")
+NAMESPACE = "llm-platform"
+# The drain (a scale-down marks the pod to remove first, through its deletion
+# cost annotation) reads and patches pods: documented in docs/kubernetes.md and
+# granted before the actuator's drain lands, so the Role need not change with it.
+DRAIN_POD_RULES = frozenset(
+    ("", "pods", verb) for verb in ("get", "list", "watch", "patch")
+)
+
+needs_kubectl = pytest.mark.skipif(
+    shutil.which("kubectl") is None, reason="kubectl is not installed"
+)
+
+
+@functools.cache
+def build(overlay: str) -> tuple[dict[str, Any], ...]:
+    """Return the objects ``kubectl kustomize`` builds for an overlay."""
+    out = subprocess.run(
+        ["kubectl", "kustomize", str(KUSTOMIZE / "overlays" / overlay)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    return tuple(doc for doc in yaml.safe_load_all(out) if doc)
+
+
+def find(objects: tuple[dict[str, Any], ...], kind: str, name: str) -> dict[str, Any]:
+    [found] = [o for o in objects if (o["kind"], o["metadata"]["name"]) == (kind, name)]
+    return found
+
+
+def pod_specs(objects: tuple[dict[str, Any], ...]) -> Iterator[tuple[str, Any]]:
+    for o in objects:
+        if o["kind"] in ("Deployment", "Job"):
+            yield o["metadata"]["name"], o["spec"]["template"]["spec"]
+
+
+def validate(obj: dict[str, Any]) -> None:
+    for version in KUBERNETES_VERSIONS:
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+@needs_kubectl
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_overlay_builds_and_validates_strictly(overlay: str) -> None:
+    objects = build(overlay)
+    kinds = {o["kind"] for o in objects}
+    assert {"Deployment", "Service", "HorizontalPodAutoscaler"} <= kinds
+    assert {"PodDisruptionBudget", "NetworkPolicy", "Ingress", "Role"} <= kinds
+    for obj in objects:
+        validate(obj)
+    [config] = [o for o in objects if o["kind"] == "ConfigMap"]
+    assert config["data"]["PLATFORM_REGION"] == overlay
+
+
+@needs_kubectl
+def test_a_planted_error_fails_validation() -> None:
+    gateway = find(build("region-a"), "Deployment", "gateway")
+    as_string = copy.deepcopy(gateway)
+    as_string["spec"]["replicas"] = "2"
+    unknown = copy.deepcopy(gateway)
+    unknown["spec"]["template"]["spec"]["containers"][0]["imagePullPolice"] = "Always"
+    for bad in (as_string, unknown):
+        with pytest.raises(kubernetes_validate.ValidationError):
+            validate(bad)
+
+
+@pytest.mark.parametrize(
+    "volume",
+    [
+        {"weights_pvc": "model-weights", "weights_sub_path": "ab12"},
+        {"weights_host_path": "/var/lib/platform/weights/ab12"},
+    ],
+)
+def test_the_rendered_pool_deployment_validates_strictly(
+    volume: dict[str, Any],
+) -> None:
+    spec = PoolSpec(
+        model="chat-7b",
+        version="v1",
+        region="region-a",
+        replicas=2,
+        image="vllm/vllm-openai:v0.32.0",
+        gpus_per_replica=2,
+        argv=("vllm", "serve", "/weights/ab12", "--kv-offloading-size", "16"),
+        weights_dir="/weights/ab12",
+        **volume,
+    )
+    validate(render_deployment(namespace=NAMESPACE, spec=spec))
+
+
+@needs_kubectl
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_beat_is_one_pod_never_two(overlay: str) -> None:
+    beat = find(build(overlay), "Deployment", "beat")
+    assert beat["spec"]["replicas"] == 1
+    assert beat["spec"]["strategy"] == {"type": "Recreate"}
+
+
+@needs_kubectl
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_no_secret_values_are_shipped(overlay: str) -> None:
+    objects = build(overlay)
+    assert [o for o in objects if o["kind"] == "Secret"] == []
+    refs = set()
+    for _, pod in pod_specs(objects):
+        for container in pod["containers"]:
+            for var in container.get("env", []):
+                assert "value" not in var or not _is_secret_name(var["name"]), var
+                ref = var.get("valueFrom", {}).get("secretKeyRef")
+                if ref:
+                    refs.add(ref["name"])
+    assert refs == {"platform-secrets"}
+
+
+def _is_secret_name(name: str) -> bool:
+    return name in {"DATABASE_URL", "REDIS_URL", "SECRET_KEY"} or name.endswith(
+        ("_KEY", "_TOKEN")
+    )
+
+
+@needs_kubectl
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_container_runs_as_non_root(overlay: str) -> None:
+    for name, pod in pod_specs(build(overlay)):
+        pod_context = pod.get("securityContext", {})
+        for container in pod["containers"]:
+            context = {**pod_context, **container.get("securityContext", {})}
+            assert context.get("runAsNonRoot") is True, name
+            assert context.get("runAsUser", 1) != 0, name
+            assert context.get("allowPrivilegeEscalation") is False, name
+            assert context.get("readOnlyRootFilesystem") is True, name
+
+
+@needs_kubectl
+def test_the_processes_run_the_local_command_lines() -> None:
+    """The gateway's command is gateway_argv's, and every Celery queue that
+    settings route to (and the default one) has a worker consuming it."""
+    objects = build("region-a")
+    [gateway] = find(objects, "Deployment", "gateway")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    local = gateway_argv(8000, host="0.0.0.0", log_level="info", server="uvicorn")
+    assert gateway["command"] == ["python", *local[1:]]
+    queues = {"celery"} | {r["queue"] for r in settings.CELERY_TASK_ROUTES.values()}
+    consumed = set()
+    for _, pod in pod_specs(objects):
+        for container in pod["containers"]:
+            command = container["command"]
+            if command[:4] == ["celery", "-A", "config", "worker"]:
+                [option] = [a for a in command if a.startswith("--queues=")]
+                consumed |= set(option.removeprefix("--queues=").split(","))
+    assert consumed == queues
+
+
+@needs_kubectl
+def test_the_engine_policy_selects_the_rendered_pool_pods() -> None:
+    policy = find(build("region-a"), "NetworkPolicy", "engine-replicas-ingress")
+    spec = PoolSpec(
+        model="chat-7b",
+        version="v1",
+        region="region-a",
+        replicas=1,
+        image="vllm/vllm-openai:v0.32.0",
+        gpus_per_replica=1,
+        argv=("vllm", "serve", "/weights/ab12"),
+        weights_dir="/weights/ab12",
+        weights_pvc="model-weights",
+    )
+    manifest = render_deployment(namespace=NAMESPACE, spec=spec)
+    labels = manifest["spec"]["template"]["metadata"]["labels"]
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert selector.items() <= labels.items()
+
+
+# --- The pool actuator's Role, against what it calls --------------------------
+
+
+class _RecordingApi(ThreadingHTTPServer):
+    """Any namespaced resource path of a Kubernetes API server, in memory.
+
+    Records (api group, resource[/subresource], verb, namespace) per request, as
+    the API server's authorizer sees it.
+    """
+
+    objects: dict[str, dict[str, Any]]
+    calls: set[tuple[str, str, str, str]]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _RecordingApi
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _send(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> Any:
+        return json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+
+    def _record(self, method: str) -> tuple[str, str | None, str]:
+        """Record the request; return (collection path, name, subresource)."""
+        url = urlsplit(self.path)
+        parts = url.path.strip("/").split("/")
+        if parts[0] == "api":  # /api/v1/namespaces/NS/RESOURCE[/NAME[/SUB]]
+            group, rest = "", parts[2:]
+        else:  # /apis/GROUP/VERSION/namespaces/NS/...
+            group, rest = parts[1], parts[3:]
+        assert rest[0] == "namespaces", f"a cluster-wide call: {self.path}"
+        namespace, resource = rest[1], rest[2]
+        name = rest[3] if len(rest) > 3 else None
+        sub = rest[4] if len(rest) > 4 else ""
+        if method == "GET" and name is None:
+            is_watch = parse_qs(url.query).get("watch") == ["true"]
+            verb = "watch" if is_watch else "list"
+        else:
+            verb = {
+                "GET": "get",
+                "POST": "create",
+                "PATCH": "patch",
+                "PUT": "update",
+                "DELETE": "delete" if name else "deletecollection",
+            }[method]
+        full = f"{resource}/{sub}" if sub else resource
+        self.server.calls.add((group, full, verb, namespace))
+        collection = "/".join(parts[: len(parts) - len(rest) + 3])
+        return collection, name, sub
+
+    def _missing(self) -> None:
+        self._send(404, {"kind": "Status", "status": "Failure", "code": 404})
+
+    def do_GET(self) -> None:
+        collection, name, _ = self._record("GET")
+        if name is None:
+            items = [
+                o for k, o in self.server.objects.items() if k.startswith(collection)
+            ]
+            self._send(200, {"kind": "List", "metadata": {}, "items": items})
+        elif f"{collection}/{name}" in self.server.objects:
+            self._send(200, self.server.objects[f"{collection}/{name}"])
+        else:
+            self._missing()
+
+    def do_POST(self) -> None:
+        collection, _, _ = self._record("POST")
+        body = self._body()
+        self.server.objects[f"{collection}/{body['metadata']['name']}"] = body
+        self._send(201, body)
+
+    def do_PATCH(self) -> None:
+        collection, name, sub = self._record("PATCH")
+        body = self._body()
+        key = f"{collection}/{name}"
+        if key not in self.server.objects:
+            self._missing()
+        elif sub == "scale":
+            self.server.objects[key]["spec"]["replicas"] = body["spec"]["replicas"]
+            self._send(200, {"kind": "Scale", "metadata": {}, "spec": body["spec"]})
+        else:
+            self.server.objects[key] = {**self.server.objects[key], **body}
+            self._send(200, self.server.objects[key])
+
+
+@pytest.fixture
+def recording_api(tmp_path: Path) -> Iterator[tuple[_RecordingApi, Path]]:
+    server = _RecordingApi(("127.0.0.1", 0), _Handler)
+    server.objects, server.calls = {}, set()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    kubeconfig = tmp_path / "kubeconfig"
+    cluster = {"server": f"http://127.0.0.1:{server.server_port}"}
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "test", "cluster": cluster}],
+                "users": [{"name": "test", "user": {"token": "not-a-secret"}}],
+                "contexts": [
+                    {"name": "test", "context": {"cluster": "test", "user": "test"}}
+                ],
+                "current-context": "test",
+            }
+        )
+    )
+    try:
+        yield server, kubeconfig
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def role_rules(role: dict[str, Any]) -> set[tuple[str, str, str]]:
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+@needs_kubectl
+@pytest.mark.django_db
+def test_the_actuator_role_allows_exactly_what_the_actuator_calls(
+    chat_v1: ModelVersion, recording_api: tuple[_RecordingApi, Path]
+) -> None:
+    """GIVEN the pool actuator's command line from the manifest, against an API
+    server that records each call's group, resource and verb
+    WHEN it follows a pool through scale up, a spec change and scale down
+    THEN its Role allows exactly those calls plus the drain's pod verbs."""
+    pytest.importorskip("kubernetes.client")
+    server, kubeconfig = recording_api
+    objects = build("region-a")
+    [container] = find(objects, "Deployment", "pool-actuator")["spec"]["template"][
+        "spec"
+    ]["containers"]
+    assert container["command"][:3] == ["python", "manage.py", "kubernetes_pools"]
+    assert "--in-cluster" in container["command"]
+    argv = [
+        a.replace("$(POD_NAMESPACE)", NAMESPACE)
+        for a in container["command"][2:]
+        if a != "--in-cluster"
+    ]
+    argv += ["--once", "--region=region-a", f"--kubeconfig={kubeconfig}"]
+    pool = Pool.objects.create(
+        model_id="chat-7b",
+        version=chat_v1,
+        region="region-a",
+        min_replicas=1,
+        max_replicas=4,
+        desired_replicas=1,
+    )
+
+    def follow(*extra: str) -> str:
+        out = io.StringIO()
+        call_command(*argv, *extra, stdout=out)
+        return out.getvalue().strip().rpartition(": ")[2]
+
+    assert follow() == "create"
+    Pool.objects.filter(pk=pool.pk).update(desired_replicas=3)
+    assert follow() == "scale"  # up
+    assert follow("--image=vllm/vllm-openai:v0.33.0") == "patch"
+    Pool.objects.filter(pk=pool.pk).update(desired_replicas=1)
+    assert follow("--image=vllm/vllm-openai:v0.33.0") == "scale"  # down
+
+    assert {namespace for *_, namespace in server.calls} == {NAMESPACE}
+    called = {(group, resource, verb) for group, resource, verb, _ in server.calls}
+    assert ("apps", "deployments/scale", "patch") in called
+    role = find(objects, "Role", "pool-actuator")
+    assert role_rules(role) == called | DRAIN_POD_RULES
+    binding = find(objects, "RoleBinding", "pool-actuator")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "pool-actuator", "namespace": NAMESPACE}
+    ]
