@@ -142,6 +142,13 @@ def promtool_binary() -> str:
 
 
 @pytest.fixture(scope="session")
+def kubectl_binary() -> str:
+    """Return the path of ``kubectl``, whose ``kustomize`` builds platform/kubernetes/
+    (it needs kustomize v5; Debian's kubernetes-client, 1.20, is too old)."""
+    return _binary("kubectl", "to build the Kubernetes manifests")
+
+
+@pytest.fixture(scope="session")
 def chromium_binary() -> str:
     """Return the path of Debian's ``chromium`` (which `make test` installs), the
     browser Playwright drives in tests/browser/ (its own download cannot work here)."""

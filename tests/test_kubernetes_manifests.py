@@ -14,7 +14,6 @@ import copy
 import functools
 import io
 import json
-import shutil
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -45,16 +44,12 @@ DRAIN_POD_RULES = frozenset(
     ("", "pods", verb) for verb in ("get", "list", "watch", "patch")
 )
 
-needs_kubectl = pytest.mark.skipif(
-    shutil.which("kubectl") is None, reason="kubectl is not installed"
-)
-
 
 @functools.cache
-def build(overlay: str) -> tuple[dict[str, Any], ...]:
+def build(kubectl: str, overlay: str) -> tuple[dict[str, Any], ...]:
     """Return the objects ``kubectl kustomize`` builds for an overlay."""
     out = subprocess.run(
-        ["kubectl", "kustomize", str(KUSTOMIZE / "overlays" / overlay)],
+        [kubectl, "kustomize", str(KUSTOMIZE / "overlays" / overlay)],
         check=True,
         capture_output=True,
         text=True,
@@ -79,10 +74,11 @@ def validate(obj: dict[str, Any]) -> None:
         kubernetes_validate.validate(obj, version, strict=True)
 
 
-@needs_kubectl
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_each_overlay_builds_and_validates_strictly(overlay: str) -> None:
-    objects = build(overlay)
+def test_each_overlay_builds_and_validates_strictly(
+    overlay: str, kubectl_binary: str
+) -> None:
+    objects = build(kubectl_binary, overlay)
     kinds = {o["kind"] for o in objects}
     assert {"Deployment", "Service", "HorizontalPodAutoscaler"} <= kinds
     assert {"PodDisruptionBudget", "NetworkPolicy", "Ingress", "Role"} <= kinds
@@ -92,9 +88,8 @@ def test_each_overlay_builds_and_validates_strictly(overlay: str) -> None:
     assert config["data"]["PLATFORM_REGION"] == overlay
 
 
-@needs_kubectl
-def test_a_planted_error_fails_validation() -> None:
-    gateway = find(build("region-a"), "Deployment", "gateway")
+def test_a_planted_error_fails_validation(kubectl_binary: str) -> None:
+    gateway = find(build(kubectl_binary, "region-a"), "Deployment", "gateway")
     as_string = copy.deepcopy(gateway)
     as_string["spec"]["replicas"] = "2"
     unknown = copy.deepcopy(gateway)
@@ -128,18 +123,16 @@ def test_the_rendered_pool_deployment_validates_strictly(
     validate(render_deployment(namespace=NAMESPACE, spec=spec))
 
 
-@needs_kubectl
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_beat_is_one_pod_never_two(overlay: str) -> None:
-    beat = find(build(overlay), "Deployment", "beat")
+def test_beat_is_one_pod_never_two(overlay: str, kubectl_binary: str) -> None:
+    beat = find(build(kubectl_binary, overlay), "Deployment", "beat")
     assert beat["spec"]["replicas"] == 1
     assert beat["spec"]["strategy"] == {"type": "Recreate"}
 
 
-@needs_kubectl
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_no_secret_values_are_shipped(overlay: str) -> None:
-    objects = build(overlay)
+def test_no_secret_values_are_shipped(overlay: str, kubectl_binary: str) -> None:
+    objects = build(kubectl_binary, overlay)
     assert [o for o in objects if o["kind"] == "Secret"] == []
     refs = set()
     for _, pod in pod_specs(objects):
@@ -158,10 +151,9 @@ def _is_secret_name(name: str) -> bool:
     )
 
 
-@needs_kubectl
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_every_container_runs_as_non_root(overlay: str) -> None:
-    for name, pod in pod_specs(build(overlay)):
+def test_every_container_runs_as_non_root(overlay: str, kubectl_binary: str) -> None:
+    for name, pod in pod_specs(build(kubectl_binary, overlay)):
         pod_context = pod.get("securityContext", {})
         for container in pod["containers"]:
             context = {**pod_context, **container.get("securityContext", {})}
@@ -171,11 +163,10 @@ def test_every_container_runs_as_non_root(overlay: str) -> None:
             assert context.get("readOnlyRootFilesystem") is True, name
 
 
-@needs_kubectl
-def test_the_processes_run_the_local_command_lines() -> None:
+def test_the_processes_run_the_local_command_lines(kubectl_binary: str) -> None:
     """The gateway's command is gateway_argv's, and every Celery queue that
     settings route to (and the default one) has a worker consuming it."""
-    objects = build("region-a")
+    objects = build(kubectl_binary, "region-a")
     [gateway] = find(objects, "Deployment", "gateway")["spec"]["template"]["spec"][
         "containers"
     ]
@@ -192,9 +183,10 @@ def test_the_processes_run_the_local_command_lines() -> None:
     assert consumed == queues
 
 
-@needs_kubectl
-def test_the_engine_policy_selects_the_rendered_pool_pods() -> None:
-    policy = find(build("region-a"), "NetworkPolicy", "engine-replicas-ingress")
+def test_the_engine_policy_selects_the_rendered_pool_pods(kubectl_binary: str) -> None:
+    policy = find(
+        build(kubectl_binary, "region-a"), "NetworkPolicy", "engine-replicas-ingress"
+    )
     spec = PoolSpec(
         model="chat-7b",
         version="v1",
@@ -345,10 +337,11 @@ def role_rules(role: dict[str, Any]) -> set[tuple[str, str, str]]:
     }
 
 
-@needs_kubectl
 @pytest.mark.django_db
 def test_the_actuator_role_allows_exactly_what_the_actuator_calls(
-    chat_v1: ModelVersion, recording_api: tuple[_RecordingApi, Path]
+    chat_v1: ModelVersion,
+    recording_api: tuple[_RecordingApi, Path],
+    kubectl_binary: str,
 ) -> None:
     """GIVEN the pool actuator's command line from the manifest, against an API
     server that records each call's group, resource and verb
@@ -356,7 +349,7 @@ def test_the_actuator_role_allows_exactly_what_the_actuator_calls(
     THEN its Role allows exactly those calls plus the drain's pod verbs."""
     pytest.importorskip("kubernetes.client")
     server, kubeconfig = recording_api
-    objects = build("region-a")
+    objects = build(kubectl_binary, "region-a")
     [container] = find(objects, "Deployment", "pool-actuator")["spec"]["template"][
         "spec"
     ]["containers"]
