@@ -1,8 +1,8 @@
 """A pool's Deployment scaled down without cutting a stream: which pod leaves, and when.
 
-Public surface: ``PodView``, ``PoolFacts``, ``Step``, ``Decision``, ``decide``,
-``drain_steps`` and its effects ``Scale``, ``MarkDraining``, ``MarkServing``,
-``AnnotatePod``; ``InMemoryPool``, the in-memory interpreter.
+Public surface: ``PodView``, ``ReplicaLoad``, ``PoolFacts``, ``Step``, ``Decision``,
+``decide``, ``drain_steps`` and its effects ``Scale``, ``MarkDraining``,
+``MarkServing``, ``AnnotatePod``; ``InMemoryPool``, the in-memory interpreter.
 
 Left alone, a Deployment scale-down lets the ReplicaSet controller pick the pod
 that dies, streams and all. Here one tick of a pool decides, from the facts:
@@ -51,6 +51,7 @@ __all__ = [
     "MarkServing",
     "PodView",
     "PoolFacts",
+    "ReplicaLoad",
     "Scale",
     "Step",
     "Steps",
@@ -85,6 +86,18 @@ class PodView:
     created_at: float = 0.0
     draining_since: float | None = None
     deletion_cost: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaLoad:
+    """What the platform knows of a pod's replica: its state and its streams.
+
+    ``streams`` is None when no fresh beat says (the replica is silent).
+    """
+
+    state: str
+    streams: int | None
+    tokens_in_flight: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -253,6 +253,11 @@ class _ApiHandler(BaseHTTPRequestHandler):
         )
 
     def do_GET(self) -> None:
+        if self.path.startswith("/api/v1/namespaces/serving/pods"):
+            # No pod ever runs here: a scale-down finds none to drain.
+            self.server.requests.append(("GET pods", self.path))
+            self._send(200, {"kind": "PodList", "apiVersion": "v1", "items": []})
+            return
         name, _ = self._route()
         self.server.requests.append(("GET", self.path))
         if name is None or name not in self.server.deployments:
@@ -340,7 +345,12 @@ def test_kubernetes_pools_command_follows_the_target_through_the_official_client
     out = io.StringIO()
     call_command(*argv, stdout=out)
     assert out.getvalue().strip() == f"{NAME}: scale"
-    assert [method for method, _ in server.requests] == ["GET", "PATCH scale"]
+    # No pod runs, none to drain: the pods are listed, then it scales at once.
+    assert [method for method, _ in server.requests] == [
+        "GET",
+        "GET pods",
+        "PATCH scale",
+    ]
     assert server.deployments[NAME]["spec"]["replicas"] == 2
 
     out = io.StringIO()
