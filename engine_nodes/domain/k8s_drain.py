@@ -28,7 +28,11 @@ that dies, streams and all. Here one tick of a pool decides, from the facts:
 ``routing.domain.admission_control``): the live interpreter
 (``engine_nodes.actuators.KubernetesActuator``) performs them on the Kubernetes API
 and the platform's database; ``InMemoryPool`` performs them on a modelled pool.
-See ``docs/kubernetes-pools.md``.
+
+Heartbeats: a pod's streams come from its replica's beats, keyed by pod name; the
+intended source is a watcher on the pods plus ``/metrics`` scrapes in the actuator's
+process, not built yet. Without a fresh beat a pod's streams are unknown (never
+zero), so it drains to its deadline. See ``docs/kubernetes-pools.md``.
 """
 
 from __future__ import annotations
