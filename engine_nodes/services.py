@@ -14,7 +14,6 @@ from django.db import transaction
 from django.db.models import Prefetch, Sum
 from django.utils import timezone
 
-from engine_nodes.actuators import KubernetesActuator
 from engine_nodes.domain.beats import ReplicaBeat
 from engine_nodes.domain.convergence import ReplicaView, StartReplica, converge_steps
 from engine_nodes.domain.k8s import (
@@ -31,6 +30,7 @@ from engine_nodes.domain.replica_argv import (
     sglang_launch_argv,
     vllm_serve_argv,
 )
+from engine_nodes.kubernetes_actuator import KubernetesActuator
 from engine_nodes.models import Node, Replica
 from metering.domain.cost import gpu_hour_usd_for, gpu_usd_per_hour
 from metering.domain.figures import VersionFigures

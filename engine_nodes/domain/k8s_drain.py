@@ -26,7 +26,7 @@ that dies, streams and all. Here one tick of a pool decides, from the facts:
 
 ``drain_steps`` is that tick as a generator of effects (the shape of
 ``routing.domain.admission_control``): the live interpreter
-(``engine_nodes.actuators.KubernetesActuator``) performs them on the Kubernetes API
+(``engine_nodes.kubernetes_actuator.KubernetesActuator``) performs them on the Kubernetes API
 and the platform's database; ``InMemoryPool`` performs them on a modelled pool.
 
 Heartbeats: a pod's streams come from its replica's beats, keyed by pod name; the
@@ -195,8 +195,9 @@ def decide(facts: PoolFacts) -> Decision:
         # draining one may be it, so it is neither undrained nor counted.
         return Decision(Step.WAIT_TERMINATING)
     if facts.replicas == facts.target:
-        if draining:
-            return Decision(Step.UNDRAIN, pod=draining[0].pod)
+        marked = draining or [p for p in alive if p.state == ReplicaState.DRAINING]
+        if marked:
+            return Decision(Step.UNDRAIN, pod=marked[0].pod)
         return Decision(Step.CONVERGED)
     return _decide_down(facts, alive, draining)
 
@@ -221,10 +222,15 @@ def _decide_down(
         if (pod.streams == 0 and settled) or facts.now >= deadline:
             return Decision(Step.REMOVE_DRAINED, pod=pod.pod, replicas=down)
         return Decision(Step.WAIT_DRAINING, pod=pod.pod, deadline=deadline)
-    candidates = [p for p in alive if p.state not in _LEAVING]
+    # Marked draining but not stamped (the actuator stopped between the two):
+    # it is out of the rings already, so it is the one to leave; stamp it.
+    unstamped = [p for p in alive if p.state == ReplicaState.DRAINING]
+    candidates = unstamped[:1] or [p for p in alive if p.state not in _LEAVING]
     stalled = [p for p in candidates if p.state == ReplicaState.STALLED]
     serving = [p for p in candidates if p.state == ReplicaState.SERVING]
-    if stalled:
+    if unstamped:
+        chosen = unstamped[0]
+    elif stalled:
         chosen = min(stalled, key=_leave_order)
     elif serving and len(serving) - 1 >= facts.target:
         chosen = min(serving, key=_leave_order)

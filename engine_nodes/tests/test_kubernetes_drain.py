@@ -14,12 +14,12 @@ import pytest
 from django.utils import timezone
 
 from engine_nodes import services
-from engine_nodes.actuators import DrainOptions, KubernetesActuator
 from engine_nodes.domain.k8s import DeploymentTemplate, FollowAction
 from engine_nodes.domain.k8s_drain import (
     DELETION_COST_ANNOTATION,
     DRAINING_SINCE_ANNOTATION,
 )
+from engine_nodes.kubernetes_actuator import DrainOptions, KubernetesActuator
 from engine_nodes.models import Replica
 from engine_nodes.tests.kube_fake import ApiError, KubeFake
 from models_registry.models import ModelVersion, Pool

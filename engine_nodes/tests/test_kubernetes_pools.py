@@ -19,8 +19,8 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from engine_nodes import services
-from engine_nodes.actuators import KubernetesActuator
 from engine_nodes.domain.k8s import DeploymentTemplate, FollowAction
+from engine_nodes.kubernetes_actuator import KubernetesActuator
 from models_registry import services as registry_services
 from models_registry.models import ModelVersion, Pool
 from tests.factories import VERSION_BODY

@@ -33,13 +33,13 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from engine_nodes import services
-from engine_nodes.actuators import (
+from engine_nodes.domain.k8s import DeploymentTemplate, FollowAction
+from engine_nodes.kubernetes_actuator import (
     AppsV1Like,
     CoreV1Like,
     DrainOptions,
     KubernetesActuator,
 )
-from engine_nodes.domain.k8s import DeploymentTemplate, FollowAction
 
 
 def kube_apis(

@@ -102,6 +102,12 @@ def test_drain_target_risen_again_undrains() -> None:
     assert effects(pool) == [AnnotatePod("b", 0), MarkServing("b", "b")]
 
 
+def test_drain_replica_marked_but_not_stamped_is_stamped_first() -> None:
+    marked = PodView(pod="b", replica_id="b", state=ReplicaState.DRAINING, streams=9)
+    assert effects(facts(2, 1, pod("a"), marked)) == [MarkDraining("b", "b", at=100.0)]
+    assert decide(facts(2, 2, pod("a"), marked)).step == Step.UNDRAIN
+
+
 def test_drain_never_leaves_the_pool_short_of_serving_replicas() -> None:
     stalled_free = facts(2, 2, pod("a"), pod("b"))
     assert decide(stalled_free).step == Step.CONVERGED
