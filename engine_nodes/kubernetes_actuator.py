@@ -117,6 +117,12 @@ class DrainOptions:
     settle_s: float = 0.0
     conflict_retries: int = 3
 
+    def __post_init__(self) -> None:
+        if self.drain_timeout_s <= 0:
+            raise ValueError("the drain deadline must be positive")
+        if self.settle_s < 0 or self.conflict_retries < 0:
+            raise ValueError("settle_s and conflict_retries must not be negative")
+
 
 class _Conflict(Exception):
     """A write lost to another writer (409): read again, decide again."""

@@ -370,6 +370,16 @@ def test_kubernetes_pools_command_says_what_is_wrong(
             f"--image={TEMPLATE.image}",
             f"--kubeconfig={kubeconfig}",
         )
+    with pytest.raises(CommandError, match="settle_s"):
+        call_command(
+            "kubernetes_pools",
+            "--once",
+            "--namespace=serving",
+            f"--image={TEMPLATE.image}",
+            "--weights-pvc=w",
+            "--settle-s=-1",
+            f"--kubeconfig={kubeconfig}",
+        )
     with pytest.raises(CommandError, match="interval"):
         call_command(
             "kubernetes_pools",
@@ -379,3 +389,27 @@ def test_kubernetes_pools_command_says_what_is_wrong(
             "--interval-s=0",
             f"--kubeconfig={kubeconfig}",
         )
+
+
+def test_kubernetes_pools_command_without_drain_scales_down_directly(
+    pool: Pool, api_server: tuple[_ApiServer, Path]
+) -> None:
+    server, kubeconfig = api_server
+    argv = [
+        "kubernetes_pools",
+        "--once",
+        "--no-drain",
+        "--region=eu-west",
+        "--namespace=serving",
+        f"--image={TEMPLATE.image}",
+        "--weights-pvc=model-weights",
+        f"--kubeconfig={kubeconfig}",
+    ]
+    call_command(*argv, stdout=io.StringIO())
+    set_desired(pool, 2)
+    server.requests.clear()
+    out = io.StringIO()
+    call_command(*argv, stdout=out)
+    assert out.getvalue().strip() == f"{NAME}: scale"
+    assert [method for method, _ in server.requests] == ["GET", "PATCH scale"]
+    assert server.deployments[NAME]["spec"]["replicas"] == 2

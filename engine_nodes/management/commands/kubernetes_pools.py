@@ -132,12 +132,16 @@ class Command(BaseCommand):
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from None
-        apps, core = kube_apis(
-            in_cluster=options["in_cluster"], kubeconfig=options["kubeconfig"]
-        )
         settle_s = options["settle_s"]
         if settle_s is None:
             settle_s = settings.PLATFORM_HEARTBEAT_S * settings.PLATFORM_MISSED_BEATS
+        try:
+            drain = DrainOptions(drain_timeout_s=options["drain_s"], settle_s=settle_s)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        apps, core = kube_apis(
+            in_cluster=options["in_cluster"], kubeconfig=options["kubeconfig"]
+        )
         actuator = (
             KubernetesActuator(apps, options["namespace"])
             if options["no_drain"]
@@ -146,9 +150,7 @@ class Command(BaseCommand):
                 options["namespace"],
                 core=core,
                 ledger=services.DatabaseReplicaLedger(),
-                drain=DrainOptions(
-                    drain_timeout_s=options["drain_s"], settle_s=settle_s
-                ),
+                drain=drain,
             )
         )
         region = options["region"] or settings.PLATFORM_REGION
