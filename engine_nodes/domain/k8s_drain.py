@@ -26,8 +26,8 @@ that dies, streams and all. Here one tick of a pool decides, from the facts:
 
 ``drain_steps`` is that tick as a generator of effects (the shape of
 ``routing.domain.admission_control``): the live interpreter
-(``engine_nodes.kubernetes_actuator.KubernetesActuator``) performs them on the Kubernetes API
-and the platform's database; ``InMemoryPool`` performs them on a modelled pool.
+(``engine_nodes.kubernetes_actuator.KubernetesActuator``) performs them on the
+Kubernetes API and the platform's database; ``InMemoryPool`` on a modelled pool.
 
 Heartbeats: a pod's streams come from its replica's beats, keyed by pod name; the
 intended source is a watcher on the pods plus ``/metrics`` scrapes in the actuator's
