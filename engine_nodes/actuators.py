@@ -1,7 +1,8 @@
-"""Start and stop engine replicas: local processes, or Deployments on Kubernetes.
+"""Start and stop engine replicas as local processes.
 
 Public surface: ``Actuator``, ``ReplicaHandle``, ``LocalProcessActuator``,
-``KubernetesActuator``, ``AppsV1Like``, ``VLLM_OFFLINE_ENV``, ``REPLICA_ENV_DROPPED``.
+``VLLM_OFFLINE_ENV``, ``REPLICA_ENV_DROPPED``; Kubernetes Deployments are
+``engine_nodes.kubernetes_actuator``'s.
 
 ``LocalProcessActuator`` runs each replica as its own session (``setsid``), so the
 replica and everything it spawns (vLLM's EngineCore and workers) form one process
@@ -17,12 +18,6 @@ server arguments), removed when the replica stops. Simulated replicas get the ad
 ``SIM_ADMIN_TOKEN``.
 The platform's own secrets in the agent's environment (``REPLICA_ENV_DROPPED``:
 the database and Redis URLs, the signing key, the metrics token) are not passed on.
-
-``KubernetesActuator`` manages one Deployment per pool through an ``AppsV1Api``-like
-object that the caller builds; this module never imports the ``kubernetes``
-package, so the platform runs without it. ``follow_pool`` keeps a Deployment's
-replicas at the pool's target (``engine_nodes.services.follow_pools_on_kubernetes``
-passes ``Pool.target_replicas``), with a scale patch when only the count moved.
 """
 
 from __future__ import annotations
@@ -40,16 +35,8 @@ import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
-from engine_nodes.domain.k8s import (
-    SPEC_DIGEST_ANNOTATION,
-    FollowAction,
-    PoolSpec,
-    follow_action,
-    render_deployment,
-    scale_body,
-)
 from engine_nodes.domain.replica_argv import (
     DEFAULT_SIM_PROFILE,
     ReplicaSpec,
@@ -398,151 +385,3 @@ def _wait_group_gone(pgid: int, deadline: float) -> None:
             return
         # A short pause between polls of the group, bounded by the deadline.
         time.sleep(_GROUP_POLL_S)
-
-
-class AppsV1Like(Protocol):
-    """The part of ``kubernetes.client.AppsV1Api`` the actuator uses.
-
-    Absent objects raise an exception whose ``status`` is 404, as
-    ``kubernetes.client.exceptions.ApiException`` does.
-    """
-
-    def read_namespaced_deployment(self, name: str, namespace: str) -> Any: ...
-
-    def create_namespaced_deployment(self, namespace: str, body: Any) -> Any: ...
-
-    def patch_namespaced_deployment(
-        self, name: str, namespace: str, body: Any
-    ) -> Any: ...
-
-    def patch_namespaced_deployment_scale(
-        self, name: str, namespace: str, body: Any
-    ) -> Any: ...
-
-    def delete_namespaced_deployment(self, name: str, namespace: str) -> Any: ...
-
-
-class KubernetesActuator:
-    """Keep one Deployment per pool in ``namespace`` equal to its ``PoolSpec``.
-
-    Build it with ``KubernetesActuator(kubernetes.client.AppsV1Api(), "serving")``
-    after ``kubernetes.config.load_incluster_config()`` (or a kubeconfig).
-    """
-
-    def __init__(self, api: AppsV1Like, namespace: str) -> None:
-        self.api = api
-        self.namespace = namespace
-
-    def apply_pool(self, spec: PoolSpec) -> str:
-        """Create the pool's Deployment, or patch it if it exists; return its name.
-
-        A create that loses a race to another writer (409) falls back to a patch.
-        """
-        manifest = render_deployment(namespace=self.namespace, spec=spec)
-        name: str = manifest["metadata"]["name"]
-        try:
-            self.api.read_namespaced_deployment(name=name, namespace=self.namespace)
-        except Exception as exc:
-            if _status(exc) != 404:
-                raise
-            try:
-                self.api.create_namespaced_deployment(
-                    namespace=self.namespace, body=manifest
-                )
-            except Exception as create_exc:
-                if _status(create_exc) != 409:
-                    raise
-            else:
-                logger.info("created deployment %s/%s", self.namespace, name)
-                return name
-        self.api.patch_namespaced_deployment(
-            name=name, namespace=self.namespace, body=manifest
-        )
-        logger.info("patched deployment %s/%s", self.namespace, name)
-        return name
-
-    def scale_pool(self, name: str, replicas: int) -> None:
-        """Set the Deployment's replica count through its scale subresource."""
-        self.api.patch_namespaced_deployment_scale(
-            name=name, namespace=self.namespace, body=scale_body(replicas)
-        )
-
-    def follow_pool(self, spec: PoolSpec) -> FollowAction:
-        """Bring the pool's Deployment to ``spec`` (its replicas included); say how.
-
-        One read, then at most one write: a create, a whole patch when the
-        manifest changed beyond its replica count, or a scale patch when only the
-        count differs (``engine_nodes.domain.k8s.follow_action``). A create that
-        loses a race to another writer (409) falls back to a whole patch.
-        """
-        manifest = render_deployment(namespace=self.namespace, spec=spec)
-        name: str = manifest["metadata"]["name"]
-        try:
-            live = self.api.read_namespaced_deployment(
-                name=name, namespace=self.namespace
-            )
-        except Exception as exc:
-            if _status(exc) != 404:
-                raise
-            live = None
-        annotations = _field(_field(live, "metadata"), "annotations") or {}
-        action = follow_action(
-            manifest,
-            existing_digest=annotations.get(SPEC_DIGEST_ANNOTATION),
-            existing_replicas=_field(_field(live, "spec"), "replicas"),
-            is_present=live is not None,
-        )
-        if action == FollowAction.CREATE:
-            try:
-                self.api.create_namespaced_deployment(
-                    namespace=self.namespace, body=manifest
-                )
-            except Exception as exc:
-                if _status(exc) != 409:
-                    raise
-                action = FollowAction.PATCH
-        if action == FollowAction.PATCH:
-            self.api.patch_namespaced_deployment(
-                name=name, namespace=self.namespace, body=manifest
-            )
-        elif action == FollowAction.SCALE:
-            self.scale_pool(name, spec.replicas)
-        if action != FollowAction.NONE:
-            logger.info(
-                "%s deployment %s/%s (replicas %d)",
-                action,
-                self.namespace,
-                name,
-                spec.replicas,
-            )
-        return action
-
-    def delete_pool(self, name: str) -> bool:
-        """Delete the Deployment; return False if it was already gone."""
-        try:
-            self.api.delete_namespaced_deployment(name=name, namespace=self.namespace)
-        except Exception as exc:
-            if _status(exc) != 404:
-                raise
-            return False
-        logger.info("deleted deployment %s/%s", self.namespace, name)
-        return True
-
-
-def _field(obj: Any, name: str) -> Any:
-    """Return ``obj[name]`` of a dict, or ``obj.name`` of a client model; None if absent.
-
-    The official client returns models (``V1Deployment``); a dict stands in for
-    one in tests and in callers that read the API's JSON. The names used here
-    (metadata, annotations, spec, replicas) are the same in both spellings.
-    """
-    if obj is None:
-        return None
-    if isinstance(obj, Mapping):
-        return obj.get(name)
-    return getattr(obj, name, None)
-
-
-def _status(exc: BaseException) -> int | None:
-    status = getattr(exc, "status", None)
-    return status if isinstance(status, int) else None

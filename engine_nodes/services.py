@@ -14,7 +14,6 @@ from django.db import transaction
 from django.db.models import Prefetch, Sum
 from django.utils import timezone
 
-from engine_nodes.actuators import KubernetesActuator
 from engine_nodes.domain.beats import ReplicaBeat
 from engine_nodes.domain.convergence import ReplicaView, StartReplica, converge_steps
 from engine_nodes.domain.k8s import (
@@ -23,6 +22,7 @@ from engine_nodes.domain.k8s import (
     PoolSpec,
     deployment_name,
 )
+from engine_nodes.domain.k8s_drain import ReplicaLoad
 from engine_nodes.domain.liveness import ReplicaState, is_silent, silence_cutoff
 from engine_nodes.domain.replica_argv import (
     ReplicaSpec,
@@ -30,6 +30,7 @@ from engine_nodes.domain.replica_argv import (
     sglang_launch_argv,
     vllm_serve_argv,
 )
+from engine_nodes.kubernetes_actuator import KubernetesActuator
 from engine_nodes.models import Node, Replica
 from metering.domain.cost import gpu_hour_usd_for, gpu_usd_per_hour
 from metering.domain.figures import VersionFigures
@@ -373,6 +374,56 @@ def follow_pools_on_kubernetes(
             continue
         actions[spec.name] = actuator.follow_pool(spec)
     return actions
+
+
+class DatabaseReplicaLedger:
+    """The replicas of Kubernetes pods in the platform's database, keyed by pod name.
+
+    The ``ReplicaLedger`` of ``KubernetesActuator``'s drain. A replica marked
+    draining here leaves every gateway's ring at its next snapshot, as one a node
+    agent's reconcile marks (``reconcile_pools``). A pod with no row (no heartbeat
+    reaches the platform for it) has no streams known: it is drained to its
+    deadline. Streams are the row's queue depth, plus one while it has tokens in
+    flight (a row keeps no running count); a silent row knows none.
+    """
+
+    def loads(self, replica_ids: Collection[str]) -> dict[str, ReplicaLoad]:
+        """Return each known replica's state and streams."""
+        now = timezone.now()
+        beat_s = settings.PLATFORM_HEARTBEAT_DB_S
+        missed = settings.PLATFORM_MISSED_BEATS
+        loads: dict[str, ReplicaLoad] = {}
+        for replica in Replica.objects.live().filter(pk__in=list(replica_ids)):
+            silent = is_silent(replica.last_heartbeat, now, beat_s, missed)
+            streams = replica.queue_depth + (1 if replica.tokens_in_flight else 0)
+            loads[replica.replica_id] = ReplicaLoad(
+                state=replica.state,
+                streams=None if silent else streams,
+                tokens_in_flight=replica.tokens_in_flight,
+            )
+        return loads
+
+    def mark_draining(self, replica_id: str) -> bool:
+        """Mark the replica draining (compare-and-set from serving or stalled).
+
+        True when it is draining now, or has no row (nothing routes to it by id).
+        """
+        return self._move(
+            replica_id,
+            (ReplicaState.SERVING, ReplicaState.STALLED),
+            ReplicaState.DRAINING,
+        )
+
+    def mark_serving(self, replica_id: str) -> bool:
+        """Mark a draining replica serving again (its pool's target rose)."""
+        return self._move(replica_id, (ReplicaState.DRAINING,), ReplicaState.SERVING)
+
+    def _move(self, replica_id: str, expected: Sequence[str], state: str) -> bool:
+        if set_replica_state(replica_id, expected=expected, state=state):
+            return True
+        row = Replica.objects.live().filter(pk=replica_id)
+        current = row.values_list("state", flat=True).first()
+        return current is None or current == state
 
 
 def set_replica_state(replica_id: str, *, expected: Iterable[str], state: str) -> bool:

@@ -33,10 +33,11 @@ which the autoscaler moves). ``follow_action`` says what brings a Deployment
 there: create it when absent; patch the whole manifest when anything but the
 replica count changed (``spec_digest``, kept in the ``platform/spec-digest``
 annotation, leaves the count out); else patch only the scale subresource
-(``scale_body``) when the count differs; else nothing. A replica removed by a
-scale-down gets SIGTERM and ``drain_s`` to finish its streams, as a local
-replica gets ``PLATFORM_DRAIN_TIMEOUT_S``; the autoscaler removes one per
-``scale_down_interval_s`` at most.
+(``scale_body``) when the count differs; else nothing. A scale-down goes through
+``engine_nodes.domain.k8s_drain``: the leaving pod's replica is drained first (its
+streams finish or ``drain_s`` passes), then its pod-deletion-cost makes it the pod
+the controller removes; ``terminationGracePeriodSeconds`` still covers a pod
+stopped otherwise (a rollout, a node drain).
 """
 
 from __future__ import annotations

@@ -13,13 +13,10 @@ from typing import Any
 
 import pytest
 
-from engine_nodes.actuators import (
-    KubernetesActuator,
-    LocalProcessActuator,
-    ReplicaHandle,
-)
+from engine_nodes.actuators import LocalProcessActuator, ReplicaHandle
 from engine_nodes.domain.k8s import PoolSpec, render_deployment
 from engine_nodes.domain.replica_argv import ReplicaSpec
+from engine_nodes.kubernetes_actuator import KubernetesActuator
 from localrun.processes import wait_until
 
 WATCHED_ENV = (

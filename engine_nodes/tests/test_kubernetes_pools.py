@@ -19,8 +19,8 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from engine_nodes import services
-from engine_nodes.actuators import KubernetesActuator
 from engine_nodes.domain.k8s import DeploymentTemplate, FollowAction
+from engine_nodes.kubernetes_actuator import KubernetesActuator
 from models_registry import services as registry_services
 from models_registry.models import ModelVersion, Pool
 from tests.factories import VERSION_BODY
@@ -253,6 +253,11 @@ class _ApiHandler(BaseHTTPRequestHandler):
         )
 
     def do_GET(self) -> None:
+        if self.path.startswith("/api/v1/namespaces/serving/pods"):
+            # No pod ever runs here: a scale-down finds none to drain.
+            self.server.requests.append(("GET pods", self.path))
+            self._send(200, {"kind": "PodList", "apiVersion": "v1", "items": []})
+            return
         name, _ = self._route()
         self.server.requests.append(("GET", self.path))
         if name is None or name not in self.server.deployments:
@@ -340,7 +345,12 @@ def test_kubernetes_pools_command_follows_the_target_through_the_official_client
     out = io.StringIO()
     call_command(*argv, stdout=out)
     assert out.getvalue().strip() == f"{NAME}: scale"
-    assert [method for method, _ in server.requests] == ["GET", "PATCH scale"]
+    # No pod runs, none to drain: the pods are listed, then it scales at once.
+    assert [method for method, _ in server.requests] == [
+        "GET",
+        "GET pods",
+        "PATCH scale",
+    ]
     assert server.deployments[NAME]["spec"]["replicas"] == 2
 
     out = io.StringIO()
@@ -360,6 +370,16 @@ def test_kubernetes_pools_command_says_what_is_wrong(
             f"--image={TEMPLATE.image}",
             f"--kubeconfig={kubeconfig}",
         )
+    with pytest.raises(CommandError, match="settle_s"):
+        call_command(
+            "kubernetes_pools",
+            "--once",
+            "--namespace=serving",
+            f"--image={TEMPLATE.image}",
+            "--weights-pvc=w",
+            "--settle-s=-1",
+            f"--kubeconfig={kubeconfig}",
+        )
     with pytest.raises(CommandError, match="interval"):
         call_command(
             "kubernetes_pools",
@@ -369,3 +389,27 @@ def test_kubernetes_pools_command_says_what_is_wrong(
             "--interval-s=0",
             f"--kubeconfig={kubeconfig}",
         )
+
+
+def test_kubernetes_pools_command_without_drain_scales_down_directly(
+    pool: Pool, api_server: tuple[_ApiServer, Path]
+) -> None:
+    server, kubeconfig = api_server
+    argv = [
+        "kubernetes_pools",
+        "--once",
+        "--no-drain",
+        "--region=eu-west",
+        "--namespace=serving",
+        f"--image={TEMPLATE.image}",
+        "--weights-pvc=model-weights",
+        f"--kubeconfig={kubeconfig}",
+    ]
+    call_command(*argv, stdout=io.StringIO())
+    set_desired(pool, 2)
+    server.requests.clear()
+    out = io.StringIO()
+    call_command(*argv, stdout=out)
+    assert out.getvalue().strip() == f"{NAME}: scale"
+    assert [method for method, _ in server.requests] == ["GET", "PATCH scale"]
+    assert server.deployments[NAME]["spec"]["replicas"] == 2

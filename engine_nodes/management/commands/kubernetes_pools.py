@@ -6,8 +6,16 @@ On Kubernetes the cluster runs the replicas; this loop is the platform's side of
 Every ``--interval-s`` it reads the region's pools and brings each Deployment to
 its spec (``engine_nodes.services.follow_pools_on_kubernetes``): created when
 absent, patched when the manifest changed, scaled through the scale subresource
-when only the autoscaler's count moved. Draining is the pod's: its preStop hook
-and ``terminationGracePeriodSeconds`` (``--drain-s``) let streams finish.
+when only the autoscaler's count moved up. A scale-down never lets Kubernetes
+pick the pod: one pod at a time, the replica with the fewest streams leaves the
+gateways' rings (marked draining in the database), its streams finish or
+``--drain-s`` passes, its ``controller.kubernetes.io/pod-deletion-cost`` is set
+low, and only then does the Deployment lose one replica
+(``engine_nodes.domain.k8s_drain``; ``docs/kubernetes-pools.md``). ``--no-drain``
+scales down directly, as before.
+
+API calls: deployments get, create, patch; deployments/scale patch; pods list,
+patch (annotations only).
 
 The official ``kubernetes`` client is the ``kubernetes`` extra
 (``pip install '.[kubernetes]'``); credentials come from the pod's service account
@@ -25,12 +33,20 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from engine_nodes import services
-from engine_nodes.actuators import AppsV1Like, KubernetesActuator
 from engine_nodes.domain.k8s import DeploymentTemplate, FollowAction
+from engine_nodes.kubernetes_actuator import (
+    AppsV1Like,
+    CoreV1Like,
+    DrainOptions,
+    KubernetesActuator,
+)
 
 
-def apps_api(*, in_cluster: bool, kubeconfig: Path | None) -> AppsV1Like:
-    """Return the official client's ``AppsV1Api`` with the chosen credentials."""
+def kube_apis(
+    *, in_cluster: bool, kubeconfig: Path | None
+) -> tuple[AppsV1Like, CoreV1Like]:
+    """Return the official client's ``AppsV1Api`` and ``CoreV1Api`` with the chosen
+    credentials."""
     try:
         from kubernetes import client, config
     except ImportError:
@@ -41,14 +57,17 @@ def apps_api(*, in_cluster: bool, kubeconfig: Path | None) -> AppsV1Like:
         config.load_incluster_config()
     else:
         config.load_kube_config(config_file=str(kubeconfig) if kubeconfig else None)
-    api: AppsV1Like = client.AppsV1Api()
-    return api
+    apps: AppsV1Like = client.AppsV1Api()
+    core: CoreV1Like = client.CoreV1Api()
+    return apps, core
 
 
 class Command(BaseCommand):
     help = (
         "Keep every pool's Deployment in this region at the pool's target: create, "
-        "patch when its spec changed, scale when only the count moved."
+        "patch when its spec changed, scale up when only the count moved, and "
+        "scale down one drained pod at a time (it leaves the rings, its streams "
+        "finish, then its pod-deletion-cost makes it the one removed)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -77,7 +96,21 @@ class Command(BaseCommand):
             "--drain-s",
             type=int,
             default=int(settings.PLATFORM_DRAIN_TIMEOUT_S),
-            help="The pods' termination grace: how long streams may finish.",
+            help="How long a leaving replica's streams may finish: the drain's "
+            "deadline and the pods' termination grace.",
+        )
+        parser.add_argument(
+            "--settle-s",
+            type=float,
+            default=None,
+            help="How long a drained replica stays after its last stream, so the "
+            "gateways' snapshots drop it (default: the missed-beat window).",
+        )
+        parser.add_argument(
+            "--no-drain",
+            action="store_true",
+            help="Scale down directly and let Kubernetes pick the pod (no pods "
+            "access needed).",
         )
         parser.add_argument("--interval-s", type=float, default=5.0)
         parser.add_argument("--once", action="store_true", help="Follow once and exit.")
@@ -99,11 +132,26 @@ class Command(BaseCommand):
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from None
-        actuator = KubernetesActuator(
-            apps_api(
-                in_cluster=options["in_cluster"], kubeconfig=options["kubeconfig"]
-            ),
-            options["namespace"],
+        settle_s = options["settle_s"]
+        if settle_s is None:
+            settle_s = settings.PLATFORM_HEARTBEAT_S * settings.PLATFORM_MISSED_BEATS
+        try:
+            drain = DrainOptions(drain_timeout_s=options["drain_s"], settle_s=settle_s)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        apps, core = kube_apis(
+            in_cluster=options["in_cluster"], kubeconfig=options["kubeconfig"]
+        )
+        actuator = (
+            KubernetesActuator(apps, options["namespace"])
+            if options["no_drain"]
+            else KubernetesActuator(
+                apps,
+                options["namespace"],
+                core=core,
+                ledger=services.DatabaseReplicaLedger(),
+                drain=drain,
+            )
         )
         region = options["region"] or settings.PLATFORM_REGION
         stop = threading.Event()
