@@ -41,7 +41,8 @@ up: venv debs
 	if [ -t 0 ]; then bash -m -c 'bash platform/local/up.sh; exit $$?'; \
 	else exec bash platform/local/up.sh; fi
 
-## Set up and run every check: ruff, mypy (files and flags in pyproject.toml), then
+## Set up and run every check: ruff, mypy (files and flags in pyproject.toml),
+## hadolint (platform/image/Dockerfile), then
 ## the whole pytest suite, in PYTEST_WORKERS processes (pytest-xdist; each has a
 ## test database of its own, and the end-to-end tests their own ports and Redis
 ## prefixes). A file's tests stay in one process (--dist loadfile), so a module's
@@ -56,6 +57,7 @@ test: venv debs
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/hadolint platform/image/Dockerfile
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(DURATIONS) -m 'not vllm and not sglang and not serial and not soak'
 	$(PY) -m pytest $(DURATIONS) -m 'serial and not vllm and not sglang and not soak'
 
@@ -231,6 +233,7 @@ test-sglang: venv
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/hadolint platform/image/Dockerfile
 
 format: venv
 	$(VENV)/bin/ruff check --fix .
