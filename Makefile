@@ -10,10 +10,12 @@ venv: $(STAMP)
 
 ## Debian's packages the platform and its tests run: HAProxy (the global load
 ## balancer), Prometheus (promtool checks the rules), Chromium (the console's
-## browser tests, driven by Playwright) and Chart.js (the console's charts, served
-## from static files) and iproute2 (the fault suite's network namespaces and
-## queueing disciplines: ip, tc). Installed once, as root, where missing.
-DEBS := haproxy prometheus chromium libjs-chart.js iproute2
+## browser tests, driven by Playwright), Chart.js (the console's charts, served
+## from static files), iproute2 (the fault suite's network namespaces and
+## queueing disciplines: ip, tc), and buildah and debootstrap (tests/test_image.py
+## builds platform/image/Dockerfile on a Debian base of its own, with no daemon).
+## Installed once, as root, where missing.
+DEBS := haproxy prometheus chromium libjs-chart.js iproute2 buildah debootstrap
 debs:
 	@missing=""; for pkg in $(DEBS); do \
 		dpkg-query -W -f='$${Status}' $$pkg 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$pkg"; \

@@ -153,6 +153,19 @@ def hadolint_binary() -> str:
 
 
 @pytest.fixture(scope="session")
+def image_build_tools() -> tuple[str, str]:
+    """Return the paths of ``buildah`` and ``debootstrap`` (Debian's packages, which
+    `make test` installs), which build platform/image/Dockerfile on a Debian base of
+    their own; both need root (buildah's chroot isolation, debootstrap's chroot)."""
+    if os.geteuid() != 0:
+        _service_missing("root, to build the image with buildah and debootstrap")
+    return (
+        _binary("buildah", "to build platform/image/Dockerfile"),
+        _binary("debootstrap", "to make the image's Debian base"),
+    )
+
+
+@pytest.fixture(scope="session")
 def chromium_binary() -> str:
     """Return the path of Debian's ``chromium`` (which `make test` installs), the
     browser Playwright drives in tests/browser/ (its own download cannot work here)."""
