@@ -34,6 +34,15 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "platform" / "image" / "Dockerfile"
 CONSTRAINTS = ROOT / "platform" / "image" / "constraints.txt"
 DOCKERIGNORE = ROOT / ".dockerignore"
+# The one extra the image installs (the pool actuator's Kubernetes client).
+IMAGE_EXTRA = "kubernetes"
+# Every process's imports: Django's apps, every Celery task module (the workers and
+# beat load them at start), the ASGI app and the Kubernetes client.
+IMPORT_ALL = (
+    "import django; django.setup(); from config.celery import app; "
+    "app.loader.import_default_modules(); import config.asgi, kubernetes; "
+    "print(len(app.tasks))"
+)
 
 
 def instructions(text: str) -> list[tuple[str, str]]:
@@ -205,6 +214,8 @@ def test_constraints_pin_every_runtime_dependency_within_its_range() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     pinned = pins()
     requirements = [Requirement(d) for d in project["project"]["dependencies"]]
+    extras = project["project"]["optional-dependencies"]
+    requirements += [Requirement(d) for d in extras[IMAGE_EXTRA]]
     requirements += [Requirement(r) for r in project["build-system"]["requires"]]
     for requirement in requirements:
         name = canonicalize_name(requirement.name)
@@ -296,12 +307,16 @@ def built_image(
         shutil.rmtree(work, ignore_errors=True)
 
 
-def in_image(tool: list[str], *argv: str) -> list[str]:
-    """Return the command line that runs ``argv`` in a fresh container of the image."""
+def in_image(
+    tool: list[str], *argv: str, env: dict[str, str] | None = None
+) -> list[str]:
+    """Return the command line that runs ``argv`` in a fresh container of the image,
+    with ``env`` added to the image's environment."""
     container = run_checked(
         [*tool, "from", "localhost/serving-platform"], timeout_s=300
     ).strip()
-    return [*tool, "run", "--isolation", "chroot", container, "--", *argv]
+    options = [f"--env={name}={value}" for name, value in (env or {}).items()]
+    return [*tool, "run", "--isolation", "chroot", *options, container, "--", *argv]
 
 
 @pytest.mark.slow
@@ -332,6 +347,11 @@ def test_image_builds_and_serves(built_image: list[str]) -> None:
 
     out = run_checked(in_image(tool, "python3", "manage.py", "check"), timeout_s=120)
     assert "no issues" in out
+    settings = {"DJANGO_SETTINGS_MODULE": "config.settings"}
+    tasks = run_checked(
+        in_image(tool, "python3", "-c", IMPORT_ALL, env=settings), timeout_s=120
+    )
+    assert int(tasks) > 0
 
     port = free_port()
     cmd = [str(port) if word == "8000" else word for word in config["Cmd"]]
