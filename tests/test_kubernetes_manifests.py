@@ -28,7 +28,7 @@ import yaml
 from django.conf import settings
 from django.core.management import call_command
 
-from engine_nodes.domain.k8s import PoolSpec, render_deployment
+from engine_nodes.domain.k8s import SGLANG_CONFIG_PATH, PoolSpec, render_deployment
 from localrun.processes import gateway_argv
 from models_registry.models import ModelVersion, Pool
 
@@ -103,12 +103,20 @@ def test_a_planted_error_fails_validation(kubectl_binary: str) -> None:
     "volume",
     [
         {"weights_pvc": "model-weights", "weights_sub_path": "ab12"},
-        {"weights_host_path": "/var/lib/platform/weights/ab12"},
+        {
+            "weights_host_path": "/var/lib/platform/weights/ab12",
+            "weights_hash": "ab" * 32,
+            "gpu_product": "NVIDIA-H100-80GB-HBM3",
+        },
     ],
 )
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_the_rendered_pool_deployment_validates_strictly(
-    volume: dict[str, Any],
+    volume: dict[str, Any], engine: str
 ) -> None:
+    argv = ("vllm", "serve", "/weights/ab12", "--kv-offloading-size", "16")
+    if engine == "sglang":
+        argv = ("python3", "-m", "sglang.launch_server", "--config", SGLANG_CONFIG_PATH)
     spec = PoolSpec(
         model="chat-7b",
         version="v1",
@@ -116,8 +124,10 @@ def test_the_rendered_pool_deployment_validates_strictly(
         replicas=2,
         image="vllm/vllm-openai:v0.32.0",
         gpus_per_replica=2,
-        argv=("vllm", "serve", "/weights/ab12", "--kv-offloading-size", "16"),
+        argv=argv,
         weights_dir="/weights/ab12",
+        engine=engine,
+        api_key_secret="platform-secrets",
         **volume,
     )
     validate(render_deployment(namespace=NAMESPACE, spec=spec))
