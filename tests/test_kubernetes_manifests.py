@@ -469,6 +469,8 @@ def test_the_weights_cluster_role_allows_exactly_what_the_prefetch_calls(
         for a in container["command"][2:]
         if a != "--in-cluster" and not a.startswith("--cache-dir=")
     ]
+    assert "--node=$(NODE_NAME)" in argv
+    argv.remove("--node=$(NODE_NAME)")
     call_command(
         *argv,
         "--once",

@@ -16,7 +16,6 @@ API calls: nodes get, patch (its own node's labels).
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 from pathlib import Path
@@ -68,8 +67,8 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--node",
-            default=os.environ.get("NODE_NAME") or None,
-            help="The node to label (default NODE_NAME); none: no labels.",
+            default=None,
+            help="This node's name, to label it; without it, no labels.",
         )
         parser.add_argument("--interval-s", type=float, default=60.0)
         parser.add_argument(
