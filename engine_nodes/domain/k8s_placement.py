@@ -62,22 +62,25 @@ def weights_label(weights_hash: str) -> str:
 
 
 def weights_label_patch(
-    labels: Mapping[str, str], present: Iterable[str]
+    labels: Mapping[str, str], present: Iterable[str], pending: Iterable[str] = ()
 ) -> dict[str, str | None]:
     """Return the merge-patch of a node's labels for the weights it holds now.
 
-    ``present``: the hashes verified in the node's cache. Adds the missing labels,
-    removes (``None``) this platform's labels of trees no longer held, and leaves
-    every other label alone. Empty when nothing changes.
+    ``present``: the hashes verified in the node's cache; ``pending``: those being
+    pulled or verified again (a restarted DaemonSet pod verifies every tree it
+    finds), whose labels stay as they are meanwhile. Adds the missing labels,
+    removes (``None``) this platform's other labels, and leaves every other label
+    alone. Empty when nothing changes.
     """
     wanted = {weights_label(h) for h in present}
+    kept = wanted | {weights_label(h) for h in pending}
     patch: dict[str, str | None] = {
         key: WEIGHTS_LABEL_VALUE
         for key in sorted(wanted)
         if labels.get(key) != WEIGHTS_LABEL_VALUE
     }
     for key in sorted(labels):
-        if key.startswith(f"{WEIGHTS_LABEL_PREFIX}/") and key not in wanted:
+        if key.startswith(f"{WEIGHTS_LABEL_PREFIX}/") and key not in kept:
             patch[key] = None
     return patch
 

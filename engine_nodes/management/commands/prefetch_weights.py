@@ -29,7 +29,7 @@ from engine_nodes import services
 from engine_nodes.agent import weights_ref
 from engine_nodes.domain.k8s_placement import weights_label_patch
 from engine_nodes.management.commands.kubernetes_pools import kube_apis
-from engine_nodes.warm_pool import WarmPool, WeightsRef
+from engine_nodes.warm_pool import Readiness, WarmPool, WeightsRef
 
 
 class NodesLike(Protocol):
@@ -126,12 +126,22 @@ class Command(BaseCommand):
             raise CommandError("pulls still running at --pull-timeout-s")
         held = warm.warm_version_ids()
         present = sorted({r.weights_hash for r in refs if r.version_id in held})
+        pending = sorted(
+            {
+                r.weights_hash
+                for r in refs
+                if r.weights_hash not in present
+                and warm.readiness(r)[0] == Readiness.PULLING
+            }
+        )
         for ref in refs:
             state = "verified" if ref.weights_hash in present else "missing"
+            if ref.weights_hash in pending:
+                state = "pulling"
             self.stdout.write(f"{ref.weights_hash}: {state}")
         if node and core is not None:
             current = core.read_node(name=node).metadata.labels or {}
-            patch = weights_label_patch(current, present)
+            patch = weights_label_patch(current, present, pending)
             if patch:
                 core.patch_node(name=node, body={"metadata": {"labels": patch}})
 

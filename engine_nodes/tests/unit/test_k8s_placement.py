@@ -175,5 +175,7 @@ def test_weights_label_patch_adds_missing_and_removes_stale_labels_only() -> Non
         weights_label(other): None,
     }
     assert weights_label_patch({weights_label(HASH): "verified"}, [HASH]) == {}
+    # A tree being verified again (a restarted pod) keeps its label meanwhile.
+    assert weights_label_patch(labels, [], pending=[other]) == {}
     with pytest.raises(ValueError, match="hex"):
         weights_label("not-a-hash")
