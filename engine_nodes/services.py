@@ -17,6 +17,7 @@ from django.utils import timezone
 from engine_nodes.domain.beats import ReplicaBeat
 from engine_nodes.domain.convergence import ReplicaView, StartReplica, converge_steps
 from engine_nodes.domain.k8s import (
+    SGLANG_CONFIG_PATH,
     DeploymentTemplate,
     FollowAction,
     PoolSpec,
@@ -316,7 +317,8 @@ def kubernetes_pool_spec(pool: Pool, template: DeploymentTemplate) -> PoolSpec:
 
     ``replicas`` is ``pool.target_replicas``, so the Deployment follows what the
     autoscaler decided; the weights are the version's hash directory on the
-    template's volume.
+    template's volume. The GPU type is the template's (``gpu_product_for``): the
+    registry records none.
 
     Raises:
         ValueError: the version's engine config is unusable (``vllm_serve_argv``,
@@ -334,8 +336,10 @@ def kubernetes_pool_spec(pool: Pool, template: DeploymentTemplate) -> PoolSpec:
         port=template.port,
     )
     engine = engine_for(replica)
+    # SGLang reads its key from a file the pod's init container writes.
+    config_file = SGLANG_CONFIG_PATH if template.api_key_secret else None
     argv = (
-        sglang_launch_argv(replica, python="python3")
+        sglang_launch_argv(replica, python="python3", config_file=config_file)
         if engine == "sglang"
         else vllm_serve_argv(replica)
     )
@@ -352,6 +356,11 @@ def kubernetes_pool_spec(pool: Pool, template: DeploymentTemplate) -> PoolSpec:
         port=template.port,
         startup_timeout_s=template.startup_timeout_s,
         drain_s=template.drain_s,
+        api_key_secret=template.api_key_secret,
+        api_key_secret_key=template.api_key_secret_key,
+        gpu_product=template.gpu_product_for(pool.model_id, version.version),
+        # Nodes' caches are what the weights DaemonSet labels; a PVC is shared.
+        weights_hash=version.weights_hash if template.weights_host_root else "",
         **template.volume(version.weights_hash),
     )
 

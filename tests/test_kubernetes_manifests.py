@@ -28,7 +28,7 @@ import yaml
 from django.conf import settings
 from django.core.management import call_command
 
-from engine_nodes.domain.k8s import PoolSpec, render_deployment
+from engine_nodes.domain.k8s import SGLANG_CONFIG_PATH, PoolSpec, render_deployment
 from localrun.processes import gateway_argv
 from models_registry.models import ModelVersion, Pool
 
@@ -65,7 +65,7 @@ def find(objects: tuple[dict[str, Any], ...], kind: str, name: str) -> dict[str,
 
 def pod_specs(objects: tuple[dict[str, Any], ...]) -> Iterator[tuple[str, Any]]:
     for o in objects:
-        if o["kind"] in ("Deployment", "Job"):
+        if o["kind"] in ("Deployment", "Job", "DaemonSet"):
             yield o["metadata"]["name"], o["spec"]["template"]["spec"]
 
 
@@ -82,6 +82,7 @@ def test_each_overlay_builds_and_validates_strictly(
     kinds = {o["kind"] for o in objects}
     assert {"Deployment", "Service", "HorizontalPodAutoscaler"} <= kinds
     assert {"PodDisruptionBudget", "NetworkPolicy", "Ingress", "Role"} <= kinds
+    assert {"DaemonSet", "ClusterRole", "ClusterRoleBinding"} <= kinds
     for obj in objects:
         validate(obj)
     [config] = [o for o in objects if o["kind"] == "ConfigMap"]
@@ -103,12 +104,20 @@ def test_a_planted_error_fails_validation(kubectl_binary: str) -> None:
     "volume",
     [
         {"weights_pvc": "model-weights", "weights_sub_path": "ab12"},
-        {"weights_host_path": "/var/lib/platform/weights/ab12"},
+        {
+            "weights_host_path": "/var/lib/platform/weights/ab12",
+            "weights_hash": "ab" * 32,
+            "gpu_product": "NVIDIA-H100-80GB-HBM3",
+        },
     ],
 )
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_the_rendered_pool_deployment_validates_strictly(
-    volume: dict[str, Any],
+    volume: dict[str, Any], engine: str
 ) -> None:
+    argv = ("vllm", "serve", "/weights/ab12", "--kv-offloading-size", "16")
+    if engine == "sglang":
+        argv = ("python3", "-m", "sglang.launch_server", "--config", SGLANG_CONFIG_PATH)
     spec = PoolSpec(
         model="chat-7b",
         version="v1",
@@ -116,8 +125,10 @@ def test_the_rendered_pool_deployment_validates_strictly(
         replicas=2,
         image="vllm/vllm-openai:v0.32.0",
         gpus_per_replica=2,
-        argv=("vllm", "serve", "/weights/ab12", "--kv-offloading-size", "16"),
+        argv=argv,
         weights_dir="/weights/ab12",
+        engine=engine,
+        api_key_secret="platform-secrets",
         **volume,
     )
     validate(render_deployment(namespace=NAMESPACE, spec=spec))
@@ -243,10 +254,14 @@ class _Handler(BaseHTTPRequestHandler):
             group, rest = "", parts[2:]
         else:  # /apis/GROUP/VERSION/namespaces/NS/...
             group, rest = parts[1], parts[3:]
-        assert rest[0] == "namespaces", f"a cluster-wide call: {self.path}"
-        namespace, resource = rest[1], rest[2]
-        name = rest[3] if len(rest) > 3 else None
-        sub = rest[4] if len(rest) > 4 else ""
+        if rest[0] == "namespaces":
+            namespace, rest = rest[1], rest[2:]
+            base = len(parts) - len(rest) + 1
+        else:  # a cluster-scoped resource (nodes): no namespace
+            namespace, base = "", len(parts) - len(rest) + 1
+        resource = rest[0]
+        name = rest[1] if len(rest) > 1 else None
+        sub = rest[2] if len(rest) > 2 else ""
         if method == "GET" and name is None:
             is_watch = parse_qs(url.query).get("watch") == ["true"]
             verb = "watch" if is_watch else "list"
@@ -260,7 +275,7 @@ class _Handler(BaseHTTPRequestHandler):
             }[method]
         full = f"{resource}/{sub}" if sub else resource
         self.server.calls.add((group, full, verb, namespace))
-        collection = "/".join(parts[: len(parts) - len(rest) + 3])
+        collection = "/".join(parts[:base])
         return collection, name, sub
 
     def _missing(self) -> None:
@@ -391,4 +406,88 @@ def test_the_actuator_role_allows_exactly_what_the_actuator_calls(
     binding = find(objects, "RoleBinding", "pool-actuator")
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "pool-actuator", "namespace": NAMESPACE}
+    ]
+
+
+# --- The weights DaemonSet ------------------------------------------------------
+
+
+def test_the_weights_daemon_set_fills_the_cache_the_pool_pods_mount(
+    kubectl_binary: str,
+) -> None:
+    objects = build(kubectl_binary, "region-a")
+    pod = find(objects, "DaemonSet", "weights-prefetch")["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    [cache] = [a for a in container["command"] if a.startswith("--cache-dir=")]
+    [actuator] = find(objects, "Deployment", "pool-actuator")["spec"]["template"][
+        "spec"
+    ]["containers"]
+    host_root = cache.removeprefix("--cache-dir=")
+    assert f"--weights-host-root={host_root}" in actuator["command"]
+    [volume] = [v for v in pod["volumes"] if v["name"] == "weights"]
+    assert volume["hostPath"] == {"path": host_root, "type": "Directory"}
+    assert {"name": "weights", "mountPath": host_root} in container["volumeMounts"]
+    assert pod["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+
+
+@pytest.mark.django_db
+def test_the_weights_cluster_role_allows_exactly_what_the_prefetch_calls(
+    chat_model: Any,
+    tmp_path: Path,
+    settings: Any,
+    recording_api: tuple[_RecordingApi, Path],
+    kubectl_binary: str,
+) -> None:
+    """GIVEN the weights DaemonSet's command line, against an API server that
+    records each call, and a pool whose version's weights are on a file:// root
+    WHEN it runs once for its node
+    THEN the node is labelled with the weights, and its ClusterRole allows
+    exactly the calls it made (nodes get and patch), bound to its account."""
+    pytest.importorskip("kubernetes.client")
+    from engine_nodes.domain.k8s_placement import weights_label
+    from engine_nodes.tests.test_agent import file_version
+
+    server, kubeconfig = recording_api
+    server.objects["api/v1/nodes/gpu-1"] = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": "gpu-1", "labels": {}},
+    }
+    settings.PLATFORM_STORAGE_ROOTS = [f"file://{tmp_path}/"]
+    version = file_version(tmp_path)
+    Pool.objects.create(
+        model_id="chat-7b", version=version, region="region-a", min_replicas=0
+    )
+    objects = build(kubectl_binary, "region-a")
+    [container] = find(objects, "DaemonSet", "weights-prefetch")["spec"]["template"][
+        "spec"
+    ]["containers"]
+    argv = [
+        a
+        for a in container["command"][2:]
+        if a != "--in-cluster" and not a.startswith("--cache-dir=")
+    ]
+    assert "--node=$(NODE_NAME)" in argv
+    argv.remove("--node=$(NODE_NAME)")
+    call_command(
+        *argv,
+        "--once",
+        "--region=region-a",
+        "--node=gpu-1",
+        f"--cache-dir={tmp_path / 'cache'}",
+        f"--kubeconfig={kubeconfig}",
+        stdout=io.StringIO(),
+    )
+    node = server.objects["api/v1/nodes/gpu-1"]
+    assert node["metadata"]["labels"] == {
+        weights_label(version.weights_hash): "verified"
+    }
+    assert server.calls == {("", "nodes", "get", ""), ("", "nodes", "patch", "")}
+    role = find(objects, "ClusterRole", "llm-platform-weights-prefetch")
+    assert role_rules(role) == {("", "nodes", "get"), ("", "nodes", "patch")}
+    binding = find(objects, "ClusterRoleBinding", "llm-platform-weights-prefetch")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "weights-prefetch", "namespace": NAMESPACE}
     ]

@@ -23,7 +23,13 @@ or ``sglang``; the image is the template's ``image`` or ``sglang_image``):
   and ``/dev/shm`` as an in-memory emptyDir, which tensor parallelism needs (the
   container runtime's default 64 MiB is too small for NCCL);
 - ``terminationGracePeriodSeconds`` = ``drain_s``, so in-flight streams can finish
-  after SIGTERM; vLLM exits on SIGTERM once its server stops.
+  after SIGTERM; vLLM exits on SIGTERM once its server stops;
+- the engine API key from a Secret (``api_key_secret``, never its value): vLLM
+  reads ``VLLM_API_KEY``; SGLang reads ``--config SGLANG_CONFIG_PATH``, a file an
+  init container writes into an in-memory emptyDir from the same Secret key;
+- placement (``engine_nodes.domain.k8s_placement``): the GPU type as a required
+  node affinity, nodes holding the weights preferred, replicas spread over nodes,
+  the GPU taint tolerated.
 
 The selector labels (name, model, version, region) never change for a given
 Deployment name: a Deployment's selector is immutable, so patching stays legal.
@@ -45,17 +51,25 @@ from __future__ import annotations
 import copy
 import enum
 import hashlib
+import itertools
 import json
 import math
 import re
 from dataclasses import dataclass
 from typing import Any
 
+from engine_nodes.domain.k8s_placement import (
+    is_label_value,
+    pod_affinity_fields,
+    weights_label,
+)
+
 __all__ = [
     "APP_NAME",
     "CONTAINER_NAME",
     "ENGINE_CONTAINERS",
     "MAX_NAME_LEN",
+    "SGLANG_CONFIG_PATH",
     "SPEC_DIGEST_ANNOTATION",
     "DeploymentTemplate",
     "FollowAction",
@@ -79,6 +93,17 @@ GPU_RESOURCE = "nvidia.com/gpu"
 SPEC_DIGEST_ANNOTATION = "platform/spec-digest"
 HEALTH_PATH = "/health"
 STARTUP_PERIOD_S = 10
+# SGLang takes its API key from a YAML file of server arguments (``--config``);
+# JSON is YAML. In an in-memory emptyDir: the key never reaches a disk.
+SGLANG_CONFIG_DIR = "/run/engine"
+SGLANG_CONFIG_PATH = f"{SGLANG_CONFIG_DIR}/sglang.yaml"
+_WRITE_SGLANG_CONFIG = (
+    "import json, os; "
+    f"fd = os.open({SGLANG_CONFIG_PATH!r}, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, "
+    "0o600); "
+    "os.write(fd, json.dumps({'api-key': os.environ['ENGINE_API_KEY']}).encode()); "
+    "os.close(fd)"
+)
 
 _INVALID_NAME_CHARS = re.compile(r"[^a-z0-9-]+")
 _INVALID_LABEL_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
@@ -99,7 +124,9 @@ class PoolSpec:
     Invariants (``ValueError`` otherwise): ``replicas >= 0``,
     ``gpus_per_replica >= 1``, ``argv`` is non-empty, ``weights_dir`` is absolute,
     exactly one of ``weights_pvc`` / ``weights_host_path`` is set, ``port`` is a
-    valid port, ``startup_timeout_s`` and ``drain_s`` are positive.
+    valid port, ``startup_timeout_s`` and ``drain_s`` are positive,
+    ``gpu_product`` is a label value, an SGLang pool with ``api_key_secret`` has
+    ``--config SGLANG_CONFIG_PATH`` in its argv.
     """
 
     model: str
@@ -118,9 +145,28 @@ class PoolSpec:
     drain_s: int = 120
     shm_size: str | None = "8Gi"
     engine: str = "vllm"  # the container's name: "vllm" or "sglang"
+    # The Secret and key holding the engine API key; None: /v1 is left open.
+    api_key_secret: str | None = None
+    api_key_secret_key: str = "engine-api-key"
+    gpu_product: str | None = None  # required: nvidia.com/gpu.product
+    weights_hash: str = ""  # preferred: nodes labelled as holding it
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "argv", tuple(self.argv))
+        if self.gpu_product is not None and not (
+            self.gpu_product and is_label_value(self.gpu_product)
+        ):
+            raise ValueError(f"gpu_product {self.gpu_product!r} is no label value")
+        if self.weights_hash:
+            weights_label(self.weights_hash)  # ValueError unless a SHA-256
+        if (
+            self.engine == "sglang"
+            and self.api_key_secret
+            and not _has_flag(self.argv, "--config", SGLANG_CONFIG_PATH)
+        ):
+            raise ValueError(
+                f"an sglang pool's key needs --config {SGLANG_CONFIG_PATH}"
+            )
         if self.engine not in ENGINE_CONTAINERS:
             raise ValueError(
                 f"engine must be one of {list(ENGINE_CONTAINERS)}, not {self.engine!r}"
@@ -169,12 +215,28 @@ class DeploymentTemplate:
     drain_s: int = 600
     # The image of SGLang versions (e.g. lmsysorg/sglang:<tag>); None: refused.
     sglang_image: str | None = None
+    # The Secret holding the engine API key (platform/kubernetes/base's names).
+    api_key_secret: str | None = "platform-secrets"
+    api_key_secret_key: str = "engine-api-key"
+    # GPU type by ``model@version``, ``model`` or ``*`` (the most specific wins).
+    gpu_products: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if (self.weights_pvc is None) == (self.weights_host_root is None):
             raise ValueError("set exactly one of weights_pvc and weights_host_root")
         if not self.weights_mount.startswith("/"):
             raise ValueError("weights_mount must be an absolute path")
+        for ref, product in self.gpu_products:
+            if not (product and is_label_value(product)):
+                raise ValueError(f"GPU type {product!r} of {ref!r} is no label value")
+
+    def gpu_product_for(self, model: str, version: str) -> str | None:
+        """Return the GPU type a version's pods need (``gpu_products``), or None."""
+        products = dict(self.gpu_products)
+        for ref in (f"{model}@{version}", model, "*"):
+            if ref in products:
+                return products[ref]
+        return None
 
     def image_for(self, engine: str) -> str:
         """Return the image that runs ``engine``.
@@ -285,6 +347,30 @@ def render_deployment(*, namespace: str, spec: PoolSpec) -> dict[str, Any]:
         "livenessProbe": _health_probe(period_s=10, failure_threshold=6),
         "volumeMounts": _volume_mounts(spec),
     }
+    pod: dict[str, Any] = {
+        "terminationGracePeriodSeconds": spec.drain_s,
+        "containers": [container],
+        "volumes": _volumes(spec),
+        "tolerations": [
+            {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+        ],
+        **pod_affinity_fields(
+            selector=selector,
+            gpu_product=spec.gpu_product,
+            weights_hash=spec.weights_hash,
+        ),
+    }
+    if spec.api_key_secret:
+        key_ref = {
+            "secretKeyRef": {
+                "name": spec.api_key_secret,
+                "key": spec.api_key_secret_key,
+            }
+        }
+        if spec.engine == "sglang":
+            _add_sglang_config(pod, container, key_ref)
+        else:
+            container["env"].append({"name": "VLLM_API_KEY", "valueFrom": key_ref})
     manifest: dict[str, Any] = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -307,18 +393,7 @@ def render_deployment(*, namespace: str, spec: PoolSpec) -> dict[str, Any]:
                         "prometheus.io/path": "/metrics",
                     },
                 },
-                "spec": {
-                    "terminationGracePeriodSeconds": spec.drain_s,
-                    "containers": [container],
-                    "volumes": _volumes(spec),
-                    "tolerations": [
-                        {
-                            "key": GPU_RESOURCE,
-                            "operator": "Exists",
-                            "effect": "NoSchedule",
-                        }
-                    ],
-                },
+                "spec": pod,
             },
         },
     }
@@ -370,6 +445,30 @@ def follow_action(
     if existing_replicas != manifest["spec"]["replicas"]:
         return FollowAction.SCALE
     return FollowAction.NONE
+
+
+def _has_flag(argv: tuple[str, ...], flag: str, value: str) -> bool:
+    return any(a == flag and b == value for a, b in itertools.pairwise(argv))
+
+
+def _add_sglang_config(
+    pod: dict[str, Any], container: dict[str, Any], key_ref: dict[str, Any]
+) -> None:
+    """Write SGLang's ``--config`` (its API key) in an init container."""
+    mount = {"name": "engine-config", "mountPath": SGLANG_CONFIG_DIR}
+    pod["initContainers"] = [
+        {
+            "name": "sglang-config",
+            "image": container["image"],
+            "command": ["python3", "-c", _WRITE_SGLANG_CONFIG],
+            "env": [{"name": "ENGINE_API_KEY", "valueFrom": key_ref}],
+            "volumeMounts": [mount],
+        }
+    ]
+    pod["volumes"].append(
+        {"name": "engine-config", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}
+    )
+    container["volumeMounts"].append({**mount, "readOnly": True})
 
 
 def _offload_memory(argv: tuple[str, ...]) -> str | None:

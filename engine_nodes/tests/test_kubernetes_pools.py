@@ -173,6 +173,11 @@ def test_an_sglang_version_s_pool_runs_sglang_in_its_own_image(
     assert "--enable-cache-report" in args and "--enable-metrics" in args
     assert container.resources.limits == {"nvidia.com/gpu": "2"}
     assert container.readiness_probe.http_get.path == "/health"
+    # Its API key: --config names the file the init container writes from the
+    # Secret; the key itself is nowhere in the manifest.
+    assert args[args.index("--config") + 1] == "/run/engine/sglang.yaml"
+    [init] = api.objects[name].spec.template.spec.init_containers
+    assert init.env[0].value_from.secret_key_ref.name == "platform-secrets"
 
 
 def test_the_deployment_scales_with_the_pool_s_target_and_only_then(
@@ -193,6 +198,34 @@ def test_the_deployment_scales_with_the_pool_s_target_and_only_then(
     set_desired(pool, 9)  # held at max_replicas, as Pool.target_replicas is
     follow(api)
     assert api.objects[NAME].spec.replicas == 4
+
+
+def test_the_pods_demand_the_key_on_their_version_s_gpu_near_its_weights(
+    pool: Pool,
+) -> None:
+    """GIVEN a template on the nodes' caches with a GPU type for the model
+    WHEN the pool follows
+    THEN its pods read VLLM_API_KEY from the Secret, need that GPU type, and
+    prefer nodes labelled with the version's weights."""
+    api = ClientAppsV1()
+    template = DeploymentTemplate(
+        image=TEMPLATE.image,
+        weights_host_root="/var/lib/platform/weights",
+        gpu_products=(("*", "NVIDIA-A100-SXM4-80GB"), ("chat-7b", "NVIDIA-L4")),
+    )
+    assert follow(api, template) == {NAME: FollowAction.CREATE}
+    pod = api.objects[NAME].spec.template.spec
+    [key] = [e for e in pod.containers[0].env if e.name == "VLLM_API_KEY"]
+    assert key.value is None
+    assert key.value_from.secret_key_ref.key == "engine-api-key"
+    affinity = pod.affinity.node_affinity
+    [term] = (
+        affinity.required_during_scheduling_ignored_during_execution.node_selector_terms
+    )
+    assert term.match_expressions[0].values == ["NVIDIA-L4"]
+    [preferred] = affinity.preferred_during_scheduling_ignored_during_execution
+    label = preferred.preference.match_expressions[0].key
+    assert label == f"weights.platform/{pool.version.weights_hash[:32]}"
 
 
 def test_a_changed_template_patches_the_whole_deployment(pool: Pool) -> None:
@@ -389,6 +422,17 @@ def test_kubernetes_pools_command_says_what_is_wrong(
             "--interval-s=0",
             f"--kubeconfig={kubeconfig}",
         )
+    for bad, match in (("H100", "REF=PRODUCT"), ("*=H100 80GB", "label value")):
+        with pytest.raises(CommandError, match=match):
+            call_command(
+                "kubernetes_pools",
+                "--once",
+                "--namespace=serving",
+                f"--image={TEMPLATE.image}",
+                "--weights-pvc=w",
+                f"--gpu-product={bad}",
+                f"--kubeconfig={kubeconfig}",
+            )
 
 
 def test_kubernetes_pools_command_without_drain_scales_down_directly(

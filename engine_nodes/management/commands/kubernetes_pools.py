@@ -90,6 +90,20 @@ class Command(BaseCommand):
             "--weights-host-root",
             help="Each GPU node's weights cache (the warm pool's directory).",
         )
+        parser.add_argument(
+            "--engine-api-key-secret",
+            default="platform-secrets",
+            help="The Secret whose key engine-api-key the replicas demand on /v1 "
+            "(VLLM_API_KEY; SGLang's --config file). Empty: /v1 stays open.",
+        )
+        parser.add_argument(
+            "--gpu-product",
+            action="append",
+            default=[],
+            metavar="REF=PRODUCT",
+            help="The GPU type (nvidia.com/gpu.product) a version's pods need, by "
+            "model@version, model or * (the most specific wins); repeatable.",
+        )
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--startup-timeout-s", type=int, default=300)
         parser.add_argument(
@@ -120,6 +134,12 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         if options["interval_s"] <= 0:
             raise CommandError("--interval-s must be positive")
+        products = []
+        for item in options["gpu_product"]:
+            ref, sep, product = item.partition("=")
+            if not (sep and ref and product):
+                raise CommandError(f"--gpu-product {item!r}: expected REF=PRODUCT")
+            products.append((ref, product))
         try:
             template = DeploymentTemplate(
                 image=options["image"],
@@ -129,6 +149,8 @@ class Command(BaseCommand):
                 port=options["port"],
                 startup_timeout_s=options["startup_timeout_s"],
                 drain_s=options["drain_s"],
+                api_key_secret=options["engine_api_key_secret"] or None,
+                gpu_products=tuple(products),
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from None
