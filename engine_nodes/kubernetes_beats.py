@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import close_old_connections, connections
 from django.utils import timezone
 
 from engine_nodes import services
@@ -135,15 +135,21 @@ class KubernetesBeats:
         return beats
 
     def run(self, stop: threading.Event, *, beat_s: float) -> None:
-        """Tick every ``beat_s`` until ``stop`` is set; a failed tick is logged."""
-        while not stop.is_set():
-            started = self.clock()
-            try:
-                self.tick(now=timezone.now())
-            except Exception as exc:  # the API or the database: next beat
-                logger.warning("kubernetes beats failed: %s", type(exc).__name__)
-                close_old_connections()
-            stop.wait(max(0.0, beat_s - (self.clock() - started)))
+        """Tick every ``beat_s`` until ``stop`` is set; a failed tick is logged.
+
+        Closes this thread's database connections when it ends.
+        """
+        try:
+            while not stop.is_set():
+                started = self.clock()
+                try:
+                    self.tick(now=timezone.now())
+                except Exception as exc:  # the API or the database: next beat
+                    logger.warning("kubernetes beats failed: %s", type(exc).__name__)
+                    close_old_connections()
+                stop.wait(max(0.0, beat_s - (self.clock() - started)))
+        finally:
+            connections.close_all()
 
     def close(self) -> None:
         """Stop the scrapers and the HTTP client."""
