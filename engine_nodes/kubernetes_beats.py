@@ -19,11 +19,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor, wait
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from datetime import datetime
-from typing import Any
 
 import httpx
 from django.conf import settings
@@ -33,14 +32,14 @@ from django.utils import timezone
 from engine_nodes import services
 from engine_nodes.agent import BeatSink
 from engine_nodes.domain.beats import ReplicaBeat
-from engine_nodes.domain.k8s import DeploymentTemplate, pool_labels
-from engine_nodes.domain.k8s_pods import PodFacts, plan_pod_replicas
+from engine_nodes.domain.k8s import DeploymentTemplate
+from engine_nodes.domain.k8s_pods import plan_pod_replicas
 from engine_nodes.domain.liveness import ReplicaState
 from engine_nodes.domain.scrape import EngineStats
-from engine_nodes.kubernetes_actuator import CoreV1Like, _read
+from engine_nodes.kubernetes_actuator import CoreV1Like, list_pod_facts
 from engine_nodes.metrics_scrape import beat_load, scrape_engine
 
-__all__ = ["KubernetesBeats", "pod_facts"]
+__all__ = ["KubernetesBeats"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +80,9 @@ class KubernetesBeats:
             max_workers=16, thread_name_prefix="k8s-scrape"
         )
         self._db_written_at = float("-inf")
+        # By URL: scrapes still running, waited on again next beat rather than
+        # started twice (a hung pod must not fill the pool with its scrapes).
+        self._scraping: dict[str, Future[EngineStats | None]] = {}
 
     def tick(self, *, now: datetime) -> list[ReplicaBeat]:
         """List, register, scrape and beat once; return the beats published."""
@@ -88,14 +90,10 @@ class KubernetesBeats:
         for pool, spec in services.kubernetes_pool_specs(
             region=self.region, template=self.template
         ):
-            selector = ",".join(f"{k}={v}" for k, v in pool_labels(spec).items())
-            listed = self.core.list_namespaced_pod(
-                namespace=self.namespace, label_selector=selector
-            )
             plan = plan_pod_replicas(
                 deployment=spec.name,
                 port=spec.port,
-                pods=[pod_facts(item) for item in _read(listed, "items") or []],
+                pods=list_pod_facts(self.core, self.namespace, spec),
                 rows=services.pod_replica_rows(
                     deployment=spec.name, region=self.region
                 ),
@@ -159,9 +157,12 @@ class KubernetesBeats:
     def _scrape_all(self, urls: list[str]) -> dict[str, EngineStats | None]:
         """Scrape every URL at once, waiting at most ``scrape_timeout_s``."""
         futures = {
-            url: self._scrapers.submit(scrape_engine, self.http, url) for url in urls
+            url: self._scraping.get(url)
+            or self._scrapers.submit(scrape_engine, self.http, url)
+            for url in urls
         }
         done, _ = wait(futures.values(), timeout=self.scrape_timeout_s)
+        self._scraping = {u: f for u, f in futures.items() if f not in done}
         return {
             url: future.result() if future in done else None
             for url, future in futures.items()
@@ -175,31 +176,6 @@ class KubernetesBeats:
                 self.sink.forget(replica_id, self.region)
             except Exception:
                 logger.warning("could not forget beat of %s", replica_id, exc_info=True)
-
-
-def pod_facts(pod: Any) -> PodFacts:
-    """Return what ``plan_pod_replicas`` reads of a listed pod (a client model or
-    the API's JSON as a dict)."""
-    metadata = _read(pod, "metadata")
-    status = _read(pod, "status")
-    conditions = _read(status, "conditions") or []
-    # The client model spells it pod_ip, which _read's camel-to-snake misses.
-    pod_ip = (
-        status.get("podIP") if isinstance(status, Mapping) else _read(status, "pod_ip")
-    )
-    annotations = _read(metadata, "annotations") or {}
-    return PodFacts(
-        name=str(_read(metadata, "name")),
-        phase=str(_read(status, "phase") or ""),
-        is_ready=any(
-            _read(c, "type") == "Ready" and _read(c, "status") == "True"
-            for c in conditions
-        ),
-        pod_ip=pod_ip or None,
-        node=str(_read(_read(pod, "spec"), "nodeName") or ""),
-        is_terminating=_read(metadata, "deletionTimestamp") is not None,
-        annotations=dict(annotations),
-    )
 
 
 def _with_load(beat: ReplicaBeat, stats: EngineStats | None) -> ReplicaBeat:

@@ -7,9 +7,13 @@ rows are the platform's and the beats land in Redis, read as gateways read them.
 
 from __future__ import annotations
 
+import http.server
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import redis
@@ -19,8 +23,8 @@ from engine_nodes import services
 from engine_nodes.domain.k8s import DeploymentTemplate
 from engine_nodes.domain.k8s_drain import DRAINING_SINCE_ANNOTATION
 from engine_nodes.heartbeats import RedisBeatStore
-from engine_nodes.kubernetes_actuator import KubernetesActuator
-from engine_nodes.kubernetes_beats import KubernetesBeats, pod_facts
+from engine_nodes.kubernetes_actuator import KubernetesActuator, pod_facts
+from engine_nodes.kubernetes_beats import KubernetesBeats
 from engine_nodes.models import Replica
 from engine_nodes.tests.kube_fake import KubeFake
 from localrun.processes import Process, sim_replica
@@ -135,3 +139,61 @@ def test_pod_facts_read_the_apis_json() -> None:
     assert (facts.name, facts.node, facts.pod_ip) == ("p-1", "gpu-3", "10.1.2.3")
     assert facts.is_ready and facts.is_terminating
     assert facts.annotations == {"a": "b"}
+
+
+class _HungMetrics(http.server.BaseHTTPRequestHandler):
+    """An engine whose /metrics answers only after the test is over."""
+
+    hits: ClassVar[list[str]] = []
+
+    def do_GET(self) -> None:
+        self.hits.append(self.path)
+        time.sleep(1.5)
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.mark.django_db
+def test_a_hung_pod_is_not_beaten_and_its_scrape_not_repeated(
+    chat_v1: ModelVersion, beat_store: RedisBeatStore
+) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _HungMetrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _HungMetrics.hits.clear()
+    pool = Pool.objects.create(
+        model_id="chat-7b", version=chat_v1, region="eu-west", min_replicas=1
+    )
+    template = DeploymentTemplate(
+        image="vllm/vllm-openai:v0.32.0",
+        weights_pvc="model-weights",
+        port=server.server_port,
+    )
+    kube = KubeFake()
+    KubernetesActuator(kube, "serving").follow_pool(
+        services.kubernetes_pool_spec(pool, template)
+    )
+    (pod,) = kube.pods
+    kube.place(pod, ip="127.0.0.1")
+    beats = KubernetesBeats(
+        kube,
+        "serving",
+        region="eu-west",
+        template=template,
+        sink=beat_store,
+        scrape_timeout_s=0.2,
+    )
+    try:
+        started = time.monotonic()
+        assert beats.tick(now=timezone.now()) == []
+        assert beats.tick(now=timezone.now()) == []
+        assert time.monotonic() - started < 1.2  # each beat waits 0.2 s, no more
+        assert Replica.objects.get(pk=pod).state == "serving"
+        assert beat_store.read_region("eu-west") == []
+        assert _HungMetrics.hits == ["/metrics"]  # still waited on, not sent twice
+    finally:
+        beats.close()
+        server.shutdown()
+        server.server_close()
