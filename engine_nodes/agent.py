@@ -81,7 +81,8 @@ from engine_nodes.domain.beats import ReplicaBeat
 from engine_nodes.domain.liveness import ReplicaState
 from engine_nodes.domain.progress import Progress, is_stalled, observe_progress
 from engine_nodes.domain.replica_argv import ReplicaSpec
-from engine_nodes.domain.scrape import EngineStats, parse_metrics_text
+from engine_nodes.domain.scrape import EngineStats
+from engine_nodes.metrics_scrape import beat_load, scrape_engine
 from engine_nodes.models import Replica
 from engine_nodes.warm_pool import Readiness, WarmPool, WeightsRef
 from models_registry.domain.gates import RegionState
@@ -449,7 +450,7 @@ class NodeAgent:
                 # No answer: no beat, so that gateways stop routing to it after
                 # the missed-beat window, as they would with the database up.
                 continue
-            beats.append(replace(beat, **_load_of(stats), beat_at=time.time()))
+            beats.append(replace(beat, **beat_load(stats), beat_at=time.time()))
         self._publish(beats)
 
     def _publish(self, beats: list[ReplicaBeat]) -> None:
@@ -604,7 +605,7 @@ class NodeAgent:
             node=replica.node,
             url=replica.url,
             state=str(state),
-            **_load_of(stats),
+            **beat_load(stats),
             beat_at=time.time(),
         )
 
@@ -760,17 +761,7 @@ class NodeAgent:
         return last[0]
 
     def _scrape(self, url: str) -> EngineStats | None:
-        try:
-            response = self.http.get(f"{url}/metrics")
-        except httpx.HTTPError:
-            return None
-        if response.status_code != 200:
-            return None
-        try:
-            return parse_metrics_text(response.text)
-        except ValueError:
-            logger.warning("unparseable /metrics from %s", url)
-            return None
+        return scrape_engine(self.http, url)
 
 
 _LIVE_STATES = [
@@ -782,16 +773,6 @@ _LIVE_STATES = [
 ]
 # States whose replicas run an engine the agent scrapes every beat.
 _SCRAPED_STATES = (ReplicaState.SERVING, ReplicaState.STALLED, ReplicaState.DRAINING)
-
-
-def _load_of(stats: EngineStats | None) -> dict[str, Any]:
-    """A beat's load fields from a scrape (zeros without one)."""
-    return {
-        "queue_depth": stats.queue_depth if stats else 0,
-        "num_running": stats.num_requests_running if stats else 0,
-        "tokens_in_flight": stats.kv_tokens_in_use if stats else 0,
-        "kv_cache_usage_perc": stats.kv_cache_usage_perc if stats else 0.0,
-    }
 
 
 def weights_ref(version: ModelVersion, region: str) -> WeightsRef:

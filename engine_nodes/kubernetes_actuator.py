@@ -45,6 +45,7 @@ from engine_nodes.domain.k8s_drain import (
     Step,
     drain_steps,
 )
+from engine_nodes.domain.k8s_pods import PodFacts
 from engine_nodes.domain.liveness import ReplicaState
 
 __all__ = [
@@ -53,6 +54,8 @@ __all__ = [
     "DrainOptions",
     "KubernetesActuator",
     "ReplicaLedger",
+    "list_pod_facts",
+    "pod_facts",
 ]
 
 logger = logging.getLogger(__name__)
@@ -294,9 +297,8 @@ class KubernetesActuator:
         """Return the facts ``drain_steps`` decides on: the pods and their replicas."""
         assert self.core is not None and self.ledger is not None
         assert self.drain is not None
-        selector = ",".join(f"{k}={v}" for k, v in pool_labels(spec).items())
         listed = self.core.list_namespaced_pod(
-            namespace=self.namespace, label_selector=selector
+            namespace=self.namespace, label_selector=_selector(spec)
         )
         pods = [_pod_view(item) for item in _field(listed, "items") or []]
         loads = self.ledger.loads([p.pod for p, _ in pods])
@@ -412,29 +414,62 @@ def _epoch(value: Any) -> float | None:
     return float(value.timestamp())
 
 
+def list_pod_facts(core: CoreV1Like, namespace: str, spec: PoolSpec) -> list[PodFacts]:
+    """List the pool's pods by its Deployment's selector labels."""
+    listed = core.list_namespaced_pod(
+        namespace=namespace, label_selector=_selector(spec)
+    )
+    return [pod_facts(item) for item in _field(listed, "items") or []]
+
+
+def _selector(spec: PoolSpec) -> str:
+    return ",".join(f"{k}={v}" for k, v in pool_labels(spec).items())
+
+
+def pod_facts(pod: Any) -> PodFacts:
+    """Return what ``plan_pod_replicas`` reads of a listed pod (a client model or
+    the API's JSON as a dict)."""
+    metadata = _read(pod, "metadata")
+    status = _read(pod, "status")
+    conditions = _read(status, "conditions") or []
+    # The client model spells it pod_ip, which _read's camel-to-snake misses.
+    pod_ip = (
+        status.get("podIP") if isinstance(status, Mapping) else _read(status, "pod_ip")
+    )
+    annotations = _read(metadata, "annotations") or {}
+    return PodFacts(
+        name=str(_read(metadata, "name")),
+        phase=str(_read(status, "phase") or ""),
+        is_ready=any(
+            _read(c, "type") == "Ready" and _read(c, "status") == "True"
+            for c in conditions
+        ),
+        pod_ip=pod_ip or None,
+        node=str(_read(_read(pod, "spec"), "nodeName") or ""),
+        is_terminating=_read(metadata, "deletionTimestamp") is not None,
+        annotations=dict(annotations),
+    )
+
+
 def _pod_view(pod: Any) -> tuple[PodView, str]:
     """Return a pod as the drain sees it (its replica: so far unknown), and its
     ``pod-template-hash`` (two of them: a rollout is moving the pool)."""
+    facts = pod_facts(pod)
     metadata = _read(pod, "metadata")
-    name = str(_read(metadata, "name"))
-    annotations = _read(metadata, "annotations") or {}
+    annotations = facts.annotations or {}
     labels = _read(metadata, "labels") or {}
-    status = _read(pod, "status")
-    conditions = _read(status, "conditions") or []
-    is_ready = _read(status, "phase") == "Running" and any(
-        _read(c, "type") == "Ready" and _read(c, "status") == "True" for c in conditions
-    )
+    is_ready = facts.is_ready and facts.phase == "Running"
     since = annotations.get(DRAINING_SINCE_ANNOTATION)
     try:
         cost = int(annotations.get(DELETION_COST_ANNOTATION, 0))
     except ValueError:
         cost = 0
     view = PodView(
-        pod=name,
-        replica_id=name,
+        pod=facts.name,
+        replica_id=facts.name,
         state=ReplicaState.SERVING if is_ready else ReplicaState.STARTING,
         is_ready=is_ready,
-        is_terminating=_read(metadata, "deletionTimestamp") is not None,
+        is_terminating=facts.is_terminating,
         # Unknown until the ledger says: never taken for zero.
         streams=None,
         created_at=_epoch(_read(metadata, "creationTimestamp")) or 0.0,

@@ -24,6 +24,7 @@ from engine_nodes.domain.k8s import (
     deployment_name,
 )
 from engine_nodes.domain.k8s_drain import ReplicaLoad
+from engine_nodes.domain.k8s_pods import PodsPlan, ReplicaRow
 from engine_nodes.domain.liveness import ReplicaState, is_silent, silence_cutoff
 from engine_nodes.domain.replica_argv import (
     ReplicaSpec,
@@ -370,19 +371,76 @@ def follow_pools_on_kubernetes(
 ) -> dict[str, FollowAction]:
     """Bring every pool's Deployment in ``region`` to its target; say what each took.
 
-    Returns {Deployment name: action}. A pool whose spec cannot be built (an
-    unusable engine config) is logged and skipped: the others still follow.
+    Returns {Deployment name: action} (``kubernetes_pool_specs``' pools).
     """
-    actions: dict[str, FollowAction] = {}
+    return {
+        spec.name: actuator.follow_pool(spec)
+        for _, spec in kubernetes_pool_specs(region=region, template=template)
+    }
+
+
+def kubernetes_pool_specs(
+    *, region: str, template: DeploymentTemplate
+) -> list[tuple[Pool, PoolSpec]]:
+    """Return each pool of ``region`` with its Deployment spec.
+
+    A pool whose spec cannot be built (an unusable engine config) is logged and
+    skipped: the others still follow.
+    """
+    specs = []
     pools = Pool.objects.filter(region=region).select_related("version")
     for pool in pools.order_by("model_id", "version_id"):
         try:
-            spec = kubernetes_pool_spec(pool, template)
+            specs.append((pool, kubernetes_pool_spec(pool, template)))
         except ValueError:
             logger.exception("pool %s has no usable Deployment spec", pool)
+    return specs
+
+
+def pod_replica_rows(*, deployment: str, region: str) -> dict[str, ReplicaRow]:
+    """Return the rows of a Deployment's pods (ids ``<deployment>-...``) by id."""
+    rows = Replica.objects.filter(
+        region=region, replica_id__startswith=f"{deployment}-"
+    )
+    return {
+        r.replica_id: ReplicaRow(state=r.state, url=r.url, node=r.node) for r in rows
+    }
+
+
+def apply_pod_replicas(plan: PodsPlan, *, pool: Pool) -> dict[str, str]:
+    """Write ``plan``'s rows of ``pool``; return the state each pod's row holds now.
+
+    A changed row is a compare-and-set on the state read: a row another writer
+    moved meanwhile (the drain marked it draining) keeps its new state and is
+    left out of the answer this time. Rows whose pod is gone are removed.
+    """
+    states: dict[str, str] = {}
+    for replica in plan.replicas:
+        if not replica.is_changed:
+            states[replica.replica_id] = replica.state
             continue
-        actions[spec.name] = actuator.follow_pool(spec)
-    return actions
+        fields = {"state": replica.state, "url": replica.url, "node": replica.node}
+        if replica.was is None:
+            _, is_new = Replica.objects.get_or_create(
+                replica_id=replica.replica_id,
+                defaults={
+                    **fields,
+                    "model_id": pool.model_id,
+                    "version": pool.version,
+                    "region": pool.region,
+                },
+            )
+            moved = is_new
+        else:
+            rows = Replica.objects.filter(
+                pk=replica.replica_id, state=replica.was.state
+            )
+            moved = bool(rows.update(**fields))
+        if moved:
+            states[replica.replica_id] = replica.state
+    for replica_id in plan.removed:
+        remove_replica(replica_id)
+    return states
 
 
 class DatabaseReplicaLedger:

@@ -157,6 +157,11 @@ class KubeFake:
         conditions = self.pods[pod]["status"]["conditions"]
         conditions[0]["status"] = "True" if is_ready else "False"
 
+    def place(self, pod: str, *, ip: str, node: str = "gpu-1") -> None:
+        """Schedule a pod on ``node`` and give it ``ip`` (the kubelet's part)."""
+        self.pods[pod]["spec"]["nodeName"] = node
+        self.pods[pod]["status"]["podIP"] = ip
+
     def annotations(self, pod: str) -> dict[str, str]:
         """Return a pod's annotations."""
         return dict(self.pods[pod]["metadata"].get("annotations") or {})

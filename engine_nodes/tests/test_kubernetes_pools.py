@@ -378,11 +378,13 @@ def test_kubernetes_pools_command_follows_the_target_through_the_official_client
     out = io.StringIO()
     call_command(*argv, stdout=out)
     assert out.getvalue().strip() == f"{NAME}: scale"
-    # No pod runs, none to drain: the pods are listed, then it scales at once.
+    # No pod runs, none to drain: the pods are listed, then it scales at once;
+    # then the beats list them again (none to register, none to beat).
     assert [method for method, _ in server.requests] == [
         "GET",
         "GET pods",
         "PATCH scale",
+        "GET pods",
     ]
     assert server.deployments[NAME]["spec"]["replicas"] == 2
 
@@ -443,6 +445,7 @@ def test_kubernetes_pools_command_without_drain_scales_down_directly(
         "kubernetes_pools",
         "--once",
         "--no-drain",
+        "--no-beats",
         "--region=eu-west",
         "--namespace=serving",
         f"--image={TEMPLATE.image}",
@@ -455,5 +458,6 @@ def test_kubernetes_pools_command_without_drain_scales_down_directly(
     out = io.StringIO()
     call_command(*argv, stdout=out)
     assert out.getvalue().strip() == f"{NAME}: scale"
+    # Neither drain nor beats: no pods access at all.
     assert [method for method, _ in server.requests] == ["GET", "PATCH scale"]
     assert server.deployments[NAME]["spec"]["replicas"] == 2

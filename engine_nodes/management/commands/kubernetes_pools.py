@@ -14,8 +14,13 @@ low, and only then does the Deployment lose one replica
 (``engine_nodes.domain.k8s_drain``; ``docs/kubernetes-pools.md``). ``--no-drain``
 scales down directly, as before.
 
+Every ``PLATFORM_HEARTBEAT_S`` (in a thread of its own, so a slow API call of
+the follow never holds a beat) it also lists each pool's pods, keeps a replica row
+per pod and beats for it as a node agent does (``engine_nodes.kubernetes_beats``),
+so the gateways route to the pods; ``--no-beats`` leaves that to someone else.
+
 API calls: deployments get, create, patch; deployments/scale patch; pods list,
-patch (annotations only).
+patch (annotations only). Listing per beat needs no ``watch``.
 
 The official ``kubernetes`` client is the ``kubernetes`` extra
 (``pip install '.[kubernetes]'``); credentials come from the pod's service account
@@ -31,15 +36,18 @@ from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
 
 from engine_nodes import services
 from engine_nodes.domain.k8s import DeploymentTemplate, FollowAction
+from engine_nodes.heartbeats import RedisBeatStore
 from engine_nodes.kubernetes_actuator import (
     AppsV1Like,
     CoreV1Like,
     DrainOptions,
     KubernetesActuator,
 )
+from engine_nodes.kubernetes_beats import KubernetesBeats
 
 
 def kube_apis(
@@ -126,6 +134,12 @@ class Command(BaseCommand):
             help="Scale down directly and let Kubernetes pick the pod (no pods "
             "access needed).",
         )
+        parser.add_argument(
+            "--no-beats",
+            action="store_true",
+            help="Do not register the pods as replicas nor beat for them (the "
+            "gateways then never route to them).",
+        )
         parser.add_argument("--interval-s", type=float, default=5.0)
         parser.add_argument("--once", action="store_true", help="Follow once and exit.")
         parser.add_argument("--in-cluster", action="store_true")
@@ -176,22 +190,77 @@ class Command(BaseCommand):
             )
         )
         region = options["region"] or settings.PLATFORM_REGION
+        beats = None
+        if not options["no_beats"]:
+            beats = KubernetesBeats(
+                core,
+                options["namespace"],
+                region=region,
+                template=template,
+                sink=_beat_sink(),
+                engine_api_key=settings.PLATFORM_ENGINE_API_KEY,
+            )
         stop = threading.Event()
-        if not options["once"]:
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(signum, lambda *_: stop.set())
-        while True:
+        if options["once"]:
             try:
-                actions = services.follow_pools_on_kubernetes(
-                    actuator=actuator, region=region, template=template
-                )
-            except Exception as exc:  # the API or the database: try again next time
-                if options["once"]:
-                    raise CommandError(f"following pools failed: {exc}") from exc
-                self.stderr.write(f"following pools failed: {type(exc).__name__}")
-            else:
-                for name, action in sorted(actions.items()):
-                    if options["once"] or action != FollowAction.NONE:
-                        self.stdout.write(f"{name}: {action}")
-            if options["once"] or stop.wait(options["interval_s"]):
-                return
+                self._follow(actuator, region, template, once=True)
+                if beats is not None:
+                    beats.tick(now=timezone.now())
+            finally:
+                if beats is not None:
+                    beats.close()
+            return
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda *_: stop.set())
+        beating = None
+        if beats is not None:
+            beating = threading.Thread(
+                target=beats.run,
+                args=(stop,),
+                kwargs={"beat_s": settings.PLATFORM_HEARTBEAT_S},
+                name="kubernetes-beats",
+                daemon=True,
+            )
+            beating.start()
+        try:
+            while not stop.is_set():
+                self._follow(actuator, region, template, once=False)
+                stop.wait(options["interval_s"])
+        finally:
+            stop.set()
+            if beating is not None and beats is not None:
+                beating.join()
+                beats.close()
+
+    def _follow(
+        self,
+        actuator: KubernetesActuator,
+        region: str,
+        template: DeploymentTemplate,
+        *,
+        once: bool,
+    ) -> None:
+        """Follow every pool once; report what moved (all of it with ``once``)."""
+        try:
+            actions = services.follow_pools_on_kubernetes(
+                actuator=actuator, region=region, template=template
+            )
+        except Exception as exc:  # the API or the database: try again next time
+            if once:
+                raise CommandError(f"following pools failed: {exc}") from exc
+            self.stderr.write(f"following pools failed: {type(exc).__name__}")
+            return
+        for name, action in sorted(actions.items()):
+            if once or action != FollowAction.NONE:
+                self.stdout.write(f"{name}: {action}")
+
+
+def _beat_sink() -> RedisBeatStore | None:
+    """Return the region's Redis beat store (None without Redis: database only)."""
+    if not settings.REDIS_URL:
+        return None
+    return RedisBeatStore.from_url(
+        settings.REDIS_URL,
+        prefix=settings.REDIS_KEY_PREFIX,
+        ttl_s=settings.PLATFORM_HEARTBEAT_S * settings.PLATFORM_MISSED_BEATS,
+    )
