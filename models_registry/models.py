@@ -35,6 +35,15 @@ from models_registry.domain.scaling import (
 )
 
 version_validator = RegexValidator(VERSION_PATTERN, "Versions are labelled v1, v2, ...")
+
+
+class ModelKind(models.TextChoices):
+    """What a model name serves: generation, or embeddings (fixed at registration)."""
+
+    CHAT = "chat"
+    EMBEDDING = "embedding"
+
+
 _HEX64 = SHA256_PATTERN
 
 
@@ -53,6 +62,19 @@ class Model(models.Model):
         primary_key=True, max_length=64, validators=[slug_validator]
     )
     description = models.CharField(max_length=300, blank=True)
+    # On the name, not the version: every version behind one alias answers the
+    # same API with vectors of the same size, or clients' stored vectors break.
+    kind = models.CharField(
+        max_length=16, choices=ModelKind.choices, default=ModelKind.CHAT
+    )
+    dimensions = models.PositiveIntegerField(
+        null=True, blank=True, help_text="An embedding model's vector size."
+    )
+    max_input_tokens = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="An embedding model's longest input, in tokens.",
+    )
     live_version = models.ForeignKey(
         "ModelVersion",
         null=True,
@@ -99,6 +121,22 @@ class Model(models.Model):
             models.CheckConstraint(
                 condition=Q(canary_version__isnull=False) | Q(canary_percent=0.0),
                 name="model_canary_needs_version",
+            ),
+            # An embedding model has both sizes; a chat model neither.
+            models.CheckConstraint(
+                condition=(
+                    Q(
+                        kind="embedding",
+                        dimensions__gte=1,
+                        max_input_tokens__gte=1,
+                    )
+                    | Q(
+                        kind="chat",
+                        dimensions__isnull=True,
+                        max_input_tokens__isnull=True,
+                    )
+                ),
+                name="model_kind_sizes",
             ),
         ]
 

@@ -41,7 +41,14 @@ from models_registry.domain.identity import (
     sha256_text,
     uri_errors,
 )
-from models_registry.models import GateRun, Model, ModelVersion, Pool, VersionRegion
+from models_registry.models import (
+    GateRun,
+    Model,
+    ModelKind,
+    ModelVersion,
+    Pool,
+    VersionRegion,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -68,15 +75,50 @@ def get_version(model_id: str, version: str) -> ModelVersion:
     return found
 
 
-def create_model(*, model_id: str, description: str = "") -> Model:
-    """Register a new model name; versions are registered under it afterwards."""
+def create_model(
+    *,
+    model_id: str,
+    description: str = "",
+    kind: str = "chat",
+    dimensions: int | None = None,
+    max_input_tokens: int | None = None,
+) -> Model:
+    """Register a new model name; versions are registered under it afterwards.
+
+    ``kind`` is fixed here: an ``embedding`` model needs its vector size
+    (``dimensions``) and longest input (``max_input_tokens``); a ``chat`` model
+    takes neither.
+    """
     if not is_valid_model_name(model_id):
         raise InvalidRequest(f"model must be {SLUG_RULE}", param="model")
+    _check_kind(kind, dimensions, max_input_tokens)
     try:
         with transaction.atomic():
-            return Model.objects.create(model=model_id, description=description)
+            return Model.objects.create(
+                model=model_id,
+                description=description,
+                kind=kind,
+                dimensions=dimensions,
+                max_input_tokens=max_input_tokens,
+            )
     except IntegrityError:
         raise Conflict(f"model {model_id!r} already exists", param="model") from None
+
+
+def _check_kind(
+    kind: str, dimensions: int | None, max_input_tokens: int | None
+) -> None:
+    """Raise ``InvalidRequest`` naming the field a model of ``kind`` cannot have."""
+    if kind not in ModelKind.values:
+        raise InvalidRequest("kind must be chat or embedding", param="kind")
+    sizes = {"dimensions": dimensions, "max_input_tokens": max_input_tokens}
+    for name, value in sizes.items():
+        if kind == ModelKind.EMBEDDING and (value is None or value < 1):
+            raise InvalidRequest(
+                f"an embedding model needs {name} (a positive integer)", param=name
+            )
+        if kind == ModelKind.CHAT and value is not None:
+            raise InvalidRequest(f"{name} is for embedding models only", param=name)
 
 
 def register_version(
@@ -292,6 +334,9 @@ class ModelOut(TypedDict):
 
     model: str
     description: str
+    kind: str
+    dimensions: int | None
+    max_input_tokens: int | None
     live_version: str | None
     canary_version: str | None
     canary_percent: float
@@ -311,6 +356,9 @@ def model_dict(model: Model) -> ModelOut:
     return {
         "model": model.model,
         "description": model.description,
+        "kind": model.kind,
+        "dimensions": model.dimensions,
+        "max_input_tokens": model.max_input_tokens,
         "live_version": by_pk.get(model.live_version_id),
         "canary_version": by_pk.get(model.canary_version_id),
         "canary_percent": model.canary_percent,

@@ -106,6 +106,9 @@ def build_snapshot(*, region: str, default_policy: str) -> ConfigSnapshot:
             shadow_percent=shadow_percent,
             policy=default_policy,
             rollout_pending=model.model in pending,
+            kind=model.kind,
+            dimensions=model.dimensions or 0,
+            max_input_tokens=model.max_input_tokens or 0,
             retained_version=(
                 retained.get(model.model)
                 if retained.get(model.model) != _label(labels, model.live_version_id)

@@ -221,6 +221,49 @@ def test_create_model(admin_client: APIClient) -> None:
     assert Model.objects.filter(pk="reason-70b").exists()
 
 
+def test_create_an_embedding_model(admin_client: APIClient) -> None:
+    body = {
+        "model": "embed-1",
+        "kind": "embedding",
+        "dimensions": 384,
+        "max_input_tokens": 512,
+    }
+    response = admin_client.post("/admin/models", body, format="json")
+    assert response.status_code == 201, response.content
+    data = response.json()
+    assert (data["kind"], data["dimensions"], data["max_input_tokens"]) == (
+        "embedding",
+        384,
+        512,
+    )
+    chat = admin_client.post("/admin/models", {"model": "c-1"}, format="json").json()
+    assert (chat["kind"], chat["dimensions"], chat["max_input_tokens"]) == (
+        "chat",
+        None,
+        None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"kind": "vision"}, "kind"),
+        ({"kind": "embedding", "max_input_tokens": 512}, "dimensions"),
+        ({"kind": "embedding", "dimensions": 384}, "max_input_tokens"),
+        ({"kind": "embedding", "dimensions": 0, "max_input_tokens": 8}, "dimensions"),
+        ({"dimensions": 384}, "dimensions"),
+        ({"max_input_tokens": 512}, "max_input_tokens"),
+    ],
+)
+def test_create_model_with_bad_kind_or_sizes_is_400(
+    admin_client: APIClient, extra: dict[str, object], param: str
+) -> None:
+    body = {"model": "embed-1", **extra}
+    response = admin_client.post("/admin/models", body, format="json")
+    assert_error(response, 400, "invalid_request_error", param)
+    assert not Model.objects.filter(pk="embed-1").exists()
+
+
 def test_create_model_twice_is_409(admin_client: APIClient, chat_model: Model) -> None:
     response = admin_client.post("/admin/models", {"model": "chat-7b"}, format="json")
     assert_error(response, 409, "conflict_error", "model")

@@ -22,6 +22,9 @@ class ModelCreateSerializer(serializers.Serializer):
 
     model = fields.SlugField()
     description = fields.TextField(max_length=300, required=False, allow_blank=True)
+    kind = serializers.ChoiceField(choices=["chat", "embedding"], default="chat")
+    dimensions = serializers.IntegerField(min_value=1, required=False)
+    max_input_tokens = serializers.IntegerField(min_value=1, required=False)
 
 
 class VersionRegisterSerializer(serializers.Serializer):
@@ -130,6 +133,9 @@ class ModelSerializer(serializers.Serializer):
 
     model = serializers.CharField()
     description = serializers.CharField(allow_blank=True)
+    kind = serializers.CharField()
+    dimensions = serializers.IntegerField(allow_null=True)
+    max_input_tokens = serializers.IntegerField(allow_null=True)
     live_version = serializers.CharField(allow_null=True)
     canary_version = serializers.CharField(allow_null=True)
     canary_percent = serializers.FloatField()

@@ -55,7 +55,11 @@ class ModelListView(ControlPlaneView):
     def post(self, request: Request) -> Response:
         body = validated(ModelCreateSerializer, request.data)
         model = registry.create_model(
-            model_id=body["model"], description=body.get("description", "")
+            model_id=body["model"],
+            description=body.get("description", ""),
+            kind=body["kind"],
+            dimensions=body.get("dimensions"),
+            max_input_tokens=body.get("max_input_tokens"),
         )
         return Response(
             services.model_detail(model.model), status=status.HTTP_201_CREATED

@@ -94,6 +94,16 @@ class ModelRecord:
     # A rollout of the model is running (any stage, begun or not): conversations
     # remember their version from then on (routing.domain.sticky).
     rollout_pending: bool = False
+    # "chat" or "embedding" (fixed at registration): which API the name answers.
+    kind: str = "chat"
+    # An embedding model's vector size and longest input in tokens (0: a chat's).
+    dimensions: int = 0
+    max_input_tokens: int = 0
+
+    @property
+    def is_embedding(self) -> bool:
+        """True for a model that answers ``/v1/embeddings`` (and nothing else)."""
+        return self.kind == "embedding"
 
 
 @dataclass(frozen=True, slots=True)

@@ -156,6 +156,23 @@ def test_snapshot_says_which_versions_schedule_by_priority(
     assert snapshot.versions[("chat-7b", ranked.version)].priority_scheduling is True
 
 
+def test_snapshot_carries_a_models_kind_and_embedding_sizes(
+    chat_v1: ModelVersion,
+) -> None:
+    registry_services.create_model(
+        model_id="embed-1", kind="embedding", dimensions=384, max_input_tokens=512
+    )
+    snapshot = build_snapshot(region="local", default_policy="prefix_affinity")
+    chat, embed = snapshot.models["chat-7b"], snapshot.models["embed-1"]
+    assert (chat.kind, chat.dimensions, chat.max_input_tokens) == ("chat", 0, 0)
+    assert (embed.kind, embed.dimensions, embed.max_input_tokens) == (
+        "embedding",
+        384,
+        512,
+    )
+    assert embed.is_embedding and not chat.is_embedding
+
+
 def test_snapshot_query_count_is_fixed(
     chat_v1: ModelVersion,
     team: Team,

@@ -49,7 +49,18 @@ def snapshot(region: str = "eu") -> ConfigSnapshot:
         models={
             "chat-7b": ModelRecord(
                 "chat-7b", "v1", "v2", 5.0, None, 0.0, rollout_pending=True
-            )
+            ),
+            "embed-1": ModelRecord(
+                "embed-1",
+                "v1",
+                None,
+                0.0,
+                None,
+                0.0,
+                kind="embedding",
+                dimensions=384,
+                max_input_tokens=512,
+            ),
         },
         versions={
             ("chat-7b", "v1"): VersionRecord(
