@@ -16,6 +16,7 @@ engine's terminal event, or its response object whole).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import logging
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from config.asgi_io import ChunkedWrite, Send
 from metering import metrics
 from routing.domain.stall import ReplicaStalled
+from routing.embeddings import embedding_answer
 from routing.engine_http import EngineResponse
 from routing.live import AttemptLoad, LiveLoad
 from routing.plan import ChatPlan
@@ -56,6 +58,7 @@ _ENGINE_PATHS = {
     "chat": "/v1/chat/completions",
     "completions": "/v1/completions",
     "responses": "/v1/responses",
+    "embeddings": "/v1/embeddings",
 }
 
 
@@ -127,12 +130,17 @@ class Attempt:
     capture_head: bool
 
     async def run(self) -> AttemptResult:
-        """Stream the answer and end it.
+        """Stream the answer and end it (an embeddings answer: send it whole).
 
         Raises:
             UpstreamFailed: before the first token; another replica may be tried.
             Cut: cut short after the relay began (a cancellation included).
         """
+        if self.plan.surface == "embeddings":
+            return await self._embed()
+        return await self._stream()
+
+    async def _stream(self) -> AttemptResult:
         plan = self.plan
         load = AttemptLoad(
             self.live,
@@ -207,6 +215,68 @@ class Attempt:
                 # A stream read to [DONE] leaves a reusable connection.
                 response.release() if is_done else response.close()
             load.drop()
+
+    async def _embed(self) -> AttemptResult:
+        """Post an embeddings request and answer the engine's JSON body whole.
+
+        Until the body is read whole nothing is sent to the client, so anything
+        that fails before (no connection, a 5xx, a broken or malformed body, the
+        first-token deadline) lets another replica be tried.
+
+        Raises:
+            UpstreamFailed: another replica may be tried.
+            Cut: the client left (or a bug) while the answer was sent.
+        """
+        plan = self.plan
+        load = AttemptLoad(
+            self.live, self.replica_id, tokens=plan.request_tokens, floor=0
+        )
+        response: EngineResponse | None = None
+        is_done = False
+        try:
+            try:
+                async with asyncio.timeout(self.first_token_timeout_s) as deadline:
+                    response = await self._open()
+                    raw = await response.read()
+            except TimeoutError:
+                if not deadline.expired():
+                    raise UpstreamFailed("TimeoutError") from None
+                raise NoFirstToken(
+                    f"no answer within {self.first_token_timeout_s:g} s"
+                ) from None
+            except OSError as exc:
+                raise UpstreamFailed(type(exc).__name__) from None
+            is_done = True
+            try:
+                body, usage, answer_id = embedding_answer(
+                    raw, plan=plan, region=self.region, replica_id=self.replica_id
+                )
+            except ValueError:
+                raise UpstreamFailed("a malformed embeddings answer") from None
+        except GatewayError as exc:  # a 4xx the client's request caused
+            return AttemptResult("error", self.replica_id, error=exc)
+        finally:
+            if response is not None:
+                response.release() if is_done else response.close()
+            load.drop()
+        result = AttemptResult(
+            "ok", self.replica_id, first_token_at=time.monotonic(), usage=usage
+        )
+        self.before_last_send()
+        try:
+            await respond(
+                self.send,
+                200,
+                body,
+                raw_headers=self._headers(answer_id),
+            )
+        except asyncio.CancelledError as exc:
+            raise Cut(
+                dataclasses.replace(result, outcome="client_closed"), exc
+            ) from None
+        except Exception as exc:
+            raise Cut(dataclasses.replace(result, outcome="error"), exc) from None
+        return result
 
     async def _start(
         self, first_token: asyncio.Timeout, response: EngineResponse, answer_id: str

@@ -70,6 +70,9 @@ logger = logging.getLogger(__name__)
 __all__ = ["BackgroundTasks", "ChatService", "UsageCounter"]
 
 _DEFAULT_POLICY = "prefix_affinity"
+# An embedding model's: its inputs share no prefix cache worth keeping warm, so
+# the least loaded replica (tokens in flight) serves best.
+_EMBEDDING_POLICY = "least_tokens"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -310,7 +313,10 @@ class ChatService:
     ) -> RoutingPolicy:
         """Return the pool's policy, built anew if the model's policy changed."""
         record = snapshot.models.get(model)
-        name = record.policy if record else _DEFAULT_POLICY
+        if record is None:
+            name = _DEFAULT_POLICY
+        else:
+            name = _EMBEDDING_POLICY if record.is_embedding else record.policy
         policy = self._policies.get((model, version))
         if policy is None or policy.name != name:
             policy = self._policies[(model, version)] = make_policy(

@@ -1,5 +1,5 @@
 """The OpenAI-compatible gateway: ``/v1/chat/completions``, ``/v1/completions``,
-``/v1/responses``, ``/v1/models``, ``/tokenize``, ``/healthz``.
+``/v1/responses``, ``/v1/embeddings``, ``/v1/models``, ``/tokenize``, ``/healthz``.
 
 Public surface: ``Gateway``.
 
@@ -14,7 +14,8 @@ loops: snapshot refresh, live-load exchange, usage flush) and the dispatch of a
 request. A chat request is a pipeline of the modules beside it:
 ``routing.plan`` (key -> team -> body -> version -> limits -> prompt tokens, one
 immutable ``ChatPlan``; a completion and a response are planned as one too, and
-served by the same pipeline), ``routing.chat`` (admission, routing with retries, the
+served by the same pipeline, as is an embeddings request: ``routing.embeddings``),
+``routing.chat`` (admission, routing with retries, the
 ``routing.relay``, metering), with the OpenAI shapes in ``routing.responses``.
 ``/tokenize`` is resolved the same way and passed to a replica
 (``routing.tokenize``). A batch job's key (``KeyRecord.batch``) opens only chat
@@ -43,6 +44,7 @@ from routing.chat import BackgroundTasks, ChatService
 from routing.domain.hosts import HostPolicy
 from routing.domain.readiness import Readiness, judge_readiness
 from routing.domain.snapshot import ConfigSnapshot, KeyRecord
+from routing.embeddings import plan_embedding
 from routing.failover import RedisFailover
 from routing.intake import authenticate, read_json
 from routing.key_uses import KeyUses
@@ -294,6 +296,14 @@ class Gateway:
                         headers={"allow": "POST"},
                     )
                 await self._chat(scope, receive, send, planner=plan_response)
+            elif path == "/v1/embeddings":
+                if method != "POST":
+                    raise GatewayError(
+                        405,
+                        "use POST for /v1/embeddings",
+                        headers={"allow": "POST"},
+                    )
+                await self._chat(scope, receive, send, planner=plan_embedding)
             elif path == "/v1/models":
                 if method != "GET":
                     raise GatewayError(

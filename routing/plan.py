@@ -95,7 +95,7 @@ _GATEWAY_RESPONSES_FIELDS = {
 }
 _DEFAULT_MAX_MODEL_LEN = 8192
 # The OpenAI API a request came on: its engine path, event and answer shapes.
-Surface = Literal["chat", "completions", "responses"]
+Surface = Literal["chat", "completions", "responses", "embeddings"]
 # A completion's routing key hashes this much of its (first) prompt: prompts that
 # share a long opening (few-shot examples) share a key, and a warm prefix cache.
 _COMPLETION_KEY_CHARS = 1024
@@ -492,7 +492,9 @@ def plan_tokenize(
         else [{"role": "user", "content": checked.prompt}]
     )
     key = routing_key(_header(headers, b"x-conversation-id"), messages)
-    resolution, _ = _resolve_for_team(snapshot, settings, team, checked.model, key, rng)
+    resolution, _ = _resolve_for_team(
+        snapshot, settings, team, checked.model, key, rng, kind=None
+    )
     return TokenizePlan(
         team=team,
         model_ref=checked.model,
@@ -508,12 +510,16 @@ def _resolve_for_team(
     model_ref: str,
     key: str,
     rng: random.Random,
+    *,
+    kind: str | None = "chat",
 ) -> tuple[Resolution, LimitRecord]:
     """Return the version ``model_ref`` resolves to for ``key``, and the team's limits.
 
+    ``kind`` is the kind of model the request's API serves (None: any).
+
     Raises:
         GatewayError: 404 unknown model or version, 503 no live version, 403 a
-            model the team may not use.
+            model the team may not use, 400 a model of another kind.
     """
     try:
         resolution = resolve(
@@ -527,6 +533,19 @@ def _resolve_for_team(
         raise GatewayError(
             503, str(exc), param="model", headers={"retry-after": "5"}
         ) from None
+    record = snapshot.models.get(resolution.model)
+    if kind is not None and record is not None and record.kind != kind:
+        api = (
+            "/v1/embeddings"
+            if record.is_embedding
+            else "chat, completions or responses"
+        )
+        raise GatewayError(
+            400,
+            f"{resolution.model} is a {record.kind} model: use it with {api}",
+            param="model",
+            code="model_not_supported",
+        )
     limit = team_limit(snapshot, settings, team, resolution.model)
     if limit is None:
         raise GatewayError(

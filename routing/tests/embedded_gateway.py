@@ -52,6 +52,7 @@ from routing.upstream import Upstream
 
 __all__ = [
     "BATCH_KEY",
+    "EMBEDDING_MODEL",
     "MODEL",
     "TEAM_KEY",
     "UNGRANTED_MODEL",
@@ -64,6 +65,9 @@ BATCH_KEY = "sk-team-embedded-batch"
 MODEL = "chat-7b"
 # A live model the team has no limits row on (default deny: 403 to it).
 UNGRANTED_MODEL = "reason-70b"
+# An embedding model (with ``embedding=True``): 4 dimensions, inputs up to 32
+# tokens, the team granted, served by the same replica URL.
+EMBEDDING_MODEL = "embed-1"
 _TEAM = "alpha"
 
 
@@ -87,13 +91,15 @@ class Answer:
         ]
 
 
-def _snapshot(replica_url: str | None) -> ConfigSnapshot:
+def _snapshot(replica_url: str | None, *, embedding: bool = False) -> ConfigSnapshot:
     now = time.time()
+    served = [MODEL, EMBEDDING_MODEL] if embedding else [MODEL]
+    names = [MODEL, UNGRANTED_MODEL, *served[1:]]
     replicas = (
         [
             ReplicaRecord(
-                replica_id=f"{MODEL}-v1-embedded-0",
-                model=MODEL,
+                replica_id=f"{name}-v1-embedded-0",
+                model=name,
                 version="v1",
                 region="embedded",
                 url=replica_url,
@@ -103,6 +109,7 @@ def _snapshot(replica_url: str | None) -> ConfigSnapshot:
                 kv_cache_usage_perc=0.0,
                 last_heartbeat_at=now,
             )
+            for name in served
         ]
         if replica_url
         else []
@@ -120,13 +127,14 @@ def _snapshot(replica_url: str | None) -> ConfigSnapshot:
         },
         teams=frozenset({_TEAM}),
         limits={
-            (_TEAM, MODEL): LimitRecord(
+            (_TEAM, name): LimitRecord(
                 team=_TEAM,
-                model=MODEL,
+                model=name,
                 tokens_per_minute=10**9,
                 max_concurrency=10_000,
                 guaranteed_share=0.0,
             )
+            for name in served
         },
         models={
             name: ModelRecord(
@@ -136,8 +144,11 @@ def _snapshot(replica_url: str | None) -> ConfigSnapshot:
                 canary_percent=0.0,
                 shadow_version=None,
                 shadow_percent=0.0,
+                kind="embedding" if name == EMBEDDING_MODEL else "chat",
+                dimensions=4 if name == EMBEDDING_MODEL else 0,
+                max_input_tokens=32 if name == EMBEDDING_MODEL else 0,
             )
-            for name in (MODEL, UNGRANTED_MODEL)
+            for name in names
         },
         versions={
             (name, "v1"): VersionRecord(
@@ -147,7 +158,7 @@ def _snapshot(replica_url: str | None) -> ConfigSnapshot:
                 max_model_len=8192,
                 load_test_tokens_in_flight=None,
             )
-            for name in (MODEL, UNGRANTED_MODEL)
+            for name in names
         },
         replicas=tuple(replicas),
     )
@@ -163,8 +174,9 @@ class EmbeddedGateway:
         counters: VersionCounters | None = None,
         default_max_tokens: int = 1024,
         settings: GatewaySettings | None = None,
+        embedding: bool = False,
     ) -> None:
-        snapshot = _snapshot(replica_url)
+        snapshot = _snapshot(replica_url, embedding=embedding)
         self.loop = asyncio.new_event_loop()
         self.settings = settings or GatewaySettings(
             region="embedded", default_max_tokens=default_max_tokens

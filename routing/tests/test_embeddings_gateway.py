@@ -1,0 +1,277 @@
+"""``POST /v1/embeddings`` through the gateway, in process, with the openai SDK.
+
+The replica is a tiny aiohttp app on the gateway's own event loop that answers
+``/v1/embeddings`` as vLLM 0.32 does (one JSON body, float or base64 vectors,
+``usage.prompt_tokens`` its own count: one token per word here, unlike the
+gateway's stand-in count, so the test sees whose count is metered). The SDK
+talks to the ``EmbeddedGateway``'s ASGI app, so the test reads what was metered
+and charged.
+"""
+
+from __future__ import annotations
+
+import base64
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import httpx2
+import openai
+import pytest
+from aiohttp import web
+
+from localrun.processes import free_port
+from metering.domain.usage import UsageCounts
+from routing.tests.embedded_gateway import (
+    EMBEDDING_MODEL,
+    MODEL,
+    TEAM_KEY,
+    EmbeddedGateway,
+)
+
+DIMENSIONS = 4
+
+
+def vector(text: Any, index: int) -> list[float]:
+    seed = len(str(text)) + index
+    return [float(seed + d) / 8 for d in range(DIMENSIONS)]
+
+
+class Replica:
+    """A replica that embeds every input as vLLM answers, keeping the bodies."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        self.status = 200
+
+    async def embed(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.bodies.append(body)
+        if self.status != 200:
+            return web.json_response(
+                {"error": {"message": "no", "code": self.status}}, status=self.status
+            )
+        inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        if inputs and isinstance(inputs[0], int):
+            inputs = [inputs]
+        data = []
+        for index, item in enumerate(inputs):
+            floats = vector(item, index)
+            embedding: Any = floats
+            if body.get("encoding_format") == "base64":
+                packed = struct.pack(f"<{len(floats)}f", *floats)
+                embedding = base64.b64encode(packed).decode()
+            data.append({"index": index, "object": "embedding", "embedding": embedding})
+        words = sum(
+            len(item) if isinstance(item, list) else len(item.split())
+            for item in inputs
+        )
+        return web.json_response(
+            {
+                "id": "embd-engine-1",
+                "object": "list",
+                "created": 1,
+                "model": body["model"],
+                "data": data,
+                "usage": {
+                    "prompt_tokens": words,
+                    "total_tokens": words,
+                    "completion_tokens": 0,
+                    "prompt_tokens_details": None,
+                },
+            }
+        )
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[EmbeddedGateway, Replica]]:
+    replica = Replica()
+    app = web.Application()
+    app.router.add_post("/v1/embeddings", replica.embed)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    port = free_port()
+    with EmbeddedGateway(f"http://127.0.0.1:{port}", embedding=True) as gateway:
+        gateway.loop.run_until_complete(runner.setup())
+        site = web.TCPSite(runner, "127.0.0.1", port)
+        gateway.loop.run_until_complete(site.start())
+        try:
+            yield gateway, replica
+        finally:
+            gateway.loop.run_until_complete(runner.cleanup())
+
+
+def embed(gateway: EmbeddedGateway, **kwargs: Any) -> Any:
+    """Call ``client.embeddings.create`` on the gateway's app and loop."""
+
+    async def call() -> Any:
+        transport = httpx2.ASGITransport(app=gateway.app)
+        async with httpx2.AsyncClient(
+            transport=transport, base_url="http://127.0.0.1"
+        ) as http:
+            client = openai.AsyncOpenAI(
+                api_key=TEAM_KEY,
+                base_url="http://127.0.0.1/v1",
+                http_client=http,
+                max_retries=0,
+            )
+            return await client.embeddings.with_raw_response.create(**kwargs)
+
+    return gateway.loop.run_until_complete(call())
+
+
+def metered(gateway: EmbeddedGateway) -> UsageCounts:
+    return sum(gateway.metered().values(), UsageCounts())
+
+
+@pytest.mark.parametrize("encoding_format", ["float", "base64"])
+@pytest.mark.parametrize(
+    "text", ["one two three", ["one two", "three four five", "six"]]
+)
+def test_the_sdk_gets_its_vectors_and_usage_is_the_engines(
+    served: tuple[EmbeddedGateway, Replica],
+    text: str | list[str],
+    encoding_format: str,
+) -> None:
+    gateway, replica = served
+    raw = embed(
+        gateway,
+        model=EMBEDDING_MODEL,
+        input=text,
+        encoding_format=encoding_format,
+    )
+    answer = raw.parse()
+    inputs = text if isinstance(text, list) else [text]
+    assert [item.index for item in answer.data] == list(range(len(inputs)))
+    for item, given in zip(answer.data, inputs, strict=True):
+        if encoding_format == "float":
+            assert item.embedding == vector(given, item.index)
+        else:  # the SDK hands base64 back as the engine sent it
+            assert isinstance(item.embedding, str)
+            floats = struct.unpack("<4f", base64.b64decode(item.embedding))
+            assert list(floats) == pytest.approx(vector(given, item.index))
+    words = sum(len(t.split()) for t in inputs)
+    assert answer.model == EMBEDDING_MODEL
+    assert (answer.usage.prompt_tokens, answer.usage.total_tokens) == (words, words)
+    assert raw.headers["x-model-version"] == "v1"
+    assert raw.headers["x-request-id"] == "embd-engine-1"
+    sent = replica.bodies[-1]
+    assert "stream" not in sent and sent["model"] == EMBEDDING_MODEL
+    assert sent["encoding_format"] == encoding_format
+    usage = metered(gateway)
+    assert (usage.prompt_tokens, usage.output_tokens, usage.requests) == (
+        words,
+        0,
+        1,
+    )
+
+
+def test_the_sdks_default_base64_comes_back_as_floats(
+    served: tuple[EmbeddedGateway, Replica],
+) -> None:
+    gateway, replica = served
+    answer = embed(gateway, model=EMBEDDING_MODEL, input="one two").parse()
+    assert replica.bodies[-1]["encoding_format"] == "base64"
+    assert answer.data[0].embedding == pytest.approx(vector("one two", 0))
+    assert metered(gateway).prompt_tokens == 2
+
+
+def test_the_answer_says_who_served_it(
+    served: tuple[EmbeddedGateway, Replica],
+) -> None:
+    gateway, _ = served
+    answer = gateway.request(
+        "/v1/embeddings", {"model": EMBEDDING_MODEL, "input": [[1, 2, 3]]}
+    )
+    assert answer.status == 200, answer.body
+    body = answer.json()
+    assert (body["object"], body["model_version"], body["region"]) == (
+        "list",
+        "v1",
+        "embedded",
+    )
+    assert body["replica_id"] == f"{EMBEDDING_MODEL}-v1-embedded-0"
+    assert body["usage"] == {"prompt_tokens": 3, "total_tokens": 3}
+
+
+def test_an_input_over_the_longest_is_400_and_not_charged(
+    served: tuple[EmbeddedGateway, Replica],
+) -> None:
+    gateway, replica = served
+    with pytest.raises(openai.BadRequestError) as caught:
+        embed(gateway, model=EMBEDDING_MODEL, input=["short", "word " * 200])
+    error = caught.value.body
+    assert isinstance(error, dict)
+    assert (error["param"], error["code"]) == ("input", "context_length_exceeded")
+    assert replica.bodies == []
+    assert not gateway.is_charged()
+    assert metered(gateway) == UsageCounts()
+
+
+def test_a_chat_model_asked_for_embeddings_is_400_naming_model(
+    served: tuple[EmbeddedGateway, Replica],
+) -> None:
+    gateway, replica = served
+    with pytest.raises(openai.BadRequestError) as caught:
+        embed(gateway, model=MODEL, input="hello")
+    error = caught.value.body
+    assert isinstance(error, dict)
+    assert error["param"] == "model"
+    assert replica.bodies == []
+    assert not gateway.is_charged()
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+        ("/v1/completions", {"prompt": "hi"}),
+        ("/v1/responses", {"input": "hi"}),
+    ],
+)
+def test_an_embedding_model_asked_to_generate_is_400_naming_model(
+    served: tuple[EmbeddedGateway, Replica], path: str, body: dict[str, Any]
+) -> None:
+    gateway, _ = served
+    answer = gateway.request(path, {**body, "model": EMBEDDING_MODEL})
+    assert answer.status == 400, answer.body
+    assert answer.json()["error"]["param"] == "model"
+    assert not gateway.is_charged()
+
+
+def test_dimensions_over_the_models_are_400(
+    served: tuple[EmbeddedGateway, Replica],
+) -> None:
+    gateway, replica = served
+    answer = gateway.request(
+        "/v1/embeddings",
+        {"model": EMBEDDING_MODEL, "input": "hi", "dimensions": DIMENSIONS + 1},
+    )
+    assert answer.status == 400
+    assert answer.json()["error"]["param"] == "dimensions"
+    assert replica.bodies == []
+
+
+def test_an_engines_4xx_passes_as_openais_error_and_is_not_metered(
+    served: tuple[EmbeddedGateway, Replica],
+) -> None:
+    gateway, replica = served
+    replica.status = 400
+    answer = gateway.request(
+        "/v1/embeddings", {"model": EMBEDDING_MODEL, "input": "hello"}
+    )
+    assert answer.status == 400
+    assert answer.json()["error"]["message"] == "no"
+    assert metered(gateway).prompt_tokens == 0
+
+
+def test_an_engines_5xx_is_a_503_after_the_pools_replicas(
+    served: tuple[EmbeddedGateway, Replica],
+) -> None:
+    gateway, replica = served
+    replica.status = 500
+    answer = gateway.request(
+        "/v1/embeddings", {"model": EMBEDDING_MODEL, "input": "hello"}
+    )
+    assert answer.status == 503
+    assert answer.json()["error"]["code"] == "no_replica_available"
+    assert metered(gateway).prompt_tokens == 0
