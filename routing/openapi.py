@@ -20,6 +20,7 @@ from __future__ import annotations
 from routing.domain import chat_body as rules
 from routing.domain.tiers import Tier
 from routing.openapi_completions import completion_components, completion_path_item
+from routing.openapi_embeddings import embedding_components, embedding_path_item
 from routing.openapi_parts import (
     EVENT,
     SERVED_BY,
@@ -477,6 +478,7 @@ def gateway_components() -> dict[str, Schema]:
         "ChatCompletionRequest": _chat_request(),
         "ChatCompletion": _chat_completion(),
         **completion_components(_chat_request()["properties"]),
+        **embedding_components(_chat_request()["properties"]),
         "Usage": _USAGE,
         "ModelList": _model_list(),
         **responses_components(),
@@ -532,6 +534,7 @@ def gateway_paths() -> dict[str, Schema]:
         },
         "/v1/completions": completion_path_item(headers, error_responses(*chat_errors)),
         "/v1/responses": responses_path_item(headers, error_responses(*chat_errors)),
+        "/v1/embeddings": embedding_path_item(headers, error_responses(*chat_errors)),
         "/v1/models": {
             "get": {
                 "operationId": "listModels",

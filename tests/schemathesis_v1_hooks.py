@@ -19,7 +19,13 @@ MODEL = os.environ.get("V1_SCHEMA_MODEL", "chat-7b")
 
 # The operations whose body names a model.
 MODEL_PATHS = frozenset(
-    {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/tokenize"}
+    {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/responses",
+        "/v1/embeddings",
+        "/tokenize",
+    }
 )
 
 

@@ -13,6 +13,7 @@ V1_PATHS = {
     "/v1/chat/completions",
     "/v1/completions",
     "/v1/responses",
+    "/v1/embeddings",
     "/v1/models",
     "/v1/files",
     "/v1/files/{file_id}",

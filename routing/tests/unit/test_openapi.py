@@ -9,7 +9,12 @@ from typing import Any
 import pytest
 import schemathesis
 
-from routing.domain import chat_body, completion_body, responses_body
+from routing.domain import (
+    chat_body,
+    completion_body,
+    embedding_body,
+    responses_body,
+)
 from routing.openapi import gateway_components, gateway_paths
 
 COMPONENTS = gateway_components()
@@ -111,3 +116,15 @@ def test_responses_fields_are_responses_bodys() -> None:
     messages = [item for item in items if "role" in item["properties"]]
     roles = {role for item in messages for role in item["properties"]["role"]["enum"]}
     assert roles == responses_body.INPUT_ROLES
+
+
+def test_embeddings_fields_are_embedding_bodys() -> None:
+    embedding = COMPONENTS["EmbeddingRequest"]["properties"]
+    assert embedding["input"]["anyOf"][2]["maxItems"] == (
+        embedding_body.MAX_EMBEDDING_INPUTS
+    )
+    assert not_null(embedding["encoding_format"])["enum"] == list(
+        embedding_body.ENCODING_FORMATS
+    )
+    assert not_null(embedding["dimensions"])["minimum"] == 1
+    assert "/v1/embeddings" in gateway_paths()
