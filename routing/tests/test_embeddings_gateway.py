@@ -22,6 +22,8 @@ from aiohttp import web
 
 from localrun.processes import free_port
 from metering.domain.usage import UsageCounts
+from routing.domain.admission_control import Ticket
+from routing.prompt_tokens import STAND_IN
 from routing.tests.embedded_gateway import (
     EMBEDDING_MODEL,
     MODEL,
@@ -275,3 +277,39 @@ def test_an_engines_5xx_is_a_503_after_the_pools_replicas(
     assert answer.status == 503
     assert answer.json()["error"]["code"] == "no_replica_available"
     assert metered(gateway).prompt_tokens == 0
+
+
+def test_admission_charges_the_input_only_and_is_given_back_the_rest(
+    served: tuple[EmbeddedGateway, Replica], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gateway, _ = served
+    admission = gateway.app.chat.admission
+    released: list[tuple[int, int]] = []
+    release = admission.release
+
+    async def recording(ticket: Ticket, *, used_tokens: int) -> None:
+        released.append((ticket.charged, used_tokens))
+        await release(ticket, used_tokens=used_tokens)
+
+    monkeypatch.setattr(admission, "release", recording)
+    text = "one two three four"
+    answer = gateway.request(
+        "/v1/embeddings", {"model": EMBEDDING_MODEL, "input": text}
+    )
+    assert answer.status == 200, answer.body
+    counted = STAND_IN.count_prompt(text)  # the gateway's count: all it charges
+    # Used is the engine's count (one per word), so the refund is the difference
+    # and never more: nothing was charged for output.
+    assert released == [(counted, 4)]
+    assert metered(gateway).prompt_tokens == 4
+
+
+def test_embedding_pools_route_by_least_tokens_in_flight(
+    served: tuple[EmbeddedGateway, Replica],
+) -> None:
+    gateway, _ = served
+    snapshot = gateway.snapshots.current
+    assert snapshot is not None
+    chat = gateway.app.chat
+    assert chat._policy(snapshot, EMBEDDING_MODEL, "v1").name == "least_tokens"
+    assert chat._policy(snapshot, MODEL, "v1").name == "prefix_affinity"
