@@ -60,6 +60,7 @@ from simengine.choices import ChoiceOutput, ToolCallSpan
 from simengine.completions import CompletionPrompt
 from simengine.domain import responses_input, tokens
 from simengine.domain.engine import FinishedRequest
+from simengine.metrics import EngineMetrics
 from simengine.replica import (
     EOS_TOKEN_ID,
     MAX_BODY_BYTES,
@@ -322,7 +323,13 @@ class SimApp:
             )
         except embeddings.EmbeddingError as exc:
             raise HttpError(400, exc.message, exc.param) from None
+        started = time.monotonic()
         await self.embedder.run(sum(len(ids) for ids in prompts))
+        metrics = self.replica.metrics
+        if isinstance(metrics, EngineMetrics):  # pooling is vLLM's only
+            metrics.record_pooled(
+                [len(ids) for ids in prompts], time.monotonic() - started
+            )
         answer = embeddings.embedding_response(
             request_id=f"embd-{secrets.token_hex(8)}",
             created=int(time.time()),

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from localrun.processes import Process, sim_replica
 from simengine import embeddings
@@ -162,3 +163,31 @@ def test_batcher_runs_waiting_requests_as_one_batch() -> None:
     elapsed = asyncio.run(scenario())
     one_batch = embeddings.batch_seconds(400)
     assert one_batch <= elapsed < one_batch + 0.1
+
+
+def _sample(metrics: str, name: str, **labels: str) -> float:
+    for family in text_string_to_metric_families(metrics):
+        for sample in family.samples:
+            if sample.name == name and all(
+                sample.labels.get(k) == v for k, v in labels.items()
+            ):
+                return float(sample.value)
+    raise AssertionError(f"no {name} {labels}")
+
+
+def test_sim_counts_embedded_prompts_as_vllms_pooling_server(
+    tmp_path: Path,
+) -> None:
+    with sim_replica(tmp_path, *POOLING_FLAGS, model=MINILM) as replica:
+        url = replica.url
+        answer = httpx.post(
+            f"{url}/v1/embeddings",
+            json={"model": MINILM, "input": ["one two", "three four five"]},
+        ).json()
+        metrics = httpx.get(f"{url}/metrics").text
+    tokens = float(answer["usage"]["prompt_tokens"])
+    assert _sample(metrics, "vllm:prompt_tokens_total") == tokens
+    assert _sample(metrics, "vllm:request_prompt_tokens_sum") == tokens
+    assert _sample(metrics, "vllm:request_success_total", finished_reason="stop") == 2
+    assert _sample(metrics, "vllm:e2e_request_latency_seconds_count") == 2
+    assert _sample(metrics, "vllm:generation_tokens_total") == 0
