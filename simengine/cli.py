@@ -151,6 +151,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="Reject with 503 past this many waiting+running requests (0: never).",
     )
+    add(
+        "--runner",
+        choices=["auto", "generate", "pooling"],
+        default="auto",
+        help="vLLM's --runner: pooling serves /v1/embeddings and no generation "
+        "(simengine.embeddings); auto is generate.",
+    )
+    add(
+        "--sim-embedding-dim",
+        type=int,
+        default=384,
+        help="Length of the vectors /v1/embeddings answers (--runner pooling).",
+    )
     add("--sim-profile", choices=sorted(PROFILES), default="a100-8b")
     for name, flag in PROFILE_FLAGS.items():
         add(
@@ -350,6 +363,8 @@ def options_from_args(args: argparse.Namespace) -> tuple[SimOptions, Faults]:
         engine=args.sim_engine,
         enable_cache_report=is_sglang and args.enable_cache_report,
         enable_metrics=not is_sglang or args.enable_metrics,
+        runner="pooling" if args.runner == "pooling" else "generate",
+        embedding_dim=args.sim_embedding_dim,
     )
     faults = Faults(
         crash_after_tokens=args.sim_crash_after_tokens,

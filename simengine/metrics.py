@@ -27,6 +27,7 @@ families are not simulated.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TypeVar
 
 from prometheus_client import (
@@ -512,6 +513,17 @@ class EngineMetrics:
     def record_admission_rejection(self, reason: str) -> None:
         """Count a request refused by a queue limit (``ADMISSION_REASONS``)."""
         self.admission_rejections[reason].inc()
+
+    def record_pooled(self, prompt_tokens: Sequence[int], seconds: float) -> None:
+        """Count an embeddings request's prompts as vLLM's pooling runner does:
+        each prompt one finished request (``stop``), its tokens computed
+        prompt tokens, the whole request's time each one's end-to-end latency."""
+        for n in prompt_tokens:
+            self.prompt_tokens.inc(n)
+            self.prompt_tokens_by_source["local_compute"].inc(n)
+            self.request_prompt_tokens.observe(n)
+            self.request_success["stop"].inc()
+            self.e2e_request_latency.observe(seconds)
 
     def observe_first_token(
         self,

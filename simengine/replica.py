@@ -131,6 +131,10 @@ class SimOptions:
     # --enable-metrics (/metrics is served); vLLM always serves /metrics.
     enable_cache_report: bool = False
     enable_metrics: bool = True
+    # vLLM's --runner: "pooling" makes an embedding model (simengine.embeddings),
+    # with vectors of embedding_dim (--sim-embedding-dim) floats.
+    runner: str = "generate"
+    embedding_dim: int = 384
 
 
 @dataclass(slots=True)

@@ -6,7 +6,8 @@ A raw ASGI app (no framework: this process relays thousands of SSE chunks a seco
 and should spend its CPU on them). Clients see vLLM's bytes: chunk shapes, usage,
 error bodies, status codes and metric names (``/v1/chat/completions`` streaming
 and not, with tools, structured output and ``n``; ``/v1/completions``,
-``/v1/responses``, ``/v1/models``, ``/health``, ``/metrics``, ``/tokenize``, ``/version``,
+``/v1/responses``, ``/v1/embeddings`` with ``--runner pooling``
+(``simengine.embeddings``), ``/v1/models``, ``/health``, ``/metrics``, ``/tokenize``, ``/version``,
 and ``/sim/faults`` behind the admin token; it sets ``degraded`` (refuse once and
 stop), ``quality`` and ``ttft_factor`` (first tokens held back) as well as the
 failures, and ``/sim/state`` shows them).
@@ -54,11 +55,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from config.asgi_io import Receive, Scope, Send, wait_disconnect
-from simengine import choices, completions
+from simengine import choices, completions, embeddings
 from simengine.choices import ChoiceOutput, ToolCallSpan
 from simengine.completions import CompletionPrompt
 from simengine.domain import responses_input, tokens
 from simengine.domain.engine import FinishedRequest
+from simengine.metrics import EngineMetrics
 from simengine.replica import (
     EOS_TOKEN_ID,
     MAX_BODY_BYTES,
@@ -192,6 +194,9 @@ def _is_one_of(digest: bytes | None, digests: tuple[bytes, ...]) -> bool:
 
 
 _UNAUTHORIZED = _json_bytes({"error": "Unauthorized"})
+# FastAPI's 404 for a route vLLM did not mount (generation on a pooling model).
+_NOT_MOUNTED = _json_bytes({"detail": "Not Found"})
+_GENERATE_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 # SGLang's first chunk of a chat stream (its StreamDelta keeps reasoning_content).
 _SGLANG_ROLE_DELTA = '{"reasoning_content":null,"role":"assistant","content":""}'
 
@@ -205,6 +210,8 @@ class SimApp:
         self.names = set(replica.options.served_model_names)
         self.model_name = replica.options.served_model_names[0]
         self.sglang = replica.options.engine == "sglang"
+        self.pooling = replica.options.runner == "pooling" and not self.sglang
+        self.embedder = embeddings.EmbeddingBatcher(replica.options.max_num_seqs or 256)
         self.response_store = ResponseStore()
         self._key_digests = tuple(
             hashlib.sha256(key.encode()).digest()
@@ -234,7 +241,11 @@ class SimApp:
             await _respond(send, 401, _UNAUTHORIZED)
             return
         try:
-            if path == "/v1/chat/completions" and method == "POST":
+            if not self.sglang and self._not_mounted(path):
+                await _respond(send, 404, _NOT_MOUNTED)
+            elif path == "/v1/embeddings" and method == "POST" and self.pooling:
+                await self._embeddings(receive, send)
+            elif path == "/v1/chat/completions" and method == "POST":
                 await self._chat(scope, receive, send)
             elif path == "/v1/completions" and method == "POST" and not self.sglang:
                 await self._completions(receive, send)
@@ -283,6 +294,51 @@ class SimApp:
         if not self.sglang:
             return path.startswith("/v1")
         return not path.startswith(("/health", "/metrics", "/sim/"))
+
+    def _not_mounted(self, path: str) -> bool:
+        """Whether vLLM's runner leaves ``path`` unmounted (pooling: generation;
+        generate: embeddings)."""
+        if self.pooling:
+            return path in _GENERATE_PATHS or path.startswith("/v1/responses/")
+        return path == "/v1/embeddings"
+
+    async def _embeddings(self, receive: Receive, send: Send) -> None:
+        """vLLM's ``/v1/embeddings`` (``simengine.embeddings``)."""
+        body = await self._json_body(receive)
+        model = self._check_model(body)
+        if body.get("dimensions") is not None:
+            raise HttpError(
+                400,
+                f"Model '{model}' does not support Matryoshka embeddings; "
+                f"dimensions must be unset (received dimensions={body['dimensions']}).",
+            )
+        encoding_format = body.get("encoding_format") or "float"
+        if encoding_format not in ("float", "base64"):
+            raise HttpError(
+                400, "encoding_format must be float or base64", "encoding_format"
+            )
+        try:
+            prompts = embeddings.parse_inputs(
+                body.get("input"), self.options.max_model_len
+            )
+        except embeddings.EmbeddingError as exc:
+            raise HttpError(400, exc.message, exc.param) from None
+        started = time.monotonic()
+        await self.embedder.run(sum(len(ids) for ids in prompts))
+        metrics = self.replica.metrics
+        if isinstance(metrics, EngineMetrics):  # pooling is vLLM's only
+            metrics.record_pooled(
+                [len(ids) for ids in prompts], time.monotonic() - started
+            )
+        answer = embeddings.embedding_response(
+            request_id=f"embd-{secrets.token_hex(8)}",
+            created=int(time.time()),
+            model=model,
+            prompts=prompts,
+            dim=self.options.embedding_dim,
+            encoding_format=encoding_format,
+        )
+        await _respond(send, 200, _json_bytes(answer))
 
     def _authorized(self, scope: Scope) -> bool:
         return _is_one_of(_bearer_digest(scope), self._key_digests)

@@ -165,6 +165,7 @@ _SIM_FLAG_KEYS = (
     "max_model_len",
     "max_num_batched_tokens",
     "max_num_seqs",
+    "runner",
     "tool_call_parser",
 )
 _TOOL_PARSER = "tool_call_parser"
@@ -361,7 +362,7 @@ def sim_replica_argv(
     The simulator takes the engine's own flag names. For a vLLM version, only the
     flags it models are passed (``max_model_len``, ``max_num_batched_tokens``,
     ``max_num_seqs``, ``kv_offloading_size``, ``kv_offloading_backend``, prefix
-    caching). For an SGLang version it runs ``--sim-engine sglang`` with the
+    caching, ``runner``: ``pooling`` makes an embedding replica). For an SGLang version it runs ``--sim-engine sglang`` with the
     platform's part of ``sglang_launch_argv`` (``--model-path``, ``--tp-size``,
     ``--enable-metrics``, ``--enable-cache-report``, ``--config config_file`` for
     the API key, ``--disable-radix-cache`` when caching is off, ``--context-length``

@@ -415,6 +415,15 @@ def test_sim_replica_argv_uses_model_name_without_weights_and_passes_extra() -> 
     ]
 
 
+def test_sim_replica_argv_passes_the_pooling_runner() -> None:
+    spec = make_spec(
+        engine_config={"runner": "pooling", "enable_prefix_caching": False}
+    )
+    argv = sim_replica_argv(spec)
+    assert argv[argv.index("--runner") + 1] == "pooling"
+    assert "--runner" in vllm_serve_argv(spec)
+
+
 def test_sim_replica_argv_rejects_reserved_keys_too() -> None:
     with pytest.raises(ValueError, match="the platform controls it"):
         sim_replica_argv(make_spec(engine_config={"port": 1}))
