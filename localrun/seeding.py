@@ -116,6 +116,10 @@ class ModelSeed:
     # The model's gate settings (``models_registry.domain.gates``), set when the
     # model is created; empty: the defaults.
     gate_config: Mapping[str, Any] = field(default_factory=dict)
+    # The model's kind and, for an embedding model, its sizes (set at creation).
+    kind: str = "chat"
+    dimensions: int | None = None
+    max_input_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +208,13 @@ def _team_key(seed: TeamSeed, *, key_name: str) -> str:
 
 def _model(seed: ModelSeed, *, region: str) -> tuple[ModelVersion, ...]:
     if not Model.objects.filter(pk=seed.model_id).exists():
-        registry.create_model(model_id=seed.model_id, description=seed.description)
+        registry.create_model(
+            model_id=seed.model_id,
+            description=seed.description,
+            kind=seed.kind,
+            dimensions=seed.dimensions,
+            max_input_tokens=seed.max_input_tokens,
+        )
         if seed.gate_config:
             registry.set_gate_config(model_id=seed.model_id, raw=dict(seed.gate_config))
     versions = []
