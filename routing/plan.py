@@ -535,14 +535,14 @@ def _resolve_for_team(
         ) from None
     record = snapshot.models.get(resolution.model)
     if kind is not None and record is not None and record.kind != kind:
-        api = (
-            "/v1/embeddings"
+        what = (
+            "an embedding model: use it with /v1/embeddings"
             if record.is_embedding
-            else "chat, completions or responses"
+            else "a chat model: use it with chat, completions or responses"
         )
         raise GatewayError(
             400,
-            f"{resolution.model} is a {record.kind} model: use it with {api}",
+            f"{resolution.model} is {what}",
             param="model",
             code="model_not_supported",
         )

@@ -236,7 +236,11 @@ def test_an_embedding_model_asked_to_generate_is_400_naming_model(
     gateway, _ = served
     answer = gateway.request(path, {**body, "model": EMBEDDING_MODEL})
     assert answer.status == 400, answer.body
-    assert answer.json()["error"]["param"] == "model"
+    error = answer.json()["error"]
+    assert (error["param"], error["code"]) == ("model", "model_not_supported")
+    assert error["message"] == (
+        f"{EMBEDDING_MODEL} is an embedding model: use it with /v1/embeddings"
+    )
     assert not gateway.is_charged()
 
 
