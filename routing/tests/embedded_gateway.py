@@ -66,7 +66,8 @@ MODEL = "chat-7b"
 # A live model the team has no limits row on (default deny: 403 to it).
 UNGRANTED_MODEL = "reason-70b"
 # An embedding model (with ``embedding=True``): 4 dimensions, inputs up to 32
-# tokens, the team granted, served by the same replica URL.
+# tokens, the team granted, served by the same replica URL (``embedding_replicas``
+# replicas of it there, for failover).
 EMBEDDING_MODEL = "embed-1"
 _TEAM = "alpha"
 
@@ -91,14 +92,16 @@ class Answer:
         ]
 
 
-def _snapshot(replica_url: str | None, *, embedding: bool = False) -> ConfigSnapshot:
+def _snapshot(
+    replica_url: str | None, *, embedding: bool = False, embedding_replicas: int = 1
+) -> ConfigSnapshot:
     now = time.time()
     served = [MODEL, EMBEDDING_MODEL] if embedding else [MODEL]
     names = [MODEL, UNGRANTED_MODEL, *served[1:]]
     replicas = (
         [
             ReplicaRecord(
-                replica_id=f"{name}-v1-embedded-0",
+                replica_id=f"{name}-v1-embedded-{index}",
                 model=name,
                 version="v1",
                 region="embedded",
@@ -110,6 +113,7 @@ def _snapshot(replica_url: str | None, *, embedding: bool = False) -> ConfigSnap
                 last_heartbeat_at=now,
             )
             for name in served
+            for index in range(embedding_replicas if name == EMBEDDING_MODEL else 1)
         ]
         if replica_url
         else []
@@ -175,8 +179,11 @@ class EmbeddedGateway:
         default_max_tokens: int = 1024,
         settings: GatewaySettings | None = None,
         embedding: bool = False,
+        embedding_replicas: int = 1,
     ) -> None:
-        snapshot = _snapshot(replica_url, embedding=embedding)
+        snapshot = _snapshot(
+            replica_url, embedding=embedding, embedding_replicas=embedding_replicas
+        )
         self.loop = asyncio.new_event_loop()
         self.settings = settings or GatewaySettings(
             region="embedded", default_max_tokens=default_max_tokens

@@ -45,13 +45,16 @@ class Replica:
     def __init__(self) -> None:
         self.bodies: list[dict[str, Any]] = []
         self.status = 200
+        # Answers with this status before the others (a replica failing once).
+        self.first_status: int | None = None
 
     async def embed(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.bodies.append(body)
-        if self.status != 200:
+        status, self.first_status = self.first_status or self.status, None
+        if status != 200:
             return web.json_response(
-                {"error": {"message": "no", "code": self.status}}, status=self.status
+                {"error": {"message": "no", "code": status}}, status=status
             )
         inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
         if inputs and isinstance(inputs[0], int):
@@ -86,13 +89,16 @@ class Replica:
 
 
 @pytest.fixture
-def served() -> Iterator[tuple[EmbeddedGateway, Replica]]:
+def served(request: pytest.FixtureRequest) -> Iterator[tuple[EmbeddedGateway, Replica]]:
+    replicas = getattr(request, "param", 1)
     replica = Replica()
     app = web.Application()
     app.router.add_post("/v1/embeddings", replica.embed)
     runner = web.AppRunner(app, shutdown_timeout=0.1)
     port = free_port()
-    with EmbeddedGateway(f"http://127.0.0.1:{port}", embedding=True) as gateway:
+    with EmbeddedGateway(
+        f"http://127.0.0.1:{port}", embedding=True, embedding_replicas=replicas
+    ) as gateway:
         gateway.loop.run_until_complete(runner.setup())
         site = web.TCPSite(runner, "127.0.0.1", port)
         gateway.loop.run_until_complete(site.start())
@@ -317,3 +323,20 @@ def test_embedding_pools_route_by_least_tokens_in_flight(
     chat = gateway.app.chat
     assert chat._policy(snapshot, EMBEDDING_MODEL, "v1").name == "least_tokens"
     assert chat._policy(snapshot, MODEL, "v1").name == "prefix_affinity"
+
+
+@pytest.mark.parametrize("served", [2], indirect=True)
+def test_a_5xx_before_the_body_fails_over_to_the_next_replica(
+    served: tuple[EmbeddedGateway, Replica],
+) -> None:
+    gateway, replica = served
+    replica.first_status = 503
+    answer = gateway.request(
+        "/v1/embeddings", {"model": EMBEDDING_MODEL, "input": "one two"}
+    )
+    assert answer.status == 200, answer.body
+    assert len(replica.bodies) == 2
+    ids = {f"{EMBEDDING_MODEL}-v1-embedded-{index}" for index in range(2)}
+    assert answer.json()["replica_id"] in ids
+    usage = metered(gateway)
+    assert (usage.requests, usage.prompt_tokens, usage.output_tokens) == (1, 2, 0)
