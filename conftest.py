@@ -224,6 +224,26 @@ def tiny_model() -> Path:
 
 
 @pytest.fixture(scope="session")
+def minilm_model() -> Path:
+    """Return ``make minilm``'s all-MiniLM-L6-v2, for real vLLM's pooling runner.
+
+    Skips where real vLLM cannot run here or the weights are missing; with
+    ``REQUIRE_VLLM=1`` that is a failure, as for ``tiny_model``.
+    """
+    from localrun.vllm_cpu import unavailable_reason
+    from simengine.embedding_capture import MINILM_MODEL
+
+    reason = unavailable_reason()
+    if reason is None and not (MINILM_MODEL / "config.json").exists():
+        reason = f"{MINILM_MODEL} is missing: run `make minilm`"
+    if reason is not None:
+        if REQUIRE_VLLM:
+            pytest.fail(f"{reason} (REQUIRE_VLLM=1)")
+        pytest.skip(reason)
+    return MINILM_MODEL
+
+
+@pytest.fixture(scope="session")
 def sglang_tiny_model() -> Path:
     """Return the tiny checkpoint for real SGLang (``make sglang-cpu tiny-model``).
 

@@ -22,12 +22,11 @@ from pathlib import Path
 import openai
 import pytest
 
-from localrun.vllm_cpu import unavailable_reason, vllm_server
+from localrun.vllm_cpu import vllm_server
 from simengine.conformance import diff_json_shapes, json_shape
 from simengine.embedding_capture import (
     MINILM,
     MINILM_ENGINE_CONFIG,
-    MINILM_MODEL,
     capture_embeddings,
     read_embeddings,
 )
@@ -61,23 +60,11 @@ json.dump(model.encode(texts, convert_to_numpy=True).tolist(), sys.stdout)
 
 
 @pytest.fixture(scope="module")
-def minilm() -> Path:
-    reason = unavailable_reason()
-    if reason is None and not (MINILM_MODEL / "config.json").exists():
-        reason = f"{MINILM_MODEL} is missing: run `make minilm`"
-    if reason is not None:
-        if os.environ.get("REQUIRE_VLLM", "") == "1":
-            pytest.fail(f"{reason} (REQUIRE_VLLM=1)")
-        pytest.skip(reason)
-    return MINILM_MODEL
-
-
-@pytest.fixture(scope="module")
-def url(tmp_path_factory: pytest.TempPathFactory, minilm: Path) -> Iterator[str]:
+def url(tmp_path_factory: pytest.TempPathFactory, minilm_model: Path) -> Iterator[str]:
     with vllm_server(
         tmp_path_factory.mktemp("vllm-minilm"),
         engine_config=MINILM_ENGINE_CONFIG,
-        model_dir=minilm,
+        model_dir=minilm_model,
         model=MINILM,
         name="vllm-minilm",
         env=OFFLINE,
@@ -106,11 +93,13 @@ def cosine(a: Sequence[float], b: Sequence[float]) -> float:
     return dot / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)))
 
 
-def test_vllm_embeds_as_sentence_transformers_does(url: str, minilm: Path) -> None:
+def test_vllm_embeds_as_sentence_transformers_does(
+    url: str, minilm_model: Path
+) -> None:
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
     answer = client.embeddings.create(model=MINILM, input=TEXTS)
     assert [item.index for item in answer.data] == list(range(len(TEXTS)))
-    expected = reference_embeddings(minilm, TEXTS)
+    expected = reference_embeddings(minilm_model, TEXTS)
     similarities = [
         cosine(item.embedding, reference)
         for item, reference in zip(answer.data, expected, strict=True)
