@@ -25,7 +25,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from accounts.auth import CanReadReports
-from config.api import ControlPlaneView, openapi_pattern
+from config.api import ControlPlaneView, ErrorSerializer, openapi_pattern
 from config.errors import InvalidRequest
 from config.names import SLUG_PATTERN, SLUG_RULE, is_valid_slug
 from metering import reports
@@ -112,6 +112,10 @@ class UsageReportView(ControlPlaneView):
                 ),
                 description="The rows, then the idle lines, as CSV with a header "
                 "line (one object per line here).",
+            ),
+            404: OpenApiResponse(
+                response=ErrorSerializer,
+                description="The team or model named does not exist.",
             ),
         },
     )

@@ -16,6 +16,11 @@ from models_registry.domain.identity import (
     VersionStatus,
 )
 
+# The largest embedding any model here makes (OpenAI's largest is 3,072), and the
+# longest input any model takes.
+MAX_EMBEDDING_DIMENSIONS = 65_536
+MAX_INPUT_TOKENS = 2**31 - 1
+
 
 class ModelCreateSerializer(serializers.Serializer):
     """POST /admin/models."""
@@ -23,8 +28,14 @@ class ModelCreateSerializer(serializers.Serializer):
     model = fields.SlugField()
     description = fields.TextField(max_length=300, required=False, allow_blank=True)
     kind = serializers.ChoiceField(choices=["chat", "embedding"], default="chat")
-    dimensions = serializers.IntegerField(min_value=1, required=False)
-    max_input_tokens = serializers.IntegerField(min_value=1, required=False)
+    # Bounded as the columns are (PostgreSQL integers): a larger value is a 400
+    # naming the field, never the database's overflow.
+    dimensions = serializers.IntegerField(
+        min_value=1, max_value=MAX_EMBEDDING_DIMENSIONS, required=False
+    )
+    max_input_tokens = serializers.IntegerField(
+        min_value=1, max_value=MAX_INPUT_TOKENS, required=False
+    )
 
 
 class VersionRegisterSerializer(serializers.Serializer):
