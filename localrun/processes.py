@@ -236,43 +236,78 @@ def start_gateway(
     (a gateway started with the control plane down answers 503 there). ``port``:
     a restarted gateway takes its old one (a load balancer points there).
     ``server``: the ASGI server, as ``gateway_argv`` takes it.
+
+    A port from ``free_port()`` is free only when asked: another process (a test
+    beside this one, a node agent's replica) can take it before the gateway
+    binds. Only a gateway of this region counts as an answer, and a gateway
+    that exits because its port was taken is started again on another port
+    (not when ``port`` was given: that one is wanted).
     """
-    port = port or free_port()
+    for _ in range(_PORT_TRIES):
+        process = _spawn_gateway(
+            env,
+            tmp,
+            name,
+            port or free_port(),
+            server=server,
+            wait_for_snapshot=wait_for_snapshot,
+        )
+        if process.popen.poll() is None:
+            return process
+        if port is not None or "address already in use" not in process.log().lower():
+            break
+    raise AssertionError(f"{name} exited:\n{process.log()}")
+
+
+_PORT_TRIES = 3
+
+
+def _spawn_gateway(
+    env: dict[str, str],
+    tmp: Path,
+    name: str,
+    port: int,
+    *,
+    server: str | None,
+    wait_for_snapshot: bool,
+) -> Process:
+    """Start one gateway on ``port``; return once it answers or has exited."""
     process = spawn(
         gateway_argv(port, server=server),
         env,
         tmp / f"{name}-{port}.log",
         f"http://127.0.0.1:{port}",
     )
+    region = env.get("PLATFORM_REGION", "local")
     wait_until(
         lambda: (
-            _healthz(process, any_status=not wait_for_snapshot)
+            _healthz(process, region, any_status=not wait_for_snapshot)
             or process.popen.poll() is not None
         ),
         timeout_s=60,
         message=f"{name} to load its snapshot" if wait_for_snapshot else name,
     )
-    if process.popen.poll() is not None:
-        raise AssertionError(f"{name} exited:\n{process.log()}")
     return process
 
 
-def _healthz(process: Process, *, any_status: bool = False) -> bool:
-    """Whether the gateway answers ``/healthz`` (``any_status``) or has a snapshot.
+def _healthz(process: Process, region: str, *, any_status: bool = False) -> bool:
+    """Whether a gateway of ``region`` answers ``/healthz`` (``any_status``) or
+    has a snapshot.
 
     A gateway with a snapshot may still answer 503 (its region has no serving
-    replica yet): ``snapshot`` in the body says whether it loaded one.
+    replica yet): ``snapshot`` in the body says whether it loaded one. An answer
+    that is not a gateway's health of ``region`` is another server's on the port.
     """
     try:
         response = httpx.get(f"{process.url}/healthz", timeout=1)
-    except httpx.HTTPError:
+        body = response.json()
+    except (httpx.HTTPError, ValueError):
+        return False
+    if not isinstance(body, dict) or body.get("region") != region:
         return False
     if any_status or response.status_code == 200:
         return True
-    try:
-        return response.json().get("snapshot") not in (None, "none")
-    except ValueError:
-        return False
+    return body.get("snapshot") not in (None, "none")
 
 
 def agent_argv(
