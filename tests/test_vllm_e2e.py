@@ -239,14 +239,16 @@ def engine_metrics(url: str) -> EngineStats:
 @contextmanager
 def engines_held_after_first_token(urls: Iterable[str]) -> Iterator[threading.Event]:
     """Hold every replica's engine (EngineCore and Worker, not the API server)
-    mid-answer; yield an event the test sets once it has seen a token.
+    mid-answer; yield an event the test sets once it has seen what it waits for.
 
     On two cores the engine's busy loops starve vLLM's own API server, which
-    then often sends a whole answer in one burst at the end. So the engines run
-    in short bursts and are frozen (SIGSTOP) in between, which lets the API
-    server flush what was generated; once the test has seen a token they stay
-    frozen, the request stays open, and the test can act "mid-stream". On exit
-    they resume (SIGCONT).
+    then often sends a whole answer in one burst at the end; and a tiny model
+    can write a long answer in a fraction of a second. So the engines are
+    frozen (SIGSTOP) before the request is sent and then run in bursts of a few
+    tens of milliseconds (far too short for the whole answer), each followed by
+    a frozen pause in which the API server flushes what was generated. Once the
+    test has set the event they stay frozen, the request stays open, and the
+    test can act "mid-stream". On exit they resume (SIGCONT).
     """
     pids = [pid for url in urls for pid in engine_core_pids(engine_pid(url))]
     seen = threading.Event()
@@ -258,15 +260,18 @@ def engines_held_after_first_token(urls: Iterable[str]) -> Iterator[threading.Ev
                 os.kill(pid, signum)
 
     def hold() -> None:
-        # The first run lets the request reach the engine and produce tokens.
-        time.sleep(0.3)
+        burst_s = 0.03
         while not done.is_set():
-            signal_all(signal.SIGSTOP)
-            if seen.wait(2.0):
-                break
             signal_all(signal.SIGCONT)
-            time.sleep(0.1)
+            time.sleep(burst_s)
+            signal_all(signal.SIGSTOP)
+            if seen.wait(0.4):
+                break
+            # Nothing yet (the request may not have reached the engine, or its
+            # prefill is slow): the next burst is a little longer.
+            burst_s = min(burst_s * 1.5, 0.1)
 
+    signal_all(signal.SIGSTOP)
     thread = threading.Thread(target=hold, daemon=True)
     thread.start()
     try:
@@ -810,8 +815,9 @@ def test_replica_killed_mid_stream_gives_an_error_event_and_usage(
         for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
                 received += 1
-                seen.set()
                 if received == 3:
+                    # The engines stay frozen from here: the answer is unfinished.
+                    seen.set()
                     os.killpg(leader, signal.SIGKILL)
     assert received >= 3
     assert received < 1900
