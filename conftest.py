@@ -236,6 +236,9 @@ def minilm_model() -> Path:
     reason = unavailable_reason()
     if reason is None and not (MINILM_MODEL / "config.json").exists():
         reason = f"{MINILM_MODEL} is missing: run `make minilm`"
+    elif reason is None and MINILM_MODEL.is_symlink():
+        # An older `make minilm` linked it into .vllm, outside the weights root.
+        reason = f"{MINILM_MODEL} is a link: remove it and run `make minilm`"
     if reason is not None:
         if REQUIRE_VLLM:
             pytest.fail(f"{reason} (REQUIRE_VLLM=1)")

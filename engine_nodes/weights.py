@@ -169,25 +169,33 @@ def read_chat_template(root: Path) -> str:
     raise WeightsError(f"{root} has no chat template")
 
 
-def local_identity(root: Path) -> dict[str, str]:
+def local_identity(root: Path, *, kind: str = "chat") -> dict[str, str]:
     """Return the identity fields of a version whose weights are the tree at ``root``.
 
     ``weights_uri`` (``file://`` + the resolved path, with a trailing ``/``),
     ``weights_hash``, ``tokenizer_hash`` and ``chat_template``, computed from the
-    files, so none of them is ever typed by hand.
+    files, so none of them is ever typed by hand. A version of an embedding model
+    (``kind``) needs no chat template: it is empty when the checkpoint has none.
 
     Raises:
         WeightsError: as ``tree_digest``, ``tokenizer_digest`` and
-            ``read_chat_template``; or ``root`` is not a directory.
+            ``read_chat_template`` (a chat model only); or ``root`` is not a
+            directory.
     """
     real = root.resolve()
     if not real.is_dir():
         raise WeightsError(f"{root} is not a directory")
+    try:
+        template = read_chat_template(real)
+    except WeightsError:
+        if kind == "chat":
+            raise
+        template = ""
     return {
         "weights_uri": real.as_uri() + "/",
         "weights_hash": tree_digest(real),
         "tokenizer_hash": tokenizer_digest(real),
-        "chat_template": read_chat_template(real),
+        "chat_template": template,
     }
 
 

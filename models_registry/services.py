@@ -159,6 +159,12 @@ def register_version(
         # The model row lock serializes numbering: two registrations cannot both
         # take the same next label.
         model = get_model(model_id, for_update=True)
+        if model.kind == ModelKind.CHAT and not chat_template.strip():
+            raise InvalidRequest(
+                "chat_template must not be empty: a chat model's version renders "
+                "its prompts with it",
+                param="chat_template",
+            )
         existing = list(ModelVersion.objects.filter(model=model))
         wanted = canonical_json(engine_config)
         for other in existing:
@@ -237,8 +243,6 @@ def _validate_identity(
             raise InvalidRequest(
                 f"{param} must be a SHA-256 digest: 64 hex characters", param=param
             )
-    if not chat_template.strip():
-        raise InvalidRequest("chat_template must not be empty", param="chat_template")
     if precision not in {p.value for p in Precision}:
         raise InvalidRequest(
             f"precision must be one of {', '.join(p.value for p in Precision)}",

@@ -242,6 +242,11 @@ def _template_counter(ref: str, root: Path, chat_template: str) -> TemplateCount
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(root / "tokenizer.json"))
+    # A tokenizer.json may carry a fixed truncation and padding (MiniLM's: both
+    # 128). transformers, and so the engine, sets them per call instead, and a
+    # count must be the text's own: an over-long input is refused here, not cut.
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
     special: dict[str, str] = {}
     config_path = root / "tokenizer_config.json"
     if config_path.is_file():

@@ -71,13 +71,17 @@ EMBEDDING_CASES: Mapping[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def capture_embeddings(url: str, model: str, outdir: Path) -> dict[str, Any]:
-    """Send every case in ``EMBEDDING_CASES`` to ``url`` (serving ``model``) and
-    write the raw bodies, ``models.json``, ``metrics.txt`` and ``index.json``
-    under ``outdir``; return the index."""
+def capture_embeddings(
+    url: str, model: str, outdir: Path, *, api_key: str = ""
+) -> dict[str, Any]:
+    """Send every case in ``EMBEDDING_CASES`` to ``url`` (serving ``model``, with
+    ``api_key`` where the server wants one) and write the raw bodies,
+    ``models.json``, ``metrics.txt`` and ``index.json`` under ``outdir``; return
+    the index."""
     outdir.mkdir(parents=True, exist_ok=True)
     index: dict[str, Any] = {}
-    with httpx.Client(base_url=url, timeout=120) as client:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    with httpx.Client(base_url=url, timeout=120, headers=headers) as client:
         for name, (path, body) in EMBEDDING_CASES.items():
             request = {"model": model, **body}
             response = client.post(path, json=request)

@@ -1,13 +1,19 @@
-"""Real vLLM's pooling runner on real weights: all-MiniLM-L6-v2 on CPU.
+"""Real vLLM's pooling runner on real weights: all-MiniLM-L6-v2 on CPU, through the
+platform.
 
-Starts real vLLM 0.32.0 (CPU build) on ``make minilm``'s weights with
-``MINILM_ENGINE_CONFIG`` (``simengine.embedding_capture``), embeds 50 texts
-through the ``openai`` SDK and holds each vector to sentence-transformers' own
-embedding of the same text (computed in the vLLM venv, which has
-sentence-transformers, by a subprocess): cosine at least 0.999. It also
-re-captures ``/v1/embeddings`` and diffs the shapes against the committed capture
-the simulated replica is held to (``simengine/tests/data/vllm_embeddings``), so a
-vLLM upgrade that changes the surface fails here.
+One platform serves the module: the embedding model ``minilm`` registered from
+``make minilm``'s weights (no chat template: an embedding model needs none), a
+node agent (``engine_agent --kind vllm``) that starts one real vLLM 0.32.0 (CPU
+build) replica of it with ``MINILM_ENGINE_CONFIG``, and a gateway. The ``openai``
+SDK embeds 50 texts through the gateway, and each vector is held to
+sentence-transformers' own embedding of the same text (computed in the vLLM venv,
+which has sentence-transformers, by a subprocess): cosine at least 0.999. The
+gateway's token count (it charges before the engine answers) is held to the
+model's own tokenizer, the usage it reports and meters to the engine's. The
+replica is also re-captured on ``/v1/embeddings`` and the shapes diffed against
+the committed capture the simulated replica is held to
+(``simengine/tests/data/vllm_embeddings``), so a vLLM upgrade that changes the
+surface fails here.
 """
 
 from __future__ import annotations
@@ -15,14 +21,33 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
+import uuid
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import openai
+import httpx
 import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.utils import timezone
 
-from localrun.vllm_cpu import vllm_server
+from engine_nodes.models import Replica
+from engine_nodes.weights import local_identity
+from localrun.processes import start_gateway, wait_until
+from localrun.seeding import (
+    LimitSeed,
+    ModelSeed,
+    PlatformSeed,
+    TeamSeed,
+    VersionSeed,
+    seed_platform,
+)
+from localrun.vllm_cpu import start_vllm_agent, tiny_engine_config
+from metering.models import Usage
 from simengine.conformance import diff_json_shapes, json_shape
 from simengine.embedding_capture import (
     MINILM,
@@ -30,8 +55,19 @@ from simengine.embedding_capture import (
     capture_embeddings,
     read_embeddings,
 )
+from tests.live import LivePlatform, extra_of, platform_env
+from tests.test_vllm_e2e import flush_usage
+
+if TYPE_CHECKING:
+    from pytest_django import DjangoDbBlocker
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e, pytest.mark.slow]
+
+REGION = "e2e-minilm"
+ENGINE_KEY = "sk-engine-minilm"
+DIMENSIONS = 384
+MAX_INPUT_TOKENS = 256
+SERVING_TIMEOUT_S = 300
 
 VLLM_PYTHON = Path(__file__).resolve().parent.parent / ".vllm" / "bin" / "python"
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -55,25 +91,143 @@ import json, sys
 from sentence_transformers import SentenceTransformer
 model = SentenceTransformer(sys.argv[1], device="cpu")
 texts = json.load(sys.stdin)
-json.dump(model.encode(texts, convert_to_numpy=True).tolist(), sys.stdout)
+vectors = model.encode(texts, convert_to_numpy=True).tolist()
+counts = [len(ids) for ids in model.tokenizer(texts)["input_ids"]]
+json.dump([vectors, counts], sys.stdout)
 """
 
 
 @pytest.fixture(scope="module")
-def url(tmp_path_factory: pytest.TempPathFactory, minilm_model: Path) -> Iterator[str]:
-    with vllm_server(
-        tmp_path_factory.mktemp("vllm-minilm"),
-        engine_config=MINILM_ENGINE_CONFIG,
-        model_dir=minilm_model,
-        model=MINILM,
-        name="vllm-minilm",
-        env=OFFLINE,
-    ) as server:
-        yield server
+def platform(
+    django_db_setup: None,
+    django_db_blocker: DjangoDbBlocker,
+    tmp_path_factory: pytest.TempPathFactory,
+    minilm_model: Path,
+) -> Iterator[LivePlatform]:
+    tmp = tmp_path_factory.mktemp("vllm-minilm")
+    with django_db_blocker.unblock(), start_minilm_platform(tmp, minilm_model) as live:
+        yield live
 
 
-def reference_embeddings(model_dir: Path, texts: Sequence[str]) -> list[list[float]]:
-    """Return sentence-transformers' embeddings of ``texts`` (vLLM's venv)."""
+@pytest.fixture
+def unblocked(django_db_blocker: DjangoDbBlocker) -> Iterator[None]:
+    with django_db_blocker.unblock():
+        yield
+
+
+@contextmanager
+def start_minilm_platform(tmp: Path, model_dir: Path) -> Iterator[LivePlatform]:
+    """Register MiniLM as an embedding model, start the agent (one vLLM replica)
+    and a gateway."""
+    name = str(connection.settings_dict["NAME"])
+    test_name = connection.settings_dict.get("TEST", {}).get("NAME")
+    if not (name.startswith("test_") or name == test_name):
+        raise RuntimeError(f"refusing to run end-to-end tests against {name}")
+    identity = local_identity(model_dir, kind="embedding")
+    assert identity["chat_template"] == ""
+    del identity["chat_template"]
+    body = {
+        **identity,
+        "precision": "fp16",
+        "gpus_per_replica": 1,
+        "engine_config": {**tiny_engine_config(), **MINILM_ENGINE_CONFIG},
+    }
+    seeded = seed_platform(
+        seed=PlatformSeed(
+            region=REGION,
+            teams=(TeamSeed("alpha"),),
+            models=(
+                ModelSeed(
+                    model_id=MINILM,
+                    versions=(VersionSeed("v1", body, min_replicas=1, max_replicas=1),),
+                    kind="embedding",
+                    dimensions=DIMENSIONS,
+                    max_input_tokens=MAX_INPUT_TOKENS,
+                ),
+            ),
+            limits=(
+                LimitSeed(
+                    team_id="alpha",
+                    model_id=MINILM,
+                    tokens_per_minute=10**9,
+                    max_concurrency=100,
+                ),
+            ),
+        ),
+        now=timezone.now(),
+    )
+    prefix = f"e2e-{uuid.uuid4().hex[:8]}"
+    env = platform_env(
+        region=REGION, prefix=prefix, PLATFORM_ENGINE_API_KEY=ENGINE_KEY, **OFFLINE
+    )
+    agent = start_vllm_agent(
+        env,
+        tmp,
+        node="e2e-minilm-node",
+        region=REGION,
+        gpus=1,
+        start_timeout_s=SERVING_TIMEOUT_S,
+    )
+    gateway = None
+    try:
+        wait_until(
+            lambda: (
+                Replica.objects.filter(region=REGION, state="serving").exists()
+                or agent.popen.poll() is not None
+            ),
+            timeout_s=SERVING_TIMEOUT_S,
+            interval_s=0.5,
+            message="a serving vLLM MiniLM replica",
+        )
+        if agent.popen.poll() is not None:
+            raise AssertionError(f"agent exited:\n{agent.log()}")
+        gateway = start_gateway(env, tmp)
+        live = LivePlatform(
+            url=gateway.url,
+            region=REGION,
+            keys=dict(seeded.keys),
+            env=env,
+            gateway=gateway,
+            agent=agent,
+            prefix=prefix,
+        )
+        wait_until(
+            lambda: _embeds(live),
+            timeout_s=30,
+            message="the gateway to route to the MiniLM replica",
+        )
+        yield live
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        agent.stop(grace_s=30)
+        call_command("flush", interactive=False, verbosity=0)
+
+
+def _embeds(platform: LivePlatform) -> bool:
+    try:
+        response = httpx.post(
+            f"{platform.url}/v1/embeddings",
+            headers={"Authorization": f"Bearer {platform.keys['alpha']}"},
+            json={"model": MINILM, "input": "ping"},
+            timeout=30,
+        )
+    except httpx.HTTPError:
+        return False
+    return response.status_code == 200
+
+
+def replica_url(platform: LivePlatform) -> str:
+    (replica,) = platform.serving()
+    return str(replica.url)
+
+
+def reference(
+    model_dir: Path, texts: Sequence[str]
+) -> tuple[list[list[float]], list[int]]:
+    """Return sentence-transformers' embeddings of ``texts`` and each text's
+    token count by the model's own tokenizer, special tokens included (vLLM's
+    venv)."""
     done = subprocess.run(
         [str(VLLM_PYTHON), "-c", _REFERENCE, str(model_dir)],
         input=json.dumps(list(texts)),
@@ -84,8 +238,8 @@ def reference_embeddings(model_dir: Path, texts: Sequence[str]) -> list[list[flo
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    vectors: list[list[float]] = json.loads(done.stdout)
-    return vectors
+    vectors, counts = json.loads(done.stdout)
+    return vectors, counts
 
 
 def cosine(a: Sequence[float], b: Sequence[float]) -> float:
@@ -93,22 +247,67 @@ def cosine(a: Sequence[float], b: Sequence[float]) -> float:
     return dot / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)))
 
 
-def test_vllm_embeds_as_sentence_transformers_does(
-    url: str, minilm_model: Path
+def test_the_gateway_embeds_as_sentence_transformers_does(
+    platform: LivePlatform, minilm_model: Path, unblocked: None
 ) -> None:
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-    answer = client.embeddings.create(model=MINILM, input=TEXTS)
+    """GIVEN real MiniLM served by vLLM behind the gateway
+    WHEN a team embeds 50 texts with the openai SDK
+    THEN every vector is sentence-transformers' own, the usage is the model's
+    token count, and the usage row (no output tokens) says the same.
+    """
+    flush_usage(platform)  # the start's probe, metered before this answer
+    before = _metered(platform)
+    answer = platform.client().embeddings.create(model=MINILM, input=TEXTS)
     assert [item.index for item in answer.data] == list(range(len(TEXTS)))
-    expected = reference_embeddings(minilm_model, TEXTS)
+    assert {len(item.embedding) for item in answer.data} == {DIMENSIONS}
+    assert extra_of(answer)["region"] == REGION
+    expected, counts = reference(minilm_model, TEXTS)
     similarities = [
-        cosine(item.embedding, reference)
-        for item, reference in zip(answer.data, expected, strict=True)
+        cosine(item.embedding, vector)
+        for item, vector in zip(answer.data, expected, strict=True)
     ]
     assert min(similarities) >= 0.999, similarities
+    assert answer.usage.prompt_tokens == sum(counts)
+    assert answer.usage.total_tokens == sum(counts)
+
+    def metered() -> bool:
+        flush_usage(platform)
+        return _metered(platform)[0] > before[0]
+
+    wait_until(metered, timeout_s=20, message="the embeddings' usage row")
+    requests, prompt, output = _metered(platform)
+    assert (requests - before[0], prompt - before[1], output - before[2]) == (
+        1,
+        sum(counts),
+        0,
+    )
 
 
-def test_vllm_embeddings_keep_the_captured_shapes(url: str, tmp_path: Path) -> None:
-    capture_embeddings(url, MINILM, tmp_path)
+def test_the_gateway_counts_input_tokens_with_the_models_tokenizer(
+    platform: LivePlatform, minilm_model: Path
+) -> None:
+    """The gateway refuses an over-long input before the engine sees it, and the
+    count it gives is the model's own (WordPiece, [CLS] and [SEP] included)."""
+    text = "Tokenizers split unusual words like photosynthesising. " * 40
+    refused = httpx.post(
+        f"{platform.url}/v1/embeddings",
+        headers={"Authorization": f"Bearer {platform.keys['alpha']}"},
+        json={"model": MINILM, "input": ["short", text]},
+        timeout=30,
+    )
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "context_length_exceeded"
+    match = re.search(r"input 1 takes (\d+)", error["message"])
+    assert match is not None, error["message"]
+    _, counts = reference(minilm_model, [text])
+    assert int(match.group(1)) == counts[0] > MAX_INPUT_TOKENS
+
+
+def test_vllm_embeddings_keep_the_captured_shapes(
+    platform: LivePlatform, tmp_path: Path, unblocked: None
+) -> None:
+    capture_embeddings(replica_url(platform), MINILM, tmp_path, api_key=ENGINE_KEY)
     live = read_embeddings(tmp_path)
     committed = read_embeddings()
     assert sorted(live) == sorted(committed)
@@ -118,3 +317,12 @@ def test_vllm_embeddings_keep_the_captured_shapes(url: str, tmp_path: Path) -> N
         assert diff_json_shapes(json_shape(body), json_shape(live_body)) == [], case
         if status != 200:
             assert live_body == body, case
+
+
+def _metered(platform: LivePlatform) -> tuple[int, int, int]:
+    rows = Usage.objects.filter(model_id=MINILM)
+    return (
+        sum(rows.values_list("requests", flat=True)),
+        sum(rows.values_list("prompt_tokens", flat=True)),
+        sum(rows.values_list("output_tokens", flat=True)),
+    )

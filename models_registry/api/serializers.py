@@ -44,7 +44,9 @@ class VersionRegisterSerializer(serializers.Serializer):
     weights_uri = fields.StorageUriField()
     weights_hash = fields.HashField()
     tokenizer_hash = fields.HashField()
-    chat_template = fields.TemplateField()
+    # Required for a chat model; an embedding model renders no chat, so its
+    # versions may leave it out (``register_version`` says which).
+    chat_template = fields.TemplateField(required=False, default="")
     precision = serializers.ChoiceField(choices=[p.value for p in Precision])
     gpus_per_replica = fields.IntegerField(min_value=1, max_value=MAX_GPUS_PER_REPLICA)
     engine_config = fields.EngineConfigField(required=False, default=dict)

@@ -235,3 +235,24 @@ def test_transformers_template_extensions_render(checkpoint: Path) -> None:
     assert isinstance(counter, TemplateCounter)
     rendered = counter.render([{"role": "user", "content": "é"}, {"role": "x"}])
     assert rendered == '{"role": "user", "content": "é"}'
+
+
+def test_a_tokenizer_saved_with_truncation_and_padding_counts_the_whole_text(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    """GIVEN a tokenizer.json that fixes truncation and padding (MiniLM's: 128)
+    and a version with no chat template (an embedding model's)
+    WHEN the gateway counts a prompt longer than that, and a short one
+    THEN both counts are the texts' own: not cut at 128, not padded to it.
+    """
+    tokenizer = Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
+    tokenizer.enable_truncation(max_length=8)
+    tokenizer.enable_padding(length=8, pad_token="<unk>")
+    root = tmp_path / "fixed"
+    root.mkdir()
+    tokenizer.save(str(root / "tokenizer.json"))
+    counter = load_counter(version_of(root, template=""))
+    assert isinstance(counter, TemplateCounter)
+    long_text = "the quick brown fox jumps " * 10
+    assert counter.count_prompt(long_text) == encoded(checkpoint, long_text) > 8
+    assert counter.count_prompt("fox") == encoded(checkpoint, "fox") < 8
