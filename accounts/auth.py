@@ -6,9 +6,10 @@ An admin token of scope ``admin`` opens every control-plane endpoint; one of sco
 gets 403 elsewhere. A team's API key is recognised, so that its holder gets 403
 (you are known, but this is not yours) rather than 401; anything else, or no token,
 is 401: a batch job's key too, which no person holds and which opens only the
-gateway's chat completions (``accounts.services.find_active_team_key`` never
-returns one). ``TeamKeyAuthentication`` and ``IsTeam`` guard the team's own /v1
-endpoints (files, batches, its usage), through their base view TeamView.
+gateway's chat completions and embeddings
+(``accounts.services.find_active_team_key`` never returns one).
+``TeamKeyAuthentication`` and ``IsTeam`` guard the team's own /v1 endpoints
+(files, batches, its usage), through their base view TeamView.
 """
 
 from __future__ import annotations

@@ -120,7 +120,8 @@ class ApiKey(SecretRecord):
     the API or the console, shown once); ``batch``, the platform itself, minted for
     one batch job whose runner sends the job's lines through the gateway with it
     (its secret is derived when needed, never stored). A batch key opens only the
-    gateway's ``/v1/chat/completions``: the control plane refuses it
+    gateway's ``/v1/chat/completions`` and ``/v1/embeddings`` (what a batch runs):
+    the control plane refuses it
     (``accounts.services.find_active_team_key``), and its requests are metered as
     batch work whatever their tier.
     """

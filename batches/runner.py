@@ -1,5 +1,8 @@
 """The batch runner: one job's lines through the gateway, paced by the scheduler.
 
+Each line is posted to the gateway's endpoint of its batch (``/v1/chat/completions``
+or ``/v1/embeddings``), so it takes the same way as a live request of that API.
+
 Public surface: ``run_batch``, ``dispatch``, ``mark_handed_on``, ``scheduler_settings``,
 ``Outcome``.
 
@@ -250,9 +253,9 @@ class _Job:
         self.settings = scheduler_settings()
         self.pace = Pace.start(self.settings)
         self.secret = services.batch_key_secret(batch.id)
-        self.url = (
-            f"{settings.PLATFORM_BATCH_GATEWAY_URL.rstrip('/')}/v1/chat/completions"
-        )
+        # The batch's endpoint (checked at creation): chat completions or
+        # embeddings, each line sent as a live request of that API is.
+        self.url = f"{settings.PLATFORM_BATCH_GATEWAY_URL.rstrip('/')}{batch.endpoint}"
         self.client = httpx.Client(
             transport=transport,
             timeout=settings.PLATFORM_BATCH_REQUEST_TIMEOUT_S,
@@ -436,6 +439,7 @@ class _Job:
             body = response.json()
         except ValueError:
             body = {"error": {"message": response.text[:500], "type": "server_error"}}
+        # An embeddings answer's usage has no completion_tokens: its input only.
         usage = body.get("usage") if isinstance(body, dict) else None
         tokens = 0
         if isinstance(usage, dict):

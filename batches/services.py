@@ -37,6 +37,7 @@ from accounts.models import ApiKey, TeamLimit
 from batches import storage
 from batches.domain.lines import (
     ENDPOINT,
+    ENDPOINTS,
     InputRejected,
     error_line,
     output_line,
@@ -45,7 +46,7 @@ from batches.domain.lines import (
 )
 from batches.models import Batch, BatchFile, BatchLine
 from config.errors import InvalidRequest, NotFound, PlatformError
-from models_registry.models import Model
+from models_registry.models import Model, ModelKind
 
 logger = logging.getLogger(__name__)
 
@@ -225,16 +226,24 @@ def create_batch(
     """Create a batch from an uploaded file (OpenAI's form) or from ``input_uri``
     (the seed's form, with ``model``, ``output_uri`` and ``deadline``).
 
+    ``endpoint`` is ``/v1/chat/completions`` or ``/v1/embeddings``; every line's
+    ``url`` must be it, and the batch's model must be of the kind it serves (a
+    chat model for chat, an embedding model for embeddings).
+
     Raises:
-        InvalidRequest: the rules of ``batches.domain.lines``, an unknown model, a
-            model the team may not call, a URI outside the roots, a deadline in
-            the past or further than a week.
+        InvalidRequest: the rules of ``batches.domain.lines``, another endpoint,
+            an unknown model or one of the other kind, a model the team may not
+            call, a URI outside the roots, a deadline in the past or further
+            than a week.
         NotFound: an ``input_file_id`` the team does not have.
         TooLarge: an ``input_uri`` over the file size limit.
     """
     now = now or timezone.now()
-    if endpoint != ENDPOINT:
-        raise InvalidRequest(f"endpoint must be {ENDPOINT!r}", param="endpoint")
+    if endpoint not in ENDPOINTS:
+        raise InvalidRequest(
+            f"endpoint must be one of {', '.join(map(repr, ENDPOINTS))}",
+            param="endpoint",
+        )
     window_s = _window(completion_window, deadline, now)
     input_file = None
     if input_file_id is not None:
@@ -253,9 +262,9 @@ def create_batch(
     if output_uri is not None:
         _check_output(output_uri)
     if model is not None:
-        _model(model, team_id)
+        _model(model, team_id, endpoint)
     try:
-        parsed = parse_input(storage.read_lines(source), model=model)
+        parsed = parse_input(storage.read_lines(source), model=model, endpoint=endpoint)
     except InputRejected as exc:
         raise InvalidRequest(
             exc.message,
@@ -264,7 +273,7 @@ def create_batch(
         ) from None
     except storage.StorageRefused as exc:
         raise InvalidRequest(str(exc), param="input_uri") from None
-    model_row = _model(parsed.model, team_id)
+    model_row = _model(parsed.model, team_id, endpoint)
     batch_id = f"batch_{secrets.token_hex(12)}"
     failed = len(parsed.lines) - parsed.runnable
     with transaction.atomic():
@@ -382,9 +391,13 @@ def _check_output(output_uri: str) -> None:
         raise InvalidRequest(f"output_uri {exc}", param="output_uri") from None
 
 
-def _model(name: str, team_id: str) -> Model:
-    """The model a batch runs on (``model`` or ``model@version``), if the team may
-    call it: a limits row, or the platform's default tokens per minute."""
+def _model(name: str, team_id: str, endpoint: str) -> Model:
+    """The model a batch runs on (``model`` or ``model@version``), if it serves
+    ``endpoint`` and the team may call it: a limits row, or the platform's default
+    tokens per minute.
+
+    A model of the other kind is refused here, as the gateway refuses it on each
+    line (400, ``model_not_supported``): every line would fail the same way."""
     model_id = name.split("@", 1)[0]
     try:
         model = Model.objects.get(pk=model_id)
@@ -392,6 +405,15 @@ def _model(name: str, team_id: str) -> Model:
         raise InvalidRequest(
             f"the model {name!r} does not exist", param="model", code="model_not_found"
         ) from None
+    if model.kind != ENDPOINTS[endpoint]:
+        what = (
+            "an embedding model: use it with /v1/embeddings"
+            if model.kind == ModelKind.EMBEDDING
+            else "a chat model: use it with /v1/chat/completions"
+        )
+        raise InvalidRequest(
+            f"{model_id} is {what}", param="model", code="model_not_supported"
+        )
     if not _tokens_per_minute(team_id, model_id):
         raise ModelNotAllowed(
             f"team {team_id!r} may not use model {model_id!r}: it has no limits on "

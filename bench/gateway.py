@@ -308,7 +308,15 @@ print("BENCH " + json.dumps({"key": seeded.keys["bench"], "version": version.ver
 
 
 class Platform:
-    """A database and Redis prefix of its own, the rows, and the beat thread."""
+    """A database and Redis prefix of its own, the rows, and the beat thread.
+
+    ``register`` seeds the rows (a ``manage.py shell`` script that prints the key
+    and version) for ``model``, whose replicas' beats the thread publishes; a
+    subclass serves another model (``bench/embeddings.py``).
+    """
+
+    model = MODEL
+    register = REGISTER
 
     def __init__(self, redis_url: str) -> None:
         self.db = f"bench_gateway_{os.getpid()}"
@@ -355,7 +363,7 @@ class Platform:
         )
         env["BENCH_REPLICA_URLS"] = json.dumps(replica_urls)
         out = subprocess.run(
-            [PY, "manage.py", "shell", "-c", REGISTER],
+            [PY, "manage.py", "shell", "-c", self.register],
             cwd=ROOT,
             env=env,
             check=True,
@@ -379,7 +387,7 @@ class Platform:
             store.publish(
                 ReplicaBeat(
                     replica_id=replica_id,
-                    model=MODEL,
+                    model=self.model,
                     version=self.version,
                     region=REGION,
                     node="bench-node",

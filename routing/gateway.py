@@ -18,8 +18,9 @@ served by the same pipeline, as is an embeddings request: ``routing.embeddings``
 ``routing.chat`` (admission, routing with retries, the
 ``routing.relay``, metering), with the OpenAI shapes in ``routing.responses``.
 ``/tokenize`` is resolved the same way and passed to a replica
-(``routing.tokenize``). A batch job's key (``KeyRecord.batch``) opens only chat
-completions: ``/v1/models`` and ``/tokenize`` answer it 403. Whatever fails, the
+(``routing.tokenize``). A batch job's key (``KeyRecord.batch``) opens only the
+APIs a batch runs, chat completions and embeddings: ``/v1/models``,
+``/tokenize`` and the other generation APIs answer it 403. Whatever fails, the
 client gets OpenAI's error shape: an unexpected exception is logged (its type and
 frames, never its message, which may quote the request) and answered as a JSON
 500, or as an error event once a stream has started.
@@ -73,6 +74,8 @@ _GC_THRESHOLDS = (50_000, 20, 10)
 # Host headers already judged, so a request pays one dict lookup; cleared when
 # full, so a client sending a new Host every time cannot grow it without bound.
 _HOST_MEMO_SIZE = 1024
+# The planners of the APIs a batch runs: a batch job's key opens these only.
+_BATCH_PLANNERS = (plan_chat, plan_embedding)
 
 
 class Gateway:
@@ -456,7 +459,7 @@ class Gateway:
 
     def _team(self, scope: Scope, snapshot: ConfigSnapshot) -> str:
         """Return the team of the request's key; a batch job's key is refused (403):
-        it opens only chat completions."""
+        it opens only the APIs a batch runs."""
         return self._key_of_team(scope, snapshot).team
 
     def _key_of_team(self, scope: Scope, snapshot: ConfigSnapshot) -> KeyRecord:
@@ -465,7 +468,7 @@ class Gateway:
         if key.batch:
             raise GatewayError(
                 403,
-                "a batch job's key opens only /v1/chat/completions",
+                "a batch job's key opens only /v1/chat/completions and /v1/embeddings",
                 code="batch_key_not_allowed",
                 error_type="permission_error",
             )
@@ -521,14 +524,15 @@ class Gateway:
         *,
         planner: Callable[..., Awaitable[ChatPlan]],
     ) -> None:
-        """Plan a generation request (``planner``: chat or completion) and serve
-        it; a batch job's key opens only chat completions."""
+        """Plan a request (``planner``: chat, completion, responses or
+        embeddings) and serve it; a batch job's key opens only the APIs a batch runs (chat
+        completions and embeddings)."""
         started_at = time.monotonic()
         snapshot = self._snapshot()
         headers = dict(scope.get("headers", ()))
         key = (
             self._key(scope, snapshot)
-            if planner is plan_chat
+            if planner in _BATCH_PLANNERS
             else self._key_of_team(scope, snapshot)
         )
         body = await read_json(receive, headers, self.settings.max_body_bytes)

@@ -15,6 +15,8 @@ from typing import Any
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter
 
+from batches.domain.lines import ENDPOINTS
+
 __all__ = [
     "BATCH",
     "BATCH_CREATE",
@@ -128,7 +130,7 @@ BATCH_CREATE: dict[str, Any] = {
     "seed's (input_uri, output_uri, model, deadline).",
     "properties": {
         "input_file_id": _nullable(_TEXT),
-        "endpoint": _nullable({"const": "/v1/chat/completions"}),
+        "endpoint": _nullable({"enum": list(ENDPOINTS)}),
         "completion_window": _nullable(_TEXT),
         "metadata": _nullable(
             {

@@ -184,7 +184,7 @@ class BatchListView(_TeamView):
 
     @extend_schema(
         operation_id="createBatch",
-        summary="Start a batch of chat completions.",
+        summary="Start a batch of chat completions or embeddings.",
         request={"application/json": BATCH_CREATE},
         responses={
             200: BATCH,

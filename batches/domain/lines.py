@@ -1,18 +1,25 @@
 """A batch's input and output lines, in OpenAI's batch format; pure rules.
 
-Public surface: ``ENDPOINT``, ``MAX_LINES``, ``LineError``, ``InputLine``,
-``ParsedInput``, ``InputRejected``, ``parse_input``, ``parse_window``,
-``output_line``, ``error_line``, ``request_id``.
+Public surface: ``ENDPOINT``, ``ENDPOINTS``, ``EMBEDDINGS``, ``MAX_LINES``,
+``MAX_EMBEDDING_INPUTS``, ``LineError``, ``InputLine``, ``ParsedInput``,
+``InputRejected``, ``parse_input``, ``parse_window``, ``output_line``,
+``error_line``, ``request_id``.
 
-An input line is a JSON object ``{"custom_id", "method": "POST", "url":
-"/v1/chat/completions", "body": {...}}``. The whole input is refused (a 400 at
-creation, ``InputRejected``) when it cannot be a batch at all: no line, more than
-``MAX_LINES``, a ``custom_id`` used twice, or lines naming different models (one
-batch runs on one model, as OpenAI's does). A single line that is malformed (not
-JSON, not an object, a wrong method or url, no body, a streaming body, another
-model than the batch's) does not stop the batch: it becomes a ``LineError`` that
-goes to the error file with its ``custom_id`` (when it has one) and the reason,
-and the other lines run.
+An input line is a JSON object ``{"custom_id", "method": "POST", "url", "body":
+{...}}`` whose ``url`` is the batch's endpoint (``/v1/chat/completions`` or
+``/v1/embeddings``). The whole input is refused (a 400 at creation,
+``InputRejected``) when it cannot be a batch at all: no line, more than
+``MAX_LINES``, a ``custom_id`` used twice, lines naming different models (one
+batch runs on one model, as OpenAI's does), a line whose ``url`` is another
+endpoint than the batch's (OpenAI fails such a file at validation,
+``url_mismatch``: one batch, one endpoint), or an embeddings batch asking for
+more than ``MAX_EMBEDDING_INPUTS`` vectors in all (OpenAI's cap). A single line
+that is malformed (not JSON, not an object, a wrong method, no url, no body, a
+streaming body, another model than the batch's) does not stop the batch: it
+becomes a ``LineError`` that goes to the error file with its ``custom_id`` (when
+it has one) and the reason, and the other lines run. A body is not checked
+further here: the gateway checks it as it checks a live request, and its 400
+is the line's answer in the error file, as OpenAI's is.
 
 Output lines are OpenAI's: ``{"id", "custom_id", "response": {"status_code",
 "request_id", "body"}, "error": null}`` for an answered line (any HTTP status),
@@ -30,7 +37,10 @@ from typing import Any
 from config.json_body import BodyError, parse_json_object
 
 __all__ = [
+    "EMBEDDINGS",
     "ENDPOINT",
+    "ENDPOINTS",
+    "MAX_EMBEDDING_INPUTS",
     "MAX_LINES",
     "InputLine",
     "InputRejected",
@@ -44,7 +54,12 @@ __all__ = [
 ]
 
 ENDPOINT = "/v1/chat/completions"
+EMBEDDINGS = "/v1/embeddings"
+# The endpoints a batch may run, with the kind of model each serves.
+ENDPOINTS = {ENDPOINT: "chat", EMBEDDINGS: "embedding"}
 MAX_LINES = 50_000
+# Vectors asked for across an embeddings batch's lines (OpenAI's cap).
+MAX_EMBEDDING_INPUTS = 50_000
 MAX_CUSTOM_ID = 512
 # A completion window: a whole number of seconds, minutes, hours or days, at most
 # a week ("24h" is OpenAI's only window; shorter ones let a job ask for less).
@@ -114,12 +129,14 @@ def parse_input(
     """Parse a JSONL input; ``model`` is the batch's model when the caller named one.
 
     Raises:
-        InputRejected: no line, too many, a duplicate ``custom_id``, or lines that
-            name different models (or none, when the caller named no model).
+        InputRejected: no line, too many, a duplicate ``custom_id``, lines that
+            name different models (or none, when the caller named no model), a
+            line for another endpoint, or too many embedding inputs.
     """
     parsed: list[tuple[int, str | None, dict[str, Any] | LineError]] = []
     seen: dict[str, int] = {}
     models: dict[str, int] = {}
+    inputs = 0
     for line_number, raw in enumerate(raw_lines, start=1):
         if not raw.strip():
             continue
@@ -137,8 +154,20 @@ def parse_input(
                     line=line_number,
                 )
             seen[custom_id] = line_number
-        if isinstance(value, dict) and isinstance(named := _model_of(value), str):
-            models.setdefault(named, line_number)
+        if isinstance(value, dict):
+            _check_url(value, endpoint, line_number)
+            if isinstance(named := _model_of(value), str):
+                models.setdefault(named, line_number)
+            if endpoint == EMBEDDINGS:
+                inputs += _inputs_of(value)
+                if inputs > MAX_EMBEDDING_INPUTS:
+                    raise InputRejected(
+                        f"an embeddings batch asks for at most "
+                        f"{MAX_EMBEDDING_INPUTS} inputs in all; line {line_number} "
+                        "goes past it",
+                        code="too_many_inputs",
+                        line=line_number,
+                    )
         parsed.append((line_number, custom_id, value))
     if not parsed:
         raise InputRejected("the input holds no line", code="empty_file")
@@ -166,6 +195,34 @@ def parse_input(
 def _model_of(value: dict[str, Any]) -> object:
     body = value.get("body")
     return body.get("model") if isinstance(body, dict) else None
+
+
+def _check_url(value: dict[str, Any], endpoint: str, line_number: int) -> None:
+    """Refuse the input when a line names another endpoint than the batch's.
+
+    Raises:
+        InputRejected: ``url`` is a string other than ``endpoint``.
+    """
+    url = value.get("url")
+    if isinstance(url, str) and url != endpoint:
+        raise InputRejected(
+            f"line {line_number}: url must be the batch's endpoint {endpoint!r}; "
+            "a batch runs one endpoint",
+            code="url_mismatch",
+            line=line_number,
+        )
+
+
+def _inputs_of(value: dict[str, Any]) -> int:
+    """The vectors an embeddings line asks for (one for a malformed input: the
+    gateway refuses it, and it counts no more than one)."""
+    body = value.get("body")
+    given = body.get("input") if isinstance(body, dict) else None
+    if not isinstance(given, list) or not given:
+        return 1
+    if all(isinstance(x, int) and not isinstance(x, bool) for x in given):
+        return 1  # one list of token ids
+    return len(given)
 
 
 def _read_line(
@@ -213,7 +270,7 @@ def _check_line(
     where = f"line {line_number}"
     if value.get("method") != "POST":
         return bad("invalid_method", f"{where}: method must be 'POST'")
-    if value.get("url") != endpoint:
+    if value.get("url") != endpoint:  # none, or not a string (parse_input)
         return bad("invalid_url", f"{where}: url must be {endpoint!r}")
     body = value.get("body")
     if not isinstance(body, dict):

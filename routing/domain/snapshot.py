@@ -32,8 +32,9 @@ class KeyRecord:
     """An active team API key, by the SHA-256 of its secret.
 
     ``batch``: the platform minted it for one batch job (accounts' purpose
-    ``batch``). It opens only chat completions, and everything sent with it is
-    metered as batch work, whatever tier the request asks for.
+    ``batch``). It opens only chat completions and embeddings (what a batch runs),
+    and everything sent with it is metered as batch work, whatever tier the
+    request asks for.
     """
 
     key_id: int

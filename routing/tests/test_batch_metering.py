@@ -91,7 +91,7 @@ def test_batch_work_takes_the_teams_tokens_per_minute(replica: Process) -> None:
         ("/tokenize", "POST", {"model": MODEL, "prompt": "hello"}),
     ],
 )
-def test_a_batch_key_opens_only_chat_completions(
+def test_a_batch_key_opens_only_what_a_batch_runs(
     replica: Process, path: str, method: str, body: bytes | dict[str, str]
 ) -> None:
     with EmbeddedGateway(replica.url) as gateway:

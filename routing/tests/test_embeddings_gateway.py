@@ -25,6 +25,7 @@ from metering.domain.usage import UsageCounts
 from routing.domain.admission_control import Ticket
 from routing.prompt_tokens import STAND_IN
 from routing.tests.embedded_gateway import (
+    BATCH_KEY,
     EMBEDDING_MODEL,
     MODEL,
     TEAM_KEY,
@@ -213,6 +214,49 @@ def test_an_input_over_the_longest_is_400_and_not_charged(
     assert replica.bodies == []
     assert not gateway.is_charged()
     assert metered(gateway) == UsageCounts()
+
+
+@pytest.mark.parametrize("tier", ["batch", "standard"])
+def test_a_batch_jobs_key_embeds_metered_as_batch_work_input_only(
+    served: tuple[EmbeddedGateway, Replica], tier: str
+) -> None:
+    """An embeddings batch's runner sends its lines with the job's key, at the
+    batch tier or raised to standard near the deadline: batch work either way."""
+    gateway, replica = served
+    answer = gateway.request(
+        "/v1/embeddings",
+        {"model": EMBEDDING_MODEL, "input": ["one two", "three"]},
+        key=BATCH_KEY,
+        headers={"x-priority": tier},
+    )
+    assert answer.status == 200, answer.body
+    assert [d["index"] for d in answer.json()["data"]] == [0, 1]
+    assert len(replica.bodies) == 1
+    usage = metered(gateway)
+    assert (usage.requests, usage.batch_requests) == (1, 1)
+    assert usage.prompt_tokens == usage.batch_prompt_tokens == 3
+    assert (usage.output_tokens, usage.batch_output_tokens) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"model": MODEL, "prompt": "hi"}),
+        ("/v1/responses", {"model": MODEL, "input": "hi"}),
+    ],
+)
+def test_a_batch_jobs_key_opens_no_other_generation_api(
+    served: tuple[EmbeddedGateway, Replica], path: str, body: dict[str, Any]
+) -> None:
+    gateway, _ = served
+    answer = gateway.request(path, body, key=BATCH_KEY)
+    assert answer.status == 403, answer.body
+    error = answer.json()["error"]
+    assert (error["type"], error["code"]) == (
+        "permission_error",
+        "batch_key_not_allowed",
+    )
+    assert not gateway.is_charged()
 
 
 def test_a_chat_model_asked_for_embeddings_is_400_naming_model(
