@@ -181,3 +181,20 @@ def test_a_target_no_step_can_hold_rejects_the_version(
     steps = runs(version)["load_test"].result["steps"]
     assert [s["concurrency"] for s in steps] == [1]
     assert version.load_test_tokens_per_s is None
+
+
+def test_a_replica_that_serves_no_embeddings_fails_the_gate_with_its_answer(
+    storage: Path, tmp_path: Path
+) -> None:
+    """A version registered without ``runner: pooling`` starts a generating
+    replica, which answers /v1/embeddings with vLLM's 404: the eval gate says so."""
+    version = register(storage, "v5")
+    with sim_replica(tmp_path, model=MODEL) as process:
+        serve(version, process)
+        assert gates.run_gates(version.pk, 1) == "rejected"
+
+    version.refresh_from_db()
+    assert version.status_reason == (
+        f"eval gate: the eval could not run: the replica at {process.url} answered "
+        '404 to POST /v1/embeddings: {"detail":"Not Found"}'
+    )
