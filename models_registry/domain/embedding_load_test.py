@@ -25,7 +25,8 @@ law: throughput x mean latency), what the gateway's admission counts.
 hold, and stops after ``stop_after_failures`` failing steps in a row or at
 ``max_concurrency``: a generator that yields ``MeasureStep`` effects and is sent
 each measured ``EmbeddingStep``; it returns the ``EmbeddingAnswer`` (the step
-that held with the most input tokens/s). ``control.embedding_gates`` interprets
+that held with the most input tokens/s, the most clients among those within 5%
+of it: ``embedding_answer``). ``control.embedding_gates`` interprets
 the effects against a live replica over HTTP; ``run_embedding_search`` with a
 ``ModelledEmbeddingReplica`` (the simulated replica's batcher: a batch of the
 waiting requests takes a fixed time plus a time per input token) interprets them
@@ -232,12 +233,25 @@ def judge_embedding_step(
     )
 
 
+# Holding steps within this share of the best input tokens/s count as equal.
+_SAME_THROUGHPUT = 0.05
+
+
 def embedding_answer(
     steps: Sequence[EmbeddingStep], latency_target_ms: float
 ) -> EmbeddingAnswer:
-    """Return the search's answer: the holding step with the most input tokens/s."""
+    """Return the search's answer: the holding step with the most input tokens/s.
+
+    Past its knee a replica's throughput is flat while clients only add latency,
+    so which of those steps measured a few tokens more is noise; steps within 5%
+    of the best count as equal, and the one with the most clients, nearest the
+    target, is the answer (its tokens in flight are what the replica holds at
+    its target, what admission should let it hold).
+    """
     held = [s for s in steps if s.holds]
-    best = max(held, key=lambda s: s.input_tokens_per_s, default=None)
+    top = max((s.input_tokens_per_s for s in held), default=0.0)
+    equal = [s for s in held if s.input_tokens_per_s >= (1 - _SAME_THROUGHPUT) * top]
+    best = max(equal, key=lambda s: s.concurrency, default=None)
     return EmbeddingAnswer(
         steps=tuple(steps), latency_target_ms=latency_target_ms, best=best
     )
