@@ -515,6 +515,10 @@ try:
         "PLATFORM_DEFAULT_EVAL_SET",
         f"file://{BASE_DIR / 'platform' / 'evals' / 'chat-default.jsonl'}",
     )
+    PLATFORM_DEFAULT_EMBEDDING_EVAL_SET = env_str(
+        "PLATFORM_DEFAULT_EMBEDDING_EVAL_SET",
+        f"file://{BASE_DIR / 'platform' / 'evals' / 'embedding-default.jsonl'}",
+    )
     PLATFORM_EVAL_REPORT_ROOT = env_str(
         "PLATFORM_EVAL_REPORT_ROOT", f"file://{BASE_DIR / '.local' / 'reports'}"
     )

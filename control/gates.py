@@ -33,6 +33,18 @@ in this attempt are not run again.
    flight and prefix hit rate are saved on the version, where admission and the
    autoscaler read them.
 
+**An embedding model's version** (``Model.kind`` ``embedding``) runs the same
+three gates, but its eval and load test are ``control.embedding_gates``'s, both
+against the staging replica directly: the eval embeds retrieval probes (the
+default ``PLATFORM_DEFAULT_EMBEDDING_EVAL_SET`` or ``gate_config.eval_set_uri``,
+and every ``EvalSet`` row) and holds the vectors to the model's ``dimensions``,
+finiteness, unit length and ``min_retrieval_accuracy``; the chat judge and the
+comparison with the live version are skipped, the reasons recorded on the gate
+(``EMBEDDING_SKIPS``). The load test finds the input tokens/s one replica
+embeds at the version's p95 latency target (``engine_config.latency_target_ms``,
+500 ms unset) and saves them, with the input tokens in flight there, in the same
+two fields (``load_test_tokens_per_s``, ``load_test_tokens_in_flight``).
+
 When the gates pass, a staging pool they created stays as the version's pool in
 the gate region (one replica, autoscaled from then on), so its canary starts warm;
 when they fail, its replica drains and the pool is removed.
@@ -58,6 +70,11 @@ from django.utils import timezone
 
 from accounts import services as accounts
 from accounts.models import Team, TeamLimit
+from control.embedding_gates import (
+    EmbeddingGateError,
+    embedding_eval,
+    embedding_load_test,
+)
 from control.eval_report import ReportLocationError, write_report
 from control.eval_run import Target, run_eval
 from control.load_test import (
@@ -70,6 +87,13 @@ from engine_nodes import weights
 from engine_nodes.domain.liveness import ReplicaState
 from engine_nodes.models import Replica
 from models_registry import services as registry
+from models_registry.domain.embedding_eval import parse_probe_set
+from models_registry.domain.embedding_load_test import (
+    EmbeddingAnswer,
+    EmbeddingLoadSettings,
+    EmbeddingStep,
+    latency_target_ms_for,
+)
 from models_registry.domain.eval_gate import EvalItem, EvalSetError, parse_eval_set
 from models_registry.domain.gates import (
     GATE_ORDER,
@@ -87,6 +111,7 @@ from models_registry.models import (
     EvalSet,
     GateRun,
     Model,
+    ModelKind,
     ModelVersion,
     Pool,
     VersionRegion,
@@ -365,19 +390,35 @@ def _weights_gate(context: _Attempt, run: GateRun) -> dict[str, Any]:
 # -- 2. the eval gate ------------------------------------------------------------------
 
 
-def _read_eval_set(uri: str) -> list[EvalItem]:
+def _read_eval_lines(uri: str) -> list[str]:
     problems = uri_errors(uri, settings.PLATFORM_STORAGE_ROOTS)
     if problems:
         raise GateFailed(f"eval set {uri} {problems[0]}")
     try:
         with fsspec.open(uri, "rt", encoding="utf-8") as handle:
-            lines = handle.read().splitlines()
+            return list(handle.read().splitlines())
     except (OSError, ValueError) as exc:
         raise GateFailed(f"eval set {uri} cannot be read: {exc}") from None
+
+
+def _read_eval_set(uri: str) -> list[EvalItem]:
     try:
-        return parse_eval_set(lines, source=uri)
+        return parse_eval_set(_read_eval_lines(uri), source=uri)
     except EvalSetError as exc:
         raise GateFailed(f"eval set {exc}") from None
+
+
+def _eval_set_uris(
+    config: GateConfig, version: ModelVersion, default: str
+) -> list[str]:
+    """Return the model's eval sets: its own (or ``default``), then the teams'."""
+    uris = [config.eval_set_uri or default]
+    uris += [
+        s.uri
+        for s in EvalSet.objects.filter(model=version.model).order_by("id")
+        if s.uri not in uris
+    ]
+    return uris
 
 
 def _judge_ref(config: GateConfig) -> str | None:
@@ -398,12 +439,9 @@ def _judge_ref(config: GateConfig) -> str | None:
 
 def _eval_gate(context: _Attempt, run: GateRun) -> dict[str, Any]:
     version, config = context.version, context.config
-    uris = [config.eval_set_uri or settings.PLATFORM_DEFAULT_EVAL_SET]
-    uris += [
-        s.uri
-        for s in EvalSet.objects.filter(model=version.model).order_by("id")
-        if s.uri not in uris
-    ]
+    if version.model.kind == ModelKind.EMBEDDING:
+        return _embedding_eval_gate(context, run)
+    uris = _eval_set_uris(config, version, settings.PLATFORM_DEFAULT_EVAL_SET)
     sets = [(uri, _read_eval_set(uri)) for uri in uris]
     live_version = version.model.live_version
     live = (
@@ -608,6 +646,8 @@ def _staging_replica(context: _Attempt, run: GateRun) -> Replica:
 
 def _load_test_gate(context: _Attempt, run: GateRun) -> dict[str, Any]:
     version = context.version
+    if version.model.kind == ModelKind.EMBEDDING:
+        return _embedding_load_test_gate(context, run)
     replica = _staging_replica(context, run)
     settings_ = LoadTestSettings.from_overrides(context.config.load_test)
 
@@ -658,6 +698,126 @@ def _load_test_gate(context: _Attempt, run: GateRun) -> dict[str, Any]:
         **answer,
         "detail": f"{result.tokens_per_s:.0f} output tokens/s at "
         f"{result.tokens_in_flight:.0f} tokens in flight",
+    }
+
+
+# -- an embedding model's eval and load test ------------------------------------------
+
+# The chat checks an embedding version skips, and why: recorded on its eval gate.
+EMBEDDING_SKIPS = {
+    "judge": "an embedding model answers with vectors, not text: no chat judge",
+    "live_comparison": "held to the retrieval floor (min_retrieval_accuracy), "
+    "not compared answer by answer with the live version",
+}
+
+
+def _embedding_eval_gate(context: _Attempt, run: GateRun) -> dict[str, Any]:
+    """Rank the probe sets' related texts above unrelated ones, and check the
+    vectors' shape (``control.embedding_gates``)."""
+    version, config = context.version, context.config
+    uris = _eval_set_uris(config, version, settings.PLATFORM_DEFAULT_EMBEDDING_EVAL_SET)
+    sets = []
+    for uri in uris:
+        try:
+            sets.append((uri, parse_probe_set(_read_eval_lines(uri), source=uri)))
+        except EvalSetError as exc:
+            raise GateFailed(f"eval set {exc}") from None
+    replica = _staging_replica(context, run)
+    reports = []
+    for number, (uri, probes) in enumerate(sets, start=1):
+
+        def evaluate(
+            report: Report, probes: list[Any] = probes, number: int = number
+        ) -> dict[str, Any]:
+            return embedding_eval(
+                replica.url,
+                model=version.model_id,
+                api_key=settings.PLATFORM_ENGINE_API_KEY or None,
+                probes=probes,
+                dimensions=version.model.dimensions or 0,
+                is_normalized=config.embedding_normalized,
+                min_accuracy=config.min_retrieval_accuracy,
+                progress=lambda done, total: report(
+                    done, total, f"eval set {number}/{len(sets)}: embedded {done}"
+                ),
+            ).as_dict()
+
+        try:
+            reports.append({"eval_set": uri, **_reporting(run, evaluate)})
+        except EmbeddingGateError as exc:
+            raise GateFailed(f"the eval could not run: {exc}") from None
+    reasons = [f"{r['eval_set']}: {why}" for r in reports for why in r["reasons"]]
+    result = {
+        "kind": "embedding",
+        "passed": not reasons,
+        "reasons": reasons,
+        "sets": reports,
+        "skipped": EMBEDDING_SKIPS,
+    }
+    if reasons:
+        raise GateFailed("; ".join(reasons), result)
+    accuracy = min(r["retrieval_accuracy"] for r in reports)
+    return {
+        **result,
+        "detail": f"passed {len(reports)} probe set(s), retrieval accuracy "
+        f"{accuracy:.2f}; skipped the judge and the live comparison (an embedding "
+        "model)",
+    }
+
+
+def _embedding_load_test_gate(context: _Attempt, run: GateRun) -> dict[str, Any]:
+    """Measure the input tokens/s one replica embeds at the version's latency
+    target; save them (and the input tokens in flight there) on the version."""
+    version = context.version
+    try:
+        target_ms = latency_target_ms_for(version.engine_config)
+    except ValueError as exc:
+        raise GateFailed(str(exc)) from None
+    settings_ = EmbeddingLoadSettings.from_overrides(
+        context.config.load_test, latency_target_ms=target_ms
+    )
+    replica = _staging_replica(context, run)
+
+    def measure(report: Report) -> EmbeddingAnswer:
+        def on_step(step: EmbeddingStep) -> None:
+            verdict = "holds" if step.holds else "fails"
+            report(
+                step.concurrency,
+                settings_.max_concurrency,
+                f"concurrency {step.concurrency}: {step.input_tokens_per_s:.0f} "
+                f"input tokens/s, p95 {1000 * (step.latency_p95_s or 0):.0f} ms "
+                f"({verdict})",
+            )
+
+        return embedding_load_test(
+            replica.url,
+            model=version.model_id,
+            api_key=settings.PLATFORM_ENGINE_API_KEY or None,
+            settings=settings_,
+            on_step=on_step,
+        )
+
+    try:
+        answer = _reporting(run, measure)
+    except EmbeddingGateError as exc:
+        raise GateFailed(f"the load test could not run: {exc}") from None
+    result = {**answer.as_dict(), "settings": settings_.as_dict()}
+    if answer.input_tokens_per_s is None or not answer.tokens_in_flight:
+        raise GateFailed(
+            f"no step of the load test held p95 latency under {target_ms:g} ms "
+            "with every request answered",
+            result,
+        )
+    ModelVersion.objects.filter(pk=version.pk).update(
+        load_test_tokens_per_s=answer.input_tokens_per_s,
+        load_test_tokens_in_flight=answer.tokens_in_flight,
+        load_test_prefix_hit_rate=None,
+    )
+    return {
+        **result,
+        "detail": f"{answer.input_tokens_per_s:.0f} input tokens/s at "
+        f"{answer.tokens_in_flight} input tokens in flight, p95 under "
+        f"{target_ms:g} ms",
     }
 
 

@@ -5,7 +5,9 @@ Public surface: ``pool_cost_figures``.
 Read at scrape time (``metering.metrics.PoolCostCollector``, registered in
 ``engine_nodes.apps``), two queries per scrape, never on the gateway's request path.
 The prices and the cost arithmetic are the cost model's (``metering.domain.cost``),
-so the live figures and the finance reports agree.
+so the live figures and the finance reports agree. An embedding version's
+load-tested rate is in input tokens per second, so its pool's cost per million
+at full is per million input tokens, as the reports price it.
 """
 
 from __future__ import annotations

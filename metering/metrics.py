@@ -622,8 +622,9 @@ class PoolCostCollector(_ScrapeTimeCollector[PoolCostFigures]):
         )
         at_full = GaugeMetricFamily(
             "platform_pool_usd_per_million_tokens_at_full",
-            "USD per million output tokens with every replica kept full (at the "
-            "version's load-tested tokens per second, else the assumed rate).",
+            "USD per million output tokens (input tokens for an embedding model) "
+            "with every replica kept full (at the version's load-tested tokens per "
+            "second, else the assumed rate).",
             labels=POOL_LABELS,
         )
         silent = GaugeMetricFamily(

@@ -309,7 +309,7 @@ def usage_report(query: ReportQuery, *, now: datetime) -> Report:
         NotFound: the team or model named does not exist.
     """
     from accounts.models import Team
-    from models_registry.models import Model
+    from models_registry.models import Model, ModelKind
 
     if query.team and not Team.objects.filter(pk=query.team).exists():
         raise NotFound(f"no team {query.team!r}", param="team")
@@ -321,6 +321,10 @@ def usage_report(query: ReportQuery, *, now: datetime) -> Report:
     # The whole window's history at once (two queries), then each period's part.
     spans = spans_between(query.start, min(query.end, now))
     versions = _versions((s.model, s.version) for s in spans)
+    # Embedding models make no output tokens: they are priced per input token.
+    embedding_models = frozenset(
+        Model.objects.filter(kind=ModelKind.EMBEDDING).values_list("pk", flat=True)
+    )
     for period in periods(query.start, query.end, query.group_by):
         priced = [
             (p, assumed)
@@ -330,7 +334,10 @@ def usage_report(query: ReportQuery, *, now: datetime) -> Report:
         ]
         counted = usage.get(period.label, [])
         costs = allocate(
-            [p for p, _ in priced], [t for t, _ in counted], weights=weights
+            [p for p, _ in priced],
+            [t for t, _ in counted],
+            weights=weights,
+            input_priced=embedding_models,
         )
         counts_of = {
             (t.team, t.model, t.version, t.region): counts for t, counts in counted
@@ -386,6 +393,7 @@ def _add_period(
                     "gpu_hour_usd": pool.gpu_hour_usd,
                     "usd": _usd(pool.usd),
                     "tokens_per_s_per_replica": pool.tokens_per_s,
+                    "priced_by": cost.priced_by,
                     "capacity_is_assumed": assumed[
                         (pool.time.model, pool.time.version, pool.time.region)
                     ],
@@ -424,6 +432,8 @@ def _version_summary(period: Period, cost: VersionCost) -> dict[str, Any]:
         "usd": _usd(cost.usd),
         "gpu_hours": round(cost.gpu_hours, 6),
         "output_tokens": cost.output_tokens,
+        "priced_by": cost.priced_by,
+        "priced_tokens": cost.priced_tokens,
         "utilisation": None if cost.utilisation is None else round(cost.utilisation, 6),
         "teams_usd": _usd(cost.teams_usd),
         "idle_usd": _usd(cost.idle_usd),

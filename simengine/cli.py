@@ -164,6 +164,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=384,
         help="Length of the vectors /v1/embeddings answers (--runner pooling).",
     )
+    add(
+        "--sim-embedding-random",
+        action="store_true",
+        help="Answer /v1/embeddings with vectors as meaningless as noise (a broken "
+        "embedding model) instead of a hashed bag of the input's tokens.",
+    )
     add("--sim-profile", choices=sorted(PROFILES), default="a100-8b")
     for name, flag in PROFILE_FLAGS.items():
         add(
@@ -365,6 +371,7 @@ def options_from_args(args: argparse.Namespace) -> tuple[SimOptions, Faults]:
         enable_metrics=not is_sglang or args.enable_metrics,
         runner="pooling" if args.runner == "pooling" else "generate",
         embedding_dim=args.sim_embedding_dim,
+        is_embedding_random=args.sim_embedding_random,
     )
     faults = Faults(
         crash_after_tokens=args.sim_crash_after_tokens,

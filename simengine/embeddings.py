@@ -14,7 +14,12 @@ Vectors are deterministic: a function of the input's token ids (the stand-in
 tokenizer ``simengine.domain.tokens`` for text), ``--sim-embedding-dim`` long,
 of unit L2 norm, and already float32 values, so ``encoding_format: base64``
 (little-endian float32, as vLLM's default ``embed_dtype``/``endianness``) decodes
-to exactly the floats the JSON answer carries.
+to exactly the floats the JSON answer carries. They mean something, as a real
+model's do: a hashed bag of the input's tokens (each token id adds a signed 1 at
+two hashed positions), normalized, so texts that share words lie close and the
+embedding eval gate's retrieval probes pass. ``--sim-embedding-random`` answers
+a vector seeded by the ids instead, as meaningless as noise (a broken model: the
+gate must refuse it).
 
 The performance model is a batcher: waiting requests go to the engine together
 (up to ``max_num_seqs``), and a batch takes ``BATCH_BASE_MS`` plus
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import hashlib
 import math
 import random
@@ -113,11 +119,41 @@ def parse_inputs(value: Any, max_model_len: int) -> list[list[int]]:
     return [ids for ids, _ in prompts]
 
 
-def embedding_vector(ids: Sequence[int], dim: int) -> list[float]:
-    """Return a unit-norm vector of ``dim`` float32 values seeded by ``ids``."""
+def _random_vector(ids: Sequence[int], dim: int) -> list[float]:
     digest = hashlib.blake2b(struct.pack(f"<{len(ids)}q", *ids), digest_size=8)
     rng = random.Random(int.from_bytes(digest.digest(), "little"))
-    raw = [rng.gauss(0.0, 1.0) for _ in range(dim)]
+    return [rng.gauss(0.0, 1.0) for _ in range(dim)]
+
+
+@functools.lru_cache(maxsize=65536)
+def _token_slots(token_id: int, dim: int) -> tuple[tuple[int, float], ...]:
+    """Return the two (position, sign) pairs token ``token_id`` adds to."""
+    digest = hashlib.blake2b(token_id.to_bytes(8, "little", signed=True)).digest()
+    return tuple(
+        (
+            int.from_bytes(digest[i : i + 4], "little") % dim,
+            1.0 if digest[i + 4] & 1 else -1.0,
+        )
+        for i in (0, 8)
+    )
+
+
+def _bag_vector(ids: Sequence[int], dim: int) -> list[float]:
+    raw = [0.0] * dim
+    for token_id in ids:
+        for position, sign in _token_slots(token_id, dim):
+            raw[position] += sign
+    return raw
+
+
+def embedding_vector(
+    ids: Sequence[int], dim: int, *, is_random: bool = False
+) -> list[float]:
+    """Return a unit-norm vector of ``dim`` float32 values for ``ids``: their
+    hashed bag of tokens, or (``is_random``) a vector seeded by them."""
+    raw = _random_vector(ids, dim) if is_random else _bag_vector(ids, dim)
+    if not any(raw):  # no tokens, or ones that cancelled out: still a unit vector
+        raw = _random_vector(ids, dim)
     norm = math.sqrt(sum(x * x for x in raw)) or 1.0
     packed = struct.pack(f"<{dim}f", *(x / norm for x in raw))
     return list(struct.unpack(f"<{dim}f", packed))
@@ -139,8 +175,10 @@ def embedding_response(
     prompts: Sequence[Sequence[int]],
     dim: int,
     encoding_format: str,
+    is_random: bool = False,
 ) -> dict[str, Any]:
-    """Return vLLM's ``EmbeddingResponse`` for ``prompts``."""
+    """Return vLLM's ``EmbeddingResponse`` for ``prompts`` (``embedding_vector``'s
+    vectors)."""
     prompt_tokens = sum(len(ids) for ids in prompts)
     return {
         "id": request_id,
@@ -152,7 +190,8 @@ def embedding_response(
                 "index": index,
                 "object": "embedding",
                 "embedding": encode_embedding(
-                    embedding_vector(ids, dim), encoding_format
+                    embedding_vector(ids, dim, is_random=is_random),
+                    encoding_format,
                 ),
             }
             for index, ids in enumerate(prompts)

@@ -135,6 +135,8 @@ class SimOptions:
     # with vectors of embedding_dim (--sim-embedding-dim) floats.
     runner: str = "generate"
     embedding_dim: int = 384
+    # --sim-embedding-random: vectors seeded by the input, meaning nothing.
+    is_embedding_random: bool = False
 
 
 @dataclass(slots=True)

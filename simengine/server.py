@@ -337,6 +337,7 @@ class SimApp:
             prompts=prompts,
             dim=self.options.embedding_dim,
             encoding_format=encoding_format,
+            is_random=self.options.is_embedding_random,
         )
         await _respond(send, 200, _json_bytes(answer))
 

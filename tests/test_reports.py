@@ -22,8 +22,9 @@ from metering.domain.cost import TokenWeights
 from metering.models import Usage
 from metering.reports import TOKEN_FIELDS, report_query, usage_report
 from metering.roles import FINANCE_GROUP
+from models_registry import services as registry_services
 from models_registry.models import ModelVersion
-from tests.factories import ReplicaFactory
+from tests.factories import VERSION_BODY, ReplicaFactory, accept
 
 pytestmark = pytest.mark.django_db
 
@@ -115,6 +116,72 @@ def test_the_month_is_priced_by_the_cost_model(month: dict[str, Any]) -> None:
     assert report["totals"] | {} == report["totals"]  # a plain dict
     for field in TOKEN_FIELDS:
         assert report["totals"][field] == november_totals()[field]
+
+
+def test_a_chat_and_an_embedding_team_are_each_priced_by_their_tokens(
+    month: dict[str, Any],
+) -> None:
+    """GIVEN November's chat month and an embedding model's replica (1 GPU,
+    measured at 50,000 input tokens/s) serving the same hour, half busy with a
+    RAG team's 90 million input tokens (0 output tokens, as every embedding
+    request) WHEN the month is reported THEN the embedding version is priced per
+    input token: the RAG team pays half the GPU-hour, its cost per million is
+    over input tokens, and the chat version's figures are as before."""
+    registry_services.create_model(
+        model_id="embed-small", kind="embedding", dimensions=384, max_input_tokens=512
+    )
+    embed = accept(
+        registry_services.register_version(
+            model_id="embed-small",
+            **{**VERSION_BODY, "engine_config": {"runner": "pooling"}},
+        )
+    )
+    ModelVersion.objects.filter(pk=embed.pk).update(load_test_tokens_per_s=50_000.0)
+    rag = accounts_services.create_team(team_id="rag", name="RAG")
+    with time_machine.travel(NOV, tick=False):
+        replica = ReplicaFactory.create(version=embed, state="serving")
+    with time_machine.travel(NOV + timedelta(hours=1), tick=False):
+        Replica.objects.filter(pk=replica.pk).update(state="gone")
+    Usage.objects.create(
+        team=rag,
+        model_id="embed-small",
+        version=embed,
+        region="local",
+        minute=NOV + timedelta(minutes=3),
+        requests=1000,
+        prompt_tokens=90_000_000,
+        output_tokens=0,
+    )
+
+    query = report_query({"from": "2026-11", "to": "2026-11"}, now=NOW)
+    report = usage_report(query, now=NOW).as_dict()
+
+    versions = {v["model"]: v for v in report["versions"]}
+    chat, embedding = versions["chat-7b"], versions["embed-small"]
+    assert (chat["priced_by"], chat["priced_tokens"]) == ("output", 4_500_000)
+    assert round(chat["usd_per_million_tokens"], 2) == 0.56
+    assert (embedding["priced_by"], embedding["priced_tokens"]) == (
+        "input",
+        90_000_000,
+    )
+    assert embedding["output_tokens"] == 0
+    assert embedding["utilisation"] == pytest.approx(0.5)
+    # 2.50 USD / (50,000 x 3600 x 0.5 / 1e6): 0.0278 per million input tokens.
+    assert embedding["usd_per_million_tokens"] == pytest.approx(2.50 / 90, abs=1e-6)
+    assert embedding["usd_per_million_tokens_at_full"] == pytest.approx(
+        2.50 / 180, abs=1e-6
+    )
+    rows = {(r["team"], r["model"]): r for r in report["data"]}
+    assert rows[("rag", "embed-small")]["usd"] == pytest.approx(1.25)
+    assert rows[("rag", "embed-small")]["weighted_tokens"] == 90_000_000
+    assert {p["model"]: p["priced_by"] for p in report["pools"]} == {
+        "chat-7b": "output",
+        "embed-small": "input",
+    }
+    idle = {r["model"]: r["usd"] for r in report["idle"]}
+    assert idle["embed-small"] == pytest.approx(1.25)
+    assert report["totals"]["gpu_usd"] == pytest.approx(5.00)
+    assert report["totals"]["usd"] + report["totals"]["idle_usd"] == pytest.approx(5.00)
 
 
 def test_a_finance_token_downloads_the_month_as_csv(month: dict[str, Any]) -> None:

@@ -108,3 +108,29 @@ def test_silent_replicas_are_those_past_the_missed_beat_window(pool: Pool) -> No
     assert figures.silent_replicas == 3
     assert figures.gpus == 5
     assert REGISTRY.get_sample_value("platform_pool_silent_replicas", POOL) == 3
+
+
+def test_an_embedding_pool_costs_per_million_input_tokens(
+    settings: Settings,
+) -> None:
+    """An embedding version's load test measured input tokens/s: its pool's
+    figure at full is per million input tokens (1 GPU at 2.50 USD embedding
+    50,000 tokens a second: 0.0139)."""
+    registry_services.create_model(
+        model_id="embed-small", kind="embedding", dimensions=384, max_input_tokens=512
+    )
+    version = registry_services.register_version(
+        model_id="embed-small",
+        **{**version_body(), "engine_config": {"runner": "pooling"}},
+    )
+    ModelVersion.objects.filter(pk=version.pk).update(load_test_tokens_per_s=50_000.0)
+    Pool.objects.create(model_id="embed-small", version=version, region=REGION)
+    replica(version, "serving", beat_s_ago=0.5)
+
+    (figures,) = [f for f in pool_cost_figures() if f.model == "embed-small"]
+    assert figures.usd_per_million_tokens_at_full == pytest.approx(2.50 / 180)
+    value = REGISTRY.get_sample_value
+    assert value(
+        "platform_pool_usd_per_million_tokens_at_full",
+        {"model": "embed-small", "version": version.version, "region": REGION},
+    ) == pytest.approx(2.50 / 180)

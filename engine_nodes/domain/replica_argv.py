@@ -55,7 +55,11 @@ never reach vLLM: ``sim_profile`` (its performance profile), ``sim_quality``
 version measurably fails the eval gate) and ``sim_ttft_factor`` (at least 1: its
 first tokens reach clients that many times later, ``--sim-ttft-factor``, so a slow
 canary measurably trips a TTFT guard) and ``sim_degraded`` (a boolean: every
-answer is a short refusal, ``--sim-degraded``, a broken chat template).
+answer is a short refusal, ``--sim-degraded``, a broken chat template) and
+``sim_embedding_random`` (a boolean: an embedding replica's vectors mean
+nothing, ``--sim-embedding-random``, so a broken embedding model measurably fails
+the eval gate). ``latency_target_ms`` is the platform's own (an embedding
+version's load-test latency target) and reaches no engine either.
 
 Tool calls: ``tool_call_parser`` names the engine's parser of the model's tool-call
 format (vLLM's ``hermes``, ``llama3_json``, ``mistral``...; SGLang's ``qwen25``,
@@ -130,7 +134,11 @@ _RESTATABLE = frozenset(
     }
 )
 # Consumed by the fixed part of the argv (engine, precision and prefix caching).
-_CONSUMED_KEYS = frozenset({"engine", "dtype", "quantization", "enable_prefix_caching"})
+# ``latency_target_ms`` is the platform's: the latency an embedding version's
+# load-test gate measures its capacity at (``control.embedding_gates``).
+_CONSUMED_KEYS = frozenset(
+    {"engine", "dtype", "quantization", "enable_prefix_caching", "latency_target_ms"}
+)
 # SGLang's flags the platform owns, besides RESERVED_KEYS (spelled as SGLang's
 # server_args fields): the model path, tensor parallelism, metrics, the cache report
 # that usage's cached_tokens needs, and the file the API key comes from.
@@ -480,7 +488,16 @@ def _sim_flags(spec: ReplicaSpec, profile: str) -> list[str]:
         argv.extend(["--sim-ttft-factor", repr(ttft_factor)])
     if sim_degraded_for(spec):
         argv.append("--sim-degraded")
+    if _sim_bool(spec, "sim_embedding_random"):
+        argv.append("--sim-embedding-random")
     return argv
+
+
+def _sim_bool(spec: ReplicaSpec, key: str) -> bool:
+    value = spec.engine_config.get(key, False)
+    if not isinstance(value, bool):
+        raise ValueError(f"{key} {value!r} is not a boolean")
+    return value
 
 
 def sim_profile_for(spec: ReplicaSpec, *, default: str = DEFAULT_SIM_PROFILE) -> str:

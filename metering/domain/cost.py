@@ -23,6 +23,15 @@ bills (seed: 0.28 USD per million output tokens when full, 0.56 when half busy).
 Capacity is measured in output tokens at the load test's mix of prompts, so a pool
 full at a prompt-heavy mix reads 1 (capped) a little before it is.
 
+**An embedding model is priced per input token.** Its replicas make no output
+tokens: the load test measures their capacity in input tokens per second, so
+its pools' capacity is serving time x input tokens/s, each input token weighs 1
+in the split (its requests are never cached: every token is embedded), and its
+cost per million is per million input tokens: GPU cost per hour / (input tokens/s
+x 3600 x utilisation). ``allocate`` prices the models named in
+``input_priced`` so (``VersionCost.priced_by``); every other model per output
+token as above.
+
 Usage is metered per team, model, version, region and minute, so the split is per
 version and region: each region's tokens pay for that region's pools, at that
 region's GPU-hour price, and each region's idle part is its own.
@@ -31,11 +40,13 @@ region's GPU-hour price, and each region's idle part is its own.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 __all__ = [
+    "INPUT",
+    "OUTPUT",
     "PoolCost",
     "PoolTime",
     "Span",
@@ -58,6 +69,11 @@ _MILLION = 1_000_000.0
 # tokens. ``gone`` holds nothing.
 HOLDING_STATES = frozenset({"starting", "loading", "serving", "stalled", "draining"})
 SERVING_STATE = "serving"
+
+# What a model's tokens are priced by: output tokens (chat), or input tokens
+# (embeddings, which make none).
+OUTPUT = "output"
+INPUT = "input"
 
 # A pool: model, version and region.
 _PoolKey = tuple[str, str, str]
@@ -122,7 +138,8 @@ def replica_tokens_per_s(
 def usd_per_million_at_full(
     *, gpus_per_replica: int, gpu_hour_usd: float, tokens_per_s: float
 ) -> float:
-    """Return USD per million output tokens of a replica kept full.
+    """Return USD per million tokens of a replica kept full, in the unit of
+    ``tokens_per_s`` (output tokens for chat, input tokens for embeddings).
 
     Seed: 1 GPU at 2.50 USD making 2,500 tokens a second, 9 million an hour: 0.28.
     """
@@ -131,11 +148,12 @@ def usd_per_million_at_full(
     return gpus_per_replica * gpu_hour_usd / (tokens_per_s * 3600.0 / _MILLION)
 
 
-def usd_per_million(*, usd: float, output_tokens: int) -> float | None:
-    """Return USD per million output tokens actually made; None without tokens."""
-    if output_tokens <= 0:
+def usd_per_million(*, usd: float, tokens: int) -> float | None:
+    """Return USD per million tokens actually made (output, or input for an
+    embedding model); None without tokens."""
+    if tokens <= 0:
         return None
-    return usd / (output_tokens / _MILLION)
+    return usd / (tokens / _MILLION)
 
 
 # -- GPU time from the replicas' state history -----------------------------------------
@@ -219,7 +237,8 @@ class PoolCost:
     """One pool's GPU time with what it costs and what it could have made.
 
     ``tokens_per_s`` is one serving replica's capacity in output tokens per
-    second; ``gpu_hour_usd`` the price in the pool's region.
+    second (input tokens for an embedding model); ``gpu_hour_usd`` the price in
+    the pool's region.
     """
 
     time: PoolTime
@@ -271,8 +290,10 @@ class VersionCost:
     """One version's cost in one region over the period.
 
     ``usd`` = ``teams_usd`` + ``idle_usd``. ``utilisation`` is the weighted tokens
-    over the capacity, None when no replica served (nothing to measure against). ``usd_per_million_tokens`` is
-    the cost over the output tokens made (None without tokens);
+    over the capacity, None when no replica served (nothing to measure against).
+    ``priced_by`` is ``OUTPUT`` or ``INPUT`` (an embedding model), and
+    ``priced_tokens`` the tokens of that kind made. ``usd_per_million_tokens`` is
+    the cost over the priced tokens (None without tokens);
     ``usd_per_million_tokens_at_full`` what it would have been with every serving
     second used (None without serving time).
     """
@@ -291,6 +312,8 @@ class VersionCost:
     idle_usd: float
     usd_per_million_tokens: float | None
     usd_per_million_tokens_at_full: float | None
+    priced_by: str = OUTPUT
+    priced_tokens: int = 0
 
 
 def allocate(
@@ -298,6 +321,7 @@ def allocate(
     usage: Sequence[TeamTokens],
     *,
     weights: TokenWeights,
+    input_priced: Collection[str] = frozenset(),
 ) -> list[VersionCost]:
     """Split each version's GPU cost in each region between the teams that used it
     there, the rest on an idle line.
@@ -306,7 +330,9 @@ def allocate(
     a region that costs more bills more per token. Tokens of a version with no GPU
     time in their region in the period (its replicas were started before and
     their history is missing, or the usage is late) cost nothing here and still
-    appear, with ``usd`` 0, so the token totals stay whole.
+    appear, with ``usd`` 0, so the token totals stay whole. The models in
+    ``input_priced`` (embedding models) are priced per input token: each of
+    their prompt tokens weighs 1 against a capacity in input tokens.
     """
     by_pool: dict[_PoolKey, list[PoolCost]] = defaultdict(list)
     for pool in pools:
@@ -322,14 +348,19 @@ def allocate(
         usd = sum(p.usd for p in its_pools)
         capacity = sum(p.capacity_tokens for p in its_pools)
         output = sum(r.output_tokens for r in its_usage)
-        weighted = [
-            weights.of(
-                prompt_tokens=r.prompt_tokens,
-                cached_tokens=r.cached_tokens,
-                output_tokens=r.output_tokens,
-            )
-            for r in its_usage
-        ]
+        if model in input_priced:
+            priced_by, priced = INPUT, sum(r.prompt_tokens for r in its_usage)
+            weighted = [float(r.prompt_tokens) for r in its_usage]
+        else:
+            priced_by, priced = OUTPUT, output
+            weighted = [
+                weights.of(
+                    prompt_tokens=r.prompt_tokens,
+                    cached_tokens=r.cached_tokens,
+                    output_tokens=r.output_tokens,
+                )
+                for r in its_usage
+            ]
         total_weight = sum(weighted)
         utilisation = None if capacity <= 0 else min(1.0, total_weight / capacity)
         # Tokens with GPU time but no serving time to compare with (history that
@@ -368,8 +399,10 @@ def allocate(
                 teams=teams,
                 teams_usd=teams_usd,
                 idle_usd=max(0.0, usd - teams_usd),
-                usd_per_million_tokens=usd_per_million(usd=usd, output_tokens=output),
+                usd_per_million_tokens=usd_per_million(usd=usd, tokens=priced),
                 usd_per_million_tokens_at_full=at_full,
+                priced_by=priced_by,
+                priced_tokens=priced,
             )
         )
     return costs

@@ -105,6 +105,9 @@ class GateConfigSerializer(serializers.Serializer):
     min_kappa = serializers.FloatField(required=False)
     min_labels = serializers.IntegerField(required=False)
     load_test = serializers.DictField(child=serializers.FloatField(), required=False)
+    # An embedding model's (models_registry.domain.embedding_eval).
+    min_retrieval_accuracy = serializers.FloatField(required=False)
+    embedding_normalized = serializers.BooleanField(required=False)
 
 
 class VersionSerializer(serializers.Serializer):

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from models_registry.domain.embedding_eval import DEFAULT_MIN_RETRIEVAL_ACCURACY
 from models_registry.domain.eval_gate import CATEGORIES
 from models_registry.domain.identity import VersionStatus, is_valid_model_name
 
@@ -140,7 +141,10 @@ class GateConfig:
     metrics only). ``load_test`` overrides the load-test gate's step settings
     (``start_tokens_per_s``, ``step_tokens_per_s``, ``max_tokens_per_s``,
     ``warmup_s``, ``duration_s``, ``drain_s``, ``stop_after_failures``), as
-    positive numbers.
+    positive numbers. An embedding model's gates read ``min_retrieval_accuracy``
+    (the share of retrieval probes its eval must pass) and
+    ``embedding_normalized`` (whether its vectors must be of unit length), and of
+    ``load_test`` only ``warmup_s``, ``duration_s`` and ``stop_after_failures``.
     """
 
     eval_set_uri: str = ""
@@ -151,6 +155,8 @@ class GateConfig:
     min_kappa: float = 0.6
     min_labels: int = 20
     load_test: Mapping[str, float] = field(default_factory=dict)
+    min_retrieval_accuracy: float = DEFAULT_MIN_RETRIEVAL_ACCURACY
+    embedding_normalized: bool = True
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -160,6 +166,8 @@ class GateConfig:
             "min_kappa": self.min_kappa,
             "min_labels": self.min_labels,
             "load_test": dict(self.load_test),
+            "min_retrieval_accuracy": self.min_retrieval_accuracy,
+            "embedding_normalized": self.embedding_normalized,
         }
 
 
@@ -176,7 +184,7 @@ LOAD_TEST_KEYS = frozenset(
 )
 _KEYS = frozenset(
     {"eval_set_uri", "judge_model", "thresholds", "min_kappa", "min_labels"}
-    | {"load_test"}
+    | {"load_test", "min_retrieval_accuracy", "embedding_normalized"}
 )
 
 
@@ -242,6 +250,14 @@ def parse_gate_config(raw: object) -> tuple[GateConfig, list[str]]:
             problems.append(f"load_test: {key} must be a positive number")
         else:
             load_test[key] = number
+    accuracy = _number(raw.get("min_retrieval_accuracy", base.min_retrieval_accuracy))
+    if accuracy is None or not 0.0 < accuracy <= 1.0:
+        problems.append("min_retrieval_accuracy: must be a number in (0, 1]")
+        accuracy = base.min_retrieval_accuracy
+    normalized = raw.get("embedding_normalized", base.embedding_normalized)
+    if not isinstance(normalized, bool):
+        problems.append("embedding_normalized: must be true or false")
+        normalized = base.embedding_normalized
     config = GateConfig(
         eval_set_uri=eval_set_uri,
         judge_model=judge,
@@ -249,5 +265,7 @@ def parse_gate_config(raw: object) -> tuple[GateConfig, list[str]]:
         min_kappa=kappa,
         min_labels=labels,
         load_test=load_test,
+        min_retrieval_accuracy=accuracy,
+        embedding_normalized=normalized,
     )
     return config, problems

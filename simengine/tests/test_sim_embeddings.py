@@ -191,3 +191,24 @@ def test_sim_counts_embedded_prompts_as_vllms_pooling_server(
     assert _sample(metrics, "vllm:request_success_total", finished_reason="stop") == 2
     assert _sample(metrics, "vllm:e2e_request_latency_seconds_count") == 2
     assert _sample(metrics, "vllm:generation_tokens_total") == 0
+
+
+def test_vectors_of_texts_that_share_words_lie_closer() -> None:
+    def vector(text: str, *, is_random: bool = False) -> list[float]:
+        ids = embeddings.parse_inputs(text, 256)[0]
+        return embeddings.embedding_vector(ids, 384, is_random=is_random)
+
+    def cosine(a: list[float], b: list[float]) -> float:
+        return sum(x * y for x, y in zip(a, b, strict=True))
+
+    query = "How do I reset my account password?"
+    related = "To reset your account password, open settings."
+    unrelated = "Penguins huddle together through the polar winter."
+    assert cosine(vector(query), vector(related)) > 0.3
+    assert cosine(vector(query), vector(related)) > cosine(
+        vector(query), vector(unrelated)
+    )
+    noise = [vector(t, is_random=True) for t in (query, related)]
+    assert abs(cosine(*noise)) < 0.3
+    assert math.isclose(math.sqrt(cosine(noise[0], noise[0])), 1.0, rel_tol=1e-5)
+    assert math.isclose(math.sqrt(cosine(vector(""), vector(""))), 1.0, rel_tol=1e-5)

@@ -577,3 +577,23 @@ def test_sim_replica_argv_passes_sim_degraded_and_never_to_vllm() -> None:
 def test_sim_degraded_must_be_a_boolean(value: object) -> None:
     with pytest.raises(ValueError, match="not a boolean"):
         sim_replica_argv(make_spec(engine_config={"sim_degraded": value}))
+
+
+def test_sim_embedding_random_reaches_the_simulator_and_never_vllm() -> None:
+    spec = make_spec(
+        weights_dir="",
+        engine_config={"runner": "pooling", "sim_embedding_random": True},
+    )
+    argv = sim_replica_argv(spec)
+    assert "--sim-embedding-random" in argv
+    options, _ = options_from_args(build_parser().parse_args(argv[3:]))
+    assert options.is_embedding_random is True
+    assert "--sim-embedding-random" not in sim_replica_argv(make_spec())
+    with pytest.raises(ValueError, match="not a boolean"):
+        sim_replica_argv(make_spec(engine_config={"sim_embedding_random": "yes"}))
+
+
+def test_the_latency_target_is_the_platforms_and_reaches_no_engine() -> None:
+    target = make_spec(engine_config={"latency_target_ms": 250})
+    assert vllm_serve_argv(target) == vllm_serve_argv(make_spec())
+    assert sim_replica_argv(target) == sim_replica_argv(make_spec())

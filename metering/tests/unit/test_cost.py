@@ -228,3 +228,50 @@ def test_a_replica_without_a_measurement_is_assumed() -> None:
     assert replica_tokens_per_s(None, assumed=2500.0) == (2500.0, True)
     # A measured 0 is no measurement, as the autoscaler reads it.
     assert replica_tokens_per_s(0.0, assumed=2500.0) == (2500.0, True)
+
+
+def test_an_embedding_pool_is_priced_per_input_token() -> None:
+    """GIVEN a chat pool and an embedding pool of one GPU-hour each (2.50 USD),
+    the embedding replica measured at 50,000 input tokens/s WHEN a team embeds
+    90 million tokens (half the capacity) and another chats THEN the embedding
+    team pays for its input tokens at the full-pool price, the idle half is its
+    own line, and the cost per million is over input tokens."""
+    embed_time = PoolTime(
+        model="embed",
+        version="v1",
+        region="east",
+        held_s=HOUR,
+        serving_s=HOUR,
+        gpu_s=HOUR,
+    )
+    embed_pool = PoolCost(
+        time=embed_time, gpus_per_replica=1, gpu_hour_usd=2.50, tokens_per_s=50_000.0
+    )
+    embedded = TeamTokens(
+        team="rag",
+        model="embed",
+        version="v1",
+        region="east",
+        prompt_tokens=90_000_000,
+        cached_tokens=0,
+        output_tokens=0,
+    )
+    chat, embed = allocate(
+        [seed_pool(), embed_pool],
+        [tokens("a", 4_500_000), embedded],
+        weights=TokenWeights(),
+        input_priced={"embed"},
+    )
+    assert (chat.priced_by, chat.priced_tokens) == ("output", 4_500_000)
+    assert chat.utilisation == pytest.approx(0.5)
+    assert (embed.priced_by, embed.priced_tokens) == ("input", 90_000_000)
+    assert embed.capacity_tokens == 180_000_000
+    assert embed.utilisation == pytest.approx(0.5)
+    assert embed.teams[0].usd == pytest.approx(1.25)
+    assert embed.idle_usd == pytest.approx(1.25)
+    # 2.50 USD / (50,000 x 3600 / 1e6) at full; twice that at half.
+    assert embed.usd_per_million_tokens_at_full == pytest.approx(2.50 / 180)
+    assert embed.usd_per_million_tokens == pytest.approx(2.50 / 90)
+    # Priced per output token instead, 0 output tokens would bill it nothing.
+    (as_chat,) = allocate([embed_pool], [embedded], weights=TokenWeights())
+    assert as_chat.usd_per_million_tokens is None
