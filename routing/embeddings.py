@@ -23,29 +23,19 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
-from config.json_body import BodyError
 from routing.domain.embedding_body import check_embedding_body
-from routing.domain.routing_key import routing_key
 from routing.domain.snapshot import ConfigSnapshot
-from routing.domain.tiers import parse_tier
 from routing.plan import (
-    _DEFAULT_MAX_MODEL_LEN,
     ChatPlan,
     GatewaySettings,
-    _bad_body,
-    _header,
-    _resolve_for_team,
+    opening_messages,
+    plan_upstream_body,
+    start_plan,
 )
 from routing.prompt_tokens import VersionCounters
 from routing.responses import FinalUsage, GatewayError
 
 __all__ = ["embedding_answer", "plan_embedding"]
-
-# Body fields the gateway sets itself; everything else passes to the engine.
-_GATEWAY_FIELDS = {"model", "stream", "priority"}
-# A request's routing key hashes this much of its first input.
-_KEY_CHARS = 1024
-_KEY_TOKENS = 256
 
 
 async def plan_embedding(
@@ -65,27 +55,18 @@ async def plan_embedding(
     Raises:
         GatewayError: the request cannot be served as asked (see the module).
     """
-    try:
-        tier = parse_tier(_header(headers, b"x-priority"))
-    except ValueError as exc:
-        raise GatewayError(400, str(exc), param="x-priority") from None
-    try:
-        checked = check_embedding_body(body)
-    except BodyError as exc:
-        raise _bad_body(exc) from None
-    first = checked.inputs[0]
-    opening = (
-        first[:_KEY_CHARS]
-        if isinstance(first, str)
-        else json.dumps(first[:_KEY_TOKENS])
+    checked, opening = start_plan(
+        check_embedding_body,
+        lambda checked: opening_messages(checked.inputs[0]),
+        snapshot=snapshot,
+        settings=settings,
+        team=team,
+        headers=headers,
+        body=body,
+        rng=rng,
+        kind="embedding",
     )
-    key = routing_key(
-        _header(headers, b"x-conversation-id"),
-        [{"role": "user", "content": opening}],
-    )
-    resolution, limit = _resolve_for_team(
-        snapshot, settings, team, checked.model, key, rng, kind="embedding"
-    )
+    resolution = opening.resolution
     record = snapshot.models[resolution.model]
     if checked.dimensions is not None and checked.dimensions > record.dimensions:
         raise GatewayError(
@@ -93,11 +74,8 @@ async def plan_embedding(
             f"dimensions may be at most {record.dimensions} for {resolution.model}",
             param="dimensions",
         )
-    version = snapshot.versions.get((resolution.model, resolution.version))
-    longest = record.max_input_tokens or (
-        version.max_model_len if version else _DEFAULT_MAX_MODEL_LEN
-    )
-    counts = await counters.count_prompts(version, checked.inputs)
+    longest = record.max_input_tokens or opening.max_model_len
+    counts = await counters.count_prompts(opening.version, checked.inputs)
     for index, count in enumerate(counts):
         if count > longest:
             raise GatewayError(
@@ -107,22 +85,18 @@ async def plan_embedding(
                 param="input",
                 code="context_length_exceeded",
             )
-    upstream_body = {k: v for k, v in body.items() if k not in _GATEWAY_FIELDS}
-    upstream_body["model"] = resolution.model
-    if version is not None and version.priority_scheduling:
-        upstream_body["priority"] = tier.rank
     return ChatPlan(
         request_id=f"embd-{secrets.token_hex(12)}",
         team=team,
         model_ref=checked.model,
         resolution=resolution,
-        tier=tier,
-        limit=limit,
+        tier=opening.tier,
+        limit=opening.limit,
         prompt_tokens=sum(counts),
         max_tokens=0,
         stream=False,
-        routing_key=key,
-        payload=json.dumps(upstream_body).encode(),
+        routing_key=opening.routing_key,
+        payload=plan_upstream_body(body, opening, "embeddings"),
         started_at=started_at,
         batch_key=batch_key,
         surface="embeddings",

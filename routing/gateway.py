@@ -55,14 +55,13 @@ from routing.plan import (
     plan_chat,
     plan_completion,
     plan_response,
-    plan_tokenize,
     team_limit,
 )
 from routing.region_limits import RegionLimits
 from routing.relay import EVENT_END
 from routing.responses import ClientGone, GatewayError, respond
 from routing.snapshots import SnapshotHolder
-from routing.tokenize import TokenizeProxy
+from routing.tokenize import TokenizeProxy, plan_tokenize
 from routing.upstream import Upstream
 
 logger = logging.getLogger(__name__)
