@@ -1,6 +1,6 @@
 """``/v1/embeddings``: its plan, and its answer built from the engine's.
 
-Public surface: ``plan_embedding``, ``embedding_answer``.
+Public surface: ``plan_embedding``, ``embedding_answer``, ``longest_input``.
 
 An embeddings request is planned as a ``ChatPlan`` of surface ``embeddings`` and
 served by chat's pipeline (admission, routing, metering): it is charged its input
@@ -24,8 +24,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from routing.domain.embedding_body import check_embedding_body
-from routing.domain.snapshot import ConfigSnapshot
+from routing.domain.snapshot import ConfigSnapshot, ModelRecord, VersionRecord
 from routing.plan import (
+    DEFAULT_MAX_MODEL_LEN,
     ChatPlan,
     GatewaySettings,
     opening_messages,
@@ -35,7 +36,7 @@ from routing.plan import (
 from routing.prompt_tokens import VersionCounters
 from routing.responses import FinalUsage, GatewayError
 
-__all__ = ["embedding_answer", "plan_embedding"]
+__all__ = ["embedding_answer", "longest_input", "plan_embedding"]
 
 
 async def plan_embedding(
@@ -74,7 +75,7 @@ async def plan_embedding(
             f"dimensions may be at most {record.dimensions} for {resolution.model}",
             param="dimensions",
         )
-    longest = record.max_input_tokens or opening.max_model_len
+    longest = longest_input(record, opening.version)
     counts = await counters.count_prompts(opening.version, checked.inputs)
     for index, count in enumerate(counts):
         if count > longest:
@@ -100,6 +101,14 @@ async def plan_embedding(
         started_at=started_at,
         batch_key=batch_key,
         surface="embeddings",
+    )
+
+
+def longest_input(record: ModelRecord, version: VersionRecord | None) -> int:
+    """Return the most tokens one input of an embedding model may take: the
+    model's ``max_input_tokens``, else its version's context."""
+    return record.max_input_tokens or (
+        version.max_model_len if version else DEFAULT_MAX_MODEL_LEN
     )
 
 

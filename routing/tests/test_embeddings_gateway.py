@@ -11,6 +11,7 @@ and charged.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import struct
 from collections.abc import Iterator
 from typing import Any
@@ -23,12 +24,15 @@ from aiohttp import web
 from localrun.processes import free_port
 from metering.domain.usage import UsageCounts
 from routing.domain.admission_control import Ticket
+from routing.embeddings import longest_input
+from routing.plan import DEFAULT_MAX_MODEL_LEN
 from routing.prompt_tokens import STAND_IN
 from routing.tests.embedded_gateway import (
     EMBEDDING_MODEL,
     MODEL,
     TEAM_KEY,
     EmbeddedGateway,
+    _snapshot,
 )
 
 DIMENSIONS = 4
@@ -199,6 +203,55 @@ def test_the_answer_says_who_served_it(
     )
     assert body["replica_id"] == f"{EMBEDDING_MODEL}-v1-embedded-0"
     assert body["usage"] == {"prompt_tokens": 3, "total_tokens": 3}
+
+
+def test_models_says_each_models_kind_and_an_embedding_models_sizes(
+    served: tuple[EmbeddedGateway, Replica],
+) -> None:
+    gateway, _ = served
+
+    async def listed() -> list[Any]:
+        transport = httpx2.ASGITransport(app=gateway.app)
+        async with httpx2.AsyncClient(
+            transport=transport, base_url="http://127.0.0.1"
+        ) as http:
+            client = openai.AsyncOpenAI(
+                api_key=TEAM_KEY, base_url="http://127.0.0.1/v1", http_client=http
+            )
+            return [model async for model in client.models.list()]
+
+    models = {model.id: model for model in gateway.loop.run_until_complete(listed())}
+    assert sorted(models) == sorted([EMBEDDING_MODEL, MODEL])
+    chat, embedder = models[MODEL], models[EMBEDDING_MODEL]
+    assert (chat.object, chat.owned_by) == ("model", "platform")
+    assert chat.model_extra == {"live_version": "v1", "kind": "chat"}
+    assert embedder.model_extra == {
+        "live_version": "v1",
+        "kind": "embedding",
+        "dimensions": DIMENSIONS,
+        "max_input_tokens": 32,
+    }
+
+
+@pytest.mark.parametrize(
+    ("max_input_tokens", "max_model_len", "longest"),
+    [(32, 8192, 32), (0, 512, 512), (0, None, DEFAULT_MAX_MODEL_LEN)],
+)
+def test_the_longest_input_is_the_models_else_its_versions_context(
+    max_input_tokens: int, max_model_len: int | None, longest: int
+) -> None:
+    snapshot = _snapshot(None, embedding=True)
+    record = dataclasses.replace(
+        snapshot.models[EMBEDDING_MODEL], max_input_tokens=max_input_tokens
+    )
+    version = (
+        None
+        if max_model_len is None
+        else dataclasses.replace(
+            snapshot.versions[(EMBEDDING_MODEL, "v1")], max_model_len=max_model_len
+        )
+    )
+    assert longest_input(record, version) == longest
 
 
 def test_an_input_over_the_longest_is_400_and_not_charged(
