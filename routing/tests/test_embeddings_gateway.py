@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import struct
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,7 +24,8 @@ from aiohttp import web
 
 from localrun.processes import free_port
 from metering.domain.usage import UsageCounts
-from routing.domain.admission_control import Ticket
+from routing.domain.admission_control import AdmissionRequest, Ticket
+from routing.domain.tiers import Tier
 from routing.embeddings import longest_input
 from routing.plan import DEFAULT_MAX_MODEL_LEN
 from routing.prompt_tokens import STAND_IN
@@ -94,14 +96,17 @@ class Replica:
 
 @pytest.fixture
 def served(request: pytest.FixtureRequest) -> Iterator[tuple[EmbeddedGateway, Replica]]:
-    replicas = getattr(request, "param", 1)
+    """A gateway and its replica; ``param`` is the number of replicas, or the
+    ``EmbeddedGateway``'s keywords (``embedding_replicas``, limits)."""
+    param = getattr(request, "param", 1)
+    options = param if isinstance(param, dict) else {"embedding_replicas": param}
     replica = Replica()
     app = web.Application()
     app.router.add_post("/v1/embeddings", replica.embed)
     runner = web.AppRunner(app, shutdown_timeout=0.1)
     port = free_port()
     with EmbeddedGateway(
-        f"http://127.0.0.1:{port}", embedding=True, embedding_replicas=replicas
+        f"http://127.0.0.1:{port}", embedding=True, **options
     ) as gateway:
         gateway.loop.run_until_complete(runner.setup())
         site = web.TCPSite(runner, "127.0.0.1", port)
@@ -393,3 +398,105 @@ def test_a_5xx_before_the_body_fails_over_to_the_next_replica(
     assert answer.json()["replica_id"] in ids
     usage = metered(gateway)
     assert (usage.requests, usage.prompt_tokens, usage.output_tokens) == (1, 2, 0)
+
+
+# A team's limits on embed-1 small enough to reach: a token a second.
+TIGHT = {"tokens_per_minute": 60, "max_concurrency": 2}
+LIMIT_KEY = f"alpha:{EMBEDDING_MODEL}"
+
+
+def hold(gateway: EmbeddedGateway, tokens: int) -> Ticket:
+    """Admit another request of the team on embed-1 (``tokens`` charged), as one
+    in flight would be."""
+    snapshot = gateway.snapshots.current
+    assert snapshot is not None
+    return gateway.loop.run_until_complete(
+        gateway.app.chat.admission.admit(
+            AdmissionRequest(
+                team="alpha",
+                model=EMBEDDING_MODEL,
+                version="v1",
+                tier=Tier.STANDARD,
+                prompt_tokens=tokens,
+                max_tokens=0,
+                limit=snapshot.limits[("alpha", EMBEDDING_MODEL)],
+            )
+        )
+    )
+
+
+def bucket_tokens(gateway: EmbeddedGateway) -> float:
+    bucket = gateway.loop.run_until_complete(
+        gateway.buckets.peek(LIMIT_KEY, capacity=60, refill_per_s=1.0, now=time.time())
+    )
+    return bucket.tokens
+
+
+def slots_held(gateway: EmbeddedGateway) -> int:
+    return gateway.loop.run_until_complete(gateway.slots.count(LIMIT_KEY, time.time()))
+
+
+@pytest.mark.parametrize("served", [TIGHT], indirect=True)
+def test_inputs_over_what_the_bucket_holds_are_a_429_that_takes_nothing(
+    served: tuple[EmbeddedGateway, Replica],
+) -> None:
+    """GIVEN another request of the team holds 55 of its 60 tokens a minute,
+    WHEN an embeddings request's inputs count more than the 5 left,
+    THEN it is OpenAI's 429 with Retry-After, no replica sees it, the bucket and
+    slots are as they were, and usage counts one request rate limited, no tokens.
+    """
+    gateway, replica = served
+    inputs = ["one two three four five six", "seven eight nine ten eleven"]
+    counted = sum(STAND_IN.count_prompt(text) for text in inputs)
+    assert 5 + 5 < counted <= 2 * 32  # over what is left, within the model
+    held = hold(gateway, 55)
+    before = bucket_tokens(gateway)
+    with pytest.raises(openai.RateLimitError) as refused:
+        embed(gateway, model=EMBEDDING_MODEL, input=inputs)
+    error = refused.value.body
+    assert isinstance(error, dict)
+    assert (error["type"], error["code"]) == ("rate_limit_error", "rate_limit_exceeded")
+    headers = refused.value.response.headers
+    assert int(headers["retry-after"]) >= 1
+    assert headers["x-ratelimit-limit-tokens"] == "60"
+    assert replica.bodies == []
+    # A token a second refills while the test runs: a few at most, never a charge.
+    assert before - 0.01 <= bucket_tokens(gateway) <= before + 5
+    assert slots_held(gateway) == 1  # the held request's only
+    counts = metered(gateway)
+    assert (counts.requests, counts.rate_limited, counts.prompt_tokens) == (0, 1, 0)
+    gateway.loop.run_until_complete(
+        gateway.app.chat.admission.release(held, used_tokens=55)
+    )
+    assert slots_held(gateway) == 0
+
+
+@pytest.mark.parametrize("served", [TIGHT], indirect=True)
+def test_an_embedding_over_the_concurrency_cap_is_a_429_that_takes_nothing(
+    served: tuple[EmbeddedGateway, Replica],
+) -> None:
+    gateway, replica = served
+    held = [hold(gateway, 1) for _ in range(TIGHT["max_concurrency"])]
+    before = bucket_tokens(gateway)
+    with pytest.raises(openai.RateLimitError) as refused:
+        embed(gateway, model=EMBEDDING_MODEL, input="one two")
+    error = refused.value.body
+    assert isinstance(error, dict)
+    assert (error["type"], error["code"]) == (
+        "rate_limit_error",
+        "concurrency_limit_exceeded",
+    )
+    assert replica.bodies == []
+    assert before - 0.01 <= bucket_tokens(gateway) <= before + 5
+    assert slots_held(gateway) == len(held)
+    assert metered(gateway).rate_limited == 1
+    for ticket in held:
+        gateway.loop.run_until_complete(
+            gateway.app.chat.admission.release(ticket, used_tokens=1)
+        )
+    # Slots free again: the next embedding is served, and metered once.
+    answer = embed(gateway, model=EMBEDDING_MODEL, input="one two")
+    assert answer.status_code == 200
+    assert slots_held(gateway) == 0
+    counts = metered(gateway)
+    assert (counts.requests, counts.prompt_tokens) == (1, 2)
