@@ -1,6 +1,8 @@
 """``/v1/embeddings``: its plan, and its answer built from the engine's.
 
-Public surface: ``plan_embedding``, ``embedding_answer``, ``longest_input``.
+Public surface: ``plan_embedding``, ``embedding_answer``, ``longest_input``, and
+a large request's split across replicas: ``EngineEmbeddings``,
+``read_embeddings``, ``split_plan``, ``merge_embeddings``.
 
 An embeddings request is planned as a ``ChatPlan`` of surface ``embeddings`` and
 served by chat's pipeline (admission, routing, metering): it is charged its input
@@ -11,16 +13,21 @@ context), or it is a 400 before admission, never charged. Only an embedding
 model answers it (a chat model is a 400 naming ``model``, as an embedding model
 is on the generation APIs: ``routing.plan``). The engine's answer is one JSON
 body, never a stream (``routing.attempt``); the client gets it whole, with the
-model as asked and who served it, as chat's whole answer does. Nothing here
+model as asked and who served it, as chat's whole answer does. A large list of
+inputs may be split into contiguous chunks sent at once to idle replicas
+(``routing.domain.embedding_split`` decides; ``routing.chat`` sends them); the
+chunks' answers are merged in input order, their usage summed. Nothing here
 touches the ORM.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from routing.domain.embedding_body import check_embedding_body
@@ -36,7 +43,15 @@ from routing.plan import (
 from routing.prompt_tokens import VersionCounters
 from routing.responses import FinalUsage, GatewayError
 
-__all__ = ["embedding_answer", "longest_input", "plan_embedding"]
+__all__ = [
+    "EngineEmbeddings",
+    "embedding_answer",
+    "longest_input",
+    "merge_embeddings",
+    "plan_embedding",
+    "read_embeddings",
+    "split_plan",
+]
 
 
 async def plan_embedding(
@@ -101,6 +116,7 @@ async def plan_embedding(
         started_at=started_at,
         batch_key=batch_key,
         surface="embeddings",
+        input_tokens=tuple(counts),
     )
 
 
@@ -112,17 +128,19 @@ def longest_input(record: ModelRecord, version: VersionRecord | None) -> int:
     )
 
 
-def embedding_answer(
-    raw: bytes,
-    *,
-    plan: ChatPlan,
-    region: str,
-    replica_id: str,
-) -> tuple[bytes, FinalUsage, str]:
-    """Return the client's answer from the engine's 200 body, its usage and id.
+@dataclass(frozen=True, slots=True)
+class EngineEmbeddings:
+    """An engine's 200 answer to an embeddings request, read: its JSON object
+    (``data`` a list) and its usage."""
 
-    The usage is the engine's ``usage.prompt_tokens`` (the gateway's count when
-    it sent none); nothing is generated, so completion tokens are 0.
+    answer: dict[str, Any]
+    usage: FinalUsage
+
+
+def read_embeddings(raw: bytes, *, counted: int) -> EngineEmbeddings:
+    """Return the engine's answer, its usage the engine's ``usage.prompt_tokens``
+    (``counted``, the gateway's count, when it sent none); nothing is generated,
+    so completion tokens are 0.
 
     Raises:
         ValueError: the body is not an embeddings answer (JSON with ``data``).
@@ -131,14 +149,68 @@ def embedding_answer(
     if not isinstance(answer, dict) or not isinstance(answer.get("data"), list):
         raise ValueError("not an embeddings answer")
     engine_usage = answer.get("usage")
-    prompt_tokens = plan.prompt_tokens
+    prompt_tokens = counted
     if isinstance(engine_usage, dict) and isinstance(
         engine_usage.get("prompt_tokens"), int
     ):
         prompt_tokens = engine_usage["prompt_tokens"]
-    usage = FinalUsage(
-        prompt_tokens=prompt_tokens, cached_tokens=0, completion_tokens=0
+    return EngineEmbeddings(
+        answer,
+        FinalUsage(prompt_tokens=prompt_tokens, cached_tokens=0, completion_tokens=0),
     )
+
+
+def split_plan(plan: ChatPlan, chunk: range) -> ChatPlan:
+    """Return the plan of the inputs ``chunk`` of an embeddings request (a list
+    of inputs), as sent to one replica of a split."""
+    body = json.loads(plan.payload)
+    body["input"] = body["input"][chunk.start : chunk.stop]
+    counts = plan.input_tokens[chunk.start : chunk.stop]
+    return dataclasses.replace(
+        plan,
+        payload=json.dumps(body).encode(),
+        prompt_tokens=sum(counts),
+        input_tokens=counts,
+    )
+
+
+def merge_embeddings(
+    parts: Sequence[EngineEmbeddings], chunks: Sequence[range]
+) -> EngineEmbeddings:
+    """Return the answers of a split's chunks as one: ``data`` in input order,
+    each ``index`` its input's in the whole request, the usage summed.
+
+    Raises:
+        ValueError: a chunk's answer does not hold one vector per input.
+    """
+    data: list[Any] = []
+    for part, chunk in zip(parts, chunks, strict=True):
+        items = part.answer["data"]
+        if not all(
+            isinstance(item, dict) and type(item.get("index")) is int for item in items
+        ) or sorted(item["index"] for item in items) != list(range(len(chunk))):
+            raise ValueError("a chunk's answer does not hold one vector per input")
+        for item in sorted(items, key=lambda item: item["index"]):
+            data.append({**item, "index": chunk.start + item["index"]})
+    prompt_tokens = sum(part.usage.prompt_tokens for part in parts)
+    return EngineEmbeddings(
+        {**parts[0].answer, "data": data},
+        FinalUsage(prompt_tokens=prompt_tokens, cached_tokens=0, completion_tokens=0),
+    )
+
+
+def embedding_answer(
+    engine: EngineEmbeddings,
+    *,
+    plan: ChatPlan,
+    region: str,
+    replica_ids: Sequence[str],
+) -> tuple[bytes, str]:
+    """Return the client's answer and its id: the engine's, with the model as
+    asked, the usage the engine's, and who served it (``replica_id``; a split
+    answer names every replica of its chunks in ``replica_ids`` too)."""
+    answer = dict(engine.answer)
+    prompt_tokens = engine.usage.prompt_tokens
     answer_id = str(answer.get("id") or plan.request_id)
     answer.update(
         id=answer_id,
@@ -147,6 +219,8 @@ def embedding_answer(
         usage={"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
         model_version=plan.resolution.version,
         region=region,
-        replica_id=replica_id,
+        replica_id=replica_ids[0],
     )
-    return json.dumps(answer).encode(), usage, answer_id
+    if len(replica_ids) > 1:
+        answer["replica_ids"] = list(replica_ids)
+    return json.dumps(answer).encode(), answer_id

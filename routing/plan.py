@@ -175,6 +175,9 @@ class ChatPlan:
     surface: Surface = "chat"
     # Sequences the engine generates: n, times the prompts of a completion.
     choices: int = 1
+    # An embeddings request's count of each input, in order (what a split
+    # across replicas is cut by: routing.domain.embedding_split).
+    input_tokens: tuple[int, ...] = ()
 
     @property
     def request_tokens(self) -> int:

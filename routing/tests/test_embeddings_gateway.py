@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import json
 import struct
 import time
 from collections.abc import Iterator
@@ -53,11 +54,15 @@ class Replica:
         self.status = 200
         # Answers with this status before the others (a replica failing once).
         self.first_status: int | None = None
+        # Answers 500 to every body with an input holding this text.
+        self.fails_on: str | None = None
 
     async def embed(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.bodies.append(body)
         status, self.first_status = self.first_status or self.status, None
+        if self.fails_on is not None and self.fails_on in json.dumps(body["input"]):
+            status = 500
         if status != 200:
             return web.json_response(
                 {"error": {"message": "no", "code": status}}, status=status
@@ -500,3 +505,97 @@ def test_an_embedding_over_the_concurrency_cap_is_a_429_that_takes_nothing(
     assert slots_held(gateway) == 0
     counts = metered(gateway)
     assert (counts.requests, counts.prompt_tokens) == (1, 2)
+
+
+# Enough inputs and tokens for the default rule to split them over 2 replicas.
+SPLIT_INPUTS = [f"text {i} " + "word " * 20 for i in range(40)]
+
+
+@pytest.mark.parametrize("served", [2], indirect=True)
+def test_a_large_request_is_split_over_idle_replicas_and_merged_in_order(
+    served: tuple[EmbeddedGateway, Replica],
+) -> None:
+    gateway, replica = served
+    answer = embed(gateway, model=EMBEDDING_MODEL, input=SPLIT_INPUTS)
+    assert answer.status_code == 200
+    result = answer.parse()
+    # Two chunks, contiguous, each to its own replica.
+    assert [len(body["input"]) for body in replica.bodies] == [20, 20]
+    assert sorted(body["input"][0] for body in replica.bodies) == [
+        SPLIT_INPUTS[0],
+        SPLIT_INPUTS[20],
+    ]
+    assert [item.index for item in result.data] == list(range(40))
+    # Each chunk's replica numbered its vectors from 0: merged, they are the
+    # inputs' own (the vector is a function of the text and its index there).
+    for item in result.data:
+        assert item.embedding == pytest.approx(
+            vector(SPLIT_INPUTS[item.index], item.index % 20)
+        )
+    assert sorted(result.model_extra["replica_ids"]) == [
+        f"{EMBEDDING_MODEL}-v1-embedded-{index}" for index in range(2)
+    ]
+    words = sum(len(text.split()) for text in SPLIT_INPUTS)
+    assert (result.usage.prompt_tokens, result.usage.total_tokens) == (words, words)
+    usage = metered(gateway)
+    assert (usage.requests, usage.prompt_tokens) == (1, words)
+    assert slots_held(gateway) == 0
+
+
+@pytest.mark.parametrize("served", [1], indirect=True)
+def test_a_large_request_goes_whole_to_a_single_replica(
+    served: tuple[EmbeddedGateway, Replica],
+) -> None:
+    gateway, replica = served
+    answer = embed(gateway, model=EMBEDDING_MODEL, input=SPLIT_INPUTS)
+    assert answer.status_code == 200
+    assert [len(body["input"]) for body in replica.bodies] == [40]
+    assert "replica_ids" not in answer.parse().model_extra
+
+
+@pytest.mark.parametrize("served", [2], indirect=True)
+def test_a_chunk_that_fails_once_fails_over_to_the_other_replica(
+    served: tuple[EmbeddedGateway, Replica],
+) -> None:
+    gateway, replica = served
+    replica.first_status = 503
+    answer = embed(gateway, model=EMBEDDING_MODEL, input=SPLIT_INPUTS)
+    assert answer.status_code == 200
+    assert len(replica.bodies) == 3  # one chunk twice
+    assert [item.index for item in answer.parse().data] == list(range(40))
+    usage = metered(gateway)
+    words = sum(len(text.split()) for text in SPLIT_INPUTS)
+    assert (usage.requests, usage.prompt_tokens) == (1, words)
+
+
+@pytest.mark.parametrize("served", [2], indirect=True)
+def test_a_chunk_no_replica_answers_fails_the_request_and_settles_the_charge(
+    served: tuple[EmbeddedGateway, Replica], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GIVEN the second half of the inputs fails on every replica, WHEN the
+    request is split, THEN the client gets OpenAI's 503, the first chunk's usage
+    (the engine's count) is metered once, and the charge is given back but for it.
+    """
+    gateway, replica = served
+    admission = gateway.app.chat.admission
+    released: list[tuple[int, int]] = []
+    release = admission.release
+
+    async def recording(ticket: Ticket, *, used_tokens: int) -> None:
+        released.append((ticket.charged, used_tokens))
+        await release(ticket, used_tokens=used_tokens)
+
+    monkeypatch.setattr(admission, "release", recording)
+    replica.fails_on = "text 30 "
+    with pytest.raises(openai.InternalServerError) as failed:
+        embed(gateway, model=EMBEDDING_MODEL, input=SPLIT_INPUTS)
+    error = failed.value.body
+    assert isinstance(error, dict)
+    assert failed.value.status_code == 503
+    assert error["code"] == "no_replica_available"
+    first_half = sum(len(text.split()) for text in SPLIT_INPUTS[:20])
+    counted = sum(STAND_IN.count_prompt(text) for text in SPLIT_INPUTS)
+    assert released == [(counted, first_half)]
+    usage = metered(gateway)
+    assert (usage.requests, usage.prompt_tokens) == (1, first_half)
+    assert slots_held(gateway) == 0
