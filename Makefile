@@ -103,6 +103,7 @@ bench: venv
 	$(PY) bench/vllm_fidelity.py --out bench/results/vllm_fidelity.json
 	$(PY) bench/vllm_serve.py --out bench/results/vllm_serve.json
 	$(PY) bench/embeddings.py --out bench/results/embeddings.json
+	$(PY) bench/embedding_split.py --dim 8 --out bench/results/embedding_split.json
 
 ## Real vLLM on CPU (../shared/research/vllm-cpu.md): its own venv in .vllm/, with
 ## CPython 3.11 (the only torch+cpu wheel here is cp311). The CUDA-built

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from config.asgi_io import ChunkedWrite, Send
 from metering import metrics
 from routing.domain.stall import ReplicaStalled
-from routing.embeddings import embedding_answer
+from routing.embeddings import EngineEmbeddings, embedding_answer, read_embeddings
 from routing.engine_http import EngineResponse
 from routing.live import AttemptLoad, LiveLoad
 from routing.plan import ChatPlan
@@ -219,13 +219,33 @@ class Attempt:
     async def _embed(self) -> AttemptResult:
         """Post an embeddings request and answer the engine's JSON body whole.
 
+        Raises:
+            UpstreamFailed: another replica may be tried (``fetch_embeddings``).
+            Cut: the client left (or a bug) while the answer was sent.
+        """
+        try:
+            engine = await self.fetch_embeddings()
+        except GatewayError as exc:  # a 4xx the client's request caused
+            return AttemptResult("error", self.replica_id, error=exc)
+        body, answer_id = embedding_answer(
+            engine, plan=self.plan, region=self.region, replica_ids=[self.replica_id]
+        )
+        result = AttemptResult(
+            "ok", self.replica_id, first_token_at=time.monotonic(), usage=engine.usage
+        )
+        await self.send_whole(result, body, answer_id)
+        return result
+
+    async def fetch_embeddings(self) -> EngineEmbeddings:
+        """Post the plan's embeddings request; return the engine's answer, read.
+
         Until the body is read whole nothing is sent to the client, so anything
         that fails before (no connection, a 5xx, a broken or malformed body, the
         first-token deadline) lets another replica be tried.
 
         Raises:
             UpstreamFailed: another replica may be tried.
-            Cut: the client left (or a bug) while the answer was sent.
+            GatewayError: a 4xx the client's request caused.
         """
         plan = self.plan
         load = AttemptLoad(
@@ -248,20 +268,22 @@ class Attempt:
                 raise UpstreamFailed(type(exc).__name__) from None
             is_done = True
             try:
-                body, usage, answer_id = embedding_answer(
-                    raw, plan=plan, region=self.region, replica_id=self.replica_id
-                )
+                return read_embeddings(raw, counted=plan.prompt_tokens)
             except ValueError:
                 raise UpstreamFailed("a malformed embeddings answer") from None
-        except GatewayError as exc:  # a 4xx the client's request caused
-            return AttemptResult("error", self.replica_id, error=exc)
         finally:
             if response is not None:
                 response.release() if is_done else response.close()
             load.drop()
-        result = AttemptResult(
-            "ok", self.replica_id, first_token_at=time.monotonic(), usage=usage
-        )
+
+    async def send_whole(
+        self, result: AttemptResult, body: bytes, answer_id: str
+    ) -> None:
+        """Send a whole JSON answer (``result`` is what it served).
+
+        Raises:
+            Cut: the client left (or a bug) while the answer was sent.
+        """
         self.before_last_send()
         try:
             await respond(
@@ -276,7 +298,6 @@ class Attempt:
             ) from None
         except Exception as exc:
             raise Cut(dataclasses.replace(result, outcome="error"), exc) from None
-        return result
 
     async def _start(
         self, first_token: asyncio.Timeout, response: EngineResponse, answer_id: str

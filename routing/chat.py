@@ -11,7 +11,9 @@ The steps (seed steps 6-9 and 12), each taking what the one before produced:
    an ``Attempt`` (``routing.attempt``) that returns what happened; on a connect
    error, a 5xx or no first token within ``first_token_timeout_s`` the next one is
    tried, within the pool's retry budget, unseen by the client; the replica that
-   failed is ejected for the missed-beat window;
+   failed is ejected for the missed-beat window; a large embeddings request may
+   instead be split into chunks sent at once to idle replicas, each with its own
+   failover, and answered merged (``routing.domain.embedding_split`` decides);
 3. the attempt's ``Relay`` forwards the engine's events; the answer ends with the
    final event (``routing.responses``), or with an error event after a mid-stream
    failure (the replica died, or was silent for ``inter_token_timeout_s``; it is
@@ -34,9 +36,9 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from config.asgi_io import ChunkedWrite, Send
+from config.asgi_io import ChunkedWrite, Message, Send
 from metering import metrics
 from metering.domain.figures import Role
 from metering.figures import FigureRecorder
@@ -44,6 +46,7 @@ from routing.admission import Admission
 from routing.attempt import Attempt, AttemptResult, Cut, NoFirstToken
 from routing.background import BackgroundTasks
 from routing.domain.admission_control import AdmissionRequest, Rejected, Ticket
+from routing.domain.embedding_split import DEFAULT_SPLIT_RULE, split_inputs
 from routing.domain.policies import RouteRequest, RoutingPolicy, make_policy
 from routing.domain.refusals import RefusalDetector
 from routing.domain.retry_budget import RetryBudget
@@ -56,11 +59,17 @@ from routing.domain.sticky import (
     routable_versions,
     stick,
 )
+from routing.embeddings import (
+    EngineEmbeddings,
+    embedding_answer,
+    merge_embeddings,
+    split_plan,
+)
 from routing.live import LiveLoad
 from routing.plan import ChatPlan, GatewaySettings, payload_for
 from routing.relay import UpstreamFailed
 from routing.request_meter import RequestMeter, Served, UsageCounter
-from routing.responses import GatewayError
+from routing.responses import FinalUsage, GatewayError
 from routing.shadow import Shadow
 from routing.sticky import ConversationVersions
 from routing.upstream import Upstream
@@ -364,6 +373,22 @@ class ChatService:
         )
         urls = {node.replica_id: node.url for node in nodes}
         settings = self.settings
+        if plan.surface == "embeddings":
+            idle = {
+                node.replica_id
+                for node in nodes
+                if node.tokens_in_flight == 0 and node.queue_depth == 0
+            }
+            chunks = split_inputs(plan.input_tokens, len(idle), DEFAULT_SPLIT_RULE)
+            if len(chunks) > 1:
+                # Idle replicas first, least loaded first: chunk i goes to the
+                # i-th, and fails over to the others in the same order.
+                order = [r for r in decision.candidates if r in idle] + [
+                    r for r in decision.candidates if r not in idle
+                ]
+                return await self._split(
+                    _Split(plan, chunks, order, urls, ticket.headers, budget), answer
+                )
         timed_out = False
         failures: list[str] = []
         is_budget_spent = False
@@ -413,6 +438,168 @@ class ChatService:
                 retry_after_s=1 + self.rng.randint(0, 2),
             ),
         )
+
+    async def _split(self, split: _Split, answer: _Answer) -> AttemptResult:
+        """Send an embeddings request's chunks at once, each to its replica (with
+        failover), and answer their merged answers; return how it ended.
+
+        Each chunk that was answered counts in the usage, whether the request
+        ends well or not: the engines did that work. A chunk no replica could
+        answer (or refused: a 4xx) fails the whole request with its error.
+
+        Raises:
+            Cut: cut short (the client left, or a bug) after the chunks began.
+        """
+        plan = split.plan
+        tasks = [
+            asyncio.ensure_future(self._chunk(split, index))
+            for index in range(len(split.chunks))
+        ]
+        try:
+            await asyncio.wait(tasks)
+        except asyncio.CancelledError as exc:
+            for task in tasks:
+                task.cancel()
+            raise Cut(_split_result(tasks, "client_closed", split), exc) from None
+        errors = [e for task in tasks if (e := task.exception()) is not None]
+        refusals = [e for e in errors if isinstance(e, GatewayError)]
+        if len(refusals) < len(errors):  # a bug: metered, then raised
+            unexpected = next(e for e in errors if not isinstance(e, GatewayError))
+            raise Cut(_split_result(tasks, "error", split), unexpected)
+        if refusals:
+            # The client's own 4xx before a 503 of the pool.
+            failed = min(refusals, key=lambda e: e.status)
+            return dataclasses.replace(
+                _split_result(tasks, "error", split),
+                error_kind=None if failed.status < 500 else "upstream",
+                error=failed,
+            )
+        parts = [task.result() for task in tasks]
+        replica_ids = [replica_id for replica_id, _ in parts]
+        try:
+            merged = merge_embeddings([engine for _, engine in parts], split.chunks)
+        except ValueError:
+            return dataclasses.replace(
+                _split_result(tasks, "error", split),
+                error_kind="upstream",
+                error=GatewayError(
+                    502,
+                    "a replica's answer to part of the inputs was malformed",
+                    code="upstream_failed",
+                    error_type="server_error",
+                ),
+            )
+        body, answer_id = embedding_answer(
+            merged, plan=plan, region=self.settings.region, replica_ids=replica_ids
+        )
+        result = AttemptResult(
+            "ok", replica_ids[0], first_token_at=time.monotonic(), usage=merged.usage
+        )
+        await self._attempt(split, plan, replica_ids[0], answer).send_whole(
+            result, body, answer_id
+        )
+        return result
+
+    async def _chunk(self, split: _Split, index: int) -> tuple[str, EngineEmbeddings]:
+        """Return the replica that answered chunk ``index`` and its answer: the
+        chunk's own replica first, then the others within the retry budget.
+
+        Raises:
+            GatewayError: a 4xx the chunk caused, or no replica answered it.
+        """
+        plan = split_plan(split.plan, split.chunks[index])
+        own = split.replicas[index]
+        order = [own, *(r for r in split.replicas if r != own)]
+        model, version = plan.resolution.model, plan.resolution.version
+        failures: list[str] = []
+        is_budget_spent = False
+        for attempt, replica_id in enumerate(order):
+            if attempt > 0:
+                if not split.budget.try_spend(time.monotonic()):
+                    is_budget_spent = True
+                    break
+                metrics.count_retry(
+                    model=model, version=version, region=self.settings.region
+                )
+            try:
+                engine = await self._attempt(
+                    split, plan, replica_id, None
+                ).fetch_embeddings()
+            except UpstreamFailed as exc:
+                logger.warning("replica %s failed a chunk: %s", replica_id, exc)
+                self.live.eject(replica_id, time.monotonic())
+                failures.append(f"{replica_id}: {exc}")
+                continue
+            return replica_id, engine
+        raise _no_answer_error(
+            f"{model}@{version}",
+            failures,
+            is_budget_spent=is_budget_spent,
+            retry_after_s=1 + self.rng.randint(0, 2),
+        )
+
+    def _attempt(
+        self, split: _Split, plan: ChatPlan, replica_id: str, answer: _Answer | None
+    ) -> Attempt:
+        """Return an attempt of (part of) a split request at ``replica_id``;
+        without ``answer`` it may only fetch."""
+        return Attempt(
+            plan=plan,
+            replica_id=replica_id,
+            url=split.urls[replica_id],
+            region=self.settings.region,
+            rate_limit=split.rate_limit,
+            first_token_timeout_s=self.settings.first_token_timeout_s,
+            live=self.live,
+            upstream=self.upstream,
+            send=answer.send if answer else _no_send,
+            before_last_send=answer.before_last_send if answer else _no_hook,
+            write_frames=None,
+            capture_head=False,
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Split:
+    """An embeddings request split across replicas: its chunks of inputs, the
+    replicas in the order the chunks take them, and what each attempt needs."""
+
+    plan: ChatPlan
+    chunks: list[range]
+    replicas: list[str]
+    urls: dict[str, str]
+    rate_limit: dict[str, str]
+    budget: RetryBudget
+
+
+def _split_result(
+    tasks: Sequence[asyncio.Future[tuple[str, EngineEmbeddings]]],
+    outcome: metrics.Outcome,
+    split: _Split,
+) -> AttemptResult:
+    """Return what a split served so far: the usage of its chunks answered."""
+    answered = [
+        task.result()
+        for task in tasks
+        if task.done() and not task.cancelled() and task.exception() is None
+    ]
+    usage = None
+    if answered:
+        usage = FinalUsage(
+            prompt_tokens=sum(engine.usage.prompt_tokens for _, engine in answered),
+            cached_tokens=0,
+            completion_tokens=0,
+        )
+    replica_id = answered[0][0] if answered else split.replicas[0]
+    return AttemptResult(outcome, replica_id, usage=usage)
+
+
+async def _no_send(message: Message) -> None:
+    raise RuntimeError("a chunk's attempt sends nothing")
+
+
+def _no_hook() -> None:
+    return None
 
 
 def _no_answer_error(

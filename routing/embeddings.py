@@ -1,6 +1,8 @@
 """``/v1/embeddings``: its plan, and its answer built from the engine's.
 
-Public surface: ``plan_embedding``, ``embedding_answer``.
+Public surface: ``plan_embedding``, ``embedding_answer``, ``longest_input``, and
+a large request's split across replicas: ``EngineEmbeddings``,
+``read_embeddings``, ``split_plan``, ``merge_embeddings``.
 
 An embeddings request is planned as a ``ChatPlan`` of surface ``embeddings`` and
 served by chat's pipeline (admission, routing, metering): it is charged its input
@@ -11,41 +13,45 @@ context), or it is a 400 before admission, never charged. Only an embedding
 model answers it (a chat model is a 400 naming ``model``, as an embedding model
 is on the generation APIs: ``routing.plan``). The engine's answer is one JSON
 body, never a stream (``routing.attempt``); the client gets it whole, with the
-model as asked and who served it, as chat's whole answer does. Nothing here
+model as asked and who served it, as chat's whole answer does. A large list of
+inputs may be split into contiguous chunks sent at once to idle replicas
+(``routing.domain.embedding_split`` decides; ``routing.chat`` sends them); the
+chunks' answers are merged in input order, their usage summed. Nothing here
 touches the ORM.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from config.json_body import BodyError
 from routing.domain.embedding_body import check_embedding_body
-from routing.domain.routing_key import routing_key
-from routing.domain.snapshot import ConfigSnapshot
-from routing.domain.tiers import parse_tier
+from routing.domain.snapshot import ConfigSnapshot, ModelRecord, VersionRecord
 from routing.plan import (
-    _DEFAULT_MAX_MODEL_LEN,
+    DEFAULT_MAX_MODEL_LEN,
     ChatPlan,
     GatewaySettings,
-    _bad_body,
-    _header,
-    _resolve_for_team,
+    opening_messages,
+    plan_upstream_body,
+    start_plan,
 )
 from routing.prompt_tokens import VersionCounters
 from routing.responses import FinalUsage, GatewayError
 
-__all__ = ["embedding_answer", "plan_embedding"]
-
-# Body fields the gateway sets itself; everything else passes to the engine.
-_GATEWAY_FIELDS = {"model", "stream", "priority"}
-# A request's routing key hashes this much of its first input.
-_KEY_CHARS = 1024
-_KEY_TOKENS = 256
+__all__ = [
+    "EngineEmbeddings",
+    "embedding_answer",
+    "longest_input",
+    "merge_embeddings",
+    "plan_embedding",
+    "read_embeddings",
+    "split_plan",
+]
 
 
 async def plan_embedding(
@@ -65,27 +71,18 @@ async def plan_embedding(
     Raises:
         GatewayError: the request cannot be served as asked (see the module).
     """
-    try:
-        tier = parse_tier(_header(headers, b"x-priority"))
-    except ValueError as exc:
-        raise GatewayError(400, str(exc), param="x-priority") from None
-    try:
-        checked = check_embedding_body(body)
-    except BodyError as exc:
-        raise _bad_body(exc) from None
-    first = checked.inputs[0]
-    opening = (
-        first[:_KEY_CHARS]
-        if isinstance(first, str)
-        else json.dumps(first[:_KEY_TOKENS])
+    checked, opening = start_plan(
+        check_embedding_body,
+        lambda checked: opening_messages(checked.inputs[0]),
+        snapshot=snapshot,
+        settings=settings,
+        team=team,
+        headers=headers,
+        body=body,
+        rng=rng,
+        kind="embedding",
     )
-    key = routing_key(
-        _header(headers, b"x-conversation-id"),
-        [{"role": "user", "content": opening}],
-    )
-    resolution, limit = _resolve_for_team(
-        snapshot, settings, team, checked.model, key, rng, kind="embedding"
-    )
+    resolution = opening.resolution
     record = snapshot.models[resolution.model]
     if checked.dimensions is not None and checked.dimensions > record.dimensions:
         raise GatewayError(
@@ -93,11 +90,8 @@ async def plan_embedding(
             f"dimensions may be at most {record.dimensions} for {resolution.model}",
             param="dimensions",
         )
-    version = snapshot.versions.get((resolution.model, resolution.version))
-    longest = record.max_input_tokens or (
-        version.max_model_len if version else _DEFAULT_MAX_MODEL_LEN
-    )
-    counts = await counters.count_prompts(version, checked.inputs)
+    longest = longest_input(record, opening.version)
+    counts = await counters.count_prompts(opening.version, checked.inputs)
     for index, count in enumerate(counts):
         if count > longest:
             raise GatewayError(
@@ -107,39 +101,46 @@ async def plan_embedding(
                 param="input",
                 code="context_length_exceeded",
             )
-    upstream_body = {k: v for k, v in body.items() if k not in _GATEWAY_FIELDS}
-    upstream_body["model"] = resolution.model
-    if version is not None and version.priority_scheduling:
-        upstream_body["priority"] = tier.rank
     return ChatPlan(
         request_id=f"embd-{secrets.token_hex(12)}",
         team=team,
         model_ref=checked.model,
         resolution=resolution,
-        tier=tier,
-        limit=limit,
+        tier=opening.tier,
+        limit=opening.limit,
         prompt_tokens=sum(counts),
         max_tokens=0,
         stream=False,
-        routing_key=key,
-        payload=json.dumps(upstream_body).encode(),
+        routing_key=opening.routing_key,
+        payload=plan_upstream_body(body, opening, "embeddings"),
         started_at=started_at,
         batch_key=batch_key,
         surface="embeddings",
+        input_tokens=tuple(counts),
     )
 
 
-def embedding_answer(
-    raw: bytes,
-    *,
-    plan: ChatPlan,
-    region: str,
-    replica_id: str,
-) -> tuple[bytes, FinalUsage, str]:
-    """Return the client's answer from the engine's 200 body, its usage and id.
+def longest_input(record: ModelRecord, version: VersionRecord | None) -> int:
+    """Return the most tokens one input of an embedding model may take: the
+    model's ``max_input_tokens``, else its version's context."""
+    return record.max_input_tokens or (
+        version.max_model_len if version else DEFAULT_MAX_MODEL_LEN
+    )
 
-    The usage is the engine's ``usage.prompt_tokens`` (the gateway's count when
-    it sent none); nothing is generated, so completion tokens are 0.
+
+@dataclass(frozen=True, slots=True)
+class EngineEmbeddings:
+    """An engine's 200 answer to an embeddings request, read: its JSON object
+    (``data`` a list) and its usage."""
+
+    answer: dict[str, Any]
+    usage: FinalUsage
+
+
+def read_embeddings(raw: bytes, *, counted: int) -> EngineEmbeddings:
+    """Return the engine's answer, its usage the engine's ``usage.prompt_tokens``
+    (``counted``, the gateway's count, when it sent none); nothing is generated,
+    so completion tokens are 0.
 
     Raises:
         ValueError: the body is not an embeddings answer (JSON with ``data``).
@@ -148,14 +149,68 @@ def embedding_answer(
     if not isinstance(answer, dict) or not isinstance(answer.get("data"), list):
         raise ValueError("not an embeddings answer")
     engine_usage = answer.get("usage")
-    prompt_tokens = plan.prompt_tokens
+    prompt_tokens = counted
     if isinstance(engine_usage, dict) and isinstance(
         engine_usage.get("prompt_tokens"), int
     ):
         prompt_tokens = engine_usage["prompt_tokens"]
-    usage = FinalUsage(
-        prompt_tokens=prompt_tokens, cached_tokens=0, completion_tokens=0
+    return EngineEmbeddings(
+        answer,
+        FinalUsage(prompt_tokens=prompt_tokens, cached_tokens=0, completion_tokens=0),
     )
+
+
+def split_plan(plan: ChatPlan, chunk: range) -> ChatPlan:
+    """Return the plan of the inputs ``chunk`` of an embeddings request (a list
+    of inputs), as sent to one replica of a split."""
+    body = json.loads(plan.payload)
+    body["input"] = body["input"][chunk.start : chunk.stop]
+    counts = plan.input_tokens[chunk.start : chunk.stop]
+    return dataclasses.replace(
+        plan,
+        payload=json.dumps(body).encode(),
+        prompt_tokens=sum(counts),
+        input_tokens=counts,
+    )
+
+
+def merge_embeddings(
+    parts: Sequence[EngineEmbeddings], chunks: Sequence[range]
+) -> EngineEmbeddings:
+    """Return the answers of a split's chunks as one: ``data`` in input order,
+    each ``index`` its input's in the whole request, the usage summed.
+
+    Raises:
+        ValueError: a chunk's answer does not hold one vector per input.
+    """
+    data: list[Any] = []
+    for part, chunk in zip(parts, chunks, strict=True):
+        items = part.answer["data"]
+        if not all(
+            isinstance(item, dict) and type(item.get("index")) is int for item in items
+        ) or sorted(item["index"] for item in items) != list(range(len(chunk))):
+            raise ValueError("a chunk's answer does not hold one vector per input")
+        for item in sorted(items, key=lambda item: item["index"]):
+            data.append({**item, "index": chunk.start + item["index"]})
+    prompt_tokens = sum(part.usage.prompt_tokens for part in parts)
+    return EngineEmbeddings(
+        {**parts[0].answer, "data": data},
+        FinalUsage(prompt_tokens=prompt_tokens, cached_tokens=0, completion_tokens=0),
+    )
+
+
+def embedding_answer(
+    engine: EngineEmbeddings,
+    *,
+    plan: ChatPlan,
+    region: str,
+    replica_ids: Sequence[str],
+) -> tuple[bytes, str]:
+    """Return the client's answer and its id: the engine's, with the model as
+    asked, the usage the engine's, and who served it (``replica_id``; a split
+    answer names every replica of its chunks in ``replica_ids`` too)."""
+    answer = dict(engine.answer)
+    prompt_tokens = engine.usage.prompt_tokens
     answer_id = str(answer.get("id") or plan.request_id)
     answer.update(
         id=answer_id,
@@ -164,6 +219,8 @@ def embedding_answer(
         usage={"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
         model_version=plan.resolution.version,
         region=region,
-        replica_id=replica_id,
+        replica_id=replica_ids[0],
     )
-    return json.dumps(answer).encode(), usage, answer_id
+    if len(replica_ids) > 1:
+        answer["replica_ids"] = list(replica_ids)
+    return json.dumps(answer).encode(), answer_id

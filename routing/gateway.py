@@ -45,7 +45,7 @@ from routing.chat import BackgroundTasks, ChatService
 from routing.domain.hosts import HostPolicy
 from routing.domain.readiness import Readiness, judge_readiness
 from routing.domain.snapshot import ConfigSnapshot, KeyRecord
-from routing.embeddings import plan_embedding
+from routing.embeddings import longest_input, plan_embedding
 from routing.failover import RedisFailover
 from routing.intake import authenticate, read_json
 from routing.key_uses import KeyUses
@@ -56,14 +56,13 @@ from routing.plan import (
     plan_chat,
     plan_completion,
     plan_response,
-    plan_tokenize,
     team_limit,
 )
 from routing.region_limits import RegionLimits
 from routing.relay import EVENT_END
 from routing.responses import ClientGone, GatewayError, respond
 from routing.snapshots import SnapshotHolder
-from routing.tokenize import TokenizeProxy
+from routing.tokenize import TokenizeProxy, plan_tokenize
 from routing.upstream import Upstream
 
 logger = logging.getLogger(__name__)
@@ -485,20 +484,31 @@ class Gateway:
         return snapshot
 
     async def _models(self, scope: Scope, send: Send) -> None:
+        """List the live models the team may call, OpenAI's Model objects with
+        the platform's fields beside: the live version, the kind (which API the
+        model answers) and, for an embedding model, its vector size and the most
+        tokens one input may take."""
         snapshot = self._snapshot()
         team = self._team(scope, snapshot)
-        data = [
-            {
+        data: list[dict[str, object]] = []
+        for name, record in sorted(snapshot.models.items()):
+            live = record.live_version
+            if live is None or not team_limit(snapshot, self.settings, team, name):
+                continue
+            entry: dict[str, object] = {
                 "id": name,
                 "object": "model",
                 "created": int(snapshot.built_at),
                 "owned_by": "platform",
-                "live_version": record.live_version,
+                "live_version": live,
+                "kind": record.kind,
             }
-            for name, record in sorted(snapshot.models.items())
-            if record.live_version is not None
-            and team_limit(snapshot, self.settings, team, name)
-        ]
+            if record.is_embedding:
+                entry["dimensions"] = record.dimensions
+                entry["max_input_tokens"] = longest_input(
+                    record, snapshot.versions.get((name, live))
+                )
+            data.append(entry)
         await respond(send, 200, json.dumps({"object": "list", "data": data}).encode())
 
     async def _tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:

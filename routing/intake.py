@@ -1,6 +1,6 @@
 """What a request brings the gateway: its team key and its JSON body.
 
-Public surface: ``authenticate``, ``read_json``.
+Public surface: ``authenticate``, ``read_json``, ``header_text``, ``refuse_body``.
 
 The key is looked up by its SHA-256 in the ``ConfigSnapshot`` (keys are never
 stored in clear); the body is read within the gateway's size limit and parsed
@@ -20,7 +20,7 @@ from config.json_body import BodyError, parse_json_object
 from routing.domain.snapshot import ConfigSnapshot, KeyRecord
 from routing.responses import ClientGone, GatewayError
 
-__all__ = ["authenticate", "read_json"]
+__all__ = ["authenticate", "header_text", "read_json", "refuse_body"]
 
 
 def authenticate(scope: Scope, snapshot: ConfigSnapshot) -> KeyRecord:
@@ -88,4 +88,15 @@ async def read_json(
     try:
         return parse_json_object(b"".join(chunks))
     except BodyError as exc:
-        raise GatewayError(400, exc.message, param=exc.param, code=exc.code) from None
+        raise refuse_body(exc) from None
+
+
+def refuse_body(exc: BodyError) -> GatewayError:
+    """Return the 400 for a body (or a field of it) that OpenAI would refuse."""
+    return GatewayError(400, exc.message, param=exc.param, code=exc.code)
+
+
+def header_text(headers: Mapping[bytes, bytes], name: bytes) -> str | None:
+    """Return a request header's value as text (Latin-1, as HTTP sends it)."""
+    value = headers.get(name)
+    return value.decode("latin-1") if value is not None else None

@@ -18,6 +18,7 @@ other than text) is stated: only ``null`` is valid there.
 from __future__ import annotations
 
 from routing.domain import chat_body as rules
+from routing.domain.snapshot import MODEL_KINDS
 from routing.domain.tiers import Tier
 from routing.openapi_completions import completion_components, completion_path_item
 from routing.openapi_embeddings import embedding_components, embedding_path_item
@@ -421,13 +422,30 @@ def _model_list() -> Schema:
                 "type": "array",
                 "items": {
                     "type": "object",
-                    "required": ["id", "object", "created", "owned_by"],
+                    "required": ["id", "object", "created", "owned_by", "kind"],
                     "properties": {
                         "id": {"type": "string"},
                         "object": {"const": "model"},
                         "created": {"type": "integer"},
                         "owned_by": {"type": "string"},
                         "live_version": {"type": "string"},
+                        "kind": {
+                            "enum": list(MODEL_KINDS),
+                            "description": "The API the model answers: chat "
+                            "(chat completions, completions, responses) or "
+                            "embedding (/v1/embeddings).",
+                        },
+                        "dimensions": {
+                            "type": "integer",
+                            "minimum": 1,
+                            "description": "An embedding model's vector size.",
+                        },
+                        "max_input_tokens": {
+                            "type": "integer",
+                            "minimum": 1,
+                            "description": "The most tokens one input of an "
+                            "embedding model may take.",
+                        },
                     },
                 },
             },

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from routing.domain import chat_body as rules
 from routing.domain import completion_body as completion_rules
+from routing.domain import prompt_list
 from routing.openapi_parts import (
     EVENT,
     SERVED_BY,
@@ -66,7 +67,7 @@ def _completion_request(chat: dict[str, Schema]) -> Schema:
         "items": {
             "type": "integer",
             "minimum": 0,
-            "maximum": completion_rules.MAX_TOKEN_ID,
+            "maximum": prompt_list.MAX_TOKEN_ID,
         },
     }
     properties: dict[str, Schema] = {

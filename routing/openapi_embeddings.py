@@ -10,6 +10,7 @@ puts it into the /v1 schema.
 from __future__ import annotations
 
 from routing.domain import embedding_body as rules
+from routing.domain import prompt_list
 from routing.openapi_parts import SERVED_BY, Schema, json_content, nullable
 
 __all__ = ["embedding_components", "embedding_path_item"]
@@ -52,7 +53,7 @@ def _embedding_request(chat: dict[str, Schema]) -> Schema:
     token_ids = {
         "type": "array",
         "minItems": 1,
-        "items": {"type": "integer", "minimum": 0, "maximum": rules.MAX_TOKEN_ID},
+        "items": {"type": "integer", "minimum": 0, "maximum": prompt_list.MAX_TOKEN_ID},
     }
     properties: dict[str, Schema] = {
         "model": chat["model"],

@@ -1,8 +1,11 @@
 """The request plan: everything decided about a chat request before it is admitted.
 
-Public surface: ``GatewaySettings``, ``ChatPlan``, ``TokenizePlan``, ``Surface``,
-``team_limit``, ``payload_for``, ``plan_chat``, ``plan_completion``,
-``plan_response``, ``plan_tokenize``.
+Public surface: ``GatewaySettings``, ``ChatPlan``, ``Surface``, ``team_limit``,
+``payload_for``, ``plan_chat``, ``plan_completion``, ``plan_response``, and what
+every ``/v1`` planner (here and ``routing.embeddings``) is built from:
+``start_plan`` (tier, body, routing key, version, limits: a ``PlanOpening``),
+``opening_messages`` (a prompt list's key), ``plan_upstream_body`` (the engine's
+body) and ``resolve_for_team`` (``routing.tokenize`` resolves with it too).
 
 A ``/v1/completions`` request is planned the same way (``plan_completion``), as a
 ``ChatPlan`` of surface ``completions``: the same admission, limits, routing,
@@ -22,7 +25,7 @@ body or ``x-priority``, 403 a model the team may not use, 404 unknown model or
 version, 503 no live version). The body's fields are checked as OpenAI checks
 them (``routing.domain.chat_body`` and its siblings), so nothing a client sends
 can raise anything but a ``GatewayError`` here. A ``/tokenize``
-request is resolved to a version the same way, as a ``TokenizePlan``. Nothing
+request is resolved to a version the same way (``routing.tokenize``). Nothing
 here touches the ORM: keys, limits and versions come from the ``ConfigSnapshot``.
 """
 
@@ -31,12 +34,12 @@ from __future__ import annotations
 import json
 import random
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, TypeVar
 
 from config.json_body import BodyError
-from routing.domain.chat_body import check_chat_body, check_tokenize_body
+from routing.domain.chat_body import check_chat_body
 from routing.domain.completion_body import (
     DEFAULT_COMPLETION_MAX_TOKENS,
     check_completion_body,
@@ -58,48 +61,58 @@ from routing.domain.snapshot import (
     VersionRecord,
 )
 from routing.domain.tiers import Tier, parse_tier
+from routing.intake import header_text, refuse_body
 from routing.prompt_tokens import PromptRejected, VersionCounters
 from routing.responses import GatewayError
 
 __all__ = [
+    "DEFAULT_MAX_MODEL_LEN",
     "ChatPlan",
     "GatewaySettings",
-    "TokenizePlan",
+    "PlanOpening",
+    "opening_messages",
     "payload_for",
     "plan_chat",
     "plan_completion",
     "plan_response",
-    "plan_tokenize",
+    "plan_upstream_body",
+    "resolve_for_team",
+    "start_plan",
     "team_limit",
 ]
 
-# Body fields the gateway sets itself; everything else passes to the engine.
-# ``priority`` is vLLM's per-request scheduling
-# priority (with ``--scheduling-policy priority``): a client's own would let it
-# jump the tiers inside the engine, so it never passes through.
-_GATEWAY_FIELDS = {
-    "model",
-    "stream",
-    "stream_options",
-    "max_tokens",
-    "max_completion_tokens",
-    "priority",
-}
-# A response's: the engine is always sent store false and a stream.
-_GATEWAY_RESPONSES_FIELDS = {
-    "model",
-    "stream",
-    "store",
-    "max_output_tokens",
-    "priority",
-}
-_DEFAULT_MAX_MODEL_LEN = 8192
 # The OpenAI API a request came on: its engine path, event and answer shapes.
 Surface = Literal["chat", "completions", "responses", "embeddings"]
-# A completion's routing key hashes this much of its (first) prompt: prompts that
-# share a long opening (few-shot examples) share a key, and a warm prefix cache.
-_COMPLETION_KEY_CHARS = 1024
-_COMPLETION_KEY_TOKENS = 256
+# Body fields the gateway sets itself, by surface; everything else passes to the
+# engine. ``priority`` is vLLM's per-request scheduling priority (with
+# ``--scheduling-policy priority``): a client's own would let it jump the tiers
+# inside the engine, so it never passes through. A response is always sent store
+# false and a stream; an embeddings request is never streamed.
+_GENERATION_FIELDS = frozenset(
+    {
+        "model",
+        "stream",
+        "stream_options",
+        "max_tokens",
+        "max_completion_tokens",
+        "priority",
+    }
+)
+_GATEWAY_FIELDS: dict[Surface, frozenset[str]] = {
+    "chat": _GENERATION_FIELDS,
+    "completions": _GENERATION_FIELDS,
+    "responses": frozenset(
+        {"model", "stream", "store", "max_output_tokens", "priority"}
+    ),
+    "embeddings": frozenset({"model", "stream", "priority"}),
+}
+# A version's context when the snapshot holds no record of it.
+DEFAULT_MAX_MODEL_LEN = 8192
+# A prompt list's routing key (completions, embeddings) hashes this much of its
+# first prompt: prompts that share a long opening (few-shot examples) share a
+# key, and a warm prefix cache.
+_OPENING_CHARS = 1024
+_OPENING_TOKENS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +175,9 @@ class ChatPlan:
     surface: Surface = "chat"
     # Sequences the engine generates: n, times the prompts of a completion.
     choices: int = 1
+    # An embeddings request's count of each input, in order (what a split
+    # across replicas is cut by: routing.domain.embedding_split).
+    input_tokens: tuple[int, ...] = ()
 
     @property
     def request_tokens(self) -> int:
@@ -183,19 +199,6 @@ class ChatPlan:
         line is still the batch's work.
         """
         return self.tier is Tier.BATCH or self.batch_key
-
-
-@dataclass(frozen=True, slots=True)
-class TokenizePlan:
-    """One ``/tokenize`` request, resolved: which version, and what to send it.
-
-    ``payload`` is the client's body with ``model`` set to the served model name.
-    """
-
-    team: str
-    model_ref: str
-    resolution: Resolution
-    payload: bytes
 
 
 def team_limit(
@@ -231,6 +234,117 @@ def payload_for(payload: bytes, tier: Tier, version: VersionRecord | None) -> by
     return json.dumps(body).encode()
 
 
+class _CheckedBody(Protocol):
+    """A checked ``/v1`` body: each names the model asked for."""
+
+    @property
+    def model(self) -> str: ...
+
+
+_Body = TypeVar("_Body", bound=_CheckedBody)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanOpening:
+    """What every ``/v1`` planner decides first: the tier (``x-priority``), the
+    routing key, the version and the team's limits on its model.
+
+    ``version`` is the version's record (None when the snapshot holds none),
+    ``max_model_len`` its context (a default without a record).
+    """
+
+    tier: Tier
+    routing_key: str
+    resolution: Resolution
+    limit: LimitRecord
+    version: VersionRecord | None
+    max_model_len: int
+
+
+def start_plan(
+    check: Callable[[Mapping[str, Any]], _Body],
+    key_messages: Callable[[_Body], Sequence[object]],
+    *,
+    snapshot: ConfigSnapshot,
+    settings: GatewaySettings,
+    team: str,
+    headers: Mapping[bytes, bytes],
+    body: Mapping[str, Any],
+    rng: random.Random,
+    kind: str = "chat",
+) -> tuple[_Body, PlanOpening]:
+    """Return ``body`` as ``check`` checks it, and the request's opening.
+
+    ``key_messages`` gives what the routing key hashes when the request names no
+    conversation (``x-conversation-id``); ``kind`` is the kind of model the
+    request's API serves.
+
+    Raises:
+        GatewayError: 400 a bad ``x-priority`` or body (a ``BodyError``), a model
+            of another kind; 403/404/503 as for any model (see the module).
+    """
+    try:
+        tier = parse_tier(header_text(headers, b"x-priority"))
+    except ValueError as exc:
+        raise GatewayError(400, str(exc), param="x-priority") from None
+    try:
+        checked = check(body)
+    except BodyError as exc:
+        raise refuse_body(exc) from None
+    key = routing_key(header_text(headers, b"x-conversation-id"), key_messages(checked))
+    resolution, limit = resolve_for_team(
+        snapshot, settings, team, checked.model, key, rng, kind=kind
+    )
+    version = snapshot.versions.get((resolution.model, resolution.version))
+    return checked, PlanOpening(
+        tier=tier,
+        routing_key=key,
+        resolution=resolution,
+        limit=limit,
+        version=version,
+        max_model_len=version.max_model_len if version else DEFAULT_MAX_MODEL_LEN,
+    )
+
+
+def plan_upstream_body(
+    body: Mapping[str, Any],
+    opening: PlanOpening,
+    surface: Surface,
+    *,
+    max_tokens: int = 0,
+) -> bytes:
+    """Return the engine's body: the client's, less the fields the gateway sets
+    (``_GATEWAY_FIELDS``), with the served model's name, a stream with usage (a
+    generation; a response's ``store`` false), ``max_tokens`` (a response's
+    ``max_output_tokens``; an embedding has none) and the tier as vLLM's
+    priority where the version's engine schedules by priority."""
+    upstream = {k: v for k, v in body.items() if k not in _GATEWAY_FIELDS[surface]}
+    upstream["model"] = opening.resolution.model
+    if surface == "responses":
+        upstream.update(stream=True, store=False, max_output_tokens=max_tokens)
+    elif surface != "embeddings":
+        upstream.update(
+            stream=True,
+            stream_options={"include_usage": True},
+            max_tokens=max_tokens,
+        )
+    if opening.version is not None and opening.version.priority_scheduling:
+        upstream["priority"] = opening.tier.rank
+    return json.dumps(upstream).encode()
+
+
+def opening_messages(first: str | list[int]) -> list[dict[str, Any]]:
+    """Return what a prompt list's routing key hashes: the opening of its first
+    prompt (``_OPENING_CHARS`` characters or ``_OPENING_TOKENS`` token ids), as a
+    user message."""
+    opening = (
+        first[:_OPENING_CHARS]
+        if isinstance(first, str)
+        else json.dumps(first[:_OPENING_TOKENS])
+    )
+    return [{"role": "user", "content": opening}]
+
+
 async def plan_chat(
     *,
     snapshot: ConfigSnapshot,
@@ -251,51 +365,39 @@ async def plan_chat(
     Raises:
         GatewayError: the request cannot be served as asked (see the module).
     """
-    try:
-        tier = parse_tier(_header(headers, b"x-priority"))
-    except ValueError as exc:
-        raise GatewayError(400, str(exc), param="x-priority") from None
-    try:
-        checked = check_chat_body(body)
-    except BodyError as exc:
-        raise _bad_body(exc) from None
-    messages = checked.messages
-    key = routing_key(_header(headers, b"x-conversation-id"), messages)
-    resolution, limit = _resolve_for_team(
-        snapshot, settings, team, checked.model, key, rng
+    checked, opening = start_plan(
+        check_chat_body,
+        lambda checked: checked.messages,
+        snapshot=snapshot,
+        settings=settings,
+        team=team,
+        headers=headers,
+        body=body,
+        rng=rng,
     )
-    version = snapshot.versions.get((resolution.model, resolution.version))
-    _check_tools_served(checked.tools, resolution, version)
+    messages = checked.messages
+    _check_tools_served(checked.tools, opening)
     prompt_tokens, max_tokens = await _count_and_fit(
         counters,
-        version,
+        opening,
         messages,
         checked.tools,
         asked=checked.max_tokens,
         default=settings.default_max_tokens,
         names=("messages", "max_tokens"),
     )
-    upstream_body = {k: v for k, v in body.items() if k not in _GATEWAY_FIELDS}
-    upstream_body.update(
-        model=resolution.model,
-        stream=True,
-        stream_options={"include_usage": True},
-        max_tokens=max_tokens,
-    )
-    if version is not None and version.priority_scheduling:
-        upstream_body["priority"] = tier.rank
     return ChatPlan(
         request_id=f"chatcmpl-{secrets.token_hex(12)}",
         team=team,
         model_ref=checked.model,
-        resolution=resolution,
-        tier=tier,
-        limit=limit,
+        resolution=opening.resolution,
+        tier=opening.tier,
+        limit=opening.limit,
         prompt_tokens=prompt_tokens,
         max_tokens=max_tokens,
         stream=checked.stream,
-        routing_key=key,
-        payload=json.dumps(upstream_body).encode(),
+        routing_key=opening.routing_key,
+        payload=plan_upstream_body(body, opening, "chat", max_tokens=max_tokens),
         started_at=started_at,
         include_usage=checked.include_usage,
         first_turn=not any(m.get("role") == "assistant" for m in messages),
@@ -319,38 +421,25 @@ async def plan_completion(
     """Return the plan of one ``/v1/completions`` request from ``team``.
 
     The routing key is the conversation header's, else a hash of the opening of
-    the first prompt (``_COMPLETION_KEY_CHARS`` characters or
-    ``_COMPLETION_KEY_TOKENS`` token ids). Each prompt must fit the context with
+    the first prompt (``opening_messages``). Each prompt must fit the context with
     ``max_tokens`` (with ``echo`` the prompt comes back too, uncharged: it is
     counted once, as prompt tokens).
 
     Raises:
         GatewayError: the request cannot be served as asked (see the module).
     """
-    try:
-        tier = parse_tier(_header(headers, b"x-priority"))
-    except ValueError as exc:
-        raise GatewayError(400, str(exc), param="x-priority") from None
-    try:
-        checked = check_completion_body(body)
-    except BodyError as exc:
-        raise _bad_body(exc) from None
-    first = checked.prompts[0]
-    opening = (
-        first[:_COMPLETION_KEY_CHARS]
-        if isinstance(first, str)
-        else json.dumps(first[:_COMPLETION_KEY_TOKENS])
+    checked, opening = start_plan(
+        check_completion_body,
+        lambda checked: opening_messages(checked.prompts[0]),
+        snapshot=snapshot,
+        settings=settings,
+        team=team,
+        headers=headers,
+        body=body,
+        rng=rng,
     )
-    key = routing_key(
-        _header(headers, b"x-conversation-id"),
-        [{"role": "user", "content": opening}],
-    )
-    resolution, limit = _resolve_for_team(
-        snapshot, settings, team, checked.model, key, rng
-    )
-    version = snapshot.versions.get((resolution.model, resolution.version))
-    max_model_len = version.max_model_len if version else _DEFAULT_MAX_MODEL_LEN
-    counts = await counters.count_prompts(version, checked.prompts)
+    max_model_len = opening.max_model_len
+    counts = await counters.count_prompts(opening.version, checked.prompts)
     max_tokens = checked.max_tokens or DEFAULT_COMPLETION_MAX_TOKENS
     for index, count in enumerate(counts):
         if count + max_tokens > max_model_len:
@@ -361,27 +450,18 @@ async def plan_completion(
                 param="prompt",
                 code="context_length_exceeded",
             )
-    upstream_body = {k: v for k, v in body.items() if k not in _GATEWAY_FIELDS}
-    upstream_body.update(
-        model=resolution.model,
-        stream=True,
-        stream_options={"include_usage": True},
-        max_tokens=max_tokens,
-    )
-    if version is not None and version.priority_scheduling:
-        upstream_body["priority"] = tier.rank
     return ChatPlan(
         request_id=f"cmpl-{secrets.token_hex(12)}",
         team=team,
         model_ref=checked.model,
-        resolution=resolution,
-        tier=tier,
-        limit=limit,
+        resolution=opening.resolution,
+        tier=opening.tier,
+        limit=opening.limit,
         prompt_tokens=sum(counts),
         max_tokens=max_tokens,
         stream=checked.stream,
-        routing_key=key,
-        payload=json.dumps(upstream_body).encode(),
+        routing_key=opening.routing_key,
+        payload=plan_upstream_body(body, opening, "completions", max_tokens=max_tokens),
         started_at=started_at,
         include_usage=checked.include_usage,
         batch_key=batch_key,
@@ -411,53 +491,39 @@ async def plan_response(
     Raises:
         GatewayError: the request cannot be served as asked (see the module).
     """
-    try:
-        tier = parse_tier(_header(headers, b"x-priority"))
-    except ValueError as exc:
-        raise GatewayError(400, str(exc), param="x-priority") from None
-    try:
-        checked = check_responses_body(body)
-    except BodyError as exc:
-        raise _bad_body(exc) from None
-    messages = checked.messages
-    key = routing_key(_header(headers, b"x-conversation-id"), messages)
-    resolution, limit = _resolve_for_team(
-        snapshot, settings, team, checked.model, key, rng
+    checked, opening = start_plan(
+        check_responses_body,
+        lambda checked: checked.messages,
+        snapshot=snapshot,
+        settings=settings,
+        team=team,
+        headers=headers,
+        body=body,
+        rng=rng,
     )
-    version = snapshot.versions.get((resolution.model, resolution.version))
-    _check_tools_served(checked.tools, resolution, version)
+    messages = checked.messages
+    _check_tools_served(checked.tools, opening)
     prompt_tokens, max_tokens = await _count_and_fit(
         counters,
-        version,
+        opening,
         messages,
         checked.tools,
         asked=checked.max_output_tokens,
         default=settings.default_max_tokens,
         names=("input", "max_output_tokens"),
     )
-    upstream_body = {
-        k: v for k, v in body.items() if k not in _GATEWAY_RESPONSES_FIELDS
-    }
-    upstream_body.update(
-        model=resolution.model,
-        stream=True,
-        store=False,
-        max_output_tokens=max_tokens,
-    )
-    if version is not None and version.priority_scheduling:
-        upstream_body["priority"] = tier.rank
     return ChatPlan(
         request_id=f"resp_{secrets.token_hex(12)}",
         team=team,
         model_ref=checked.model,
-        resolution=resolution,
-        tier=tier,
-        limit=limit,
+        resolution=opening.resolution,
+        tier=opening.tier,
+        limit=opening.limit,
         prompt_tokens=prompt_tokens,
         max_tokens=max_tokens,
         stream=checked.stream,
-        routing_key=key,
-        payload=json.dumps(upstream_body).encode(),
+        routing_key=opening.routing_key,
+        payload=plan_upstream_body(body, opening, "responses", max_tokens=max_tokens),
         started_at=started_at,
         first_turn=not any(m.get("role") == "assistant" for m in messages),
         batch_key=batch_key,
@@ -465,45 +531,7 @@ async def plan_response(
     )
 
 
-def plan_tokenize(
-    *,
-    snapshot: ConfigSnapshot,
-    settings: GatewaySettings,
-    team: str,
-    headers: Mapping[bytes, bytes],
-    body: Mapping[str, Any],
-    rng: random.Random,
-) -> TokenizePlan:
-    """Return the plan of one ``/tokenize`` request from ``team``.
-
-    The model resolves as a chat's would (alias, ``@vN`` pin, the canary slice of
-    the same conversation), so the count is the version's that would serve it.
-
-    Raises:
-        GatewayError: 400 bad body, 403/404/503 as for a chat.
-    """
-    try:
-        checked = check_tokenize_body(body)
-    except BodyError as exc:
-        raise _bad_body(exc) from None
-    messages = (
-        checked.messages
-        if checked.messages is not None
-        else [{"role": "user", "content": checked.prompt}]
-    )
-    key = routing_key(_header(headers, b"x-conversation-id"), messages)
-    resolution, _ = _resolve_for_team(
-        snapshot, settings, team, checked.model, key, rng, kind=None
-    )
-    return TokenizePlan(
-        team=team,
-        model_ref=checked.model,
-        resolution=resolution,
-        payload=json.dumps({**body, "model": resolution.model}).encode(),
-    )
-
-
-def _resolve_for_team(
+def resolve_for_team(
     snapshot: ConfigSnapshot,
     settings: GatewaySettings,
     team: str,
@@ -561,11 +589,10 @@ def _resolve_for_team(
 
 
 def _check_tools_served(
-    tools: list[dict[str, Any]] | None,
-    resolution: Resolution,
-    version: VersionRecord | None,
+    tools: list[dict[str, Any]] | None, opening: PlanOpening
 ) -> None:
     """Refuse tools (400) for a version whose engine parses no tool calls."""
+    resolution, version = opening.resolution, opening.version
     if tools is not None and not (version and version.tool_call_parser):
         raise GatewayError(
             400,
@@ -579,7 +606,7 @@ def _check_tools_served(
 
 async def _count_and_fit(
     counters: VersionCounters,
-    version: VersionRecord | None,
+    opening: PlanOpening,
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
     *,
@@ -596,9 +623,9 @@ async def _count_and_fit(
     """
     prompt_name, limit_name = names
     verb = "take" if prompt_name.endswith("s") else "takes"
-    max_model_len = version.max_model_len if version else _DEFAULT_MAX_MODEL_LEN
+    max_model_len = opening.max_model_len
     try:
-        prompt_tokens = await counters.count(version, messages, tools)
+        prompt_tokens = await counters.count(opening.version, messages, tools)
     except PromptRejected as exc:
         raise GatewayError(400, str(exc), param=prompt_name) from None
     if asked is None:
@@ -615,12 +642,3 @@ async def _count_and_fit(
             code="context_length_exceeded",
         )
     return prompt_tokens, max_tokens
-
-
-def _bad_body(exc: BodyError) -> GatewayError:
-    return GatewayError(400, exc.message, param=exc.param, code=exc.code)
-
-
-def _header(headers: Mapping[bytes, bytes], name: bytes) -> str | None:
-    value = headers.get(name)
-    return value.decode("latin-1") if value is not None else None

@@ -1,10 +1,10 @@
 """``POST /tokenize`` through the gateway: vLLM's tokenizer endpoint, per version.
 
-Public surface: ``TokenizeProxy``.
+Public surface: ``TokenizePlan``, ``plan_tokenize``, ``TokenizeProxy``.
 
 Tools such as ``vllm bench serve`` count tokens with the server's ``/tokenize``.
 The gateway authenticates the team key and resolves the model as it does a chat
-(``routing.plan.plan_tokenize``), then passes the body to a serving replica of that
+(``plan_tokenize``, with ``routing.plan.resolve_for_team``), then passes the body to a serving replica of that
 version, least loaded first, and its answer back untouched (vLLM's
 ``{"count", "max_model_len", "tokens", "token_strs"}``). A replica that cannot be
 reached, refuses the engine key or fails with a 5xx is ejected and the next is
@@ -14,27 +14,88 @@ nothing: no admission, no bucket charge, no usage row.
 
 from __future__ import annotations
 
+import json
 import logging
+import random
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 
 from config.asgi_io import Send
+from config.json_body import BodyError
+from routing.domain.chat_body import check_tokenize_body
+from routing.domain.resolve import Resolution
+from routing.domain.routing_key import routing_key
 from routing.domain.snapshot import ConfigSnapshot
+from routing.intake import header_text, refuse_body
 from routing.live import LiveLoad
-from routing.plan import TokenizePlan
+from routing.plan import GatewaySettings, resolve_for_team
 from routing.responses import GatewayError, respond, upstream_client_error
 from routing.upstream import Upstream
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TokenizeProxy"]
+__all__ = ["TokenizePlan", "TokenizeProxy", "plan_tokenize"]
 
 # Replicas tried per request: tokenizing is cheap and any replica of the version
 # gives the same answer, so a second try covers one that just died.
 _ATTEMPTS = 2
 # Tokenizing a prompt at the body limit takes well under a second on a replica.
 _TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizePlan:
+    """One ``/tokenize`` request, resolved: which version, and what to send it.
+
+    ``payload`` is the client's body with ``model`` set to the served model name.
+    """
+
+    team: str
+    model_ref: str
+    resolution: Resolution
+    payload: bytes
+
+
+def plan_tokenize(
+    *,
+    snapshot: ConfigSnapshot,
+    settings: GatewaySettings,
+    team: str,
+    headers: Mapping[bytes, bytes],
+    body: Mapping[str, Any],
+    rng: random.Random,
+) -> TokenizePlan:
+    """Return the plan of one ``/tokenize`` request from ``team``.
+
+    The model resolves as a chat's would (alias, ``@vN`` pin, the canary slice of
+    the same conversation), so the count is the version's that would serve it.
+
+    Raises:
+        GatewayError: 400 bad body, 403/404/503 as for a chat.
+    """
+    try:
+        checked = check_tokenize_body(body)
+    except BodyError as exc:
+        raise refuse_body(exc) from None
+    messages = (
+        checked.messages
+        if checked.messages is not None
+        else [{"role": "user", "content": checked.prompt}]
+    )
+    key = routing_key(header_text(headers, b"x-conversation-id"), messages)
+    resolution, _ = resolve_for_team(
+        snapshot, settings, team, checked.model, key, rng, kind=None
+    )
+    return TokenizePlan(
+        team=team,
+        model_ref=checked.model,
+        resolution=resolution,
+        payload=json.dumps({**body, "model": resolution.model}).encode(),
+    )
 
 
 class TokenizeProxy:

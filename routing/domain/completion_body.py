@@ -6,7 +6,7 @@ checks with (``MAX_PROMPTS``, ``MAX_COMPLETION_LOGPROBS``,
 schema.
 
 A prompt is a string, a list of strings, a list of token ids or a list of such
-lists; each prompt of a list is answered with ``n`` choices of its own, and each
+lists (``routing.domain.prompt_list``); each prompt of a list is answered with ``n`` choices of its own, and each
 choice is charged ``max_tokens`` up front (16 when absent, OpenAI's and vLLM's
 default). The sampling fields are chat's (``routing.domain.chat_body``). What the
 platform does not serve is refused clearly, never dropped: ``suffix`` (the models
@@ -27,12 +27,12 @@ from routing.domain.chat_body import (
     check_sampling,
     check_stream,
 )
+from routing.domain.prompt_list import Prompt, check_prompt_list
 
 __all__ = [
     "DEFAULT_COMPLETION_MAX_TOKENS",
     "MAX_COMPLETION_LOGPROBS",
     "MAX_PROMPTS",
-    "MAX_TOKEN_ID",
     "CompletionBody",
     "check_completion_body",
 ]
@@ -41,9 +41,6 @@ DEFAULT_COMPLETION_MAX_TOKENS = 16
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's cap
 # Prompts in one request: each is a sequence of its own on the engine.
 MAX_PROMPTS = 64
-MAX_TOKEN_ID = 2**31 - 1
-
-Prompt = str | list[int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +68,7 @@ def check_completion_body(body: Mapping[str, Any]) -> CompletionBody:
             serve.
     """
     model = check_model(body)
-    prompts = _prompts(body.get("prompt"))
+    prompts = check_prompt_list(body.get("prompt"), name="prompt", cap=MAX_PROMPTS)
     max_tokens = body.get("max_tokens")
     if max_tokens is not None and not (_is_int(max_tokens) and max_tokens >= 1):
         raise BodyError("max_tokens must be a positive integer", param="max_tokens")
@@ -117,45 +114,3 @@ def check_completion_body(body: Mapping[str, Any]) -> CompletionBody:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _prompts(prompt: Any) -> list[Prompt]:
-    """Return the prompt as a list of prompts (each text or token ids)."""
-    if prompt is None:
-        raise BodyError("prompt is required", param="prompt")
-    if isinstance(prompt, str):
-        if not prompt:
-            # As vLLM refuses it (400), before it is charged.
-            raise BodyError("prompt must not be empty", param="prompt")
-        return [prompt]
-    if not isinstance(prompt, list) or not prompt:
-        raise BodyError(
-            "prompt must be a string, a list of strings, a list of token ids or a "
-            "list of lists of token ids, and not empty",
-            param="prompt",
-        )
-    if all(_is_int(token) for token in prompt):
-        return [_token_ids(prompt, "prompt")]
-    if len(prompt) > MAX_PROMPTS:
-        raise BodyError(
-            f"prompt may hold at most {MAX_PROMPTS} prompts", param="prompt"
-        )
-    prompts: list[Prompt] = []
-    for index, item in enumerate(prompt):
-        if isinstance(item, str) and item:
-            prompts.append(item)
-        elif isinstance(item, list) and item:
-            prompts.append(_token_ids(item, f"prompt.{index}"))
-        else:
-            raise BodyError(
-                "each prompt of a list must be a non-empty string or a non-empty "
-                "list of token ids",
-                param=f"prompt.{index}",
-            )
-    return prompts
-
-
-def _token_ids(ids: list[Any], param: str) -> list[int]:
-    if not all(_is_int(t) and 0 <= t <= MAX_TOKEN_ID for t in ids):
-        raise BodyError("token ids must be integers from 0 to 2147483647", param=param)
-    return ids

@@ -6,9 +6,9 @@ schema.
 
 ``input`` is a non-empty string, a list of up to ``MAX_EMBEDDING_INPUTS``
 non-empty strings, a list of token ids, or a list of such lists (OpenAI's
-shapes, as vLLM takes them); each entry is embedded on its own. The answer is
-never streamed: ``stream`` is refused rather than dropped. Messages never quote
-the client's values.
+shapes, as vLLM takes them: ``routing.domain.prompt_list``); each entry is
+embedded on its own. The answer is never streamed: ``stream`` is refused rather
+than dropped. Messages never quote the client's values.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 
 from config.json_body import BodyError
 from routing.domain.chat_body import check_model
+from routing.domain.prompt_list import Prompt, check_prompt_list
 
 __all__ = [
     "ENCODING_FORMATS",
@@ -29,10 +30,7 @@ __all__ = [
 
 # Inputs in one request: OpenAI's cap.
 MAX_EMBEDDING_INPUTS = 2048
-MAX_TOKEN_ID = 2**31 - 1
 ENCODING_FORMATS = ("float", "base64")
-
-EmbeddingInput = str | list[int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +42,7 @@ class EmbeddingBody:
     """
 
     model: str
-    inputs: list[EmbeddingInput]
+    inputs: list[Prompt]
     encoding_format: str
     dimensions: int | None
 
@@ -57,7 +55,9 @@ def check_embedding_body(body: Mapping[str, Any]) -> EmbeddingBody:
             serve.
     """
     model = check_model(body)
-    inputs = _inputs(body.get("input"))
+    inputs = check_prompt_list(
+        body.get("input"), name="input", cap=MAX_EMBEDDING_INPUTS
+    )
     encoding_format = body.get("encoding_format", "float")
     if encoding_format is None:
         encoding_format = "float"
@@ -87,44 +87,3 @@ def check_embedding_body(body: Mapping[str, Any]) -> EmbeddingBody:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _inputs(value: Any) -> list[EmbeddingInput]:
-    """Return the input as a list of inputs (each text or token ids)."""
-    if value is None:
-        raise BodyError("input is required", param="input")
-    if isinstance(value, str):
-        if not value:
-            raise BodyError("input must not be empty", param="input")
-        return [value]
-    if not isinstance(value, list) or not value:
-        raise BodyError(
-            "input must be a string, a list of strings, a list of token ids or a "
-            "list of lists of token ids, and not empty",
-            param="input",
-        )
-    if all(_is_int(token) for token in value):
-        return [_token_ids(value, "input")]
-    if len(value) > MAX_EMBEDDING_INPUTS:
-        raise BodyError(
-            f"input may hold at most {MAX_EMBEDDING_INPUTS} entries", param="input"
-        )
-    inputs: list[EmbeddingInput] = []
-    for index, item in enumerate(value):
-        if isinstance(item, str) and item:
-            inputs.append(item)
-        elif isinstance(item, list) and item:
-            inputs.append(_token_ids(item, f"input.{index}"))
-        else:
-            raise BodyError(
-                "each input of a list must be a non-empty string or a non-empty "
-                "list of token ids",
-                param=f"input.{index}",
-            )
-    return inputs
-
-
-def _token_ids(ids: list[Any], param: str) -> list[int]:
-    if not all(_is_int(t) and 0 <= t <= MAX_TOKEN_ID for t in ids):
-        raise BodyError("token ids must be integers from 0 to 2147483647", param=param)
-    return ids

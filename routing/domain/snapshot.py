@@ -17,6 +17,7 @@ from types import MappingProxyType
 from typing import TypeVar
 
 __all__ = [
+    "MODEL_KINDS",
     "ConfigSnapshot",
     "KeyRecord",
     "LimitRecord",
@@ -25,6 +26,9 @@ __all__ = [
     "ReplicaRecord",
     "VersionRecord",
 ]
+
+# What a model name serves (models_registry's ModelKind): which API answers it.
+MODEL_KINDS = ("chat", "embedding")
 
 
 @dataclass(frozen=True, slots=True)

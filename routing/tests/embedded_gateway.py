@@ -67,7 +67,8 @@ MODEL = "chat-7b"
 UNGRANTED_MODEL = "reason-70b"
 # An embedding model (with ``embedding=True``): 4 dimensions, inputs up to 32
 # tokens, the team granted, served by the same replica URL (``embedding_replicas``
-# replicas of it there, for failover).
+# replicas of it there, for failover). The team's limits on every model are
+# unbounded unless ``tokens_per_minute`` and ``max_concurrency`` are given.
 EMBEDDING_MODEL = "embed-1"
 _TEAM = "alpha"
 
@@ -93,7 +94,12 @@ class Answer:
 
 
 def _snapshot(
-    replica_url: str | None, *, embedding: bool = False, embedding_replicas: int = 1
+    replica_url: str | None,
+    *,
+    embedding: bool = False,
+    embedding_replicas: int = 1,
+    tokens_per_minute: int = 10**9,
+    max_concurrency: int = 10_000,
 ) -> ConfigSnapshot:
     now = time.time()
     served = [MODEL, EMBEDDING_MODEL] if embedding else [MODEL]
@@ -134,8 +140,8 @@ def _snapshot(
             (_TEAM, name): LimitRecord(
                 team=_TEAM,
                 model=name,
-                tokens_per_minute=10**9,
-                max_concurrency=10_000,
+                tokens_per_minute=tokens_per_minute,
+                max_concurrency=max_concurrency,
                 guaranteed_share=0.0,
             )
             for name in served
@@ -180,9 +186,15 @@ class EmbeddedGateway:
         settings: GatewaySettings | None = None,
         embedding: bool = False,
         embedding_replicas: int = 1,
+        tokens_per_minute: int = 10**9,
+        max_concurrency: int = 10_000,
     ) -> None:
         snapshot = _snapshot(
-            replica_url, embedding=embedding, embedding_replicas=embedding_replicas
+            replica_url,
+            embedding=embedding,
+            embedding_replicas=embedding_replicas,
+            tokens_per_minute=tokens_per_minute,
+            max_concurrency=max_concurrency,
         )
         self.loop = asyncio.new_event_loop()
         self.settings = settings or GatewaySettings(

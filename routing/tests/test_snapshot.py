@@ -11,8 +11,9 @@ from pytest_django import DjangoAssertNumQueries
 from accounts import services as accounts
 from accounts.models import ApiKey, Team
 from models_registry import services as registry_services
-from models_registry.models import ModelVersion
+from models_registry.models import ModelKind, ModelVersion
 from rollouts import services as rollouts
+from routing.domain.snapshot import MODEL_KINDS
 from routing.services import build_snapshot
 from tests.factories import (
     VERSION_BODY,
@@ -171,6 +172,11 @@ def test_snapshot_carries_a_models_kind_and_embedding_sizes(
         512,
     )
     assert embed.is_embedding and not chat.is_embedding
+
+
+def test_the_snapshots_model_kinds_are_the_registrys() -> None:
+    # /v1/models and its schema name the kinds from the snapshot's list.
+    assert list(MODEL_KINDS) == list(ModelKind.values)
 
 
 def test_snapshot_query_count_is_fixed(
