@@ -30,6 +30,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from routing.domain.embedding_body import check_embedding_body
 from routing.domain.snapshot import ConfigSnapshot, ModelRecord, VersionRecord
 from routing.plan import (
@@ -45,6 +47,7 @@ from routing.responses import FinalUsage, GatewayError
 
 __all__ = [
     "EngineEmbeddings",
+    "EngineVector",
     "embedding_answer",
     "longest_input",
     "merge_embeddings",
@@ -128,13 +131,55 @@ def longest_input(record: ModelRecord, version: VersionRecord | None) -> int:
     )
 
 
+class EngineVector(msgspec.Struct):
+    """One vector of an engine's answer. Its ``embedding`` (a list of floats, or
+    base64 text) is kept as the engine's own bytes: never parsed into floats or
+    written out again, as a whole answer can be megabytes of numbers."""
+
+    index: int
+    embedding: msgspec.Raw
+    object: str = "embedding"
+
+
+class _EngineAnswer(msgspec.Struct):
+    """An engine's embeddings answer as the gateway reads it (other fields are
+    dropped: OpenAI's answer has no others)."""
+
+    data: list[EngineVector]
+    id: str | None = None
+    created: int | None = None
+    usage: dict[str, Any] | None = None
+
+
+class _ClientAnswer(msgspec.Struct, omit_defaults=True):
+    """The client's answer: OpenAI's fields, then who served it (``created``
+    and ``replica_ids`` only where there is one)."""
+
+    id: str
+    object: str
+    data: list[EngineVector]
+    model: str
+    usage: dict[str, int]
+    model_version: str
+    region: str
+    replica_id: str
+    created: int | None = None
+    replica_ids: list[str] | None = None
+
+
+_DECODER = msgspec.json.Decoder(_EngineAnswer)
+_ENCODER = msgspec.json.Encoder()
+
+
 @dataclass(frozen=True, slots=True)
 class EngineEmbeddings:
-    """An engine's 200 answer to an embeddings request, read: its JSON object
-    (``data`` a list) and its usage."""
+    """An engine's 200 answer to an embeddings request, read: its vectors (each
+    still the engine's bytes), its id and creation time, and its usage."""
 
-    answer: dict[str, Any]
+    data: list[EngineVector]
     usage: FinalUsage
+    answer_id: str | None = None
+    created: int | None = None
 
 
 def read_embeddings(raw: bytes, *, counted: int) -> EngineEmbeddings:
@@ -142,21 +187,28 @@ def read_embeddings(raw: bytes, *, counted: int) -> EngineEmbeddings:
     (``counted``, the gateway's count, when it sent none); nothing is generated,
     so completion tokens are 0.
 
+    Only the answer's frame is parsed: each vector's numbers are skipped over,
+    not read (``EngineVector``), so a large answer costs the event loop a scan.
+
     Raises:
-        ValueError: the body is not an embeddings answer (JSON with ``data``).
+        ValueError: the body is not an embeddings answer (JSON with ``data``, a
+            list of vectors each with an integer ``index`` and an ``embedding``).
     """
-    answer = json.loads(raw)
-    if not isinstance(answer, dict) or not isinstance(answer.get("data"), list):
-        raise ValueError("not an embeddings answer")
-    engine_usage = answer.get("usage")
-    prompt_tokens = counted
-    if isinstance(engine_usage, dict) and isinstance(
-        engine_usage.get("prompt_tokens"), int
-    ):
-        prompt_tokens = engine_usage["prompt_tokens"]
+    try:
+        answer = _DECODER.decode(raw)
+    except msgspec.MsgspecError as exc:
+        raise ValueError(f"not an embeddings answer: {exc}") from None
+    engine_usage = answer.usage or {}
+    prompt_tokens = engine_usage.get("prompt_tokens")
+    if type(prompt_tokens) is not int:
+        prompt_tokens = counted
     return EngineEmbeddings(
-        answer,
-        FinalUsage(prompt_tokens=prompt_tokens, cached_tokens=0, completion_tokens=0),
+        data=answer.data,
+        usage=FinalUsage(
+            prompt_tokens=prompt_tokens, cached_tokens=0, completion_tokens=0
+        ),
+        answer_id=answer.id,
+        created=answer.created,
     )
 
 
@@ -183,19 +235,27 @@ def merge_embeddings(
     Raises:
         ValueError: a chunk's answer does not hold one vector per input.
     """
-    data: list[Any] = []
+    data: list[EngineVector] = []
     for part, chunk in zip(parts, chunks, strict=True):
-        items = part.answer["data"]
-        if not all(
-            isinstance(item, dict) and type(item.get("index")) is int for item in items
-        ) or sorted(item["index"] for item in items) != list(range(len(chunk))):
+        items = part.data
+        if sorted(item.index for item in items) != list(range(len(chunk))):
             raise ValueError("a chunk's answer does not hold one vector per input")
-        for item in sorted(items, key=lambda item: item["index"]):
-            data.append({**item, "index": chunk.start + item["index"]})
+        for item in sorted(items, key=lambda item: item.index):
+            data.append(
+                EngineVector(
+                    index=chunk.start + item.index,
+                    embedding=item.embedding,
+                    object=item.object,
+                )
+            )
     prompt_tokens = sum(part.usage.prompt_tokens for part in parts)
     return EngineEmbeddings(
-        {**parts[0].answer, "data": data},
-        FinalUsage(prompt_tokens=prompt_tokens, cached_tokens=0, completion_tokens=0),
+        data=data,
+        usage=FinalUsage(
+            prompt_tokens=prompt_tokens, cached_tokens=0, completion_tokens=0
+        ),
+        answer_id=parts[0].answer_id,
+        created=parts[0].created,
     )
 
 
@@ -209,18 +269,18 @@ def embedding_answer(
     """Return the client's answer and its id: the engine's, with the model as
     asked, the usage the engine's, and who served it (``replica_id``; a split
     answer names every replica of its chunks in ``replica_ids`` too)."""
-    answer = dict(engine.answer)
     prompt_tokens = engine.usage.prompt_tokens
-    answer_id = str(answer.get("id") or plan.request_id)
-    answer.update(
+    answer_id = engine.answer_id or plan.request_id
+    answer = _ClientAnswer(
         id=answer_id,
         object="list",
+        data=engine.data,
         model=plan.model_ref,
         usage={"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
         model_version=plan.resolution.version,
         region=region,
         replica_id=replica_ids[0],
+        created=engine.created,
+        replica_ids=list(replica_ids) if len(replica_ids) > 1 else None,
     )
-    if len(replica_ids) > 1:
-        answer["replica_ids"] = list(replica_ids)
-    return json.dumps(answer).encode(), answer_id
+    return _ENCODER.encode(answer), answer_id
