@@ -36,7 +36,9 @@ task ``control.autoscale_pools``, every ``PLATFORM_AUTOSCALE_INTERVAL_S``):
 2. **Decide**, with the state kept from the last tick (``Pool.autoscaler_state``:
    in the database, so it survives a worker restart and needs no Redis).
 3. **Write.** When the policy changes the size (its desired size differs from the
-   replicas the pool has) and that differs from the size the agents aim at, the
+   replicas the pool has) and that differs from the size the agents aim at (a
+   scale-up smaller than that size, taken before the agents wrote the rows of
+   the replicas asked for, is not written), the
    new ``desired_replicas`` is written compare-and-set on the value read (an
    operator's or another worker's change in between wins, and no row is written),
    with one ``ScalingDecision`` row; otherwise only the state is written. Rows are
@@ -552,7 +554,15 @@ def _tick(
     state = AutoscalerState.from_dict(stored.get("state") or {})
     decision, state = decide(policy, state, signals)
     target = pool.target_replicas
-    is_change = decision.changed and decision.desired != target
+    # A scale-up never lowers what the pool already asked for: until the agents
+    # have written the rows of the replicas it asked for, a tick counts fewer than
+    # the target, and its (smaller) scale-up would undo the larger one. Unless the
+    # region has no GPUs for them: then the lower size frees the claim for others.
+    is_undoing = (
+        decision.current < decision.desired < target
+        and not decision.is_capacity_exhausted
+    )
+    is_change = decision.changed and decision.desired != target and not is_undoing
     counts = dict(stored.get("decisions") or {})
     if is_change:
         counts[decision.reason.value] = int(counts.get(decision.reason.value, 0)) + 1

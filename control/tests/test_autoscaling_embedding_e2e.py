@@ -218,15 +218,12 @@ def run_scenario(platform: LivePlatform, ticker: Ticker) -> None:
             timeout_s=30,
             message="a scale-up on input tokens/s",
         )
-        pool_id = Pool.objects.get(model_id=MODEL, region=region).pk
-        # No tick while the agent starts what the pool asked for: a tick counts
-        # only the replica rows the agent has written, so one taken before it
-        # wrote them all would size the pool again from fewer (a gap of the live
-        # tick, for chat pools too, that a 5 s beat seldom meets).
-        wait_until(
-            lambda: serving(region) == Pool.objects.get(pk=pool_id).target_replicas,
+        # The tick goes on while the agent starts what the pool asked for: it
+        # counts only the rows the agent has written, and must not undo the
+        # scale-up from those.
+        ticker.until(
+            lambda pool: serving(region) == pool.target_replicas,
             timeout_s=60,
-            interval_s=0.5,
             message="the replicas asked for serving",
         )
         loaded = time.monotonic()
