@@ -360,6 +360,11 @@ try:
     PLATFORM_DEFAULT_REPLICA_TOKENS_IN_FLIGHT = env_int(
         "PLATFORM_DEFAULT_REPLICA_TOKENS_IN_FLIGHT", 110_000, minimum=1
     )
+    # The autoscaler sizes an embedding pool on input tokens/s: a replica's
+    # measured rate at its latency target, or this default until it is measured.
+    PLATFORM_DEFAULT_EMBEDDING_REPLICA_TOKENS_PER_S = env_float(
+        "PLATFORM_DEFAULT_EMBEDDING_REPLICA_TOKENS_PER_S", 40_000.0, minimum=1.0
+    )
     # The defaults of admission and routing are the domain's own (one set, shared
     # with the fleet simulator): AdmissionOptions and PolicyOptions.
     PLATFORM_ADMISSION_MAX_QUEUE = env_int(

@@ -90,6 +90,7 @@ class PoolRow(TypedDict):
     model: str
     version: str
     region: str
+    kind: str  # chat | embedding
     serving_replicas: int
     desired_replicas: int
     starting_replicas: int
@@ -97,6 +98,10 @@ class PoolRow(TypedDict):
     max_replicas: int
     tokens_in_flight: int  # its serving replicas' that still beat
     capacity_tokens_in_flight: int
+    # An embedding pool's capacity in input tokens/s (serving replicas x one's)
+    # and the input tokens/s the autoscaler last measured; None for chat.
+    capacity_tokens_per_s: float | None
+    admitted_tokens_per_s: float | None
     capacity_is_assumed: bool
     utilisation: float | None  # live: tokens in flight over capacity
     autoscaler_utilisation: float | None  # what the autoscaler's last tick saw
@@ -128,10 +133,13 @@ class FleetCells(TypedDict):
     """A pool's cells in the home page's table (its JSON feed)."""
 
     pool: str
+    kind: str
     serving_replicas: int
     desired_replicas: int
     tokens_in_flight: int
     capacity_tokens_in_flight: int
+    capacity_tokens_per_s: float | None
+    admitted_tokens_per_s: float | None
     capacity_is_assumed: bool
     utilisation: float | None
     queue_depth: int
@@ -230,6 +238,7 @@ def _pool_row(state: PoolStateOut, pool: PoolOut) -> PoolRow:
         "model": state["model"],
         "version": version,
         "region": region,
+        "kind": pool["kind"],
         "serving_replicas": pool["serving_replicas"],
         "desired_replicas": pool["desired_replicas"],
         "starting_replicas": pool["starting_replicas"],
@@ -237,6 +246,8 @@ def _pool_row(state: PoolStateOut, pool: PoolOut) -> PoolRow:
         "max_replicas": pool["max_replicas"],
         "tokens_in_flight": tokens,
         "capacity_tokens_in_flight": capacity,
+        "capacity_tokens_per_s": pool["capacity_tokens_per_s"],
+        "admitted_tokens_per_s": pool["admitted_tokens_per_s"],
         "capacity_is_assumed": pool["capacity_is_assumed"],
         "utilisation": tokens / capacity if capacity else None,
         "autoscaler_utilisation": pool["utilisation"],
@@ -445,10 +456,13 @@ def _fleet_cells(pool: PoolRow) -> FleetCells:
     """Per pool, what the home page's feed carries (its table's cells)."""
     return {
         "pool": pool["pool"],
+        "kind": pool["kind"],
         "serving_replicas": pool["serving_replicas"],
         "desired_replicas": pool["desired_replicas"],
         "tokens_in_flight": pool["tokens_in_flight"],
         "capacity_tokens_in_flight": pool["capacity_tokens_in_flight"],
+        "capacity_tokens_per_s": pool["capacity_tokens_per_s"],
+        "admitted_tokens_per_s": pool["admitted_tokens_per_s"],
         "capacity_is_assumed": pool["capacity_is_assumed"],
         "utilisation": pool["utilisation"],
         "queue_depth": pool["queue_depth"],

@@ -3,6 +3,7 @@ and writes the desired size and a row saying why.
 
 Public surface: ``autoscale_region``, ``pool_signals``, ``scaling_settings``,
 ``read_load_shares``, ``region_redis``, ``pool_state``, ``pool_figures``,
+``pool_kind``, ``replica_capacity``, ``replica_tokens_per_s``,
 ``pool_live_figures``, ``autoscaling_dict``,
 ``decision_dict``, ``get_pool``, ``set_pool_autoscaling``, ``prune_decisions``, and
 the JSON they hand to views and the console: ``PoolStateOut`` (with ``PoolOut``,
@@ -22,13 +23,22 @@ task ``control.autoscale_pools``, every ``PLATFORM_AUTOSCALE_INTERVAL_S``):
    the admission queue is not seen. The replicas' own engine queues (from their
    beats) are added to the queue depth either way. Capacity per replica is the
    version's ``load_test_tokens_in_flight``, else
-   ``PLATFORM_DEFAULT_REPLICA_TOKENS_IN_FLIGHT``, flagged as assumed. Free GPUs are
+   ``PLATFORM_DEFAULT_REPLICA_TOKENS_IN_FLIGHT``, flagged as assumed. An
+   embedding pool (its model's ``kind``) is sized on input tokens/s instead: each
+   gateway process's cumulative count of tokens admitted into the pool (its share's
+   ``a|model|version``) goes to the policy, which takes the rate since the last
+   tick, against the version's ``load_test_tokens_per_s`` (input tokens/s at its
+   latency target), else ``PLATFORM_DEFAULT_EMBEDDING_REPLICA_TOKENS_PER_S``,
+   flagged as assumed; without Redis its tokens in flight stand in, at the
+   measured ratio of the two load-test figures. Free GPUs are
    ``engine_nodes.services.free_gpus`` less the GPUs of replicas other pools of the
    region want and have not started yet.
 2. **Decide**, with the state kept from the last tick (``Pool.autoscaler_state``:
    in the database, so it survives a worker restart and needs no Redis).
 3. **Write.** When the policy changes the size (its desired size differs from the
-   replicas the pool has) and that differs from the size the agents aim at, the
+   replicas the pool has) and that differs from the size the agents aim at (a
+   scale-up smaller than that size, taken before the agents wrote the rows of
+   the replicas asked for, is not written), the
    new ``desired_replicas`` is written compare-and-set on the value read (an
    operator's or another worker's change in between wins, and no row is written),
    with one ``ScalingDecision`` row; otherwise only the state is written. Rows are
@@ -60,6 +70,7 @@ from engine_nodes.domain.liveness import ReplicaState, is_silent
 from engine_nodes.domain.load_shares import (
     gateway_load_key,
     gateways_seen_key,
+    pool_admitted,
     sum_pool_load,
     sum_replica_tokens,
 )
@@ -67,6 +78,7 @@ from engine_nodes.models import Replica, ScalingDecision
 from metering.metrics import PoolLiveFigures, PoolScalingFigures
 from models_registry.domain.autoscaler import (
     AutoscalerState,
+    PoolKind,
     PoolSignals,
     Reason,
     ScalingSettings,
@@ -172,11 +184,22 @@ class DecisionOut(TypedDict):
 
 
 class PoolScalingOut(TypedDict):
-    """What the autoscaler adds to a pool of the pool state."""
+    """What the autoscaler adds to a pool of the pool state.
 
+    ``kind`` is what the pool serves (``chat`` or ``embedding``); an embedding
+    pool's capacity is ``replica_tokens_per_s`` input tokens/s a replica
+    (``capacity_tokens_per_s`` for its serving ones), what the autoscaler sizes it
+    on, and ``admitted_tokens_per_s`` the input tokens/s its last tick measured
+    (all None for a chat pool).
+    """
+
+    kind: str
     desired_replicas: int
     starting_replicas: int
     replica_tokens_in_flight: int
+    replica_tokens_per_s: float | None
+    capacity_tokens_per_s: float | None
+    admitted_tokens_per_s: float | None
     capacity_is_assumed: bool
     utilisation: float | None
     stable_utilisation: float | None
@@ -301,8 +324,8 @@ def scaling_settings(
 
 def read_load_shares(
     client: redis.Redis, *, prefix: str, region: str
-) -> list[dict[str, int]]:
-    """Return the live-load share of each gateway process of ``region``.
+) -> dict[str, dict[str, int]]:
+    """Return the live-load share of each gateway process of ``region``, by its id.
 
     Every process listed is read, whatever its score: a process gone silent has its
     share expire within the missed-beat window, and the score is the gateway's own
@@ -314,19 +337,19 @@ def read_load_shares(
     members = client.zrange(gateways_seen_key(prefix, region), 0, -1)
     gateway_ids = sorted(_text(m) for m in members if isinstance(m, bytes | str))
     if not gateway_ids:
-        return []
+        return {}
     pipe = client.pipeline(transaction=False)
     for gateway_id in gateway_ids:
         pipe.hgetall(gateway_load_key(prefix, region, gateway_id))
-    shares = []
-    for raw in pipe.execute():
+    shares = {}
+    for gateway_id, raw in zip(gateway_ids, pipe.execute(), strict=True):
         share: dict[str, int] = {}
         for key, value in raw.items():
             try:
                 share[_text(key)] = int(value)
             except ValueError:
                 continue
-        shares.append(share)
+        shares[gateway_id] = share
     return shares
 
 
@@ -364,20 +387,40 @@ def replica_capacity(pool: Pool) -> tuple[int, bool]:
     return pool.replica_capacity(settings.PLATFORM_DEFAULT_REPLICA_TOKENS_IN_FLIGHT)
 
 
+def replica_tokens_per_s(pool: Pool) -> tuple[float, bool]:
+    """Return the input tokens/s one replica of an embedding pool sustains at its
+    latency target, and whether that is the platform's default (not measured)."""
+    return pool.replica_tokens_per_s(
+        settings.PLATFORM_DEFAULT_EMBEDDING_REPLICA_TOKENS_PER_S
+    )
+
+
+def pool_kind(pool: Pool) -> PoolKind:
+    """Return what the pool serves (its model's kind)."""
+    return PoolKind(pool.model.kind)
+
+
 def pool_signals(
     pool: Pool,
     *,
     at: float,
     replicas: _Replicas,
-    shares: list[dict[str, int]] | None,
+    shares: dict[str, dict[str, int]] | None,
     free_gpus: int,
 ) -> PoolSignals:
     """Return the policy's observation of ``pool`` (see the module docstring)."""
     per_replica, is_assumed = replica_capacity(pool)
+    kind = pool_kind(pool)
+    per_replica_s = 0.0
+    admitted: dict[str, int] | None = None
+    if kind == PoolKind.EMBEDDING:
+        per_replica_s, is_assumed = replica_tokens_per_s(pool)
+        if shares is not None:
+            admitted = pool_admitted(shares, pool.model_id, pool.version.version)
     if shares is None:
         tokens_in_flight, queued_tokens, gateway_queue = replicas.tokens_in_flight, 0, 0
     else:
-        load = sum_pool_load(shares, pool.model_id, pool.version.version)
+        load = sum_pool_load(shares.values(), pool.model_id, pool.version.version)
         tokens_in_flight, queued_tokens, gateway_queue = (
             load.tokens_in_flight,
             load.queued_tokens,
@@ -394,6 +437,9 @@ def pool_signals(
         capacity_is_assumed=is_assumed,
         gpus_per_replica=pool.version.gpus_per_replica,
         free_gpus=max(0, free_gpus),
+        kind=kind,
+        admitted_tokens=admitted,
+        replica_tokens_per_s=per_replica_s,
     )
 
 
@@ -479,7 +525,7 @@ def _current(counts: dict[int, _Replicas], pool: Pool) -> int:
 
 def _shares(
     redis_client: redis.Redis | None, *, region: str
-) -> list[dict[str, int]] | None:
+) -> dict[str, dict[str, int]] | None:
     if redis_client is None:
         return None
     try:
@@ -508,7 +554,15 @@ def _tick(
     state = AutoscalerState.from_dict(stored.get("state") or {})
     decision, state = decide(policy, state, signals)
     target = pool.target_replicas
-    is_change = decision.changed and decision.desired != target
+    # A scale-up never lowers what the pool already asked for: until the agents
+    # have written the rows of the replicas it asked for, a tick counts fewer than
+    # the target, and its (smaller) scale-up would undo the larger one. Unless the
+    # region has no GPUs for them: then the lower size frees the claim for others.
+    is_undoing = (
+        decision.current < decision.desired < target
+        and not decision.is_capacity_exhausted
+    )
+    is_change = decision.changed and decision.desired != target and not is_undoing
     counts = dict(stored.get("decisions") or {})
     if is_change:
         counts[decision.reason.value] = int(counts.get(decision.reason.value, 0)) + 1
@@ -670,6 +724,11 @@ def pool_state(
         ),
         describe_pool=lambda pool, starting: dict(_pool_scaling(pool, starting)),
     )
+    for pool in state["pools"]:
+        if pool["replica_tokens_per_s"] is not None:
+            pool["capacity_tokens_per_s"] = (
+                pool["serving_replicas"] * pool["replica_tokens_per_s"]
+            )
     _add_router_load(state, region=region)
     return cast(PoolStateOut, state)
 
@@ -719,7 +778,7 @@ def _add_router_load(state: dict[str, Any], *, region: str | None) -> None:
     Only this region's pools: their gateways publish to this region's Redis.
     """
     here = settings.PLATFORM_REGION
-    shares: list[dict[str, int]] | None = None
+    shares: dict[str, dict[str, int]] | None = None
     if region in (None, here) and any(p["region"] == here for p in state["pools"]):
         with region_redis() as client:
             shares = _shares(client, region=here)
@@ -731,8 +790,10 @@ def _add_router_load(state: dict[str, Any], *, region: str | None) -> None:
                 for r in state["replicas"]
                 if r["version"] == pool["version"] and r["region"] == here
             ]
-            tokens = sum_replica_tokens(shares, ids)
-            queue = sum_pool_load(shares, state["model"], pool["version"]).queue_depth
+            tokens = sum_replica_tokens(shares.values(), ids)
+            queue = sum_pool_load(
+                shares.values(), state["model"], pool["version"]
+            ).queue_depth
             capacity = pool["capacity_tokens_in_flight"]
             utilisation = tokens / capacity if capacity else None
         pool["router_tokens_in_flight"] = tokens
@@ -742,6 +803,10 @@ def _add_router_load(state: dict[str, Any], *, region: str | None) -> None:
 
 def _pool_scaling(pool: Pool, starting: int) -> PoolScalingOut:
     per_replica, is_assumed = replica_capacity(pool)
+    kind = pool_kind(pool)
+    per_replica_s: float | None = None
+    if kind == PoolKind.EMBEDDING:
+        per_replica_s, is_assumed = replica_tokens_per_s(pool)
     last = pool.last_tick()
     signals = last.get("signals")
     if not isinstance(signals, dict):
@@ -754,16 +819,29 @@ def _pool_scaling(pool: Pool, starting: int) -> PoolScalingOut:
             f"this pool needs ({int(signals.get('needed', 0))} wanted, "
             f"{last.get('desired', pool.target_replicas)} possible)"
         )
-    if is_assumed:
+    if is_assumed and per_replica_s is not None:
+        warnings.append(
+            f"capacity assumed: {pool.version} has no load test; each replica is "
+            f"taken to sustain {per_replica_s:g} input tokens/s "
+            "(PLATFORM_DEFAULT_EMBEDDING_REPLICA_TOKENS_PER_S)"
+        )
+    elif is_assumed:
         warnings.append(
             f"capacity assumed: {pool.version} has no load test; each replica is "
             f"taken to carry {per_replica} tokens in flight "
             "(PLATFORM_DEFAULT_REPLICA_TOKENS_IN_FLIGHT)"
         )
+    admitted = signals.get("admitted_tokens_per_s")
     return {
+        "kind": kind.value,
         "desired_replicas": pool.target_replicas,
         "starting_replicas": starting,
         "replica_tokens_in_flight": per_replica,
+        "replica_tokens_per_s": per_replica_s,
+        "capacity_tokens_per_s": None,  # serving x per replica: pool_state's
+        "admitted_tokens_per_s": (
+            None if per_replica_s is None or admitted is None else float(admitted)
+        ),
         "capacity_is_assumed": is_assumed,
         "utilisation": last.get("utilisation"),
         "stable_utilisation": last.get("stable_utilisation"),
@@ -808,7 +886,7 @@ def pool_figures(
     """
     region = settings.PLATFORM_REGION if region is None else region
     now = now or timezone.now()
-    pools = list(Pool.objects.filter(region=region).select_related("version"))
+    pools = list(Pool.objects.filter(region=region).select_related("model", "version"))
     counts = _count_replicas(
         region=region, version_ids=[p.version_id for p in pools], now=now
     )
@@ -818,6 +896,11 @@ def pool_figures(
         last = pool.last_tick()
         replicas = counts.get(pool.version_id, _Replicas())
         _, is_assumed = replica_capacity(pool)
+        kind = pool_kind(pool)
+        capacity_s = None
+        if kind == PoolKind.EMBEDDING:
+            per_replica_s, is_assumed = replica_tokens_per_s(pool)
+            capacity_s = replicas.serving * per_replica_s
         figures.append(
             PoolScalingFigures(
                 model=pool.model_id,
@@ -835,6 +918,8 @@ def pool_figures(
                     for reason, count in (stored.get("decisions") or {}).items()
                     if reason in _REASONS
                 },
+                kind=kind.value,
+                capacity_input_tokens_per_s=capacity_s,
             )
         )
     return figures

@@ -28,7 +28,7 @@ from metering.domain.cost import (
     usd_per_million_at_full,
 )
 from metering.metrics import PoolCostFigures
-from models_registry.models import Pool
+from models_registry.models import ModelKind, Pool
 
 __all__ = ["pool_cost_figures"]
 
@@ -55,7 +55,7 @@ def pool_cost_figures(
     cutoff = silence_cutoff(
         now, settings.PLATFORM_HEARTBEAT_DB_S, settings.PLATFORM_MISSED_BEATS
     )
-    pools = list(Pool.objects.filter(region=region).select_related("version"))
+    pools = list(Pool.objects.filter(region=region).select_related("model", "version"))
     counts = (
         Replica.objects.live()
         .filter(region=region, version_id__in=[p.version_id for p in pools])
@@ -74,9 +74,14 @@ def pool_cost_figures(
         gpus = held[pool.version_id] * version.gpus_per_replica
         # Until a load test measures the version, the cost model's assumed rate,
         # as the finance reports price it (platform_pool_capacity_assumed says so).
+        # An embedding pool's tokens are input tokens: its own default.
         tokens_per_s, _ = replica_tokens_per_s(
             version.load_test_tokens_per_s,
-            assumed=settings.PLATFORM_ASSUMED_TOKENS_PER_S,
+            assumed=(
+                settings.PLATFORM_DEFAULT_EMBEDDING_REPLICA_TOKENS_PER_S
+                if pool.model.kind == ModelKind.EMBEDDING
+                else settings.PLATFORM_ASSUMED_TOKENS_PER_S
+            ),
         )
         figures.append(
             PoolCostFigures(

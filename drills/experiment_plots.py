@@ -1,11 +1,11 @@
 """Headless plots of the fleet experiments: the routing A/B, the isolation test, the
-overload drill, the capacity test, the autoscaling drill, the region limits drill and
-the billing drill.
+overload drill, the capacity test, the autoscaling drill, the region limits drill,
+the billing drill and the embedding drill.
 
 Public surface: ``default_plot_path``, ``plot_routing_ab``, ``plot_cache_sweep``,
 ``plot_isolation``,
 ``plot_overload``, ``plot_capacity``, ``plot_autoscaling``, ``plot_region_limits``,
-``plot_billing``.
+``plot_billing``, ``plot_embedding``.
 
 matplotlib with the Agg backend (no display); each function writes one PNG and
 returns its path, creating the folder if needed.
@@ -27,6 +27,7 @@ from drills.domain.autoscaling_drill import SHAPES, DrillOutcome, load_factor
 from drills.domain.billing_drill import BillingReport
 from drills.domain.cache_sweep import SweepPoint
 from drills.domain.capacity_test import CapacityAnswer
+from drills.domain.embedding_drill import EmbeddingReport
 from drills.domain.isolation_sim import NOISY_TEAM, IsolationOutcome
 from drills.domain.overload import TIERS, OverloadOutcome
 from drills.domain.region_limits import RegionLimitsReport
@@ -39,6 +40,7 @@ __all__ = [
     "plot_billing",
     "plot_cache_sweep",
     "plot_capacity",
+    "plot_embedding",
     "plot_isolation",
     "plot_overload",
     "plot_region_limits",
@@ -639,4 +641,48 @@ def plot_billing(report: BillingReport, path: Path, *, title: str) -> Path:
     right.set_ylabel("USD, the drill's teams")
     right.legend(fontsize=8)
     fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_embedding(report: EmbeddingReport, path: Path, *, title: str) -> Path:
+    """Input tokens/s offered, measured by the autoscaler and served (top);
+    replicas desired and serving (middle); p95 latency per bin (bottom, log)."""
+    fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
+    bins = report.bins
+    starts = [b.start_s for b in bins]
+    top.plot(starts, [b.offered_tokens_per_s for b in bins], label="offered")
+    measured = [(b.start_s, b.measured_tokens_per_s) for b in bins]
+    top.plot(
+        [t for t, m in measured if m is not None],
+        [m for _, m in measured if m is not None],
+        linestyle="--",
+        label="measured by the autoscaler",
+    )
+    top.plot(starts, [b.served_tokens_per_s for b in bins], label="served")
+    top.set_ylabel("input tokens/s")
+    top.legend(loc="upper right", fontsize=8)
+    top.set_title(title)
+    middle.step(starts, [b.desired for b in bins], where="post", label="desired")
+    middle.step(starts, [b.serving for b in bins], where="post", label="serving")
+    middle.axhline(
+        report.scenario.needed_at_burst,
+        color="#7f7f7f",
+        linestyle=":",
+        linewidth=1,
+        label="the burst's size at 70%",
+    )
+    middle.set_ylabel("replicas")
+    middle.legend(loc="upper right", fontsize=8)
+    latencies = [(b.start_s, b.p95_latency_s) for b in bins]
+    bottom.plot(
+        [t for t, p in latencies if p is not None],
+        [p for _, p in latencies if p is not None],
+        color="#d62728",
+    )
+    bottom.axhline(
+        report.scenario.latency_target_s, color="#2ca02c", linestyle="--", linewidth=1
+    )
+    bottom.set_yscale("log")
+    bottom.set_ylabel("p95 latency (s)")
+    bottom.set_xlabel("s")
     return _save(fig, path)

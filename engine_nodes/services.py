@@ -553,7 +553,7 @@ def pool_state(
     replicas_qs = Replica.objects.live().filter(model=model).select_related("version")
     pools_qs = (
         Pool.objects.filter(model=model)
-        .select_related("version")
+        .select_related("model", "version")
         .prefetch_related(*prefetch)
     )
     if region is not None:

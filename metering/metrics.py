@@ -447,7 +447,10 @@ class PoolScalingFigures:
 
     ``utilisation`` is the last tick's (None before one, or without replicas);
     ``decisions`` counts the autoscaler's size changes per reason since the pool
-    was created.
+    was created. ``kind`` is what the pool serves (``chat``, ``embedding``); an
+    embedding pool's ``capacity_input_tokens_per_s`` is its serving replicas x
+    the input tokens/s one sustains (measured, else the default), what the
+    autoscaler sizes it on (None for a chat pool).
     """
 
     model: str
@@ -461,6 +464,8 @@ class PoolScalingFigures:
     capacity_is_assumed: bool
     is_panicking: bool
     decisions: Mapping[str, int] = field(default_factory=dict)
+    kind: str = "chat"
+    capacity_input_tokens_per_s: float | None = None
 
 
 # (name, help) of each per-pool gauge, in the order they are exported.
@@ -476,7 +481,8 @@ _SCALING_GAUGES = (
     ),
     (
         "platform_pool_utilisation",
-        "Tokens in flight and queued over the pool's capacity at the last tick.",
+        "Demand over the pool's capacity at the last tick: tokens in flight and "
+        "queued (chat), input tokens/s (embedding).",
     ),
     (
         "platform_pool_capacity_exhausted",
@@ -487,7 +493,13 @@ _SCALING_GAUGES = (
         "1 while the version has no load test: its capacity is the default.",
     ),
     ("platform_pool_panicking", "1 while the autoscaler is in panic mode."),
+    (
+        "platform_pool_capacity_input_tokens_per_s",
+        "An embedding pool's capacity: serving replicas x the input tokens/s one "
+        "sustains at its latency target (no sample for a chat pool).",
+    ),
 )
+POOL_INFO = "platform_pool_info"
 AUTOSCALER_DECISIONS = "platform_autoscaler_decisions"
 
 
@@ -539,6 +551,11 @@ class PoolScalingCollector(_ScrapeTimeCollector[PoolScalingFigures]):
         gauges = [
             GaugeMetricFamily(n, h, labels=POOL_LABELS) for n, h in _SCALING_GAUGES
         ]
+        info = GaugeMetricFamily(
+            POOL_INFO,
+            "1 per pool, labelled with its kind (chat or embedding).",
+            labels=(*POOL_LABELS, "kind"),
+        )
         decisions = CounterMetricFamily(
             AUTOSCALER_DECISIONS,
             "Size changes the autoscaler made, per pool and reason.",
@@ -554,13 +571,16 @@ class PoolScalingCollector(_ScrapeTimeCollector[PoolScalingFigures]):
                 float(f.is_capacity_exhausted),
                 float(f.capacity_is_assumed),
                 float(f.is_panicking),
+                f.capacity_input_tokens_per_s,
             )
             for gauge, value in zip(gauges, values, strict=True):
                 if value is not None:
                     gauge.add_metric(pool, value)
+            info.add_metric([*pool, f.kind], 1.0)
             for reason, count in sorted(f.decisions.items()):
                 decisions.add_metric([*pool, reason], count)
         yield from gauges
+        yield info
         yield decisions
 
 
@@ -622,9 +642,9 @@ class PoolCostCollector(_ScrapeTimeCollector[PoolCostFigures]):
         )
         at_full = GaugeMetricFamily(
             "platform_pool_usd_per_million_tokens_at_full",
-            "USD per million output tokens (input tokens for an embedding model) "
-            "with every replica kept full (at the version's load-tested tokens per "
-            "second, else the assumed rate).",
+            "USD per million output tokens (input tokens for an embedding pool) "
+            "with every replica kept full (at the version's load-tested tokens "
+            "per second, else the assumed rate).",
             labels=POOL_LABELS,
         )
         silent = GaugeMetricFamily(

@@ -12,7 +12,11 @@ from django.db.models import Q
 
 from accounts.models import sha256_validator, slug_validator
 from config.names import VERSION_PATTERN
-from models_registry.domain.capacity import CapacityRecord, replica_tokens_in_flight
+from models_registry.domain.capacity import (
+    CapacityRecord,
+    replica_tokens_in_flight,
+    replica_tokens_per_s,
+)
 from models_registry.domain.gates import GateKind, GateState, RegionState
 from models_registry.domain.identity import (
     IDENTITY_FIELDS,
@@ -584,6 +588,16 @@ class Pool(models.Model):
             tokens_in_flight=self.version.load_test_tokens_in_flight,
         )
         return replica_tokens_in_flight(capacity, default_tokens_in_flight)
+
+    def replica_tokens_per_s(self, default_tokens_per_s: float) -> tuple[float, bool]:
+        """Return the input tokens/s one replica of an embedding pool sustains at
+        its latency target (the version's load test), and whether that is
+        ``default_tokens_per_s`` (not measured; 0 counts as not measured)."""
+        capacity = CapacityRecord(
+            tokens_per_s=self.version.load_test_tokens_per_s,
+            tokens_in_flight=self.version.load_test_tokens_in_flight,
+        )
+        return replica_tokens_per_s(capacity, default_tokens_per_s)
 
     def stored_state(self) -> dict[str, Any]:
         """Return ``autoscaler_state`` as a dict ({} when it holds anything else)."""

@@ -27,6 +27,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from engine_nodes.domain.load_shares import (
+    admitted_key,
     pool_key,
     queue_depth_key,
     queue_tokens_key,
@@ -125,9 +126,12 @@ class LivePoolView:
         )
 
     def take(self, model: str, version: str, team: str, tokens: int) -> None:
-        """Count admitted tokens into the pool and the team's share (this process)."""
+        """Count admitted tokens into the pool and the team's share (this process),
+        and into the pool's cumulative count (an embedding pool's autoscaler
+        measures its input tokens/s by it)."""
         self.live.add(pool_key(model, version), tokens)
         self.live.add(team_key(model, version, team), tokens)
+        self.live.add(admitted_key(model, version), tokens)
 
     def give_back(self, model: str, version: str, team: str, tokens: int) -> None:
         """Take an ended request's tokens out of the pool and the team's share."""

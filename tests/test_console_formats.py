@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from console.domain.formats import UNKNOWN, attribute, milliseconds, percent
+from console.domain.formats import (
+    UNKNOWN,
+    attribute,
+    milliseconds,
+    per_second,
+    percent,
+)
 
 
 @pytest.mark.parametrize(
@@ -18,7 +24,12 @@ def test_milliseconds_round_to_whole_ones() -> None:
     assert milliseconds(123.6) == "124 ms"
 
 
-@pytest.mark.parametrize("write", [percent, milliseconds])
+def test_per_second_rounds_to_whole_tokens() -> None:
+    assert per_second(12_345.6) == "12346"
+    assert per_second(0.0) == "0"
+
+
+@pytest.mark.parametrize("write", [percent, milliseconds, per_second])
 def test_unknown_figures_read_as_a_dash(write: object) -> None:
     assert callable(write)
     assert write(None) == UNKNOWN

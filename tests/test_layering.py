@@ -562,6 +562,7 @@ LARGE_GLUE = {
     "control/eval_run.py": "the eval gate's run: answers, judge, pairs, report",
     "control/gates.py": "the version gates' runner: eval, load test, weights, status",
     "control/load_test.py": "the load-test gate: replica start, search, trace replay",
+    "drills/experiment_plots.py": "every drill's plot in one module (STYLE 12)",
     "engine_nodes/agent.py": "the node agent's one loop: beats, starts, drains, stops",
     "metering/metrics.py": "every Prometheus collector, module-level (STYLE 11)",
     "metering/services.py": "usage flush, cost and reports: reports to split off",

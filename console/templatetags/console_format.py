@@ -10,4 +10,5 @@ register = template.Library()
 
 register.filter("pct", formats.percent)
 register.filter("ms", formats.milliseconds)
+register.filter("tokens_per_s", formats.per_second)
 register.filter("raw", formats.attribute)

@@ -151,11 +151,16 @@ class PoolSerializer(serializers.Serializer):
     the answering control plane's, or while its Redis does not answer.
     ``utilisation`` and the ``autoscaler_*`` figures are the last tick's
     (``observed_at``; null before the first); ``warnings`` say when capacity is
-    exhausted or assumed.
+    exhausted or assumed. ``kind`` is what the pool serves: an ``embedding`` pool
+    is sized on input tokens/s, ``replica_tokens_per_s`` a replica (measured, else
+    the default), ``capacity_tokens_per_s`` its serving replicas', and
+    ``admitted_tokens_per_s`` what the gateways admitted at the last tick (all
+    three null for a ``chat`` pool).
     """
 
     version = serializers.CharField()
     region = serializers.CharField()
+    kind = serializers.ChoiceField(choices=["chat", "embedding"])
     min_replicas = serializers.IntegerField()
     max_replicas = serializers.IntegerField()
     serving_replicas = serializers.IntegerField()
@@ -174,6 +179,9 @@ class PoolSerializer(serializers.Serializer):
     desired_replicas = serializers.IntegerField()
     starting_replicas = serializers.IntegerField()
     replica_tokens_in_flight = serializers.IntegerField()
+    replica_tokens_per_s = serializers.FloatField(allow_null=True)
+    capacity_tokens_per_s = serializers.FloatField(allow_null=True)
+    admitted_tokens_per_s = serializers.FloatField(allow_null=True)
     capacity_is_assumed = serializers.BooleanField()
     utilisation = serializers.FloatField(allow_null=True)
     stable_utilisation = serializers.FloatField(allow_null=True)

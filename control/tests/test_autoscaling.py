@@ -144,6 +144,27 @@ def test_tick_scales_up_at_once_and_writes_one_row_per_change(pool: Pool) -> Non
     assert reloaded(pool).desired_replicas == 3
 
 
+def test_tick_never_undoes_a_larger_scale_up_the_agents_have_not_started(
+    pool: Pool,
+) -> None:
+    """GIVEN a pool that asked for 6 replicas, of which the agents have written
+    only 2 rows (serving, 90% full)
+    WHEN the autoscaler ticks: the 2 it counts alone would ask for 3
+    THEN the 6 stand and no row is written; a scale-up past 6 still is.
+    """
+    Pool.objects.filter(pk=pool.pk).update(desired_replicas=6)
+    serving(pool.version, 2, tokens=90_000)
+
+    [result] = tick(T0)
+
+    assert result.decision.desired == 3 and not result.written
+    assert reloaded(pool).desired_replicas == 6
+    assert not ScalingDecision.objects.exists()
+    Replica.objects.update(tokens_in_flight=300_000)  # 600,000: 9 replicas
+    [more] = tick(T0 + timedelta(seconds=10))
+    assert more.written and reloaded(pool).desired_replicas == 9
+
+
 def test_tick_scales_down_one_replica_after_a_quiet_stable_window(pool: Pool) -> None:
     """GIVEN 3 serving replicas nearly idle
     WHEN the autoscaler ticks every 5 s, each tick a new call (as after a restart)

@@ -1,8 +1,8 @@
 """The live-load shares gateway processes publish through Redis: key names and sums.
 
 Public surface: ``gateway_load_key``, ``gateways_seen_key``, ``pool_key``,
-``team_key``, ``queue_tokens_key``, ``queue_depth_key``, ``PoolLoad``,
-``sum_pool_load``, ``sum_replica_tokens``.
+``team_key``, ``queue_tokens_key``, ``queue_depth_key``, ``admitted_key``,
+``PoolLoad``, ``sum_pool_load``, ``sum_replica_tokens``, ``pool_admitted``.
 
 Each gateway process of a region writes its share (``routing.live.LiveLoad.own``)
 as a Redis hash under ``<prefix>:load:<region>:<gateway_id>`` once a second, and
@@ -11,7 +11,9 @@ unix time of its exchange. A share maps keys to integers: a replica id to the
 tokens this process has in flight on it, ``p|model|version`` to the tokens it
 admitted into the pool, ``t|model|version|team`` to a team's part of those, and
 ``q|model|version`` / ``qn|model|version`` to the tokens and requests waiting in
-its admission queue for the pool. The gateways read each other's shares (routing
+its admission queue for the pool, and ``a|model|version`` to the tokens it has
+admitted into the pool since it started (a count that only grows: the
+autoscaler's rate of an embedding pool's input tokens, ``pool_admitted``). The gateways read each other's shares (routing
 and admission); the autoscaler sums them per pool (``sum_pool_load``).
 
 The layout lives here, below both the gateway (``routing``) and the autoscaler
@@ -25,8 +27,10 @@ from dataclasses import dataclass
 
 __all__ = [
     "PoolLoad",
+    "admitted_key",
     "gateway_load_key",
     "gateways_seen_key",
+    "pool_admitted",
     "pool_key",
     "queue_depth_key",
     "queue_tokens_key",
@@ -59,6 +63,12 @@ def team_key(model: str, version: str, team: str) -> str:
 def queue_tokens_key(model: str, version: str) -> str:
     """Return the share key of the tokens waiting in a pool's admission queue."""
     return f"q|{model}|{version}"
+
+
+def admitted_key(model: str, version: str) -> str:
+    """Return the share key of the tokens admitted into a pool since the process
+    started (cumulative)."""
+    return f"a|{model}|{version}"
 
 
 def queue_depth_key(model: str, version: str) -> str:
@@ -100,3 +110,17 @@ def sum_replica_tokens(
     (prompt plus remaining output of their open requests), over ``shares``."""
     ids = set(replica_ids)
     return sum(max(0, share.get(rid, 0)) for share in shares for rid in ids)
+
+
+def pool_admitted(
+    shares: Mapping[str, Mapping[str, int]], model: str, version: str
+) -> dict[str, int]:
+    """Return each gateway process's count of tokens admitted into the pool since
+    it started, from ``shares`` (gateway process id to its decoded share); a
+    process that has admitted none is absent."""
+    key = admitted_key(model, version)
+    return {
+        gateway_id: share[key]
+        for gateway_id, share in shares.items()
+        if share.get(key, 0) > 0
+    }

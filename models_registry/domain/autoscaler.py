@@ -1,7 +1,8 @@
 """The autoscaler's policy: how many replicas a pool wants, and why (seed step 11).
 
 Public surface: ``ScheduleRule``, ``ScalingSettings``, ``PoolSignals``,
-``ScalingDecision``, ``AutoscalerState``, ``decide``, ``Reason``.
+``ScalingDecision``, ``AutoscalerState``, ``decide``, ``Reason``, ``PoolKind``,
+``admitted_rate``.
 
 One pure function for the live Celery task and the fleet simulator alike: it takes a
 pool's settings, what it remembers (``AutoscalerState``) and one observation
@@ -11,11 +12,20 @@ virtual seconds in the simulator, both in UTC for the schedule).
 
 The rules, in the order they apply:
 
-1. **Demand** is the tokens the pool's requests want in flight: tokens in flight
-   (summed over every gateway) plus tokens waiting in the admission queues. A
-   replica carries ``replica_tokens_in_flight`` (the version's load test, or the
-   platform's default, flagged ``capacity_is_assumed``). Replicas *needed* at a
-   demand are ``ceil(demand / (target_utilisation x per replica))``.
+1. **Demand** depends on the pool's kind (``PoolKind``). A chat pool's is the
+   tokens its requests want in flight: tokens in flight (summed over every
+   gateway) plus tokens waiting in the admission queues, against
+   ``replica_tokens_in_flight`` a replica (the version's load test, or the
+   platform's default, flagged ``capacity_is_assumed``). An embedding pool's is
+   input tokens per second: the rate at which the gateways admitted tokens since
+   the last tick (``admitted_rate`` over their cumulative counters, kept in the
+   state), plus the queued tokens drained within a short window, against
+   ``replica_tokens_per_s`` a replica (the version's measured input tokens/s at
+   its latency target, or the default). A request of embeddings lasts a few
+   milliseconds, so a snapshot of its tokens in flight says little; the count
+   of tokens admitted does not miss one. Replicas *needed* at a demand are
+   ``ceil(demand / (target_utilisation x per replica))``, either way; every
+   rule below is the same for both kinds.
 2. **Scale up** (``utilisation``): when the short window's average demand (the
    last ``panic_window_s``, Knative's 6 s) needs more replicas than the pool has
    (serving plus starting), the pool goes to that many at once, not one per tick.
@@ -48,6 +58,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -60,15 +71,24 @@ from models_registry.domain.scaling import (
 
 __all__ = [
     "AutoscalerState",
+    "PoolKind",
     "PoolSignals",
     "Reason",
     "ScalingDecision",
     "ScalingSettings",
     "ScheduleRule",
+    "admitted_rate",
     "decide",
 ]
 
 _TOLERANCE = 1e-9
+
+
+class PoolKind(enum.StrEnum):
+    """What a pool serves, and so what its demand is measured in."""
+
+    CHAT = "chat"  # tokens in flight
+    EMBEDDING = "embedding"  # input tokens per second
 
 
 class Reason(enum.StrEnum):
@@ -180,6 +200,13 @@ class PoolSignals:
     ``queue_depth`` are what waits in the admission queues (tokens, requests);
     ``free_gpus`` is what the region's nodes have left beyond the pool's current
     replicas.
+
+    An embedding pool (``kind``) adds ``admitted_tokens``, each gateway process's
+    cumulative count of tokens admitted into the pool (its id to the count; None
+    when the counts cannot be read: its input tokens/s are then estimated from
+    tokens in flight at the measured ratio ``replica_tokens_per_s /
+    replica_tokens_in_flight``), and ``replica_tokens_per_s``, a replica's input
+    tokens per second at its latency target.
     """
 
     at: float
@@ -192,8 +219,13 @@ class PoolSignals:
     capacity_is_assumed: bool = False
     gpus_per_replica: int = 1
     free_gpus: int = 10**6
+    kind: PoolKind = PoolKind.CHAT
+    admitted_tokens: Mapping[str, int] | None = None
+    replica_tokens_per_s: float = 0.0
 
     def __post_init__(self) -> None:
+        if self.kind == PoolKind.EMBEDDING and not self.replica_tokens_per_s > 0:
+            raise ValueError("an embedding replica carries some input tokens/s")
         if min(self.serving, self.starting, self.tokens_in_flight) < 0:
             raise ValueError("replicas and tokens in flight must be zero or more")
         if min(self.queued_tokens, self.queue_depth, self.free_gpus) < 0:
@@ -207,15 +239,17 @@ class PoolSignals:
         return self.serving + self.starting
 
     @property
-    def demand(self) -> int:
-        """Tokens the pool's requests want in flight: admitted plus queued."""
-        return self.tokens_in_flight + self.queued_tokens
+    def per_replica(self) -> float:
+        """What one replica carries, in the unit of the pool's demand."""
+        if self.kind == PoolKind.EMBEDDING:
+            return self.replica_tokens_per_s
+        return float(self.replica_tokens_in_flight)
 
 
 @dataclass(frozen=True, slots=True)
 class _Sample:
     at: float
-    demand: int
+    demand: float
     queue_depth: int
 
 
@@ -225,13 +259,17 @@ class AutoscalerState:
 
     ``samples`` cover the last stable window (oldest first); ``panic_until`` is when
     a panic ends unless renewed; ``last_scale_down_at`` paces scale-downs;
-    ``last_starting_at`` is the last tick that saw a replica starting.
+    ``last_starting_at`` is the last tick that saw a replica starting;
+    ``admitted`` and ``admitted_at`` are an embedding pool's counts of admitted
+    tokens at the last tick (``PoolSignals.admitted_tokens``) and its time.
     """
 
     samples: tuple[_Sample, ...] = ()
     panic_until: float | None = None
     last_scale_down_at: float | None = None
     last_starting_at: float | None = None
+    admitted: tuple[tuple[str, int], ...] = ()
+    admitted_at: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """Return the state as JSON-ready primitives (``from_dict`` reads them back)."""
@@ -240,6 +278,8 @@ class AutoscalerState:
             "panic_until": self.panic_until,
             "last_scale_down_at": self.last_scale_down_at,
             "last_starting_at": self.last_starting_at,
+            "admitted": dict(self.admitted),
+            "admitted_at": self.admitted_at,
         }
 
     @classmethod
@@ -251,12 +291,16 @@ class AutoscalerState:
         """
         try:
             samples = tuple(
-                _Sample(float(at), int(demand), int(depth))
+                _Sample(float(at), float(demand), int(depth))
                 for at, demand, depth in data.get("samples", ())
             )
             panic_until = data.get("panic_until")
             last_down = data.get("last_scale_down_at")
             last_starting = data.get("last_starting_at")
+            admitted_at = data.get("admitted_at")
+            admitted = tuple(
+                sorted((str(k), int(v)) for k, v in data.get("admitted", {}).items())
+            )
             return cls(
                 samples=tuple(sorted(samples, key=lambda s: s.at)),
                 panic_until=None if panic_until is None else float(panic_until),
@@ -264,6 +308,8 @@ class AutoscalerState:
                 last_starting_at=(
                     None if last_starting is None else float(last_starting)
                 ),
+                admitted=admitted,
+                admitted_at=None if admitted_at is None else float(admitted_at),
             )
         except (TypeError, ValueError, AttributeError):
             return cls()
@@ -299,10 +345,11 @@ def decide(
 ) -> tuple[ScalingDecision, AutoscalerState]:
     """Return the pool's desired size at ``signals.at`` and the state to keep."""
     now = signals.at
-    per_replica = signals.replica_tokens_in_flight
+    per_replica = signals.per_replica
+    demand, admitted_per_s = _demand(settings, state, signals)
     samples = _window(
         state.samples,
-        _Sample(now, signals.demand, signals.queue_depth),
+        _Sample(now, demand, signals.queue_depth),
         now - settings.stable_window_s,
     )
     short = [s for s in samples if s.at >= now - settings.panic_window_s]
@@ -372,6 +419,12 @@ def decide(
         last_down = now
 
     capacity = current * per_replica
+    extra: dict[str, float] = {}
+    if signals.kind == PoolKind.EMBEDDING:
+        extra = {
+            "admitted_tokens_per_s": admitted_per_s,
+            "replica_tokens_per_s": per_replica,
+        }
     decision = ScalingDecision(
         at=now,
         current=current,
@@ -388,18 +441,73 @@ def decide(
             "tokens_in_flight": float(signals.tokens_in_flight),
             "queued_tokens": float(signals.queued_tokens),
             "queue_depth": float(signals.queue_depth),
-            "replica_tokens_in_flight": float(per_replica),
+            "replica_tokens_in_flight": float(signals.replica_tokens_in_flight),
             "short_demand": short_demand,
             "stable_demand": stable_demand,
             "needed": float(needed_short),
+            **extra,
         },
     )
+    admitted = signals.admitted_tokens
     return decision, AutoscalerState(
         samples=samples,
         panic_until=panic_until,
         last_scale_down_at=last_down,
         last_starting_at=last_starting,
+        admitted=() if admitted is None else tuple(sorted(admitted.items())),
+        admitted_at=None if admitted is None else now,
     )
+
+
+def _demand(
+    settings: ScalingSettings, state: AutoscalerState, signals: PoolSignals
+) -> tuple[float, float]:
+    """Return the pool's demand in its kind's unit, and (embedding) the input
+    tokens/s admitted since the last tick that went into it."""
+    if signals.kind == PoolKind.CHAT:
+        return float(signals.tokens_in_flight + signals.queued_tokens), 0.0
+    admitted_per_s = None
+    if signals.admitted_tokens is not None:
+        admitted_per_s = admitted_rate(
+            dict(state.admitted),
+            state.admitted_at,
+            signals.admitted_tokens,
+            signals.at,
+        )
+    if admitted_per_s is None:
+        # No counts (Redis away), or no earlier reading to measure against (the
+        # first tick): tokens in flight stand in at the load test's ratio.
+        ratio = signals.replica_tokens_per_s / signals.replica_tokens_in_flight
+        admitted_per_s = signals.tokens_in_flight * ratio
+    # What waits must go within a short window, on top of what keeps coming.
+    return admitted_per_s + signals.queued_tokens / settings.panic_window_s, (
+        admitted_per_s
+    )
+
+
+def admitted_rate(
+    before: Mapping[str, int],
+    before_at: float | None,
+    now: Mapping[str, int],
+    at: float,
+) -> float | None:
+    """Return tokens admitted per second between two readings of the gateways'
+    cumulative counts (gateway process id to tokens admitted since it started).
+
+    A process whose count fell restarted: all of its count is new. A process not
+    in ``before`` gives its baseline only (its count may span more than the
+    interval), and one gone since gives nothing. Without an earlier reading, or
+    with no time between the two, it is None: there is nothing to measure over.
+    """
+    if before_at is None or at <= before_at:
+        return None
+    added = 0
+    for gateway_id, count in now.items():
+        if gateway_id not in before:
+            continue
+        earlier = before[gateway_id]
+        added += count - earlier if count >= earlier else max(0, count)
+    return added / (at - before_at)
 
 
 def _window(
@@ -415,7 +523,7 @@ def _window(
     return tuple(kept[start:])
 
 
-def _needed(demand: float, per_replica: int, target: float) -> int:
+def _needed(demand: float, per_replica: float, target: float) -> int:
     """Replicas that carry ``demand`` at ``target`` utilisation."""
     return math.ceil(demand / (target * per_replica) - _TOLERANCE)
 

@@ -1,14 +1,23 @@
 """A version's measured capacity and what a pool can carry with it.
 
 Public surface: ``CapacityRecord``, ``replica_tokens_in_flight``,
-``pool_capacity_tokens``.
+``replica_tokens_per_s``, ``pool_capacity_tokens``.
+
+For a version of an embedding model the figures are of input tokens: the input
+tokens/s one replica sustains at its latency target, and the input tokens in
+flight at that point (what the load-test gate writes).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["CapacityRecord", "pool_capacity_tokens", "replica_tokens_in_flight"]
+__all__ = [
+    "CapacityRecord",
+    "pool_capacity_tokens",
+    "replica_tokens_in_flight",
+    "replica_tokens_per_s",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +45,19 @@ def replica_tokens_in_flight(
     if capacity.tokens_in_flight:
         return capacity.tokens_in_flight, False
     return default_tokens_in_flight, True
+
+
+def replica_tokens_per_s(
+    capacity: CapacityRecord, default_tokens_per_s: float
+) -> tuple[float, bool]:
+    """Return the tokens/s one replica sustains at its latency target, and whether
+    that is ``default_tokens_per_s`` (assumed: no load test has measured it).
+
+    A figure of 0 (or less) is no measurement, as for tokens in flight.
+    """
+    if capacity.tokens_per_s is not None and capacity.tokens_per_s > 0:
+        return float(capacity.tokens_per_s), False
+    return float(default_tokens_per_s), True
 
 
 def pool_capacity_tokens(

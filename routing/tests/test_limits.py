@@ -11,7 +11,11 @@ import pytest
 import redis
 import redis.asyncio
 
-from engine_nodes.domain.load_shares import queue_depth_key, queue_tokens_key
+from engine_nodes.domain.load_shares import (
+    admitted_key,
+    queue_depth_key,
+    queue_tokens_key,
+)
 from routing.admission import LiveAdmission, LivePoolView, pool_key
 from routing.domain.admission_control import (
     AdmissionControl,
@@ -463,3 +467,28 @@ def test_admit_and_release_are_one_redis_round_trip_each(
         "release": ["EVALSHA"],
         "limited": ["EVALSHA"],
     }
+
+
+def test_admitted_tokens_count_up_and_never_down_for_the_autoscaler() -> None:
+    """The share's ``a|model|version`` is every token admitted into the pool since
+    the process started (an embedding pool's autoscaler takes its rate): a release
+    takes tokens out of flight, never out of the count; a queued request counts
+    when the pump admits it."""
+
+    async def scenario() -> None:
+        admission, live, _ = build(capacity=1_000)
+        counted = admitted_key("chat-7b", "v1")
+        first = await admission.admit(request("a", 600))
+        assert live.own[counted] == 600
+        waiting = asyncio.ensure_future(
+            admission.admit(request("b", 600, tier=Tier.BATCH))
+        )
+        await asyncio.sleep(0)
+        assert live.own[counted] == 600  # queued, not admitted
+        await admission.release(first, used_tokens=600)
+        second = await asyncio.wait_for(waiting, 1)
+        await admission.release(second, used_tokens=0)
+        assert live.tokens_in_flight(pool_key("chat-7b", "v1")) == 0
+        assert live.own[counted] == 1_200
+
+    run(scenario())

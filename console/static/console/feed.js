@@ -49,6 +49,9 @@
     ms: function (value) {
       return known(value) ? value.toFixed(0) + " ms" : NONE;
     },
+    perSecond: function (value) {
+      return known(value) ? value.toFixed(0) : NONE;
+    },
     plain: function (value) {
       return known(value) && value !== "" ? String(value) : NONE;
     },

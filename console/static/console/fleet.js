@@ -18,6 +18,15 @@
   var plain = F.plain;
 
   function load(pool) {
+    if (pool.kind === "embedding") {
+      return (
+        F.perSecond(pool.admitted_tokens_per_s) +
+        " / " +
+        F.perSecond(pool.capacity_tokens_per_s) +
+        " input tokens/s" +
+        (pool.capacity_is_assumed ? " (assumed)" : "")
+      );
+    }
     return (
       pool.tokens_in_flight +
       " / " +
@@ -50,7 +59,14 @@
     var tokens = row.querySelector('[data-field="tokens_in_flight"]');
     if (tokens) {
       tokens.textContent = load(pool);
-      tokens.setAttribute("data-value", String(pool.tokens_in_flight));
+      tokens.setAttribute(
+        "data-value",
+        pool.kind === "embedding"
+          ? known(pool.admitted_tokens_per_s)
+            ? String(pool.admitted_tokens_per_s)
+            : ""
+          : String(pool.tokens_in_flight)
+      );
     }
   }
 

@@ -16,6 +16,7 @@
   var F = window.ConsoleFeed;
   var pct = F.pct;
   var ms = F.ms;
+  var perSecond = F.perSecond;
   var plain = F.plain;
 
   var FORMATS = {
@@ -27,6 +28,8 @@
     ttft_p95_ms: ms,
     ttft_p99_ms: ms,
     tpot_p50_ms: ms,
+    capacity_tokens_per_s: perSecond,
+    admitted_tokens_per_s: perSecond,
   };
 
   function writeSummary(feed) {
