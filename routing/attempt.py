@@ -438,7 +438,10 @@ class Attempt:
         """
         try:
             response = await self.upstream.stream(
-                self.url, self.plan.payload, path=_ENGINE_PATHS[self.plan.surface]
+                self.url,
+                self.plan.payload,
+                path=_ENGINE_PATHS[self.plan.surface],
+                answers_whole=self.plan.surface == "embeddings",
             )
         except (TimeoutError, OSError) as exc:
             if isinstance(exc, ReplicaStalled):

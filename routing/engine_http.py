@@ -99,6 +99,8 @@ class EngineResponse(asyncio.Protocol):
         self.sent_at = 0.0
         self.answered_at: float | None = None
         self.has_first_token = False
+        # An answer that comes whole (embeddings): never failed by the stall rule.
+        self.answers_whole = False
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
@@ -179,8 +181,11 @@ class EngineResponse(asyncio.Protocol):
 
     # -- the request ---------------------------------------------------------------------
 
-    async def request(self, head: bytes, payload: bytes) -> None:
-        """Send one request and wait for the answer's head."""
+    async def request(
+        self, head: bytes, payload: bytes, *, answers_whole: bool = False
+    ) -> None:
+        """Send one request and wait for the answer's head (``answers_whole``: the
+        answer is one body, not a stream; the stall rule leaves it be)."""
         assert self.transport is not None
         loop = asyncio.get_running_loop()
         self._head = loop.create_future()
@@ -188,6 +193,7 @@ class EngineResponse(asyncio.Protocol):
         self.last_read_at = self.sent_at = time.monotonic()
         self.answered_at = None
         self.has_first_token = False
+        self.answers_whole = answers_whole
         self._client.watch(self)
         self.transport.write(head + payload)
         await self._head
@@ -406,9 +412,12 @@ class EngineClient:
         for connection in list(self._watched):
             connection.close()
 
-    async def post(self, base_url: str, path: str, payload: bytes) -> EngineResponse:
+    async def post(
+        self, base_url: str, path: str, payload: bytes, *, answers_whole: bool = False
+    ) -> EngineResponse:
         """POST ``payload`` (JSON) to ``base_url + path``; return the response once
-        its head arrived.
+        its head arrived. ``answers_whole``: the answer is one body (embeddings),
+        which the stall rule does not time.
 
         Raises:
             OSError: no connection, or the replica closed it before answering.
@@ -423,7 +432,7 @@ class EngineClient:
         connection = self._reuse((host, port))
         if connection is not None:
             try:
-                await connection.request(head, payload)
+                await connection.request(head, payload, answers_whole=answers_whole)
                 return connection
             except OSError as exc:
                 connection.close()
@@ -436,7 +445,7 @@ class EngineClient:
                 raise
         connection = await self._connect(host, port)
         try:
-            await connection.request(head, payload)
+            await connection.request(head, payload, answers_whole=answers_whole)
         except BaseException:
             connection.close()
             raise
@@ -528,7 +537,13 @@ class EngineClient:
         that they go to another one now (``routing.domain.stall``)."""
         stalled = stalled_replicas(
             (
-                WaitingStream(c.key, c.sent_at, c.answered_at, c.has_first_token)
+                WaitingStream(
+                    c.key,
+                    c.sent_at,
+                    c.answered_at,
+                    c.has_first_token,
+                    answers_whole=c.answers_whole,
+                )
                 for c in self._watched
             ),
             now=now,
@@ -537,6 +552,6 @@ class EngineClient:
         if not stalled:
             return
         for connection in [c for c in self._watched if c.key in stalled]:
-            if not connection.has_first_token:
+            if not connection.has_first_token and not connection.answers_whole:
                 self._watched.discard(connection)
                 connection.stalled(stalled[connection.key])

@@ -96,15 +96,24 @@ class Upstream:
             await self.engine.close()
 
     async def stream(
-        self, base_url: str, payload: bytes, *, path: str = "/v1/chat/completions"
+        self,
+        base_url: str,
+        payload: bytes,
+        *,
+        path: str = "/v1/chat/completions",
+        answers_whole: bool = False,
     ) -> EngineResponse:
         """POST ``payload`` to a replica's ``path`` (chat completions by default)
         over the engine client; return the response once its head arrived.
 
         Until ``EngineResponse.expect_tokens``, a read fails after
         ``first_token_timeout_s`` of silence (waiting for the head included).
+        ``answers_whole``: the answer is one body (embeddings), never failed by
+        the stall rule (``routing.domain.stall``).
         """
-        return await self.engine.post(base_url, path, payload)
+        return await self.engine.post(
+            base_url, path, payload, answers_whole=answers_whole
+        )
 
     async def chat(self, base_url: str, payload: bytes) -> aiohttp.ClientResponse:
         """POST ``payload`` to a replica's ``/v1/chat/completions``; return the

@@ -12,6 +12,12 @@ none of this process's streams a byte of answer for ``after_s``, is stalled. A
 replica that streams to anyone here is not, however long a prefill waits behind
 those streams: a loaded engine is slow, a stalled one is silent.
 
+A request whose answer comes whole (embeddings: one JSON body, no stream) is
+never waiting by this rule. Its silence is the engine computing it, however many
+seconds a large batch takes, and a saturated pooling engine may finish nothing
+for longer than ``after_s``; only the first-token deadline times it. Its answer,
+when it comes, still counts as the replica's sign of life.
+
 The clock starts at the later of the oldest waiting request's sending and the
 replica's last byte of answer, so a request sent to a replica long silent does not
 restart it, and a stream that moves does.
@@ -34,13 +40,15 @@ class WaitingStream:
     """One request of this process at a replica, as the stall rule reads it.
 
     ``sent_at``: when it was sent; ``answered_at``: when its replica last sent it a
-    byte of answer (None: never); ``has_first_token``: its answer has begun.
+    byte of answer (None: never); ``has_first_token``: its answer has begun;
+    ``answers_whole``: its answer comes whole, not streamed (never waiting here).
     """
 
     replica: Hashable
     sent_at: float
     answered_at: float | None
     has_first_token: bool
+    answers_whole: bool = False
 
 
 def stalled_replicas(
@@ -60,7 +68,7 @@ def stalled_replicas(
             last_answer[stream.replica] = max(
                 last_answer.get(stream.replica, stream.answered_at), stream.answered_at
             )
-        if not stream.has_first_token:
+        if not stream.has_first_token and not stream.answers_whole:
             oldest_wait[stream.replica] = min(
                 oldest_wait.get(stream.replica, stream.sent_at), stream.sent_at
             )

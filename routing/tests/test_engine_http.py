@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from routing.domain.stall import ReplicaStalled
 from routing.engine_http import EngineClient, EngineResponse
 
 FIRST_TOKEN_S = 1.5
@@ -587,3 +588,37 @@ def test_push_over_a_real_socket_keeps_every_byte_in_order() -> None:
     got, sink = asyncio.run(scenario())
     assert b"".join(got) == TOKEN * sum(range(1, 20)) + b"data: [DONE]\n\n"
     assert sink.taken  # push was used
+
+
+def test_an_answer_that_comes_whole_is_not_failed_by_the_stall_rule() -> None:
+    """GIVEN a replica that computes for longer than the stall rule's time, then
+    sends its answer whole (an embeddings body)
+    WHEN the request says its answer comes whole
+    THEN it gets the body; the same silence before a stream's first token is a
+    stall.
+    """
+    body = b'{"data": []}'
+
+    async def slow_whole(writer: asyncio.StreamWriter, n: int) -> bool:
+        await asyncio.sleep(0.8)  # the engine computing: past the stall rule's 0.3 s
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        await writer.drain()
+        return True
+
+    async def scenario() -> bytes:
+        async with (
+            replica(slow_whole) as served,
+            engine_client(stall_after_s=0.3) as client,
+        ):
+            response = await client.post(
+                served.url, "/v1/embeddings", b"{}", answers_whole=True
+            )
+            whole = await response.read()
+            with pytest.raises(ReplicaStalled):
+                await client.post(served.url, "/v1/chat/completions", b"{}")
+            return whole
+
+    assert asyncio.run(scenario()) == body

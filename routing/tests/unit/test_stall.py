@@ -43,3 +43,20 @@ def test_streams_alone_never_make_a_stall_only_waiting_requests_do() -> None:
 def test_the_rule_needs_a_positive_time() -> None:
     with pytest.raises(ValueError):
         stalled_replicas([], now=0.0, after_s=0.0)
+
+
+def test_a_request_answered_whole_never_waits_but_its_answer_is_a_sign_of_life() -> (
+    None
+):
+    # An embeddings request computes in silence: never a stall by this rule.
+    whole = WaitingStream(
+        "a", 10.0, answered_at=None, has_first_token=False, answers_whole=True
+    )
+    assert stalled_replicas([whole], now=100.0, after_s=5.0) == {}
+    # Once answered, its bytes restart the clock of a stream waiting beside it.
+    answered = WaitingStream(
+        "a", 10.0, answered_at=14.0, has_first_token=False, answers_whole=True
+    )
+    streams = [waiting("a", 10.0), answered]
+    assert stalled_replicas(streams, now=18.9, after_s=5.0) == {}
+    assert stalled_replicas(streams, now=19.0, after_s=5.0) == {"a": 5.0}
