@@ -91,8 +91,11 @@ soak: venv debs
 	FAULT_OUTAGE_S=60 REQUIRE_NETNS=1 $(PY) -m pytest -n 0 $(DURATIONS) -m '' tests/faults
 
 ## Benchmarks: the engine model in virtual time, the replica server and the gateway in
-## real time, the fleet simulator's speed, and the simulated replica against real
-## vLLM on CPU (skipped with a message where `make vllm-cpu tiny-model` did not run).
+## real time, the fleet simulator's speed, the simulated replica against real
+## vLLM on CPU (skipped with a message where `make vllm-cpu tiny-model` did not run),
+## and embeddings through the gateway on the simulated replica and on real vLLM
+## with MiniLM (skipped with a message without `make vllm-cpu minilm`; the stall
+## rule at 30 s: at 5 s it sheds whole embeddings answers, bench/README.md).
 ## Results go to bench/results/*.json (not committed).
 bench: venv
 	$(PY) bench/engine_model.py --out bench/results/engine_model.json
@@ -104,6 +107,7 @@ bench: venv
 	$(PY) bench/vllm_serve.py --out bench/results/vllm_serve.json
 	$(PY) bench/embeddings.py --out bench/results/embeddings.json
 	$(PY) bench/embedding_split.py --dim 8 --out bench/results/embedding_split.json
+	$(PY) bench/embeddings.py --engine vllm --out bench/results/embeddings_vllm.json
 
 ## Real vLLM on CPU (../shared/research/vllm-cpu.md): its own venv in .vllm/, with
 ## CPython 3.11 (the only torch+cpu wheel here is cp311). The CUDA-built

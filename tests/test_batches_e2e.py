@@ -35,8 +35,9 @@ from django.conf import settings
 from django.db.models import Sum
 
 from batches.models import Batch, BatchLine
-from localrun.processes import Process, spawn, wait_until
+from localrun.processes import Process, wait_until
 from metering.models import Usage
+from tests.batch_client import content, start_celery, upload, wait_batch
 from tests.live import LivePlatform, start_platform
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ def platform(
         ) as live,
     ):
         live.env["PLATFORM_BATCH_GATEWAY_URL"] = live.url
-        beat = _celery(live, tmp, "beat", ["-B", "-Q", "celery"])
+        beat = start_celery(live.env, tmp, "beat", ["-B", "-Q", "celery"])
         live.extra.append(beat)
         try:
             yield live
@@ -82,22 +83,13 @@ def platform(
                 process.stop(grace_s=10)
 
 
-def _celery(live: LivePlatform, tmp: Path, name: str, args: list[str]) -> Process:
-    import sys
-
-    argv = [sys.executable, "-m", "celery", "-A", "config", "worker", *args]
-    argv += ["--concurrency", "2", "--loglevel", "INFO", "-n", f"{name}@%h"]
-    argv += ["--schedule", str(tmp / f"{name}-schedule")]
-    return spawn(argv, live.env, tmp / f"{name}-{time.monotonic_ns()}.log", "")
-
-
 @pytest.fixture(scope="module")
 def runners(
     platform: LivePlatform, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[list[Process]]:
     """The batch workers started so far; the last one is the live one."""
     tmp = tmp_path_factory.mktemp("runners")
-    started = [_celery(platform, tmp, "batches", ["-Q", "batches"])]
+    started = [start_celery(platform.env, tmp, "batches", ["-Q", "batches"])]
     yield started
     for process in started:
         process.stop(grace_s=10)
@@ -122,37 +114,6 @@ def _line(custom_id: str, content: str, max_tokens: int = 16) -> dict[str, Any]:
     }
 
 
-def _upload(client: openai.OpenAI, tmp: Path, rows: list[Any]) -> str:
-    path = tmp / f"input-{time.monotonic_ns()}.jsonl"
-    path.write_text(
-        "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows)
-    )
-    with path.open("rb") as handle:
-        return client.files.create(file=handle, purpose="batch").id
-
-
-def _wait_batch(
-    client: openai.OpenAI, batch_id: str, until: Any, *, timeout_s: float = 60
-) -> Any:
-    found: list[Any] = []
-
-    def check() -> bool:
-        found[:] = [client.batches.retrieve(batch_id)]
-        return bool(until(found[0]))
-
-    try:
-        wait_until(check, timeout_s=timeout_s, interval_s=0.2, message=batch_id)
-    except AssertionError as exc:
-        raise AssertionError(
-            f"{exc}; last seen: {found[0] if found else None}"
-        ) from None
-    return found[0]
-
-
-def _content(client: openai.OpenAI, file_id: str) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in client.files.content(file_id).text.splitlines()]
-
-
 def test_a_batch_survives_its_worker_being_killed(
     platform: LivePlatform, runners: list[Process], tmp_path: Path, unblocked: None
 ) -> None:
@@ -167,7 +128,7 @@ def test_a_batch_survives_its_worker_being_killed(
             "body": {},
         },
     )
-    file_id = _upload(client, tmp_path, rows)
+    file_id = upload(client, tmp_path, rows)
     batch = client.batches.create(
         input_file_id=file_id,
         endpoint="/v1/chat/completions",
@@ -178,7 +139,7 @@ def test_a_batch_survives_its_worker_being_killed(
     assert batch.request_counts is not None and batch.request_counts.total == 41
 
     # Kill the runner's worker once a few lines are done.
-    _wait_batch(client, batch.id, lambda b: b.request_counts.completed >= 8)
+    wait_batch(client, batch.id, lambda b: b.request_counts.completed >= 8)
     runners[-1].popen.kill()
     import os
     import signal
@@ -191,17 +152,17 @@ def test_a_batch_survives_its_worker_being_killed(
             "custom_id", flat=True
         )
     )
-    runners.append(_celery(platform, tmp_path, "batches", ["-Q", "batches"]))
+    runners.append(start_celery(platform.env, tmp_path, "batches", ["-Q", "batches"]))
 
-    ended = _wait_batch(client, batch.id, lambda b: b.status == "completed")
+    ended = wait_batch(client, batch.id, lambda b: b.status == "completed")
     assert ended.request_counts.completed == 40
     assert ended.request_counts.failed == 1
-    output = _content(client, ended.output_file_id)
+    output = content(client, ended.output_file_id)
     assert sorted(o["custom_id"] for o in output) == sorted(f"q-{i}" for i in range(40))
     for record in output:
         assert record["response"]["status_code"] == 200
         assert record["response"]["body"]["choices"][0]["message"]["content"]
-    errors = _content(client, ended.error_file_id)
+    errors = content(client, ended.error_file_id)
     assert [(e["custom_id"], e["error"]["code"]) for e in errors] == [
         ("broken", "invalid_method")
     ]
@@ -263,7 +224,7 @@ def test_under_interactive_load_the_batch_pauses_then_resumes(
         thread.start()
     try:
         client = platform.client("alpha", timeout=30)
-        file_id = _upload(
+        file_id = upload(
             client, tmp_path, [_line(f"p-{i}", f"p {i}") for i in range(12)]
         )
         batch = client.batches.create(
@@ -271,14 +232,14 @@ def test_under_interactive_load_the_batch_pauses_then_resumes(
             endpoint="/v1/chat/completions",
             completion_window="24h",
         )
-        paused = _wait_batch(client, batch.id, lambda b: b.refused >= 3, timeout_s=40)
+        paused = wait_batch(client, batch.id, lambda b: b.refused >= 3, timeout_s=40)
         assert paused.status == "in_progress"
         assert paused.request_counts.completed < 12
     finally:
         stop.set()
         for thread in threads:
             thread.join(60)
-    ended = _wait_batch(client, batch.id, lambda b: b.status == "completed")
+    ended = wait_batch(client, batch.id, lambda b: b.status == "completed")
     assert ended.request_counts.completed == 12
     assert errors == []
     assert answered[0] >= 4
@@ -290,34 +251,34 @@ def test_cancel_and_expiry_keep_what_was_done(
     client = platform.client("alpha", timeout=30)
     rows = [_line(f"c-{i}", f"c {i}", max_tokens=32) for i in range(300)]
     cancelled = client.batches.create(
-        input_file_id=_upload(client, tmp_path, rows),
+        input_file_id=upload(client, tmp_path, rows),
         endpoint="/v1/chat/completions",
         completion_window="24h",
     )
     expiring = client.batches.create(
-        input_file_id=_upload(client, tmp_path, rows),
+        input_file_id=upload(client, tmp_path, rows),
         endpoint="/v1/chat/completions",
         # OpenAI offers only 24h (the SDK's type says so); the platform takes any
         # window up to a week.
         completion_window="24h",
         extra_body={"completion_window": "6s"},
     )
-    _wait_batch(client, cancelled.id, lambda b: b.request_counts.completed >= 3)
+    wait_batch(client, cancelled.id, lambda b: b.request_counts.completed >= 3)
     assert client.batches.cancel(cancelled.id).status == "cancelling"
-    ended = _wait_batch(client, cancelled.id, lambda b: b.status == "cancelled")
+    ended = wait_batch(client, cancelled.id, lambda b: b.status == "cancelled")
     done = ended.request_counts.completed
     assert 3 <= done < 300
-    assert len(_content(client, ended.output_file_id)) == done
-    left = _content(client, ended.error_file_id)
+    assert len(content(client, ended.output_file_id)) == done
+    left = content(client, ended.error_file_id)
     assert len(left) == 300 - done
     assert {e["error"]["code"] for e in left} == {"batch_cancelled"}
 
-    gone = _wait_batch(client, expiring.id, lambda b: b.status == "expired")
+    gone = wait_batch(client, expiring.id, lambda b: b.status == "expired")
     finished = gone.request_counts.completed
     assert 0 < finished < 300
     assert gone.expired_at is not None
-    assert len(_content(client, gone.output_file_id)) == finished
-    assert {e["error"]["code"] for e in _content(client, gone.error_file_id)} == {
+    assert len(content(client, gone.output_file_id)) == finished
+    assert {e["error"]["code"] for e in content(client, gone.error_file_id)} == {
         "batch_expired"
     }
 
@@ -326,7 +287,7 @@ def test_bad_input_is_refused_in_openais_shape(
     platform: LivePlatform, tmp_path: Path, unblocked: None
 ) -> None:
     client = platform.client("alpha", timeout=30)
-    twice = _upload(client, tmp_path, [_line("same", "a"), _line("same", "b")])
+    twice = upload(client, tmp_path, [_line("same", "a"), _line("same", "b")])
     with pytest.raises(openai.BadRequestError) as refused:
         client.batches.create(
             input_file_id=twice,

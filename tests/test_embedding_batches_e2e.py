@@ -20,8 +20,6 @@ GIVEN embed-1@v1 on one pooling replica,
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -33,9 +31,10 @@ from django.conf import settings
 from django.db.models import Sum
 
 from batches.models import BatchLine
-from localrun.processes import Process, spawn, wait_until
+from localrun.processes import wait_until
 from localrun.seeding import ModelSeed, VersionSeed
 from metering.models import Usage
+from tests.batch_client import content, start_celery, upload, wait_batch
 from tests.factories import VERSION_BODY, digest, version_body
 from tests.live import LivePlatform, start_platform
 
@@ -97,22 +96,13 @@ def platform(
         ) as live,
     ):
         live.env["PLATFORM_BATCH_GATEWAY_URL"] = live.url
-        live.extra.append(_celery(live, tmp, "beat", ["-B", "-Q", "celery"]))
-        live.extra.append(_celery(live, tmp, "batches", ["-Q", "batches"]))
+        live.extra.append(start_celery(live.env, tmp, "beat", ["-B", "-Q", "celery"]))
+        live.extra.append(start_celery(live.env, tmp, "batches", ["-Q", "batches"]))
         try:
             yield live
         finally:
             for process in live.extra:
                 process.stop(grace_s=10)
-
-
-def _celery(live: LivePlatform, tmp: Path, name: str, args: list[str]) -> Process:
-    import sys
-
-    argv = [sys.executable, "-m", "celery", "-A", "config", "worker", *args]
-    argv += ["--concurrency", "2", "--loglevel", "INFO", "-n", f"{name}@%h"]
-    argv += ["--schedule", str(tmp / f"{name}-schedule")]
-    return spawn(argv, live.env, tmp / f"{name}-{time.monotonic_ns()}.log", "")
 
 
 @pytest.fixture
@@ -128,35 +118,6 @@ def _line(custom_id: str, text: Any, **body: Any) -> dict[str, Any]:
         "url": EMBEDDINGS,
         "body": {"model": MODEL, "input": text, **body},
     }
-
-
-def _upload(client: openai.OpenAI, tmp: Path, rows: list[Any]) -> str:
-    path = tmp / f"input-{time.monotonic_ns()}.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with path.open("rb") as handle:
-        return client.files.create(file=handle, purpose="batch").id
-
-
-def _wait_batch(
-    client: openai.OpenAI, batch_id: str, until: Any, *, timeout_s: float = 90
-) -> Any:
-    found: list[Any] = []
-
-    def check() -> bool:
-        found[:] = [client.batches.retrieve(batch_id)]
-        return bool(until(found[0]))
-
-    try:
-        wait_until(check, timeout_s=timeout_s, interval_s=0.2, message=batch_id)
-    except AssertionError as exc:
-        raise AssertionError(
-            f"{exc}; last seen: {found[0] if found else None}"
-        ) from None
-    return found[0]
-
-
-def _content(client: openai.OpenAI, file_id: str) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in client.files.content(file_id).text.splitlines()]
 
 
 def _metered(platform: LivePlatform, team: str) -> tuple[int, int, int]:
@@ -194,17 +155,17 @@ def test_an_embeddings_batch_runs_through_the_gateway(
     rows.insert(4, _line("empty", []))
     rows.insert(9, _line("too-long", "word " * (4 * LONGEST)))
     batch = client.batches.create(
-        input_file_id=_upload(client, tmp_path, rows),
+        input_file_id=upload(client, tmp_path, rows),
         endpoint=EMBEDDINGS,
         completion_window="24h",
     )
     assert (batch.endpoint, batch.status) == (EMBEDDINGS, "in_progress")
     assert batch.request_counts is not None and batch.request_counts.total == 18
 
-    ended = _wait_batch(client, batch.id, lambda b: b.status == "completed")
+    ended = wait_batch(client, batch.id, lambda b: b.status == "completed")
     assert (ended.request_counts.completed, ended.request_counts.failed) == (16, 2)
 
-    output = _content(client, ended.output_file_id)
+    output = content(client, ended.output_file_id)
     assert sorted(o["custom_id"] for o in output) == sorted(texts)
     told = 0
     for record in output:
@@ -220,7 +181,7 @@ def test_an_embeddings_batch_runs_through_the_gateway(
         assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] > 0
         told += body["usage"]["prompt_tokens"]
 
-    errors = {e["custom_id"]: e for e in _content(client, ended.error_file_id)}
+    errors = {e["custom_id"]: e for e in content(client, ended.error_file_id)}
     assert set(errors) == {"empty", "too-long"}
     for record in errors.values():
         assert record["error"] is None
@@ -251,13 +212,13 @@ def test_bad_embedding_batches_are_refused_in_openais_shape(
         "url": "/v1/chat/completions",
         "body": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
     }
-    mixed = _upload(client, tmp_path, [_line("a", "hello"), chat_line])
+    mixed = upload(client, tmp_path, [_line("a", "hello"), chat_line])
     with pytest.raises(openai.BadRequestError) as refused:
         client.batches.create(
             input_file_id=mixed, endpoint=EMBEDDINGS, completion_window="24h"
         )
     assert refused.value.code == "url_mismatch"
-    chat_model = _upload(client, tmp_path, [_line("a", "hello", model="chat-7b")])
+    chat_model = upload(client, tmp_path, [_line("a", "hello", model="chat-7b")])
     with pytest.raises(openai.BadRequestError) as wrong_kind:
         client.batches.create(
             input_file_id=chat_model, endpoint=EMBEDDINGS, completion_window="24h"

@@ -14,6 +14,12 @@ replica is also re-captured on ``/v1/embeddings`` and the shapes diffed against
 the committed capture the simulated replica is held to
 (``simengine/tests/data/vllm_embeddings``), so a vLLM upgrade that changes the
 surface fails here.
+
+The Batch API on the same replica: the batch test adds (``batch_runner``) a Celery
+worker with beat and one on the ``batches`` queue, as
+``tests/test_embedding_batches_e2e.py`` runs them beside a simulated replica;
+the SDK uploads 200 ``/v1/embeddings`` lines, creates the batch and polls it to
+its end, and the output, the lines' attempts and the usage rows are checked.
 """
 
 from __future__ import annotations
@@ -31,10 +37,12 @@ from typing import TYPE_CHECKING
 
 import httpx
 import pytest
+from django.conf import settings
 from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
+from batches.models import BatchLine
 from engine_nodes.models import Replica
 from engine_nodes.weights import local_identity
 from localrun.processes import start_gateway, wait_until
@@ -55,6 +63,7 @@ from simengine.embedding_capture import (
     capture_embeddings,
     read_embeddings,
 )
+from tests.batch_client import content, start_celery, upload, wait_batch
 from tests.live import LivePlatform, extra_of, platform_env
 from tests.test_vllm_e2e import flush_usage
 
@@ -68,6 +77,7 @@ ENGINE_KEY = "sk-engine-minilm"
 DIMENSIONS = 384
 MAX_INPUT_TOKENS = 256
 SERVING_TIMEOUT_S = 300
+BATCH_TIMEOUT_S = 300
 
 VLLM_PYTHON = Path(__file__).resolve().parent.parent / ".vllm" / "bin" / "python"
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -107,6 +117,27 @@ def platform(
     tmp = tmp_path_factory.mktemp("vllm-minilm")
     with django_db_blocker.unblock(), start_minilm_platform(tmp, minilm_model) as live:
         yield live
+
+
+@pytest.fixture(scope="module")
+def batch_runner(
+    platform: LivePlatform, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LivePlatform]:
+    """The module's platform with what the Batch API's runner needs: a Celery
+    worker with beat (it dispatches batches every half second and flushes usage)
+    and one on the ``batches`` queue (the runner, which posts each line to the
+    gateway). Started by the batch test alone, so the others do without them."""
+    tmp = tmp_path_factory.mktemp("vllm-minilm-batches")
+    env = {**platform.env, "PLATFORM_BATCH_GATEWAY_URL": platform.url}
+    workers = [
+        start_celery(env, tmp, "beat", ["-B", "-Q", "celery"], concurrency=1),
+        start_celery(env, tmp, "batches", ["-Q", "batches"], concurrency=1),
+    ]
+    try:
+        yield platform
+    finally:
+        for worker in workers:
+            worker.stop(grace_s=10)
 
 
 @pytest.fixture
@@ -157,8 +188,19 @@ def start_minilm_platform(tmp: Path, model_dir: Path) -> Iterator[LivePlatform]:
         now=timezone.now(),
     )
     prefix = f"e2e-{uuid.uuid4().hex[:8]}"
+    # The Files and Batch APIs' store: a storage root of the module's own.
+    store = tmp / "store"
+    store.mkdir()
     env = platform_env(
-        region=REGION, prefix=prefix, PLATFORM_ENGINE_API_KEY=ENGINE_KEY, **OFFLINE
+        region=REGION,
+        prefix=prefix,
+        PLATFORM_ENGINE_API_KEY=ENGINE_KEY,
+        PLATFORM_STORAGE_ROOTS=",".join(
+            [*settings.PLATFORM_STORAGE_ROOTS, f"file://{store}/"]
+        ),
+        PLATFORM_BATCH_STORAGE_URI=f"file://{store}/batches/",
+        PLATFORM_BATCH_DISPATCH_S="0.5",
+        **OFFLINE,
     )
     agent = start_vllm_agent(
         env,
@@ -319,10 +361,119 @@ def test_vllm_embeddings_keep_the_captured_shapes(
             assert live_body == body, case
 
 
-def _metered(platform: LivePlatform) -> tuple[int, int, int]:
-    rows = Usage.objects.filter(model_id=MINILM)
-    return (
-        sum(rows.values_list("requests", flat=True)),
-        sum(rows.values_list("prompt_tokens", flat=True)),
-        sum(rows.values_list("output_tokens", flat=True)),
+BATCH_SIZE = 200
+BATCH_USAGE = (
+    "batch_requests",
+    "batch_prompt_tokens",
+    "batch_output_tokens",
+    "requests",
+    "prompt_tokens",
+    "output_tokens",
+)
+
+
+def batch_inputs(count: int) -> dict[str, str | list[str]]:
+    """``count`` varied short inputs by custom_id: every fifth a list of two to
+    four texts, the others one text each."""
+    inputs: dict[str, str | list[str]] = {}
+    for i in range(count):
+        text = f"{TEXTS[(i * 7) % len(TEXTS)]} Note {i}."
+        if i % 5 == 0:
+            inputs[f"line-{i}"] = [
+                f"{TEXTS[(i + j * 11) % len(TEXTS)]} Part {j} of {i}."
+                for j in range(2 + i % 3)
+            ]
+        else:
+            inputs[f"line-{i}"] = text
+    return inputs
+
+
+def test_a_batch_of_embeddings_completes_on_real_vllm(
+    batch_runner: LivePlatform, tmp_path: Path, unblocked: None
+) -> None:
+    """GIVEN real MiniLM served by vLLM, the batch runner and beat
+    WHEN a team uploads 200 ``/v1/embeddings`` lines and creates a batch
+    THEN it completes, its output holds each line once with a 384-float vector
+    per input, no line was sent twice, and the usage rows hold the 200 lines as
+    batch work: the input tokens the answers report, no output tokens.
+    """
+    platform = batch_runner
+    client = platform.client(timeout=30)
+    inputs = batch_inputs(BATCH_SIZE)
+    rows = [
+        {
+            "custom_id": custom_id,
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {"model": MINILM, "input": given},
+        }
+        for custom_id, given in inputs.items()
+    ]
+    flush_usage(platform)  # what earlier tests left in Redis, before we count
+    before = _metered(platform, BATCH_USAGE)
+    batch = client.batches.create(
+        input_file_id=upload(client, tmp_path, rows),
+        endpoint="/v1/embeddings",
+        completion_window="24h",
     )
+    assert batch.request_counts is not None
+    assert batch.request_counts.total == BATCH_SIZE
+
+    ended = wait_batch(
+        client,
+        batch.id,
+        lambda b: b.status in {"completed", "failed", "expired", "cancelled"},
+        timeout_s=BATCH_TIMEOUT_S,
+    )
+    assert ended.status == "completed", ended
+    assert (ended.request_counts.completed, ended.request_counts.failed) == (
+        BATCH_SIZE,
+        0,
+    )
+    assert ended.error_file_id is None
+
+    output = content(client, ended.output_file_id)
+    assert len(output) == BATCH_SIZE
+    assert sorted(record["custom_id"] for record in output) == sorted(inputs)
+    told = 0
+    for record in output:
+        assert record["error"] is None, record
+        response = record["response"]
+        assert response["status_code"] == 200, record
+        body = response["body"]
+        given = inputs[record["custom_id"]]
+        wanted = given if isinstance(given, list) else [given]
+        assert body["model"] == MINILM
+        assert [d["index"] for d in body["data"]] == list(range(len(wanted)))
+        assert {len(d["embedding"]) for d in body["data"]} == {DIMENSIONS}
+        usage = body["usage"]
+        assert usage["total_tokens"] == usage["prompt_tokens"] > 0
+        told += usage["prompt_tokens"]
+
+    # No line was sent twice: each was claimed and posted once.
+    attempts = BatchLine.objects.filter(batch_id=batch.id).values_list(
+        "attempts", flat=True
+    )
+    assert sorted(attempts) == [1] * BATCH_SIZE
+    # Metered once per line, as batch work, input tokens only.
+    wanted_usage = (BATCH_SIZE, told, 0, BATCH_SIZE, told, 0)
+    seen: list[tuple[int, ...]] = []
+
+    def metered() -> bool:
+        flush_usage(platform)
+        after = _metered(platform, BATCH_USAGE)
+        seen[:] = [tuple(a - b for a, b in zip(after, before, strict=True))]
+        return seen[0] == wanted_usage
+
+    try:
+        wait_until(metered, timeout_s=30, interval_s=0.5, message="the batch metered")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {seen} != {wanted_usage}") from None
+
+
+def _metered(
+    platform: LivePlatform,
+    fields: Sequence[str] = ("requests", "prompt_tokens", "output_tokens"),
+) -> tuple[int, ...]:
+    rows = Usage.objects.filter(model_id=MINILM)
+    return tuple(sum(rows.values_list(name, flat=True)) for name in fields)
