@@ -15,6 +15,7 @@ from simengine.domain.embedding_perf import (
     embedding_profile_for,
 )
 from simengine.domain.perf import PROFILES
+from simengine.server import build_app
 
 
 def test_every_chat_profile_names_an_embedding_profile() -> None:
@@ -108,3 +109,17 @@ def test_a_profile_refuses_impossible_constants(
 ) -> None:
     with pytest.raises(ValueError, match="embedding profile"):
         EmbeddingProfile("bad", base, per_token, batch, is_measured=False)
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [((), "cpu-minilm"), (("--sim-profile", "h100-8b"), "h100-minilm")],
+)
+def test_the_replicas_batcher_runs_on_the_chosen_profile(
+    argv: tuple[str, ...], expected: str
+) -> None:
+    options, _ = options_from_args(
+        build_parser().parse_args(["--model", "m", "--runner", "pooling", *argv])
+    )
+    app = build_app(options)
+    assert app.embedder.profile is EMBEDDING_PROFILES[expected]
