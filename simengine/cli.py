@@ -29,7 +29,8 @@ from typing import Any
 
 import yaml
 
-from simengine.domain.perf import PROFILES
+from simengine.domain.embedding_perf import embedding_profile_for
+from simengine.domain.perf import DEFAULT_PROFILE, PROFILES
 from simengine.replica import (
     ENGINES,
     Faults,
@@ -170,7 +171,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="Answer /v1/embeddings with vectors as meaningless as noise (a broken "
         "embedding model) instead of a hashed bag of the input's tokens.",
     )
-    add("--sim-profile", choices=sorted(PROFILES), default="a100-8b")
+    add(
+        "--sim-profile",
+        choices=sorted(PROFILES),
+        default=None,
+        help="Performance profile (simengine.domain.perf; default a100-8b). With "
+        "--runner pooling it also names the embedding batcher's device "
+        "(simengine.domain.embedding_perf; default: cpu-minilm, the measured one).",
+    )
     for name, flag in PROFILE_FLAGS.items():
         add(
             flag,
@@ -332,7 +340,8 @@ def options_from_args(args: argparse.Namespace) -> tuple[SimOptions, Faults]:
     options = SimOptions(
         model=model,
         served_model_names=list(names),
-        profile=args.sim_profile,
+        profile=args.sim_profile or DEFAULT_PROFILE.name,
+        embedding_profile=embedding_profile_for(args.sim_profile).name,
         profile_overrides={
             name: value
             for name in PROFILE_FLAGS

@@ -22,14 +22,15 @@ a vector seeded by the ids instead, as meaningless as noise (a broken model: the
 gate must refuse it).
 
 The performance model is a batcher: waiting requests go to the engine together
-(up to ``max_num_seqs``), and a batch takes ``BATCH_BASE_MS`` plus
-``PER_TOKEN_MS`` per input token in it. The constants are measured against real
-vLLM 0.32.0 (CPU build) serving all-MiniLM-L6-v2 in float32 on this box's two
-shared cores: 64 single-text requests of 37.5 tokens on average gave 1,618 to
-1,768 tokens/s at concurrency 1 (about 21 ms a request) and 2,798 to 2,864
-tokens/s at concurrency 8 (about 106 ms a batch of 8, 300 tokens); solved for
-a line through both: 9 ms a batch plus 0.32 ms a token. A GPU is far faster:
-these stand for the CPU server only.
+(up to ``max_num_seqs``), and a batch takes the profile's ``batch_base_ms`` plus
+``per_token_ms`` per input token in it (``simengine.domain.embedding_perf``). The
+profile follows ``--sim-profile``'s device, as the chat model's step time does:
+``cpu-minilm`` (measured against real vLLM 0.32.0's CPU build serving
+all-MiniLM-L6-v2 on this box: 9 ms a batch plus 0.32 ms a token) when no profile
+is given or for ``cpu-tiny``, ``a100-minilm`` for ``a100-8b`` (what an FP16
+one-GPU version gets), ``h100-minilm`` for the H100 profiles; the GPU ones are
+estimates scaled from the chat profiles' GPU/CPU ratio, not measurements.
+``BATCH_BASE_MS`` and ``PER_TOKEN_MS`` are the measured CPU constants.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from simengine.domain import tokens
+from simengine.domain.embedding_perf import CPU_EMBEDDING_PROFILE, EmbeddingProfile
 
 __all__ = [
     "BATCH_BASE_MS",
@@ -60,8 +62,8 @@ __all__ = [
 ]
 
 DEFAULT_EMBEDDING_DIM = 384  # all-MiniLM-L6-v2's
-BATCH_BASE_MS = 9.0
-PER_TOKEN_MS = 0.32
+BATCH_BASE_MS = CPU_EMBEDDING_PROFILE.batch_base_ms
+PER_TOKEN_MS = CPU_EMBEDDING_PROFILE.per_token_ms
 
 
 class EmbeddingError(ValueError):
@@ -206,17 +208,24 @@ def embedding_response(
     }
 
 
-def batch_seconds(batch_tokens: int) -> float:
-    """Return how long the engine takes over a batch of ``batch_tokens``."""
-    return (BATCH_BASE_MS + PER_TOKEN_MS * batch_tokens) / 1000.0
+def batch_seconds(
+    batch_tokens: int, profile: EmbeddingProfile = CPU_EMBEDDING_PROFILE
+) -> float:
+    """Return how long the engine of ``profile`` takes over a batch of
+    ``batch_tokens``."""
+    return profile.batch_seconds(batch_tokens)
 
 
 class EmbeddingBatcher:
     """The embedding engine's time: requests that wait together run as one batch
-    of at most ``max_batch`` requests (``batch_seconds`` of its tokens)."""
+    of at most ``max_batch`` requests (``batch_seconds`` of its tokens on
+    ``profile``)."""
 
-    def __init__(self, max_batch: int) -> None:
+    def __init__(
+        self, max_batch: int, profile: EmbeddingProfile = CPU_EMBEDDING_PROFILE
+    ) -> None:
         self.max_batch = max(1, max_batch)
+        self.profile = profile
         self._waiting: list[tuple[int, asyncio.Future[None]]] = []
         self._task: asyncio.Task[None] | None = None
 
@@ -232,7 +241,7 @@ class EmbeddingBatcher:
         while self._waiting:
             batch = self._waiting[: self.max_batch]
             del self._waiting[: self.max_batch]
-            await asyncio.sleep(batch_seconds(sum(n for n, _ in batch)))
+            await asyncio.sleep(self.profile.batch_seconds(sum(n for n, _ in batch)))
             for _, done in batch:
                 if not done.done():
                     done.set_result(None)

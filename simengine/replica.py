@@ -95,6 +95,8 @@ class SimOptions:
     model: str
     served_model_names: list[str]
     profile: str = "a100-8b"
+    # The embedding batcher's device (``simengine.domain.embedding_perf``).
+    embedding_profile: str = "cpu-minilm"
     # Step-time constants replacing the profile's (``--sim-a-ms`` ...).
     profile_overrides: dict[str, float] = field(default_factory=dict)
     max_model_len: int = 8192

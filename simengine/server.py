@@ -59,6 +59,7 @@ from simengine import choices, completions, embeddings
 from simengine.choices import ChoiceOutput, ToolCallSpan
 from simengine.completions import CompletionPrompt
 from simengine.domain import responses_input, tokens
+from simengine.domain.embedding_perf import EMBEDDING_PROFILES
 from simengine.domain.engine import FinishedRequest
 from simengine.metrics import EngineMetrics
 from simengine.replica import (
@@ -211,7 +212,10 @@ class SimApp:
         self.model_name = replica.options.served_model_names[0]
         self.sglang = replica.options.engine == "sglang"
         self.pooling = replica.options.runner == "pooling" and not self.sglang
-        self.embedder = embeddings.EmbeddingBatcher(replica.options.max_num_seqs or 256)
+        self.embedder = embeddings.EmbeddingBatcher(
+            replica.options.max_num_seqs or 256,
+            EMBEDDING_PROFILES[replica.options.embedding_profile],
+        )
         self.response_store = ResponseStore()
         self._key_digests = tuple(
             hashlib.sha256(key.encode()).digest()

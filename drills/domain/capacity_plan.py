@@ -1,7 +1,7 @@
 """The seed's capacity arithmetic as one plan that recomputes from its inputs.
 
 Public surface: ``Scenario`` (sections ``ChatReplicaShape``, ``BigLoad``,
-``ChatModelShape``, ``BigModelShape``, ``ColdStart``), ``ScenarioError``,
+``ChatModelShape``, ``BigModelShape``, ``ColdStart``, ``EmbeddingPool``), ``ScenarioError``,
 ``KeyRule``, ``scenario_keys``, ``Figure``, ``PrecisionOption``, ``Plan``, ``plan``,
 ``chat_load``, ``estimate_chat_fleet``.
 
@@ -40,6 +40,12 @@ by the seed's section names:
   without host offload, 12 with 128 GiB (docs/capacity-plan.md, "Counting
   prefill").
 
+- Embedding pool (not in the seed, which has none; off with the defaults): a RAG
+  ingestion and search load in input tokens/s, sized on one embedding replica's
+  input tokens/s (section ``embedding``, defaults from the simulated replica's
+  ``a100-minilm`` profile, an estimate) at a target utilisation; its GPUs join the
+  region's total and the monthly cost.
+
 Rounding follows the seed: replica counts and the planned cold start (whole minutes)
 round up, streams per replica round down, money rounds to cents. Every other figure
 keeps full precision; ``Figure.places`` says how many decimals the seed shows.
@@ -68,6 +74,7 @@ from drills.domain.replica_load import (
     smallest_fleet,
 )
 from metering.domain.usage import usd_per_million_tokens
+from simengine.domain.embedding_perf import EMBEDDING_PROFILES, EmbeddingProfile
 from simengine.domain.perf import PROFILES, PerfProfile
 
 __all__ = [
@@ -76,6 +83,7 @@ __all__ = [
     "ChatModelShape",
     "ChatReplicaShape",
     "ColdStart",
+    "EmbeddingPool",
     "Figure",
     "KeyRule",
     "Plan",
@@ -306,12 +314,72 @@ class ChatReplicaShape:
         return StepCosts(**asdict(self))
 
 
+_EMBEDDING_PROFILE = EMBEDDING_PROFILES["a100-minilm"]
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingPool:
+    """An embedding pool beside the chat pools (scenario section ``embedding``).
+
+    Off with the defaults (no ingestion, no search: the seed has no embedding pool).
+    ``replica_input_tokens_per_s`` defaults to the simulated replica's
+    ``a100-minilm`` profile in full batches, an estimate scaled from the chat
+    profiles' GPU/CPU ratio (``simengine.domain.embedding_perf``); the embedding
+    load test's figure replaces it. ``EmbeddingPool.from_profile`` takes it from
+    another profile (``capacity_plan --embedding-profile``).
+    """
+
+    ingest_requests_per_s: float = _key(
+        0,
+        "requests/s",
+        "RAG ingestion requests at peak (0 with no search: no embedding pool)",
+        is_minimum_allowed=True,
+    )
+    texts_per_request: float = _key(32, "texts", "chunks embedded per ingestion")
+    tokens_per_text: float = _key(256, "tokens", "input tokens per chunk")
+    search_queries_per_s: float = _key(
+        0, "queries/s", "search queries at peak, one text each", is_minimum_allowed=True
+    )
+    query_tokens: float = _key(32, "tokens", "input tokens per search query")
+    replica_input_tokens_per_s: float = _key(
+        round(_EMBEDDING_PROFILE.full_batch_tokens_per_s),
+        "tokens/s",
+        "input tokens one embedding replica carries (a100-minilm, an estimate)",
+    )
+    gpus_per_replica: int = _key(1, "GPUs", "GPUs per embedding replica", is_whole=True)
+    target_utilisation: float = _key(
+        0.7,
+        "fraction",
+        "share of a replica's input tokens/s the pool is sized to use",
+        maximum=1,
+    )
+
+    @classmethod
+    def from_profile(cls, profile: EmbeddingProfile) -> EmbeddingPool:
+        """Return the defaults with ``profile``'s full-batch input tokens/s."""
+        return cls(replica_input_tokens_per_s=round(profile.full_batch_tokens_per_s))
+
+    @property
+    def input_tokens_per_s(self) -> float:
+        """Input tokens/s at peak: the ingestion's chunks and the queries."""
+        return (
+            self.ingest_requests_per_s * self.texts_per_request * self.tokens_per_text
+            + self.search_queries_per_s * self.query_tokens
+        )
+
+    @property
+    def is_on(self) -> bool:
+        """Whether the scenario has an embedding pool (any embedding load)."""
+        return self.input_tokens_per_s > 0
+
+
 _SECTIONS: dict[str, type] = {
     "replica": ChatReplicaShape,
     "big": BigLoad,
     "model": ChatModelShape,
     "big_model": BigModelShape,
     "cold_start": ColdStart,
+    "embedding": EmbeddingPool,
 }
 
 
@@ -389,6 +457,7 @@ class Scenario:
     model: ChatModelShape = field(default_factory=ChatModelShape)
     big_model: BigModelShape = field(default_factory=BigModelShape)
     cold_start: ColdStart = field(default_factory=ColdStart)
+    embedding: EmbeddingPool = field(default_factory=EmbeddingPool)
 
     def __post_init__(self) -> None:
         for key, rule in scenario_keys().items():
@@ -730,16 +799,20 @@ def plan(scenario: Scenario) -> Plan:
         big_section,
     )
 
+    embedding_gpus, embedding_how = _embedding_figures(scenario, add)
+
     regions = "Two regions"
     gpus_per_region = (
-        chat_replicas * CHAT_GPUS_PER_REPLICA + big_replicas * big.gpus_per_replica
+        chat_replicas * CHAT_GPUS_PER_REPLICA
+        + big_replicas * big.gpus_per_replica
+        + embedding_gpus
     )
     add(
         "gpus_per_region",
         gpus_per_region,
         "GPUs",
         f"{chat_replicas} x {CHAT_GPUS_PER_REPLICA} + "
-        f"{big_replicas} x {big.gpus_per_replica}",
+        f"{big_replicas} x {big.gpus_per_replica}{embedding_how}",
         regions,
     )
     gpus_total = s.regions * gpus_per_region
@@ -914,7 +987,11 @@ def plan(scenario: Scenario) -> Plan:
     )
 
     prefill_warnings = _prefill_figures(
-        scenario, add, chat_replicas, big_replicas * big.gpus_per_replica
+        scenario,
+        add,
+        chat_replicas,
+        big_replicas * big.gpus_per_replica,
+        embedding_gpus,
     )
 
     options = tuple(
@@ -923,6 +1000,83 @@ def plan(scenario: Scenario) -> Plan:
     )
     warnings = _warnings(scenario, on_arrival, chat_free_gb, options)
     return Plan(scenario, tuple(figures), options, warnings + prefill_warnings)
+
+
+def _embedding_figures(s: Scenario, add: Any) -> tuple[int, str]:
+    """Add the section "Embedding pool" when the scenario has one; return its GPUs
+    per region and the term it adds to ``gpus_per_region``'s sum ("" when off).
+
+    The pool is sized as the chat pool is, on the tokens it carries (here input
+    tokens): each surviving region carries its share of the peak, on replicas
+    used at most ``target_utilisation``.
+    """
+    e = s.embedding
+    if not e.is_on:
+        return 0, ""
+    section = "Embedding pool"
+    load = e.input_tokens_per_s
+    add(
+        "embedding_input_tokens_per_s",
+        load,
+        "tokens/s",
+        f"{_n(e.ingest_requests_per_s)} x {_n(e.texts_per_request)} x "
+        f"{_n(e.tokens_per_text)} + {_n(e.search_queries_per_s)} x "
+        f"{_n(e.query_tokens)}",
+        section,
+    )
+    survivors = s.regions - s.regions_lost
+    per_region = load / survivors
+    usable = e.replica_input_tokens_per_s * e.target_utilisation
+    replicas = _ceil(per_region / usable)
+    add(
+        "embedding_replicas_per_region",
+        replicas,
+        "replicas",
+        f"ceil({_n(per_region)} / ({_n(e.replica_input_tokens_per_s)} x "
+        f"{_n(e.target_utilisation)}))",
+        section,
+    )
+    gpus = replicas * e.gpus_per_replica
+    add(
+        "embedding_gpus_per_region",
+        gpus,
+        "GPUs",
+        f"{replicas} x {e.gpus_per_replica}",
+        section,
+    )
+    utilisation = load / s.regions / (replicas * e.replica_input_tokens_per_s)
+    add(
+        "embedding_utilisation_normal",
+        utilisation,
+        "fraction",
+        f"{_n(load)} / {s.regions} / ({replicas} x {_n(e.replica_input_tokens_per_s)})",
+        section,
+        2,
+    )
+    add(
+        "embedding_usd_per_month",
+        _cents(s.regions * gpus * s.gpu_hour_usd * s.hours_per_month),
+        "USD",
+        f"{s.regions} x {gpus} x {_n(s.gpu_hour_usd)} x {_n(s.hours_per_month)}",
+        section,
+    )
+    tokens_per_hour = e.replica_input_tokens_per_s * SECONDS_PER_HOUR
+    for name, busy in (
+        ("embedding_usd_per_million_tokens_full", 1.0),
+        ("embedding_usd_per_million_tokens_normal", utilisation),
+    ):
+        add(
+            name,
+            usd_per_million_tokens(
+                s.gpu_hour_usd, e.gpus_per_replica, tokens_per_hour * busy
+            ),
+            "USD/M tokens",
+            f"{_n(s.gpu_hour_usd)} x {e.gpus_per_replica} / "
+            f"({_n(tokens_per_hour)} x {_n(busy)}) x 1,000,000",
+            section,
+            6,
+        )
+    return gpus, f" + {gpus} embedding"
 
 
 def _kv_bytes_per_token(m: ChatModelShape) -> float:
@@ -955,7 +1109,11 @@ def estimate_chat_fleet(s: Scenario, replicas: int) -> FleetEstimate:
 
 
 def _prefill_figures(
-    s: Scenario, add: Any, output_only_replicas: int, big_gpus_per_region: int
+    s: Scenario,
+    add: Any,
+    output_only_replicas: int,
+    big_gpus_per_region: int,
+    embedding_gpus_per_region: int,
 ) -> tuple[str, ...]:
     """Add the section "Replicas, counting prefill"; return its warnings.
 
@@ -1079,12 +1237,16 @@ def _prefill_figures(
         f"{_n(s.cached_prefix_tokens)})",
         section,
     )
-    gpus = s.regions * (n * CHAT_GPUS_PER_REPLICA + big_gpus_per_region)
+    gpus = s.regions * (
+        n * CHAT_GPUS_PER_REPLICA + big_gpus_per_region + embedding_gpus_per_region
+    )
+    embedding_how = f" + {embedding_gpus_per_region}" if s.embedding.is_on else ""
     add(
         "gpus_total_with_prefill",
         gpus,
         "GPUs",
-        f"{s.regions} x ({n} x {CHAT_GPUS_PER_REPLICA} + {big_gpus_per_region})",
+        f"{s.regions} x ({n} x {CHAT_GPUS_PER_REPLICA} + {big_gpus_per_region}"
+        f"{embedding_how})",
         section,
     )
     host_usd = s.regions * n * s.host_offload_gib * s.host_gib_month_usd

@@ -2,7 +2,8 @@
 pools, sized by the platform's autoscaler in virtual time.
 
 Public surface: ``EmbeddingPerf``, ``EmbeddingScenario``, ``EmbeddingBin``,
-``EmbeddingReport``, ``embedding_settings``, ``run_embedding_drill``.
+``EmbeddingReport``, ``embedding_settings``, ``run_embedding_drill``,
+``at_profile``, ``capacity_plan_keys``.
 
 The policy is ``models_registry.domain.autoscaler.decide``, the live tick's own,
 called every ``interval_s`` with the pool as the live tick observes it: an
@@ -23,9 +24,15 @@ admission divides by it), else it waits in the gateway's admission queue (FIFO,
 never shed here: an ingestion waits); admitted, it goes to the serving replica
 with the fewest input tokens queued or running (least tokens in flight). The
 policy sees the admitted count and the admission queue, as live. A replica is a
-batcher (``EmbeddingPerf``, the simulated replica's shape with a GPU's figures):
-waiting requests go in together up to ``max_batch_tokens``, and a batch takes
-``batch_base_ms`` plus ``per_token_ms`` per token; the engine's own queue is not
+batcher (``EmbeddingPerf``, the simulated replica's shape): waiting requests go in
+together up to ``max_batch_tokens``, and a batch takes ``batch_base_ms`` plus
+``per_token_ms`` per token. The defaults are the drill's own figures (about
+120,000 tokens/s a replica, a load test's 80,000); ``at_profile`` puts the
+simulated replica's profile in their place (``a100-minilm``, the A100 estimate of
+``simengine.domain.embedding_perf``: about 4.6 M tokens/s, and a load test's
+figure of the same), as ``manage.py embedding_drill --embedding-profile`` does,
+and ``capacity_plan_keys`` states the scenario as the capacity plan's
+``embedding`` section, so the two size the pool alike; the engine's own queue is not
 passed to the policy, as in the fleet simulator (``drills.domain.fleet_scaling``).
 
 A start takes ``cold_start`` (the seed's sum with the embedding model's small
@@ -55,12 +62,15 @@ from models_registry.domain.autoscaler import (
     ScalingSettings,
     decide,
 )
+from simengine.domain.embedding_perf import EmbeddingProfile
 
 __all__ = [
     "EmbeddingBin",
     "EmbeddingPerf",
     "EmbeddingReport",
     "EmbeddingScenario",
+    "at_profile",
+    "capacity_plan_keys",
     "embedding_settings",
     "run_embedding_drill",
 ]
@@ -79,6 +89,15 @@ class EmbeddingPerf:
 
     def batch_s(self, tokens: int) -> float:
         return (self.batch_base_ms + self.per_token_ms * tokens) / 1000.0
+
+    @classmethod
+    def from_profile(cls, profile: EmbeddingProfile) -> EmbeddingPerf:
+        """Return the simulated replica's batch time on ``profile``'s device."""
+        return cls(
+            batch_base_ms=profile.batch_base_ms,
+            per_token_ms=profile.per_token_ms,
+            max_batch_tokens=profile.max_batch_tokens,
+        )
 
 
 def embedding_settings() -> ScalingSettings:
@@ -143,6 +162,37 @@ class EmbeddingScenario:
         demand = self.burst_tokens_per_s + self.query_tokens_per_s
         per = self.settings.target_utilisation * self.replica_tokens_per_s
         return math.ceil(demand / per)
+
+
+def at_profile(s: EmbeddingScenario, profile: EmbeddingProfile) -> EmbeddingScenario:
+    """Return ``s`` with replicas of ``profile``: its batch time, and as the load
+    test's figures its input tokens/s in full batches and the tokens in flight that
+    rate keeps for ``latency_target_s`` (Little's law)."""
+    tokens_per_s = profile.full_batch_tokens_per_s
+    return replace(
+        s,
+        perf=EmbeddingPerf.from_profile(profile),
+        replica_tokens_per_s=tokens_per_s,
+        replica_tokens_in_flight=max(
+            profile.max_batch_tokens, round(tokens_per_s * s.latency_target_s)
+        ),
+    )
+
+
+def capacity_plan_keys(s: EmbeddingScenario) -> dict[str, float]:
+    """Return the capacity plan's ``embedding`` keys for the drill's burst (dotted,
+    for ``Scenario.from_mapping``): one region carrying it all, as the plan's
+    region does when the other is lost."""
+    return {
+        "embedding.ingest_requests_per_s": s.ingest_rps,
+        "embedding.texts_per_request": s.texts,
+        "embedding.tokens_per_text": s.chunk_tokens,
+        "embedding.search_queries_per_s": s.query_rps,
+        "embedding.query_tokens": s.query_tokens,
+        "embedding.replica_input_tokens_per_s": s.replica_tokens_per_s,
+        "embedding.gpus_per_replica": s.gpus_per_replica,
+        "embedding.target_utilisation": s.settings.target_utilisation,
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -525,6 +575,9 @@ def _checks(report: EmbeddingReport, ticks: list[ScalingDecision]) -> list[Check
     at_size = offered / (size * per) if size else math.inf
     at_fewer = offered / ((size - 1) * per) if size > 1 else math.inf
     recovered = report.latency_recovered_s
+    # A burst the floor carries (a fast replica) needs no scale-up and saves
+    # nothing over a pool held at its size: both checks hold at the floor.
+    at_floor = needed <= s.settings.min_replicas and report.peak_desired <= needed
     return [
         Check(
             "measures_input_tokens_per_s",
@@ -534,9 +587,19 @@ def _checks(report: EmbeddingReport, ticks: list[ScalingDecision]) -> list[Check
         ),
         Check(
             "scales_up_within_two_ticks",
-            first is not None and first <= 2 * s.interval_s + s.settings.panic_window_s,
-            f"first scale-up {first if first is None else round(first, 1)} s after "
-            f"the burst began (target: {2 * s.interval_s + s.settings.panic_window_s:g} s)",
+            at_floor
+            or (
+                first is not None
+                and first <= 2 * s.interval_s + s.settings.panic_window_s
+            ),
+            (
+                f"the floor of {s.settings.min_replicas} carries the burst: no "
+                "scale-up needed"
+                if at_floor
+                else f"first scale-up {first if first is None else round(first, 1)} "
+                f"s after the burst began (target: "
+                f"{2 * s.interval_s + s.settings.panic_window_s:g} s)"
+            ),
         ),
         Check(
             "drains_the_cold_start_backlog",
@@ -585,7 +648,8 @@ def _checks(report: EmbeddingReport, ticks: list[ScalingDecision]) -> list[Check
         ),
         Check(
             "saves_gpu_hours",
-            report.gpu_hours < report.fixed_gpu_hours,
+            report.gpu_hours < report.fixed_gpu_hours
+            or (at_floor and report.gpu_hours <= report.fixed_gpu_hours),
             f"{report.gpu_hours:.2f} GPU-hours against {report.fixed_gpu_hours:.2f} "
             f"for {needed} replicas held all along",
         ),

@@ -7,6 +7,7 @@ copied from the calculator's output.
 from __future__ import annotations
 
 import json
+import math
 import re
 from io import StringIO
 from pathlib import Path
@@ -16,6 +17,7 @@ import yaml
 from django.core.management import CommandError, call_command
 
 from drills.domain.capacity_plan import Scenario, ScenarioError, plan, scenario_keys
+from simengine.domain.embedding_perf import EMBEDDING_PROFILES
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED_YAML = ROOT / "drills" / "scenarios" / "seed.yaml"
@@ -415,3 +417,37 @@ def test_profile_sets_the_replica_section_and_offload_lowers_the_fleet() -> None
     assert offload["prefix_hit_rate_expected"] > 0.8 > seed["prefix_hit_rate_expected"]
     assert offload["host_hit_rate_expected"] > 0
     assert offload["usd_per_month_with_prefill"] == 64_800
+
+
+def test_command_prints_the_embedding_pool_when_the_scenario_has_one() -> None:
+    assert "Embedding pool" not in run()
+    out = run(
+        "--set",
+        "embedding.ingest_requests_per_s=60",
+        "embedding.replica_input_tokens_per_s=400000",
+    )
+    lines = {line.split()[0]: line for line in out.splitlines() if line.strip()}
+    assert "Embedding pool" in out
+    load = 60 * 32 * 256
+    replicas = math.ceil(load / (400_000 * 0.7))
+    assert f"{load:,}" in lines["embedding_input_tokens_per_s"].split()
+    assert str(replicas) in lines["embedding_replicas_per_region"].split()
+    assert f"+ {replicas} embedding" in lines["gpus_per_region"]
+
+
+def test_command_embedding_profile_sets_the_replica_capacity() -> None:
+    data = json.loads(
+        run(
+            "--json",
+            "--embedding-profile",
+            "cpu-minilm",
+            "--set",
+            "embedding.search_queries_per_s=50",
+        )
+    )
+    cpu = EMBEDDING_PROFILES["cpu-minilm"]
+    capacity = round(cpu.full_batch_tokens_per_s)
+    assert data["scenario"]["embedding"]["replica_input_tokens_per_s"] == capacity
+    assert data["embedding_replicas_per_region"] == math.ceil(
+        50 * 32 / (capacity * 0.7)
+    )

@@ -11,6 +11,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from drills.domain.embedding_drill import EmbeddingScenario, run_embedding_drill
+from simengine.domain.embedding_perf import EMBEDDING_PROFILES
 
 PNG = b"\x89PNG\r\n\x1a\n"
 # 12 ingestion requests/s of 32 x 256 tokens: 98,304 input tokens/s, two
@@ -86,3 +87,29 @@ def test_embedding_drill_is_deterministic_for_a_seed() -> None:
         d.signals["replica_tokens_per_s"] == scenario.replica_tokens_per_s
         for d in first.decisions
     )
+
+
+def test_embedding_drill_on_the_a100_profile_carries_the_burst_at_its_floor(
+    tmp_path: Path,
+) -> None:
+    """At the A100 estimate one replica carries the seed's burst (60 requests/s
+    of 32 x 256 tokens): the pool never leaves its floor, as the capacity plan
+    says, and the checks hold."""
+    profile = EMBEDDING_PROFILES["a100-minilm"]
+    data = json.loads(
+        run(
+            "--duration=900",
+            "--burst-at=120",
+            "--burst=480",
+            "--embedding-profile=a100-minilm",
+            "--json",
+            f"--plot={tmp_path / 'e.png'}",
+        )
+    )
+    assert data["passed"] is True, data["checks"]
+    assert data["scenario"]["replica_tokens_per_s"] == pytest.approx(
+        profile.full_batch_tokens_per_s
+    )
+    assert data["scenario"]["needed_at_burst"] == 1
+    assert data["peak_desired"] == 1
+    assert data["decisions"] == []

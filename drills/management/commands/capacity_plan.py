@@ -12,19 +12,21 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from drills.domain.capacity_plan import (
     ChatReplicaShape,
+    EmbeddingPool,
     Figure,
     Plan,
     Scenario,
     ScenarioError,
     plan,
 )
+from simengine.domain.embedding_perf import EMBEDDING_PROFILES
 from simengine.domain.perf import PROFILES
 
 
 class Command(BaseCommand):
     help = (
         "Recompute the seed's capacity plan (replicas, GPUs, cost, prefill, KV cache, "
-        "cold start) from a scenario whose defaults are the seed's figures. "
+        "cold start, an embedding pool when the scenario has one) from a scenario whose defaults are the seed's figures. "
         "Keys and formulas: docs/capacity-plan.md."
     )
     # Pure arithmetic: it needs neither the database nor the system checks.
@@ -51,6 +53,13 @@ class Command(BaseCommand):
             help="take the replica section (step costs, KV cache) from this fleet "
             "simulator profile (default a100-8b), before the file and --set",
         )
+        parser.add_argument(
+            "--embedding-profile",
+            choices=sorted(EMBEDDING_PROFILES),
+            help="take embedding.replica_input_tokens_per_s from this simulated "
+            "embedding replica's profile in full batches (default a100-minilm), "
+            "before the file and --set",
+        )
         parser.add_argument("--json", action="store_true", help="print JSON")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -61,6 +70,17 @@ class Command(BaseCommand):
             if options["profile"] is not None:
                 shape = ChatReplicaShape.from_profile(PROFILES[options["profile"]])
                 scenario = replace(scenario, replica=shape)
+            if options["embedding_profile"] is not None:
+                pool = EmbeddingPool.from_profile(
+                    EMBEDDING_PROFILES[options["embedding_profile"]]
+                )
+                scenario = scenario.with_values(
+                    {
+                        "embedding.replica_input_tokens_per_s": (
+                            pool.replica_input_tokens_per_s
+                        )
+                    }
+                )
             scenario = scenario.with_overrides(options["overrides"])
         except ScenarioError as exc:
             raise CommandError(f"invalid scenario: {exc}") from None

@@ -15,9 +15,11 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from drills.domain.embedding_drill import (
     EmbeddingReport,
     EmbeddingScenario,
+    at_profile,
     run_embedding_drill,
 )
 from drills.management.reports import add_result_arguments, write_result
+from simengine.domain.embedding_perf import EMBEDDING_PROFILES
 
 _DEFAULT = EmbeddingScenario()
 
@@ -47,6 +49,13 @@ class Command(BaseCommand):
         )
         parser.add_argument("--query-rps", type=float, default=_DEFAULT.query_rps)
         parser.add_argument(
+            "--embedding-profile",
+            choices=sorted(EMBEDDING_PROFILES),
+            help="replicas of this simulated embedding profile (batch time, and "
+            "its full-batch input tokens/s as the load test's figure; "
+            "a100-minilm: the A100 estimate) instead of the drill's own figures",
+        )
+        parser.add_argument(
             "--every",
             type=int,
             default=2,
@@ -67,6 +76,10 @@ class Command(BaseCommand):
             ingest_rps=options["ingest_rps"],
             query_rps=options["query_rps"],
         )
+        if options["embedding_profile"] is not None:
+            scenario = at_profile(
+                scenario, EMBEDDING_PROFILES[options["embedding_profile"]]
+            )
         report = run_embedding_drill(scenario)
         plot = options["plot"] or default_plot_path("embedding_drill")
         plot_embedding(report, plot, title="A RAG ingestion burst on an embedding pool")

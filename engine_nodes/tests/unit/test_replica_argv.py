@@ -424,6 +424,29 @@ def test_sim_replica_argv_passes_the_pooling_runner() -> None:
     assert "--runner" in vllm_serve_argv(spec)
 
 
+@pytest.mark.parametrize(
+    ("precision", "gpus", "config", "expected"),
+    [
+        ("fp16", 1, {}, "a100-minilm"),
+        ("int8", 2, {}, "h100-minilm"),
+        ("fp16", 1, {"sim_profile": "cpu-tiny"}, "cpu-minilm"),
+    ],
+)
+def test_a_pooling_replica_embeds_at_the_speed_of_its_versions_gpu(
+    precision: str, gpus: int, config: dict[str, Any], expected: str
+) -> None:
+    """The profile that sets a chat replica's step time sets an embedding
+    replica's batch time: an FP16 one-GPU version embeds at an A100's."""
+    spec = make_spec(
+        precision=precision,
+        gpus_per_replica=gpus,
+        engine_config={"runner": "pooling", **config},
+    )
+    argv = sim_replica_argv(spec)
+    options, _ = options_from_args(build_parser().parse_args(argv[3:]))
+    assert options.embedding_profile == expected
+
+
 def test_sim_replica_argv_rejects_reserved_keys_too() -> None:
     with pytest.raises(ValueError, match="the platform controls it"):
         sim_replica_argv(make_spec(engine_config={"port": 1}))
