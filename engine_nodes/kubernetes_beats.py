@@ -46,6 +46,10 @@ logger = logging.getLogger(__name__)
 _SCRAPED = (ReplicaState.SERVING, ReplicaState.DRAINING)
 
 
+# How many beats' waits a scrape may run before it is given up.
+_SCRAPE_DEADLINE_BEATS = 5
+
+
 class KubernetesBeats:
     """List the region's pool pods, keep their replica rows, and beat for them."""
 
@@ -72,8 +76,15 @@ class KubernetesBeats:
         headers = (
             {"authorization": f"Bearer {engine_api_key}"} if engine_api_key else {}
         )
+        # A beat waits scrape_timeout_s for the scrapes; one still running then
+        # is left to finish (and waited on again next beat, never sent twice), so
+        # its own deadline is longer: with equal ones it often ended between two
+        # beats and a hung pod was asked again every beat.
         self.http = httpx.Client(
-            timeout=httpx.Timeout(scrape_timeout_s, connect=min(0.5, scrape_timeout_s)),
+            timeout=httpx.Timeout(
+                scrape_timeout_s * _SCRAPE_DEADLINE_BEATS,
+                connect=min(0.5, scrape_timeout_s),
+            ),
             headers=headers,
         )
         self._scrapers = ThreadPoolExecutor(
