@@ -10,7 +10,7 @@ import factory
 
 from accounts.models import Team
 from engine_nodes.models import Replica
-from localrun.seeding import VERSION_BODY, digest, version_body
+from localrun.seeding import VERSION_BODY, ModelSeed, VersionSeed, digest, version_body
 from models_registry import services as registry_services
 from models_registry.models import ModelVersion
 
@@ -20,8 +20,43 @@ __all__ = [
     "TeamFactory",
     "accept",
     "digest",
+    "embedding_model_seed",
     "version_body",
 ]
+
+
+def embedding_model_seed(
+    *,
+    dimensions: int,
+    max_input_tokens: int,
+    min_replicas: int = 1,
+    max_replicas: int = 1,
+) -> ModelSeed:
+    """Return the embedding model ``embed-1`` the end-to-end tests seed: one
+    version ``v1`` served by simulated pooling replicas (prefix caching off, as
+    an encoder has no KV cache)."""
+    return ModelSeed(
+        model_id="embed-1",
+        kind="embedding",
+        dimensions=dimensions,
+        max_input_tokens=max_input_tokens,
+        versions=(
+            VersionSeed(
+                "v1",
+                version_body(
+                    weights_uri="s3://models/embed-1/",
+                    weights_hash=digest("embed weights"),
+                    engine_config={
+                        **VERSION_BODY["engine_config"],
+                        "runner": "pooling",
+                        "enable_prefix_caching": False,
+                    },
+                ),
+                min_replicas=min_replicas,
+                max_replicas=max_replicas,
+            ),
+        ),
+    )
 
 
 class TeamFactory(factory.django.DjangoModelFactory[Team]):

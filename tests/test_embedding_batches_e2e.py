@@ -32,10 +32,9 @@ from django.db.models import Sum
 
 from batches.models import BatchLine
 from localrun.processes import wait_until
-from localrun.seeding import ModelSeed, VersionSeed
 from metering.models import Usage
 from tests.batch_client import content, start_celery, upload, wait_batch
-from tests.factories import VERSION_BODY, digest, version_body
+from tests.factories import embedding_model_seed
 from tests.live import LivePlatform, start_platform
 
 if TYPE_CHECKING:
@@ -55,28 +54,7 @@ def platform(
     django_db_blocker: DjangoDbBlocker,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[LivePlatform]:
-    embed = ModelSeed(
-        model_id=MODEL,
-        kind="embedding",
-        dimensions=DIMENSIONS,
-        max_input_tokens=LONGEST,
-        versions=(
-            VersionSeed(
-                "v1",
-                version_body(
-                    weights_uri="s3://models/embed-1/",
-                    weights_hash=digest("embed weights"),
-                    engine_config={
-                        **VERSION_BODY["engine_config"],
-                        "runner": "pooling",
-                        "enable_prefix_caching": False,
-                    },
-                ),
-                min_replicas=1,
-                max_replicas=1,
-            ),
-        ),
-    )
+    embed = embedding_model_seed(dimensions=DIMENSIONS, max_input_tokens=LONGEST)
     tmp = tmp_path_factory.mktemp("embedding-batches")
     store = tmp / "store"
     store.mkdir()

@@ -37,9 +37,8 @@ from django.utils import timezone
 from control.autoscaling import autoscale_region, pool_state, set_pool_autoscaling
 from engine_nodes.models import Replica, ScalingDecision
 from localrun.processes import wait_until
-from localrun.seeding import ModelSeed, VersionSeed
 from models_registry.models import ModelVersion, Pool
-from tests.factories import VERSION_BODY, digest, version_body
+from tests.factories import embedding_model_seed
 from tests.live import LivePlatform, start_platform
 
 if TYPE_CHECKING:
@@ -69,27 +68,8 @@ def platform(
     tmp_path_factory: pytest.TempPathFactory,
     redis_url: str,
 ) -> Iterator[LivePlatform]:
-    embed = ModelSeed(
-        model_id=MODEL,
-        kind="embedding",
-        dimensions=384,
-        max_input_tokens=256,
-        versions=(
-            VersionSeed(
-                "v1",
-                version_body(
-                    weights_uri="s3://models/embed-1/",
-                    weights_hash=digest("embed weights"),
-                    engine_config={
-                        **VERSION_BODY["engine_config"],
-                        "runner": "pooling",
-                        "enable_prefix_caching": False,
-                    },
-                ),
-                min_replicas=1,
-                max_replicas=3,
-            ),
-        ),
+    embed = embedding_model_seed(
+        dimensions=384, max_input_tokens=256, min_replicas=1, max_replicas=3
     )
     tmp = tmp_path_factory.mktemp("embedding-autoscaling")
     with (

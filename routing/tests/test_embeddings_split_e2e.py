@@ -21,9 +21,8 @@ from django.utils import timezone
 
 from engine_nodes.models import Replica
 from localrun.processes import wait_until
-from localrun.seeding import ModelSeed, VersionSeed
 from metering.models import Usage
-from tests.factories import VERSION_BODY, digest, version_body
+from tests.factories import embedding_model_seed
 from tests.live import LivePlatform, start_platform
 
 if TYPE_CHECKING:
@@ -44,27 +43,8 @@ def platform(
     django_db_blocker: DjangoDbBlocker,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[LivePlatform]:
-    embed = ModelSeed(
-        model_id=MODEL,
-        kind="embedding",
-        dimensions=384,
-        max_input_tokens=64,
-        versions=(
-            VersionSeed(
-                "v1",
-                version_body(
-                    weights_uri="s3://models/embed-1/",
-                    weights_hash=digest("embed weights"),
-                    engine_config={
-                        **VERSION_BODY["engine_config"],
-                        "runner": "pooling",
-                        "enable_prefix_caching": False,
-                    },
-                ),
-                min_replicas=2,
-                max_replicas=2,
-            ),
-        ),
+    embed = embedding_model_seed(
+        dimensions=384, max_input_tokens=64, min_replicas=2, max_replicas=2
     )
     tmp = tmp_path_factory.mktemp("embeddings_split")
     with (
