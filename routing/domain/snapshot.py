@@ -125,6 +125,9 @@ class ReplicaRecord:
     tokens_in_flight: int
     kv_cache_usage_perc: float
     last_heartbeat_at: float | None  # unix seconds
+    # Where the replica publishes its KV-cache events (a ZMQ endpoint to connect
+    # to, "tcp://host:port"); "" when it publishes none.
+    kv_events_url: str = ""
 
 
 _K = TypeVar("_K")
@@ -167,7 +170,9 @@ class NodeSnapshot:
 
     ``tokens_in_flight`` is prompt plus remaining output tokens of every request the
     gateways have outstanding on it (this process's share exact and live, the other
-    processes' as published within the last second).
+    processes' as published within the last second). ``prefill_tokens_in_flight``
+    is the part of it still to prefill (the prompt tokens its cache did not hold, of
+    requests without a first token yet), counted the same way.
     """
 
     replica_id: str
@@ -175,3 +180,6 @@ class NodeSnapshot:
     tokens_in_flight: int
     queue_depth: int = 0
     kv_cache_usage_perc: float = 0.0
+    # Uncached prompt tokens of this process's requests on the replica that have
+    # not had their first token yet: the prefill it still owes them.
+    prefill_tokens_in_flight: int = 0

@@ -11,7 +11,7 @@ imports the package (``routing.domain.policies``), which re-exports it all.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Protocol, Self, TypeVar
 
@@ -35,7 +35,11 @@ class RouteRequest:
     """What a policy may know about a request; built by the gateway, never HTTP.
 
     ``request_tokens`` is prompt tokens plus ``max_tokens``: the most the request
-    can add to a replica's tokens in flight.
+    can add to a replica's tokens in flight. ``prompt_tokens`` is the prompt alone.
+    ``cached_tokens`` maps a replica id to how many leading prompt tokens the pool's
+    prefix index says that replica holds (a replica left out holds none); None
+    when the pool has no index (no KV events), so cache-aware routing falls back
+    to conversation affinity.
     """
 
     model: str
@@ -43,6 +47,8 @@ class RouteRequest:
     routing_key: str
     team: str
     request_tokens: int
+    prompt_tokens: int = 0
+    cached_tokens: Mapping[str, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
