@@ -3,7 +3,7 @@
 Public surface: ``RoutingPolicy``, ``RouteRequest``, ``RouteDecision``,
 ``PolicyOptions``, ``DEFAULT_POLICY_OPTIONS``, ``register_policy``, ``POLICIES``,
 ``make_policy``, and the policy classes ``RoundRobinPolicy``,
-``LeastTokensPolicy``, ``PrefixAffinityPolicy``.
+``LeastTokensPolicy``, ``PrefixAffinityPolicy``, ``CacheAwarePolicy``.
 
 Invariants:
 
@@ -35,6 +35,7 @@ from routing.domain.policies.base import (
     make_policy,
     register_policy,
 )
+from routing.domain.policies.cache_aware import CacheAwarePolicy
 from routing.domain.policies.least_tokens import LeastTokensPolicy
 from routing.domain.policies.prefix_affinity import PrefixAffinityPolicy
 from routing.domain.policies.round_robin import RoundRobinPolicy
@@ -42,6 +43,7 @@ from routing.domain.policies.round_robin import RoundRobinPolicy
 __all__ = [
     "DEFAULT_POLICY_OPTIONS",
     "POLICIES",
+    "CacheAwarePolicy",
     "LeastTokensPolicy",
     "PolicyOptions",
     "PrefixAffinityPolicy",

@@ -89,6 +89,18 @@ class PolicyOptions:
     # 1 (the owner, else the least loaded) measured best: routing_ab at the seed's
     # peak, docs/fleet-simulator.md.
     ring_choices: int = 1
+    # Cache-aware routing (``CacheAwarePolicy``). How many more tokens a warm
+    # replica may owe in prefill than the fastest replica before a prompt leaves
+    # its cache: prefill speed x the TTFT a cache may cost. An H100 running a 7B
+    # model prefills about 40,000 tokens/s beside its decodes (the h100-8b
+    # profile's c_tok, 0.022 ms a token, with attention on top), and a quarter of
+    # the seed's 1 s TTFT target is 0.25 s: about 10,000 tokens; 8,192 keeps
+    # some margin for the other gateways' requests not yet counted.
+    prefill_gap_tokens: int = 8_192
+    # Its ceiling on a warm replica's tokens in flight over the pool average
+    # (decode work and KV memory, which prefill does not see); floored by
+    # ``min_bound_tokens`` like prefix affinity's bound.
+    cache_load_factor: float = 1.5
 
     def __post_init__(self) -> None:
         if not self.load_factor >= 1.0:
@@ -97,6 +109,10 @@ class PolicyOptions:
             raise ValueError("min_bound_tokens must not be negative")
         if self.ring_choices < 0:
             raise ValueError("ring_choices must not be negative")
+        if self.prefill_gap_tokens < 0:
+            raise ValueError("prefill_gap_tokens must not be negative")
+        if not self.cache_load_factor >= 1.0:
+            raise ValueError("cache_load_factor must be at least 1.0")
 
 
 DEFAULT_POLICY_OPTIONS: PolicyOptions = PolicyOptions()

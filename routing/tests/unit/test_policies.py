@@ -50,8 +50,13 @@ def within_bound(load: int, tokens: int, loads: list[int], factor: float) -> boo
 # --- registry -----------------------------------------------------------------
 
 
-def test_registry_lists_the_three_policies() -> None:
-    assert set(POLICIES) == {"round_robin", "least_tokens", "prefix_affinity"}
+def test_registry_lists_the_four_policies() -> None:
+    assert set(POLICIES) == {
+        "round_robin",
+        "least_tokens",
+        "prefix_affinity",
+        "cache_aware",
+    }
     for name, cls in POLICIES.items():
         assert cls.name == name
 
