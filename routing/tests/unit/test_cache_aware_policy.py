@@ -56,7 +56,8 @@ def test_without_an_index_it_is_prefix_affinity() -> None:
     affinity = PrefixAffinityPolicy.from_options(OPTIONS)
     for i in range(100):
         pool = nodes({rid: rng.randrange(0, 40_000) for rid in IDS})
-        for cached in (None, {}):
+        empty: dict[str, int] = {}
+        for cached in (None, empty):
             got = cache_aware.choose(request(cached, f"c{i}"), pool, NOW)
             want = affinity.choose(request(None, f"c{i}"), pool, NOW)
             assert got.candidates == want.candidates
