@@ -128,6 +128,9 @@ class Attempt:
     before_last_send: Callable[[], None]
     write_frames: ChunkedWrite | None
     capture_head: bool
+    # The prompt tokens this replica is expected to compute (its cache holding the
+    # rest): owed prefill until the first token (``AttemptLoad.prefilled``).
+    prefill_tokens: int = 0
 
     async def run(self) -> AttemptResult:
         """Stream the answer and end it (an embeddings answer: send it whole).
@@ -147,6 +150,7 @@ class Attempt:
             self.replica_id,
             tokens=plan.request_tokens,
             floor=plan.prompt_tokens,
+            prefill=self.prefill_tokens,
         )
         # The first token's deadline, from now (connect and headers included).
         first_token = asyncio.timeout(self.first_token_timeout_s)
@@ -158,7 +162,9 @@ class Attempt:
             try:
                 async with first_token:
                     response = await self._open()
-                    on_first = functools.partial(self._start, first_token, response)
+                    on_first = functools.partial(
+                        self._start, first_token, response, load
+                    )
                     if plan.surface == "responses":
                         relay = ResponsesRelay(
                             send=self.send,
@@ -300,13 +306,18 @@ class Attempt:
             raise Cut(dataclasses.replace(result, outcome="error"), exc) from None
 
     async def _start(
-        self, first_token: asyncio.Timeout, response: EngineResponse, answer_id: str
+        self,
+        first_token: asyncio.Timeout,
+        response: EngineResponse,
+        load: AttemptLoad,
+        answer_id: str,
     ) -> None:
         """Begin the answer, at its first token."""
         # First, before any await: past here the deadline can no longer cancel an
         # answer that has begun. From now on the replica may stay silent for
         # inter_token_timeout_s between reads (the engine client).
         first_token.reschedule(None)
+        load.prefilled()
         response.expect_tokens()
         if self.plan.stream:
             await self.send(

@@ -65,6 +65,7 @@ from routing.embeddings import (
     merge_embeddings,
     split_plan,
 )
+from routing.kv_subscriber import KVEventSubscriber
 from routing.live import LiveLoad
 from routing.plan import ChatPlan, GatewaySettings, payload_for
 from routing.relay import UpstreamFailed
@@ -117,6 +118,9 @@ class ChatService:
         self.rng = rng
         self.figures = figures
         self.conversations = conversations
+        # The replicas' KV events and the pools' prefix indexes (cache-aware
+        # routing); kept in step with the snapshot by the gateway's exchange.
+        self.kv_events = KVEventSubscriber()
         refusals = RefusalDetector(settings.refusal_patterns)
         self.meter = RequestMeter(
             region=settings.region,
@@ -360,6 +364,13 @@ class ChatService:
         now = time.monotonic()
         budget.record_request(now)
         nodes = self.live.nodes(snapshot, model, version, now)
+        cached = (
+            self.kv_events.cached_tokens(
+                model, version, plan.prompt_ids, plan.prompt_tokens
+            )
+            if plan.prompt_ids
+            else None
+        )
         decision = policy.choose(
             RouteRequest(
                 model=model,
@@ -367,6 +378,8 @@ class ChatService:
                 routing_key=plan.routing_key,
                 team=plan.team,
                 request_tokens=plan.request_tokens,
+                prompt_tokens=plan.prompt_tokens,
+                cached_tokens=cached,
             ),
             nodes,
             now,
@@ -418,6 +431,8 @@ class ChatService:
                     write_frames=answer.write_frames,
                     # Only answers the rollout guards judge keep their head.
                     capture_head=role is not None,
+                    prefill_tokens=plan.prompt_tokens
+                    - (cached.get(replica_id, 0) if cached else 0),
                 ).run()
             except UpstreamFailed as exc:
                 logger.warning(

@@ -183,6 +183,7 @@ class Gateway:
                 await task
         self._tasks = []
         await self.background.drain()
+        await self.chat.kv_events.close()
         await self.snapshots.prompt_counters.close()
         if self.flush_usage is not None:
             with contextlib.suppress(Exception):
@@ -217,6 +218,8 @@ class Gateway:
                     logger.warning("limit shares exchange failed: %s", exc)
         self._publish_pool_gauges()
         self._readiness()  # the gauge, between the balancer's checks
+        # Subscribe to the KV events of replicas that joined; drop those that left.
+        self.chat.kv_events.sync(self.snapshots.current)
 
     def _publish_pool_gauges(self) -> None:
         """Set each pool's tokens in flight and queue depth (once a second).

@@ -35,7 +35,11 @@ from engine_nodes.domain.beats import (
     region_index_key,
 )
 from engine_nodes.domain.liveness import ReplicaState
-from engine_nodes.domain.load_shares import gateway_load_key, gateways_seen_key
+from engine_nodes.domain.load_shares import (
+    gateway_load_key,
+    gateways_seen_key,
+    prefill_key,
+)
 from routing.domain.snapshot import ConfigSnapshot, NodeSnapshot, ReplicaRecord
 
 logger = logging.getLogger(__name__)
@@ -119,6 +123,13 @@ class LiveLoad:
         """Return the replica's tokens in flight over every gateway process."""
         return self.own.get(replica_id, 0) + self.others.get(replica_id, 0)
 
+    def prefill_tokens_in_flight(self, replica_id: str) -> int:
+        """Return the prompt tokens the replica still owes in prefill, over every
+        gateway process (requests routed to it without a first token yet, less
+        what its cache was predicted to hold)."""
+        key = prefill_key(replica_id)
+        return self.own.get(key, 0) + self.others.get(key, 0)
+
     def eject(self, replica_id: str, now: float) -> None:
         """Keep a replica that just failed out of this process's choices for a while.
 
@@ -176,6 +187,9 @@ class LiveLoad:
                     tokens_in_flight=self.tokens_in_flight(replica.replica_id),
                     queue_depth=queue_depth,
                     kv_cache_usage_perc=kv,
+                    prefill_tokens_in_flight=self.prefill_tokens_in_flight(
+                        replica.replica_id
+                    ),
                 )
             )
         return nodes
@@ -275,19 +289,36 @@ class AttemptLoad:
     Counted into ``live`` when built (prompt plus ``max_tokens``, the most it can
     hold), lowered by ``shrink`` as output tokens stream (never below the prompt,
     which stays in the replica's KV cache until the answer ends), and taken off
-    entirely by ``drop``.
+    entirely by ``drop``. ``prefill`` (the prompt tokens the replica is expected to
+    compute) counts as owed prefill until ``prefilled`` (its first token) or
+    ``drop``.
     """
 
-    __slots__ = ("floor", "live", "replica_id", "tokens")
+    __slots__ = ("floor", "live", "prefill", "replica_id", "tokens")
 
     def __init__(
-        self, live: LiveLoad, replica_id: str, *, tokens: int, floor: int
+        self,
+        live: LiveLoad,
+        replica_id: str,
+        *,
+        tokens: int,
+        floor: int,
+        prefill: int = 0,
     ) -> None:
         self.live = live
         self.replica_id = replica_id
         self.floor = floor
         self.tokens = tokens
+        self.prefill = max(prefill, 0)
         live.add(replica_id, tokens)
+        if self.prefill:
+            live.add(prefill_key(replica_id), self.prefill)
+
+    def prefilled(self) -> None:
+        """The first token came: the prompt is computed."""
+        if self.prefill:
+            self.live.remove(prefill_key(self.replica_id), self.prefill)
+            self.prefill = 0
 
     def shrink(self, output_tokens: int) -> None:
         """Count ``output_tokens`` more as generated."""
@@ -299,6 +330,7 @@ class AttemptLoad:
         """The attempt ended: take all its tokens off the replica."""
         self.live.remove(self.replica_id, self.tokens)
         self.tokens = 0
+        self.prefilled()
 
 
 def _db_alive(replica: ReplicaRecord, wall_now: float, window_s: float) -> bool:

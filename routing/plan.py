@@ -44,7 +44,11 @@ from routing.domain.completion_body import (
     DEFAULT_COMPLETION_MAX_TOKENS,
     check_completion_body,
 )
-from routing.domain.policies import DEFAULT_POLICY_OPTIONS, PolicyOptions
+from routing.domain.policies import (
+    DEFAULT_POLICY_OPTIONS,
+    CacheAwarePolicy,
+    PolicyOptions,
+)
 from routing.domain.refusals import DEFAULT_REFUSAL_PATTERNS
 from routing.domain.resolve import (
     NoLiveVersion,
@@ -178,6 +182,9 @@ class ChatPlan:
     # An embeddings request's count of each input, in order (what a split
     # across replicas is cut by: routing.domain.embedding_split).
     input_tokens: tuple[int, ...] = ()
+    # The prompt's token ids, kept only where the model routes by cache
+    # (``PlanOpening.keeps_prompt_ids``); never logged, dropped with the plan.
+    prompt_ids: tuple[int, ...] = ()
 
     @property
     def request_tokens(self) -> int:
@@ -259,6 +266,9 @@ class PlanOpening:
     limit: LimitRecord
     version: VersionRecord | None
     max_model_len: int
+    # The model routes by its replicas' caches (policy "cache_aware"): the plan
+    # keeps the prompt's token ids, which key its blocks.
+    keeps_prompt_ids: bool = False
 
 
 def start_plan(
@@ -296,6 +306,7 @@ def start_plan(
         snapshot, settings, team, checked.model, key, rng, kind=kind
     )
     version = snapshot.versions.get((resolution.model, resolution.version))
+    record = snapshot.models.get(resolution.model)
     return checked, PlanOpening(
         tier=tier,
         routing_key=key,
@@ -303,6 +314,7 @@ def start_plan(
         limit=limit,
         version=version,
         max_model_len=version.max_model_len if version else DEFAULT_MAX_MODEL_LEN,
+        keeps_prompt_ids=record is not None and record.policy == CacheAwarePolicy.name,
     )
 
 
@@ -377,7 +389,7 @@ async def plan_chat(
     )
     messages = checked.messages
     _check_tools_served(checked.tools, opening)
-    prompt_tokens, max_tokens = await _count_and_fit(
+    prompt_ids, max_tokens = await _count_and_fit(
         counters,
         opening,
         messages,
@@ -393,7 +405,8 @@ async def plan_chat(
         resolution=opening.resolution,
         tier=opening.tier,
         limit=opening.limit,
-        prompt_tokens=prompt_tokens,
+        prompt_tokens=len(prompt_ids),
+        prompt_ids=tuple(prompt_ids) if opening.keeps_prompt_ids else (),
         max_tokens=max_tokens,
         stream=checked.stream,
         routing_key=opening.routing_key,
@@ -503,7 +516,7 @@ async def plan_response(
     )
     messages = checked.messages
     _check_tools_served(checked.tools, opening)
-    prompt_tokens, max_tokens = await _count_and_fit(
+    prompt_ids, max_tokens = await _count_and_fit(
         counters,
         opening,
         messages,
@@ -519,7 +532,8 @@ async def plan_response(
         resolution=opening.resolution,
         tier=opening.tier,
         limit=opening.limit,
-        prompt_tokens=prompt_tokens,
+        prompt_tokens=len(prompt_ids),
+        prompt_ids=tuple(prompt_ids) if opening.keeps_prompt_ids else (),
         max_tokens=max_tokens,
         stream=checked.stream,
         routing_key=opening.routing_key,
@@ -613,10 +627,10 @@ async def _count_and_fit(
     asked: int | None,
     default: int,
     names: tuple[str, str],
-) -> tuple[int, int]:
-    """Return the prompt's tokens and the output tokens to charge: ``asked``, or
-    ``default`` cut to what fits the context. ``names`` are the body's prompt and
-    output-limit fields, for the errors.
+) -> tuple[list[int], int]:
+    """Return the prompt's token ids and the output tokens to charge: ``asked``,
+    or ``default`` cut to what fits the context. ``names`` are the body's prompt
+    and output-limit fields, for the errors.
 
     Raises:
         GatewayError: 400, the prompt refused, or it and the output do not fit.
@@ -625,9 +639,10 @@ async def _count_and_fit(
     verb = "take" if prompt_name.endswith("s") else "takes"
     max_model_len = opening.max_model_len
     try:
-        prompt_tokens = await counters.count(opening.version, messages, tools)
+        prompt_ids = await counters.encode(opening.version, messages, tools)
     except PromptRejected as exc:
         raise GatewayError(400, str(exc), param=prompt_name) from None
+    prompt_tokens = len(prompt_ids)
     if asked is None:
         max_tokens = max(1, min(default, max_model_len - prompt_tokens))
     else:
@@ -641,4 +656,4 @@ async def _count_and_fit(
             param=prompt_name,
             code="context_length_exceeded",
         )
-    return prompt_tokens, max_tokens
+    return prompt_ids, max_tokens

@@ -90,6 +90,13 @@ class ChatTokenCounter(Protocol):
         the engine adds them)."""
         ...
 
+    def encode(
+        self, messages: Sequence[Mapping[str, Any]], tools: Tools = None
+    ) -> list[int]:
+        """Return the prompt's token ids, as the engine computes them (what its
+        prefix cache hashes)."""
+        ...
+
 
 class StandInCounter:
     """The deterministic stand-in tokenizer and template (simulated replicas)."""
@@ -103,6 +110,11 @@ class StandInCounter:
 
     def count_prompt(self, text: str) -> int:
         return len(tokens.encode(text))
+
+    def encode(
+        self, messages: Sequence[Mapping[str, Any]], tools: Tools = None
+    ) -> list[int]:
+        return tokens.encode(tokens.render_chat(messages, tools))
 
 
 STAND_IN = StandInCounter()
@@ -141,11 +153,22 @@ class TemplateCounter:
         return self.count_text(self.render(messages, tools))
 
     def count_text(self, text: str, *, add_special_tokens: bool = False) -> int:
+        return len(self.encode_text(text, add_special_tokens=add_special_tokens))
+
+    def encode_text(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+        """Return the token ids of ``text`` (encodes in this thread)."""
         # encode_batch releases the GIL; encode does not.
         encoding = self.tokenizer.encode_batch(
             [text], add_special_tokens=add_special_tokens
         )[0]
-        return len(encoding.ids)
+        ids: list[int] = encoding.ids
+        return ids
+
+    def encode(
+        self, messages: Sequence[Mapping[str, Any]], tools: Tools = None
+    ) -> list[int]:
+        """Return the prompt's token ids (renders and encodes in this thread)."""
+        return self.encode_text(self.render(messages, tools))
 
     def count_prompt(self, text: str) -> int:
         return self.count_text(text, add_special_tokens=True)
@@ -399,10 +422,25 @@ class VersionCounters:
         messages: Sequence[Mapping[str, Any]],
         tools: Tools = None,
     ) -> int:
-        """Return the prompt tokens of ``messages`` (and ``tools``) for ``version``."""
+        """Return the prompt tokens of ``messages`` (and ``tools``) for ``version``.
+
+        Raises:
+            PromptRejected: the version's chat template refused the messages.
+        """
+        return len(await self.encode(version, messages, tools))
+
+    async def encode(
+        self,
+        version: VersionRecord | None,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Tools = None,
+    ) -> list[int]:
+        """Return the prompt token ids of ``messages`` (and ``tools``) for
+        ``version``: ``count``'s work, keeping the ids (cache-aware routing keys
+        the prompt's blocks by them)."""
         counter = await self._counter(version)
         if not isinstance(counter, TemplateCounter):
-            return counter.count(messages, tools)
+            return counter.encode(messages, tools)
         try:
             text = counter.render(messages, tools)
         except Exception as exc:
@@ -412,8 +450,8 @@ class VersionCounters:
                 f"the chat template rejected the messages: {exc}"
             ) from None
         if len(text) <= self.inline_chars:
-            return counter.count_text(text)
-        return await asyncio.to_thread(counter.count_text, text)
+            return counter.encode_text(text)
+        return await asyncio.to_thread(counter.encode_text, text)
 
     async def count_prompts(
         self, version: VersionRecord | None, prompts: Sequence[str | list[int]]

@@ -2,7 +2,8 @@
 
 Public surface: ``gateway_load_key``, ``gateways_seen_key``, ``pool_key``,
 ``team_key``, ``queue_tokens_key``, ``queue_depth_key``, ``admitted_key``,
-``PoolLoad``, ``sum_pool_load``, ``sum_replica_tokens``, ``pool_admitted``.
+``prefill_key``, ``PoolLoad``, ``sum_pool_load``, ``sum_replica_tokens``,
+``pool_admitted``.
 
 Each gateway process of a region writes its share (``routing.live.LiveLoad.own``)
 as a Redis hash under ``<prefix>:load:<region>:<gateway_id>`` once a second, and
@@ -13,7 +14,9 @@ admitted into the pool, ``t|model|version|team`` to a team's part of those, and
 ``q|model|version`` / ``qn|model|version`` to the tokens and requests waiting in
 its admission queue for the pool, and ``a|model|version`` to the tokens it has
 admitted into the pool since it started (a count that only grows: the
-autoscaler's rate of an embedding pool's input tokens, ``pool_admitted``). The gateways read each other's shares (routing
+autoscaler's rate of an embedding pool's input tokens, ``pool_admitted``), and
+``f|replica`` to the prompt tokens this process's requests on a replica still
+wait to have prefilled (cache-aware routing's queue estimate). The gateways read each other's shares (routing
 and admission); the autoscaler sums them per pool (``sum_pool_load``).
 
 The layout lives here, below both the gateway (``routing``) and the autoscaler
@@ -32,6 +35,7 @@ __all__ = [
     "gateways_seen_key",
     "pool_admitted",
     "pool_key",
+    "prefill_key",
     "queue_depth_key",
     "queue_tokens_key",
     "sum_pool_load",
@@ -53,6 +57,11 @@ def gateways_seen_key(prefix: str, region: str) -> str:
 def pool_key(model: str, version: str) -> str:
     """Return the share key of a pool's admitted tokens."""
     return f"p|{model}|{version}"
+
+
+def prefill_key(replica_id: str) -> str:
+    """Return the share key of the prompt tokens a replica still owes in prefill."""
+    return f"f|{replica_id}"
 
 
 def team_key(model: str, version: str, team: str) -> str:

@@ -14,7 +14,7 @@ import redis.asyncio as redis_asyncio
 from engine_nodes.domain.beats import ReplicaBeat
 from engine_nodes.heartbeats import RedisBeatStore
 from routing.domain.snapshot import ConfigSnapshot, ReplicaRecord
-from routing.live import LiveLoad
+from routing.live import AttemptLoad, LiveLoad
 
 
 def replica(
@@ -53,6 +53,26 @@ def test_own_share_adds_and_removes() -> None:
     live.remove("a", 900)
     assert live.tokens_in_flight("a") == 0
     assert "a" not in live.own
+
+
+def test_an_attempt_owes_its_prefill_until_its_first_token() -> None:
+    live = LiveLoad(
+        gateway_id="g", region="r", redis=None, prefix="p", beat_s=1.0, missed_beats=3
+    )
+    first = AttemptLoad(live, "a", tokens=2300, floor=2000, prefill=1500)
+    second = AttemptLoad(live, "a", tokens=600, floor=500, prefill=500)
+    assert live.prefill_tokens_in_flight("a") == 2000
+    assert live.tokens_in_flight("a") == 2900
+    nodes = live.nodes(snapshot(replica("a")), "chat-7b", "v1", now=0.0)
+    assert [n.prefill_tokens_in_flight for n in nodes] == [2000]
+    first.prefilled()
+    first.prefilled()  # once only
+    assert live.prefill_tokens_in_flight("a") == 500
+    # Ended before its first token (failed over, or the client left).
+    second.drop()
+    first.drop()
+    assert live.prefill_tokens_in_flight("a") == 0
+    assert live.tokens_in_flight("a") == 0
 
 
 def test_database_liveness_is_judged_as_of_the_snapshot() -> None:
