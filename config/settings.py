@@ -391,6 +391,20 @@ try:
         DEFAULT_POLICY_OPTIONS.ring_choices,
         minimum=0,
     )
+    # Cache-aware routing (PLATFORM_ROUTING_POLICY=cache_aware): how many more
+    # prompt tokens a warm replica may owe in prefill than the fastest before a
+    # request leaves its cache, and its ceiling over the pool's average tokens in
+    # flight (routing.domain.policies.PolicyOptions).
+    PLATFORM_CACHE_PREFILL_GAP_TOKENS = env_int(
+        "PLATFORM_CACHE_PREFILL_GAP_TOKENS",
+        DEFAULT_POLICY_OPTIONS.prefill_gap_tokens,
+        minimum=0,
+    )
+    PLATFORM_CACHE_LOAD_FACTOR = env_float(
+        "PLATFORM_CACHE_LOAD_FACTOR",
+        DEFAULT_POLICY_OPTIONS.cache_load_factor,
+        minimum=1.0,
+    )
     PLATFORM_RETRY_RATIO = env_float("PLATFORM_RETRY_RATIO", 0.1, minimum=0.0)
     PLATFORM_SNAPSHOT_REFRESH_S = env_float(
         "PLATFORM_SNAPSHOT_REFRESH_S", 2.0, minimum=0.1

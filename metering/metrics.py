@@ -4,7 +4,8 @@ Public surface: the collectors below, ``observe_request``, ``observe_team_tokens
 ``observe_shadow``, ``count_retry``, ``count_rejection``, ``count_rate_limited``,
 ``count_shed``, ``set_pool_load``, ``set_control_plane``, ``set_snapshot_from_disk``,
 ``count_snapshot_file_refused``, ``set_limits_degraded``,
-``set_usage_buffered``, ``count_figures_dropped``, ``pools_with_series``,
+``set_usage_buffered``, ``count_figures_dropped``, ``count_kv_batch``,
+``pools_with_series``,
 ``forget_pool``, ``OUTCOMES``, ``SHED_CAUSES``,
 and the figures read from the database at scrape time: the autoscaler's
 (``PoolScalingFigures``, ``PoolScalingCollector``, ``register_pool_scaling``), the
@@ -46,6 +47,7 @@ __all__ = [
     "CACHED_TOKENS",
     "CONTROL_PLANE_UP",
     "FIGURES_DROPPED",
+    "KV_EVENT_BATCHES",
     "LIMITS_DEGRADED",
     "OUTCOMES",
     "OUTPUT_TOKENS",
@@ -80,6 +82,7 @@ __all__ = [
     "RolloutCollector",
     "ShedCause",
     "count_figures_dropped",
+    "count_kv_batch",
     "count_rate_limited",
     "count_rejection",
     "count_retry",
@@ -226,6 +229,14 @@ FIGURES_DROPPED = Counter(
     "Requests whose rollout figures this gateway process dropped: reason redis "
     "(Redis failed; figures are not billing, so they are not kept) or invalid.",
     ("reason",),
+)
+
+KV_EVENT_BATCHES = Counter(
+    "platform_kv_event_batches_total",
+    "Replicas' KV-event batches this gateway process read: outcome applied (to "
+    "its pool's prefix index), rejected (not a batch), or cleared (a lost batch "
+    "or a restarted publisher dropped the replica's entries first).",
+    ("outcome",),
 )
 
 F = TypeVar("F")
@@ -400,6 +411,11 @@ def set_usage_buffered(*, rows: int) -> None:
 def count_figures_dropped(*, reason: Literal["redis", "invalid"]) -> None:
     """Count one request whose rollout figures were dropped."""
     _child(FIGURES_DROPPED, reason).inc()
+
+
+def count_kv_batch(outcome: Literal["applied", "rejected", "cleared"]) -> None:
+    """Count one KV-event batch read from a replica."""
+    _child(KV_EVENT_BATCHES, outcome).inc()
 
 
 def pools_with_series(region: str) -> set[tuple[str, str]]:

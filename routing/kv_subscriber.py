@@ -35,6 +35,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from metering import metrics
 from routing.domain.kv_index import PrefixIndex, prompt_block_keys
 from routing.domain.snapshot import ConfigSnapshot
 from simengine.domain.kv_events import KVEventError, unpack_frames
@@ -178,6 +179,7 @@ class KVEventSubscriber:
                 _topic, seq, batch = unpack_frames(frames)
             except KVEventError as exc:
                 self.rejected += 1
+                metrics.count_kv_batch("rejected")
                 if self.rejected == 1 or self.rejected % 1000 == 0:
                     logger.warning(
                         "replica %s: skipped a KV event frame (%d so far): %s",
@@ -189,8 +191,12 @@ class KVEventSubscriber:
             index = self.indexes.get(pool)
             if index is None:
                 continue
+            cleared = index.cleared
             index.apply(replica_id, seq, batch, self.clock())
             self.batches += 1
+            if index.cleared != cleared:
+                metrics.count_kv_batch("cleared")
+            metrics.count_kv_batch("applied")
 
     async def _watch(
         self, replica_id: str, pool: Pool, monitor: zmq.asyncio.Socket

@@ -70,6 +70,8 @@ def gateway_settings() -> GatewaySettings:
         policy_options=PolicyOptions(
             min_bound_tokens=settings.PLATFORM_AFFINITY_MIN_BOUND_TOKENS,
             ring_choices=settings.PLATFORM_AFFINITY_RING_CHOICES,
+            prefill_gap_tokens=settings.PLATFORM_CACHE_PREFILL_GAP_TOKENS,
+            cache_load_factor=settings.PLATFORM_CACHE_LOAD_FACTOR,
         ),
         engine_api_key=settings.PLATFORM_ENGINE_API_KEY,
         figures_bucket_s=settings.PLATFORM_FIGURES_BUCKET_S,
