@@ -51,6 +51,7 @@ __all__ = [
     "LIMITS_DEGRADED",
     "OUTCOMES",
     "OUTPUT_TOKENS",
+    "PREFIX_INDEX_BLOCKS",
     "PROMPT_TOKENS",
     "QUEUE_DEPTH",
     "REQUESTS",
@@ -136,6 +137,12 @@ TOKENS_IN_FLIGHT = Gauge(
 )
 QUEUE_DEPTH = Gauge(
     "platform_queue_depth", "Requests waiting for admission, per pool.", POOL_LABELS
+)
+PREFIX_INDEX_BLOCKS = Gauge(
+    "platform_prefix_index_blocks",
+    "Prompt blocks (x media) this gateway process's prefix index says the pool's "
+    "replicas hold, from their KV events (cache-aware routing); 0 without events.",
+    POOL_LABELS,
 )
 TTFT_SECONDS = Histogram(
     "platform_ttft_seconds",
@@ -247,6 +254,7 @@ _POOL_COLLECTORS: tuple[MetricWrapperBase, ...] = (
     CACHED_TOKENS,
     TOKENS_IN_FLIGHT,
     QUEUE_DEPTH,
+    PREFIX_INDEX_BLOCKS,
     TTFT_SECONDS,
     TIME_PER_OUTPUT_TOKEN_SECONDS,
     REQUESTS,
@@ -365,11 +373,18 @@ def count_shed(*, team: str, model: str, tier: str, cause: ShedCause) -> None:
 
 
 def set_pool_load(
-    *, model: str, version: str, region: str, tokens_in_flight: int, queue_depth: int
+    *,
+    model: str,
+    version: str,
+    region: str,
+    tokens_in_flight: int,
+    queue_depth: int,
+    index_blocks: int = 0,
 ) -> None:
-    """Set a pool's in-flight tokens and queue depth gauges."""
+    """Set a pool's in-flight tokens, queue depth and prefix-index gauges."""
     _child(TOKENS_IN_FLIGHT, model, version, region).set(tokens_in_flight)
     _child(QUEUE_DEPTH, model, version, region).set(queue_depth)
+    _child(PREFIX_INDEX_BLOCKS, model, version, region).set(index_blocks)
 
 
 def set_control_plane(*, up: bool, snapshot_age_s: float | None) -> None:

@@ -242,13 +242,16 @@ class Gateway:
             totals[0] += self.live.tokens_in_flight(replica.replica_id)
             beat = self.live.beats.get(replica.replica_id)
             totals[1] += beat.queue_depth if beat else replica.queue_depth
+        indexes = self.chat.kv_events.indexes
         for (model, version), (tokens_in_flight, queue_depth) in pools.items():
+            index = indexes.get((model, version))
             metrics.set_pool_load(
                 model=model,
                 version=version,
                 region=self.settings.region,
                 tokens_in_flight=tokens_in_flight,
                 queue_depth=queue_depth,
+                index_blocks=index.blocks() if index is not None else 0,
             )
         region = self.settings.region
         for model, version in metrics.pools_with_series(region) - pools.keys():

@@ -111,8 +111,11 @@ class PrefixIndex:
         """Return the replicas the index has heard from."""
         return frozenset(self._replicas)
 
-    def blocks(self, replica_id: str) -> int:
-        """Return how many entries (blocks x media) a replica has in the index."""
+    def blocks(self, replica_id: str | None = None) -> int:
+        """Return how many entries (blocks x media) a replica has in the index;
+        without one, every replica's."""
+        if replica_id is None:
+            return sum(len(replica.blocks) for replica in self._replicas.values())
         replica = self._replicas.get(replica_id)
         return len(replica.blocks) if replica is not None else 0
 
