@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict
 from datetime import datetime, timedelta
 from typing import Any
@@ -47,6 +47,9 @@ logger = logging.getLogger(__name__)
 # The window over which the pool state reads the pools' live figures (TTFT, time
 # per output token, prefix hit rate, USD per million tokens).
 LIVE_FIGURES_WINDOW = timedelta(minutes=5)
+# A pod's engine publishes KV events here (vLLM's default port) when its version
+# turns kv_events on; a pod has its own IP, so one port serves every pool.
+KUBERNETES_KV_EVENTS_PORT = 5557
 
 
 def reap_silent_replicas(
@@ -166,6 +169,17 @@ def replica_url(host: str, port: int) -> str:
     return f"http://{host}:{port}"
 
 
+def kv_events_url(host: str, port: int) -> str:
+    """Return where a replica publishes its KV-cache events (its engine binds
+    ``tcp://*:port``; the gateway connects here)."""
+    return f"tcp://{host}:{port}"
+
+
+def is_kv_events_on(engine_config: Mapping[str, Any]) -> bool:
+    """Whether a version's ``engine_config`` turns KV-cache events on."""
+    return engine_config.get("kv_events") is True
+
+
 def reconcile_pools(
     *,
     region: str,
@@ -241,6 +255,11 @@ def reconcile_pools(
                                 node=node,
                                 host=host,
                                 port=allocate_port(),
+                                kv_events_port=(
+                                    allocate_port()
+                                    if is_kv_events_on(pool.version.engine_config)
+                                    else 0
+                                ),
                             )
                         )
                         gpus_free -= gpus
@@ -259,9 +278,10 @@ def reconcile_pools(
 
 
 def _create_replica(
-    pool: Pool, *, region: str, node: str, host: str, port: int
+    pool: Pool, *, region: str, node: str, host: str, port: int, kv_events_port: int
 ) -> Replica:
-    """Create a ``starting`` replica of ``pool`` on ``node``, served at ``port``."""
+    """Create a ``starting`` replica of ``pool`` on ``node``, served at ``port``
+    (publishing KV events on ``kv_events_port`` unless it is 0)."""
     return Replica.objects.create(
         # A port is reused once its replica is gone, and gone rows stay for the
         # record: the suffix keeps ids unique.
@@ -272,6 +292,7 @@ def _create_replica(
         region=region,
         node=node,
         url=replica_url(host, port),
+        kv_events_url=kv_events_url(host, kv_events_port) if kv_events_port else "",
         state=ReplicaState.STARTING,
     )
 
@@ -291,8 +312,10 @@ def replica_spec(
     weights_dir: str,
     host: str,
     port: int,
+    kv_events_port: int = 0,
 ) -> ReplicaSpec:
-    """Return how to start one replica of ``version``, served as ``model_id``.
+    """Return how to start one replica of ``version``, served as ``model_id``
+    (publishing KV events on ``kv_events_port`` when the version turns them on).
 
     Raises:
         ValueError: a field the spec refuses (``ReplicaSpec``'s invariants).
@@ -309,6 +332,7 @@ def replica_spec(
         host=host,
         port=port,
         max_model_len=version.engine_config.get("max_model_len"),
+        kv_events_port=kv_events_port,
     )
 
 
@@ -335,6 +359,7 @@ def kubernetes_pool_spec(pool: Pool, template: DeploymentTemplate) -> PoolSpec:
         weights_dir=weights_dir,
         host="0.0.0.0",  # inside its pod: reached on the pod's IP
         port=template.port,
+        kv_events_port=KUBERNETES_KV_EVENTS_PORT,
     )
     engine = engine_for(replica)
     # SGLang reads its key from a file the pod's init container writes.
