@@ -78,11 +78,12 @@ same memory as the block pool) and the prefix cache is a
 
 The host tier is vLLM's and needs the block cache.
 
-KV events (``EngineConfig.enable_kv_events``, block cache only): the block pool
-records ``BlockStored`` (blocks registered when a step ends, with their token ids,
-prompt and output), ``BlockRemoved`` (evictions on allocation) and
-``AllBlocksCleared`` (``reset_prefix_cache``); ``end_step`` drains them into
-``StepOutput.kv_events``, one batch per step as vLLM's scheduler does.
+KV events (``EngineConfig.enable_kv_events``): the block pool records
+``BlockStored`` (blocks registered when a step ends, with their token ids, prompt
+and output), ``BlockRemoved`` (evictions on allocation) and ``AllBlocksCleared``
+(``reset_prefix_cache``); the radix cache records the same over blocks of
+``block_size`` tokens of its tree (SGLang publishes pages); ``end_step`` drains
+them into ``StepOutput.kv_events``, one batch per step as vLLM's scheduler does.
 
 Generated token ids are ``tokens.output_token_id(tokens.request_seed(request_id), i)``,
 so output blocks hash to what the streamed text re-encodes to when a client sends the
@@ -148,8 +149,8 @@ class EngineConfig:
     ``"radix"`` (SGLang's token pool and radix tree, page size 1, over the same
     ``(num_gpu_blocks - 1) * block_size`` tokens of KV memory).
 
-    ``enable_kv_events``: record KV-cache events (vLLM's ``--kv-events-config``);
-    the block cache only.
+    ``enable_kv_events``: record KV-cache events (vLLM's and SGLang's
+    ``--kv-events-config``).
 
     ``kv_offloading_size``: GiB of host memory for the CPU offload tier (vLLM's
     ``--kv-offloading-size``, the total over tensor-parallel ranks); None: no tier.
@@ -424,7 +425,11 @@ class Engine:
             self._host = HostBlockCache(num_host)
         self._radix_mode = self.config.cache == "radix"
         self._radix: RadixCache | None = (
-            RadixCache()
+            RadixCache(
+                kv_block_size=(
+                    self.config.block_size if self.config.enable_kv_events else None
+                )
+            )
             if self._radix_mode and self.config.enable_prefix_caching
             else None
         )
@@ -834,7 +839,7 @@ class Engine:
             finished=finished,
             num_tokens=self._step_num_tokens,
             num_preemptions=self._step_preemptions,
-            kv_events=pool.take_events(),
+            kv_events=self.take_kv_events(),
         )
 
     def reset_prefix_cache(self) -> bool:
@@ -848,6 +853,8 @@ class Engine:
     def take_kv_events(self) -> list[KVEvent]:
         """Return the KV events recorded since the last step or call (a reset's
         between steps) and forget them."""
+        if self._radix is not None:
+            return self._radix.take_events()
         return self._pool.take_events()
 
     # -- internals ---------------------------------------------------------------------
