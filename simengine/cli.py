@@ -371,6 +371,7 @@ def options_from_args(args: argparse.Namespace) -> tuple[SimOptions, Faults]:
         enable_request_id_headers=args.enable_request_id_headers,
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,
+        enable_dev_mode=bool(int(os.environ.get("VLLM_SERVER_DEV_MODE", "0") or "0")),
         enable_responses_store=bool(
             int(os.environ.get("VLLM_ENABLE_RESPONSES_API_STORE", "0") or "0")
         ),

@@ -118,6 +118,8 @@ class SimOptions:
     tool_call_parser: str | None = None
     # vLLM's VLLM_ENABLE_RESPONSES_API_STORE (an environment variable there too).
     enable_responses_store: bool = False
+    # vLLM's VLLM_SERVER_DEV_MODE: serves POST /reset_prefix_cache.
+    enable_dev_mode: bool = False
     max_num_queued_reqs: int = 0
     jitter_cv: float = 0.04
     frontend_ms: float | None = None  # None: the profile's frontend_ms
@@ -476,6 +478,12 @@ class SimReplica:
                 max_tokens=stream.max_tokens,
                 streaming=stream.streaming,
             )
+
+    def reset_prefix_cache(self) -> bool:
+        """Empty the prefix cache (vLLM's dev-mode ``/reset_prefix_cache``);
+        False while a request holds blocks. Its ``AllBlocksCleared`` goes out
+        with the next step's batch, as vLLM's does."""
+        return self.engine.reset_prefix_cache()
 
     @property
     def queued_requests(self) -> int:

@@ -7,13 +7,19 @@ import json
 import time
 from collections.abc import Iterator
 
+import httpx
 import openai
 import pytest
 import zmq
 
 from localrun.processes import Process, sim_replica
 from simengine.domain import tokens
-from simengine.domain.kv_events import BlockStored, EventBatch, unpack_frames
+from simengine.domain.kv_events import (
+    AllBlocksCleared,
+    BlockStored,
+    EventBatch,
+    unpack_frames,
+)
 
 BLOCK_SIZE = 16
 TOPIC = "kv@sim-1@chat-7b"
@@ -37,15 +43,18 @@ def sub_and_replica(
         "topic": TOPIC,
     }
     try:
-        with sim_replica(
-            tmp_path_factory.mktemp("sim-kv"),
-            "--enable-prompt-tokens-details",
-            "--block-size",
-            str(BLOCK_SIZE),
-            "--kv-events-config",
-            json.dumps(config),
-        ) as process:
-            yield sub, process
+        with pytest.MonkeyPatch.context() as env:
+            # vLLM's dev mode serves POST /reset_prefix_cache.
+            env.setenv("VLLM_SERVER_DEV_MODE", "1")
+            with sim_replica(
+                tmp_path_factory.mktemp("sim-kv"),
+                "--enable-prompt-tokens-details",
+                "--block-size",
+                str(BLOCK_SIZE),
+                "--kv-events-config",
+                json.dumps(config),
+            ) as process:
+                yield sub, process
     finally:
         sub.close()
 
@@ -144,3 +153,32 @@ def test_replica_announces_the_prompt_blocks_a_second_request_hits(
     cap = (len(second_ids) - 1) // BLOCK_SIZE
     assert shared > 0
     assert chat(process, second) == min(shared, cap) * BLOCK_SIZE
+
+
+def test_reset_prefix_cache_clears_with_the_next_steps_batch(
+    sub_and_replica: tuple[zmq.Socket[bytes], Process],
+) -> None:
+    """GIVEN a replica whose cache holds a prompt's blocks
+    WHEN the prefix cache is reset and the prompt comes again
+    THEN nothing is hit, and the next batch starts with AllBlocksCleared, then
+    stores the prompt's blocks again (vLLM publishes the clear with its next
+    step, not on its own)."""
+    sub, process = sub_and_replica
+    last_seq = joined(sub, process)
+    messages = [{"role": "user", "content": " ".join(f"r{i}" for i in range(60))}]
+    chat(process, messages)
+    full = len(tokens.encode(tokens.render_chat(messages))) // BLOCK_SIZE
+    _, last_seq = stored_blocks(sub, full, last_seq)
+    answer = httpx.post(f"{process.url}/reset_prefix_cache")
+    assert answer.json() == {"success": True}
+    assert chat(process, messages) == 0
+    deadline = time.monotonic() + DEADLINE_S
+    batches: list[tuple[int, EventBatch]] = []
+    while not batches:
+        assert time.monotonic() < deadline, "no batch after the reset"
+        batches = receive(sub, 1.0)
+    seq, batch = batches[0]
+    assert seq == last_seq + 1
+    assert batch.events[0] == AllBlocksCleared()
+    assert isinstance(batch.events[1], BlockStored)
+    assert batch.events[1].parent_block_hash is None
