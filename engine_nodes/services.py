@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import asdict
 from datetime import datetime, timedelta
 from typing import Any
@@ -29,6 +29,8 @@ from engine_nodes.domain.liveness import ReplicaState, is_silent, silence_cutoff
 from engine_nodes.domain.replica_argv import (
     ReplicaSpec,
     engine_for,
+    is_kv_events_on,
+    kv_events_url,
     sglang_launch_argv,
     vllm_serve_argv,
 )
@@ -47,9 +49,7 @@ logger = logging.getLogger(__name__)
 # The window over which the pool state reads the pools' live figures (TTFT, time
 # per output token, prefix hit rate, USD per million tokens).
 LIVE_FIGURES_WINDOW = timedelta(minutes=5)
-# A pod's engine publishes KV events here (vLLM's default port) when its version
-# turns kv_events on; a pod has its own IP, so one port serves every pool.
-KUBERNETES_KV_EVENTS_PORT = 5557
+KUBERNETES_KV_EVENTS_PORT = 5557  # vLLM's default; each pod has its own IP
 
 
 def reap_silent_replicas(
@@ -169,17 +169,6 @@ def replica_url(host: str, port: int) -> str:
     return f"http://{host}:{port}"
 
 
-def kv_events_url(host: str, port: int) -> str:
-    """Return where a replica publishes its KV-cache events (its engine binds
-    ``tcp://*:port``; the gateway connects here)."""
-    return f"tcp://{host}:{port}"
-
-
-def is_kv_events_on(engine_config: Mapping[str, Any]) -> bool:
-    """Whether a version's ``engine_config`` turns KV-cache events on."""
-    return engine_config.get("kv_events") is True
-
-
 def reconcile_pools(
     *,
     region: str,
@@ -254,12 +243,7 @@ def reconcile_pools(
                                 region=region,
                                 node=node,
                                 host=host,
-                                port=allocate_port(),
-                                kv_events_port=(
-                                    allocate_port()
-                                    if is_kv_events_on(pool.version.engine_config)
-                                    else 0
-                                ),
+                                allocate_port=allocate_port,
                             )
                         )
                         gpus_free -= gpus
@@ -278,10 +262,12 @@ def reconcile_pools(
 
 
 def _create_replica(
-    pool: Pool, *, region: str, node: str, host: str, port: int, kv_events_port: int
+    pool: Pool, *, region: str, node: str, host: str, allocate_port: Callable[[], int]
 ) -> Replica:
-    """Create a ``starting`` replica of ``pool`` on ``node``, served at ``port``
-    (publishing KV events on ``kv_events_port`` unless it is 0)."""
+    """Create a ``starting`` replica of ``pool`` on ``node`` on a port from
+    ``allocate_port``, and a second one for KV events if its version has them."""
+    port = allocate_port()
+    kv_port = allocate_port() if is_kv_events_on(pool.version.engine_config) else 0
     return Replica.objects.create(
         # A port is reused once its replica is gone, and gone rows stay for the
         # record: the suffix keeps ids unique.
@@ -292,7 +278,7 @@ def _create_replica(
         region=region,
         node=node,
         url=replica_url(host, port),
-        kv_events_url=kv_events_url(host, kv_events_port) if kv_events_port else "",
+        kv_events_url=kv_events_url(host, kv_port) if kv_port else "",
         state=ReplicaState.STARTING,
     )
 

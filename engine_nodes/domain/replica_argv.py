@@ -102,7 +102,9 @@ __all__ = [
     "ReplicaSpec",
     "engine_flag_args",
     "engine_for",
+    "is_kv_events_on",
     "kv_events_config_for",
+    "kv_events_url",
     "sglang_launch_argv",
     "sim_degraded_for",
     "sim_profile_for",
@@ -309,6 +311,24 @@ def vllm_serve_argv(spec: ReplicaSpec, *, vllm_executable: str = "vllm") -> list
     return argv
 
 
+def is_kv_events_on(engine_config: Mapping[str, Any]) -> bool:
+    """Whether a version's ``engine_config`` turns KV-cache events on.
+
+    Raises:
+        ValueError: ``kv_events`` is set to something other than a boolean.
+    """
+    value = engine_config.get(_KV_EVENTS, False)
+    if not isinstance(value, bool):
+        raise ValueError(f"engine_config['kv_events'] must be a boolean, not {value!r}")
+    return value
+
+
+def kv_events_url(host: str, port: int) -> str:
+    """Return where a replica publishes KV events (its engine binds
+    ``tcp://*:port``; the gateway connects here)."""
+    return f"tcp://{host}:{port}"
+
+
 def kv_events_config_for(spec: ReplicaSpec) -> dict[str, Any] | None:
     """Return the platform's ``kv_events_config`` for ``spec``, or None when the
     version does not turn ``kv_events`` on.
@@ -318,10 +338,7 @@ def kv_events_config_for(spec: ReplicaSpec) -> dict[str, Any] | None:
             ``kv_events_port``, or the config also sets ``kv_events_config``.
     """
     config = spec.engine_config
-    value = config.get(_KV_EVENTS, False)
-    if not isinstance(value, bool):
-        raise ValueError(f"engine_config['kv_events'] must be a boolean, not {value!r}")
-    if not value:
+    if not is_kv_events_on(config):
         return None
     if _KV_EVENTS_CONFIG in config:
         raise ValueError(

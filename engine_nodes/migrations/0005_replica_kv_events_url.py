@@ -4,15 +4,19 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('engine_nodes', '0004_scalingdecision'),
+        ("engine_nodes", "0004_scalingdecision"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='replica',
-            name='kv_events_url',
-            field=models.CharField(blank=True, default='', help_text="ZMQ endpoint of the engine's KV-cache events (tcp://host:port); empty when the version does not turn kv_events on.", max_length=255),
+            model_name="replica",
+            name="kv_events_url",
+            field=models.CharField(
+                blank=True,
+                default="",
+                help_text="ZMQ endpoint of the engine's KV-cache events (tcp://host:port); empty when the version does not turn kv_events on.",
+                max_length=255,
+            ),
         ),
     ]
