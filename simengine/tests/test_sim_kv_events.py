@@ -12,7 +12,7 @@ import openai
 import pytest
 import zmq
 
-from localrun.processes import Process, sim_replica
+from localrun.processes import Process, free_port, sim_replica
 from simengine.domain import tokens
 from simengine.domain.kv_events import (
     AllBlocksCleared,
@@ -182,3 +182,41 @@ def test_reset_prefix_cache_clears_with_the_next_steps_batch(
     assert batch.events[0] == AllBlocksCleared()
     assert isinstance(batch.events[1], BlockStored)
     assert batch.events[1].parent_block_hash is None
+
+
+def test_sglang_replica_announces_its_radix_trees_blocks(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """GIVEN a simulated SGLang replica with SGLang's --kv-events-config (a bind)
+    WHEN a chat request runs
+    THEN its prompt's full blocks are announced, chained from no parent."""
+    port = free_port()
+    config = {
+        "enable_kv_cache_events": True,
+        "endpoint": f"tcp://*:{port}",
+        "topic": TOPIC,
+    }
+    sub: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"kv@")
+    sub.setsockopt(zmq.LINGER, 0)
+    try:
+        with sim_replica(
+            tmp_path_factory.mktemp("sim-sglang-kv"),
+            "--sim-engine",
+            "sglang",
+            "--kv-events-config",
+            json.dumps(config),
+        ) as process:
+            sub.connect(f"tcp://127.0.0.1:{port}")
+            last_seq = joined(sub, process)
+            messages = [
+                {"role": "user", "content": " ".join(f"s{i}" for i in range(70))}
+            ]
+            ids = tokens.encode(tokens.render_chat(messages))
+            full = len(ids) // BLOCK_SIZE
+            chat(process, messages)
+            stored, _ = stored_blocks(sub, full, last_seq)
+    finally:
+        sub.close()
+    assert stored[0].parent_block_hash is None
+    assert [t for e in stored for t in e.token_ids] == ids[: full * BLOCK_SIZE]
