@@ -1,8 +1,8 @@
 """Record the KV-cache events real vLLM publishes for a scripted request sequence.
 
-Public surface: ``KV_CAPTURE``, ``KV_ENGINE_CONFIG``, ``KV_ENV``, ``BLOCK_SIZE``, ``NOTES``, ``TOPIC``,
-``kv_events_config``, ``capture_kv_events``, ``write_kv_capture``,
-``read_kv_capture``.
+Public surface: ``KV_CAPTURE``, ``KV_ENGINE_CONFIG``, ``KV_ENV``, ``BLOCK_SIZE``,
+``NOTES``, ``TOPIC``, ``kv_events_config``, ``capture_kv_events``,
+``write_kv_capture``, ``read_kv_capture``.
 
 The script (``STEPS``) sends ``/v1/completions`` with token-id prompts, so the
 tokens the events carry are known exactly: a prompt, a second one sharing its
@@ -10,7 +10,8 @@ prefix, long distinct prompts that overflow a small KV cache (evictions:
 ``BlockRemoved``), ``POST /reset_prefix_cache`` (``AllBlocksCleared``; vLLM
 serves it with ``VLLM_SERVER_DEV_MODE=1``) and the first prompt again. A SUB
 socket binds a local port and vLLM connects to it (a concrete endpoint host makes
-vLLM connect), so no frame is published before the subscription exists.
+vLLM connect); even so the PUB drops what it sends before the subscription
+reaches it, so warm-up requests go first until a batch arrives.
 
 After each step the frames that arrived are kept, raw (base64), with the request's
 token ids and usage (``prompt_tokens_details.cached_tokens``). The committed
