@@ -130,6 +130,7 @@ class _Running:
     handle: Any
     port: int
     started_at: float
+    kv_events_port: int = 0
     gpus: int = 1
     has_served: bool = False
     drain_started_at: float | None = None
@@ -488,6 +489,7 @@ class NodeAgent:
         if not self.actuator.is_running(running.handle):
             logger.warning("replica %s process exited", replica.replica_id)
             self.ports.release(running.port)
+            self.ports.release(running.kv_events_port)
             del self.running[replica.replica_id]
             self._last_stats.pop(replica.url, None)
             self._progress.pop(replica.url, None)
@@ -638,13 +640,17 @@ class NodeAgent:
 
     def _start(self, replica: Replica) -> None:
         port = int(replica.url.rsplit(":", 1)[1])
+        kv_events_port = kv_events_port_of(replica)
         self.ports.taken.add(port)
+        if kv_events_port:
+            self.ports.taken.add(kv_events_port)
         try:
             spec = self.spec_for(replica, port)
             handle = self.actuator.start(spec)
         except Exception:
             logger.exception("replica %s failed to start", replica.replica_id)
             self.ports.release(port)
+            self.ports.release(kv_events_port)
             services.set_replica_state(
                 replica.replica_id,
                 expected=[ReplicaState.STARTING],
@@ -654,6 +660,7 @@ class NodeAgent:
         self.running[replica.replica_id] = _Running(
             handle=handle,
             port=port,
+            kv_events_port=kv_events_port,
             started_at=self.clock(),
             gpus=replica.version.gpus_per_replica,
         )
@@ -683,6 +690,7 @@ class NodeAgent:
                 continue
             del self.running[replica_id]
             self.ports.release(running.port)
+            self.ports.release(running.kv_events_port)
             error = running.stopping.exception()
             if error is not None:
                 logger.error("stopping replica %s failed: %r", replica_id, error)
@@ -833,6 +841,14 @@ def spec_builder(*, warm_pool: WarmPool) -> Callable[[Replica, int], ReplicaSpec
             weights_dir=str(weights_dir) if weights_dir is not None else "",
             host=replica.url.split("://", 1)[1].rsplit(":", 1)[0],
             port=port,
+            kv_events_port=kv_events_port_of(replica),
         )
 
     return build
+
+
+def kv_events_port_of(replica: Replica) -> int:
+    """Return the port of the replica's ``kv_events_url`` (0 when it has none)."""
+    if not replica.kv_events_url:
+        return 0
+    return int(replica.kv_events_url.rsplit(":", 1)[1])

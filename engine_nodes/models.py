@@ -119,6 +119,13 @@ class Replica(models.Model):
     url = models.CharField(
         max_length=255, blank=True, help_text="Base URL of the engine's OpenAI server."
     )
+    kv_events_url = models.CharField(
+        max_length=255,
+        blank=True,
+        default="",
+        help_text="ZMQ endpoint of the engine's KV-cache events (tcp://host:port); "
+        "empty when the version does not turn kv_events on.",
+    )
     state = models.CharField(
         max_length=16,
         choices=[(s.value, s.value) for s in ReplicaState],

@@ -29,6 +29,8 @@ from engine_nodes.domain.liveness import ReplicaState, is_silent, silence_cutoff
 from engine_nodes.domain.replica_argv import (
     ReplicaSpec,
     engine_for,
+    is_kv_events_on,
+    kv_events_url,
     sglang_launch_argv,
     vllm_serve_argv,
 )
@@ -47,6 +49,7 @@ logger = logging.getLogger(__name__)
 # The window over which the pool state reads the pools' live figures (TTFT, time
 # per output token, prefix hit rate, USD per million tokens).
 LIVE_FIGURES_WINDOW = timedelta(minutes=5)
+KUBERNETES_KV_EVENTS_PORT = 5557  # vLLM's default; each pod has its own IP
 
 
 def reap_silent_replicas(
@@ -240,7 +243,7 @@ def reconcile_pools(
                                 region=region,
                                 node=node,
                                 host=host,
-                                port=allocate_port(),
+                                allocate_port=allocate_port,
                             )
                         )
                         gpus_free -= gpus
@@ -259,9 +262,12 @@ def reconcile_pools(
 
 
 def _create_replica(
-    pool: Pool, *, region: str, node: str, host: str, port: int
+    pool: Pool, *, region: str, node: str, host: str, allocate_port: Callable[[], int]
 ) -> Replica:
-    """Create a ``starting`` replica of ``pool`` on ``node``, served at ``port``."""
+    """Create a ``starting`` replica of ``pool`` on ``node`` on a port from
+    ``allocate_port``, and a second one for KV events if its version has them."""
+    port = allocate_port()
+    kv_port = allocate_port() if is_kv_events_on(pool.version.engine_config) else 0
     return Replica.objects.create(
         # A port is reused once its replica is gone, and gone rows stay for the
         # record: the suffix keeps ids unique.
@@ -272,6 +278,7 @@ def _create_replica(
         region=region,
         node=node,
         url=replica_url(host, port),
+        kv_events_url=kv_events_url(host, kv_port) if kv_port else "",
         state=ReplicaState.STARTING,
     )
 
@@ -291,8 +298,10 @@ def replica_spec(
     weights_dir: str,
     host: str,
     port: int,
+    kv_events_port: int = 0,
 ) -> ReplicaSpec:
-    """Return how to start one replica of ``version``, served as ``model_id``.
+    """Return how to start one replica of ``version``, served as ``model_id``
+    (publishing KV events on ``kv_events_port`` when the version turns them on).
 
     Raises:
         ValueError: a field the spec refuses (``ReplicaSpec``'s invariants).
@@ -309,6 +318,7 @@ def replica_spec(
         host=host,
         port=port,
         max_model_len=version.engine_config.get("max_model_len"),
+        kv_events_port=kv_events_port,
     )
 
 
@@ -335,6 +345,7 @@ def kubernetes_pool_spec(pool: Pool, template: DeploymentTemplate) -> PoolSpec:
         weights_dir=weights_dir,
         host="0.0.0.0",  # inside its pod: reached on the pod's IP
         port=template.port,
+        kv_events_port=KUBERNETES_KV_EVENTS_PORT,
     )
     engine = engine_for(replica)
     # SGLang reads its key from a file the pod's init container writes.

@@ -122,6 +122,7 @@ def build_snapshot(*, region: str, default_policy: str) -> ConfigSnapshot:
             version=labels.get(replica.version_id, ""),
             region=replica.region,
             url=replica.url,
+            kv_events_url=replica.kv_events_url,
             state=replica.state,
             queue_depth=replica.queue_depth,
             tokens_in_flight=replica.tokens_in_flight,

@@ -31,6 +31,7 @@ import yaml
 
 from simengine.domain.embedding_perf import embedding_profile_for
 from simengine.domain.perf import DEFAULT_PROFILE, PROFILES
+from simengine.kv_publisher import KVEventsConfig, parse_kv_events_config
 from simengine.replica import (
     ENGINES,
     Faults,
@@ -125,6 +126,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="GiB of host memory for the CPU offload tier of the KV cache (vLLM's "
         "native OffloadingConnector, LRU); the total over tensor-parallel ranks. "
         "Unset: no offloading.",
+    )
+    add(
+        "--kv-events-config",
+        type=_kv_events_config,
+        default=None,
+        help="vLLM's (and SGLang's) KV-cache events as JSON, e.g. "
+        '\'{"enable_kv_cache_events":true,"publisher":"zmq",'
+        '"endpoint":"tcp://*:5557","topic":"kv@r1@m"}\': a ZMQ PUB socket that '
+        "binds a wildcard endpoint and connects to any other.",
     )
     add(
         "--kv-offloading-backend",
@@ -355,11 +365,13 @@ def options_from_args(args: argparse.Namespace) -> tuple[SimOptions, Faults]:
         enable_prefix_caching=enable_prefix_caching,
         kv_offloading_size=args.kv_offloading_size,
         kv_offloading_backend=args.kv_offloading_backend,
+        kv_events=args.kv_events_config,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         enable_force_include_usage=args.enable_force_include_usage,
         enable_request_id_headers=args.enable_request_id_headers,
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,
+        enable_dev_mode=bool(int(os.environ.get("VLLM_SERVER_DEV_MODE", "0") or "0")),
         enable_responses_store=bool(
             int(os.environ.get("VLLM_ENABLE_RESPONSES_API_STORE", "0") or "0")
         ),
@@ -398,6 +410,13 @@ def options_from_args(args: argparse.Namespace) -> tuple[SimOptions, Faults]:
 def _quality(text: str) -> float:
     try:
         return check_quality(float(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _kv_events_config(text: str) -> KVEventsConfig:
+    try:
+        return parse_kv_events_config(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

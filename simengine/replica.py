@@ -56,6 +56,7 @@ from simengine.domain.engine import (
     TokenEvent,
 )
 from simengine.domain.perf import PROFILES
+from simengine.kv_publisher import KVEventPublisher, KVEventsConfig
 from simengine.metrics import EngineMetrics
 from simengine.sglang_metrics import SGLangMetrics
 
@@ -117,6 +118,8 @@ class SimOptions:
     tool_call_parser: str | None = None
     # vLLM's VLLM_ENABLE_RESPONSES_API_STORE (an environment variable there too).
     enable_responses_store: bool = False
+    # vLLM's VLLM_SERVER_DEV_MODE: serves POST /reset_prefix_cache.
+    enable_dev_mode: bool = False
     max_num_queued_reqs: int = 0
     jitter_cv: float = 0.04
     frontend_ms: float | None = None  # None: the profile's frontend_ms
@@ -139,6 +142,8 @@ class SimOptions:
     embedding_dim: int = 384
     # --sim-embedding-random: vectors seeded by the input, meaning nothing.
     is_embedding_random: bool = False
+    # --kv-events-config (vLLM's and SGLang's JSON); None or disabled: no events.
+    kv_events: KVEventsConfig | None = None
 
 
 @dataclass(slots=True)
@@ -295,6 +300,10 @@ class SimReplica:
             overrides["max_num_batched_tokens"] = options.max_num_batched_tokens
         if options.num_gpu_blocks:
             overrides["num_gpu_blocks"] = options.num_gpu_blocks
+        kv_events = options.kv_events
+        is_publishing = kv_events is not None and kv_events.is_enabled
+        if is_publishing:
+            overrides["enable_kv_events"] = True
         self.config = EngineConfig.from_profile(profile, **overrides)
         self.engine = Engine(
             profile, self.config, seed=options.seed, jitter_cv=options.jitter_cv
@@ -330,6 +339,12 @@ class SimReplica:
         self._on_crash = on_crash or _crash_process
         self._random = random.Random(options.seed)
         self._last_arrival = 0.0
+        # Bound or connected now, so a subscriber can join before the first step.
+        self._kv_publisher = (
+            KVEventPublisher(kv_events)
+            if kv_events is not None and is_publishing
+            else None
+        )
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -339,12 +354,16 @@ class SimReplica:
             self._task = asyncio.get_running_loop().create_task(self._engine_loop())
 
     async def stop(self) -> None:
-        """Stop the engine loop (tests and shutdown)."""
+        """Stop the engine loop (tests and shutdown) and close the KV event
+        socket."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        if self._kv_publisher is not None:
+            self._kv_publisher.close()
+            self._kv_publisher = None
 
     def set_faults(self, **changes: Any) -> Faults:
         """Change faults at run time; unknown names raise ValueError."""
@@ -460,6 +479,12 @@ class SimReplica:
                 streaming=stream.streaming,
             )
 
+    def reset_prefix_cache(self) -> bool:
+        """Empty the prefix cache (vLLM's dev-mode ``/reset_prefix_cache``);
+        False while a request holds blocks. Its ``AllBlocksCleared`` goes out
+        with the next step's batch, as vLLM's does."""
+        return self.engine.reset_prefix_cache()
+
     @property
     def queued_requests(self) -> int:
         """Requests waiting or running, for ``--max-num-queued-reqs``."""
@@ -492,6 +517,8 @@ class SimReplica:
                 await self._unstalled.wait()
                 ended = max(ended, clock())
             output = self.engine.end_step(ended)
+            if self._kv_publisher is not None:
+                self._kv_publisher.publish(output.kv_events, time.time())
             self._dispatch(output.tokens, output.finished, output.finished_at)
             self._publish_gauges(output.num_tokens)
 

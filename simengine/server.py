@@ -282,6 +282,13 @@ class SimApp:
                 await _respond(send, 200, _json_bytes({"version": version}))
             elif path == "/tokenize" and method == "POST":
                 await self._tokenize(receive, send)
+            elif (
+                path == "/reset_prefix_cache"
+                and method == "POST"
+                and self.options.enable_dev_mode
+            ):
+                success = self.replica.reset_prefix_cache()
+                await _respond(send, 200, _json_bytes({"success": success}))
             elif path in ("/sim/faults", "/sim/state"):
                 await self._admin(scope, receive, send)
             else:

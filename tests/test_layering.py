@@ -564,6 +564,8 @@ LARGE_GLUE = {
     "control/load_test.py": "the load-test gate: replica start, search, trace replay",
     "drills/experiment_plots.py": "every drill's plot in one module (STYLE 12)",
     "engine_nodes/agent.py": "the node agent's one loop: beats, starts, drains, stops",
+    "engine_nodes/services.py": "replica and pool use-cases plus the Kubernetes pool "
+    "specs: the Kubernetes half to split off next",
     "metering/metrics.py": "every Prometheus collector, module-level (STYLE 11)",
     "metering/services.py": "usage flush, cost and reports: reports to split off",
     "models_registry/admin.py": "the console's model, version and pool admins",

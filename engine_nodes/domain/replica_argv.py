@@ -69,6 +69,14 @@ in the config leaves it off), for SGLang it is ``--tool-call-parser`` alone, and
 the simulated replica gets the same flags as the engine it stands in for. The
 gateway serves requests with ``tools`` only to a version that names a parser.
 
+KV-cache events (cache-aware routing): ``"kv_events": true`` is the platform's
+way to turn them on. The platform then owns ``kv_events_config`` (setting both is
+refused): the engine publishes on ``tcp://*:<spec.kv_events_port>`` (a bind, so
+the gateway connects to the replica's host) under the topic
+``kv@<replica_id>@<served_model_name>``, with vLLM's JSON for ``vllm serve``,
+SGLang (its ``--kv-events-config`` takes the same keys) and the simulated replica
+alike. Without ``kv_events`` a ``kv_events_config`` passes through verbatim.
+
 Argv order is deterministic: the fixed platform flags, then the precision flags,
 then the remaining config flags sorted by key, then ``spec.extra`` verbatim.
 """
@@ -94,6 +102,9 @@ __all__ = [
     "ReplicaSpec",
     "engine_flag_args",
     "engine_for",
+    "is_kv_events_on",
+    "kv_events_config_for",
+    "kv_events_url",
     "sglang_launch_argv",
     "sim_degraded_for",
     "sim_profile_for",
@@ -137,8 +148,17 @@ _RESTATABLE = frozenset(
 # ``latency_target_ms`` is the platform's: the latency an embedding version's
 # load-test gate measures its capacity at (``control.embedding_gates``).
 _CONSUMED_KEYS = frozenset(
-    {"engine", "dtype", "quantization", "enable_prefix_caching", "latency_target_ms"}
+    {
+        "engine",
+        "dtype",
+        "quantization",
+        "enable_prefix_caching",
+        "latency_target_ms",
+        "kv_events",
+    }
 )
+_KV_EVENTS = "kv_events"
+_KV_EVENTS_CONFIG = "kv_events_config"
 # SGLang's flags the platform owns, besides RESERVED_KEYS (spelled as SGLang's
 # server_args fields): the model path, tensor parallelism, metrics, the cache report
 # that usage's cached_tokens needs, and the file the API key comes from.
@@ -169,6 +189,7 @@ SGLANG_QUANTIZATION_INT8 = "w8a8_int8"
 _SIM_FLAG_KEYS = (
     "enable_auto_tool_choice",
     "kv_offloading_backend",
+    "kv_events_config",
     "kv_offloading_size",
     "max_model_len",
     "max_num_batched_tokens",
@@ -201,6 +222,7 @@ class ReplicaSpec:
 
     Invariants (checked on construction, ``ValueError`` otherwise): ``precision`` is
     a known precision, ``gpus_per_replica >= 1``, ``1 <= port <= 65535``,
+    ``0 <= kv_events_port <= 65535`` (0: no KV events port),
     ``max_model_len`` is None or positive, ``extra`` holds strings without NUL.
     ``engine_config`` is copied into a read-only mapping, so a caller mutating its
     dict afterwards cannot change a spec; it takes no part in ``hash()``.
@@ -220,6 +242,7 @@ class ReplicaSpec:
     port: int
     max_model_len: int | None = None
     extra: tuple[str, ...] = ()
+    kv_events_port: int = 0
 
     def __post_init__(self) -> None:
         if not self.replica_id:
@@ -234,6 +257,8 @@ class ReplicaSpec:
             raise ValueError("gpus_per_replica must be a positive integer")
         if _is_bool(self.port) or not 1 <= self.port <= 65535:
             raise ValueError(f"port {self.port!r} is out of range")
+        if _is_bool(self.kv_events_port) or not 0 <= self.kv_events_port <= 65535:
+            raise ValueError(f"kv_events_port {self.kv_events_port!r} is out of range")
         if self.max_model_len is not None and (
             _is_bool(self.max_model_len) or self.max_model_len < 1
         ):
@@ -280,9 +305,60 @@ def vllm_serve_argv(spec: ReplicaSpec, *, vllm_executable: str = "vllm") -> list
     ]
     flags = _with_auto_tool_choice(_config_flags(config))
     _merge_max_model_len(flags, spec)
+    _merge_kv_events(flags, spec)
     argv.extend(engine_flag_args(flags))
     argv.extend(spec.extra)
     return argv
+
+
+def is_kv_events_on(engine_config: Mapping[str, Any]) -> bool:
+    """Whether a version's ``engine_config`` turns KV-cache events on.
+
+    Raises:
+        ValueError: ``kv_events`` is set to something other than a boolean.
+    """
+    value = engine_config.get(_KV_EVENTS, False)
+    if not isinstance(value, bool):
+        raise ValueError(f"engine_config['kv_events'] must be a boolean, not {value!r}")
+    return value
+
+
+def kv_events_url(host: str, port: int) -> str:
+    """Return where a replica publishes KV events (its engine binds
+    ``tcp://*:port``; the gateway connects here)."""
+    return f"tcp://{host}:{port}"
+
+
+def kv_events_config_for(spec: ReplicaSpec) -> dict[str, Any] | None:
+    """Return the platform's ``kv_events_config`` for ``spec``, or None when the
+    version does not turn ``kv_events`` on.
+
+    Raises:
+        ValueError: ``kv_events`` is not a boolean, it is on without a
+            ``kv_events_port``, or the config also sets ``kv_events_config``.
+    """
+    config = spec.engine_config
+    if not is_kv_events_on(config):
+        return None
+    if _KV_EVENTS_CONFIG in config:
+        raise ValueError(
+            "engine_config may not set 'kv_events_config' with 'kv_events': "
+            "the platform chooses the endpoint and topic"
+        )
+    if spec.kv_events_port == 0:
+        raise ValueError("kv_events is on but the replica has no kv_events_port")
+    return {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://*:{spec.kv_events_port}",
+        "topic": f"kv@{spec.replica_id}@{spec.served_model_name}",
+    }
+
+
+def _merge_kv_events(flags: dict[str, Any], spec: ReplicaSpec) -> None:
+    events = kv_events_config_for(spec)
+    if events is not None:
+        flags[_KV_EVENTS_CONFIG] = events
 
 
 def _with_auto_tool_choice(flags: dict[str, Any]) -> dict[str, Any]:
@@ -353,6 +429,7 @@ def sglang_launch_argv(
         if not (_is_bool(value) and not value) and key != _AUTO_TOOL_CHOICE
     }
     _merge_max_model_len(flags, spec, key="context_length")
+    _merge_kv_events(flags, spec)
     argv.extend(engine_flag_args(flags))
     argv.extend(spec.extra)
     return argv
@@ -408,6 +485,7 @@ def sim_replica_argv(
         {key: config[key] for key in _SIM_FLAG_KEYS if key in config}
     )
     _merge_max_model_len(flags, spec)
+    _merge_kv_events(flags, spec)
     argv.extend(engine_flag_args(flags))
     argv.extend(spec.extra)
     return argv
@@ -435,10 +513,11 @@ def _sim_sglang_argv(
         argv.append("--disable-radix-cache")
     flags: dict[str, Any] = {}
     named = _sglang_names(_config_flags(config))
-    for key in ("context_length", _TOOL_PARSER):
+    for key in ("context_length", _TOOL_PARSER, _KV_EVENTS_CONFIG):
         if named.get(key) is not None:
             flags[key] = named[key]
     _merge_max_model_len(flags, spec, key="context_length")
+    _merge_kv_events(flags, spec)
     argv.extend(engine_flag_args(flags))
     argv.extend(spec.extra)
     return argv

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 import redis
+import zmq
 from django.db import OperationalError, connections
 from django.utils import timezone
 from pytest_django import Settings
@@ -715,3 +716,61 @@ def test_a_replica_waits_starting_for_its_weights_and_is_not_reaped(
         opened.set()
         agent.shutdown(grace_s=5)
         agent.warm_pool.close()
+
+
+def test_a_replica_of_a_version_with_kv_events_publishes_where_its_row_says(
+    tmp_path: Path, chat_model: Model
+) -> None:
+    """GIVEN a pool of a version with ``"kv_events": true``
+    WHEN the agent starts its replica
+    THEN the row's kv_events_url is a ZMQ endpoint on the agent's host where a
+    SUB receives the replica's KV event batches, topic ``kv@<replica id>@model``."""
+    from localrun.seeding import VERSION_BODY
+    from simengine.domain.kv_events import unpack_frames
+
+    version = registry.register_version(
+        model_id="chat-7b",
+        **version_body(
+            engine_config={**VERSION_BODY["engine_config"], "kv_events": True}
+        ),
+    )
+    Pool.objects.create(
+        model_id="chat-7b", version=version, region="test", min_replicas=1
+    )
+    agent = make_agent(tmp_path)
+    context = zmq.Context()
+    sub = context.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"kv@")
+    try:
+        tick_until(agent, lambda: list(states().values()) == ["serving"], "serving")
+        replica = Replica.objects.get()
+        assert replica.kv_events_url.startswith("tcp://127.0.0.1:")
+        assert replica.kv_events_url != replica.url.replace("http", "tcp")
+        sub.connect(replica.kv_events_url)
+        # A PUB drops batches until the subscription reaches it: send distinct
+        # prompts until one batch arrives.
+        deadline = time.monotonic() + 20
+        frames: list[bytes] = []
+        attempt = 0
+        while not frames:
+            assert time.monotonic() < deadline, "no KV event batch"
+            attempt += 1
+            words = " ".join(f"kv{attempt}w{i}" for i in range(40))
+            httpx.post(
+                f"{replica.url}/v1/chat/completions",
+                json={
+                    "model": "chat-7b",
+                    "messages": [{"role": "user", "content": words}],
+                    "max_tokens": 1,
+                },
+                timeout=10,
+            ).raise_for_status()
+            if sub.poll(1000):
+                frames = sub.recv_multipart()
+        topic, _, batch = unpack_frames(frames)
+        assert topic == f"kv@{replica.replica_id}@chat-7b"
+        assert batch.events
+    finally:
+        sub.close()
+        context.term()
+        agent.shutdown(grace_s=5)

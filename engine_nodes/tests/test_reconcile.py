@@ -11,8 +11,10 @@ from pytest_django import Settings
 
 from engine_nodes import services
 from engine_nodes.models import Replica
+from localrun.seeding import VERSION_BODY, version_body
+from models_registry import services as registry_services
 from models_registry.models import ModelVersion, Pool
-from tests.factories import ReplicaFactory
+from tests.factories import ReplicaFactory, accept
 
 pytestmark = pytest.mark.django_db
 
@@ -110,3 +112,38 @@ def test_reconcile_starts_no_replica_of_a_version_whose_weights_failed_here(
     created, _ = reconcile()
     assert len(created) == 1
     assert states() == {created[0]: "starting"}
+
+
+def test_reconcile_gives_a_kv_events_port_to_replicas_of_versions_that_publish(
+    pool: Pool,
+) -> None:
+    """GIVEN chat-7b@v1 without kv_events and v2 with it, a pool each
+    WHEN each pool plans a replica
+    THEN only v2's gets a kv_events_url, on a port of its own."""
+    body = version_body(
+        version="v2",
+        engine_config={**VERSION_BODY["engine_config"], "kv_events": True},
+    )
+    v2 = accept(registry_services.register_version(model_id="chat-7b", **body))
+    Pool.objects.create(
+        model_id="chat-7b", version=v2, region="eu", min_replicas=1, max_replicas=1
+    )
+    reconcile()
+    rows = {r.version_id: r for r in Replica.objects.all()}
+    assert rows[pool.version_id].kv_events_url == ""
+    replica = rows[v2.pk]
+    host_port = replica.url.removeprefix("http://")
+    kv_host, kv_port = replica.kv_events_url.removeprefix("tcp://").rsplit(":", 1)
+    assert kv_host == "127.0.0.1"
+    assert int(kv_port) not in {int(r.url.rsplit(":", 1)[1]) for r in rows.values()}
+    assert host_port.startswith("127.0.0.1:")
+    spec = services.replica_spec(
+        v2,
+        model_id="chat-7b",
+        replica_id=replica.replica_id,
+        weights_dir="",
+        host="127.0.0.1",
+        port=int(host_port.rsplit(":", 1)[1]),
+        kv_events_port=int(kv_port),
+    )
+    assert spec.kv_events_port == int(kv_port)

@@ -137,6 +137,20 @@ def test_snapshot_lists_live_replicas_of_its_region(chat_v1: ModelVersion) -> No
     replica = snapshot.replicas[0]
     assert (replica.version, replica.state) == ("v1", "serving")
     assert replica.last_heartbeat_at == pytest.approx(now.timestamp())
+    assert replica.kv_events_url == ""
+
+
+def test_snapshot_says_where_a_replica_publishes_kv_events(
+    chat_v1: ModelVersion,
+) -> None:
+    ReplicaFactory(
+        version=chat_v1,
+        region="local",
+        last_heartbeat=timezone.now(),
+        kv_events_url="tcp://10.0.0.7:9101",
+    )
+    snapshot = build_snapshot(region="local", default_policy="prefix_affinity")
+    assert [r.kv_events_url for r in snapshot.replicas] == ["tcp://10.0.0.7:9101"]
 
 
 def test_snapshot_says_which_versions_schedule_by_priority(

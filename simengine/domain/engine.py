@@ -78,6 +78,13 @@ same memory as the block pool) and the prefix cache is a
 
 The host tier is vLLM's and needs the block cache.
 
+KV events (``EngineConfig.enable_kv_events``): the block pool records
+``BlockStored`` (blocks registered when a step ends, with their token ids, prompt
+and output), ``BlockRemoved`` (evictions on allocation) and ``AllBlocksCleared``
+(``reset_prefix_cache``); the radix cache records the same over blocks of
+``block_size`` tokens of its tree (SGLang publishes pages); ``end_step`` drains
+them into ``StepOutput.kv_events``, one batch per step as vLLM's scheduler does.
+
 Generated token ids are ``tokens.output_token_id(tokens.request_seed(request_id), i)``,
 so output blocks hash to what the streamed text re-encodes to when a client sends the
 reply back in its next turn.
@@ -89,9 +96,10 @@ import math
 import random
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import TypedDict, Unpack
 
+from simengine.domain.kv_events import KVEvent
 from simengine.domain.perf import PerfProfile, jitter_factor
 from simengine.domain.prefix_cache import (
     NONE_HASH,
@@ -130,6 +138,7 @@ class EngineOverrides(TypedDict, total=False):
     enable_prefix_caching: bool
     kv_offloading_size: float | None
     cache: str
+    enable_kv_events: bool
 
 
 @dataclass(slots=True)
@@ -139,6 +148,9 @@ class EngineConfig:
     ``cache``: ``"block"`` (vLLM's block pool and hashed prefix cache) or
     ``"radix"`` (SGLang's token pool and radix tree, page size 1, over the same
     ``(num_gpu_blocks - 1) * block_size`` tokens of KV memory).
+
+    ``enable_kv_events``: record KV-cache events (vLLM's and SGLang's
+    ``--kv-events-config``).
 
     ``kv_offloading_size``: GiB of host memory for the CPU offload tier (vLLM's
     ``--kv-offloading-size``, the total over tensor-parallel ranks); None: no tier.
@@ -156,6 +168,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     kv_offloading_size: float | None = None
     cache: str = "block"
+    enable_kv_events: bool = False
 
     def __post_init__(self) -> None:
         sizes = (
@@ -263,6 +276,8 @@ class StepOutput:
     finished: list[FinishedRequest]
     num_tokens: int  # iteration tokens (decode + prefill) in this step
     num_preemptions: int
+    # KV-cache events since the last step (EngineConfig.enable_kv_events).
+    kv_events: list[KVEvent] = field(default_factory=list)
 
 
 class _Request:
@@ -395,6 +410,7 @@ class Engine:
             self.config.num_gpu_blocks,
             self.config.block_size,
             enable_caching=self.config.enable_prefix_caching,
+            enable_kv_events=self.config.enable_kv_events,
         )
         self._host: HostBlockCache | None = None
         offload_gib = self.config.kv_offloading_size
@@ -409,7 +425,11 @@ class Engine:
             self._host = HostBlockCache(num_host)
         self._radix_mode = self.config.cache == "radix"
         self._radix: RadixCache | None = (
-            RadixCache()
+            RadixCache(
+                kv_block_size=(
+                    self.config.block_size if self.config.enable_kv_events else None
+                )
+            )
             if self._radix_mode and self.config.enable_prefix_caching
             else None
         )
@@ -752,6 +772,7 @@ class Engine:
         host = self._host
         radix = self._radix_mode
         radix_tree = self._radix
+        events = self.config.enable_kv_events
         tokens: list[TokenEvent] = []
         finished: list[FinishedRequest] = []
         for req, n in step:
@@ -770,10 +791,14 @@ class Engine:
                 full = num_computed // block_size
                 if full > req.num_cached_blocks:
                     self._ensure_hashes(req, full)
-                    block_ids = req.block_ids
-                    block_hashes = req.block_hashes
-                    for k in range(req.num_cached_blocks, full):
-                        pool.cache_block(block_ids[k], block_hashes[k])
+                    start = req.num_cached_blocks
+                    pool.cache_blocks(
+                        req.block_ids,
+                        req.block_hashes,
+                        start,
+                        full,
+                        self._block_tokens(req, start, full) if events else (),
+                    )
                     req.num_cached_blocks = full
             if host is not None:
                 full = num_computed // block_size
@@ -814,9 +839,41 @@ class Engine:
             finished=finished,
             num_tokens=self._step_num_tokens,
             num_preemptions=self._step_preemptions,
+            kv_events=self.take_kv_events(),
         )
 
+    def reset_prefix_cache(self) -> bool:
+        """Empty the prefix cache, as vLLM's ``/reset_prefix_cache``; only when no
+        request holds blocks (block cache) or no node is locked (radix). Returns
+        whether it reset; the ``AllBlocksCleared`` event is ``take_kv_events``'s."""
+        if self._radix_mode:
+            return self._radix.reset() if self._radix is not None else False
+        return self._pool.reset_prefix_cache()
+
+    def take_kv_events(self) -> list[KVEvent]:
+        """Return the KV events recorded since the last step or call (a reset's
+        between steps) and forget them."""
+        if self._radix is not None:
+            return self._radix.take_events()
+        return self._pool.take_events()
+
     # -- internals ---------------------------------------------------------------------
+
+    def _block_tokens(self, req: _Request, start: int, stop: int) -> list[int]:
+        """The token ids of ``req``'s blocks ``start..stop-1``: prompt, then
+        output."""
+        size = self.config.block_size
+        first, end = start * size, stop * size
+        tokens = req.prompt[first:end]
+        if end > req.prompt_len:
+            tokens.extend(
+                output_token_ids(
+                    req.seed,
+                    max(first, req.prompt_len) - req.prompt_len,
+                    end - req.prompt_len,
+                )
+            )
+        return tokens
 
     def _preempt(self, req: _Request) -> None:
         """Recompute-preempt: free the blocks, keep the tokens, queue at the front."""

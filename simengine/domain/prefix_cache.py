@@ -25,6 +25,13 @@ Public surface: ``BlockPool``, ``HostBlockCache`` (the CPU offloading tier),
   simply reused when freed; vLLM keeps both, which only matters if the first copy is
   evicted while the second survives.
 
+KV events (``enable_kv_events``): the pool records what vLLM's block pool queues
+for its publisher: ``BlockStored`` for each run of blocks ``cache_blocks``
+registers (parent: the block before the run, None for a prompt's first block;
+with the run's token ids), ``BlockRemoved`` for each hashed block ``allocate``
+evicts, ``AllBlocksCleared`` on a reset. ``take_events`` hands them over and
+empties the list; with events off nothing is recorded.
+
 Invariants: ``0 <= num_free_blocks <= num_blocks - 1``; a block is in the free queue
 iff its ref count is 0; every hash in the map names a block holding that hash.
 """
@@ -35,6 +42,13 @@ import hashlib
 from array import array
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+
+from simengine.domain.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEvent,
+)
 
 __all__ = [
     "NONE_HASH",
@@ -92,6 +106,7 @@ class BlockPool:
     __slots__ = (
         "_block_hash",
         "_cached",
+        "_events",
         "_free",
         "_ref_cnt",
         "block_size",
@@ -102,7 +117,12 @@ class BlockPool:
     )
 
     def __init__(
-        self, num_blocks: int, block_size: int = 16, *, enable_caching: bool = True
+        self,
+        num_blocks: int,
+        block_size: int = 16,
+        *,
+        enable_caching: bool = True,
+        enable_kv_events: bool = False,
     ) -> None:
         if num_blocks < 2:
             raise ValueError("num_blocks must be at least 2 (one is the null block)")
@@ -118,6 +138,7 @@ class BlockPool:
         self._cached: dict[int, int] = {}  # block hash -> block id
         self.evictions = 0  # cached blocks dropped from the map on reuse
         self.blocks_stored = 0  # blocks inserted into the map
+        self._events: list[KVEvent] | None = [] if enable_kv_events else None
 
     # -- read-only state ---------------------------------------------------------------
 
@@ -224,6 +245,8 @@ class BlockPool:
                 if self._cached.get(old_hash) == block_id:
                     del self._cached[old_hash]
                     self.evictions += 1
+                    if self._events is not None:
+                        self._events.append(BlockRemoved((old_hash,)))
             ref_cnt[block_id] = 1
             allocated.append(block_id)
         return allocated
@@ -256,6 +279,67 @@ class BlockPool:
         self.blocks_stored += 1
         return True
 
+    def cache_blocks(
+        self,
+        block_ids: Sequence[int],
+        block_hashes: Sequence[int],
+        start: int,
+        stop: int,
+        token_ids: Sequence[int],
+    ) -> int:
+        """Register a request's full blocks ``start..stop-1`` (``cache_block`` each);
+        return how many were new.
+
+        ``token_ids`` are those blocks' tokens (``(stop - start) * block_size``);
+        they are read only with events on, where each run of newly registered
+        blocks is one ``BlockStored`` chained to the block before it.
+        """
+        events = self._events
+        stored = 0
+        run_start = -1
+        for k in range(start, stop):
+            if self.cache_block(block_ids[k], block_hashes[k]):
+                stored += 1
+                if run_start < 0:
+                    run_start = k
+                continue
+            if events is not None and run_start >= 0:
+                self._record_stored(block_hashes, run_start, k, start, token_ids)
+            run_start = -1
+        if events is not None and run_start >= 0:
+            self._record_stored(block_hashes, run_start, stop, start, token_ids)
+        return stored
+
+    def _record_stored(
+        self,
+        block_hashes: Sequence[int],
+        first: int,
+        stop: int,
+        offset: int,
+        token_ids: Sequence[int],
+    ) -> None:
+        assert self._events is not None
+        size = self.block_size
+        self._events.append(
+            BlockStored(
+                block_hashes=tuple(block_hashes[first:stop]),
+                parent_block_hash=block_hashes[first - 1] if first else None,
+                token_ids=tuple(
+                    token_ids[(first - offset) * size : (stop - offset) * size]
+                ),
+                block_size=size,
+            )
+        )
+
+    def take_events(self) -> list[KVEvent]:
+        """Return the KV events recorded since the last call (none with events
+        off) and forget them."""
+        events = self._events
+        if not events:
+            return []
+        self._events = []
+        return events
+
     def reset_prefix_cache(self) -> bool:
         """Forget every hash, as vLLM's ``reset_prefix_cache``; only when no block is
         referenced. Returns whether it reset."""
@@ -263,6 +347,8 @@ class BlockPool:
             return False
         self._cached.clear()
         self._block_hash = [None] * self.num_blocks
+        if self._events is not None:
+            self._events.append(AllBlocksCleared())
         return True
 
 

@@ -34,6 +34,14 @@ or ``range`` objects for synthetic token streams (the fleet simulator's: a
 range compares and slices in O(1)). One tree holds one kind; a tuple never
 equals a range.
 
+KV events (``kv_block_size``: SGLang's ``--kv-events-config``, which publishes
+pages): the tree's tokens are read as blocks of ``kv_block_size`` from the root,
+chained as vLLM's block hashes are (``prefix_cache.hash_full_blocks``). An insert
+records one ``BlockStored`` for the full blocks it completes (parent: the block
+before them, None at the root); deleting a leaf records one ``BlockRemoved`` for
+the announced blocks that had a token in it; ``reset`` records
+``AllBlocksCleared`` alone. ``take_events`` hands them over.
+
 Invariants: ``total_size == evictable_size + protected_size``; a node's
 ``lock_ref`` is at least each child's; every leaf with ``lock_ref == 0`` is in
 the candidate heap.
@@ -45,6 +53,14 @@ import heapq
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+
+from simengine.domain.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEvent,
+)
+from simengine.domain.prefix_cache import hash_full_blocks
 
 __all__ = ["Match", "RadixCache", "RadixNode"]
 
@@ -109,7 +125,11 @@ class RadixCache:
     ``protected_size``, ``evicted_tokens`` and ``inserted_tokens``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, kv_block_size: int | None = None) -> None:
+        if kv_block_size is not None and kv_block_size < 1:
+            raise ValueError("kv_block_size must be positive")
+        self.kv_block_size = kv_block_size
+        self._events: list[KVEvent] | None = [] if kv_block_size else None
         self._ids = itertools.count()
         self.root = RadixNode((), None, next(self._ids))
         self.root.lock_ref = 1  # the root is never evicted
@@ -187,6 +207,8 @@ class RadixCache:
             # A new leaf is unlocked (its parent may be locked; locks go rootward).
             self.evictable_size += size
             self._candidate(leaf)
+            if self._events is not None:
+                self._record_stored(key, matched)
         return matched
 
     def lock(self, node: RadixNode) -> None:
@@ -237,8 +259,21 @@ class RadixCache:
         request still holds part of the tree, as SGLang refuses then."""
         if self.protected_size:
             return False
+        events = self._events
+        recorded = len(events) if events is not None else 0
         self.evict(self.total_size)
+        if events is not None:
+            del events[recorded:]  # one AllBlocksCleared stands for them
+            events.append(AllBlocksCleared())
         return True
+
+    def take_events(self) -> list[KVEvent]:
+        """Return the KV events recorded since the last call and forget them."""
+        events = self._events
+        if not events:
+            return []
+        self._events = []
+        return events
 
     # -- internals ---------------------------------------------------------------------
 
@@ -263,9 +298,45 @@ class RadixCache:
         upper.children[child.key[0]] = child
         return upper
 
+    def _record_stored(self, key: Key, cached: int) -> None:
+        """Record the full blocks of ``key`` past its first ``cached`` tokens."""
+        size = self.kv_block_size
+        assert self._events is not None and size is not None
+        first, stop = cached // size, len(key) // size
+        if stop <= first:
+            return
+        hashes = hash_full_blocks(key[: stop * size], size)
+        self._events.append(
+            BlockStored(
+                block_hashes=tuple(hashes[first:]),
+                parent_block_hash=hashes[first - 1] if first else None,
+                token_ids=tuple(key[first * size : stop * size]),
+                block_size=size,
+            )
+        )
+
+    def _record_removed(self, node: RadixNode) -> None:
+        """Record the announced blocks with a token in leaf ``node``."""
+        size = self.kv_block_size
+        assert self._events is not None and size is not None
+        keys = []
+        walk: RadixNode | None = node
+        while walk is not None and walk is not self.root:
+            keys.append(walk.key)
+            walk = walk.parent
+        path = tuple(itertools.chain.from_iterable(reversed(keys)))
+        start = len(path) - len(node.key)
+        first, stop = start // size, len(path) // size
+        if stop <= first:
+            return
+        hashes = hash_full_blocks(path[: stop * size], size)
+        self._events.append(BlockRemoved(tuple(hashes[first:])))
+
     def _delete_leaf(self, node: RadixNode) -> int:
         parent = node.parent
         assert parent is not None
+        if self._events is not None:
+            self._record_removed(node)
         del parent.children[node.key[0]]
         node.parent = None
         size = len(node.key)
