@@ -97,6 +97,7 @@ class BlockPool:
         "block_size",
         "blocks_stored",
         "enable_caching",
+        "evicted_log",
         "evictions",
         "num_blocks",
     )
@@ -118,6 +119,9 @@ class BlockPool:
         self._cached: dict[int, int] = {}  # block hash -> block id
         self.evictions = 0  # cached blocks dropped from the map on reuse
         self.blocks_stored = 0  # blocks inserted into the map
+        # A list to append every hash dropped from the map to (eviction on reuse,
+        # reset), for a caller that publishes KV events; None: nothing is logged.
+        self.evicted_log: list[int] | None = None
 
     # -- read-only state ---------------------------------------------------------------
 
@@ -224,6 +228,8 @@ class BlockPool:
                 if self._cached.get(old_hash) == block_id:
                     del self._cached[old_hash]
                     self.evictions += 1
+                    if self.evicted_log is not None:
+                        self.evicted_log.append(old_hash)
             ref_cnt[block_id] = 1
             allocated.append(block_id)
         return allocated
@@ -261,6 +267,8 @@ class BlockPool:
         referenced. Returns whether it reset."""
         if len(self._free) != self.num_blocks - 1:
             return False
+        if self.evicted_log is not None:
+            self.evicted_log.extend(self._cached)
         self._cached.clear()
         self._block_hash = [None] * self.num_blocks
         return True
@@ -286,7 +294,8 @@ class HostBlockCache:
     Blocks no later request can match (the fleet simulator hashes only the blocks
     on a conversation's stream) still take host space: ``store_unmatched`` adds
     that many entries no lookup finds. Counters: ``blocks_stored``,
-    ``blocks_loaded``, ``evictions``.
+    ``blocks_loaded``, ``evictions``. ``evicted_log`` (None unless a caller that
+    publishes KV events sets a list) gets every evicted hash, anonymous ones too.
 
     Invariant: ``len(self) <= num_blocks``.
     """
@@ -296,6 +305,7 @@ class HostBlockCache:
         "_next_anonymous",
         "blocks_loaded",
         "blocks_stored",
+        "evicted_log",
         "evictions",
         "num_blocks",
     )
@@ -309,6 +319,7 @@ class HostBlockCache:
         self.blocks_stored = 0
         self.blocks_loaded = 0
         self.evictions = 0
+        self.evicted_log: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -365,8 +376,11 @@ class HostBlockCache:
     def _evict(self) -> None:
         blocks = self._blocks
         over = len(blocks) - self.num_blocks
+        log = self.evicted_log
         for _ in range(over):
-            blocks.popitem(last=False)
+            evicted = blocks.popitem(last=False)[0]
+            if log is not None:
+                log.append(evicted)
         if over > 0:
             self.evictions += over
 

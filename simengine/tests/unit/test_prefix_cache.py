@@ -186,3 +186,26 @@ def test_engine_hits_never_exceed_queries() -> None:
 
     assert engine.prefix_cache_hits > 0
     assert engine.block_pool.evictions > 0
+
+
+def test_evicted_log_gets_each_hash_dropped_from_the_map_when_set() -> None:
+    pool = BlockPool(4, 16)
+    assert pool.evicted_log is None
+    first = pool.allocate(3)
+    for block_id, block_hash in zip(first, (101, 102, 103), strict=True):
+        pool.cache_block(block_id, block_hash)
+    pool.free(first)  # freed last block first: 103 is evicted first
+    pool.evicted_log = []
+    pool.allocate(2)
+    assert pool.evicted_log == [103, 102]
+    assert pool.num_cached_blocks == 1
+
+
+def test_reset_logs_every_cached_hash() -> None:
+    pool = BlockPool(4, 16)
+    pool.evicted_log = []
+    blocks = pool.allocate(2)
+    pool.cache_block(blocks[0], 7)
+    pool.free(blocks)
+    assert pool.reset_prefix_cache()
+    assert pool.evicted_log == [7]
