@@ -184,7 +184,7 @@ def workload_preset(name: str, *, arrival_rate: float | None = None) -> ChatWork
       few-shot preamble) of 1,500-3,000 tokens, Zipf-popular.
     - ``"agent"``: tool-calling loops: growing contexts up to 32k tokens, each turn
       a 1,000-token tool result and a 100-token answer, a turn every 6 s per agent
-      (30 requests/s by default).
+      (10 requests/s by default: 60 agents, which load 12 ``a100-8b`` replicas).
 
     Raises:
         ValueError: an unknown name.
@@ -195,7 +195,7 @@ def workload_preset(name: str, *, arrival_rate: float | None = None) -> ChatWork
         return ChatWorkload(arrival_rate=arrival_rate or 100.0, shared_prefixes=16)
     if name == "agent":
         return ChatWorkload(
-            arrival_rate=arrival_rate or 30.0,
+            arrival_rate=arrival_rate or 10.0,
             message_interval_s=6.0,
             mode="growing",
             prompt_tokens=2000,
