@@ -176,12 +176,14 @@ def prefix_tokens_of(workload: ChatWorkload, group: int) -> int:
     return random.Random(f"shared-prefix:{group}").randint(low, high)
 
 
-def workload_preset(name: str, *, arrival_rate: float | None = None) -> ChatWorkload:
+def workload_preset(
+    name: str, *, arrival_rate: float | None = None, shared_prefixes: int = 16
+) -> ChatWorkload:
     """Return one of the routing A/B's workloads (``WORKLOADS``).
 
     - ``"seed"``: the seed's chat (100 requests/s at the peak).
-    - ``"shared"``: the seed's chat behind 16 shared prefixes (RAG documents or a
-      few-shot preamble) of 1,500-3,000 tokens, Zipf-popular.
+    - ``"shared"``: the seed's chat behind ``shared_prefixes`` (16) shared prefixes
+      (RAG documents or a few-shot preamble) of 1,500-3,000 tokens, Zipf-popular.
     - ``"agent"``: tool-calling loops: growing contexts up to 32k tokens, each turn
       a 1,000-token tool result and a 100-token answer, a turn every 6 s per agent
       (10 requests/s by default: 60 agents, which load 12 ``a100-8b`` replicas).
@@ -192,7 +194,9 @@ def workload_preset(name: str, *, arrival_rate: float | None = None) -> ChatWork
     if name == "seed":
         return ChatWorkload(arrival_rate=arrival_rate or 100.0)
     if name == "shared":
-        return ChatWorkload(arrival_rate=arrival_rate or 100.0, shared_prefixes=16)
+        return ChatWorkload(
+            arrival_rate=arrival_rate or 100.0, shared_prefixes=shared_prefixes
+        )
     if name == "agent":
         return ChatWorkload(
             arrival_rate=arrival_rate or 10.0,

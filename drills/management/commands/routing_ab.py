@@ -65,6 +65,12 @@ class Command(BaseCommand):
             help="seed: the seed's chat (shaped by --mode and the --*-tokens flags); "
             "shared: behind 16 shared prefixes; agent: tool loops up to 32k tokens",
         )
+        parser.add_argument(
+            "--shared-prefixes",
+            type=int,
+            default=16,
+            help="--workload shared: how many shared prefixes (default 16)",
+        )
         parser.add_argument("--mode", choices=["seed", "growing"], default="seed")
         defaults = ChatWorkload()
         parser.add_argument(
@@ -206,7 +212,9 @@ class Command(BaseCommand):
                 scenario: dict[str, Any] = {"trace": str(options["trace"])}
             elif options["workload"] != "seed":
                 workload = workload_preset(
-                    options["workload"], arrival_rate=options["rate"]
+                    options["workload"],
+                    arrival_rate=options["rate"],
+                    shared_prefixes=options["shared_prefixes"],
                 )
             else:
                 workload = ChatWorkload(

@@ -157,3 +157,15 @@ def test_other_policies_keep_no_index() -> None:
     )
     assert sim.kv_index is None
     assert all(r.take_kv_events() == () for r in sim.serving)
+
+
+def test_radix_fleet_has_no_index_so_cache_aware_is_affinity() -> None:
+    arrivals = generate_arrivals(ChatWorkload(arrival_rate=5), 40, seed=0)
+    routed = []
+    for policy in ("cache_aware", "prefix_affinity"):
+        config = FleetConfig(replicas=2, policy=policy, engine="sglang")
+        sim = FleetSim(config, arrivals=arrivals)
+        result = sim.run(30, warmup_s=10)
+        assert sim.kv_index is None
+        routed.append([(r.replica_id, r.cached_tokens) for r in result.requests])
+    assert routed[0] == routed[1]
