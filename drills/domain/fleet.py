@@ -8,7 +8,8 @@ Public surface: ``FleetPool`` (from ``drills.domain.fleet_pool``), ``FleetSim``
 What runs is the gateway's decision code, not a copy of it:
 
 - routing: ``routing.domain.policies.make_policy(name, options)`` (round robin,
-  least tokens in flight, prefix affinity with bounded load), called with the same
+  least tokens in flight, prefix affinity with bounded load, cache aware), called
+  with the same
   ``RouteRequest`` and ``NodeSnapshot`` objects the gateway builds, one policy
   instance per pool, the conversation id as routing key;
 - admission: ``routing.domain.admission_control.AdmissionControl``, the gateway's
