@@ -169,3 +169,20 @@ def test_radix_fleet_has_no_index_so_cache_aware_is_affinity() -> None:
         assert sim.kv_index is None
         routed.append([(r.replica_id, r.cached_tokens) for r in result.requests])
     assert routed[0] == routed[1]
+
+
+def test_events_count_only_once_they_reach_the_gateway() -> None:
+    """Events still in transit are not seen: with a delay past the run the index
+    stays empty and cache-aware routing is prefix affinity's, choice for choice."""
+    arrivals = generate_arrivals(
+        ChatWorkload(arrival_rate=6, shared_prefixes=4), 40, seed=1
+    )
+    routed = []
+    for policy, delay_s in (("cache_aware", 1e6), ("prefix_affinity", 0.05)):
+        config = FleetConfig(replicas=3, policy=policy, kv_event_delay_s=delay_s)
+        sim = FleetSim(config, arrivals=arrivals)
+        result = sim.run(30, warmup_s=10)
+        routed.append([(r.replica_id, r.cached_tokens) for r in result.requests])
+        if sim.kv_index is not None:
+            assert sim.kv_index.replicas == frozenset()
+    assert routed[0] == routed[1]
