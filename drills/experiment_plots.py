@@ -297,6 +297,7 @@ _POLICY_COLOURS = {
     "round_robin": "#d62728",
     "least_tokens": "#ff7f0e",
     "prefix_affinity": "#2ca02c",
+    "cache_aware": "#9467bd",
 }
 
 

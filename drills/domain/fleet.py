@@ -8,7 +8,8 @@ Public surface: ``FleetPool`` (from ``drills.domain.fleet_pool``), ``FleetSim``
 What runs is the gateway's decision code, not a copy of it:
 
 - routing: ``routing.domain.policies.make_policy(name, options)`` (round robin,
-  least tokens in flight, prefix affinity with bounded load), called with the same
+  least tokens in flight, prefix affinity with bounded load, cache aware), called
+  with the same
   ``RouteRequest`` and ``NodeSnapshot`` objects the gateway builds, one policy
   instance per pool, the conversation id as routing key;
 - admission: ``routing.domain.admission_control.AdmissionControl``, the gateway's
@@ -27,6 +28,15 @@ What runs is the gateway's decision code, not a copy of it:
   convergence (``engine_nodes.domain.convergence.converge_steps``, its effects
   performed here: starts, cancels, one drain at a time); new replicas join the
   ring after a cold or warm start (``drills.domain.fleet_scaling``).
+
+- cache-aware routing (``FleetConfig.has_kv_index``): the replicas publish KV
+  events once per step, which reach the gateway's ``routing.domain.kv_index.
+  PrefixIndex`` ``kv_event_delay_s`` later (a ZMQ hop and the gateway's loop); a
+  request's synthetic block hashes (``FleetRequest.block_hashes``) are matched
+  against it for ``RouteRequest.cached_tokens``, and each replica's
+  ``prefill_tokens_in_flight`` is the gateway's own count: a request's prompt less
+  its predicted hit from routing to its first token (or its end). A replica that
+  leaves the ring is forgotten by the index.
 
 Replicas are ``drills.domain.replica.FleetReplica`` (the engine's step-time model
 and vLLM's block pool, or SGLang's radix cache with ``FleetConfig.engine``
@@ -53,6 +63,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol, cast
 
@@ -82,6 +93,7 @@ from routing.domain.admission_control import (
     Steps,
     Ticket,
 )
+from routing.domain.kv_index import PrefixIndex
 from routing.domain.limit_table import BucketTable, Claim, LimitTable, SlotTable
 from routing.domain.limiter import ChargeTooLarge
 from routing.domain.policies import (
@@ -91,6 +103,7 @@ from routing.domain.policies import (
 from routing.domain.retry_budget import RetryBudget
 from routing.domain.snapshot import LimitRecord, NodeSnapshot
 from routing.domain.tiers import Tier
+from simengine.domain.kv_events import EventBatch
 
 __all__ = ["FleetPool", "FleetSim", "RequestSource"]
 
@@ -215,6 +228,17 @@ class FleetSim:
         self._trace: Iterator[Arrival] | None = (
             iter(arrivals) if arrivals is not None else None
         )
+        # The gateway's prefix index (None: no KV events), the batches on their
+        # way to it (visible at, replica, its sequence number, batch), and each
+        # replica's prefill owed: the gateway's count, by request and in total.
+        self.kv_index: PrefixIndex | None = (
+            PrefixIndex() if config.has_kv_index else None
+        )
+        self._kv_in_transit: deque[tuple[float, str, int, EventBatch]] = deque()
+        self._kv_seq: dict[str, int] = {}
+        self._prefill_owed: dict[int, tuple[str, int]] = {}
+        self._prefill_in_flight: dict[str, int] = {}
+        self._uses_cache = config.policy == "cache_aware"
         self._sources = list(sources)
         self._owners: dict[int, RequestSource] = {}  # a source's requests, by id
         self.now = 0.0
@@ -334,6 +358,7 @@ class FleetSim:
             scheduling=self.config.engine_scheduling,
             host_blocks=self._host_blocks,
             cache=self.config.replica_cache,
+            kv_events=self.config.has_kv_index,
         )
         self.replicas[replica.replica_id] = replica
         # The order of creation: convergence's "newest" among equals.
@@ -350,10 +375,50 @@ class FleetSim:
     def _prefilled(self) -> int:
         return sum(r.prefill_tokens for r in self.replicas.values())
 
+    def _publish(self, replica: FleetReplica) -> None:
+        """Send the replica's KV events of this step toward the gateway's index."""
+        events = replica.take_kv_events()
+        if events:
+            rid = replica.replica_id
+            seq = self._kv_seq[rid] = self._kv_seq.get(rid, 0) + 1
+            at = self.now + self.config.kv_event_delay_s
+            self._kv_in_transit.append((at, rid, seq, EventBatch(self.now, events)))
+
+    def _receive_kv_events(self) -> None:
+        """Apply the batches that reached the gateway by now (in order: the delay
+        is the same for all), but none of a replica that left the ring."""
+        index = self.kv_index
+        transit = self._kv_in_transit
+        assert index is not None
+        now = self.now
+        while transit and transit[0][0] <= now:
+            _, rid, seq, batch = transit.popleft()
+            if self.replicas[rid] in self.serving:
+                index.apply(rid, seq, batch, now)
+
+    def _prefill_started(self, request: FleetRequest, rid: str, owed: int) -> None:
+        self._prefill_owed[request.request_id] = (rid, owed)
+        self._prefill_in_flight[rid] = self._prefill_in_flight.get(rid, 0) + owed
+
+    def _prefill_done(self, request: FleetRequest) -> None:
+        """The request's first token came (or it ended): its prefill is no longer
+        owed."""
+        owed = self._prefill_owed.pop(request.request_id, None)
+        if owed is not None:
+            rid, tokens = owed
+            self._prefill_in_flight[rid] -= tokens
+
+    def _leave_index(self, replica: FleetReplica) -> None:
+        """The replica left the ring: the index forgets it."""
+        if self.kv_index is not None:
+            self.kv_index.forget(replica.replica_id)
+
     def _kick(self, replica: FleetReplica) -> None:
         """Make ``replica`` notice new work: plan if idle, else cut its segment."""
         if replica.segment is None:
             end = replica.plan(self.now)
+            if self.kv_index is not None:
+                self._publish(replica)
         else:
             end = replica.interrupt(self.now)
         if end is not None:
@@ -365,13 +430,18 @@ class FleetSim:
         replica, version = payload
         if not replica.alive or self._wake_version.get(replica.replica_id) != version:
             return
-        _first, finished = replica.complete(self.now)
+        first, finished = replica.complete(self.now)
+        if self._prefill_owed:
+            for request in first:
+                self._prefill_done(request)
         for request in finished:
             request.outcome = "ok"
             self._give_back(request, used=request.prompt_tokens + request.output_tokens)
             if self._owners:
                 self._tell_source(request, None)
         end = replica.plan(self.now)
+        if self.kv_index is not None:
+            self._publish(replica)  # one batch per step, as vLLM publishes
         if end is not None:
             self._wake_version[replica.replica_id] = version + 1
             self._push(end, _WAKE, (replica, version + 1))
@@ -423,6 +493,8 @@ class FleetSim:
             history_tokens=arrival.history_tokens,
             stream_tokens=arrival.stream_tokens,
             arrived_at=self.now,
+            prefix_group=arrival.prefix_group,
+            prefix_tokens=arrival.prefix_tokens,
         )
         if self._window[0] <= self.now < self._window[1]:
             assert self._result is not None
@@ -542,6 +614,7 @@ class FleetSim:
         now = self.now
         if first:
             self.budget.record_request(now)
+        prefill = self._prefill_in_flight
         nodes = [
             NodeSnapshot(
                 replica_id=replica.replica_id,
@@ -549,9 +622,18 @@ class FleetSim:
                 tokens_in_flight=replica.tokens_in_flight(now),
                 queue_depth=replica.num_waiting,
                 kv_cache_usage_perc=replica.kv_cache_usage_perc,
+                prefill_tokens_in_flight=prefill.get(replica.replica_id, 0),
             )
             for replica in self.serving
         ]
+        cached: dict[str, int] | None = None
+        if self.kv_index is not None:
+            self._receive_kv_events()
+        if self.kv_index is not None and self._uses_cache:
+            block_size = self.config.block_size
+            blocks = min(request.stream_tokens, request.prompt_tokens - 1) // block_size
+            keys = request.block_hashes(blocks, block_size)
+            cached = self.kv_index.match(keys, request.prompt_tokens)
         decision = self.policy.choose(
             RouteRequest(
                 model=_MODEL,
@@ -559,6 +641,8 @@ class FleetSim:
                 routing_key=f"conv-{request.conversation}",
                 team=request.team,
                 request_tokens=request.prompt_tokens + request.max_tokens,
+                prompt_tokens=request.prompt_tokens if cached is not None else 0,
+                cached_tokens=cached,
             ),
             nodes,
             now,
@@ -580,6 +664,11 @@ class FleetSim:
         replica = self.replicas[decision.candidates[0]]
         request.routed_at = now
         request.attempts += 1
+        if cached is not None:
+            hit = cached.get(replica.replica_id, 0)
+            self._prefill_started(
+                request, replica.replica_id, request.prompt_tokens - hit
+            )
         replica.add(request)
         self._kick(replica)
 
@@ -655,7 +744,9 @@ class FleetSim:
 
     def _lose(self, replica: FleetReplica) -> None:
         self.serving.remove(replica)
+        self._leave_index(replica)
         for request in replica.fail(self.now):
+            self._prefill_done(request)
             if request.first_token_at is None and self.budget.try_spend(self.now):
                 self._route(request, first=False)
                 continue
@@ -745,6 +836,7 @@ class FleetSim:
         """Take ``replica`` out of the ring; it stops when its streams end."""
         assert self.scaler is not None and self._result is not None
         self.serving.remove(replica)
+        self._leave_index(replica)
         self._draining[replica.replica_id] = replica
         self.scaler.drain(replica.replica_id, self.now)
         self._result.events.append((self.now, f"replica {replica.replica_id} draining"))
@@ -767,6 +859,7 @@ class FleetSim:
             return  # it stopped in time
         cut = replica.fail(self.now)
         for request in cut:
+            self._prefill_done(request)
             request.output_tokens = request.tokens_at_failure
             self._give_back(
                 request, used=request.prompt_tokens + request.tokens_at_failure

@@ -70,6 +70,14 @@ class FleetConfig:
     # The replicas' engine: "vllm" (block pool of ``block_size`` tokens) or
     # "sglang" (radix cache, hits to the token; no host offload tier).
     engine: str = "vllm"
+    # Cache-aware routing (``PolicyOptions``): its prefill gap and load ceiling.
+    prefill_gap_tokens: int = DEFAULT_POLICY_OPTIONS.prefill_gap_tokens
+    cache_load_factor: float = DEFAULT_POLICY_OPTIONS.cache_load_factor
+    # The replicas publish KV events and the gateway keeps a prefix index of them
+    # (always with the "cache_aware" policy; vLLM's block cache only). Events
+    # reach the index ``kv_event_delay_s`` after the step that made them.
+    kv_events: bool = False
+    kv_event_delay_s: float = 0.05
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -82,6 +90,8 @@ class FleetConfig:
             raise ValueError("block_size and sample_s must be positive")
         if not 0 <= self.owner_wait_s < float("inf"):
             raise ValueError("owner_wait_s must be a finite number >= 0")
+        if not 0 <= self.kv_event_delay_s < float("inf"):
+            raise ValueError("kv_event_delay_s must be a finite number >= 0")
         if not 0 <= self.host_offload_gib < float("inf"):
             raise ValueError("host_offload_gib must be a finite number >= 0")
         if self.engine_scheduling not in SCHEDULING_POLICIES:
@@ -129,7 +139,16 @@ class FleetConfig:
             load_factor=self.load_factor,
             min_bound_tokens=self.min_bound_tokens,
             ring_choices=self.ring_choices,
+            prefill_gap_tokens=self.prefill_gap_tokens,
+            cache_load_factor=self.cache_load_factor,
         )
+
+    @property
+    def has_kv_index(self) -> bool:
+        """Return whether the gateway keeps a prefix index from KV events: asked
+        for, or needed by the policy; the radix cache publishes none here."""
+        wanted = self.kv_events or self.policy == "cache_aware"
+        return wanted and self.replica_cache == "block"
 
     @property
     def admission_options(self) -> AdmissionOptions:

@@ -17,7 +17,10 @@ same physics with a different bookkeeping:
   and touched on admission, cached when full and computed, freed last block first.
   Block hashes are synthetic: block ``k`` of conversation ``c``'s token stream is
   ``(c + 1) << 24 | k``, so turns of one conversation share blocks exactly where
-  their tokens are the same and nothing else does. Blocks that no later request can
+  their tokens are the same and nothing else does; a request behind shared prefix
+  ``g`` of ``P`` tokens has ``prefix_block_hash(g, k)`` for its blocks below
+  ``P // block_size`` (``request_block_hashes``: the block that straddles the
+  prefix's end is the conversation's, as chained hashes would make it). Blocks that no later request can
   match (a turn's own new text) are not hashed; eviction order is unchanged by that.
 - **Same scheduler, coarser.** Waiting requests are admitted first come, first
   served while fewer than ``max_num_seqs`` run and the pool has blocks; a step
@@ -75,6 +78,12 @@ blocks for its whole answer (``prompt + max_tokens``) are reserved on admission,
 so the pool never preempts (it admits less instead); jitter is per segment.
 ``tests`` compare this replica with ``Engine`` on the same workload.
 
+**KV events, optional** (``kv_events=True``, block cache only): what the block
+pool caches and evicts, and what the host tier stores and evicts (medium
+``"CPU"``), as ``simengine.domain.kv_events`` values keyed by the synthetic hashes
+(no token ids); ``take_kv_events`` hands over those since the last call (the
+caller publishes them once per step). Off, nothing is recorded.
+
 Time is the caller's: ``plan(now)`` returns when the planned segment ends,
 ``complete(now)`` applies it and returns the requests that produced their first
 token or finished.
@@ -88,6 +97,7 @@ import random
 from collections import deque
 from dataclasses import dataclass
 
+from simengine.domain.kv_events import BlockRemoved, BlockStored, KVEvent
 from simengine.domain.perf import PerfProfile, jitter_factor
 from simengine.domain.prefix_cache import BlockPool, HostBlockCache
 from simengine.domain.radix_cache import RadixCache, RadixNode
@@ -98,6 +108,8 @@ __all__ = [
     "FleetReplica",
     "FleetRequest",
     "Segment",
+    "prefix_block_hash",
+    "request_block_hashes",
     "stream_block_hash",
     "stream_token_base",
 ]
@@ -113,6 +125,9 @@ _TIER_RANK = {"interactive": 0, "standard": 1, "batch": 2}
 _STANDARD_RANK = 1
 _RANKS = 3
 _STREAM_SHIFT = 24  # block index bits of a synthetic block hash
+# Set in a shared prefix's block hashes: never a stream's (conversation numbers stay
+# far below 2**39) nor the host tier's anonymous (negative) keys.
+_PREFIX_BIT = 1 << 63
 _MAX_DECODE_STEPS = 512  # a segment never runs longer than this many steps
 # A request's off-stream tokens (radix cache): keys from -(k + 1) * span on, one
 # span per request, never equal to a stream's (positive) tokens.
@@ -122,6 +137,30 @@ _TAIL_SPAN = 1 << 32
 def stream_block_hash(conversation: int, block: int) -> int:
     """Return the synthetic hash of block ``block`` of a conversation's token stream."""
     return (conversation + 1) << _STREAM_SHIFT | block
+
+
+def prefix_block_hash(group: int, block: int) -> int:
+    """Return the synthetic hash of block ``block`` of shared prefix ``group``."""
+    return _PREFIX_BIT | (group + 1) << _STREAM_SHIFT | block
+
+
+def request_block_hashes(
+    conversation: int,
+    blocks: int,
+    block_size: int,
+    *,
+    prefix_group: int = -1,
+    prefix_tokens: int = 0,
+) -> list[int]:
+    """Return the hashes of a request's first ``blocks`` blocks: the shared
+    prefix's whole blocks, then the conversation's stream."""
+    shared = prefix_tokens // block_size if prefix_group >= 0 else 0
+    return [
+        prefix_block_hash(prefix_group, k)
+        if k < shared
+        else stream_block_hash(conversation, k)
+        for k in range(blocks)
+    ]
 
 
 def stream_token_base(conversation: int) -> int:
@@ -134,9 +173,11 @@ class FleetRequest:
     """One request through the fleet: what the workload asked and what happened.
 
     ``stream_tokens`` counts the leading tokens of prompt plus answer that lie on the
-    conversation's own token stream (and so can be shared with its other turns);
-    ``history_tokens`` the leading prompt tokens an earlier turn already produced
-    (what a warm replica can serve from its cache).
+    conversation's own token stream (and so can be shared with its other turns),
+    its shared prefix (``prefix_tokens`` of prefix ``prefix_group``; -1: none)
+    included; ``history_tokens`` the leading prompt tokens an earlier turn or
+    another conversation's shared prefix already produced (what a warm replica can
+    serve from its cache).
     """
 
     __slots__ = (
@@ -157,6 +198,8 @@ class FleetRequest:
         "max_tokens",
         "outcome",
         "output_tokens",
+        "prefix_group",
+        "prefix_tokens",
         "prompt_tokens",
         "radix_nodes",
         "radix_private",
@@ -185,6 +228,8 @@ class FleetRequest:
         history_tokens: int,
         stream_tokens: int,
         arrived_at: float,
+        prefix_group: int = -1,
+        prefix_tokens: int = 0,
     ) -> None:
         if prompt_tokens < 1 or output_tokens < 1 or max_tokens < output_tokens:
             raise ValueError(
@@ -199,6 +244,8 @@ class FleetRequest:
         self.max_tokens = max_tokens
         self.history_tokens = min(history_tokens, prompt_tokens)
         self.stream_tokens = stream_tokens
+        self.prefix_group = prefix_group
+        self.prefix_tokens = prefix_tokens if prefix_group >= 0 else 0
         self.arrived_at = arrived_at
         self.routed_at: float | None = None
         self.replica_id: str | None = None
@@ -250,6 +297,16 @@ class FleetRequest:
         prompt token (vLLM always computes at least one)."""
         limit = (self.prompt_tokens - 1) // block_size * block_size
         return min(self.history_tokens // block_size * block_size, limit)
+
+    def block_hashes(self, blocks: int, block_size: int) -> list[int]:
+        """Return the synthetic hashes of this request's first ``blocks`` blocks."""
+        return request_block_hashes(
+            self.conversation,
+            blocks,
+            block_size,
+            prefix_group=self.prefix_group,
+            prefix_tokens=self.prefix_tokens,
+        )
 
 
 @dataclass(slots=True)
@@ -314,6 +371,7 @@ class FleetReplica:
         scheduling: str = "fcfs",
         host_blocks: int = 0,
         cache: str = "block",
+        kv_events: bool = False,
     ) -> None:
         if scheduling not in SCHEDULING_POLICIES:
             raise ValueError(
@@ -352,7 +410,7 @@ class FleetReplica:
         if cache == "radix":
             self.radix = RadixCache()
         else:
-            self._pool = BlockPool(blocks, self.block_size)
+            self._pool = BlockPool(blocks, self.block_size, enable_kv_events=kv_events)
         self._radix_private = 0  # Σ tokens reserved outside the tree
         self._next_tail = 0  # off-stream tails handed out (radix)
         # The CPU offload tier, in blocks of this replica's size (0: none).
@@ -360,6 +418,14 @@ class FleetReplica:
             HostBlockCache(host_blocks) if host_blocks > 0 else None
         )
         self._load_ms_per_token = profile.host_load_us_per_token / 1000.0
+        # KV events since the last ``take_kv_events`` (None: not recorded).
+        self._kv_events: list[KVEvent] | None = None
+        if kv_events and self._pool is not None:
+            # The pool records its removals (vLLM's BlockRemoved); this replica
+            # records what it stores, keyed by the synthetic hashes.
+            self._kv_events = []
+            if self.host is not None:
+                self.host.evicted_log = []
         self.max_num_seqs = profile.max_num_seqs
         self.max_num_batched_tokens = profile.max_num_batched_tokens
         self._rng = random.Random(seed)
@@ -435,6 +501,14 @@ class FleetReplica:
         """Return every request on this replica (waiting, prefilling, decoding)."""
         return [*self.waiting, *self.prefilling, *self.decoding.values()]
 
+    def take_kv_events(self) -> tuple[KVEvent, ...]:
+        """Return the KV events recorded since the last call (none when off)."""
+        events = self._kv_events
+        if not events:
+            return ()
+        self._kv_events = []
+        return tuple(events)
+
     def generated_by(self, request: FleetRequest) -> int:
         """Return the tokens ``request`` has produced here so far."""
         if request.request_id in self.decoding:
@@ -445,6 +519,11 @@ class FleetReplica:
 
     def add(self, request: FleetRequest) -> None:
         """Queue ``request`` (the caller then calls ``interrupt`` or ``plan``)."""
+        if self.radix is not None and request.prefix_tokens > 0:
+            raise ValueError(
+                "the radix cache keys a conversation's stream by token ranges; "
+                "shared prefixes are modelled with the block cache (vllm) only"
+            )
         request.replica_id = self.replica_id
         request._reset_engine_state()
         request.rank = (
@@ -640,9 +719,7 @@ class FleetReplica:
             # As the engine: the hit stops below the last prompt token.
             max_hit = (request.prompt_tokens - 1) // block_size
             stream_blocks = min(request.stream_tokens // block_size, max_hit)
-            hashes = [
-                stream_block_hash(request.conversation, k) for k in range(stream_blocks)
-            ]
+            hashes = request.block_hashes(stream_blocks, block_size)
             hit_ids = pool.cached_block_ids(hashes)
             gpu_hit = len(hit_ids)
             host = self.host
@@ -664,6 +741,8 @@ class FleetReplica:
             self._num_waiting -= 1
             pool.touch(hit_ids)
             hit_ids.extend(pool.allocate(need))
+            if self._kv_events is not None:
+                self._kv_events.extend(pool.take_events())
             request.block_ids = hit_ids
             request.cached_tokens = request.computed = (gpu_hit + host_hit) * block_size
             if host_hit:
@@ -768,11 +847,27 @@ class FleetReplica:
         full = min(computed, request.stream_tokens) // block_size
         # Blocks loaded from the host tier are cached on the GPU like computed ones.
         first = (request.cached_tokens - request.host_tokens) // block_size
+        if full <= first:
+            return
         pool = self.pool
-        conversation = request.conversation
         block_ids = request.block_ids
+        hashes = request.block_hashes(full, block_size)
+        events = self._kv_events
+        if events is None:
+            for k in range(first, full):
+                pool.cache_block(block_ids[k], hashes[k])
+            return
+        run: list[int] = []  # consecutive blocks cached, published as one event
         for k in range(first, full):
-            pool.cache_block(block_ids[k], stream_block_hash(conversation, k))
+            if pool.cache_block(block_ids[k], hashes[k]):
+                if not run:
+                    parent = hashes[k - 1] if k else None
+                run.append(hashes[k])
+            elif run:
+                events.append(BlockStored(tuple(run), parent, (), block_size))
+                run = []
+        if run:
+            events.append(BlockStored(tuple(run), parent, (), block_size))
 
     def _store_host(self, request: FleetRequest, computed: int) -> None:
         """Store the full blocks of ``request``'s first ``computed`` tokens in the
@@ -786,15 +881,26 @@ class FleetReplica:
         if full <= start:
             return
         on_stream = min(computed, request.stream_tokens) // block_size
-        conversation = request.conversation
-        host.store(
-            [
-                stream_block_hash(conversation, k)
-                for k in range(start, min(full, on_stream))
-            ]
-        )
+        chain = request.block_hashes(min(full, on_stream), block_size)
+        hashes = chain[start:]
+        events = self._kv_events
+        if events is not None:
+            new = [k for k in range(start, len(chain)) if chain[k] not in host]
+            if new:
+                # One event: the index keys synthetic blocks by their own hashes,
+                # so a gap in the run (a block already stored) changes nothing.
+                parent = chain[new[0] - 1] if new[0] else None
+                stored = tuple(chain[k] for k in new)
+                events.append(BlockStored(stored, parent, (), block_size, "CPU"))
+        host.store(hashes)
         host.store_unmatched(full - max(start, on_stream))
         request.host_stored = full
+        if events is not None and host.evicted_log:
+            # Anonymous blocks (negative keys) were never announced.
+            gone = tuple(h for h in host.evicted_log if h >= 0)
+            if gone:
+                events.append(BlockRemoved(gone, "CPU"))
+            host.evicted_log.clear()
 
     def _release(self, request: FleetRequest, now: float) -> FleetRequest:
         if self._pool is not None:

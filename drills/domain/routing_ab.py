@@ -38,7 +38,7 @@ __all__ = [
     "run_routing_ab",
 ]
 
-POLICY_ORDER = ("round_robin", "least_tokens", "prefix_affinity")
+POLICY_ORDER = ("round_robin", "least_tokens", "prefix_affinity", "cache_aware")
 
 
 def generate_arrivals(

@@ -1,6 +1,7 @@
 """What the fleet simulator's clients send: conversations, teams, tiers and traces.
 
-Public surface: ``TeamSpec``, ``ChatWorkload``, ``TraceRequest``, ``read_trace``,
+Public surface: ``TeamSpec``, ``ChatWorkload``, ``WORKLOADS``, ``workload_preset``,
+``prefix_tokens_of``, ``TraceRequest``, ``read_trace``,
 ``Arrival``, ``Conversations``.
 
 ``ChatWorkload`` is the seed's traffic: ``users`` (``arrival_rate *
@@ -22,6 +23,15 @@ stream, so a team can surge alone. Two conversation shapes:
 ``conversation_turns`` (when set) makes a user start a new conversation after that
 many turns, so some requests find no history anywhere.
 
+``shared_prefixes`` (when > 0) puts a shared prefix before every prompt (RAG
+documents, a few-shot preamble, an agent's tools): a conversation is bound at its
+start to one of that many prefixes, drawn by a Zipf law of exponent
+``shared_prefix_zipf`` (prefix 0 the most popular), each of a fixed length in
+``shared_prefix_tokens`` (drawn once per prefix number, the same for every seed).
+The prompt is the prefix, then the conversation's history and new tokens, and the
+prefix counts as history: any replica that served the prefix can serve it again.
+``workload_preset`` names the three workloads the routing A/B runs (``WORKLOADS``).
+
 A logged trace (JSONL, one request per line) replays exactly: ``t`` (seconds from
 the start), ``team``, ``tier``, ``conversation``, ``prompt_tokens`` or ``prompt``
 (text, counted with the platform's tokenizer) or ``messages``, ``max_tokens``, and
@@ -42,14 +52,20 @@ from routing.domain.tiers import Tier
 from simengine.domain import tokens as tokenizer
 
 __all__ = [
+    "WORKLOADS",
     "Arrival",
     "ChatWorkload",
     "Conversations",
     "TeamSpec",
     "TraceRequest",
+    "prefix_tokens_of",
     "read_trace",
     "trace_arrivals",
+    "workload_preset",
 ]
+
+# The routing A/B's workloads (``workload_preset``).
+WORKLOADS = ("seed", "shared", "agent")
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +110,9 @@ class ChatWorkload:
     conversation_turns: int | None = None
     max_context_tokens: int = 8192
     teams: tuple[TeamSpec, ...] = field(default=(TeamSpec("default"),))
+    shared_prefixes: int = 0  # 0: no shared prefix
+    shared_prefix_tokens: tuple[int, int] = (1500, 3000)  # each one's length range
+    shared_prefix_zipf: float = 1.0
 
     def __post_init__(self) -> None:
         if self.mode not in ("seed", "growing"):
@@ -110,8 +129,16 @@ class ChatWorkload:
             raise ValueError("team names must be unique")
         if self.conversation_turns is not None and self.conversation_turns < 1:
             raise ValueError("conversation_turns must be at least 1")
-        if self.prompt_tokens + self.max_tokens > self.max_context_tokens:
-            raise ValueError("prompt_tokens + max_tokens exceed max_context_tokens")
+        if self.shared_prefixes < 0 or self.shared_prefix_zipf < 0:
+            raise ValueError("shared_prefixes and shared_prefix_zipf must be >= 0")
+        low, high = self.shared_prefix_tokens
+        if not 1 <= low <= high:
+            raise ValueError("shared_prefix_tokens must be a range (low, high) >= 1")
+        longest = high if self.shared_prefixes else 0
+        if longest + self.prompt_tokens + self.max_tokens > self.max_context_tokens:
+            raise ValueError(
+                "shared prefix + prompt_tokens + max_tokens exceed max_context_tokens"
+            )
 
     @property
     def users(self) -> int:
@@ -136,10 +163,62 @@ class ChatWorkload:
         """Return the team's share of the base arrival rate (requests/s)."""
         return self.arrival_rate * team.weight / sum(t.weight for t in self.teams)
 
+    def prefix_weights(self) -> list[float]:
+        """Return the Zipf weights of the shared prefixes (prefix 0 first)."""
+        s = self.shared_prefix_zipf
+        return [1.0 / (rank + 1) ** s for rank in range(self.shared_prefixes)]
+
+
+def prefix_tokens_of(workload: ChatWorkload, group: int) -> int:
+    """Return the length of shared prefix ``group``: fixed per number, whatever the
+    seed, so runs with different seeds share their prefixes."""
+    low, high = workload.shared_prefix_tokens
+    return random.Random(f"shared-prefix:{group}").randint(low, high)
+
+
+def workload_preset(
+    name: str, *, arrival_rate: float | None = None, shared_prefixes: int = 16
+) -> ChatWorkload:
+    """Return one of the routing A/B's workloads (``WORKLOADS``).
+
+    - ``"seed"``: the seed's chat (100 requests/s at the peak).
+    - ``"shared"``: the seed's chat behind ``shared_prefixes`` (16) shared prefixes
+      (RAG documents or a few-shot preamble) of 1,500-3,000 tokens, Zipf-popular.
+    - ``"agent"``: tool-calling loops: growing contexts up to 32k tokens, each turn
+      a 1,000-token tool result and a 100-token answer, a turn every 6 s per agent
+      (10 requests/s by default: 60 agents, which load 12 ``a100-8b`` replicas).
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    if name == "seed":
+        return ChatWorkload(arrival_rate=arrival_rate or 100.0)
+    if name == "shared":
+        return ChatWorkload(
+            arrival_rate=arrival_rate or 100.0, shared_prefixes=shared_prefixes
+        )
+    if name == "agent":
+        return ChatWorkload(
+            arrival_rate=arrival_rate or 10.0,
+            message_interval_s=6.0,
+            mode="growing",
+            prompt_tokens=2000,
+            history_tokens=1000,
+            answer_tokens=100,
+            max_tokens=200,
+            max_context_tokens=32_768,
+        )
+    raise ValueError(f"workload is one of {', '.join(WORKLOADS)}; got {name!r}")
+
 
 @dataclass(frozen=True, slots=True)
 class Arrival:
-    """One request as the gateway receives it."""
+    """One request as the gateway receives it.
+
+    ``history_tokens`` and ``stream_tokens`` count the shared prefix
+    (``prefix_tokens`` of prefix ``prefix_group``; -1 and 0: none), which leads
+    the prompt.
+    """
 
     at: float
     team: str
@@ -150,6 +229,8 @@ class Arrival:
     max_tokens: int
     history_tokens: int
     stream_tokens: int
+    prefix_group: int = -1
+    prefix_tokens: int = 0
 
 
 class Conversations:
@@ -159,14 +240,21 @@ class Conversations:
         self.workload = workload
         self.rng = rng
         self._restarts: dict[int, int] = {}
-        # user -> [conversation, turn, stream length so far]
+        # user -> [conversation, turn, own stream length so far, prefix group]
         self._state: dict[int, list[int]] = {}
+        self._groups = range(workload.shared_prefixes)
+        self._weights = workload.prefix_weights()
+        self._prefix_tokens = [prefix_tokens_of(workload, g) for g in self._groups]
 
-    def _new_conversation(self, user: int) -> int:
+    def _new_conversation(self, user: int) -> list[int]:
         # Numbered per user, so one team's traffic never renumbers another's.
         restarts = self._restarts.get(user, 0)
         self._restarts[user] = restarts + 1
-        return user << 20 | restarts
+        group = -1
+        if self._weights:
+            # Drawn only with shared prefixes: the seed's chat keeps its draws.
+            group = self.rng.choices(self._groups, self._weights)[0]
+        return [user << 20 | restarts, 0, 0, group]
 
     def next_request(self, user: int, team: TeamSpec, at: float) -> Arrival:
         """Return user ``user``'s next message at ``at``."""
@@ -175,22 +263,24 @@ class Conversations:
         if state is None or (
             w.conversation_turns is not None and state[1] >= w.conversation_turns
         ):
-            state = self._state[user] = [self._new_conversation(user), 0, 0]
-        conversation, turn, stream = state
+            state = self._state[user] = self._new_conversation(user)
+        conversation, turn, stream, group = state
+        prefix = self._prefix_tokens[group] if group >= 0 else 0
         new_tokens = w.prompt_tokens - w.history_tokens
         if w.mode == "seed":
-            prompt = w.prompt_tokens
-            history = w.history_tokens if turn else 0
-            stream_tokens = w.history_tokens
+            prompt = prefix + w.prompt_tokens
+            history = prefix + (w.history_tokens if turn else 0)
+            stream_tokens = prefix + w.history_tokens
         else:
-            prompt = stream + new_tokens
+            prompt = prefix + stream + new_tokens
             if prompt + w.max_tokens > w.max_context_tokens:
-                state[:] = [self._new_conversation(user), 0, 0]
-                conversation, turn, stream = state
-                prompt = new_tokens
-            history = stream
+                state[:] = self._new_conversation(user)
+                conversation, turn, stream, group = state
+                prefix = self._prefix_tokens[group] if group >= 0 else 0
+                prompt = prefix + new_tokens
+            history = prefix + stream
             stream_tokens = prompt + w.answer_tokens
-            state[2] = stream_tokens
+            state[2] = stream_tokens - prefix
         state[1] = turn + 1
         return Arrival(
             at=at,
@@ -202,6 +292,8 @@ class Conversations:
             max_tokens=w.max_tokens,
             history_tokens=history,
             stream_tokens=stream_tokens,
+            prefix_group=group,
+            prefix_tokens=prefix,
         )
 
 

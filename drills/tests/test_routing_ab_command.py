@@ -28,6 +28,7 @@ def test_json_has_one_row_per_policy_and_writes_the_plot(tmp_path: Path) -> None
         "round_robin",
         "least_tokens",
         "prefix_affinity",
+        "cache_aware",
     ]
     for row in data["policies"]:
         assert set(row) >= {
@@ -40,6 +41,41 @@ def test_json_has_one_row_per_policy_and_writes_the_plot(tmp_path: Path) -> None
     assert data["scenario"]["replicas"] == 3
     assert data["scenario"]["arrival_rate"] == 12
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cache_aware_finds_more_shared_prefixes_than_affinity(tmp_path: Path) -> None:
+    """GIVEN 16 shared prefixes over 3 replicas, mostly first turns
+    WHEN the four policies replay the same minute
+    THEN cache-aware routing sends a prompt where its prefix already is, so it
+    hits more than conversation affinity, which computes each prefix once per
+    replica its conversations hash to (measured: 6-8 points over seeds 0-2)."""
+    out = StringIO()
+    call_command(
+        "routing_ab",
+        "--workload=shared",
+        "--replicas=3",
+        "--rate=6",
+        "--minutes=1",
+        "--warmup-minutes=0",
+        "--json",
+        f"--plot={tmp_path / 'shared.png'}",
+        stdout=out,
+    )
+    data = json.loads(out.getvalue())
+    rows = {row["policy"]: row for row in data["policies"]}
+    assert list(rows) == [
+        "round_robin",
+        "least_tokens",
+        "prefix_affinity",
+        "cache_aware",
+    ]
+    assert data["scenario"]["workload"] == "shared"
+    assert data["scenario"]["shared_prefixes"] == 16
+    assert (
+        rows["cache_aware"]["prefix_hit_rate"]
+        > rows["prefix_affinity"]["prefix_hit_rate"] + 0.03
+    )
+    assert all(row["unfinished"] == 0 for row in rows.values())
 
 
 def test_table_names_units(tmp_path: Path) -> None:

@@ -372,7 +372,8 @@ class HostBlockCache:
     Blocks no later request can match (the fleet simulator hashes only the blocks
     on a conversation's stream) still take host space: ``store_unmatched`` adds
     that many entries no lookup finds. Counters: ``blocks_stored``,
-    ``blocks_loaded``, ``evictions``.
+    ``blocks_loaded``, ``evictions``. ``evicted_log`` (None unless a caller that
+    publishes KV events sets a list) gets every evicted hash, anonymous ones too.
 
     Invariant: ``len(self) <= num_blocks``.
     """
@@ -382,6 +383,7 @@ class HostBlockCache:
         "_next_anonymous",
         "blocks_loaded",
         "blocks_stored",
+        "evicted_log",
         "evictions",
         "num_blocks",
     )
@@ -395,6 +397,7 @@ class HostBlockCache:
         self.blocks_stored = 0
         self.blocks_loaded = 0
         self.evictions = 0
+        self.evicted_log: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -451,8 +454,11 @@ class HostBlockCache:
     def _evict(self) -> None:
         blocks = self._blocks
         over = len(blocks) - self.num_blocks
+        log = self.evicted_log
         for _ in range(over):
-            blocks.popitem(last=False)
+            evicted = blocks.popitem(last=False)[0]
+            if log is not None:
+                log.append(evicted)
         if over > 0:
             self.evictions += over
 

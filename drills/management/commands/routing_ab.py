@@ -3,6 +3,8 @@
 ``--engine sglang`` runs the replicas with SGLang's radix cache instead of vLLM's
 block pool; ``--compare-engines`` replays the same arrivals with both and prints
 one table, a row per policy and engine (``drills.domain.routing_ab.run_engine_ab``).
+``--workload shared|agent`` replays one of ``drills.domain.workload.WORKLOADS``
+instead of the seed's chat (whose shape the ``--mode``/``--*-tokens`` flags set).
 """
 
 from __future__ import annotations
@@ -28,14 +30,22 @@ from drills.domain.routing_ab import (
     generate_arrivals,
     run_engine_ab,
 )
-from drills.domain.workload import Arrival, ChatWorkload, read_trace, trace_arrivals
+from drills.domain.workload import (
+    WORKLOADS,
+    Arrival,
+    ChatWorkload,
+    read_trace,
+    trace_arrivals,
+    workload_preset,
+)
 
 
 class Command(BaseCommand):
     help = (
-        "Replay one workload three times (round robin, least tokens in flight, prefix "
-        "affinity with bounded load) through the simulated fleet; print per policy "
-        "the prefix hit rate, p95 TTFT, imbalance and uncached prefill tokens/s."
+        "Replay one workload once per routing policy (round robin, least tokens in "
+        "flight, prefix affinity with bounded load, cache aware) through the "
+        "simulated fleet; print per policy the prefix hit rate, p95 TTFT, imbalance "
+        "and uncached prefill tokens/s."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -44,7 +54,22 @@ class Command(BaseCommand):
         parser.add_argument("--warmup-minutes", type=float, default=2.0)
         parser.add_argument("--seed", type=int, default=0)
         parser.add_argument(
-            "--rate", type=float, default=100.0, help="requests/s (seed: 100)"
+            "--rate",
+            type=float,
+            help="requests/s (default: the workload's; the seed's chat: 100)",
+        )
+        parser.add_argument(
+            "--workload",
+            choices=WORKLOADS,
+            default="seed",
+            help="seed: the seed's chat (shaped by --mode and the --*-tokens flags); "
+            "shared: behind 16 shared prefixes; agent: tool loops up to 32k tokens",
+        )
+        parser.add_argument(
+            "--shared-prefixes",
+            type=int,
+            default=16,
+            help="--workload shared: how many shared prefixes (default 16)",
         )
         parser.add_argument("--mode", choices=["seed", "growing"], default="seed")
         defaults = ChatWorkload()
@@ -99,6 +124,24 @@ class Command(BaseCommand):
             type=float,
             default=1.25,
             help="prefix affinity's bound over the pool average (seed: 1.25)",
+        )
+        parser.add_argument(
+            "--prefill-gap-tokens",
+            type=int,
+            default=FleetConfig().prefill_gap_tokens,
+            help="cache aware: prefill a warm replica may owe over the fastest",
+        )
+        parser.add_argument(
+            "--cache-load-factor",
+            type=float,
+            default=FleetConfig().cache_load_factor,
+            help="cache aware: a warm replica's ceiling over the pool average",
+        )
+        parser.add_argument(
+            "--kv-event-delay-ms",
+            type=float,
+            default=FleetConfig().kv_event_delay_s * 1000,
+            help="cache aware: KV events reach the gateway's index this much later",
         )
         parser.add_argument(
             "--host-offload-gib",
@@ -159,23 +202,35 @@ class Command(BaseCommand):
                 owner_wait_s=options["owner_wait_ms"] / 1000,
                 engine=options["engine"],
                 block_size=options["block_size"],
+                prefill_gap_tokens=options["prefill_gap_tokens"],
+                cache_load_factor=options["cache_load_factor"],
+                kv_event_delay_s=options["kv_event_delay_ms"] / 1000,
             )
+            workload: ChatWorkload | None = None
             if options["trace"]:
                 arrivals = list(trace_arrivals(read_trace(options["trace"])))
                 scenario: dict[str, Any] = {"trace": str(options["trace"])}
+            elif options["workload"] != "seed":
+                workload = workload_preset(
+                    options["workload"],
+                    arrival_rate=options["rate"],
+                    shared_prefixes=options["shared_prefixes"],
+                )
             else:
                 workload = ChatWorkload(
-                    arrival_rate=options["rate"],
+                    arrival_rate=options["rate"] or 100.0,
                     mode=options["mode"],
                     prompt_tokens=options["prompt_tokens"],
                     history_tokens=options["history_tokens"],
                     answer_tokens=options["answer_tokens"],
                     max_tokens=options["answer_tokens"],
                 )
+            if workload is not None:
                 arrivals = generate_arrivals(
                     workload, warmup_s + duration_s, seed=options["seed"]
                 )
                 scenario = {
+                    "workload": options["workload"],
                     "arrival_rate": workload.arrival_rate,
                     "users": workload.users,
                     "message_interval_s": workload.message_interval_s,
@@ -183,11 +238,13 @@ class Command(BaseCommand):
                     "history_tokens": workload.history_tokens,
                     "answer_tokens": workload.answer_tokens,
                     "mode": workload.mode,
+                    "shared_prefixes": workload.shared_prefixes,
+                    "max_context_tokens": workload.max_context_tokens,
                 }
         except (OSError, ValueError) as exc:
             raise CommandError(str(exc)) from None
         if options["sweep_replicas"]:
-            if options["trace"]:
+            if workload is None or options["workload"] != "seed":
                 raise CommandError("the cache sweep replays the seed's workload only")
             if options["compare_engines"]:
                 raise CommandError("the cache sweep runs one engine: use --engine")
@@ -203,6 +260,11 @@ class Command(BaseCommand):
             self._sweep(config, arrivals, workload, scenario, options)
             return
         engines = list(ENGINES) if options["compare_engines"] else [config.engine]
+        if "sglang" in engines and workload is not None and workload.shared_prefixes:
+            raise CommandError(
+                "--workload shared: shared prefixes are modelled with vllm's block "
+                "cache only"
+            )
         if "sglang" in engines and config.host_offload_gib > 0:
             raise CommandError(
                 "--host-offload-gib: the host tier is vLLM's; SGLang's hierarchical "
@@ -224,6 +286,9 @@ class Command(BaseCommand):
             host_offload_gib=config.host_offload_gib,
             owner_wait_s=config.owner_wait_s,
             engines=engines,
+            prefill_gap_tokens=config.prefill_gap_tokens,
+            cache_load_factor=config.cache_load_factor,
+            kv_event_delay_s=config.kv_event_delay_s,
         )
         plot = options["plot"] or _default_plot()
         from drills.experiment_plots import plot_routing_ab

@@ -64,3 +64,14 @@ def test_host_blocks_divides_the_size_by_a_block_of_kv() -> None:
         host_blocks(-1.0, 16, 131_072)
     with pytest.raises(ValueError, match="at least one block"):
         HostBlockCache(0)
+
+
+def test_evicted_log_gets_every_evicted_key_when_set() -> None:
+    host = HostBlockCache(3)
+    host.store([1, 2])
+    host.evicted_log = []
+    host.store_unmatched(1)  # full: nothing evicted yet
+    host.store([4, 5])
+    assert host.evicted_log == [1, 2]
+    host.store([6])
+    assert host.evicted_log == [1, 2, -1]  # anonymous keys too: the caller filters
