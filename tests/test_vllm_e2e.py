@@ -19,6 +19,7 @@ with ``REQUIRE_VLLM=1`` that is a failure.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -67,6 +68,9 @@ from localrun.vllm_cpu import (
     start_vllm_agent,
 )
 from metering.models import Usage
+from routing.kv_subscriber import KVEventSubscriber
+from routing.prompt_tokens import load_counter
+from routing.services import build_snapshot
 from simengine.conformance import capture
 from simengine.surface_capture import (
     SURFACE_ENV,
@@ -146,6 +150,9 @@ def start_vllm_platform(tmp: Path, model_dir: Path) -> Iterator[LivePlatform]:
     # Among them the surfaces' (hermes tool calls, whitespace-free guided JSON):
     # tools, structured outputs, n and completions go through these replicas.
     body["engine_config"] = {**body["engine_config"], **CAPTURE_ENGINE_CONFIG}
+    # KV events on (the platform picks the endpoint): the gateway's prefix index is
+    # held to real vLLM's (test_the_index_predicts_vllms_cached_tokens_exactly).
+    body["engine_config"]["kv_events"] = True
     seeded = seed_platform(
         seed=PlatformSeed(
             region=REGION,
@@ -439,6 +446,96 @@ def test_repeated_long_prefix_gets_cached_tokens(
         timeout_s=20,
         message="a usage row with the cached tokens",
     )
+
+
+def test_the_index_predicts_vllms_cached_tokens_exactly(
+    platform: LivePlatform, unblocked: None
+) -> None:
+    """The gateway's prefix index, fed by one replica's real KV events and keyed by
+    the gateway's own tokenization of the messages, predicts the replica's
+    ``cached_tokens`` for each next request to the token."""
+    (replica,) = [
+        r for r in platform.serving() if r.replica_id == min(replica_urls(platform))
+    ]
+    assert replica.kv_events_url.startswith("tcp://")
+    snapshot = build_snapshot(region=REGION, default_policy="cache_aware")
+    version = snapshot.versions[(MODEL, "v1")]
+    counter = load_counter(version)
+    engine = httpx.Client(
+        base_url=replica.url, headers={"Authorization": f"Bearer {ENGINE_KEY}"}
+    )
+    run = uuid.uuid4().hex
+
+    def send(messages: list[dict[str, str]]) -> tuple[list[int], int]:
+        answer = engine.post(
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": messages, "max_tokens": 2},
+            timeout=60,
+        )
+        answer.raise_for_status()
+        usage = answer.json()["usage"]
+        ids = counter.encode(messages)
+        assert usage["prompt_tokens"] == len(ids)
+        return ids, (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+
+    def opening(label: str) -> list[dict[str, str]]:
+        text = f"{label} {run}: " + "Answer about the serving platform briefly. " * 40
+        return [{"role": "system", "content": text}]
+
+    async def scenario() -> list[tuple[int, int]]:
+        subscriber = KVEventSubscriber()
+        subscriber.sync(snapshot)
+        try:
+            # ZMQ drops what a publisher sends before the subscription reaches
+            # it: unique warm-up prompts until the index holds some of theirs.
+            warm = 0
+            pool = (MODEL, "v1")
+            while pool not in subscriber.indexes or not subscriber.indexes[pool].blocks(
+                replica.replica_id
+            ):
+                assert warm < 50, "no KV event batch from the replica"
+                await asyncio.to_thread(
+                    send, [*opening(f"warm {warm}"), {"role": "user", "content": "x"}]
+                )
+                warm += 1
+                await asyncio.sleep(0.05)
+            seen: list[tuple[int, int]] = []
+            shared = opening("shared")
+            for turn, question in enumerate(("one", "two", "three")):
+                messages = [*shared, {"role": "user", "content": f"{question} {turn}"}]
+                ids = counter.encode(messages)
+                cached = subscriber.cached_tokens(MODEL, "v1", ids, len(ids)) or {}
+                _ids, actual = await asyncio.to_thread(send, messages)
+                seen.append((cached.get(replica.replica_id, 0), actual))
+                # The request's full blocks are announced in the step that
+                # computed them: wait until the index holds them all before
+                # predicting the next request.
+                index = subscriber.indexes[pool]
+                assert index.block_size is not None
+                whole = len(ids) // index.block_size * index.block_size
+                deadline = time.monotonic() + 10
+                while (
+                    subscriber.cached_tokens(MODEL, "v1", ids, len(ids) + 1) or {}
+                ).get(replica.replica_id, 0) < whole:
+                    assert time.monotonic() < deadline, "the index missed blocks"
+                    await asyncio.sleep(0.02)
+            # A prompt sharing nothing: nothing predicted, nothing cached.
+            fresh = [*opening("fresh"), {"role": "user", "content": "four"}]
+            ids = counter.encode(fresh)
+            cached = subscriber.cached_tokens(MODEL, "v1", ids, len(ids)) or {}
+            _ids, actual = await asyncio.to_thread(send, fresh)
+            seen.append((cached.get(replica.replica_id, 0), actual))
+            return seen
+        finally:
+            await subscriber.close()
+
+    seen = asyncio.run(scenario())
+    assert [predicted for predicted, _actual in seen] == [
+        actual for _predicted, actual in seen
+    ]
+    # The shared opening is several 128-token blocks: turns two and three hit.
+    assert seen[0][1] == 0 and seen[1][1] >= 256 and seen[2][1] >= 256
+    assert seen[3] == (0, 0)
 
 
 def test_agent_beats_carry_the_engines_real_metrics(
