@@ -66,7 +66,8 @@ from routing.domain.snapshot import (
 )
 from routing.domain.tiers import Tier, parse_tier
 from routing.intake import header_text, refuse_body
-from routing.prompt_tokens import PromptRejected, VersionCounters
+from routing.prompt_fit import count_and_fit
+from routing.prompt_tokens import VersionCounters
 from routing.responses import GatewayError
 
 __all__ = [
@@ -389,9 +390,10 @@ async def plan_chat(
     )
     messages = checked.messages
     _check_tools_served(checked.tools, opening)
-    prompt_ids, max_tokens = await _count_and_fit(
+    prompt_ids, max_tokens = await count_and_fit(
         counters,
-        opening,
+        opening.version,
+        opening.max_model_len,
         messages,
         checked.tools,
         asked=checked.max_tokens,
@@ -516,9 +518,10 @@ async def plan_response(
     )
     messages = checked.messages
     _check_tools_served(checked.tools, opening)
-    prompt_ids, max_tokens = await _count_and_fit(
+    prompt_ids, max_tokens = await count_and_fit(
         counters,
-        opening,
+        opening.version,
+        opening.max_model_len,
         messages,
         checked.tools,
         asked=checked.max_output_tokens,
@@ -616,44 +619,3 @@ def _check_tools_served(
             param="tools",
             code="unsupported_parameter",
         )
-
-
-async def _count_and_fit(
-    counters: VersionCounters,
-    opening: PlanOpening,
-    messages: list[dict[str, Any]],
-    tools: list[dict[str, Any]] | None,
-    *,
-    asked: int | None,
-    default: int,
-    names: tuple[str, str],
-) -> tuple[list[int], int]:
-    """Return the prompt's token ids and the output tokens to charge: ``asked``,
-    or ``default`` cut to what fits the context. ``names`` are the body's prompt
-    and output-limit fields, for the errors.
-
-    Raises:
-        GatewayError: 400, the prompt refused, or it and the output do not fit.
-    """
-    prompt_name, limit_name = names
-    verb = "take" if prompt_name.endswith("s") else "takes"
-    max_model_len = opening.max_model_len
-    try:
-        prompt_ids = await counters.encode(opening.version, messages, tools)
-    except PromptRejected as exc:
-        raise GatewayError(400, str(exc), param=prompt_name) from None
-    prompt_tokens = len(prompt_ids)
-    if asked is None:
-        max_tokens = max(1, min(default, max_model_len - prompt_tokens))
-    else:
-        max_tokens = asked
-    if prompt_tokens + max_tokens > max_model_len:
-        raise GatewayError(
-            400,
-            f"This model's maximum context length is {max_model_len} tokens; the "
-            f"{prompt_name} {verb} {prompt_tokens} and {limit_name} asks "
-            f"{max_tokens}.",
-            param=prompt_name,
-            code="context_length_exceeded",
-        )
-    return prompt_ids, max_tokens
