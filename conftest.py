@@ -96,6 +96,14 @@ def django_db_setup(
         teardown_databases(config, verbosity=0, keepdb=django_db_keepdb)
 
 
+@pytest.fixture
+def unblocked(django_db_blocker: DjangoDbBlocker) -> Iterator[None]:
+    """Open the database to a test that uses a module's running platform (its
+    rows are the platform's, written outside the test's transaction)."""
+    with django_db_blocker.unblock():
+        yield
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> str:
     """Return a reachable REDIS_URL, or skip (fail under REQUIRE_SERVICES=1)."""

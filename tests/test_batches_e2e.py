@@ -95,12 +95,6 @@ def runners(
         process.stop(grace_s=10)
 
 
-@pytest.fixture
-def unblocked(django_db_blocker: DjangoDbBlocker) -> Iterator[None]:
-    with django_db_blocker.unblock():
-        yield
-
-
 def _line(custom_id: str, content: str, max_tokens: int = 16) -> dict[str, Any]:
     return {
         "custom_id": custom_id,

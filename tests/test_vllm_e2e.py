@@ -129,12 +129,6 @@ def platform(
         yield live
 
 
-@pytest.fixture
-def unblocked(django_db_blocker: DjangoDbBlocker) -> Iterator[None]:
-    with django_db_blocker.unblock():
-        yield
-
-
 @contextmanager
 def start_vllm_platform(tmp: Path, model_dir: Path) -> Iterator[LivePlatform]:
     """Register the tiny model, start the agent (two vLLM replicas) and a gateway."""

@@ -140,12 +140,6 @@ def batch_runner(
             worker.stop(grace_s=10)
 
 
-@pytest.fixture
-def unblocked(django_db_blocker: DjangoDbBlocker) -> Iterator[None]:
-    with django_db_blocker.unblock():
-        yield
-
-
 @contextmanager
 def start_minilm_platform(tmp: Path, model_dir: Path) -> Iterator[LivePlatform]:
     """Register MiniLM as an embedding model, start the agent (one vLLM replica)

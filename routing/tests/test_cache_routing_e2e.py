@@ -53,12 +53,6 @@ def system_prompt() -> str:
 SYSTEM = system_prompt()
 
 
-@pytest.fixture
-def unblocked(django_db_blocker: DjangoDbBlocker) -> Iterator[None]:
-    with django_db_blocker.unblock():
-        yield
-
-
 @pytest.fixture(scope="module")
 def platform(
     django_db_setup: None,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +28,6 @@ from tests.live import LivePlatform, cached_tokens_of, extra_of, usage_of
 
 if TYPE_CHECKING:
     from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
-    from pytest_django import DjangoDbBlocker
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -40,12 +38,6 @@ MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello
 def platform(shared_platform: LivePlatform) -> LivePlatform:
     """The shared platform (conftest.py): v1 live, v2 ready for a rollout."""
     return shared_platform
-
-
-@pytest.fixture
-def unblocked(django_db_blocker: DjangoDbBlocker) -> Iterator[None]:
-    with django_db_blocker.unblock():
-        yield
 
 
 def ask(platform: LivePlatform, conversation: str) -> tuple[str, int]:

@@ -91,12 +91,6 @@ def served(
         gateway.stop()
 
 
-@pytest.fixture
-def unblocked(django_db_blocker: DjangoDbBlocker) -> Iterator[None]:
-    with django_db_blocker.unblock():
-        yield
-
-
 def chat(
     platform: LivePlatform,
     conversation: str,

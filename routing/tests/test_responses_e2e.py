@@ -51,12 +51,6 @@ def platform(
         yield live
 
 
-@pytest.fixture
-def unblocked(django_db_blocker: DjangoDbBlocker) -> Iterator[None]:
-    with django_db_blocker.unblock():
-        yield
-
-
 def flush_usage(platform: LivePlatform) -> None:
     """Flush closed and open minutes (Redis mode); the embedded gateway flushes itself."""
     if not os.environ.get("REDIS_URL"):

@@ -62,12 +62,6 @@ def platform(
         yield live
 
 
-@pytest.fixture
-def unblocked(django_db_blocker: DjangoDbBlocker) -> Iterator[None]:
-    with django_db_blocker.unblock():
-        yield
-
-
 def _refused(
     live: LivePlatform, team: str, model: str, headers: dict[str, str]
 ) -> openai.APIStatusError:

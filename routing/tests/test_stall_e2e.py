@@ -44,12 +44,6 @@ MAX_TOKENS = 3000
 LIMIT_KEY = "beta:chat-7b"
 
 
-@pytest.fixture
-def unblocked(django_db_blocker: DjangoDbBlocker) -> Iterator[None]:
-    with django_db_blocker.unblock():
-        yield
-
-
 @pytest.fixture(scope="module")
 def platform(
     django_db_setup: None,
