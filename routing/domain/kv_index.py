@@ -9,10 +9,12 @@ path: for this prompt's chain of block keys, how many leading tokens does each
 replica hold (``match``)?
 
 - **Keys from content.** A ``BlockStored`` event carries the blocks' token ids, so
-  a block's key is ``hash_block_tokens(parent_key, block tokens)`` chained from
-  ``NONE_HASH``: the same function the gateway applies to a tokenized prompt
+  a block's key is Python's ``hash((parent_key, *block tokens))``, chained from
+  ``ROOT_KEY``: the same function the gateway applies to a tokenized prompt
   (``prompt_block_keys``), so the index never needs the engine's hash function
-  (vLLM's is sha256 over a pickle, seeded per process). The engine's hash of each
+  (vLLM's is sha256 over a pickle, seeded per process). Tuples of ints hash the
+  same in every process (no ``PYTHONHASHSEED`` salt), at a fifth of a blake2b
+  chain's cost; a collision (64 bits) could only misroute, never mis-serve. The engine's hash of each
   block is remembered per replica only to resolve a later event's parent and its
   removals. An event without token ids (the fleet simulator's synthetic blocks)
   keys its blocks by the engine's hashes themselves, which the caller then
@@ -50,9 +52,11 @@ from simengine.domain.kv_events import (
     EventBatch,
     KVEvent,
 )
-from simengine.domain.prefix_cache import NONE_HASH, hash_block_tokens
 
-__all__ = ["PrefixIndex", "prompt_block_keys"]
+__all__ = ["ROOT_KEY", "PrefixIndex", "prompt_block_keys"]
+
+# The parent key of a prompt's first block.
+ROOT_KEY = 0
 
 # Upper bound on a replica's entries (blocks x media): ~32M tokens of 16-token
 # blocks, more than any one replica's GPU and host caches hold.
@@ -62,9 +66,9 @@ DEFAULT_MAX_BLOCKS_PER_REPLICA = 1 << 21
 def prompt_block_keys(token_ids: Sequence[int], block_size: int) -> list[int]:
     """Return the chained keys of the full blocks of ``token_ids``."""
     keys = []
-    parent = NONE_HASH
+    parent = ROOT_KEY
     for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = hash_block_tokens(parent, token_ids[start : start + block_size])
+        parent = hash((parent, *token_ids[start : start + block_size]))
         keys.append(parent)
     return keys
 
@@ -220,9 +224,7 @@ class PrefixIndex:
         tokens = event.token_ids
         for i, engine_hash in enumerate(event.block_hashes):
             if tokens:
-                key = hash_block_tokens(
-                    parent, tokens[i * block_size : (i + 1) * block_size]
-                )
+                key = hash((parent, *tokens[i * block_size : (i + 1) * block_size]))
             else:
                 key = engine_hash
             entry = (medium, engine_hash)
@@ -250,7 +252,7 @@ class PrefixIndex:
         if tokens and len(tokens) < block_size * len(event.block_hashes):
             return None
         if event.parent_block_hash is None:
-            return NONE_HASH
+            return ROOT_KEY
         known = _find(replica, event.parent_block_hash)
         if known is not None:
             return known
