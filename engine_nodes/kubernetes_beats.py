@@ -104,6 +104,7 @@ class KubernetesBeats:
             plan = plan_pod_replicas(
                 deployment=spec.name,
                 port=spec.port,
+                kv_events_port=spec.kv_events_port,
                 pods=list_pod_facts(self.core, self.namespace, spec),
                 rows=services.pod_replica_rows(
                     deployment=spec.name, region=self.region

@@ -329,7 +329,8 @@ def kubernetes_pool_spec(pool: Pool, template: DeploymentTemplate) -> PoolSpec:
     ``replicas`` is ``pool.target_replicas``, so the Deployment follows what the
     autoscaler decided; the weights are the version's hash directory on the
     template's volume. The GPU type is the template's (``gpu_product_for``): the
-    registry records none.
+    registry records none. A version with ``kv_events`` publishes them on
+    ``KUBERNETES_KV_EVENTS_PORT``, which the pod then exposes.
 
     Raises:
         ValueError: the version's engine config is unusable (``vllm_serve_argv``,
@@ -348,6 +349,7 @@ def kubernetes_pool_spec(pool: Pool, template: DeploymentTemplate) -> PoolSpec:
         kv_events_port=KUBERNETES_KV_EVENTS_PORT,
     )
     engine = engine_for(replica)
+    kv_events = is_kv_events_on(version.engine_config)
     # SGLang reads its key from a file the pod's init container writes.
     config_file = SGLANG_CONFIG_PATH if template.api_key_secret else None
     argv = (
@@ -373,6 +375,7 @@ def kubernetes_pool_spec(pool: Pool, template: DeploymentTemplate) -> PoolSpec:
         gpu_product=template.gpu_product_for(pool.model_id, version.version),
         # Nodes' caches are what the weights DaemonSet labels; a PVC is shared.
         weights_hash=version.weights_hash if template.weights_host_root else "",
+        kv_events_port=replica.kv_events_port if kv_events else 0,
         **template.volume(version.weights_hash),
     )
 
@@ -414,7 +417,10 @@ def pod_replica_rows(*, deployment: str, region: str) -> dict[str, ReplicaRow]:
         region=region, replica_id__startswith=f"{deployment}-"
     )
     return {
-        r.replica_id: ReplicaRow(state=r.state, url=r.url, node=r.node) for r in rows
+        r.replica_id: ReplicaRow(
+            state=r.state, url=r.url, node=r.node, kv_events_url=r.kv_events_url
+        )
+        for r in rows
     }
 
 
@@ -430,7 +436,12 @@ def apply_pod_replicas(plan: PodsPlan, *, pool: Pool) -> dict[str, str]:
         if not replica.is_changed:
             states[replica.replica_id] = replica.state
             continue
-        fields = {"state": replica.state, "url": replica.url, "node": replica.node}
+        fields = {
+            "state": replica.state,
+            "url": replica.url,
+            "node": replica.node,
+            "kv_events_url": replica.kv_events_url,
+        }
         if replica.was is None:
             _, is_new = Replica.objects.get_or_create(
                 replica_id=replica.replica_id,

@@ -28,9 +28,19 @@ import yaml
 from django.conf import settings
 from django.core.management import call_command
 
-from engine_nodes.domain.k8s import SGLANG_CONFIG_PATH, PoolSpec, render_deployment
+from engine_nodes import services
+from engine_nodes.domain.k8s import (
+    SGLANG_CONFIG_PATH,
+    DeploymentTemplate,
+    PoolSpec,
+    render_deployment,
+)
+from engine_nodes.domain.k8s_pods import PodFacts, plan_pod_replicas
 from localrun.processes import gateway_argv
-from models_registry.models import ModelVersion, Pool
+from localrun.seeding import VERSION_BODY, version_body
+from models_registry import services as registry_services
+from models_registry.models import Model, ModelVersion, Pool
+from tests.factories import accept
 
 ROOT = Path(__file__).resolve().parent.parent
 KUSTOMIZE = ROOT / "platform" / "kubernetes"
@@ -213,6 +223,80 @@ def test_the_engine_policy_selects_the_rendered_pool_pods(kubectl_binary: str) -
     labels = manifest["spec"]["template"]["metadata"]["labels"]
     selector = policy["spec"]["podSelector"]["matchLabels"]
     assert selector.items() <= labels.items()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_kv_events_pool_exposes_its_events_port_to_the_gateway_alone(
+    engine: str, chat_model: Model, kubectl_binary: str
+) -> None:
+    """GIVEN a version with kv_events on (vLLM or SGLang) and its pool's spec
+    WHEN its Deployment is rendered and a pod of it is listed
+    THEN the Deployment validates strictly, its engine binds the kv-events port
+    it exposes, the pod's replica records tcp://<pod IP>:<port>, and the engine
+    policy lets the gateway, and nothing else, reach that port."""
+    body = version_body(
+        version="v1",
+        engine_config={
+            **VERSION_BODY["engine_config"],
+            "engine": engine,
+            "kv_events": True,
+        },
+    )
+    version = accept(registry_services.register_version(model_id="chat-7b", **body))
+    pool = Pool.objects.create(
+        model_id="chat-7b",
+        version=version,
+        region="region-a",
+        min_replicas=1,
+        max_replicas=1,
+        desired_replicas=1,
+    )
+    template = DeploymentTemplate(
+        image="vllm/vllm-openai:v0.32.0",
+        sglang_image="lmsysorg/sglang:v0.5.9",
+        weights_pvc="model-weights",
+    )
+    spec = services.kubernetes_pool_spec(pool, template)
+    manifest = render_deployment(namespace=NAMESPACE, spec=spec)
+    validate(manifest)
+    [container] = manifest["spec"]["template"]["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    kv_port = services.KUBERNETES_KV_EVENTS_PORT
+    assert ports == {"http": spec.port, "kv-events": kv_port}
+    args = container["args"]
+    events = json.loads(args[args.index("--kv-events-config") + 1])
+    assert events["endpoint"] == f"tcp://*:{kv_port}"
+
+    pod = PodFacts(
+        name=f"{spec.name}-5d4f-a", phase="Running", is_ready=True, pod_ip="10.4.0.9"
+    )
+    plan = plan_pod_replicas(
+        deployment=spec.name,
+        port=spec.port,
+        kv_events_port=spec.kv_events_port,
+        pods=[pod],
+        rows={},
+    )
+    assert [r.kv_events_url for r in plan.replicas] == [f"tcp://10.4.0.9:{kv_port}"]
+
+    policy = find(
+        build(kubectl_binary, "region-a"), "NetworkPolicy", "engine-replicas-ingress"
+    )
+    reaching = [
+        rule["from"]
+        for rule in policy["spec"]["ingress"]
+        if {"port": kv_port, "protocol": "TCP"} in rule["ports"]
+    ]
+    gateway = {
+        "podSelector": {
+            "matchLabels": {
+                "app.kubernetes.io/name": "llm-platform",
+                "app.kubernetes.io/component": "gateway",
+            }
+        }
+    }
+    assert reaching == [[gateway]]
 
 
 # --- The pool actuator's Role, against what it calls --------------------------

@@ -16,6 +16,9 @@ or ``sglang``; the image is the template's ``image`` or ``sglang_image``):
   N`` in ``argv``, passed through like every flag) a ``memory`` request of ``N``
   GiB (in whole MiB, rounded up), so the pod lands on a node with that much host
   memory for vLLM's pinned offload buffer (no limit: the process needs more);
+- with ``kv_events_port`` (a version with ``kv_events``: its engine publishes
+  KV-cache events there, ``replica_argv.kv_events_config_for``) a second
+  containerPort named ``kv-events``, where the gateways subscribe on the pod's IP;
 - probes on ``GET /health``: a startup probe that allows ``startup_timeout_s``
   (weights load and CUDA graph capture take minutes), then readiness (out of the
   Service within ~15 s) and liveness (restart after ~60 s of failures);
@@ -68,6 +71,7 @@ __all__ = [
     "APP_NAME",
     "CONTAINER_NAME",
     "ENGINE_CONTAINERS",
+    "KV_EVENTS_PORT_NAME",
     "MAX_NAME_LEN",
     "SGLANG_CONFIG_PATH",
     "SPEC_DIGEST_ANNOTATION",
@@ -87,6 +91,8 @@ APP_NAME = "vllm"
 CONTAINER_NAME = "vllm"
 # The engine's container name (a vLLM pool's stays "vllm", as it always was).
 ENGINE_CONTAINERS = {"vllm": CONTAINER_NAME, "sglang": "sglang"}
+# The engine container's port of KV-cache events (a version with kv_events).
+KV_EVENTS_PORT_NAME = "kv-events"
 MANAGED_BY = "gpu-serving-platform"
 MAX_NAME_LEN = 63
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -126,7 +132,8 @@ class PoolSpec:
     exactly one of ``weights_pvc`` / ``weights_host_path`` is set, ``port`` is a
     valid port, ``startup_timeout_s`` and ``drain_s`` are positive,
     ``gpu_product`` is a label value, an SGLang pool with ``api_key_secret`` has
-    ``--config SGLANG_CONFIG_PATH`` in its argv.
+    ``--config SGLANG_CONFIG_PATH`` in its argv, ``kv_events_port`` is 0 (no KV
+    events) or a valid port other than ``port``.
     """
 
     model: str
@@ -150,6 +157,7 @@ class PoolSpec:
     api_key_secret_key: str = "engine-api-key"
     gpu_product: str | None = None  # required: nvidia.com/gpu.product
     weights_hash: str = ""  # preferred: nodes labelled as holding it
+    kv_events_port: int = 0  # where the engine publishes KV events; 0: it does not
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "argv", tuple(self.argv))
@@ -187,6 +195,10 @@ class PoolSpec:
             raise ValueError("weights_sub_path applies to a PVC only")
         if not 1 <= self.port <= 65535:
             raise ValueError(f"port {self.port} is out of range")
+        if self.kv_events_port and not (
+            1 <= self.kv_events_port <= 65535 and self.kv_events_port != self.port
+        ):
+            raise ValueError(f"kv_events_port {self.kv_events_port} is no free port")
         if self.startup_timeout_s < 1 or self.drain_s < 1:
             raise ValueError("startup_timeout_s and drain_s must be positive")
 
@@ -328,13 +340,24 @@ def render_deployment(*, namespace: str, spec: PoolSpec) -> dict[str, Any]:
     offload = _offload_memory(spec.argv)
     if offload is not None:
         requests["memory"] = offload
+    ports: list[dict[str, Any]] = [
+        {"name": "http", "containerPort": spec.port, "protocol": "TCP"}
+    ]
+    if spec.kv_events_port:
+        ports.append(
+            {
+                "name": KV_EVENTS_PORT_NAME,
+                "containerPort": spec.kv_events_port,
+                "protocol": "TCP",
+            }
+        )
     container: dict[str, Any] = {
         "name": ENGINE_CONTAINERS[spec.engine],
         "image": spec.image,
         "command": [spec.argv[0]],
         "args": list(spec.argv[1:]),
         "env": [{"name": key, "value": value} for key, value in _CONTAINER_ENV],
-        "ports": [{"name": "http", "containerPort": spec.port, "protocol": "TCP"}],
+        "ports": ports,
         "resources": {
             "limits": {GPU_RESOURCE: gpus},
             "requests": requests,

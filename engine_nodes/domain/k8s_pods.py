@@ -10,7 +10,9 @@ what this policy decides. A pod is ``starting`` until Ready, then ``serving``;
 terminating. Two states are never left here: ``draining`` (the drain owns
 draining -> serving, ``KubernetesActuator``'s undrain) and ``gone`` (the reaper
 gave up on it: as for a node agent's replica, a late pod does not revive it).
-A row whose pod is no longer listed is removed. See ``docs/kubernetes-pools.md``.
+A row whose pod is no longer listed is removed. A pod of a version with KV
+events records where it publishes them (``kv_events_url``, on its IP) beside its
+``url``. See ``docs/kubernetes-pools.md``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 
 from engine_nodes.domain.k8s_drain import DRAINING_SINCE_ANNOTATION
 from engine_nodes.domain.liveness import ReplicaState
+from engine_nodes.domain.replica_argv import kv_events_url
 
 __all__ = [
     "PodFacts",
@@ -53,6 +56,7 @@ class ReplicaRow:
     state: str
     url: str = ""
     node: str = ""
+    kv_events_url: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,16 +68,18 @@ class PodReplica:
     url: str
     state: ReplicaState
     was: ReplicaRow | None = None
+    kv_events_url: str = ""
 
     @property
     def is_changed(self) -> bool:
         """True when the row must be written (created, or a field moved)."""
         was = self.was
-        return was is None or (was.state, was.url, was.node) != (
-            self.state,
-            self.url,
-            self.node,
-        )
+        return was is None or (
+            was.state,
+            was.url,
+            was.node,
+            was.kv_events_url,
+        ) != (self.state, self.url, self.node, self.kv_events_url)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,17 +96,21 @@ def plan_pod_replicas(
     port: int,
     pods: Sequence[PodFacts],
     rows: Mapping[str, ReplicaRow],
+    kv_events_port: int = 0,
 ) -> PodsPlan:
     """Return the rows ``pods`` call for, given the pool's ``rows`` by replica id.
 
     ``deployment``: the pool's Deployment name; only rows named after it (its pods
     are ``<deployment>-<hash>-<suffix>``) are the pool's, so rows a node agent
     registered are never removed here. ``port``: the engine's port in the
-    rendered Deployment. A pod without an IP yet has no URL.
+    rendered Deployment; ``kv_events_port``: its KV events' port (0: none). A pod
+    without an IP yet has no URL (and no ``kv_events_url``).
     """
     listed = {pod.name for pod in pods}
     replicas = tuple(
-        _replica_of(pod, port=port, was=rows.get(pod.name))
+        _replica_of(
+            pod, port=port, kv_events_port=kv_events_port, was=rows.get(pod.name)
+        )
         for pod in sorted(pods, key=lambda p: p.name)
     )
     removed = tuple(
@@ -113,12 +123,20 @@ def plan_pod_replicas(
     return PodsPlan(replicas=replicas, removed=removed)
 
 
-def _replica_of(pod: PodFacts, *, port: int, was: ReplicaRow | None) -> PodReplica:
+def _replica_of(
+    pod: PodFacts, *, port: int, kv_events_port: int, was: ReplicaRow | None
+) -> PodReplica:
     url = f"http://{pod.pod_ip}:{port}" if pod.pod_ip else ""
+    events = (
+        kv_events_url(pod.pod_ip, kv_events_port)
+        if pod.pod_ip and kv_events_port
+        else ""
+    )
     return PodReplica(
         replica_id=pod.name,
         node=pod.node,
         url=url,
+        kv_events_url=events,
         state=_state_of(pod, was),
         was=was,
     )

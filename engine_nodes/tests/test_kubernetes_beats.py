@@ -28,7 +28,11 @@ from engine_nodes.kubernetes_beats import KubernetesBeats
 from engine_nodes.models import Replica
 from engine_nodes.tests.kube_fake import KubeFake
 from localrun.processes import Process, sim_replica
+from localrun.seeding import VERSION_BODY, version_body
+from models_registry import services as registry_services
 from models_registry.models import ModelVersion, Pool
+from routing import services as routing_services
+from tests.factories import accept
 
 NAME = "vllm-chat-7b-v1-eu-west"
 
@@ -118,6 +122,78 @@ def test_pods_register_as_replicas_and_beat_to_redis(
         assert heard[live].state == "draining"
     finally:
         beats.close()
+
+
+@pytest.mark.django_db
+def test_pods_of_a_kv_events_version_record_where_they_publish(
+    chat_v1: ModelVersion,
+) -> None:
+    """GIVEN pools of chat-7b@v1 (no kv_events) and v2 (kv_events on)
+    WHEN their Deployments are followed and the beat loop lists their pods
+    THEN only v2's pod exposes the events port and records its kv_events_url on
+    the pod's IP, which the routing snapshot hands the gateways."""
+    body = version_body(
+        version="v2",
+        engine_config={**VERSION_BODY["engine_config"], "kv_events": True},
+    )
+    v2 = accept(registry_services.register_version(model_id="chat-7b", **body))
+    template = DeploymentTemplate(
+        image="vllm/vllm-openai:v0.32.0", weights_pvc="model-weights"
+    )
+    kube = KubeFake()
+    for version in (chat_v1, v2):
+        pool = Pool.objects.create(
+            model_id="chat-7b",
+            version=version,
+            region="eu-west",
+            min_replicas=1,
+            max_replicas=1,
+            desired_replicas=1,
+        )
+        KubernetesActuator(kube, "serving").follow_pool(
+            services.kubernetes_pool_spec(pool, template)
+        )
+    [plain] = kube.pods_of(NAME)
+    [publishing] = kube.pods_of("vllm-chat-7b-v2-eu-west")
+    kube.place(plain, ip="127.0.0.2")
+    kube.place(publishing, ip="127.0.0.3")
+    ports = {
+        name: [
+            (p["name"], p["containerPort"])
+            for p in kube.deployments[name]["spec"]["template"]["spec"]["containers"][
+                0
+            ]["ports"]
+        ]
+        for name in (NAME, "vllm-chat-7b-v2-eu-west")
+    }
+    assert ports == {
+        NAME: [("http", 8000)],
+        "vllm-chat-7b-v2-eu-west": [("http", 8000), ("kv-events", 5557)],
+    }
+    beats = KubernetesBeats(
+        kube,
+        "serving",
+        region="eu-west",
+        template=template,
+        sink=None,
+        scrape_timeout_s=0.2,
+    )
+    try:
+        beats.tick(now=timezone.now())
+    finally:
+        beats.close()
+
+    rows = {r.replica_id: r for r in Replica.objects.all()}
+    assert (rows[plain].url, rows[plain].kv_events_url) == ("http://127.0.0.2:8000", "")
+    assert rows[publishing].url == "http://127.0.0.3:8000"
+    assert rows[publishing].kv_events_url == "tcp://127.0.0.3:5557"
+    snapshot = routing_services.build_snapshot(
+        region="eu-west", default_policy="cache_aware"
+    )
+    assert {r.replica_id: r.kv_events_url for r in snapshot.replicas} == {
+        plain: "",
+        publishing: "tcp://127.0.0.3:5557",
+    }
 
 
 def test_pod_facts_read_the_apis_json() -> None:

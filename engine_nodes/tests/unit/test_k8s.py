@@ -94,6 +94,24 @@ def test_render_deployment_container_runs_argv_with_gpus() -> None:
     assert env["VLLM_NO_USAGE_STATS"] == "1"
 
 
+def test_render_deployment_exposes_the_kv_events_port_only_when_set() -> None:
+    plain = container_of(render_deployment(namespace="ns", spec=make_pool()))
+    publishing = container_of(
+        render_deployment(namespace="ns", spec=make_pool(kv_events_port=5557))
+    )
+    assert [p["name"] for p in plain["ports"]] == ["http"]
+    assert publishing["ports"] == [
+        {"name": "http", "containerPort": 8000, "protocol": "TCP"},
+        {"name": "kv-events", "containerPort": 5557, "protocol": "TCP"},
+    ]
+
+
+@pytest.mark.parametrize("port", [-1, 8000, 65536])
+def test_pool_spec_refuses_a_kv_events_port_that_is_no_free_port(port: int) -> None:
+    with pytest.raises(ValueError, match="kv_events_port"):
+        make_pool(kv_events_port=port)
+
+
 def test_render_deployment_probes_health_with_a_long_startup() -> None:
     container = container_of(render_deployment(namespace="ns", spec=make_pool()))
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):

@@ -34,10 +34,20 @@ def pod(
 
 
 def plan_one(
-    facts: PodFacts, row: ReplicaRow | None = None, *, port: int = 8000
+    facts: PodFacts,
+    row: ReplicaRow | None = None,
+    *,
+    port: int = 8000,
+    kv_events_port: int = 0,
 ) -> PodReplica:
     rows = {} if row is None else {facts.name: row}
-    plan = plan_pod_replicas(deployment=DEPLOYMENT, port=port, pods=[facts], rows=rows)
+    plan = plan_pod_replicas(
+        deployment=DEPLOYMENT,
+        port=port,
+        pods=[facts],
+        rows=rows,
+        kv_events_port=kv_events_port,
+    )
     assert plan.removed == ()
     (replica,) = plan.replicas
     return replica
@@ -122,6 +132,26 @@ def test_new_ip_changes_the_url() -> None:
     replica = plan_one(pod(), row)
     assert replica.url == "http://10.0.0.7:8000"
     assert replica.is_changed
+
+
+def test_pod_publishing_kv_events_records_them_on_its_ip() -> None:
+    replica = plan_one(pod(), kv_events_port=5557)
+    assert replica.url == "http://10.0.0.7:8000"
+    assert replica.kv_events_url == "tcp://10.0.0.7:5557"
+    assert plan_one(pod()).kv_events_url == ""
+    assert plan_one(pod(pod_ip=None), kv_events_port=5557).kv_events_url == ""
+
+
+def test_new_kv_events_url_changes_the_row() -> None:
+    row = ReplicaRow(state="serving", url="http://10.0.0.7:8000", node="gpu-1")
+    assert plan_one(pod(), row, kv_events_port=5557).is_changed
+    row = ReplicaRow(
+        state="serving",
+        url="http://10.0.0.7:8000",
+        node="gpu-1",
+        kv_events_url="tcp://10.0.0.7:5557",
+    )
+    assert not plan_one(pod(), row, kv_events_port=5557).is_changed
 
 
 def test_rows_of_absent_pods_are_removed_only_for_this_deployment() -> None:
