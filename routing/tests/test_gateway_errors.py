@@ -67,12 +67,12 @@ def test_hostile_bodies_are_400s_before_admission(
 class FailingCounters(VersionCounters):
     """Prompt counting that fails with the prompt in its message (a bug)."""
 
-    async def count(
+    async def encode(
         self,
         version: VersionRecord | None,
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None = None,
-    ) -> int:
+    ) -> list[int]:
         raise KeyError(f"no such token in {messages[0]['content']}")
 
 
