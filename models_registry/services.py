@@ -10,12 +10,9 @@ What the API shows is typed here, next to what builds it: ``ModelOut`` (with
 
 from __future__ import annotations
 
-import json
 import logging
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any, TypedDict
-from urllib.parse import unquote, urlsplit
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -45,6 +42,7 @@ from models_registry.domain.identity import (
     sha256_text,
     uri_errors,
 )
+from models_registry.model_config import read_model_config
 from models_registry.models import (
     GateRun,
     Model,
@@ -260,32 +258,9 @@ def _validate_identity(
     problems = engine_config_errors(engine_config)
     if problems:
         raise InvalidRequest(f"engine_config {problems[0]}", param="engine_config")
-    problems = head_count_errors(gpus_per_replica, _local_model_config(weights_uri))
+    problems = head_count_errors(gpus_per_replica, read_model_config(weights_uri))
     if problems:
         raise InvalidRequest(problems[0], param="gpus_per_replica")
-
-
-def _local_model_config(weights_uri: str) -> object:
-    """Return the ``config.json`` beside weights on this machine, or ``{}``.
-
-    Only ``file://`` weights (already checked to lie under a storage root) are
-    read: object stores are not fetched at registration, so their head counts
-    go unchecked (docs/platform-admins.md). A missing config.json is not checked
-    either; one that is no JSON is refused, naming the weights.
-    """
-    parts = urlsplit(weights_uri)
-    if parts.scheme != "file" or parts.netloc not in {"", "localhost"}:
-        return {}
-    path = Path(unquote(parts.path)) / "config.json"
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return {}
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidRequest(
-            f"weights_uri's config.json cannot be read: {type(exc).__name__}",
-            param="weights_uri",
-        ) from None
 
 
 # -- what the API shows ---------------------------------------------------------------
