@@ -1,13 +1,15 @@
 """The eval gate's report: JSON for machines, a self-contained page for people.
 
-Public surface: ``render_html``, ``write_report``, ``report_uris``,
-``ReportLocationError``.
+Public surface: ``render_html``, ``precision_html``, ``write_report``,
+``report_uris``, ``ReportLocationError``.
 
 ``render_html`` turns ``EvalReport.as_dict()`` into one HTML page with no outside
 resources: the verdict and its reasons at the top, then the run (versions, judge
 and prompt version, counts, timings), the judge's trust, and a table per
 category (each metric's means, difference, confidence interval, threshold,
-pass or fail, and the ids of the items where the candidate did worst). Every
+pass or fail, and the ids of the items where the candidate did worst); a run
+that changed precision starts with the precisions side by side
+(``precision_html``). Every
 value from the report is escaped: item ids and model names are the team's text.
 
 ``write_report`` writes both next to each other through fsspec (``file://`` and
@@ -31,7 +33,13 @@ from fsspec.implementations.local import LocalFileSystem
 
 from models_registry.domain.identity import uri_errors
 
-__all__ = ["ReportLocationError", "render_html", "report_uris", "write_report"]
+__all__ = [
+    "ReportLocationError",
+    "precision_html",
+    "render_html",
+    "report_uris",
+    "write_report",
+]
 
 _STYLE = """
 body{font:15px/1.45 system-ui,sans-serif;margin:2rem auto;max-width:72rem;
@@ -119,6 +127,53 @@ def _category_table(
     )
 
 
+def _precision_tables(report: Mapping[str, Any]) -> list[tuple[Any, Mapping[str, Any]]]:
+    """Return the report's precision tables: its own, or each eval set's."""
+    found: list[tuple[Any, Mapping[str, Any]]] = []
+    own = report.get("precision")
+    if isinstance(own, Mapping):
+        found.append((None, own))
+    for one in report.get("sets") or []:
+        table = one.get("precision") if isinstance(one, Mapping) else None
+        if isinstance(table, Mapping):
+            found.append((one.get("eval_set"), table))
+    return found
+
+
+def precision_html(eval_set: Any, table: Mapping[str, Any]) -> str:
+    """Return one precision table: each precision's score per category, the
+    drops from live, the candidate's interval and margin, and the verdict."""
+    columns = [c for c in table.get("columns") or [] if isinstance(c, Mapping)]
+    head = "".join(
+        f"<th>{_text(c.get('precision'))} ({_text(c.get('role'))})<br>"
+        f"<small>{_text(c.get('version') or c.get('note') or '')}</small></th>"
+        for c in columns
+    )
+    rows = []
+    for row in table.get("categories") or []:
+        scores, drops = row.get("scores") or {}, row.get("drops") or {}
+        cells = "".join(
+            f'<td class="num">{_number(scores.get(c.get("precision")))}'
+            f" (drop {_number(drops.get(c.get('precision')), '+.3f')})</td>"
+            for c in columns
+        )
+        low, high = [*(row.get("interval") or []), None, None][:2]
+        rows.append(
+            f"<tr><td>{_text(row.get('category'))}</td>{cells}"
+            f'<td class="num">{_number(low, "+.3f")} to {_number(high, "+.3f")}</td>'
+            f'<td class="num">{_number(row.get("margin"))}</td>'
+            f"{_pass_cell(row.get('passed'))}</tr>"
+        )
+    where = f"<p>Eval set <code>{_text(eval_set)}</code></p>" if eval_set else ""
+    return (
+        f"{where}<p>{_text(table.get('reason'))}</p>"
+        f"<table><thead><tr><th>category</th>{head}"
+        "<th>candidate minus live, interval</th><th>margin</th><th>result</th>"
+        f"</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+        f"<p><small>{_text(table.get('statistic'))}</small></p>"
+    )
+
+
 def render_html(report: Mapping[str, Any]) -> str:
     """Return the report as one self-contained HTML page (module docstring)."""
     passed = report.get("passed") is True
@@ -177,6 +232,13 @@ def render_html(report: Mapping[str, Any]) -> str:
         )
         or "<p>No category was scored.</p>"
     )
+    found = _precision_tables(report)
+    precision = (
+        "<h2>Precisions side by side</h2>"
+        + "".join(precision_html(where, table) for where, table in found)
+        if found
+        else ""
+    )
     return (
         "<!DOCTYPE html>\n"
         '<html lang="en"><head><meta charset="utf-8">'
@@ -184,6 +246,7 @@ def render_html(report: Mapping[str, Any]) -> str:
         f"<title>{_text(title)}</title><style>{_STYLE}</style></head><body>"
         f'<div class="verdict {"passed" if passed else "failed"}">'
         f"<h1>{_text(title)}</h1><ul>{reasons}</ul></div>"
+        f"{precision}"
         f"<h2>Categories</h2>{tables}"
         f"<h2>Judge</h2>{judge_part}"
         f"<h2>Run</h2><table><tbody>{run}</tbody></table>"

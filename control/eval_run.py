@@ -1,6 +1,7 @@
 """Run the eval gate: ask the candidate, the live version and the judge, then judge.
 
-Public surface: ``Target``, ``EvalReport``, ``EvalRunError``, ``run_eval``,
+Public surface: ``Target``, ``PrecisionSides``, ``EvalReport``, ``EvalRunError``,
+``run_eval``,
 ``DEFAULT_FLOORS``, ``MAX_TOKENS``, ``max_tokens_for``, ``backoff_delay_s``,
 ``retry_after_s``.
 
@@ -30,6 +31,14 @@ fails closed, saying why, when the judge cannot be reached, it answers nothing
 readable (or more than a tenth of the comparisons unreadably), or it is not
 trusted. With no judge at all (``judge=None``: the model's gate settings name
 none), the task metrics alone decide.
+
+**A change of precision** (``precision``, a ``PrecisionSides``, whose candidate
+differs from live's): the versions of the model's other precisions are asked the
+same items too (their errors are noted, not fatal: they are for comparison), and
+the report gains a side-by-side table of every precision's score per category
+with the candidate's drops and the verdict
+(``models_registry.domain.precision_gate``); a category that fails leads the
+reasons with the precisions named.
 
 **A model's first version** has no live version: the candidate is scored alone
 against a floor per category (``DEFAULT_FLOORS``, or ``floors``): its share of
@@ -63,6 +72,13 @@ from models_registry.domain.eval_gate import (
     judge_trust,
 )
 from models_registry.domain.eval_gate import score_answer as task_score
+from models_registry.domain.precision_gate import (
+    PrecisionColumn,
+    PrecisionReport,
+    category_means,
+    is_precision_change,
+    precision_report,
+)
 
 if TYPE_CHECKING:
     from openai.types.chat import ChatCompletionMessageParam
@@ -72,6 +88,7 @@ __all__ = [
     "MAX_TOKENS",
     "EvalReport",
     "EvalRunError",
+    "PrecisionSides",
     "Target",
     "backoff_delay_s",
     "max_tokens_for",
@@ -124,6 +141,21 @@ class Target:
 
 
 @dataclass(frozen=True, slots=True)
+class PrecisionSides:
+    """The precisions of a run: the candidate's, live's, and the other ones'.
+
+    ``others`` maps a precision to a version of it to ask (a ``Target``);
+    ``missing`` maps a precision registered for the model but not asked to why
+    (no version of it is ready, say).
+    """
+
+    candidate: str
+    live: str
+    others: Mapping[str, Target] = field(default_factory=dict)
+    missing: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class _Reply:
     text: str
     finish_reason: str | None
@@ -155,6 +187,7 @@ class EvalReport:
     items: tuple[Mapping[str, Any], ...]
     worst: Mapping[str, tuple[str, ...]]
     finished_at: str
+    precision: PrecisionReport | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -174,6 +207,9 @@ class EvalReport:
             "items": [dict(i) for i in self.items],
             "worst": {k: list(v) for k, v in self.worst.items()},
             "finished_at": self.finished_at,
+            "precision": (
+                self.precision.as_dict() if self.precision is not None else None
+            ),
         }
 
 
@@ -316,6 +352,56 @@ class _Asker:
             self.retries += 1
             attempt += 1
             await asyncio.sleep(delay)
+
+
+def _precision_table(
+    items: Sequence[EvalItem],
+    sides: PrecisionSides,
+    scores: Mapping[str, Mapping[str, float]],
+    others: Mapping[str, tuple[dict[str, _Reply], EvalRunError | None]],
+    *,
+    refs: Mapping[str, str | None],
+) -> list[PrecisionColumn]:
+    """Return a column per precision: the candidate, live, the others asked, and
+    those registered but not asked (with why)."""
+    by_id = {i.id: i for i in items}
+    columns = [
+        PrecisionColumn(
+            sides.candidate,
+            refs["candidate"],
+            "candidate",
+            category_means(items, scores.get("candidate", {})),
+        ),
+        PrecisionColumn(
+            sides.live,
+            refs["live"],
+            "live",
+            category_means(items, scores.get("live", {})),
+        ),
+    ]
+    for name, (replies, error) in others.items():
+        target = sides.others[name]
+        if error is not None:
+            columns.append(
+                PrecisionColumn(
+                    name, target.model, "other", {}, f"could not be asked: {error}"
+                )
+            )
+            continue
+        own = {
+            key: task_score(by_id[key], r.text, finish_reason=r.finish_reason)
+            for key, r in replies.items()
+        }
+        columns.append(
+            PrecisionColumn(name, target.model, "other", category_means(items, own))
+        )
+    seen = {c.precision for c in columns}
+    columns += [
+        PrecisionColumn(name, None, "other", {}, why)
+        for name, why in sides.missing.items()
+        if name not in seen
+    ]
+    return columns
 
 
 def _short(text: str, limit: int = 200) -> str:
@@ -580,14 +666,19 @@ def _report(
     scores: Mapping[str, Mapping[str, float]],
     counts: Mapping[str, int],
     timings_s: Mapping[str, float],
+    precision: PrecisionReport | None = None,
 ) -> EvalReport:
     """Assemble the report: failures first, else every category's reason."""
     reasons = list(judged.failures)
+    if precision is not None and not precision.passed:
+        reasons.append(precision.reason)
     if verdict is not None and not verdict.passed:
         reasons += [r for r in verdict.reasons if r not in reasons]
     passed = verdict is not None and not reasons
     if passed and verdict is not None:
         reasons = list(verdict.reasons)
+        if precision is not None:
+            reasons.insert(0, precision.reason)
     candidate = scores.get("candidate", {})
     live = scores.get("live", {})
     verdicts = judged.verdicts or {}
@@ -621,6 +712,7 @@ def _report(
         items=tuple(rows),
         worst=_worst(run.items, candidate, baseline, verdicts) if verdict else {},
         finished_at=datetime.now(tz=UTC).isoformat(timespec="seconds"),
+        precision=precision,
     )
 
 
@@ -640,6 +732,7 @@ async def run_eval(
     patience_s: float = 300.0,
     request_timeout_s: float = 120.0,
     seed: int = 0,
+    precision: PrecisionSides | None = None,
 ) -> EvalReport:
     """Run the eval gate over ``items`` and return its report (module docstring).
 
@@ -647,7 +740,9 @@ async def run_eval(
     ``answers``, ``calibration`` or ``comparison``. ``request_timeout_s`` bounds
     one request (a timeout counts as a connection failure). ``seed`` seeds the
     bootstrap and the retry jitter. A request that fails for good fails the gate, with the
-    reason in the report; nothing is raised for it.
+    reason in the report; nothing is raised for it. ``precision``, when its
+    candidate differs from live's (and there is a live version), adds the
+    precisions side by side (module docstring).
 
     Raises:
         ValueError: no items, an unknown judge prompt, a category without a
@@ -696,13 +791,26 @@ async def run_eval(
     askers = {"candidate": asker(candidate)}
     if live is not None:
         askers["live"] = asker(live)
+    if precision is not None and not (
+        live is not None and is_precision_change(precision.candidate, precision.live)
+    ):
+        precision = None  # no change of precision: the plain comparison
+    others = {p: asker(t) for p, t in (precision.others if precision else {}).items()}
     requests = [(i.id, i.messages, max_tokens_for(i)) for i in items]
-    progress.start("answers", len(requests) * len(askers))
-    collected = await asyncio.gather(
-        *(
-            _ask_all(a, requests, phase="answers", progress=progress)
-            for a in askers.values()
-        )
+    progress.start("answers", len(requests) * (len(askers) + len(others)))
+    collected, asked_others = await asyncio.gather(
+        asyncio.gather(
+            *(
+                _ask_all(a, requests, phase="answers", progress=progress)
+                for a in askers.values()
+            )
+        ),
+        asyncio.gather(
+            *(
+                _ask_all(a, requests, phase="answers", progress=progress)
+                for a in others.values()
+            )
+        ),
     )
     timings = {"answers": time.monotonic() - started}
     counts = {
@@ -718,9 +826,27 @@ async def run_eval(
     ) -> EvalReport:
         for side, a in askers.items():
             counts[f"{side}_calls"], counts[f"{side}_retries"] = a.calls, a.retries
+        for name, a in others.items():
+            counts[f"{name}_calls"], counts[f"{name}_retries"] = a.calls, a.retries
         timings["total"] = time.monotonic() - started
+        table = None
+        if precision is not None and verdict is not None:
+            columns = _precision_table(
+                items,
+                precision,
+                scores,
+                dict(zip(others, asked_others, strict=True)),
+                refs={"candidate": run.candidate, "live": run.live},
+            )
+            table = precision_report(columns, verdict.results)
         return _report(
-            run, verdict, judged, scores=scores, counts=counts, timings_s=timings
+            run,
+            verdict,
+            judged,
+            scores=scores,
+            counts=counts,
+            timings_s=timings,
+            precision=table,
         )
 
     errors = [error for _, error in collected if error is not None]

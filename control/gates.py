@@ -76,7 +76,7 @@ from control.embedding_gates import (
     embedding_load_test,
 )
 from control.eval_report import ReportLocationError, write_report
-from control.eval_run import Target, run_eval
+from control.eval_run import PrecisionSides, Target, run_eval
 from control.load_test import (
     LoadTestError,
     LoadTestResult,
@@ -452,6 +452,11 @@ def _eval_gate(context: _Attempt, run: GateRun) -> dict[str, Any]:
     # A first version has no live one to compare with: it is held to the floors,
     # and no judge is asked (one named need not exist yet: the judge's own first).
     judge = _judge_ref(config) if live is not None else None
+    precision = (
+        _precision_plan(version, live_version)
+        if live is not None and live_version is not None
+        else None
+    )
     _staging_replica(context, run)
     reports: list[dict[str, Any]] = []
     models = [version.model_id, *([judge] if judge else [])]
@@ -475,12 +480,18 @@ def _eval_gate(context: _Attempt, run: GateRun) -> dict[str, Any]:
                         judge=judge,
                         config=config,
                         progress=progress,
+                        precision=precision,
                     )
                 )
 
             reports.append({"eval_set": uri, **_reporting(run, evaluate)})
     passed = all(r["passed"] for r in reports)
     reasons = [f"{r['eval_set']}: {reason}" for r in reports for reason in r["reasons"]]
+    tables = [
+        {"eval_set": r["eval_set"], **r["precision"]}
+        for r in reports
+        if r.get("precision")
+    ]
     summary = {
         "model": version.model_id,
         "candidate": version.ref,
@@ -491,6 +502,7 @@ def _eval_gate(context: _Attempt, run: GateRun) -> dict[str, Any]:
         "reasons": reasons,
         "sets": reports,
         "config": config.as_dict(),
+        "precision": precision.as_dict() if precision is not None else None,
     }
     # Each attempt its own report under the report root; one named at
     # registration is the registrant's, written over by each attempt.
@@ -508,14 +520,65 @@ def _eval_gate(context: _Attempt, run: GateRun) -> dict[str, Any]:
         raise GateFailed(f"the eval report cannot be written: {exc}") from None
     if not given:
         ModelVersion.objects.filter(pk=version.pk).update(eval_report_uri=html_uri)
-    result = {
+    result: dict[str, Any] = {
         "report": {"json": json_uri, "html": html_uri},
         "passed": passed,
         "reasons": reasons,
     }
+    if tables:
+        result["precision"] = tables
     if not passed:
         raise GateFailed("; ".join(reasons) or "the eval failed", result)
     return {**result, "detail": f"passed {len(reports)} eval set(s); report {html_uri}"}
+
+
+@dataclass(frozen=True, slots=True)
+class _PrecisionPlan:
+    """A candidate that changes precision: the precisions and who answers each."""
+
+    candidate: str
+    live: str
+    others: dict[str, str]  # precision -> a ready version's ref, to ask
+    missing: dict[str, str]  # precision -> why none of its versions is asked
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "candidate": self.candidate,
+            "live": self.live,
+            "others": dict(self.others),
+            "missing": dict(self.missing),
+        }
+
+
+def _precision_plan(version: ModelVersion, live: ModelVersion) -> _PrecisionPlan | None:
+    """Return who answers for each precision registered for the model, when the
+    candidate's precision differs from live's; None when it does not.
+
+    Each other precision is answered by its newest version that takes traffic
+    (ready or live): only those have replicas to ask. One registered without
+    such a version is shown as not measured, saying why.
+    """
+    if version.precision == live.precision:
+        return None
+    others: dict[str, str] = {}
+    missing: dict[str, str] = {}
+    siblings = (
+        ModelVersion.objects.filter(model_id=version.model_id)
+        .exclude(precision__in=[version.precision, live.precision])
+        .order_by("-created_at", "-pk")
+    )
+    for sibling in siblings:
+        if sibling.precision in others:
+            continue
+        if sibling.status in TRAFFIC_STATUSES:
+            others[sibling.precision] = sibling.ref
+            missing.pop(sibling.precision, None)
+        elif sibling.precision not in missing:
+            missing[sibling.precision] = (
+                f"registered ({sibling.ref}, {sibling.status}) but no version of "
+                "it is ready to answer"
+            )
+    return _PrecisionPlan(version.precision, live.precision, others, missing)
 
 
 async def _run_eval_set(
@@ -527,6 +590,7 @@ async def _run_eval_set(
     judge: str | None,
     config: GateConfig,
     progress: Callable[[str, int, int], None],
+    precision: _PrecisionPlan | None = None,
 ) -> dict[str, Any]:
     headers = {"x-priority": "batch"}
     async with openai.AsyncOpenAI(
@@ -548,6 +612,16 @@ async def _run_eval_set(
             min_kappa=config.min_kappa,
             min_labels=config.min_labels,
             on_progress=progress,
+            precision=(
+                PrecisionSides(
+                    candidate=precision.candidate,
+                    live=precision.live,
+                    others={p: target(ref) for p, ref in precision.others.items()},
+                    missing=precision.missing,
+                )
+                if precision is not None
+                else None
+            ),
         )
     return report.as_dict()
 

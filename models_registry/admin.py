@@ -48,6 +48,7 @@ GATE_FIELDS: tuple[str, ...] = (
     "status_label",
     "status_reason",
     "gate_progress",
+    "precision_report",
     "region_copies",
     "eval_report",
     "load_test_tokens_per_s",
@@ -264,6 +265,21 @@ class ModelVersionAdmin(admin.ModelAdmin):
             ),
         )
 
+    @admin.display(description="precisions side by side")
+    def precision_report(self, obj: ModelVersion) -> str:
+        """The eval gate's three-way table, when the version changed precision:
+        each precision's score per category, its drop from live, the verdict."""
+        summary = services.gates_summary(obj)
+        tables = [
+            table
+            for gate in (summary["gates"] if summary else [])
+            if gate["gate"] == "eval"
+            for table in (gate["result"] or {}).get("precision") or []
+        ]
+        if not tables:
+            return "the same precision as live (or no eval yet): nothing to compare"
+        return format_html_join("", "{}", ((_precision_table(t),) for t in tables))
+
     @admin.display(description="weights per region")
     def region_copies(self, obj: ModelVersion) -> str:
         rows = [(r.region, r.state, r.detail) for r in obj.regions.all()]
@@ -307,6 +323,56 @@ class ModelVersionAdmin(admin.ModelAdmin):
         if urlsplit(uri).scheme not in _LINK_SCHEMES:
             return uri
         return format_html('<a href="{}" rel="noopener noreferrer">report</a>', uri)
+
+
+def _score(value: Any, spec: str = ".3f") -> str:
+    return "n/a" if not isinstance(value, int | float) else format(value, spec)
+
+
+def _precision_table(table: dict[str, Any]) -> str:
+    columns = table.get("columns") or []
+    head = format_html_join(
+        "",
+        "<th>{} ({})<br><small>{}</small></th>",
+        (
+            (c["precision"], c["role"], c.get("version") or c.get("note") or "")
+            for c in columns
+        ),
+    )
+    rows = []
+    for row in table.get("categories") or []:
+        cells = format_html_join(
+            "",
+            "<td>{} (drop {})</td>",
+            (
+                (
+                    _score(row["scores"].get(c["precision"])),
+                    _score(row["drops"].get(c["precision"]), "+.3f"),
+                )
+                for c in columns
+            ),
+        )
+        low, high = row.get("interval") or [None, None]
+        rows.append(
+            format_html(
+                "<tr><td>{}</td>{}<td>{} to {}</td><td>{}</td><td>{}</td></tr>",
+                row["category"],
+                cells,
+                _score(low, "+.3f"),
+                _score(high, "+.3f"),
+                _score(row.get("margin")),
+                "pass" if row.get("passed") else "FAIL",
+            )
+        )
+    return format_html(
+        "<p>{}: {}</p><table><tr><th>category</th>{}<th>candidate minus live</th>"
+        "<th>margin</th><th>result</th></tr>{}</table><p><small>{}</small></p>",
+        table.get("eval_set", ""),
+        table.get("reason", ""),
+        head,
+        format_html_join("", "{}", ((r,) for r in rows)),
+        table.get("statistic", ""),
+    )
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):

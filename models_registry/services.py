@@ -35,12 +35,14 @@ from models_registry.domain.identity import (
     VersionStatus,
     canonical_json,
     engine_config_errors,
+    head_count_errors,
     is_sha256_hex,
     is_valid_model_name,
     next_version_label,
     sha256_text,
     uri_errors,
 )
+from models_registry.model_config import read_model_config
 from models_registry.models import (
     GateRun,
     Model,
@@ -256,6 +258,9 @@ def _validate_identity(
     problems = engine_config_errors(engine_config)
     if problems:
         raise InvalidRequest(f"engine_config {problems[0]}", param="engine_config")
+    problems = head_count_errors(gpus_per_replica, read_model_config(weights_uri))
+    if problems:
+        raise InvalidRequest(problems[0], param="gpus_per_replica")
 
 
 # -- what the API shows ---------------------------------------------------------------

@@ -38,6 +38,7 @@ from simengine.replica import (
     SimOptions,
     check_offloading_backend,
     check_quality,
+    check_quality_by_category,
     check_ttft_factor,
 )
 from simengine.server import build_app
@@ -252,6 +253,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(simengine.oracle); also settable on /sim/faults.",
     )
     add(
+        "--sim-quality-by-category",
+        type=_quality_by_category,
+        default={},
+        help="JSON object of a quality per prompt category ('{\"maths\": 0.5}'); "
+        "the other categories keep --sim-quality.",
+    )
+    add(
         "--sim-ttft-factor",
         type=_ttft_factor,
         default=1.0,
@@ -403,8 +411,16 @@ def options_from_args(args: argparse.Namespace) -> tuple[SimOptions, Faults]:
         degraded=args.sim_degraded,
         quality=args.sim_quality,
         ttft_factor=args.sim_ttft_factor,
+        quality_by_category=args.sim_quality_by_category,
     )
     return options, faults
+
+
+def _quality_by_category(text: str) -> dict[str, float]:
+    try:
+        return check_quality_by_category(json.loads(text))
+    except ValueError as exc:  # JSONDecodeError is one
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _quality(text: str) -> float:

@@ -1,6 +1,6 @@
 """What the simulated replica answers when it can tell the right answer: its quality.
 
-Public surface: ``Task``, ``JudgePrompt``, ``recognise``, ``read_judge_prompt``,
+Public surface: ``CATEGORIES``, ``Task``, ``JudgePrompt``, ``recognise``, ``read_judge_prompt``,
 ``is_right``, ``wrong_answer``, ``judge_truth``, ``reply``, ``answer_pieces``,
 ``TEMPLATES``.
 
@@ -54,6 +54,7 @@ from simengine.domain import tokens
 from simengine.domain.tokens import _PIECE_RE
 
 __all__ = [
+    "CATEGORIES",
     "TEMPLATES",
     "JudgePrompt",
     "Task",
@@ -66,6 +67,9 @@ __all__ = [
     "wrong_answer",
 ]
 
+# The categories of the prompts the oracle knows (``Task.category``), as the eval
+# sets' (``models_registry.domain.eval_gate.CATEGORIES``).
+CATEGORIES = ("reasoning", "maths", "long_output", "general")
 TEMPLATES: Mapping[str, re.Pattern[str]] = {
     "sum": re.compile(
         r"What is (-?\d{1,6}) ([+\-x]) (-?\d{1,6})\? Answer with the number\."
@@ -235,28 +239,37 @@ def _is_right_this_time(quality: float, seed: int, prompt: str) -> bool:
 
 
 def reply(
-    messages: Sequence[Mapping[str, Any]], *, quality: float, seed: int
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    quality: float,
+    seed: int,
+    quality_by_category: Mapping[str, float] | None = None,
 ) -> str | None:
     """Return the answer to a recognised prompt or judge prompt, else None.
 
     Right with probability ``quality``, decided by a hash of the rendered prompt
-    and ``seed`` (module docstring).
+    and ``seed`` (module docstring). ``quality_by_category`` overrides it for a
+    task's category (``maths``, ``reasoning``, ``general``, ``long_output``): a
+    quantized model that lost its arithmetic but kept the rest. The judge's
+    verdicts keep ``quality``.
     """
     users = [m for m in messages if m.get("role") == "user"]
     if not users:
         return None
     text = tokens.message_text(users[-1].get("content"))
     prompt = tokens.render_chat(messages)
-    right = _is_right_this_time(quality, seed, prompt)
     pick = _draw(seed, prompt, "pick")
     judged = read_judge_prompt(text)
+    task = None if judged is not None else recognise(text)
+    if task is not None and quality_by_category:
+        quality = quality_by_category.get(task.category, quality)
+    right = _is_right_this_time(quality, seed, prompt)
     if judged is not None:
         truth = judge_truth(judged)
         if right:
             return _VERDICT_TEXT[truth]
         others = [v for v in ("a", "b", "tie") if v != truth]
         return _VERDICT_TEXT[others[pick % 2]]
-    task = recognise(text)
     if task is None:
         return None
     return task.answer if right else wrong_answer(task, pick, prompt=text)

@@ -1,7 +1,8 @@
 """The simulated vLLM replica's engine side: its options, faults and engine loop.
 
 Public surface: ``SimOptions``, ``Faults``, ``Stream``, ``Answer``, ``SimReplica``,
-``check_quality``, ``check_ttft_factor``, ``check_offloading_backend``, ``refusal``,
+``check_quality``, ``check_quality_by_category``, ``check_ttft_factor``,
+``check_offloading_backend``, ``refusal``,
 ``next_step_start``, ``ENGINES``, and the constants of vLLM's and SGLang's surfaces
 (``VLLM_VERSION``, ``SYSTEM_FINGERPRINT``, ``SGLANG_VERSION``, ``EOS_TOKEN_ID``,
 ``MAX_BODY_BYTES``, ``DEGRADED_PIECES``).
@@ -176,6 +177,9 @@ class Faults:
       answered right (``simengine.oracle``; ``--sim-quality``); 1.0 is a
       model that is always right. Not a failure as such, but set the same way, so
       a test can make a version measurably worse without restarting it.
+    - ``quality_by_category``: ``quality`` for the prompts of one category
+      (``{"maths": 0.5}``; ``--sim-quality-by-category``), the others keeping
+      ``quality``: a quantized version that lost its arithmetic only.
     """
 
     crash_after_tokens: int | None = None
@@ -186,6 +190,7 @@ class Faults:
     degraded: bool = False
     quality: float = 1.0
     ttft_factor: float = 1.0
+    quality_by_category: dict[str, float] = field(default_factory=dict)
 
 
 def check_quality(value: Any) -> float:
@@ -197,6 +202,24 @@ def check_quality(value: Any) -> float:
     ):
         raise ValueError(f"quality must be a number from 0 to 1, not {value!r}")
     return float(value)
+
+
+def check_quality_by_category(value: Any) -> dict[str, float]:
+    """Return ``value`` as ``{category: quality}``; raise ValueError if it is not.
+
+    The categories are the oracle's (``oracle.CATEGORIES``); each quality is in [0, 1].
+    """
+    if not isinstance(value, dict):
+        raise ValueError(
+            f"quality_by_category must be an object of qualities, not {value!r}"
+        )
+    unknown = sorted(set(value) - set(oracle.CATEGORIES))
+    if unknown:
+        raise ValueError(
+            f"quality_by_category names {unknown[0]!r}, not one of "
+            f"{', '.join(oracle.CATEGORIES)}"
+        )
+    return {str(k): check_quality(v) for k, v in value.items()}
 
 
 def check_offloading_backend(value: Any) -> str:
@@ -276,6 +299,7 @@ class SimReplica:
         self.options = options
         self.faults = faults or Faults()
         check_quality(self.faults.quality)
+        check_quality_by_category(self.faults.quality_by_category)
         check_ttft_factor(self.faults.ttft_factor)
         check_offloading_backend(options.kv_offloading_backend)
         if options.engine not in ENGINES:
@@ -372,6 +396,13 @@ class SimReplica:
                 raise ValueError(f"unknown fault {name!r}")
         if "quality" in changes:
             changes = {**changes, "quality": check_quality(changes["quality"])}
+        if "quality_by_category" in changes:
+            changes = {
+                **changes,
+                "quality_by_category": check_quality_by_category(
+                    changes["quality_by_category"]
+                ),
+            }
         if "ttft_factor" in changes:
             changes = {
                 **changes,
@@ -642,7 +673,10 @@ class SimReplica:
         if self.faults.degraded:
             return refusal(max_tokens=max_tokens, ignore_eos=ignore_eos)
         text = oracle.reply(
-            messages, quality=self.faults.quality, seed=self.options.seed
+            messages,
+            quality=self.faults.quality,
+            seed=self.options.seed,
+            quality_by_category=self.faults.quality_by_category,
         )
         if text is None:
             return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -17,7 +18,7 @@ from rollouts.models import Rollout
 from tests.factories import ReplicaFactory, accept, digest, version_body
 
 if TYPE_CHECKING:
-    from pytest_django import DjangoAssertNumQueries
+    from pytest_django import DjangoAssertNumQueries, Settings
     from rest_framework.response import _MonkeyPatchedResponse as ApiResponse
     from rest_framework.test import APIClient
 
@@ -365,6 +366,70 @@ def test_register_version_rejects_bad_fields(
     )
     assert_error(response, 400, "invalid_request_error", param)
     assert not ModelVersion.objects.exists()
+
+
+def _weights_with_heads(root: Path, heads: int, kv_heads: int | None) -> str:
+    root.mkdir(parents=True)
+    config: dict[str, Any] = {"num_attention_heads": heads}
+    if kv_heads is not None:
+        config["num_key_value_heads"] = kv_heads
+    (root / "config.json").write_text(json.dumps(config))
+    return f"file://{root}/"
+
+
+@pytest.mark.parametrize(
+    ("gpus", "heads", "kv_heads"), [(3, 32, 8), (16, 32, 8), (8, 28, None)]
+)
+def test_register_version_refuses_gpus_that_do_not_split_the_heads(
+    admin_client: APIClient,
+    chat_model: Model,
+    tmp_path: Path,
+    settings: Settings,
+    gpus: int,
+    heads: int,
+    kv_heads: int | None,
+) -> None:
+    settings.PLATFORM_STORAGE_ROOTS = [f"file://{tmp_path}/"]
+    uri = _weights_with_heads(tmp_path / "w", heads, kv_heads)
+    response = admin_client.post(
+        "/admin/models/chat-7b/versions",
+        version_body(weights_uri=uri, gpus_per_replica=gpus),
+        format="json",
+    )
+    assert_error(response, 400, "invalid_request_error", "gpus_per_replica")
+    message = response.json()["error"]["message"]
+    kv = heads if kv_heads is None else kv_heads
+    assert f"gpus_per_replica {gpus}" in message
+    assert f"attention heads ({heads})" in message
+    assert f"KV heads ({kv})" in message
+    assert not ModelVersion.objects.exists()
+
+
+def test_register_version_accepts_gpus_that_split_the_heads(
+    admin_client: APIClient, chat_model: Model, tmp_path: Path, settings: Settings
+) -> None:
+    settings.PLATFORM_STORAGE_ROOTS = [f"file://{tmp_path}/"]
+    uri = _weights_with_heads(tmp_path / "w", 32, 8)
+    response = admin_client.post(
+        "/admin/models/chat-7b/versions",
+        version_body(weights_uri=uri, gpus_per_replica=8),
+        format="json",
+    )
+    assert response.status_code == 201, response.content
+
+
+def test_register_version_refuses_weights_whose_config_is_no_json(
+    admin_client: APIClient, chat_model: Model, tmp_path: Path, settings: Settings
+) -> None:
+    settings.PLATFORM_STORAGE_ROOTS = [f"file://{tmp_path}/"]
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "config.json").write_text("{not json")
+    response = admin_client.post(
+        "/admin/models/chat-7b/versions",
+        version_body(weights_uri=f"file://{tmp_path}/w/"),
+        format="json",
+    )
+    assert_error(response, 400, "invalid_request_error", "weights_uri")
 
 
 def test_register_version_missing_field_names_it(

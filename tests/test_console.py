@@ -952,3 +952,38 @@ def test_console_team_page_sets_limits_inline(
     assert team.name == "Search and ranking"
     key.refresh_from_db()
     assert key.revoked_at is None
+
+
+def test_console_version_page_shows_the_precisions_side_by_side(
+    console: Client, chat_v1: ModelVersion
+) -> None:
+    table = {
+        "eval_set": "file:///evals/team.jsonl",
+        "reason": "precision int8 against live fp16: maths drops 0.450 (margin 0.050)",
+        "statistic": "paired bootstrap (BCa)",
+        "columns": [
+            {"precision": "fp16", "role": "live", "version": "chat-7b@v0"},
+            {"precision": "int8", "role": "candidate", "version": "chat-7b@v1"},
+            {"precision": "4bit", "role": "other", "version": None, "note": "none"},
+        ],
+        "categories": [
+            {
+                "category": "maths",
+                "scores": {"fp16": 0.9, "int8": 0.45, "4bit": None},
+                "drops": {"fp16": 0.0, "int8": 0.45, "4bit": None},
+                "interval": [-0.6, -0.3],
+                "margin": 0.05,
+                "passed": False,
+            }
+        ],
+    }
+    GateRun.objects.filter(version=chat_v1, kind="eval").update(
+        result={"passed": False, "precision": [table]}
+    )
+
+    page = console.get(url(ModelVersion, "change", chat_v1.pk)).content.decode()
+
+    assert "precisions side by side" in page.lower()
+    assert "maths drops 0.450" in page
+    assert "<th>int8 (candidate)<br><small>chat-7b@v1</small></th>" in page
+    assert "<td>0.450 (drop +0.450)</td>" in page and "FAIL" in page

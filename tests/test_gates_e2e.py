@@ -266,3 +266,77 @@ def test_a_good_version_passes_its_gates_and_a_degraded_one_is_rejected(
     assert refused.status_code == 409, refused.text
     assert "was rejected by its gates: eval gate" in refused.json()["error"]["message"]
     assert GateRun.objects.filter(version=v3, state="running").count() == 0
+
+
+def register_at(
+    api: httpx.Client,
+    storage: Path,
+    label: str,
+    precision: str,
+    maths_quality: float = GOOD,
+) -> None:
+    """Register ``label`` in ``precision``, its maths answered at ``maths_quality``."""
+    uri, digest_ = weights(storage, label)
+    response = api.post(
+        "/admin/models/chat-7b/versions",
+        json=version_body(
+            weights_uri=uri,
+            weights_hash=digest_,
+            precision=precision,
+            engine_config={
+                **VERSION_BODY["engine_config"],
+                "sim_profile": "a100-8b",
+                "sim_quality": GOOD,
+                "sim_quality_by_category": {"maths": maths_quality},
+            },
+        ),
+    )
+    assert response.status_code == 201, response.text
+
+
+def test_an_int8_version_whose_maths_drops_is_rejected_beside_fp16_and_4bit(
+    platform: LivePlatform, storage: Path
+) -> None:
+    """GIVEN chat-7b@v1 live in FP16 and a 4-bit v2 that passed its gates, WHEN an
+    INT8 v3 whose maths alone is worse is registered, THEN its eval gate rejects it
+    naming maths, with the three precisions side by side at the gates endpoint and
+    in the report; WHEN an INT8 v4 as good as live is registered, THEN it is ready,
+    with the same three-way table."""
+    _, admin_secret = accounts_services.create_admin_token(name="e2e")
+    api = httpx.Client(
+        base_url=platform.url,
+        headers={"Authorization": f"Bearer {admin_secret}"},
+        timeout=30,
+    )
+    register_at(api, storage, "v2", "4bit")
+    assert settled(api, "v2")["status"] == "ready"
+
+    register_at(api, storage, "v3", "int8", maths_quality=0.3)
+    gates = settled(api, "v3")
+
+    assert gates["status"] == "rejected", json.dumps(gates, indent=1)
+    assert "precision int8 against live fp16: maths drops" in gates["status_reason"]
+    runs = {r["gate"]: r for r in gates["runs"] if r["attempt"] == 1}
+    (table,) = runs["eval"]["result"]["precision"]
+    assert table["precisions"] == ["fp16", "int8", "4bit"]
+    assert [c["version"] for c in table["columns"]] == [
+        "chat-7b@v1",
+        "chat-7b@v3",
+        "chat-7b@v2",
+    ]
+    rows = {r["category"]: r for r in table["categories"]}
+    assert {c for c, r in rows.items() if not r["passed"]} == {"maths"}
+    assert rows["maths"]["drops"]["int8"] > 0.3
+    assert rows["maths"]["drops"]["4bit"] == 0
+    html = local(runs["eval"]["result"]["report"]["html"]).read_text()
+    assert "Precisions side by side" in html
+
+    register_at(api, storage, "v4", "int8")
+    gates = settled(api, "v4")
+
+    assert gates["status"] == "ready", json.dumps(gates, indent=1)
+    runs = {r["gate"]: r for r in gates["runs"] if r["attempt"] == 1}
+    (table,) = runs["eval"]["result"]["precision"]
+    assert table["passed"] is True
+    assert table["precisions"] == ["fp16", "int8", "4bit"]
+    assert all(r["scores"]["4bit"] is not None for r in table["categories"])

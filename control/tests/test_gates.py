@@ -18,7 +18,7 @@ from localrun.processes import ROOT
 from models_registry import services as registry
 from models_registry.models import GateRun, Model, ModelVersion, Pool, VersionRegion
 from rollouts.services import set_alias
-from tests.factories import version_body
+from tests.factories import digest, version_body
 
 if TYPE_CHECKING:
     from pytest_django import Settings
@@ -251,3 +251,38 @@ def test_a_first_version_needs_no_judge(
     )
     # The staging pool it asked for goes with the rejection.
     assert not Pool.objects.filter(version=version).exists()
+
+
+def test_a_change_of_precision_asks_a_ready_version_of_each_other_precision(
+    chat_model: Model,
+) -> None:
+    def version(label: str, precision: str, *, ready: bool) -> ModelVersion:
+        created = registry.register_version(
+            model_id="chat-7b",
+            version=label,
+            **version_body(weights_hash=digest(label), precision=precision),
+        )
+        if ready:
+            registry.accept_version(
+                model_id="chat-7b", version=label, by="t", reason="t"
+            )
+        return created
+
+    live = version("v1", "fp16", ready=True)
+    version("v2", "4bit", ready=True)
+    version("v3", "4bit", ready=False)  # newer, but nothing serves it
+    candidate = version("v4", "int8", ready=False)
+    same = version("v5", "fp16", ready=False)
+
+    plan = gates._precision_plan(candidate, live)
+
+    assert plan is not None
+    assert (plan.candidate, plan.live) == ("int8", "fp16")
+    assert plan.others == {"4bit": "chat-7b@v2"}
+    assert plan.missing == {}
+    assert gates._precision_plan(same, live) is None
+    # With no ready 4-bit version, the report says why it is not measured.
+    ModelVersion.objects.filter(version="v2").update(status="rejected")
+    plan = gates._precision_plan(candidate, live)
+    assert plan is not None and plan.others == {}
+    assert "chat-7b@v3" in plan.missing["4bit"]

@@ -2,7 +2,8 @@
 
 Public surface: ``ReplicaSpec``, ``vllm_serve_argv``, ``sglang_launch_argv``,
 ``engine_for``, ``ENGINES``, ``SGLANG_FLAG_NAMES``, ``sim_replica_argv``,
-``sim_profile_for``, ``sim_quality_for``, ``sim_ttft_factor_for``,
+``sim_profile_for``, ``sim_quality_for``, ``sim_quality_by_category_for``,
+``sim_ttft_factor_for``,
 ``sim_degraded_for``,
 ``engine_flag_args``, ``DEFAULT_QUANTIZATION_4BIT``, ``RESERVED_KEYS``.
 
@@ -52,7 +53,9 @@ on CUDA-alike and XPU GPUs"); ``lmcache`` needs the ``lmcache`` package.
 trained in bf16). Keys starting with ``sim_`` configure the simulated replica and
 never reach vLLM: ``sim_profile`` (its performance profile), ``sim_quality``
 (the chance it answers a prompt it can check right, ``--sim-quality``, so a bad
-version measurably fails the eval gate) and ``sim_ttft_factor`` (at least 1: its
+version measurably fails the eval gate), ``sim_quality_by_category`` (a quality per
+prompt category, ``{"maths": 0.5}``, ``--sim-quality-by-category``: a precision
+that lost one skill) and ``sim_ttft_factor`` (at least 1: its
 first tokens reach clients that many times later, ``--sim-ttft-factor``, so a slow
 canary measurably trips a TTFT guard) and ``sim_degraded`` (a boolean: every
 answer is a short refusal, ``--sim-degraded``, a broken chat template) and
@@ -108,6 +111,7 @@ __all__ = [
     "sglang_launch_argv",
     "sim_degraded_for",
     "sim_profile_for",
+    "sim_quality_by_category_for",
     "sim_quality_for",
     "sim_replica_argv",
     "sim_ttft_factor_for",
@@ -562,6 +566,9 @@ def _sim_flags(spec: ReplicaSpec, profile: str) -> list[str]:
     quality = sim_quality_for(spec)
     if quality is not None:
         argv.extend(["--sim-quality", repr(quality)])
+    by_category = sim_quality_by_category_for(spec)
+    if by_category:
+        argv.extend(["--sim-quality-by-category", json.dumps(by_category)])
     ttft_factor = sim_ttft_factor_for(spec)
     if ttft_factor is not None:
         argv.extend(["--sim-ttft-factor", repr(ttft_factor)])
@@ -614,6 +621,47 @@ def sim_quality_for(spec: ReplicaSpec) -> float | None:
     ):
         raise ValueError(f"sim quality {value!r} is not a number from 0 to 1")
     return float(value)
+
+
+# The prompt categories the simulated replica's oracle knows (simengine.oracle).
+_SIM_CATEGORIES = frozenset({"reasoning", "maths", "long_output", "general"})
+
+
+def sim_quality_by_category_for(spec: ReplicaSpec) -> dict[str, float]:
+    """Return ``engine_config["sim_quality_by_category"]``, sorted; ``{}`` unset.
+
+    ``{"maths": 0.5}`` makes the simulated replica right on half the maths
+    prompts while the other categories keep ``sim_quality``: a quantized
+    version that lost its arithmetic only (the precision gate's test).
+
+    Raises:
+        ValueError: not an object of categories (reasoning, maths, long_output,
+            general) to numbers from 0 to 1.
+    """
+    value = spec.engine_config.get("sim_quality_by_category")
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"sim_quality_by_category {value!r} is not an object")
+    chosen: dict[str, float] = {}
+    for category in sorted(value):
+        quality = value[category]
+        if category not in _SIM_CATEGORIES:
+            raise ValueError(
+                f"sim_quality_by_category names {category!r}, not one of "
+                f"{', '.join(sorted(_SIM_CATEGORIES))}"
+            )
+        if (
+            _is_bool(quality)
+            or not isinstance(quality, int | float)
+            or not math.isfinite(quality)
+            or not 0 <= quality <= 1
+        ):
+            raise ValueError(
+                f"sim quality {quality!r} of {category} is not a number from 0 to 1"
+            )
+        chosen[category] = float(quality)
+    return chosen
 
 
 def sim_ttft_factor_for(spec: ReplicaSpec) -> float | None:

@@ -1,6 +1,6 @@
 """The eval gate's arithmetic: eval sets, task metrics, judge trust and the verdict.
 
-Public surface: ``CATEGORIES``, ``PAIR_LABELS``, ``JUDGE_VERDICTS``, ``EvalItem``,
+Public surface: ``CATEGORIES``, ``DEFAULT_CATEGORY``, ``PAIR_LABELS``, ``JUDGE_VERDICTS``, ``EvalItem``,
 ``EvalSetError``, ``parse_eval_set``, ``normalise_answer``, ``numeric_answer``, ``score_answer``, ``judge_score``,
 ``cohen_kappa``, ``JudgeTrust``, ``judge_trust``, ``CategoryResult``,
 ``compare_category``, ``GateVerdict``, ``eval_verdict``, ``floor_verdict``.
@@ -10,8 +10,9 @@ prompt through the gateway to the candidate and the live version, ask the judge,
 and hand the answers here (``control.eval_run``).
 
 **Eval sets** are JSONL, one item per line: ``{"id", "messages", "reference",
-"category"}``; ``category`` is one of ``CATEGORIES``. Some items also carry a
-labelled pair, to check the judge against people:
+"category"}``; ``category`` is one of ``CATEGORIES`` (``general``, scored by
+exact match, when left out). The precision gate scores each category apart.
+Some items also carry a labelled pair, to check the judge against people:
 
 - ``"labelled_pair": {"a": "<an answer>", "b": "<another answer>"}``: two fixed
   answers to the item's question (written or collected once, never regenerated);
@@ -76,6 +77,7 @@ from scipy import stats
 
 __all__ = [
     "CATEGORIES",
+    "DEFAULT_CATEGORY",
     "JUDGE_VERDICTS",
     "PAIR_LABELS",
     "CategoryResult",
@@ -96,6 +98,7 @@ __all__ = [
 ]
 
 CATEGORIES = ("reasoning", "maths", "long_output", "general")
+DEFAULT_CATEGORY = "general"
 JUDGE_VERDICTS = ("candidate", "live", "tie")
 PAIR_LABELS = ("a", "b", "tie")
 _FIELDS = frozenset(
@@ -179,7 +182,9 @@ def _item(data: Any, seen: set[str]) -> EvalItem:
     reference = data.get("reference")
     if not isinstance(reference, str) or not reference.strip():
         raise ValueError("reference must be a non-empty string")
-    category = data.get("category")
+    # A team's set written before categories: each item is plain instructions,
+    # scored by exact match, until its author says which skill it tests.
+    category = data.get("category", DEFAULT_CATEGORY)
     if category not in CATEGORIES:
         raise ValueError(f"category must be one of {', '.join(CATEGORIES)}")
     pair, label = _labelled_pair(data)

@@ -3,7 +3,7 @@
 Public surface: ``Precision``, ``VersionStatus``, ``IDENTITY_FIELDS``, ``ModelRef``,
 ``is_sha256_hex``, ``sha256_text``, ``parse_model_ref``, ``is_valid_model_name``,
 ``is_valid_version_label``, ``next_version_label``, ``uri_errors``,
-``engine_config_errors``, ``ENGINES``, ``DEFAULT_ENGINE``.
+``engine_config_errors``, ``head_count_errors``, ``ENGINES``, ``DEFAULT_ENGINE``.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ __all__ = [
     "VersionStatus",
     "canonical_json",
     "engine_config_errors",
+    "head_count_errors",
     "is_sha256_hex",
     "is_valid_model_name",
     "next_version_label",
@@ -180,4 +181,45 @@ def engine_config_errors(config: object) -> list[str]:
     engine = config.get("engine", DEFAULT_ENGINE)
     if not isinstance(engine, str) or engine not in ENGINES:
         return [f"engine must be one of {', '.join(ENGINES)}, not {engine!r}"]
+    return []
+
+
+def _head_count(config: dict[str, object], name: str) -> int | None:
+    value = config.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} {value!r} is not a positive whole number")
+    return value
+
+
+def head_count_errors(gpus_per_replica: int, config: object) -> list[str]:
+    """Return why ``gpus_per_replica`` cannot split the model's attention heads.
+
+    ``config`` is the model's ``config.json`` (Hugging Face's). Tensor parallelism
+    gives each GPU a whole share of the attention heads and of the KV heads (vLLM
+    refuses to start otherwise), so ``gpus_per_replica`` must divide both.
+    ``num_key_value_heads`` defaults to ``num_attention_heads`` (no grouped-query
+    attention); a config with neither (also under ``text_config``, as multimodal
+    models nest it) is not checked. Empty when the split works.
+    """
+    if not isinstance(config, dict):
+        return ["config.json must be a JSON object"]
+    text = config.get("text_config")
+    if "num_attention_heads" not in config and isinstance(text, dict):
+        config = text
+    try:
+        heads = _head_count(config, "num_attention_heads")
+        kv_heads = _head_count(config, "num_key_value_heads")
+    except ValueError as exc:
+        return [f"config.json: {exc}"]
+    if heads is None:
+        return []
+    kv_heads = heads if kv_heads is None else kv_heads
+    if heads % gpus_per_replica or kv_heads % gpus_per_replica:
+        return [
+            f"gpus_per_replica {gpus_per_replica} must divide the model's "
+            f"attention heads ({heads}) and KV heads ({kv_heads}), as config.json "
+            "gives them: each GPU takes a whole share of both"
+        ]
     return []

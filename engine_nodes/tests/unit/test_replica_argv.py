@@ -10,6 +10,7 @@ from engine_nodes.domain.replica_argv import (
     ReplicaSpec,
     engine_flag_args,
     sim_profile_for,
+    sim_quality_by_category_for,
     sim_quality_for,
     sim_replica_argv,
     sim_ttft_factor_for,
@@ -620,3 +621,25 @@ def test_the_latency_target_is_the_platforms_and_reaches_no_engine() -> None:
     target = make_spec(engine_config={"latency_target_ms": 250})
     assert vllm_serve_argv(target) == vllm_serve_argv(make_spec())
     assert sim_replica_argv(target) == sim_replica_argv(make_spec())
+
+
+def test_the_simulator_gets_the_quality_by_category() -> None:
+    spec = make_spec(
+        weights_dir="", engine_config={"sim_quality_by_category": {"maths": 0.5}}
+    )
+    argv = sim_replica_argv(spec)
+    assert argv[argv.index("--sim-quality-by-category") + 1] == '{"maths": 0.5}'
+    _, faults = options_from_args(build_parser().parse_args(argv[3:]))
+    assert faults.quality_by_category == {"maths": 0.5}
+    real = make_spec(engine_config={"sim_quality_by_category": {"maths": 0.5}})
+    assert vllm_serve_argv(real) == vllm_serve_argv(make_spec())
+    assert sim_quality_by_category_for(make_spec()) == {}
+
+
+@pytest.mark.parametrize(
+    "value", [[0.5], {"poetry": 0.5}, {"maths": 1.5}, {"maths": True}]
+)
+def test_a_bad_quality_by_category_is_refused(value: object) -> None:
+    spec = make_spec(engine_config={"sim_quality_by_category": value})
+    with pytest.raises(ValueError, match=r"sim_quality_by_category|sim quality"):
+        sim_replica_argv(spec)

@@ -97,6 +97,13 @@ def test_a_malformed_line_names_the_file_and_the_line(text: str, why: str) -> No
     assert why in raised.value.why
 
 
+def test_an_item_without_a_category_is_general() -> None:
+    (parsed,) = parse_eval_set(
+        [line(category=None, reference="Paris")], source="evals/team.jsonl"
+    )
+    assert parsed.category == "general"
+
+
 def test_a_repeated_id_and_an_empty_set_are_refused() -> None:
     with pytest.raises(EvalSetError, match="line 2: id 'q1' appears twice"):
         parse_eval_set([line(), line()], source="s.jsonl")

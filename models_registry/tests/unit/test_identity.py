@@ -9,6 +9,7 @@ from models_registry.domain.identity import (
     ModelRef,
     canonical_json,
     engine_config_errors,
+    head_count_errors,
     is_sha256_hex,
     is_valid_model_name,
     next_version_label,
@@ -289,3 +290,30 @@ def test_engine_config_refuses_any_other_engine(engine: object) -> None:
     node (where the version would fail every replica it starts)."""
     [problem] = engine_config_errors({"engine": engine})
     assert problem.startswith("engine must be one of vllm, sglang, not ")
+
+
+@pytest.mark.parametrize(
+    ("gpus", "config", "is_ok"),
+    [
+        (8, {"num_attention_heads": 32, "num_key_value_heads": 8}, True),
+        (16, {"num_attention_heads": 32, "num_key_value_heads": 8}, False),
+        (3, {"num_attention_heads": 32, "num_key_value_heads": 8}, False),
+        (4, {"num_attention_heads": 28}, True),  # KV heads default to heads
+        (8, {"num_attention_heads": 28}, False),
+        (
+            2,
+            {"text_config": {"num_attention_heads": 8, "num_key_value_heads": 1}},
+            False,
+        ),
+        (4, {"architectures": ["LlamaForCausalLM"]}, True),  # nothing to check
+    ],
+)
+def test_head_count_errors_needs_gpus_to_divide_both_head_counts(
+    gpus: int, config: dict[str, object], is_ok: bool
+) -> None:
+    assert (head_count_errors(gpus, config) == []) is is_ok
+
+
+def test_head_count_errors_refuses_a_config_with_nonsense_heads() -> None:
+    (why,) = head_count_errors(1, {"num_attention_heads": "32"})
+    assert "num_attention_heads" in why

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -240,3 +241,45 @@ def test_the_quality_fault_is_checked() -> None:
         SimReplica(
             SimOptions(model="m", served_model_names=["m"]), faults=Faults(quality=2)
         )
+
+
+def test_a_quality_by_category_lowers_that_category_only() -> None:
+    parity = [f"Is {n} even or odd? Answer with one word." for n in range(1000)]
+
+    def share(prompts: list[str], **quality: Any) -> float:
+        right = 0
+        for prompt in prompts:
+            task = oracle.recognise(prompt)
+            said = oracle.reply(user(prompt), seed=0, **quality)
+            assert task is not None and said is not None
+            right += oracle.is_right(task, said)
+        return right / len(prompts)
+
+    by_category = {"maths": 0.5}
+    assert (
+        0.45
+        <= share(maths_prompts(1000), quality=1.0, quality_by_category=by_category)
+        <= 0.55
+    )
+    assert share(parity, quality=1.0, quality_by_category=by_category) == 1.0
+    # The same draws as a replica of that quality overall: nested, as quantized.
+    assert share(
+        maths_prompts(1000), quality=1.0, quality_by_category=by_category
+    ) == share(maths_prompts(1000), quality=0.5)
+
+
+def test_the_quality_by_category_fault_is_checked() -> None:
+    replica = SimReplica(
+        SimOptions(model="m", served_model_names=["m"]),
+        faults=Faults(quality_by_category={"maths": 0.0}),
+    )
+    maths = user("What is 37 + 48? Answer with the number.")
+    wrong = replica.plan_answer(maths, max_tokens=9, ignore_eos=False, text_seed=1)
+    assert wrong is not None and "".join(wrong.pieces) != "85"
+    words = user("Reply with exactly this word: lantern")
+    kept = replica.plan_answer(words, max_tokens=9, ignore_eos=False, text_seed=1)
+    assert kept is not None and "".join(kept.pieces) == "lantern"
+    assert replica.set_faults(quality_by_category={}).quality_by_category == {}
+    for bad in ({"poetry": 0.5}, {"maths": 2}, [0.5]):
+        with pytest.raises(ValueError, match="quality"):
+            replica.set_faults(quality_by_category=bad)
