@@ -1,7 +1,7 @@
 """The judge's agreement with people: Cohen's kappa, its interval, and the floor.
 
 Public surface: ``HUMAN_LABELS``, ``KappaEstimate``, ``estimate_kappa``,
-``Agreement``, ``judge_agreement``, ``sample_for_labels``.
+``Agreement``, ``judge_agreement``, ``JudgedPair``, ``sample_for_labels``.
 
 Pure: no Django, no I/O. Reviewers grade judge items in the console
 (``models_registry.judge_labels``); each graded item gives a pair (the judge's
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any
@@ -35,6 +35,7 @@ from models_registry.domain.eval_gate import cohen_kappa
 __all__ = [
     "HUMAN_LABELS",
     "Agreement",
+    "JudgedPair",
     "KappaEstimate",
     "estimate_kappa",
     "judge_agreement",
@@ -43,6 +44,17 @@ __all__ = [
 
 # What a reviewer can say of a pair, in the pair's own terms (candidate, live).
 HUMAN_LABELS = ("candidate", "live", "tie")
+
+
+@dataclass(frozen=True, slots=True)
+class JudgedPair:
+    """One comparison the judge made: the question, both answers, its verdict."""
+
+    item_id: str
+    messages: Sequence[Mapping[str, str]]
+    candidate_answer: str
+    live_answer: str
+    verdict: str  # candidate | live | tie
 
 
 @dataclass(frozen=True, slots=True)
