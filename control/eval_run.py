@@ -22,7 +22,8 @@ once. Prompt text and answers are never logged.
 
 **Scoring.** Each answer gets its task metric (``score_answer``). With a live
 version the two are compared per category (``eval_verdict``); the judge is
-checked first on the eval set's labelled pairs (``judge_trust``) and, trusted,
+checked first on the eval set's labelled pairs (``judge_trust``), or by people's
+labels of its earlier verdicts when there are enough (``human_trust``), and, trusted,
 then compares every item whose two answers differ (identical answers tie without
 asking). Each judge prompt shows its pair in an order drawn per item
 (``judge.is_swapped``), recorded in the report as ``candidate_side``. The gate
@@ -63,6 +64,7 @@ from models_registry.domain.eval_gate import (
     judge_trust,
 )
 from models_registry.domain.eval_gate import score_answer as task_score
+from models_registry.domain.judge_agreement import JudgedPair
 
 if TYPE_CHECKING:
     from openai.types.chat import ChatCompletionMessageParam
@@ -155,6 +157,9 @@ class EvalReport:
     items: tuple[Mapping[str, Any], ...]
     worst: Mapping[str, tuple[str, ...]]
     finished_at: str
+    # The judge's comparisons with their text, for human labels
+    # (``models_registry.judge_labels``); never in the JSON report.
+    judged_pairs: tuple[JudgedPair, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -506,17 +511,26 @@ async def _judge(
     min_kappa: float,
     min_labels: int,
     progress: _Progress,
+    human_trust: JudgeTrust | None = None,
 ) -> _Judged:
-    """Calibrate the judge; if it is trusted, let it compare (module docstring)."""
+    """Calibrate the judge; if it is trusted, let it compare (module docstring).
+
+    ``human_trust``, the judge's agreement with enough human labels, takes the
+    place of the eval set's labelled pairs: no calibration is asked.
+    """
     failed = "so the gate fails closed"
-    trust, error = await _calibrate(
-        asker,
-        items,
-        judge_prompt=judge_prompt,
-        min_kappa=min_kappa,
-        min_labels=min_labels,
-        progress=progress,
-    )
+    trust: JudgeTrust | None
+    if human_trust is not None:
+        trust, error = human_trust, None
+    else:
+        trust, error = await _calibrate(
+            asker,
+            items,
+            judge_prompt=judge_prompt,
+            min_kappa=min_kappa,
+            min_labels=min_labels,
+            progress=progress,
+        )
     if error is not None or trust is None:
         return _Judged((f"the judge could not be asked, {failed}: {error}",))
     counts = {"judge_unreadable_labelled": trust.unparsed}
@@ -580,6 +594,7 @@ def _report(
     scores: Mapping[str, Mapping[str, float]],
     counts: Mapping[str, int],
     timings_s: Mapping[str, float],
+    answers: Mapping[str, Mapping[str, _Reply]] | None = None,
 ) -> EvalReport:
     """Assemble the report: failures first, else every category's reason."""
     reasons = list(judged.failures)
@@ -621,6 +636,29 @@ def _report(
         items=tuple(rows),
         worst=_worst(run.items, candidate, baseline, verdicts) if verdict else {},
         finished_at=datetime.now(tz=UTC).isoformat(timespec="seconds"),
+        judged_pairs=_judged_pairs(run.items, judged, answers or {}),
+    )
+
+
+def _judged_pairs(
+    items: Sequence[EvalItem],
+    judged: _Judged,
+    answers: Mapping[str, Mapping[str, _Reply]],
+) -> tuple[JudgedPair, ...]:
+    """Return the comparisons the judge made (identical answers were not asked)."""
+    verdicts = judged.verdicts or {}
+    if "candidate" not in answers or "live" not in answers:
+        return ()
+    return tuple(
+        JudgedPair(
+            item_id=i.id,
+            messages=i.messages,
+            candidate_answer=answers["candidate"][i.id].text,
+            live_answer=answers["live"][i.id].text,
+            verdict=verdicts[i.id],
+        )
+        for i in items
+        if i.id in judged.sides and i.id in verdicts
     )
 
 
@@ -640,13 +678,16 @@ async def run_eval(
     patience_s: float = 300.0,
     request_timeout_s: float = 120.0,
     seed: int = 0,
+    human_trust: JudgeTrust | None = None,
 ) -> EvalReport:
     """Run the eval gate over ``items`` and return its report (module docstring).
 
     ``on_progress(phase, done, total)`` is called after each answer, phase
     ``answers``, ``calibration`` or ``comparison``. ``request_timeout_s`` bounds
     one request (a timeout counts as a connection failure). ``seed`` seeds the
-    bootstrap and the retry jitter. A request that fails for good fails the gate, with the
+    bootstrap and the retry jitter. ``human_trust``, when given, is the judge's
+    agreement with enough human labels: it decides whether the judge is trusted,
+    in place of the eval set's labelled pairs. A request that fails for good fails the gate, with the
     reason in the report; nothing is raised for it.
 
     Raises:
@@ -715,12 +756,19 @@ async def run_eval(
         verdict: GateVerdict | None,
         judged: _Judged,
         scores: dict[str, dict[str, float]],
+        answers: Mapping[str, Mapping[str, _Reply]] | None = None,
     ) -> EvalReport:
         for side, a in askers.items():
             counts[f"{side}_calls"], counts[f"{side}_retries"] = a.calls, a.retries
         timings["total"] = time.monotonic() - started
         return _report(
-            run, verdict, judged, scores=scores, counts=counts, timings_s=timings
+            run,
+            verdict,
+            judged,
+            scores=scores,
+            counts=counts,
+            timings_s=timings,
+            answers=answers,
         )
 
     errors = [error for _, error in collected if error is not None]
@@ -760,6 +808,7 @@ async def run_eval(
             min_kappa=min_kappa,
             min_labels=min_labels,
             progress=progress,
+            human_trust=human_trust,
         )
         timings["judge"] = time.monotonic() - judge_started
         counts["judge_calls"], counts["judge_retries"] = (
@@ -775,4 +824,4 @@ async def run_eval(
         judge=judged.trust,
         seed=seed,
     )
-    return finish(verdict, judged, scores)
+    return finish(verdict, judged, scores, answers)
