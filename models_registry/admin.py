@@ -33,6 +33,7 @@ from models_registry.models import (
     SCALING_FIELDS,
     EvalSet,
     GateRun,
+    JudgeItem,
     ModelVersion,
     Pool,
     PoolSchedule,
@@ -341,6 +342,28 @@ class GateRunAdmin(ReadOnlyAdmin):
     list_filter = ("kind", "state", "version__model")
     search_fields = ("version__model__model", "version__version", "detail")
     list_select_related = ("version",)
+    date_hierarchy = "created_at"
+
+
+@admin.register(JudgeItem)
+class JudgeItemAdmin(ReadOnlyAdmin):
+    """The judge's verdicts kept for people, and their labels (a list to export;
+    reviewers label them on the console's Judge labels page)."""
+
+    list_display = (
+        "judge",
+        "item_id",
+        "eval_set",
+        "candidate",
+        "live",
+        "judge_verdict",
+        "candidate_side",
+        "label",
+        "labelled_by",
+        "labelled_at",
+    )
+    list_filter = ("judge", "label")
+    search_fields = ("judge", "item_id", "candidate", "labelled_by")
     date_hierarchy = "created_at"
 
 
