@@ -26,7 +26,7 @@ from django.utils.html import format_html, format_html_join
 
 from config.api import admin_name
 from config.errors import PlatformError
-from models_registry import services
+from models_registry import judge_labels, services
 from models_registry.domain.identity import IDENTITY_FIELDS, VersionStatus, uri_errors
 from models_registry.domain.scaling import problem_field
 from models_registry.models import (
@@ -256,13 +256,18 @@ class ModelVersionAdmin(admin.ModelAdmin):
             )
             for gate in summary["gates"]
         ]
+        # The eval gate's judge as people see it now (models_registry.judge_labels).
+        agreement = judge_labels.model_agreement(obj.model)
         return format_html(
             "<p>attempt {}</p><table><tr><th>gate</th><th>state</th><th>progress</th>"
-            "<th>detail</th></tr>{}</table>",
+            "<th>detail</th></tr>{}</table>{}",
             summary["attempt"],
             format_html_join(
                 "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", rows
             ),
+            format_html('<p class="judge-agreement">{}</p>', agreement["reason"])
+            if agreement is not None
+            else "",
         )
 
     @admin.display(description="weights per region")

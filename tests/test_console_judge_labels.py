@@ -5,8 +5,14 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
 
-from models_registry.models import JudgeItem
+from models_registry import judge_labels
+from models_registry import services as registry_services
+from models_registry.models import JudgeItem, ModelVersion
+from rollouts.services import set_alias
+from tests.factories import VERSION_BODY, accept
 
 pytestmark = pytest.mark.django_db
 
@@ -82,3 +88,26 @@ def test_label_page_refuses_staff_without_the_permission() -> None:
     client = Client()
     client.force_login(user)
     assert client.get(PAGE).status_code == 403
+
+
+def test_version_page_shows_the_judges_agreement_beside_its_gates(
+    console: Client, chat_v1: ModelVersion
+) -> None:
+    registry_services.create_model(model_id="reason-70b")
+    judge = accept(
+        registry_services.register_version(model_id="reason-70b", **VERSION_BODY)
+    )
+    set_alias(model_id="reason-70b", version=judge.version)
+    first = item(1)
+    first.judge = judge.ref
+    first.save()
+    judge_labels.label_item(
+        item_id=first.pk, label="a", reviewer="ana", now=timezone.now()
+    )
+    page = console.get(
+        reverse("admin:models_registry_modelversion_change", args=[chat_v1.pk])
+    ).content.decode()
+    assert (
+        f'<p class="judge-agreement">the judge {judge.ref}: Cohen&#x27;s kappa 1.00'
+    ) in page
+    assert "at least 20 are needed before they decide" in page
