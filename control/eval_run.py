@@ -29,7 +29,9 @@ asking). Each judge prompt shows its pair in an order drawn per item
 (``judge.is_swapped``), recorded in the report as ``candidate_side``. The gate
 fails closed, saying why, when the judge cannot be reached, it answers nothing
 readable (or more than a tenth of the comparisons unreadably), or it is not
-trusted. With no judge at all (``judge=None``: the model's gate settings name
+trusted. The judge's comparisons come back with their text (``judged_pairs``,
+never in the JSON) for people to label; a judge the eval set's pairs do not
+trust still compares ``label_sample`` items for that alone. With no judge at all (``judge=None``: the model's gate settings name
 none), the task metrics alone decide.
 
 **A model's first version** has no live version: the candidate is scored alone
@@ -46,7 +48,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 
@@ -64,7 +66,7 @@ from models_registry.domain.eval_gate import (
     judge_trust,
 )
 from models_registry.domain.eval_gate import score_answer as task_score
-from models_registry.domain.judge_agreement import JudgedPair
+from models_registry.domain.judge_agreement import JudgedPair, sample_for_labels
 
 if TYPE_CHECKING:
     from openai.types.chat import ChatCompletionMessageParam
@@ -417,6 +419,8 @@ class _Judged:
     verdicts: Mapping[str, str] | None = None
     sides: Mapping[str, str] = field(default_factory=dict)
     counts: Mapping[str, int] = field(default_factory=dict)
+    # An untrusted judge's comparisons, asked only for people to label.
+    for_labels: tuple[JudgedPair, ...] = ()
 
 
 async def _calibrate(
@@ -512,11 +516,15 @@ async def _judge(
     min_labels: int,
     progress: _Progress,
     human_trust: JudgeTrust | None = None,
+    label_sample: int = 0,
 ) -> _Judged:
     """Calibrate the judge; if it is trusted, let it compare (module docstring).
 
     ``human_trust``, the judge's agreement with enough human labels, takes the
-    place of the eval set's labelled pairs: no calibration is asked.
+    place of the eval set's labelled pairs: no calibration is asked. A judge the
+    eval set's pairs do not trust still compares ``label_sample`` items, for
+    people to label only (its verdicts count for nothing here): so a judge that
+    no labelled pair vouches for can earn trust from people.
     """
     failed = "so the gate fails closed"
     trust: JudgeTrust | None
@@ -544,8 +552,18 @@ async def _judge(
             counts=counts,
         )
     if not trust.trusted:
-        # No comparisons: an untrusted judge's preferences would count for nothing.
-        return _Judged((), trust=trust, verdicts={}, counts=counts)
+        # An untrusted judge's preferences count for nothing in the verdict.
+        if label_sample <= 0 or human_trust is not None:
+            return _Judged((), trust=trust, verdicts={}, counts=counts)
+        return await _judge_for_labels(
+            asker,
+            items,
+            answers,
+            judge_prompt=judge_prompt,
+            progress=progress,
+            judged=_Judged((), trust=trust, verdicts={}, counts=counts),
+            label_sample=label_sample,
+        )
     verdicts, sides, asked, unreadable, error = await _compare(
         asker, items, answers, judge_prompt=judge_prompt, progress=progress
     )
@@ -571,6 +589,36 @@ async def _judge(
             counts=counts,
         )
     return _Judged((), trust=trust, verdicts=verdicts, sides=sides, counts=counts)
+
+
+async def _judge_for_labels(
+    asker: _Asker,
+    items: Sequence[EvalItem],
+    answers: Mapping[str, Mapping[str, _Reply]],
+    *,
+    judge_prompt: str,
+    progress: _Progress,
+    judged: _Judged,
+    label_sample: int,
+) -> _Judged:
+    """Ask the untrusted judge about a sample of differing items, for people."""
+    differing = [
+        i.id
+        for i in items
+        if answers["candidate"][i.id].text.strip() != answers["live"][i.id].text.strip()
+    ]
+    sample = set(sample_for_labels(differing, label_sample, seed=judge_prompt))
+    subset = [i for i in items if i.id in sample]
+    verdicts, sides, asked, _, error = await _compare(
+        asker, subset, answers, judge_prompt=judge_prompt, progress=progress
+    )
+    asked_for = _Judged((), verdicts=verdicts, sides=sides)
+    return replace(
+        judged,
+        counts={**judged.counts, "judge_label_comparisons": asked},
+        # A failure here fails nothing: the gate has failed on trust already.
+        for_labels=() if error else _judged_pairs(subset, asked_for, answers),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -636,7 +684,8 @@ def _report(
         items=tuple(rows),
         worst=_worst(run.items, candidate, baseline, verdicts) if verdict else {},
         finished_at=datetime.now(tz=UTC).isoformat(timespec="seconds"),
-        judged_pairs=_judged_pairs(run.items, judged, answers or {}),
+        judged_pairs=judged.for_labels
+        or _judged_pairs(run.items, judged, answers or {}),
     )
 
 
@@ -679,6 +728,7 @@ async def run_eval(
     request_timeout_s: float = 120.0,
     seed: int = 0,
     human_trust: JudgeTrust | None = None,
+    label_sample: int = 0,
 ) -> EvalReport:
     """Run the eval gate over ``items`` and return its report (module docstring).
 
@@ -687,7 +737,8 @@ async def run_eval(
     one request (a timeout counts as a connection failure). ``seed`` seeds the
     bootstrap and the retry jitter. ``human_trust``, when given, is the judge's
     agreement with enough human labels: it decides whether the judge is trusted,
-    in place of the eval set's labelled pairs. A request that fails for good fails the gate, with the
+    in place of the eval set's labelled pairs. ``label_sample``: how many items
+    an untrusted judge still compares, for people to label (``_judge``). A request that fails for good fails the gate, with the
     reason in the report; nothing is raised for it.
 
     Raises:
@@ -809,6 +860,7 @@ async def run_eval(
             min_labels=min_labels,
             progress=progress,
             human_trust=human_trust,
+            label_sample=label_sample,
         )
         timings["judge"] = time.monotonic() - judge_started
         counts["judge_calls"], counts["judge_retries"] = (

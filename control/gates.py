@@ -600,6 +600,7 @@ async def _run_eval_set(
             min_labels=config.min_labels,
             on_progress=progress,
             human_trust=human_trust,
+            label_sample=settings.PLATFORM_JUDGE_LABEL_SAMPLE,
         )
     return report
 

@@ -297,6 +297,25 @@ def test_human_labels_that_trust_the_judge_replace_the_labelled_pairs(
     assert "judged_pairs" not in report.as_dict()  # never in the JSON report
 
 
+def test_an_untrusted_judge_still_compares_a_sample_for_people_to_label(
+    items: list[EvalItem], replicas: dict[str, Replica]
+) -> None:
+    report = evaluate(
+        items, replicas, candidate=0.5, judge_quality=0.5, label_sample=10
+    )
+    assert not report.passed
+    assert report.reasons[0].startswith("the judge is not trusted")
+    # Its verdicts count for nothing: no judge metric, the labelled pairs and the
+    # sample asked.
+    assert all(r.metric == "task" for r in report.categories)
+    assert report.counts["judge_label_comparisons"] == 10
+    assert report.counts["judge_calls"] == 40 + 10
+    assert len(report.judged_pairs) >= 9  # an unreadable reply is left out
+    assert all(
+        p.candidate_answer.strip() != p.live_answer.strip() for p in report.judged_pairs
+    )
+
+
 def test_human_labels_below_the_floor_fail_closed_without_asking_the_judge(
     items: list[EvalItem], replicas: dict[str, Replica]
 ) -> None:
