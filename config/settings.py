@@ -541,6 +541,9 @@ try:
     PLATFORM_EVAL_REPORT_ROOT = env_str(
         "PLATFORM_EVAL_REPORT_ROOT", f"file://{BASE_DIR / '.local' / 'reports'}"
     )
+    # How many of the judge's verdicts each eval set of a gate run keeps for
+    # reviewers to label in the console (models_registry.judge_labels).
+    PLATFORM_JUDGE_LABEL_SAMPLE = env_int("PLATFORM_JUDGE_LABEL_SAMPLE", 20, minimum=0)
     PLATFORM_LOAD_TEST_TRACE = env_str(
         "PLATFORM_LOAD_TEST_TRACE",
         str(BASE_DIR / "platform" / "traces" / "chat-650-250.jsonl"),

@@ -2,7 +2,8 @@
 
 URL names: ``console-home`` (/console/, the admin's index), ``console-pool``,
 ``console-rollouts``, ``console-rollout``, ``console-teams``, ``console-team``,
-``console-reports`` and ``console-reports-csv`` (``console.reports``).
+``console-reports`` and ``console-reports-csv`` (``console.reports``),
+``console-judge-labels`` (``console.judge_labels``).
 
 /console/rollouts/ is also where the admin puts the rollouts app's index; the
 console's list of rollouts takes its place (the admin's tables stay one click
@@ -14,7 +15,7 @@ one of them is no rollout page (``_RolloutModel``).
 from django.contrib import admin
 from django.urls import path, register_converter
 
-from console import reports, views
+from console import judge_labels, reports, views
 
 
 class _RolloutModel:
@@ -61,5 +62,10 @@ urlpatterns = [
         name="console-reports-csv",
     ),
     path("teams/", admin.site.admin_view(views.teams), name="console-teams"),
+    path(
+        "judge-labels/",
+        admin.site.admin_view(judge_labels.label_page),
+        name="console-judge-labels",
+    ),
     path("teams/<str:team>/", admin.site.admin_view(views.team), name="console-team"),
 ]

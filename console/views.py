@@ -52,6 +52,7 @@ def _nav(request: HttpRequest) -> dict[str, Any]:
         "show_rollouts": user.has_perm("rollouts.view_rollout"),
         "show_teams": user.has_perm("accounts.view_team"),
         "show_reports": user.has_perm("metering.view_cost_report"),
+        "show_judge_labels": user.has_perm("models_registry.change_judgeitem"),
     }
 
 

@@ -5,7 +5,8 @@ Public surface: ``render_html``, ``precision_html``, ``write_report``,
 
 ``render_html`` turns ``EvalReport.as_dict()`` into one HTML page with no outside
 resources: the verdict and its reasons at the top, then the run (versions, judge
-and prompt version, counts, timings), the judge's trust, and a table per
+and prompt version, counts, timings), the judge's trust (and its agreement with
+human labels, ``judge_agreement``, where the gate read it), and a table per
 category (each metric's means, difference, confidence interval, threshold,
 pass or fail, and the ids of the items where the candidate did worst); a run
 that changed precision starts with the precisions side by side
@@ -216,6 +217,10 @@ def render_html(report: Mapping[str, Any]) -> str:
         )
     else:
         judge_part = "<p>The judge was not checked.</p>"
+    people = report.get("judge_agreement")
+    if isinstance(people, Mapping):
+        # The judge's agreement with human labels (models_registry.judge_labels).
+        judge_part += f'<p class="people">People: {_text(people.get("reason"))}</p>'
     categories = report.get("categories") or []
     worst = report.get("worst") or {}
     baseline = "floor" if report.get("mode") == "floor" else "live"

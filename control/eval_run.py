@@ -23,14 +23,18 @@ once. Prompt text and answers are never logged.
 
 **Scoring.** Each answer gets its task metric (``score_answer``). With a live
 version the two are compared per category (``eval_verdict``); the judge is
-checked first on the eval set's labelled pairs (``judge_trust``) and, trusted,
+checked first on the eval set's labelled pairs (``judge_trust``), or by people's
+labels of its earlier verdicts when there are enough (``human_trust``), and, trusted,
 then compares every item whose two answers differ (identical answers tie without
 asking). Each judge prompt shows its pair in an order drawn per item
 (``judge.is_swapped``), recorded in the report as ``candidate_side``. The gate
 fails closed, saying why, when the judge cannot be reached, it answers nothing
 readable (or more than a tenth of the comparisons unreadably), or it is not
-trusted. With no judge at all (``judge=None``: the model's gate settings name
-none), the task metrics alone decide.
+trusted. The judge's comparisons come back with their text (``judged_pairs``,
+never in the JSON) for people to label; a judge the eval set's pairs do not
+trust still compares ``label_sample`` items for that alone. With no judge at all
+(``judge=None``: the model's gate settings name none), the task metrics alone
+decide.
 
 **A change of precision** (``precision``, a ``PrecisionSides``, whose candidate
 differs from live's): the versions of the model's other precisions are asked the
@@ -54,7 +58,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 
@@ -72,6 +76,7 @@ from models_registry.domain.eval_gate import (
     judge_trust,
 )
 from models_registry.domain.eval_gate import score_answer as task_score
+from models_registry.domain.judge_agreement import JudgedPair, sample_for_labels
 from models_registry.domain.precision_gate import (
     PrecisionColumn,
     PrecisionReport,
@@ -188,6 +193,9 @@ class EvalReport:
     worst: Mapping[str, tuple[str, ...]]
     finished_at: str
     precision: PrecisionReport | None = None
+    # The judge's comparisons with their text, for human labels
+    # (``models_registry.judge_labels``); never in the JSON report.
+    judged_pairs: tuple[JudgedPair, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -498,6 +506,8 @@ class _Judged:
     verdicts: Mapping[str, str] | None = None
     sides: Mapping[str, str] = field(default_factory=dict)
     counts: Mapping[str, int] = field(default_factory=dict)
+    # An untrusted judge's comparisons, asked only for people to label.
+    for_labels: tuple[JudgedPair, ...] = ()
 
 
 async def _calibrate(
@@ -592,17 +602,30 @@ async def _judge(
     min_kappa: float,
     min_labels: int,
     progress: _Progress,
+    human_trust: JudgeTrust | None = None,
+    label_sample: int = 0,
 ) -> _Judged:
-    """Calibrate the judge; if it is trusted, let it compare (module docstring)."""
+    """Calibrate the judge; if it is trusted, let it compare (module docstring).
+
+    ``human_trust``, the judge's agreement with enough human labels, takes the
+    place of the eval set's labelled pairs: no calibration is asked. A judge the
+    eval set's pairs do not trust still compares ``label_sample`` items, for
+    people to label only (its verdicts count for nothing here): so a judge that
+    no labelled pair vouches for can earn trust from people.
+    """
     failed = "so the gate fails closed"
-    trust, error = await _calibrate(
-        asker,
-        items,
-        judge_prompt=judge_prompt,
-        min_kappa=min_kappa,
-        min_labels=min_labels,
-        progress=progress,
-    )
+    trust: JudgeTrust | None
+    if human_trust is not None:
+        trust, error = human_trust, None
+    else:
+        trust, error = await _calibrate(
+            asker,
+            items,
+            judge_prompt=judge_prompt,
+            min_kappa=min_kappa,
+            min_labels=min_labels,
+            progress=progress,
+        )
     if error is not None or trust is None:
         return _Judged((f"the judge could not be asked, {failed}: {error}",))
     counts = {"judge_unreadable_labelled": trust.unparsed}
@@ -616,8 +639,18 @@ async def _judge(
             counts=counts,
         )
     if not trust.trusted:
-        # No comparisons: an untrusted judge's preferences would count for nothing.
-        return _Judged((), trust=trust, verdicts={}, counts=counts)
+        # An untrusted judge's preferences count for nothing in the verdict.
+        if label_sample <= 0 or human_trust is not None:
+            return _Judged((), trust=trust, verdicts={}, counts=counts)
+        return await _judge_for_labels(
+            asker,
+            items,
+            answers,
+            judge_prompt=judge_prompt,
+            progress=progress,
+            judged=_Judged((), trust=trust, verdicts={}, counts=counts),
+            label_sample=label_sample,
+        )
     verdicts, sides, asked, unreadable, error = await _compare(
         asker, items, answers, judge_prompt=judge_prompt, progress=progress
     )
@@ -645,6 +678,36 @@ async def _judge(
     return _Judged((), trust=trust, verdicts=verdicts, sides=sides, counts=counts)
 
 
+async def _judge_for_labels(
+    asker: _Asker,
+    items: Sequence[EvalItem],
+    answers: Mapping[str, Mapping[str, _Reply]],
+    *,
+    judge_prompt: str,
+    progress: _Progress,
+    judged: _Judged,
+    label_sample: int,
+) -> _Judged:
+    """Ask the untrusted judge about a sample of differing items, for people."""
+    differing = [
+        i.id
+        for i in items
+        if answers["candidate"][i.id].text.strip() != answers["live"][i.id].text.strip()
+    ]
+    sample = set(sample_for_labels(differing, label_sample, seed=judge_prompt))
+    subset = [i for i in items if i.id in sample]
+    verdicts, sides, asked, _, error = await _compare(
+        asker, subset, answers, judge_prompt=judge_prompt, progress=progress
+    )
+    asked_for = _Judged((), verdicts=verdicts, sides=sides)
+    return replace(
+        judged,
+        counts={**judged.counts, "judge_label_comparisons": asked},
+        # A failure here fails nothing: the gate has failed on trust already.
+        for_labels=() if error else _judged_pairs(subset, asked_for, answers),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class _Run:
     """What a run was asked to do, for its report."""
@@ -667,6 +730,7 @@ def _report(
     counts: Mapping[str, int],
     timings_s: Mapping[str, float],
     precision: PrecisionReport | None = None,
+    answers: Mapping[str, Mapping[str, _Reply]] | None = None,
 ) -> EvalReport:
     """Assemble the report: failures first, else every category's reason."""
     reasons = list(judged.failures)
@@ -713,6 +777,30 @@ def _report(
         worst=_worst(run.items, candidate, baseline, verdicts) if verdict else {},
         finished_at=datetime.now(tz=UTC).isoformat(timespec="seconds"),
         precision=precision,
+        judged_pairs=judged.for_labels
+        or _judged_pairs(run.items, judged, answers or {}),
+    )
+
+
+def _judged_pairs(
+    items: Sequence[EvalItem],
+    judged: _Judged,
+    answers: Mapping[str, Mapping[str, _Reply]],
+) -> tuple[JudgedPair, ...]:
+    """Return the comparisons the judge made (identical answers were not asked)."""
+    verdicts = judged.verdicts or {}
+    if "candidate" not in answers or "live" not in answers:
+        return ()
+    return tuple(
+        JudgedPair(
+            item_id=i.id,
+            messages=i.messages,
+            candidate_answer=answers["candidate"][i.id].text,
+            live_answer=answers["live"][i.id].text,
+            verdict=verdicts[i.id],
+        )
+        for i in items
+        if i.id in judged.sides and i.id in verdicts
     )
 
 
@@ -733,16 +821,22 @@ async def run_eval(
     request_timeout_s: float = 120.0,
     seed: int = 0,
     precision: PrecisionSides | None = None,
+    human_trust: JudgeTrust | None = None,
+    label_sample: int = 0,
 ) -> EvalReport:
     """Run the eval gate over ``items`` and return its report (module docstring).
 
     ``on_progress(phase, done, total)`` is called after each answer, phase
     ``answers``, ``calibration`` or ``comparison``. ``request_timeout_s`` bounds
     one request (a timeout counts as a connection failure). ``seed`` seeds the
-    bootstrap and the retry jitter. A request that fails for good fails the gate, with the
-    reason in the report; nothing is raised for it. ``precision``, when its
-    candidate differs from live's (and there is a live version), adds the
-    precisions side by side (module docstring).
+    bootstrap and the retry jitter. ``human_trust``, when given, is the judge's
+    agreement with enough human labels: it decides whether the judge is trusted,
+    in place of the eval set's labelled pairs. ``label_sample``: how many items
+    an untrusted judge still compares, for people to label (``_judge``).
+    ``precision``, when its candidate differs from live's (and there is a live
+    version), adds the precisions side by side (module docstring). A request
+    that fails for good fails the gate, with the reason in the report; nothing
+    is raised for it.
 
     Raises:
         ValueError: no items, an unknown judge prompt, a category without a
@@ -823,6 +917,7 @@ async def run_eval(
         verdict: GateVerdict | None,
         judged: _Judged,
         scores: dict[str, dict[str, float]],
+        answers: Mapping[str, Mapping[str, _Reply]] | None = None,
     ) -> EvalReport:
         for side, a in askers.items():
             counts[f"{side}_calls"], counts[f"{side}_retries"] = a.calls, a.retries
@@ -847,6 +942,7 @@ async def run_eval(
             counts=counts,
             timings_s=timings,
             precision=table,
+            answers=answers,
         )
 
     errors = [error for _, error in collected if error is not None]
@@ -886,6 +982,8 @@ async def run_eval(
             min_kappa=min_kappa,
             min_labels=min_labels,
             progress=progress,
+            human_trust=human_trust,
+            label_sample=label_sample,
         )
         timings["judge"] = time.monotonic() - judge_started
         counts["judge_calls"], counts["judge_retries"] = (
@@ -901,4 +999,4 @@ async def run_eval(
         judge=judged.trust,
         seed=seed,
     )
-    return finish(verdict, judged, scores)
+    return finish(verdict, judged, scores, answers)

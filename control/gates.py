@@ -76,7 +76,7 @@ from control.embedding_gates import (
     embedding_load_test,
 )
 from control.eval_report import ReportLocationError, write_report
-from control.eval_run import PrecisionSides, Target, run_eval
+from control.eval_run import EvalReport, PrecisionSides, Target, run_eval
 from control.load_test import (
     LoadTestError,
     LoadTestResult,
@@ -86,6 +86,7 @@ from control.load_test import (
 from engine_nodes import weights
 from engine_nodes.domain.liveness import ReplicaState
 from engine_nodes.models import Replica
+from models_registry import judge_labels
 from models_registry import services as registry
 from models_registry.domain.embedding_eval import parse_probe_set
 from models_registry.domain.embedding_load_test import (
@@ -94,7 +95,12 @@ from models_registry.domain.embedding_load_test import (
     EmbeddingStep,
     latency_target_ms_for,
 )
-from models_registry.domain.eval_gate import EvalItem, EvalSetError, parse_eval_set
+from models_registry.domain.eval_gate import (
+    EvalItem,
+    EvalSetError,
+    JudgeTrust,
+    parse_eval_set,
+)
 from models_registry.domain.gates import (
     GATE_ORDER,
     GATING_STATUSES,
@@ -106,6 +112,7 @@ from models_registry.domain.gates import (
     status_for_gate,
 )
 from models_registry.domain.identity import VersionStatus, uri_errors
+from models_registry.domain.judge_agreement import Agreement
 from models_registry.domain.load_test import CapacityStep
 from models_registry.models import (
     EvalSet,
@@ -437,6 +444,40 @@ def _judge_ref(config: GateConfig) -> str | None:
     return config.judge_model
 
 
+def _judge_agreement(judge: str | None, config: GateConfig) -> Agreement | None:
+    """Return the judge's agreement with human labels; fail closed below its floor."""
+    ref = judge_labels.judge_version(judge) if judge else None
+    if ref is None:
+        return None
+    agreement = judge_labels.agreement_for(
+        ref, min_kappa=config.min_kappa, min_labels=config.min_labels
+    )
+    if not agreement.can_gate:
+        raise GateFailed(
+            f"{agreement.reason}, so the gate fails closed",
+            {"judge_agreement": agreement.as_dict()},
+        )
+    return agreement
+
+
+def _keep_for_labels(
+    run: GateRun, uri: str, report: EvalReport, agreement: Agreement | None
+) -> None:
+    """Keep a sample of the judge's comparisons for people to label."""
+    if agreement is None or report.live is None or not report.judged_pairs:
+        return
+    judge_labels.record_judge_items(
+        gate_run=run,
+        eval_set=uri,
+        judge=agreement.judge,
+        judge_prompt=report.judge_prompt,
+        candidate=report.candidate,
+        live=report.live,
+        pairs=report.judged_pairs,
+        sample_size=settings.PLATFORM_JUDGE_LABEL_SAMPLE,
+    )
+
+
 def _eval_gate(context: _Attempt, run: GateRun) -> dict[str, Any]:
     version, config = context.version, context.config
     if version.model.kind == ModelKind.EMBEDDING:
@@ -457,6 +498,9 @@ def _eval_gate(context: _Attempt, run: GateRun) -> dict[str, Any]:
         if live is not None and live_version is not None
         else None
     )
+    # People's labels of the judge's verdicts decide whether it may judge, once
+    # there are enough of them (models_registry.judge_labels).
+    agreement = _judge_agreement(judge, config)
     _staging_replica(context, run)
     reports: list[dict[str, Any]] = []
     models = [version.model_id, *([judge] if judge else [])]
@@ -466,7 +510,7 @@ def _eval_gate(context: _Attempt, run: GateRun) -> dict[str, Any]:
 
             def evaluate(
                 report: Report, items: list[EvalItem] = items, number: int = number
-            ) -> dict[str, Any]:
+            ) -> EvalReport:
                 def progress(phase: str, done: int, total: int) -> None:
                     where = f"eval set {number}/{len(sets)}: {phase}"
                     report(done, total, f"{where} {done}/{total}")
@@ -481,10 +525,15 @@ def _eval_gate(context: _Attempt, run: GateRun) -> dict[str, Any]:
                         config=config,
                         progress=progress,
                         precision=precision,
+                        human_trust=judge_labels.trust_from_agreement(agreement)
+                        if agreement is not None
+                        else None,
                     )
                 )
 
-            reports.append({"eval_set": uri, **_reporting(run, evaluate)})
+            finished = _reporting(run, evaluate)
+            _keep_for_labels(run, uri, finished, agreement)
+            reports.append({"eval_set": uri, **finished.as_dict()})
     passed = all(r["passed"] for r in reports)
     reasons = [f"{r['eval_set']}: {reason}" for r in reports for reason in r["reasons"]]
     tables = [
@@ -497,6 +546,7 @@ def _eval_gate(context: _Attempt, run: GateRun) -> dict[str, Any]:
         "candidate": version.ref,
         "live": live,
         "judge": judge,
+        "judge_agreement": agreement.as_dict() if agreement is not None else None,
         "attempt": context.attempt,
         "passed": passed,
         "reasons": reasons,
@@ -591,7 +641,8 @@ async def _run_eval_set(
     config: GateConfig,
     progress: Callable[[str, int, int], None],
     precision: _PrecisionPlan | None = None,
-) -> dict[str, Any]:
+    human_trust: JudgeTrust | None = None,
+) -> EvalReport:
     headers = {"x-priority": "batch"}
     async with openai.AsyncOpenAI(
         base_url=f"{settings.PLATFORM_GATE_GATEWAY_URL.rstrip('/')}/v1",
@@ -622,8 +673,10 @@ async def _run_eval_set(
                 if precision is not None
                 else None
             ),
+            human_trust=human_trust,
+            label_sample=settings.PLATFORM_JUDGE_LABEL_SAMPLE,
         )
-    return report.as_dict()
+    return report
 
 
 @contextlib.contextmanager

@@ -26,13 +26,14 @@ from django.utils.html import format_html, format_html_join
 
 from config.api import admin_name
 from config.errors import PlatformError
-from models_registry import services
+from models_registry import judge_labels, services
 from models_registry.domain.identity import IDENTITY_FIELDS, VersionStatus, uri_errors
 from models_registry.domain.scaling import problem_field
 from models_registry.models import (
     SCALING_FIELDS,
     EvalSet,
     GateRun,
+    JudgeItem,
     ModelVersion,
     Pool,
     PoolSchedule,
@@ -256,13 +257,18 @@ class ModelVersionAdmin(admin.ModelAdmin):
             )
             for gate in summary["gates"]
         ]
+        # The eval gate's judge as people see it now (models_registry.judge_labels).
+        agreement = judge_labels.model_agreement(obj.model)
         return format_html(
             "<p>attempt {}</p><table><tr><th>gate</th><th>state</th><th>progress</th>"
-            "<th>detail</th></tr>{}</table>",
+            "<th>detail</th></tr>{}</table>{}",
             summary["attempt"],
             format_html_join(
                 "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", rows
             ),
+            format_html('<p class="judge-agreement">{}</p>', agreement["reason"])
+            if agreement is not None
+            else "",
         )
 
     @admin.display(description="precisions side by side")
@@ -407,6 +413,28 @@ class GateRunAdmin(ReadOnlyAdmin):
     list_filter = ("kind", "state", "version__model")
     search_fields = ("version__model__model", "version__version", "detail")
     list_select_related = ("version",)
+    date_hierarchy = "created_at"
+
+
+@admin.register(JudgeItem)
+class JudgeItemAdmin(ReadOnlyAdmin):
+    """The judge's verdicts kept for people, and their labels (a list to export;
+    reviewers label them on the console's Judge labels page)."""
+
+    list_display = (
+        "judge",
+        "item_id",
+        "eval_set",
+        "candidate",
+        "live",
+        "judge_verdict",
+        "candidate_side",
+        "label",
+        "labelled_by",
+        "labelled_at",
+    )
+    list_filter = ("judge", "label")
+    search_fields = ("judge", "item_id", "candidate", "labelled_by")
     date_hierarchy = "created_at"
 
 

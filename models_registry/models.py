@@ -704,3 +704,70 @@ def clock(minute: int | None) -> str:
     if minute is None:
         return "--:--"
     return f"{minute // 60:02d}:{minute % 60:02d}"
+
+
+class JudgeLabel(models.TextChoices):
+    """What a reviewer said of a pair, as shown to them (``""`` not yet)."""
+
+    NONE = "", "not labelled"
+    A = "a", "A is better"
+    B = "b", "B is better"
+    TIE = "tie", "tie"
+
+
+class JudgeItem(models.Model):
+    """One judge verdict from an eval gate, kept for a person to grade blind.
+
+    The prompt and answers come from the platform's own eval sets, never from
+    users' traffic. ``answer_a``/``answer_b`` are the two answers in the order the
+    reviewer sees them (drawn at random, independently of the judge's order);
+    ``candidate_side`` says which one the candidate wrote, ``judge_verdict`` what
+    the judge said in the pair's own terms (candidate, live, tie). Neither is
+    shown to the reviewer. ``label`` is set once (compare-and-set on ``""``).
+    """
+
+    gate_run = models.ForeignKey(
+        GateRun,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,  # the labels outlive the version's history
+        related_name="judge_items",
+    )
+    judge = models.CharField(max_length=200, help_text="The judge's model@version.")
+    judge_prompt = models.CharField(max_length=64)
+    candidate = models.CharField(max_length=200)
+    live = models.CharField(max_length=200)
+    eval_set = models.CharField(max_length=1024)
+    item_id = models.CharField(max_length=200)
+    question = models.JSONField(help_text="The item's chat messages.")
+    answer_a = models.TextField()
+    answer_b = models.TextField()
+    candidate_side = models.CharField(max_length=1, choices=[("a", "a"), ("b", "b")])
+    judge_verdict = models.CharField(
+        max_length=16,
+        choices=[("candidate", "candidate"), ("live", "live"), ("tie", "tie")],
+    )
+    label = models.CharField(
+        max_length=8, choices=JudgeLabel.choices, default="", blank=True
+    )
+    labelled_by = models.CharField(max_length=150, blank=True)
+    labelled_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "judge_items"
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["gate_run", "eval_set", "item_id"],
+                name="judge_item_unique",
+            ),
+            models.CheckConstraint(
+                condition=Q(label__in=[c.value for c in JudgeLabel]),
+                name="judge_item_label_known",
+            ),
+        ]
+        indexes = [models.Index(fields=["judge", "label"], name="judge_item_label")]
+
+    def __str__(self) -> str:
+        return f"{self.judge} on {self.item_id} ({self.label or 'unlabelled'})"

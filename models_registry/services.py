@@ -21,6 +21,7 @@ from django.utils import timezone
 from config.celery import app as celery_app
 from config.errors import Conflict, InvalidRequest, NotFound
 from config.names import SLUG_RULE, is_valid_version_label
+from models_registry import judge_labels
 from models_registry.domain.gates import (
     GATE_ORDER,
     GATING_STATUSES,
@@ -295,6 +296,7 @@ class GateHistory(TypedDict):
     status: str
     status_reason: str
     runs: list[GateRunOut]
+    judge_agreement: dict[str, Any] | None
 
 
 class RegionCopyOut(TypedDict):
@@ -635,6 +637,7 @@ def gate_history(model_id: str, version: str) -> GateHistory:
         "status": found.status,
         "status_reason": found.status_reason,
         "runs": [gate_run_dict(run) for run in runs],
+        "judge_agreement": judge_labels.model_agreement(found.model),
     }
 
 

@@ -35,7 +35,14 @@ from engine_nodes.models import Replica
 from engine_nodes.weights import tree_digest
 from localrun.processes import wait_until
 from localrun.seeding import VERSION_BODY, ModelSeed, VersionSeed, digest, version_body
-from models_registry.models import GateRun, Model, ModelVersion, Pool, VersionRegion
+from models_registry.models import (
+    GateRun,
+    JudgeItem,
+    Model,
+    ModelVersion,
+    Pool,
+    VersionRegion,
+)
 from tests.live import LivePlatform, start_platform
 
 if TYPE_CHECKING:
@@ -251,6 +258,15 @@ def test_a_good_version_passes_its_gates_and_a_degraded_one_is_rejected(
     failed = {c["category"] for c in report["sets"][0]["categories"] if not c["passed"]}
     assert failed, report["sets"][0]["categories"]
     assert all(c in gates["status_reason"] for c in failed)
+    # The judge's comparisons of v3's differing answers wait for people to label
+    # them (a sample), blind; none is labelled yet, so the agreement is empty.
+    kept = JudgeItem.objects.filter(gate_run__version__version="v3")
+    assert 0 < kept.count() <= 20
+    assert set(kept.values_list("judge", "candidate", "live", "label")) == {
+        ("reason-70b@v1", "chat-7b@v3", "chat-7b@v1", "")
+    }
+    assert gates["judge_agreement"]["judge"] == "reason-70b@v1"
+    assert gates["judge_agreement"]["labels"] == 0
     # Its staging replica drains and goes; its pool is removed.
     v3 = ModelVersion.objects.get(model_id="chat-7b", version="v3")
     assert not Pool.objects.filter(version=v3).exists()

@@ -31,7 +31,12 @@ import pytest
 
 from control.eval_report import write_report
 from control.eval_run import EvalReport, Target, run_eval
-from models_registry.domain.eval_gate import EvalItem, EvalSetError, parse_eval_set
+from models_registry.domain.eval_gate import (
+    EvalItem,
+    EvalSetError,
+    JudgeTrust,
+    parse_eval_set,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -267,6 +272,61 @@ def test_a_judge_of_half_the_quality_is_not_trusted_and_fails_closed(
     assert all(r.passed for r in report.categories)
     assert report.counts["judge_calls"] == 40
     assert "judge_comparisons" not in report.counts
+
+
+def test_human_labels_that_trust_the_judge_replace_the_labelled_pairs(
+    items: list[EvalItem], replicas: dict[str, Replica]
+) -> None:
+    """GIVEN a judge that would fail the eval set's labelled pairs
+    WHEN enough human labels trust it (models_registry.judge_labels)
+    THEN no calibration is asked, it compares, and its comparisons come back
+    with their text for people to label."""
+    people = JudgeTrust(labelled=30, kappa=0.8, min_kappa=0.6, min_labels=30)
+    report = evaluate(
+        items, replicas, candidate=0.5, judge_quality=0.5, human_trust=people
+    )
+    assert report.judge == people
+    assert report.counts["judge_calls"] == report.counts["judge_comparisons"] > 0
+    pairs = {p.item_id: p for p in report.judged_pairs}
+    assert len(pairs) == report.counts["judge_comparisons"]
+    by_id = {i.id: i for i in items}
+    for pair in pairs.values():
+        assert pair.messages == by_id[pair.item_id].messages
+        assert pair.candidate_answer.strip() != pair.live_answer.strip()
+        assert pair.verdict in {"candidate", "live", "tie"}
+    assert "judged_pairs" not in report.as_dict()  # never in the JSON report
+
+
+def test_an_untrusted_judge_still_compares_a_sample_for_people_to_label(
+    items: list[EvalItem], replicas: dict[str, Replica]
+) -> None:
+    report = evaluate(
+        items, replicas, candidate=0.5, judge_quality=0.5, label_sample=10
+    )
+    assert not report.passed
+    assert report.reasons[0].startswith("the judge is not trusted")
+    # Its verdicts count for nothing: no judge metric, the labelled pairs and the
+    # sample asked.
+    assert all(r.metric == "task" for r in report.categories)
+    assert report.counts["judge_label_comparisons"] == 10
+    assert report.counts["judge_calls"] == 40 + 10
+    assert len(report.judged_pairs) >= 9  # an unreadable reply is left out
+    assert all(
+        p.candidate_answer.strip() != p.live_answer.strip() for p in report.judged_pairs
+    )
+
+
+def test_human_labels_below_the_floor_fail_closed_without_asking_the_judge(
+    items: list[EvalItem], replicas: dict[str, Replica]
+) -> None:
+    people = JudgeTrust(labelled=30, kappa=0.3, min_kappa=0.6, min_labels=30)
+    report = evaluate(items, replicas, candidate=0.9, human_trust=people)
+    assert not report.passed
+    assert report.reasons[0].startswith(
+        "the judge is not trusted: Cohen's kappa 0.30 against 30 human labels"
+    )
+    assert report.counts["judge_calls"] == 0
+    assert report.judged_pairs == ()
 
 
 def test_a_judge_that_answers_nothing_readable_fails_closed(

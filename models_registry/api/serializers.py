@@ -83,6 +83,12 @@ class GateHistorySerializer(serializers.Serializer):
     status = serializers.ChoiceField(choices=[s.value for s in VersionStatus])
     status_reason = serializers.CharField(allow_blank=True)
     runs = GateRunSerializer(many=True)
+    judge_agreement = serializers.JSONField(
+        allow_null=True,
+        help_text="The eval gate judge's agreement with human labels (Cohen's "
+        "kappa with its interval, the floor, whether it may gate); null without "
+        "a judge.",
+    )
 
 
 class RegionCopySerializer(serializers.Serializer):

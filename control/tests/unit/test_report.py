@@ -144,3 +144,13 @@ def test_a_uri_outside_the_roots_is_refused(tmp_path: Path, uri: str, why: str) 
         )
     assert not (tmp_path / "elsewhere").exists()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_page_shows_the_judges_agreement_with_people() -> None:
+    people = {"reason": "the judge reason-70b@v1 agrees with people: <kappa>"}
+    page = render_html(report_dict(judge_agreement=people))
+    assert (
+        '<p class="people">People: the judge reason-70b@v1 agrees with people: '
+        "&lt;kappa&gt;</p>"
+    ) in page
+    assert 'class="people"' not in render_html(report_dict())
