@@ -75,6 +75,25 @@ class GateAttemptSerializer(serializers.Serializer):
     gates = GateRunSerializer(many=True)
 
 
+class JudgeAgreementSerializer(serializers.Serializer):
+    """A judge's agreement with people (``models_registry.domain.judge_agreement``)."""
+
+    judge = serializers.CharField()
+    labels = serializers.IntegerField(min_value=0)
+    agreed = serializers.IntegerField(min_value=0)
+    kappa = serializers.FloatField(allow_null=True)
+    interval = serializers.ListField(
+        child=serializers.FloatField(), min_length=2, max_length=2, allow_null=True
+    )
+    confidence = serializers.FloatField(allow_null=True)
+    method = serializers.CharField()
+    min_kappa = serializers.FloatField()
+    min_labels = serializers.IntegerField(min_value=0)
+    decides = serializers.BooleanField()
+    can_gate = serializers.BooleanField()
+    reason = serializers.CharField(allow_blank=True)
+
+
 class GateHistorySerializer(serializers.Serializer):
     """GET /admin/models/{model}/versions/{version}/gates: every attempt."""
 
@@ -83,7 +102,7 @@ class GateHistorySerializer(serializers.Serializer):
     status = serializers.ChoiceField(choices=[s.value for s in VersionStatus])
     status_reason = serializers.CharField(allow_blank=True)
     runs = GateRunSerializer(many=True)
-    judge_agreement = serializers.JSONField(
+    judge_agreement = JudgeAgreementSerializer(
         allow_null=True,
         help_text="The eval gate judge's agreement with human labels (Cohen's "
         "kappa with its interval, the floor, whether it may gate); null without "
