@@ -144,3 +144,24 @@ def test_bad_options_are_refused(plan: Path, tmp_path: Path) -> None:
     assert error is not None and "steps[0].percent" in str(error)
     _, error = run(*SMALL, f"--plan={tmp_path / 'missing.json'}")
     assert error is not None and "--plan" in str(error)
+
+
+def test_sequential_check_prints_writes_and_fails_on_a_miss(tmp_path: Path) -> None:
+    """A quarter hour is too short to promote a good version anywhere: the
+    command writes its JSON and plot, prints the table, and fails."""
+    out = tmp_path / "seq.json"
+    text, error = run(
+        "--sequential-check",
+        "--seeds=1",
+        "--horizon-hours=0.25",
+        f"--json={out}",
+        f"--plot={tmp_path / 'seq.png'}",
+    )
+    assert error is not None and "good_promoted" in str(error)
+    data = json.loads(out.read_text())
+    assert [c["pool"] for c in data["cells"]][::3] == ["7b-100", "7b-1000", "70b-peak"]
+    checks = {c["name"]: c["passed"] for c in data["checks"]}
+    assert checks["70b-peak_refuses_rolled_back_within_3_periods"]
+    assert not checks["7b-100_good_promoted_19_of_20"]
+    assert (tmp_path / "seq.png").exists()
+    assert "Sequential guards (issue 38)" in text
