@@ -870,7 +870,13 @@ class _Replay:
         self.candidate = candidate
         self.settings = settings
         self.store = FigureStore(settings.bucket_s)
-        self.rollout = SimulatedRollout(_plan_for(candidate, settings.plan), self.store)
+        # Told the pool's rate, as the live task reads it from the figures.
+        self.rollout = SimulatedRollout(
+            _plan_for(candidate, settings.plan),
+            self.store,
+            pool_rps=traffic.arrival_rate,
+            guard_period_s=settings.guard_period_s,
+        )
         self.is_refusal = RefusalDetector().is_refusal(REFUSAL_TEXT)
         self.versions = frozenset({(MODEL, LIVE_VERSION), (MODEL, CANDIDATE_VERSION)})
         self.memory: dict[str, Remembered] = {}

@@ -78,10 +78,11 @@ def test_json_reports_every_scenario_with_the_issues_figures(
     assert {g["name"] for g in bad["tripped"]} >= {"output_length", "refusal_rate"}
     good = rows["good"]
     assert good["decision"] == "promoted" and good["tripped"] == []
-    # Three 60 s steps; a canary step may wait a period more for its requests (it
-    # takes only conversations that begin on it), never on a guard.
-    assert 180.0 <= good["promotion_s"] <= 300.0
-    assert {t["action"] for t in good["ticks"]} <= {"advance", "continue"}
+    # Three 60 s steps, each held until every guard says not worse: at 20
+    # requests/s the error guard's 0.5-point margin takes minutes of evidence
+    # (the fixed test passed in 3 to 5 minutes by calling "not shown worse" a pass).
+    assert 180.0 <= good["promotion_s"] <= 1800.0
+    assert {t["action"] for t in good["ticks"]} <= {"advance", "continue", "hold"}
     assert [s["step"] for s in good["steps"]] == [
         "shadow 25%",
         "canary 10%",
