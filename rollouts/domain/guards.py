@@ -23,7 +23,9 @@ error rates at ``alpha``; docs/rollouts.md#sequential-guards says why this one.
 - ``refusal_rate``: refusals over answered requests; the same.
 - ``p95_ttft``: the candidate's share of TTFTs past live's p95 times
   ``1 + ratio`` (and ``p95_ttft_min_s`` above it) against 5%: the candidate's
-  p95 is past that cutoff exactly when more than 5% of its TTFTs are.
+  p95 is past that cutoff exactly when more than 5% of its TTFTs are; also worse
+  when the whole distribution's mean log TTFT moved past ``log(1 + ratio)``
+  (the tail alone has little power on a uniform slowdown).
 - ``output_length``: the ratio of the mean output lengths less one, either way
   (a broken chat template gives short answers, a looping one long ones), from
   the histograms' means and variances.
@@ -52,6 +54,7 @@ from metering.domain.figures import (
     Role,
     VersionFigures,
     output_value,
+    ttft_value,
 )
 from rollouts.domain import sequential
 
@@ -521,8 +524,18 @@ def _ttft_guard(
         f"sequence {max(0.0, share - radius):.1%}..{min(1.0, share + radius):.1%} "
         f"against {tail:.0%}"
     )
+    shift = _log_shift_interval(candidate, live, thresholds.alpha)
+    is_shifted = (
+        shift is not None and shift[0] > math.log1p(ratio) and p95_c - p95_l > floor
+    )
+    if is_shifted and shift is not None:
+        figures += (
+            f"; every TTFT slower: log shift {shift[0]:+.3f}..{shift[1]:+.3f} "
+            f"against {math.log1p(ratio):+.3f}"
+        )
     verdict, word = _three_way(
-        is_worse=share - radius > tail, is_not_worse=share + radius <= tail
+        is_worse=share - radius > tail or is_shifted,
+        is_not_worse=share + radius <= tail,
     )
     return GuardResult(
         name,
@@ -538,6 +551,35 @@ def _ttft_guard(
         (share + radius - tail) * 100.0,
         needed,
     )
+
+
+def _log_shift_interval(
+    candidate: VersionFigures, live: VersionFigures, alpha: float
+) -> tuple[float, float] | None:
+    """The confidence sequence on the mean log TTFT, candidate minus live.
+
+    The tail share alone has little power on a uniform slowdown (30% slower
+    everywhere puts only a few percent past live's p95 x 1.2); a whole
+    distribution shifted by more than the ratio has every quantile past it, the
+    p95 included. None when a side has no TTFT.
+    """
+    sides = []
+    for figures in (candidate, live):
+        items = sorted(
+            (math.log(ttft_value(i)), c) for i, c in figures.ttft.items() if c > 0
+        )
+        n = sum(c for _, c in items)
+        if not n:
+            return None
+        mean = math.fsum(v * c for v, c in items) / n
+        var = math.fsum(c * (v - mean) ** 2 for v, c in items) / n
+        # A bucket's width (10%) as the least spread: one bucket is no certainty.
+        sides.append((mean, max(var, 0.01) / n))
+    estimate = sides[0][0] - sides[1][0]
+    radius = sequential.mixture_radius(
+        sides[0][1] + sides[1][1], alpha, sequential.rate_scales(0.05, top=2.0)
+    )
+    return estimate - radius, estimate + radius
 
 
 def _ttft_upper(index: int) -> float:

@@ -676,3 +676,16 @@ def test_a_few_milliseconds_on_a_fast_model_never_trip_the_ttft_guard() -> None:
     # The same ratio on a slower model trips.
     slow = compare(at(0.35, 500), at(0.29, 500), GUARDS)
     assert slow.result("p95_ttft").verdict == Verdict.TRIP
+
+
+def test_compare_a_uniform_slowdown_is_worse_by_its_whole_distribution() -> None:
+    """30% slower everywhere on a narrow TTFT: few answers pass live's p95 x 1.2,
+    but the whole distribution's log shift is past log(1.2): worse. A shift of
+    10% (within the ratio) is not."""
+    live = traffic(3000, ttft_spread=0.05)
+    slow = traffic(3000, ttft_s=0.3 * 1.3, ttft_spread=0.05)
+    ttft = compare(slow, live, GUARDS).result("p95_ttft")
+    assert ttft.verdict is Verdict.WORSE, ttft.reason
+    assert "every TTFT slower" in ttft.reason
+    mild = traffic(3000, ttft_s=0.3 * 1.1, ttft_spread=0.05)
+    assert compare(mild, live, GUARDS).result("p95_ttft").verdict is not Verdict.WORSE
