@@ -33,7 +33,7 @@ from django.db.models import Q
 from engine_nodes.domain.liveness import ReplicaState, is_silent
 from engine_nodes.models import Replica
 from metering import services as metering
-from metering.domain.figures import VersionFigures
+from metering.domain.figures import Role, VersionFigures
 from models_registry.domain.gates import traffic_refusal
 from models_registry.domain.identity import VersionStatus
 from models_registry.models import Model, ModelVersion, Pool
@@ -46,6 +46,7 @@ from rollouts.domain.guard_tick import (
     GuardedRollout,
     LockRollout,
     Promote,
+    RaiseShare,
     ReadFigures,
     ReadGates,
     RecordEvaluation,
@@ -55,7 +56,7 @@ from rollouts.domain.guard_tick import (
     drive,
     guard_tick,
 )
-from rollouts.domain.plan import Decision, Stage, StepSpec
+from rollouts.domain.plan import Decision, Stage, StepSpec, step_share
 from rollouts.models import GuardEvaluation, Rollout
 
 logger = logging.getLogger(__name__)
@@ -165,7 +166,9 @@ def _tick_one(
 ) -> None:
     if rollout.step_started_at is None:
         if candidate_serves(rollout.version, now=now):
-            if plans.begin_step(rollout.pk, now=now):
+            if plans.begin_step(
+                rollout.pk, now=now, percent=_begin_share(rollout, now, figures)
+            ):
                 tick.begun.append(rollout.pk)
         elif now - rollout.started_at > timeout and plans.abort_waiting(
             rollout.pk,
@@ -206,6 +209,7 @@ def tick_rollout(
     if rollout is None or rollout.step_started_at is None:
         return None
     live = rollout.model.live_version
+    versions = [rollout.version.version] + ([] if live is None else [live.version])
     guarded = GuardedRollout(
         model=rollout.model_id,
         candidate=rollout.version.version,
@@ -217,6 +221,8 @@ def tick_rollout(
         plan=plans.plan_of(rollout),
         paused=rollout.paused,
         approved_step=rollout.approved_step,
+        pool_rps=_pool_rps(rollout.model_id, versions, now=now, figures=figures),
+        guard_period_s=settings.PLATFORM_ROLLOUT_GUARD_INTERVAL_S,
     )
     with ExitStack() as stack:
         driver = _LiveTick(rollout, now=now, figures=figures, stack=stack)
@@ -224,7 +230,46 @@ def tick_rollout(
         return driver.evaluation
 
 
-_Write = RecordEvaluation | StayInStep | AdvanceStep | Promote | RollBack
+def _begin_share(
+    rollout: Rollout, now: datetime, figures: FiguresReader | None
+) -> float | None:
+    """The share a planned step begins at for the pool's traffic; None: its own."""
+    plan = plans.plan_of(rollout)
+    if plan is None or not 0 <= rollout.step < len(plan.steps):
+        return None
+    live = rollout.model.live_version
+    versions = [rollout.version.version] + ([] if live is None else [live.version])
+    pool_rps = _pool_rps(
+        rollout.model_id, versions, now=now, figures=figures or _figures
+    )
+    return step_share(
+        plan, rollout.step, pool_rps, settings.PLATFORM_ROLLOUT_GUARD_INTERVAL_S
+    )
+
+
+# The window the pool's request rate is read over (a step's share follows it).
+POOL_RATE_WINDOW_S = 600.0
+
+
+def _pool_rps(
+    model: str, versions: list[str], *, now: datetime, figures: FiguresReader
+) -> float | None:
+    """Return the model's requests per second over the last ``POOL_RATE_WINDOW_S``
+    (every role of the live version and the candidate; None with none seen).
+
+    The reader counts the bucket holding the window's start whole, so this reads
+    up to a bucket high: a share planned on it errs a little small.
+    """
+    since = now - timedelta(seconds=POOL_RATE_WINDOW_S)
+    requests = sum(
+        figures(model, version, role.value, since).requests
+        for version in versions
+        for role in (Role.LIVE, Role.BASELINE, Role.CANARY)
+    )
+    return requests / POOL_RATE_WINDOW_S if requests else None
+
+
+_Write = RecordEvaluation | StayInStep | RaiseShare | AdvanceStep | Promote | RollBack
 
 
 class _LiveTick:
@@ -245,6 +290,7 @@ class _LiveTick:
         self.stack = stack
         self.locked: Rollout | None = None
         self.evaluation: GuardEvaluation | None = None
+        self.expected_decision_s: float | None = None
 
     def perform(self, effect: Effect) -> Reply:
         if isinstance(effect, ReadFigures):
@@ -286,8 +332,14 @@ class _LiveTick:
         now = self.now
         if isinstance(effect, RecordEvaluation):
             self.evaluation = _record(locked, effect.evaluation, now=now)
+            self.expected_decision_s = effect.evaluation.decision.expected_decision_s
             return
-        locked.guard_metrics = {"at": now.isoformat(), **effect.report.to_json()}
+        locked.guard_metrics = {
+            "at": now.isoformat(),
+            **effect.report.to_json(),
+            # The console's "decision expected in": the tick's own estimate.
+            "expected_decision_s": self.expected_decision_s,
+        }
         locked.reason = effect.reason[:2000]
         if isinstance(effect, RollBack):
             plans.end_rollout(
@@ -297,6 +349,8 @@ class _LiveTick:
             _promote(locked, retention_s=effect.retention_s, now=now)
         elif isinstance(effect, AdvanceStep):
             _advance(locked, effect.step, effect.spec, now=now)
+        elif isinstance(effect, RaiseShare):
+            _raise_share(locked, effect.percent)
         else:
             locked.save(update_fields=["guard_metrics", "reason"])
 
@@ -313,7 +367,7 @@ def _record(
         percent=rollout.percent,
         action=decision.action.value,
         reason=decision.reason[:2000],
-        report=evaluation.report.to_json(),
+        report=evaluation.report_json(),
         candidate=evaluation.candidate.to_json(),
         live=evaluation.live.to_json(),
     )
@@ -339,6 +393,15 @@ def _advance(rollout: Rollout, step: int, spec: StepSpec, *, now: datetime) -> N
         ]
     )
     plans.ensure_candidate_pools(model, rollout.version, percent=spec.percent)
+    plans.apply_traffic(model, rollout)
+
+
+def _raise_share(rollout: Rollout, percent: float) -> None:
+    """Keep a locked rollout's step at a larger share: its pools and traffic."""
+    model = get_model(rollout.model_id, for_update=True)
+    rollout.percent = percent
+    rollout.save(update_fields=["guard_metrics", "reason", "percent"])
+    plans.ensure_candidate_pools(model, rollout.version, percent=percent)
     plans.apply_traffic(model, rollout)
 
 

@@ -172,7 +172,7 @@ class LiveOutcome:
     def tripped(self) -> list[str]:
         last = self.evaluations[-1]["report"] if self.evaluations else {}
         return [
-            r["name"] for r in last.get("results", []) if r.get("verdict") == "trip"
+            r["name"] for r in last.get("results", []) if r.get("verdict") == "worse"
         ]
 
 

@@ -234,9 +234,13 @@ def apply_traffic(model: Model, rollout: Rollout) -> None:
     model.save(update_fields=["canary_version", "canary_percent", "updated_at"])
 
 
-def begin_step(rollout_id: int, *, now: datetime) -> bool:
+def begin_step(rollout_id: int, *, now: datetime, percent: float | None = None) -> bool:
     """Start the traffic of a rollout's step that waits for its replicas; True if
-    it began. Call once the candidate serves in every region of its pools."""
+    it began. Call once the candidate serves in every region of its pools.
+
+    ``percent``: a larger share for a quiet pool (``plan.step_share``); its pools
+    grow to it, and the step begins at it meanwhile.
+    """
     model_id = (
         Rollout.objects.filter(pk=rollout_id).values_list("model_id", flat=True).first()
     )
@@ -254,7 +258,13 @@ def begin_step(rollout_id: int, *, now: datetime) -> bool:
             return False
         rollout.step_started_at = now
         rollout.reason = "the candidate serves: its traffic began"
-        rollout.save(update_fields=["step_started_at", "reason"])
+        fields = ["step_started_at", "reason"]
+        if percent is not None and percent > rollout.percent:
+            rollout.percent = percent
+            rollout.reason += f" at {percent:.3g}%, raised for a quiet pool"
+            fields.append("percent")
+            ensure_candidate_pools(model, rollout.version, percent=percent)
+        rollout.save(update_fields=fields)
         apply_traffic(model, rollout)
     return True
 

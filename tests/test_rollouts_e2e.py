@@ -249,7 +249,7 @@ def test_a_broken_version_is_rolled_back_by_the_guards(
     detection_s = (ended.decided_at - ended.step_started_at).total_seconds()
     assert detection_s <= 2 * GUARD_S + 1.0, detection_s
     # The figures that tripped it are kept with the rollout.
-    tripped = [r for r in ended.guard_metrics["results"] if r["verdict"] == "trip"]
+    tripped = [r for r in ended.guard_metrics["results"] if r["verdict"] == "worse"]
     assert "refusal_rate" in {r["name"] for r in tripped}
     # The alias never moved; the candidate's answers were refusals, v1's not.
     assert Model.objects.get(pk="chat-7b").live_version.version == "v1"  # type: ignore[union-attr]

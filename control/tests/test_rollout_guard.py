@@ -56,7 +56,8 @@ def many(n: int, **kwargs: Any) -> VersionFigures:
     )
 
 
-GOOD = many(200, output_tokens=100)
+# Enough for the sequential guards to decide not worse (about 800 a side).
+GOOD = many(1000, output_tokens=100)
 BAD = many(40, output_tokens=10, refused=True)
 
 
@@ -106,8 +107,11 @@ def _tick_with(
 
 
 def test_a_plan_waits_for_its_replicas_then_advances_and_promotes(
-    fleet: dict[str, ModelVersion],
+    fleet: dict[str, ModelVersion], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The plan's walk at its own shares: the pool's traffic unknown (the quiet
+    # pool's raise has its own test below).
+    monkeypatch.setattr(rollout_guard, "_pool_rps", lambda *a, **k: None)
     t0 = timezone.now()
     rollout = plans.start_plan(model_id="chat-7b", version="v2", now=t0, plan=PLAN)
     # Extra capacity beside the live pool, sized for the first step's share.
@@ -337,3 +341,30 @@ def test_an_old_version_kept_by_a_later_promotion_waits_for_its_retention(
     second.refresh_from_db()
     assert second.retired_at is not None
     assert ModelVersion.objects.get(pk=fleet["v1"].pk).status == "retired"
+
+
+def test_a_quiet_pool_raises_the_steps_share_and_its_pools(
+    fleet: dict[str, ModelVersion],
+) -> None:
+    """The figures say about 5 requests/s: too quiet for shadow 5% to decide
+    within the plan's hour, so the step stays at a larger share (up to the
+    plan's largest canary share) and the evaluation says when a decision is
+    expected."""
+    t0 = timezone.now()
+    rollout = plans.start_plan(model_id="chat-7b", version="v2", now=t0, plan=PLAN)
+    figures = Figures()
+    serve(fleet["v2"], t0 + timedelta(seconds=5))
+    figures.by[("v1", "live")] = GOOD
+    figures.by[("v1", "baseline")] = GOOD
+    figures.by[("v2", "shadow")] = GOOD
+    assert _tick_with(t0 + timedelta(seconds=5), figures).begun == [rollout.pk]
+    rollout.refresh_from_db()
+    assert rollout.percent > 5.0  # begun at a larger share
+    begun_at = rollout.percent
+    _tick_with(t0 + timedelta(seconds=30), figures)
+    rollout.refresh_from_db()
+    assert begun_at <= rollout.percent <= 50.0
+    assert "expected_decision_s" in rollout.guard_metrics
+    evaluation = rollout.evaluations.order_by("-at").first()
+    assert evaluation is not None
+    assert "expected_decision_s" in evaluation.report

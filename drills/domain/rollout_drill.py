@@ -106,6 +106,7 @@ from rollouts.domain.guard_tick import (
     GuardedRollout,
     LockRollout,
     Promote,
+    RaiseShare,
     ReadFigures,
     ReadGates,
     RecordEvaluation,
@@ -121,6 +122,7 @@ from rollouts.domain.plan import (
     RolloutPlan,
     Stage,
     StepSpec,
+    step_share,
 )
 from routing.domain.refusals import RefusalDetector
 from routing.domain.resolve import resolve
@@ -448,6 +450,8 @@ class Tick:
     report: GuardReport
     candidate_requests: int
     candidate_conversations: int
+    # The report as the live task stores it (``Evaluation.report_json``).
+    report_json: dict[str, object] = field(default_factory=dict)
 
     @classmethod
     def of(cls, evaluation: Evaluation) -> Tick:
@@ -463,6 +467,7 @@ class Tick:
             report=evaluation.report,
             candidate_requests=evaluation.candidate.requests,
             candidate_conversations=evaluation.candidate.conversations,
+            report_json=evaluation.report_json(),
         )
 
     def result(self, name: str) -> GuardResult:
@@ -479,6 +484,7 @@ class Tick:
             "candidate_requests": self.candidate_requests,
             "candidate_conversations": self.candidate_conversations,
             "live_requests": self.report.live_requests,
+            "expected_decision_s": self.report_json.get("expected_decision_s"),
             "guards": {
                 r.name: {
                     "verdict": r.verdict.value,
@@ -735,9 +741,19 @@ class SimulatedRollout:
     One writer: whoever calls ``begin`` and ``tick``.
     """
 
-    def __init__(self, plan: RolloutPlan, store: FigureStore) -> None:
+    def __init__(
+        self,
+        plan: RolloutPlan,
+        store: FigureStore,
+        *,
+        pool_rps: float | None = None,
+        guard_period_s: float = 60.0,
+    ) -> None:
         self.plan = plan
         self.store = store
+        self.pool_rps = pool_rps
+        self.guard_period_s = guard_period_s
+        self.percent = 0.0
         self.record = ModelRecord(
             model=MODEL,
             live_version=LIVE_VERSION,
@@ -763,7 +779,8 @@ class SimulatedRollout:
         # snapshot's rollout_pending), before any canary share can take them.
         self.record = replace(self.record, rollout_pending=True)
         self.step, self.step_started_at = 0, at
-        self._apply(self.plan.steps[0], at)
+        share = step_share(self.plan, 0, self.pool_rps, self.guard_period_s)
+        self._apply(replace(self.plan.steps[0], percent=share), at)
 
     def tick(self, at: float) -> Evaluation | None:
         """One guard tick at ``at`` (``control.rollout_guard.tick_rollout``)."""
@@ -773,10 +790,12 @@ class SimulatedRollout:
             candidate=CANDIDATE_VERSION,
             live=self.record.live_version,
             stage=spec.stage,
-            percent=spec.percent,
+            percent=self.percent,
             step=self.step,
             step_started_at=self.step_started_at,
             plan=self.plan,
+            pool_rps=self.pool_rps,
+            guard_period_s=self.guard_period_s,
         )
         return drive(guard_tick(guarded, now=at), partial(self._perform, at))
 
@@ -796,9 +815,12 @@ class SimulatedRollout:
         elif isinstance(effect, AdvanceStep):
             self.step, self.step_started_at = effect.step, at
             self._apply(effect.spec, at)
+        elif isinstance(effect, RaiseShare):
+            self._apply(replace(self.plan.steps[self.step], percent=effect.percent), at)
         return None
 
     def _apply(self, spec: StepSpec, at: float) -> None:
+        self.percent = spec.percent
         self.record = _traffic_record(self.record, spec)
         self.steps.append((at, spec.label))
         if self.memory_began_at is None and needs_memory(self.record):
@@ -848,7 +870,13 @@ class _Replay:
         self.candidate = candidate
         self.settings = settings
         self.store = FigureStore(settings.bucket_s)
-        self.rollout = SimulatedRollout(_plan_for(candidate, settings.plan), self.store)
+        # Told the pool's rate, as the live task reads it from the figures.
+        self.rollout = SimulatedRollout(
+            _plan_for(candidate, settings.plan),
+            self.store,
+            pool_rps=traffic.arrival_rate,
+            guard_period_s=settings.guard_period_s,
+        )
         self.is_refusal = RefusalDetector().is_refusal(REFUSAL_TEXT)
         self.versions = frozenset({(MODEL, LIVE_VERSION), (MODEL, CANDIDATE_VERSION)})
         self.memory: dict[str, Remembered] = {}

@@ -78,10 +78,11 @@ def test_json_reports_every_scenario_with_the_issues_figures(
     assert {g["name"] for g in bad["tripped"]} >= {"output_length", "refusal_rate"}
     good = rows["good"]
     assert good["decision"] == "promoted" and good["tripped"] == []
-    # Three 60 s steps; a canary step may wait a period more for its requests (it
-    # takes only conversations that begin on it), never on a guard.
-    assert 180.0 <= good["promotion_s"] <= 300.0
-    assert {t["action"] for t in good["ticks"]} <= {"advance", "continue"}
+    # Three 60 s steps, each held until every guard says not worse: at 20
+    # requests/s the error guard's 0.5-point margin takes minutes of evidence
+    # (the fixed test passed in 3 to 5 minutes by calling "not shown worse" a pass).
+    assert 180.0 <= good["promotion_s"] <= 1800.0
+    assert {t["action"] for t in good["ticks"]} <= {"advance", "continue", "hold"}
     assert [s["step"] for s in good["steps"]] == [
         "shadow 25%",
         "canary 10%",
@@ -144,3 +145,24 @@ def test_bad_options_are_refused(plan: Path, tmp_path: Path) -> None:
     assert error is not None and "steps[0].percent" in str(error)
     _, error = run(*SMALL, f"--plan={tmp_path / 'missing.json'}")
     assert error is not None and "--plan" in str(error)
+
+
+def test_sequential_check_prints_writes_and_fails_on_a_miss(tmp_path: Path) -> None:
+    """A quarter hour is too short to promote a good version anywhere: the
+    command writes its JSON and plot, prints the table, and fails."""
+    out = tmp_path / "seq.json"
+    text, error = run(
+        "--sequential-check",
+        "--seeds=1",
+        "--horizon-hours=0.25",
+        f"--json={out}",
+        f"--plot={tmp_path / 'seq.png'}",
+    )
+    assert error is not None and "good_promoted" in str(error)
+    data = json.loads(out.read_text())
+    assert [c["pool"] for c in data["cells"]][::3] == ["7b-100", "7b-1000", "70b-peak"]
+    checks = {c["name"]: c["passed"] for c in data["checks"]}
+    assert checks["70b-peak_refuses_rolled_back_within_3_periods"]
+    assert not checks["7b-100_good_promoted_19_of_20"]
+    assert (tmp_path / "seq.png").exists()
+    assert "Sequential guards (issue 38)" in text

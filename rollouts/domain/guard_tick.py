@@ -12,15 +12,16 @@ Each guard period, for a pending rollout whose step has begun:
    meanwhile, stop here (the next tick decides again);
 4. a promotion the version gates would refuse holds instead (the alias then
    moves only with an admin's override);
-5. record the evaluation, then act: stay in the step, advance to the next
-   step's share, promote, or roll back.
+5. record the evaluation, then act: stay in the step (at a raised share when
+   the pool is too quiet for a decision in time), advance to the next step's
+   share, promote, or roll back.
 
 ``guard_tick`` does no I/O and reads no clock. It is a generator that yields
 *effects* and is resumed with the answer: ``ReadFigures`` (answered with
 ``VersionFigures``), ``LockRollout`` (True if it still stands as decided on),
 ``ReadGates`` (the gates' refusal, or None) and the writes ``RecordEvaluation``,
-``StayInStep``, ``AdvanceStep``, ``Promote`` and ``RollBack`` (answered with
-None). It returns the ``Evaluation``, or None when the lock failed. The live
+``StayInStep``, ``RaiseShare``, ``AdvanceStep``, ``Promote`` and ``RollBack``
+(answered with None). It returns the ``Evaluation``, or None when the lock failed. The live
 task (``control.rollout_guard``) performs the effects on the database, in one
 transaction from the lock on; the rollout drill (``drills.domain.rollout_drill``)
 on its own state in virtual time. So the drill measures this code, not a copy.
@@ -30,7 +31,7 @@ Times are seconds on the driver's clock (unix seconds live).
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from metering.domain.figures import Role, VersionFigures
 from rollouts.domain.guards import GuardReport, baseline_roles, compare
@@ -44,6 +45,7 @@ from rollouts.domain.plan import (
     StepSpec,
     decide_manual,
     decide_step,
+    step_share,
 )
 
 __all__ = [
@@ -53,6 +55,7 @@ __all__ = [
     "GuardedRollout",
     "LockRollout",
     "Promote",
+    "RaiseShare",
     "ReadFigures",
     "ReadGates",
     "RecordEvaluation",
@@ -84,6 +87,10 @@ class GuardedRollout:
     plan: RolloutPlan | None
     paused: bool = False
     approved_step: int | None = None
+    # The pool's requests per second (all versions), from which a quiet pool's
+    # step gets a larger share; None: unknown, the share stays the step's.
+    pool_rps: float | None = None
+    guard_period_s: float = 60.0
 
     @property
     def role(self) -> Role:
@@ -101,6 +108,15 @@ class Evaluation:
     report: GuardReport
     candidate: VersionFigures
     live: VersionFigures
+
+    def report_json(self) -> dict[str, object]:
+        """The report as the evaluation stores it, with the decision's expected
+        time to a decision and the share it raised the step to (the console's)."""
+        return {
+            **self.report.to_json(),
+            "expected_decision_s": self.decision.expected_decision_s,
+            "raised_to_percent": self.decision.percent,
+        }
 
 
 # -- effects --------------------------------------------------------------------------
@@ -158,6 +174,16 @@ class AdvanceStep:
 
 
 @dataclass(frozen=True, slots=True)
+class RaiseShare:
+    """Stay in the step at a larger share, ``percent`` (within the plan's limits),
+    so that its guards can decide in time; the step's clock keeps running."""
+
+    percent: float
+    reason: str
+    report: GuardReport
+
+
+@dataclass(frozen=True, slots=True)
 class Promote:
     """Point the alias at the candidate; retain the old version ``retention_s``."""
 
@@ -181,6 +207,7 @@ Effect = (
     | RecordEvaluation
     | StayInStep
     | AdvanceStep
+    | RaiseShare
     | Promote
     | RollBack
 )
@@ -219,7 +246,7 @@ def guard_tick(rollout: GuardedRollout, *, now: float) -> Steps:
             )
     evaluation = Evaluation(rollout, now, decision, report, candidate, live)
     yield RecordEvaluation(evaluation)
-    yield _act(plan, decision, report)
+    yield _act(rollout, decision, report)
     return evaluation
 
 
@@ -244,22 +271,33 @@ def _decide(
         now=now,
         requests=candidate.requests,
         conversations=candidate.conversations,
+        percent=rollout.percent,
+        pool_rps=rollout.pool_rps,
+        guard_period_s=rollout.guard_period_s,
     )
 
 
 def _act(
-    plan: RolloutPlan | None, decision: StepDecision, report: GuardReport
+    rollout: GuardedRollout, decision: StepDecision, report: GuardReport
 ) -> Effect:
-    """The one write that carries out ``decision``."""
+    """The one write that carries out ``decision`` (a next step at its share for
+    the pool's traffic, ``plan.step_share``)."""
+    plan = rollout.plan
     reason = decision.reason
     if decision.action is GuardAction.ROLL_BACK:
         return RollBack(reason, report)
     if decision.action is GuardAction.ADVANCE and plan is not None:
         if decision.next_step is None:
             return Promote(plan.retention_s, reason, report)
-        return AdvanceStep(
-            decision.next_step, plan.steps[decision.next_step], reason, report
+        spec = plan.steps[decision.next_step]
+        share = step_share(
+            plan, decision.next_step, rollout.pool_rps, rollout.guard_period_s
         )
+        return AdvanceStep(
+            decision.next_step, replace(spec, percent=share), reason, report
+        )
+    if decision.percent is not None and plan is not None:
+        return RaiseShare(decision.percent, reason, report)
     return StayInStep(reason, report)
 
 

@@ -1,6 +1,6 @@
-"""The rollout guards: a candidate's figures against the live version's, Kayenta-style.
+"""The rollout guards: a candidate's figures against the live version's, sequentially.
 
-Public surface: ``GUARD_NAMES``, ``MWU_MAX_SAMPLES``, ``PlanError``,
+Public surface: ``GUARD_NAMES``, ``PlanError``,
 ``GuardThresholds``, ``parse_thresholds``, ``threshold_problems``,
 ``is_finite_number``, ``Verdict``, ``GuardResult``, ``GuardReport``, ``compare``,
 ``baseline_roles``.
@@ -10,57 +10,56 @@ fleet-simulator drill both sum ``metering.domain.figures.VersionFigures`` over t
 same window for the candidate (canary or shadow) and the live version and hand
 both here.
 
-A guard trips only when two things hold at once: the candidate is worse than
-live by more than the guard's threshold (the size of the harm), **and** a test
-fit for the counts says the difference is not chance (``p < alpha``). Kayenta,
-which Argo Rollouts uses, judges canaries the same way with a Mann-Whitney U
-test. The threshold alone would trip on noise at a 1% canary (three errors in
-thirty requests is +10 points); the test alone would trip on a harmless but
-real +0.1 points at scale.
+Each guard answers one of three things at every look (issue 38): **worse**
+(the evidence says the candidate is worse than live by more than the guard's
+threshold: roll back), **not worse** (the evidence says it is within the
+threshold: the step may advance) or **undecided** (hold). The evidence is an
+anytime-valid confidence sequence (``rollouts.domain.sequential``, the mixture
+SPRT Statsig and Optimizely run), so looking every guard period keeps the
+error rates at ``alpha``; docs/rollouts.md#sequential-guards says why this one.
 
-- ``error_rate``: errors over requests; one-sided Fisher exact test (exact at
-  any count, so fit for a 1% canary's handful of requests).
-- ``refusal_rate``: refusals over answered requests; the same test.
-- ``p95_ttft``: the p95 read from the TTFT histograms
-  (``VersionFigures.ttft_quantile``) against live's times ``1 + ratio``; a
-  one-sided Mann-Whitney U test (candidate slower) on the whole distributions,
-  since a p95 alone has no usable small-sample test.
-- ``output_length``: the mean output length's ratio to live's, either way (a
-  broken chat template gives short answers, a looping one long ones); a
-  two-sided Mann-Whitney U test on the output-length histograms.
+- ``error_rate``: errors over requests; the sequence on the difference of the
+  two rates against ``error_rate_points``.
+- ``refusal_rate``: refusals over answered requests; the same.
+- ``p95_ttft``: the candidate's share of TTFTs past live's p95 times
+  ``1 + ratio`` (and ``p95_ttft_min_s`` above it) against 5%: the candidate's
+  p95 is past that cutoff exactly when more than 5% of its TTFTs are; also worse
+  when the whole distribution's mean log TTFT moved past ``log(1 + ratio)``
+  (the tail alone has little power on a uniform slowdown).
+- ``output_length``: the ratio of the mean output lengths less one, either way
+  (a broken chat template gives short answers, a looping one long ones), from
+  the histograms' means and variances.
 
 Each guard needs ``min_samples`` on each side (requests, TTFT samples or answers)
-before it gives any verdict: below that it is ``too_few``, never ``pass``, so a
-plan waits rather than advancing blind. A guard that cannot be computed (live has
-no answers, live's answers average no tokens) is ``too_few`` too, with the reason:
-a guard never raises on figures.
-
-Mann-Whitney on histograms: each bucket stands for its representative value
-(``ttft_value``, ``output_value``) repeated by its count. Past
-``MWU_MAX_SAMPLES`` samples on a side, that side's counts are scaled down in
-proportion (rounded) before the expansion: the shape is kept and the p-value is
-that of a sample of ``MWU_MAX_SAMPLES``, larger than the full sample's would be,
-so the cap can only make a trip rarer, never cause one. At that size any
-difference past a threshold is already far beyond ``alpha``.
+before it says not worse or undecided: below that it is ``too_few``. A rate
+guard may still say worse below it when its interval lies wholly past the
+threshold (ten refusals in ten answers against none). A guard that cannot be
+computed (live has no answers, live's answers average no tokens) is ``too_few``
+too, with the reason: a guard never raises on figures. Each result carries the
+interval (``lower``, ``upper``, in the change's units) and ``samples_needed``,
+the candidate samples at which figures like these would decide (the expected
+time to a decision follows from it and the candidate's traffic).
 """
 
 from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-from numpy.typing import NDArray
-from scipy import stats
-
-from metering.domain.figures import Role, VersionFigures, output_value, ttft_value
+from metering.domain.figures import (
+    TTFT_BOUNDS_S,
+    Role,
+    VersionFigures,
+    output_value,
+    ttft_value,
+)
+from rollouts.domain import sequential
 
 __all__ = [
     "GUARD_NAMES",
-    "MWU_MAX_SAMPLES",
     "GuardReport",
     "GuardResult",
     "GuardThresholds",
@@ -80,8 +79,8 @@ GUARD_NAMES: tuple[str, ...] = (
     "refusal_rate",
 )
 
-# Per side, the most histogram samples expanded for a Mann-Whitney U test.
-MWU_MAX_SAMPLES = 200_000
+# The p95 TTFT guard reads the candidate's share of TTFTs past live's p95.
+_TTFT_QUANTILE = 0.95
 
 
 class PlanError(ValueError):
@@ -202,11 +201,16 @@ def parse_thresholds(data: Mapping[str, Any]) -> GuardThresholds:
 
 
 class Verdict(enum.StrEnum):
-    """One guard's verdict on one window."""
+    """One guard's verdict on one evaluation: worse, not worse, or undecided."""
 
-    PASS = "pass"
-    TRIP = "trip"
+    NOT_WORSE = "not_worse"  # the evidence says within the threshold: may advance
+    WORSE = "worse"  # the evidence says past the threshold: roll back
+    UNDECIDED = "undecided"  # neither yet: hold
     TOO_FEW = "too_few"  # not enough samples (or nothing to compare) for a verdict
+    # The names before issue 38 (a pass was "not past the threshold, or not
+    # significant", a trip "past it and significant").
+    PASS = "not_worse"
+    TRIP = "worse"
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +236,9 @@ class GuardResult:
     reason: str
     candidate_samples: int = 0
     live_samples: int = 0
+    lower: float | None = None
+    upper: float | None = None
+    samples_needed: int | None = None
 
     def to_json(self) -> dict[str, object]:
         """Return the result as JSON."""
@@ -245,6 +252,9 @@ class GuardResult:
             "reason": self.reason,
             "candidate_samples": self.candidate_samples,
             "live_samples": self.live_samples,
+            "lower": self.lower,
+            "upper": self.upper,
+            "samples_needed": self.samples_needed,
         }
 
 
@@ -260,6 +270,13 @@ class GuardReport:
     def tripped(self) -> tuple[GuardResult, ...]:
         """The results that tripped (a rollback)."""
         return tuple(r for r in self.results if r.verdict is Verdict.TRIP)
+
+    @property
+    def undecided(self) -> tuple[GuardResult, ...]:
+        """The results neither worse nor not worse yet (``too_few`` included)."""
+        return tuple(
+            r for r in self.results if r.verdict in (Verdict.UNDECIDED, Verdict.TOO_FEW)
+        )
 
     @property
     def too_few(self) -> tuple[GuardResult, ...]:
@@ -279,10 +296,12 @@ class GuardReport:
             f"({self.candidate_requests} candidate requests, {self.live_requests} live)"
         )
         if tripped := self.tripped:
-            return f"tripped: {', '.join(r.name for r in tripped)} {counts}"
+            return f"worse: {', '.join(r.name for r in tripped)} {counts}"
         if too_few := self.too_few:
             return f"too few samples: {', '.join(r.name for r in too_few)} {counts}"
-        return f"all guards pass {counts}"
+        if undecided := self.undecided:
+            return f"undecided: {', '.join(r.name for r in undecided)} {counts}"
+        return f"all guards not worse {counts}"
 
     def to_json(self) -> dict[str, object]:
         """Return the report as JSON (stored with each guard evaluation)."""
@@ -334,10 +353,6 @@ def compare(
     )
 
 
-def _p(p_value: float) -> str:
-    return f"p={p_value:.2g}"
-
-
 def _too_few(
     name: str, label: str, what: str, n_candidate: int, n_live: int, need: int
 ) -> str:
@@ -358,7 +373,14 @@ def _rate_guard(
     limit_points: float,
     thresholds: GuardThresholds,
 ) -> GuardResult:
-    """A rate guard: trip past ``limit_points`` with a one-sided Fisher exact test."""
+    """A rate guard, sequential: the difference's confidence sequence against
+    ``limit_points`` (``sequential.difference_interval``).
+
+    Worse when the interval's lower end is past the limit, not worse when its
+    upper end is within it, else undecided. ``p_value``: the always-valid
+    p-value of "no worse than the limit" at this look (``1 / ratio``), for the
+    record; the verdict reads the interval.
+    """
     # Figures summed from well-formed buckets never have k > n; clamp anyway so a
     # malformed window reads as a rate of at most 100% instead of raising.
     n_c, n_l = max(0, n_candidate), max(0, n_live)
@@ -369,123 +391,232 @@ def _rate_guard(
         (rate_c - rate_l) * 100.0 if rate_c is not None and rate_l is not None else None
     )
     digits = 2 if limit_points < 1.0 else 1
+    limit = limit_points / 100.0
+    scales = sequential.rate_scales(limit)
+    alpha = thresholds.alpha
+    needed = sequential.samples_to_decide(
+        rate_c if rate_c is not None else (rate_l or 0.0),
+        rate_l if rate_l is not None else (rate_c or 0.0),
+        limit,
+        alpha=alpha,
+        scales=scales,
+        live_per_candidate=(n_l / n_c) if n_c and n_l else 1.0,
+    )
+    interval = sequential.difference_interval(
+        k_c, n_c, k_l, n_l, alpha=alpha, scales=scales
+    )
+    lower = interval.lower * 100.0 if math.isfinite(interval.lower) else None
+    upper = interval.upper * 100.0 if math.isfinite(interval.upper) else None
 
     def common(verdict: Verdict, p_value: float | None, reason: str) -> GuardResult:
         return GuardResult(
-            name, verdict, rate_c, rate_l, change, p_value, reason, n_c, n_l
+            name,
+            verdict,
+            rate_c,
+            rate_l,
+            change,
+            p_value,
+            reason,
+            n_c,
+            n_l,
+            lower,
+            upper,
+            needed,
         )
 
     need = thresholds.min_samples
-    if n_c < need or n_l < need:
+    # Below the minimum a rate guard may still call worse: its interval is valid
+    # at any count (the half-count smoothing widens it), and ten refusals in ten
+    # answers against none must not wait for twenty. It never calls not worse.
+    is_overwhelming = lower is not None and lower > limit_points
+    if (n_c < need or n_l < need) and not is_overwhelming:
         return common(
             Verdict.TOO_FEW, None, _too_few(name, label, what, n_c, n_l, need)
         )
     assert rate_c is not None and rate_l is not None and change is not None
-    # Rows: candidate, live; columns: counted, not. "greater": the candidate's
-    # odds of an error (a refusal) are higher than live's.
-    p_value = _finite_p(
-        stats.fisher_exact(
-            [[k_c, n_c - k_c], [k_l, n_l - k_l]], alternative="greater"
-        ).pvalue
+    assert lower is not None and upper is not None
+    p_value = sequential.always_valid_p(
+        interval.estimate - limit, interval.variance, scales
     )
     figures = (
         f"{label} {rate_c * 100:.{digits}f}% against {rate_l * 100:.{digits}f}% on "
-        f"live ({change:+.{digits}f} points"
+        f"live ({change:+.{digits}f} points, {1 - alpha:.0%} sequence "
+        f"{lower:+.{digits}f}..{upper:+.{digits}f}"
     )
-    # Compare the counts, not the rounded change: k_c/n_c - k_l/n_l > points/100.
-    past = (k_c * n_l - k_l * n_c) * 100.0 > limit_points * n_c * n_l
-    return _judge(
-        common,
-        figures,
-        past=past,
-        past_text=f"> {limit_points:.{digits}f}",
-        within_text=f"within {limit_points:.{digits}f}",
-        p_value=p_value,
-        alpha=thresholds.alpha,
-    )
-
-
-def _judge(
-    common: Callable[[Verdict, float | None, str], GuardResult],
-    figures: str,
-    *,
-    past: bool,
-    past_text: str,
-    within_text: str,
-    p_value: float,
-    alpha: float,
-) -> GuardResult:
-    """Trip only when both the threshold is passed and the test is significant."""
-    if not past:
+    if lower > limit_points:
         return common(
-            Verdict.PASS, p_value, f"{figures}, {within_text}), {_p(p_value)}"
-        )
-    if p_value >= alpha:
-        return common(
-            Verdict.PASS,
+            Verdict.WORSE,
             p_value,
-            f"{figures} {past_text}), but {_p(p_value)} is not below {alpha:g}: "
-            "not significant yet",
+            f"{figures}: worse than +{limit_points:.{digits}f})",
         )
-    return common(Verdict.TRIP, p_value, f"{figures} {past_text}), {_p(p_value)}")
+    if upper <= limit_points:
+        return common(
+            Verdict.NOT_WORSE,
+            p_value,
+            f"{figures}: not worse than +{limit_points:.{digits}f})",
+        )
+    wait = f"; about {needed} {what} decide" if needed is not None else ""
+    return common(
+        Verdict.UNDECIDED,
+        p_value,
+        f"{figures} spans +{limit_points:.{digits}f}: undecided{wait})",
+    )
 
 
 def _ttft_guard(
     candidate: VersionFigures, live: VersionFigures, thresholds: GuardThresholds
 ) -> GuardResult:
-    """p95 TTFT above live's by the ratio, the candidate's TTFT stochastically greater."""
+    """p95 TTFT above live's by the ratio (and the floor), sequentially.
+
+    The candidate's p95 is past ``cutoff`` (live's p95 times ``1 + ratio``, and
+    at least ``p95_ttft_min_s`` above it) exactly when more than 5% of its TTFTs
+    are: the guard is a confidence sequence on that share against 5%. Live's
+    p95 is taken as known (its side is the larger; docs/rollouts.md).
+    """
     name, label = "p95_ttft", "p95 TTFT"
-    values_c = _expand(candidate.ttft, ttft_value)
-    values_l = _expand(live.ttft, ttft_value)
     n_c, n_l = _count(candidate.ttft), _count(live.ttft)
     p95_c = _positive_quantile(candidate, 0.95)
     p95_l = _positive_quantile(live, 0.95)
     change = p95_c / p95_l - 1.0 if p95_c is not None and p95_l else None
-
-    def common(verdict: Verdict, p_value: float | None, reason: str) -> GuardResult:
-        return GuardResult(
-            name, verdict, p95_c, p95_l, change, p_value, reason, n_c, n_l
-        )
-
+    ratio, floor = thresholds.p95_ttft_ratio, thresholds.p95_ttft_min_s
     need = thresholds.min_samples
     if n_c < need or n_l < need:
-        return common(
-            Verdict.TOO_FEW, None, _too_few(name, label, "TTFT samples", n_c, n_l, need)
+        return GuardResult(
+            name,
+            Verdict.TOO_FEW,
+            p95_c,
+            p95_l,
+            change,
+            None,
+            _too_few(name, label, "TTFT samples", n_c, n_l, need),
+            n_c,
+            n_l,
         )
     if p95_c is None or p95_l is None or change is None:
-        return common(
-            Verdict.TOO_FEW, None, f"{label}: live has no p95 to compare with"
+        return GuardResult(
+            name,
+            Verdict.TOO_FEW,
+            p95_c,
+            p95_l,
+            change,
+            None,
+            f"{label}: live has no p95 to compare with",
+            n_c,
+            n_l,
         )
-    p_value = _mann_whitney(values_c, values_l, "greater")
-    ratio = thresholds.p95_ttft_ratio
+    cutoff = max(p95_l * (1.0 + ratio), p95_l + floor)
+    # Read as ``ttft_quantile`` reads a p95: a bucket stands for its upper bound.
+    above = sum(
+        c for i, c in candidate.ttft.items() if c > 0 and _ttft_upper(i) > cutoff
+    )
+    tail = 1.0 - _TTFT_QUANTILE
+    scales = sequential.rate_scales(tail / 4.0)
+    share = above / n_c
+    variance = sequential.proportion_variance(above, n_c)
+    radius = sequential.mixture_radius(variance, thresholds.alpha, scales)
+    needed = sequential.samples_to_decide(
+        share, 0.0, tail, alpha=thresholds.alpha, scales=scales, live_per_candidate=1e9
+    )
+    p_value = sequential.always_valid_p(share - tail, variance, scales)
     figures = (
-        f"{label} {p95_c:.3f} s against {p95_l:.3f} s on live ({change * 100:+.1f}%"
+        f"{label} {p95_c:.3f} s against {p95_l:.3f} s on live ({change * 100:+.1f}%; "
+        f"{share:.1%} of TTFTs above {cutoff:.3f} s, {1 - thresholds.alpha:.0%} "
+        f"sequence {max(0.0, share - radius):.1%}..{min(1.0, share + radius):.1%} "
+        f"against {tail:.0%}"
     )
-    floor = thresholds.p95_ttft_min_s
-    return _judge(
-        common,
-        figures,
-        past=change > ratio and p95_c - p95_l > floor,
-        past_text=f"> +{ratio * 100:.1f}% and +{floor * 1000:.0f} ms",
-        within_text=f"within +{ratio * 100:.1f}% or +{floor * 1000:.0f} ms",
-        p_value=p_value,
-        alpha=thresholds.alpha,
+    shift = _log_shift_interval(candidate, live, thresholds.alpha)
+    is_shifted = (
+        shift is not None and shift[0] > math.log1p(ratio) and p95_c - p95_l > floor
     )
+    if is_shifted and shift is not None:
+        figures += (
+            f"; every TTFT slower: log shift {shift[0]:+.3f}..{shift[1]:+.3f} "
+            f"against {math.log1p(ratio):+.3f}"
+        )
+    verdict, word = _three_way(
+        is_worse=share - radius > tail or is_shifted,
+        is_not_worse=share + radius <= tail,
+    )
+    return GuardResult(
+        name,
+        verdict,
+        p95_c,
+        p95_l,
+        change,
+        p_value,
+        f"{figures}: {word})",
+        n_c,
+        n_l,
+        (share - radius - tail) * 100.0,
+        (share + radius - tail) * 100.0,
+        needed,
+    )
+
+
+def _log_shift_interval(
+    candidate: VersionFigures, live: VersionFigures, alpha: float
+) -> tuple[float, float] | None:
+    """The confidence sequence on the mean log TTFT, candidate minus live.
+
+    The tail share alone has little power on a uniform slowdown (30% slower
+    everywhere puts only a few percent past live's p95 x 1.2); a whole
+    distribution shifted by more than the ratio has every quantile past it, the
+    p95 included. None when a side has no TTFT.
+    """
+    sides = []
+    for figures in (candidate, live):
+        items = sorted(
+            (math.log(ttft_value(i)), c) for i, c in figures.ttft.items() if c > 0
+        )
+        n = sum(c for _, c in items)
+        if not n:
+            return None
+        mean = math.fsum(v * c for v, c in items) / n
+        var = math.fsum(c * (v - mean) ** 2 for v, c in items) / n
+        # A bucket's width (10%) as the least spread: one bucket is no certainty.
+        sides.append((mean, max(var, 0.01) / n))
+    estimate = sides[0][0] - sides[1][0]
+    radius = sequential.mixture_radius(
+        sides[0][1] + sides[1][1], alpha, sequential.rate_scales(0.05, top=2.0)
+    )
+    return estimate - radius, estimate + radius
+
+
+def _ttft_upper(index: int) -> float:
+    return TTFT_BOUNDS_S[index] if index < len(TTFT_BOUNDS_S) else math.inf
+
+
+def _three_way(*, is_worse: bool, is_not_worse: bool) -> tuple[Verdict, str]:
+    if is_worse:
+        return Verdict.WORSE, "worse"
+    if is_not_worse:
+        return Verdict.NOT_WORSE, "not worse"
+    return Verdict.UNDECIDED, "undecided"
 
 
 def _output_guard(
     candidate: VersionFigures, live: VersionFigures, thresholds: GuardThresholds
 ) -> GuardResult:
-    """Mean output length off live's by the ratio either way, the shapes differing."""
+    """Mean output length off live's by the ratio either way, sequentially.
+
+    A confidence sequence on the ratio of the means less one (the delta method
+    on the histograms' means and variances): worse when it lies wholly beyond
+    the ratio on one side, not worse when wholly within, else undecided.
+    """
     name, label = "output_length", "average output"
     n_c, n_l = max(0, candidate.answered), max(0, live.answered)
     mean_c = candidate.mean_output_tokens if n_c else None
     mean_l = live.mean_output_tokens if n_l else None
     change = mean_c / mean_l - 1.0 if mean_c is not None and mean_l else None
 
-    def common(verdict: Verdict, p_value: float | None, reason: str) -> GuardResult:
+    def common(
+        verdict: Verdict,
+        p_value: float | None,
+        reason: str,
+        bounds: tuple[float | None, float | None, int | None] = (None, None, None),
+    ) -> GuardResult:
         return GuardResult(
-            name, verdict, mean_c, mean_l, change, p_value, reason, n_c, n_l
+            name, verdict, mean_c, mean_l, change, p_value, reason, n_c, n_l, *bounds
         )
 
     need = thresholds.min_samples
@@ -499,27 +630,68 @@ def _output_guard(
             None,
             f"{label}: live's answers average no tokens, nothing to compare with",
         )
-    values_c = _expand(candidate.output, output_value)
-    values_l = _expand(live.output, output_value)
-    if not values_c.size or not values_l.size:
+    var_c, count_c = _histogram_variance(candidate.output)
+    var_l, count_l = _histogram_variance(live.output)
+    if not count_c or not count_l:
         return common(
             Verdict.TOO_FEW, None, f"{label}: no output-length histogram to test"
         )
-    p_value = _mann_whitney(values_c, values_l, "two-sided")
     ratio = thresholds.output_length_ratio
+    # Delta method for mean_c / mean_l; a floor of one token's spread keeps a
+    # side of identical answers (a fixed refusal) from claiming certainty.
+    variance = max(var_c, 1.0) / (count_c * mean_l**2) + mean_c**2 * max(var_l, 1.0) / (
+        count_l * mean_l**4
+    )
+    scales = sequential.rate_scales(ratio, top=4.0)
+    radius = sequential.mixture_radius(variance, thresholds.alpha, scales)
+    lower, upper = change - radius, change + radius
+    gap = min(abs(abs(change) - ratio), ratio) or 1e-9
+    needed = _samples_for(variance * count_c, gap, thresholds.alpha, scales)
+    p_value = sequential.always_valid_p(abs(change) - ratio, variance, scales)
     figures = (
         f"{label} {mean_c:.1f} tokens against {mean_l:.1f} on live "
-        f"({change * 100:+.1f}%"
+        f"({change * 100:+.1f}%, {1 - thresholds.alpha:.0%} sequence "
+        f"{lower * 100:+.1f}..{upper * 100:+.1f}% against ±{ratio * 100:.1f}%"
     )
-    return _judge(
-        common,
-        figures,
-        past=abs(change) > ratio,
-        past_text=f"beyond ±{ratio * 100:.1f}%",
-        within_text=f"within ±{ratio * 100:.1f}%",
-        p_value=p_value,
-        alpha=thresholds.alpha,
+    verdict, word = _three_way(
+        is_worse=lower > ratio or upper < -ratio,
+        is_not_worse=-ratio <= lower and upper <= ratio,
     )
+    return common(
+        verdict, p_value, f"{figures}: {word})", (lower * 100, upper * 100, needed)
+    )
+
+
+def _histogram_variance(histogram: Mapping[int, int]) -> tuple[float, int]:
+    """The variance of the output lengths the histogram's buckets stand for."""
+    # Sorted and summed exactly: the same histogram in any order (the live
+    # rows' or the drill's buckets) gives the same bits.
+    items = sorted((output_value(i), c) for i, c in histogram.items() if c > 0)
+    count = sum(c for _, c in items)
+    if not count:
+        return 0.0, 0
+    mean = math.fsum(v * c for v, c in items) / count
+    return math.fsum(c * (v - mean) ** 2 for v, c in items) / count, count
+
+
+def _samples_for(
+    unit_variance: float, gap: float, alpha: float, scales: tuple[float, ...]
+) -> int | None:
+    """The samples at which an estimate of ``unit_variance / n`` clears ``gap``."""
+    if not unit_variance > 0 or not math.isfinite(unit_variance):
+        return None
+    low, high = 1, 1
+    while sequential.mixture_radius(unit_variance / high, alpha, scales) >= gap:
+        low, high = high, high * 2
+        if high > 10_000_000:
+            return None
+    while low < high:
+        mid = (low + high) // 2
+        if sequential.mixture_radius(unit_variance / mid, alpha, scales) < gap:
+            high = mid
+        else:
+            low = mid + 1
+    return high
 
 
 def _positive_quantile(figures: VersionFigures, q: float) -> float | None:
@@ -530,45 +702,6 @@ def _positive_quantile(figures: VersionFigures, q: float) -> float | None:
 
 def _count(histogram: Mapping[int, int]) -> int:
     return sum(c for c in histogram.values() if c > 0)
-
-
-def _expand(
-    histogram: Mapping[int, int], value: Callable[[int], float]
-) -> NDArray[np.float64]:
-    """Return the histogram as samples, scaled down to ``MWU_MAX_SAMPLES`` at most."""
-    items = sorted((i, c) for i, c in histogram.items() if c > 0)
-    if not items:
-        return np.zeros(0, dtype=np.float64)
-    values = np.array([value(i) for i, _ in items], dtype=np.float64)
-    counts = np.array([c for _, c in items], dtype=np.int64)
-    total = int(counts.sum())
-    if total > MWU_MAX_SAMPLES:
-        counts = np.rint(counts * (MWU_MAX_SAMPLES / total)).astype(np.int64)
-    return np.repeat(values, counts)
-
-
-def _mann_whitney(
-    candidate: NDArray[np.float64], live: NDArray[np.float64], alternative: str
-) -> float:
-    """Return the Mann-Whitney U p-value (normal approximation, tie-corrected).
-
-    Histogram samples are all ties within a bucket, so the exact method does not
-    apply; with a single value on both sides nothing differs (p = 1).
-    """
-    if not candidate.size or not live.size:
-        return 1.0
-    if np.all(candidate == candidate[0]) and np.all(live == candidate[0]):
-        return 1.0
-    result = stats.mannwhitneyu(
-        candidate, live, alternative=alternative, method="asymptotic"
-    )
-    return _finite_p(result.pvalue)
-
-
-def _finite_p(value: Any) -> float:
-    """A p-value as a float; NaN (a degenerate table) counts as no evidence."""
-    p_value = float(value)
-    return p_value if math.isfinite(p_value) else 1.0
 
 
 def baseline_roles(candidate: Role) -> tuple[Role, ...]:

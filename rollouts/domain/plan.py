@@ -17,12 +17,18 @@ stays loaded ``retention_s`` before it is retired.
 ``decide_step`` is the whole machine, called once per guard period with the
 latest ``guards.GuardReport``. Its order is the order of what matters:
 
-1. a tripped guard rolls back, paused or not: a guard always protects users;
+1. a guard that says worse rolls back, paused or not: a guard always protects
+   users;
 2. a paused rollout holds;
-3. a step short of its minimums continues (and says what it waits for);
-4. a guard without enough samples holds: no decision on too few samples;
-5. a step that needs approval holds until the admin approves this step;
-6. else advance to the next step, or promote after the last.
+3. a pool too quiet for the step's share holds at a larger share (within the
+   plan's limits, ``exposure_percent``): its guards could not decide in
+   ``max_step_s``, or a total failure within ``DETECTION_PERIODS`` periods;
+4. a step short of its minimums continues (and says what it waits for);
+5. a guard that is undecided (or has too few samples) holds, extending the
+   step, with the expected time to a decision;
+6. a step that needs approval holds until the admin approves this step;
+7. else (every guard not worse) advance to the next step, at the share the
+   pool's traffic needs (``step_share``), or promote after the last.
 
 Shadow steps: a copy's answer is discarded, so the gateway may observe less of
 it (it may stop reading at the first token, or not run the refusal detector). In
@@ -39,10 +45,12 @@ A manual rollout (a stage set by hand, no plan) is guarded too:
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollouts.domain import sequential
 from rollouts.domain.guards import (
     GuardReport,
     GuardResult,
@@ -54,8 +62,11 @@ from rollouts.domain.guards import (
 )
 
 __all__ = [
+    "ASSUMED_ERROR_RATE",
     "CANARY_STEPS",
     "DEFAULT_PLAN",
+    "DETECTION_PERIODS",
+    "EXPOSURE_MARGIN",
     "STEP_DEFAULTS",
     "Decision",
     "GuardAction",
@@ -68,11 +79,24 @@ __all__ = [
     "StepSpec",
     "decide_manual",
     "decide_step",
+    "expected_decision_s",
+    "exposure_percent",
     "parse_plan",
+    "samples_for_not_worse",
+    "samples_for_total_failure",
     "stage_errors",
+    "step_share",
 ]
 
 CANARY_STEPS: tuple[float, ...] = (1.0, 10.0, 50.0)
+# A total failure (every answer an error or a refusal) must be shown worse within
+# this many guard periods of a step's start; the exposure that takes is planned
+# with this margin, for the ramp (a canary gets new conversations only) and chance.
+DETECTION_PERIODS = 2
+EXPOSURE_MARGIN = 3.0
+# The live error rate a step's exposure is planned for before live has shown its
+# own (100 requests): a little below the default threshold.
+ASSUMED_ERROR_RATE = 0.004
 
 
 class Stage(enum.StrEnum):
@@ -163,6 +187,9 @@ class RolloutPlan:
     steps: tuple[StepSpec, ...] = field(default_factory=_default_steps)
     retention_s: float = 86400.0
     thresholds: GuardThresholds = field(default_factory=GuardThresholds)
+    # The longest a step should take to decide: a quieter pool gets a larger
+    # share (up to the next step's) so that a decision is expected within it.
+    max_step_s: float = 3600.0
 
     def to_json(self) -> dict[str, object]:
         """Return the plan as JSON (``parse_plan`` reads it back equal)."""
@@ -170,6 +197,7 @@ class RolloutPlan:
             "steps": [step.to_json() for step in self.steps],
             "retention_s": self.retention_s,
             "thresholds": self.thresholds.to_json(),
+            "max_step_s": self.max_step_s,
         }
 
 
@@ -186,7 +214,7 @@ STEP_DEFAULTS: Mapping[str, float | int] = {
 # overflows, and no rollout waits that long).
 MAX_SECONDS = 365 * 86400.0
 
-_PLAN_KEYS = ("steps", "retention_s", "thresholds")
+_PLAN_KEYS = ("steps", "retention_s", "thresholds", "max_step_s")
 _STEP_KEYS = (
     "stage",
     "percent",
@@ -229,6 +257,17 @@ def parse_plan(data: Mapping[str, Any]) -> RolloutPlan:
             problems.append(("retention_s", f"must be at most {MAX_SECONDS:g} s"))
         else:
             retention_s = float(value)
+    max_step_s = 3600.0
+    if "max_step_s" in data:
+        value = data["max_step_s"]
+        if not is_finite_number(value):
+            problems.append(("max_step_s", "must be a finite number"))
+        elif not 0 < value <= MAX_SECONDS:
+            problems.append(
+                ("max_step_s", f"must be above 0 and at most {MAX_SECONDS:g} s")
+            )
+        else:
+            max_step_s = float(value)
     thresholds = GuardThresholds()
     if "thresholds" in data:
         parsed_thresholds, threshold_errors = threshold_problems(
@@ -238,7 +277,12 @@ def parse_plan(data: Mapping[str, Any]) -> RolloutPlan:
         thresholds = parsed_thresholds or thresholds
     if problems:
         raise PlanError(problems)
-    return RolloutPlan(steps=steps, retention_s=retention_s, thresholds=thresholds)
+    return RolloutPlan(
+        steps=steps,
+        retention_s=retention_s,
+        thresholds=thresholds,
+        max_step_s=max_step_s,
+    )
 
 
 def _parse_steps(
@@ -366,6 +410,11 @@ class StepDecision:
     action: GuardAction
     reason: str
     next_step: int | None = None
+    # A hold that raises the step's share (within the plan's limits) says to what.
+    percent: float | None = None
+    # The expected seconds until every guard decides at this share; None when
+    # all have decided, or when the traffic or the rates give no estimate.
+    expected_decision_s: float | None = None
 
     @property
     def promote(self) -> bool:
@@ -379,6 +428,8 @@ class StepDecision:
             "reason": self.reason,
             "next_step": self.next_step,
             "promote": self.promote,
+            "percent": self.percent,
+            "expected_decision_s": self.expected_decision_s,
         }
 
 
@@ -397,10 +448,15 @@ def decide_step(
     now: float,
     requests: int,
     conversations: int,
+    percent: float | None = None,
+    pool_rps: float | None = None,
+    guard_period_s: float = 60.0,
 ) -> StepDecision:
     """Return what the plan does now, given the latest guard report.
 
     ``requests`` and ``conversations``: the candidate's in this step so far.
+    ``percent``: the step's share now (the spec's unless raised); ``pool_rps``:
+    the pool's requests per second (None: unknown, the share is never raised).
     The order of the checks is the module docstring's.
 
     Raises:
@@ -413,7 +469,26 @@ def decide_step(
     if state.paused:
         return StepDecision(GuardAction.HOLD, "paused by an admin")
     spec = plan.steps[state.step]
+    share = spec.percent if percent is None else percent
     elapsed_s = max(0.0, now - state.step_started_at)
+    expected_s = expected_decision_s(report, share, pool_rps, requests, elapsed_s)
+    if pool_rps is not None:
+        raised = exposure_percent(
+            plan, state.step, share, pool_rps, guard_period_s, report
+        )
+        # A tenth or more: the pool's rate moves a little every period.
+        if raised > share * 1.1:
+            return StepDecision(
+                GuardAction.HOLD,
+                f"raising {spec.label} to {raised:.3g}%: at {pool_rps:.3g} "
+                f"requests/s the pool is too quiet for a decision at "
+                f"{share:g}% within {plan.max_step_s:g} s (or a total failure "
+                f"within {DETECTION_PERIODS} guard periods)",
+                percent=raised,
+                expected_decision_s=expected_decision_s(
+                    report, raised, pool_rps, requests, elapsed_s
+                ),
+            )
     waits: list[str] = []
     if elapsed_s < spec.min_duration_s:
         waits.append(
@@ -424,22 +499,34 @@ def decide_step(
     if conversations < spec.min_conversations:
         waits.append(f"{spec.min_conversations} conversations ({conversations} so far)")
     if waits:
-        return StepDecision(GuardAction.CONTINUE, "waiting for " + ", ".join(waits))
+        return StepDecision(
+            GuardAction.CONTINUE,
+            "waiting for " + ", ".join(waits),
+            expected_decision_s=expected_s,
+        )
     lacking = [
         r
-        for r in report.too_few
+        for r in report.undecided
         if not _unobserved_in_shadow(spec, r, report, plan.thresholds.min_samples)
     ]
     if lacking:
+        until = (
+            f" (a decision expected in about {expected_s:.0f} s)"
+            if expected_s is not None
+            else ""
+        )
         return StepDecision(
-            GuardAction.HOLD, "holding: " + "; ".join(r.reason for r in lacking)
+            GuardAction.HOLD,
+            f"holding, extending {spec.label} at {share:g}%{until}: "
+            + "; ".join(r.reason for r in lacking),
+            expected_decision_s=expected_s,
         )
     if spec.needs_approval and state.approved_step != state.step:
         return StepDecision(
             GuardAction.HOLD, f"waiting for an admin's approval of {spec.label}"
         )
     done = (
-        f"guards pass after {elapsed_s:.0f} s, {requests} requests and "
+        f"every guard not worse after {elapsed_s:.0f} s, {requests} requests and "
         f"{conversations} conversations in {spec.label}"
     )
     following = state.step + 1
@@ -450,6 +537,121 @@ def decide_step(
             following,
         )
     return StepDecision(GuardAction.ADVANCE, f"{done}: promote", None)
+
+
+def expected_decision_s(
+    report: GuardReport,
+    percent: float,
+    pool_rps: float | None,
+    requests: int,
+    elapsed_s: float,
+) -> float | None:
+    """Return the expected seconds until every undecided guard decides.
+
+    Each guard's ``samples_needed`` (at the rates seen so far) less what it has,
+    over the candidate's request rate: the pool's at ``percent``, else the rate
+    seen in the step. None when nothing is undecided or no estimate exists.
+    """
+    rate = (
+        pool_rps * percent / 100.0
+        if pool_rps is not None
+        else (requests / elapsed_s if elapsed_s > 0 else 0.0)
+    )
+    waits: list[float] = []
+    for result in report.undecided:
+        if result.samples_needed is None or rate <= 0.0:
+            return None
+        waits.append(max(0.0, result.samples_needed - result.candidate_samples) / rate)
+    return max(waits) if waits else None
+
+
+def step_share(
+    plan: RolloutPlan,
+    step: int,
+    pool_rps: float | None,
+    guard_period_s: float,
+    report: GuardReport | None = None,
+) -> float:
+    """Return the share step ``step`` begins at: its own, raised for a quiet pool
+    (``exposure_percent``); its own when the pool's traffic is unknown."""
+    spec = plan.steps[step]
+    if pool_rps is None:
+        return spec.percent
+    return exposure_percent(plan, step, spec.percent, pool_rps, guard_period_s, report)
+
+
+def _live_rate(report: GuardReport | None, name: str, default: float) -> float:
+    if report is None:
+        return default
+    try:
+        live = report.result(name).live
+    except KeyError:
+        return default
+    return default if live is None or report.result(name).live_samples < 100 else live
+
+
+def exposure_percent(
+    plan: RolloutPlan,
+    step: int,
+    percent: float,
+    pool_rps: float,
+    guard_period_s: float,
+    report: GuardReport | None = None,
+) -> float:
+    """Return the share step ``step`` needs at ``pool_rps`` (at least ``percent``).
+
+    Two needs, from the thresholds: a total failure (every answer an error or a
+    refusal) shown worse within ``DETECTION_PERIODS`` guard periods, with
+    ``EXPOSURE_MARGIN`` for the ramp (only new conversations reach a canary) and
+    chance; and a candidate like live shown not worse within ``max_step_s``.
+    Capped by the plan's limits: a canary step at the next canary step's share
+    (the last one at its own), a shadow step at the plan's largest canary share.
+    """
+    spec = plan.steps[step]
+    canaries = [s.percent for s in plan.steps if s.stage is Stage.CANARY]
+    later = [s.percent for s in plan.steps[step + 1 :] if s.stage is Stage.CANARY]
+    if spec.stage is Stage.SHADOW:
+        cap = max(canaries, default=spec.percent)
+    else:
+        cap = later[0] if later else spec.percent
+    cap = max(cap, percent)
+    if pool_rps <= 0.0:
+        return cap
+    t = plan.thresholds
+    total_failure = max(
+        samples_for_total_failure(t.error_rate_points, t.alpha),
+        samples_for_total_failure(t.refusal_rate_points, t.alpha),
+    )
+    detect = EXPOSURE_MARGIN * total_failure / (DETECTION_PERIODS * guard_period_s)
+    live_rate = _live_rate(report, "error_rate", ASSUMED_ERROR_RATE)
+    not_worse = (
+        samples_for_not_worse(t.error_rate_points, t.alpha, round(live_rate, 4))
+        / plan.max_step_s
+    )
+    needed = 100.0 * max(detect, not_worse) / pool_rps
+    return min(cap, max(percent, needed))
+
+
+@functools.lru_cache(maxsize=256)
+def samples_for_total_failure(limit_points: float, alpha: float) -> int:
+    """Return the candidate samples that show a rate of 100% worse than live's 0%
+    by more than ``limit_points`` (as many on live)."""
+    limit = limit_points / 100.0
+    needed = sequential.samples_to_decide(
+        1.0, 0.0, limit, alpha=alpha, scales=sequential.rate_scales(limit)
+    )
+    return needed if needed is not None else 1
+
+
+@functools.lru_cache(maxsize=256)
+def samples_for_not_worse(limit_points: float, alpha: float, rate: float) -> int:
+    """Return the candidate samples that show a candidate at live's ``rate`` not
+    worse than live by ``limit_points`` (as many on live)."""
+    limit = limit_points / 100.0
+    needed = sequential.samples_to_decide(
+        rate, rate, limit, alpha=alpha, scales=sequential.rate_scales(limit)
+    )
+    return needed if needed is not None else 10_000_000
 
 
 def _unobserved_in_shadow(

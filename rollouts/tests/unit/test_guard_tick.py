@@ -54,7 +54,9 @@ def many(n: int, *, output_tokens: int, refused: bool = False) -> VersionFigures
     return replace(total, conversations=n // 2)
 
 
-GOOD = many(100, output_tokens=100)
+# Enough for the sequential guards to decide: no error in 1,000 requests a side
+# shows the error rate within 0.5 points of live's (about 800 are needed).
+GOOD = many(1000, output_tokens=100)
 REFUSING = many(100, output_tokens=10, refused=True)
 
 
@@ -166,3 +168,34 @@ def test_guard_tick_of_a_manual_rollout_never_moves_it() -> None:
     driver = Driver(REFUSING)
     drive(guard_tick(manual, now=10**6), driver.perform)
     assert isinstance(driver.effects[-1], RollBack)
+
+
+def test_guard_tick_raises_a_quiet_pools_share_and_plans_the_next_step() -> None:
+    """A canary at 10% of a pool of 1 request/s is too quiet to decide within
+    the plan's ``max_step_s``: the step stays, at a larger share (RaiseShare);
+    on a busy pool the next step begins at its own share."""
+    from rollouts.domain.guard_tick import RaiseShare
+
+    plan = parse_plan(
+        {
+            "steps": [
+                {"stage": "canary", "percent": 10, **STEP},
+                {"stage": "canary", "percent": 50, **STEP},
+            ]
+        }
+    )
+    quiet = replace(CANARY, step=0, plan=plan, percent=10.0, pool_rps=1.0)
+    driver = Driver()
+    evaluation = drive(guard_tick(quiet, now=1061.0), driver.perform)
+    assert evaluation is not None
+    raise_share = driver.effects[-1]
+    assert isinstance(raise_share, RaiseShare), evaluation.decision.reason
+    assert 10.0 < raise_share.percent <= plan.steps[1].percent
+    assert evaluation.decision.percent == raise_share.percent
+    assert "raising" in evaluation.decision.reason
+    busy = replace(SHADOW, pool_rps=1000.0)
+    driver = Driver()
+    drive(guard_tick(busy, now=1061.0), driver.perform)
+    advance = driver.effects[-1]
+    assert isinstance(advance, AdvanceStep)
+    assert advance.spec.percent == PLAN.steps[1].percent

@@ -395,7 +395,7 @@ def test_decide_step_never_advances_before_the_minimums(
         assert (T0 + elapsed_s) - state.step_started_at >= spec.min_duration_s
         assert requests >= spec.min_requests
         assert conversations >= spec.min_conversations
-        assert not state.paused and not guards.tripped and not guards.too_few
+        assert not state.paused and not guards.tripped and not guards.undecided
         assert not spec.needs_approval or state.approved_step == state.step
         expected = state.step + 1 if state.step + 1 < len(plan.steps) else None
         assert decision.next_step == expected
@@ -445,8 +445,8 @@ def test_decide_step_walks_the_default_plan_to_promotion() -> None:
         step, started = decision.next_step, now
     assert seen == [1, 2, 3, None]
     assert decision.reason == (
-        "guards pass after 600 s, 2000 requests and 500 conversations in canary 50%: "
-        "promote"
+        "every guard not worse after 600 s, 2000 requests and 500 conversations in "
+        "canary 50%: promote"
     )
 
 
@@ -493,7 +493,9 @@ def test_decide_step_holds_on_too_few_samples_naming_the_guard() -> None:
         report(p95_ttft=Verdict.TOO_FEW),
         **ready(DEFAULT_PLAN, 1),
     )
-    assert decision == StepDecision(GuardAction.HOLD, "holding: p95_ttft is too_few")
+    assert decision == StepDecision(
+        GuardAction.HOLD, "holding, extending canary 1% at 1%: p95_ttft is too_few"
+    )
 
 
 def test_decide_step_holds_for_approval_of_this_very_step() -> None:
@@ -532,7 +534,9 @@ def test_decide_step_holds_for_approval_of_this_very_step() -> None:
         conversations=0,
     )
     assert lacking.action is GuardAction.HOLD
-    assert lacking.reason == "holding: error_rate is too_few"
+    assert lacking.reason == (
+        "holding, extending canary 10% at 10%: error_rate is too_few"
+    )
 
 
 def _shadow_report(**candidate_samples: int) -> GuardReport:
@@ -605,6 +609,8 @@ def test_step_decision_json() -> None:
         "reason": "promote",
         "next_step": None,
         "promote": True,
+        "percent": None,
+        "expected_decision_s": None,
     }
     assert not StepDecision(GuardAction.ADVANCE, "next", 2).promote
 
@@ -623,3 +629,44 @@ def test_a_plan_may_not_wait_past_a_year(data: dict[str, Any], param: str) -> No
     with pytest.raises(PlanError) as caught:
         parse_plan(data)
     assert [p for p, _ in caught.value.problems] == [param]
+
+
+def test_exposure_follows_the_pools_traffic_within_the_plans_limits() -> None:
+    """The default plan's canary 1%: kept at 1,000 streams' 100 requests/s up
+    to what a decision within ``max_step_s`` needs, raised for 10 requests/s,
+    never past the next step's 10%; the last step is never raised."""
+    from rollouts.domain.plan import exposure_percent, step_share
+
+    first = 1  # canary 1%
+    busy = exposure_percent(DEFAULT_PLAN, first, 1.0, 100.0, 60.0)
+    quiet = exposure_percent(DEFAULT_PLAN, first, 1.0, 10.0, 60.0)
+    quietest = exposure_percent(DEFAULT_PLAN, first, 1.0, 0.5, 60.0)
+    assert 1.0 <= busy < quiet <= quietest == 10.0
+    assert exposure_percent(DEFAULT_PLAN, 3, 50.0, 0.5, 60.0) == 50.0
+    assert step_share(DEFAULT_PLAN, first, None, 60.0) == 1.0
+    assert step_share(DEFAULT_PLAN, first, 10.0, 60.0) == quiet
+
+
+def test_decide_step_holds_undecided_guards_with_an_expected_time() -> None:
+    from dataclasses import replace
+
+    undecided = report(error_rate=Verdict.UNDECIDED)
+    results = tuple(
+        replace(r, samples_needed=1000, candidate_samples=400)
+        if r.name == "error_rate"
+        else r
+        for r in undecided.results
+    )
+    decision = decide_step(
+        DEFAULT_PLAN,
+        PlanState(step=1, step_started_at=T0),
+        replace(undecided, results=results),
+        percent=10.0,
+        pool_rps=60.0,
+        **ready(DEFAULT_PLAN, 1),
+    )
+    assert decision.action is GuardAction.HOLD
+    assert decision.percent is None
+    # 600 more requests at 10% of 60 requests/s.
+    assert decision.expected_decision_s == pytest.approx(100.0)
+    assert decision.reason.startswith("holding, extending canary 1% at 10% (")
