@@ -64,6 +64,18 @@ BAD_PLAN: dict[str, Any] = {
     "thresholds": THRESHOLDS,
 }
 STEP = {"min_duration_s": 3, "min_requests": 10, "min_conversations": 3}
+# The guards are sequential: a step advances once each guard shows the candidate
+# not worse than its threshold, and the seed's thresholds (0.5 points of errors)
+# need thousands of requests to show that. A test of a few dozen requests per
+# step proves it against wide margins instead; the fleet drill holds the seed's
+# thresholds at the seed's traffic (rollout_drill --sequential-check).
+WIDE_THRESHOLDS = {
+    **THRESHOLDS,
+    "error_rate_points": 30.0,
+    "refusal_rate_points": 30.0,
+    "output_length_ratio": 0.6,
+    "p95_ttft_ratio": 2.0,
+}
 GOOD_PLAN: dict[str, Any] = {
     "steps": [
         {"stage": "shadow", "percent": 50, **STEP},
@@ -71,7 +83,7 @@ GOOD_PLAN: dict[str, Any] = {
         {"stage": "canary", "percent": 60, **STEP},
     ],
     "retention_s": 4,
-    "thresholds": THRESHOLDS,
+    "thresholds": WIDE_THRESHOLDS,
 }
 
 

@@ -49,7 +49,9 @@ def test_live_drill_rolls_back_the_broken_version_and_cleans_up(
     (bad,) = data["scenarios"]
     assert (bad["decision"], bad["stage"]) == ("rolled_back", "canary")
     assert 0 < bad["detection_s"] <= 2 * data["guard_s"] + 1.0
-    assert {"refusal_rate", "output_length"} <= set(bad["tripped"])
+    # Sequential guards roll back at the first guard whose evidence says worse:
+    # the refusals (every answer one); the shorter answers may not be sure yet.
+    assert "refusal_rate" in bad["tripped"]
     assert 0 < bad["conversations_saw"] <= bad["requests_saw"] < bad["requests"]
     assert (bad["moves_other"], bad["errors"]) == (0, [])
     assert [e["action"] for e in bad["evaluations"]][-1] == "roll_back"
