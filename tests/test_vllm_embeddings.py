@@ -232,6 +232,14 @@ def start_minilm_platform(tmp: Path, model_dir: Path) -> Iterator[LivePlatform]:
             timeout_s=30,
             message="the gateway to route to the MiniLM replica",
         )
+
+        def probe_metered() -> bool:
+            # The gateway hands usage to Redis in the background: the probe's
+            # row ("ping", 3 tokens) is in before any test takes a baseline.
+            flush_usage(live)
+            return _metered(live)[1] >= 3
+
+        wait_until(probe_metered, timeout_s=30, message="the probe's usage row")
         yield live
     finally:
         if gateway is not None:
@@ -291,8 +299,8 @@ def test_the_gateway_embeds_as_sentence_transformers_does(
     THEN every vector is sentence-transformers' own, the usage is the model's
     token count, and the usage row (no output tokens) says the same.
     """
-    flush_usage(platform)  # the start's probe, metered before this answer
-    before = _metered(platform)
+    flush_usage(platform)
+    before = _metered(platform)  # the start's probe is in (the fixture waited)
     answer = platform.client().embeddings.create(model=MINILM, input=TEXTS)
     assert [item.index for item in answer.data] == list(range(len(TEXTS)))
     assert {len(item.embedding) for item in answer.data} == {DIMENSIONS}
