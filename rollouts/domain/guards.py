@@ -480,30 +480,16 @@ def _ttft_guard(
     change = p95_c / p95_l - 1.0 if p95_c is not None and p95_l else None
     ratio, floor = thresholds.p95_ttft_ratio, thresholds.p95_ttft_min_s
     need = thresholds.min_samples
+
+    def too_few(reason: str) -> GuardResult:
+        return GuardResult(
+            name, Verdict.TOO_FEW, p95_c, p95_l, change, None, reason, n_c, n_l
+        )
+
     if n_c < need or n_l < need:
-        return GuardResult(
-            name,
-            Verdict.TOO_FEW,
-            p95_c,
-            p95_l,
-            change,
-            None,
-            _too_few(name, label, "TTFT samples", n_c, n_l, need),
-            n_c,
-            n_l,
-        )
+        return too_few(_too_few(name, label, "TTFT samples", n_c, n_l, need))
     if p95_c is None or p95_l is None or change is None:
-        return GuardResult(
-            name,
-            Verdict.TOO_FEW,
-            p95_c,
-            p95_l,
-            change,
-            None,
-            f"{label}: live has no p95 to compare with",
-            n_c,
-            n_l,
-        )
+        return too_few(f"{label}: live has no p95 to compare with")
     cutoff = max(p95_l * (1.0 + ratio), p95_l + floor)
     # Read as ``ttft_quantile`` reads a p95: a bucket stands for its upper bound.
     above = sum(
