@@ -15,6 +15,7 @@ from engine_nodes.domain.replica_argv import (
     sim_replica_argv,
     vllm_serve_argv,
 )
+from engine_nodes.tests.unit.test_replica_argv import make_spec as base_spec
 from simengine.cli import build_parser, options_from_args
 from simengine.kv_publisher import KVEventsConfig
 
@@ -27,21 +28,10 @@ EXPECTED = {
 
 
 def make_spec(**overrides: Any) -> ReplicaSpec:
-    fields: dict[str, Any] = {
-        "replica_id": "chat-7b-v3-local-0",
-        "model": "chat-7b",
-        "version": "v3",
-        "served_model_name": "chat-7b@v3",
-        "precision": "fp16",
-        "gpus_per_replica": 1,
-        "engine_config": {"kv_events": True},
-        "weights_dir": "/weights/chat-7b",
-        "host": "127.0.0.1",
-        "port": 8101,
-        "kv_events_port": 5601,
-    }
-    fields.update(overrides)
-    return ReplicaSpec(**fields)
+    """The argv tests' spec, with events on and their port chosen."""
+    return base_spec(
+        **{"engine_config": {"kv_events": True}, "kv_events_port": 5601, **overrides}
+    )
 
 
 def flag_value(argv: list[str], flag: str) -> Any:
