@@ -6,6 +6,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 from django.db.models import Q
 
+from accounts.domain.entitlements import MAX_BUDGET_USD, MAX_HARD_FRACTION, TIERS
 from accounts.domain.keys import SHA256_PATTERN
 from accounts.domain.limits import MAX_TOKENS_PER_MINUTE
 from config.names import SLUG_PATTERN, SLUG_RULE
@@ -73,6 +74,108 @@ class TeamLimit(models.Model):
 
     def __str__(self) -> str:
         return f"{self.team_id} on {self.model_id}"
+
+
+class TeamEntitlement(models.Model):
+    """The priority tiers a team may ask for on one model (``x-priority``).
+
+    Without a row the operator's default applies (``PLATFORM_DEFAULT_TIERS``). A
+    request for another tier is refused with 403 ``tier_not_entitled`` before it
+    is charged. ``tiers`` is a list of tier names in ``TIERS`` order, possibly
+    empty (the team may use none: its traffic there is refused).
+    """
+
+    team = models.ForeignKey(
+        Team, on_delete=models.CASCADE, related_name="entitlements"
+    )
+    model = models.ForeignKey(
+        "models_registry.Model", on_delete=models.CASCADE, related_name="+"
+    )
+    tiers = models.JSONField(
+        default=list, help_text=f"Tiers the team may use: any of {', '.join(TIERS)}."
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "team_entitlements"
+        ordering = ["team_id", "model_id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["team", "model"], name="team_entitlement_unique"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.team_id} on {self.model_id}: {', '.join(self.tiers) or 'none'}"
+
+
+class TeamBudget(models.Model):
+    """A team's monthly budget in USD, on all its models (``model`` empty) or one.
+
+    Spend is priced by the platform's cost model at a full pool's price
+    (``routing.domain.budget``). At ``soft_fraction`` of the budget an alert
+    fires; past ``hard_fraction`` new requests are refused with 429
+    ``budget_exceeded`` until the next calendar month (UTC) or until the budget is
+    raised. See docs/finance.md.
+    """
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="budgets")
+    model = models.ForeignKey(
+        "models_registry.Model",
+        on_delete=models.CASCADE,
+        related_name="+",
+        null=True,
+        blank=True,
+        help_text="Empty: the budget covers all the team's models.",
+    )
+    monthly_usd = models.DecimalField(
+        max_digits=18,
+        decimal_places=6,
+        validators=[MinValueValidator(0.000001), MaxValueValidator(MAX_BUDGET_USD)],
+    )
+    soft_fraction = models.FloatField(
+        default=0.8, validators=[MinValueValidator(0.0), MaxValueValidator(1.0)]
+    )
+    hard_fraction = models.FloatField(
+        default=1.0,
+        validators=[MinValueValidator(0.0), MaxValueValidator(MAX_HARD_FRACTION)],
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "team_budgets"
+        ordering = ["team_id", "model_id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["team", "model"],
+                name="team_budget_unique_model",
+                condition=Q(model__isnull=False),
+            ),
+            models.UniqueConstraint(
+                fields=["team"],
+                name="team_budget_unique_team",
+                condition=Q(model__isnull=True),
+            ),
+            models.CheckConstraint(
+                condition=Q(monthly_usd__gt=0), name="team_budget_positive"
+            ),
+            models.CheckConstraint(
+                condition=Q(soft_fraction__gt=0.0)
+                & Q(soft_fraction__lte=1.0)
+                & Q(soft_fraction__lte=models.F("hard_fraction")),
+                name="team_budget_soft_fraction",
+            ),
+            models.CheckConstraint(
+                condition=Q(hard_fraction__gt=0.0)
+                & Q(hard_fraction__lte=MAX_HARD_FRACTION),
+                name="team_budget_hard_fraction",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return (
+            f"{self.team_id} on {self.model_id or 'all models'}: {self.monthly_usd} USD"
+        )
 
 
 class SecretRecordQuerySet(models.QuerySet):

@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from datetime import datetime, timedelta
+from decimal import Decimal
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 
+from accounts.domain.entitlements import budget_errors, normal_tiers, tier_errors
 from accounts.domain.keys import KeyKind, display_prefix, hash_secret, new_secret
 from accounts.domain.limits import LimitRecord, limit_errors, share_overflow
-from accounts.models import AdminToken, ApiKey, Team, TeamLimit
+from accounts.models import (
+    AdminToken,
+    ApiKey,
+    Team,
+    TeamBudget,
+    TeamEntitlement,
+    TeamLimit,
+)
 from config.errors import Conflict, InvalidRequest, NotFound
 from config.names import SLUG_RULE, is_valid_slug
 
@@ -193,3 +203,75 @@ def set_team_limit(
             },
         )
     return limit, created
+
+
+def _check_model(model_id: str) -> None:
+    """Raise NotFound unless the model exists (reached through TeamLimit's foreign
+    key: accounts imports none of the registry's modules)."""
+    registry_models = TeamLimit._meta.get_field("model").related_model
+    if not registry_models._default_manager.filter(pk=model_id).exists():
+        raise NotFound(f"no model named {model_id!r}", param="model")
+
+
+def set_team_entitlement(
+    *, team_id: str, model_id: str, tiers: Sequence[str]
+) -> tuple[TeamEntitlement, bool]:
+    """Create or replace the tiers a team may use on a model; return (row, created).
+
+    The gateway reads it from its next snapshot (within a couple of seconds).
+    """
+    errors = tier_errors(tiers)
+    if errors:
+        raise InvalidRequest(f"tiers: {errors[0]}", param="tiers")
+    team = get_team(team_id)
+    _check_model(model_id)
+    return TeamEntitlement.objects.update_or_create(
+        team=team, model_id=model_id, defaults={"tiers": list(normal_tiers(tiers))}
+    )
+
+
+def set_team_budget(
+    *,
+    team_id: str,
+    model_id: str | None,
+    monthly_usd: float,
+    soft_fraction: float | None = None,
+    hard_fraction: float | None = None,
+) -> tuple[TeamBudget, bool]:
+    """Create or replace a team's monthly USD budget (``model_id`` None: on all its
+    models); return (budget, created).
+
+    Fractions left out take the operator's defaults
+    (``PLATFORM_BUDGET_SOFT_FRACTION``, ``PLATFORM_BUDGET_HARD_FRACTION``).
+    """
+    soft = (
+        settings.PLATFORM_BUDGET_SOFT_FRACTION
+        if soft_fraction is None
+        else soft_fraction
+    )
+    hard = (
+        settings.PLATFORM_BUDGET_HARD_FRACTION
+        if hard_fraction is None
+        else hard_fraction
+    )
+    errors = budget_errors(
+        monthly_usd=monthly_usd, soft_fraction=soft, hard_fraction=hard
+    )
+    if errors:
+        param, message = errors[0]
+        raise InvalidRequest(f"{param} {message}", param=param)
+    team = get_team(team_id)
+    if model_id is not None:
+        _check_model(model_id)
+    with transaction.atomic():
+        # Two rows for one team and model are refused by the constraints; a
+        # concurrent PUT that loses the race retries as an update.
+        return TeamBudget.objects.update_or_create(
+            team=team,
+            model_id=model_id,
+            defaults={
+                "monthly_usd": Decimal(str(round(monthly_usd, 6))),
+                "soft_fraction": soft,
+                "hard_fraction": hard,
+            },
+        )

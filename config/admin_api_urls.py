@@ -79,6 +79,16 @@ urlpatterns = [
         name="admin-team-limits",
     ),
     path(
+        "teams/<str:team>/entitlements",
+        accounts.EntitlementView.as_view(),
+        name="admin-team-entitlements",
+    ),
+    path(
+        "teams/<str:team>/budgets",
+        accounts.BudgetView.as_view(),
+        name="admin-team-budgets",
+    ),
+    path(
         "teams/<str:team>/keys", accounts.KeyListView.as_view(), name="admin-team-keys"
     ),
     path(

@@ -345,6 +345,25 @@ try:
     PLATFORM_DEFAULT_TOKENS_PER_MINUTE = env_int(
         "PLATFORM_DEFAULT_TOKENS_PER_MINUTE", 0, minimum=0
     )
+    # The tiers (x-priority) a team may use on a model it has no entitlement row
+    # on (PUT /admin/teams/{team}/entitlements): all three unless narrowed here.
+    PLATFORM_DEFAULT_TIERS = env_list(
+        "PLATFORM_DEFAULT_TIERS", ["interactive", "standard", "batch"]
+    )
+    _unknown_tiers = set(PLATFORM_DEFAULT_TIERS) - {"interactive", "standard", "batch"}
+    if _unknown_tiers:
+        raise EnvError(
+            "PLATFORM_DEFAULT_TIERS knows interactive, standard and batch, not "
+            f"{', '.join(sorted(_unknown_tiers))}"
+        )
+    # A team's USD budget alerts at this fraction of it unless the budget sets
+    # its own (soft), and refuses new requests past this one (hard).
+    PLATFORM_BUDGET_SOFT_FRACTION = env_float(
+        "PLATFORM_BUDGET_SOFT_FRACTION", 0.8, minimum=0.0
+    )
+    PLATFORM_BUDGET_HARD_FRACTION = env_float(
+        "PLATFORM_BUDGET_HARD_FRACTION", 1.0, minimum=0.0
+    )
     PLATFORM_DEFAULT_MAX_CONCURRENCY = env_int(
         "PLATFORM_DEFAULT_MAX_CONCURRENCY", 64, minimum=0
     )

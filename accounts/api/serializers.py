@@ -8,6 +8,12 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from accounts.domain.entitlements import (
+    MAX_BUDGET_USD,
+    MAX_HARD_FRACTION,
+    MIN_BUDGET_USD,
+    TIERS,
+)
 from accounts.domain.limits import MAX_CONCURRENCY, MAX_TOKENS_PER_MINUTE
 from config import fields
 
@@ -77,3 +83,54 @@ class KeyCreatedSerializer(KeySerializer):
     """A new key: its record and the secret, shown this once."""
 
     key = serializers.CharField()
+
+
+class EntitlementSerializer(serializers.Serializer):
+    """PUT /admin/teams/{team}/entitlements: the tiers a team may use on a model.
+
+    An empty list lets the team use no tier there (every request refused 403).
+    """
+
+    model = fields.SlugField()
+    tiers = serializers.ListField(
+        child=serializers.ChoiceField(choices=list(TIERS)), max_length=len(TIERS) * 4
+    )
+
+
+class EntitlementOutSerializer(serializers.Serializer):
+    """A team's tiers on one model, as the API shows them."""
+
+    team = serializers.CharField()
+    model = serializers.CharField()
+    tiers = serializers.ListField(child=serializers.ChoiceField(choices=list(TIERS)))
+
+
+class BudgetSerializer(serializers.Serializer):
+    """PUT /admin/teams/{team}/budgets: a monthly budget in USD.
+
+    ``model`` null or left out: the budget covers all the team's models.
+    Fractions left out take the operator's defaults.
+    """
+
+    model = fields.SlugField(required=False, allow_null=True, default=None)
+    monthly_usd = fields.NumberField(min_value=MIN_BUDGET_USD, max_value=MAX_BUDGET_USD)
+    soft_fraction = fields.NumberField(
+        required=False, allow_null=True, default=None, greater_than=0.0, max_value=1.0
+    )
+    hard_fraction = fields.NumberField(
+        required=False,
+        allow_null=True,
+        default=None,
+        greater_than=0.0,
+        max_value=MAX_HARD_FRACTION,
+    )
+
+
+class BudgetOutSerializer(serializers.Serializer):
+    """A team's monthly budget, as the API shows it."""
+
+    team = serializers.CharField()
+    model = serializers.CharField(allow_null=True)
+    monthly_usd = serializers.FloatField()
+    soft_fraction = serializers.FloatField()
+    hard_fraction = serializers.FloatField()

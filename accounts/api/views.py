@@ -12,6 +12,10 @@ from rest_framework.response import Response
 
 from accounts import services
 from accounts.api.serializers import (
+    BudgetOutSerializer,
+    BudgetSerializer,
+    EntitlementOutSerializer,
+    EntitlementSerializer,
     KeyCreatedSerializer,
     KeyCreateSerializer,
     KeySerializer,
@@ -20,7 +24,7 @@ from accounts.api.serializers import (
     TeamCreateSerializer,
     TeamSerializer,
 )
-from accounts.models import ApiKey, Team, TeamLimit
+from accounts.models import ApiKey, Team, TeamBudget, TeamEntitlement, TeamLimit
 from config.api import ControlPlaneView, ErrorSerializer, validated
 
 
@@ -45,6 +49,22 @@ def limit_dict(limit: TeamLimit) -> dict[str, Any]:
         "tokens_per_minute": limit.tokens_per_minute,
         "max_concurrency": limit.max_concurrency,
         "guaranteed_share": limit.guaranteed_share,
+    }
+
+
+def entitlement_dict(row: TeamEntitlement) -> dict[str, Any]:
+    """Return a team's tiers on a model as the API shows them."""
+    return {"team": row.team_id, "model": row.model_id, "tiers": list(row.tiers)}
+
+
+def budget_dict(budget: TeamBudget) -> dict[str, Any]:
+    """Return a team's budget as the API shows it."""
+    return {
+        "team": budget.team_id,
+        "model": budget.model_id,
+        "monthly_usd": float(budget.monthly_usd),
+        "soft_fraction": budget.soft_fraction,
+        "hard_fraction": budget.hard_fraction,
     }
 
 
@@ -156,5 +176,74 @@ class LimitView(ControlPlaneView):
         )
         return Response(
             limit_dict(limit),
+            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+        )
+
+
+class EntitlementView(ControlPlaneView):
+    """Read or set the tiers a team may use on each model.
+
+    A model without a row allows the operator's default tiers
+    (``PLATFORM_DEFAULT_TIERS``).
+    """
+
+    @extend_schema(
+        operation_id="teams_entitlements_list",
+        responses={
+            200: inline_serializer(
+                "EntitlementList", {"data": EntitlementOutSerializer(many=True)}
+            )
+        },
+    )
+    def get(self, request: Request, team: str) -> Response:
+        found = services.get_team(team)
+        rows = found.entitlements.all()
+        return Response({"data": [entitlement_dict(row) for row in rows]})
+
+    @extend_schema(
+        request=EntitlementSerializer,
+        responses={200: EntitlementOutSerializer, 201: EntitlementOutSerializer},
+    )
+    def put(self, request: Request, team: str) -> Response:
+        body = validated(EntitlementSerializer, request.data)
+        row, created = services.set_team_entitlement(
+            team_id=team, model_id=body["model"], tiers=body["tiers"]
+        )
+        return Response(
+            entitlement_dict(row),
+            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+        )
+
+
+class BudgetView(ControlPlaneView):
+    """Read, set or remove a team's monthly USD budgets (docs/finance.md)."""
+
+    @extend_schema(
+        operation_id="teams_budgets_list",
+        responses={
+            200: inline_serializer(
+                "BudgetList", {"data": BudgetOutSerializer(many=True)}
+            )
+        },
+    )
+    def get(self, request: Request, team: str) -> Response:
+        found = services.get_team(team)
+        return Response({"data": [budget_dict(b) for b in found.budgets.all()]})
+
+    @extend_schema(
+        request=BudgetSerializer,
+        responses={200: BudgetOutSerializer, 201: BudgetOutSerializer},
+    )
+    def put(self, request: Request, team: str) -> Response:
+        body = validated(BudgetSerializer, request.data)
+        budget, created = services.set_team_budget(
+            team_id=team,
+            model_id=body["model"],
+            monthly_usd=body["monthly_usd"],
+            soft_fraction=body["soft_fraction"],
+            hard_fraction=body["hard_fraction"],
+        )
+        return Response(
+            budget_dict(budget),
             status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
         )
