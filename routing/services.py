@@ -3,16 +3,29 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
 
-from django.db.models import Q
+from django.conf import settings
+from django.db.models import Q, Sum
 
-from accounts.models import ApiKey, Team, TeamLimit
+from accounts.models import ApiKey, Team, TeamBudget, TeamEntitlement, TeamLimit
 from engine_nodes.models import Replica
+from metering.domain.cost import (
+    TokenWeights,
+    gpu_hour_usd_for,
+    replica_tokens_per_s,
+    usd_per_million_at_full,
+)
+from metering.models import Usage
 from models_registry.models import Model, ModelVersion, Pool
 from rollouts.domain.plan import Decision, Stage
 from rollouts.models import Rollout
+from routing.domain.budget import NANO_PER_USD, Price, month_of
 from routing.domain.snapshot import (
+    BudgetRecord,
     ConfigSnapshot,
+    EntitlementRecord,
     KeyRecord,
     LimitRecord,
     ModelRecord,
@@ -49,9 +62,26 @@ def build_snapshot(*, region: str, default_policy: str) -> ConfigSnapshot:
         )
         for row in TeamLimit.objects.all()
     }
+    entitlements = {
+        (row.team_id, row.model_id): EntitlementRecord(
+            team=row.team_id, model=row.model_id, tiers=tuple(row.tiers)
+        )
+        for row in TeamEntitlement.objects.all()
+    }
     versions: dict[tuple[str, str], VersionRecord] = {}
     labels: dict[int, str] = {}
+    # Per (model, version): GPUs per replica and a replica's tokens per second,
+    # what prices the version's tokens in every region.
+    capacities: dict[tuple[str, str], tuple[int, float]] = {}
     for version in ModelVersion.objects.all():
+        tokens_per_s, _assumed = replica_tokens_per_s(
+            version.load_test_tokens_per_s,
+            assumed=settings.PLATFORM_ASSUMED_TOKENS_PER_S,
+        )
+        capacities[(version.model_id, version.version)] = (
+            version.gpus_per_replica,
+            tokens_per_s,
+        )
         labels[version.pk] = version.version
         config = (
             version.engine_config if isinstance(version.engine_config, dict) else {}
@@ -67,6 +97,9 @@ def build_snapshot(*, region: str, default_policy: str) -> ConfigSnapshot:
             chat_template=version.chat_template,
             priority_scheduling=config.get("scheduling_policy") == "priority",
             tool_call_parser=str(config.get("tool_call_parser") or ""),
+            usd_per_million=_usd_per_million(
+                capacities[(version.model_id, version.version)], region
+            ),
         )
     # One query for what the rollouts say: the pending ones (the memory of
     # conversations begins with them; a begun shadow step copies requests), and
@@ -140,12 +173,22 @@ def build_snapshot(*, region: str, default_policy: str) -> ConfigSnapshot:
         )
         if pool.target_replicas > 0
     )
+    built_at = time.time()
     return ConfigSnapshot(
-        built_at=time.time(),
+        built_at=built_at,
         region=region,
         keys=keys,
         teams=teams,
         limits=limits,
+        entitlements=entitlements,
+        budgets=_budgets(
+            region=region,
+            month=month_of(built_at),
+            capacities=capacities,
+            embedding_models=frozenset(
+                name for name, record in models.items() if record.is_embedding
+            ),
+        ),
         models=models,
         versions=versions,
         replicas=replicas,
@@ -155,3 +198,90 @@ def build_snapshot(*, region: str, default_policy: str) -> ConfigSnapshot:
 
 def _label(labels: dict[int, str], version_id: int | None) -> str | None:
     return labels.get(version_id) if version_id is not None else None
+
+
+def _usd_per_million(capacity: tuple[int, float], region: str) -> float:
+    """Return what a million weighted tokens of a version cost in ``region`` at a
+    full pool (the usage report's price per token)."""
+    gpus, tokens_per_s = capacity
+    return usd_per_million_at_full(
+        gpus_per_replica=gpus,
+        gpu_hour_usd=gpu_hour_usd_for(
+            region,
+            default=settings.PLATFORM_GPU_HOUR_USD,
+            by_region=settings.PLATFORM_GPU_HOUR_USD_BY_REGION,
+        ),
+        tokens_per_s=tokens_per_s,
+    )
+
+
+def _budgets(
+    *,
+    region: str,
+    month: str,
+    capacities: Mapping[tuple[str, str], tuple[int, float]],
+    embedding_models: frozenset[str],
+) -> dict[tuple[str, str], BudgetRecord]:
+    """Return every budget with its spend this month, from the flushed usage rows.
+
+    One grouped query over the month's rows of the teams with a budget; each row
+    priced at its own region's price, as the gateway prices a request
+    (``routing.domain.budget.Price``), so the two add up.
+    """
+    rows = list(TeamBudget.objects.all())
+    if not rows:
+        return {}
+    weights = TokenWeights(**settings.PLATFORM_COST_WEIGHTS)
+    start = datetime.strptime(month, "%Y-%m").replace(tzinfo=UTC)
+    spent: dict[tuple[str, str, bool], int] = {}  # (team, model, here) -> nano
+    usage = (
+        Usage.objects.filter(
+            team_id__in={row.team_id for row in rows}, minute__gte=start
+        )
+        .values("team_id", "model_id", "version__version", "region")
+        .annotate(
+            prompt=Sum("prompt_tokens"),
+            cached=Sum("cached_tokens"),
+            output=Sum("output_tokens"),
+        )
+    )
+    for item in usage:
+        capacity = capacities.get((item["model_id"], item["version__version"]))
+        if capacity is None:
+            continue
+        price = Price(
+            usd_per_million=_usd_per_million(capacity, item["region"]),
+            weights=weights,
+            input_priced=item["model_id"] in embedding_models,
+        )
+        cost = price.cost_nano(
+            prompt_tokens=item["prompt"] or 0,
+            cached_tokens=item["cached"] or 0,
+            output_tokens=item["output"] or 0,
+        )
+        key = (item["team_id"], item["model_id"], item["region"] == region)
+        spent[key] = spent.get(key, 0) + cost
+
+    def spend(team: str, model: str | None, *, here: bool) -> float:
+        return (
+            sum(
+                nano
+                for (t, m, h), nano in spent.items()
+                if t == team and h == here and model in (None, m)
+            )
+            / NANO_PER_USD
+        )
+
+    return {
+        (row.team_id, row.model_id or ""): BudgetRecord(
+            team=row.team_id,
+            model=row.model_id or "",
+            monthly_usd=float(row.monthly_usd),
+            soft_fraction=row.soft_fraction,
+            hard_fraction=row.hard_fraction,
+            month=month,
+            spent_here_usd=spend(row.team_id, row.model_id, here=True),
+            spent_elsewhere_usd=spend(row.team_id, row.model_id, here=False),
+        )
+        for row in rows
+    }

@@ -1,7 +1,8 @@
 """The gateway's view of the control plane: immutable records built off the hot path.
 
-Public surface: ``KeyRecord``, ``LimitRecord``, ``VersionRecord``, ``ModelRecord``,
-``ReplicaRecord``, ``ConfigSnapshot``, ``NodeSnapshot``.
+Public surface: ``KeyRecord``, ``LimitRecord``, ``EntitlementRecord``,
+``BudgetRecord``, ``VersionRecord``, ``ModelRecord``, ``ReplicaRecord``,
+``ConfigSnapshot``, ``NodeSnapshot``.
 
 A ``ConfigSnapshot`` is rebuilt in the background (every couple of seconds) from the
 database and swapped in whole; request handling only reads it, so it never touches
@@ -18,7 +19,9 @@ from typing import TypeVar
 
 __all__ = [
     "MODEL_KINDS",
+    "BudgetRecord",
     "ConfigSnapshot",
+    "EntitlementRecord",
     "KeyRecord",
     "LimitRecord",
     "ModelRecord",
@@ -58,6 +61,45 @@ class LimitRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class EntitlementRecord:
+    """The tiers a team may use on a model (team_entitlements); without one, the
+    operator's default (``PLATFORM_DEFAULT_TIERS``)."""
+
+    team: str
+    model: str
+    tiers: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        # A snapshot file holds the tiers as a JSON list.
+        object.__setattr__(self, "tiers", tuple(self.tiers))
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetRecord:
+    """A team's monthly USD budget (team_budgets), with its spend in ``month``
+    already flushed to the database when the snapshot was built.
+
+    ``model`` "" covers all the team's models. ``spent_here_usd`` is this region's
+    part of the spend, ``spent_elsewhere_usd`` the other regions' (each priced at
+    its own region's GPU-hour price).
+    """
+
+    team: str
+    model: str
+    monthly_usd: float
+    soft_fraction: float
+    hard_fraction: float
+    month: str
+    spent_here_usd: float = 0.0
+    spent_elsewhere_usd: float = 0.0
+
+    @property
+    def hard_usd(self) -> float:
+        """The spend past which new requests are refused."""
+        return self.monthly_usd * self.hard_fraction
+
+
+@dataclass(frozen=True, slots=True)
 class VersionRecord:
     """A registered version, with what routing and admission need of it.
 
@@ -80,6 +122,10 @@ class VersionRecord:
     # ``--tool-call-parser`` with ``--enable-auto-tool-choice``, SGLang's
     # ``--tool-call-parser``); "" without one: requests with tools are refused.
     tool_call_parser: str = ""
+    # What a million weighted tokens (input tokens for an embedding model) of the
+    # version cost in this region at a full pool (metering.domain.cost): budgets
+    # price requests by it. 0 prices nothing.
+    usd_per_million: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +188,8 @@ def _frozen(mapping: Mapping[_K, _V]) -> Mapping[_K, _V]:
 class ConfigSnapshot:
     """Everything the gateway needs from the control plane, at one instant.
 
-    ``keys`` maps SHA-256 hex of a secret to its key; ``limits`` maps (team, model);
+    ``keys`` maps SHA-256 hex of a secret to its key; ``limits`` and
+    ``entitlements`` map (team, model); ``budgets`` maps (team, model or "");
     ``versions`` maps (model, version); ``replicas`` lists this region's replicas;
     ``pools`` names this region's pools that want replicas.
     """
@@ -155,6 +202,12 @@ class ConfigSnapshot:
         default_factory=lambda: _frozen({})
     )
     models: Mapping[str, ModelRecord] = field(default_factory=lambda: _frozen({}))
+    entitlements: Mapping[tuple[str, str], EntitlementRecord] = field(
+        default_factory=lambda: _frozen({})
+    )
+    budgets: Mapping[tuple[str, str], BudgetRecord] = field(
+        default_factory=lambda: _frozen({})
+    )
     versions: Mapping[tuple[str, str], VersionRecord] = field(
         default_factory=lambda: _frozen({})
     )

@@ -20,7 +20,9 @@ from dataclasses import asdict, fields
 from typing import Any
 
 from routing.domain.snapshot import (
+    BudgetRecord,
     ConfigSnapshot,
+    EntitlementRecord,
     KeyRecord,
     LimitRecord,
     ModelRecord,
@@ -82,6 +84,8 @@ def snapshot_to_dict(snapshot: ConfigSnapshot) -> dict[str, Any]:
 _RECORDS: dict[str, type] = {
     "keys": KeyRecord,
     "limits": LimitRecord,
+    "entitlements": EntitlementRecord,
+    "budgets": BudgetRecord,
     "models": ModelRecord,
     "versions": VersionRecord,
 }

@@ -201,5 +201,12 @@ def test_snapshot_query_count_is_fixed(
     for _ in range(5):
         ReplicaFactory(version=chat_v1, last_heartbeat=timezone.now())
         accounts.issue_key(team_id=team.team)
-    with django_assert_max_num_queries(8):
+    accounts.set_team_entitlement(
+        team_id=team.team, model_id="chat-7b", tiers=["standard"]
+    )
+    accounts.set_team_budget(team_id=team.team, model_id=None, monthly_usd=10.0)
+    accounts.set_team_budget(team_id=team.team, model_id="chat-7b", monthly_usd=5.0)
+    # The eight before budgets, then entitlements, budgets and one grouped query
+    # over the month's usage of the teams with a budget.
+    with django_assert_max_num_queries(11):
         build_snapshot(region="local", default_policy="prefix_affinity")

@@ -14,7 +14,9 @@ import pytest
 
 from routing.domain.readiness import judge_readiness
 from routing.domain.snapshot import (
+    BudgetRecord,
     ConfigSnapshot,
+    EntitlementRecord,
     KeyRecord,
     LimitRecord,
     ModelRecord,
@@ -46,6 +48,14 @@ def snapshot(region: str = "eu") -> ConfigSnapshot:
         },
         teams=frozenset({"alpha", "beta"}),
         limits={("alpha", "chat-7b"): LimitRecord("alpha", "chat-7b", 1000, 4, 0.25)},
+        entitlements={
+            ("alpha", "chat-7b"): EntitlementRecord("alpha", "chat-7b", ("batch",))
+        },
+        budgets={
+            ("alpha", ""): BudgetRecord(
+                "alpha", "", 100.0, 0.8, 1.0, "2026-12", 12.5, 3.25
+            )
+        },
         models={
             "chat-7b": ModelRecord(
                 "chat-7b", "v1", "v2", 5.0, None, 0.0, rollout_pending=True
