@@ -84,6 +84,7 @@ async def plan_embedding(
         body=body,
         rng=rng,
         kind="embedding",
+        batch_key=batch_key,
     )
     resolution = opening.resolution
     record = snapshot.models[resolution.model]

@@ -65,6 +65,7 @@ from routing.domain.snapshot import (
     VersionRecord,
 )
 from routing.domain.tiers import Tier, parse_tier
+from routing.entitlements import check_tier
 from routing.intake import header_text, refuse_body
 from routing.prompt_fit import count_and_fit
 from routing.prompt_tokens import VersionCounters
@@ -145,6 +146,9 @@ class GatewaySettings:
     engine_api_key: str = ""
     figures_bucket_s: int = 60
     refusal_patterns: tuple[str, ...] = DEFAULT_REFUSAL_PATTERNS
+    # The tiers a team may use on a model it has no entitlement row on
+    # (``PLATFORM_DEFAULT_TIERS``).
+    default_tiers: frozenset[Tier] = frozenset(Tier)
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,16 +287,19 @@ def start_plan(
     body: Mapping[str, Any],
     rng: random.Random,
     kind: str = "chat",
+    batch_key: bool = False,
 ) -> tuple[_Body, PlanOpening]:
     """Return ``body`` as ``check`` checks it, and the request's opening.
 
     ``key_messages`` gives what the routing key hashes when the request names no
     conversation (``x-conversation-id``); ``kind`` is the kind of model the
-    request's API serves.
+    request's API serves; ``batch_key``: the request came with a batch job's key,
+    and is judged as the batch tier for entitlements whatever tier it asks.
 
     Raises:
         GatewayError: 400 a bad ``x-priority`` or body (a ``BodyError``), a model
-            of another kind; 403/404/503 as for any model (see the module).
+            of another kind; 403 a tier the team may not use on the model
+            (``tier_not_entitled``); 403/404/503 as for any model (see the module).
     """
     try:
         tier = parse_tier(header_text(headers, b"x-priority"))
@@ -305,6 +312,13 @@ def start_plan(
     key = routing_key(header_text(headers, b"x-conversation-id"), key_messages(checked))
     resolution, limit = resolve_for_team(
         snapshot, settings, team, checked.model, key, rng, kind=kind
+    )
+    check_tier(
+        snapshot,
+        settings.default_tiers,
+        team,
+        resolution.model,
+        Tier.BATCH if batch_key else tier,
     )
     version = snapshot.versions.get((resolution.model, resolution.version))
     record = snapshot.models.get(resolution.model)
@@ -387,6 +401,7 @@ async def plan_chat(
         headers=headers,
         body=body,
         rng=rng,
+        batch_key=batch_key,
     )
     messages = checked.messages
     _check_tools_served(checked.tools, opening)
@@ -452,6 +467,7 @@ async def plan_completion(
         headers=headers,
         body=body,
         rng=rng,
+        batch_key=batch_key,
     )
     max_model_len = opening.max_model_len
     counts = await counters.count_prompts(opening.version, checked.prompts)
@@ -515,6 +531,7 @@ async def plan_response(
         headers=headers,
         body=body,
         rng=rng,
+        batch_key=batch_key,
     )
     messages = checked.messages
     _check_tools_served(checked.tools, opening)
