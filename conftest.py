@@ -353,6 +353,7 @@ def settings_storage_roots(settings: Settings) -> Iterator[list[str]]:
 # ids only, not fixtures, so they are named here; a module that takes the
 # fixture without being named is a collection error.
 SHARED_PLATFORM_MODULES = (
+    "routing/tests/test_budgets_e2e.py",
     "routing/tests/test_figures_e2e.py",
     "routing/tests/test_limits_e2e.py",
     "routing/tests/test_v1_fuzz.py",

@@ -44,6 +44,10 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "AUTOSCALER_DECISIONS",
+    "BUDGET_HARD_RATIO",
+    "BUDGET_REFUSALS",
+    "BUDGET_SOFT_RATIO",
+    "BUDGET_SPEND_RATIO",
     "CACHED_TOKENS",
     "CONTROL_PLANE_UP",
     "FIGURES_DROPPED",
@@ -82,6 +86,7 @@ __all__ = [
     "PoolScalingFigures",
     "RolloutCollector",
     "ShedCause",
+    "count_budget_refusal",
     "count_figures_dropped",
     "count_kv_batch",
     "count_rate_limited",
@@ -99,6 +104,7 @@ __all__ = [
     "register_pool_live",
     "register_pool_scaling",
     "register_rollouts",
+    "set_budget_spend",
     "set_control_plane",
     "set_limits_degraded",
     "set_pool_load",
@@ -188,6 +194,28 @@ TEAM_RATE_LIMITED = Counter(
     "platform_team_rate_limited_total",
     "Requests refused with 429, per team, model and tier.",
     ("team", "model", "tier"),
+)
+BUDGET_SPEND_RATIO = Gauge(
+    "platform_team_budget_spend_ratio",
+    'A team\'s spend this month over its monthly USD budget (model "*": the '
+    "budget on all its models), reservations of requests in flight included, as "
+    "this gateway last saw it (docs/finance.md).",
+    ("team", "model"),
+)
+BUDGET_SOFT_RATIO = Gauge(
+    "platform_team_budget_soft_ratio",
+    "The spend ratio at which a team's budget alerts (its soft threshold).",
+    ("team", "model"),
+)
+BUDGET_HARD_RATIO = Gauge(
+    "platform_team_budget_hard_ratio",
+    "The spend ratio past which a team's new requests are refused (429).",
+    ("team", "model"),
+)
+BUDGET_REFUSALS = Counter(
+    "platform_team_budget_refused_total",
+    "Requests refused with 429 budget_exceeded, per team and budget (model).",
+    ("team", "model"),
 )
 TEAM_SHED = Counter(
     "platform_team_shed_total",
@@ -360,6 +388,21 @@ def count_rejection(*, team: str, model: str, tier: str, status: int) -> None:
         count_rate_limited(team=team, model=model, tier=tier)
     else:
         count_shed(team=team, model=model, tier=tier, cause="overload")
+
+
+def set_budget_spend(
+    *, team: str, model: str, spend_ratio: float, soft_ratio: float, hard_ratio: float
+) -> None:
+    """Set a budget's spend ratio and its thresholds (``model`` "" is "*")."""
+    label = model or "*"
+    _child(BUDGET_SPEND_RATIO, team, label).set(spend_ratio)
+    _child(BUDGET_SOFT_RATIO, team, label).set(soft_ratio)
+    _child(BUDGET_HARD_RATIO, team, label).set(hard_ratio)
+
+
+def count_budget_refusal(*, team: str, model: str) -> None:
+    """Count one request refused for its budget (``model`` "" is "*")."""
+    _child(BUDGET_REFUSALS, team, model or "*").inc()
 
 
 def count_rate_limited(*, team: str, model: str, tier: str) -> None:

@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -45,6 +44,7 @@ from metering.figures import FigureRecorder
 from routing.admission import Admission
 from routing.attempt import Attempt, AttemptResult, Cut, NoFirstToken
 from routing.background import BackgroundTasks
+from routing.budgets import BudgetGuard
 from routing.domain.admission_control import AdmissionRequest, Rejected, Ticket
 from routing.domain.embedding_split import DEFAULT_SPLIT_RULE, split_inputs
 from routing.domain.policies import RouteRequest, RoutingPolicy, make_policy
@@ -109,6 +109,7 @@ class ChatService:
         rng: random.Random,
         figures: FigureRecorder | None = None,
         conversations: ConversationVersions | None = None,
+        budgets: BudgetGuard | None = None,
     ) -> None:
         self.settings = settings
         self.live = live
@@ -130,6 +131,7 @@ class ChatService:
             background=background,
             refusals=refusals,
             figures=figures,
+            budgets=budgets,
         )
         self.shadow = Shadow(
             live=live,
@@ -166,7 +168,13 @@ class ChatService:
             GatewayError: refused before any byte of the answer was sent.
         """
         plan, remembered = await self._remember(plan, snapshot)
-        ticket = await self._admit(plan)
+        # The team's USD budgets: its worst case held until the meter settles it.
+        reservation = await self.meter.reserve(plan, snapshot)
+        try:
+            ticket = await self._admit(plan)
+        except BaseException:
+            await self.meter.cancel(reservation)
+            raise
         self._copy_to_shadow(plan, snapshot)
         role = self._figure_role(plan, snapshot, remembered)
         cause: BaseException | None = None
@@ -185,7 +193,7 @@ class ChatService:
                 "client_closed" if isinstance(exc, asyncio.CancelledError) else "error"
             )
             ended, cause = AttemptResult(outcome), exc
-        await self.meter.settle(Served(plan, ticket, role, ended))
+        await self.meter.settle(Served(plan, ticket, role, ended, reservation))
         # Raised outside the handlers above, so that each keeps its own context.
         if cause is not None:
             raise cause
@@ -288,7 +296,7 @@ class ChatService:
                 )
             )
         except Rejected as exc:
-            raise self._refusal(exc, plan) from None
+            raise self.meter.refusal(exc, plan, self.rng) from None
         except Exception as exc:
             # The limiter's store (Redis) failed: refuse clearly rather than admit
             # without limits or answer a bare 500.
@@ -299,25 +307,6 @@ class ChatService:
                 code="admission_unavailable",
                 headers={"retry-after": "1"},
             ) from None
-
-    def _refusal(self, exc: Rejected, plan: ChatPlan) -> GatewayError:
-        """Count a refusal (metrics and usage) and turn it into the client's error.
-
-        Every 429 and 503 carries Retry-After with up to a second of jitter, so that
-        refused clients do not all come back in the same instant (retry storms).
-        """
-        headers = dict(exc.headers)
-        if exc.status in (429, 503):
-            self.meter.count_refusal(plan, exc.status)
-            jittered = max(1, math.ceil(exc.retry_after_s + self.rng.random()))
-            headers["retry-after"] = str(jittered)
-        return GatewayError(
-            exc.status,
-            exc.message,
-            code=exc.code,
-            headers=headers,
-            error_type="rate_limit_error" if exc.status == 429 else None,
-        )
 
     # -- routing ----------------------------------------------------------------------
 

@@ -7,7 +7,13 @@ figures, the team's usage row (batch work in its own part too), the pool's live
 figures (``metering.figures``: role ``pool``, every request, with its prompt and
 cached tokens and time per output token), the version's figures for the rollout
 guards (role live, baseline or canary under a rollout, the answer's head judged
-by the refusal detector), and the refund of what admission charged. ``count_refusal`` counts a request admission refused (429 or 503).
+by the refusal detector), and the refund of what admission charged. ``count_refusal`` counts a request admission refused (429 or 503), and
+``refusal`` turns admission's refusal into the client's error.
+
+A team's USD budgets are held here too (``routing.budgets``): ``reserve`` holds a
+request's worst case before admission (a 429 ``budget_exceeded`` counted as a
+rate-limited request), ``cancel`` gives it back when admission refuses, and
+``settle`` moves it to what the usage cost, with the token refund.
 
 Both kinds of 503 a client can get here are counted in the usage row's ``shed``
 column and in ``platform_team_shed_total``, whose ``cause`` label tells them apart:
@@ -24,6 +30,8 @@ column.
 from __future__ import annotations
 
 import logging
+import math
+import random
 import time
 from dataclasses import dataclass
 from typing import Protocol
@@ -35,9 +43,12 @@ from metering.figures import FigureKey, FigureRecorder
 from routing.admission import Admission
 from routing.attempt import AttemptResult
 from routing.background import BackgroundTasks
-from routing.domain.admission_control import Ticket
+from routing.budgets import BudgetGuard, MemoryBudgetStore, Reservation
+from routing.domain.admission_control import Rejected, Ticket
 from routing.domain.refusals import RefusalDetector
+from routing.domain.snapshot import ConfigSnapshot
 from routing.plan import ChatPlan
+from routing.responses import GatewayError
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +75,8 @@ class Served:
     ticket: Ticket
     figure_role: Role | None
     ended: AttemptResult
+    # What it holds of its team's USD budgets (None: no budget covers it).
+    reservation: Reservation | None = None
 
 
 class RequestMeter:
@@ -79,8 +92,11 @@ class RequestMeter:
         background: BackgroundTasks,
         refusals: RefusalDetector,
         figures: FigureRecorder | None = None,
+        budgets: BudgetGuard | None = None,
     ) -> None:
         self.region = region
+        # Without a guard, one that knows no budget (a snapshot holds none then).
+        self.budgets = budgets or BudgetGuard(store=MemoryBudgetStore())
         self.figures_bucket_s = figures_bucket_s
         self.admission = admission
         self.usage_counter = usage_counter
@@ -129,6 +145,56 @@ class RequestMeter:
             # The answer is complete: a failed refund must not break the
             # connection. The bucket refills by itself; the slot expires.
             logger.warning("releasing admission failed: %s", type(exc).__name__)
+        await self.budgets.settle(served.reservation, usage)
+
+    async def reserve(
+        self, plan: ChatPlan, snapshot: ConfigSnapshot
+    ) -> Reservation | None:
+        """Hold the request's worst case against its team's USD budgets.
+
+        Raises:
+            GatewayError: 429 ``budget_exceeded`` (counted as rate limited), or
+                503 when the budgets' store fails in a way the guard cannot
+                fall back from.
+        """
+        try:
+            return await self.budgets.reserve(plan, snapshot)
+        except GatewayError as exc:
+            self.count_refusal(plan, exc.status)
+            raise
+        except Exception as exc:
+            logger.warning("budgets unavailable: %s", type(exc).__name__)
+            raise GatewayError(
+                503,
+                "budgets cannot be checked right now; retry shortly",
+                code="admission_unavailable",
+                headers={"retry-after": "1"},
+            ) from None
+
+    async def cancel(self, reservation: Reservation | None) -> None:
+        """Give back the budgets' hold of a request admission refused."""
+        await self.budgets.cancel(reservation)
+
+    def refusal(
+        self, exc: Rejected, plan: ChatPlan, rng: random.Random
+    ) -> GatewayError:
+        """Count a refusal (metrics and usage) and turn it into the client's error.
+
+        Every 429 and 503 carries Retry-After with up to a second of jitter, so that
+        refused clients do not all come back in the same instant (retry storms).
+        """
+        headers = dict(exc.headers)
+        if exc.status in (429, 503):
+            self.count_refusal(plan, exc.status)
+            jittered = max(1, math.ceil(exc.retry_after_s + rng.random()))
+            headers["retry-after"] = str(jittered)
+        return GatewayError(
+            exc.status,
+            exc.message,
+            code=exc.code,
+            headers=headers,
+            error_type="rate_limit_error" if exc.status == 429 else None,
+        )
 
     def _record_figures(self, served: Served) -> None:
         """Add the request's figures: to its pool's live figures (role ``pool``,

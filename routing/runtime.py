@@ -27,14 +27,22 @@ from django.conf import settings
 from django.utils import timezone
 
 from accounts.services import touch_api_keys
+from metering.domain.cost import TokenWeights
 from metering.figures import FigureRecorder
 from routing.admission import LiveAdmission, LivePoolView
+from routing.budgets import (
+    BudgetGuard,
+    BudgetStore,
+    FailoverBudgetStore,
+    MemoryBudgetStore,
+)
 from routing.chat import BackgroundTasks, ChatService, UsageCounter
 from routing.domain.admission_control import AdmissionControl, AdmissionOptions
 from routing.domain.hosts import HostPolicy
 from routing.domain.policies import PolicyOptions
 from routing.domain.snapshot import ConfigSnapshot
 from routing.domain.snapshot_file import file_key
+from routing.domain.tiers import Tier
 from routing.failover import FailoverLimits, RedisFailover
 from routing.gateway import Gateway
 from routing.key_uses import KeyUses
@@ -76,6 +84,7 @@ def gateway_settings() -> GatewaySettings:
         engine_api_key=settings.PLATFORM_ENGINE_API_KEY,
         figures_bucket_s=settings.PLATFORM_FIGURES_BUCKET_S,
         refusal_patterns=tuple(settings.PLATFORM_REFUSAL_PATTERNS),
+        default_tiers=frozenset(Tier(name) for name in settings.PLATFORM_DEFAULT_TIERS),
     )
 
 
@@ -161,6 +170,10 @@ def build_gateway() -> Gateway:
         rng=random.Random(),
         figures=figures,
         conversations=_conversation_versions(redis_client),
+        budgets=BudgetGuard(
+            store=_budget_store(redis_client),
+            weights=TokenWeights(**settings.PLATFORM_COST_WEIGHTS),
+        ),
     )
     return Gateway(
         settings=config,
@@ -261,6 +274,18 @@ def _stores(
     usage = FailoverUsageCounter(RedisUsageCounter(redis_client, prefix))
     figures = RedisFigureRecorder(redis_client, prefix)
     return limits, usage, figures, None, RedisFailover(limits=limits, usage=usage)
+
+
+def _budget_store(redis_client: Any | None) -> BudgetStore:
+    """The region's budget counters in Redis (this process's while it fails), or
+    this process's without Redis."""
+    if redis_client is None:
+        return MemoryBudgetStore()
+    from routing.budget_redis import RedisBudgetStore
+
+    return FailoverBudgetStore(
+        RedisBudgetStore(redis_client, settings.REDIS_KEY_PREFIX)
+    )
 
 
 def _conversation_versions(redis_client: Any | None) -> ConversationVersions:
