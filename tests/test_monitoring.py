@@ -334,6 +334,7 @@ def test_every_alert_says_what_to_do() -> None:
         "PlatformCanaryGuardTripped",
         "PlatformControlPlaneDown",
         "PlatformBatchAtRisk",
+        "PlatformTeamBudgetSoftThreshold",
     }
     docs = (ROOT / "docs" / "monitoring.md").read_text()
     for alert in alerts:
