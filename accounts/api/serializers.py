@@ -114,15 +114,9 @@ class BudgetSerializer(serializers.Serializer):
 
     model = fields.SlugField(required=False, allow_null=True, default=None)
     monthly_usd = fields.NumberField(min_value=MIN_BUDGET_USD, max_value=MAX_BUDGET_USD)
-    soft_fraction = fields.NumberField(
-        required=False, allow_null=True, default=None, greater_than=0.0, max_value=1.0
-    )
+    soft_fraction = fields.NumberField(required=False, greater_than=0.0, max_value=1.0)
     hard_fraction = fields.NumberField(
-        required=False,
-        allow_null=True,
-        default=None,
-        greater_than=0.0,
-        max_value=MAX_HARD_FRACTION,
+        required=False, greater_than=0.0, max_value=MAX_HARD_FRACTION
     )
 
 

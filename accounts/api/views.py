@@ -240,8 +240,8 @@ class BudgetView(ControlPlaneView):
             team_id=team,
             model_id=body["model"],
             monthly_usd=body["monthly_usd"],
-            soft_fraction=body["soft_fraction"],
-            hard_fraction=body["hard_fraction"],
+            soft_fraction=body.get("soft_fraction"),
+            hard_fraction=body.get("hard_fraction"),
         )
         return Response(
             budget_dict(budget),
