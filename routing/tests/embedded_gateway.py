@@ -19,6 +19,7 @@ session and background tasks outlive a single request as they do in a server.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import random
@@ -35,7 +36,9 @@ from routing.chat import BackgroundTasks, ChatService
 from routing.domain.admission_control import AdmissionControl
 from routing.domain.hosts import HostPolicy
 from routing.domain.snapshot import (
+    BudgetRecord,
     ConfigSnapshot,
+    EntitlementRecord,
     KeyRecord,
     LimitRecord,
     ModelRecord,
@@ -188,6 +191,9 @@ class EmbeddedGateway:
         embedding_replicas: int = 1,
         tokens_per_minute: int = 10**9,
         max_concurrency: int = 10_000,
+        tiers: tuple[str, ...] | None = None,
+        budget: BudgetRecord | None = None,
+        usd_per_million: float = 0.0,
     ) -> None:
         snapshot = _snapshot(
             replica_url,
@@ -196,6 +202,25 @@ class EmbeddedGateway:
             tokens_per_minute=tokens_per_minute,
             max_concurrency=max_concurrency,
         )
+        if tiers is not None:
+            # The team's entitlement on MODEL: these tiers only.
+            snapshot = dataclasses.replace(
+                snapshot,
+                entitlements={(_TEAM, MODEL): EntitlementRecord(_TEAM, MODEL, tiers)},
+            )
+        if budget is not None:
+            snapshot = dataclasses.replace(
+                snapshot, budgets={(budget.team, budget.model): budget}
+            )
+        if usd_per_million:
+            # Every version's price (the snapshot's cost model figure).
+            snapshot = dataclasses.replace(
+                snapshot,
+                versions={
+                    key: dataclasses.replace(record, usd_per_million=usd_per_million)
+                    for key, record in snapshot.versions.items()
+                },
+            )
         self.loop = asyncio.new_event_loop()
         self.settings = settings or GatewaySettings(
             region="embedded", default_max_tokens=default_max_tokens

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import TypeVar
 
 import pytest
@@ -28,6 +28,7 @@ from routing.domain.budget import (
     BudgetLedger,
     BudgetLine,
     Price,
+    Reserved,
     month_of,
 )
 from routing.domain.resolve import Resolution
@@ -242,3 +243,46 @@ def test_a_team_at_three_times_its_budget_overshoots_by_under_one_percent(
     assert total >= 0.95 * hard
     assert refused, "three times the budget must be refused in part"
     assert set(refused) == {31 * 86_400}  # 2026-12-01 00:00:00.5 to 2027-01-01
+
+
+class _Unreachable:
+    """A budget store whose Redis does not answer."""
+
+    async def reserve(
+        self, lines: Sequence[BudgetLine], amount: int, *, ttl_s: int
+    ) -> Reserved:
+        raise redis.ConnectionError("down")
+
+    async def adjust(self, keys: Sequence[str], delta: int) -> None:
+        raise redis.ConnectionError("down")
+
+
+def test_while_redis_fails_budgets_are_held_in_this_process() -> None:
+    """A reservation made in memory (Redis down) is settled in memory, and the
+    hard limit still holds there, from the snapshot's flushed spend."""
+    store = FailoverBudgetStore(_Unreachable())
+    guard = BudgetGuard(store=store, clock=lambda: T0)
+    snapshot = _snapshot(0.001)  # 1,000,000 nano-dollars
+    plan = _plan(200, 300)
+
+    async def work() -> tuple[int, int]:
+        reservation = await guard.reserve(plan, snapshot)
+        assert reservation is not None
+        assert reservation.store is store.memory
+        await guard.settle(
+            reservation,
+            FinalUsage(prompt_tokens=200, cached_tokens=0, completion_tokens=100),
+        )
+        served = 1
+        while True:
+            try:
+                await guard.reserve(plan, snapshot)
+            except GatewayError:
+                break
+            served += 1
+        key = f"gamma:*:{month_of(T0)}"
+        return served, store.memory.ledger.spent[key]
+
+    served, spent = asyncio.run(work())
+    assert spent <= 1_000_000
+    assert served > 1
