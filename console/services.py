@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from typing import Any, Literal, NotRequired, TypedDict
 
+from django.conf import settings
 from django.db.models import Sum
 from django.db.models.functions import TruncDate
 
@@ -45,6 +46,8 @@ from rollouts import plans, services
 from rollouts.domain.plan import Decision, RolloutPlan
 from rollouts.models import Rollout
 from rollouts.services import RolloutOut
+from routing.domain.budget import month_of
+from routing.services import month_budgets
 
 __all__ = [
     "ACTIONS",
@@ -212,6 +215,19 @@ class TeamUsage(TypedDict):
     shed: int
     batch_requests: int
     tokens: int  # prompt and output
+
+
+class TeamBudgetRow(TypedDict):
+    """One of a team's budgets this month, as the team page shows it."""
+
+    model: str  # "" for the budget on all its models
+    month: str
+    monthly_usd: float
+    spent_usd: float
+    ratio: float
+    soft_fraction: float
+    hard_fraction: float
+    state: Literal["ok", "soft", "hard"]
 
 
 # -- pools -------------------------------------------------------------------------
@@ -530,3 +546,38 @@ def team_usage(
             entry["day"] = row["day"]
         usage.append(entry)
     return usage
+
+
+def team_budgets(*, team_id: str, now: datetime) -> list[TeamBudgetRow]:
+    """Return the team's budgets with this month's flushed spend (every region),
+    and whether it is past the soft or the hard threshold (the page's banner).
+
+    The spend is the usage table's, as in the gateways' snapshot: what the
+    gateways spent since the last flush (about a minute) is not in it.
+    """
+    found = month_budgets(
+        region=settings.PLATFORM_REGION,
+        month=month_of(now.timestamp()),
+        team_id=team_id,
+    )
+    rows: list[TeamBudgetRow] = []
+    for record in sorted(found.values(), key=lambda r: r.model):
+        spent = record.spent_here_usd + record.spent_elsewhere_usd
+        ratio = spent / record.monthly_usd
+        rows.append(
+            {
+                "model": record.model,
+                "month": record.month,
+                "monthly_usd": record.monthly_usd,
+                "spent_usd": spent,
+                "ratio": ratio,
+                "soft_fraction": record.soft_fraction,
+                "hard_fraction": record.hard_fraction,
+                "state": "hard"
+                if ratio >= record.hard_fraction
+                else "soft"
+                if ratio >= record.soft_fraction
+                else "ok",
+            }
+        )
+    return rows

@@ -222,6 +222,7 @@ def team(request: HttpRequest, team: str) -> HttpResponse:
             team=found,
             totals=services.team_usage(since=since, team_id=found.team),
             rows=services.team_usage(since=since, team_id=found.team, by_day=True),
+            budgets=services.team_budgets(team_id=found.team, now=timezone.now()),
             days=TEAM_DAYS,
         ),
     )

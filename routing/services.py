@@ -74,13 +74,8 @@ def build_snapshot(*, region: str, default_policy: str) -> ConfigSnapshot:
     # what prices the version's tokens in every region.
     capacities: dict[tuple[str, str], tuple[int, float]] = {}
     for version in ModelVersion.objects.all():
-        tokens_per_s, _assumed = replica_tokens_per_s(
-            version.load_test_tokens_per_s,
-            assumed=settings.PLATFORM_ASSUMED_TOKENS_PER_S,
-        )
-        capacities[(version.model_id, version.version)] = (
-            version.gpus_per_replica,
-            tokens_per_s,
+        capacities[(version.model_id, version.version)] = replica_capacity(
+            version.gpus_per_replica, version.load_test_tokens_per_s
         )
         labels[version.pk] = version.version
         config = (
@@ -215,12 +210,45 @@ def _usd_per_million(capacity: tuple[int, float], region: str) -> float:
     )
 
 
+def month_budgets(
+    *, region: str, month: str, team_id: str | None = None
+) -> dict[tuple[str, str], BudgetRecord]:
+    """Return the budgets (of one team, or all) with their spend in ``month`` as
+    the gateway's snapshot holds them (the console shows them so)."""
+    capacities = {
+        (model, version): replica_capacity(gpus, measured)
+        for model, version, gpus, measured in ModelVersion.objects.values_list(
+            "model_id", "version", "gpus_per_replica", "load_test_tokens_per_s"
+        )
+    }
+    embedding = frozenset(
+        Model.objects.filter(kind="embedding").values_list("pk", flat=True)
+    )
+    return _budgets(
+        region=region,
+        month=month,
+        capacities=capacities,
+        embedding_models=embedding,
+        team_id=team_id,
+    )
+
+
+def replica_capacity(gpus: int, measured: float | None) -> tuple[int, float]:
+    """Return a version's GPUs per replica and a replica's tokens per second (the
+    load test's, else ``PLATFORM_ASSUMED_TOKENS_PER_S``): what prices it."""
+    tokens_per_s, _assumed = replica_tokens_per_s(
+        measured, assumed=settings.PLATFORM_ASSUMED_TOKENS_PER_S
+    )
+    return gpus, tokens_per_s
+
+
 def _budgets(
     *,
     region: str,
     month: str,
     capacities: Mapping[tuple[str, str], tuple[int, float]],
     embedding_models: frozenset[str],
+    team_id: str | None = None,
 ) -> dict[tuple[str, str], BudgetRecord]:
     """Return every budget with its spend this month, from the flushed usage rows.
 
@@ -228,7 +256,10 @@ def _budgets(
     priced at its own region's price, as the gateway prices a request
     (``routing.domain.budget.Price``), so the two add up.
     """
-    rows = list(TeamBudget.objects.all())
+    budgets = TeamBudget.objects.all()
+    if team_id is not None:
+        budgets = budgets.filter(team_id=team_id)
+    rows = list(budgets)
     if not rows:
         return {}
     weights = TokenWeights(**settings.PLATFORM_COST_WEIGHTS)
