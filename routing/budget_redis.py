@@ -7,7 +7,8 @@ one Lua script each, atomic over every budget a request counts against (a team's
 budget on all models and its budget on the model: both reserved or neither).
 A counter is the string ``{prefix}:budget:{team}:{model or *}:{YYYY-MM}``, integer
 nano-dollars (spend settled plus reservations in flight), kept until a day past
-its month. Amounts stay below 2^53, so Lua's doubles compare them exactly.
+its month. Lua reads the counters as doubles: exact below 2^53 nano-dollars
+(9 million USD), a few nano-dollars off above.
 ``routing/tests/test_budget_store.py`` holds this store equal to the ledger on
 random histories.
 """

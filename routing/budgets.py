@@ -128,7 +128,6 @@ class Reservation:
     amount_nano: int
     price: Price
     store: BudgetStore
-    records: tuple[BudgetRecord, ...]
 
 
 class BudgetGuard:
@@ -202,7 +201,6 @@ class BudgetGuard:
             reserved, store = await store.reserve_where(lines, amount, ttl_s=ttl_s)
         else:
             reserved = await store.reserve(lines, amount, ttl_s=ttl_s)
-        records = tuple(r for r, _ in found)
         if not reserved.allowed:
             refused, line = found[reserved.refused]
             spent = reserved.spent_nano[reserved.refused]
@@ -216,7 +214,6 @@ class BudgetGuard:
             amount_nano=amount,
             price=price,
             store=store,
-            records=records,
         )
 
     async def cancel(self, reservation: Reservation | None) -> None:
