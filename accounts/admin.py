@@ -25,6 +25,7 @@ from django.utils.cache import add_never_cache_headers
 from django.utils.text import capfirst
 
 from accounts import services
+from accounts.domain.entitlements import TIERS, budget_errors, normal_tiers
 from accounts.domain.limits import share_overflow
 from accounts.login_throttle import ConsoleLoginForm
 from accounts.models import (
@@ -33,6 +34,8 @@ from accounts.models import (
     RegionDemand,
     SecretRecord,
     Team,
+    TeamBudget,
+    TeamEntitlement,
     TeamLimit,
 )
 
@@ -175,6 +178,80 @@ class TeamLimitAdmin(admin.ModelAdmin):
         "updated_at",
     )
     list_filter = ("model", "team")
+    search_fields = ("team__team", "team__name", "model__model")
+    list_select_related = ("team", "model")
+
+
+class TeamEntitlementForm(forms.ModelForm):
+    """The tiers as boxes to tick, kept in the tiers' order."""
+
+    tiers = forms.MultipleChoiceField(
+        choices=[(tier, tier) for tier in TIERS],
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        help_text="None ticked: the team may use no tier on the model.",
+    )
+
+    class Meta:
+        model = TeamEntitlement
+        fields = ("team", "model", "tiers")
+
+    def clean_tiers(self) -> list[str]:
+        return list(normal_tiers(self.cleaned_data["tiers"]))
+
+
+@admin.register(TeamEntitlement)
+class TeamEntitlementAdmin(admin.ModelAdmin):
+    """The tiers each team may use on a model (without a row: the default tiers)."""
+
+    form = TeamEntitlementForm
+    list_display = ("team", "model", "tier_list", "updated_at")
+    list_filter = ("model",)
+    search_fields = ("team__team", "team__name", "model__model")
+    list_select_related = ("team", "model")
+
+    @admin.display(description="tiers")
+    def tier_list(self, obj: TeamEntitlement) -> str:
+        return ", ".join(obj.tiers) or "none"
+
+
+class TeamBudgetForm(forms.ModelForm):
+    """Check a budget's thresholds together, as the API does."""
+
+    class Meta:
+        model = TeamBudget
+        fields = ("team", "model", "monthly_usd", "soft_fraction", "hard_fraction")
+
+    def clean(self) -> dict[str, Any]:
+        super().clean()
+        cleaned = self.cleaned_data
+        values = [
+            cleaned.get(f) for f in ("monthly_usd", "soft_fraction", "hard_fraction")
+        ]
+        if any(v is None for v in values):
+            return cleaned
+        usd, soft, hard = values
+        for param, message in budget_errors(
+            monthly_usd=float(usd), soft_fraction=soft, hard_fraction=hard
+        ):
+            self.add_error(param, message)
+        return cleaned
+
+
+@admin.register(TeamBudget)
+class TeamBudgetAdmin(admin.ModelAdmin):
+    """Each team's monthly USD budgets (docs/finance.md#usd-budgets)."""
+
+    form = TeamBudgetForm
+    list_display = (
+        "team",
+        "model",
+        "monthly_usd",
+        "soft_fraction",
+        "hard_fraction",
+        "updated_at",
+    )
+    list_filter = ("model",)
     search_fields = ("team__team", "team__name", "model__model")
     list_select_related = ("team", "model")
 

@@ -23,7 +23,15 @@ from django.utils import timezone
 
 from accounts import services as accounts_services
 from accounts.domain.keys import hash_secret
-from accounts.models import AdminToken, ApiKey, RegionDemand, Team, TeamLimit
+from accounts.models import (
+    AdminToken,
+    ApiKey,
+    RegionDemand,
+    Team,
+    TeamBudget,
+    TeamEntitlement,
+    TeamLimit,
+)
 from engine_nodes import services as node_services
 from engine_nodes.models import Node, Replica, ScalingDecision
 from metering.models import ReplicaSpan, Usage, VersionFigure
@@ -55,6 +63,8 @@ if TYPE_CHECKING:
 CONSOLE_MODELS: list[type[DjangoModel]] = [
     Team,
     TeamLimit,
+    TeamEntitlement,
+    TeamBudget,
     ApiKey,
     AdminToken,
     Model,
@@ -224,6 +234,12 @@ def rows(team: Team, chat_v1: ModelVersion) -> dict[type[DjangoModel], DjangoMod
     return {
         Team: team,
         TeamLimit: limit,
+        TeamEntitlement: accounts_services.set_team_entitlement(
+            team_id=team.team, model_id=chat_v1.model_id, tiers=["standard"]
+        )[0],
+        TeamBudget: accounts_services.set_team_budget(
+            team_id=team.team, model_id=None, monthly_usd=100.0
+        )[0],
         ApiKey: key,
         AdminToken: token,
         Model: chat_v1.model,

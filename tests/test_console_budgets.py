@@ -10,6 +10,7 @@ import time_machine
 from django.urls import reverse
 
 from accounts import services
+from accounts.models import TeamBudget, TeamEntitlement
 from metering.models import Usage
 from tests.test_console_live import client_with
 
@@ -58,3 +59,32 @@ def test_team_page_shows_budgets_and_a_banner_past_a_threshold(
     assert ('data-budget-state="soft"' in html) == (state == "soft")
     assert ('data-budget-state="hard"' in html) == (state == "hard")
     assert ("new requests are refused" in html) == (state == "hard")
+
+
+def test_console_refuses_a_soft_threshold_above_the_hard_one(
+    team: Team, chat_v1: ModelVersion
+) -> None:
+    console = client_with(superuser=True)
+    add = reverse("admin:accounts_teambudget_add")
+    body = {"team": "search", "model": "", "monthly_usd": "100"}
+    refused = console.post(
+        add, {**body, "soft_fraction": "0.9", "hard_fraction": "0.5"}
+    )
+    assert refused.status_code == 200
+    assert "soft_fraction" in refused.context["adminform"].form.errors
+    assert not TeamBudget.objects.exists()
+    saved = console.post(add, {**body, "soft_fraction": "0.5", "hard_fraction": "0.9"})
+    assert saved.status_code == 302
+    assert TeamBudget.objects.get().hard_fraction == 0.9
+
+
+def test_console_keeps_entitlement_tiers_in_order(
+    team: Team, chat_v1: ModelVersion
+) -> None:
+    console = client_with(superuser=True)
+    add = reverse("admin:accounts_teamentitlement_add")
+    saved = console.post(
+        add, {"team": "search", "model": "chat-7b", "tiers": ["batch", "interactive"]}
+    )
+    assert saved.status_code == 302
+    assert TeamEntitlement.objects.get().tiers == ["interactive", "batch"]
