@@ -225,12 +225,11 @@ class TeamBudgetForm(forms.ModelForm):
     def clean(self) -> dict[str, Any]:
         super().clean()
         cleaned = self.cleaned_data
-        values = [
-            cleaned.get(f) for f in ("monthly_usd", "soft_fraction", "hard_fraction")
-        ]
-        if any(v is None for v in values):
+        usd = cleaned.get("monthly_usd")
+        soft = cleaned.get("soft_fraction")
+        hard = cleaned.get("hard_fraction")
+        if usd is None or soft is None or hard is None:
             return cleaned
-        usd, soft, hard = values
         for param, message in budget_errors(
             monthly_usd=float(usd), soft_fraction=soft, hard_fraction=hard
         ):
