@@ -33,7 +33,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from accounts.domain.keys import display_prefix, hash_secret
-from accounts.models import ApiKey, TeamLimit
+from accounts.models import ApiKey, TeamEntitlement, TeamLimit
 from batches import storage
 from batches.domain.lines import (
     ENDPOINT,
@@ -394,7 +394,7 @@ def _check_output(output_uri: str) -> None:
 def _model(name: str, team_id: str, endpoint: str) -> Model:
     """The model a batch runs on (``model`` or ``model@version``), if it serves
     ``endpoint`` and the team may call it: a limits row, or the platform's default
-    tokens per minute.
+    tokens per minute; and the batch tier (its entitlement, or the default tiers).
 
     A model of the other kind is refused here, as the gateway refuses it on each
     line (400, ``model_not_supported``): every line would fail the same way."""
@@ -422,7 +422,23 @@ def _model(name: str, team_id: str, endpoint: str) -> Model:
             param="model",
             code="model_not_allowed",
         )
+    if not _may_use_batch_tier(team_id, model_id):
+        # Every line is judged as the batch tier (routing.plan): all would fail.
+        raise ModelNotAllowed(
+            f"team {team_id!r} may not use the batch tier on model {model_id!r}; "
+            "ask a platform admin to grant it "
+            f"(PUT /admin/teams/{team_id}/entitlements)",
+            param="model",
+            code="tier_not_entitled",
+        )
     return model
+
+
+def _may_use_batch_tier(team_id: str, model_id: str) -> bool:
+    row = TeamEntitlement.objects.filter(team_id=team_id, model_id=model_id).first()
+    if row is not None:
+        return "batch" in row.tiers
+    return "batch" in settings.PLATFORM_DEFAULT_TIERS
 
 
 def _tokens_per_minute(team_id: str, model_id: str) -> int:

@@ -18,7 +18,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from accounts import services as accounts_services
-from accounts.models import ApiKey
+from accounts.models import ApiKey, Team
 from batches import runner, services
 from batches.models import Batch, BatchLine
 from batches.tests.conftest import jsonl, line
@@ -142,6 +142,27 @@ def test_unknown_model_window_and_purpose_are_400s(
     assert answer.json()["error"]["param"] == "purpose"
     answer = create(client_of, input_file_id="file-nothere", completion_window="24h")
     assert answer.status_code == 404
+
+
+def test_a_model_whose_batch_tier_the_team_may_not_use_is_a_403(
+    store: Path, client_of: APIClient, team: Team, chat_model: Model
+) -> None:
+    accounts_services.set_team_entitlement(
+        team_id=team.team, model_id="chat-7b", tiers=["interactive", "standard"]
+    )
+    file_id = file_id_of(client_of, jsonl(line("a")))
+
+    answer = create(client_of, input_file_id=file_id, completion_window="24h")
+
+    assert answer.status_code == 403, answer.content
+    error = answer.json()["error"]
+    assert (error["type"], error["code"]) == ("permission_error", "tier_not_entitled")
+    assert not Batch.objects.exists()
+    accounts_services.set_team_entitlement(
+        team_id=team.team, model_id="chat-7b", tiers=["batch"]
+    )
+    answer = create(client_of, input_file_id=file_id, completion_window="24h")
+    assert answer.status_code == 200, answer.content
 
 
 def test_a_model_the_team_has_no_limits_on_is_a_403(
