@@ -6,7 +6,9 @@ The steps (seed steps 6-9 and 12), each taking what the one before produced:
 
 1. admission (``routing.admission``) turns the ``ChatPlan`` into a ``Ticket`` or a
    429/503 with Retry-After (jittered, so refused clients do not all return at
-   once); a shadow copy goes out if the plan's resolution names one;
+   once); a shadow copy goes out if the plan's resolution names one, and a
+   sampled candidate request's pair goes to the plan's judge
+   (``routing.live_judge``);
 2. the pool's routing policy orders the replicas for the routing key; each try is
    an ``Attempt`` (``routing.attempt``) that returns what happened; on a connect
    error, a 5xx or no first token within ``first_token_timeout_s`` the next one is
@@ -47,6 +49,7 @@ from routing.attempt import Attempt, AttemptResult, Cut, NoFirstToken
 from routing.background import BackgroundTasks
 from routing.domain.admission_control import AdmissionRequest, Rejected, Ticket
 from routing.domain.embedding_split import DEFAULT_SPLIT_RULE, split_inputs
+from routing.domain.live_judge import JudgeSampler
 from routing.domain.policies import RouteRequest, RoutingPolicy, make_policy
 from routing.domain.refusals import RefusalDetector
 from routing.domain.retry_budget import RetryBudget
@@ -67,6 +70,7 @@ from routing.embeddings import (
 )
 from routing.kv_subscriber import KVEventSubscriber
 from routing.live import LiveLoad
+from routing.live_judge import LiveJudge
 from routing.plan import ChatPlan, GatewaySettings, payload_for
 from routing.relay import UpstreamFailed
 from routing.request_meter import RequestMeter, Served, UsageCounter
@@ -140,6 +144,15 @@ class ChatService:
             detector=refusals,
             bucket_s=settings.figures_bucket_s,
         )
+        self.live_judge = LiveJudge(
+            live=live,
+            upstream=upstream,
+            region=settings.region,
+            concurrency=settings.shadow_concurrency,
+            figures=figures,
+            bucket_s=settings.figures_bucket_s,
+        )
+        self.judge_sampler = JudgeSampler()
         # Mutable routing state, one of each per pool (model, version).
         self._policies: dict[tuple[str, str], RoutingPolicy] = {}
         self._budgets: dict[tuple[str, str], RetryBudget] = {}
@@ -169,6 +182,7 @@ class ChatService:
         ticket = await self._admit(plan)
         self._copy_to_shadow(plan, snapshot)
         role = self._figure_role(plan, snapshot, remembered)
+        self._judge_pair(plan, snapshot, role)
         cause: BaseException | None = None
         try:
             ended = await self._route(
@@ -211,6 +225,47 @@ class ChatService:
                     ),
                 ),
                 conversation=plan.routing_key,
+            )
+        )
+
+    def _judge_pair(
+        self, plan: ChatPlan, snapshot: ConfigSnapshot, role: Role | None
+    ) -> None:
+        """Have the plan's judge compare the candidate's answer with live's, for a
+        sampled share of the candidate's requests (``routing.live_judge``): the
+        shadow copies in a shadow step, the canary's requests in a canary step."""
+        resolution = plan.resolution
+        if self.figures is None or plan.surface != "chat":
+            return
+        record = snapshot.models.get(resolution.model)
+        if record is None or not record.judge_model:
+            return
+        if resolution.shadow_version is not None:
+            candidate, live_version = resolution.shadow_version, resolution.version
+            judged_role = Role.SHADOW
+        elif role is Role.CANARY and record.live_version is not None:
+            candidate, live_version = resolution.version, record.live_version
+            judged_role = Role.CANARY
+        else:
+            return
+        if candidate == live_version or not self.judge_sampler.take(
+            resolution.model,
+            share=record.judge_share,
+            per_minute=record.judge_per_minute,
+            draw=self.rng.random(),
+            now=time.monotonic(),
+        ):
+            return
+        self.background.spawn(
+            self.live_judge.judge(
+                snapshot,
+                model=resolution.model,
+                candidate=candidate,
+                live_version=live_version,
+                role=judged_role,
+                payload=plan.payload,
+                tier=plan.tier,
+                pair_key=plan.request_id,
             )
         )
 

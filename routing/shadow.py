@@ -69,14 +69,19 @@ class ShadowAnswer:
 
 
 async def read_shadow_answer(
-    chunks: AsyncIterator[bytes], clock: Callable[[], float]
+    chunks: AsyncIterator[bytes],
+    clock: Callable[[], float],
+    *,
+    text_chars: int = HEAD_CHARS,
 ) -> ShadowAnswer:
     """Read an engine's SSE stream to its end and return what it was.
 
     Complete: ``[DONE]`` after content and no error event. An error event, a
     failed read or an end without ``[DONE]`` is ``broken`` after the first
     content event; before it, ``upstream`` (``timeout`` for a read that timed
-    out).
+    out). ``text`` keeps the first ``text_chars`` characters or so (whole
+    events): the refusal detector's head by default, a judge's whole answer
+    with a larger bound.
     """
     buffer = b""
     first: float | None = None
@@ -127,7 +132,7 @@ async def read_shadow_answer(
                 content = delta.get("content") if isinstance(delta, dict) else None
                 if isinstance(content, str) and content:
                     events += 1
-                    if length < HEAD_CHARS:
+                    if length < text_chars:
                         text.append(content)
                         length += len(content)
     return _failed(first)

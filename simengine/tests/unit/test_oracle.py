@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from control.judge import JUDGE_PROMPTS, judge_messages
+from models_registry.domain.judge import JUDGE_PROMPTS, judge_messages
 from models_registry.domain.eval_gate import parse_eval_set, score_answer
 from simengine import oracle
 from simengine.domain import tokens

@@ -114,7 +114,7 @@ def parse_judge_reply(text: str | None) -> str | None:
         return None
     if len(text.strip()) > 24:  # one word, not an essay that happens to be one
         return None
-    return words[0]
+    return str(words[0])
 
 
 def is_swapped(key: str, version: str = DEFAULT_JUDGE_PROMPT) -> bool:
