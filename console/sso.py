@@ -65,6 +65,15 @@ logger = logging.getLogger(__name__)
 # taken over by an identity that calls itself "operator".
 USERNAME_PREFIX = "sso:"
 _NEXT_KEY = "console_sso_next"
+# What talking to the provider, or checking its answer, may raise: every one
+# refuses the login (RuntimeError: Authlib's word for a discovery without keys).
+_PROVIDER_ERRORS = (
+    AuthlibBaseError,
+    JoseError,
+    RequestException,
+    RuntimeError,
+    ValueError,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +160,7 @@ def sso_login(request: HttpRequest) -> HttpResponse:
         return _client(SsoConfig.from_settings()).authorize_redirect(
             request, redirect_uri
         )
-    except (AuthlibBaseError, JoseError, RequestException, ValueError) as exc:
+    except _PROVIDER_ERRORS as exc:
         logger.warning("single sign-on: the provider is unreachable: %s", exc)
         messages.error(request, "Single sign-on is unavailable; try again later.")
         return HttpResponseRedirect(reverse("admin:login"))
@@ -178,7 +187,7 @@ def sso_callback(request: HttpRequest) -> HttpResponse:
         token = client.authorize_access_token(
             request, claims_options=claims_options, leeway=config.leeway_s
         )
-    except (AuthlibBaseError, JoseError, RequestException, ValueError) as exc:
+    except _PROVIDER_ERRORS as exc:
         # Bad signature, wrong issuer/audience/nonce, expired, a replayed or
         # unknown state, the provider's own error: all refuse the same way.
         return _refuse(request, f"the provider's answer was refused: {exc}")

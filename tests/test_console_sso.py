@@ -20,6 +20,7 @@ from django.test import Client
 
 from accounts import services as accounts_services
 from console.team_viewers import team_viewer_group
+from localrun.processes import free_port
 from metering.roles import FINANCE_GROUP
 from tests.oidc_provider.process import OidcProvider, ProviderUser, run_provider
 
@@ -295,3 +296,32 @@ def test_password_sessions_end_when_password_login_is_turned_off(
     settings.AUTHENTICATION_BACKENDS = ["console.sso.SsoBackend"]
 
     assert client.get("/console/accounts/apikey/").status_code == 302
+
+
+@pytest.mark.django_db
+def test_sso_login_says_so_when_the_provider_is_unreachable(
+    settings: Settings, client: Client
+) -> None:
+    settings.PLATFORM_OIDC_DISCOVERY_URL = (
+        f"http://127.0.0.1:{free_port()}/.well-known/openid-configuration"
+    )
+    settings.PLATFORM_OIDC_CLIENT_ID = "platform-console"
+
+    answer = client.get("/console/sso/login/", follow=True)
+
+    assert answer.redirect_chain[-1][0].startswith("/console/login/")
+    assert "Single sign-on is unavailable" in answer.content.decode()
+
+
+def test_sso_pages_are_404_without_a_provider(client: Client) -> None:
+    assert client.get("/console/sso/login/").status_code == 404
+    assert client.get("/console/sso/callback/?code=x&state=y").status_code == 404
+
+
+@pytest.mark.django_db
+def test_sso_goes_back_only_to_the_console_itself(
+    sso: OidcProvider, client: Client
+) -> None:
+    answer = sso_log_in(client, FINANCE, next_path="https://evil.example/console/")
+
+    assert answer["Location"] == "/console/"
