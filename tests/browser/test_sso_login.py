@@ -112,6 +112,8 @@ def test_sso_team_viewer_sees_only_its_team(
     sso_log_in(page, SSO_VIEWER, next_path="/console/teams/alpha/")
 
     expect(page.locator('#team-usage tr[data-model="chat-7b"]')).to_have_count(1)
+    expect(page.locator('#console-nav [data-nav="teams"]')).to_be_visible()
+    expect(page.locator("#nav-reports")).to_have_count(0)
     keys = page.locator("#team-keys tr[data-key-prefix]")
     expect(keys).to_have_count(len(team_keys["alpha"]))
     shown = set(keys.evaluate_all("rows => rows.map(r => r.dataset.keyPrefix)"))
