@@ -9,9 +9,10 @@ from hypothesis import strategies as st
 
 from metering.domain.figures import VersionFigures, one_judgement, one_request
 from rollouts.domain import plan, sequential
-from rollouts.domain.guard_tick import GuardedRollout, guard_tick
+from rollouts.domain.guard_tick import GuardedRollout, LockRollout, RollBack, guard_tick
 from rollouts.domain.guards import (
     JUDGE_GUARD,
+    GuardResult,
     GuardThresholds,
     JudgeCheck,
     PlanError,
@@ -62,7 +63,7 @@ def requests(n: int) -> VersionFigures:
     )
 
 
-def judge_result(figures: VersionFigures, check: JudgeCheck = FLOOR):
+def judge_result(figures: VersionFigures, check: JudgeCheck = FLOOR) -> GuardResult:
     report = compare(figures, requests(5000), GUARDS, check)
     return report.result(JUDGE_GUARD)
 
@@ -136,6 +137,7 @@ def test_the_interval_holds_the_estimate_and_the_verdict_follows_it(
         assert result.verdict is Verdict.TOO_FEW
         return
     assert result.lower is not None and result.upper is not None
+    assert result.candidate is not None
     assert result.lower <= result.candidate <= result.upper
     if result.verdict is Verdict.WORSE:
         assert result.upper < 0.45
@@ -229,10 +231,10 @@ def test_an_undecided_judge_holds_the_step_and_a_tick_rolls_back_on_it() -> None
     effect = steps.send(None)
     effect = steps.send(requests(5000) + judged(win=5, loss=200, tie=300))
     effect = steps.send(requests(5000))  # baseline
-    assert type(effect).__name__ == "LockRollout"
+    assert isinstance(effect, LockRollout)
     effect = steps.send(True)
     effect = steps.send(None)  # recorded
-    assert type(effect).__name__ == "RollBack"
+    assert isinstance(effect, RollBack)
     assert JUDGE_GUARD in effect.reason
 
 
