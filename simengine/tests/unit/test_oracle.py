@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from models_registry.domain.judge import JUDGE_PROMPTS, judge_messages
 from models_registry.domain.eval_gate import parse_eval_set, score_answer
+from models_registry.domain.judge import JUDGE_PROMPTS, judge_messages
 from simengine import oracle
 from simengine.domain import tokens
 from simengine.replica import Faults, SimOptions, SimReplica
