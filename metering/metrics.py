@@ -362,7 +362,9 @@ def observe_shadow(
         _child(SHADOW_TTFT_SECONDS, model, version, region).observe(ttft_s)
 
 
-def count_live_judgement(*, model: str, version: str, region: str, outcome: str) -> None:
+def count_live_judgement(
+    *, model: str, version: str, region: str, outcome: str
+) -> None:
     """Count one pair the live-answer judge was asked about (``LIVE_JUDGEMENTS``)."""
     _child(LIVE_JUDGEMENTS, model, version, region, outcome).inc()
 
