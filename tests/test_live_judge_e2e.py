@@ -161,6 +161,12 @@ def test_a_subtly_worse_canary_is_rolled_back_by_the_judge(
             wait_until(
                 lambda: len(questions.prompts) >= 10, timeout_s=30, message="traffic"
             )
+            unknown = {**PLAN, "judge": {"model": "no-such-judge"}}
+            refused = api.put(
+                "/admin/models/chat-7b/rollout", json={"version": "v4", "plan": unknown}
+            )
+            assert refused.status_code == 400, refused.text
+            assert refused.json()["error"]["param"] == "plan.judge.model"
             response = api.put(
                 "/admin/models/chat-7b/rollout", json={"version": "v4", "plan": PLAN}
             )
