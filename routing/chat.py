@@ -49,7 +49,6 @@ from routing.attempt import Attempt, AttemptResult, Cut, NoFirstToken
 from routing.background import BackgroundTasks
 from routing.domain.admission_control import AdmissionRequest, Rejected, Ticket
 from routing.domain.embedding_split import DEFAULT_SPLIT_RULE, split_inputs
-from routing.domain.live_judge import JudgeSampler
 from routing.domain.policies import RouteRequest, RoutingPolicy, make_policy
 from routing.domain.refusals import RefusalDetector
 from routing.domain.retry_budget import RetryBudget
@@ -152,7 +151,6 @@ class ChatService:
             figures=figures,
             bucket_s=settings.figures_bucket_s,
         )
-        self.judge_sampler = JudgeSampler()
         # Mutable routing state, one of each per pool (model, version).
         self._policies: dict[tuple[str, str], RoutingPolicy] = {}
         self._budgets: dict[tuple[str, str], RetryBudget] = {}
@@ -180,9 +178,13 @@ class ChatService:
         """
         plan, remembered = await self._remember(plan, snapshot)
         ticket = await self._admit(plan)
-        self._copy_to_shadow(plan, snapshot)
         role = self._figure_role(plan, snapshot, remembered)
-        self._judge_pair(plan, snapshot, role)
+        for copy in (
+            self.shadow.offer(plan, snapshot),
+            self.live_judge.offer(plan, snapshot, role, draw=self.rng.random()),
+        ):
+            if copy is not None:  # off the caller's path, never raising
+                self.background.spawn(copy)
         cause: BaseException | None = None
         try:
             ended = await self._route(
@@ -205,69 +207,6 @@ class ChatService:
             raise cause
         if ended.error is not None:
             raise ended.error
-
-    def _copy_to_shadow(self, plan: ChatPlan, snapshot: ConfigSnapshot) -> None:
-        """Send a copy of the request to the shadow version, if the plan names one."""
-        resolution = plan.resolution
-        if resolution.shadow_version is None or plan.surface != "chat":
-            # Shadow versions are judged on chat answers only.
-            return
-        self.background.spawn(
-            self.shadow.copy(
-                snapshot,
-                model=resolution.model,
-                version=resolution.shadow_version,
-                payload=payload_for(
-                    plan.payload,
-                    plan.tier,
-                    snapshot.versions.get(
-                        (resolution.model, resolution.shadow_version)
-                    ),
-                ),
-                conversation=plan.routing_key,
-            )
-        )
-
-    def _judge_pair(
-        self, plan: ChatPlan, snapshot: ConfigSnapshot, role: Role | None
-    ) -> None:
-        """Have the plan's judge compare the candidate's answer with live's, for a
-        sampled share of the candidate's requests (``routing.live_judge``): the
-        shadow copies in a shadow step, the canary's requests in a canary step."""
-        resolution = plan.resolution
-        if self.figures is None or plan.surface != "chat":
-            return
-        record = snapshot.models.get(resolution.model)
-        if record is None or not record.judge_model:
-            return
-        if resolution.shadow_version is not None:
-            candidate, live_version = resolution.shadow_version, resolution.version
-            judged_role = Role.SHADOW
-        elif role is Role.CANARY and record.live_version is not None:
-            candidate, live_version = resolution.version, record.live_version
-            judged_role = Role.CANARY
-        else:
-            return
-        if candidate == live_version or not self.judge_sampler.take(
-            resolution.model,
-            share=record.judge_share,
-            per_minute=record.judge_per_minute,
-            draw=self.rng.random(),
-            now=time.monotonic(),
-        ):
-            return
-        self.background.spawn(
-            self.live_judge.judge(
-                snapshot,
-                model=resolution.model,
-                candidate=candidate,
-                live_version=live_version,
-                role=judged_role,
-                payload=plan.payload,
-                tier=plan.tier,
-                pair_key=plan.request_id,
-            )
-        )
 
     async def _remember(
         self, plan: ChatPlan, snapshot: ConfigSnapshot

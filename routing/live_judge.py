@@ -31,18 +31,24 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import aiohttp
 
 from metering import metrics
 from metering.domain.figures import Role, one_judgement
 from metering.figures import FigureKey, FigureRecorder
-from routing.domain.live_judge import judge_body, pair_outcome, question_messages
+from routing.domain.live_judge import (
+    JudgeSampler,
+    judge_body,
+    pair_outcome,
+    question_messages,
+)
 from routing.domain.snapshot import ConfigSnapshot
 from routing.domain.tiers import Tier
 from routing.live import LiveLoad
-from routing.plan import payload_for
+from routing.plan import ChatPlan, payload_for
 from routing.shadow import ShadowAnswer, read_shadow_answer
 from routing.upstream import Upstream
 
@@ -73,6 +79,56 @@ class LiveJudge:
         self.figures = figures
         self.bucket_s = bucket_s
         self._slots = asyncio.Semaphore(concurrency)
+        self.sampler = JudgeSampler()
+
+    def offer(
+        self,
+        plan: ChatPlan,
+        snapshot: ConfigSnapshot,
+        role: Role | None,
+        *,
+        draw: float,
+        now: float | None = None,
+    ) -> Coroutine[Any, Any, None] | None:
+        """Return the judging of ``plan``'s pair if it is sampled, else None.
+
+        Judged: a chat request to a model whose plan names a judge, that is a
+        candidate's (the shadow copy's in a shadow step, the canary's in a canary
+        step) and falls in the plan's share and per-minute allowance (``draw``
+        uniform in [0, 1)).
+        """
+        resolution = plan.resolution
+        if self.figures is None or plan.surface != "chat":
+            return None
+        record = snapshot.models.get(resolution.model)
+        if record is None or not record.judge_model:
+            return None
+        if resolution.shadow_version is not None:
+            candidate, live_version = resolution.shadow_version, resolution.version
+            judged_role = Role.SHADOW
+        elif role is Role.CANARY and record.live_version is not None:
+            candidate, live_version = resolution.version, record.live_version
+            judged_role = Role.CANARY
+        else:
+            return None
+        if candidate == live_version or not self.sampler.take(
+            resolution.model,
+            share=record.judge_share,
+            per_minute=record.judge_per_minute,
+            draw=draw,
+            now=time.monotonic() if now is None else now,
+        ):
+            return None
+        return self.judge(
+            snapshot,
+            model=resolution.model,
+            candidate=candidate,
+            live_version=live_version,
+            role=judged_role,
+            payload=plan.payload,
+            tier=plan.tier,
+            pair_key=plan.request_id,
+        )
 
     async def judge(
         self,

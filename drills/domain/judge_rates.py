@@ -5,7 +5,7 @@ Public surface: ``judge_rates``, ``gradable_prompts``.
 The rollout drill cannot afford to run an oracle per judged pair over 240
 eight-hour rollouts, so it measures the rates once per set of qualities with
 the code the platform runs: prompts the simulated replica can grade
-(``simengine.oracle.TEMPLATES``), the candidate's and live's answers from
+(``simengine.domain.oracle.TEMPLATES``), the candidate's and live's answers from
 ``oracle.reply`` (each version its own seed, so their mistakes are their own,
 as two models' are), the gateway's judge body and the reading of its reply
 (``routing.domain.live_judge``), and the simulated judge's verdict at its own
@@ -21,7 +21,7 @@ import json
 import random
 
 from routing.domain.live_judge import judge_body, pair_outcome
-from simengine import oracle
+from simengine.domain import oracle
 
 __all__ = ["gradable_prompts", "judge_rates"]
 

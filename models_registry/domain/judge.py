@@ -14,7 +14,7 @@ never edited in place (a new wording is a new version), so two reports with the
 same version were judged alike. Every template holds the blocks ``[Question]``,
 ``[Answer A]``, ``[Answer B]`` and ``[End]``, each followed by its text and a
 blank line, which is also how the simulated replica recognises a judge prompt
-(``simengine.oracle``). The question is the item's messages: earlier ones
+(``simengine.domain.oracle``). The question is the item's messages: earlier ones
 as ``(role) content`` paragraphs, the final user message last.
 
 **The reply** (``parse_judge_reply``) is one word, ``A``, ``B`` or ``tie`` (case,

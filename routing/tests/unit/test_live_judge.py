@@ -12,7 +12,7 @@ from routing.domain.live_judge import (
     pair_outcome,
     question_messages,
 )
-from simengine import oracle
+from simengine.domain import oracle
 
 
 def test_the_sampler_takes_its_share_and_no_more_than_its_rate() -> None:

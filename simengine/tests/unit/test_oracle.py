@@ -9,8 +9,7 @@ import pytest
 
 from models_registry.domain.eval_gate import parse_eval_set, score_answer
 from models_registry.domain.judge import JUDGE_PROMPTS, judge_messages
-from simengine import oracle
-from simengine.domain import tokens
+from simengine.domain import oracle, tokens
 from simengine.replica import Faults, SimOptions, SimReplica
 
 EVAL_SET = Path(__file__).resolve().parents[3] / "platform/evals/chat-default.jsonl"
