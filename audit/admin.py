@@ -11,6 +11,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any, ClassVar
 
 from django.contrib import admin
+from django.contrib.admin import helpers
 from django.contrib.admin.utils import unquote
 from django.db.models import Model, QuerySet
 from django.forms.models import _get_foreign_key
@@ -38,11 +39,16 @@ class AuditedAdmin(admin.ModelAdmin):
     # False where the inlines are rows a control loop writes (a rollout's readings).
     audit_inlines: ClassVar[bool] = True
 
-    def audit_scope(self, object_id: str | None) -> list[QuerySet[Any]]:
-        """Return the querysets of the rows a POST to one of its pages may change."""
+    def audit_scope(
+        self, object_id: str | None, selected: list[str] | None = None
+    ) -> list[QuerySet[Any]]:
+        """Return the querysets of the rows a POST to one of its pages may change:
+        the object, or the rows a list action selected, or else the whole table."""
         own = self.model._default_manager.all()
         if object_id is not None:
             own = own.filter(pk=unquote(object_id))
+        elif selected is not None:
+            own = own.filter(pk__in=selected)
         scope = [own]
         for inline in self.inlines if self.audit_inlines else ():
             rows = inline.model._default_manager.all()
@@ -54,12 +60,15 @@ class AuditedAdmin(admin.ModelAdmin):
         return scope
 
     def _audited(
-        self, request: HttpRequest, object_id: str | None
+        self,
+        request: HttpRequest,
+        object_id: str | None,
+        selected: list[str] | None = None,
     ) -> AbstractContextManager[None]:
         if request.method in _SAFE:
             return nullcontext()
         return services.audited(
-            request, source=Source.CONSOLE, scope=self.audit_scope(object_id)
+            request, source=Source.CONSOLE, scope=self.audit_scope(object_id, selected)
         )
 
     def changeform_view(
@@ -84,7 +93,11 @@ class AuditedAdmin(admin.ModelAdmin):
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> Any:
-        with self._audited(request, None):
+        selected = None
+        # A list action on the rows ticked (not "select all"): only those.
+        if request.method == "POST" and request.POST.get("select_across") != "1":
+            selected = request.POST.getlist(helpers.ACTION_CHECKBOX_NAME) or None
+        with self._audited(request, None, selected):
             return super().changelist_view(request, extra_context)
 
 
