@@ -302,3 +302,39 @@ def test_console_changes_appear_once_with_the_user(
     assert secret not in trail
     assert key.key_hash not in trail
     assert rollout.version_id == chat_v2.pk
+
+
+def test_console_lists_the_trail_read_only_and_filtered(
+    console: Client, team: Team
+) -> None:
+    console.post("/console/accounts/apikey/add/", {"team": "search", "name": "ops"})
+    console.post("/console/accounts/apikey/add/", {"team": "search", "name": "ci"})
+    entries = list(AuditEntry.objects.order_by("id"))
+    assert len(entries) == 2
+    page = console.get(
+        "/console/audit/auditentry/",
+        {"actor_name": "operator", "object_type": "accounts.apikey"},
+    )
+    assert page.status_code == 200
+    assert page.context["cl"].result_count == 2
+    assert (
+        console.get("/console/audit/auditentry/", {"actor_name": "somebody else"})
+        .context["cl"]
+        .result_count
+        == 0
+    )
+    detail = console.get(f"/console/audit/auditentry/{entries[0].pk}/change/")
+    assert detail.status_code == 200
+    assert b"&quot;name&quot;: &quot;ops&quot;" in detail.content
+    # No add, change, delete or action, even for a superuser.
+    assert console.get("/console/audit/auditentry/add/").status_code == 403
+    deleted = console.post(
+        f"/console/audit/auditentry/{entries[0].pk}/delete/", {"post": "yes"}
+    )
+    assert deleted.status_code == 403
+    changed = console.post(
+        f"/console/audit/auditentry/{entries[0].pk}/change/", {"actor_name": "x"}
+    )
+    assert changed.status_code == 403
+    assert list(AuditEntry.objects.order_by("id")) == entries
+    assert AuditEntry.objects.get(pk=entries[0].pk).actor_name == "operator"
