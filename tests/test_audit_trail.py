@@ -19,8 +19,8 @@ from accounts.models import AdminToken, ApiKey, TeamLimit
 from audit.admin import AuditedAdmin
 from audit.api.base import AuditedView
 from audit.models import AuditEntry
-from models_registry.models import ModelVersion, Pool
-from rollouts.models import Rollout
+from models_registry.models import GateRun, ModelVersion, Pool
+from rollouts.models import Rollout, VersionOverride
 from tests.factories import accept, digest, version_body
 
 if TYPE_CHECKING:
@@ -170,6 +170,42 @@ def test_rest_changes_each_appear_once_with_their_actor(
     for secret in (issued["key"], hash_secret(issued["key"]), token.key_hash):
         assert secret not in trail
     assert "key_hash" not in trail
+
+
+def test_rest_override_is_audited_with_the_traffic_change(
+    client_from: APIClient, chat_v2: ModelVersion
+) -> None:
+    """An alias sent past the gates by an override: the override, the model and
+    the version's status are three entries of one request."""
+    from models_registry import services
+
+    v3 = services.register_version(
+        model_id="chat-7b", **version_body(weights_hash=digest("v3 weights"))
+    )
+    GateRun.objects.filter(version=v3).update(state="failed")
+    ModelVersion.objects.filter(pk=v3.pk).update(
+        status="rejected", status_reason="eval gate: maths drops 0.31"
+    )
+    response = client_from.put(
+        "/admin/models/chat-7b/alias",
+        {"version": "v3", "override": {"reason": "incident 42"}},
+        format="json",
+    )
+    assert response.status_code == 200, response.content
+
+    override = VersionOverride.objects.get()
+    recorded = only("rollouts.versionoverride", override.pk, "create")
+    assert recorded.after is not None
+    assert recorded.after["reason"] == "incident 42"
+    assert recorded.after["by"] == recorded.actor_name
+    status = only("models_registry.modelversion", v3.pk, "update")
+    assert status.before is not None
+    assert status.after is not None
+    assert (status.before["status"], status.after["status"]) == ("rejected", "live")
+    alias = only("models_registry.model", "chat-7b", "update")
+    assert alias.after is not None
+    assert alias.after["live_version_id"] == v3.pk
+    assert recorded.request_id == status.request_id == alias.request_id
 
 
 def test_rest_requests_that_change_nothing_write_nothing(
