@@ -23,7 +23,7 @@ from accounts.api.serializers import (
     TeamSerializer,
 )
 from accounts.models import ApiKey, Team, TeamLimit
-from audit.api.base import AuditedView
+from audit.api.base import AuditedView, body_text
 from config.api import ControlPlaneView, ErrorSerializer, validated
 
 
@@ -65,7 +65,8 @@ class TeamListView(AuditedView):
     """List teams or create one."""
 
     def audit_scope(self, request: Request, **kwargs: Any) -> Sequence[QuerySet[Any]]:
-        return [Team.objects.all()]
+        # Only the team the body names: a create touches no other.
+        return [Team.objects.filter(pk=body_text(request, "team"))]
 
     @extend_schema(
         operation_id="teams_list",

@@ -18,7 +18,15 @@ from audit import services
 from audit.models import Source
 from config.api import ControlPlaneView
 
-__all__ = ["AuditedView"]
+__all__ = ["AuditedView", "body_text"]
+
+
+def body_text(request: Request, field: str) -> str:
+    """Return a string field of the request's JSON object, or "" (a body that is
+    not an object, or a field that is not a string, is the view's 400 to give)."""
+    data = request.data
+    value = data.get(field) if isinstance(data, dict) else None
+    return value if isinstance(value, str) else ""
 
 
 class AuditedView(ControlPlaneView):

@@ -17,7 +17,7 @@ from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from audit.api.base import AuditedView
+from audit.api.base import AuditedView, body_text
 from config.api import ControlPlaneView, ErrorSerializer, admin_name, validated
 from config.errors import InvalidRequest
 from models_registry import services as registry
@@ -41,7 +41,8 @@ class ModelListView(AuditedView):
     """List models or register a new model name."""
 
     def audit_scope(self, request: Request, **kwargs: Any) -> Sequence[QuerySet[Any]]:
-        return [Model.objects.all()]
+        # Only the model the body names: a registration touches no other.
+        return [Model.objects.filter(pk=body_text(request, "model"))]
 
     @extend_schema(
         operation_id="models_list",
