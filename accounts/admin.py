@@ -35,6 +35,7 @@ from accounts.models import (
     Team,
     TeamLimit,
 )
+from audit.admin import AuditedAdmin
 
 if TYPE_CHECKING:
     from django_stubs_ext import WithAnnotations
@@ -126,7 +127,7 @@ class ApiKeyInline(admin.TabularInline):
 
 
 @admin.register(Team)
-class TeamAdmin(admin.ModelAdmin):
+class TeamAdmin(AuditedAdmin):
     """Teams with their limits and keys on one page."""
 
     list_display = ("team", "name", "active_key_count", "limit_count", "created_at")
@@ -162,7 +163,7 @@ class TeamAdmin(admin.ModelAdmin):
 
 
 @admin.register(TeamLimit)
-class TeamLimitAdmin(admin.ModelAdmin):
+class TeamLimitAdmin(AuditedAdmin):
     """Every team's limits on every model."""
 
     form = TeamLimitForm
@@ -196,7 +197,7 @@ class RevokedFilter(admin.SimpleListFilter):
         return queryset
 
 
-class SecretRecordAdmin(admin.ModelAdmin):
+class SecretRecordAdmin(AuditedAdmin):
     """Shared pages for API keys and admin tokens: create shows once, then revoke.
 
     Subclasses name the fields of the add form and implement ``issue_secret``.

@@ -68,6 +68,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "channels",
     "django_prometheus",
+    "audit",
     "accounts",
     "models_registry",
     "routing",

@@ -15,7 +15,7 @@ the admin API and comes back to the page with its result as a message; a refusal
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib import admin, messages
@@ -31,11 +31,14 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods
 
 from accounts.models import Team
+from audit.models import Source
+from audit.services import audited
 from config.api import admin_name
 from config.errors import NotFound, PlatformError
 from console import services
 from console.team_viewers import may_view_team, viewer_team_ids
 from models_registry.models import Model
+from rollouts.traffic_scope import traffic_scope
 
 # Where Debian's libjs-chart.js lands under STATIC_URL (config.settings).
 CHARTJS = "vendor/chartjs/chart.min.js"
@@ -168,6 +171,12 @@ def rollout(request: HttpRequest, model: str) -> HttpResponse:
 def _act(request: HttpRequest, model: str) -> HttpResponse:
     action = request.POST.get("action", "")
     now = timezone.now()
+    with audited(request, source=Source.CONSOLE, scope=traffic_scope(model)):
+        _act_on(request, model, action, now)
+    return redirect("console-rollout", model=model)
+
+
+def _act_on(request: HttpRequest, model: str, action: str, now: datetime) -> None:
     try:
         if action == "start":
             version = request.POST.get("version", "")
@@ -189,7 +198,6 @@ def _act(request: HttpRequest, model: str) -> HttpResponse:
             messages.error(request, f"unknown action {action!r}")
     except PlatformError as exc:
         messages.error(request, f"{action} refused: {exc.message}")
-    return redirect("console-rollout", model=model)
 
 
 def teams(request: HttpRequest) -> HttpResponse:
