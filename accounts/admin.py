@@ -38,6 +38,7 @@ from accounts.models import (
     TeamEntitlement,
     TeamLimit,
 )
+from audit.admin import AuditedAdmin
 
 if TYPE_CHECKING:
     from django_stubs_ext import WithAnnotations
@@ -129,7 +130,7 @@ class ApiKeyInline(admin.TabularInline):
 
 
 @admin.register(Team)
-class TeamAdmin(admin.ModelAdmin):
+class TeamAdmin(AuditedAdmin):
     """Teams with their limits and keys on one page."""
 
     list_display = ("team", "name", "active_key_count", "limit_count", "created_at")
@@ -165,7 +166,7 @@ class TeamAdmin(admin.ModelAdmin):
 
 
 @admin.register(TeamLimit)
-class TeamLimitAdmin(admin.ModelAdmin):
+class TeamLimitAdmin(AuditedAdmin):
     """Every team's limits on every model."""
 
     form = TeamLimitForm
@@ -201,7 +202,7 @@ class TeamEntitlementForm(forms.ModelForm):
 
 
 @admin.register(TeamEntitlement)
-class TeamEntitlementAdmin(admin.ModelAdmin):
+class TeamEntitlementAdmin(AuditedAdmin):
     """The tiers each team may use on a model (without a row: the default tiers)."""
 
     form = TeamEntitlementForm
@@ -238,7 +239,7 @@ class TeamBudgetForm(forms.ModelForm):
 
 
 @admin.register(TeamBudget)
-class TeamBudgetAdmin(admin.ModelAdmin):
+class TeamBudgetAdmin(AuditedAdmin):
     """Each team's monthly USD budgets (docs/finance.md#usd-budgets)."""
 
     form = TeamBudgetForm
@@ -272,7 +273,7 @@ class RevokedFilter(admin.SimpleListFilter):
         return queryset
 
 
-class SecretRecordAdmin(admin.ModelAdmin):
+class SecretRecordAdmin(AuditedAdmin):
     """Shared pages for API keys and admin tokens: create shows once, then revoke.
 
     Subclasses name the fields of the add form and implement ``issue_secret``.

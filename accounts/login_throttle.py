@@ -143,9 +143,15 @@ class ConsoleLoginForm(AdminAuthenticationForm):
     error_messages = {
         **AdminAuthenticationForm.error_messages,
         "throttled": "Too many failed logins. Try again in %(minutes)d minute(s).",
+        "password_login_off": "Password login is turned off; use single sign-on.",
     }
 
     def clean(self) -> dict[str, Any]:
+        if not settings.PLATFORM_CONSOLE_PASSWORD_LOGIN:
+            # The page shows no form then; a post made anyway is refused whole.
+            raise ValidationError(
+                self.error_messages["password_login_off"], code="password_login_off"
+            )
         throttle = LoginThrottle.from_settings()
         username = str(self.cleaned_data.get("username") or "")
         ip = str(self.request.META.get("REMOTE_ADDR") or "") if self.request else ""

@@ -6,6 +6,7 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
 from accounts.api import views as accounts
+from audit.api import views as audit
 from control.api import views as engine_nodes
 from metering.api import views as metering
 from models_registry.api import views as registry
@@ -24,6 +25,7 @@ class SchemaView(SpectacularJSONAPIView):
 
 urlpatterns = [
     path("schema", SchemaView.as_view(), name="admin-schema"),
+    path("audit", audit.AuditView.as_view(), name="admin-audit"),
     path("models", rollouts.ModelListView.as_view(), name="admin-models"),
     path("models/<str:model>", rollouts.ModelDetailView.as_view(), name="admin-model"),
     path(

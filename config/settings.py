@@ -68,6 +68,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "channels",
     "django_prometheus",
+    "audit",
     "accounts",
     "models_registry",
     "routing",
@@ -233,6 +234,41 @@ STATIC_ROOT = LOCAL_DIR / "static"
 _CHARTJS_DIR = Path("/usr/share/javascript/chart.js")
 STATICFILES_DIRS = [("vendor/chartjs", _CHARTJS_DIR)] if _CHARTJS_DIR.is_dir() else []
 LOGIN_URL = "/console/login/"
+# Console login: single sign-on through an OIDC provider (console.sso, Authlib's
+# client) and, for bootstrap, passwords; PLATFORM_CONSOLE_PASSWORD_LOGIN=false
+# leaves only single sign-on (docs/platform-admins.md#single-sign-on).
+try:
+    PLATFORM_CONSOLE_PASSWORD_LOGIN = env_bool("PLATFORM_CONSOLE_PASSWORD_LOGIN", True)
+    PLATFORM_OIDC_DISCOVERY_URL = env_str("PLATFORM_OIDC_DISCOVERY_URL", "")
+    PLATFORM_OIDC_CLIENT_ID = env_str("PLATFORM_OIDC_CLIENT_ID", "")
+    PLATFORM_OIDC_CLIENT_SECRET = env_secret("PLATFORM_OIDC_CLIENT_SECRET") or ""
+    PLATFORM_OIDC_SCOPES = env_list(
+        "PLATFORM_OIDC_SCOPES", ["openid", "email", "profile"]
+    )
+    PLATFORM_OIDC_GROUPS_CLAIM = env_str("PLATFORM_OIDC_GROUPS_CLAIM", "groups")
+    PLATFORM_OIDC_ADMIN_GROUPS = env_list(
+        "PLATFORM_OIDC_ADMIN_GROUPS", ["platform-admins"]
+    )
+    PLATFORM_OIDC_FINANCE_GROUPS = env_list("PLATFORM_OIDC_FINANCE_GROUPS", ["finance"])
+    PLATFORM_OIDC_TEAM_VIEWER_PREFIX = env_str(
+        "PLATFORM_OIDC_TEAM_VIEWER_PREFIX", "team-viewer:"
+    )
+    PLATFORM_OIDC_TIMEOUT_S = env_float("PLATFORM_OIDC_TIMEOUT_S", 10.0, minimum=0.1)
+    PLATFORM_OIDC_LEEWAY_S = env_int("PLATFORM_OIDC_LEEWAY_S", 60, minimum=0)
+except EnvError as exc:
+    raise ImproperlyConfigured(str(exc)) from None
+# Django's password backend only while password login is on; the console's own
+# backends answer for single sign-on and a team's viewers (console.team_viewers),
+# and keep the groups' permissions working without the password backend.
+AUTHENTICATION_BACKENDS = [
+    "console.sso.SsoBackend",
+    "console.team_viewers.TeamViewerBackend",
+    *(
+        ["django.contrib.auth.backends.ModelBackend"]
+        if PLATFORM_CONSOLE_PASSWORD_LOGIN
+        else []
+    ),
+]
 # Console sessions are read on every console page, so keep them in signed cookies
 # only if asked; the database backend is the safe default.
 SESSION_COOKIE_HTTPONLY = True

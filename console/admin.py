@@ -4,3 +4,5 @@
 from django.contrib import admin
 
 admin.site.index_template = "console/home.html"
+# Single sign-on beside (or instead of) the password form (console.sso).
+admin.site.login_template = "console/login.html"

@@ -25,7 +25,7 @@ its region) over ``engine_nodes.services.LIVE_FIGURES_WINDOW``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from typing import Any, Literal, NotRequired, TypedDict
@@ -34,6 +34,7 @@ from django.conf import settings
 from django.db.models import Sum
 from django.db.models.functions import TruncDate
 
+from accounts.models import ApiKey
 from batches.models import Batch
 from control import autoscaling
 from control.autoscaling import DecisionOut, PoolOut, PoolStateOut, ReplicaStateOut
@@ -504,13 +505,20 @@ def fleet_feed(*, now: datetime, sees: Sees) -> FleetFeed:
 
 
 def team_usage(
-    *, since: datetime, team_id: str | None = None, by_day: bool = False
+    *,
+    since: datetime,
+    team_id: str | None = None,
+    team_ids: Collection[str] | None = None,
+    by_day: bool = False,
 ) -> list[TeamUsage]:
     """Return usage since ``since`` per team and model (and day, with ``by_day``):
-    requests, prompt (and cached), output tokens, 429s (rate limited) and shed."""
+    requests, prompt (and cached), output tokens, 429s (rate limited) and shed.
+    ``team_id`` or ``team_ids`` keep those teams only (a team's viewer)."""
     rows = Usage.objects.filter(minute__gte=since)
     if team_id is not None:
         rows = rows.filter(team_id=team_id)
+    if team_ids is not None:
+        rows = rows.filter(team_id__in=team_ids)
     keys = ["team_id", "model_id"]
     if by_day:
         rows = rows.annotate(day=TruncDate("minute"))
@@ -581,3 +589,29 @@ def team_budgets(*, team_id: str, now: datetime) -> list[TeamBudgetRow]:
             }
         )
     return rows
+
+
+class KeyMetadata(TypedDict):
+    """What the console shows of a team's API key: never its secret or hash."""
+
+    prefix: str
+    name: str
+    purpose: str
+    created_at: datetime
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+
+
+def team_keys(*, team_id: str) -> list[KeyMetadata]:
+    """Return ``team_id``'s API keys, newest first, as metadata only."""
+    return [
+        {
+            "prefix": key.prefix,
+            "name": key.name,
+            "purpose": key.purpose,
+            "created_at": key.created_at,
+            "last_used_at": key.last_used_at,
+            "revoked_at": key.revoked_at,
+        }
+        for key in ApiKey.objects.filter(team_id=team_id).order_by("-created_at")
+    ]

@@ -3,7 +3,8 @@
 URL names: ``console-home`` (/console/, the admin's index), ``console-pool``,
 ``console-rollouts``, ``console-rollout``, ``console-teams``, ``console-team``,
 ``console-reports`` and ``console-reports-csv`` (``console.reports``),
-``console-judge-labels`` (``console.judge_labels``).
+``console-judge-labels`` (``console.judge_labels``), ``console-sso-login`` and
+``console-sso-callback`` (``console.sso``).
 
 /console/rollouts/ is also where the admin puts the rollouts app's index; the
 console's list of rollouts takes its place (the admin's tables stay one click
@@ -15,7 +16,7 @@ one of them is no rollout page (``_RolloutModel``).
 from django.contrib import admin
 from django.urls import path, register_converter
 
-from console import judge_labels, reports, views
+from console import judge_labels, reports, sso, views
 
 
 class _RolloutModel:
@@ -41,6 +42,10 @@ class _RolloutModel:
 register_converter(_RolloutModel, "rollout_model")
 
 urlpatterns = [
+    # Single sign-on (console.sso): outside admin_view, which would demand a login.
+    path("login/", sso.console_login, name="console-login"),
+    path("sso/login/", sso.sso_login, name="console-sso-login"),
+    path("sso/callback/", sso.sso_callback, name="console-sso-callback"),
     path("", admin.site.admin_view(views.home), name="console-home"),
     path(
         "fleet/pools/<str:model>/<str:version>/<str:region>/",

@@ -4,7 +4,8 @@ live pool page, rollouts with their controls, and each team's usage.
 Every page sits behind the admin's login (``admin.site.admin_view``) and asks for
 the view permission of what it shows: ``engine_nodes.view_replica`` for the fleet
 and pools, ``rollouts.view_rollout`` for rollouts (``rollouts.change_rollout`` to
-act on one), ``accounts.view_team`` for teams. Without it a page answers 403; the
+act on one), ``accounts.view_team`` for teams (a team's viewer has it on its own
+teams only, ``console.team_viewers``). Without it a page answers 403; the
 home page shows no fleet, only the tables the user may see (and Reports).
 
 A rollout action is a POST (with the CSRF token) that calls the same service as
@@ -14,7 +15,7 @@ the admin API and comes back to the page with its result as a message; a refusal
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib import admin, messages
@@ -30,10 +31,14 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods
 
 from accounts.models import Team
+from audit.models import Source
+from audit.services import audited
 from config.api import admin_name
 from config.errors import NotFound, PlatformError
 from console import services
+from console.team_viewers import may_view_team, viewer_team_ids
 from models_registry.models import Model
+from rollouts.traffic_scope import traffic_scope
 
 # Where Debian's libjs-chart.js lands under STATIC_URL (config.settings).
 CHARTJS = "vendor/chartjs/chart.min.js"
@@ -50,7 +55,8 @@ def _nav(request: HttpRequest) -> dict[str, Any]:
         "reports_url": reverse("console-reports"),
         "show_fleet_nav": user.has_perm("engine_nodes.view_replica"),
         "show_rollouts": user.has_perm("rollouts.view_rollout"),
-        "show_teams": user.has_perm("accounts.view_team"),
+        "show_teams": user.has_perm("accounts.view_team")
+        or bool(viewer_team_ids(user)),
         "show_reports": user.has_perm("metering.view_cost_report"),
         "show_judge_labels": user.has_perm("models_registry.change_judgeitem"),
     }
@@ -165,6 +171,12 @@ def rollout(request: HttpRequest, model: str) -> HttpResponse:
 def _act(request: HttpRequest, model: str) -> HttpResponse:
     action = request.POST.get("action", "")
     now = timezone.now()
+    with audited(request, source=Source.CONSOLE, scope=traffic_scope(model)):
+        _act_on(request, model, action, now)
+    return redirect("console-rollout", model=model)
+
+
+def _act_on(request: HttpRequest, model: str, action: str, now: datetime) -> None:
     try:
         if action == "start":
             version = request.POST.get("version", "")
@@ -186,29 +198,37 @@ def _act(request: HttpRequest, model: str) -> HttpResponse:
             messages.error(request, f"unknown action {action!r}")
     except PlatformError as exc:
         messages.error(request, f"{action} refused: {exc.message}")
-    return redirect("console-rollout", model=model)
 
 
 def teams(request: HttpRequest) -> HttpResponse:
-    """Every team's usage over the last ``TEAM_DAYS`` days, per model."""
-    _require(request, "accounts.view_team")
+    """Every team's usage over the last ``TEAM_DAYS`` days, per model; a team's
+    viewer sees only the teams it views."""
+    own: frozenset[str] | None = None
+    if not request.user.has_perm("accounts.view_team"):
+        own = viewer_team_ids(request.user)
+        if not own:
+            raise PermissionDenied("needs accounts.view_team")
     since = timezone.now() - timedelta(days=TEAM_DAYS)
+    listed = Team.objects.order_by("team")
     return TemplateResponse(
         request,
         "console/teams.html",
         _context(
             request,
             f"Teams: usage of the last {TEAM_DAYS} days",
-            rows=services.team_usage(since=since),
-            teams=Team.objects.order_by("team"),
+            rows=services.team_usage(since=since, team_ids=own),
+            teams=listed if own is None else listed.filter(team__in=own),
             days=TEAM_DAYS,
         ),
     )
 
 
 def team(request: HttpRequest, team: str) -> HttpResponse:
-    """One team's usage per model and day over the last ``TEAM_DAYS`` days."""
-    _require(request, "accounts.view_team")
+    """One team's usage per model and day over the last ``TEAM_DAYS`` days, and
+    its keys' metadata. Another team than a viewer's own is a 403, whether or not
+    it exists (the answer tells nothing of other teams)."""
+    if not may_view_team(request.user, team):
+        raise PermissionDenied(f"needs accounts.view_team on {team}")
     found = Team.objects.filter(pk=team).first()
     if found is None:
         raise Http404(f"no team {team!r}")
@@ -222,6 +242,8 @@ def team(request: HttpRequest, team: str) -> HttpResponse:
             team=found,
             totals=services.team_usage(since=since, team_id=found.team),
             rows=services.team_usage(since=since, team_id=found.team, by_day=True),
+            keys=services.team_keys(team_id=found.team),
+            can_edit_team=request.user.has_perm("accounts.view_team"),
             budgets=services.team_budgets(team_id=found.team, now=timezone.now()),
             days=TEAM_DAYS,
         ),

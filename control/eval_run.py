@@ -6,7 +6,7 @@ Public surface: ``Target``, ``PrecisionSides``, ``EvalReport``, ``EvalRunError``
 ``retry_after_s``.
 
 The arithmetic is ``models_registry.domain.eval_gate``; the judge's prompt is
-``control.judge``. This module does the asking. No ORM: it runs
+``models_registry.domain.judge``. This module does the asking. No ORM: it runs
 from a task with the eval set already parsed and the clients already built.
 
 **Asking.** Every version answers through the platform itself: a ``Target`` is
@@ -64,7 +64,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import openai
 
-from control import judge as judging
+from models_registry.domain import judge as judging
 from models_registry.domain.eval_gate import (
     CATEGORIES,
     CategoryResult,

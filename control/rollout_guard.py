@@ -34,8 +34,13 @@ from engine_nodes.domain.liveness import ReplicaState, is_silent
 from engine_nodes.models import Replica
 from metering import services as metering
 from metering.domain.figures import Role, VersionFigures
-from models_registry.domain.gates import traffic_refusal
+from models_registry.domain.gates import (
+    GateConfig,
+    parse_gate_config,
+    traffic_refusal,
+)
 from models_registry.domain.identity import VersionStatus
+from models_registry.judge_labels import agreement_for, judge_version
 from models_registry.models import Model, ModelVersion, Pool
 from models_registry.services import get_model, status_after_live
 from rollouts import plans
@@ -56,7 +61,7 @@ from rollouts.domain.guard_tick import (
     drive,
     guard_tick,
 )
-from rollouts.domain.plan import Decision, Stage, StepSpec, step_share
+from rollouts.domain.plan import Decision, RolloutPlan, Stage, StepSpec, step_share
 from rollouts.models import GuardEvaluation, Rollout
 
 logger = logging.getLogger(__name__)
@@ -210,6 +215,8 @@ def tick_rollout(
         return None
     live = rollout.model.live_version
     versions = [rollout.version.version] + ([] if live is None else [live.version])
+    plan = plans.plan_of(rollout)
+    judge_trusted, judge_agreement = _judge_trust(rollout.model, plan)
     guarded = GuardedRollout(
         model=rollout.model_id,
         candidate=rollout.version.version,
@@ -218,16 +225,35 @@ def tick_rollout(
         percent=rollout.percent,
         step=rollout.step,
         step_started_at=rollout.step_started_at.timestamp(),
-        plan=plans.plan_of(rollout),
+        plan=plan,
         paused=rollout.paused,
         approved_step=rollout.approved_step,
         pool_rps=_pool_rps(rollout.model_id, versions, now=now, figures=figures),
         guard_period_s=settings.PLATFORM_ROLLOUT_GUARD_INTERVAL_S,
+        judge_trusted=judge_trusted,
+        judge_agreement=judge_agreement,
     )
     with ExitStack() as stack:
         driver = _LiveTick(rollout, now=now, figures=figures, stack=stack)
         drive(guard_tick(guarded, now=now.timestamp()), driver.perform)
         return driver.evaluation
+
+
+def _judge_trust(model: Model, plan: RolloutPlan | None) -> tuple[bool, str]:
+    """Whether the plan's live-answer judge may gate, and its agreement with
+    people in one sentence (the model's gate floor, as the eval gate holds it)."""
+    if plan is None or plan.judge is None:
+        return True, ""
+    judge = judge_version(plan.judge.model)
+    if judge is None:
+        return True, f"the judge {plan.judge.model} has no live version to ask"
+    config, problems = parse_gate_config(model.gate_config)
+    if problems:
+        config = GateConfig()
+    agreement = agreement_for(
+        judge, min_kappa=config.min_kappa, min_labels=config.min_labels
+    )
+    return agreement.can_gate, agreement.reason
 
 
 def _begin_share(

@@ -53,6 +53,7 @@ __all__ = [
     "FIGURES_DROPPED",
     "KV_EVENT_BATCHES",
     "LIMITS_DEGRADED",
+    "LIVE_JUDGEMENTS",
     "OUTCOMES",
     "OUTPUT_TOKENS",
     "PREFIX_INDEX_BLOCKS",
@@ -177,6 +178,13 @@ SHADOW_REQUESTS = Counter(
     "Shadow copies sent to a version under test, per pool and outcome (ok, error).",
     (*POOL_LABELS, "outcome"),
 )
+LIVE_JUDGEMENTS = Counter(
+    "platform_live_judgements_total",
+    "Pairs the live-answer judge was asked about, per candidate pool and outcome "
+    "(win, loss, tie, unreadable for the candidate; incomplete when an answer or "
+    "the judge failed; skipped when the request cannot be shown to a judge).",
+    (*POOL_LABELS, "outcome"),
+)
 SHADOW_TTFT_SECONDS = Histogram(
     "platform_shadow_ttft_seconds",
     "Time to first token of shadow copies, per pool.",
@@ -289,6 +297,7 @@ _POOL_COLLECTORS: tuple[MetricWrapperBase, ...] = (
     UPSTREAM_RETRIES,
     SHADOW_REQUESTS,
     SHADOW_TTFT_SECONDS,
+    LIVE_JUDGEMENTS,
 )
 
 # (collector, label values) -> child. Bounded like the labels themselves.
@@ -379,6 +388,13 @@ def observe_shadow(
     _child(SHADOW_REQUESTS, model, version, region, outcome).inc()
     if ttft_s is not None:
         _child(SHADOW_TTFT_SECONDS, model, version, region).observe(ttft_s)
+
+
+def count_live_judgement(
+    *, model: str, version: str, region: str, outcome: str
+) -> None:
+    """Count one pair the live-answer judge was asked about (``LIVE_JUDGEMENTS``)."""
+    _child(LIVE_JUDGEMENTS, model, version, region, outcome).inc()
 
 
 def count_rejection(*, team: str, model: str, tier: str, status: int) -> None:

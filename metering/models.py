@@ -99,6 +99,8 @@ class VersionFigure(models.Model):
     as a string) to its count. ``conversations`` is the bucket's distinct count.
     Role ``pool`` rows are every pool's live figures (rollout or not); only they
     fill ``prompt_tokens``, ``cached_tokens`` and ``tpot`` (time per output token).
+    ``judged`` maps a live-answer judge's outcome for the candidate (``win``,
+    ``loss``, ``tie``, ``unreadable``) to its count: scores only, never text.
     """
 
     model = models.ForeignKey(
@@ -123,6 +125,7 @@ class VersionFigure(models.Model):
     prompt_tokens = models.PositiveBigIntegerField(default=0)
     cached_tokens = models.PositiveBigIntegerField(default=0)
     tpot = models.JSONField(default=dict)
+    judged = models.JSONField(default=dict)
 
     class Meta:
         db_table = "version_figures"

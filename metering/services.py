@@ -363,6 +363,7 @@ def _figure_columns(figures: VersionFigures) -> dict[str, object]:
             "prompt_tokens",
             "cached_tokens",
             "tpot",
+            "judged",
         )
     }
 
@@ -380,6 +381,7 @@ def _figures_of(row: VersionFigure) -> VersionFigures:
         prompt_tokens=row.prompt_tokens,
         cached_tokens=row.cached_tokens,
         tpot={int(k): int(v) for k, v in (row.tpot or {}).items()},
+        judged={str(k): int(v) for k, v in (row.judged or {}).items()},
     )
 
 
@@ -492,6 +494,7 @@ def flush_redis_figures(
                     "prompt_tokens",
                     "cached_tokens",
                     "tpot",
+                    "judged",
                 ],
             )
     horizon = now.timestamp() - grace_s

@@ -24,6 +24,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
+from audit.admin import AuditedAdmin
 from config.api import admin_name
 from config.errors import PlatformError
 from models_registry import judge_labels, services
@@ -181,7 +182,7 @@ class VersionInline(admin.TabularInline):
 
 
 @admin.register(ModelVersion)
-class ModelVersionAdmin(admin.ModelAdmin):
+class ModelVersionAdmin(AuditedAdmin):
     """Registered versions: identity fixed at registration, gate results editable."""
 
     list_display = (
@@ -464,7 +465,7 @@ class EvalSetForm(forms.ModelForm):
 
 
 @admin.register(EvalSet)
-class EvalSetAdmin(admin.ModelAdmin):
+class EvalSetAdmin(AuditedAdmin):
     """Eval sets every version of a model must pass besides its default one; a
     team's own set (seed: "the team's own eval set")."""
 
@@ -540,7 +541,7 @@ class PoolScheduleInline(admin.TabularInline):
 
 
 @admin.register(PoolSchedule)
-class PoolScheduleAdmin(admin.ModelAdmin):
+class PoolScheduleAdmin(AuditedAdmin):
     """Every pool's scheduled floors at a glance; they are edited on the pool's page,
     where overlapping rows are judged together."""
 
@@ -566,7 +567,7 @@ class PoolScheduleAdmin(admin.ModelAdmin):
 
 
 @admin.register(Pool)
-class PoolAdmin(admin.ModelAdmin):
+class PoolAdmin(AuditedAdmin):
     """The replicas of a version in a region: the autoscaler's settings, its
     schedule, and a read-only panel of what it last saw and decided."""
 

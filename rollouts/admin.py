@@ -17,6 +17,7 @@ from django.db.models import ForeignKey
 from django.http import HttpRequest
 from django.utils import timezone
 
+from audit.admin import AuditedAdmin
 from config.errors import InvalidRequest, PlatformError
 from models_registry.admin import ReadOnlyAdmin, ServiceAddForm, VersionInline
 from models_registry.domain.gates import TRAFFIC_STATUSES
@@ -88,8 +89,13 @@ def _control(action: plans.Controls) -> Any:
 
 
 @admin.register(Rollout)
-class RolloutAdmin(admin.ModelAdmin):
+class RolloutAdmin(AuditedAdmin):
     """Rollouts, newest first: stage, share, guard readings and decision."""
+
+    # Its controls move the model's alias and its versions' status; the guard
+    # readings (its inline) are the guard task's, never the admin's.
+    audit_related = (Model, ModelVersion, VersionOverride)
+    audit_inlines = False
 
     form = RolloutAddForm
     inlines = (GuardEvaluationInline,)
@@ -194,8 +200,10 @@ class ServedModelForm(forms.ModelForm):
 
 
 @admin.register(Model)
-class ServedModelAdmin(admin.ModelAdmin):
+class ServedModelAdmin(AuditedAdmin):
     """Model names, where their traffic goes, and their versions."""
+
+    audit_related = (Rollout, VersionOverride)
 
     form = ServedModelForm
 

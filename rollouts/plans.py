@@ -31,7 +31,7 @@ from django.db import transaction
 
 from config.errors import Conflict, InvalidRequest, NotFound
 from models_registry.domain.identity import VersionStatus
-from models_registry.models import Model, ModelVersion, Pool
+from models_registry.models import Model, ModelKind, ModelVersion, Pool
 from models_registry.services import get_model, get_version
 from rollouts.domain.plan import (
     DEFAULT_PLAN,
@@ -72,12 +72,22 @@ class Controls(enum.StrEnum):
 
 def _plan_or_400(data: Mapping[str, Any], *, prefix: str = "plan.") -> RolloutPlan:
     try:
-        return parse_plan(data)
+        plan = parse_plan(data)
     except PlanError as exc:
         param, message = exc.problems[0]
         raise InvalidRequest(
             f"{prefix}{param} {message}", param=f"{prefix}{param}"
         ) from None
+    judge = plan.judge
+    if (
+        judge is not None
+        and not Model.objects.filter(pk=judge.model, kind=ModelKind.CHAT).exists()
+    ):
+        raise InvalidRequest(
+            f"{prefix}judge.model {judge.model!r} is not a chat model of the platform",
+            param=f"{prefix}judge.model",
+        )
+    return plan
 
 
 def model_plan(model: Model) -> RolloutPlan:

@@ -6,7 +6,9 @@ The steps (seed steps 6-9 and 12), each taking what the one before produced:
 
 1. admission (``routing.admission``) turns the ``ChatPlan`` into a ``Ticket`` or a
    429/503 with Retry-After (jittered, so refused clients do not all return at
-   once); a shadow copy goes out if the plan's resolution names one;
+   once); a shadow copy goes out if the plan's resolution names one, and a
+   sampled candidate request's pair goes to the plan's judge
+   (``routing.live_judge``);
 2. the pool's routing policy orders the replicas for the routing key; each try is
    an ``Attempt`` (``routing.attempt``) that returns what happened; on a connect
    error, a 5xx or no first token within ``first_token_timeout_s`` the next one is
@@ -67,6 +69,7 @@ from routing.embeddings import (
 )
 from routing.kv_subscriber import KVEventSubscriber
 from routing.live import LiveLoad
+from routing.live_judge import LiveJudge
 from routing.plan import ChatPlan, GatewaySettings, payload_for
 from routing.relay import UpstreamFailed
 from routing.request_meter import RequestMeter, Served, UsageCounter
@@ -142,6 +145,14 @@ class ChatService:
             detector=refusals,
             bucket_s=settings.figures_bucket_s,
         )
+        self.live_judge = LiveJudge(
+            live=live,
+            upstream=upstream,
+            region=settings.region,
+            concurrency=settings.shadow_concurrency,
+            figures=figures,
+            bucket_s=settings.figures_bucket_s,
+        )
         # Mutable routing state, one of each per pool (model, version).
         self._policies: dict[tuple[str, str], RoutingPolicy] = {}
         self._budgets: dict[tuple[str, str], RetryBudget] = {}
@@ -175,8 +186,13 @@ class ChatService:
         except BaseException:
             await self.meter.cancel(reservation)
             raise
-        self._copy_to_shadow(plan, snapshot)
         role = self._figure_role(plan, snapshot, remembered)
+        for copy in (
+            self.shadow.offer(plan, snapshot),
+            self.live_judge.offer(plan, snapshot, role, draw=self.rng.random()),
+        ):
+            if copy is not None:  # off the caller's path, never raising
+                self.background.spawn(copy)
         cause: BaseException | None = None
         try:
             ended = await self._route(
@@ -199,28 +215,6 @@ class ChatService:
             raise cause
         if ended.error is not None:
             raise ended.error
-
-    def _copy_to_shadow(self, plan: ChatPlan, snapshot: ConfigSnapshot) -> None:
-        """Send a copy of the request to the shadow version, if the plan names one."""
-        resolution = plan.resolution
-        if resolution.shadow_version is None or plan.surface != "chat":
-            # Shadow versions are judged on chat answers only.
-            return
-        self.background.spawn(
-            self.shadow.copy(
-                snapshot,
-                model=resolution.model,
-                version=resolution.shadow_version,
-                payload=payload_for(
-                    plan.payload,
-                    plan.tier,
-                    snapshot.versions.get(
-                        (resolution.model, resolution.shadow_version)
-                    ),
-                ),
-                conversation=plan.routing_key,
-            )
-        )
 
     async def _remember(
         self, plan: ChatPlan, snapshot: ConfigSnapshot

@@ -19,7 +19,7 @@ from metering.domain.cost import (
 )
 from metering.models import Usage
 from models_registry.models import Model, ModelVersion, Pool
-from rollouts.domain.plan import Decision, Stage
+from rollouts.domain.plan import Decision, JudgeSpec, PlanError, Stage, parse_plan
 from rollouts.models import Rollout
 from routing.domain.budget import NANO_PER_USD, Price, month_of
 from routing.domain.snapshot import (
@@ -101,6 +101,7 @@ def build_snapshot(*, region: str, default_policy: str) -> ConfigSnapshot:
     # the version a promotion replaced, loaded until its retention ends (its
     # conversations may finish there: routing.domain.sticky).
     shadows: dict[str, tuple[str | None, float]] = {}
+    judges: dict[str, JudgeSpec] = {}
     retained: dict[str, str | None] = {}
     pending: set[str] = set()
     rows = Rollout.objects.filter(
@@ -116,6 +117,8 @@ def build_snapshot(*, region: str, default_policy: str) -> ConfigSnapshot:
             retained[rollout.model_id] = labels.get(rollout.previous_version_id or 0)
             continue
         pending.add(rollout.model_id)
+        if (judge := _judge_of(rollout)) is not None:
+            judges[rollout.model_id] = judge
         # A plan's step takes traffic once its replicas serve (step_started_at).
         if rollout.stage == Stage.SHADOW and rollout.step_started_at is not None:
             shadows[rollout.model_id] = (
@@ -125,6 +128,7 @@ def build_snapshot(*, region: str, default_policy: str) -> ConfigSnapshot:
     models = {}
     for model in Model.objects.all():
         shadow_version, shadow_percent = shadows.get(model.model, (None, 0.0))
+        judge = judges.get(model.model)
         models[model.model] = ModelRecord(
             model=model.model,
             live_version=_label(labels, model.live_version_id),
@@ -137,6 +141,9 @@ def build_snapshot(*, region: str, default_policy: str) -> ConfigSnapshot:
             kind=model.kind,
             dimensions=model.dimensions or 0,
             max_input_tokens=model.max_input_tokens or 0,
+            judge_model=judge.model if judge is not None else "",
+            judge_share=judge.share if judge is not None else 0.0,
+            judge_per_minute=judge.per_minute if judge is not None else 0,
             retained_version=(
                 retained.get(model.model)
                 if retained.get(model.model) != _label(labels, model.live_version_id)
@@ -316,3 +323,14 @@ def _budgets(
         )
         for row in rows
     }
+
+
+def _judge_of(rollout: Rollout) -> JudgeSpec | None:
+    """The live-answer judge of a pending rollout's plan (None: none, a stage set
+    by hand, or a stored plan the code no longer reads)."""
+    if rollout.plan is None:
+        return None
+    try:
+        return parse_plan(rollout.plan).judge
+    except PlanError:
+        return None

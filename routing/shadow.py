@@ -18,8 +18,9 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 
@@ -29,6 +30,7 @@ from metering.figures import FigureKey, FigureRecorder
 from routing.domain.refusals import HEAD_CHARS, RefusalDetector
 from routing.domain.snapshot import ConfigSnapshot
 from routing.live import LiveLoad
+from routing.plan import ChatPlan, payload_for
 from routing.relay import EVENT_END
 from routing.upstream import Upstream
 
@@ -69,14 +71,19 @@ class ShadowAnswer:
 
 
 async def read_shadow_answer(
-    chunks: AsyncIterator[bytes], clock: Callable[[], float]
+    chunks: AsyncIterator[bytes],
+    clock: Callable[[], float],
+    *,
+    text_chars: int = HEAD_CHARS,
 ) -> ShadowAnswer:
     """Read an engine's SSE stream to its end and return what it was.
 
     Complete: ``[DONE]`` after content and no error event. An error event, a
     failed read or an end without ``[DONE]`` is ``broken`` after the first
     content event; before it, ``upstream`` (``timeout`` for a read that timed
-    out).
+    out). ``text`` keeps the first ``text_chars`` characters or so (whole
+    events): the refusal detector's head by default, a judge's whole answer
+    with a larger bound.
     """
     buffer = b""
     first: float | None = None
@@ -127,7 +134,7 @@ async def read_shadow_answer(
                 content = delta.get("content") if isinstance(delta, dict) else None
                 if isinstance(content, str) and content:
                     events += 1
-                    if length < HEAD_CHARS:
+                    if length < text_chars:
                         text.append(content)
                         length += len(content)
     return _failed(first)
@@ -159,6 +166,26 @@ class Shadow:
         self.detector = detector or RefusalDetector()
         self.bucket_s = bucket_s
         self._slots = asyncio.Semaphore(concurrency)
+
+    def offer(
+        self, plan: ChatPlan, snapshot: ConfigSnapshot
+    ) -> Coroutine[Any, Any, None] | None:
+        """Return the shadow copy of ``plan`` if its resolution names a shadow
+        version, else None. Shadow versions are judged on chat answers only."""
+        resolution = plan.resolution
+        if resolution.shadow_version is None or plan.surface != "chat":
+            return None
+        return self.copy(
+            snapshot,
+            model=resolution.model,
+            version=resolution.shadow_version,
+            payload=payload_for(
+                plan.payload,
+                plan.tier,
+                snapshot.versions.get((resolution.model, resolution.shadow_version)),
+            ),
+            conversation=plan.routing_key,
+        )
 
     async def copy(
         self,

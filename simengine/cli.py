@@ -250,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_quality,
         default=1.0,
         help="Chance (0 to 1) that a prompt the oracle recognises is answered right "
-        "(simengine.oracle); also settable on /sim/faults.",
+        "(simengine.domain.oracle); also settable on /sim/faults.",
     )
     add(
         "--sim-quality-by-category",

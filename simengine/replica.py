@@ -18,7 +18,7 @@ The engine itself (``simengine.domain.engine``) is pure and clock-free; the same
 model runs in virtual time in the fleet simulator. The HTTP side is
 ``simengine.server``.
 
-What the replica says: a prompt the oracle recognises (``simengine.oracle``)
+What the replica says: a prompt the oracle recognises (``simengine.domain.oracle``)
 gets its answer, right with probability ``Faults.quality``; any other prompt gets
 generated words, as it always did; ``Faults.degraded`` answers every prompt with
 the refusal sentence once and stops, as a model served with a broken chat template
@@ -46,8 +46,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from simengine import oracle
-from simengine.domain import tokens
+from simengine.domain import oracle, tokens
 from simengine.domain.engine import (
     Engine,
     EngineConfig,
@@ -174,7 +173,7 @@ class Faults:
       are made, so only TTFT (and the end-to-end latency of an answer done before
       its first token was due) grows (``--sim-ttft-factor``).
     - ``quality``: the chance, in [0, 1], that a prompt the oracle recognises is
-      answered right (``simengine.oracle``; ``--sim-quality``); 1.0 is a
+      answered right (``simengine.domain.oracle``; ``--sim-quality``); 1.0 is a
       model that is always right. Not a failure as such, but set the same way, so
       a test can make a version measurably worse without restarting it.
     - ``quality_by_category``: ``quality`` for the prompts of one category

@@ -698,3 +698,46 @@ def test_the_fleet_shows_rollouts_and_batches_only_to_who_may_see_them(
     feed = both.get("/console/?format=json").json()
     assert [r["version"] for r in feed["rollouts"]] == ["v2"]
     assert "paused by a test" in both.get("/console/").content.decode()
+
+
+def test_the_rollout_page_lists_each_guard_with_the_judges_agreement(
+    console: Client, v2: ModelVersion
+) -> None:
+    """The last evaluation's guards, the judge's among them with its verdict and
+    the sentence on its agreement with people."""
+    rollout_services.set_rollout(
+        model_id="chat-7b", version="v2", stage="canary", percent=5, now=timezone.now()
+    )
+    agreement = "the judge judge-7b@v1 cannot gate: Cohen's kappa 0.20"
+    Rollout.objects.update(
+        guard_metrics={
+            "results": [
+                {
+                    "name": "error_rate",
+                    "verdict": "not_worse",
+                    "candidate": 0.004,
+                    "live": 0.005,
+                    "lower": -0.3,
+                    "upper": 0.2,
+                    "reason": "error rate: not worse",
+                },
+                {
+                    "name": "judge_win_rate",
+                    "verdict": "off",
+                    "candidate": 0.31,
+                    "live": 0.5,
+                    "lower": 0.25,
+                    "upper": 0.37,
+                    "reason": f"judge win rate 0.310: off; {agreement}",
+                },
+            ]
+        }
+    )
+
+    body = console.get(rollout_url()).content.decode()
+
+    assert 'data-guard="error_rate"' in body
+    judge_row = body.split('data-guard="judge_win_rate"', 1)[1].split("</tr>", 1)[0]
+    assert 'data-col="verdict">off<' in judge_row
+    assert "0.250 to 0.370" in judge_row
+    assert "kappa 0.20" in judge_row

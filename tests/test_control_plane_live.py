@@ -172,6 +172,49 @@ def test_control_plane_requests_keep_database_connections_bounded(
     assert control_plane.process.popen.poll() is None
 
 
+def test_control_plane_changes_are_audited_by_the_live_server(
+    control_plane: LiveControlPlane,
+) -> None:
+    """GIVEN the gateway process serving /admin with the admin token
+    WHEN a team is created, given a limit, and a key is issued and revoked
+    THEN the server's own export (JSON lines) has each change once, by that
+    token, from this machine's address, and never the key shown once."""
+    team = f"audit-{uuid.uuid4().hex[:8]}"
+    with control_plane.client() as client:
+        created = client.post("/admin/teams", json={"team": team})
+        assert created.status_code == 201, created.text
+        limit = {**LIMIT, "max_concurrency": 2}
+        limited = client.put(f"/admin/teams/{team}/limits", json=limit)
+        assert limited.status_code == 201, limited.text
+        issued = client.post(f"/admin/teams/{team}/keys", json={"name": "ci"})
+        assert issued.status_code == 201, issued.text
+        key = issued.json()
+        revoked = client.delete(f"/admin/teams/{team}/keys/{key['id']}")
+        assert revoked.status_code == 204
+        exported = client.get("/admin/audit?format=jsonl&limit=10000")
+    assert exported.status_code == 200
+    assert exported.headers["content-type"].startswith("application/jsonl")
+    assert key["key"] not in exported.text
+    entries = [json.loads(line) for line in exported.text.splitlines()]
+    ours = [
+        (e["object_type"], e["action"])
+        for e in entries
+        if team in (e["object_id"], (e["after"] or {}).get("team_id"))
+    ]
+    assert sorted(ours) == [
+        ("accounts.apikey", "create"),
+        ("accounts.apikey", "update"),
+        ("accounts.team", "create"),
+        ("accounts.teamlimit", "create"),
+    ]
+    for entry in entries:
+        if team in (entry["object_id"], (entry["after"] or {}).get("team_id")):
+            assert entry["actor_name"].endswith("(control-plane tests)")
+            assert entry["actor_kind"] == "admin_token"
+            assert entry["remote_addr"] == "127.0.0.1"
+            assert "key_hash" not in (entry["after"] or {})
+
+
 LIMIT = {"model": "chat-7b", "tokens_per_minute": 1000, "guaranteed_share": 0.1}
 JSON = {"content-type": "application/json"}
 

@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # cycle is the rule, not this order); ``control`` sits above every data app, and
 # ``localrun``, ``drills`` and ``console`` above it.
 DATA_APPS = [
+    "audit",
     "accounts",
     "models_registry",
     "routing",

@@ -33,8 +33,10 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
+from django.db.models import Max
 
 from accounts import services as accounts_services
+from audit.models import AuditEntry
 from engine_nodes.models import Replica
 from localrun.processes import wait_until
 from models_registry.models import Model, ModelVersion, Pool
@@ -353,6 +355,7 @@ def test_pause_resume_and_abort_over_the_api(
     platform: LivePlatform, api: httpx.Client, unblocked: None
 ) -> None:
     url = "/admin/models/chat-7b/rollout"
+    audited_before = AuditEntry.objects.aggregate(last=Max("id"))["last"] or 0
     # v3 was rolled back (rejected): refused, unless an admin overrides.
     refused = api.put(url, json={"version": "v3", "plan": {}})
     assert refused.status_code == 409
@@ -387,3 +390,25 @@ def test_pause_resume_and_abort_over_the_api(
         "rejected"
     )
     assert Pool.objects.filter(model_id="chat-7b", version__version="v3").exists()
+    # Each change above is in the audit trail once, by this test's token (the
+    # refused requests wrote nothing), while the guards and the autoscaler ran.
+    ours = AuditEntry.objects.filter(
+        id__gt=audited_before, actor_name__endswith="(rollouts-e2e)", path=url
+    ).order_by("id")
+    assert all(e.remote_addr == "127.0.0.1" for e in ours)
+    assert len({e.request_id for e in ours}) == 4  # start, pause, resume, abort
+    rollout_id = str(started.json()["id"])
+    rollout = [
+        (e.action, sorted(set(e.changed_fields) & {"paused", "decision"}))
+        for e in ours
+        if e.object_type == "rollouts.rollout" and e.object_id == rollout_id
+    ]
+    assert rollout == [
+        ("create", ["decision", "paused"]),
+        ("update", ["paused"]),
+        ("update", ["paused"]),
+        ("update", ["decision"]),
+    ]
+    assert [e.action for e in ours if e.object_type == "rollouts.versionoverride"] == [
+        "create"
+    ]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from django.db.models import QuerySet
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import status
@@ -25,6 +27,7 @@ from accounts.api.serializers import (
     TeamSerializer,
 )
 from accounts.models import ApiKey, Team, TeamBudget, TeamEntitlement, TeamLimit
+from audit.api.base import AuditedView, body_text
 from config.api import ControlPlaneView, ErrorSerializer, validated
 
 
@@ -78,8 +81,12 @@ def team_dict(team: Team) -> dict[str, Any]:
     }
 
 
-class TeamListView(ControlPlaneView):
+class TeamListView(AuditedView):
     """List teams or create one."""
+
+    def audit_scope(self, request: Request, **kwargs: Any) -> Sequence[QuerySet[Any]]:
+        # Only the team the body names: a create touches no other.
+        return [Team.objects.filter(pk=body_text(request, "team"))]
 
     @extend_schema(
         operation_id="teams_list",
@@ -109,12 +116,17 @@ class TeamDetailView(ControlPlaneView):
         return Response(team_dict(services.get_team(team)))
 
 
-class KeyListView(ControlPlaneView):
+class KeyListView(AuditedView):
     """List a team's keys (prefixes only) or issue a new one, shown once.
 
     The list holds the keys people hold; the keys the platform mints for batch
     jobs are left out (they are the batches', never edited or revoked here).
     """
+
+    def audit_scope(self, request: Request, **kwargs: Any) -> Sequence[QuerySet[Any]]:
+        return [
+            ApiKey.objects.filter(team_id=kwargs["team"], purpose=ApiKey.Purpose.TEAM)
+        ]
 
     @extend_schema(
         responses={
@@ -135,8 +147,11 @@ class KeyListView(ControlPlaneView):
         )
 
 
-class KeyDetailView(ControlPlaneView):
+class KeyDetailView(AuditedView):
     """Revoke a team's key."""
+
+    def audit_scope(self, request: Request, **kwargs: Any) -> Sequence[QuerySet[Any]]:
+        return [ApiKey.objects.filter(team_id=kwargs["team"], pk=kwargs["key_id"])]
 
     @extend_schema(responses={204: None})
     def delete(self, request: Request, team: str, key_id: int) -> Response:
@@ -144,8 +159,11 @@ class KeyDetailView(ControlPlaneView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-class LimitView(ControlPlaneView):
+class LimitView(AuditedView):
     """Read or set a team's limits (seed: PUT /admin/teams/{team}/limits)."""
+
+    def audit_scope(self, request: Request, **kwargs: Any) -> Sequence[QuerySet[Any]]:
+        return [TeamLimit.objects.filter(team_id=kwargs["team"])]
 
     @extend_schema(
         responses={
@@ -180,12 +198,15 @@ class LimitView(ControlPlaneView):
         )
 
 
-class EntitlementView(ControlPlaneView):
+class EntitlementView(AuditedView):
     """Read or set the tiers a team may use on each model.
 
     A model without a row allows the operator's default tiers
     (``PLATFORM_DEFAULT_TIERS``).
     """
+
+    def audit_scope(self, request: Request, **kwargs: Any) -> Sequence[QuerySet[Any]]:
+        return [TeamEntitlement.objects.filter(team_id=kwargs["team"])]
 
     @extend_schema(
         operation_id="teams_entitlements_list",
@@ -215,8 +236,11 @@ class EntitlementView(ControlPlaneView):
         )
 
 
-class BudgetView(ControlPlaneView):
-    """Read, set or remove a team's monthly USD budgets (docs/finance.md)."""
+class BudgetView(AuditedView):
+    """Read or set a team's monthly USD budgets (docs/finance.md)."""
+
+    def audit_scope(self, request: Request, **kwargs: Any) -> Sequence[QuerySet[Any]]:
+        return [TeamBudget.objects.filter(team_id=kwargs["team"])]
 
     @extend_schema(
         operation_id="teams_budgets_list",

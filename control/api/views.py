@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
+from django.db.models import QuerySet
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from audit.api.base import AuditedView
 from config.api import ControlPlaneView, ErrorSerializer, openapi_pattern, validated
 from config.errors import InvalidRequest
 from config.names import SLUG_PATTERN, SLUG_RULE, is_valid_slug
@@ -16,6 +21,7 @@ from control.api.serializers import (
     AutoscalingSerializer,
     PoolStateSerializer,
 )
+from models_registry.models import Pool, PoolSchedule
 
 
 class PoolStateView(ControlPlaneView):
@@ -46,12 +52,23 @@ class PoolStateView(ControlPlaneView):
         )
 
 
-class PoolAutoscalingView(ControlPlaneView):
+class PoolAutoscalingView(AuditedView):
     """Read or change a pool's autoscaling settings and schedule.
 
     GET /admin/pools/{model}/{version}/{region}/autoscaling, and PUT with the fields
     to change (the others keep their values; ``schedule`` replaces the rows).
     """
+
+    def audit_scope(self, request: Request, **kwargs: Any) -> Sequence[QuerySet[Any]]:
+        pool = {
+            "model_id": kwargs["model"],
+            "version__version": kwargs["version"],
+            "region": kwargs["region"],
+        }
+        return [
+            Pool.objects.filter(**pool),
+            PoolSchedule.objects.filter(**{f"pool__{k}": v for k, v in pool.items()}),
+        ]
 
     @extend_schema(responses={200: AutoscalingOutSerializer})
     def get(self, request: Request, model: str, version: str, region: str) -> Response:

@@ -3,7 +3,7 @@ half load, its traffic moves to the survivor, and the drill measures the shift.
 
 Public surface: ``FAILOVER_TEAMS``, ``BATCH_TEAM``, ``FailoverScenario``,
 ``PoolFigures``, ``SeriesPoint``, ``FailoverReport``, ``ShiftedLoad``,
-``judge``, ``small_scenario``, ``run_failover_sim``.
+``judge``, ``small_scenario``, ``planned_scenario``, ``run_failover_sim``.
 
 The seed: "When a region fails, the load balancer moves traffic. Open streams
 break and clients retry ... The survivor is at 100% with cold prefix caches, so it
@@ -15,8 +15,8 @@ on the survivor no interactive request inside its guarantee is shed.
 The simulator has one region per ``FleetSim`` and one pool per run, so the two
 regions are separate runs that share no state, each pool its own run:
 
-- **region A** (the lost one): the seed's 12 chat replicas and 3 reasoning (70B)
-  replicas, each pool at ``load_share`` (half) of its peak, no batch, no
+- **region A** (the lost one): the capacity plan's chat replicas per region (14 for
+  the seed, prefill counted: ``planned_scenario``) and 3 reasoning (70B) replicas, each pool at ``load_share`` (half) of its peak, no batch, no
   autoscaler. At ``loss_at_s`` every replica is lost at once (``lose_replica``):
   what was in flight fails (a request before its first token is retried on the
   region's other replicas, which are gone too). Requests keep arriving at A until
@@ -71,10 +71,12 @@ import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from batches.domain.scheduler import SchedulerSettings
 from drills.domain.autoscaling_drill import pool_settings
 from drills.domain.batch_drill import BatchJobSpec, BatchScenario, JobSource
+from drills.domain.capacity_plan import Plan
 from drills.domain.fleet import FleetSim
 from drills.domain.fleet_config import FleetConfig, FleetEvent
 from drills.domain.fleet_result import FleetResult
@@ -96,6 +98,7 @@ __all__ = [
     "SeriesPoint",
     "ShiftedLoad",
     "judge",
+    "planned_scenario",
     "run_failover_sim",
     "small_scenario",
 ]
@@ -277,6 +280,28 @@ class FailoverScenario:
             if team.tier == Tier.INTERACTIVE.value
             and team.guaranteed_share >= team.weight / total
         )
+
+
+def planned_scenario(capacity: Plan, **overrides: Any) -> FailoverScenario:
+    """The game day at the fleet the capacity plan sizes each region for.
+
+    A region carries the whole peak when another is lost (the plan's
+    ``regions_lost``), so each region's chat pool is the plan's
+    ``chat_replicas_per_region_with_prefill`` (prefill counted, at the hit rate
+    its cache model expects; 14 for the seed, not the 12 that decode alone
+    needs) and its 70B pool ``big_replicas_per_region``; the chat peak is the
+    plan's ``chat_requests_per_s`` and the 70B's its peak streams.
+    """
+    s = capacity.scenario
+    values: dict[str, Any] = {
+        "peak_rps": float(capacity["chat_requests_per_s"]),
+        "chat_replicas": int(capacity["chat_replicas_per_region_with_prefill"]),
+        "reasoning_replicas": int(capacity["big_replicas_per_region"]),
+        "reasoning_peak_streams": int(s.big.peak_streams),
+        "reasoning_stream_tokens_s": float(s.big.stream_tokens_per_s),
+    }
+    values.update(overrides)
+    return FailoverScenario(**values)
 
 
 def small_scenario() -> FailoverScenario:

@@ -381,6 +381,7 @@ class FigureBucket:
         "answered",
         "conversations",
         "errors",
+        "judged",
         "output",
         "output_tokens",
         "refusals",
@@ -389,6 +390,7 @@ class FigureBucket:
     )
 
     def __init__(self) -> None:
+        self.judged: dict[str, int] = {}
         self.requests = 0
         self.answered = 0
         self.refusals = 0
@@ -433,6 +435,7 @@ class FigureBucket:
             errors=dict(self.errors),
             ttft=dict(self.ttft),
             output=dict(self.output),
+            judged=dict(self.judged),
         )
 
 

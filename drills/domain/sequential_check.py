@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from drills.domain.capacity_plan import Scenario as CapacityScenario
+from drills.domain.judge_rates import judge_rates
 from drills.domain.overload import Check
 from drills.domain.rollout_drill import (
     CANDIDATE_VERSION,
@@ -52,7 +53,8 @@ from metering.domain.figures import (
     output_value,
     ttft_bucket,
 )
-from rollouts.domain.plan import DEFAULT_PLAN, Decision, RolloutPlan, Stage
+from rollouts.domain.guards import JUDGE_GUARD
+from rollouts.domain.plan import DEFAULT_PLAN, Decision, JudgeSpec, RolloutPlan, Stage
 
 __all__ = [
     "POOLS",
@@ -103,21 +105,37 @@ POOLS: tuple[Pool, ...] = _pools()
 
 @dataclass(frozen=True, slots=True)
 class Version:
-    """A candidate: its error rate over live's, and whether it refuses everything."""
+    """A candidate: its error rate over live's, whether it refuses everything,
+    and its quality (the share of gradable prompts it answers right; None: as
+    live's)."""
 
     name: str
     description: str
     extra_error_points: float = 0.0
     refuses_all: bool = False
+    quality: float | None = None
 
 
 VERSIONS: tuple[Version, ...] = (
     Version(
-        "refuses", "every answer a refusal (a broken chat template)", refuses_all=True
+        "refuses",
+        "every answer a refusal (a broken chat template)",
+        refuses_all=True,
+        quality=0.0,
     ),
     Version("worse", "0.6 points more errors (just past the 0.5 threshold)", 0.6),
     Version("good", "as live", 0.0),
+    Version(
+        "subtle",
+        "subtly worse: right on 75% of gradable prompts where live is on 95%, "
+        "with live's errors, refusals, latency and lengths",
+        quality=0.75,
+    ),
 )
+
+
+def _judged_plan() -> RolloutPlan:
+    return replace(DEFAULT_PLAN, judge=JudgeSpec(model="judge"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +151,10 @@ class SequentialSettings:
     live_error_rate: float = 0.004
     live_refusal_rate: float = 0.01
     horizon_s: float = 8 * 3600.0
-    plan: RolloutPlan = field(default_factory=lambda: DEFAULT_PLAN)
+    # The live version's and the judge's quality (``drills.domain.judge_rates``).
+    live_quality: float = 0.95
+    judge_quality: float = 0.9
+    plan: RolloutPlan = field(default_factory=_judged_plan)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +168,10 @@ class Run:
     periods_to_decision: float | None
     raised: tuple[float, ...]
     expected_first_s: float | None
+    # The guards that said worse, for a rollback.
+    tripped: tuple[str, ...] = ()
+    # Pairs the judge compared in the rollout's last step.
+    judged_pairs: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +190,14 @@ class Cell:
         """The median time to a decision over the runs that decided."""
         times = sorted(r.decided_s for r in self.runs if r.decided_s is not None)
         return times[len(times) // 2] if times else None
+
+    def caught_by_judge(self) -> int:
+        """How many runs were rolled back with the judge guard among the reasons."""
+        return sum(
+            1
+            for r in self.runs
+            if r.decision == Decision.ROLLED_BACK.value and JUDGE_GUARD in r.tripped
+        )
 
     def max_periods(self) -> float | None:
         """The most guard periods from first exposure to a decision."""
@@ -186,6 +219,7 @@ class Cell:
             "promoted": self.count(Decision.PROMOTED.value),
             "rolled_back": self.count(Decision.ROLLED_BACK.value),
             "undecided": self.count(Decision.PENDING.value),
+            "caught_by_judge": self.caught_by_judge(),
             "median_decision_s": self.median_decision_s(),
             "max_periods_from_exposure": self.max_periods(),
             "runs": [
@@ -196,6 +230,8 @@ class Cell:
                     "periods_to_decision": r.periods_to_decision,
                     "raised_to": list(r.raised),
                     "expected_decision_s_at_first_tick": r.expected_first_s,
+                    "tripped": list(r.tripped),
+                    "judged_pairs": r.judged_pairs,
                 }
                 for r in self.runs
             ],
@@ -299,6 +335,44 @@ def _add(
             bucket.output_tokens += int(count) * _bucket_tokens(key)
 
 
+@dataclass(frozen=True, slots=True)
+class _JudgeDraws:
+    """The judge's verdicts on a slice's canary requests: a share of them, at
+    most the plan's ``per_minute`` (one gateway process), drawn at the rates the
+    platform's judge code gives for the version's quality (``judge_rates``)."""
+
+    share: float
+    per_slice: int
+    outcomes: tuple[str, ...]
+    rates: np.ndarray
+
+    @classmethod
+    def of(
+        cls, plan: RolloutPlan, version: Version, settings: SequentialSettings
+    ) -> _JudgeDraws | None:
+        judge = plan.judge
+        if judge is None:
+            return None
+        quality = settings.live_quality if version.quality is None else version.quality
+        pairs = judge_rates(quality, settings.live_quality, settings.judge_quality)
+        rates = np.array([share for _, share in pairs])
+        return cls(
+            share=judge.share,
+            per_slice=int(judge.per_minute * settings.slice_s / 60.0),
+            outcomes=tuple(name for name, _ in pairs),
+            rates=rates / rates.sum(),
+        )
+
+    def add(self, bucket: FigureBucket, n_c: int, rng: np.random.Generator) -> None:
+        """Add the verdicts on ``n_c`` canary requests to ``bucket``."""
+        n_j = min(int(rng.binomial(n_c, self.share)), self.per_slice)
+        for name, count in zip(
+            self.outcomes, rng.multinomial(n_j, self.rates), strict=True
+        ):
+            if count:
+                bucket.judged[name] = bucket.judged.get(name, 0) + int(count)
+
+
 def _bucket_tokens(index: int) -> int:
     return round(output_value(index))
 
@@ -328,6 +402,7 @@ def run_one(
     t = start
     next_tick = start + period
     error_c = settings.live_error_rate + version.extra_error_points / 100.0
+    judging = _JudgeDraws.of(plan, version, settings)
     while t < start + settings.horizon_s:
         t_end = t + slice_s
         n = int(rng.poisson(pool.rps * slice_s))
@@ -354,6 +429,10 @@ def run_one(
             rng=rng,
         )
         conv += new_c
+        if judging is not None and n_c:
+            judging.add(
+                store.bucket(Role.CANARY.value, CANDIDATE_VERSION, t_end), n_c, rng
+            )
         _add(
             store.bucket(Role.BASELINE.value, LIVE_VERSION, t_end),
             n_b,
@@ -393,6 +472,12 @@ def run_one(
         periods_to_decision=periods,
         raised=tuple(raised),
         expected_first_s=expected_first,
+        tripped=tuple(r.name for r in rollout.tripped),
+        judged_pairs=sum(
+            rollout.store.figures(
+                Role.CANARY.value, CANDIDATE_VERSION, rollout.step_started_at
+            ).judged.values()
+        ),
     )
 
 
@@ -454,6 +539,18 @@ def judge_sequential(outcome: SequentialOutcome) -> tuple[Check, ...]:
                     promoted == 0,
                     f"{promoted} of {n} promoted within "
                     f"{outcome.settings.horizon_s:g} s",
+                )
+            )
+        elif cell.version.name == "subtle":
+            caught = cell.caught_by_judge()
+            promoted = cell.count(Decision.PROMOTED.value)
+            need = math.ceil(0.9 * n)
+            checks.append(
+                Check(
+                    f"{name}_subtle_caught_by_judge_18_of_20",
+                    caught >= need and promoted == 0,
+                    f"{caught} of {n} rolled back by the judge guard, {promoted} "
+                    f"promoted (needs {need} caught, none promoted)",
                 )
             )
         elif cell.version.name == "good":

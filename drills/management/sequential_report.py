@@ -4,6 +4,7 @@ check (``drills.domain.sequential_check``)."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from drills.domain.sequential_check import (
     run_sequential_check,
 )
 from drills.management.reports import write_result
-from rollouts.domain.plan import RolloutPlan
+from rollouts.domain.plan import JudgeSpec, RolloutPlan
 
 __all__ = ["plot_sequential", "run_sequential_command"]
 
@@ -33,6 +34,10 @@ def run_sequential_command(
 
     if options["seeds"] < 1 or options["horizon_hours"] <= 0:
         raise CommandError("--seeds must be at least 1, --horizon-hours above 0")
+    if plan.judge is None:
+        # The subtly worse version is the judge's to catch: a plan without one
+        # gets the drill's (its defaults, the simulated judge model).
+        plan = replace(plan, judge=JudgeSpec(model="judge"))
     settings = SequentialSettings(
         seeds=options["seeds"],
         seed=options["seed"],
@@ -56,6 +61,8 @@ def run_sequential_command(
             "horizon_s": settings.horizon_s,
             "live_error_rate": settings.live_error_rate,
             "live_refusal_rate": settings.live_refusal_rate,
+            "live_quality": settings.live_quality,
+            "judge_quality": settings.judge_quality,
             "plan": settings.plan.to_json(),
         },
         "cells": [cell.as_dict() for cell in outcome.cells],
@@ -70,13 +77,15 @@ def run_sequential_command(
             f"{settings.seeds} seeds per cell, guard every "
             f"{settings.guard_period_s:g} s, live errors "
             f"{settings.live_error_rate:.1%}, horizon "
-            f"{settings.horizon_s / 3600:g} h; {timing['wall_s']:.1f} s wall, "
+            f"{settings.horizon_s / 3600:g} h; live quality "
+            f"{settings.live_quality:.0%}, judge quality "
+            f"{settings.judge_quality:.0%}; {timing['wall_s']:.1f} s wall, "
             f"{timing['cpu_s']:.1f} s CPU"
         )
         stdout.write(
             f"{'pool':<9} {'req/s':>6} {'version':<8} {'promoted':>8} "
             f"{'rolled back':>11} {'held':>4} {'median decision':>15} "
-            f"{'max periods':>11}  first raise"
+            f"{'max periods':>11} {'by judge':>8}  first raise"
         )
         for cell in outcome.cells:
             median = cell.median_decision_s()
@@ -88,7 +97,8 @@ def run_sequential_command(
                 f"{cell.version.name:<8} {cell.count('promoted'):>8} "
                 f"{cell.count('rolled_back'):>11} {cell.count('pending'):>4} "
                 f"{_s(median):>15} "
-                f"{'-' if worst is None else f'{worst:.2f}':>11}  {first}"
+                f"{'-' if worst is None else f'{worst:.2f}':>11} "
+                f"{cell.caught_by_judge():>8}  {first}"
             )
         stdout.write("")
         for check in checks:

@@ -160,7 +160,13 @@ def test_sequential_check_prints_writes_and_fails_on_a_miss(tmp_path: Path) -> N
     )
     assert error is not None and "good_promoted" in str(error)
     data = json.loads(out.read_text())
-    assert [c["pool"] for c in data["cells"]][::3] == ["7b-100", "7b-1000", "70b-peak"]
+    assert [c["pool"] for c in data["cells"]][::4] == ["7b-100", "7b-1000", "70b-peak"]
+    assert {c["version"] for c in data["cells"]} == {
+        "refuses",
+        "worse",
+        "good",
+        "subtle",
+    }
     checks = {c["name"]: c["passed"] for c in data["checks"]}
     assert checks["70b-peak_refuses_rolled_back_within_3_periods"]
     assert not checks["7b-100_good_promoted_19_of_20"]

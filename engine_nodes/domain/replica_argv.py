@@ -623,7 +623,7 @@ def sim_quality_for(spec: ReplicaSpec) -> float | None:
     return float(value)
 
 
-# The prompt categories the simulated replica's oracle knows (simengine.oracle).
+# The prompt categories the simulated replica's oracle knows (simengine.domain.oracle).
 _SIM_CATEGORIES = frozenset({"reasoning", "maths", "long_output", "general"})
 
 

@@ -2,7 +2,7 @@
 
 Public surface: ``VersionFigures``, ``Role``, ``ERROR_KINDS``, ``TTFT_BOUNDS_S``,
 ``OUTPUT_BOUNDS``, ``ttft_bucket``, ``output_bucket``, ``ttft_value``,
-``output_value``, ``one_request``.
+``output_value``, ``one_request``, ``one_judgement``, ``JUDGE_OUTCOMES``.
 
 The gateway adds one request's figures at its end (one Redis script, as usage);
 the flusher writes each bucket's totals to PostgreSQL; the guards sum buckets over
@@ -41,10 +41,12 @@ from dataclasses import dataclass, field
 __all__ = [
     "ERROR_KINDS",
     "GUARD_ROLES",
+    "JUDGE_OUTCOMES",
     "OUTPUT_BOUNDS",
     "TTFT_BOUNDS_S",
     "Role",
     "VersionFigures",
+    "one_judgement",
     "one_request",
     "output_bucket",
     "output_value",
@@ -74,6 +76,11 @@ GUARD_ROLES: tuple[Role, ...] = (Role.LIVE, Role.BASELINE, Role.CANARY, Role.SHA
 # spent), ``error`` (anything else the platform caused). Refusals by limits
 # (429, shed) and the client's own errors (4xx) are no error of the version.
 ERROR_KINDS: tuple[str, ...] = ("upstream", "broken", "timeout", "error")
+
+# A live-answer judge's verdict on one pair, from the candidate's side: it won,
+# lost or tied against the live version's answer to the same request, or the
+# judge's reply was unreadable (counted, never for either side).
+JUDGE_OUTCOMES: tuple[str, ...] = ("win", "loss", "tie", "unreadable")
 
 _RATIO = 1.1
 
@@ -185,6 +192,10 @@ class VersionFigures:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     tpot: Mapping[int, int] = field(default_factory=dict)
+    # Pairs the live-answer judge compared, by the candidate's side of the
+    # verdict (``JUDGE_OUTCOMES``): counted on the candidate's own figures, never
+    # as requests (``rollouts.domain.guards``' judge guard reads them).
+    judged: Mapping[str, int] = field(default_factory=dict)
 
     def __add__(self, other: VersionFigures) -> VersionFigures:
         return VersionFigures(
@@ -199,6 +210,7 @@ class VersionFigures:
             prompt_tokens=self.prompt_tokens + other.prompt_tokens,
             cached_tokens=self.cached_tokens + other.cached_tokens,
             tpot=_add_hist(self.tpot, other.tpot),
+            judged=_add_maps(self.judged, other.judged),
         )
 
     @property
@@ -249,7 +261,8 @@ class VersionFigures:
 
         ``requests``, ``answered``, ``refusals``, ``output_tokens``,
         ``conversations``, ``prompt_tokens``, ``cached_tokens``, ``e:<kind>``,
-        ``t:<bucket>``, ``o:<bucket>`` and ``p:<bucket>`` (time per output token).
+        ``t:<bucket>``, ``o:<bucket>``, ``p:<bucket>`` (time per output token)
+        and ``j:<outcome>`` (judged pairs).
         """
         fields_: dict[str, int] = {}
         for name in (
@@ -269,6 +282,7 @@ class VersionFigures:
             ("t", self.ttft),
             ("o", self.output),
             ("p", self.tpot),
+            ("j", self.judged),
         ):
             for label, count in counts.items():
                 if count:
@@ -285,6 +299,7 @@ class VersionFigures:
         ttft: dict[int, int] = {}
         output: dict[int, int] = {}
         tpot: dict[int, int] = {}
+        judged: dict[str, int] = {}
         for name, raw in fields_.items():
             value = int(raw)
             if value < 0:
@@ -300,6 +315,8 @@ class VersionFigures:
                 output[int(tail)] = value
             elif head == "p" and tail.isdigit():
                 tpot[int(tail)] = value
+            elif head == "j" and tail in JUDGE_OUTCOMES:
+                judged[tail] = value
         return cls(
             requests=plain.get("requests", 0),
             answered=plain.get("answered", 0),
@@ -312,6 +329,7 @@ class VersionFigures:
             prompt_tokens=plain.get("prompt_tokens", 0),
             cached_tokens=plain.get("cached_tokens", 0),
             tpot=tpot,
+            judged=judged,
         )
 
     def to_json(self) -> dict[str, object]:
@@ -328,6 +346,7 @@ class VersionFigures:
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
             "tpot": {str(k): v for k, v in sorted(self.tpot.items())},
+            "judged": dict(self.judged),
         }
 
 
@@ -370,3 +389,15 @@ def one_request(
         cached_tokens=max(0, min(cached_tokens, prompt_tokens)) if answered else 0,
         tpot={tpot_bucket(tpot_s): 1} if answered and tpot_s is not None else {},
     )
+
+
+def one_judgement(outcome: str) -> VersionFigures:
+    """Return the figures of one judged pair: the candidate's ``outcome``
+    (``JUDGE_OUTCOMES``) and nothing else; it is no request.
+
+    Raises:
+        ValueError: an unknown outcome.
+    """
+    if outcome not in JUDGE_OUTCOMES:
+        raise ValueError(f"unknown judge outcome {outcome!r}")
+    return VersionFigures(judged={outcome: 1})

@@ -6,13 +6,18 @@ they live in ``rollouts.api.views``; a pool's live state is ``control.api``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
+from django.db.models import QuerySet
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from config.api import ControlPlaneView, ErrorSerializer, admin_name, validated
+from audit.api.base import AuditedView
+from config.api import ErrorSerializer, admin_name, validated
 from models_registry import services
 from models_registry.api.serializers import (
     GateConfigSerializer,
@@ -20,10 +25,18 @@ from models_registry.api.serializers import (
     VersionRegisterSerializer,
     VersionSerializer,
 )
+from models_registry.models import Model, ModelVersion, Pool
 
 
-class VersionListView(ControlPlaneView):
+class VersionListView(AuditedView):
     """Register a version (seed: POST /admin/models/{model}/versions) or list them."""
+
+    def audit_scope(self, request: Request, **kwargs: Any) -> Sequence[QuerySet[Any]]:
+        model = kwargs["model"]
+        return [
+            ModelVersion.objects.filter(model_id=model),
+            Pool.objects.filter(model_id=model),
+        ]
 
     @extend_schema(
         responses={
@@ -47,8 +60,15 @@ class VersionListView(ControlPlaneView):
         return Response(services.version_dict(version), status=status.HTTP_201_CREATED)
 
 
-class VersionGatesView(ControlPlaneView):
+class VersionGatesView(AuditedView):
     """A version's gates: every attempt (GET), or run them again (POST, 202)."""
+
+    def audit_scope(self, request: Request, **kwargs: Any) -> Sequence[QuerySet[Any]]:
+        return [
+            ModelVersion.objects.filter(
+                model_id=kwargs["model"], version=kwargs["version"]
+            )
+        ]
 
     @extend_schema(responses={200: GateHistorySerializer})
     def get(self, request: Request, model: str, version: str) -> Response:
@@ -69,8 +89,11 @@ class VersionGatesView(ControlPlaneView):
         )
 
 
-class GateConfigView(ControlPlaneView):
+class GateConfigView(AuditedView):
     """A model's gate settings: eval set, judge, thresholds, load-test steps."""
+
+    def audit_scope(self, request: Request, **kwargs: Any) -> Sequence[QuerySet[Any]]:
+        return [Model.objects.filter(pk=kwargs["model"])]
 
     @extend_schema(responses={200: GateConfigSerializer})
     def get(self, request: Request, model: str) -> Response:

@@ -134,3 +134,9 @@ class RolloutPlanSerializer(serializers.Serializer):
     steps = serializers.ListField(child=serializers.DictField(), required=False)
     retention_s = serializers.FloatField(required=False)
     thresholds = serializers.DictField(required=False)
+    max_step_s = serializers.FloatField(required=False)
+    judge = serializers.DictField(
+        required=False,
+        allow_null=True,
+        help_text="The live-answer judge: model, share, per_minute, min_win_rate.",
+    )

@@ -7,14 +7,17 @@ registry; the registry's own endpoint is a model's versions.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from django.db.models import QuerySet
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from audit.api.base import AuditedView, body_text
 from config.api import ControlPlaneView, ErrorSerializer, admin_name, validated
 from config.errors import InvalidRequest
 from models_registry import services as registry
@@ -31,10 +34,15 @@ from rollouts.api.serializers import (
 )
 from rollouts.domain.plan import Decision
 from rollouts.models import Rollout
+from rollouts.traffic_scope import traffic_scope
 
 
-class ModelListView(ControlPlaneView):
+class ModelListView(AuditedView):
     """List models or register a new model name."""
+
+    def audit_scope(self, request: Request, **kwargs: Any) -> Sequence[QuerySet[Any]]:
+        # Only the model the body names: a registration touches no other.
+        return [Model.objects.filter(pk=body_text(request, "model"))]
 
     @extend_schema(
         operation_id="models_list",
@@ -74,8 +82,11 @@ class ModelDetailView(ControlPlaneView):
         return Response(services.model_detail(model))
 
 
-class AliasView(ControlPlaneView):
+class AliasView(AuditedView):
     """Point a model name at a version (seed: PUT /admin/models/{model}/alias)."""
+
+    def audit_scope(self, request: Request, **kwargs: Any) -> Sequence[QuerySet[Any]]:
+        return traffic_scope(kwargs["model"])
 
     @extend_schema(
         request=AliasSerializer,
@@ -92,12 +103,15 @@ class AliasView(ControlPlaneView):
         return Response(services.model_detail(model))
 
 
-class RolloutView(ControlPlaneView):
+class RolloutView(AuditedView):
     """Read the rollout, or set one (seed: PUT /admin/models/{model}/rollout).
 
     PUT takes a stage set by hand, a plan that runs itself, or an action on the
     running rollout (``RolloutSerializer``).
     """
+
+    def audit_scope(self, request: Request, **kwargs: Any) -> Sequence[QuerySet[Any]]:
+        return traffic_scope(kwargs["model"])
 
     @extend_schema(responses={200: RolloutStateSerializer})
     def get(self, request: Request, model: str) -> Response:
@@ -160,8 +174,11 @@ class RolloutView(ControlPlaneView):
         return Response(services.rollout_dict(rollout))
 
 
-class RolloutPlanView(ControlPlaneView):
+class RolloutPlanView(AuditedView):
     """A model's rollout plan: its steps and minimums, retention, guard thresholds."""
+
+    def audit_scope(self, request: Request, **kwargs: Any) -> Sequence[QuerySet[Any]]:
+        return traffic_scope(kwargs["model"])
 
     @extend_schema(responses={200: RolloutPlanSerializer})
     def get(self, request: Request, model: str) -> Response:

@@ -5,8 +5,8 @@ Each guard period, for a pending rollout whose step has begun:
 1. read the candidate's figures in its role (``shadow`` in a shadow step, else
    ``canary``) and the live version's in ``guards.baseline_roles``, both since
    the step began (the driver's store counts the bucket holding it whole);
-2. compare them (``guards.compare``, with the plan's thresholds; the default
-   plan's for a stage set by hand) and decide (``plan.decide_step``, or
+2. compare them (``guards.compare``, with the plan's thresholds and its
+   live-answer judge's floor; the default plan's for a stage set by hand) and decide (``plan.decide_step``, or
    ``plan.decide_manual`` without a plan);
 3. lock the rollout as it was decided on: if an admin or another tick moved it
    meanwhile, stop here (the next tick decides again);
@@ -34,7 +34,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, replace
 
 from metering.domain.figures import Role, VersionFigures
-from rollouts.domain.guards import GuardReport, baseline_roles, compare
+from rollouts.domain.guards import GuardReport, JudgeCheck, baseline_roles, compare
 from rollouts.domain.plan import (
     DEFAULT_PLAN,
     GuardAction,
@@ -91,6 +91,11 @@ class GuardedRollout:
     # step gets a larger share; None: unknown, the share stays the step's.
     pool_rps: float | None = None
     guard_period_s: float = 60.0
+    # The plan's live-answer judge, as people's labels rate it: False when its
+    # agreement is below the floor (its guard is then shown ``off``), and one
+    # sentence on that agreement for the guard's reason.
+    judge_trusted: bool = True
+    judge_agreement: str = ""
 
     @property
     def role(self) -> Role:
@@ -231,7 +236,16 @@ def guard_tick(rollout: GuardedRollout, *, now: float) -> Steps:
             assert isinstance(part, VersionFigures)
             live += part
     plan = rollout.plan
-    report = compare(candidate, live, (plan or DEFAULT_PLAN).thresholds)
+    judge = (
+        JudgeCheck(
+            plan.judge.min_win_rate,
+            trusted=rollout.judge_trusted,
+            agreement=rollout.judge_agreement,
+        )
+        if plan is not None and plan.judge is not None
+        else None
+    )
+    report = compare(candidate, live, (plan or DEFAULT_PLAN).thresholds, judge)
     decision = _decide(rollout, report, candidate, now=now)
     if not (yield LockRollout(rollout)):
         return None  # an admin or another tick moved it meanwhile

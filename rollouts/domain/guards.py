@@ -1,6 +1,6 @@
 """The rollout guards: a candidate's figures against the live version's, sequentially.
 
-Public surface: ``GUARD_NAMES``, ``PlanError``,
+Public surface: ``GUARD_NAMES``, ``JUDGE_GUARD``, ``JudgeCheck``, ``PlanError``,
 ``GuardThresholds``, ``parse_thresholds``, ``threshold_problems``,
 ``is_finite_number``, ``Verdict``, ``GuardResult``, ``GuardReport``, ``compare``,
 ``baseline_roles``.
@@ -29,6 +29,13 @@ error rates at ``alpha``; docs/rollouts.md#sequential-guards says why this one.
 - ``output_length``: the ratio of the mean output lengths less one, either way
   (a broken chat template gives short answers, a looping one long ones), from
   the histograms' means and variances.
+- ``judge_win_rate`` (only with a ``JudgeCheck``: the plan names a judge): the
+  candidate's win rate in the live-answer judge's pairwise verdicts against the
+  live version's answer to the same request (a win 1, a tie 1/2, a loss 0;
+  unreadable replies left out), a confidence sequence on its mean against
+  ``min_win_rate``. Two equal versions score 1/2. A judge that people's labels
+  do not trust (``trusted`` False) is shown with verdict ``off``: it neither
+  holds nor trips (issue 38: a judge below its agreement floor cannot gate).
 
 Each guard needs ``min_samples`` on each side (requests, TTFT samples or answers)
 before it says not worse or undecided: below that it is ``too_few``. A rate
@@ -60,9 +67,11 @@ from rollouts.domain import sequential
 
 __all__ = [
     "GUARD_NAMES",
+    "JUDGE_GUARD",
     "GuardReport",
     "GuardResult",
     "GuardThresholds",
+    "JudgeCheck",
     "PlanError",
     "Verdict",
     "baseline_roles",
@@ -78,6 +87,8 @@ GUARD_NAMES: tuple[str, ...] = (
     "output_length",
     "refusal_rate",
 )
+# The fifth guard, present only when the plan names a live-answer judge.
+JUDGE_GUARD = "judge_win_rate"
 
 # The p95 TTFT guard reads the candidate's share of TTFTs past live's p95.
 _TTFT_QUANTILE = 0.95
@@ -131,6 +142,21 @@ class GuardThresholds:
             "alpha": self.alpha,
             "min_samples": self.min_samples,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class JudgeCheck:
+    """The judge guard's setting at one evaluation.
+
+    ``min_win_rate``: the candidate's lowest acceptable win rate against live
+    (the plan's ``judge.min_win_rate``). ``trusted``: the judge's agreement with
+    people is at its floor (or not yet measured); False makes the guard ``off``.
+    ``agreement``: one sentence on that agreement, shown with the guard.
+    """
+
+    min_win_rate: float
+    trusted: bool = True
+    agreement: str = ""
 
 
 _POINTS = ("error_rate_points", "refusal_rate_points")
@@ -207,6 +233,7 @@ class Verdict(enum.StrEnum):
     WORSE = "worse"  # the evidence says past the threshold: roll back
     UNDECIDED = "undecided"  # neither yet: hold
     TOO_FEW = "too_few"  # not enough samples (or nothing to compare) for a verdict
+    OFF = "off"  # shown, but does not gate (a judge people do not trust)
     # The names before issue 38 (a pass was "not past the threshold, or not
     # significant", a trip "past it and significant").
     PASS = "not_worse"
@@ -314,13 +341,18 @@ class GuardReport:
 
 
 def compare(
-    candidate: VersionFigures, live: VersionFigures, thresholds: GuardThresholds
+    candidate: VersionFigures,
+    live: VersionFigures,
+    thresholds: GuardThresholds,
+    judge: JudgeCheck | None = None,
 ) -> GuardReport:
     """Return every guard's verdict on ``candidate`` against ``live``.
 
     Both sides should cover the same window (and, for a canary, the same kind of
     traffic). Never raises on figures: what cannot be judged is ``too_few``.
+    With ``judge``, the judge guard follows the four others.
     """
+    extra = () if judge is None else (_judge_guard(candidate, judge, thresholds),)
     return GuardReport(
         results=(
             _rate_guard(
@@ -347,6 +379,7 @@ def compare(
                 thresholds.refusal_rate_points,
                 thresholds,
             ),
+            *extra,
         ),
         candidate_requests=candidate.requests,
         live_requests=live.requests,
@@ -698,3 +731,110 @@ def baseline_roles(candidate: Role) -> tuple[Role, ...]:
     if candidate == Role.CANARY:
         return (Role.BASELINE,)
     return (Role.LIVE, Role.BASELINE)
+
+
+def judge_interval(
+    judged: Mapping[str, int], *, alpha: float, scales: tuple[float, ...]
+) -> tuple[int, float | None, sequential.Interval, float]:
+    """Return the judged pairs, the win rate, its confidence sequence and the
+    smoothed per-pair variance of the scores (a win 1, a tie 1/2, a loss 0).
+
+    Half a win and half a loss are added to the variance's counts (as
+    ``sequential`` smooths rates), so a run of ties alone still has one.
+    """
+    wins = max(0, judged.get("win", 0))
+    ties = max(0, judged.get("tie", 0))
+    losses = max(0, judged.get("loss", 0))
+    n = wins + ties + losses
+    if n == 0:
+        return 0, None, sequential.Interval(0.5, -math.inf, math.inf, math.inf), 0.25
+    rate = (wins + ties / 2.0) / n
+    w_s, l_s, n_s = wins + 0.5, losses + 0.5, n + 1.0
+    mean_s = (w_s + ties / 2.0) / n_s
+    per_pair = (
+        w_s * (1.0 - mean_s) ** 2 + ties * (0.5 - mean_s) ** 2 + l_s * mean_s**2
+    ) / n_s
+    radius = sequential.mixture_radius(per_pair / n, alpha, scales)
+    return (
+        n,
+        rate,
+        sequential.Interval(rate, rate - radius, rate + radius, per_pair / n),
+        per_pair,
+    )
+
+
+def _judge_samples_needed(
+    rate: float, floor: float, per_pair: float, alpha: float, scales: tuple[float, ...]
+) -> int | None:
+    """The judged pairs at which a win rate like ``rate`` would clear ``floor``."""
+    most = sequential.largest_variance(abs(rate - floor), alpha=alpha, scales=scales)
+    if most <= 0.0 or per_pair <= 0.0:
+        return None
+    needed = math.ceil(per_pair / most)
+    return needed if needed <= 10_000_000 else None
+
+
+def _judge_guard(
+    candidate: VersionFigures, check: JudgeCheck, thresholds: GuardThresholds
+) -> GuardResult:
+    """The live-answer judge's win rate against ``check.min_win_rate``, sequentially."""
+    floor = check.min_win_rate
+    alpha = thresholds.alpha
+    scales = sequential.rate_scales(max(0.5 - floor, 0.01))
+    n, rate, interval, per_pair = judge_interval(
+        candidate.judged, alpha=alpha, scales=scales
+    )
+    unreadable = max(0, candidate.judged.get("unreadable", 0))
+    lower = interval.lower if math.isfinite(interval.lower) else None
+    upper = interval.upper if math.isfinite(interval.upper) else None
+    needed = _judge_samples_needed(
+        rate if rate is not None else 0.5, floor, per_pair, alpha, scales
+    )
+    change = (rate - 0.5) * 100.0 if rate is not None else None
+    agreement = f"; {check.agreement}" if check.agreement else ""
+    unread = f", {unreadable} unreadable" if unreadable else ""
+
+    def result(verdict: Verdict, reason: str) -> GuardResult:
+        p_value = (
+            sequential.always_valid_p(
+                interval.estimate - floor, interval.variance, scales
+            )
+            if rate is not None
+            else None
+        )
+        return GuardResult(
+            JUDGE_GUARD,
+            verdict,
+            rate,
+            0.5,
+            change,
+            p_value,
+            reason + agreement,
+            n,
+            n,
+            lower,
+            upper,
+            needed,
+        )
+
+    if rate is None or lower is None or upper is None:
+        verdict = Verdict.OFF if not check.trusted else Verdict.TOO_FEW
+        return result(verdict, f"judge win rate: no judged pairs yet{unread}")
+    figures = (
+        f"judge win rate {rate:.3f} over {n} pairs{unread} ({1 - alpha:.0%} "
+        f"sequence {lower:.3f}..{upper:.3f}, floor {floor:.3f})"
+    )
+    if not check.trusted:
+        return result(Verdict.OFF, f"{figures}: off, the judge may not gate")
+    if upper < floor:
+        return result(Verdict.WORSE, f"{figures}: worse than the floor")
+    if n < thresholds.min_samples:
+        return result(
+            Verdict.TOO_FEW,
+            f"judge win rate: too few judged pairs ({n}; needs "
+            f"{thresholds.min_samples})",
+        )
+    if lower >= floor:
+        return result(Verdict.NOT_WORSE, f"{figures}: not worse than the floor")
+    wait = f"; about {needed} pairs decide" if needed is not None else ""
+    return result(Verdict.UNDECIDED, f"{figures} spans the floor: undecided{wait}")

@@ -1,6 +1,6 @@
 """The stages of a rollout, its plan, and the plan's state machine.
 
-Public surface: ``Stage``, ``Decision``, ``CANARY_STEPS``, ``GuardThresholds``
+Public surface: ``Stage``, ``Decision``, ``CANARY_STEPS``, ``JudgeSpec``, ``GuardThresholds``
 (from ``guards``), ``stage_errors``, ``GuardAction``, ``StepSpec``,
 ``RolloutPlan``, ``DEFAULT_PLAN``, ``STEP_DEFAULTS``, ``PlanError`` (from
 ``guards``), ``parse_plan``, ``PlanState``, ``StepDecision``, ``decide_step``,
@@ -71,6 +71,7 @@ __all__ = [
     "Decision",
     "GuardAction",
     "GuardThresholds",
+    "JudgeSpec",
     "PlanError",
     "PlanState",
     "RolloutPlan",
@@ -178,6 +179,70 @@ def _default_steps() -> tuple[StepSpec, ...]:
 
 
 @dataclass(frozen=True, slots=True)
+class JudgeSpec:
+    """A plan's live-answer judge: which served model judges, and how much.
+
+    ``model``: a chat model the platform serves (its live version judges).
+    ``share``: the fraction of the candidate's requests (shadow copies or canary
+    requests) whose pair is judged; ``per_minute``: at most this many pairs per
+    minute per gateway process (the judge's own GPU time is bounded);
+    ``min_win_rate``: the judge guard's floor (two equal versions score 0.5).
+    """
+
+    model: str
+    share: float = 1.0
+    per_minute: int = 120
+    min_win_rate: float = 0.45
+
+    def to_json(self) -> dict[str, object]:
+        """Return the judge as JSON (``parse_plan`` reads it back)."""
+        return {
+            "model": self.model,
+            "share": self.share,
+            "per_minute": self.per_minute,
+            "min_win_rate": self.min_win_rate,
+        }
+
+
+_JUDGE_KEYS = ("model", "share", "per_minute", "min_win_rate")
+
+
+def _parse_judge(raw: object) -> tuple[JudgeSpec | None, list[tuple[str, str]]]:
+    if raw is None:
+        return None, []
+    if not isinstance(raw, Mapping):
+        return None, [("judge", "must be an object or null")]
+    problems = [(f"judge.{k}", "unknown key") for k in raw if k not in _JUDGE_KEYS]
+    model = raw.get("model")
+    if not isinstance(model, str) or not model or len(model) > 128:
+        problems.append(("judge.model", "must name a served chat model"))
+    values: dict[str, Any] = {}
+    share = raw.get("share", 1.0)
+    if not is_finite_number(share) or not 0.0 < share <= 1.0:
+        problems.append(("judge.share", "must be above 0 and at most 1"))
+    else:
+        values["share"] = float(share)
+    per_minute = raw.get("per_minute", 120)
+    if (
+        not isinstance(per_minute, int)
+        or isinstance(per_minute, bool)
+        or not 1 <= per_minute <= 100_000
+    ):
+        problems.append(("judge.per_minute", "must be a whole number from 1 to 100000"))
+    else:
+        values["per_minute"] = per_minute
+    floor = raw.get("min_win_rate", 0.45)
+    if not is_finite_number(floor) or not 0.0 < floor < 0.5:
+        problems.append(("judge.min_win_rate", "must be above 0 and below 0.5"))
+    else:
+        values["min_win_rate"] = float(floor)
+    if problems:
+        return None, problems
+    assert isinstance(model, str)
+    return JudgeSpec(model=model, **values), []
+
+
+@dataclass(frozen=True, slots=True)
 class RolloutPlan:
     """A model's rollout plan: its steps, the old version's retention, the guards.
 
@@ -190,6 +255,8 @@ class RolloutPlan:
     # The longest a step should take to decide: a quieter pool gets a larger
     # share (up to the next step's) so that a decision is expected within it.
     max_step_s: float = 3600.0
+    # The live-answer judge (issue 38); None: no judge guard.
+    judge: JudgeSpec | None = None
 
     def to_json(self) -> dict[str, object]:
         """Return the plan as JSON (``parse_plan`` reads it back equal)."""
@@ -198,6 +265,7 @@ class RolloutPlan:
             "retention_s": self.retention_s,
             "thresholds": self.thresholds.to_json(),
             "max_step_s": self.max_step_s,
+            "judge": self.judge.to_json() if self.judge is not None else None,
         }
 
 
@@ -214,7 +282,7 @@ STEP_DEFAULTS: Mapping[str, float | int] = {
 # overflows, and no rollout waits that long).
 MAX_SECONDS = 365 * 86400.0
 
-_PLAN_KEYS = ("steps", "retention_s", "thresholds", "max_step_s")
+_PLAN_KEYS = ("steps", "retention_s", "thresholds", "max_step_s", "judge")
 _STEP_KEYS = (
     "stage",
     "percent",
@@ -275,6 +343,8 @@ def parse_plan(data: Mapping[str, Any]) -> RolloutPlan:
         )
         problems.extend(threshold_errors)
         thresholds = parsed_thresholds or thresholds
+    judge, judge_problems = _parse_judge(data.get("judge"))
+    problems.extend(judge_problems)
     if problems:
         raise PlanError(problems)
     return RolloutPlan(
@@ -282,6 +352,7 @@ def parse_plan(data: Mapping[str, Any]) -> RolloutPlan:
         retention_s=retention_s,
         thresholds=thresholds,
         max_step_s=max_step_s,
+        judge=judge,
     )
 
 

@@ -34,6 +34,7 @@ __all__ = [
     "Interval",
     "always_valid_p",
     "difference_interval",
+    "largest_variance",
     "mixture_radius",
     "proportion_variance",
     "rate_scales",
@@ -143,6 +144,22 @@ def difference_interval(
     return Interval(estimate, estimate - radius, estimate + radius, variance)
 
 
+def largest_variance(gap: float, *, alpha: float, scales: Sequence[float]) -> float:
+    """Return the largest estimate variance whose interval is at most ``gap``
+    wide on each side (a bisection on its log); 0 for no gap."""
+    if gap <= 0.0 or not scales:
+        return 0.0
+    target = math.log(1.0 / alpha)
+    low, high = -80.0, 5.0  # log variance
+    for _ in range(50):
+        mid = (low + high) / 2.0
+        if _log_ratio(gap, math.exp(mid), scales) >= target:
+            low = mid
+        else:
+            high = mid
+    return math.exp(low)
+
+
 def samples_to_decide(
     rate_candidate: float,
     rate_live: float,
@@ -167,15 +184,7 @@ def samples_to_decide(
     gap = abs(rate_candidate - rate_live - threshold)
     if gap <= 0.0 or not scales:
         return None
-    target = math.log(1.0 / alpha)
-    low, high = -80.0, 5.0  # log variance
-    for _ in range(50):
-        mid = (low + high) / 2.0
-        if _log_ratio(gap, math.exp(mid), scales) >= target:
-            low = mid
-        else:
-            high = mid
-    most = math.exp(low)
+    most = largest_variance(gap, alpha=alpha, scales=scales)
     ratio = max(live_per_candidate, 1e-9)
 
     def variance(n: float) -> float:

@@ -150,6 +150,12 @@ class ModelRecord:
     # An embedding model's vector size and longest input in tokens (0: a chat's).
     dimensions: int = 0
     max_input_tokens: int = 0
+    # The rollout plan's live-answer judge (``rollouts.domain.plan.JudgeSpec``):
+    # the judging model ("" for none), the share of the candidate's requests
+    # whose pair is judged, and at most this many pairs a minute per process.
+    judge_model: str = ""
+    judge_share: float = 0.0
+    judge_per_minute: int = 0
 
     @property
     def is_embedding(self) -> bool:

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from localrun.processes import Process, sim_replica
-from simengine import oracle
+from simengine.domain import oracle
 
 pytestmark = pytest.mark.e2e
 

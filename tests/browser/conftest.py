@@ -1,13 +1,17 @@
 """The console in a real browser: Playwright driving Debian's Chromium.
 
-Public surface: ``browser_platform``, ``playwright``, ``browser``, ``page``,
-``log_in``, ``FAILURES``, ``OPERATOR``, ``TIMEOUT_MS``.
+Public surface: ``browser_platform``, ``oidc_provider``, ``playwright``,
+``browser``, ``page``, ``log_in``, ``FAILURES``, ``OPERATOR``, ``SSO_FINANCE``,
+``SSO_VIEWER``, ``TIMEOUT_MS``.
 
 One platform serves every browser test (``browser_platform``): the gateway, the
 console and the static files in one uvicorn process on ``config.asgi`` (as `make
 up` serves them), the node agent and its simulated replicas, seeded by
 ``tests.live.start_platform``, plus a console superuser committed to the test
-database so that the server process sees it. One Chromium runs for the package
+database so that the server process sees it. The console's single sign-on points
+at a real OIDC provider run for the package (``oidc_provider``,
+``tests.oidc_provider``), which knows ``SSO_FINANCE`` and ``SSO_VIEWER`` (a viewer
+of team alpha); password login stays on. One Chromium runs for the package
 (``browser``), each test gets a fresh context and page (``page``).
 
 Playwright's own browser download cannot work here, so Chromium is Debian's
@@ -29,6 +33,7 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from tests.live import LivePlatform, start_platform
+from tests.oidc_provider.process import OidcProvider, ProviderUser, run_provider
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Page, Playwright
@@ -37,6 +42,12 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parents[2]
 FAILURES = ROOT / ".local" / "browser-failures"
 OPERATOR = ("operator", "operator-Pa55-word")
+SSO_FINANCE = ProviderUser(
+    "fiona", "fiona-Pa55-word", ("finance",), "fiona@example.com"
+)
+SSO_VIEWER = ProviderUser(
+    "victor", "victor-Pa55-word", ("team-viewer:alpha",), "victor@example.com"
+)
 # Chromium as root in a container: no user-namespace sandbox, a small /dev/shm.
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"]
 # How long a browser test waits on a page (a refresh every 2 s, heartbeats every 1 s).
@@ -103,13 +114,31 @@ def page(browser: Browser, browser_platform: LivePlatform) -> Iterator[Page]:
 
 
 @pytest.fixture(scope="package")
+def oidc_provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OidcProvider]:
+    """Run the OIDC provider the console's single sign-on uses in these tests.
+
+    The callback is registered on the loopback address without a port: the
+    provider (django-oauth-toolkit, RFC 8252) lets a loopback client's port vary,
+    and the platform's port is drawn after the provider starts.
+    """
+    with run_provider(
+        tmp_path_factory.mktemp("oidc"),
+        users=[SSO_FINANCE, SSO_VIEWER],
+        redirect_uris=["http://127.0.0.1/console/sso/callback/"],
+    ) as provider:
+        yield provider
+
+
+@pytest.fixture(scope="package")
 def browser_platform(
     django_db_setup: None,
     django_db_blocker: DjangoDbBlocker,
     tmp_path_factory: pytest.TempPathFactory,
+    oidc_provider: OidcProvider,
 ) -> Iterator[LivePlatform]:
     """Run the platform the browser tests share: chat-7b@v1 on one replica in
-    region e2e, v2 ready to roll out (a pool of none), static files served."""
+    region e2e, v2 ready to roll out (a pool of none), static files served, the
+    console's single sign-on on ``oidc_provider``."""
     tmp = tmp_path_factory.mktemp("browser")
     with (
         django_db_blocker.unblock(),
@@ -117,6 +146,9 @@ def browser_platform(
             tmp,
             pools={"v1": 1, "v2": 0},
             PLATFORM_SERVE_STATIC="true",
+            PLATFORM_OIDC_DISCOVERY_URL=oidc_provider.discovery_url,
+            PLATFORM_OIDC_CLIENT_ID=oidc_provider.client_id,
+            PLATFORM_OIDC_CLIENT_SECRET=oidc_provider.client_secret,
         ) as live,
     ):
         get_user_model().objects.create_superuser(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from control.judge import (
+from models_registry.domain.judge import (
     DEFAULT_JUDGE_PROMPT,
     JUDGE_PROMPTS,
     candidate_verdict,

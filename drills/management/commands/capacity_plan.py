@@ -66,7 +66,7 @@ class Command(BaseCommand):
         try:
             scenario = Scenario()
             if options["scenario"] is not None:
-                scenario = Scenario.from_mapping(_read_scenario(options["scenario"]))
+                scenario = Scenario.from_mapping(read_scenario(options["scenario"]))
             if options["profile"] is not None:
                 shape = ChatReplicaShape.from_profile(PROFILES[options["profile"]])
                 scenario = replace(scenario, replica=shape)
@@ -91,7 +91,7 @@ class Command(BaseCommand):
             self.stdout.write(render_table(result))
 
 
-def _read_scenario(path: Path) -> dict[str, object]:
+def read_scenario(path: Path) -> dict[str, object]:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:

@@ -18,9 +18,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from drills.domain.capacity_plan import Scenario, ScenarioError, plan
 from drills.domain.failover_drill import (
     FailoverReport,
-    FailoverScenario,
+    planned_scenario,
     run_failover_sim,
     small_scenario,
 )
@@ -40,8 +41,9 @@ class Command(BaseCommand):
         parser.add_argument(
             "--sim",
             action="store_true",
-            help="run in the fleet simulator (two regions of 12 chat + 3 reasoning "
-            "replicas); without it, the live drill",
+            help="run in the fleet simulator (two regions, each of the capacity "
+            "plan's fleet for a region: 14 chat + 3 reasoning replicas for the "
+            "seed); without it, the live drill",
         )
         parser.add_argument(
             "--small",
@@ -77,6 +79,17 @@ class Command(BaseCommand):
             help="(--sim) nodes per pool on the survivor waiting with the weights "
             "on disk: a start on one takes 44 s, not 312 (default 0)",
         )
+        parser.add_argument(
+            "--scenario",
+            type=Path,
+            help="(--sim) capacity-plan scenario file (YAML or JSON, as "
+            "capacity_plan's): the fleet is the plan's for it (default the seed)",
+        )
+        parser.add_argument(
+            "--chat-replicas",
+            type=int,
+            help="(--sim) chat replicas a region instead of the plan's",
+        )
         parser.add_argument("--seed", type=int, default=0)
         add_result_arguments(parser)
 
@@ -108,13 +121,13 @@ class Command(BaseCommand):
 def _run_sim(options: dict[str, Any]) -> FailoverReport:
     from drills.fleet_settings import platform_fleet_config
 
-    scenario = small_scenario() if options["small"] else FailoverScenario()
     names = {
         "loss_at": "loss_at_s",
         "duration": "duration_s",
         "check_inter": "check_inter_s",
         "check_fall": "check_fall",
         "warm_nodes": "warm_nodes",
+        "chat_replicas": "chat_replicas",
     }
     overrides = {
         field: options[name]
@@ -122,11 +135,28 @@ def _run_sim(options: dict[str, Any]) -> FailoverReport:
         if options.get(name) is not None
     }
     try:
+        scenario = (
+            small_scenario()
+            if options["small"]
+            else planned_scenario(plan(_capacity_scenario(options.get("scenario"))))
+        )
         scenario = replace(scenario, **overrides)
         config = platform_fleet_config(seed=options["seed"], admission=True)
         return run_failover_sim(config, scenario)
     except ValueError as exc:
         raise CommandError(str(exc)) from None
+
+
+def _capacity_scenario(path: Path | None) -> Scenario:
+    """The capacity plan's scenario: the seed's, or the file's."""
+    if path is None:
+        return Scenario()
+    from drills.management.commands.capacity_plan import read_scenario
+
+    try:
+        return Scenario.from_mapping(read_scenario(path))
+    except ScenarioError as exc:
+        raise CommandError(f"invalid scenario: {exc}") from None
 
 
 def _run_live_drill(options: dict[str, Any]) -> FailoverReport:

@@ -8,7 +8,7 @@ platform/evals/chat-default.jsonl]`` writes the same bytes for the same flags. T
 shipped ``platform/evals/chat-default.jsonl`` is its output with the defaults
 (a test holds the two equal).
 
-The prompts are the simulated replica's templates (``simengine.oracle``;
+The prompts are the simulated replica's templates (``simengine.domain.oracle``;
 a test there checks that it recognises every item and that its right answer
 scores 1 against the reference), so a simulated version's quality shows in the
 gate. Per category:

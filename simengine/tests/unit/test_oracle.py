@@ -7,10 +7,9 @@ from typing import Any
 
 import pytest
 
-from control.judge import JUDGE_PROMPTS, judge_messages
 from models_registry.domain.eval_gate import parse_eval_set, score_answer
-from simengine import oracle
-from simengine.domain import tokens
+from models_registry.domain.judge import JUDGE_PROMPTS, judge_messages
+from simengine.domain import oracle, tokens
 from simengine.replica import Faults, SimOptions, SimReplica
 
 EVAL_SET = Path(__file__).resolve().parents[3] / "platform/evals/chat-default.jsonl"

@@ -30,7 +30,7 @@ model loses answers its parent had. A wrong answer is plausible: another number
 reversed, the other parity), a long output cut to half its length.
 
 **The judge.** A user message holding the blocks ``[Question]``, ``[Answer A]``,
-``[Answer B]`` and ``[End]`` (as ``control.judge`` writes its
+``[Answer B]`` and ``[End]`` (as ``models_registry.domain.judge`` writes its
 templates) is a request to compare two answers. The oracle recomputes the right
 answer of the question (the block's last paragraph, where the judge template puts
 the final user message) and says ``A`` when only answer A is right, ``B`` when only

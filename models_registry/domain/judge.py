@@ -14,7 +14,7 @@ never edited in place (a new wording is a new version), so two reports with the
 same version were judged alike. Every template holds the blocks ``[Question]``,
 ``[Answer A]``, ``[Answer B]`` and ``[End]``, each followed by its text and a
 blank line, which is also how the simulated replica recognises a judge prompt
-(``simengine.oracle``). The question is the item's messages: earlier ones
+(``simengine.domain.oracle``). The question is the item's messages: earlier ones
 as ``(role) content`` paragraphs, the final user message last.
 
 **The reply** (``parse_judge_reply``) is one word, ``A``, ``B`` or ``tie`` (case,
@@ -114,7 +114,7 @@ def parse_judge_reply(text: str | None) -> str | None:
         return None
     if len(text.strip()) > 24:  # one word, not an essay that happens to be one
         return None
-    return words[0]
+    return str(words[0])
 
 
 def is_swapped(key: str, version: str = DEFAULT_JUDGE_PROMPT) -> bool:
