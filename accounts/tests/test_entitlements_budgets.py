@@ -182,3 +182,38 @@ def test_snapshot_carries_entitlements_budgets_prices_and_the_months_spend(
     assert record.spent_here_usd == pytest.approx(cost / NANO_PER_USD)
     assert record.spent_here_usd == pytest.approx(1.1 * 2.5 / 9.0)
     assert record.spent_elsewhere_usd == pytest.approx(2 * record.spent_here_usd)
+
+
+def test_entitlement_and_budget_changes_are_audited_once_each(
+    admin_client: APIClient, team: Team, chat_model: Model
+) -> None:
+    from audit.models import AuditEntry
+
+    admin_client.put(
+        "/admin/teams/search/entitlements",
+        {"model": "chat-7b", "tiers": ["standard"]},
+        format="json",
+    )
+    admin_client.put("/admin/teams/search/budgets", {"monthly_usd": 10}, format="json")
+    admin_client.put("/admin/teams/search/budgets", {"monthly_usd": 20}, format="json")
+    entitlement = TeamEntitlement.objects.get()
+    budget = TeamBudget.objects.get()
+    entries = {
+        (e.object_type, e.object_id, e.action): e
+        for e in AuditEntry.objects.filter(source="rest")
+    }
+    assert len(entries) == AuditEntry.objects.count() == 3
+    created = entries[("accounts.teamentitlement", str(entitlement.pk), "create")]
+    assert created.after is not None
+    assert created.after["tiers"] == ["standard"]
+    raised = entries[("accounts.teambudget", str(budget.pk), "update")]
+    assert raised.before is not None
+    assert raised.after is not None
+    assert (
+        float(raised.before["monthly_usd"]),
+        float(raised.after["monthly_usd"]),
+    ) == (
+        10.0,
+        20.0,
+    )
+    assert ("accounts.teambudget", str(budget.pk), "create") in entries
