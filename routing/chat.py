@@ -76,6 +76,7 @@ from routing.request_meter import RequestMeter, Served, UsageCounter
 from routing.responses import FinalUsage, GatewayError
 from routing.shadow import Shadow
 from routing.sticky import ConversationVersions
+from routing.traces import NO_TRACE, RequestTrace
 from routing.upstream import Upstream
 
 logger = logging.getLogger(__name__)
@@ -163,8 +164,10 @@ class ChatService:
         *,
         before_last_send: Callable[[], None],
         write_frames: ChunkedWrite | None = None,
+        trace: RequestTrace = NO_TRACE,
     ) -> None:
-        """Answer ``plan`` on ``send``.
+        """Answer ``plan`` on ``send``; ``trace`` gets the admission's, routing's
+        and each attempt's spans (``routing.traces``).
 
         ``write_frames``: the server's write of chunk frames to the client
         (``config.http_protocol``), which the relay uses where it can.
@@ -177,7 +180,9 @@ class ChatService:
             GatewayError: refused before any byte of the answer was sent.
         """
         plan, remembered = await self._remember(plan, snapshot)
-        ticket = await self._admit(plan)
+        trace.planned(plan, self.settings.region)
+        with trace.admission(plan):
+            ticket = await self._admit(plan)
         role = self._figure_role(plan, snapshot, remembered)
         for copy in (
             self.shadow.offer(plan, snapshot),
@@ -193,6 +198,7 @@ class ChatService:
                 ticket,
                 role,
                 _Answer(send, before_last_send, write_frames),
+                trace,
             )
         except Cut as cut:
             ended, cause = cut.so_far, cut.cause
@@ -202,6 +208,7 @@ class ChatService:
             )
             ended, cause = AttemptResult(outcome), exc
         await self.meter.settle(Served(plan, ticket, role, ended))
+        trace.served(ended)
         # Raised outside the handlers above, so that each keeps its own context.
         if cause is not None:
             raise cause
@@ -346,6 +353,7 @@ class ChatService:
         ticket: Ticket,
         role: Role | None,
         answer: _Answer,
+        trace: RequestTrace = NO_TRACE,
     ) -> AttemptResult:
         """Try the pool's replicas in the policy's order; return how it ended.
 
@@ -357,6 +365,7 @@ class ChatService:
         budget = self._budget((model, version))
         now = time.monotonic()
         budget.record_request(now)
+        route_span = trace.start("gateway.route")
         nodes = self.live.nodes(snapshot, model, version, now)
         cached = (
             self.kv_events.cached_tokens(
@@ -378,6 +387,7 @@ class ChatService:
             nodes,
             now,
         )
+        trace.routed(route_span, decision, len(nodes))
         urls = {node.replica_id: node.url for node in nodes}
         settings = self.settings
         if plan.surface == "embeddings":
@@ -410,8 +420,16 @@ class ChatService:
                 metrics.count_retry(
                     model=model, version=version, region=settings.region
                 )
+            engine_span = trace.engine_call(
+                plan,
+                decision,
+                attempt=attempt,
+                replica_id=replica_id,
+                url=urls[replica_id],
+            )
+            started_at = time.monotonic()
             try:
-                return await Attempt(
+                result = await Attempt(
                     plan=plan,
                     replica_id=replica_id,
                     url=urls[replica_id],
@@ -427,8 +445,15 @@ class ChatService:
                     capture_head=role is not None,
                     prefill_tokens=plan.prompt_tokens
                     - (cached.get(replica_id, 0) if cached else 0),
+                    engine_head=trace.engine_header(engine_span),
                 ).run()
+            except Cut as cut:
+                trace.engine_ended(
+                    engine_span, started_at=started_at, result=cut.so_far
+                )
+                raise
             except UpstreamFailed as exc:
+                trace.engine_ended(engine_span, started_at=started_at, error=exc)
                 logger.warning(
                     "replica %s failed before the first token: %s", replica_id, exc
                 )
@@ -436,6 +461,9 @@ class ChatService:
                 timed_out = isinstance(exc, NoFirstToken)
                 is_stall = exc.is_stall
                 failures.append(f"{replica_id}: {exc}")
+            else:
+                trace.engine_ended(engine_span, started_at=started_at, result=result)
+                return result
         # No replica could start an answer: an error of the version all the same.
         return AttemptResult(
             "error",
