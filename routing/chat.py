@@ -166,8 +166,7 @@ class ChatService:
         write_frames: ChunkedWrite | None = None,
         trace: RequestTrace = NO_TRACE,
     ) -> None:
-        """Answer ``plan`` on ``send``; ``trace`` gets the admission's, routing's
-        and each attempt's spans (``routing.traces``).
+        """Answer ``plan`` on ``send``, its steps' spans in ``trace``.
 
         ``write_frames``: the server's write of chunk frames to the client
         (``config.http_protocol``), which the relay uses where it can.
@@ -180,8 +179,7 @@ class ChatService:
             GatewayError: refused before any byte of the answer was sent.
         """
         plan, remembered = await self._remember(plan, snapshot)
-        trace.planned(plan, self.settings.region)
-        with trace.admission(plan):
+        with trace.admission(plan, self.settings.region):
             ticket = await self._admit(plan)
         role = self._figure_role(plan, snapshot, remembered)
         for copy in (
@@ -365,7 +363,6 @@ class ChatService:
         budget = self._budget((model, version))
         now = time.monotonic()
         budget.record_request(now)
-        route_span = trace.start("gateway.route")
         nodes = self.live.nodes(snapshot, model, version, now)
         cached = (
             self.kv_events.cached_tokens(
@@ -387,7 +384,7 @@ class ChatService:
             nodes,
             now,
         )
-        trace.routed(route_span, decision, len(nodes))
+        trace.routed(decision, len(nodes), started_at=now)
         urls = {node.replica_id: node.url for node in nodes}
         settings = self.settings
         if plan.surface == "embeddings":
@@ -420,16 +417,8 @@ class ChatService:
                 metrics.count_retry(
                     model=model, version=version, region=settings.region
                 )
-            engine_span = trace.engine_call(
-                plan,
-                decision,
-                attempt=attempt,
-                replica_id=replica_id,
-                url=urls[replica_id],
-            )
-            started_at = time.monotonic()
             try:
-                result = await Attempt(
+                attempted = Attempt(
                     plan=plan,
                     replica_id=replica_id,
                     url=urls[replica_id],
@@ -445,15 +434,9 @@ class ChatService:
                     capture_head=role is not None,
                     prefill_tokens=plan.prompt_tokens
                     - (cached.get(replica_id, 0) if cached else 0),
-                    engine_head=trace.engine_header(engine_span),
-                ).run()
-            except Cut as cut:
-                trace.engine_ended(
-                    engine_span, started_at=started_at, result=cut.so_far
                 )
-                raise
+                return await trace.attempt(attempted, decision, attempt)
             except UpstreamFailed as exc:
-                trace.engine_ended(engine_span, started_at=started_at, error=exc)
                 logger.warning(
                     "replica %s failed before the first token: %s", replica_id, exc
                 )
@@ -461,9 +444,6 @@ class ChatService:
                 timed_out = isinstance(exc, NoFirstToken)
                 is_stall = exc.is_stall
                 failures.append(f"{replica_id}: {exc}")
-            else:
-                trace.engine_ended(engine_span, started_at=started_at, result=result)
-                return result
         # No replica could start an answer: an error of the version all the same.
         return AttemptResult(
             "error",

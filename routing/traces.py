@@ -24,6 +24,7 @@ is ``ParentBased(AlwaysOn)``, vLLM's, does not trace what the gateway did not).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Mapping
 from types import TracebackType
@@ -37,10 +38,10 @@ from opentelemetry.trace.propagation.tracecontext import (
 )
 from opentelemetry.util.types import AttributeValue
 
+from routing.attempt import Attempt, AttemptResult, Cut
 from routing.responses import ClientGone, GatewayError
 
 if TYPE_CHECKING:
-    from routing.attempt import AttemptResult
     from routing.domain.policies import RouteDecision
     from routing.plan import ChatPlan
 
@@ -151,10 +152,12 @@ class RequestTrace:
             }
         )
 
-    def admission(self, plan: ChatPlan) -> _SpanScope:
-        """Return the scope of the charge and the tier's queue wait."""
+    def admission(self, plan: ChatPlan, region: str) -> _SpanScope:
+        """Return the scope of the charge and the tier's queue wait (and name
+        on the root what the plan decided)."""
         if not self.is_recording:
             return _NO_SCOPE
+        self.planned(plan, region)
         return self.span(
             "gateway.admission",
             {
@@ -164,10 +167,15 @@ class RequestTrace:
             },
         )
 
-    def routed(self, span: otel.Span, decision: RouteDecision, nodes: int) -> None:
-        """End the routing span with the policy's choice and why."""
-        if not span.is_recording():
+    def routed(self, decision: RouteDecision, nodes: int, *, started_at: float) -> None:
+        """Record the routing span (begun at monotonic ``started_at``): the
+        policy's choice and why."""
+        if not self.is_recording:
             return
+        now_ns, now = time.time_ns(), time.monotonic()
+        span = self.start(
+            "gateway.route", start_time=now_ns - int((now - started_at) * 1e9)
+        )
         span.set_attributes(
             {
                 "platform.routing.policy": decision.policy,
@@ -178,7 +186,42 @@ class RequestTrace:
                 "platform.routing.reason": _route_reason(decision, 0),
             }
         )
-        span.end()
+        span.end(now_ns)
+
+    async def attempt(
+        self, attempt: Attempt, decision: RouteDecision, index: int
+    ) -> AttemptResult:
+        """Run ``attempt`` (the ``index``-th of ``decision``) under its engine
+        span, its ``traceparent`` sent to the engine.
+
+        Raises:
+            UpstreamFailed, Cut: as ``Attempt.run``, the span ended first.
+        """
+        if self._tracer is None:
+            return await attempt.run()
+        if not self.is_recording:
+            # Unsampled: the engine is told so, under the root's context.
+            head = self.engine_header(self.root)
+            return await dataclasses.replace(attempt, engine_head=head).run()
+        span = self.engine_call(
+            attempt.plan,
+            decision,
+            attempt=index,
+            replica_id=attempt.replica_id,
+            url=attempt.url,
+        )
+        started_at = time.monotonic()
+        head = self.engine_header(span)
+        try:
+            result = await dataclasses.replace(attempt, engine_head=head).run()
+        except Cut as cut:
+            self.engine_ended(span, started_at=started_at, result=cut.so_far)
+            raise
+        except BaseException as exc:
+            self.engine_ended(span, started_at=started_at, error=exc)
+            raise
+        self.engine_ended(span, started_at=started_at, result=result)
+        return result
 
     def engine_call(
         self,

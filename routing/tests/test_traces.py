@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from opentelemetry import trace as otel
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -65,11 +67,10 @@ def test_sampled_request_names_its_steps_under_one_root() -> None:
     trace = traces.start_request("POST", PATH, {})
     with trace.span("gateway.authenticate"):
         pass
-    route = trace.start("gateway.route")
     trace.routed(
-        route,
         RouteDecision(("r2", "r1"), "prefix_affinity", skipped_over_bound=1),
-        nodes=2,
+        2,
+        started_at=time.monotonic(),
     )
     engine = trace.start("chat chat-7b")
     header = trace.engine_header(engine)
