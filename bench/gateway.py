@@ -19,7 +19,11 @@ SSE, 300 tokens at 30 tokens/s), for each concurrency level, interleaved:
    only at levels up to ``--litellm-max-level`` (100): it cannot carry more.
 5. **server variants**, ``gateway@daphne``, ``gateway@granian``, ``bare@daphne``,
    ``bare@granian``: the same app under another ASGI server (one worker).
-6. **baseline** (with ``--baseline-tree PATH``): the gateway again, run from another
+6. **traced**: the gateway with OpenTelemetry traces on at the default sampling
+   (``PLATFORM_TRACES_SAMPLE_RATIO``), exporting over OTLP/HTTP to the tests'
+   receiver (``tests/otlp_collector.py``) run beside it; ``checks`` judges its
+   CPU per relayed token within 5% of the gateway's (issue 40);
+7. **baseline** (with ``--baseline-tree PATH``): the gateway again, run from another
    checkout (say, the code before a change), against the same database and Redis,
    so that before and after are measured side by side in one run.
 
@@ -89,6 +93,8 @@ TARGETS = {
     "cpu_per_token_over_smg_max": 1.0,
     "nominal_share_at_1000": 0.97,
     "cpu_per_request_over_smg_max": 1.5,
+    # Issue 40: tracing on (default sampling) over off, CPU per relayed token.
+    "traced_cpu_per_token_over_gateway_max": 1.05,
 }
 # The two kinds of run: streams (the relay's cost per token) and --per-request (its
 # fixed cost per request: 2-token answers from an upstream at 1,000 tokens/s, so
@@ -96,7 +102,7 @@ TARGETS = {
 MODE_DEFAULTS: dict[str, dict[str, Any]] = {
     "streams": {
         "levels": "100,500,1000",
-        "targets": "direct,bare,gateway,gateway@daphne,smg,litellm",
+        "targets": "direct,bare,gateway,traced,gateway@daphne,smg,litellm",
         "max_tokens": 300,
         "rate": 30.0,
         "ramp_s": 10.0,
@@ -503,6 +509,36 @@ class Bench:
         self.harness_cpus = "1" if pin else None
         self.nice = args.nice if os.geteuid() == 0 else 0
         self.tokens_per_event = 1
+        self._collector_url: str | None = None
+
+    def collector_url(self) -> str:
+        """Start the OTLP/HTTP receiver (once, on the harness's CPU); return its
+        traces URL."""
+        if self._collector_url is None:
+            port = free_port()
+            LOG_DIR.mkdir(parents=True, exist_ok=True)
+            popen = self.procs.start(
+                "otlp-collector",
+                [
+                    PY,
+                    "-m",
+                    "tests.otlp_collector",
+                    "--port",
+                    str(port),
+                    "--out",
+                    str(LOG_DIR / "spans.jsonl"),
+                ],
+                env=dict(os.environ),
+                cpus=self.harness_cpus,
+            )
+            self._collector_url = f"http://127.0.0.1:{port}/v1/traces"
+            wait_for(
+                lambda: http(self._collector_url or "")[0] in (404, 405, 501),
+                30,
+                "the OTLP collector",
+                popen,
+            )
+        return self._collector_url
 
     # upstream -------------------------------------------------------------------------
 
@@ -590,10 +626,16 @@ class Bench:
         # The server named, never PLATFORM_SERVER from the caller's shell: plain
         # "gateway" is uvicorn, the issue's reference.
         argv = gateway_argv(port, workers=workers, server=server)
+        env = self.platform.env()
+        if base == "traced":
+            env |= {
+                "PLATFORM_TRACES_ENABLED": "true",
+                "PLATFORM_TRACES_ENDPOINT": self.collector_url(),
+            }
         popen = self.procs.start(
             f"{target}-w{workers}",
             argv,
-            env=self.platform.env(),
+            env=env,
             cpus=self.relay_cpus if workers == 1 else None,
             nice=self.nice,
             # The baseline's code comes from its own tree (python -m puts the
@@ -1083,7 +1125,7 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # The issue's reference: "a minimal Channels consumer that only forwards bytes".
 # Plain "bare" (a raw ASGI callable behind the Channels router) is stricter.
 CONSUMER = "bare+consumer"
-GATEWAYS = ("gateway", "baseline")
+GATEWAYS = ("gateway", "baseline", "traced")
 # What the issue's targets are set for: our gateway, one worker, under uvicorn.
 REFERENCE = "gateway"
 
@@ -1192,6 +1234,11 @@ def check_targets(
     over_smg = _over(
         gateway_ratios(rows, "relay_cpu_s_per_10k_tokens"), "smg", (500, 1000)
     )
+    traced = {
+        f"c{r['level']}": 1 / r["gateway_over"]["traced"]
+        for r in gateway_ratios(rows, "relay_cpu_s_per_10k_tokens")
+        if r["tokens_per_event"] == 1 and r["gateway_over"].get("traced")
+    }
     return {
         "cpu_ratio_vs_consumer": ratios("cpu_ratio_vs_consumer"),
         "cpu_ratio_within_1_3_of_consumer": within("cpu_ratio_vs_consumer"),
@@ -1225,6 +1272,16 @@ def check_targets(
         else None,
         "streams_1000_one_core_rule": "1 worker: errors 0, gap p99 < 66 ms, "
         "tokens/s >= 97% of nominal",
+        # Issue 40: the traced gateway's CPU per relayed token over the gateway's.
+        "traced_cpu_per_token_over_gateway": traced,
+        "traced_within_5pct": (
+            all(
+                v <= TARGETS["traced_cpu_per_token_over_gateway_max"]
+                for v in traced.values()
+            )
+            if traced
+            else None
+        ),
     }
 
 

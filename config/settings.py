@@ -498,6 +498,24 @@ try:
     # The bearer token simulated replicas demand on /sim/faults and /sim/state
     # (the node agent passes it as SIM_ADMIN_TOKEN, out of the process list).
     PLATFORM_SIM_ADMIN_TOKEN = env_secret("PLATFORM_SIM_ADMIN_TOKEN") or ""
+    # OpenTelemetry traces of the gateway (routing/traces.py, docs/monitoring.md):
+    # off by default. The endpoint is OTLP/HTTP's traces URL; empty falls back to
+    # the SDK's own OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / OTEL_EXPORTER_OTLP_ENDPOINT.
+    # The ratio samples new traces (ParentBased(TraceIdRatioBased)): 1% keeps
+    # the CPU per relayed token within 1% of tracing off (bench/gateway.py).
+    PLATFORM_TRACES_ENABLED = env_bool("PLATFORM_TRACES_ENABLED", False)
+    PLATFORM_TRACES_ENDPOINT = env_str("PLATFORM_TRACES_ENDPOINT", "")
+    PLATFORM_TRACES_SAMPLE_RATIO = env_float(
+        "PLATFORM_TRACES_SAMPLE_RATIO", 0.01, minimum=0.0
+    )
+    if PLATFORM_TRACES_SAMPLE_RATIO > 1.0:
+        raise EnvError("PLATFORM_TRACES_SAMPLE_RATIO must be at most 1")
+    # Where the node agent's replicas send their own spans (vLLM's and the
+    # simulator's --otlp-traces-endpoint); empty: engines export none.
+    PLATFORM_TRACES_ENGINE_ENDPOINT = env_str(
+        "PLATFORM_TRACES_ENGINE_ENDPOINT",
+        PLATFORM_TRACES_ENDPOINT if PLATFORM_TRACES_ENABLED else "",
+    )
     # The bearer token a scraper sends for /metrics; unset, /metrics answers 403.
     PLATFORM_METRICS_TOKEN = env_secret("PLATFORM_METRICS_TOKEN") or ""
     # The Retry-After of the control plane's 503 while its database is down.

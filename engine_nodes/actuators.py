@@ -155,6 +155,7 @@ class LocalProcessActuator:
         sim_admin_token: str = "",
         cwd: Path = ROOT,
         pid_dir: Path | None = None,
+        otlp_traces_endpoint: str = "",
     ) -> None:
         if kind not in ("sim", "vllm"):
             raise ValueError(f"kind must be 'sim' or 'vllm', not {kind!r}")
@@ -168,6 +169,8 @@ class LocalProcessActuator:
         self.engine_api_key = engine_api_key
         self.sim_admin_token = sim_admin_token
         self.cwd = cwd
+        # vLLM's --otlp-traces-endpoint (OTLP/HTTP), for vLLM and the simulator.
+        self.otlp_traces_endpoint = otlp_traces_endpoint
         # One agent's own: another agent's replicas are never its leftovers.
         self.pid_dir = Path(pid_dir) if pid_dir is not None else self.log_dir / "pids"
 
@@ -178,15 +181,30 @@ class LocalProcessActuator:
             ValueError: the spec's engine config is unusable (see ``replica_argv``).
         """
         config_file = str(self.secret_path(spec)) if self._key_in_file(spec) else None
+        # SGLang names its tracing flags otherwise (--enable-trace): not passed.
+        traces = (
+            ["--otlp-traces-endpoint", self.otlp_traces_endpoint]
+            if self.otlp_traces_endpoint and engine_for(spec) != "sglang"
+            else []
+        )
         if self.kind == "vllm":
             if engine_for(spec) == "sglang":
                 return sglang_launch_argv(
                     spec, python=self.sglang_python, config_file=config_file
                 )
-            return vllm_serve_argv(spec, vllm_executable=self.vllm_executable)
-        return sim_replica_argv(
-            spec, python=self.python, profile=self.sim_profile, config_file=config_file
-        )
+            return [
+                *vllm_serve_argv(spec, vllm_executable=self.vllm_executable),
+                *traces,
+            ]
+        return [
+            *sim_replica_argv(
+                spec,
+                python=self.python,
+                profile=self.sim_profile,
+                config_file=config_file,
+            ),
+            *traces,
+        ]
 
     def secret_path(self, spec: ReplicaSpec) -> Path:
         """Return where an SGLang replica's API key file is written."""
@@ -203,6 +221,9 @@ class LocalProcessActuator:
             env.pop("VLLM_API_KEY", None)
         if self.kind == "vllm" and not sglang:
             env.update(VLLM_OFFLINE_ENV)
+            if self.otlp_traces_endpoint:
+                # vLLM's exporter speaks gRPC unless told otherwise.
+                env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"
             if not env.get("VLLM_CPU_KVCACHE_SPACE", "x"):
                 del env["VLLM_CPU_KVCACHE_SPACE"]
         if self.engine_api_key and not sglang:

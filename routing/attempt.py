@@ -131,6 +131,8 @@ class Attempt:
     # The prompt tokens this replica is expected to compute (its cache holding the
     # rest): owed prefill until the first token (``AttemptLoad.prefilled``).
     prefill_tokens: int = 0
+    # Header lines for the engine: the trace's ``traceparent`` (``routing.traces``).
+    engine_head: bytes = b""
 
     async def run(self) -> AttemptResult:
         """Stream the answer and end it (an embeddings answer: send it whole).
@@ -453,6 +455,7 @@ class Attempt:
                 self.plan.payload,
                 path=_ENGINE_PATHS[self.plan.surface],
                 answers_whole=self.plan.surface == "embeddings",
+                extra_head=self.engine_head,
             )
         except (TimeoutError, OSError) as exc:
             if isinstance(exc, ReplicaStalled):

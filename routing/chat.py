@@ -76,6 +76,7 @@ from routing.request_meter import RequestMeter, Served, UsageCounter
 from routing.responses import FinalUsage, GatewayError
 from routing.shadow import Shadow
 from routing.sticky import ConversationVersions
+from routing.traces import NO_TRACE, RequestTrace
 from routing.upstream import Upstream
 
 logger = logging.getLogger(__name__)
@@ -165,8 +166,9 @@ class ChatService:
         *,
         before_last_send: Callable[[], None],
         write_frames: ChunkedWrite | None = None,
+        trace: RequestTrace = NO_TRACE,
     ) -> None:
-        """Answer ``plan`` on ``send``.
+        """Answer ``plan`` on ``send``, its steps' spans in ``trace``.
 
         ``write_frames``: the server's write of chunk frames to the client
         (``config.http_protocol``), which the relay uses where it can.
@@ -182,7 +184,8 @@ class ChatService:
         # The team's USD budgets: its worst case held until the meter settles it.
         reservation = await self.meter.reserve(plan, snapshot)
         try:
-            ticket = await self._admit(plan)
+            with trace.admission(plan, self.settings.region):
+                ticket = await self._admit(plan)
         except BaseException:
             await self.meter.cancel(reservation)
             raise
@@ -201,6 +204,7 @@ class ChatService:
                 ticket,
                 role,
                 _Answer(send, before_last_send, write_frames),
+                trace,
             )
         except Cut as cut:
             ended, cause = cut.so_far, cut.cause
@@ -210,6 +214,7 @@ class ChatService:
             )
             ended, cause = AttemptResult(outcome), exc
         await self.meter.settle(Served(plan, ticket, role, ended, reservation))
+        trace.served(ended)
         # Raised outside the handlers above, so that each keeps its own context.
         if cause is not None:
             raise cause
@@ -335,6 +340,7 @@ class ChatService:
         ticket: Ticket,
         role: Role | None,
         answer: _Answer,
+        trace: RequestTrace = NO_TRACE,
     ) -> AttemptResult:
         """Try the pool's replicas in the policy's order; return how it ended.
 
@@ -367,6 +373,7 @@ class ChatService:
             nodes,
             now,
         )
+        trace.routed(decision, len(nodes), started_at=now)
         urls = {node.replica_id: node.url for node in nodes}
         settings = self.settings
         if plan.surface == "embeddings":
@@ -400,7 +407,7 @@ class ChatService:
                     model=model, version=version, region=settings.region
                 )
             try:
-                return await Attempt(
+                attempted = Attempt(
                     plan=plan,
                     replica_id=replica_id,
                     url=urls[replica_id],
@@ -416,7 +423,8 @@ class ChatService:
                     capture_head=role is not None,
                     prefill_tokens=plan.prompt_tokens
                     - (cached.get(replica_id, 0) if cached else 0),
-                ).run()
+                )
+                return await trace.attempt(attempted, decision, attempt)
             except UpstreamFailed as exc:
                 logger.warning(
                     "replica %s failed before the first token: %s", replica_id, exc

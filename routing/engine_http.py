@@ -413,11 +413,18 @@ class EngineClient:
             connection.close()
 
     async def post(
-        self, base_url: str, path: str, payload: bytes, *, answers_whole: bool = False
+        self,
+        base_url: str,
+        path: str,
+        payload: bytes,
+        *,
+        answers_whole: bool = False,
+        extra_head: bytes = b"",
     ) -> EngineResponse:
         """POST ``payload`` (JSON) to ``base_url + path``; return the response once
         its head arrived. ``answers_whole``: the answer is one body (embeddings),
-        which the stall rule does not time.
+        which the stall rule does not time. ``extra_head``: header lines, each
+        ending in CRLF (the trace's ``traceparent``: ``routing.traces``).
 
         Raises:
             OSError: no connection, or the replica closed it before answering.
@@ -426,8 +433,8 @@ class EngineClient:
         host, port, host_header = self._target(base_url)
         head = (
             b"POST %s HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\n%s\r\n"
-            % (path.encode(), host_header, len(payload), self._auth)
+            b"content-length: %d\r\n%s%s\r\n"
+            % (path.encode(), host_header, len(payload), self._auth, extra_head)
         )
         connection = self._reuse((host, port))
         if connection is not None:

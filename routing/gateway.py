@@ -63,6 +63,7 @@ from routing.relay import EVENT_END
 from routing.responses import ClientGone, GatewayError, respond
 from routing.snapshots import SnapshotHolder
 from routing.tokenize import TokenizeProxy, plan_tokenize
+from routing.traces import TRACING_OFF, Tracing
 from routing.upstream import Upstream
 
 logger = logging.getLogger(__name__)
@@ -104,8 +105,10 @@ class Gateway:
         key_uses_flush_s: float = 60.0,
         max_snapshot_age_s: float | None = None,
         region_limits: RegionLimits | None = None,
+        tracing: Tracing = TRACING_OFF,
     ) -> None:
         self.settings = settings
+        self.tracing = tracing
         self.region_limits = region_limits
         # Older than this while the control plane answers, the refresh loop is
         # stuck: /healthz takes the region out.
@@ -544,48 +547,54 @@ class Gateway:
         embeddings) and serve it; a batch job's key opens only the APIs a batch runs (chat
         completions and embeddings)."""
         started_at = time.monotonic()
-        snapshot = self._snapshot()
         headers = dict(scope.get("headers", ()))
-        key = (
-            self._key(scope, snapshot)
-            if planner in _BATCH_PLANNERS
-            else self._key_of_team(scope, snapshot)
-        )
-        body = await read_json(receive, headers, self.settings.max_body_bytes)
-        # From here on a client that goes away cancels this task (queued admission
-        # included); reads from the engine need no per-chunk race with the client.
-        task = asyncio.current_task()
-        assert task is not None
-        watch = _DisconnectWatch(task)
-        watcher = asyncio.ensure_future(wait_disconnect(receive))
-        watcher.add_done_callback(watch.on_disconnect)
-        try:
-            plan = await planner(
-                snapshot=snapshot,
-                settings=self.settings,
-                counters=self.snapshots.prompt_counters,
-                team=key.team,
-                headers=headers,
-                body=body,
-                started_at=started_at,
-                rng=self._rng,
-                batch_key=key.batch,
-            )
-            await self.chat.serve(
-                plan,
-                snapshot,
-                send,
-                before_last_send=watch.finish,
-                write_frames=scope.get("extensions", {}).get(CHUNKED_WRITE),
-            )
-        except asyncio.CancelledError:
-            if not watch.fired:
-                raise
-            task.uncancel()
-            raise ClientGone from None
-        finally:
-            watch.finish()
-            watcher.cancel()
+        trace = self.tracing.start_request(scope["method"], scope["path"], headers)
+        with trace:  # the root span, ended with the answer's status
+            snapshot = self._snapshot()
+            with trace.span("gateway.authenticate"):
+                key = (
+                    self._key(scope, snapshot)
+                    if planner in _BATCH_PLANNERS
+                    else self._key_of_team(scope, snapshot)
+                )
+            body = await read_json(receive, headers, self.settings.max_body_bytes)
+            # From here on a client that goes away cancels this task (queued
+            # admission included); reads from the engine need no per-chunk race
+            # with the client.
+            task = asyncio.current_task()
+            assert task is not None
+            watch = _DisconnectWatch(task)
+            watcher = asyncio.ensure_future(wait_disconnect(receive))
+            watcher.add_done_callback(watch.on_disconnect)
+            try:
+                with trace.span("gateway.plan"):
+                    plan = await planner(
+                        snapshot=snapshot,
+                        settings=self.settings,
+                        counters=self.snapshots.prompt_counters,
+                        team=key.team,
+                        headers=headers,
+                        body=body,
+                        started_at=started_at,
+                        rng=self._rng,
+                        batch_key=key.batch,
+                    )
+                await self.chat.serve(
+                    plan,
+                    snapshot,
+                    send,
+                    before_last_send=watch.finish,
+                    write_frames=scope.get("extensions", {}).get(CHUNKED_WRITE),
+                    trace=trace,
+                )
+            except asyncio.CancelledError:
+                if not watch.fired:
+                    raise
+                task.uncancel()
+                raise ClientGone from None
+            finally:
+                watch.finish()
+                watcher.cancel()
 
 
 async def _answer_internal_error(send: Send) -> None:

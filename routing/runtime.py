@@ -55,6 +55,7 @@ from routing.region_limits import RegionLimits
 from routing.services import build_snapshot
 from routing.snapshots import SnapshotFile, SnapshotHolder
 from routing.sticky import ConversationVersions
+from routing.traces import Tracing, build_tracing
 from routing.upstream import Upstream
 
 logger = logging.getLogger(__name__)
@@ -190,6 +191,21 @@ def build_gateway() -> Gateway:
         key_uses=KeyUses(_write_key_uses),
         key_uses_flush_s=settings.PLATFORM_KEY_LAST_USED_FLUSH_S,
         region_limits=region_limits,
+        tracing=tracing(),
+    )
+
+
+def tracing() -> Tracing:
+    """Return the gateway's tracing from settings (off unless enabled)."""
+    return build_tracing(
+        is_enabled=settings.PLATFORM_TRACES_ENABLED,
+        endpoint=settings.PLATFORM_TRACES_ENDPOINT,
+        sample_ratio=settings.PLATFORM_TRACES_SAMPLE_RATIO,
+        service_name="gateway",
+        resource_attributes={
+            "platform.region": settings.PLATFORM_REGION,
+            "service.namespace": "platform",
+        },
     )
 
 

@@ -102,6 +102,7 @@ class Upstream:
         *,
         path: str = "/v1/chat/completions",
         answers_whole: bool = False,
+        extra_head: bytes = b"",
     ) -> EngineResponse:
         """POST ``payload`` to a replica's ``path`` (chat completions by default)
         over the engine client; return the response once its head arrived.
@@ -109,10 +110,11 @@ class Upstream:
         Until ``EngineResponse.expect_tokens``, a read fails after
         ``first_token_timeout_s`` of silence (waiting for the head included).
         ``answers_whole``: the answer is one body (embeddings), never failed by
-        the stall rule (``routing.domain.stall``).
+        the stall rule (``routing.domain.stall``). ``extra_head``: header lines
+        (the trace's ``traceparent``).
         """
         return await self.engine.post(
-            base_url, path, payload, answers_whole=answers_whole
+            base_url, path, payload, answers_whole=answers_whole, extra_head=extra_head
         )
 
     async def chat(self, base_url: str, payload: bytes) -> aiohttp.ClientResponse:

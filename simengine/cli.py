@@ -267,6 +267,12 @@ def build_parser() -> argparse.ArgumentParser:
         "its natural time to first token; the engine's pace is unchanged. Also "
         "settable on /sim/faults (ttft_factor).",
     )
+    add(
+        "--otlp-traces-endpoint",
+        default=None,
+        help="vLLM's flag: export a span per chat request (llm_request) to this "
+        "OTLP/HTTP traces URL, parented by the request's traceparent.",
+    )
     add("--log-level", default="warning")
     return parser
 
@@ -474,7 +480,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
-    app = build_app(options, faults=faults)
+    tracer = None
+    if args.otlp_traces_endpoint:
+        from simengine.traces import build_engine_tracer
+
+        tracer = build_engine_tracer(args.otlp_traces_endpoint, model=options.model)
+    app = build_app(options, faults=faults, tracer=tracer)
     logging.getLogger("simengine").warning(
         "simulated %s replica %s (profile %s) on %s:%d; faults %s; /v1 %s; /sim %s",
         options.engine,

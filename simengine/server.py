@@ -75,6 +75,7 @@ from simengine.replica import (
     Stream,
 )
 from simengine.response_store import ResponseStore
+from simengine.traces import EngineTracer
 
 logger = logging.getLogger("simengine")
 
@@ -205,8 +206,10 @@ _SGLANG_ROLE_DELTA = '{"reasoning_content":null,"role":"assistant","content":""}
 class SimApp:
     """The raw ASGI application of one simulated replica."""
 
-    def __init__(self, replica: SimReplica) -> None:
+    def __init__(self, replica: SimReplica, tracer: EngineTracer | None = None) -> None:
         self.replica = replica
+        # vLLM's --otlp-traces-endpoint: a span per chat request (simengine.traces).
+        self.tracer = tracer
         self.options = replica.options
         self.names = set(replica.options.served_model_names)
         self.model_name = replica.options.served_model_names[0]
@@ -707,6 +710,13 @@ class SimApp:
         finally:
             if stream.done is None:
                 replica.abort(request_id)
+            if self.tracer is not None and stream.done is not None:
+                self.tracer.finished(
+                    dict(scope["headers"]),
+                    model=model,
+                    max_tokens=max_tokens,
+                    done=stream.done,
+                )
 
     def _usage(self, stream: Stream) -> dict[str, Any]:
         """Return vLLM's usage object (the streamed form; ``_complete`` adds the
@@ -2336,6 +2346,8 @@ def build_app(
     *,
     faults: Faults | None = None,
     on_crash: Callable[[], None] | None = None,
+    tracer: EngineTracer | None = None,
 ) -> SimApp:
-    """Return the ASGI app of a replica started with ``options``."""
-    return SimApp(SimReplica(options, faults=faults, on_crash=on_crash))
+    """Return the ASGI app of a replica started with ``options`` (``tracer``:
+    its spans, with ``--otlp-traces-endpoint``)."""
+    return SimApp(SimReplica(options, faults=faults, on_crash=on_crash), tracer)

@@ -480,6 +480,21 @@ def test_sim_argv_is_accepted_by_the_simulator_parser(tmp_path: Path) -> None:
     assert args.enable_prompt_tokens_details is True
 
 
+def test_otlp_traces_endpoint_reaches_vllm_and_the_simulator(tmp_path: Path) -> None:
+    cli = pytest.importorskip("simengine.cli")
+    url = "http://collector:4318/v1/traces"
+    sim = LocalProcessActuator(kind="sim", log_dir=tmp_path, otlp_traces_endpoint=url)
+    args = cli.build_parser().parse_args(sim.argv_for(make_spec())[3:])
+    assert args.otlp_traces_endpoint == url
+    vllm = LocalProcessActuator(kind="vllm", log_dir=tmp_path, otlp_traces_endpoint=url)
+    assert vllm.argv_for(make_spec())[-2:] == ["--otlp-traces-endpoint", url]
+    # vLLM's exporter is gRPC unless told: the endpoint is OTLP/HTTP's.
+    env = vllm.environment(make_spec())
+    assert env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf"
+    plain = LocalProcessActuator(kind="vllm", log_dir=tmp_path)
+    assert "--otlp-traces-endpoint" not in plain.argv_for(make_spec())
+
+
 # -- KubernetesActuator ------------------------------------------------------------
 
 

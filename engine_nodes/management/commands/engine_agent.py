@@ -105,6 +105,7 @@ class Command(BaseCommand):
                 # In the replicas' environment or a 0600 file, never their argv.
                 engine_api_key=settings.PLATFORM_ENGINE_API_KEY,
                 sim_admin_token=settings.PLATFORM_SIM_ADMIN_TOKEN,
+                otlp_traces_endpoint=settings.PLATFORM_TRACES_ENGINE_ENDPOINT,
             ),
             spec_for=spec_builder(warm_pool=warm_pool),
             warm_pool=warm_pool,
