@@ -91,7 +91,10 @@ def trace_of(spans_file: Path, answer_id: str) -> list[dict[str, Any]]:
             return None
         trace = [s for s in spans if s["trace_id"] == engine[0]["trace_id"]]
         names = {s["name"] for s in trace}
-        if not names >= GATEWAY_STEPS or not any(s["kind"] == 2 for s in trace):
+        # The gateway's root (a server span) ends last, after the answer, and
+        # may come in a later export batch than its children: wait for it too.
+        root = any(s["kind"] == 2 and s["name"].startswith("POST ") for s in trace)
+        if not names >= GATEWAY_STEPS or not root:
             return None
         return trace
 
