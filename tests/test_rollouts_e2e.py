@@ -245,6 +245,9 @@ def test_a_broken_version_is_rolled_back_by_the_guards(
         ended = wait_until(
             lambda: _ended(rollout_id), timeout_s=90, message="the guards' verdict"
         )
+        # When the verdict was seen committed: ``decided_at`` is the guard tick's
+        # start, and a loaded machine's tick can commit seconds after it.
+        committed = time.time()
         stop_at = time.time() + 2 * float(platform.env["PLATFORM_SNAPSHOT_REFRESH_S"])
         wait_until(lambda: time.time() > stop_at, timeout_s=10, message="a refresh")
     finally:
@@ -271,8 +274,9 @@ def test_a_broken_version_is_rolled_back_by_the_guards(
     assert {t.version for t in turns} == {"v1", "v3"}
     assert all(t.refused for t in turns if t.version == "v3")
     assert not any(t.refused for t in turns if t.version == "v1")
-    decided = ended.decided_at.timestamp()
-    late = decided + 2 * float(platform.env["PLATFORM_SNAPSHOT_REFRESH_S"])
+    # Gateways read the verdict from the database: two refreshes after it is
+    # committed, none sends a new turn to the rolled-back version.
+    late = committed + 2 * float(platform.env["PLATFORM_SNAPSHOT_REFRESH_S"])
     assert all(t.version == "v1" for t in turns if t.started > late)
     # No conversation went from v1 to v3 mid-chat (the canary takes only
     # conversations that begin on it); only the rollback moved v3's back to v1.
