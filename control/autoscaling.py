@@ -137,6 +137,7 @@ class LastTick(TypedDict):
     is_panicking: bool
     is_capacity_exhausted: bool
     capacity_is_assumed: bool
+    warm_nodes: int  # idle nodes with the weights on disk the policy asks for
     load_source: str
     signals: dict[str, float]
 
@@ -165,6 +166,9 @@ class AutoscalingOut(TypedDict):
     panic_window_s: float
     panic_factor: float
     scale_down_interval_s: float
+    warm_nodes_min: int
+    warm_nodes_max: int
+    warm_horizon_s: float
     desired_replicas: int
     schedule: list[ScheduleRuleOut]
 
@@ -209,6 +213,7 @@ class PoolScalingOut(TypedDict):
     is_capacity_exhausted: bool
     is_panicking: bool
     last_reason: str | None
+    warm_nodes: int  # the last tick's warm-node target (0: no warm pool)
     observed_at: str | None  # ISO 8601, the last tick's
     warnings: list[str]
     autoscaling: AutoscalingOut
@@ -307,6 +312,9 @@ def scaling_settings(
         panic_window_s=pool.panic_window_s,
         panic_factor=pool.panic_factor,
         scale_down_interval_s=pool.scale_down_interval_s,
+        warm_nodes_min=pool.warm_nodes_min,
+        warm_nodes_max=pool.warm_nodes_max,
+        warm_horizon_s=pool.warm_horizon_s,
         schedule=tuple(
             ScheduleRule(
                 weekdays=frozenset(row.weekdays),
@@ -626,6 +634,7 @@ def _last_dict(
         "is_panicking": decision.is_panicking,
         "is_capacity_exhausted": decision.is_capacity_exhausted,
         "capacity_is_assumed": decision.capacity_is_assumed,
+        "warm_nodes": decision.warm_nodes,
         "load_source": source,
         "signals": signals,
     }
@@ -684,6 +693,9 @@ def autoscaling_dict(
         "panic_window_s": pool.panic_window_s,
         "panic_factor": pool.panic_factor,
         "scale_down_interval_s": pool.scale_down_interval_s,
+        "warm_nodes_min": pool.warm_nodes_min,
+        "warm_nodes_max": pool.warm_nodes_max,
+        "warm_horizon_s": pool.warm_horizon_s,
         "desired_replicas": pool.target_replicas,
         "schedule": [
             {
@@ -851,6 +863,7 @@ def _pool_scaling(pool: Pool, starting: int) -> PoolScalingOut:
         "is_capacity_exhausted": is_exhausted,
         "is_panicking": bool(last.get("is_panicking")),
         "last_reason": last.get("reason"),
+        "warm_nodes": int(last.get("warm_nodes") or 0),
         "observed_at": last.get("at"),
         "warnings": warnings,
         "autoscaling": autoscaling_dict(pool),

@@ -306,6 +306,9 @@ SCALING_FIELDS: tuple[str, ...] = (
     "panic_window_s",
     "panic_factor",
     "scale_down_interval_s",
+    "warm_nodes_min",
+    "warm_nodes_max",
+    "warm_horizon_s",
 )
 
 
@@ -506,6 +509,22 @@ class Pool(models.Model):
         validators=[MaxValueValidator(MAX_SCALE_DOWN_INTERVAL_S)],
         help_text="At most one replica removed per this many seconds.",
     )
+    warm_nodes_min = _replicas(
+        default=0,
+        help_text="Idle nodes with the weights on disk kept however flat the "
+        "demand (the warm minimum against a spike no trend foretells).",
+    )
+    warm_nodes_max = _replicas(
+        default=0,
+        help_text="The most idle warm nodes the demand's trend may ask for; "
+        "0 turns the warm pool off.",
+    )
+    warm_horizon_s = models.FloatField(
+        default=360.0,
+        validators=[MaxValueValidator(MAX_WINDOW_S)],
+        help_text="How far ahead the warm pool covers the demand's trend: a "
+        "cold start (the seed's 6 minutes).",
+    )
     staging = models.BooleanField(
         default=False,
         editable=False,
@@ -539,6 +558,14 @@ class Pool(models.Model):
             models.CheckConstraint(
                 condition=Q(warm_floor__lte=models.F("max_replicas")),
                 name="pool_warm_floor_le_max",
+            ),
+            models.CheckConstraint(
+                condition=Q(warm_nodes_min__lte=models.F("warm_nodes_max")),
+                name="pool_warm_nodes_min_le_max",
+            ),
+            models.CheckConstraint(
+                condition=Q(warm_horizon_s__gt=0.0),
+                name="pool_warm_horizon_positive",
             ),
             models.CheckConstraint(
                 condition=Q(target_utilisation__gt=0.0) & Q(target_utilisation__lt=1.0),
@@ -621,6 +648,9 @@ class Pool(models.Model):
             panic_factor=self.panic_factor,
             scale_down_interval_s=self.scale_down_interval_s,
             schedule=schedule,
+            warm_nodes_min=self.warm_nodes_min,
+            warm_nodes_max=self.warm_nodes_max,
+            warm_horizon_s=self.warm_horizon_s,
         )
 
     def clean(self) -> None:

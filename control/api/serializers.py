@@ -78,6 +78,15 @@ class AutoscalingSerializer(serializers.Serializer):
     scale_down_interval_s = fields.NumberField(
         required=False, min_value=0.0, max_value=MAX_SCALE_DOWN_INTERVAL_S
     )
+    warm_nodes_min = fields.IntegerField(
+        required=False, min_value=0, max_value=MAX_REPLICAS
+    )
+    warm_nodes_max = fields.IntegerField(
+        required=False, min_value=0, max_value=MAX_REPLICAS
+    )
+    warm_horizon_s = fields.NumberField(
+        required=False, greater_than=0.0, max_value=MAX_WINDOW_S
+    )
     schedule = serializers.ListField(
         child=ScheduleRuleSerializer(), required=False, max_length=MAX_SCHEDULE_RULES
     )
@@ -98,6 +107,9 @@ class AutoscalingOutSerializer(serializers.Serializer):
     panic_window_s = serializers.FloatField()
     panic_factor = serializers.FloatField()
     scale_down_interval_s = serializers.FloatField()
+    warm_nodes_min = serializers.IntegerField()
+    warm_nodes_max = serializers.IntegerField()
+    warm_horizon_s = serializers.FloatField()
     desired_replicas = serializers.IntegerField()
     schedule = ScheduleRuleSerializer(many=True)
 
@@ -191,6 +203,7 @@ class PoolSerializer(serializers.Serializer):
     is_capacity_exhausted = serializers.BooleanField()
     is_panicking = serializers.BooleanField()
     last_reason = serializers.ChoiceField(choices=REASONS, allow_null=True)
+    warm_nodes = serializers.IntegerField()
     observed_at = serializers.DateTimeField(allow_null=True)
     warnings = serializers.ListField(child=serializers.CharField())
     autoscaling = AutoscalingOutSerializer()

@@ -194,6 +194,47 @@ def test_tick_scales_down_one_replica_after_a_quiet_stable_window(pool: Pool) ->
     assert again.written and reloaded(pool).desired_replicas == 1
 
 
+def test_tick_sizes_the_warm_pool_from_the_demands_trend(pool: Pool) -> None:
+    """GIVEN a pool that keeps 1 to 4 warm nodes, its 2 replicas' load climbing
+    by 300 tokens in flight a second each
+    WHEN the autoscaler ticks every 5 s for 4 minutes, each tick a new call
+    THEN the trend lives in the pool row between ticks, and the warm target
+    rises from the minimum with it; a flat pool keeps the minimum.
+    """
+    Pool.objects.filter(pk=pool.pk).update(warm_nodes_min=1, warm_nodes_max=4)
+    serving(pool.version, 2, tokens=20_000)
+
+    targets = []
+    for seconds in range(0, 240, 5):
+        Replica.objects.update(tokens_in_flight=20_000 + 300 * seconds)
+        tick(T0 + timedelta(seconds=seconds))
+        last = reloaded(pool).last_tick()
+        targets.append(last["warm_nodes"])
+    assert targets[0] == 1
+    assert targets[-1] > 1
+    # The slope follows with a 3-minute time constant (half the horizon): after
+    # 4 minutes it has most of the true 600 tokens/s, and never overshoots it.
+    assert 300 < last["signals"]["growth_per_s"] <= 600
+
+    flat = Pool.objects.create(
+        model=pool.model,
+        version=pool.version,
+        region="us",
+        min_replicas=1,
+        max_replicas=10,
+        warm_nodes_min=1,
+        warm_nodes_max=4,
+    )
+    for seconds in range(0, 240, 5):
+        autoscaling.autoscale_region(
+            region="us",
+            now=T0 + timedelta(seconds=seconds),
+            redis_client=None,
+            free_gpus=plenty,
+        )
+    assert reloaded(flat).last_tick()["warm_nodes"] == 1
+
+
 @pytest.fixture
 def shares(redis_url: str, settings: Settings) -> Iterator[redis.Redis]:
     """A Redis client under a prefix of this test's own."""

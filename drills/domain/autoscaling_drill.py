@@ -25,9 +25,12 @@ load factor, through four fleets:
   the 70% target, serve it. It is reported beside the reference, so that the day's
   saving can be read against both;
 - **autoscaled, cold**: every new replica takes the seed's cold start (312 s);
-- **autoscaled, warm pool**: ``warm_nodes`` nodes wait with the weights on disk, a
-  start on one takes 44 s (``drills.domain.fleet_scaling``); the idle nodes are
-  GPUs that are up, billed with the fleet.
+- **autoscaled, warm pool**: idle nodes wait with the weights on disk, a start on
+  one takes 44 s (``drills.domain.fleet_scaling``); the idle nodes are GPUs that
+  are up, billed with the fleet. How many is the policy's (``warm_nodes`` in its
+  decision): the demand's trend one cold start ahead, at least ``warm_min`` (the
+  seed's "warm minimum" against a spike no trend foretells) and at most
+  ``warm_nodes``.
 
 The pool's settings (``pool_settings``) are the seed's thresholds and pace, from 1
 to twice the plan's fleet. An autoscaled fleet starts at the smallest size the
@@ -130,6 +133,7 @@ class DrillScenario:
     day_hours: float = 2.0
     night_factor: float = 0.2
     warm_nodes: int = 4
+    warm_min: int = 1
     step_s: float = 5.0
     ttft_target_s: float = 1.0
     settings: ScalingSettings | None = None  # None: pool_settings(plan_replicas)
@@ -149,8 +153,10 @@ class DrillScenario:
             raise ValueError("growth_per_minute and doubling_s must be positive")
         if min(self.warmup_s, self.before_s, self.hold_s) < 0:
             raise ValueError("warm-up, before and hold times must be >= 0")
-        if self.day_hours <= 0 or self.step_s <= 0 or self.warm_nodes < 0:
-            raise ValueError("day_hours and step_s must be positive, warm_nodes >= 0")
+        if self.day_hours <= 0 or self.step_s <= 0:
+            raise ValueError("day_hours and step_s must be positive")
+        if not 0 <= self.warm_min <= self.warm_nodes:
+            raise ValueError("warm_min must be between 0 and warm_nodes")
 
     @property
     def pool(self) -> ScalingSettings:
@@ -254,7 +260,13 @@ def _autoscaling(
         settings = replace(
             settings, min_replicas=replicas, max_replicas=replicas, warm_floor=0
         )
-    elif case.shape == "day":
+    if case.fleet == "warm":
+        settings = replace(
+            settings,
+            warm_nodes_min=scenario.warm_min,
+            warm_nodes_max=scenario.warm_nodes,
+        )
+    if case.shape == "day" and case.fleet not in _PINNED:
         settings = replace(
             settings,
             scale_down_interval_s=settings.scale_down_interval_s / scenario.compression,
@@ -262,7 +274,7 @@ def _autoscaling(
     return FleetAutoscaling(
         settings=settings,
         cold_start=scenario.cold_start,
-        warm_nodes=scenario.warm_nodes if case.fleet == "warm" else 0,
+        warm_nodes=scenario.warm_min if case.fleet == "warm" else 0,
         # The region's GPUs: room for the pool's largest size, in GPUs.
         gpu_budget=settings.max_replicas * gpus_per_replica,
         first_tick_s=_SETTLE_S,

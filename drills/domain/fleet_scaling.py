@@ -22,8 +22,12 @@ machinery would (the agent, the node pool, the bill):
 - **Cold start** (``ColdStart``, the seed's sum): node start 240 s, 14 GB of
   weights at 0.5 GB/s (28 s), loaded into GPU memory at 1 GB/s (14 s), warm-up
   30 s: 312 s from the decision to serving.
-- **Warm pool** (``FleetAutoscaling.warm_nodes``): nodes up with the weights on
-  local disk and no replica. A start takes one when there is one and costs only
+- **Warm pool**: nodes up with the weights on local disk and no replica, as
+  many as the policy's ``ScalingDecision.warm_nodes`` asks at each tick (when
+  the pool's settings size it: ``warm_nodes_max`` above 0), else a constant
+  ``FleetAutoscaling.warm_nodes``; either way ``FleetAutoscaling.warm_nodes``
+  are up at the start. A target that falls releases idle nodes at once (those
+  still provisioning first, newest first). A start takes one when there is one and costs only
   load and warm-up (44 s); otherwise it is cold. A node taken from the pool is
   replaced at once by a new node, ready for the pool after node start and the
   weights pull (268 s). A replica stopped after a drain gives its node back to the
@@ -240,6 +244,7 @@ class FleetScaler:
         self._provisioning: list[tuple[float, _Bill]] = []  # (ready for the pool at)
         for replica_id in replicas:
             self._replica_bill[replica_id] = self._open("replica", 0.0)
+        self._warm_target = autoscaling.warm_nodes
         for _ in range(autoscaling.warm_nodes):
             self._warm_ready.append(self._open("warm", 0.0))
 
@@ -271,6 +276,8 @@ class FleetScaler:
         )
         decision, self._state = decide(autoscaling.settings, self._state, signals)
         self.log.ticks.append(ScalingTick(decision=decision))
+        if autoscaling.settings.warm_nodes_max > 0:
+            self._resize_warm(decision.warm_nodes, now)
         return decision
 
     # -- what the simulator did ------------------------------------------------------------
@@ -347,8 +354,22 @@ class FleetScaler:
             _ready_at, bill = self._provisioning.pop(0)
             self._warm_ready.append(bill)
 
+    def _resize_warm(self, target: int, now: float) -> None:
+        """Move the warm pool to ``target`` nodes: provision the shortfall, or
+        release the surplus (provisioning nodes first, newest first)."""
+        self._warm_target = target
+        surplus = len(self._warm_ready) + len(self._provisioning) - target
+        while surplus > 0 and self._provisioning:
+            _ready_at, newest = self._provisioning.pop()
+            newest.until = now
+            surplus -= 1
+        while surplus > 0 and self._warm_ready:
+            self._warm_ready.pop().until = now
+            surplus -= 1
+        self._refill(now)
+
     def _refill(self, now: float) -> None:
-        short = self.autoscaling.warm_nodes - len(self._warm_ready)
+        short = self._warm_target - len(self._warm_ready)
         for _ in range(short - len(self._provisioning)):
             ready_at = now + self.autoscaling.cold_start.provision_s
             self._provisioning.append((ready_at, self._open("warm", now)))
@@ -360,12 +381,9 @@ class FleetScaler:
         if bill is not None:
             bill.until = now
         self._settle(now)
-        if not has_weights or len(self._warm_ready) >= self.autoscaling.warm_nodes:
+        if not has_weights or len(self._warm_ready) >= self._warm_target:
             return
         self._warm_ready.append(self._open("warm", now))
-        if (
-            len(self._warm_ready) + len(self._provisioning)
-            > self.autoscaling.warm_nodes
-        ):
+        if len(self._warm_ready) + len(self._provisioning) > self._warm_target:
             _ready_at, newest = self._provisioning.pop()
             newest.until = now

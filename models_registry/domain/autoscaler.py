@@ -49,6 +49,11 @@ The rules, in the order they apply:
    floor of a schedule rule that applies now (``schedule``: a scheduled floor
    raises the pool before known peaks); never above ``max_replicas``, nor above
    the replicas the region's free GPUs can start (``capacity_exhausted``).
+6. **Warm nodes** (``ScalingDecision.warm_nodes``): idle nodes with the weights
+   on disk, so that a start costs load and warm-up only. Their number follows
+   the demand's trend one cold start ahead (``warm_horizon_s``, the seed's 6
+   minutes), between ``warm_nodes_min`` and ``warm_nodes_max``
+   (``models_registry.domain.warm_nodes``). Off while ``warm_nodes_max`` is 0.
 
 Every decision carries its reason and the signal values it was made on, so the
 live task can write a row saying why and the console can show it.
@@ -68,6 +73,7 @@ from models_registry.domain.scaling import (
     schedule_rule_problems,
     windows_overlap,
 )
+from models_registry.domain.warm_nodes import Trend, follow, warm_nodes
 
 __all__ = [
     "AutoscalerState",
@@ -159,6 +165,9 @@ class ScalingSettings:
     panic_factor: float = 2.0
     scale_down_interval_s: float = 600.0
     schedule: tuple[ScheduleRule, ...] = ()
+    warm_nodes_min: int = 0
+    warm_nodes_max: int = 0
+    warm_horizon_s: float = 360.0
 
     def __post_init__(self) -> None:
         for message in self.problems():
@@ -181,6 +190,9 @@ class ScalingSettings:
             panic_factor=self.panic_factor,
             scale_down_interval_s=self.scale_down_interval_s,
             schedule=self.schedule,
+            warm_nodes_min=self.warm_nodes_min,
+            warm_nodes_max=self.warm_nodes_max,
+            warm_horizon_s=self.warm_horizon_s,
         )
 
     def floor(self, at: float) -> tuple[int, Reason]:
@@ -261,7 +273,9 @@ class AutoscalerState:
     a panic ends unless renewed; ``last_scale_down_at`` paces scale-downs;
     ``last_starting_at`` is the last tick that saw a replica starting;
     ``admitted`` and ``admitted_at`` are an embedding pool's counts of admitted
-    tokens at the last tick (``PoolSignals.admitted_tokens``) and its time.
+    tokens at the last tick (``PoolSignals.admitted_tokens``) and its time;
+    ``trend`` is the demand's level and slope and the warm-node target
+    (``models_registry.domain.warm_nodes``).
     """
 
     samples: tuple[_Sample, ...] = ()
@@ -270,6 +284,7 @@ class AutoscalerState:
     last_starting_at: float | None = None
     admitted: tuple[tuple[str, int], ...] = ()
     admitted_at: float | None = None
+    trend: Trend | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """Return the state as JSON-ready primitives (``from_dict`` reads them back)."""
@@ -280,6 +295,7 @@ class AutoscalerState:
             "last_starting_at": self.last_starting_at,
             "admitted": dict(self.admitted),
             "admitted_at": self.admitted_at,
+            "trend": None if self.trend is None else self.trend.as_list(),
         }
 
     @classmethod
@@ -310,6 +326,7 @@ class AutoscalerState:
                 ),
                 admitted=admitted,
                 admitted_at=None if admitted_at is None else float(admitted_at),
+                trend=Trend.from_list(data.get("trend")),
             )
         except (TypeError, ValueError, AttributeError):
             return cls()
@@ -321,7 +338,8 @@ class ScalingDecision:
 
     ``utilisation`` is the short window's demand over the capacity of the replicas
     the pool has (serving plus starting; None without any); ``changed`` says
-    whether ``desired`` differs from ``current``.
+    whether ``desired`` differs from ``current``; ``warm_nodes`` is how many idle
+    nodes with the weights on disk the pool should keep ready beside them.
     """
 
     at: float
@@ -334,6 +352,7 @@ class ScalingDecision:
     is_capacity_exhausted: bool
     capacity_is_assumed: bool
     signals: dict[str, float] = field(default_factory=dict)
+    warm_nodes: int = 0
 
     @property
     def changed(self) -> bool:
@@ -418,6 +437,24 @@ def decide(
         # A scale-down, or max_replicas lowered: the next one waits its interval.
         last_down = now
 
+    trend = warm_nodes(
+        follow(
+            state.trend,
+            now,
+            demand,
+            level_s=settings.stable_window_s,
+            slope_s=settings.warm_horizon_s / 2,
+        ),
+        horizon_s=settings.warm_horizon_s,
+        per_replica=per_replica,
+        target_utilisation=settings.target_utilisation,
+        desired=desired,
+        current=current,
+        max_replicas=settings.max_replicas,
+        startable=startable - max(desired, current),
+        minimum=settings.warm_nodes_min,
+        maximum=settings.warm_nodes_max,
+    )
     capacity = current * per_replica
     extra: dict[str, float] = {}
     if signals.kind == PoolKind.EMBEDDING:
@@ -445,8 +482,11 @@ def decide(
             "short_demand": short_demand,
             "stable_demand": stable_demand,
             "needed": float(needed_short),
+            "forecast_demand": trend.forecast(settings.warm_horizon_s),
+            "growth_per_s": trend.slope,
             **extra,
         },
+        warm_nodes=trend.warm,
     )
     admitted = signals.admitted_tokens
     return decision, AutoscalerState(
@@ -456,6 +496,7 @@ def decide(
         last_starting_at=last_starting,
         admitted=() if admitted is None else tuple(sorted(admitted.items())),
         admitted_at=None if admitted is None else now,
+        trend=trend,
     )
 
 

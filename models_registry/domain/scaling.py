@@ -105,6 +105,9 @@ def scaling_problems(
     panic_factor: float,
     scale_down_interval_s: float,
     schedule: Sequence[ScheduleWindow] = (),
+    warm_nodes_min: int = 0,
+    warm_nodes_max: int = 0,
+    warm_horizon_s: float = 360.0,
 ) -> list[str]:
     """Return what is wrong with a pool's settings, as ``"field: why"`` lines.
 
@@ -136,6 +139,10 @@ def scaling_problems(
         found.append("panic_factor: must be above 1")
     if not scale_down_interval_s >= 0:
         found.append("scale_down_interval_s: must be zero or more")
+    if not 0 <= warm_nodes_min <= warm_nodes_max:
+        found.append("warm_nodes_min: must be between 0 and warm_nodes_max")
+    if not warm_horizon_s > 0:
+        found.append("warm_horizon_s: must be positive")
     for rule in schedule:
         if rule.min_replicas > max_replicas:
             found.append("schedule: a rule's min_replicas exceeds max_replicas")

@@ -75,7 +75,16 @@ class Command(BaseCommand):
             help="simulated hours the 24-hour day is compressed into",
         )
         parser.add_argument(
-            "--warm-nodes", type=int, default=4, help="nodes in the warm pool"
+            "--warm-nodes",
+            type=int,
+            default=4,
+            help="most nodes in the warm pool (the policy sizes it)",
+        )
+        parser.add_argument(
+            "--warm-min",
+            type=int,
+            default=1,
+            help="fewest nodes in the warm pool, however flat the trend",
         )
         parser.add_argument(
             "--cases", default=",".join(SHAPES), help="ramp, doubling, day"
@@ -108,6 +117,7 @@ class Command(BaseCommand):
                 warmup_s=options["warmup_minutes"] * 60,
                 day_hours=options["day_hours"],
                 warm_nodes=options["warm_nodes"],
+                warm_min=options["warm_min"],
             )
             config = platform_fleet_config(
                 replicas=scenario.plan_replicas,
@@ -155,8 +165,9 @@ class Command(BaseCommand):
             f"{pool.target_utilisation:.0%}, down under "
             f"{pool.scale_down_utilisation:.0%}, one per "
             f"{pool.scale_down_interval_s / 60:g} min); cold start "
-            f"{cold.cold_s:g} s, warm start {cold.warm_s:g} s ({s.warm_nodes} warm "
-            f"nodes); simulated in {cpu_s:.1f} s of CPU"
+            f"{cold.cold_s:g} s, warm start {cold.warm_s:g} s ({s.warm_min}-{s.warm_nodes} warm "
+            f"nodes, sized by the trend {pool.warm_horizon_s / 60:g} min ahead); "
+            "simulated in {cpu_s:.1f} s of CPU"
         )
         self.stdout.write(
             f"ramp: x{s.start_factor:g} for {s.before_s / 60:g} min, then "
@@ -303,6 +314,7 @@ def _as_json(
             "day_hours": s.day_hours,
             "night_factor": s.night_factor,
             "warm_nodes": s.warm_nodes,
+            "warm_min": s.warm_min,
             "ttft_target_s": s.ttft_target_s,
             "cold_start_s": cold.cold_s,
             "warm_start_s": cold.warm_s,

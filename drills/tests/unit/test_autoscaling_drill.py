@@ -15,6 +15,7 @@ from drills.domain.autoscaling_drill import (
     Case,
     DrillScenario,
     load_factor,
+    pool_settings,
     run_drill,
     seed_arithmetic,
     settled_replicas,
@@ -170,6 +171,45 @@ def test_a_pinned_autoscaler_only_observes() -> None:
     ]
 
 
+def test_the_policy_sizes_the_warm_pool_and_the_simulator_follows() -> None:
+    """A pool whose settings size its warm pool: a climb provisions the policy's
+    count (ready after node start and pull), a flat demand gives all but the
+    minimum back after the hold, and the bill shows both."""
+    settings = replace(
+        SETTINGS,
+        max_replicas=20,
+        warm_nodes_min=1,
+        warm_nodes_max=4,
+        warm_horizon_s=120.0,
+    )
+    scaler = FleetScaler(
+        FleetAutoscaling(settings=settings, warm_nodes=1),
+        replica_tokens_in_flight=SMALL_REPLICA,
+        gpus_per_replica=1,
+        replicas=["r0"],
+    )
+    targets = []
+    for t in range(0, 300, 5):  # demand grows by a replica's worth a minute
+        decision = scaler.decide(
+            float(t), serving=8, tokens_in_flight=60_000 + 333 * t, queued=[]
+        )
+        targets.append(decision.warm_nodes)
+    assert targets[0] == 1 and max(targets) == 4
+    provisioned = [b for b in scaler.log.bills if b.kind == "warm" and b.since > 0]
+    assert len(provisioned) == 3  # the 3 beyond the node there from the start
+    # Once provisioned (268 s), a start takes a warm node.
+    assert scaler.start("r1", 600.0).is_warm
+    for t in range(600, 1200, 5):  # flat: the slope fades, the hold runs out
+        decision = scaler.decide(
+            float(t), serving=9, tokens_in_flight=160_000, queued=[]
+        )
+    assert decision.warm_nodes == 1
+    open_warm = [b for b in scaler.log.bills if b.kind == "warm" and b.until is None]
+    assert len(open_warm) == 1
+    _replicas, warm_hours = scaler.log.gpu_hours(0.0, 1200.0)
+    assert 0 < warm_hours < 4 * 1200 / 3600
+
+
 def test_the_warm_pool_serves_starts_in_44_s_and_refills_in_268_s() -> None:
     scaler = FleetScaler(
         FleetAutoscaling(settings=SETTINGS, warm_nodes=2),
@@ -277,6 +317,10 @@ TINY = DrillScenario(
     before_s=30.0,
     hold_s=360.0,
     warm_nodes=2,
+    warm_min=2,  # a constant 2: the machinery under test, not the trend
+    # Room for warm nodes above the doubling's 4 replicas (the policy keeps none
+    # beyond max_replicas).
+    settings=replace(pool_settings(2), max_replicas=6),
 )
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
@@ -58,6 +60,10 @@ def run(
 
 
 WIDE = ScalingSettings(min_replicas=1, max_replicas=50)
+# The warm pool sized by the policy: 1 to 6 idle nodes, the trend 6 minutes ahead.
+WARM = ScalingSettings(
+    min_replicas=1, max_replicas=50, warm_nodes_min=1, warm_nodes_max=6
+)
 
 
 def test_under_the_target_holds() -> None:
@@ -212,6 +218,9 @@ def test_max_replicas_and_free_gpus_cap_a_scale_up() -> None:
         ({"panic_window_s": 120.0}, "panic_window_s"),
         ({"scale_down_interval_s": -5.0}, "scale_down_interval_s"),
         ({"warm_floor": 99}, "warm_floor"),
+        ({"warm_nodes_min": 3, "warm_nodes_max": 2}, "warm_nodes_min"),
+        ({"warm_nodes_min": -1}, "warm_nodes_min"),
+        ({"warm_horizon_s": 0.0}, "warm_horizon_s"),
     ],
 )
 def test_settings_that_make_no_sense_are_refused(
@@ -239,24 +248,118 @@ def test_the_seeds_arithmetic_scaling_at_70_percent_leaves_094() -> None:
 def test_state_round_trips_through_json_primitives() -> None:
     """The live task keeps the state in a JSON column between ticks."""
     _, state = run(
-        WIDE,
+        WARM,
         [
             signals(MONDAY_NOON + t, serving=1, in_flight=250_000, queue_depth=2)
             for t in (0.0, 5.0, 10.0)
         ],
     )
     assert state.panic_until is not None and state.samples
+    assert state.trend is not None and state.trend.warm > 0
 
     restored = AutoscalerState.from_dict(json.loads(json.dumps(state.as_dict())))
 
     assert restored == state
     following = signals(MONDAY_NOON + 15.0, serving=4, in_flight=250_000)
-    assert decide(WIDE, restored, following) == decide(WIDE, state, following)
+    assert decide(WARM, restored, following) == decide(WARM, state, following)
 
 
 @pytest.mark.parametrize(
     "stored",
-    [{}, {"samples": "nope"}, {"samples": [[1.0, 2]]}, {"panic_until": "soon"}],
+    [
+        {},
+        {"samples": "nope"},
+        {"samples": [[1.0, 2]]},
+        {"panic_until": "soon"},
+        {"trend": [1.0, 2.0]},
+        {"trend": [1.0, "level", 0.0, 0, None]},
+    ],
 )
 def test_state_that_does_not_parse_starts_afresh(stored: dict[str, object]) -> None:
     assert AutoscalerState.from_dict(stored) == AutoscalerState()
+
+
+def ramp(
+    settings: ScalingSettings,
+    *,
+    start: float,
+    per_minute: float,
+    minutes: float,
+    serving: int = 10,
+) -> list[ScalingDecision]:
+    """Ticks every 5 s of demand growing by ``per_minute`` x ``PER_REPLICA`` a
+    minute from ``start`` x ``PER_REPLICA``, on a pool of ``serving`` replicas
+    that has what the last tick asked for."""
+    state, decisions = AutoscalerState(), []
+    for t in range(0, int(minutes * 60) + 1, 5):
+        observation = signals(
+            MONDAY_NOON + t,
+            serving=serving,
+            in_flight=int(PER_REPLICA * (start + per_minute * t / 60)),
+        )
+        decision, state = decide(settings, state, observation)
+        decisions.append(decision)
+        serving = decision.desired
+    return decisions
+
+
+def test_warm_nodes_are_off_unless_the_pool_asks_for_them() -> None:
+    decisions = ramp(WIDE, start=3.0, per_minute=0.5, minutes=10)
+    assert all(d.warm_nodes == 0 for d in decisions)
+
+
+def test_a_flat_demand_keeps_the_warm_minimum() -> None:
+    decisions = ramp(WARM, start=3.0, per_minute=0.0, minutes=20)
+    assert {d.warm_nodes for d in decisions[12:]} == {1}
+    assert abs(decisions[-1].signals["growth_per_s"]) < 1e-6
+
+
+def test_a_climb_warms_what_the_next_cold_start_will_need() -> None:
+    # 0.5 replicas' demand a minute: 6 minutes ahead is 3 replicas' demand more,
+    # at 70% utilisation 3 / 0.7 = 4.3 replicas, so 4 or 5 beyond what is asked.
+    decisions = ramp(WARM, start=3.0, per_minute=0.5, minutes=20)
+    last = decisions[-1]
+    per_second = 0.5 * PER_REPLICA / 60
+    assert last.signals["growth_per_s"] == pytest.approx(per_second, rel=0.05)
+    demand_then = last.signals["forecast_demand"]
+    needed_then = math.ceil(demand_then / (0.7 * PER_REPLICA))
+    # At least the shortfall; one more while a higher target of the last
+    # horizon holds (the shortfall steps between 4 and 5 as replicas are added).
+    shortfall = needed_then - last.desired
+    assert shortfall in (4, 5)
+    assert shortfall <= last.warm_nodes <= 5
+
+
+def test_the_warm_pool_stays_within_its_maximum_and_the_pools_room() -> None:
+    steep = ramp(WARM, start=3.0, per_minute=3.0, minutes=10)
+    assert max(d.warm_nodes for d in steep) == 6
+    capped = replace(WARM, max_replicas=12)
+    near_max = ramp(capped, start=3.0, per_minute=3.0, minutes=10)
+    assert all(d.warm_nodes <= capped.max_replicas - d.desired for d in near_max)
+    # No free GPUs beyond the pool's own: nothing to keep warm above the minimum.
+    observations = [
+        signals(MONDAY_NOON + t, serving=10, in_flight=300_000 + 5_000 * t, free_gpus=0)
+        for t in range(0, 600, 5)
+    ]
+    decisions, _ = run(WARM, observations)
+    assert all(d.warm_nodes == 0 for d in decisions)
+
+
+def test_a_falling_target_holds_one_horizon_then_falls() -> None:
+    climb = [
+        signals(MONDAY_NOON + t, serving=10, in_flight=int(300_000 + 1_000 * t))
+        for t in range(0, 600, 5)
+    ]
+    decisions, state = run(WARM, climb)
+    peak = decisions[-1].warm_nodes
+    assert peak > WARM.warm_nodes_min
+    flat = [
+        signals(MONDAY_NOON + 600 + t, serving=10, in_flight=900_000)
+        for t in range(0, 900, 5)
+    ]
+    after, _ = run(WARM, flat, state)
+    horizon_ticks = int(WARM.warm_horizon_s / 5)
+    # The trend flattens within the horizon, but the target holds through it ...
+    assert all(d.warm_nodes >= peak for d in after[: horizon_ticks - 1])
+    # ... and is back at the minimum once the slope is gone.
+    assert after[-1].warm_nodes == WARM.warm_nodes_min
