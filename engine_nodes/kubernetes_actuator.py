@@ -46,6 +46,7 @@ from engine_nodes.domain.k8s_drain import (
     drain_steps,
 )
 from engine_nodes.domain.k8s_pods import PodFacts
+from engine_nodes.domain.k8s_warm import render_warm_nodes
 from engine_nodes.domain.liveness import ReplicaState
 
 __all__ = [
@@ -370,6 +371,58 @@ class KubernetesActuator:
             namespace=self.namespace,
             body={"metadata": {"annotations": annotations}},
         )
+
+    def follow_warm(self, spec: PoolSpec, replicas: int) -> FollowAction:
+        """Bring the pool's warm-node placeholders (``k8s_warm``) to ``replicas``.
+
+        No drain: a placeholder serves nothing. A pool that asks for none and has
+        no placeholder Deployment gets none (0 is not worth an object).
+        """
+        manifest = render_warm_nodes(
+            namespace=self.namespace, spec=spec, replicas=replicas
+        )
+        name: str = manifest["metadata"]["name"]
+        try:
+            live = self.api.read_namespaced_deployment(
+                name=name, namespace=self.namespace
+            )
+        except Exception as exc:
+            if _status(exc) != 404:
+                raise
+            live = None
+        if live is None and replicas == 0:
+            return FollowAction.NONE
+        annotations = _field(_field(live, "metadata"), "annotations") or {}
+        action = follow_action(
+            manifest,
+            existing_digest=annotations.get(SPEC_DIGEST_ANNOTATION),
+            existing_replicas=_field(_field(live, "spec"), "replicas"),
+            is_present=live is not None,
+        )
+        if action == FollowAction.CREATE:
+            try:
+                self.api.create_namespaced_deployment(
+                    namespace=self.namespace, body=manifest
+                )
+            except Exception as exc:
+                if _status(exc) != 409:
+                    raise
+                action = FollowAction.PATCH
+        if action == FollowAction.PATCH:
+            self.api.patch_namespaced_deployment(
+                name=name, namespace=self.namespace, body=manifest
+            )
+        elif action == FollowAction.SCALE:
+            self.scale_pool(name, replicas)
+        if action != FollowAction.NONE:
+            logger.info(
+                "%s deployment %s/%s (warm nodes %d)",
+                action,
+                self.namespace,
+                name,
+                replicas,
+            )
+        return action
 
     def delete_pool(self, name: str) -> bool:
         """Delete the Deployment; return False if it was already gone."""

@@ -25,6 +25,7 @@ from engine_nodes.domain.k8s import (
 )
 from engine_nodes.domain.k8s_drain import ReplicaLoad
 from engine_nodes.domain.k8s_pods import PodsPlan, ReplicaRow
+from engine_nodes.domain.k8s_warm import warm_deployment_name
 from engine_nodes.domain.liveness import ReplicaState, is_silent, silence_cutoff
 from engine_nodes.domain.replica_argv import (
     ReplicaSpec,
@@ -385,12 +386,18 @@ def follow_pools_on_kubernetes(
 ) -> dict[str, FollowAction]:
     """Bring every pool's Deployment in ``region`` to its target; say what each took.
 
-    Returns {Deployment name: action} (``kubernetes_pool_specs``' pools).
+    Returns {Deployment name: action} (``kubernetes_pool_specs``' pools), with the
+    pools' warm-node placeholders (``engine_nodes.domain.k8s_warm``) at the count
+    the autoscaler's last tick asked for, under their own Deployment names.
     """
-    return {
-        spec.name: actuator.follow_pool(spec)
-        for _, spec in kubernetes_pool_specs(region=region, template=template)
-    }
+    actions = {}
+    for pool, spec in kubernetes_pool_specs(region=region, template=template):
+        actions[spec.name] = actuator.follow_pool(spec)
+        warm = pool.warm_target()
+        action = actuator.follow_warm(spec, warm)
+        if action != FollowAction.NONE or warm:
+            actions[warm_deployment_name(spec)] = action
+    return actions
 
 
 def kubernetes_pool_specs(

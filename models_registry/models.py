@@ -635,6 +635,14 @@ class Pool(models.Model):
         last = self.stored_state().get("last")
         return last if isinstance(last, dict) else {}
 
+    def warm_target(self) -> int:
+        """Return the warm nodes the autoscaler's last tick asked for (0 before
+        one, or when the pool keeps none)."""
+        try:
+            return max(0, int(self.last_tick().get("warm_nodes") or 0))
+        except (TypeError, ValueError):
+            return 0
+
     def scaling_problems(self, schedule: Sequence[ScheduleWindow] = ()) -> list[str]:
         """Return what is wrong with these settings and ``schedule`` (``"field: why"``)."""
         return scaling_problems(

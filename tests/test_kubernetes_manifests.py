@@ -36,6 +36,7 @@ from engine_nodes.domain.k8s import (
     render_deployment,
 )
 from engine_nodes.domain.k8s_pods import PodFacts, plan_pod_replicas
+from engine_nodes.domain.k8s_warm import WARM_PRIORITY_CLASS, render_warm_nodes
 from localrun.processes import gateway_argv
 from localrun.seeding import VERSION_BODY, version_body
 from models_registry import services as registry_services
@@ -142,6 +143,21 @@ def test_the_rendered_pool_deployment_validates_strictly(
         **volume,
     )
     validate(render_deployment(namespace=NAMESPACE, spec=spec))
+    warm = render_warm_nodes(namespace=NAMESPACE, spec=spec, replicas=3)
+    validate(warm)
+    assert warm["spec"]["template"]["spec"]["priorityClassName"] == (
+        WARM_PRIORITY_CLASS
+    )
+
+
+def test_the_warm_nodes_priority_class_is_below_serving_and_never_preempts(
+    kubectl_binary: str,
+) -> None:
+    objects = build(kubectl_binary, "region-a")
+    found = find(objects, "PriorityClass", WARM_PRIORITY_CLASS)
+    assert found["value"] < 0  # serving pods run at 0
+    assert found["preemptionPolicy"] == "Never"
+    assert found["globalDefault"] is False
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

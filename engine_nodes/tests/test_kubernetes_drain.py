@@ -123,6 +123,7 @@ def test_drain_scale_up_is_direct(
         "get deployments",
         "list pods",
         "patch deployments/scale",
+        "get deployments",  # the warm nodes' placeholders: none
     ]
 
 

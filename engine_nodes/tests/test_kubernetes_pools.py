@@ -20,6 +20,7 @@ from django.core.management import CommandError, call_command
 
 from engine_nodes import services
 from engine_nodes.domain.k8s import DeploymentTemplate, FollowAction
+from engine_nodes.domain.k8s_warm import WARM_PRIORITY_CLASS
 from engine_nodes.kubernetes_actuator import KubernetesActuator
 from models_registry import services as registry_services
 from models_registry.models import ModelVersion, Pool
@@ -33,6 +34,7 @@ TEMPLATE = DeploymentTemplate(
     image="vllm/vllm-openai:v0.32.0", weights_pvc="model-weights", drain_s=600
 )
 NAME = "vllm-chat-7b-v1-eu-west"
+WARM_NAME = "warm-chat-7b-v1-eu-west"
 
 
 class NotFound(Exception):
@@ -187,12 +189,17 @@ def test_the_deployment_scales_with_the_pool_s_target_and_only_then(
     follow(api)
     api.calls.clear()
     assert follow(api) == {NAME: FollowAction.NONE}
-    assert api.calls == [("read", NAME)]
+    # The pool's Deployment, then its warm nodes' (none asked for, none there).
+    assert api.calls == [("read", NAME), ("read", WARM_NAME)]
 
     set_desired(pool, 2)  # the autoscaler scaled down
     api.calls.clear()
     assert follow(api) == {NAME: FollowAction.SCALE}
-    assert api.calls == [("read", NAME), ("scale", {"spec": {"replicas": 2}})]
+    assert api.calls == [
+        ("read", NAME),
+        ("scale", {"spec": {"replicas": 2}}),
+        ("read", WARM_NAME),
+    ]
     assert api.objects[NAME].spec.replicas == 2
 
     set_desired(pool, 9)  # held at max_replicas, as Pool.target_replicas is
@@ -228,6 +235,32 @@ def test_the_pods_demand_the_key_on_their_version_s_gpu_near_its_weights(
     assert label == f"weights.platform/{pool.version.weights_hash[:32]}"
 
 
+def test_the_warm_nodes_follow_the_autoscalers_target(pool: Pool) -> None:
+    """GIVEN a pool whose autoscaler asked for 2 warm nodes at its last tick
+    WHEN the pools are followed, and again after the target falls to 0
+    THEN a placeholder Deployment holds one replica's GPUs per warm node, below
+    every serving pod's priority and outside the pool's selector; it scales to 0
+    rather than leaving GPUs held."""
+    Pool.objects.filter(pk=pool.pk).update(
+        warm_nodes_max=4, autoscaler_state={"last": {"warm_nodes": 2}}
+    )
+    api = ClientAppsV1()
+    assert follow(api) == {NAME: FollowAction.CREATE, WARM_NAME: FollowAction.CREATE}
+    warm = api.objects[WARM_NAME]
+    assert warm.spec.replicas == 2
+    spec = warm.spec.template.spec
+    assert spec.priority_class_name == WARM_PRIORITY_CLASS
+    [container] = spec.containers
+    assert container.resources.limits == {"nvidia.com/gpu": "1"}
+    pool_selector = api.objects[NAME].spec.selector.match_labels
+    assert not set(pool_selector.items()) <= set(warm.metadata.labels.items())
+
+    Pool.objects.filter(pk=pool.pk).update(autoscaler_state={"last": {"warm_nodes": 0}})
+    assert follow(api)[WARM_NAME] == FollowAction.SCALE
+    assert api.objects[WARM_NAME].spec.replicas == 0
+    assert follow(api) == {NAME: FollowAction.NONE}  # at 0, nothing to say
+
+
 def test_a_changed_template_patches_the_whole_deployment(pool: Pool) -> None:
     api = ClientAppsV1()
     follow(api)
@@ -236,7 +269,7 @@ def test_a_changed_template_patches_the_whole_deployment(pool: Pool) -> None:
         image="vllm/vllm-openai:v0.33.0", weights_pvc="model-weights", drain_s=600
     )
     assert follow(api, newer) == {NAME: FollowAction.PATCH}
-    assert [call for call, _ in api.calls] == ["read", "patch"]
+    assert [call for call, _ in api.calls] == ["read", "patch", "read"]
     assert api.objects[NAME].spec.template.spec.containers[0].image == newer.image
     assert api.objects[NAME].spec.replicas == 3
 
@@ -379,11 +412,13 @@ def test_kubernetes_pools_command_follows_the_target_through_the_official_client
     call_command(*argv, stdout=out)
     assert out.getvalue().strip() == f"{NAME}: scale"
     # No pod runs, none to drain: the pods are listed, then it scales at once;
-    # then the beats list them again (none to register, none to beat).
+    # then the warm nodes' Deployment is read (none); then the beats list the
+    # pods again (none to register, none to beat).
     assert [method for method, _ in server.requests] == [
         "GET",
         "GET pods",
         "PATCH scale",
+        "GET",
         "GET pods",
     ]
     assert server.deployments[NAME]["spec"]["replicas"] == 2
@@ -458,6 +493,7 @@ def test_kubernetes_pools_command_without_drain_scales_down_directly(
     out = io.StringIO()
     call_command(*argv, stdout=out)
     assert out.getvalue().strip() == f"{NAME}: scale"
-    # Neither drain nor beats: no pods access at all.
-    assert [method for method, _ in server.requests] == ["GET", "PATCH scale"]
+    # Neither drain nor beats: no pods access at all (the last read is the warm
+    # nodes' Deployment).
+    assert [method for method, _ in server.requests] == ["GET", "PATCH scale", "GET"]
     assert server.deployments[NAME]["spec"]["replicas"] == 2
