@@ -278,9 +278,11 @@ class LiveJudge:
                         calls.clock,
                         text_chars=JUDGE_TEXT_CHARS,
                     )
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        except Exception as exc:
             trace.side_ended(span, error_kind=type(exc).__name__)
-            return None
+            if isinstance(exc, (TimeoutError, aiohttp.ClientError, OSError)):
+                return None
+            raise  # a bug: judge counts the pair incomplete
         error_kind = None if answer is not None else "refused"
         if answer is not None:
             error_kind = answer.error_kind
