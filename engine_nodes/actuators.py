@@ -41,6 +41,8 @@ from engine_nodes.domain.replica_argv import (
     DEFAULT_SIM_PROFILE,
     ReplicaSpec,
     engine_for,
+    engine_trace_args,
+    engine_trace_env,
     sglang_launch_argv,
     sim_replica_argv,
     vllm_serve_argv,
@@ -169,7 +171,8 @@ class LocalProcessActuator:
         self.engine_api_key = engine_api_key
         self.sim_admin_token = sim_admin_token
         self.cwd = cwd
-        # vLLM's --otlp-traces-endpoint (OTLP/HTTP), for vLLM and the simulator.
+        # Where engines export their own spans (OTLP/HTTP): vLLM's and the
+        # simulator's --otlp-traces-endpoint, SGLang's with --enable-trace.
         self.otlp_traces_endpoint = otlp_traces_endpoint
         # One agent's own: another agent's replicas are never its leftovers.
         self.pid_dir = Path(pid_dir) if pid_dir is not None else self.log_dir / "pids"
@@ -181,21 +184,21 @@ class LocalProcessActuator:
             ValueError: the spec's engine config is unusable (see ``replica_argv``).
         """
         config_file = str(self.secret_path(spec)) if self._key_in_file(spec) else None
-        # SGLang names its tracing flags otherwise (--enable-trace): not passed.
-        traces = (
-            ["--otlp-traces-endpoint", self.otlp_traces_endpoint]
-            if self.otlp_traces_endpoint and engine_for(spec) != "sglang"
-            else []
-        )
+        engine = engine_for(spec)
         if self.kind == "vllm":
-            if engine_for(spec) == "sglang":
-                return sglang_launch_argv(
-                    spec, python=self.sglang_python, config_file=config_file
-                )
+            if engine == "sglang":
+                return [
+                    *sglang_launch_argv(
+                        spec, python=self.sglang_python, config_file=config_file
+                    ),
+                    *engine_trace_args("sglang", self.otlp_traces_endpoint),
+                ]
             return [
                 *vllm_serve_argv(spec, vllm_executable=self.vllm_executable),
-                *traces,
+                *engine_trace_args("vllm", self.otlp_traces_endpoint),
             ]
+        # A simulated SGLang replica takes SGLang's flags, and the simulator
+        # knows no --enable-trace: it exports no spans.
         return [
             *sim_replica_argv(
                 spec,
@@ -203,7 +206,11 @@ class LocalProcessActuator:
                 profile=self.sim_profile,
                 config_file=config_file,
             ),
-            *traces,
+            *(
+                engine_trace_args("sim", self.otlp_traces_endpoint)
+                if engine != "sglang"
+                else []
+            ),
         ]
 
     def secret_path(self, spec: ReplicaSpec) -> Path:
@@ -216,14 +223,14 @@ class LocalProcessActuator:
         env = {k: v for k, v in os.environ.items() if k not in REPLICA_ENV_DROPPED}
         env["PYTHONUNBUFFERED"] = "1"  # logs reach the file as they are written
         # An SGLang replica's key is in its --config file; no engine key in env.
-        sglang = spec is not None and engine_for(spec) == "sglang"
+        engine = engine_for(spec) if spec is not None else "vllm"
+        sglang = engine == "sglang"
         if sglang:
             env.pop("VLLM_API_KEY", None)
+        if self.kind == "vllm":
+            env.update(engine_trace_env(engine, self.otlp_traces_endpoint))
         if self.kind == "vllm" and not sglang:
             env.update(VLLM_OFFLINE_ENV)
-            if self.otlp_traces_endpoint:
-                # vLLM's exporter speaks gRPC unless told otherwise.
-                env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"
             if not env.get("VLLM_CPU_KVCACHE_SPACE", "x"):
                 del env["VLLM_CPU_KVCACHE_SPACE"]
         if self.engine_api_key and not sglang:

@@ -30,6 +30,8 @@ from engine_nodes.domain.liveness import ReplicaState, is_silent, silence_cutoff
 from engine_nodes.domain.replica_argv import (
     ReplicaSpec,
     engine_for,
+    engine_trace_args,
+    engine_trace_env,
     is_kv_events_on,
     kv_events_url,
     sglang_launch_argv,
@@ -331,7 +333,9 @@ def kubernetes_pool_spec(pool: Pool, template: DeploymentTemplate) -> PoolSpec:
     autoscaler decided; the weights are the version's hash directory on the
     template's volume. The GPU type is the template's (``gpu_product_for``): the
     registry records none. A version with ``kv_events`` publishes them on
-    ``KUBERNETES_KV_EVENTS_PORT``, which the pod then exposes.
+    ``KUBERNETES_KV_EVENTS_PORT``, which the pod then exposes. With the
+    template's ``otlp_traces_endpoint`` the engine exports its own spans there
+    (``engine_trace_args``, ``engine_trace_env``).
 
     Raises:
         ValueError: the version's engine config is unusable (``vllm_serve_argv``,
@@ -358,6 +362,8 @@ def kubernetes_pool_spec(pool: Pool, template: DeploymentTemplate) -> PoolSpec:
         if engine == "sglang"
         else vllm_serve_argv(replica)
     )
+    argv += engine_trace_args(engine, template.otlp_traces_endpoint)
+    trace_env = engine_trace_env(engine, template.otlp_traces_endpoint)
     return PoolSpec(
         model=pool.model_id,
         version=version.version,
@@ -377,6 +383,7 @@ def kubernetes_pool_spec(pool: Pool, template: DeploymentTemplate) -> PoolSpec:
         # Nodes' caches are what the weights DaemonSet labels; a PVC is shared.
         weights_hash=version.weights_hash if template.weights_host_root else "",
         kv_events_port=replica.kv_events_port if kv_events else 0,
+        env=tuple(trace_env.items()),
         **template.volume(version.weights_hash),
     )
 

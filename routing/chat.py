@@ -191,8 +191,8 @@ class ChatService:
             raise
         role = self._figure_role(plan, snapshot, remembered)
         for copy in (
-            self.shadow.offer(plan, snapshot),
-            self.live_judge.offer(plan, snapshot, role, draw=self.rng.random()),
+            self.shadow.offer(plan, snapshot, trace),
+            self.live_judge.offer(plan, snapshot, role, trace, draw=self.rng.random()),
         ):
             if copy is not None:  # off the caller's path, never raising
                 self.background.spawn(copy)
@@ -390,7 +390,8 @@ class ChatService:
                     r for r in decision.candidates if r not in idle
                 ]
                 return await self._split(
-                    _Split(plan, chunks, order, urls, ticket.headers, budget), answer
+                    _Split(plan, chunks, order, urls, ticket.headers, budget, trace),
+                    answer,
                 )
         timed_out = False
         failures: list[str] = []
@@ -528,9 +529,11 @@ class ChatService:
                     model=model, version=version, region=self.settings.region
                 )
             try:
-                engine = await self._attempt(
-                    split, plan, replica_id, None
-                ).fetch_embeddings()
+                engine = await split.trace.fetch_chunk(
+                    self._attempt(split, plan, replica_id, None),
+                    chunk=index,
+                    index=attempt,
+                )
             except UpstreamFailed as exc:
                 logger.warning("replica %s failed a chunk: %s", replica_id, exc)
                 self.live.eject(replica_id, time.monotonic())
@@ -576,6 +579,7 @@ class _Split:
     urls: dict[str, str]
     rate_limit: dict[str, str]
     budget: RetryBudget
+    trace: RequestTrace
 
 
 def _split_result(

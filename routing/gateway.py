@@ -523,17 +523,20 @@ class Gateway:
     async def _tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
         snapshot = self._snapshot()
         headers = dict(scope.get("headers", ()))
-        team = self._team(scope, snapshot)
-        body = await read_json(receive, headers, self.settings.max_body_bytes)
-        plan = plan_tokenize(
-            snapshot=snapshot,
-            settings=self.settings,
-            team=team,
-            headers=headers,
-            body=body,
-            rng=self._rng,
-        )
-        await self.tokenize.serve(plan, snapshot, send)
+        with self.tracing.start_request(
+            scope["method"], scope["path"], headers
+        ) as trace:
+            team = self._team(scope, snapshot)
+            body = await read_json(receive, headers, self.settings.max_body_bytes)
+            plan = plan_tokenize(
+                snapshot=snapshot,
+                settings=self.settings,
+                team=team,
+                headers=headers,
+                body=body,
+                rng=self._rng,
+            )
+            await self.tokenize.serve(plan, snapshot, send, trace)
 
     async def _chat(
         self,

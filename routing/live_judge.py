@@ -32,9 +32,11 @@ import json
 import logging
 import time
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+from opentelemetry import trace as otel
 
 from metering import metrics
 from metering.domain.figures import Role, one_judgement
@@ -50,6 +52,7 @@ from routing.domain.tiers import Tier
 from routing.live import LiveLoad
 from routing.plan import ChatPlan, payload_for
 from routing.shadow import ShadowAnswer, read_shadow_answer
+from routing.traces import NO_TRACE, RequestTrace
 from routing.upstream import Upstream
 
 logger = logging.getLogger(__name__)
@@ -86,6 +89,7 @@ class LiveJudge:
         plan: ChatPlan,
         snapshot: ConfigSnapshot,
         role: Role | None,
+        trace: RequestTrace = NO_TRACE,
         *,
         draw: float,
         now: float | None = None,
@@ -95,7 +99,7 @@ class LiveJudge:
         Judged: a chat request to a model whose plan names a judge, that is a
         candidate's (the shadow copy's in a shadow step, the canary's in a canary
         step) and falls in the plan's share and per-minute allowance (``draw``
-        uniform in [0, 1)).
+        uniform in [0, 1)). The judging is a span of ``trace`` (``gateway.live_judge``).
         """
         resolution = plan.resolution
         if self.figures is None or plan.surface != "chat":
@@ -128,6 +132,7 @@ class LiveJudge:
             payload=plan.payload,
             tier=plan.tier,
             pair_key=plan.request_id,
+            trace=trace,
         )
 
     async def judge(
@@ -142,11 +147,15 @@ class LiveJudge:
         tier: Tier,
         pair_key: str,
         clock: Callable[[], float] = time.monotonic,
+        trace: RequestTrace = NO_TRACE,
     ) -> None:
         """Judge one request's pair and count the candidate's outcome; never raises.
 
         ``payload``: the request's engine body, made fit for each version here
-        (``routing.plan.payload_for``), off the caller's path.
+        (``routing.plan.payload_for``), off the caller's path. In ``trace``: a
+        ``gateway.live_judge`` span (the outcome), under it a client span per
+        engine call (both answers and the verdict), each sending its
+        ``traceparent``; never a prompt, answer or verdict text.
         """
         record = snapshot.models.get(model)
         judge_model = record.judge_model if record is not None else ""
@@ -156,10 +165,19 @@ class LiveJudge:
             self._count(model, candidate, "skipped")
             return  # judging never queues behind itself
         async with self._slots:
+            span = trace.start(
+                "gateway.live_judge",
+                attributes={
+                    "gen_ai.request.model": model,
+                    "platform.version": candidate,
+                    "platform.live_version": live_version,
+                    "platform.role": role,
+                },
+            )
             try:
                 versions = snapshot.versions
                 outcome = await self._pair(
-                    snapshot,
+                    _Calls(snapshot, trace, span, clock),
                     judge_model=judge_model,
                     model=model,
                     candidate=candidate,
@@ -171,11 +189,12 @@ class LiveJudge:
                         payload, tier, versions.get((model, live_version))
                     ),
                     pair_key=pair_key,
-                    clock=clock,
                 )
             except Exception as exc:
                 logger.warning("live judge failed: %s", type(exc).__name__)
                 outcome = "incomplete"
+            span.set_attribute("platform.judge.outcome", outcome)
+            span.end()
             self._count(model, candidate, outcome)
             if outcome in ("incomplete", "skipped"):
                 return
@@ -192,7 +211,7 @@ class LiveJudge:
 
     async def _pair(
         self,
-        snapshot: ConfigSnapshot,
+        calls: _Calls,
         *,
         judge_model: str,
         model: str,
@@ -201,19 +220,18 @@ class LiveJudge:
         candidate_payload: bytes,
         live_payload: bytes,
         pair_key: str,
-        clock: Callable[[], float],
     ) -> str:
         """Return the candidate's outcome, ``incomplete`` or ``skipped``."""
         question = question_messages(json.loads(candidate_payload))
         if question is None:
             return "skipped"
-        judge_record = snapshot.models.get(judge_model)
+        judge_record = calls.snapshot.models.get(judge_model)
         judge_version = judge_record.live_version if judge_record else None
         if judge_version is None:
             return "incomplete"
         answers = await asyncio.gather(
-            self._ask(snapshot, model, candidate, candidate_payload, clock),
-            self._ask(snapshot, model, live_version, live_payload, clock),
+            self._ask(calls, model, candidate, candidate_payload, "judge_candidate"),
+            self._ask(calls, model, live_version, live_payload, "judge_live"),
         )
         if any(a is None or a.error_kind is not None for a in answers):
             return "incomplete"
@@ -221,31 +239,63 @@ class LiveJudge:
         body, swapped = judge_body(
             judge_model, question, ours, theirs, pair_key=pair_key
         )
-        verdict = await self._ask(snapshot, judge_model, judge_version, body, clock)
+        verdict = await self._ask(
+            calls, judge_model, judge_version, body, "judge_verdict"
+        )
         if verdict is None or verdict.error_kind is not None:
             return "incomplete"
         return pair_outcome(verdict.text, swapped=swapped)
 
     async def _ask(
-        self,
-        snapshot: ConfigSnapshot,
-        model: str,
-        version: str,
-        payload: bytes,
-        clock: Callable[[], float],
+        self, calls: _Calls, model: str, version: str, payload: bytes, purpose: str
     ) -> ShadowAnswer | None:
         """One answer of ``model@version``, read whole (None: no replica, or a
-        refusal of the request itself)."""
-        nodes = self.live.nodes(snapshot, model, version, clock())
+        refusal of the request itself), under a client span of ``purpose``."""
+        nodes = self.live.nodes(calls.snapshot, model, version, calls.clock())
         if not nodes:
             return None
         node = min(nodes, key=lambda n: n.tokens_in_flight)
+        trace = calls.trace
+        span = trace.side_call(
+            "chat",
+            model=model,
+            version=version,
+            replica_id=node.replica_id,
+            url=node.url,
+            purpose=purpose,
+            parent=calls.parent,
+        )
+        status: int | None = None
+        answer: ShadowAnswer | None = None
         try:
-            async with await self.upstream.chat(node.url, payload) as response:
-                if response.status != 200:
-                    return None
-                return await read_shadow_answer(
-                    response.content.iter_any(), clock, text_chars=JUDGE_TEXT_CHARS
-                )
-        except (TimeoutError, aiohttp.ClientError, OSError):
-            return None
+            async with await self.upstream.chat(
+                node.url, payload, traceparent=trace.traceparent(span)
+            ) as response:
+                status = response.status
+                if status == 200:
+                    answer = await read_shadow_answer(
+                        response.content.iter_any(),
+                        calls.clock,
+                        text_chars=JUDGE_TEXT_CHARS,
+                    )
+        except Exception as exc:
+            trace.side_ended(span, error_kind=type(exc).__name__)
+            if isinstance(exc, (TimeoutError, aiohttp.ClientError, OSError)):
+                return None
+            raise  # a bug: judge counts the pair incomplete
+        error_kind = None if answer is not None else "refused"
+        if answer is not None:
+            error_kind = answer.error_kind
+        trace.side_ended(span, status=status, error_kind=error_kind)
+        return answer
+
+
+@dataclass(frozen=True, slots=True)
+class _Calls:
+    """What each engine call of one judged pair needs: the snapshot, the
+    request's trace and the judging's span (their parent), and the clock."""
+
+    snapshot: ConfigSnapshot
+    trace: RequestTrace
+    parent: otel.Span
+    clock: Callable[[], float]

@@ -32,6 +32,7 @@ from routing.domain.snapshot import ConfigSnapshot
 from routing.live import LiveLoad
 from routing.plan import ChatPlan, payload_for
 from routing.relay import EVENT_END
+from routing.traces import NO_TRACE, RequestTrace
 from routing.upstream import Upstream
 
 logger = logging.getLogger(__name__)
@@ -168,10 +169,11 @@ class Shadow:
         self._slots = asyncio.Semaphore(concurrency)
 
     def offer(
-        self, plan: ChatPlan, snapshot: ConfigSnapshot
+        self, plan: ChatPlan, snapshot: ConfigSnapshot, trace: RequestTrace = NO_TRACE
     ) -> Coroutine[Any, Any, None] | None:
         """Return the shadow copy of ``plan`` if its resolution names a shadow
-        version, else None. Shadow versions are judged on chat answers only."""
+        version, else None. Shadow versions are judged on chat answers only; the
+        copy's engine span is a child of ``trace``'s root."""
         resolution = plan.resolution
         if resolution.shadow_version is None or plan.surface != "chat":
             return None
@@ -185,6 +187,7 @@ class Shadow:
                 snapshot.versions.get((resolution.model, resolution.shadow_version)),
             ),
             conversation=plan.routing_key,
+            trace=trace,
         )
 
     async def copy(
@@ -196,10 +199,13 @@ class Shadow:
         payload: bytes,
         conversation: str | None = None,
         clock: Callable[[], float] = time.monotonic,
+        trace: RequestTrace = NO_TRACE,
     ) -> None:
         """Send ``payload`` to ``model@version``; read the answer, record, discard.
 
-        Never raises: whatever the shadow does stays here.
+        The call is a client span of ``trace`` (purpose ``shadow``), whose
+        ``traceparent`` goes to the engine. Never raises: whatever the shadow
+        does stays here.
         """
         if self._slots.locked() or not self.upstream.is_open:
             return  # shadows never queue behind each other or the caller
@@ -209,29 +215,26 @@ class Shadow:
                 return
             node = min(nodes, key=lambda n: n.tokens_in_flight)
             started = clock()
-            try:
-                async with await self.upstream.chat(node.url, payload) as response:
-                    if 400 <= response.status < 500 and response.status not in (
-                        401,
-                        403,
-                    ):
-                        # The caller's own request refused (as live refuses it):
-                        # no figure of the version, as for live's 4xx.
-                        return
-                    if response.status != 200:
-                        answer = ShadowAnswer(None, 0, "upstream", "")
-                    else:
-                        answer = await read_shadow_answer(
-                            response.content.iter_any(), clock
-                        )
-            except TimeoutError:
-                answer = ShadowAnswer(None, 0, "timeout", "")
-            except (aiohttp.ClientError, OSError):
-                answer = ShadowAnswer(None, 0, "upstream", "")
-            except Exception as exc:
-                # A bug here must not surface anywhere near the caller either.
-                logger.warning("shadow copy failed: %s", type(exc).__name__)
-                answer = ShadowAnswer(None, 0, "error", "")
+            span = trace.side_call(
+                "chat",
+                model=model,
+                version=version,
+                replica_id=node.replica_id,
+                url=node.url,
+                purpose="shadow",
+            )
+            status, answer = await self._read(
+                node.url, payload, clock, trace.traceparent(span)
+            )
+            trace.side_ended(
+                span,
+                status=status,
+                error_kind=answer.error_kind if answer else "refused",
+            )
+            if answer is None:
+                # The caller's own request refused (as live refuses it): no
+                # figure of the version, as for live's 4xx.
+                return
             first = answer.first_token_at
             metrics.observe_shadow(
                 model=model,
@@ -248,3 +251,33 @@ class Shadow:
                     answer.figures(started=started, detector=self.detector),
                     conversation,
                 )
+
+    async def _read(
+        self,
+        url: str,
+        payload: bytes,
+        clock: Callable[[], float],
+        traceparent: str,
+    ) -> tuple[int | None, ShadowAnswer | None]:
+        """Send the copy and read its answer whole: (HTTP status, answer); the
+        answer is None when the engine refused the request itself (a 4xx)."""
+        status = None
+        try:
+            async with await self.upstream.chat(
+                url, payload, traceparent=traceparent
+            ) as response:
+                status = response.status
+                if 400 <= status < 500 and status not in (401, 403):
+                    return status, None
+                if status != 200:
+                    return status, ShadowAnswer(None, 0, "upstream", "")
+                answer = await read_shadow_answer(response.content.iter_any(), clock)
+        except TimeoutError:
+            answer = ShadowAnswer(None, 0, "timeout", "")
+        except (aiohttp.ClientError, OSError):
+            answer = ShadowAnswer(None, 0, "upstream", "")
+        except Exception as exc:
+            # A bug here must not surface anywhere near the caller either.
+            logger.warning("shadow copy failed: %s", type(exc).__name__)
+            answer = ShadowAnswer(None, 0, "error", "")
+        return status, answer

@@ -34,6 +34,7 @@ from routing.intake import header_text, refuse_body
 from routing.live import LiveLoad
 from routing.plan import GatewaySettings, resolve_for_team
 from routing.responses import GatewayError, respond, upstream_client_error
+from routing.traces import NO_TRACE, RequestTrace
 from routing.upstream import Upstream
 
 logger = logging.getLogger(__name__)
@@ -111,9 +112,14 @@ class TokenizeProxy:
         )
 
     async def serve(
-        self, plan: TokenizePlan, snapshot: ConfigSnapshot, send: Send
+        self,
+        plan: TokenizePlan,
+        snapshot: ConfigSnapshot,
+        send: Send,
+        trace: RequestTrace = NO_TRACE,
     ) -> None:
-        """Answer ``plan`` with a replica's tokenization.
+        """Answer ``plan`` with a replica's tokenization; each try is a client
+        span of ``trace`` whose ``traceparent`` goes to the engine.
 
         Raises:
             GatewayError: the engine refused the body (its 4xx), or no replica of
@@ -123,17 +129,30 @@ class TokenizeProxy:
         nodes = self.live.nodes(snapshot, model, version, time.monotonic())
         nodes.sort(key=lambda node: node.tokens_in_flight)
         for node in nodes[:_ATTEMPTS]:
+            span = trace.side_call(
+                "tokenize",
+                model=model,
+                version=version,
+                replica_id=node.replica_id,
+                url=node.url,
+                purpose="tokenize",
+            )
             try:
                 async with self.upstream.session.post(
                     f"{node.url}/tokenize",
                     data=plan.payload,
-                    headers=self.upstream.headers,
+                    headers=self.upstream.headers_with(trace.traceparent(span)),
                     timeout=self.timeout,
                 ) as response:
                     status, raw = response.status, await response.read()
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 failure = type(exc).__name__
+                trace.side_ended(span, error_kind=failure)
             else:
+                kind = "upstream" if status >= 500 else "refused"
+                trace.side_ended(
+                    span, status=status, error_kind=None if status == 200 else kind
+                )
                 if status == 200:
                     await respond(send, 200, raw)
                     return

@@ -9,7 +9,12 @@ span (``POST /v1/chat/completions``); under it ``gateway.authenticate``,
 ``gateway.route`` (the replica chosen and why), one engine client span per
 attempt (``chat <model>``, GenAI's name; its ``traceparent`` goes to the engine,
 so vLLM's ``llm_request`` and the simulated replica's span hang under it) and
-``gateway.relay`` (first token to the answer's end). Attributes follow
+``gateway.relay`` (first token to the answer's end). The gateway's other calls
+to engines are client spans too, each sending its ``traceparent``
+(``side_call``, attribute ``platform.purpose``): a split embeddings request's
+chunks, a shadow copy, the live judge's answers and verdict (under a
+``gateway.live_judge`` span; these run after the answer, still in its trace),
+and ``POST /tokenize``'s tries. Attributes follow
 OpenTelemetry's GenAI semantic conventions (``gen_ai.*``) plus ``platform.team``,
 ``platform.tier``, ``platform.version``, ``platform.region``. Never prompt or
 answer text: nothing here reads the payload.
@@ -43,6 +48,7 @@ from routing.responses import ClientGone, GatewayError
 
 if TYPE_CHECKING:
     from routing.domain.policies import RouteDecision
+    from routing.embeddings import EngineEmbeddings
     from routing.plan import ChatPlan
 
 __all__ = ["NO_TRACE", "TRACING_OFF", "RequestTrace", "Tracing", "build_tracing"]
@@ -85,13 +91,18 @@ class RequestTrace:
         kind: SpanKind = SpanKind.INTERNAL,
         attributes: Mapping[str, AttributeValue] | None = None,
         start_time: int | None = None,
+        parent: otel.Span | None = None,
     ) -> otel.Span:
-        """Start a child of the root (a no-op span while the root is unrecorded)."""
+        """Start a child of ``parent`` if recorded, else of the root (a no-op
+        span while the root is unrecorded)."""
         if self._parent is None or self._tracer is None:
             return otel.INVALID_SPAN
+        context = self._parent
+        if parent is not None and parent.is_recording():
+            context = otel.set_span_in_context(parent)
         return self._tracer.start_span(
             name,
-            context=self._parent,
+            context=context,
             kind=kind,
             attributes=attributes,
             start_time=start_time,
@@ -109,16 +120,104 @@ class RequestTrace:
     def engine_header(self, span: otel.Span) -> bytes:
         """Return the ``traceparent`` header line for a request made under
         ``span`` (the root's context when it is unrecorded); empty when off."""
+        value = self.traceparent(span)
+        return b"traceparent: %s\r\n" % value.encode() if value else b""
+
+    def traceparent(self, span: otel.Span) -> str:
+        """Return the W3C ``traceparent`` value for a request made under ``span``
+        (the root's context when it is unrecorded); empty when off."""
         if self._tracer is None:
-            return b""
+            return ""
         context = (span if span.is_recording() else self.root).get_span_context()
         if not context.is_valid:
-            return b""
-        return b"traceparent: 00-%032x-%016x-%02x\r\n" % (
-            context.trace_id,
-            context.span_id,
-            context.trace_flags,
+            return ""
+        return (
+            f"00-{context.trace_id:032x}-{context.span_id:016x}"
+            f"-{context.trace_flags:02x}"
         )
+
+    def side_call(
+        self,
+        operation: str,
+        *,
+        model: str,
+        version: str,
+        replica_id: str,
+        url: str,
+        purpose: str,
+        parent: otel.Span | None = None,
+    ) -> otel.Span:
+        """Start the client span of an engine call besides the answer's own
+        (``purpose``: a shadow copy, a judged pair's answer or verdict, a
+        tokenization, a chunk of a split embeddings request); end it with
+        ``side_ended``. Its ``traceparent`` is ``traceparent(span)``."""
+        if not self.is_recording:
+            return otel.INVALID_SPAN
+        return self.start(
+            f"{operation} {model}",
+            kind=SpanKind.CLIENT,
+            parent=parent,
+            attributes={
+                "gen_ai.operation.name": operation,
+                "gen_ai.system": "vllm",
+                "gen_ai.provider.name": "vllm",
+                "gen_ai.request.model": model,
+                "server.address": url,
+                "platform.replica_id": replica_id,
+                "platform.version": version,
+                "platform.purpose": purpose,
+            },
+        )
+
+    @staticmethod
+    def side_ended(
+        span: otel.Span, *, status: int | None = None, error_kind: str | None = None
+    ) -> None:
+        """End a ``side_call`` span with the engine's HTTP status and, if it
+        failed, why (a kind, never a message: it may quote the body)."""
+        if not span.is_recording():
+            return
+        if status is not None:
+            span.set_attribute("http.response.status_code", status)
+        if error_kind is not None:
+            span.set_attribute("error.type", error_kind)
+            span.set_status(Status(StatusCode.ERROR, error_kind))
+        span.end()
+
+    async def fetch_chunk(
+        self, attempt: Attempt, *, chunk: int, index: int
+    ) -> EngineEmbeddings:
+        """Fetch chunk ``chunk`` of a split embeddings request (the ``index``-th
+        try of it) under its engine span, its ``traceparent`` sent to the engine.
+
+        Raises:
+            UpstreamFailed, GatewayError: as ``Attempt.fetch_embeddings``.
+        """
+        if self._tracer is None:
+            return await attempt.fetch_embeddings()
+        resolution = attempt.plan.resolution
+        span = self.side_call(
+            "embeddings",
+            model=resolution.model,
+            version=resolution.version,
+            replica_id=attempt.replica_id,
+            url=attempt.url,
+            purpose="split",
+        )
+        span.set_attributes({"platform.chunk": chunk, "platform.attempt": index})
+        head = self.engine_header(span)
+        try:
+            engine = await dataclasses.replace(
+                attempt, engine_head=head
+            ).fetch_embeddings()
+        except BaseException as exc:
+            if span.is_recording():
+                _set_error(span, exc)
+                span.end()
+            raise
+        span.set_attribute("gen_ai.usage.input_tokens", engine.usage.prompt_tokens)
+        self.side_ended(span)
+        return engine
 
     def __enter__(self) -> RequestTrace:
         return self

@@ -4,11 +4,13 @@ Public surface: ``Upstream``.
 
 The token stream of a chat answer goes over ``routing.engine_http`` (an
 ``EngineClient``: kept-alive connections that push each read to the relay, see
-there); the rest (``/tokenize``, shadow copies) over one aiohttp ``ClientSession``
-per gateway process, opened at start and closed at stop, with no connection limit (every stream holds one connection) and a connect
+there); the rest (``/tokenize``, shadow copies, the live judge's answers) over
+one aiohttp ``ClientSession`` per gateway process, opened at start and closed at
+stop, with no connection limit (every stream holds one connection) and a connect
 timeout (a replica that does not accept in time is failed over before the first
 token). The engine API key, when one is set, is sent with every request; an
-engine that refuses it is the platform's failure, not the client's.
+engine that refuses it is the platform's failure, not the client's. Each call
+sends the request's ``traceparent`` (``routing.traces``) when tracing is on.
 
 Reads time out on a silent replica (aiohttp's ``sock_read``: the time since the
 socket last gave bytes, re-armed by aiohttp on each arrival, stopped while the
@@ -117,19 +119,28 @@ class Upstream:
             base_url, path, payload, answers_whole=answers_whole, extra_head=extra_head
         )
 
-    async def chat(self, base_url: str, payload: bytes) -> aiohttp.ClientResponse:
+    async def chat(
+        self, base_url: str, payload: bytes, *, traceparent: str = ""
+    ) -> aiohttp.ClientResponse:
         """POST ``payload`` to a replica's ``/v1/chat/completions``; return the
         response once its headers arrived (the body streams from ``.content``).
 
         Until ``expect_tokens``, a read fails after ``first_token_timeout_s`` of
-        silence (waiting for the headers included).
+        silence (waiting for the headers included). ``traceparent``: the W3C
+        trace context to send (none when empty).
         """
         return await self.session.post(
             f"{base_url}/v1/chat/completions",
             data=payload,
-            headers=self.headers,
+            headers=self.headers_with(traceparent),
             timeout=self._timeout,
         )
+
+    def headers_with(self, traceparent: str) -> dict[str, str]:
+        """Return the engine request headers, with ``traceparent`` if not empty."""
+        if not traceparent:
+            return self.headers
+        return {**self.headers, "traceparent": traceparent}
 
     def expect_tokens(self, response: aiohttp.ClientResponse) -> None:
         """The first token arrived: from now on a read of ``response`` fails after

@@ -243,6 +243,56 @@ def test_the_engine_policy_selects_the_rendered_pool_pods(kubectl_binary: str) -
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_traced_pools_engine_exports_its_own_spans(
+    engine: str, chat_model: Model
+) -> None:
+    """GIVEN a template with an OTLP traces endpoint (PLATFORM_TRACES_ENGINE_ENDPOINT
+    through ``kubernetes_pools --otlp-traces-endpoint``)
+    WHEN a pool's Deployment is rendered, for vLLM and for SGLang
+    THEN it validates strictly, the engine gets its own tracing flags (SGLang's
+    with --enable-trace) and OTLP over HTTP; without the endpoint, neither."""
+    body = version_body(
+        version="v1",
+        engine_config={**VERSION_BODY["engine_config"], "engine": engine},
+    )
+    version = accept(registry_services.register_version(model_id="chat-7b", **body))
+    pool = Pool.objects.create(
+        model_id="chat-7b",
+        version=version,
+        region="region-a",
+        min_replicas=1,
+        max_replicas=1,
+        desired_replicas=1,
+    )
+    url = "http://otel-collector.observability:4318/v1/traces"
+    flags = {
+        "vllm": ["--otlp-traces-endpoint", url],
+        "sglang": ["--enable-trace", "--otlp-traces-endpoint", url],
+    }[engine]
+    for endpoint in (url, ""):
+        template = DeploymentTemplate(
+            image="vllm/vllm-openai:v0.32.0",
+            sglang_image="lmsysorg/sglang:v0.5.9",
+            weights_pvc="model-weights",
+            otlp_traces_endpoint=endpoint,
+        )
+        manifest = render_deployment(
+            namespace=NAMESPACE, spec=services.kubernetes_pool_spec(pool, template)
+        )
+        validate(manifest)
+        [container] = manifest["spec"]["template"]["spec"]["containers"]
+        env = {item["name"]: item.get("value") for item in container["env"]}
+        if endpoint:
+            assert container["args"][-len(flags) :] == flags
+            assert env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf"
+        else:
+            assert "--otlp-traces-endpoint" not in container["args"]
+            assert "--enable-trace" not in container["args"]
+            assert "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL" not in env
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_a_kv_events_pool_exposes_its_events_port_to_the_gateway_alone(
     engine: str, chat_model: Model, kubectl_binary: str
 ) -> None:
@@ -496,6 +546,9 @@ def test_the_actuator_role_allows_exactly_what_the_actuator_calls(
     assert follow("--image=vllm/vllm-openai:v0.33.0") == "patch"
     Pool.objects.filter(pk=pool.pk).update(desired_replicas=1)
     assert follow("--image=vllm/vllm-openai:v0.33.0") == "scale"  # down
+    # Traces on: the engines' tracing flags change the pod spec.
+    traced = "--otlp-traces-endpoint=http://otel-collector:4318/v1/traces"
+    assert follow("--image=vllm/vllm-openai:v0.33.0", traced) == "patch"
 
     assert {namespace for *_, namespace in server.calls} == {NAMESPACE}
     called = {(group, resource, verb) for group, resource, verb, _ in server.calls}

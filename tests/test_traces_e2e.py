@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from django.utils import timezone
 
 from localrun.processes import wait_until
+from rollouts import services as rollouts
 from tests.live import LivePlatform, start_platform
 from tests.otlp_collector import read_spans
 
@@ -64,7 +66,7 @@ def platform(
         django_db_blocker.unblock(),
         start_platform(
             tmp_path_factory.mktemp("platform"),
-            pools={"v1": 1},
+            pools={"v1": 1, "v2": 1},  # v2 for the shadow copy
             PLATFORM_TRACES_ENABLED="true",
             PLATFORM_TRACES_ENDPOINT=url,
             PLATFORM_TRACES_SAMPLE_RATIO="1",
@@ -181,3 +183,55 @@ def test_a_clients_traceparent_is_the_traces_parent(
     assert {s["trace_id"] for s in trace} == {trace_id}
     root = next(s for s in trace if s["name"] == "POST /v1/chat/completions")
     assert root["parent_span_id"] == parent_id
+
+
+def test_a_shadow_copy_joins_the_requests_trace(
+    platform: LivePlatform, collector: tuple[str, Path], unblocked: None
+) -> None:
+    """GIVEN v2 shadowing all of chat-7b's requests
+    WHEN a request is answered by v1
+    THEN its copy to v2 is a client span of the request's trace (purpose
+    shadow), and v2's replica span hangs under it: the copy sent its own
+    traceparent. No prompt text in any of them."""
+    _, spans_file = collector
+    rollouts.set_rollout(
+        model_id="chat-7b",
+        version="v2",
+        stage="shadow",
+        percent=100,
+        now=timezone.now(),
+    )
+    try:
+
+        def copied() -> tuple[dict[str, Any], ...] | None:
+            platform.client("alpha").chat.completions.create(
+                model="chat-7b",
+                messages=[{"role": "user", "content": SECRET}],
+                max_tokens=3,
+            )
+            spans = read_spans(spans_file)
+            by_id = {s["span_id"]: s for s in spans}
+            for copy in spans:
+                if copy["attributes"].get("platform.purpose") != "shadow":
+                    continue
+                root = by_id.get(copy["parent_span_id"])
+                replica = [s for s in spans if s["parent_span_id"] == copy["span_id"]]
+                if root is not None and replica:
+                    return copy, root, replica[0]
+            return None
+
+        copy, root, replica = wait_until(
+            copied, timeout_s=60, interval_s=0.5, message="a shadow copy's trace"
+        )
+    finally:
+        rollouts.set_alias(model_id="chat-7b", version="v1")
+    assert copy["kind"] == 3  # CLIENT
+    assert copy["name"] == "chat chat-7b"
+    assert copy["attributes"]["platform.version"] == "v2"
+    assert root["name"] == "POST /v1/chat/completions"
+    assert replica["name"] == "llm_request"
+    assert replica["service"] == "vllm"
+    assert {copy["trace_id"], root["trace_id"], replica["trace_id"]} == {
+        root["trace_id"]
+    }
+    assert SECRET not in json.dumps([copy, root, replica])

@@ -27,6 +27,8 @@ or ``sglang``; the image is the template's ``image`` or ``sglang_image``):
   container runtime's default 64 MiB is too small for NCCL);
 - ``terminationGracePeriodSeconds`` = ``drain_s``, so in-flight streams can finish
   after SIGTERM; vLLM exits on SIGTERM once its server stops;
+- ``env``: the engine's own settings beside the platform's offline ones (with
+  traces on, ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``, ``replica_argv.engine_trace_env``);
 - the engine API key from a Secret (``api_key_secret``, never its value): vLLM
   reads ``VLLM_API_KEY``; SGLang reads ``--config SGLANG_CONFIG_PATH``, a file an
   init container writes into an in-memory emptyDir from the same Secret key;
@@ -114,6 +116,7 @@ _WRITE_SGLANG_CONFIG = (
 _INVALID_NAME_CHARS = re.compile(r"[^a-z0-9-]+")
 _INVALID_LABEL_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 _DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 # Engine replicas read weights from the verified volume; they never reach the Hub.
 _CONTAINER_ENV = (
     ("DO_NOT_TRACK", "1"),
@@ -133,7 +136,7 @@ class PoolSpec:
     valid port, ``startup_timeout_s`` and ``drain_s`` are positive,
     ``gpu_product`` is a label value, an SGLang pool with ``api_key_secret`` has
     ``--config SGLANG_CONFIG_PATH`` in its argv, ``kv_events_port`` is 0 (no KV
-    events) or a valid port other than ``port``.
+    events) or a valid port other than ``port``, ``env`` names are C identifiers.
     """
 
     model: str
@@ -158,9 +161,15 @@ class PoolSpec:
     gpu_product: str | None = None  # required: nvidia.com/gpu.product
     weights_hash: str = ""  # preferred: nodes labelled as holding it
     kv_events_port: int = 0  # where the engine publishes KV events; 0: it does not
+    # The engine's own environment, (name, value) pairs, after the platform's.
+    env: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "argv", tuple(self.argv))
+        object.__setattr__(self, "env", tuple(tuple(pair) for pair in self.env))
+        for key, _ in self.env:
+            if not _ENV_NAME.match(key):
+                raise ValueError(f"env name {key!r} is no C identifier")
         if self.gpu_product is not None and not (
             self.gpu_product and is_label_value(self.gpu_product)
         ):
@@ -232,6 +241,8 @@ class DeploymentTemplate:
     api_key_secret_key: str = "engine-api-key"
     # GPU type by ``model@version``, ``model`` or ``*`` (the most specific wins).
     gpu_products: tuple[tuple[str, str], ...] = ()
+    # Where the engines export their own spans (OTLP/HTTP); empty: none.
+    otlp_traces_endpoint: str = ""
 
     def __post_init__(self) -> None:
         if (self.weights_pvc is None) == (self.weights_host_root is None):
@@ -356,7 +367,9 @@ def render_deployment(*, namespace: str, spec: PoolSpec) -> dict[str, Any]:
         "image": spec.image,
         "command": [spec.argv[0]],
         "args": list(spec.argv[1:]),
-        "env": [{"name": key, "value": value} for key, value in _CONTAINER_ENV],
+        "env": [
+            {"name": key, "value": value} for key, value in (*_CONTAINER_ENV, *spec.env)
+        ],
         "ports": ports,
         "resources": {
             "limits": {GPU_RESOURCE: gpus},

@@ -5,7 +5,8 @@ Public surface: ``ReplicaSpec``, ``vllm_serve_argv``, ``sglang_launch_argv``,
 ``sim_profile_for``, ``sim_quality_for``, ``sim_quality_by_category_for``,
 ``sim_ttft_factor_for``,
 ``sim_degraded_for``,
-``engine_flag_args``, ``DEFAULT_QUANTIZATION_4BIT``, ``RESERVED_KEYS``.
+``engine_flag_args``, ``engine_trace_args``, ``engine_trace_env``,
+``DEFAULT_QUANTIZATION_4BIT``, ``RESERVED_KEYS``.
 
 A version's ``engine_config`` is a JSON object of vLLM flags spelled with
 underscores (``{"max_num_seqs": 256}``). It is turned into argv items, never into a
@@ -105,6 +106,8 @@ __all__ = [
     "ReplicaSpec",
     "engine_flag_args",
     "engine_for",
+    "engine_trace_args",
+    "engine_trace_env",
     "is_kv_events_on",
     "kv_events_config_for",
     "kv_events_url",
@@ -385,6 +388,31 @@ def engine_for(spec: ReplicaSpec) -> str:
             f"engine_config['engine'] must be one of {list(ENGINES)}, not {engine!r}"
         )
     return str(engine)
+
+
+def engine_trace_args(engine: str, endpoint: str) -> list[str]:
+    """Return the flags that make ``engine`` export its own spans to ``endpoint``
+    (an OTLP/HTTP traces URL); none when ``endpoint`` is empty.
+
+    vLLM and the simulated replica (which takes vLLM's flag):
+    ``--otlp-traces-endpoint URL``; SGLang: ``--enable-trace --otlp-traces-endpoint
+    URL`` (its tracing stays off without the first). Each engine's request span
+    is then the child of the gateway's call, whose ``traceparent`` it receives.
+    """
+    if not endpoint:
+        return []
+    if engine == "sglang":
+        return ["--enable-trace", "--otlp-traces-endpoint", endpoint]
+    return ["--otlp-traces-endpoint", endpoint]
+
+
+def engine_trace_env(engine: str, endpoint: str) -> dict[str, str]:
+    """Return the environment that goes with ``engine_trace_args``: OTLP over
+    HTTP, as the gateway exports (vLLM's and SGLang's exporters speak gRPC unless
+    told otherwise); none for the simulator or an empty ``endpoint``."""
+    if not endpoint or engine not in ("vllm", "sglang"):
+        return {}
+    return {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}
 
 
 def sglang_launch_argv(

@@ -495,6 +495,25 @@ def test_otlp_traces_endpoint_reaches_vllm_and_the_simulator(tmp_path: Path) -> 
     assert "--otlp-traces-endpoint" not in plain.argv_for(make_spec())
 
 
+def test_otlp_traces_endpoint_turns_on_sglangs_own_tracing(tmp_path: Path) -> None:
+    """SGLang exports spans only with --enable-trace, and over OTLP/HTTP only when
+    told; its simulated stand-in takes SGLang's flags and gets none."""
+    url = "http://collector:4318/v1/traces"
+    spec = make_spec(engine_config={"engine": "sglang"})
+    real = LocalProcessActuator(kind="vllm", log_dir=tmp_path, otlp_traces_endpoint=url)
+    argv = real.argv_for(spec)
+    assert argv[1:3] == ["-m", "sglang.launch_server"]
+    assert argv[-3:] == ["--enable-trace", "--otlp-traces-endpoint", url]
+    env = real.environment(spec)
+    assert env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf"
+    sim = LocalProcessActuator(kind="sim", log_dir=tmp_path, otlp_traces_endpoint=url)
+    assert "--otlp-traces-endpoint" not in sim.argv_for(spec)
+    assert "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL" not in sim.environment(spec)
+    plain = LocalProcessActuator(kind="vllm", log_dir=tmp_path)
+    assert "--enable-trace" not in plain.argv_for(spec)
+    assert "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL" not in plain.environment(spec)
+
+
 # -- KubernetesActuator ------------------------------------------------------------
 
 

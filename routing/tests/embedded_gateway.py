@@ -51,6 +51,7 @@ from routing.live import LiveLoad
 from routing.plan import GatewaySettings
 from routing.prompt_tokens import VersionCounters
 from routing.snapshots import SnapshotHolder
+from routing.traces import TRACING_OFF, Tracing
 from routing.upstream import Upstream
 
 __all__ = [
@@ -194,6 +195,7 @@ class EmbeddedGateway:
         tiers: tuple[str, ...] | None = None,
         budget: BudgetRecord | None = None,
         usd_per_million: float = 0.0,
+        tracing: Tracing = TRACING_OFF,
     ) -> None:
         snapshot = _snapshot(
             replica_url,
@@ -272,6 +274,7 @@ class EmbeddedGateway:
             upstream=self.upstream,
             background=background,
             hosts=HostPolicy.from_patterns(["127.0.0.1"]),
+            tracing=tracing,
         )
 
     def __enter__(self) -> EmbeddedGateway:

@@ -112,6 +112,13 @@ class Command(BaseCommand):
             help="The GPU type (nvidia.com/gpu.product) a version's pods need, by "
             "model@version, model or * (the most specific wins); repeatable.",
         )
+        parser.add_argument(
+            "--otlp-traces-endpoint",
+            default=settings.PLATFORM_TRACES_ENGINE_ENDPOINT,
+            help="Where the engines export their own spans (an OTLP/HTTP traces "
+            "URL): vLLM's --otlp-traces-endpoint, SGLang's with --enable-trace. "
+            "Default PLATFORM_TRACES_ENGINE_ENDPOINT; empty: none.",
+        )
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--startup-timeout-s", type=int, default=300)
         parser.add_argument(
@@ -165,6 +172,7 @@ class Command(BaseCommand):
                 drain_s=options["drain_s"],
                 api_key_secret=options["engine_api_key_secret"] or None,
                 gpu_products=tuple(products),
+                otlp_traces_endpoint=options["otlp_traces_endpoint"],
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from None

@@ -288,3 +288,18 @@ def test_deployment_template_lays_weights_out_by_hash() -> None:
         DeploymentTemplate(image="i")
     with pytest.raises(ValueError, match="absolute"):
         DeploymentTemplate(image="i", weights_pvc="w", weights_mount="weights")
+
+
+def test_a_pools_own_env_follows_the_platforms_in_the_container() -> None:
+    protocol = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf")
+    manifest = render_deployment(namespace="ns", spec=make_pool(env=[protocol]))
+    [container] = manifest["spec"]["template"]["spec"]["containers"]
+    names = [item["name"] for item in container["env"]]
+    assert names[-1] == protocol[0]
+    assert container["env"][-1]["value"] == protocol[1]
+    assert names.index("HF_HUB_OFFLINE") < names.index(protocol[0])
+
+
+def test_a_pool_env_name_must_be_a_c_identifier() -> None:
+    with pytest.raises(ValueError, match="no C identifier"):
+        make_pool(env=[("BAD-NAME", "x")])

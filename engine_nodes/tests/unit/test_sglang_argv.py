@@ -10,6 +10,8 @@ import pytest
 from engine_nodes.domain.replica_argv import (
     ReplicaSpec,
     engine_for,
+    engine_trace_args,
+    engine_trace_env,
     sglang_launch_argv,
     sim_replica_argv,
     vllm_serve_argv,
@@ -231,3 +233,23 @@ def test_a_version_s_vllm_named_limits_reach_sglang_under_sglang_s_names() -> No
         sglang_launch_argv(
             make_spec({**config, "max_running_requests": 32}, precision="int8", gpus=2)
         )
+
+
+@pytest.mark.parametrize(
+    ("engine", "flags"),
+    [
+        ("vllm", ["--otlp-traces-endpoint", "http://c:4318/v1/traces"]),
+        ("sim", ["--otlp-traces-endpoint", "http://c:4318/v1/traces"]),
+        (
+            "sglang",
+            ["--enable-trace", "--otlp-traces-endpoint", "http://c:4318/v1/traces"],
+        ),
+    ],
+)
+def test_each_engine_gets_its_own_tracing_flags(engine: str, flags: list[str]) -> None:
+    url = "http://c:4318/v1/traces"
+    assert engine_trace_args(engine, url) == flags
+    assert engine_trace_args(engine, "") == []
+    http = {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}
+    assert engine_trace_env(engine, url) == ({} if engine == "sim" else http)
+    assert engine_trace_env(engine, "") == {}
