@@ -19,14 +19,17 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
+from functools import lru_cache
 from typing import Any, TypedDict
 
+from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
+from audit.domain.addresses import Network, client_address, parse_networks
 from audit.domain.changes import RowKey, diff_rows
 from audit.models import ActorKind, AuditEntry, Source
 
@@ -65,11 +68,16 @@ def actor_from_request(request: HttpRequest | Any, *, source: Source) -> Actor |
     """Return the request's actor: its admin token (prefix and name, never the
     secret) or its console user; None for a caller that is neither.
 
-    The address is ``REMOTE_ADDR``: behind a proxy, the proxy's (as the login
-    throttle reads it, ``accounts.login_throttle``).
+    The address is ``REMOTE_ADDR``, or where that is one of
+    ``PLATFORM_TRUSTED_PROXIES``, the client's that they forwarded
+    (``audit.domain.addresses``).
     """
     meta = request.META
-    remote_addr = str(meta.get("REMOTE_ADDR") or "") or None
+    remote_addr = client_address(
+        str(meta.get("REMOTE_ADDR") or ""),
+        str(meta.get("HTTP_X_FORWARDED_FOR") or ""),
+        _trusted_proxies(tuple(settings.PLATFORM_TRUSTED_PROXIES)),
+    )
     method = str(request.method or "")
     path = str(request.path)[:500]
     token = getattr(request, "auth", None)
@@ -100,6 +108,11 @@ def actor_from_request(request: HttpRequest | Any, *, source: Source) -> Actor |
                 path=path,
             )
     return None
+
+
+@lru_cache(maxsize=4)
+def _trusted_proxies(cidrs: tuple[str, ...]) -> tuple[Network, ...]:
+    return parse_networks(cidrs)
 
 
 def _json_safe(row: dict[str, Any]) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from rollouts.models import Rollout, VersionOverride
 from tests.factories import accept, digest, version_body
 
 if TYPE_CHECKING:
+    from pytest_django import Settings
     from rest_framework.test import APIClient
 
     from accounts.models import Team
@@ -225,6 +226,37 @@ def test_rest_requests_that_change_nothing_write_nothing(
     client_from.get("/admin/models/chat-7b")
     assert AuditEntry.objects.count() == written
     assert Rollout.objects.count() == 1
+
+
+def test_rest_address_behind_a_trusted_proxy_is_the_forwarded_client(
+    admin_client: APIClient, settings: Settings
+) -> None:
+    """Behind our proxy (10.0.0.0/8) the entry names the client it forwarded,
+    not the proxy, nor what the client wrote into the header itself."""
+    settings.PLATFORM_TRUSTED_PROXIES = ["10.0.0.0/8"]
+    response = admin_client.post(
+        "/admin/teams",
+        {"team": "ads", "name": "Ads"},
+        format="json",
+        REMOTE_ADDR="10.0.0.5",
+        HTTP_X_FORWARDED_FOR=f"192.0.2.66, {ADDRESS}, 10.0.0.9",
+    )
+    assert response.status_code == 201, response.content
+    assert only("accounts.team", "ads", "create").remote_addr == ADDRESS
+
+
+def test_rest_address_ignores_a_forwarded_header_from_an_untrusted_peer(
+    client_from: APIClient, settings: Settings
+) -> None:
+    settings.PLATFORM_TRUSTED_PROXIES = ["10.0.0.0/8"]
+    response = client_from.post(
+        "/admin/teams",
+        {"team": "ads", "name": "Ads"},
+        format="json",
+        HTTP_X_FORWARDED_FOR="10.0.0.9, 192.0.2.66",
+    )
+    assert response.status_code == 201, response.content
+    assert only("accounts.team", "ads", "create").remote_addr == ADDRESS
 
 
 def test_every_control_plane_write_is_audited() -> None:
