@@ -7,10 +7,12 @@ from django.db import models
 
 
 class ActorKind(models.TextChoices):
-    """Who made a change: an admin token (the REST API) or a console user."""
+    """Who made a change: an admin token (the REST API), a console user, or a
+    team's API key (its own batches, through the team API)."""
 
     ADMIN_TOKEN = "admin_token", "admin token"
     USER = "user", "console user"
+    API_KEY = "api_key", "team API key"
 
 
 class Source(models.TextChoices):

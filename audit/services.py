@@ -65,8 +65,8 @@ class Actor:
 
 
 def actor_from_request(request: HttpRequest | Any, *, source: Source) -> Actor | None:
-    """Return the request's actor: its admin token (prefix and name, never the
-    secret) or its console user; None for a caller that is neither.
+    """Return the request's actor: its admin token or team API key (prefix and
+    name, never the secret) or its console user; None for a caller that is none.
 
     The address is ``REMOTE_ADDR``, or where that is one of
     ``PLATFORM_TRUSTED_PROXIES``, the client's that they forwarded
@@ -85,10 +85,16 @@ def actor_from_request(request: HttpRequest | Any, *, source: Source) -> Actor |
     token_id = getattr(token, "pk", None)
     if prefix and token_id is not None:
         name = getattr(token, "name", "") or "unnamed"
+        # A team's API key names its team; an admin token has none.
+        team_id = getattr(token, "team_id", None)
+        if team_id is not None:
+            kind, label = ActorKind.API_KEY, f"API key {prefix}… ({name}) of {team_id}"
+        else:
+            kind, label = ActorKind.ADMIN_TOKEN, f"admin token {prefix}… ({name})"
         return Actor(
-            kind=ActorKind.ADMIN_TOKEN,
+            kind=kind,
             actor_id=str(token_id),
-            name=f"admin token {prefix}… ({name})"[:200],
+            name=label[:200],
             remote_addr=remote_addr,
             source=source,
             method=method,
@@ -124,17 +130,32 @@ def snapshot(scope: Iterable[QuerySet[Any]]) -> dict[RowKey, dict[str, Any]]:
     """Return every row of the scope's querysets: (type, id) -> its fields as JSON.
 
     The type is the model's ``app_label.modelname``; fields are by column name
-    (``team_id``, not ``team``), so a snapshot never follows a foreign key.
+    (``team_id``, not ``team``), so a snapshot never follows a foreign key. A
+    queryset narrowed with ``.only(...)`` is read for those fields alone: a row
+    that a control loop also writes is watched only where the request writes.
     """
     rows: dict[RowKey, dict[str, Any]] = {}
     for queryset in scope:
         model: type[Model] = queryset.model
         meta = model._meta
-        names = [field.attname for field in meta.concrete_fields]
+        names = _watched(queryset)
         for row in queryset.order_by().values(*names):
             key = (meta.label_lower, str(row[meta.pk.attname]))
             rows[key] = _json_safe(row)
     return rows
+
+
+def _watched(queryset: QuerySet[Any]) -> list[str]:
+    """Return the columns to read of ``queryset``: its ``.only()`` fields and the
+    key, or every concrete field."""
+    meta = queryset.model._meta
+    only, is_defer = queryset.query.deferred_loading
+    fields = meta.concrete_fields
+    if not is_defer and only:
+        fields = [
+            f for f in fields if f.name in only or f.attname in only or f.primary_key
+        ]
+    return [field.attname for field in fields]
 
 
 class Capture:
