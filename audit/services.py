@@ -62,6 +62,7 @@ class Actor:
     source: str
     method: str
     path: str
+    x_request_id: str = ""
 
 
 def actor_from_request(request: HttpRequest | Any, *, source: Source) -> Actor | None:
@@ -80,6 +81,8 @@ def actor_from_request(request: HttpRequest | Any, *, source: Source) -> Actor |
     )
     method = str(request.method or "")
     path = str(request.path)[:500]
+    # Set by config.request_ids (a bounded token); cut for a request without it.
+    x_request_id = str(meta.get("HTTP_X_REQUEST_ID") or "")[:64]
     token = getattr(request, "auth", None)
     prefix = getattr(token, "prefix", "")
     token_id = getattr(token, "pk", None)
@@ -99,6 +102,7 @@ def actor_from_request(request: HttpRequest | Any, *, source: Source) -> Actor |
             source=source,
             method=method,
             path=path,
+            x_request_id=x_request_id,
         )
     user = getattr(request, "user", None)
     if user is not None and getattr(user, "is_authenticated", False):
@@ -112,6 +116,7 @@ def actor_from_request(request: HttpRequest | Any, *, source: Source) -> Actor |
                 source=source,
                 method=method,
                 path=path,
+                x_request_id=x_request_id,
             )
     return None
 
@@ -191,6 +196,7 @@ class Capture:
                 method=actor.method,
                 path=actor.path,
                 request_id=request_id,
+                x_request_id=actor.x_request_id,
                 object_type=change.object_type,
                 object_id=change.object_id[:200],
                 action=change.action,
@@ -254,6 +260,7 @@ class EntryDict(TypedDict):
     method: str
     path: str
     request_id: str
+    x_request_id: str
     object_type: str
     object_id: str
     action: str
@@ -275,6 +282,7 @@ def entry_dict(entry: AuditEntry) -> EntryDict:
         "method": entry.method,
         "path": entry.path,
         "request_id": str(entry.request_id),
+        "x_request_id": entry.x_request_id,
         "object_type": entry.object_type,
         "object_id": entry.object_id,
         "action": entry.action,
@@ -291,6 +299,7 @@ class EntryFilter:
     actor: str | None = None
     object_type: str | None = None
     object_id: str | None = None
+    x_request_id: str | None = None
     since: datetime | None = None
     until: datetime | None = None
     after_id: int | None = None
@@ -309,6 +318,8 @@ def filter_entries(query: EntryFilter) -> QuerySet[AuditEntry]:
         entries = entries.filter(object_type=query.object_type)
     if query.object_id is not None:
         entries = entries.filter(object_id=query.object_id)
+    if query.x_request_id is not None:
+        entries = entries.filter(x_request_id=query.x_request_id)
     if query.after_id is not None:
         entries = entries.filter(id__gt=query.after_id)
     if query.since is not None:

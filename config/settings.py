@@ -86,6 +86,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # Every answer says its request's id (the caller's X-Request-Id, or a new one).
+    "config.request_ids.RequestId",
     "config.request_guards.RejectNulBytes",
     # A lost database answers 503 with Retry-After, not 500 (config.control_plane).
     "config.control_plane.DatabaseUnavailable",

@@ -260,6 +260,35 @@ def test_rest_address_ignores_a_forwarded_header_from_an_untrusted_peer(
     assert only("accounts.team", "ads", "create").remote_addr == ADDRESS
 
 
+def test_rest_entries_carry_the_request_id_the_caller_sent(
+    client_from: APIClient,
+) -> None:
+    """A caller's X-Request-Id is answered back and written on the entries its
+    request made; one that is no short token is replaced by a fresh id."""
+    sent = client_from.post(
+        "/admin/teams",
+        {"team": "ads", "name": "Ads"},
+        format="json",
+        HTTP_X_REQUEST_ID="e2e-4f1c",
+    )
+    assert sent.status_code == 201, sent.content
+    assert sent["X-Request-Id"] == "e2e-4f1c"
+    assert only("accounts.team", "ads", "create").x_request_id == "e2e-4f1c"
+    forged = client_from.post(
+        "/admin/teams",
+        {"team": "web", "name": "Web"},
+        format="json",
+        HTTP_X_REQUEST_ID="two words\r\nSet-Cookie: x=1",
+    )
+    assert forged.status_code == 201, forged.content
+    answered = forged["X-Request-Id"]
+    assert len(answered) == 32
+    assert only("accounts.team", "web", "create").x_request_id == answered
+    found = client_from.get("/admin/audit", {"x_request_id": "e2e-4f1c"}).json()
+    assert [e["object_id"] for e in found["data"]] == ["ads"]
+    assert found["data"][0]["x_request_id"] == "e2e-4f1c"
+
+
 def test_every_control_plane_write_is_audited() -> None:
     """Every /admin view with a write method records its changes: a new one
     that does not derive from AuditedView fails here."""
