@@ -5,9 +5,11 @@ querysets it may touch (its scope): the rows are read before and after, and ever
 row created, updated or deleted between the two becomes one ``AuditEntry``. Reading
 rows, not catching ``save()``, is what sees the compare-and-set ``.update()`` calls
 our services make (a key's revocation, a rollout's decision), which model signals
-never see. The REST views (``audit.api.base.AuditedView``) and the console's admin
-pages (``audit.admin.AuditedAdmin``) open the captures; nothing else writes here.
-Design and limits: docs/platform-admins.md#audit-trail.
+never see. The REST views (``audit.api.base.AuditedMixin``: every /admin write, a
+batch's cancel), the console's admin pages (``audit.admin.AuditedAdmin``) and its
+own pages that write (``audited``: rollout controls, judge labels) open the
+captures; nothing else writes here. Design and limits:
+docs/platform-admins.md#audit-trail.
 """
 
 from __future__ import annotations
