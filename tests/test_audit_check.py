@@ -59,15 +59,24 @@ def test_trail_problems_fails_an_object_recorded_twice_for_one_request() -> None
     assert "accounts.team ads create is recorded 2 times" in problem
 
 
-def test_trail_problems_fails_an_entry_of_another_path_or_an_unechoed_id() -> None:
+def test_trail_problems_fails_an_entry_of_another_path() -> None:
+    (problem,) = trail_problems(
+        [CALL], [FakeEntry(path="/admin/models")], token_id=TOKEN_ID
+    )
+    assert "an entry names POST /admin/models instead" in problem
+
+
+def test_trail_problems_links_by_the_id_answered() -> None:
+    """The server replaces an id that is no short token: its entries carry the
+    one it answered with; an answer with none cannot be linked."""
+    replaced = replace(CALL, request_id="two words", answered_id="e2e-1")
+    assert trail_problems([replaced], [FakeEntry()], token_id=TOKEN_ID) == []
     problems = trail_problems(
-        [replace(CALL, answered_id=None)],
-        [FakeEntry(path="/admin/models")],
-        token_id=TOKEN_ID,
+        [replace(CALL, answered_id=None)], [FakeEntry()], token_id=TOKEN_ID
     )
     assert len(problems) == 2
-    assert "answered with id None" in problems[0]
-    assert "an entry names POST /admin/models instead" in problems[1]
+    assert "answered with no x-request-id" in problems[0]
+    assert "created something, but the trail has no entry" in problems[1]
 
 
 def test_admin_calls_label_every_request_and_note_admin_writes_that_succeeded() -> None:
