@@ -289,11 +289,18 @@ def admin_secret(db: None) -> str:
 
 
 @pytest.fixture
-def admin_client(admin_secret: str) -> APIClient:
-    """Return an API client that sends an admin token."""
-    client = APIClient()
+def admin_client(admin_secret: str) -> Iterator[APIClient]:
+    """Return an API client that sends an admin token; once the test is done,
+    its admin writes are checked against the audit trail (tests.audit_check)."""
+    from accounts.domain.keys import hash_secret
+    from accounts.models import AdminToken
+    from tests.audit_check import AuditedApiClient, check_trail
+
+    client = AuditedApiClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {admin_secret}")
-    return client
+    yield client
+    token = AdminToken.objects.get(key_hash=hash_secret(admin_secret))
+    check_trail(client.admin_calls, token_id=token.pk)
 
 
 @pytest.fixture

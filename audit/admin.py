@@ -122,7 +122,7 @@ class AuditEntryAdmin(admin.ModelAdmin):
         "changed",
     )
     list_filter = ("actor_name", "source", "action", "object_type", "at")
-    search_fields = ("actor_name", "object_id", "path")
+    search_fields = ("actor_name", "object_id", "path", "x_request_id")
     date_hierarchy = "at"
     list_per_page = 100
     fields = (
@@ -135,6 +135,7 @@ class AuditEntryAdmin(admin.ModelAdmin):
         "method",
         "path",
         "request_id",
+        "x_request_id",
         "object_type",
         "object_id",
         "action",

@@ -7,10 +7,12 @@ from django.db import models
 
 
 class ActorKind(models.TextChoices):
-    """Who made a change: an admin token (the REST API) or a console user."""
+    """Who made a change: an admin token (the REST API), a console user, or a
+    team's API key (its own batches, through the team API)."""
 
     ADMIN_TOKEN = "admin_token", "admin token"
     USER = "user", "console user"
+    API_KEY = "api_key", "team API key"
 
 
 class Source(models.TextChoices):
@@ -35,7 +37,10 @@ class AuditEntry(models.Model):
     (migration 0002). Holds no foreign key, so deleting what it names never
     deletes it. ``before`` and ``after`` are the object's fields (secrets left
     out: ``audit.domain.changes.SECRET_FIELDS``); null before a create, after a
-    delete. ``request_id`` groups the rows one request wrote.
+    delete. ``request_id`` groups the rows one request wrote; ``x_request_id`` is
+    that request's ``X-Request-Id`` (``config.request_ids``: the caller's own, or
+    the one it was answered with; "" in entries older than it), how a caller
+    finds what its request changed.
     """
 
     Kind = ActorKind
@@ -49,6 +54,7 @@ class AuditEntry(models.Model):
     method = models.CharField(max_length=8)
     path = models.CharField(max_length=500)
     request_id = models.UUIDField()
+    x_request_id = models.CharField(max_length=64, blank=True, default="")
     object_type = models.CharField(max_length=100)
     object_id = models.CharField(max_length=200)
     action = models.CharField(max_length=8, choices=Action.choices)
@@ -64,6 +70,7 @@ class AuditEntry(models.Model):
         indexes = [
             models.Index(fields=["object_type", "object_id"], name="audit_object"),
             models.Index(fields=["actor_name", "at"], name="audit_actor_at"),
+            models.Index(fields=["x_request_id"], name="audit_x_request_id"),
         ]
         constraints = [
             models.CheckConstraint(

@@ -5,9 +5,11 @@ querysets it may touch (its scope): the rows are read before and after, and ever
 row created, updated or deleted between the two becomes one ``AuditEntry``. Reading
 rows, not catching ``save()``, is what sees the compare-and-set ``.update()`` calls
 our services make (a key's revocation, a rollout's decision), which model signals
-never see. The REST views (``audit.api.base.AuditedView``) and the console's admin
-pages (``audit.admin.AuditedAdmin``) open the captures; nothing else writes here.
-Design and limits: docs/platform-admins.md#audit-trail.
+never see. The REST views (``audit.api.base.AuditedMixin``: every /admin write, a
+batch's cancel), the console's admin pages (``audit.admin.AuditedAdmin``) and its
+own pages that write (``audited``: rollout controls, judge labels) open the
+captures; nothing else writes here. Design and limits:
+docs/platform-admins.md#audit-trail.
 """
 
 from __future__ import annotations
@@ -19,14 +21,17 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
+from functools import lru_cache
 from typing import Any, TypedDict
 
+from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
+from audit.domain.addresses import Network, client_address, parse_networks
 from audit.domain.changes import RowKey, diff_rows
 from audit.models import ActorKind, AuditEntry, Source
 
@@ -59,32 +64,47 @@ class Actor:
     source: str
     method: str
     path: str
+    x_request_id: str = ""
 
 
 def actor_from_request(request: HttpRequest | Any, *, source: Source) -> Actor | None:
-    """Return the request's actor: its admin token (prefix and name, never the
-    secret) or its console user; None for a caller that is neither.
+    """Return the request's actor: its admin token or team API key (prefix and
+    name, never the secret) or its console user; None for a caller that is none.
 
-    The address is ``REMOTE_ADDR``: behind a proxy, the proxy's (as the login
-    throttle reads it, ``accounts.login_throttle``).
+    The address is ``REMOTE_ADDR``, or where that is one of
+    ``PLATFORM_TRUSTED_PROXIES``, the client's that they forwarded
+    (``audit.domain.addresses``).
     """
     meta = request.META
-    remote_addr = str(meta.get("REMOTE_ADDR") or "") or None
+    remote_addr = client_address(
+        str(meta.get("REMOTE_ADDR") or ""),
+        str(meta.get("HTTP_X_FORWARDED_FOR") or ""),
+        _trusted_proxies(tuple(settings.PLATFORM_TRUSTED_PROXIES)),
+    )
     method = str(request.method or "")
     path = str(request.path)[:500]
+    # Set by config.request_ids (a bounded token); cut for a request without it.
+    x_request_id = str(meta.get("HTTP_X_REQUEST_ID") or "")[:64]
     token = getattr(request, "auth", None)
     prefix = getattr(token, "prefix", "")
     token_id = getattr(token, "pk", None)
     if prefix and token_id is not None:
         name = getattr(token, "name", "") or "unnamed"
+        # A team's API key names its team; an admin token has none.
+        team_id = getattr(token, "team_id", None)
+        if team_id is not None:
+            kind, label = ActorKind.API_KEY, f"API key {prefix}… ({name}) of {team_id}"
+        else:
+            kind, label = ActorKind.ADMIN_TOKEN, f"admin token {prefix}… ({name})"
         return Actor(
-            kind=ActorKind.ADMIN_TOKEN,
+            kind=kind,
             actor_id=str(token_id),
-            name=f"admin token {prefix}… ({name})"[:200],
+            name=label[:200],
             remote_addr=remote_addr,
             source=source,
             method=method,
             path=path,
+            x_request_id=x_request_id,
         )
     user = getattr(request, "user", None)
     if user is not None and getattr(user, "is_authenticated", False):
@@ -98,8 +118,14 @@ def actor_from_request(request: HttpRequest | Any, *, source: Source) -> Actor |
                 source=source,
                 method=method,
                 path=path,
+                x_request_id=x_request_id,
             )
     return None
+
+
+@lru_cache(maxsize=4)
+def _trusted_proxies(cidrs: tuple[str, ...]) -> tuple[Network, ...]:
+    return parse_networks(cidrs)
 
 
 def _json_safe(row: dict[str, Any]) -> dict[str, Any]:
@@ -111,17 +137,32 @@ def snapshot(scope: Iterable[QuerySet[Any]]) -> dict[RowKey, dict[str, Any]]:
     """Return every row of the scope's querysets: (type, id) -> its fields as JSON.
 
     The type is the model's ``app_label.modelname``; fields are by column name
-    (``team_id``, not ``team``), so a snapshot never follows a foreign key.
+    (``team_id``, not ``team``), so a snapshot never follows a foreign key. A
+    queryset narrowed with ``.only(...)`` is read for those fields alone: a row
+    that a control loop also writes is watched only where the request writes.
     """
     rows: dict[RowKey, dict[str, Any]] = {}
     for queryset in scope:
         model: type[Model] = queryset.model
         meta = model._meta
-        names = [field.attname for field in meta.concrete_fields]
+        names = _watched(queryset)
         for row in queryset.order_by().values(*names):
             key = (meta.label_lower, str(row[meta.pk.attname]))
             rows[key] = _json_safe(row)
     return rows
+
+
+def _watched(queryset: QuerySet[Any]) -> list[str]:
+    """Return the columns to read of ``queryset``: its ``.only()`` fields and the
+    key, or every concrete field."""
+    meta = queryset.model._meta
+    only, is_defer = queryset.query.deferred_loading
+    fields = meta.concrete_fields
+    if not is_defer and only:
+        fields = [
+            f for f in fields if f.name in only or f.attname in only or f.primary_key
+        ]
+    return [field.attname for field in fields]
 
 
 class Capture:
@@ -157,6 +198,7 @@ class Capture:
                 method=actor.method,
                 path=actor.path,
                 request_id=request_id,
+                x_request_id=actor.x_request_id,
                 object_type=change.object_type,
                 object_id=change.object_id[:200],
                 action=change.action,
@@ -220,6 +262,7 @@ class EntryDict(TypedDict):
     method: str
     path: str
     request_id: str
+    x_request_id: str
     object_type: str
     object_id: str
     action: str
@@ -241,6 +284,7 @@ def entry_dict(entry: AuditEntry) -> EntryDict:
         "method": entry.method,
         "path": entry.path,
         "request_id": str(entry.request_id),
+        "x_request_id": entry.x_request_id,
         "object_type": entry.object_type,
         "object_id": entry.object_id,
         "action": entry.action,
@@ -257,6 +301,7 @@ class EntryFilter:
     actor: str | None = None
     object_type: str | None = None
     object_id: str | None = None
+    x_request_id: str | None = None
     since: datetime | None = None
     until: datetime | None = None
     after_id: int | None = None
@@ -275,6 +320,8 @@ def filter_entries(query: EntryFilter) -> QuerySet[AuditEntry]:
         entries = entries.filter(object_type=query.object_type)
     if query.object_id is not None:
         entries = entries.filter(object_id=query.object_id)
+    if query.x_request_id is not None:
+        entries = entries.filter(x_request_id=query.x_request_id)
     if query.after_id is not None:
         entries = entries.filter(id__gt=query.after_id)
     if query.since is not None:

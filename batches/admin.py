@@ -1,5 +1,5 @@
-"""Console pages for batches: viewable, with a cancel action; the runners own the
-lines and the counts, so nothing is edited by hand."""
+"""Console pages for batches: viewable, with a cancel action (audited); the runners
+own the lines and the counts, so nothing is edited by hand."""
 
 from __future__ import annotations
 
@@ -9,14 +9,16 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from audit.admin import AuditedAdmin
 from batches import services
 from batches.models import Batch, BatchFile
 from models_registry.admin import ReadOnlyAdmin
 
 
 @admin.register(Batch)
-class BatchAdmin(ReadOnlyAdmin):
-    """Each job: progress, deadline and what the scheduler decided, and why."""
+class BatchAdmin(AuditedAdmin, ReadOnlyAdmin):
+    """Each job: progress, deadline and what the scheduler decided, and why; a
+    cancel is recorded in the audit trail with the console user."""
 
     list_display = (
         "id",
@@ -37,6 +39,15 @@ class BatchAdmin(ReadOnlyAdmin):
     date_hierarchy = "created_at"
     exclude = ("key",)
     actions = ["cancel"]
+
+    def audit_scope(
+        self, object_id: str | None, selected: list[str] | None = None
+    ) -> list[QuerySet[Any]]:
+        # Only what a cancel writes: the runners move the counts meanwhile.
+        return [
+            rows.only(*services.CANCEL_FIELDS)
+            for rows in super().audit_scope(object_id, selected)
+        ]
 
     def get_actions(self, request: HttpRequest) -> dict[str, Any]:
         # Actions are hidden when nothing may change; cancel is the one kept.

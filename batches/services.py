@@ -51,6 +51,7 @@ from models_registry.models import Model, ModelKind
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "CANCEL_FIELDS",
     "TooLarge",
     "batch_key_secret",
     "batch_object",
@@ -498,6 +499,10 @@ def list_batches(
         )
     page = list(rows.order_by("-created_at", "-id")[: limit + 1])
     return page[:limit], len(page) > limit
+
+
+# What a cancel writes (and all the audit trail watches of it, batches.api.views).
+CANCEL_FIELDS = ("status", "cancelling_at")
 
 
 def cancel_batch(*, team_id: str, batch_id: str, now: datetime | None = None) -> Batch:

@@ -1,7 +1,7 @@
 """Strict, typed readers for settings taken from the environment.
 
 Public surface: ``env_str``, ``env_int``, ``env_float``, ``env_bool``, ``env_list``,
-``env_secret``, ``parse_database_url`` and ``EnvError``.
+``env_networks``, ``env_secret``, ``parse_database_url`` and ``EnvError``.
 
 Every reader raises ``EnvError`` naming the variable when a value is present but
 malformed: a typo in production must stop the process at start, not fall back to a
@@ -10,6 +10,7 @@ default silently. Each variable is documented in ``docs/configuration.md``.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 from collections.abc import Mapping
@@ -24,6 +25,7 @@ __all__ = [
     "env_float",
     "env_int",
     "env_list",
+    "env_networks",
     "env_secret",
     "env_str",
     "parse_database_url",
@@ -115,6 +117,24 @@ def env_list(
     if value is None:
         return list(default)
     return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def env_networks(
+    name: str, default: list[str], environ: Mapping[str, str] | None = None
+) -> list[str]:
+    """Return a comma-separated list of networks (``10.0.0.0/8``, ``::1``: a bare
+    address is one host), each written in its normal form.
+
+    Raises:
+        EnvError: an item is not an IPv4 or IPv6 network.
+    """
+    networks = []
+    for item in env_list(name, default, environ):
+        try:
+            networks.append(str(ipaddress.ip_network(item, strict=False)))
+        except ValueError:
+            raise EnvError(f"{name} must be networks (CIDR), got {item!r}") from None
+    return networks
 
 
 def env_pairs(name: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -21,6 +21,7 @@ from config.env import (
     env_float_pairs,
     env_int,
     env_list,
+    env_networks,
     env_pairs,
     env_secret,
     env_str,
@@ -85,6 +86,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # Every answer says its request's id (the caller's X-Request-Id, or a new one).
+    "config.request_ids.RequestId",
     "config.request_guards.RejectNulBytes",
     # A lost database answers 503 with Retry-After, not 500 (config.control_plane).
     "config.control_plane.DatabaseUnavailable",
@@ -537,6 +540,9 @@ try:
     PLATFORM_CONSOLE_LOGIN_LOCKOUT_S = env_float(
         "PLATFORM_CONSOLE_LOGIN_LOCKOUT_S", 900.0, minimum=1.0
     )
+    # The proxies (CIDRs) whose X-Forwarded-For the audit trail believes, to
+    # record the client's address rather than the proxy's (audit.services).
+    PLATFORM_TRUSTED_PROXIES = env_networks("PLATFORM_TRUSTED_PROXIES", [])
     # Served with the ASGI app itself (the console's CSS/JS) when no web server
     # sits in front; `make up` turns it on.
     PLATFORM_SERVE_STATIC = env_bool("PLATFORM_SERVE_STATIC", DEBUG)

@@ -7,8 +7,8 @@ better, tie), how many items are labelled, and each judge's agreement with
 people: Cohen's kappa with its 95% interval, held to the default floor
 (``GateConfig``'s ``min_kappa`` over at least ``min_labels`` labels; a model's
 own gate settings may set another, which the gates endpoint shows). A POST
-records the label and the reviewer (``models_registry.judge_labels``), then
-comes back for the next item. Needs ``models_registry.change_judgeitem``.
+records the label and the reviewer (``models_registry.judge_labels``; the audit
+trail records it too), then comes back for the next item. Needs ``models_registry.change_judgeitem``.
 """
 
 from __future__ import annotations
@@ -22,9 +22,12 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods
 
+from audit.models import Source
+from audit.services import audited
 from config.api import admin_name
 from console.views import _context
 from models_registry import judge_labels
+from models_registry.models import JudgeItem
 
 __all__ = ["label_page"]
 
@@ -57,12 +60,18 @@ def label_page(request: HttpRequest) -> HttpResponse:
 def _label(request: HttpRequest) -> HttpResponse:
     try:
         item_id = int(request.POST.get("item", ""))
-        done = judge_labels.label_item(
-            item_id=item_id,
-            label=request.POST.get("label", ""),
-            reviewer=admin_name(request),
-            now=timezone.now(),
-        )
+        # A label moves the judge's agreement, and so whether it may gate: audited.
+        with audited(
+            request,
+            source=Source.CONSOLE,
+            scope=[JudgeItem.objects.filter(pk=item_id)],
+        ):
+            done = judge_labels.label_item(
+                item_id=item_id,
+                label=request.POST.get("label", ""),
+                reviewer=admin_name(request),
+                now=timezone.now(),
+            )
     except ValueError as exc:
         messages.error(request, f"label refused: {exc}")
     else:

@@ -11,7 +11,8 @@ again (never the machine's shared one).
 As under `make up`, the platform runs with its process secrets: replicas demand an
 engine key on ``/v1`` (the gateway sends it), ``/sim/faults`` an admin token and
 ``/metrics`` a scrape token. ``LivePlatform.metrics``, ``scrape_metrics`` and
-``LivePlatform.sim_admin_headers`` send them.
+``LivePlatform.sim_admin_headers`` send them. ``LivePlatform.admin_api`` is a
+control-plane client whose admin writes are checked against the audit trail.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,6 +58,7 @@ from localrun.seeding import (
     version_body,
 )
 from models_registry.models import ModelVersion, Pool
+from tests.audit_check import admin_api
 
 if TYPE_CHECKING:
     import openai
@@ -90,6 +92,14 @@ class LivePlatform:
     def metrics(self, url: str | None = None) -> str:
         """Return the /metrics exposition of the gateway at ``url`` (default: ours)."""
         return scrape_metrics(url or self.url, self.env)
+
+    def admin_api(
+        self, name: str, *, blocker: DjangoDbBlocker | None = None
+    ) -> AbstractContextManager[httpx.Client]:
+        """Return a client of the control plane with a new admin token ``name``;
+        once it is done, every admin write it made is checked against the audit
+        trail (``tests.audit_check``)."""
+        return admin_api(self.url, name=name, blocker=blocker)
 
     def sim_admin_headers(self) -> dict[str, str]:
         """Return the headers that open a simulated replica's /sim/faults."""

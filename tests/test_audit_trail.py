@@ -11,22 +11,24 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from django.contrib import admin
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group, Permission
 from django.test import Client, RequestFactory
 from django.urls import URLPattern, URLResolver, get_resolver
+from django.utils import timezone
 
 from accounts.domain.keys import hash_secret
-from accounts.models import AdminToken, ApiKey, TeamLimit
+from accounts.models import AdminToken, ApiKey, Team, TeamLimit
 from audit.admin import AuditedAdmin
-from audit.api.base import AuditedView
+from audit.api.base import AuditedMixin, AuditedView
 from audit.models import AuditEntry
-from models_registry.models import GateRun, ModelVersion, Pool
+from audit.services import Actor, Capture
+from models_registry.models import GateRun, JudgeItem, ModelVersion, Pool
 from rollouts.models import Rollout, VersionOverride
 from tests.factories import accept, digest, version_body
 
 if TYPE_CHECKING:
+    from pytest_django import Settings
     from rest_framework.test import APIClient
-
-    from accounts.models import Team
 
 pytestmark = pytest.mark.django_db
 
@@ -227,6 +229,66 @@ def test_rest_requests_that_change_nothing_write_nothing(
     assert Rollout.objects.count() == 1
 
 
+def test_rest_address_behind_a_trusted_proxy_is_the_forwarded_client(
+    admin_client: APIClient, settings: Settings
+) -> None:
+    """Behind our proxy (10.0.0.0/8) the entry names the client it forwarded,
+    not the proxy, nor what the client wrote into the header itself."""
+    settings.PLATFORM_TRUSTED_PROXIES = ["10.0.0.0/8"]
+    response = admin_client.post(
+        "/admin/teams",
+        {"team": "ads", "name": "Ads"},
+        format="json",
+        REMOTE_ADDR="10.0.0.5",
+        HTTP_X_FORWARDED_FOR=f"192.0.2.66, {ADDRESS}, 10.0.0.9",
+    )
+    assert response.status_code == 201, response.content
+    assert only("accounts.team", "ads", "create").remote_addr == ADDRESS
+
+
+def test_rest_address_ignores_a_forwarded_header_from_an_untrusted_peer(
+    client_from: APIClient, settings: Settings
+) -> None:
+    settings.PLATFORM_TRUSTED_PROXIES = ["10.0.0.0/8"]
+    response = client_from.post(
+        "/admin/teams",
+        {"team": "ads", "name": "Ads"},
+        format="json",
+        HTTP_X_FORWARDED_FOR="10.0.0.9, 192.0.2.66",
+    )
+    assert response.status_code == 201, response.content
+    assert only("accounts.team", "ads", "create").remote_addr == ADDRESS
+
+
+def test_rest_entries_carry_the_request_id_the_caller_sent(
+    client_from: APIClient,
+) -> None:
+    """A caller's X-Request-Id is answered back and written on the entries its
+    request made; one that is no short token is replaced by a fresh id."""
+    sent = client_from.post(
+        "/admin/teams",
+        {"team": "ads", "name": "Ads"},
+        format="json",
+        HTTP_X_REQUEST_ID="e2e-4f1c",
+    )
+    assert sent.status_code == 201, sent.content
+    assert sent["X-Request-Id"] == "e2e-4f1c"
+    assert only("accounts.team", "ads", "create").x_request_id == "e2e-4f1c"
+    forged = client_from.post(
+        "/admin/teams",
+        {"team": "web", "name": "Web"},
+        format="json",
+        HTTP_X_REQUEST_ID="two words\r\nSet-Cookie: x=1",
+    )
+    assert forged.status_code == 201, forged.content
+    answered = forged["X-Request-Id"]
+    assert len(answered) == 32
+    assert only("accounts.team", "web", "create").x_request_id == answered
+    found = client_from.get("/admin/audit", {"x_request_id": "e2e-4f1c"}).json()
+    assert [e["object_id"] for e in found["data"]] == ["ads"]
+    assert found["data"][0]["x_request_id"] == "e2e-4f1c"
+
+
 def test_every_control_plane_write_is_audited() -> None:
     """Every /admin view with a write method records its changes: a new one
     that does not derive from AuditedView fails here."""
@@ -238,33 +300,50 @@ def test_every_control_plane_write_is_audited() -> None:
     assert unaudited == []
 
 
+# The team API's writes (a team's key, under /v1) that are not audited, and why.
+TEAM_API_UNAUDITED = {
+    # A team's own data, made with its own key: the rows name their team and
+    # when. A cancel stops work already under way, so it is audited.
+    "batches.api.views.FileListView",
+    "batches.api.views.BatchListView",
+}
+
+
+def test_every_team_api_write_is_audited_or_listed_with_why() -> None:
+    """Every /v1 view Django serves with a write method records its changes with
+    the team's key (AuditedMixin), or is listed above."""
+    unaudited = set()
+    for view in _views_under("v1/"):
+        writes = [m for m in WRITE_METHODS if hasattr(view, m)]
+        if writes and not issubclass(view, AuditedMixin):
+            unaudited.add(f"{view.__module__}.{view.__qualname__}")
+    assert unaudited == TEAM_API_UNAUDITED
+
+
 def _admin_views() -> list[type]:
-    resolver = get_resolver()
-    admin_api = next(
-        p
-        for p in resolver.url_patterns
-        if isinstance(p, URLResolver) and str(p.pattern) == "admin/"
-    )
-    views = []
-    for pattern in admin_api.url_patterns:
-        assert isinstance(pattern, URLPattern)
-        view_class = getattr(pattern.callback, "view_class", None)
-        if view_class is not None:
-            views.append(view_class)
+    views = _views_under("admin/")
     assert len(views) > 10
     return views
 
 
-# The console's tables an admin may change that are not audited, and why.
-CONSOLE_UNAUDITED = {
-    # Django's own: console accounts and roles. Group membership is a
-    # many-to-many table, which a snapshot of the user's row does not show.
-    "auth.user",
-    "auth.group",
-    # A team's batch jobs (cancel): data, not the control plane; their runners
-    # write the same rows every few seconds.
-    "batches.batch",
-}
+def _views_under(prefix: str) -> list[type]:
+    """Return the class-based views of the URL includes mounted at ``prefix``."""
+    views = []
+    for include in get_resolver().url_patterns:
+        if not (isinstance(include, URLResolver) and str(include.pattern) == prefix):
+            continue
+        for pattern in include.url_patterns:
+            assert isinstance(pattern, URLPattern)
+            view_class = getattr(pattern.callback, "view_class", None)
+            if view_class is not None:
+                views.append(view_class)
+    assert views, prefix
+    return views
+
+
+# The console's tables an admin may change that are not audited, and why (none:
+# users and groups, batch cancels and judge labels are audited too).
+CONSOLE_UNAUDITED: set[str] = set()
 
 
 def test_console_tables_that_an_admin_may_change_are_audited(
@@ -374,3 +453,137 @@ def test_console_lists_the_trail_read_only_and_filtered(
     assert changed.status_code == 403
     assert list(AuditEntry.objects.order_by("id")) == entries
     assert AuditEntry.objects.get(pk=entries[0].pk).actor_name == "operator"
+
+
+def test_console_users_and_groups_are_audited_without_passwords(
+    console: Client,
+) -> None:
+    """GIVEN the console user 'operator'
+    WHEN they make a group with a permission, add a user 'ana' with a password,
+    put her in the group, and set her a new password
+    THEN each change is an entry naming 'operator': the group, its permission,
+    the user, her membership; the new password is named as changed, and no
+    password hash is anywhere in the trail."""
+    permission = Permission.objects.get(codename="view_team")
+    made = console.post(
+        "/console/auth/group/add/", {"name": "viewers", "permissions": [permission.pk]}
+    )
+    assert made.status_code == 302, made.content
+    group = Group.objects.get(name="viewers")
+    added = console.post(
+        "/console/auth/user/add/",
+        {
+            "username": "ana",
+            "usable_password": "true",
+            "password1": "first-pass-7f2c",
+            "password2": "first-pass-7f2c",
+        },
+    )
+    assert added.status_code == 302, added.content
+    ana = get_user_model().objects.get(username="ana")
+    first_hash = ana.password
+    joined = ana.date_joined
+    changed = console.post(
+        f"/console/auth/user/{ana.pk}/change/",
+        {
+            "username": "ana",
+            "email": "ana@example.com",
+            "is_active": "on",
+            "is_staff": "on",
+            "groups": [group.pk],
+            "date_joined_0": joined.strftime("%Y-%m-%d"),
+            "date_joined_1": joined.strftime("%H:%M:%S.%f"),
+        },
+    )
+    assert changed.status_code == 302, changed.content
+    password = console.post(
+        f"/console/auth/user/{ana.pk}/password/",
+        {"password1": "second-pass-9a1d", "password2": "second-pass-9a1d"},
+    )
+    assert password.status_code == 302, password.content
+    ana.refresh_from_db()
+
+    only("auth.group", group.pk, "create")
+    granted = AuditEntry.objects.get(object_type="auth.group_permissions")
+    assert granted.after is not None
+    assert granted.after["permission_id"] == permission.pk
+    assert only("auth.user", ana.pk, "create").after is not None
+    updates = list(
+        AuditEntry.objects.filter(
+            object_type="auth.user", object_id=str(ana.pk), action="update"
+        ).order_by("id")
+    )
+    assert [e.changed_fields for e in updates] == [
+        ["email", "is_staff"],
+        ["password"],
+    ]
+    membership = AuditEntry.objects.get(object_type="auth.user_groups")
+    assert membership.after is not None
+    assert (membership.after["user_id"], membership.after["group_id"]) == (
+        ana.pk,
+        group.pk,
+    )
+    assert membership.request_id == updates[0].request_id
+    entries = list(AuditEntry.objects.all())
+    assert {(e.actor_name, e.source, e.remote_addr) for e in entries} == {
+        ("operator", "console", ADDRESS)
+    }
+    trail = json.dumps([[e.before, e.after] for e in entries])
+    for secret in (first_hash, ana.password, "first-pass-7f2c", "second-pass-9a1d"):
+        assert secret not in trail
+    assert '"password"' not in trail
+
+
+def test_console_judge_label_is_audited_with_the_reviewer(console: Client) -> None:
+    item = JudgeItem.objects.create(
+        judge="reason-70b@v1",
+        judge_prompt="judge-v1",
+        candidate="chat-7b@v2",
+        live="chat-7b@v1",
+        eval_set="file:///evals/default.jsonl",
+        item_id="maths-1",
+        question=[{"role": "user", "content": "What is 1 times 3?"}],
+        answer_a="3",
+        answer_b="4",
+        candidate_side="a",
+        judge_verdict="candidate",
+    )
+    assert (
+        console.post(
+            "/console/judge-labels/", {"item": item.pk, "label": "a"}
+        ).status_code
+        == 302
+    )
+    # Labelled already: refused, and nothing more is written.
+    console.post("/console/judge-labels/", {"item": item.pk, "label": "b"})
+
+    entry = only("models_registry.judgeitem", item.pk, "update")
+    assert entry.changed_fields == ["label", "labelled_at", "labelled_by"]
+    assert entry.before is not None
+    assert entry.after is not None
+    assert (entry.before["label"], entry.after["label"]) == ("", "a")
+    assert (entry.actor_name, entry.source) == ("operator", "console")
+    assert AuditEntry.objects.count() == 1
+
+
+def test_capture_of_a_narrowed_scope_sees_only_its_fields(team: Team) -> None:
+    """A scope narrowed with .only() records a write of its fields, never a
+    write of another field that lands while the request runs."""
+    actor = Actor(
+        kind="user",
+        actor_id="1",
+        name="operator",
+        remote_addr=None,
+        source="console",
+        method="POST",
+        path="/console/",
+    )
+    rows = Team.objects.filter(pk=team.pk).only("name")
+    capture = Capture(actor, [rows])
+    Team.objects.filter(pk=team.pk).update(created_at=timezone.now())
+    assert capture.finish() == []
+    capture = Capture(actor, [rows])
+    Team.objects.filter(pk=team.pk).update(name="Search and ads")
+    (entry,) = capture.finish()
+    assert entry.changed_fields == ["name"]
+    assert entry.after == {"team": "search", "name": "Search and ads"}

@@ -32,9 +32,12 @@ from localrun.seeding import (
     seed_platform,
     version_body,
 )
+from tests.audit_check import admin_api
 from tests.live import assert_conforms_to_schema, platform_env
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
     from pytest_django import DjangoDbBlocker
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -51,17 +54,16 @@ class LiveControlPlane:
 
     process: Process
     admin_token: str
+    blocker: DjangoDbBlocker
 
     @property
     def url(self) -> str:
         return self.process.url
 
-    def client(self) -> httpx.Client:
-        return httpx.Client(
-            base_url=self.url,
-            headers={"Authorization": f"Bearer {self.admin_token}"},
-            timeout=30,
-        )
+    def client(self) -> AbstractContextManager[httpx.Client]:
+        """Return a client with an admin token of its own, whose admin writes are
+        checked against the audit trail once it is done (``tests.audit_check``)."""
+        return admin_api(self.url, name="control-plane tests", blocker=self.blocker)
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +115,11 @@ def control_plane(
             env["DATABASE_URL"] += f"?application_name={APPLICATION_NAME}"
         gateway = start_gateway(env, tmp, name="control-plane")
         try:
-            yield LiveControlPlane(process=gateway, admin_token=seeded.admin_token)
+            yield LiveControlPlane(
+                process=gateway,
+                admin_token=seeded.admin_token,
+                blocker=django_db_blocker,
+            )
         finally:
             gateway.stop()
             call_command("flush", interactive=False, verbosity=0)

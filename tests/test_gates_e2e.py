@@ -30,7 +30,6 @@ import httpx
 import pytest
 from django.core.management import call_command
 
-from accounts import services as accounts_services
 from engine_nodes.models import Replica
 from engine_nodes.weights import tree_digest
 from localrun.processes import wait_until
@@ -160,6 +159,14 @@ def register(
     return body
 
 
+@pytest.fixture
+def api(platform: LivePlatform) -> Iterator[httpx.Client]:
+    """The control plane with an admin token; its writes are checked against the
+    audit trail once the test is done (the platform holds the database open)."""
+    with platform.admin_api("e2e") as client:
+        yield client
+
+
 def settled(api: httpx.Client, label: str) -> dict[str, Any]:
     """Wait until the gates of ``label`` end; return their state."""
     url = f"/admin/models/chat-7b/versions/{label}/gates"
@@ -180,14 +187,8 @@ def local(uri: str) -> Path:
 
 
 def test_a_good_version_passes_its_gates_and_a_degraded_one_is_rejected(
-    platform: LivePlatform, storage: Path
+    api: httpx.Client, storage: Path
 ) -> None:
-    _, admin_secret = accounts_services.create_admin_token(name="e2e")
-    api = httpx.Client(
-        base_url=platform.url,
-        headers={"Authorization": f"Bearer {admin_secret}"},
-        timeout=30,
-    )
     register(api, storage, "v2", GOOD)
     # Not ready yet: a canary is refused while the gates run.
     early = api.put(
@@ -311,19 +312,13 @@ def register_at(
 
 
 def test_an_int8_version_whose_maths_drops_is_rejected_beside_fp16_and_4bit(
-    platform: LivePlatform, storage: Path
+    api: httpx.Client, storage: Path
 ) -> None:
     """GIVEN chat-7b@v1 live in FP16 and a 4-bit v2 that passed its gates, WHEN an
     INT8 v3 whose maths alone is worse is registered, THEN its eval gate rejects it
     naming maths, with the three precisions side by side at the gates endpoint and
     in the report; WHEN an INT8 v4 as good as live is registered, THEN it is ready,
     with the same three-way table."""
-    _, admin_secret = accounts_services.create_admin_token(name="e2e")
-    api = httpx.Client(
-        base_url=platform.url,
-        headers={"Authorization": f"Bearer {admin_secret}"},
-        timeout=30,
-    )
     register_at(api, storage, "v2", "4bit")
     assert settled(api, "v2")["status"] == "ready"
 

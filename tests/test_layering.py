@@ -288,6 +288,7 @@ CONFIG_GROUND = {
     "asgi_io",
     "http_protocol",
     "request_guards",
+    "request_ids",
 }
 # Ground modules with no framework in them: pure code (domain/) may import these.
 PURE_GROUND = {"config.names", "config.json_body"}

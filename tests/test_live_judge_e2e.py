@@ -25,10 +25,8 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import pytest
 
-from accounts import services as accounts_services
 from localrun.processes import wait_until
 from localrun.seeding import VERSION_BODY, ModelSeed, VersionSeed, digest, version_body
 from metering.models import VersionFigure
@@ -149,13 +147,10 @@ def _ended(rollout_id: int) -> Rollout | None:
 def test_a_subtly_worse_canary_is_rolled_back_by_the_judge(
     platform: LivePlatform, django_db_blocker: DjangoDbBlocker
 ) -> None:
-    with django_db_blocker.unblock():
-        _, secret = accounts_services.create_admin_token(name="live-judge-e2e")
-        api = httpx.Client(
-            base_url=platform.url,
-            headers={"Authorization": f"Bearer {secret}"},
-            timeout=30,
-        )
+    with (
+        django_db_blocker.unblock(),
+        platform.admin_api("live-judge-e2e") as api,
+    ):
         questions = Questions(platform)
         try:
             wait_until(

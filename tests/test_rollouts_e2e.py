@@ -35,7 +35,6 @@ import httpx
 import pytest
 from django.db.models import Max
 
-from accounts import services as accounts_services
 from audit.models import AuditEntry
 from engine_nodes.models import Replica
 from localrun.processes import wait_until
@@ -120,14 +119,13 @@ def unblocked(django_db_blocker: DjangoDbBlocker) -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def api(platform: LivePlatform, django_db_blocker: DjangoDbBlocker) -> httpx.Client:
-    with django_db_blocker.unblock():
-        _, secret = accounts_services.create_admin_token(name="rollouts-e2e")
-    return httpx.Client(
-        base_url=platform.url,
-        headers={"Authorization": f"Bearer {secret}"},
-        timeout=30,
-    )
+def api(
+    platform: LivePlatform, django_db_blocker: DjangoDbBlocker
+) -> Iterator[httpx.Client]:
+    """The control plane with an admin token of the module's; its writes are
+    checked against the audit trail once the module is done."""
+    with platform.admin_api("rollouts-e2e", blocker=django_db_blocker) as client:
+        yield client
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
-"""The base of every control-plane view that changes something: its changes are
-recorded in the audit trail with the admin token that made them.
+"""The base of every REST view that changes the control plane: its changes are
+recorded in the audit trail with the admin token (or team key) that made them.
 
-Public surface: ``AuditedView``.
+Public surface: ``AuditedMixin``, ``AuditedView``, ``body_text``.
 """
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponseBase
 from rest_framework.permissions import SAFE_METHODS
 from rest_framework.request import Request
+from rest_framework.views import APIView
 
 from audit import services
 from audit.models import Source
 from config.api import ControlPlaneView
 
-__all__ = ["AuditedView", "body_text"]
+__all__ = ["AuditedMixin", "AuditedView", "body_text"]
 
 
 def body_text(request: Request, field: str) -> str:
@@ -29,13 +30,13 @@ def body_text(request: Request, field: str) -> str:
     return value if isinstance(value, str) else ""
 
 
-class AuditedView(ControlPlaneView):
-    """A control-plane view whose writes (POST, PUT, PATCH, DELETE) are audited.
+class AuditedMixin(APIView):
+    """The audit of a DRF view's writes (POST, PUT, PATCH, DELETE), whatever
+    authenticates its caller: an admin token (``AuditedView``) or a team's key.
 
     Subclasses name in ``audit_scope`` the rows a write may touch; they are read
     once the caller is authenticated and again when the view has answered,
-    whatever the answer (``audit.services.Capture``). ``tests/test_audit_trail.py``
-    fails on a control-plane view with a write method that is not one of these.
+    whatever the answer (``audit.services.Capture``).
     """
 
     _audit_capture: services.Capture | None = None
@@ -67,3 +68,9 @@ class AuditedView(ControlPlaneView):
         if self._audit_capture is not None:
             self._audit_capture.finish()
         return response
+
+
+class AuditedView(AuditedMixin, ControlPlaneView):
+    """A control-plane view whose writes are audited with the admin token that
+    made them. ``tests/test_audit_trail.py`` fails on a control-plane view with a
+    write method that is not one of these."""

@@ -25,6 +25,7 @@ def _entry_fields() -> dict[str, serializers.Field[Any, Any, Any, Any]]:
         "method": serializers.CharField(),
         "path": serializers.CharField(),
         "request_id": serializers.UUIDField(),
+        "x_request_id": serializers.CharField(allow_blank=True),
         "object_type": serializers.CharField(),
         "object_id": serializers.CharField(),
         "action": serializers.ChoiceField(choices=Action.choices),

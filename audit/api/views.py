@@ -30,7 +30,7 @@ INSTANT_PATTERN = (
     r"^\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|[+-]\d{2}:\d{2})?)?$"
 )
 _INSTANT = re.compile(INSTANT_PATTERN)
-_TEXT_PARAMS = {"actor": 200, "object_type": 100, "object_id": 200}
+_TEXT_PARAMS = {"actor": 200, "object_type": 100, "object_id": 200, "x_request_id": 64}
 
 
 class JSONLinesRenderer(BaseRenderer):
@@ -102,6 +102,13 @@ class AuditView(ControlPlaneView):
                 description="Only this object.",
             ),
             OpenApiParameter(
+                "x_request_id",
+                {"type": "string", "maxLength": _TEXT_PARAMS["x_request_id"]},
+                required=False,
+                description="Only what the request with this ``X-Request-Id`` "
+                "changed (the id it sent, or the one it was answered with).",
+            ),
+            OpenApiParameter(
                 "since",
                 str,
                 required=False,
@@ -149,6 +156,7 @@ class AuditView(ControlPlaneView):
             actor=params.get("actor"),
             object_type=params.get("object_type"),
             object_id=params.get("object_id"),
+            x_request_id=params.get("x_request_id"),
             since=_instant(params, "since"),
             until=_instant(params, "until"),
             after_id=_int(params, "after_id", low=0, high=MAX_ID),

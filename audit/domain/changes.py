@@ -60,7 +60,8 @@ def diff_rows(
     before: Mapping[RowKey, Fields], after: Mapping[RowKey, Fields]
 ) -> list[Change]:
     """Return the rows created, updated or deleted from ``before`` to ``after``,
-    ordered by type and id; secret fields are left out of every snapshot."""
+    ordered by type and id; secret fields are left out of every snapshot, and an
+    update that changed one names it in ``changed_fields`` (its value never)."""
     changes: list[Change] = []
     for key in sorted(before.keys() | after.keys()):
         old, new = before.get(key), after.get(key)
@@ -72,12 +73,13 @@ def diff_rows(
         elif new_fields is None and old_fields is not None:
             action = "delete"
             changed = tuple(sorted(old_fields))
-        elif old_fields is not None and new_fields is not None:
+        elif old is not None and new is not None:
+            # Compared before redaction: a new password is named, never shown.
             changed = tuple(
                 sorted(
                     name
-                    for name in old_fields.keys() | new_fields.keys()
-                    if old_fields.get(name) != new_fields.get(name)
+                    for name in old.keys() | new.keys()
+                    if old.get(name) != new.get(name)
                 )
             )
             if not set(changed) - IGNORED_FIELDS:

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.db.models import QuerySet
 from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -25,6 +26,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from accounts.api.team_view import TeamView
+from audit.api.base import AuditedMixin
 from batches import services
 from batches.api.schemas import (
     BATCH,
@@ -35,6 +37,7 @@ from batches.api.schemas import (
     list_parameters,
     page_of,
 )
+from batches.models import Batch
 from config.api import ErrorSerializer
 from config.errors import InvalidRequest, NotFound
 from config.parsers import BodyParser
@@ -241,7 +244,14 @@ class BatchDetailView(_TeamView):
         return Response(services.batch_object(batch))
 
 
-class BatchCancelView(_TeamView):
+class BatchCancelView(AuditedMixin, _TeamView):
+    """A cancel is audited with the team's key that asked for it."""
+
+    def audit_scope(self, request: Request, **kwargs: Any) -> list[QuerySet[Any]]:
+        # Only what a cancel writes: the batch's runner moves its counts meanwhile.
+        batch = Batch.objects.filter(pk=kwargs["batch_id"], team_id=self.team(request))
+        return [batch.only(*services.CANCEL_FIELDS)]
+
     @extend_schema(
         operation_id="cancelBatch",
         summary="Cancel a batch: lines not started are not run.",

@@ -14,11 +14,15 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 from asgiref.sync import async_to_sync
+from django.contrib.auth import get_user_model
+from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
 from accounts import services as accounts_services
+from accounts.domain.keys import hash_secret
 from accounts.models import ApiKey, Team
+from audit.models import AuditEntry
 from batches import runner, services
 from batches.models import Batch, BatchLine
 from batches.tests.conftest import jsonl, line
@@ -451,3 +455,65 @@ def _lines(client: APIClient, file_id: str) -> list[dict[str, Any]]:
     answer = client.get(f"/v1/files/{file_id}/content")
     assert answer.status_code == 200
     return [json.loads(x) for x in read(answer).splitlines()]
+
+
+def test_cancel_is_audited_once_with_the_teams_key(
+    store: Path, client_of: APIClient, chat_model: Model, team_secret: str
+) -> None:
+    """The cancel is one entry naming the team's key; only what a cancel writes
+    is watched, never the counts the batch's runner moves meanwhile."""
+    file_id = file_id_of(client_of, jsonl(line("a"), line("b")))
+    batch_id = create(client_of, input_file_id=file_id, completion_window="1h").json()[
+        "id"
+    ]
+    assert not AuditEntry.objects.exists()  # a team's own data, not the control plane
+    answer = client_of.post(f"/v1/batches/{batch_id}/cancel", REMOTE_ADDR="192.0.2.9")
+    assert answer.status_code == 200, answer.content
+    # The same cancel again changes nothing, and writes nothing.
+    assert client_of.post(f"/v1/batches/{batch_id}/cancel").status_code == 200
+
+    (entry,) = AuditEntry.objects.all()
+    key = ApiKey.objects.get(key_hash=hash_secret(team_secret))
+    assert (entry.object_type, entry.object_id) == ("batches.batch", batch_id)
+    assert entry.action == "update"
+    assert entry.changed_fields == ["cancelling_at", "status"]
+    assert entry.before is not None
+    assert entry.after is not None
+    assert set(entry.after) == {"id", "status", "cancelling_at"}
+    assert (entry.before["status"], entry.after["status"]) == (
+        "in_progress",
+        "cancelling",
+    )
+    assert entry.actor_kind == "api_key"
+    assert entry.actor_id == str(key.pk)
+    assert entry.actor_name == f"API key {key.prefix}… (unnamed) of search"
+    assert (entry.source, entry.method, entry.remote_addr) == (
+        "rest",
+        "POST",
+        "192.0.2.9",
+    )
+    assert team_secret not in json.dumps([entry.before, entry.after])
+
+
+def test_console_cancel_is_audited_with_the_user(
+    store: Path, client_of: APIClient, chat_model: Model
+) -> None:
+    file_id = file_id_of(client_of, jsonl(line("a")))
+    batch_id = create(client_of, input_file_id=file_id, completion_window="1h").json()[
+        "id"
+    ]
+    console = Client()
+    console.force_login(get_user_model().objects.create_superuser(username="ops"))
+    answer = console.post(
+        "/console/batches/batch/",
+        {"action": "cancel", "_selected_action": [batch_id]},
+    )
+    assert answer.status_code == 302
+    assert Batch.objects.get(pk=batch_id).status == "cancelling"
+    (entry,) = AuditEntry.objects.all()
+    assert (entry.object_id, entry.actor_name, entry.source) == (
+        batch_id,
+        "ops",
+        "console",
+    )
+    assert entry.changed_fields == ["cancelling_at", "status"]

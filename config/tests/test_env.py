@@ -12,6 +12,7 @@ from config.env import (
     env_float,
     env_int,
     env_list,
+    env_networks,
     env_secret,
     env_str,
     parse_database_url,
@@ -143,6 +144,24 @@ def test_env_bool_rejects_unknown_spellings(raw: str) -> None:
     with pytest.raises(EnvError, match="PLATFORM_B must be one of") as excinfo:
         env_bool("PLATFORM_B", False, environ={"PLATFORM_B": raw})
     assert repr(raw) in str(excinfo.value)
+
+
+# env_networks ------------------------------------------------------------------
+
+
+def test_env_networks_reads_cidrs_and_bare_addresses_in_normal_form() -> None:
+    environ = {"PLATFORM_N": "10.0.0.0/8, 192.0.2.7, 2001:DB8::/32, 10.1.2.3/16"}
+    assert env_networks("PLATFORM_N", [], environ=environ) == [
+        "10.0.0.0/8",
+        "192.0.2.7/32",
+        "2001:db8::/32",
+        "10.1.0.0/16",
+    ]
+
+
+def test_env_networks_refuses_what_is_no_network() -> None:
+    with pytest.raises(EnvError, match="PLATFORM_N"):
+        env_networks("PLATFORM_N", [], environ={"PLATFORM_N": "10.0.0.0/8,proxy"})
 
 
 # env_list --------------------------------------------------------------------

@@ -51,9 +51,24 @@ def test_diff_rows_skips_a_change_of_platform_written_fields_alone() -> None:
     assert diff_rows(before, after) == []
 
 
-def test_diff_rows_never_shows_a_secret_even_when_only_it_changed() -> None:
+def test_diff_rows_names_a_changed_secret_without_its_values() -> None:
     before = {KEY: {"id": 7, "key_hash": "a" * 64}}
     after = {KEY: {"id": 7, "key_hash": "b" * 64}}
+    assert diff_rows(before, after) == [
+        Change(
+            object_type="accounts.apikey",
+            object_id="7",
+            action="update",
+            before={"id": 7},
+            after={"id": 7},
+            changed_fields=("key_hash",),
+        )
+    ]
+
+
+def test_diff_rows_skips_a_secret_that_did_not_change() -> None:
+    before = {KEY: {"id": 7, "password": "x", "last_login": None}}
+    after = {KEY: {"id": 7, "password": "x", "last_login": "t"}}
     assert diff_rows(before, after) == []
 
 
