@@ -167,7 +167,7 @@ class Command(BaseCommand):
             f"{pool.scale_down_interval_s / 60:g} min); cold start "
             f"{cold.cold_s:g} s, warm start {cold.warm_s:g} s ({s.warm_min}-{s.warm_nodes} warm "
             f"nodes, sized by the trend {pool.warm_horizon_s / 60:g} min ahead); "
-            "simulated in {cpu_s:.1f} s of CPU"
+            f"simulated in {cpu_s:.1f} s of CPU"
         )
         self.stdout.write(
             f"ramp: x{s.start_factor:g} for {s.before_s / 60:g} min, then "
