@@ -17,13 +17,11 @@ load factor, through four fleets:
   the smallest the policy holds at a steady peak (``settled_replicas`` at 1.0; 17
   at the seed's scale), or ``fixed_replicas``; the autoscaler runs pinned (min =
   max), so it only logs;
-- **plan**: fixed at the capacity plan's size for the peak (``plan_replicas``, 12:
-  30,000 output tokens/s at 2,500 a replica, no headroom). In this simulator the
-  seed's 1,200-token prompts put 12 replicas past their knee at peak (see
-  docs/fleet-simulator.md): demand is about 1.2 x their admission capacity, the
-  queue is full and a third of batch is shed, where the autoscaled fleets, holding
-  the 70% target, serve it. It is reported beside the reference, so that the day's
-  saving can be read against both;
+- **plan**: fixed at the capacity plan's size for one region's peak
+  (``plan_replicas``: ``drills.domain.planned_fleet``, prefill counted, 14 for the
+  seed; the seed's decode-only 12 run past their knee with its 1,200-token
+  prompts, see docs/fleet-simulator.md). It is reported beside the reference, so
+  that the day's saving can be read against both;
 - **autoscaled, cold**: every new replica takes the seed's cold start (312 s);
 - **autoscaled, warm pool**: idle nodes wait with the weights on disk, a start on
   one takes 44 s (``drills.domain.fleet_scaling``); the idle nodes are GPUs that
@@ -65,6 +63,7 @@ from drills.domain.fleet_config import FleetConfig, FleetEvent
 from drills.domain.fleet_result import FleetResult
 from drills.domain.fleet_scaling import ColdStart, FleetAutoscaling
 from drills.domain.overload import DEFAULT_TEAMS, Check
+from drills.domain.planned_fleet import fleet_size, region_peak_rps
 from drills.domain.scaling_figures import CaseFigures, measure_case
 from drills.domain.workload import ChatWorkload
 from models_registry.domain.autoscaler import ScalingSettings
@@ -116,13 +115,14 @@ def pool_settings(plan_replicas: int) -> ScalingSettings:
 class DrillScenario:
     """The drill's load, fleets and target (defaults: the seed's scale).
 
-    ``plan_replicas`` is the capacity plan's fleet for the peak (the plan fleet, and
-    half the pool's max); ``fixed_replicas`` the reference fleet (None: the size the
-    policy holds at a steady peak).
+    ``peak_rps`` is the peak one region carries and ``plan_replicas`` the capacity
+    plan's fleet for it (the plan fleet, and half the pool's max), both the seed's
+    plan's by default (100 requests/s, 14 replicas); ``fixed_replicas`` the
+    reference fleet (None: the size the policy holds at a steady peak).
     """
 
-    peak_rps: float = 100.0
-    plan_replicas: int = 12
+    peak_rps: float = field(default_factory=lambda: region_peak_rps(Scenario()))
+    plan_replicas: int = field(default_factory=lambda: fleet_size(Scenario()).replicas)
     fixed_replicas: int | None = None
     start_factor: float = 0.5
     growth_per_minute: float = 0.05

@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 from django.core.management import CommandError, call_command
 
+from drills.domain.capacity_plan import Scenario, plan
+
 PNG = b"\x89PNG\r\n\x1a\n"
 
 # 12 requests/s at peak: the plan's 2 replicas; one minute before, one at peak.
@@ -70,6 +72,7 @@ def test_json_reports_every_case_with_the_issues_figures(
         assert case["minutes"] == 3 == len(case["minute_ttft_p95_s"])
         assert 0 <= case["minutes_outside"] <= case["minutes"]
     assert data["scenario"]["plan_replicas"] == 2
+    assert data["scenario"]["plan_replicas_source"] == "--plan-replicas 2"
     assert data["scenario"]["autoscaling"]["max_replicas"] == 4
     assert data["cpu_s"] > 0 and data["plot"] == str(plot)
     assert plot.read_bytes()[:8] == PNG
@@ -109,6 +112,33 @@ def test_the_figures_are_sane(drill: tuple[dict[str, Any], Path]) -> None:
     ]
     assert [check["passed"] for check in data["checks"]] == [True, True, True]
     assert data["passed"] is True
+
+
+def test_the_plan_fleet_and_peak_default_to_the_capacity_plans(
+    tmp_path: Path,
+) -> None:
+    """GIVEN a scenario of three regions, one of which may be lost, at 240 streams
+    WHEN the drill runs without --peak-rps or --plan-replicas
+    THEN it replays one region's peak (12 requests/s) on the plan's fleet for it."""
+    path = tmp_path / "small.yaml"
+    path.write_text("peak_streams: 240\nregions: 3\n", encoding="utf-8")
+    planned = plan(Scenario(peak_streams=240, regions=3))
+    replicas = planned["chat_replicas_per_region_with_prefill"]
+    args = [a for a in SMALL if not a.startswith(("--peak-rps", "--plan-replicas"))]
+    text, _ = run(
+        *args,
+        f"--scenario={path}",
+        "--cases=doubling",
+        "--fleets=plan",
+        "--json",
+        f"--plot={tmp_path / 'p.png'}",
+    )
+    scenario = json.loads(text)["scenario"]
+    assert scenario["peak_rps"] == pytest.approx(12.0)
+    assert scenario["plan_replicas"] == replicas != 12
+    assert scenario["plan_replicas_source"] == (
+        f"the capacity plan's {replicas} for {path}"
+    )
 
 
 def test_a_missed_target_says_why_and_exits_non_zero(tmp_path: Path) -> None:

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
+from drills.domain.capacity_plan import Scenario, plan
+
 PNG = b"\x89PNG\r\n\x1a\n"
 
 SMALL_ISOLATION = (
@@ -31,6 +33,20 @@ SHORT_CAPACITY = (
 )
 
 
+# Three regions, one of which may be lost, at 240 streams: a region carries 12
+# requests/s, and the capacity plan sizes it at a few replicas (not 12).
+SMALL_SCENARIO = "peak_streams: 240\nregions: 3\n"
+
+
+@pytest.fixture
+def small_scenario(tmp_path: Path) -> tuple[Path, int]:
+    """The small scenario's file and the plan's chat replicas for one region."""
+    path = tmp_path / "small.yaml"
+    path.write_text(SMALL_SCENARIO, encoding="utf-8")
+    capacity = plan(Scenario(peak_streams=240, regions=3))
+    return path, int(capacity["chat_replicas_per_region_with_prefill"])
+
+
 def run(name: str, *args: str) -> str:
     out = StringIO()
     call_command(name, *args, stdout=out)
@@ -50,7 +66,28 @@ def test_isolation_sim_json_passes_and_writes_the_plot(tmp_path: Path) -> None:
         assert row["rate_limited_noisy"] == 0
         assert set(row) >= {"ttft_p95_ms_baseline", "ttft_p95_ms_noisy"}
     assert data["scenario"]["replicas"] == 2 and data["scenario"]["admission"]
+    assert data["scenario"]["replicas_source"] == "--replicas 2"
     assert plot.read_bytes()[:8] == PNG
+
+
+def test_isolation_sim_fleet_defaults_to_the_capacity_plans(
+    tmp_path: Path, small_scenario: tuple[Path, int]
+) -> None:
+    path, replicas = small_scenario
+    args = [a for a in SMALL_ISOLATION if not a.startswith("--replicas")]
+    data = json.loads(
+        run(
+            "isolation_test",
+            *args,
+            f"--scenario={path}",
+            "--json",
+            f"--plot={tmp_path / 'p.png'}",
+        )
+    )
+    assert data["scenario"]["replicas"] == replicas != 12
+    assert data["scenario"]["replicas_source"] == (
+        f"the capacity plan's {replicas} for {path}"
+    )
 
 
 def test_isolation_sim_is_deterministic_for_a_seed(tmp_path: Path) -> None:
@@ -101,7 +138,25 @@ def test_overload_drill_json_reports_tiers_bins_and_checks(tmp_path: Path) -> No
     assert bins["bin_s"] == 10.0 and len(bins["start_s"]) == 24
     assert set(bins["queued_max"]) == {"interactive", "standard", "batch"}
     assert data["scenario"]["capacity_rps"] == pytest.approx(2 * 2500 / 300)
+    assert data["scenario"]["replicas_source"] == "--replicas 2"
     assert plot.read_bytes()[:8] == PNG
+
+
+def test_overload_drill_fleet_and_capacity_default_to_the_plans(
+    tmp_path: Path, small_scenario: tuple[Path, int]
+) -> None:
+    path, replicas = small_scenario
+    text = run(
+        "overload_drill",
+        "--minutes=2",
+        "--warmup-minutes=0.5",
+        f"--scenario={path}",
+        f"--plot={tmp_path / 'p.png'}",
+    )
+    source = f"the capacity plan's {replicas} for {path}"
+    assert f"{replicas} x a100-8b ({source})" in text
+    # x1.0 is the peak the plan sized the region for: 12 requests/s.
+    assert "x1.0 = 12.0 req/s" in text
 
 
 def test_overload_drill_table_prints_steps_bins_and_checks(tmp_path: Path) -> None:

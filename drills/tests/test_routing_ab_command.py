@@ -9,6 +9,11 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
+from drills.domain.cache_sweep import plan_scenario_for
+from drills.domain.capacity_plan import plan
+from drills.domain.fleet_config import FleetConfig
+from drills.domain.workload import ChatWorkload
+
 
 def test_json_has_one_row_per_policy_and_writes_the_plot(tmp_path: Path) -> None:
     out = StringIO()
@@ -39,6 +44,7 @@ def test_json_has_one_row_per_policy_and_writes_the_plot(tmp_path: Path) -> None
             "uncached_prefill_tokens_per_s",
         }
     assert data["scenario"]["replicas"] == 3
+    assert data["scenario"]["replicas_source"] == "--replicas 3"
     assert data["scenario"]["arrival_rate"] == 12
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -76,6 +82,31 @@ def test_cache_aware_finds_more_shared_prefixes_than_affinity(tmp_path: Path) ->
         > rows["prefix_affinity"]["prefix_hit_rate"] + 0.03
     )
     assert all(row["unfinished"] == 0 for row in rows.values())
+
+
+def test_the_fleet_defaults_to_the_plans_for_the_replayed_workload(
+    tmp_path: Path,
+) -> None:
+    # One region carries the whole 12 requests/s (the seed's regions_lost): the
+    # plan sizes it for the seed's chat at that rate, not at 12 replicas.
+    capacity = plan(plan_scenario_for(ChatWorkload(arrival_rate=12.0), FleetConfig()))
+    replicas = capacity["chat_replicas_per_region_with_prefill"]
+    out = StringIO()
+    call_command(
+        "routing_ab",
+        "--minutes=0.5",
+        "--warmup-minutes=0",
+        "--rate=12",
+        "--policies=round_robin",
+        "--json",
+        f"--plot={tmp_path / 'p.png'}",
+        stdout=out,
+    )
+    scenario = json.loads(out.getvalue())["scenario"]
+    assert scenario["replicas"] == replicas != 12
+    assert scenario["replicas_source"] == (
+        f"the capacity plan's {replicas} for the seed workload at 12 req/s"
+    )
 
 
 def test_table_names_units(tmp_path: Path) -> None:

@@ -22,6 +22,12 @@ from drills.domain.autoscaling_drill import (
 )
 from drills.domain.fleet_config import FleetConfig
 from drills.domain.overload import TIERS
+from drills.domain.planned_fleet import FleetSize, region_peak_rps
+from drills.management.fleet_size import (
+    add_scenario_argument,
+    capacity_scenario,
+    planned_fleet_size,
+)
 
 
 class Command(BaseCommand):
@@ -40,15 +46,18 @@ class Command(BaseCommand):
             help="run in the fleet simulator (the only mode so far)",
         )
         parser.add_argument(
-            "--peak-rps", type=float, default=100.0, help="requests/s at peak"
+            "--peak-rps",
+            type=float,
+            help="requests/s at peak (default: the peak the capacity plan sizes a "
+            "region for, regions_lost respected: 100 for the seed)",
         )
         parser.add_argument(
             "--plan-replicas",
             type=int,
-            default=12,
-            help="the capacity plan's fleet for the peak (the plan fleet; the "
-            "autoscaled max is twice it)",
+            help="the plan fleet, instead of the capacity plan's for the peak "
+            "(14 for the seed, prefill counted); the autoscaled max is twice it",
         )
+        add_scenario_argument(parser)
         parser.add_argument(
             "--fixed-replicas",
             type=int,
@@ -107,10 +116,19 @@ class Command(BaseCommand):
         from drills.experiment_plots import default_plot_path, plot_autoscaling
         from drills.fleet_settings import platform_fleet_config
 
+        capacity, name = capacity_scenario(options["capacity_scenario"])
+        peak_rps = options["peak_rps"] or region_peak_rps(capacity)
+        size = planned_fleet_size(
+            capacity,
+            name,
+            replicas=options["plan_replicas"],
+            flag="--plan-replicas",
+            peak_rps=options["peak_rps"],
+        )
         try:
             scenario = DrillScenario(
-                peak_rps=options["peak_rps"],
-                plan_replicas=options["plan_replicas"],
+                peak_rps=peak_rps,
+                plan_replicas=size.replicas,
                 fixed_replicas=options["fixed_replicas"],
                 hold_s=options["hold_minutes"] * 60,
                 before_s=options["before_minutes"] * 60,
@@ -139,10 +157,10 @@ class Command(BaseCommand):
         plot_autoscaling(outcome, plot, title=_title(outcome, config))
         if options["json"]:
             self.stdout.write(
-                json.dumps(_as_json(outcome, config, cpu_s, plot), indent=2)
+                json.dumps(_as_json(outcome, config, size, cpu_s, plot), indent=2)
             )
         else:
-            self._print(outcome, config, cpu_s, plot)
+            self._print(outcome, config, size, cpu_s, plot)
         if not outcome.passed:
             failed = [c.name for c in outcome.checks if not c.passed]
             raise CommandError(
@@ -150,7 +168,12 @@ class Command(BaseCommand):
             )
 
     def _print(
-        self, outcome: DrillOutcome, config: FleetConfig, cpu_s: float, plot: Path
+        self,
+        outcome: DrillOutcome,
+        config: FleetConfig,
+        size: FleetSize,
+        cpu_s: float,
+        plot: Path,
     ) -> None:
         s = outcome.scenario
         pool = s.pool
@@ -159,7 +182,7 @@ class Command(BaseCommand):
         self.stdout.write(
             f"Autoscaling drill (simulated): {s.peak_rps:g} req/s at peak, "
             f"{config.profile}, {config.replica_tokens_in_flight:,} tokens in flight "
-            f"a replica; fleets: plan {s.plan_replicas} (the capacity plan's), "
+            f"a replica; fleets: plan {s.plan_replicas} ({size.source}), "
             f"fixed {fixed} (sized for peak at the target), autoscaled "
             f"{pool.min_replicas}-{pool.max_replicas} (scale up at "
             f"{pool.target_utilisation:.0%}, down under "
@@ -269,7 +292,11 @@ def _finite(value: float | None) -> float | None:
 
 
 def _as_json(
-    outcome: DrillOutcome, config: FleetConfig, cpu_s: float, plot: Path
+    outcome: DrillOutcome,
+    config: FleetConfig,
+    size: FleetSize,
+    cpu_s: float,
+    plot: Path,
 ) -> dict[str, Any]:
     s = outcome.scenario
     pool = s.pool
@@ -299,6 +326,7 @@ def _as_json(
         "scenario": {
             "peak_rps": s.peak_rps,
             "plan_replicas": s.plan_replicas,
+            "plan_replicas_source": size.source,
             "fixed_replicas": outcome.fixed_replicas,
             "fixed_replicas_probed": s.fixed_replicas is None,
             "profile": config.profile,

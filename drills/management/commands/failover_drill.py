@@ -18,13 +18,14 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from drills.domain.capacity_plan import Scenario, ScenarioError, plan
+from drills.domain.capacity_plan import Scenario, plan
 from drills.domain.failover_drill import (
     FailoverReport,
     planned_scenario,
     run_failover_sim,
     small_scenario,
 )
+from drills.management.fleet_size import capacity_scenario
 from drills.management.reports import add_result_arguments, write_result
 
 
@@ -149,14 +150,7 @@ def _run_sim(options: dict[str, Any]) -> FailoverReport:
 
 def _capacity_scenario(path: Path | None) -> Scenario:
     """The capacity plan's scenario: the seed's, or the file's."""
-    if path is None:
-        return Scenario()
-    from drills.management.commands.capacity_plan import read_scenario
-
-    try:
-        return Scenario.from_mapping(read_scenario(path))
-    except ScenarioError as exc:
-        raise CommandError(f"invalid scenario: {exc}") from None
+    return capacity_scenario(path)[0]
 
 
 def _run_live_drill(options: dict[str, Any]) -> FailoverReport:

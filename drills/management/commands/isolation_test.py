@@ -14,8 +14,14 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from drills.domain.fleet_config import FleetConfig
 from drills.domain.isolation import judge, summarise
 from drills.domain.isolation_sim import IsolationOutcome, IsolationScenario
+from drills.domain.planned_fleet import FleetSize
 from drills.domain.workload import ChatWorkload
 from drills.isolation import IsolationPlan, run_isolation
+from drills.management.fleet_size import (
+    add_scenario_argument,
+    capacity_scenario,
+    planned_fleet_size,
+)
 
 
 class Command(BaseCommand):
@@ -37,7 +43,13 @@ class Command(BaseCommand):
         sim.add_argument(
             "--sim", action="store_true", help="run in the fleet simulator"
         )
-        sim.add_argument("--replicas", type=int, default=12)
+        sim.add_argument(
+            "--replicas",
+            type=int,
+            help="chat replicas (default: the capacity plan's for one region of "
+            "the scenario, regions_lost respected: 14 for the seed)",
+        )
+        add_scenario_argument(sim)
         sim.add_argument(
             "--teams", type=int, default=5, help="teams including the noisy one"
         )
@@ -115,7 +127,9 @@ class Command(BaseCommand):
         from drills.experiment_plots import default_plot_path, plot_isolation
         from drills.fleet_settings import platform_fleet_config
 
-        replicas = options["replicas"]
+        capacity, name = capacity_scenario(options["capacity_scenario"])
+        size = planned_fleet_size(capacity, name, replicas=options["replicas"])
+        replicas = size.replicas
         rate = options["rate"] or 5.0 * replicas
         try:
             config = platform_fleet_config(
@@ -143,17 +157,17 @@ class Command(BaseCommand):
         plot_isolation(outcome, plot, title=_title(outcome, config.replicas))
         if options["json"]:
             self.stdout.write(
-                json.dumps(_as_json(outcome, config, cpu_s, plot), indent=2)
+                json.dumps(_as_json(outcome, config, size, cpu_s, plot), indent=2)
             )
         else:
-            self._print_table(outcome, config.replicas, config.profile, cpu_s, plot)
+            self._print_table(outcome, size, config.profile, cpu_s, plot)
         if not outcome.verdict.passed:
             raise CommandError("the quiet teams were not isolated from the flood")
 
     def _print_table(
         self,
         outcome: IsolationOutcome,
-        replicas: int,
+        size: FleetSize,
         profile: str,
         cpu_s: float,
         plot: Path,
@@ -161,7 +175,8 @@ class Command(BaseCommand):
         s = outcome.scenario
         w = s.workload
         self.stdout.write(
-            f"Isolation test (simulated): {replicas} x {profile}, {s.teams} teams at "
+            f"Isolation test (simulated): {size.replicas} x {profile} "
+            f"({size.source}), {s.teams} teams at "
             f"{w.arrival_rate:g} req/s together ({s.team_rate:g} each, "
             f"{w.prompt_tokens}-token prompts, {w.answer_tokens}-token answers); "
             f"the noisy team sends {s.flood_factor:g}x its limit; "
@@ -211,7 +226,11 @@ def _title(outcome: IsolationOutcome, replicas: int) -> str:
 
 
 def _as_json(
-    outcome: IsolationOutcome, config: FleetConfig, cpu_s: float, plot: Path
+    outcome: IsolationOutcome,
+    config: FleetConfig,
+    size: FleetSize,
+    cpu_s: float,
+    plot: Path,
 ) -> dict[str, Any]:
     s = outcome.scenario
     w = s.workload
@@ -221,6 +240,7 @@ def _as_json(
         "teams": [row.as_dict() for row in outcome.rows],
         "scenario": {
             "replicas": config.replicas,
+            "replicas_source": size.source,
             "profile": config.profile,
             "policy": config.policy,
             "admission": config.admission,

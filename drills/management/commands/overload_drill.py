@@ -18,7 +18,13 @@ from drills.domain.overload import (
     planned_capacity_rps,
     run_overload,
 )
+from drills.domain.planned_fleet import FleetSize, region_peak_rps
 from drills.domain.workload import ChatWorkload
+from drills.management.fleet_size import (
+    add_scenario_argument,
+    capacity_scenario,
+    planned_fleet_size,
+)
 
 
 class Command(BaseCommand):
@@ -31,7 +37,13 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--replicas", type=int, default=12)
+        parser.add_argument(
+            "--replicas",
+            type=int,
+            help="chat replicas (default: the capacity plan's for one region of "
+            "the scenario, regions_lost respected: 14 for the seed)",
+        )
+        add_scenario_argument(parser)
         parser.add_argument(
             "--minutes",
             type=float,
@@ -47,10 +59,16 @@ class Command(BaseCommand):
         parser.add_argument(
             "--capacity-rps",
             type=float,
-            help="what x1.0 means in requests/s (default: the plan's figure, "
-            "replicas x --replica-tokens-per-s / answer tokens)",
+            help="what x1.0 means in requests/s (default: the peak the plan "
+            "sizes a region for; with --replicas, replicas x "
+            "--replica-tokens-per-s / answer tokens)",
         )
-        parser.add_argument("--replica-tokens-per-s", type=float, default=2500.0)
+        parser.add_argument(
+            "--replica-tokens-per-s",
+            type=float,
+            default=2500.0,
+            help="(with --replicas) output tokens/s a replica carries",
+        )
         parser.add_argument("--bin-s", type=float, default=10.0)
         parser.add_argument("--profile", default="a100-8b")
         parser.add_argument("--seed", type=int, default=0)
@@ -63,16 +81,22 @@ class Command(BaseCommand):
         from drills.experiment_plots import default_plot_path, plot_overload
         from drills.fleet_settings import platform_fleet_config
 
+        capacity, name = capacity_scenario(options["capacity_scenario"])
+        size = planned_fleet_size(capacity, name, replicas=options["replicas"])
         try:
             factors = tuple(float(f) for f in options["factors"].split(",") if f)
             workload = ChatWorkload()
-            capacity_rps = options["capacity_rps"] or planned_capacity_rps(
-                options["replicas"],
-                options["replica_tokens_per_s"],
-                workload.answer_tokens,
+            capacity_rps = options["capacity_rps"] or (
+                region_peak_rps(capacity)
+                if size.is_planned
+                else planned_capacity_rps(
+                    size.replicas,
+                    options["replica_tokens_per_s"],
+                    workload.answer_tokens,
+                )
             )
             config = platform_fleet_config(
-                replicas=options["replicas"],
+                replicas=size.replicas,
                 profile=options["profile"],
                 seed=options["seed"],
                 admission=True,
@@ -93,22 +117,27 @@ class Command(BaseCommand):
         plot_overload(outcome, plot, title=_title(outcome, config))
         if options["json"]:
             self.stdout.write(
-                json.dumps(_as_json(outcome, config, cpu_s, plot), indent=2)
+                json.dumps(_as_json(outcome, config, size, cpu_s, plot), indent=2)
             )
         else:
-            self._print(outcome, config, cpu_s, plot)
+            self._print(outcome, config, size, cpu_s, plot)
         if not outcome.passed:
             failed = [c.name for c in outcome.checks if not c.passed]
             raise CommandError(f"the seed's overload order broke: {', '.join(failed)}")
 
     def _print(
-        self, outcome: OverloadOutcome, config: FleetConfig, cpu_s: float, plot: Path
+        self,
+        outcome: OverloadOutcome,
+        config: FleetConfig,
+        size: FleetSize,
+        cpu_s: float,
+        plot: Path,
     ) -> None:
         s = outcome.scenario
         pool = config.replicas * config.replica_tokens_in_flight
         self.stdout.write(
-            f"Overload drill (simulated): {config.replicas} x {config.profile}, "
-            f"admission on (pool {pool:,} tokens in flight, batch below "
+            f"Overload drill (simulated): {config.replicas} x {config.profile} "
+            f"({size.source}), admission on (pool {pool:,} tokens in flight, batch below "
             f"{config.batch_ceiling:.0%}, queue {config.max_queue}, wait "
             f"{config.max_wait_s:g} s); x1.0 = {s.capacity_rps:,.1f} req/s; steps "
             f"{' '.join(f'x{f:g}' for f in s.factors)} of {s.step_s / 60:g} min "
@@ -192,7 +221,11 @@ def _title(outcome: OverloadOutcome, config: FleetConfig) -> str:
 
 
 def _as_json(
-    outcome: OverloadOutcome, config: FleetConfig, cpu_s: float, plot: Path
+    outcome: OverloadOutcome,
+    config: FleetConfig,
+    size: FleetSize,
+    cpu_s: float,
+    plot: Path,
 ) -> dict[str, Any]:
     s = outcome.scenario
     w = s.workload
@@ -205,6 +238,7 @@ def _as_json(
         "bins": {"bin_s": s.bin_s, **outcome.bins.as_dict()},
         "scenario": {
             "replicas": config.replicas,
+            "replicas_source": size.source,
             "profile": config.profile,
             "policy": config.policy,
             "pool_tokens_in_flight": config.replicas * config.replica_tokens_in_flight,

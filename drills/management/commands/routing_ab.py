@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,9 @@ from drills.domain.cache_sweep import (
     run_cache_sweep,
     smallest_carried,
 )
-from drills.domain.capacity_plan import Plan, estimate_chat_fleet, plan
+from drills.domain.capacity_plan import Plan, Scenario, estimate_chat_fleet, plan
 from drills.domain.fleet_config import ENGINES, FleetConfig
+from drills.domain.planned_fleet import SEED_NAME, FleetSize
 from drills.domain.routing_ab import (
     POLICY_ORDER,
     generate_arrivals,
@@ -38,6 +40,7 @@ from drills.domain.workload import (
     trace_arrivals,
     workload_preset,
 )
+from drills.management.fleet_size import planned_fleet_size
 
 
 class Command(BaseCommand):
@@ -49,7 +52,13 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--replicas", type=int, default=12)
+        parser.add_argument(
+            "--replicas",
+            type=int,
+            help="chat replicas (default: the capacity plan's for one region "
+            "carrying the replayed workload, regions_lost respected: 14 for the "
+            "seed's chat; the seed's plan for a --trace)",
+        )
         parser.add_argument("--minutes", type=float, default=10.0)
         parser.add_argument("--warmup-minutes", type=float, default=2.0)
         parser.add_argument("--seed", type=int, default=0)
@@ -187,7 +196,8 @@ class Command(BaseCommand):
         duration_s = options["minutes"] * 60
         try:
             config = FleetConfig(
-                replicas=options["replicas"],
+                # A placeholder until the workload is known: _fleet_size plans it.
+                replicas=options["replicas"] or 1,
                 profile=options["profile"],
                 seed=options["seed"],
                 load_factor=options["load_factor"],
@@ -259,6 +269,8 @@ class Command(BaseCommand):
                 )
             self._sweep(config, arrivals, workload, scenario, options)
             return
+        size = _fleet_size(options, workload, config)
+        config = replace(config, replicas=size.replicas)
         engines = list(ENGINES) if options["compare_engines"] else [config.engine]
         if "sglang" in engines and workload is not None and workload.shared_prefixes:
             raise CommandError(
@@ -283,6 +295,7 @@ class Command(BaseCommand):
         scenario.update(
             _run_figures(config, options, len(arrivals), cpu_s),
             replicas=config.replicas,
+            replicas_source=size.source,
             host_offload_gib=config.host_offload_gib,
             owner_wait_s=config.owner_wait_s,
             engines=engines,
@@ -313,7 +326,8 @@ class Command(BaseCommand):
             )
             return
         self.stdout.write(
-            f"Routing A/B: {config.replicas} replicas ({config.profile}, "
+            f"Routing A/B: {config.replicas} replicas ({size.source}; "
+            f"{config.profile}, "
             f"{' and '.join(_engine_label(e, config) for e in engines)}), "
             f"{len(arrivals):,} requests over {options['warmup_minutes']:g} + "
             f"{options['minutes']:g} min, seed {config.seed}; "
@@ -471,6 +485,20 @@ class Command(BaseCommand):
                 f"{smallest_row['seed_usd_per_month']:,.0f})"
             )
         self.stdout.write(f"plot: {plot}")
+
+
+def _fleet_size(
+    options: dict[str, Any], workload: ChatWorkload | None, config: FleetConfig
+) -> FleetSize:
+    """Return ``--replicas``, else the plan's fleet for one region carrying the
+    replayed workload (``plan_scenario_for``), or the seed's for a trace."""
+    if workload is None:
+        return planned_fleet_size(Scenario(), SEED_NAME, replicas=options["replicas"])
+    return planned_fleet_size(
+        plan_scenario_for(workload, config),
+        f"the {options['workload']} workload at {workload.arrival_rate:g} req/s",
+        replicas=options["replicas"],
+    )
 
 
 def _run_figures(
