@@ -606,6 +606,7 @@ class PoolAdmin(AuditedAdmin):
                 )
             },
         ),
+        ("Traffic twin", {"fields": ("record_traffic_share",)}),
         ("Autoscaler (read-only)", {"fields": ("autoscaler", "created_at")}),
     )
 

@@ -73,6 +73,12 @@ def build_snapshot(*, region: str, default_policy: str) -> ConfigSnapshot:
     # Per (model, version): GPUs per replica and a replica's tokens per second,
     # what prices the version's tokens in every region.
     capacities: dict[tuple[str, str], tuple[int, float]] = {}
+    # This region's pools that record traffic (the traffic twin), by version id.
+    traffic_shares = dict(
+        Pool.objects.filter(region=region, record_traffic_share__gt=0).values_list(
+            "version_id", "record_traffic_share"
+        )
+    )
     for version in ModelVersion.objects.all():
         capacities[(version.model_id, version.version)] = replica_capacity(
             version.gpus_per_replica, version.load_test_tokens_per_s
@@ -95,6 +101,7 @@ def build_snapshot(*, region: str, default_policy: str) -> ConfigSnapshot:
             usd_per_million=_usd_per_million(
                 capacities[(version.model_id, version.version)], region
             ),
+            traffic_share=traffic_shares.get(version.pk, 0.0),
         )
     # One query for what the rollouts say: the pending ones (the memory of
     # conversations begins with them; a begun shadow step copies requests), and
