@@ -35,9 +35,10 @@ same way (deterministic, so shared prefixes still share hashes).
 
 from __future__ import annotations
 
+import array
 import hashlib
 import hmac
-import struct
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -67,19 +68,29 @@ def derive_salt(secret: str) -> bytes:
 
 
 def block_chain(token_ids: Sequence[int], *, block_size: int, salt: bytes) -> list[str]:
-    """Return the chained, salted hashes (hex) of the full blocks of ``token_ids``."""
+    """Return the chained, salted hashes (hex) of the full blocks of ``token_ids``.
+
+    Each id counts as 4 little-endian bytes (its low 32 bits); one keyed hasher
+    is set up and copied per block (a fifth of the cost of keying each).
+    """
     if block_size < 1:
         raise ValueError("block_size must be >= 1")
-    pack = struct.Struct(f"<{block_size}I").pack
+    try:
+        ids = array.array("I", token_ids)
+    except OverflowError:  # an id outside 32 bits: keep its low 32
+        ids = array.array("I", (t & 0xFFFFFFFF for t in token_ids))
+    if sys.byteorder == "big":  # pragma: no cover
+        ids.byteswap()
+    raw = ids.tobytes()
+    keyed = hashlib.blake2b(digest_size=_DIGEST_BYTES, key=salt)
+    step = 4 * block_size
     chain: list[str] = []
     parent = b""
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        block = token_ids[start : start + block_size]
-        try:
-            data = parent + pack(*block)
-        except struct.error:  # an id outside 32 bits: keep its low 32
-            data = parent + pack(*(t & 0xFFFFFFFF for t in block))
-        parent = hashlib.blake2b(data, digest_size=_DIGEST_BYTES, key=salt).digest()
+    for start in range(0, len(ids) // block_size * step, step):
+        hasher = keyed.copy()
+        hasher.update(parent)
+        hasher.update(raw[start : start + step])
+        parent = hasher.digest()
         chain.append(parent.hex())
     return chain
 

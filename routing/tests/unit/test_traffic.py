@@ -88,6 +88,10 @@ def test_texts_chain_the_same_way_without_token_ids() -> None:
     assert a[:5] == b[:5] and a[-1] != b[-1]
     with pytest.raises(ValueError):
         block_chain([1], block_size=0, salt=SALT)
+    # An id past 32 bits counts by its low 32 bits rather than failing.
+    assert block_chain([2**32 + 5] * 4, block_size=4, salt=SALT) == block_chain(
+        [5] * 4, block_size=4, salt=SALT
+    )
 
 
 def test_sampling_keeps_whole_conversations_at_about_the_share() -> None:
