@@ -39,7 +39,7 @@ import array
 import hashlib
 import hmac
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,50 +153,57 @@ class TrafficRecord:
     block_size: int
     blocks: tuple[str, ...]
 
-    def to_fields(self) -> dict[str, str]:
-        """Return the record as flat string fields (a Redis stream entry)."""
-        return {
-            "at": f"{self.at:.3f}",
-            "team": self.team,
-            "tier": self.tier,
-            "model": self.model,
-            "version": self.version,
-            "surface": self.surface,
-            "prompt_tokens": str(self.prompt_tokens),
-            "max_tokens": str(self.max_tokens),
-            "output_tokens": str(self.output_tokens),
-            "cached_tokens": str(self.cached_tokens),
-            "key": self.key,
-            "replica": self.replica,
-            "outcome": self.outcome,
-            "block_size": str(self.block_size),
-            "blocks": " ".join(self.blocks),
-        }
+    def to_row(self) -> list[Any]:
+        """Return the record as a JSON-able row (the stream keeps batches of rows)."""
+        return [
+            round(self.at, 3),
+            self.team,
+            self.tier,
+            self.model,
+            self.version,
+            self.surface,
+            self.prompt_tokens,
+            self.max_tokens,
+            self.output_tokens,
+            self.cached_tokens,
+            self.key,
+            self.replica,
+            self.outcome,
+            self.block_size,
+            " ".join(self.blocks),
+        ]
 
     @classmethod
-    def from_fields(cls, raw: Mapping[str, str]) -> TrafficRecord:
-        """Return the record ``to_fields`` wrote.
+    def from_row(cls, row: Sequence[Any]) -> TrafficRecord:
+        """Return the record ``to_row`` wrote.
 
         Raises:
-            KeyError, ValueError: not such a record.
+            TypeError, ValueError: not such a row.
         """
+        if not isinstance(row, list | tuple) or len(row) != _ROW_LENGTH:
+            raise ValueError("not a traffic record row")
+        (at, team, tier, model, version, surface, prompt, most, out, cached) = row[:10]
+        key, replica, outcome, block_size, blocks = row[10:]
         return cls(
-            at=float(raw["at"]),
-            team=raw["team"],
-            tier=raw["tier"],
-            model=raw["model"],
-            version=raw["version"],
-            surface=raw.get("surface", "chat"),
-            prompt_tokens=int(raw["prompt_tokens"]),
-            max_tokens=int(raw["max_tokens"]),
-            output_tokens=int(raw["output_tokens"]),
-            cached_tokens=int(raw["cached_tokens"]),
-            key=raw["key"],
-            replica=raw.get("replica", ""),
-            outcome=raw.get("outcome", "ok"),
-            block_size=int(raw["block_size"]),
-            blocks=tuple(raw["blocks"].split()),
+            at=float(at),
+            team=str(team),
+            tier=str(tier),
+            model=str(model),
+            version=str(version),
+            surface=str(surface),
+            prompt_tokens=int(prompt),
+            max_tokens=int(most),
+            output_tokens=int(out),
+            cached_tokens=int(cached),
+            key=str(key),
+            replica=str(replica),
+            outcome=str(outcome),
+            block_size=int(block_size),
+            blocks=tuple(str(blocks).split()),
         )
+
+
+_ROW_LENGTH = 15
 
 
 def stand_in_prompt(record: TrafficRecord) -> str:

@@ -21,7 +21,7 @@ from drills.domain.workload import read_trace, trace_arrivals
 from localrun.processes import wait_until
 from models_registry.domain.load_test import read_replay_trace
 from models_registry.models import Pool
-from routing.traffic import stream_key
+from routing.traffic import read_traffic, stream_key
 from tests.live import LivePlatform
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -83,11 +83,23 @@ def test_a_recording_pool_keeps_requests_without_text_for_the_export(
         ask(platform, "twin-a", turns=2)
         ask(platform, "twin-b")
         wait_until(
-            lambda: client.xlen(key) >= 4 and client.xrange(key, min=int(since * 1000)),
+            lambda: (
+                len(
+                    list(
+                        read_traffic(
+                            client,
+                            prefix=platform.prefix,
+                            model="chat-7b",
+                            since=since,
+                            until=time.time(),
+                        )
+                    )
+                )
+                >= 3
+            ),
             timeout_s=10,
             message="the window's records",
         )
-        time.sleep(1.5)  # every record of the window flushed
         raw = repr(client.xrange(key))
         assert "Nightingale" not in raw and "twin-a" not in raw
 

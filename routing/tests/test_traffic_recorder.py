@@ -4,6 +4,8 @@ without text, trimmed by age; pools that do not record write nothing."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import uuid
 
 import pytest
@@ -181,28 +183,30 @@ def test_reading_a_window_pages_through_the_stream(redis_url: str, page: int) ->
 
     prefix = f"test-{uuid.uuid4().hex[:8]}"
     key = stream_key(prefix, "chat-7b")
-    base = TrafficRecord.from_fields(
-        {
-            "at": "0",
-            "team": "t",
-            "tier": "standard",
-            "model": "chat-7b",
-            "version": "v1",
-            "prompt_tokens": "5",
-            "max_tokens": "5",
-            "output_tokens": "5",
-            "cached_tokens": "0",
-            "key": "k",
-            "block_size": "16",
-            "blocks": "",
-        }
+    base = TrafficRecord(
+        at=0.0,
+        team="t",
+        tier="standard",
+        model="chat-7b",
+        version="v1",
+        surface="chat",
+        prompt_tokens=5,
+        max_tokens=5,
+        output_tokens=5,
+        cached_tokens=0,
+        key="k",
+        replica="r",
+        outcome="ok",
+        block_size=16,
+        blocks=(),
     )
     with redis.Redis.from_url(redis_url) as client:
         try:
             for second in (100, 200, 250, 300, 400):
-                fields = base.to_fields() | {"at": str(second)}
+                rows = [dataclasses.replace(base, at=second).to_row()]
+                fields = {"format": "1", "records": json.dumps(rows)}
                 if second == 250:
-                    fields = {"at": "x"}  # malformed: skipped
+                    fields = {"format": "1", "records": "[[1]]"}  # malformed: skipped
                 client.xadd(key, fields, id=f"{second * 1000 + 500}-0")
             got = read_traffic(
                 client, prefix=prefix, model="chat-7b", since=200, until=400, page=page
