@@ -363,6 +363,7 @@ SHARED_PLATFORM_MODULES = (
     "routing/tests/test_budgets_e2e.py",
     "routing/tests/test_figures_e2e.py",
     "routing/tests/test_limits_e2e.py",
+    "routing/tests/test_traffic_e2e.py",
     "routing/tests/test_v1_fuzz.py",
     "tests/test_secrets_e2e.py",
 )

@@ -23,7 +23,12 @@ SSE, 300 tokens at 30 tokens/s), for each concurrency level, interleaved:
    (``PLATFORM_TRACES_SAMPLE_RATIO``), exporting over OTLP/HTTP to the tests'
    receiver (``tests/otlp_collector.py``) run beside it; ``checks`` judges its
    CPU per relayed token within 5% of the gateway's (issue 40);
-7. **baseline** (with ``--baseline-tree PATH``): the gateway again, run from another
+7. **recorded**: the gateway with its pool recording every conversation for the
+   traffic twin (``record_traffic_share`` 1, ``routing.traffic``: the records'
+   hashing and their Redis writes included); the pool's share is set as each
+   gateway target starts (0 for the others). ``--per-request`` runs it by default
+   and ``checks`` judges its CPU per request within 5% of the gateway's;
+8. **baseline** (with ``--baseline-tree PATH``): the gateway again, run from another
    checkout (say, the code before a change), against the same database and Redis,
    so that before and after are measured side by side in one run.
 
@@ -95,6 +100,8 @@ TARGETS = {
     "cpu_per_request_over_smg_max": 1.5,
     # Issue 40: tracing on (default sampling) over off, CPU per relayed token.
     "traced_cpu_per_token_over_gateway_max": 1.05,
+    # The traffic twin: recording on (every conversation) over off, CPU per request.
+    "recorded_cpu_per_request_over_gateway_max": 1.05,
 }
 # The two kinds of run: streams (the relay's cost per token) and --per-request (its
 # fixed cost per request: 2-token answers from an upstream at 1,000 tokens/s, so
@@ -109,7 +116,7 @@ MODE_DEFAULTS: dict[str, dict[str, Any]] = {
     },
     "per_request": {
         "levels": "50",
-        "targets": "bare,gateway,smg,litellm",
+        "targets": "bare,gateway,recorded,smg,litellm",
         "max_tokens": 2,
         "rate": 1000.0,
         "ramp_s": 1.0,
@@ -382,6 +389,14 @@ class Platform:
         self.key, self.version = info["key"], info["version"]
         self.replicas = [(f"bench-r{i}", url) for i, url in enumerate(replica_urls)]
 
+    def set_traffic_share(self, share: float) -> None:
+        """Set the share of the pool's conversations the gateway records."""
+        import psycopg
+
+        url = f"postgresql://postgres@127.0.0.1:5432/{self.db}"
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("UPDATE pools SET record_traffic_share = %s", (share,))
+
     def start_beats(self) -> None:
         from engine_nodes.domain.beats import ReplicaBeat
         from engine_nodes.heartbeats import RedisBeatStore
@@ -627,6 +642,8 @@ class Bench:
         # "gateway" is uvicorn, the issue's reference.
         argv = gateway_argv(port, workers=workers, server=server)
         env = self.platform.env()
+        # Only the recorded target's pool records (one gateway runs at a time).
+        self.platform.set_traffic_share(1.0 if base == "recorded" else 0.0)
         if base == "traced":
             env |= {
                 "PLATFORM_TRACES_ENABLED": "true",
@@ -724,6 +741,8 @@ class Bench:
                 key,
                 "--max-tokens",
                 str(args.max_tokens),
+                "--system-words",
+                str(args.system_words),
                 "--rate",
                 str(args.rate),
                 "--ramp-s",
@@ -1125,7 +1144,7 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # The issue's reference: "a minimal Channels consumer that only forwards bytes".
 # Plain "bare" (a raw ASGI callable behind the Channels router) is stricter.
 CONSUMER = "bare+consumer"
-GATEWAYS = ("gateway", "baseline", "traced")
+GATEWAYS = ("gateway", "baseline", "traced", "recorded")
 # What the issue's targets are set for: our gateway, one worker, under uvicorn.
 REFERENCE = "gateway"
 
@@ -1292,8 +1311,24 @@ def check_per_request(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for row in rows:
         if row["workers"] == 1 and row["relay_cpu_us_per_request"] is not None:
             us[f"c{row['level']}"][row["target"]] = row["relay_cpu_us_per_request"]
-    over_smg = _over(gateway_ratios(rows, "relay_cpu_us_per_request"), "smg")
+    per_request = gateway_ratios(rows, "relay_cpu_us_per_request")
+    over_smg = _over(per_request, "smg")
+    # The traffic twin: recording on over off, per level.
+    recorded = {
+        f"c{r['level']}": 1 / r["gateway_over"]["recorded"]
+        for r in per_request
+        if r["tokens_per_event"] == 1 and r["gateway_over"].get("recorded")
+    }
     return {
+        "recorded_cpu_per_request_over_gateway": recorded,
+        "recorded_within_5pct": (
+            all(
+                v <= TARGETS["recorded_cpu_per_request_over_gateway_max"]
+                for v in recorded.values()
+            )
+            if recorded
+            else None
+        ),
         "cpu_us_per_request": dict(us),
         "cpu_per_request_gateway_over_smg": over_smg,
         "cpu_per_request_within_1_5_of_smg": (
@@ -1442,7 +1477,7 @@ def main() -> None:
         action="store_true",
         help="measure the fixed cost per request instead of the cost per token: "
         "defaults --levels 50 --max-tokens 2 --rate 1000 --ramp-s 1 --targets "
-        "bare,gateway,smg,litellm, and the checks judge CPU per request",
+        "bare,gateway,recorded,smg,litellm, and the checks judge CPU per request",
     )
     parser.add_argument(
         "--levels", default=None, help="default 100,500,1000 (--per-request: 50)"
@@ -1451,7 +1486,7 @@ def main() -> None:
         "--targets",
         default=None,
         help="default direct,bare,gateway,gateway@daphne,smg,litellm "
-        "(--per-request: bare,gateway,smg,litellm). smg, litellm: the peer "
+        "(--per-request: bare,gateway,recorded,smg,litellm). smg, litellm: the peer "
         "gateways (bench/peers.py); TARGET@daphne, TARGET@granian: the gateway or "
         "a bare relay under that ASGI server; bare+consumer: the bare relay as a "
         "Channels AsyncHttpConsumer; also bare+race, bare+parse, bare+race+parse, "
@@ -1485,6 +1520,13 @@ def main() -> None:
         ">= --multi-worker-min-level)",
     )
     parser.add_argument("--multi-worker-min-level", type=int, default=1000)
+    parser.add_argument(
+        "--system-words",
+        type=int,
+        default=0,
+        help="a shared system prompt of about this many tokens on every request "
+        "(what the recorded target hashes; default none)",
+    )
     parser.add_argument("--duration-s", type=float, default=20.0)
     parser.add_argument("--ramp-s", type=float, default=None, help="default 10 (1)")
     parser.add_argument(

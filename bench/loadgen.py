@@ -320,6 +320,13 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
             if len(samples) < 5:
                 samples.append(result.error)
 
+    # A system prompt every request shares (one stand-in token per word).
+    system = (
+        [{"role": "system", "content": "word" + " word" * (args.system_words - 1)}]
+        if args.system_words > 0
+        else []
+    )
+
     async def user(index: int) -> None:
         await asyncio.sleep(index * args.ramp_s / args.concurrency)
         host, port, netloc = targets[index % len(targets)]
@@ -346,7 +353,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
                 body = json.dumps(
                     {
                         "model": args.model,
-                        "messages": [{"role": "user", "content": content}],
+                        "messages": [*system, {"role": "user", "content": content}],
                         "max_tokens": args.max_tokens,
                         "stream": True,
                     },
@@ -472,6 +479,13 @@ def main() -> None:
         default="",
         help="count a content event's tokens as the times its content holds this "
         "text (default: one token per content event)",
+    )
+    parser.add_argument(
+        "--system-words",
+        type=int,
+        default=0,
+        help="open every request with a system prompt of this many words (about "
+        "as many tokens; default none)",
     )
     parser.add_argument("--ramp-s", type=float, default=10.0)
     parser.add_argument("--warmup-s", type=float, default=10.0)

@@ -549,6 +549,26 @@ try:
     # How often usage counted in Redis reaches the database (and how often an
     # embedded gateway flushes its own ledger).
     PLATFORM_USAGE_FLUSH_S = env_float("PLATFORM_USAGE_FLUSH_S", 15.0, minimum=1.0)
+    # The traffic twin (routing.traffic): pools opt in with
+    # Pool.record_traffic_share. Records go to a Redis stream per model, written
+    # in batches every PLATFORM_TRAFFIC_FLUSH_S, at most
+    # PLATFORM_TRAFFIC_BUFFER records waiting per process (more are dropped), kept
+    # PLATFORM_TRAFFIC_RECORD_RETENTION_S and at most PLATFORM_TRAFFIC_RECORD_MAX
+    # per model. Prompts are kept as chains of block hashes (blocks of
+    # PLATFORM_TRAFFIC_BLOCK_TOKENS tokens) keyed by PLATFORM_TRAFFIC_SALT
+    # (default: derived from SECRET_KEY; every gateway must share it).
+    PLATFORM_TRAFFIC_SALT = env_str("PLATFORM_TRAFFIC_SALT", "")
+    PLATFORM_TRAFFIC_BLOCK_TOKENS = env_int(
+        "PLATFORM_TRAFFIC_BLOCK_TOKENS", 16, minimum=1
+    )
+    PLATFORM_TRAFFIC_RECORD_RETENTION_S = env_float(
+        "PLATFORM_TRAFFIC_RECORD_RETENTION_S", 7 * 86400.0, minimum=60.0
+    )
+    PLATFORM_TRAFFIC_RECORD_MAX = env_int(
+        "PLATFORM_TRAFFIC_RECORD_MAX", 1_000_000, minimum=1
+    )
+    PLATFORM_TRAFFIC_FLUSH_S = env_float("PLATFORM_TRAFFIC_FLUSH_S", 1.0, minimum=0.05)
+    PLATFORM_TRAFFIC_BUFFER = env_int("PLATFORM_TRAFFIC_BUFFER", 10_000, minimum=1)
     # The rollout guards' figures (metering.figures): the length of one bucket,
     # shared by the gateways and the flusher; and the refusal detector's patterns
     # (routing.domain.refusals), a JSON list of regular expressions.

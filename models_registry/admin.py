@@ -486,7 +486,13 @@ _WEEKDAYS = [
 ]
 # The pool's settings a console save may write: never desired_replicas or the
 # autoscaler's state, which the autoscaler writes (compare-and-set) meanwhile.
-_POOL_FORM_FIELDS = ("model", "version", "region", *SCALING_FIELDS)
+_POOL_FORM_FIELDS = (
+    "model",
+    "version",
+    "region",
+    *SCALING_FIELDS,
+    "record_traffic_share",
+)
 _LAST_DECISIONS = 5
 
 
@@ -606,6 +612,7 @@ class PoolAdmin(AuditedAdmin):
                 )
             },
         ),
+        ("Traffic twin", {"fields": ("record_traffic_share",)}),
         ("Autoscaler (read-only)", {"fields": ("autoscaler", "created_at")}),
     )
 

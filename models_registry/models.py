@@ -539,6 +539,13 @@ class Pool(models.Model):
         editable=False,
         help_text="What the autoscaler remembers between ticks, and its last decision.",
     )
+    record_traffic_share = models.FloatField(
+        default=0.0,
+        validators=[MinValueValidator(0.0), MaxValueValidator(1.0)],
+        help_text="The share of the pool's conversations the gateway records for "
+        "the traffic twin (sizes, timings and salted prefix hashes, never text); "
+        "0 records nothing.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -566,6 +573,11 @@ class Pool(models.Model):
             models.CheckConstraint(
                 condition=Q(warm_horizon_s__gt=0.0),
                 name="pool_warm_horizon_positive",
+            ),
+            models.CheckConstraint(
+                condition=Q(record_traffic_share__gte=0.0)
+                & Q(record_traffic_share__lte=1.0),
+                name="pool_record_traffic_share_fraction",
             ),
             models.CheckConstraint(
                 condition=Q(target_utilisation__gt=0.0) & Q(target_utilisation__lt=1.0),

@@ -77,6 +77,7 @@ from routing.responses import FinalUsage, GatewayError
 from routing.shadow import Shadow
 from routing.sticky import ConversationVersions
 from routing.traces import NO_TRACE, RequestTrace
+from routing.traffic import TrafficRecorder
 from routing.upstream import Upstream
 
 logger = logging.getLogger(__name__)
@@ -114,8 +115,10 @@ class ChatService:
         figures: FigureRecorder | None = None,
         conversations: ConversationVersions | None = None,
         budgets: BudgetGuard | None = None,
+        traffic: TrafficRecorder | None = None,
     ) -> None:
         self.settings = settings
+        self.traffic = traffic
         self.live = live
         self.admission = admission
         self.upstream = upstream
@@ -214,6 +217,8 @@ class ChatService:
             )
             ended, cause = AttemptResult(outcome), exc
         await self.meter.settle(Served(plan, ticket, role, ended, reservation))
+        if self.traffic is not None:  # the traffic twin: kept, flushed later
+            self.traffic.offer(plan, snapshot, ended)
         trace.served(ended)
         # Raised outside the handlers above, so that each keeps its own context.
         if cause is not None:

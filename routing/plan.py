@@ -65,6 +65,7 @@ from routing.domain.snapshot import (
     VersionRecord,
 )
 from routing.domain.tiers import Tier, parse_tier
+from routing.domain.traffic import is_sampled
 from routing.entitlements import check_tier
 from routing.intake import header_text, refuse_body
 from routing.prompt_fit import count_and_fit
@@ -271,8 +272,9 @@ class PlanOpening:
     limit: LimitRecord
     version: VersionRecord | None
     max_model_len: int
-    # The model routes by its replicas' caches (policy "cache_aware"): the plan
-    # keeps the prompt's token ids, which key its blocks.
+    # The model routes by its replicas' caches (policy "cache_aware"), or the
+    # request is recorded for the traffic twin: the plan keeps the prompt's token
+    # ids, which key its blocks.
     keeps_prompt_ids: bool = False
 
 
@@ -329,7 +331,8 @@ def start_plan(
         limit=limit,
         version=version,
         max_model_len=version.max_model_len if version else DEFAULT_MAX_MODEL_LEN,
-        keeps_prompt_ids=record is not None and record.policy == CacheAwarePolicy.name,
+        keeps_prompt_ids=(record is not None and record.policy == CacheAwarePolicy.name)
+        or (version is not None and is_sampled(key, version.traffic_share)),
     )
 
 

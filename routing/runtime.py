@@ -56,6 +56,7 @@ from routing.services import build_snapshot
 from routing.snapshots import SnapshotFile, SnapshotHolder
 from routing.sticky import ConversationVersions
 from routing.traces import Tracing, build_tracing
+from routing.traffic import RedisTrafficStore, TrafficRecorder, traffic_salt
 from routing.upstream import Upstream
 
 logger = logging.getLogger(__name__)
@@ -162,6 +163,7 @@ def build_gateway() -> Gateway:
     )
     background = BackgroundTasks()
     chat = ChatService(
+        traffic=_traffic_recorder(redis_client, background),
         settings=config,
         live=live,
         admission=admission,
@@ -290,6 +292,33 @@ def _stores(
     usage = FailoverUsageCounter(RedisUsageCounter(redis_client, prefix))
     figures = RedisFigureRecorder(redis_client, prefix)
     return limits, usage, figures, None, RedisFailover(limits=limits, usage=usage)
+
+
+def _traffic_recorder(
+    redis_client: Any | None, background: BackgroundTasks
+) -> TrafficRecorder | None:
+    """Return the traffic twin's recorder; None without Redis (nothing recorded)."""
+    if redis_client is None:
+        logger.info("traffic twin off: it records to Redis, and REDIS_URL is unset")
+        return None
+    if settings.SECRET_KEY_IS_EPHEMERAL and not settings.PLATFORM_TRAFFIC_SALT:
+        logger.warning(
+            "traffic twin: neither PLATFORM_TRAFFIC_SALT nor SECRET_KEY is set, so "
+            "this process's prefix hashes match no other process's"
+        )
+    return TrafficRecorder(
+        store=RedisTrafficStore(
+            redis_client,
+            settings.REDIS_KEY_PREFIX,
+            retention_s=settings.PLATFORM_TRAFFIC_RECORD_RETENTION_S,
+            max_records=settings.PLATFORM_TRAFFIC_RECORD_MAX,
+        ),
+        background=background,
+        salt=traffic_salt(),
+        block_size=settings.PLATFORM_TRAFFIC_BLOCK_TOKENS,
+        flush_s=settings.PLATFORM_TRAFFIC_FLUSH_S,
+        buffer_max=settings.PLATFORM_TRAFFIC_BUFFER,
+    )
 
 
 def _budget_store(redis_client: Any | None) -> BudgetStore:

@@ -73,6 +73,23 @@ def build_snapshot(*, region: str, default_policy: str) -> ConfigSnapshot:
     # Per (model, version): GPUs per replica and a replica's tokens per second,
     # what prices the version's tokens in every region.
     capacities: dict[tuple[str, str], tuple[int, float]] = {}
+    region_pools = list(
+        Pool.objects.filter(region=region).only(
+            "model_id",
+            "version_id",
+            "min_replicas",
+            "max_replicas",
+            "desired_replicas",
+            "record_traffic_share",
+        )
+    )
+    # The share of each version's conversations its pool here records (the
+    # traffic twin), by version id.
+    traffic_shares = {
+        pool.version_id: pool.record_traffic_share
+        for pool in region_pools
+        if pool.record_traffic_share > 0
+    }
     for version in ModelVersion.objects.all():
         capacities[(version.model_id, version.version)] = replica_capacity(
             version.gpus_per_replica, version.load_test_tokens_per_s
@@ -95,6 +112,7 @@ def build_snapshot(*, region: str, default_policy: str) -> ConfigSnapshot:
             usd_per_million=_usd_per_million(
                 capacities[(version.model_id, version.version)], region
             ),
+            traffic_share=traffic_shares.get(version.pk, 0.0),
         )
     # One query for what the rollouts say: the pending ones (the memory of
     # conversations begins with them; a begun shadow step copies requests), and
@@ -170,9 +188,7 @@ def build_snapshot(*, region: str, default_policy: str) -> ConfigSnapshot:
     )
     pools = frozenset(
         (pool.model_id, labels.get(pool.version_id, ""))
-        for pool in Pool.objects.filter(region=region).only(
-            "model_id", "version_id", "min_replicas", "max_replicas", "desired_replicas"
-        )
+        for pool in region_pools
         if pool.target_replicas > 0
     )
     built_at = time.time()

@@ -153,6 +153,22 @@ def test_per_request_check_holds_the_gateway_to_1_5_of_smg() -> None:
     assert gateway.check_per_request(rows)["cpu_per_request_within_1_5_of_smg"]
 
 
+def test_per_request_check_holds_recording_to_5_percent_over_off() -> None:
+    rows = [
+        row("gateway", 50, relay_cpu_us_per_request=700.0),
+        row("recorded", 50, relay_cpu_us_per_request=728.0),
+    ]
+    checks = gateway.check_per_request(rows)
+    assert checks["recorded_cpu_per_request_over_gateway"] == {
+        "c50": pytest.approx(1.04)
+    }
+    assert checks["recorded_within_5pct"] is True
+    rows[-1]["relay_cpu_us_per_request"] = 770.0
+    assert gateway.check_per_request(rows)["recorded_within_5pct"] is False
+    assert gateway.check_per_request(rows[:1])["recorded_within_5pct"] is None
+    assert gateway.target_error("recorded") is None
+
+
 def test_litellm_config_has_one_deployment_per_upstream_and_a_key() -> None:
     config = peers.litellm_config(["http://127.0.0.1:9101", "http://127.0.0.1:9102/"])
     deployments = config["model_list"]

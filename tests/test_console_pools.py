@@ -63,6 +63,7 @@ def form(pool: Pool, *rows: dict[str, Any], **changes: Any) -> dict[str, Any]:
         "panic_window_s": str(pool.panic_window_s),
         "panic_factor": str(pool.panic_factor),
         "scale_down_interval_s": str(pool.scale_down_interval_s),
+        "record_traffic_share": str(pool.record_traffic_share),
         "schedule-TOTAL_FORMS": str(len(rows)),
         "schedule-INITIAL_FORMS": "0",
         "schedule-MIN_NUM_FORMS": "0",
@@ -94,6 +95,7 @@ def row(weekdays: list[int], start: int, end: int, floor: int) -> dict[str, Any]
         ({"panic_factor": 1}, "panic_factor"),
         ({"warm_floor": 11}, "warm_floor"),
         ({"stable_window_s": 7200}, "stable_window_s"),
+        ({"record_traffic_share": 1.5}, "record_traffic_share"),
     ],
 )
 def test_console_refuses_settings_the_api_refuses_on_their_field(
@@ -114,12 +116,18 @@ def test_console_saves_settings_and_schedule_and_leaves_the_autoscalers_columns(
 ) -> None:
     response = console.post(
         change_url(pool),
-        form(pool, row([0, 1, 2, 3, 4], 510, 600, 6), target_utilisation=0.6),
+        form(
+            pool,
+            row([0, 1, 2, 3, 4], 510, 600, 6),
+            target_utilisation=0.6,
+            record_traffic_share=0.1,
+        ),
     )
 
     assert response.status_code == 302, response.context["errors"]
     stored = Pool.objects.get(pk=pool.pk)
     assert stored.target_utilisation == 0.6
+    assert stored.record_traffic_share == 0.1
     assert (stored.desired_replicas, stored.autoscaler_state) == (
         4,
         {"state": {"samples": [[1.0, 5, 0]]}},

@@ -126,6 +126,9 @@ class VersionRecord:
     # version cost in this region at a full pool (metering.domain.cost): budgets
     # price requests by it. 0 prices nothing.
     usd_per_million: float = 0.0
+    # The share of conversations this region's pool of the version records for
+    # the traffic twin (``Pool.record_traffic_share``; routing.domain.traffic).
+    traffic_share: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

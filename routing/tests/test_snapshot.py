@@ -11,7 +11,7 @@ from pytest_django import DjangoAssertNumQueries
 from accounts import services as accounts
 from accounts.models import ApiKey, Team
 from models_registry import services as registry_services
-from models_registry.models import ModelKind, ModelVersion
+from models_registry.models import ModelKind, ModelVersion, Pool
 from rollouts import services as rollouts
 from routing.domain.snapshot import MODEL_KINDS
 from routing.services import build_snapshot
@@ -169,6 +169,21 @@ def test_snapshot_says_which_versions_schedule_by_priority(
     snapshot = build_snapshot(region="local", default_policy="prefix_affinity")
     assert snapshot.versions[("chat-7b", "v1")].priority_scheduling is False
     assert snapshot.versions[("chat-7b", ranked.version)].priority_scheduling is True
+
+
+def test_snapshot_carries_the_share_of_traffic_a_pool_records(
+    chat_v1: ModelVersion,
+) -> None:
+    Pool.objects.create(
+        model_id="chat-7b", version=chat_v1, region="local", record_traffic_share=0.25
+    )
+    Pool.objects.create(
+        model_id="chat-7b", version=chat_v1, region="elsewhere", record_traffic_share=1
+    )
+    snapshot = build_snapshot(region="local", default_policy="prefix_affinity")
+    assert snapshot.versions[("chat-7b", "v1")].traffic_share == 0.25
+    other = build_snapshot(region="third", default_policy="prefix_affinity")
+    assert other.versions[("chat-7b", "v1")].traffic_share == 0.0
 
 
 def test_snapshot_carries_a_models_kind_and_embedding_sizes(
