@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import time
 import uuid
 
 import pytest
@@ -53,7 +54,9 @@ def plan(version: str, conversation: str) -> ChatPlan:
         stream=True,
         routing_key="conv:" + conversation,
         payload=b'{"messages": "' + PROMPT.encode() + b'"}',
-        started_at=0.0,
+        # A request that began just now (``started_at`` is monotonic time): the
+        # record's arrival is the recorder's clock less the time since.
+        started_at=time.monotonic(),
         prompt_ids=tuple(ids),
     )
 
