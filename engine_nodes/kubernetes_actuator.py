@@ -230,14 +230,7 @@ class KubernetesActuator:
     def _follow_once(self, spec: PoolSpec) -> FollowAction:
         manifest = render_deployment(namespace=self.namespace, spec=spec)
         name: str = manifest["metadata"]["name"]
-        try:
-            live = self.api.read_namespaced_deployment(
-                name=name, namespace=self.namespace
-            )
-        except Exception as exc:
-            if _status(exc) != 404:
-                raise
-            live = None
+        live = self._read_deployment(name)
         metadata = _field(live, "metadata")
         annotations = _field(metadata, "annotations") or {}
         live_replicas = _field(_field(live, "spec"), "replicas")
@@ -247,7 +240,9 @@ class KubernetesActuator:
             existing_replicas=live_replicas,
             is_present=live is not None,
         )
-        action = self._write(manifest, action, live_replicas)
+        action = self._write(
+            manifest, action, live_replicas, drained=self.drain is not None
+        )
         if action in (FollowAction.SCALE, FollowAction.NONE) and self.drain:
             version = _read(metadata, "resourceVersion")
             scaled = self._drain_tick(spec, live_replicas or 0, version)
@@ -262,12 +257,30 @@ class KubernetesActuator:
             )
         return action
 
+    def _read_deployment(self, name: str) -> Any:
+        """Return the live Deployment ``name``, or None when there is none."""
+        try:
+            return self.api.read_namespaced_deployment(
+                name=name, namespace=self.namespace
+            )
+        except Exception as exc:
+            if _status(exc) != 404:
+                raise
+            return None
+
     def _write(
-        self, manifest: dict[str, Any], action: FollowAction, live_replicas: Any
+        self,
+        manifest: dict[str, Any],
+        action: FollowAction,
+        live_replicas: Any,
+        *,
+        drained: bool,
     ) -> FollowAction:
         """Create or patch the Deployment as ``action`` says; return what was done.
 
-        A patch leaves the count to the next tick's drain when it would lower it.
+        With ``drained``, a patch leaves the count to the next tick's drain when it
+        would lower it, and a scale is the drain's to make; without, a scale
+        patches the count at once.
         """
         name: str = manifest["metadata"]["name"]
         if action == FollowAction.CREATE:
@@ -280,17 +293,14 @@ class KubernetesActuator:
                     raise
                 action = FollowAction.PATCH
         if action == FollowAction.PATCH:
-            if (
-                self.drain is not None
-                and (live_replicas or 0) > (manifest["spec"]["replicas"])
-            ):
+            if drained and (live_replicas or 0) > (manifest["spec"]["replicas"]):
                 # Down only through the drain: a whole patch would let the
                 # controller pick the pod.
                 manifest["spec"]["replicas"] = live_replicas
             self.api.patch_namespaced_deployment(
                 name=name, namespace=self.namespace, body=manifest
             )
-        elif action == FollowAction.SCALE and self.drain is None:
+        elif action == FollowAction.SCALE and not drained:
             self.scale_pool(name, manifest["spec"]["replicas"])
         return action
 
@@ -382,38 +392,18 @@ class KubernetesActuator:
             namespace=self.namespace, spec=spec, replicas=replicas
         )
         name: str = manifest["metadata"]["name"]
-        try:
-            live = self.api.read_namespaced_deployment(
-                name=name, namespace=self.namespace
-            )
-        except Exception as exc:
-            if _status(exc) != 404:
-                raise
-            live = None
+        live = self._read_deployment(name)
         if live is None and replicas == 0:
             return FollowAction.NONE
         annotations = _field(_field(live, "metadata"), "annotations") or {}
+        live_replicas = _field(_field(live, "spec"), "replicas")
         action = follow_action(
             manifest,
             existing_digest=annotations.get(SPEC_DIGEST_ANNOTATION),
-            existing_replicas=_field(_field(live, "spec"), "replicas"),
+            existing_replicas=live_replicas,
             is_present=live is not None,
         )
-        if action == FollowAction.CREATE:
-            try:
-                self.api.create_namespaced_deployment(
-                    namespace=self.namespace, body=manifest
-                )
-            except Exception as exc:
-                if _status(exc) != 409:
-                    raise
-                action = FollowAction.PATCH
-        if action == FollowAction.PATCH:
-            self.api.patch_namespaced_deployment(
-                name=name, namespace=self.namespace, body=manifest
-            )
-        elif action == FollowAction.SCALE:
-            self.scale_pool(name, replicas)
+        action = self._write(manifest, action, live_replicas, drained=False)
         if action != FollowAction.NONE:
             logger.info(
                 "%s deployment %s/%s (warm nodes %d)",
