@@ -14,7 +14,11 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import subprocess
+import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -103,6 +107,25 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         return None
+
+
+@contextmanager
+def running_collector(out: Path) -> Iterator[str]:
+    """Run this receiver as its own process, writing spans to ``out``; yield its
+    traces URL."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.otlp_collector", "--out", str(out)],
+        cwd=Path(__file__).resolve().parent.parent,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        port = int(process.stdout.readline())
+        yield f"http://127.0.0.1:{port}/v1/traces"
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
 
 
 def read_spans(path: Path) -> list[dict[str, Any]]:

@@ -4,8 +4,6 @@ replica, its spans received by an OTLP/HTTP collector process."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,14 +14,13 @@ from django.utils import timezone
 from localrun.processes import wait_until
 from rollouts import services as rollouts
 from tests.live import LivePlatform, start_platform
-from tests.otlp_collector import read_spans
+from tests.otlp_collector import read_spans, running_collector
 
 if TYPE_CHECKING:
     from pytest_django import DjangoDbBlocker
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parent.parent
 # Said in the prompt only: no attribute of any span may carry it.
 SECRET = "zebra-quartz-7731 the plum heron sings at midnight"
 GATEWAY_STEPS = {
@@ -39,19 +36,8 @@ GATEWAY_STEPS = {
 def collector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """Run the OTLP/HTTP receiver; yield its traces URL and its spans file."""
     out = tmp_path_factory.mktemp("otlp") / "spans.jsonl"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tests.otlp_collector", "--out", str(out)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert process.stdout is not None
-        port = int(process.stdout.readline())
-        yield f"http://127.0.0.1:{port}/v1/traces", out
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
+    with running_collector(out) as url:
+        yield url, out
 
 
 @pytest.fixture(scope="module")

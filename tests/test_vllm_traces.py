@@ -14,8 +14,6 @@ with ``REQUIRE_VLLM=1`` that is a failure.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -46,14 +44,13 @@ from localrun.vllm_cpu import (
     start_vllm_agent,
 )
 from tests.live import LivePlatform, can_serve, platform_env
-from tests.otlp_collector import read_spans
+from tests.otlp_collector import read_spans, running_collector
 
 if TYPE_CHECKING:
     from pytest_django import DjangoDbBlocker
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parent.parent
 REGION = "e2e-vllm-traces"
 SERVING_TIMEOUT_S = 300
 # Said in the prompt only: no attribute of any span may carry it.
@@ -64,19 +61,8 @@ SECRET = "violet-anchor-5521 the copper fox naps at dawn"
 def collector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """Run the OTLP/HTTP receiver; yield its traces URL and its spans file."""
     out = tmp_path_factory.mktemp("otlp") / "spans.jsonl"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tests.otlp_collector", "--out", str(out)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert process.stdout is not None
-        port = int(process.stdout.readline())
-        yield f"http://127.0.0.1:{port}/v1/traces", out
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
+    with running_collector(out) as url:
+        yield url, out
 
 
 @pytest.fixture(scope="module")
