@@ -69,6 +69,11 @@ urlpatterns = [
         name="admin-pool-autoscaling",
     ),
     path(
+        "pools/<str:model>/<str:version>/<str:region>/traffic",
+        engine_nodes.PoolTrafficView.as_view(),
+        name="admin-pool-traffic",
+    ),
+    path(
         "reports/usage",
         metering.UsageReportView.as_view(),
         name="admin-reports-usage",

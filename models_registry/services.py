@@ -338,6 +338,7 @@ class PoolSizeOut(TypedDict):
     min_replicas: int
     max_replicas: int
     staging: bool
+    record_traffic_share: float
 
 
 class ModelOut(TypedDict):
@@ -381,6 +382,7 @@ def model_dict(model: Model) -> ModelOut:
                 "min_replicas": p.min_replicas,
                 "max_replicas": p.max_replicas,
                 "staging": p.staging,
+                "record_traffic_share": p.record_traffic_share,
             }
             for p in pools
         ],

@@ -227,3 +227,19 @@ class PoolStateSerializer(serializers.Serializer):
     tokens_in_flight = serializers.IntegerField()
     prefix_hit_rate = serializers.FloatField(allow_null=True)
     pools = PoolSerializer(many=True)
+
+
+class PoolTrafficSerializer(serializers.Serializer):
+    """PUT /admin/pools/{model}/{version}/{region}/traffic: the share of the pool's
+    conversations the gateways record for the traffic twin (0: none)."""
+
+    record_traffic_share = fields.NumberField(min_value=0.0, max_value=1.0)
+
+
+class PoolTrafficOutSerializer(serializers.Serializer):
+    """A pool's traffic-twin setting."""
+
+    model = serializers.CharField()
+    version = serializers.CharField()
+    region = serializers.CharField()
+    record_traffic_share = serializers.FloatField()

@@ -20,7 +20,10 @@ from control.api.serializers import (
     AutoscalingOutSerializer,
     AutoscalingSerializer,
     PoolStateSerializer,
+    PoolTrafficOutSerializer,
+    PoolTrafficSerializer,
 )
+from models_registry import pool_traffic
 from models_registry.models import Pool, PoolSchedule
 
 
@@ -84,3 +87,42 @@ class PoolAutoscalingView(AuditedView):
             model_id=model, version=version, region=region, changes=body
         )
         return Response(autoscaling.autoscaling_dict(pool))
+
+
+class PoolTrafficView(AuditedView):
+    """Read or change the share of a pool's conversations the gateways record for
+    the traffic twin: GET and PUT /admin/pools/{model}/{version}/{region}/traffic."""
+
+    def audit_scope(self, request: Request, **kwargs: Any) -> Sequence[QuerySet[Any]]:
+        return [
+            Pool.objects.filter(
+                model_id=kwargs["model"],
+                version__version=kwargs["version"],
+                region=kwargs["region"],
+            )
+        ]
+
+    @extend_schema(responses={200: PoolTrafficOutSerializer, 404: ErrorSerializer})
+    def get(self, request: Request, model: str, version: str, region: str) -> Response:
+        return Response(
+            pool_traffic.pool_traffic(model_id=model, version=version, region=region)
+        )
+
+    @extend_schema(
+        request=PoolTrafficSerializer,
+        responses={
+            200: PoolTrafficOutSerializer,
+            400: ErrorSerializer,
+            404: ErrorSerializer,
+        },
+    )
+    def put(self, request: Request, model: str, version: str, region: str) -> Response:
+        body = validated(PoolTrafficSerializer, request.data)
+        return Response(
+            pool_traffic.set_pool_traffic(
+                model_id=model,
+                version=version,
+                region=region,
+                share=body["record_traffic_share"],
+            )
+        )

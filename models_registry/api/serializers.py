@@ -167,6 +167,9 @@ class PoolSerializer(serializers.Serializer):
     max_replicas = serializers.IntegerField()
     # The version gates' staging pool: one replica, reached only by pinned requests.
     staging = serializers.BooleanField(required=False)
+    # The traffic twin: the share of the pool's conversations recorded, no text
+    # (routing.domain.traffic); 0 records none.
+    record_traffic_share = serializers.FloatField(required=False)
 
 
 class ModelSerializer(serializers.Serializer):
