@@ -274,6 +274,14 @@ FIGURES_DROPPED = Counter(
     ("reason",),
 )
 
+TRAFFIC_RECORDS = Counter(
+    "platform_traffic_records_total",
+    "Requests of recording pools this gateway process kept for the traffic twin "
+    "(routing.traffic): outcome written (to the region's Redis), or dropped (its "
+    "buffer was full, or Redis refused the batch).",
+    ("model", "outcome"),
+)
+
 KV_EVENT_BATCHES = Counter(
     "platform_kv_event_batches_total",
     "Replicas' KV-event batches this gateway process read: outcome applied (to "

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
+from metering import metrics
 from routing.attempt import AttemptResult
 from routing.background import BackgroundTasks
 from routing.domain.snapshot import ConfigSnapshot
@@ -173,6 +174,7 @@ class TrafficRecorder:
             return
         if len(self._pending) >= self.buffer_max:
             self.dropped += 1
+            metrics.TRAFFIC_RECORDS.labels(resolution.model, "dropped").inc()
             return
         usage = ended.usage
         record = TrafficRecord(
@@ -227,11 +229,21 @@ class TrafficRecorder:
             await self.store.append(records)
         except Exception as exc:
             self.dropped += len(records)
+            _count(records, "dropped")
             logger.warning(
                 "traffic records dropped (%d): %s", len(records), type(exc).__name__
             )
             return
         self.written += len(records)
+        _count(records, "written")
+
+
+def _count(records: Sequence[TrafficRecord], outcome: str) -> None:
+    by_model: dict[str, int] = {}
+    for record in records:
+        by_model[record.model] = by_model.get(record.model, 0) + 1
+    for model, n in by_model.items():
+        metrics.TRAFFIC_RECORDS.labels(model, outcome).inc(n)
 
 
 def read_traffic(

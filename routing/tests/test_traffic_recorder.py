@@ -10,6 +10,7 @@ import time
 import uuid
 
 import pytest
+from prometheus_client import REGISTRY
 
 from routing.attempt import AttemptResult
 from routing.background import BackgroundTasks
@@ -136,6 +137,34 @@ def test_a_pool_that_does_not_record_keeps_nothing_and_the_buffer_is_bounded() -
     traffic = asyncio.run(run())
     assert [len(batch) for batch in store.batches] == [2]
     assert traffic.dropped == 1
+
+
+class RefusingStore:
+    async def append(self, records: list[TrafficRecord]) -> None:
+        raise ConnectionError("redis is down")
+
+
+def test_written_and_dropped_records_are_counted_for_prometheus() -> None:
+    def count(outcome: str) -> float:
+        value = REGISTRY.get_sample_value(
+            "platform_traffic_records_total",
+            {"model": "chat-7b", "outcome": outcome},
+        )
+        return value or 0.0
+
+    written, dropped = count("written"), count("dropped")
+
+    async def run(store: object, buffer_max: int) -> None:
+        background = BackgroundTasks()
+        traffic = recorder(store, background, buffer_max=buffer_max)
+        for n in range(3):
+            traffic.offer(plan("v1", f"c{n}"), snapshot(v1=1.0), ENDED)
+        await background.drain()
+
+    asyncio.run(run(ListStore(), buffer_max=2))  # 2 written, 1 over the buffer
+    assert (count("written") - written, count("dropped") - dropped) == (2, 1)
+    asyncio.run(run(RefusingStore(), buffer_max=10))  # Redis refuses all 3
+    assert (count("written") - written, count("dropped") - dropped) == (2, 4)
 
 
 def test_records_in_redis_hold_no_text_and_age_out(redis_url: str) -> None:
