@@ -3,7 +3,7 @@ over the seed's traffic from the fleet simulator.
 
 Public surface: ``MODEL``, ``LIVE_VERSION``, ``CANDIDATE_VERSION``,
 ``REFUSAL_TEXT``, ``REFUSAL_TOKENS``, ``SLOW_TTFT_FACTOR``, ``SEED_STREAMS``,
-``SEED_REPLICAS``, ``Candidate``, ``SCENARIOS``, ``SCENARIO_NAMES``,
+``Candidate``, ``SCENARIOS``, ``SCENARIO_NAMES``,
 ``RolloutDrillSettings``, ``Turn``, ``Traffic``, ``simulate_traffic``,
 ``FigureBucket``, ``FigureStore``, ``SimulatedRollout``, ``Tick``,
 ``MidChatMoves``, ``ScenarioOutcome``, ``Check`` (from ``drills.domain.overload``),
@@ -39,10 +39,10 @@ copy of it:
 
 The traffic (``simulate_traffic``): the seed's 7B chat workload at ``streams``
 concurrent streams (1,000: 100 requests/s, ``streams x 30 tokens/s / 300
-tokens``) through ``FleetSim`` on ``replicas`` replicas (default
-``SEED_REPLICAS`` per 1,000 streams: 17, the smallest fleet the platform's
-autoscaler holds at the seed's peak, see docs/fleet-simulator.md; the capacity
-plan's 12 run past their knee with the seed's 1,200-token prompts). Each request
+tokens``) through ``FleetSim`` on ``replicas`` replicas (default: the capacity
+plan's for one region carrying that rate, prefill counted, ``drills.domain.
+planned_fleet``: 14 at the seed's 100 requests/s; the seed's 12 count decode only and
+run past their knee with its 1,200-token prompts). Each request
 keeps its arrival, conversation, TTFT, decode time and output length as the
 modelled replicas produced them. Chats last ``conversation_turns`` turns (6, about
 four minutes at the seed's 40 s between messages): a chat that never ended would
@@ -97,6 +97,7 @@ from drills.domain.capacity_plan import Scenario as CapacityScenario
 from drills.domain.fleet import FleetSim
 from drills.domain.fleet_config import FleetConfig
 from drills.domain.overload import Check
+from drills.domain.planned_fleet import at_region_peak, fleet_size
 from drills.domain.workload import ChatWorkload
 from metering.domain.figures import Role, VersionFigures, output_bucket, ttft_bucket
 from rollouts.domain.guard_tick import (
@@ -144,7 +145,6 @@ __all__ = [
     "REFUSAL_TOKENS",
     "SCENARIOS",
     "SCENARIO_NAMES",
-    "SEED_REPLICAS",
     "SEED_STREAMS",
     "SLOW_TTFT_FACTOR",
     "Candidate",
@@ -171,7 +171,6 @@ REFUSAL_TEXT = "I am sorry, I cannot help with that."
 REFUSAL_TOKENS = 10
 SLOW_TTFT_FACTOR = 1.3
 SEED_STREAMS = 1000
-SEED_REPLICAS = 17
 # Outcomes of the simulator that are no error of the version: refused by limits
 # or by the pool's admission (the gateway records no figures for them), or still
 # running when the simulation's drain ended (no end to record).
@@ -219,7 +218,7 @@ SCENARIO_NAMES: tuple[str, ...] = tuple(SCENARIOS)
 class RolloutDrillSettings:
     """The drill's traffic and clocks (defaults: the seed's scale, live's periods).
 
-    ``replicas`` None: ``SEED_REPLICAS`` per 1,000 streams, rounded up.
+    ``replicas`` None: the capacity plan's for one region at ``arrival_rate``.
     ``window_s``: how long the fleet simulator runs (the replay cycles it); None:
     ``lead_s`` + the plan's minimum durations + ``after_s``, the whole replay of a
     rollout that advances as soon as each step allows (no cycle).
@@ -260,7 +259,8 @@ class RolloutDrillSettings:
     def fleet_replicas(self) -> int:
         if self.replicas is not None:
             return self.replicas
-        return max(1, math.ceil(SEED_REPLICAS * self.streams / SEED_STREAMS))
+        planned = fleet_size(at_region_peak(CapacityScenario(), self.arrival_rate))
+        return planned.replicas
 
     @property
     def plan_s(self) -> float:

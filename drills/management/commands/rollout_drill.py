@@ -52,7 +52,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--replicas",
             type=int,
-            help="the live fleet (default: 17 per 1,000 streams, rounded up)",
+            help="the live fleet (default: the capacity plan's for one region at "
+            "the streams' rate: 14 at 1,000)",
         )
         parser.add_argument(
             "--window-minutes",

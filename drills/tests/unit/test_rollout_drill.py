@@ -11,7 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from drills.domain import rollout_drill
+from drills.domain.capacity_plan import Scenario as CapacityScenario
 from drills.domain.fleet_config import FleetConfig
+from drills.domain.planned_fleet import at_region_peak, fleet_size
 from drills.domain.rollout_drill import (
     REFUSAL_TOKENS,
     SCENARIO_NAMES,
@@ -127,10 +129,12 @@ def test_figure_bucket_equals_summed_one_request(requests: list[dict]) -> None:
 
 def test_traffic_is_the_seed_scaled_to_the_streams(traffic: Traffic) -> None:
     assert traffic.arrival_rate == pytest.approx(20.0)  # 200 x 30 tokens/s / 300
-    assert traffic.replicas == 4  # 17 per 1,000 streams, rounded up
+    # The capacity plan's fleet for one region at 20 requests/s.
+    planned = fleet_size(at_region_peak(CapacityScenario(), 20.0)).replicas
+    assert traffic.replicas == planned == 3
     rate = len(traffic.turns) / traffic.window_s
     assert 16.0 < rate < 24.0
-    assert all(t.outcome == "ok" for t in traffic.turns)  # 4 replicas carry it
+    assert all(t.outcome == "ok" for t in traffic.turns)  # the plan's fleet carries it
     assert [t.at for t in traffic.turns] == sorted(t.at for t in traffic.turns)
 
 
