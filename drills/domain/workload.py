@@ -2,7 +2,8 @@
 
 Public surface: ``TeamSpec``, ``ChatWorkload``, ``WORKLOADS``, ``workload_preset``,
 ``prefix_tokens_of``, ``TraceRequest``, ``read_trace``, ``trace_arrivals``,
-``Arrival``, ``Conversations``, ``recorded_block_key``, ``convert_block_keys``.
+``Arrival``, ``Conversations``, ``recorded_block_key``, ``convert_block_keys``,
+``check_block_size``.
 
 ``ChatWorkload`` is the seed's traffic: ``users`` (``arrival_rate *
 message_interval_s`` of them) each send a message every ``message_interval_s`` on
@@ -72,6 +73,7 @@ __all__ = [
     "Conversations",
     "TeamSpec",
     "TraceRequest",
+    "check_block_size",
     "convert_block_keys",
     "prefix_tokens_of",
     "read_trace",
@@ -287,6 +289,15 @@ def convert_block_keys(
         )
     k = to_size // from_size
     return keys[k - 1 :: k]
+
+
+def check_block_size(arrivals: Iterable[Arrival], block_size: int) -> None:
+    """Raise ``convert_block_keys``' ValueError now, before a run, if the first
+    arrival with recorded blocks cannot be replayed on blocks of ``block_size``."""
+    for arrival in arrivals:
+        if arrival.block_keys_size:
+            convert_block_keys(arrival.block_keys, arrival.block_keys_size, block_size)
+            return
 
 
 class Conversations:
