@@ -272,15 +272,15 @@ def trace_workload(
         while at - times[start] >= window:
             start += 1
         busiest = max(busiest, end - start + 1)
-    cacheable = []
+    cacheable: list[int] = []
     for arrival in trace_arrivals(trace):
         size = arrival.block_keys_size or 1
         limit = (arrival.prompt_tokens - 1) // size * size
         cacheable.append(min(arrival.history_tokens, limit))
     n = len(trace)
     prompts = sorted(r.prompt_tokens for r in trace)
-    measured = None
-    if any(r.cached_tokens for r in trace) and sum(cacheable):
+    measured: float | None = None
+    if any(r.cached_tokens for r in trace) and sum(cacheable) > 0:
         served = sum(
             min(r.cached_tokens, most) for r, most in zip(trace, cacheable, strict=True)
         )
