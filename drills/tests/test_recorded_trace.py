@@ -18,7 +18,9 @@ from drills.domain.workload import (
     recorded_block_key,
     trace_arrivals,
 )
+from models_registry.domain.load_test import parse_replay_lines, replay_turns
 from routing.domain.traffic import TrafficRecord, block_chain, trace_lines
+from simengine.domain import tokens as tokenizer
 from simengine.domain.prefix_cache import hash_full_blocks, max_cache_hit_blocks
 
 SALT = b"k" * 32
@@ -171,3 +173,43 @@ def test_hits_from_hashes_equal_hits_from_token_ids(
         records.append(_record(30.0 * n, f"c{conversation}", prompt, answer))
     path = _write(tmp_path_factory.mktemp("trace"), records)
     assert _replay(path) == _reference_hits(prompts, outputs)
+
+
+def test_the_gate_s_stand_in_text_shares_blocks_as_the_hashes_do(
+    tmp_path: Path,
+) -> None:
+    """What a simulated replica hashes (the token ids of the gate's tagged text)
+    shares the system prompt's blocks across conversations, a conversation's
+    previous prompt across its turns, and nothing across laps."""
+    system = list(range(1000, 1000 + 10 * BLOCK))  # 10 shared blocks
+    rng = random.Random(3)
+    first = [system + [rng.randrange(1000, 9000) for _ in range(70)] for _ in range(3)]
+    records = [_record(10.0 * n, f"c{n}", ids, 20) for n, ids in enumerate(first)]
+    second = first[0] + list(range(20_000, 20_050)) + list(range(30_000, 30_040))
+    records.append(_record(40.0, "c0", second, 20))
+    lines, _ = trace_lines(records, salt=SALT)
+    replay = parse_replay_lines([json.dumps(line) for line in lines])
+    turns = replay_turns(replay, 2.0)
+    hashes = [
+        hash_full_blocks(
+            tokenizer.encode(tokenizer.render_chat(next(turns).messages)), 16
+        )
+        for _ in range(len(replay) + 1)  # a second lap's first line, too
+    ]
+    # "<|user|>", "\n", then the 160 shared words (one token each), then the tag.
+    shared = (2 + 10 * BLOCK) // BLOCK
+    prompt = tokenizer.encode(
+        tokenizer.render_chat(next(replay_turns(replay, 2.0)).messages)
+    )
+
+    def common(a: list[int], b: list[int]) -> int:
+        pairs = zip(a, b, strict=False)
+        return next(
+            (i for i, (x, y) in enumerate(pairs) if x != y), min(len(a), len(b))
+        )
+
+    assert common(hashes[0], hashes[1]) == common(hashes[1], hashes[2]) == shared
+    # The second turn holds the first turn's prompt but its 4 closing tokens.
+    assert common(hashes[0], hashes[3]) == (len(prompt) - 4) // BLOCK > shared
+    # The next lap shares the system prompt only.
+    assert common(hashes[0], hashes[4]) == shared
