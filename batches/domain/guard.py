@@ -2,7 +2,7 @@
 fills idle capacity without queuing in front of interactive prefill.
 
 Public surface: ``BatchGuard``, ``batch_prefill_budget``, ``batch_fits_kv``,
-``pick_preempted``, ``batch_window_share``.
+``pick_preempted``, ``batch_window_share``, ``guarded_send``.
 
 Three ceilings, each a pure decision the fleet simulator's replica
 (``drills.domain.replica``) and the batch runner drive alike:
@@ -37,6 +37,7 @@ off before the morning ramp arrives rather than when it is already queued behind
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -48,6 +49,7 @@ __all__ = [
     "batch_fits_kv",
     "batch_prefill_budget",
     "batch_window_share",
+    "guarded_send",
     "pick_preempted",
 ]
 
@@ -141,3 +143,13 @@ def batch_window_share(guard: BatchGuard, trend: Trend | None) -> float:
     load = max(trend.level, trend.forecast(guard.horizon_s))
     span = guard.backoff_to - guard.backoff_from
     return min(1.0, max(0.0, (guard.backoff_to - load) / span))
+
+
+def guarded_send(send: int, *, window: int, in_flight: int, share: float) -> int:
+    """Return how many of the ``send`` lines a job's plan wants to send now may go,
+    with only ``share`` of its ``window`` allowed in flight (the forecast's
+    back-off; the lines already in flight finish)."""
+    if share >= 1.0:
+        return send
+    allowed = math.floor(share * window)
+    return min(send, max(0, allowed - in_flight))

@@ -72,7 +72,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from batches.domain.guard import BatchGuard, batch_window_share
+from batches.domain.guard import BatchGuard, batch_window_share, guarded_send
 from batches.domain.scheduler import (
     Escalation,
     JobView,
@@ -485,12 +485,14 @@ class JobSource:
         if plan.escalation is Escalation.STANDARD and job.escalated_at is None:
             job.escalated_at = now
         job.escalation = plan.escalation
-        count = plan.send
-        if self.window_share < 1.0:
-            # The forecast's back-off, at either tier (a raised job's lines are in
-            # the guard's lane too): a share of the window, never a negative.
-            allowed = math.floor(self.window_share * job.pace.window)
-            count = min(count, max(0, allowed - job.in_flight))
+        # The forecast's back-off, at either tier (a raised job's lines are in the
+        # guard's lane too), as the live runner does.
+        count = guarded_send(
+            plan.send,
+            window=job.pace.window,
+            in_flight=job.in_flight,
+            share=self.window_share,
+        )
         for _ in range(count):
             self._next_line += 1
             request = send(

@@ -202,6 +202,10 @@ def test_bad_options_are_command_errors() -> None:
         call_command("batch_drill", "--small", "--ceilings=0.5,1.5")
     with pytest.raises(CommandError, match="comma-separated"):
         call_command("batch_drill", "--small", "--ceilings=half")
+    with pytest.raises(CommandError, match="--guard-backoff: FROM,TO"):
+        call_command("batch_drill", "--small", "--guard-backoff=0.5")
+    with pytest.raises(CommandError, match="backoff_from < backoff_to"):
+        call_command("batch_drill", "--small", "--guard-backoff=0.7,0.6")
 
 
 def test_the_ceiling_sweep_runs_the_deadline_case_per_ceiling() -> None:

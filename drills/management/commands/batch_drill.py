@@ -177,7 +177,7 @@ class Command(BaseCommand):
             scenario = replace(
                 scenario,
                 settings=scheduler,
-                guard=None if options["no_guard"] else _guard(settings, options),
+                guard=None if options["no_guard"] else _guard(options),
                 **overrides,
             )
             config = platform_fleet_config(
@@ -351,16 +351,11 @@ def _live_scheduler(settings: Any, window: int) -> SchedulerSettings:
     )
 
 
-def _guard(settings: Any, options: dict[str, Any]) -> BatchGuard:
-    """The live guard's settings, with the command's overrides."""
-    guard = BatchGuard(
-        kv_share=settings.PLATFORM_BATCH_GUARD_KV_SHARE,
-        prefill_tokens=settings.PLATFORM_BATCH_GUARD_PREFILL_TOKENS,
-        prefill_beside_interactive=settings.PLATFORM_BATCH_GUARD_PREFILL_BESIDE_INTERACTIVE,
-        horizon_s=settings.PLATFORM_BATCH_GUARD_HORIZON_S,
-        backoff_from=settings.PLATFORM_BATCH_GUARD_BACKOFF_FROM,
-        backoff_to=settings.PLATFORM_BATCH_GUARD_BACKOFF_TO,
-    )
+def _guard(options: dict[str, Any]) -> BatchGuard:
+    """The live guard's settings (the runner's), with the command's overrides."""
+    from batches.runner import guard_settings
+
+    guard = guard_settings()
     if options["guard_kv_share"] is not None:
         guard = replace(guard, kv_share=options["guard_kv_share"])
     if options["guard_prefill_tokens"] is not None:
