@@ -4,7 +4,7 @@ Each line is posted to the gateway's endpoint of its batch (``/v1/chat/completio
 or ``/v1/embeddings``), so it takes the same way as a live request of that API.
 
 Public surface: ``run_batch``, ``dispatch``, ``mark_handed_on``, ``scheduler_settings``,
-``Outcome``.
+``guard_settings``, ``Outcome``.
 
 ``dispatch`` (Celery beat, every ``PLATFORM_BATCH_DISPATCH_S``) hands each active
 batch without a live runner to a ``run_batch`` task (queue ``batches``; cancelled,
@@ -28,7 +28,10 @@ queue never waits on a batch). ``run_batch`` works one job for
    (``x-priority: batch``, or ``standard`` once the deadline needs it). A 503
    (shed: the pool is busy) or 429 puts the line back to pending, halves the
    window and pauses for the Retry-After; so under interactive load a batch backs
-   off to one line and waits. A 5xx or no answer is tried again up to
+   off to one line and waits. Ahead of that, the batch guard's forecast
+   (``batches.domain.guard.batch_window_share`` over the autoscaler's trend of
+   the model's demand, ``services.demand_trend``) shrinks the share of the
+   window in flight before a ramp arrives. A 5xx or no answer is tried again up to
    ``PLATFORM_BATCH_MAX_ATTEMPTS``; any other answer is the line's result (4xx
    lines go to the error file with the gateway's body).
 4. **The job's record** carries the scheduler's decision (``priority``,
@@ -59,6 +62,7 @@ from django.db import DatabaseError, transaction
 from django.db.models import Count, F, Q, Sum
 
 from batches import services
+from batches.domain.guard import BatchGuard, batch_window_share, guarded_send
 from batches.domain.scheduler import (
     Escalation,
     JobView,
@@ -73,7 +77,14 @@ from batches.models import Batch, BatchLine
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Outcome", "dispatch", "mark_handed_on", "run_batch", "scheduler_settings"]
+__all__ = [
+    "Outcome",
+    "dispatch",
+    "guard_settings",
+    "mark_handed_on",
+    "run_batch",
+    "scheduler_settings",
+]
 
 _TICK_S = 0.25
 # How often the runner rereads the job's status, and writes the scheduler's
@@ -97,6 +108,20 @@ class Outcome(enum.StrEnum):
     CONTINUE = "continue"  # the slice ended; the job goes on
     ENDED = "ended"  # the job was finalised
     LOST = "lost"  # the lease was taken over
+
+
+def guard_settings() -> BatchGuard:
+    """The batch guard's knobs from the settings (``PLATFORM_BATCH_GUARD_*``)."""
+    return BatchGuard(
+        kv_share=settings.PLATFORM_BATCH_GUARD_KV_SHARE,
+        prefill_tokens=settings.PLATFORM_BATCH_GUARD_PREFILL_TOKENS,
+        prefill_beside_interactive=(
+            settings.PLATFORM_BATCH_GUARD_PREFILL_BESIDE_INTERACTIVE
+        ),
+        horizon_s=settings.PLATFORM_BATCH_GUARD_HORIZON_S,
+        backoff_from=settings.PLATFORM_BATCH_GUARD_BACKOFF_FROM,
+        backoff_to=settings.PLATFORM_BATCH_GUARD_BACKOFF_TO,
+    )
 
 
 def scheduler_settings() -> SchedulerSettings:
@@ -251,6 +276,9 @@ class _Job:
         self.me = me
         self.clock = clock
         self.settings = scheduler_settings()
+        self.guard = guard_settings()
+        # The share of its window the job may keep in flight, from the forecast.
+        self.window_share = self._window_share()
         self.pace = Pace.start(self.settings)
         self.secret = services.batch_key_secret(batch.id)
         # The batch's endpoint (checked at creation): chat completions or
@@ -292,6 +320,12 @@ class _Job:
         self.saved_at = 0.0
         self.outages = 0  # answers in a row that were no gateway at all
 
+    def _window_share(self) -> float:
+        trend = services.demand_trend(
+            self.batch.model_id, horizon_s=self.guard.horizon_s
+        )
+        return batch_window_share(self.guard, trend)
+
     @property
     def tokens_per_line(self) -> float | None:
         """The mean tokens of a finished line; None before one finished."""
@@ -322,6 +356,7 @@ class _Job:
                 status = Batch.objects.values_list("status", flat=True).get(
                     pk=self.batch.id
                 )
+                self.window_share = self._window_share()
                 looked = now
             if status == Batch.Status.CANCELLING:
                 return self._end(Batch.Status.CANCELLED)
@@ -354,8 +389,15 @@ class _Job:
                 self._drain()
                 return Outcome.CONTINUE
             self.escalation = plan.escalation
-            if plan.send:
-                self._send(self._claim(plan.send, plan.escalation.value))
+            # The forecast's back-off (batches.domain.guard), at either tier.
+            send = guarded_send(
+                plan.send,
+                window=self.pace.window,
+                in_flight=len(self.in_flight),
+                share=self.window_share,
+            )
+            if send:
+                self._send(self._claim(send, plan.escalation.value))
             self._collect(_TICK_S)
 
     def _end(self, ending: str) -> Outcome:

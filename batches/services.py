@@ -46,7 +46,8 @@ from batches.domain.lines import (
 )
 from batches.models import Batch, BatchFile, BatchLine
 from config.errors import InvalidRequest, NotFound, PlatformError
-from models_registry.models import Model, ModelKind
+from models_registry.domain.warm_nodes import Trend
+from models_registry.models import Model, ModelKind, Pool
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ __all__ = [
     "cancel_batch",
     "create_batch",
     "create_file",
+    "demand_trend",
     "file_content",
     "file_object",
     "finalize",
@@ -452,6 +454,33 @@ def _tokens_per_minute(team_id: str, model_id: str) -> int:
 def team_tokens_per_minute(batch: Batch) -> int:
     """The team's tokens per minute on the batch's model (the standard tier's ceiling)."""
     return _tokens_per_minute(batch.team_id, batch.model_id)
+
+
+def demand_trend(model_id: str, *, horizon_s: float) -> Trend | None:
+    """Return the autoscaler's trend of the model's demand (its Holt level and
+    slope, ``Pool.autoscaler_state``) as a share of the pool's capacity at its last
+    tick (serving replicas x tokens in flight a replica), for the pool of the
+    model forecast the busiest ``horizon_s`` ahead; None when no pool has one.
+
+    Live demand is the pool's tokens in flight over every tier, the batch's own
+    included: the back-off it drives is the more cautious for it.
+    """
+    trends = []
+    for pool in Pool.objects.filter(model_id=model_id).only("autoscaler_state"):
+        stored = pool.stored_state()
+        try:
+            trend = Trend.from_list((stored.get("state") or {}).get("trend"))
+            signals = (stored.get("last") or {}).get("signals") or {}
+            capacity = float(signals.get("serving", 0.0)) * float(
+                signals.get("replica_tokens_in_flight", 0.0)
+            )
+        except (TypeError, ValueError, AttributeError):
+            continue  # a record this version cannot read: no forecast from it
+        if trend is not None and capacity > 0:
+            trends.append(
+                Trend(trend.at, trend.level / capacity, trend.slope / capacity)
+            )
+    return max(trends, key=lambda t: t.forecast(horizon_s), default=None)
 
 
 def _mint_key(batch_id: str, team_id: str) -> ApiKey:

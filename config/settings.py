@@ -14,6 +14,8 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
+# Pure modules (no Django): the platform's admission and routing defaults.
+from batches.domain.guard import BatchGuard
 from config.env import (
     EnvError,
     env_bool,
@@ -27,13 +29,12 @@ from config.env import (
     env_str,
     parse_database_url,
 )
-
-# Pure modules (no Django): the platform's admission and routing defaults.
 from routing.domain.admission_control import AdmissionOptions
 from routing.domain.policies import DEFAULT_POLICY_OPTIONS
 from routing.domain.refusals import DEFAULT_REFUSAL_PATTERNS, parse_refusal_patterns
 
 _ADMISSION = AdmissionOptions()
+_GUARD = BatchGuard()
 
 logger = logging.getLogger("config")
 
@@ -697,6 +698,29 @@ try:
     )
     PLATFORM_BATCH_RATE_WINDOW_S = env_float(
         "PLATFORM_BATCH_RATE_WINDOW_S", 60.0, minimum=0.1
+    )
+    # The batch guard (batches.domain.guard.BatchGuard): batch's ceilings on a
+    # replica's KV and on prefill tokens per engine step (the simulated engine and
+    # the fleet simulator), and the forecast back-off of the runner's windows.
+    PLATFORM_BATCH_GUARD_KV_SHARE = env_float(
+        "PLATFORM_BATCH_GUARD_KV_SHARE", _GUARD.kv_share, minimum=0.0
+    )
+    PLATFORM_BATCH_GUARD_PREFILL_TOKENS = env_int(
+        "PLATFORM_BATCH_GUARD_PREFILL_TOKENS", _GUARD.prefill_tokens, minimum=1
+    )
+    PLATFORM_BATCH_GUARD_PREFILL_BESIDE_INTERACTIVE = env_int(
+        "PLATFORM_BATCH_GUARD_PREFILL_BESIDE_INTERACTIVE",
+        _GUARD.prefill_beside_interactive,
+        minimum=0,
+    )
+    PLATFORM_BATCH_GUARD_HORIZON_S = env_float(
+        "PLATFORM_BATCH_GUARD_HORIZON_S", _GUARD.horizon_s, minimum=1.0
+    )
+    PLATFORM_BATCH_GUARD_BACKOFF_FROM = env_float(
+        "PLATFORM_BATCH_GUARD_BACKOFF_FROM", _GUARD.backoff_from, minimum=0.0
+    )
+    PLATFORM_BATCH_GUARD_BACKOFF_TO = env_float(
+        "PLATFORM_BATCH_GUARD_BACKOFF_TO", _GUARD.backoff_to, minimum=0.0
     )
 except EnvError as exc:
     raise ImproperlyConfigured(str(exc)) from None

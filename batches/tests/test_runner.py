@@ -26,12 +26,13 @@ from accounts import services as accounts_services
 from batches import runner, services
 from batches.models import Batch, BatchLine
 from batches.tests.conftest import jsonl, line
+from models_registry.models import Pool
 
 if TYPE_CHECKING:
     from pytest_django import Settings
 
     from accounts.models import Team
-    from models_registry.models import Model
+    from models_registry.models import Model, ModelVersion
 
 pytestmark = pytest.mark.django_db
 
@@ -322,3 +323,44 @@ def test_a_slice_starts_from_the_tokens_its_finished_lines_made(
         runner.run_batch(batch.id, transport=gateway.transport) is runner.Outcome.ENDED
     )
     assert gateway.calls == Counter({2: 1, 3: 1})
+
+
+def test_a_forecast_ramp_holds_new_lines_back_until_it_passes(
+    chat_v1: ModelVersion,  # registered before ``store`` moves the storage root
+    store: Path,
+    fast: None,
+    settings: Settings,
+    team: Team,
+    chat_model: Model,
+) -> None:
+    """GIVEN the autoscaler's trend of the pool at 0.4 of its capacity and rising
+    0.1 a minute (0.8 expected 4 minutes ahead) WHEN the runner works a slice THEN
+    it sends no line; once the trend is flat at 0.2 every line runs."""
+    settings.PLATFORM_BATCH_GUARD_HORIZON_S = 240.0
+    settings.PLATFORM_BATCH_GUARD_BACKOFF_FROM = 0.45
+    settings.PLATFORM_BATCH_GUARD_BACKOFF_TO = 0.6
+    capacity = 4 * 110_000.0
+    pool = Pool.objects.create(model_id="chat-7b", version=chat_v1, region="local")
+
+    def trend(level: float, slope_per_s: float) -> None:
+        pool.autoscaler_state = {
+            "state": {
+                "trend": [0.0, level * capacity, slope_per_s * capacity, 0, None]
+            },
+            "last": {"signals": {"serving": 4.0, "replica_tokens_in_flight": 110_000}},
+        }
+        pool.save(update_fields=["autoscaler_state"])
+
+    trend(0.4, 0.1 / 60)
+    assert services.demand_trend("chat-7b", horizon_s=240.0) is not None
+    batch = make_batch(team, 6)
+    gateway = Gateway()
+    outcome = runner.run_batch(batch.id, slice_s=0.6, transport=gateway.transport)
+    assert outcome is runner.Outcome.CONTINUE
+    assert gateway.calls == Counter()
+    trend(0.2, 0.0)
+    while runner.run_batch(batch.id, transport=gateway.transport) is not (
+        runner.Outcome.ENDED
+    ):
+        pass
+    assert gateway.calls == Counter({i: 1 for i in range(6)})

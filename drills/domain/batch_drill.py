@@ -72,6 +72,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from batches.domain.guard import BatchGuard, batch_window_share, guarded_send
 from batches.domain.scheduler import (
     Escalation,
     JobView,
@@ -87,8 +88,9 @@ from drills.domain.fleet import FleetSim
 from drills.domain.fleet_config import FleetConfig, FleetEvent
 from drills.domain.fleet_result import FleetResult
 from drills.domain.overload import Check
-from drills.domain.replica import FleetRequest
+from drills.domain.replica import FleetReplica, FleetRequest
 from drills.domain.workload import Arrival, ChatWorkload, TeamSpec
+from models_registry.domain.warm_nodes import Trend, follow
 from routing.domain.tiers import Tier
 from simengine.domain.percentiles import percentile
 
@@ -178,9 +180,16 @@ class BatchScenario:
     step_s: float = 5.0
     tick_s: float = 1.0
     ttft_ratio_target: float = 1.05
+    # The issue's pair: the fleet's cost, and interactive p95 TTFT in every
+    # (simulated) minute of the day.
+    usd_per_m_target: float = 0.30
+    minute_p95_target_s: float = 1.0
     batch_ceiling: float | None = 0.6
     engine_scheduling: str = "priority"
-    backfill_jobs: int = 8
+    # The batch guard (``batches.domain.guard``) on the replicas and the jobs'
+    # source; None: none (the drill before it).
+    guard: BatchGuard | None = None
+    backfill_jobs: int = 10
     backfill_share: float = 0.8
     tight_share: float = 0.5
     settings: SchedulerSettings = field(default_factory=SchedulerSettings)
@@ -400,9 +409,15 @@ class JobSource:
         scenario: BatchScenario,
         settings: SchedulerSettings,
         jobs: Sequence[BatchJobSpec],
+        demand: Callable[[], float] | None = None,
     ) -> None:
         self.scenario = scenario
         self.settings = settings
+        # The pool's interactive demand (a share of its capacity), followed as the
+        # autoscaler does; with a guard, batch backs off along its forecast.
+        self.demand = demand
+        self.trend: Trend | None = None
+        self.window_share = 1.0
         limits = {team.name: team.tokens_per_minute for team in scenario.batch_teams}
         self.jobs = [
             _Job(
@@ -418,6 +433,16 @@ class JobSource:
         self._next_line = 0
 
     def tick(self, now: float, send: Callable[[Arrival], FleetRequest]) -> float | None:
+        guard = self.scenario.guard
+        if guard is not None and self.demand is not None:
+            self.trend = follow(
+                self.trend,
+                now,
+                self.demand(),
+                level_s=guard.level_s,
+                slope_s=guard.slope_s,
+            )
+            self.window_share = batch_window_share(guard, self.trend)
         for job in self.jobs:
             if job.is_over or now < job.submitted_at:
                 continue
@@ -460,7 +485,15 @@ class JobSource:
         if plan.escalation is Escalation.STANDARD and job.escalated_at is None:
             job.escalated_at = now
         job.escalation = plan.escalation
-        for _ in range(plan.send):
+        # The forecast's back-off, at either tier (a raised job's lines are in the
+        # guard's lane too), as the live runner does.
+        count = guarded_send(
+            plan.send,
+            window=job.pace.window,
+            in_flight=job.in_flight,
+            share=self.window_share,
+        )
+        for _ in range(count):
             self._next_line += 1
             request = send(
                 Arrival(
@@ -602,6 +635,11 @@ class CaseResult:
     ttft_p50_s: float | None
     ttft_p95_s: float | None
     tpot_p50_s: float | None
+    # The worst simulated minute's interactive p95 TTFT (by arrival), and how
+    # many minutes were over ``minute_p95_target_s``.
+    worst_minute_p95_s: float | None
+    minutes_over: int
+    preemptions: int
     jobs: tuple[JobOutcome, ...]
     series: Series
     result: FleetResult
@@ -629,6 +667,9 @@ class CaseResult:
             "interactive_ttft_p50_s": self.ttft_p50_s,
             "interactive_ttft_p95_s": self.ttft_p95_s,
             "interactive_tpot_p50_s": self.tpot_p50_s,
+            "interactive_worst_minute_p95_s": self.worst_minute_p95_s,
+            "interactive_minutes_over_target": self.minutes_over,
+            "preemptions": self.preemptions,
             "jobs_met": self.met,
             "jobs_missed": self.missed,
             "jobs": [job.as_dict() for job in self.jobs],
@@ -718,6 +759,7 @@ def run_batch_drill(
     )
     if scenario.batch_ceiling is not None:
         config = replace(config, batch_ceiling=scenario.batch_ceiling)
+    config = replace(config, batch_guard=scenario.guard)
     peak_rps = scenario.peak_rps()
     results = tuple(
         _run_case(config, scenario, name, peak_rps) for name in CASES if name in cases
@@ -741,6 +783,7 @@ def sweep_ceilings(
         admission=True,
         replicas=scenario.replicas,
         engine_scheduling=scenario.engine_scheduling,
+        batch_guard=scenario.guard,
     )
     peak_rps = scenario.peak_rps()
     # Without batch the ceiling admits nothing differently: one run for all.
@@ -780,13 +823,22 @@ def _run_case(
             events.append(FleetEvent(at=at, kind="rate", factor=value))
             last = value
     source = None
+    sim: FleetSim | None = None
+
+    def demand() -> float:
+        # Admission's view: the interactive team's tokens in flight over the pool.
+        assert sim is not None
+        held = sim.pool.team_in_flight.get(_INTERACTIVE_TEAM.name, 0)
+        return held / (s.replicas * config.replica_tokens_in_flight)
+
     if name != "interactive":
         settings = s.settings
         if name == "idle_only":
             settings = replace(settings, escalate=False)
-        source = JobSource(s, settings, s.job_list())
+        source = JobSource(s, settings, s.job_list(), demand)
     if name == "deadline_fcfs":
-        config = replace(config, engine_scheduling="fcfs")
+        # First-come engines: no priority, so no guard either.
+        config = replace(config, engine_scheduling="fcfs", batch_guard=None)
     sim = FleetSim(
         config,
         replace(s.workload, arrival_rate=peak_rps),
@@ -795,7 +847,7 @@ def _run_case(
         sources=() if source is None else (source,),
     )
     result = sim.run(s.day_s, warmup_s=s.warmup_s, drain_s=60.0)
-    return _measure(s, name, config, result, source)
+    return _measure(s, name, config, result, source, list(sim.replicas.values()))
 
 
 def _measure(
@@ -804,6 +856,7 @@ def _measure(
     config: FleetConfig,
     result: FleetResult,
     source: JobSource | None,
+    replicas: Sequence[FleetReplica],
 ) -> CaseResult:
     interactive = [r for r in result.requests if r.tier == Tier.INTERACTIVE.value]
     ok = [r for r in interactive if r.outcome == "ok"]
@@ -812,8 +865,15 @@ def _measure(
     gpu_hours = s.replicas * s.day_s / 3600.0
     tokens = result.generated_tokens
     capacity = s.replicas * config.replica_tokens_in_flight
+    preemptions = sum(replica.preemptions for replica in replicas)
     in_flight = [sum(sample.tokens_in_flight) / capacity for sample in result.samples]
     jobs = tuple(_job_outcome(s, job) for job in source.jobs) if source else ()
+    minutes: dict[int, list[float]] = {}
+    for request in ok:
+        if request.ttft_s is not None and request.arrived_at >= s.warmup_s:
+            minute = int((request.arrived_at - s.warmup_s) // 60)
+            minutes.setdefault(minute, []).append(request.ttft_s)
+    minute_p95 = [percentile(values, 0.95) or 0.0 for values in minutes.values()]
     return CaseResult(
         case=name,
         gpu_hours=gpu_hours,
@@ -828,6 +888,9 @@ def _measure(
         ttft_p50_s=percentile(ttfts, 0.50),
         ttft_p95_s=percentile(ttfts, 0.95),
         tpot_p50_s=percentile(tpots, 0.50),
+        worst_minute_p95_s=max(minute_p95, default=None),
+        minutes_over=sum(p > s.minute_p95_target_s for p in minute_p95),
+        preemptions=preemptions,
         jobs=jobs,
         series=_series(s, result),
         result=result,
@@ -940,6 +1003,27 @@ def _checks(outcome: BatchDrillOutcome) -> list[Check]:
                 f"{case.interactive_refused} against {base.interactive_refused}",
             )
         )
+    if base is not None and deadline is not None:
+        ratio = outcome.ttft_ratio("deadline")
+        cost = deadline.usd_per_m
+        checks.append(
+            Check(
+                "deadline_costs_0_30_without_hurting_interactive",
+                cost is not None
+                and cost <= s.usd_per_m_target
+                and ratio is not None
+                and ratio <= s.ttft_ratio_target
+                and deadline.minutes_over == 0,
+                f"USD/M {_f(cost)} (target at most {s.usd_per_m_target:g}); "
+                f"interactive p95 x"
+                + ("-" if ratio is None else f"{ratio:.3f}")
+                + f" of the day without batch (target x{s.ttft_ratio_target:g}); "
+                f"worst minute's p95 {_ms(deadline.worst_minute_p95_s)}, "
+                f"{deadline.minutes_over} minutes over "
+                f"{_ms(s.minute_p95_target_s)} (target: none); "
+                f"{deadline.preemptions} batch preemptions",
+            )
+        )
     if deadline is not None and idle is not None:
         met_here = {job.name for job in deadline.jobs if job.met}
         met_idle = {job.name for job in idle.jobs if job.met}
@@ -986,6 +1070,10 @@ def _checks(outcome: BatchDrillOutcome) -> list[Check]:
             )
         )
     return checks
+
+
+def _f(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def _ms(value: float | None) -> str:

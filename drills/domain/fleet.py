@@ -364,6 +364,7 @@ class FleetSim:
             host_blocks=self._host_blocks,
             cache=self.config.replica_cache,
             kv_events=self.config.has_kv_index,
+            batch_guard=self.config.batch_guard,
         )
         self.replicas[replica.replica_id] = replica
         # The order of creation: convergence's "newest" among equals.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from batches.domain.guard import BatchGuard
 from drills.domain.fleet_scaling import FleetAutoscaling
 from drills.domain.replica import SCHEDULING_POLICIES
 from routing.domain.admission_control import AdmissionOptions
@@ -78,6 +79,10 @@ class FleetConfig:
     # reach the index ``kv_event_delay_s`` after the step that made them.
     kv_events: bool = False
     kv_event_delay_s: float = 0.05
+    # The replicas' batch guard (``batches.domain.guard``: batch's ceilings on KV
+    # and prefill tokens per step, preemption by priority; None: none). Needs
+    # ``engine_scheduling="priority"`` and the vLLM engine.
+    batch_guard: BatchGuard | None = None
 
     def __post_init__(self) -> None:
         if self.replicas < 1:

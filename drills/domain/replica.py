@@ -101,6 +101,12 @@ import random
 from collections import deque
 from dataclasses import dataclass
 
+from batches.domain.guard import (
+    BatchGuard,
+    batch_fits_kv,
+    batch_prefill_budget,
+    pick_preempted,
+)
 from simengine.domain.kv_events import BlockRemoved, BlockStored, KVEvent
 from simengine.domain.perf import PerfProfile, jitter_factor
 from simengine.domain.prefix_cache import BlockPool, HostBlockCache
@@ -217,6 +223,7 @@ class FleetRequest:
         "radix_tail",
         "radix_tree",
         "rank",
+        "recompute",
         "replica_id",
         "request_id",
         "routed_at",
@@ -279,6 +286,8 @@ class FleetRequest:
         self.host_tokens = 0  # of cached_tokens, those loaded from the host tier
         self.host_stored = 0  # leading full blocks stored in the host tier
         self.load_pending = False  # the host load is charged in its first step
+        # Tokens it had generated when preempted: recomputed with the prompt.
+        self.recompute = 0
         # Radix cache: the nodes it locks, the tokens it holds outside the tree
         # (reserved, not yet inserted), its tokens in the tree, its tail's base.
         self.radix_nodes: list[RadixNode] = []
@@ -386,6 +395,7 @@ class FleetReplica:
         host_blocks: int = 0,
         cache: str = "block",
         kv_events: bool = False,
+        batch_guard: BatchGuard | None = None,
     ) -> None:
         if scheduling not in SCHEDULING_POLICIES:
             raise ValueError(
@@ -402,6 +412,13 @@ class FleetReplica:
         self.replica_id = replica_id
         self.scheduling = scheduling
         self._by_priority = scheduling == "priority"
+        if batch_guard is not None and (not self._by_priority or cache != "block"):
+            raise ValueError(
+                "the batch guard needs priority scheduling and the block cache"
+            )
+        self.batch_guard = batch_guard
+        self._batch_held = 0  # Σ (prompt + max_tokens) over running batch requests
+        self.preemptions = 0
         self.profile = profile
         self.block_size = block_size or profile.block_size
         # The same KV memory, in blocks of this replica's size.
@@ -574,22 +591,9 @@ class FleetReplica:
         profile = self.profile
         kv_tokens = self._kv_base + decoders * self.clock
         if self.prefilling:
-            budget = self.max_num_batched_tokens - decoders
-            chunks: list[tuple[FleetRequest, int]] = []
-            prefill_tokens = 0
-            prefill_work = 0.0
-            load_tokens = 0
-            for request in self.prefilling:
-                if budget <= 0:
-                    break
-                if request.load_pending:
-                    load_tokens += request.host_tokens
-                left = request.prompt_tokens - request.computed
-                n = left if left < budget else budget
-                chunks.append((request, n))
-                budget -= n
-                prefill_tokens += n
-                prefill_work += n * (request.computed + n / 2)
+            chunks, prefill_tokens, prefill_work, load_tokens = self._prefill_chunks(
+                self.max_num_batched_tokens - decoders
+            )
             steps, growth = 1, 0.0
         else:
             chunks = []
@@ -623,6 +627,43 @@ class FleetReplica:
         )
         return self.segment.ends_at()
 
+    def _prefill_chunks(
+        self, budget: int
+    ) -> tuple[list[tuple[FleetRequest, int]], int, float, int]:
+        """Return this step's prefill chunks (by the prefilling order, within
+        ``budget`` and the batch guard's), their tokens, attention work and host
+        loads."""
+        chunks: list[tuple[FleetRequest, int]] = []
+        prefill_tokens = 0
+        prefill_work = 0.0
+        load_tokens = 0
+        guard = self.batch_guard
+        batch_left = -1  # the guarded ranks' prefill tokens left in this step
+        for request in self.prefilling:
+            if budget <= 0:
+                break
+            left = request.prompt_tokens + request.recompute - request.computed
+            n = left if left < budget else budget
+            if guard is not None and guard.is_guarded(request.rank):
+                # By (rank, admission): every higher tier's chunk is in.
+                if batch_left < 0:
+                    batch_left = batch_prefill_budget(
+                        guard,
+                        budget=budget,
+                        has_interactive_prefill=bool(chunks) and chunks[0][0].rank == 0,
+                    )
+                if batch_left <= 0:
+                    break
+                n = min(n, batch_left)
+                batch_left -= n
+            if request.load_pending:
+                load_tokens += request.host_tokens
+            chunks.append((request, n))
+            budget -= n
+            prefill_tokens += n
+            prefill_work += n * (request.computed + n / 2)
+        return chunks, prefill_tokens, prefill_work, load_tokens
+
     def complete(self, now: float) -> tuple[list[FleetRequest], list[FleetRequest]]:
         """Apply the planned segment, which ends at ``now``.
 
@@ -644,7 +685,7 @@ class FleetReplica:
             request.computed += n
             request.load_pending = False
             self.prefill_tokens += n
-            if request.computed < request.prompt_tokens:
+            if request.computed < request.prompt_tokens + request.recompute:
                 continue
             self.prefilling.remove(request)
             if self.radix is not None:
@@ -654,27 +695,31 @@ class FleetReplica:
             else:
                 self._cache_stream_blocks(request, request.prompt_tokens)
                 self._store_host(request, request.prompt_tokens)
-            request.first_token_at = now
-            first.append(request)
+            # A preempted request resumes: its first token came out before.
+            gen = request.recompute + 1
+            if not request.recompute:
+                request.first_token_at = now
+                first.append(request)
             self.generated_tokens += 1
-            if request.output_tokens == 1:
+            if gen >= request.output_tokens:
                 finished.append(self._release(request, now))
                 continue
-            request.gen0 = 1
+            request.gen0 = gen
             request.clock0 = self.clock
             self.decoding[request.request_id] = request
-            self._kv_base += request.prompt_tokens + 1 - self.clock
-            self._gen_base += 1 - self.clock
+            self._kv_base += request.prompt_tokens + gen - self.clock
+            self._gen_base += gen - self.clock
             heapq.heappush(
                 self._finish_heap,
-                (self.clock + request.output_tokens - 1, request.request_id),
+                (self.clock + request.output_tokens - gen, request.request_id),
             )
         heap = self._finish_heap
         while heap and heap[0][0] <= self.clock:
-            _, request_id = heapq.heappop(heap)
-            done = self.decoding.pop(request_id, None)
-            if done is None:
-                continue  # removed earlier (failed over)
+            at, request_id = heapq.heappop(heap)
+            done = self.decoding.get(request_id)
+            if done is None or at != done.clock0 + done.output_tokens - done.gen0:
+                continue  # removed earlier (failed over, or preempted)
+            del self.decoding[request_id]
             self._kv_base -= done.prompt_tokens + done.gen0 - done.clock0
             self._gen_base -= done.gen0 - done.clock0
             computed = done.prompt_tokens + done.output_tokens - 1
@@ -696,12 +741,12 @@ class FleetReplica:
             clock += segment.steps_done(now)
         for queue in self._waiting:
             for request in queue:
-                request.tokens_at_failure = 0
+                request.tokens_at_failure = request.recompute
                 lost.append(request)
             queue.clear()
         self._num_waiting = 0
         for request in self.prefilling:
-            request.tokens_at_failure = 0
+            request.tokens_at_failure = request.recompute
             lost.append(request)
         for request in self.decoding.values():
             request.tokens_at_failure = request.gen0 + clock - request.clock0
@@ -710,6 +755,7 @@ class FleetReplica:
         self.decoding.clear()
         self._finish_heap.clear()
         self._held_tokens = self._kv_base = self._gen_base = 0
+        self._batch_held = 0
         self._radix_private = 0
         self.segment = None
         self.alive = False
@@ -723,13 +769,16 @@ class FleetReplica:
             return
         pool = self.pool
         block_size = self.block_size
-        while (
-            self._num_waiting
-            and len(self.decoding) + len(self.prefilling) < self.max_num_seqs
-        ):
+        while self._num_waiting:
             waiting = next(queue for queue in self._waiting if queue)
             request = waiting[0]
+            if len(self.decoding) + len(self.prefilling) >= self.max_num_seqs:
+                if self._preempt_for(request):
+                    continue
+                break
             total = request.prompt_tokens + request.max_tokens
+            if self._is_held_by_guard(request):
+                break  # the guarded ranks are the last: none behind may start
             # As the engine: the hit stops below the last prompt token.
             max_hit = (request.prompt_tokens - 1) // block_size
             stream_blocks = min(request.stream_tokens // block_size, max_hit)
@@ -744,12 +793,9 @@ class FleetReplica:
             )
             need = -(-(total - 1) // block_size) - gpu_hit
             if need + pool.num_evictable(hit_ids) > pool.num_free_blocks:
-                if not self.decoding and not self.prefilling:
-                    # It can never fit: refuse it rather than stall the replica.
-                    raise ValueError(
-                        f"request needs {need} KV blocks; the pool has "
-                        f"{pool.num_free_blocks} free"
-                    )
+                if self._preempt_for(request):
+                    continue
+                self._refuse_if_alone(need)
                 break
             waiting.popleft()
             self._num_waiting -= 1
@@ -767,7 +813,67 @@ class FleetReplica:
                 self.host_hit_tokens += request.host_tokens
             self._start_prefill(request)
 
+    def _refuse_if_alone(self, need: int) -> None:
+        """Raise when a request needing ``need`` blocks does not fit a replica
+        running nothing: it never can, so refuse it rather than stall."""
+        if not self.decoding and not self.prefilling:
+            raise ValueError(
+                f"request needs {need} KV blocks; the pool has "
+                f"{self.pool.num_free_blocks} free"
+            )
+
+    def _is_held_by_guard(self, request: FleetRequest) -> bool:
+        """Whether the batch guard's KV share keeps ``request`` waiting."""
+        guard = self.batch_guard
+        return (
+            guard is not None
+            and guard.is_guarded(request.rank)
+            and not batch_fits_kv(
+                guard,
+                batch_tokens=self._batch_held,
+                need_tokens=request.prompt_tokens + request.max_tokens,
+                capacity_tokens=self.kv_capacity_tokens,
+            )
+        )
+
+    def _preempt_for(self, request: FleetRequest) -> bool:
+        """Preempt the running request ``request`` outranks (``pick_preempted``):
+        free its blocks and put it back at the head of its rank's queue, to be
+        recomputed (prompt and what it had generated) when it is admitted again.
+        Returns False when no running request ranks below ``request``, or the
+        replica has no batch guard (without one, nothing preempts: blocks are
+        reserved on admission)."""
+        if self.batch_guard is None:
+            return False
+        running = [*self.prefilling, *self.decoding.values()]
+        index = pick_preempted(
+            request.rank, [(other.rank, other.arrived_at) for other in running]
+        )
+        if index is None:
+            return False
+        victim = running[index]
+        if victim.request_id in self.decoding:
+            generated = victim.gen0 + self.clock - victim.clock0
+            del self.decoding[victim.request_id]  # its heap entry goes stale
+            self._kv_base -= victim.prompt_tokens + victim.gen0 - victim.clock0
+            self._gen_base -= victim.gen0 - victim.clock0
+        else:
+            generated = victim.recompute
+            self.prefilling.remove(victim)
+        self.pool.free_first(victim.block_ids)
+        if self.batch_guard is not None and self.batch_guard.is_guarded(victim.rank):
+            self._batch_held -= victim.prompt_tokens + victim.max_tokens
+        victim._reset_engine_state()
+        victim.recompute = generated
+        self._waiting[victim.rank].appendleft(victim)
+        self._num_waiting += 1
+        self.preemptions += 1
+        return True
+
     def _start_prefill(self, request: FleetRequest) -> None:
+        guard = self.batch_guard
+        if guard is not None and guard.is_guarded(request.rank):
+            self._batch_held += request.prompt_tokens + request.max_tokens
         prefilling = self.prefilling
         if self._by_priority and prefilling and prefilling[-1].rank > request.rank:
             # Before the first of a higher rank: by (rank, admission).
@@ -918,8 +1024,16 @@ class FleetReplica:
 
     def _release(self, request: FleetRequest, now: float) -> FleetRequest:
         if self._pool is not None:
-            self._pool.free(request.block_ids)
+            if self.batch_guard is not None and self.batch_guard.is_guarded(
+                request.rank
+            ):
+                # Batch KV is recycled first: it never evicts a cached prefix.
+                self._pool.free_first(request.block_ids)
+            else:
+                self._pool.free(request.block_ids)
         request.block_ids = []
         self._held_tokens -= request.prompt_tokens + request.max_tokens
+        if self.batch_guard is not None and self.batch_guard.is_guarded(request.rank):
+            self._batch_held -= request.prompt_tokens + request.max_tokens
         request.finished_at = now
         return request

@@ -37,7 +37,11 @@ def drill(
 ) -> tuple[dict[str, Any], str, Path]:
     folder = tmp_path_factory.mktemp("batch")
     plot, target = folder / "drill.png", folder / "drill.json"
-    text, error = run("--sim", "--small", f"--json={target}", f"--plot={plot}")
+    # Without the guard: these tests are of the deadline policy (its escalation
+    # rescues a job); the guard, which binds raised jobs too, is tested below.
+    text, error = run(
+        "--sim", "--small", "--no-guard", f"--json={target}", f"--plot={plot}"
+    )
     data = json.loads(target.read_text(encoding="utf-8"))
     # It exits non-zero exactly when a target is missed.
     assert (error is None) == data["passed"]
@@ -156,6 +160,37 @@ def test_the_table_the_checks_and_the_plot(
         assert f"{mark} {check['name']}:" in text
 
 
+def test_the_guard_fills_idle_capacity_without_hurting_interactive(
+    tmp_path: Path,
+) -> None:
+    """The issue's pair at a small scale (twelve backfill jobs, so there is batch
+    work for every idle hour): with the batch guard, at most 0.30 USD per million
+    tokens with interactive p95 TTFT within 5% of the day without batch and under
+    1 s in every minute; without it, the same jobs cost interactive far more."""
+    target = tmp_path / "guard.json"
+    args = ("--small", "--backfill-jobs=12", "--cases=interactive,deadline")
+    _, error = run(*args, f"--json={target}", f"--plot={tmp_path / 'g.png'}")
+    data = json.loads(target.read_text(encoding="utf-8"))
+    assert data["scenario"]["guard"]["kv_share"] > 0
+    check = next(
+        c
+        for c in data["checks"]
+        if c["name"] == "deadline_costs_0_30_without_hurting_interactive"
+    )
+    assert check["passed"], check["detail"]
+    base, batch = cases(data)["interactive"], cases(data)["deadline"]
+    assert batch["usd_per_m_tokens"] <= 0.30
+    assert batch["interactive_ttft_ratio"] <= 1.05
+    assert batch["interactive_worst_minute_p95_s"] < 1.0
+    assert batch["interactive_refused"] == base["interactive_refused"] == 0
+    # The same day without the guard: cheaper still, and interactive pays.
+    bare = tmp_path / "bare.json"
+    run(*args, "--no-guard", f"--json={bare}", f"--plot={tmp_path / 'b.png'}")
+    unguarded = cases(json.loads(bare.read_text(encoding="utf-8")))["deadline"]
+    assert unguarded["interactive_ttft_ratio"] > 1.05
+    assert error is None or "deadline_costs_0_30" not in str(error)
+
+
 def test_bad_options_are_command_errors() -> None:
     with pytest.raises(CommandError, match="cases are"):
         call_command("batch_drill", "--small", "--cases=night")
@@ -167,6 +202,10 @@ def test_bad_options_are_command_errors() -> None:
         call_command("batch_drill", "--small", "--ceilings=0.5,1.5")
     with pytest.raises(CommandError, match="comma-separated"):
         call_command("batch_drill", "--small", "--ceilings=half")
+    with pytest.raises(CommandError, match="--guard-backoff: FROM,TO"):
+        call_command("batch_drill", "--small", "--guard-backoff=0.5")
+    with pytest.raises(CommandError, match="backoff_from < backoff_to"):
+        call_command("batch_drill", "--small", "--guard-backoff=0.7,0.6")
 
 
 def test_the_ceiling_sweep_runs_the_deadline_case_per_ceiling() -> None:

@@ -264,6 +264,18 @@ class BlockPool:
             elif count < 0:
                 raise ValueError(f"block {block_id} freed more often than taken")
 
+    def free_first(self, block_ids: Sequence[int]) -> None:
+        """``free``, with one difference: blocks reaching ref count 0 that hold no
+        hash go to the free-queue head, to be reused before any cached block (a
+        request whose KV no one can match, such as a batch line, then recycles
+        its own blocks instead of evicting others' cached prefixes)."""
+        self.free(block_ids)
+        free = self._free
+        block_hash = self._block_hash
+        for block_id in block_ids:
+            if block_id in free and block_hash[block_id] is None:
+                free.move_to_end(block_id, last=False)
+
     def cache_block(self, block_id: int, block_hash: int) -> bool:
         """Register a full, computed block under ``block_hash``.
 

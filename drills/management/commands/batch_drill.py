@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from batches.domain.guard import BatchGuard
 from batches.domain.scheduler import SchedulerSettings
 from drills.domain.batch_drill import (
     CASES,
@@ -91,7 +92,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--backfill-jobs",
             type=int,
-            help="day-long bulk jobs submitted at midnight (default 8)",
+            help="day-long bulk jobs submitted at midnight (default 10: with 8, every job is done by 21:00 and the day ends at 0.30 USD/M whatever the guard)",
         )
         parser.add_argument(
             "--engine-scheduling",
@@ -110,6 +111,30 @@ class Command(BaseCommand):
             "the cases, run the day without batch once and the deadline case at "
             "each ceiling; print USD/M and the interactive p95 TTFT ratio per "
             "ceiling (no checks)",
+        )
+        parser.add_argument(
+            "--no-guard",
+            action="store_true",
+            help="run without the batch guard (batches.domain.guard): the engines' "
+            "priority queue only, batch unbounded in KV and prefill, no forecast",
+        )
+        parser.add_argument(
+            "--guard-kv-share",
+            type=float,
+            help="the guard's most of a replica's KV cache batch may hold "
+            "(default: PLATFORM_BATCH_GUARD_KV_SHARE)",
+        )
+        parser.add_argument(
+            "--guard-prefill-tokens",
+            type=int,
+            help="the guard's most batch prefill tokens an engine step takes "
+            "(default: PLATFORM_BATCH_GUARD_PREFILL_TOKENS)",
+        )
+        parser.add_argument(
+            "--guard-backoff",
+            help="FROM,TO: batch's window falls from all at FROM to none at TO of "
+            "the pool's capacity in forecast interactive demand (default: "
+            "PLATFORM_BATCH_GUARD_BACKOFF_FROM and _TO)",
         )
         parser.add_argument("--profile", default="a100-8b")
         parser.add_argument("--seed", type=int, default=0)
@@ -149,7 +174,12 @@ class Command(BaseCommand):
                     initial_window=min(scheduler.initial_window, window),
                     max_window=window,
                 )
-            scenario = replace(scenario, settings=scheduler, **overrides)
+            scenario = replace(
+                scenario,
+                settings=scheduler,
+                guard=None if options["no_guard"] else _guard(options),
+                **overrides,
+            )
             config = platform_fleet_config(
                 profile=options["profile"], seed=options["seed"], admission=True
             )
@@ -265,7 +295,9 @@ class Command(BaseCommand):
             f"region's full {s.full_tokens_s:,.0f} output tokens/s on average over "
             f"the day (peak {outcome.peak_rps:.1f} requests/s, night at "
             f"x{s.night_factor:g} of it), 24 h compressed into {s.day_hours:g} h; "
-            f"batch ceiling {outcome.batch_ceiling:g}; engine scheduling "
+            f"batch ceiling {outcome.batch_ceiling:g}; "
+            + _guard_text(s.guard)
+            + "; engine scheduling "
             f"{s.engine_scheduling} (deadline_fcfs: fcfs); scheduler window "
             f"{w.initial_window}-{w.max_window}, judged after "
             f"{w.min_observed_s:g} + {w.rate_window_s:g} s, safety x{w.safety:g}; "
@@ -283,7 +315,8 @@ class Command(BaseCommand):
         write(
             f"{'case':<13} {'GPU-h':>6} {'USD/M':>6} {'util':>5} {'in flight':>9} "
             f"{'i p50':>6} {'i p95':>6} {'x a':>6} {'i refused':>9} "
-            f"{'batch Mtok':>10} {'lines':>8} {'met/missed':>10} {'at risk':>7}"
+            f"{'batch Mtok':>10} {'lines':>8} {'met/missed':>10} {'at risk':>7} "
+            f"{'worst min p95':>13} {'preempted':>9}"
         )
         for case in outcome.cases:
             write(_row(outcome, case))
@@ -318,6 +351,37 @@ def _live_scheduler(settings: Any, window: int) -> SchedulerSettings:
     )
 
 
+def _guard(options: dict[str, Any]) -> BatchGuard:
+    """The live guard's settings (the runner's), with the command's overrides."""
+    from batches.runner import guard_settings
+
+    guard = guard_settings()
+    if options["guard_kv_share"] is not None:
+        guard = replace(guard, kv_share=options["guard_kv_share"])
+    if options["guard_prefill_tokens"] is not None:
+        guard = replace(guard, prefill_tokens=options["guard_prefill_tokens"])
+    if options["guard_backoff"] is not None:
+        try:
+            low, high = (float(v) for v in options["guard_backoff"].split(","))
+        except ValueError:
+            raise ValueError(
+                f"--guard-backoff: FROM,TO; got {options['guard_backoff']!r}"
+            ) from None
+        guard = replace(guard, backoff_from=low, backoff_to=high)
+    return guard
+
+
+def _guard_text(guard: BatchGuard | None) -> str:
+    if guard is None:
+        return "no batch guard"
+    return (
+        f"batch guard: KV share {guard.kv_share:g}, {guard.prefill_tokens} batch "
+        f"prefill tokens a step ({guard.prefill_beside_interactive} beside an "
+        f"interactive prompt), back-off {guard.backoff_from:g}-"
+        f"{guard.backoff_to:g} of capacity {guard.horizon_s:g} s ahead"
+    )
+
+
 def _names(value: str) -> tuple[str, ...]:
     return tuple(name.strip() for name in value.split(",") if name.strip())
 
@@ -332,7 +396,8 @@ def _row(outcome: BatchDrillOutcome, case: CaseResult) -> str:
         f"{_ms(case.ttft_p50_s):>6} {_ms(case.ttft_p95_s):>6} "
         f"{_f(ratio, 3):>6} {case.interactive_refused:>9} "
         f"{case.batch_output_tokens / 1e6:>10.1f} {case.batch_lines:>8} "
-        f"{jobs:>10} {at_risk if case.jobs else '-':>7}"
+        f"{jobs:>10} {at_risk if case.jobs else '-':>7} "
+        f"{_ms(case.worst_minute_p95_s):>13} {case.preemptions:>9}"
     )
 
 
@@ -391,6 +456,9 @@ def _as_json(
             "batch_ceiling": outcome.batch_ceiling,
             "engine_scheduling": s.engine_scheduling,
             "ttft_ratio_target": s.ttft_ratio_target,
+            "usd_per_m_target": s.usd_per_m_target,
+            "minute_p95_target_s": s.minute_p95_target_s,
+            "guard": None if s.guard is None else asdict(s.guard),
             "scheduler": {
                 "initial_window": w.initial_window,
                 "max_window": w.max_window,
