@@ -1,6 +1,7 @@
 """The traffic twin's live window (``manage.py twin_check``): real processes, recorded.
 
-Public surface: ``TwinPlan``, ``LiveWindow``, ``run_live_window``, ``check_seed``.
+Public surface: ``TwinPlan``, ``LiveWindow``, ``run_live_window``, ``MODEL``,
+``PROFILE``, ``TEAM``.
 
 ``run_live_window`` registers a scratch model (``twin-chat``: one pool, min to
 max replicas, its version's load-tested capacity set small so a few streams
@@ -50,18 +51,11 @@ from drills.domain.twin_check import (
     ReplicaPoint,
     Served,
     TwinLoad,
-    compare,
-    figures_of,
-    first_turn_hit_share,
     plan_turns,
-    replay,
     start_delay_s,
     system_text,
-    twin_fleet_config,
     user_text,
 )
-from drills.domain.workload import TeamSpec, read_trace, trace_arrivals
-from drills.fleet_settings import platform_fleet_config
 from engine_nodes.domain.load_shares import sum_pool_load
 from engine_nodes.models import Replica, ScalingDecision
 from localrun.processes import (
@@ -82,15 +76,13 @@ from localrun.seeding import (
 )
 from metering.models import Usage
 from models_registry import pool_traffic
-from models_registry.domain.autoscaler import ScalingSettings
 from models_registry.models import Model, ModelVersion, Pool
-from routing.domain.traffic import salted_id, trace_lines
+from routing.domain.traffic import trace_lines
 from routing.traffic import read_traffic, stream_key, traffic_salt
-from simengine.domain.perf import PROFILES
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LiveWindow", "TwinPlan", "check_seed", "run_live_window"]
+__all__ = ["MODEL", "PROFILE", "TEAM", "LiveWindow", "TwinPlan", "run_live_window"]
 
 MODEL = "twin-chat"
 TEAM = "twin-team"
@@ -161,14 +153,18 @@ async def _stream(
     headers: dict[str, str],
     body: dict[str, Any],
 ) -> tuple[float | None, str, dict[str, Any] | None, int]:
-    """Send one streaming chat; return (TTFT, answer text, usage, status)."""
+    """Send one streaming chat; return (TTFT, answer text, usage, status); a
+    refusal's text is its error code."""
     started = time.perf_counter()
     ttft: float | None = None
     parts: list[str] = []
     usage: dict[str, Any] | None = None
     async with client.stream("POST", url, json=body, headers=headers) as response:
         if response.status_code != 200:
-            await response.aread()
+            raw = await response.aread()
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                code = json.loads(raw)["error"]["code"]
+                return None, str(code), None, response.status_code
             return None, "", None, response.status_code
         async for line in response.aiter_lines():
             if not line.startswith("data: {"):
@@ -205,8 +201,14 @@ class _Conversations:
         history.append({"role": "user", "content": user_text(self.load, turn)})
         return list(history)
 
-    def answered(self, turn: PlannedTurn, text: str) -> None:
-        self.messages[turn.conversation].append({"role": "assistant", "content": text})
+    def answered(self, turn: PlannedTurn, text: str | None) -> None:
+        """Keep the answer; an unanswered question (None) leaves the history as
+        it was, as a client that gave up on it would."""
+        history = self.messages[turn.conversation]
+        if text is None:
+            history.pop()
+        else:
+            history.append({"role": "assistant", "content": text})
 
 
 async def _play(
@@ -248,10 +250,11 @@ async def _play(
                 except httpx.HTTPError:
                     ttft, text, usage, status = None, "", None, 599
                 ended = time.perf_counter()
-                conversations.answered(turn, text)
+                is_answered = status == 200 and ttft is not None
+                conversations.answered(turn, text if is_answered else None)
             if status != 200 or ttft is None or usage is None:
                 why = (
-                    str(status)
+                    f"{status} {text}".strip()
                     if status != 200
                     else ("no token" if ttft is None else "no usage")
                 )
@@ -544,101 +547,3 @@ def _cleanup(region: str) -> None:
     ModelVersion.objects.filter(model_id=MODEL).delete()
     Model.objects.filter(pk=MODEL).delete()
     Team.objects.filter(pk=TEAM).delete()
-
-
-# -- the comparison of one seed -------------------------------------------------------
-
-
-def _sizes(points: list[ReplicaPoint]) -> str:
-    """The size asked for over time, as 't s: n' at each change."""
-    out, last = [], None
-    for p in points:
-        if p.desired != last:
-            out.append(f"{p.at:.0f}s:{p.desired}")
-            last = p.desired
-    return " ".join(out)
-
-
-def check_seed(
-    plan: TwinPlan,
-    *,
-    out_dir: Path,
-    tolerance: float,
-    log: Callable[[str], None] = print,
-) -> dict[str, Any]:
-    """Run one seed's live window, replay its export in the fleet simulator
-    configured as the live pool, and compare; return every figure."""
-    window = run_live_window(plan, log=log)
-    path = out_dir / f"twin-seed{plan.load.seed}.jsonl"
-    path.write_text(
-        "".join(
-            json.dumps(line, separators=(",", ":")) + "\n" for line in window.trace
-        ),
-        encoding="utf-8",
-    )
-    start_s = window.replica_start_s if window.replica_start_s is not None else 2.0
-    config = twin_fleet_config(
-        platform_fleet_config(),
-        settings=ScalingSettings(**plan.scaling_changes()),
-        replica_tokens_in_flight=plan.replica_tokens_in_flight,
-        profile=PROFILE,
-        interval_s=plan.interval_s,
-        start_s=start_s,
-        seed=plan.load.seed,
-    )
-    team = TeamSpec("team-" + salted_id(TEAM, traffic_salt()), guaranteed_share=1.0)
-    predicted_served, predicted_points = replay(
-        trace_arrivals(read_trace(path)),
-        config,
-        window_s=window.window_s,
-        teams=[team],
-    )
-    # The trace's clock starts at its first arrival; the live one at the load's.
-    shift = min((s.at for s in window.served), default=0.0)
-    predicted_points = [
-        ReplicaPoint(p.at + shift, p.serving, p.desired) for p in predicted_points
-    ]
-    frontend_s = PROFILES[PROFILE].frontend_ms / 1000.0
-    measured = figures_of(window.served, window.replicas, window_s=window.window_s)
-    predicted = figures_of(
-        predicted_served,
-        predicted_points,
-        window_s=window.window_s,
-        ttft_offset_s=frontend_s + window.gateway_overhead_s,
-    )
-    comparison = compare(predicted, measured, tolerance=tolerance)
-    gateway_mean = (
-        sum(t for _, t in window.gateway_tokens_in_flight)
-        / len(window.gateway_tokens_in_flight)
-        if window.gateway_tokens_in_flight
-        else None
-    )
-    return {
-        "seed": plan.load.seed,
-        "comparison": comparison,
-        "live_requests": len(window.served),
-        "live_failed": window.failed,
-        "trace_requests": len(window.trace),
-        "trace_skipped": window.trace_skipped,
-        "trace": str(path),
-        "window_s": window.window_s,
-        "gateway_overhead_ms": window.gateway_overhead_s * 1000.0,
-        "frontend_ms": frontend_s * 1000.0,
-        "replica_start_s": start_s,
-        "gateway_tokens_in_flight_mean": gateway_mean,
-        "live_first_turn_hit_share": first_turn_hit_share(window.trace),
-        "live_sizes": _sizes(window.replicas),
-        "twin_sizes": _sizes(predicted_points),
-        "decisions": window.decisions,
-        "wall_s": round(window.wall_s, 1),
-        "series": {
-            "live_ttft_s": [s.ttft_s for s in window.served],
-            "twin_ttft_s": [
-                s.ttft_s + frontend_s + window.gateway_overhead_s
-                for s in predicted_served
-            ],
-            "live_replicas": [[p.at, p.serving, p.desired] for p in window.replicas],
-            "twin_replicas": [[p.at, p.serving, p.desired] for p in predicted_points],
-            "gateway_tokens_in_flight": window.gateway_tokens_in_flight,
-        },
-    }

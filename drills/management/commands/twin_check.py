@@ -5,7 +5,7 @@
 For each seed: a small live window (gateway, node agent, simulated replicas, the
 autoscaler's tick; ``drills.twin_live``) under a compressed day of conversations,
 recorded by the traffic twin and exported; the export replayed in the fleet
-simulator configured as the live pool (``drills.domain.twin_check``); then
+simulator configured as the live pool (``drills.domain.twin_check``, ``drills.twin_compare``); then
 predicted against measured: p95 TTFT, prefix hit rate, mean tokens in flight and
 the replicas the autoscaler chose, with the relative error. The simulator's TTFT
 gets the replica's frontend time (the shared profile's ``frontend_ms``) and the
@@ -62,7 +62,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         from drills.experiment_plots import default_plot_path, plot_twin
-        from drills.twin_live import TwinPlan, check_seed
+        from drills.twin_compare import check_seed
+        from drills.twin_live import TwinPlan
 
         for name in ("httpx", "httpcore"):
             logging.getLogger(name).setLevel(logging.WARNING)
