@@ -4,7 +4,12 @@ simulator with the platform's autoscaler.
 Public surface: ``SHAPES``, ``FLEETS``, ``DrillScenario``, ``Case``, ``CaseOutcome``,
 ``DayComparison``, ``DrillOutcome``, ``SeedArithmetic``,
 ``pool_settings``, ``seed_arithmetic``, ``load_factor``, ``settled_replicas``,
-``run_drill``.
+``run_drill``, ``run_trace_case``.
+
+``run_trace_case`` replays arrivals instead of a load shape (a recorded trace,
+scaled by ``drills.domain.recorded_trace.scale_trace`` for "what if traffic
+doubles") through one of the fleets, the same autoscaler and the same figures; a
+trace's time is real time (no day compression), its teams are its own.
 
 The seed: "Replay a ramp of 5% per minute and a sudden doubling. Record time until
 new capacity serves, peak queue depth, requests shed per tier and minutes outside
@@ -54,7 +59,7 @@ evening could not shed what a real one does). Load changes as ``rate`` events ev
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from drills.domain.capacity_plan import Scenario, plan
@@ -65,7 +70,7 @@ from drills.domain.fleet_scaling import ColdStart, FleetAutoscaling
 from drills.domain.overload import DEFAULT_TEAMS, Check
 from drills.domain.planned_fleet import fleet_size, region_peak_rps
 from drills.domain.scaling_figures import CaseFigures, measure_case
-from drills.domain.workload import ChatWorkload
+from drills.domain.workload import Arrival, ChatWorkload
 from models_registry.domain.autoscaler import ScalingSettings
 
 __all__ = [
@@ -80,6 +85,7 @@ __all__ = [
     "load_factor",
     "pool_settings",
     "run_drill",
+    "run_trace_case",
     "seed_arithmetic",
     "settled_replicas",
 ]
@@ -340,6 +346,46 @@ def _run_case(
         ttft_target_s=scenario.ttft_target_s,
     )
     return CaseOutcome(case, replicas, figures, result)
+
+
+def run_trace_case(
+    config: FleetConfig,
+    scenario: DrillScenario,
+    arrivals: Sequence[Arrival],
+    fleet: str,
+    *,
+    replicas: int | None = None,
+) -> CaseOutcome:
+    """Replay ``arrivals`` through ``fleet`` (``FLEETS``) from ``replicas``
+    (default the plan's), measured after a warm-up of at most a quarter of the
+    trace (``scenario.warmup_s`` at most).
+
+    Raises:
+        ValueError: an unknown fleet or no arrivals.
+    """
+    if fleet not in FLEETS:
+        raise ValueError(f"fleets are {', '.join(FLEETS)}; got {fleet!r}")
+    if not arrivals:
+        raise ValueError("the trace has no requests")
+    case = Case("trace", fleet)
+    n = replicas or scenario.plan_replicas
+    autoscaling = _autoscaling(
+        scenario, case, scenario.pool, n, gpus_per_replica=config.perf_profile.gpus
+    )
+    span = max(a.at for a in arrivals)
+    warmup = min(scenario.warmup_s, span / 4)
+    sim = FleetSim(
+        replace(config, admission=True, replicas=n, autoscaling=autoscaling),
+        arrivals=arrivals,
+    )
+    result = sim.run(max(span - warmup, 1.0), warmup_s=warmup)
+    figures = measure_case(
+        result,
+        change_s=None,
+        replica_tokens_in_flight=config.replica_tokens_in_flight,
+        ttft_target_s=scenario.ttft_target_s,
+    )
+    return CaseOutcome(case, n, figures, result)
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,7 +73,12 @@ from drills.domain.fleet_pool import FleetPool
 from drills.domain.fleet_result import FleetResult, Sample
 from drills.domain.fleet_scaling import FleetScaler
 from drills.domain.replica import FleetReplica, FleetRequest
-from drills.domain.workload import Arrival, ChatWorkload, TeamSpec
+from drills.domain.workload import (
+    Arrival,
+    ChatWorkload,
+    TeamSpec,
+    convert_block_keys,
+)
 from engine_nodes.domain.convergence import (
     CancelReplica,
     Effect,
@@ -495,6 +500,9 @@ class FleetSim:
             arrived_at=self.now,
             prefix_group=arrival.prefix_group,
             prefix_tokens=arrival.prefix_tokens,
+            block_keys=convert_block_keys(
+                arrival.block_keys, arrival.block_keys_size, self.config.block_size
+            ),
         )
         if self._window[0] <= self.now < self._window[1]:
             assert self._result is not None

@@ -20,7 +20,11 @@ same physics with a different bookkeeping:
   their tokens are the same and nothing else does; a request behind shared prefix
   ``g`` of ``P`` tokens has ``prefix_block_hash(g, k)`` for its blocks below
   ``P // block_size`` (``request_block_hashes``: the block that straddles the
-  prefix's end is the conversation's, as chained hashes would make it). Blocks that no later request can
+  prefix's end is the conversation's, as chained hashes would make it). A request
+  from a recorded trace has ``block_keys``, its recorded chain of block hashes as
+  keys (``drills.domain.workload.recorded_block_key``), for its leading blocks:
+  equal hashes hit across conversations as in a real engine; blocks past them
+  stay on the conversation's stream. Blocks that no later request can
   match (a turn's own new text) are not hashed; eviction order is unchanged by that.
 - **Same scheduler, coarser.** Waiting requests are admitted first come, first
   served while fewer than ``max_num_seqs`` run and the pool has blocks; a step
@@ -151,9 +155,15 @@ def request_block_hashes(
     *,
     prefix_group: int = -1,
     prefix_tokens: int = 0,
+    recorded: tuple[int, ...] = (),
 ) -> list[int]:
-    """Return the hashes of a request's first ``blocks`` blocks: the shared
-    prefix's whole blocks, then the conversation's stream."""
+    """Return the hashes of a request's first ``blocks`` blocks: the recorded
+    keys, else the shared prefix's whole blocks, then the conversation's stream."""
+    if recorded:
+        head = list(recorded[:blocks])
+        return head + [
+            stream_block_hash(conversation, k) for k in range(len(head), blocks)
+        ]
     shared = prefix_tokens // block_size if prefix_group >= 0 else 0
     return [
         prefix_block_hash(prefix_group, k)
@@ -184,6 +194,7 @@ class FleetRequest:
         "arrived_at",
         "attempts",
         "block_ids",
+        "block_keys",
         "cached_tokens",
         "clock0",
         "computed",
@@ -230,6 +241,7 @@ class FleetRequest:
         arrived_at: float,
         prefix_group: int = -1,
         prefix_tokens: int = 0,
+        block_keys: tuple[int, ...] = (),
     ) -> None:
         if prompt_tokens < 1 or output_tokens < 1 or max_tokens < output_tokens:
             raise ValueError(
@@ -246,6 +258,7 @@ class FleetRequest:
         self.stream_tokens = stream_tokens
         self.prefix_group = prefix_group
         self.prefix_tokens = prefix_tokens if prefix_group >= 0 else 0
+        self.block_keys = block_keys  # recorded keys, in the replica's block size
         self.arrived_at = arrived_at
         self.routed_at: float | None = None
         self.replica_id: str | None = None
@@ -306,6 +319,7 @@ class FleetRequest:
             block_size,
             prefix_group=self.prefix_group,
             prefix_tokens=self.prefix_tokens,
+            recorded=self.block_keys,
         )
 
 
@@ -519,7 +533,7 @@ class FleetReplica:
 
     def add(self, request: FleetRequest) -> None:
         """Queue ``request`` (the caller then calls ``interrupt`` or ``plan``)."""
-        if self.radix is not None and request.prefix_tokens > 0:
+        if self.radix is not None and (request.prefix_tokens > 0 or request.block_keys):
             raise ValueError(
                 "the radix cache keys a conversation's stream by token ranges; "
                 "shared prefixes are modelled with the block cache (vllm) only"

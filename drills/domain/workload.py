@@ -1,8 +1,9 @@
 """What the fleet simulator's clients send: conversations, teams, tiers and traces.
 
 Public surface: ``TeamSpec``, ``ChatWorkload``, ``WORKLOADS``, ``workload_preset``,
-``prefix_tokens_of``, ``TraceRequest``, ``read_trace``,
-``Arrival``, ``Conversations``.
+``prefix_tokens_of``, ``TraceRequest``, ``read_trace``, ``trace_arrivals``,
+``Arrival``, ``Conversations``, ``recorded_block_key``, ``convert_block_keys``,
+``check_block_size``.
 
 ``ChatWorkload`` is the seed's traffic: ``users`` (``arrival_rate *
 message_interval_s`` of them) each send a message every ``message_interval_s`` on
@@ -35,9 +36,23 @@ prefix counts as history: any replica that served the prefix can serve it again.
 A logged trace (JSONL, one request per line) replays exactly: ``t`` (seconds from
 the start), ``team``, ``tier``, ``conversation``, ``prompt_tokens`` or ``prompt``
 (text, counted with the platform's tokenizer) or ``messages``, ``max_tokens``, and
-optionally ``output_tokens`` (default ``max_tokens``) and ``history_tokens``. The
+optionally ``output_tokens`` (default ``max_tokens``), ``history_tokens`` and
+``cached_tokens`` (the recorded hit, kept for the plan's measured hit rate). The
 history of a turn is, by default, the prefix it shares with its conversation's
 previous turn: counted on tokens for text, else the previous prompt plus answer.
+
+A recorded trace (``manage.py export_traffic``: ``routing.domain.traffic.
+trace_lines``) also carries ``block_size`` and ``prefix_blocks``, the prompt's
+chain of salted block hashes. Those hashes become the request's KV block keys
+(``Arrival.block_keys``, ``recorded_block_key``), so the fleet simulator hits
+exactly where a real prefix cache would: a system prompt shared by many
+conversations, a conversation's history, nothing else. A turn's answer blocks
+take the hashes of its conversation's next turn where that turn extends it
+(the answer is in the next prompt), and a turn's ``history_tokens`` is the
+blocks any earlier line produced (what an unbounded cache would serve).
+``convert_block_keys`` maps the chain to a replica whose block is a multiple of
+the trace's (a chained hash names the whole prefix up to its block, so every
+k-th one is exact); a smaller or non-multiple block is refused.
 """
 
 from __future__ import annotations
@@ -58,8 +73,11 @@ __all__ = [
     "Conversations",
     "TeamSpec",
     "TraceRequest",
+    "check_block_size",
+    "convert_block_keys",
     "prefix_tokens_of",
     "read_trace",
+    "recorded_block_key",
     "trace_arrivals",
     "workload_preset",
 ]
@@ -217,7 +235,8 @@ class Arrival:
 
     ``history_tokens`` and ``stream_tokens`` count the shared prefix
     (``prefix_tokens`` of prefix ``prefix_group``; -1 and 0: none), which leads
-    the prompt.
+    the prompt. A recorded trace's line has ``block_keys``, the keys of its
+    leading KV blocks of ``block_keys_size`` tokens (``recorded_block_key``).
     """
 
     at: float
@@ -231,6 +250,54 @@ class Arrival:
     stream_tokens: int
     prefix_group: int = -1
     prefix_tokens: int = 0
+    block_keys: tuple[int, ...] = ()
+    block_keys_size: int = 0
+
+
+# A recorded block's key: 62 bits of its hash under the two top bits of 64, so it
+# is never a synthetic stream's key (below 2**63) nor a shared prefix's (bit 63
+# alone over small numbers), and stays a uint64 as KV events need.
+_RECORDED_TAG = 0b11 << 62
+_RECORDED_MASK = (1 << 62) - 1
+
+
+def recorded_block_key(block_hash: str) -> int:
+    """Return the simulator's key of a recorded block hash (hex): the same hash,
+    the same key, whatever conversation it comes from."""
+    return _RECORDED_TAG | (int(block_hash, 16) & _RECORDED_MASK)
+
+
+def convert_block_keys(
+    keys: tuple[int, ...], from_size: int, to_size: int
+) -> tuple[int, ...]:
+    """Return ``keys`` (blocks of ``from_size`` tokens) as blocks of ``to_size``.
+
+    Each key of a chain names the whole prefix up to its block, so block j of
+    ``k * from_size`` tokens is the key of the trace's block ``(j + 1) * k - 1``.
+
+    Raises:
+        ValueError: ``to_size`` is not a multiple of ``from_size`` (a smaller
+            block's hash is not in the trace).
+    """
+    if not keys or from_size == to_size:
+        return keys
+    if from_size < 1 or to_size % from_size:
+        raise ValueError(
+            f"the trace's prefix hashes are blocks of {from_size} tokens; the "
+            f"simulator's block of {to_size} is not a multiple of it (replay "
+            f"with a block size of {from_size} or a multiple)"
+        )
+    k = to_size // from_size
+    return keys[k - 1 :: k]
+
+
+def check_block_size(arrivals: Iterable[Arrival], block_size: int) -> None:
+    """Raise ``convert_block_keys``' ValueError now, before a run, if the first
+    arrival with recorded blocks cannot be replayed on blocks of ``block_size``."""
+    for arrival in arrivals:
+        if arrival.block_keys_size:
+            convert_block_keys(arrival.block_keys, arrival.block_keys_size, block_size)
+            return
 
 
 class Conversations:
@@ -310,6 +377,9 @@ class TraceRequest:
     output_tokens: int
     history_tokens: int | None
     prompt_ids: tuple[int, ...] | None = None
+    block_size: int = 0  # of ``prefix_blocks``; 0: none recorded
+    prefix_blocks: tuple[str, ...] = ()
+    cached_tokens: int = 0  # the recorded replica's hit (an export's), if any
 
 
 def _trace_line(number: int, raw: dict[str, object]) -> TraceRequest:
@@ -357,6 +427,7 @@ def _trace_line(number: int, raw: dict[str, object]) -> TraceRequest:
     max_tokens = whole("max_tokens", need("max_tokens"))
     output = whole("output_tokens", raw.get("output_tokens", max_tokens))
     history = raw.get("history_tokens")
+    block_size, blocks = _prefix_blocks(number, raw, prompt_tokens)
     request = TraceRequest(
         t=number_of("t", need("t")),
         team=str(raw.get("team", "default")),
@@ -367,6 +438,9 @@ def _trace_line(number: int, raw: dict[str, object]) -> TraceRequest:
         output_tokens=min(output, max_tokens),
         history_tokens=None if history is None else whole("history_tokens", history),
         prompt_ids=prompt_ids,
+        block_size=block_size,
+        prefix_blocks=blocks,
+        cached_tokens=max(0, whole("cached_tokens", raw.get("cached_tokens", 0))),
     )
     if request.t < 0 or request.prompt_tokens < 1 or request.output_tokens < 1:
         raise ValueError(
@@ -374,6 +448,35 @@ def _trace_line(number: int, raw: dict[str, object]) -> TraceRequest:
         )
     Tier(request.tier)
     return request
+
+
+def _prefix_blocks(
+    number: int, raw: dict[str, object], prompt_tokens: int
+) -> tuple[int, tuple[str, ...]]:
+    blocks = raw.get("prefix_blocks")
+    if blocks is None:
+        return 0, ()
+    size = raw.get("block_size")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise ValueError(f"trace line {number}: prefix_blocks needs a block_size >= 1")
+    if not isinstance(blocks, list) or not all(
+        isinstance(b, str) and _is_hex(b) for b in blocks
+    ):
+        raise ValueError(f"trace line {number}: prefix_blocks is not a list of hex")
+    if len(blocks) * size > prompt_tokens:
+        raise ValueError(
+            f"trace line {number}: {len(blocks)} blocks of {size} tokens exceed "
+            f"the prompt's {prompt_tokens}"
+        )
+    return size, tuple(blocks)
+
+
+def _is_hex(text: str) -> bool:
+    try:
+        int(text, 16)
+    except ValueError:
+        return False
+    return bool(text)
 
 
 def read_trace(path: Path | str) -> list[TraceRequest]:
@@ -406,10 +509,13 @@ def trace_arrivals(trace: Iterable[TraceRequest]) -> Iterator[Arrival]:
     edited history) starts a new stream with no history: its hits are then
     under-counted, never invented.
     """
+    requests = list(trace)
+    answers = _answer_blocks(requests)
+    seen: set[str] = set()  # recorded blocks some earlier line produced
     # conversation -> (stream id, prompt ids or None, stream length)
     last: dict[str, tuple[int, tuple[int, ...] | None, int]] = {}
     streams = 0
-    for request in trace:
+    for index, request in enumerate(requests):
         previous = last.get(request.conversation)
         history = 0
         if previous is None:
@@ -431,6 +537,14 @@ def trace_arrivals(trace: Iterable[TraceRequest]) -> Iterator[Arrival]:
                 streams += 1
         stream_tokens = request.prompt_tokens + request.output_tokens
         last[request.conversation] = (stream, request.prompt_ids, stream_tokens)
+        blocks = request.prefix_blocks
+        if request.block_size:
+            held = 0
+            while held < len(blocks) and blocks[held] in seen:
+                held += 1
+            history = held * request.block_size
+            blocks += answers.get(index, ())
+            seen.update(blocks)
         yield Arrival(
             at=request.t,
             team=request.team,
@@ -441,7 +555,30 @@ def trace_arrivals(trace: Iterable[TraceRequest]) -> Iterator[Arrival]:
             max_tokens=request.max_tokens,
             history_tokens=history,
             stream_tokens=stream_tokens,
+            block_keys=tuple(recorded_block_key(b) for b in blocks),
+            block_keys_size=request.block_size,
         )
+
+
+def _answer_blocks(requests: list[TraceRequest]) -> dict[int, tuple[str, ...]]:
+    """Return, per line with recorded blocks, the blocks of its answer: those of
+    its conversation's next turn that extend its prompt, within prompt + answer."""
+    answers: dict[int, tuple[str, ...]] = {}
+    previous: dict[str, int] = {}
+    for index, request in enumerate(requests):
+        before = previous.get(request.conversation)
+        previous[request.conversation] = index
+        if before is None:
+            continue
+        last = requests[before]
+        if not last.block_size or last.block_size != request.block_size:
+            continue
+        mine, theirs = last.prefix_blocks, request.prefix_blocks
+        if theirs[: len(mine)] == mine:
+            # The last answer token is never computed (its KV would come next step).
+            full = (last.prompt_tokens + last.output_tokens - 1) // last.block_size
+            answers[before] = theirs[len(mine) : full]
+    return answers
 
 
 def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:

@@ -62,6 +62,17 @@ leaves its whole blocks out of the prompts (no prefill, no KV memory) and counts
 them as hits. The modelled ``tokens_in_flight`` then lacks them (one 16-token
 block per request for the shipped trace, about 2%).
 
+**A recorded trace** (``manage.py export_traffic`` or ``make_recorded_trace``:
+a stand-in ``prompt`` per line, one token per word, and its ``prefix_blocks``)
+replays the same way, with two differences. Its tag goes after the whole blocks
+its conversation's first turn shares with another conversation's first turn (as
+the hashes show: a shared system prompt or document), not at the text's start,
+so conversations keep sharing what they shared (``tag_at``). And a turn whose
+text extends its previous turn's (the export makes it so where the hashes do)
+keeps as history the tokens it shares with the previous prompt: all of it but
+the previous prompt's closing chat markers (the modelled stream may then hit the
+one block that holds them: at most 16 tokens a turn).
+
 The modelled measurement, a fresh one-replica ``FleetSim`` per step, is
 ``drills.domain.capacity_test``.
 
@@ -345,8 +356,9 @@ def replay_tag(rate: float, lap: int, conversation: int) -> str:
     return f"[{number}.{code:07d}.{lap % _TAG_LAP_MOD:03d}] "
 
 
-def _tagged(messages: Sequence[Message], tag: str) -> list[dict[str, Any]]:
-    """Return ``messages`` with ``tag`` before the first user message's text."""
+def _tagged(messages: Sequence[Message], tag: str, at: int = 0) -> list[dict[str, Any]]:
+    """Return ``messages`` with ``tag`` before the first user message's text, or
+    ``at`` characters into it (a text content only)."""
     out = [dict(m) for m in messages]
     for message in out:
         if message.get("role") != "user":
@@ -355,7 +367,8 @@ def _tagged(messages: Sequence[Message], tag: str) -> list[dict[str, Any]]:
         if isinstance(content, list):
             message["content"] = [{"type": "text", "text": tag}, *content]
         else:
-            message["content"] = tag + tokenizer.message_text(content)
+            text = tokenizer.message_text(content)
+            message["content"] = text[:at] + tag + text[at:]
         break
     return out
 
@@ -372,6 +385,8 @@ class ReplayRequest:
     ``conversation_index`` numbers conversations densely, in order of first turn.
     ``preamble_tokens`` is the prefix it shares with another conversation's
     first turn (a common system prompt), which a replica computes once for all.
+    ``tag_at`` is where the replay's tag goes in the first user message's text
+    (characters; 0 but for a recorded line, see ``parse_replay_lines``).
     """
 
     t: float
@@ -385,6 +400,7 @@ class ReplayRequest:
     history_tokens: int
     starts_stream: bool
     preamble_tokens: int = 0
+    tag_at: int = 0
 
 
 def _need_number(number: int, raw: Mapping[str, Any], name: str) -> float:
@@ -444,8 +460,10 @@ def parse_replay_lines(lines: Iterable[str]) -> list[ReplayRequest]:
         at = _need_number(number, raw, "t")
         parsed.append((at, number, raw, _line_messages(number, raw)))
     parsed.sort(key=lambda entry: entry[0])
+    tags = _recorded_tag_offsets(parsed)
     indexes: dict[str, int] = {}
     previous: dict[str, list[int]] = {}
+    previous_text: dict[str, str] = {}
     first_turns: dict[int, list[int]] = {}
     out = []
     for at, number, raw, messages in parsed:
@@ -457,10 +475,11 @@ def parse_replay_lines(lines: Iterable[str]) -> list[ReplayRequest]:
         )
         conversation = str(raw.get("conversation", f"line-{number}"))
         index = indexes.setdefault(conversation, len(indexes))
+        tag_at = tags.get(conversation, 0)
         # Counted with the conversation's own tag: every tag counts the same, and
         # two conversations' prompts then part where a replay makes them part.
         ids = tokenizer.encode(
-            tokenizer.render_chat(_tagged(messages, replay_tag(0.0, 0, index)))
+            tokenizer.render_chat(_tagged(messages, replay_tag(0.0, 0, index), tag_at))
         )
         first_turns.setdefault(index, ids)
         before = previous.get(conversation)
@@ -471,7 +490,20 @@ def parse_replay_lines(lines: Iterable[str]) -> list[ReplayRequest]:
             if before is not None and _common_prefix(ids, before) == len(before)
             else 0
         )
+        text = raw.get("prompt")
+        if (
+            not history
+            and before is not None
+            and conversation in tags
+            and isinstance(text, str)
+            and text.startswith(previous_text.get(conversation, "\x00"))
+        ):
+            # A recorded prompt extends the previous one's text; the previous
+            # prompt's closing chat markers are all it does not share.
+            history = _common_prefix(ids, before)
         previous[conversation] = ids
+        if isinstance(text, str):
+            previous_text[conversation] = text
         out.append(
             ReplayRequest(
                 t=at,
@@ -484,6 +516,7 @@ def parse_replay_lines(lines: Iterable[str]) -> list[ReplayRequest]:
                 prompt_tokens=len(ids),
                 history_tokens=history,
                 starts_stream=history == 0,
+                tag_at=tag_at,
             )
         )
     preambles = _preambles(first_turns)
@@ -498,6 +531,49 @@ def parse_replay_lines(lines: Iterable[str]) -> list[ReplayRequest]:
     ]
 
 
+def _recorded_tag_offsets(
+    parsed: Sequence[tuple[float, int, dict[str, Any], list[Message]]],
+) -> dict[str, int]:
+    """Return where the tag goes in each recorded conversation's prompt text.
+
+    A recorded line (``routing.domain.traffic.trace_lines``: a stand-in
+    ``prompt``, one token per word, with ``prefix_blocks``) has no system
+    message to tag after: its tag goes after the whole blocks its conversation's
+    first turn shares with another conversation's first turn (a shared system
+    prompt, as the hashes show), so conversations keep sharing those blocks and
+    nothing else, as with a trace's system prompt.
+    """
+    firsts: dict[str, tuple[str, tuple[str, ...], int]] = {}
+    for _at, number, raw, _messages in parsed:
+        blocks, size, prompt = (
+            raw.get("prefix_blocks"),
+            raw.get("block_size"),
+            raw.get("prompt"),
+        )
+        if (
+            "messages" in raw
+            or not isinstance(prompt, str)
+            or not isinstance(blocks, list)
+            or not isinstance(size, int)
+            or size < 1
+        ):
+            continue
+        conversation = str(raw.get("conversation", f"line-{number}"))
+        firsts.setdefault(conversation, (prompt, tuple(map(str, blocks)), size))
+    ordered = sorted(firsts, key=lambda c: firsts[c][1])
+    shared = dict.fromkeys(firsts, 0)
+    for left, right in itertools.pairwise(ordered):
+        common = _common_prefix(firsts[left][1], firsts[right][1])
+        shared[left] = max(shared[left], common)
+        shared[right] = max(shared[right], common)
+    offsets = {}
+    for conversation, blocks_shared in shared.items():
+        prompt, _blocks, size = firsts[conversation]
+        pieces = tokenizer.split_pieces(prompt)[: blocks_shared * size]
+        offsets[conversation] = len("".join(pieces))
+    return offsets
+
+
 def _preambles(first_turns: Mapping[int, list[int]]) -> dict[int, int]:
     """Return, per conversation, the longest prefix its first turn shares with
     another conversation's (a neighbour in sorted order has it)."""
@@ -510,7 +586,7 @@ def _preambles(first_turns: Mapping[int, list[int]]) -> dict[int, int]:
     return shared
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+def _common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:
@@ -562,6 +638,7 @@ def replay_turns(trace: Sequence[ReplayRequest], rate: float) -> Iterator[Replay
             messages=_tagged(
                 request.messages,
                 replay_tag(rate, lap, request.conversation_index),
+                request.tag_at,
             ),
         )
         index += 1

@@ -27,7 +27,10 @@ hashes. Nothing in a record is text.
 A replay that must send text (the load-test gate) gets a stand-in
 (``stand_in_prompt``): one word of the stand-in tokenizer's vocabulary per token,
 drawn from the block hashes, so prompts that share hash prefixes share text
-prefixes, and the text says nothing of the original.
+prefixes, and the text says nothing of the original. In an export a turn's
+partial last block takes the words of its conversation's next turn where that
+turn extends it (``trace_lines``): the next turn's text then extends this one's
+whole, as the real prompts did, and a replay keeps the conversation's history.
 
 Without token ids, ``text_block_chain`` cuts texts into blocks of characters the
 same way (deterministic, so shared prefixes still share hashes).
@@ -206,13 +209,30 @@ class TrafficRecord:
 _ROW_LENGTH = 15
 
 
-def stand_in_prompt(record: TrafficRecord) -> str:
+def _block_words(block: str, block_size: int) -> list[str]:
+    picks = hashlib.shake_128(bytes.fromhex(block)).digest(block_size)
+    return [OUTPUT_WORDS[i % len(OUTPUT_WORDS)] for i in picks]
+
+
+def stand_in_prompt(record: TrafficRecord, *, then: TrafficRecord | None = None) -> str:
     """Return a text of about ``record.prompt_tokens`` stand-in tokens whose
-    leading blocks follow ``record.blocks`` (the same hashes, the same words)."""
+    leading blocks follow ``record.blocks`` (the same hashes, the same words).
+
+    ``then`` is the conversation's next turn: where its blocks extend
+    ``record``'s, the partial last block is the start of its next block's words
+    (that block held this prompt's end and the answer), so its text extends this one.
+    """
     words: list[str] = []
     for block in record.blocks:
-        picks = hashlib.shake_128(bytes.fromhex(block)).digest(record.block_size)
-        words.extend(OUTPUT_WORDS[i % len(OUTPUT_WORDS)] for i in picks)
+        words.extend(_block_words(block, record.block_size))
+    if (
+        then is not None
+        and then.block_size == record.block_size
+        and len(then.blocks) > len(record.blocks)
+        and then.blocks[: len(record.blocks)] == record.blocks
+    ):
+        after = _block_words(then.blocks[len(record.blocks)], record.block_size)
+        words.extend(after[: max(0, record.prompt_tokens - len(words))])
     tail = max(0, record.prompt_tokens - len(words))
     seed = f"{record.key}:{record.at:.3f}".encode()
     words.extend(
@@ -237,16 +257,25 @@ def trace_lines(
     conversation's previous prompt whole (the blocks they share); otherwise the
     reader counts the previous prompt and answer as the history. With
     ``stand_in_text`` each line has a ``prompt`` (``stand_in_prompt``) for a
-    replay that sends text; readers that count take ``prompt_tokens``. Requests that
+    replay that sends text (a turn's text extends into its next turn's, see the
+    module); readers that count take ``prompt_tokens``. Requests that
     produced no output token (refused by the engine, failed, left before it) are
     left out: a replay cannot ask for zero tokens.
     """
     ordered = sorted(records, key=lambda r: r.at)
+    following: dict[int, TrafficRecord] = {}  # index -> its conversation's next turn
+    last_of: dict[str, int] = {}
+    for index, record in enumerate(ordered):
+        if record.output_tokens < 1 or record.prompt_tokens < 1:
+            continue
+        if record.key in last_of:
+            following[last_of[record.key]] = record
+        last_of[record.key] = index
     lines: list[dict[str, Any]] = []
     skipped = 0
     previous: dict[str, tuple[str, ...]] = {}
     start: float | None = None
-    for record in ordered:
+    for index, record in enumerate(ordered):
         if record.output_tokens < 1 or record.prompt_tokens < 1:
             skipped += 1
             continue
@@ -268,7 +297,7 @@ def trace_lines(
             "prefix_blocks": list(record.blocks),
         }
         if stand_in_text:
-            line["prompt"] = stand_in_prompt(record)
+            line["prompt"] = stand_in_prompt(record, then=following.get(index))
         before = previous.get(record.key)
         if before is not None and record.blocks[: len(before)] != before:
             line["history_tokens"] = _shared(before, record.blocks) * record.block_size

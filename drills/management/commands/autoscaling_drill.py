@@ -1,6 +1,13 @@
 """``manage.py autoscaling_drill --sim``: a 5%-a-minute ramp, a sudden doubling and a
 day-shaped trace through fixed and autoscaled fleets in the fleet simulator; the
-issue's targets and the seed's arithmetic are checked."""
+issue's targets and the seed's arithmetic are checked.
+
+``--trace PATH`` replays a JSONL trace instead (a recorded one keeps its prefix
+structure), ``--trace-rate-scale X`` at X times its conversations
+(``drills.domain.recorded_trace.scale_trace``: "what if traffic doubles"),
+through the fleets named by ``--fleets`` (``fixed`` only with
+``--fixed-replicas``), and prints each fleet's replicas, GPU-hours, p95 TTFT,
+minutes outside the target and prefix hit rate (no targets are checked)."""
 
 from __future__ import annotations
 
@@ -19,10 +26,13 @@ from drills.domain.autoscaling_drill import (
     DrillOutcome,
     DrillScenario,
     run_drill,
+    run_trace_case,
 )
 from drills.domain.fleet_config import FleetConfig
 from drills.domain.overload import TIERS
 from drills.domain.planned_fleet import FleetSize, region_peak_rps
+from drills.domain.recorded_trace import scale_trace
+from drills.domain.workload import check_block_size, read_trace, trace_arrivals
 from drills.management.fleet_size import (
     add_scenario_argument,
     capacity_scenario,
@@ -101,6 +111,17 @@ class Command(BaseCommand):
         parser.add_argument(
             "--fleets", default=",".join(FLEETS), help="plan, fixed, cold, warm"
         )
+        parser.add_argument(
+            "--trace",
+            type=Path,
+            help="replay this JSONL trace through the fleets instead of the cases",
+        )
+        parser.add_argument(
+            "--trace-rate-scale",
+            type=float,
+            default=1.0,
+            help="with --trace: X times the trace's conversations (clones)",
+        )
         parser.add_argument("--profile", default="a100-8b")
         parser.add_argument("--seed", type=int, default=0)
         parser.add_argument("--json", action="store_true")
@@ -144,6 +165,9 @@ class Command(BaseCommand):
                 admission=True,
             )
             started = time.process_time()
+            if options["trace"] is not None:
+                self._replay(config, scenario, options)
+                return
             outcome = run_drill(
                 config,
                 scenario,
@@ -165,6 +189,53 @@ class Command(BaseCommand):
             failed = [c.name for c in outcome.checks if not c.passed]
             raise CommandError(
                 f"autoscaling targets missed: {', '.join(failed)} (see the checks)"
+            )
+
+    def _replay(
+        self, config: FleetConfig, scenario: DrillScenario, options: dict[str, Any]
+    ) -> None:
+        """Replay the trace (scaled) through the named fleets and print them."""
+        scale = options["trace_rate_scale"]
+        try:
+            trace = scale_trace(read_trace(options["trace"]), scale, seed=config.seed)
+        except OSError as exc:
+            raise CommandError(f"cannot read trace: {exc}") from None
+        arrivals = list(trace_arrivals(trace))
+        check_block_size(arrivals, config.block_size)
+        fleets = [
+            f
+            for f in _names(options["fleets"])
+            if f != "fixed" or scenario.fixed_replicas
+        ]
+        span = arrivals[-1].at if arrivals else 0.0
+        self.stdout.write(
+            f"Autoscaling drill (simulated), trace replay: {options['trace']} x{scale:g} "
+            f"({len(arrivals):,} requests over {span:,.0f} s, "
+            f"{len(arrivals) / max(span, 1e-9):,.1f} req/s); {config.profile}, "
+            f"plan {scenario.plan_replicas} replicas, autoscaled "
+            f"{scenario.pool.min_replicas}-{scenario.pool.max_replicas}"
+        )
+        self.stdout.write(
+            f"{'fleet':<6} {'start':>5} {'peak':>5} {'mean':>6} {'p95 TTFT':>8} "
+            f"{'min out':>8} {'hit rate':>8} {'GPU-h':>7} {'shed':>6}"
+        )
+        for fleet in fleets:
+            row = run_trace_case(
+                config,
+                scenario,
+                arrivals,
+                fleet,
+                replicas=scenario.fixed_replicas if fleet == "fixed" else None,
+            )
+            f = row.figures
+            hit = row.result.summary()["prefix_hit_rate"]
+            hours = row.result.duration_s / 3600
+            self.stdout.write(
+                f"{fleet:<6} {row.initial_replicas:>5} {f.peak_replicas:>5} "
+                f"{f.gpu_hours / max(hours, 1e-9) / config.perf_profile.gpus:>6.1f} "
+                f"{_s(f.ttft_p95_s):>8} {f'{f.minutes_outside}/{f.minutes}':>8} "
+                f"{'-' if hit is None else f'{hit:.1%}':>8} {f.gpu_hours:>7.2f} "
+                f"{sum(f.shed.values()):>6}"
             )
 
     def _print(

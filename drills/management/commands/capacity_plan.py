@@ -1,9 +1,18 @@
-"""``manage.py capacity_plan``: the seed's capacity arithmetic for any scenario."""
+"""``manage.py capacity_plan``: the seed's capacity arithmetic for any scenario.
+
+``--trace PATH`` takes the workload from a JSONL trace (an export of recorded
+traffic, or any trace ``drills.domain.workload.read_trace`` reads) instead of the
+seed's figures: the peak arrival rate (busiest minute, times
+``--trace-rate-scale``) as streams, the mean prompt and answer, the cacheable
+prefix from the block hashes and, where the trace has the replicas' hits, the
+measured hit rate (``drills.domain.recorded_trace.trace_workload``). Those keys
+are applied after ``--scenario`` and before ``--set``, and printed above the plan.
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +28,8 @@ from drills.domain.capacity_plan import (
     ScenarioError,
     plan,
 )
+from drills.domain.recorded_trace import TraceWorkload, trace_workload
+from drills.domain.workload import read_trace
 from simengine.domain.embedding_perf import EMBEDDING_PROFILES
 from simengine.domain.perf import PROFILES
 
@@ -60,6 +71,18 @@ class Command(BaseCommand):
             "embedding replica's profile in full batches (default a100-minilm), "
             "before the file and --set",
         )
+        parser.add_argument(
+            "--trace",
+            type=Path,
+            help="take the workload (peak rate, prompts, answers, prefix hits) "
+            "from this JSONL trace",
+        )
+        parser.add_argument(
+            "--trace-rate-scale",
+            type=float,
+            default=1.0,
+            help="with --trace: plan for this many times the trace's peak rate",
+        )
         parser.add_argument("--json", action="store_true", help="print JSON")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -81,14 +104,71 @@ class Command(BaseCommand):
                         )
                     }
                 )
+            derived = None
+            if options["trace"] is not None:
+                derived = _trace_workload(options["trace"], options["trace_rate_scale"])
+                scenario = scenario.with_values(
+                    derived.scenario_values(scenario.stream_tokens_per_s)
+                )
             scenario = scenario.with_overrides(options["overrides"])
         except ScenarioError as exc:
             raise CommandError(f"invalid scenario: {exc}") from None
         result = plan(scenario)
         if options["json"]:
-            self.stdout.write(json.dumps(result.as_dict(), indent=2))
-        else:
-            self.stdout.write(render_table(result))
+            data = result.as_dict()
+            if derived is not None:
+                data["trace_workload"] = {
+                    "trace": str(options["trace"]),
+                    "rate_scale": options["trace_rate_scale"],
+                    **asdict(derived),
+                }
+            self.stdout.write(json.dumps(data, indent=2))
+            return
+        if derived is not None:
+            self.stdout.write(
+                _render_derived(derived, options["trace"], options["trace_rate_scale"])
+            )
+        self.stdout.write(render_table(result))
+
+
+def _trace_workload(path: Path, scale: float) -> TraceWorkload:
+    try:
+        return trace_workload(read_trace(path), rate_scale=scale)
+    except OSError as exc:
+        raise CommandError(f"cannot read trace {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise CommandError(f"trace {path}: {exc}") from None
+
+
+def _render_derived(derived: TraceWorkload, path: Path, scale: float) -> str:
+    measured = (
+        "none recorded (a generated trace): the scenario's prefix_hit_rate stands"
+        if derived.measured_hit_rate is None
+        else f"{derived.measured_hit_rate:.1%} of the cacheable prefix (the "
+        "replicas' recorded hits): prefix_hit_rate"
+    )
+    return "\n".join(
+        [
+            f"Workload from trace {path}: {derived.requests:,} requests over "
+            f"{derived.span_s:,.0f} s",
+            f"  peak rate          {derived.peak_rps:,.2f} requests/s (busiest "
+            f"minute x {scale:g})",
+            f"  prompt tokens      {derived.prompt_tokens:,.0f} mean, "
+            f"{derived.prompt_p95_tokens:,.0f} p95",
+            f"  answer tokens      {derived.answer_tokens:,.0f} mean",
+            f"  cacheable prefix   {derived.cached_prefix_tokens:,.0f} tokens mean "
+            f"(blocks an earlier request produced: {derived.unbounded_hit_rate:.1%} "
+            "of prompt tokens)",
+            f"  measured hits      {measured}",
+            "  between turns      "
+            + (
+                "one turn per conversation: message_interval_s stands"
+                if derived.turn_gap_s is None
+                else f"{derived.turn_gap_s:,.1f} s mean: message_interval_s"
+            ),
+            "",
+        ]
+    )
 
 
 def read_scenario(path: Path) -> dict[str, object]:

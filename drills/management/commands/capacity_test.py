@@ -5,6 +5,12 @@ With ``--trace PATH`` the steps replay that JSONL trace (the load-test gate's
 replay: ``drills.domain.capacity_test.run_trace_capacity_test``) instead of the
 workload flags, so the modelled answer can be set beside the live gate's on the
 same input; ``--rates`` gives the arrival rates outright (as the gate may).
+
+``--versus PATH`` (with ``--trace``) runs the same steps on a second trace and
+prints the two side by side, step by offered tokens/s: p95 TTFT, prefix hit rate
+and whether the step holds, then each capacity: a recorded trace (an export, or
+``make_recorded_trace``'s generated one) beside the synthetic
+``platform/traces/chat-650-250.jsonl``.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from drills.domain.capacity_test import (
     CapacityAnswer,
     CapacityCriteria,
+    CapacityStep,
     ReplayRequest,
     mean_output_tokens,
     read_replay_trace,
@@ -62,6 +69,12 @@ class Command(BaseCommand):
             type=Path,
             help="replay this JSONL trace (messages or prompts) instead of the "
             "workload flags",
+        )
+        parser.add_argument(
+            "--versus",
+            type=Path,
+            help="with --trace: run the same steps on this second trace and print "
+            "the two side by side",
         )
         parser.add_argument(
             "--rates",
@@ -116,6 +129,8 @@ class Command(BaseCommand):
             )
         from drills.experiment_plots import default_plot_path, plot_capacity
 
+        if options["versus"] and not options["trace"]:
+            raise CommandError("--versus compares two traces: give --trace as well")
         try:
             trace = _read_trace(options["trace"]) if options["trace"] else None
             answer_tokens = options["answer_tokens"]
@@ -141,8 +156,11 @@ class Command(BaseCommand):
                 options, mean_output_tokens(trace) if trace else answer_tokens
             )
             started = time.process_time()
-            if trace is not None:
-                answer = run_trace_capacity_test(
+
+            def replay(
+                trace: list[ReplayRequest], rates: list[float]
+            ) -> CapacityAnswer:
+                return run_trace_capacity_test(
                     config,
                     trace,
                     rates,
@@ -153,6 +171,17 @@ class Command(BaseCommand):
                     stop_after_failures=options["stop_after"],
                     seed=options["seed"],
                 )
+
+            if trace is not None:
+                answer = replay(trace, rates)
+                if options["versus"]:
+                    other = _read_trace(options["versus"])
+                    versus = replay(other, _rates(options, mean_output_tokens(other)))
+                    self._side_by_side(
+                        (options["trace"], trace, answer),
+                        (options["versus"], other, versus),
+                    )
+                    return
             else:
                 answer = run_capacity_test(
                     config,
@@ -236,6 +265,54 @@ class Command(BaseCommand):
             f"tokens/s: {'none' if strict is None else f'{strict:,.0f} tokens/s'}"
         )
         self.stdout.write(f"plot: {plot}")
+
+    def _side_by_side(
+        self,
+        left: tuple[Path, list[ReplayRequest], CapacityAnswer],
+        right: tuple[Path, list[ReplayRequest], CapacityAnswer],
+    ) -> None:
+        """Print two traces' steps by offered tokens/s, and their capacities."""
+        names = [path.name for path, _, _ in (left, right)]
+        self.stdout.write(f"Load-test gate (simulated), side by side: A {names[0]}")
+        self.stdout.write(f"{'':>40}B {names[1]}")
+        for label, (_path, trace, _answer) in zip("AB", (left, right), strict=True):
+            shape = _shape(ChatWorkload(), trace, _path)
+            self.stdout.write(f"  {label}: {_describe(shape)}")
+        self.stdout.write(
+            f"{'offered':>8} | {'p95 TTFT s':^15} | {'prefix hit':^15} | {'holds':^11}"
+        )
+        self.stdout.write(
+            f"{'tok/s':>8} | {'A':>7} {'B':>7} | {'A':>7} {'B':>7} | {'A':>5} {'B':>5}"
+        )
+        steps = [
+            {round(s.offered_tokens_per_s): s for s in answer.steps}
+            for _p, _t, answer in (left, right)
+        ]
+        for offered in sorted(set(steps[0]) | set(steps[1])):
+            a, b = steps[0].get(offered), steps[1].get(offered)
+            self.stdout.write(
+                f"{offered:>8,} | {_num(a.ttft_p95_s if a else None, 2):>7} "
+                f"{_num(b.ttft_p95_s if b else None, 2):>7} | "
+                f"{_pct(a.prefix_hit_rate if a else None):>7} {_pct(b.prefix_hit_rate if b else None):>7}"
+                f" | {_holds(a):>5} {_holds(b):>5}"
+            )
+        for label, (_path, _trace, answer) in zip("AB", (left, right), strict=True):
+            found = (
+                "no step held"
+                if answer.tokens_per_s is None
+                else f"{answer.tokens_per_s:,.0f} output tokens/s per replica "
+                f"(at {answer.arrival_rate:.2f} req/s; 95% of streams: "
+                f"{_num(answer.strict_tokens_per_s, 0)})"
+            )
+            self.stdout.write(f"Capacity {label}: {found}")
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _holds(step: CapacityStep | None) -> str:
+    return "-" if step is None else ("yes" if step.holds else "no")
 
 
 def _quantile_name(q: float) -> str:

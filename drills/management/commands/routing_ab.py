@@ -27,6 +27,7 @@ from drills.domain.cache_sweep import (
 from drills.domain.capacity_plan import Plan, Scenario, estimate_chat_fleet, plan
 from drills.domain.fleet_config import ENGINES, FleetConfig
 from drills.domain.planned_fleet import SEED_NAME, FleetSize
+from drills.domain.recorded_trace import scale_trace
 from drills.domain.routing_ab import (
     POLICY_ORDER,
     generate_arrivals,
@@ -36,6 +37,7 @@ from drills.domain.workload import (
     WORKLOADS,
     Arrival,
     ChatWorkload,
+    check_block_size,
     read_trace,
     trace_arrivals,
     workload_preset,
@@ -186,6 +188,14 @@ class Command(BaseCommand):
         parser.add_argument(
             "--trace", type=Path, help="replay this JSONL trace instead"
         )
+        parser.add_argument(
+            "--trace-rate-scale",
+            type=float,
+            default=1.0,
+            help="with --trace: replay X times the trace's conversations (each "
+            "cloned with its own history, shared prefixes kept shared: "
+            "drills.domain.recorded_trace.scale_trace)",
+        )
         parser.add_argument("--json", action="store_true")
         parser.add_argument(
             "--plot", type=Path, help="PNG file (default .local/drills/)"
@@ -218,8 +228,17 @@ class Command(BaseCommand):
             )
             workload: ChatWorkload | None = None
             if options["trace"]:
-                arrivals = list(trace_arrivals(read_trace(options["trace"])))
-                scenario: dict[str, Any] = {"trace": str(options["trace"])}
+                trace = scale_trace(
+                    read_trace(options["trace"]),
+                    options["trace_rate_scale"],
+                    seed=options["seed"],
+                )
+                arrivals = list(trace_arrivals(trace))
+                check_block_size(arrivals, config.block_size)
+                scenario: dict[str, Any] = {
+                    "trace": str(options["trace"]),
+                    "trace_rate_scale": options["trace_rate_scale"],
+                }
             elif options["workload"] != "seed":
                 workload = workload_preset(
                     options["workload"],

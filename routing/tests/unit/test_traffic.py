@@ -155,15 +155,20 @@ def test_the_trace_replays_in_the_simulator_and_the_load_test_gate() -> None:
     assert "history_tokens" not in lines[2]  # extends its previous prompt whole
     assert lines[3]["history_tokens"] == 16
     assert lines[2]["prefix_blocks"] == chain[:4]
-    # The stand-in texts share a prefix exactly where the chains do.
+    # The stand-in texts share a prefix exactly where the chains do, and a turn's
+    # partial last block is its next turn's text: the next turn extends it whole.
     first, third = lines[0]["prompt"].split(), lines[2]["prompt"].split()
-    assert first[:32] == third[:32] and first[32:] != third[32:37]
+    assert len(first) == 37 and first == third[:37]
+    second, fourth = lines[1]["prompt"].split(), lines[3]["prompt"].split()
+    assert second[:16] == fourth[:16] and second[16:32] != fourth[16:32]
     text = "\n".join(json.dumps(line) for line in lines)
     assert "alpha" not in text
     arrivals = list(
         trace_arrivals(_trace_line(n, line) for n, line in enumerate(lines, 1))
     )
-    assert [a.history_tokens for a in arrivals] == [0, 0, 32 + 5 + 30, 0]
+    # Recorded blocks: a turn's history is the blocks an earlier line produced,
+    # in any conversation (k1's first turn and its answer's blocks for k2).
+    assert [a.history_tokens for a in arrivals] == [0, 48, 64, 16]
     replay = parse_replay_lines(text.splitlines())
     assert [r.output_tokens for r in replay] == [30, 30, 30, 30]
 
