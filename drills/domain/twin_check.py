@@ -304,8 +304,8 @@ def figures_of(
 def first_turn_hit_share(lines: Sequence[dict[str, object]]) -> float | None:
     """Return the cached tokens of conversations' first recorded turns over all
     prompt tokens of a trace's ``lines``: the hits that came from a prefix shared
-    across conversations (a system prompt), which a replay that keys the cache by
-    conversation cannot see."""
+    across conversations (a system prompt), which only a replay that keys the
+    cache by the recorded block hashes can predict."""
     seen: set[object] = set()
     first = prompt = 0
     for line in lines:

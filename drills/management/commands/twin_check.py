@@ -159,7 +159,7 @@ def _print(
         if shared is not None:
             write(
                 f"live hits on first turns (system prompts shared across "
-                f"conversations, unseen by the replay): {shared:.3f} of prompt tokens"
+                f"conversations): {shared:.3f} of prompt tokens"
             )
         write(f"live sizes: {seed['live_sizes']}")
         write(f"twin sizes: {seed['twin_sizes']}")
