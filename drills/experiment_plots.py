@@ -5,7 +5,7 @@ the billing drill and the embedding drill.
 Public surface: ``default_plot_path``, ``plot_routing_ab``, ``plot_cache_sweep``,
 ``plot_isolation``,
 ``plot_overload``, ``plot_capacity``, ``plot_autoscaling``, ``plot_region_limits``,
-``plot_billing``, ``plot_embedding``.
+``plot_billing``, ``plot_embedding``, ``plot_twin``.
 
 matplotlib with the Agg backend (no display); each function writes one PNG and
 returns its path, creating the folder if needed.
@@ -45,6 +45,7 @@ __all__ = [
     "plot_overload",
     "plot_region_limits",
     "plot_routing_ab",
+    "plot_twin",
 ]
 
 _TIER_COLOURS = {"interactive": "#2ca02c", "standard": "#1f77b4", "batch": "#ff7f0e"}
@@ -686,4 +687,69 @@ def plot_embedding(report: EmbeddingReport, path: Path, *, title: str) -> Path:
     bottom.set_yscale("log")
     bottom.set_ylabel("p95 latency (s)")
     bottom.set_xlabel("s")
+    return _save(fig, path)
+
+
+def plot_twin(seeds: Sequence[dict[str, Any]], path: Path) -> Path:
+    """The traffic twin against the live window (``twin_check``): TTFT CDFs and the
+    replicas serving over time of the first seed, and every seed's relative error
+    on the gated figures."""
+    fig, (cdf, sizes, errors) = plt.subplots(
+        1, 3, figsize=(16, 5), layout="constrained"
+    )
+    first = seeds[0]["series"] if seeds else {}
+    for key, label, colour in (
+        ("live_ttft_s", "live", _BASELINE),
+        ("twin_ttft_s", "twin", _NOISY),
+    ):
+        values = sorted(first.get(key, []))
+        if values:
+            cdf.plot(
+                [v * 1000 for v in values],
+                [(i + 1) / len(values) for i in range(len(values))],
+                label=label,
+                color=colour,
+            )
+    cdf.axhline(0.95, color="#7f7f7f", linestyle=":", linewidth=1)
+    cdf.set_xlabel("TTFT (ms)")
+    cdf.set_ylabel("share of requests")
+    cdf.set_title(f"seed {seeds[0]['seed']}: TTFT" if seeds else "TTFT")
+    cdf.legend(loc="lower right", fontsize=8)
+    for key, label, colour in (
+        ("live_replicas", "live", _BASELINE),
+        ("twin_replicas", "twin", _NOISY),
+    ):
+        points = first.get(key, [])
+        if points:
+            sizes.step(
+                [p[0] for p in points],
+                [p[1] for p in points],
+                where="post",
+                label=f"{label} serving",
+                color=colour,
+            )
+    sizes.set_xlabel("s into the window")
+    sizes.set_ylabel("replicas")
+    sizes.set_title("replicas the autoscaler chose")
+    sizes.legend(loc="upper left", fontsize=8)
+    width = 0.38
+    xs = range(len(seeds))
+    for offset, name, label in (
+        (-width / 2, "ttft_p95_s", "p95 TTFT"),
+        (width / 2, "hit_rate", "hit rate"),
+    ):
+        values = []
+        for seed in seeds:
+            rows = {row.name: row for row in seed["comparison"].rows}
+            error = rows[name].relative_error
+            values.append(0.0 if error is None else error * 100)
+        errors.bar([x + offset for x in xs], values, width, label=label)
+    tolerance = seeds[0]["comparison"].tolerance * 100 if seeds else 15.0
+    for bound in (tolerance, -tolerance):
+        errors.axhline(bound, color="#7f7f7f", linestyle="--", linewidth=1)
+    errors.set_xticks(list(xs), [str(seed["seed"]) for seed in seeds])
+    errors.set_xlabel("seed")
+    errors.set_ylabel("predicted vs measured (%)")
+    errors.set_title("relative error")
+    errors.legend(loc="upper right", fontsize=8)
     return _save(fig, path)

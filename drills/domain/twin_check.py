@@ -1,0 +1,487 @@
+"""The traffic twin checked against life: the live window's load and the comparison.
+
+Public surface: ``TwinLoad``, ``PlannedTurn``, ``rate_at``, ``plan_turns``,
+``system_text``, ``user_text``, ``Served``, ``ReplicaPoint``, ``TwinFigures``,
+``figures_of``, ``first_turn_hit_share``, ``start_delay_s``, ``FigureRow``, ``TwinComparison``, ``compare``, ``GATED``,
+``twin_fleet_config``, ``served_of_fleet``, ``replay``.
+
+``manage.py twin_check`` (``drills.twin_live``) runs a small live window
+(gateway, node agent, simulated replicas, the autoscaler's tick), records it
+with the traffic twin, replays the export in the fleet simulator configured as
+the live pool was, and compares the two sides with the same arithmetic:
+``figures_of`` turns each side's served requests and replica series into
+``TwinFigures``, and ``compare`` gives the relative error of each figure. The
+check passes when p95 TTFT and the prefix hit rate (``GATED``) are within the
+tolerance (15%); a figure missing on either side fails it.
+
+The load (``TwinLoad``, ``plan_turns``) is a compressed day: arrivals are a
+Poisson process whose rate rises from ``trough_rps`` to ``peak_rps`` at mid-window
+and falls back (``rate_at``); an arrival continues an open conversation (its
+history grows by the last answer and a new question) or starts one, whose
+system prompt is one of ``system_prompts`` shared ones (``shared_system_share``)
+or its own.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from itertools import pairwise
+
+from drills.domain.fleet import FleetSim
+from drills.domain.fleet_config import FleetConfig
+from drills.domain.fleet_scaling import ColdStart, FleetAutoscaling
+from drills.domain.replica import FleetRequest
+from drills.domain.workload import Arrival, TeamSpec
+from models_registry.domain.autoscaler import ScalingSettings
+from simengine.domain.percentiles import percentile
+from simengine.domain.perf import PROFILES
+
+__all__ = [
+    "GATED",
+    "FigureRow",
+    "PlannedTurn",
+    "ReplicaPoint",
+    "Served",
+    "TwinComparison",
+    "TwinFigures",
+    "TwinLoad",
+    "compare",
+    "figures_of",
+    "first_turn_hit_share",
+    "plan_turns",
+    "rate_at",
+    "replay",
+    "served_of_fleet",
+    "start_delay_s",
+    "system_text",
+    "twin_fleet_config",
+    "user_text",
+]
+
+# The figures the check passes or fails on (the others are reported).
+GATED = ("ttft_p95_s", "hit_rate")
+TOLERANCE = 0.15
+
+_WORDS = (
+    "river",
+    "stone",
+    "garden",
+    "window",
+    "market",
+    "signal",
+    "harbor",
+    "copper",
+    "lantern",
+    "meadow",
+    "orbit",
+    "pepper",
+    "canvas",
+    "ladder",
+    "silver",
+    "thunder",
+    "velvet",
+    "anchor",
+    "beacon",
+    "cobalt",
+    "desert",
+    "ember",
+    "falcon",
+    "glacier",
+    "hollow",
+    "island",
+    "jasmine",
+    "kettle",
+    "lemon",
+    "marble",
+    "nectar",
+    "oyster",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TwinLoad:
+    """The shape of the live window's traffic (see the module docstring)."""
+
+    seed: int = 0
+    duration_s: float = 120.0
+    peak_rps: float = 3.0
+    trough_rps: float = 0.5
+    new_conversation_share: float = 0.3
+    max_turns: int = 8
+    min_gap_s: float = 1.5  # a conversation's turns are at least this far apart
+    system_prompts: int = 3
+    shared_system_share: float = 0.5
+    system_words: tuple[int, int] = (30, 60)
+    user_words: tuple[int, int] = (10, 30)
+    max_tokens: tuple[int, int] = (24, 64)
+
+    def __post_init__(self) -> None:
+        if self.duration_s <= 0 or not 0 < self.trough_rps <= self.peak_rps:
+            raise ValueError("duration_s > 0 and 0 < trough_rps <= peak_rps")
+        if not 0 < self.new_conversation_share <= 1:
+            raise ValueError("new_conversation_share must be in (0, 1]")
+        if not 0 <= self.shared_system_share <= 1 or self.system_prompts < 1:
+            raise ValueError("shared_system_share in [0, 1], system_prompts >= 1")
+        if self.max_turns < 1 or self.min_gap_s < 0:
+            raise ValueError("max_turns >= 1 and min_gap_s >= 0")
+        for low, high in (self.system_words, self.user_words, self.max_tokens):
+            if not 1 <= low <= high:
+                raise ValueError("word and token ranges are (low, high) >= 1")
+
+
+def rate_at(load: TwinLoad, t: float) -> float:
+    """Return the arrival rate (requests/s) at ``t`` seconds into the day: the
+    trough at both ends, the peak at mid-window."""
+    rise = math.sin(math.pi * min(max(t / load.duration_s, 0.0), 1.0)) ** 2
+    return load.trough_rps + (load.peak_rps - load.trough_rps) * rise
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedTurn:
+    """One request of the plan: ``system`` is the shared prompt's number, or -1
+    for the conversation's own."""
+
+    at: float
+    conversation: str
+    turn: int
+    system: int
+    user_words: int
+    max_tokens: int
+
+
+def plan_turns(load: TwinLoad) -> list[PlannedTurn]:
+    """Return the window's requests, in time order (deterministic per seed)."""
+    rng = random.Random(f"twin:{load.seed}")
+    turns: list[PlannedTurn] = []
+    # conversation -> [turns sent, last planned at, system prompt]
+    open_: dict[str, list[float]] = {}
+    made = 0
+    t = 0.0
+    while True:
+        # Thinning: candidate arrivals at the peak rate, kept at rate_at / peak.
+        t += rng.expovariate(load.peak_rps)
+        if t >= load.duration_s:
+            return turns
+        if rng.random() * load.peak_rps > rate_at(load, t):
+            continue
+        ready = [
+            c
+            for c, (n, last, _) in open_.items()
+            if n < load.max_turns and t - last >= load.min_gap_s
+        ]
+        if ready and rng.random() >= load.new_conversation_share:
+            conversation = rng.choice(sorted(ready))
+        else:
+            conversation = f"c{load.seed}-{made}"
+            made += 1
+            shared = rng.random() < load.shared_system_share
+            system = rng.randrange(load.system_prompts) if shared else -1
+            open_[conversation] = [0, t, system]
+        state = open_[conversation]
+        turns.append(
+            PlannedTurn(
+                at=round(t, 3),
+                conversation=conversation,
+                turn=int(state[0]),
+                system=int(state[2]),
+                user_words=rng.randint(*load.user_words),
+                max_tokens=rng.randint(*load.max_tokens),
+            )
+        )
+        state[0] += 1
+        state[1] = t
+
+
+def _words(key: str, n: int) -> str:
+    rng = random.Random(key)
+    return " ".join(rng.choice(_WORDS) for _ in range(n))
+
+
+def system_text(load: TwinLoad, turn: PlannedTurn) -> str:
+    """Return the system prompt of ``turn``'s conversation (shared or its own)."""
+    key = (
+        f"system:{turn.system}"
+        if turn.system >= 0
+        else f"system:{load.seed}:{turn.conversation}"
+    )
+    n = random.Random(key).randint(*load.system_words)
+    return "You are an assistant. " + _words(key, n)
+
+
+def user_text(load: TwinLoad, turn: PlannedTurn) -> str:
+    """Return ``turn``'s new question."""
+    key = f"user:{load.seed}:{turn.conversation}:{turn.turn}"
+    return f"Question {turn.turn}: " + _words(key, turn.user_words)
+
+
+# -- the two sides, counted alike -----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """One answered request, live or simulated: times in seconds from the
+    window's start; ``ttft_s`` from arrival to the first token."""
+
+    at: float
+    ended_at: float
+    ttft_s: float
+    prompt_tokens: int
+    cached_tokens: int
+    max_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaPoint:
+    """The pool at ``at``: replicas serving, and the size the autoscaler asks."""
+
+    at: float
+    serving: int
+    desired: int
+
+
+@dataclass(frozen=True, slots=True)
+class TwinFigures:
+    """One side's headline figures (None: nothing to measure)."""
+
+    requests: int
+    ttft_p50_s: float | None
+    ttft_p95_s: float | None
+    hit_rate: float | None
+    tokens_in_flight_mean: float | None
+    replicas_mean: float | None
+    replicas_peak: int | None
+    desired_changes: int
+
+
+def figures_of(
+    served: Sequence[Served],
+    replicas: Sequence[ReplicaPoint],
+    *,
+    window_s: float,
+    ttft_offset_s: float = 0.0,
+) -> TwinFigures:
+    """Return the figures of one side.
+
+    Hit rate is cached over prompt tokens; tokens in flight are each request's
+    ``prompt + max_tokens`` (what admission and the autoscaler count) over its
+    life, averaged over ``window_s`` (Little's law); replicas serving are
+    averaged over time between the points (each holds until the next).
+    ``ttft_offset_s`` is added to every TTFT (the simulator's side: the replica's
+    frontend and the gateway's measured overhead, which it does not model).
+    """
+    if window_s <= 0:
+        raise ValueError("window_s must be positive")
+    ttfts = [s.ttft_s + ttft_offset_s for s in served]
+    prompt = sum(s.prompt_tokens for s in served)
+    held = sum(
+        (s.prompt_tokens + s.max_tokens) * max(0.0, s.ended_at - s.at) for s in served
+    )
+    points = sorted(replicas, key=lambda p: p.at)
+    mean: float | None = None
+    if points:
+        weighted = span = 0.0
+        for here, after in zip(points, [*points[1:], None], strict=True):
+            until = after.at if after is not None else max(window_s, here.at)
+            weighted += here.serving * (until - here.at)
+            span += until - here.at
+        mean = weighted / span if span > 0 else float(points[-1].serving)
+    changes = sum(1 for a, b in pairwise(points) if a.desired != b.desired)
+    return TwinFigures(
+        requests=len(served),
+        ttft_p50_s=percentile(ttfts, 0.50),
+        ttft_p95_s=percentile(ttfts, 0.95),
+        hit_rate=sum(s.cached_tokens for s in served) / prompt if prompt else None,
+        tokens_in_flight_mean=held / window_s if served else None,
+        replicas_mean=mean,
+        replicas_peak=max(p.serving for p in points) if points else None,
+        desired_changes=changes,
+    )
+
+
+def first_turn_hit_share(lines: Sequence[dict[str, object]]) -> float | None:
+    """Return the cached tokens of conversations' first recorded turns over all
+    prompt tokens of a trace's ``lines``: the hits that came from a prefix shared
+    across conversations (a system prompt), which only a replay that keys the
+    cache by the recorded block hashes can predict."""
+    seen: set[object] = set()
+    first = prompt = 0
+    for line in lines:
+        tokens = line.get("prompt_tokens")
+        cached = line.get("cached_tokens")
+        if not isinstance(tokens, int) or not isinstance(cached, int):
+            continue
+        prompt += tokens
+        if line.get("conversation") not in seen:
+            seen.add(line.get("conversation"))
+            first += cached
+    return first / prompt if prompt else None
+
+
+def start_delay_s(points: Sequence[ReplicaPoint]) -> float | None:
+    """Return the median time from a scale-up (the size asked for rising) to
+    that many replicas serving, over ``points``; None when none completed."""
+    ordered = sorted(points, key=lambda p: p.at)
+    delays = []
+    for i in range(1, len(ordered)):
+        before, here = ordered[i - 1], ordered[i]
+        if here.desired <= before.desired or here.serving >= here.desired:
+            continue
+        for later in ordered[i + 1 :]:
+            if later.serving >= here.desired:
+                delays.append(later.at - here.at)
+                break
+    return percentile(delays, 0.50) if delays else None
+
+
+@dataclass(frozen=True, slots=True)
+class FigureRow:
+    """One figure, predicted against measured; ``relative_error`` is
+    (predicted - measured) / measured (None when either is missing or measured
+    is 0)."""
+
+    name: str
+    predicted: float | None
+    measured: float | None
+    relative_error: float | None
+    is_gated: bool
+    is_within: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TwinComparison:
+    """Every figure side by side, and whether the gated ones are within."""
+
+    rows: tuple[FigureRow, ...]
+    tolerance: float
+    passed: bool = field(default=False)
+
+
+def _relative(predicted: float | None, measured: float | None) -> float | None:
+    if predicted is None or measured is None or measured == 0:
+        return None
+    return (predicted - measured) / abs(measured)
+
+
+def compare(
+    predicted: TwinFigures,
+    measured: TwinFigures,
+    *,
+    tolerance: float = TOLERANCE,
+    gated: Iterable[str] = GATED,
+) -> TwinComparison:
+    """Return the comparison of the simulator's figures with the live ones.
+
+    A gated figure passes when both sides have it and its relative error is
+    within ``tolerance``; the comparison passes when every gated figure does
+    and both sides served requests.
+    """
+    if tolerance <= 0:
+        raise ValueError("tolerance must be positive")
+    gates = set(gated)
+    names = (
+        "requests",
+        "ttft_p50_s",
+        "ttft_p95_s",
+        "hit_rate",
+        "tokens_in_flight_mean",
+        "replicas_mean",
+        "replicas_peak",
+        "desired_changes",
+    )
+    unknown = gates - set(names)
+    if unknown:
+        raise ValueError(f"no such figure: {', '.join(sorted(unknown))}")
+    rows = []
+    for name in names:
+        p, m = getattr(predicted, name), getattr(measured, name)
+        error = _relative(p, m)
+        within = error is not None and abs(error) <= tolerance
+        rows.append(FigureRow(name, p, m, error, name in gates, within))
+    passed = (
+        predicted.requests > 0
+        and measured.requests > 0
+        and all(row.is_within for row in rows if row.is_gated)
+    )
+    return TwinComparison(rows=tuple(rows), tolerance=tolerance, passed=passed)
+
+
+# -- the simulator's side -------------------------------------------------------------
+
+
+def twin_fleet_config(
+    base: FleetConfig,
+    *,
+    settings: ScalingSettings,
+    replica_tokens_in_flight: int,
+    profile: str,
+    interval_s: float,
+    start_s: float,
+    seed: int,
+) -> FleetConfig:
+    """Return ``base`` (the platform's routing and admission settings) set up as
+    the live pool runs: the same profile and its KV block, admission on, the same
+    autoscaling settings and tick, from ``min_replicas``, and replicas that serve
+    ``start_s`` after the decision (the live agent's start of a simulated
+    replica: no node to boot, no weights to pull)."""
+    return replace(
+        base,
+        replicas=settings.min_replicas,
+        profile=profile,
+        block_size=PROFILES[profile].block_size,
+        admission=True,
+        replica_tokens_in_flight=replica_tokens_in_flight,
+        seed=seed,
+        autoscaling=FleetAutoscaling(
+            settings=settings,
+            interval_s=interval_s,
+            cold_start=ColdStart(node_start_s=start_s, weights_gb=0.0, warmup_s=0.0),
+            gpu_budget=settings.max_replicas,
+        ),
+    )
+
+
+def served_of_fleet(requests: Iterable[FleetRequest]) -> list[Served]:
+    """Return the simulated requests that were answered, as ``Served``."""
+    served = []
+    for r in requests:
+        if r.outcome != "ok" or r.first_token_at is None or r.finished_at is None:
+            continue
+        served.append(
+            Served(
+                at=r.arrived_at,
+                ended_at=r.finished_at,
+                ttft_s=r.first_token_at - r.arrived_at,
+                prompt_tokens=r.prompt_tokens,
+                cached_tokens=r.cached_tokens,
+                max_tokens=r.max_tokens,
+            )
+        )
+    return served
+
+
+def replay(
+    arrivals: Iterable[Arrival],
+    config: FleetConfig,
+    *,
+    window_s: float,
+    teams: Iterable[TeamSpec] = (),
+) -> tuple[list[Served], list[ReplicaPoint]]:
+    """Replay a trace's arrivals in the fleet simulator (``teams``: the trace's
+    teams with their limits); return the answered requests and the pool's
+    replicas each second (serving, and the size the autoscaler's last tick asked
+    for)."""
+    result = FleetSim(config, arrivals=arrivals, teams=teams).run(
+        window_s, drain_s=120.0
+    )
+    ticks = list(result.scaling.ticks) if result.scaling is not None else []
+    points = []
+    desired, i = config.replicas, 0
+    for sample in result.samples:
+        while i < len(ticks) and ticks[i].decision.at <= sample.at:
+            desired = ticks[i].decision.desired
+            i += 1
+        points.append(ReplicaPoint(sample.at, sample.replicas, desired))
+    return served_of_fleet(result.requests), points

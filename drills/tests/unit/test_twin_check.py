@@ -1,0 +1,199 @@
+"""The traffic twin's check: the day's load plan and the comparison's arithmetic."""
+
+from __future__ import annotations
+
+from itertools import pairwise
+
+import pytest
+
+from drills.domain.fleet_config import FleetConfig
+from drills.domain.twin_check import (
+    ReplicaPoint,
+    Served,
+    TwinFigures,
+    TwinLoad,
+    compare,
+    figures_of,
+    first_turn_hit_share,
+    plan_turns,
+    rate_at,
+    start_delay_s,
+    system_text,
+    twin_fleet_config,
+)
+from models_registry.domain.autoscaler import ScalingSettings
+
+
+def served(at: float, ttft: float, prompt: int = 100, cached: int = 0) -> Served:
+    return Served(
+        at=at,
+        ended_at=at + 1.0,
+        ttft_s=ttft,
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        max_tokens=20,
+    )
+
+
+def figures(**changes: object) -> TwinFigures:
+    values: dict[str, object] = {
+        "requests": 100,
+        "ttft_p50_s": 0.05,
+        "ttft_p95_s": 0.10,
+        "hit_rate": 0.50,
+        "tokens_in_flight_mean": 1000.0,
+        "replicas_mean": 1.5,
+        "replicas_peak": 2,
+        "desired_changes": 2,
+    }
+    values.update(changes)
+    return TwinFigures(**values)  # type: ignore[arg-type]
+
+
+def test_rate_rises_to_the_peak_at_mid_window_and_falls_back() -> None:
+    load = TwinLoad(duration_s=100.0, peak_rps=4.0, trough_rps=1.0)
+    assert rate_at(load, 0.0) == pytest.approx(1.0)
+    assert rate_at(load, 50.0) == pytest.approx(4.0)
+    assert rate_at(load, 100.0) == pytest.approx(1.0)
+    assert rate_at(load, 25.0) < rate_at(load, 40.0)
+
+
+def test_plan_is_deterministic_and_busier_at_mid_day() -> None:
+    load = TwinLoad(seed=3, duration_s=300.0, peak_rps=4.0, trough_rps=0.5)
+    turns = plan_turns(load)
+    assert turns == plan_turns(load)
+    assert turns != plan_turns(TwinLoad(seed=4, duration_s=300.0, peak_rps=4.0))
+    middle = sum(1 for t in turns if 100 <= t.at < 200)
+    ends = sum(1 for t in turns if t.at < 50 or t.at >= 250)
+    assert middle > 2 * ends
+
+
+def test_plan_conversations_take_turns_in_order_with_a_gap() -> None:
+    load = TwinLoad(seed=1, duration_s=200.0, min_gap_s=2.0, max_turns=4)
+    by: dict[str, list[float]] = {}
+    for turn in plan_turns(load):
+        assert turn.turn == len(by.setdefault(turn.conversation, []))
+        by[turn.conversation].append(turn.at)
+    assert max(len(ats) for ats in by.values()) > 1
+    assert all(len(ats) <= 4 for ats in by.values())
+    for ats in by.values():
+        assert all(b - a >= 2.0 - 1e-3 for a, b in pairwise(ats))
+
+
+def test_shared_system_prompts_are_shared_and_own_ones_are_not() -> None:
+    load = TwinLoad(seed=2, duration_s=200.0, shared_system_share=0.5)
+    turns = [t for t in plan_turns(load) if t.turn == 0]
+    shared = [t for t in turns if t.system >= 0]
+    own = [t for t in turns if t.system < 0]
+    assert shared and own
+    same = [t for t in shared if t.system == shared[0].system]
+    assert len({system_text(load, t) for t in same}) == 1
+    assert len({system_text(load, t) for t in own}) == len(own)
+
+
+def test_figures_count_hits_tokens_in_flight_and_replicas() -> None:
+    sides = [served(0.0, 0.1, prompt=100, cached=0), served(2.0, 0.3, 300, 150)]
+    points = [ReplicaPoint(0.0, 1, 1), ReplicaPoint(4.0, 2, 2), ReplicaPoint(6.0, 1, 1)]
+    got = figures_of(sides, points, window_s=10.0, ttft_offset_s=0.01)
+    assert got.requests == 2
+    assert got.hit_rate == pytest.approx(150 / 400)
+    # (100 + 20) x 1 s + (300 + 20) x 1 s over 10 s
+    assert got.tokens_in_flight_mean == pytest.approx(44.0)
+    # 1 replica for 4 s, 2 for 2 s, 1 for the last 4 s
+    assert got.replicas_mean == pytest.approx(12 / 10)
+    assert (got.replicas_peak, got.desired_changes) == (2, 2)
+    assert got.ttft_p95_s == pytest.approx(0.31)
+
+
+def test_figures_of_nothing_are_missing_not_zero() -> None:
+    got = figures_of([], [], window_s=5.0)
+    assert (got.requests, got.ttft_p95_s, got.hit_rate) == (0, None, None)
+    assert got.tokens_in_flight_mean is None and got.replicas_mean is None
+
+
+def test_compare_passes_within_tolerance_on_the_gated_figures() -> None:
+    measured = figures()
+    predicted = figures(ttft_p95_s=0.11, hit_rate=0.46, replicas_mean=3.0)
+    result = compare(predicted, measured, tolerance=0.15)
+    rows = {row.name: row for row in result.rows}
+    assert rows["ttft_p95_s"].relative_error == pytest.approx(0.10)
+    assert rows["hit_rate"].relative_error == pytest.approx(-0.08)
+    # Reported, not gated: far off and the check still passes.
+    assert rows["replicas_mean"].relative_error == pytest.approx(1.0)
+    assert not rows["replicas_mean"].is_gated
+    assert result.passed
+
+
+@pytest.mark.parametrize(
+    "predicted",
+    [
+        figures(ttft_p95_s=0.12),  # +20%
+        figures(hit_rate=0.40),  # -20%
+        figures(hit_rate=None),  # the twin saw no hits to count
+        figures(requests=0),  # the twin served nothing
+    ],
+)
+def test_compare_fails_when_a_gated_figure_is_off_or_missing(
+    predicted: TwinFigures,
+) -> None:
+    assert not compare(predicted, figures(), tolerance=0.15).passed
+
+
+def test_compare_fails_without_a_live_measurement() -> None:
+    measured = figures(requests=0, ttft_p95_s=None, hit_rate=None)
+    result = compare(figures(), measured)
+    assert not result.passed
+    assert all(r.relative_error is None for r in result.rows if r.is_gated)
+
+
+def test_compare_refuses_unknown_gates_and_bad_tolerance() -> None:
+    with pytest.raises(ValueError, match="no such figure"):
+        compare(figures(), figures(), gated=["ttft_p96_s"])
+    with pytest.raises(ValueError, match="tolerance"):
+        compare(figures(), figures(), tolerance=0.0)
+
+
+def test_start_delay_is_the_time_from_a_scale_up_to_serving() -> None:
+    points = [
+        ReplicaPoint(0.0, 1, 1),
+        ReplicaPoint(1.0, 1, 2),
+        ReplicaPoint(2.0, 1, 2),
+        ReplicaPoint(4.0, 2, 2),
+        ReplicaPoint(5.0, 2, 3),
+        ReplicaPoint(7.0, 3, 3),
+    ]
+    assert start_delay_s(points) == pytest.approx(2.0)
+    assert start_delay_s(points[:3]) is None
+
+
+def test_twin_fleet_config_runs_the_live_pool() -> None:
+    settings = ScalingSettings(min_replicas=1, max_replicas=3)
+    config = twin_fleet_config(
+        FleetConfig(policy="least_tokens"),
+        settings=settings,
+        replica_tokens_in_flight=1500,
+        profile="a100-8b",
+        interval_s=2.0,
+        start_s=1.5,
+        seed=4,
+    )
+    assert (config.replicas, config.block_size, config.policy) == (
+        1,
+        16,
+        "least_tokens",
+    )
+    assert config.admission and config.seed == 4
+    assert config.autoscaling is not None
+    assert config.autoscaling.settings == settings
+    assert config.autoscaling.cold_start.warm_s == pytest.approx(0.0)
+    assert config.autoscaling.cold_start.cold_s == pytest.approx(1.5)
+
+
+def test_first_turn_hits_are_the_shared_prefixes_of_a_trace() -> None:
+    lines: list[dict[str, object]] = [
+        {"conversation": "a", "prompt_tokens": 100, "cached_tokens": 0},
+        {"conversation": "b", "prompt_tokens": 100, "cached_tokens": 48},
+        {"conversation": "a", "prompt_tokens": 200, "cached_tokens": 96},
+    ]
+    assert first_turn_hit_share(lines) == pytest.approx(48 / 400)
+    assert first_turn_hit_share([]) is None

@@ -1,0 +1,129 @@
+"""One seed of ``manage.py twin_check``: the live window against its replay.
+
+Public surface: ``check_seed``.
+
+``check_seed`` runs the live window (``drills.twin_live``), writes its export as
+a JSONL trace, replays it through ``read_trace``/``trace_arrivals`` in the fleet
+simulator configured as the live pool (``drills.domain.twin_check``), and
+compares the two sides' figures.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from drills.domain.twin_check import (
+    ReplicaPoint,
+    compare,
+    figures_of,
+    first_turn_hit_share,
+    replay,
+    twin_fleet_config,
+)
+from drills.domain.workload import TeamSpec, read_trace, trace_arrivals
+from drills.fleet_settings import platform_fleet_config
+from drills.twin_live import PROFILE, TEAM, TwinPlan, run_live_window
+from models_registry.domain.autoscaler import ScalingSettings
+from routing.domain.traffic import salted_id
+from routing.traffic import traffic_salt
+from simengine.domain.perf import PROFILES
+
+__all__ = ["check_seed"]
+
+
+def _sizes(points: list[ReplicaPoint]) -> str:
+    """The size asked for over time, as 't s: n' at each change."""
+    out, last = [], None
+    for p in points:
+        if p.desired != last:
+            out.append(f"{p.at:.0f}s:{p.desired}")
+            last = p.desired
+    return " ".join(out)
+
+
+def check_seed(
+    plan: TwinPlan,
+    *,
+    out_dir: Path,
+    tolerance: float,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Run one seed's live window, replay its export in the fleet simulator
+    configured as the live pool, and compare; return every figure."""
+    window = run_live_window(plan, log=log)
+    path = out_dir / f"twin-seed{plan.load.seed}.jsonl"
+    path.write_text(
+        "".join(
+            json.dumps(line, separators=(",", ":")) + "\n" for line in window.trace
+        ),
+        encoding="utf-8",
+    )
+    start_s = window.replica_start_s if window.replica_start_s is not None else 2.0
+    config = twin_fleet_config(
+        platform_fleet_config(),
+        settings=ScalingSettings(**plan.scaling_changes()),
+        replica_tokens_in_flight=plan.replica_tokens_in_flight,
+        profile=PROFILE,
+        interval_s=plan.interval_s,
+        start_s=start_s,
+        seed=plan.load.seed,
+    )
+    team = TeamSpec("team-" + salted_id(TEAM, traffic_salt()), guaranteed_share=1.0)
+    predicted_served, predicted_points = replay(
+        trace_arrivals(read_trace(path)),
+        config,
+        window_s=window.window_s,
+        teams=[team],
+    )
+    # The trace's clock starts at its first arrival; the live one at the load's.
+    shift = min((s.at for s in window.served), default=0.0)
+    predicted_points = [
+        ReplicaPoint(p.at + shift, p.serving, p.desired) for p in predicted_points
+    ]
+    frontend_s = PROFILES[PROFILE].frontend_ms / 1000.0
+    measured = figures_of(window.served, window.replicas, window_s=window.window_s)
+    predicted = figures_of(
+        predicted_served,
+        predicted_points,
+        window_s=window.window_s,
+        ttft_offset_s=frontend_s + window.gateway_overhead_s,
+    )
+    comparison = compare(predicted, measured, tolerance=tolerance)
+    gateway_mean = (
+        sum(t for _, t in window.gateway_tokens_in_flight)
+        / len(window.gateway_tokens_in_flight)
+        if window.gateway_tokens_in_flight
+        else None
+    )
+    return {
+        "seed": plan.load.seed,
+        "comparison": comparison,
+        "live_requests": len(window.served),
+        "live_failed": window.failed,
+        "trace_requests": len(window.trace),
+        "trace_skipped": window.trace_skipped,
+        "trace": str(path),
+        "window_s": window.window_s,
+        "gateway_overhead_ms": window.gateway_overhead_s * 1000.0,
+        "frontend_ms": frontend_s * 1000.0,
+        "replica_start_s": start_s,
+        "gateway_tokens_in_flight_mean": gateway_mean,
+        "live_first_turn_hit_share": first_turn_hit_share(window.trace),
+        "live_sizes": _sizes(window.replicas),
+        "twin_sizes": _sizes(predicted_points),
+        "decisions": window.decisions,
+        "wall_s": round(window.wall_s, 1),
+        "series": {
+            "live_ttft_s": [s.ttft_s for s in window.served],
+            "twin_ttft_s": [
+                s.ttft_s + frontend_s + window.gateway_overhead_s
+                for s in predicted_served
+            ],
+            "live_replicas": [[p.at, p.serving, p.desired] for p in window.replicas],
+            "twin_replicas": [[p.at, p.serving, p.desired] for p in predicted_points],
+            "gateway_tokens_in_flight": window.gateway_tokens_in_flight,
+        },
+    }
