@@ -3,8 +3,8 @@
 Each line is posted to the gateway's endpoint of its batch (``/v1/chat/completions``
 or ``/v1/embeddings``), so it takes the same way as a live request of that API.
 
-Public surface: ``run_batch``, ``dispatch``, ``mark_handed_on``, ``scheduler_settings``,
-``guard_settings``, ``Outcome``.
+Public surface: ``run_batch``, ``dispatch``, ``mark_handed_on``, ``Outcome``; its knobs
+from the settings are ``batches.knobs``'.
 
 ``dispatch`` (Celery beat, every ``PLATFORM_BATCH_DISPATCH_S``) hands each active
 batch without a live runner to a ``run_batch`` task (queue ``batches``; cancelled,
@@ -62,17 +62,17 @@ from django.db import DatabaseError, transaction
 from django.db.models import Count, F, Q, Sum
 
 from batches import services
-from batches.domain.guard import BatchGuard, batch_window_share, guarded_send
+from batches.domain.guard import batch_window_share, guarded_send
 from batches.domain.scheduler import (
     Escalation,
     JobView,
     Pace,
-    SchedulerSettings,
     Throughput,
     after_answer,
     after_refusal,
     plan_job,
 )
+from batches.knobs import guard_settings, scheduler_settings
 from batches.models import Batch, BatchLine
 
 logger = logging.getLogger(__name__)
@@ -80,10 +80,8 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "Outcome",
     "dispatch",
-    "guard_settings",
     "mark_handed_on",
     "run_batch",
-    "scheduler_settings",
 ]
 
 _TICK_S = 0.25
@@ -108,31 +106,6 @@ class Outcome(enum.StrEnum):
     CONTINUE = "continue"  # the slice ended; the job goes on
     ENDED = "ended"  # the job was finalised
     LOST = "lost"  # the lease was taken over
-
-
-def guard_settings() -> BatchGuard:
-    """The batch guard's knobs from the settings (``PLATFORM_BATCH_GUARD_*``)."""
-    return BatchGuard(
-        kv_share=settings.PLATFORM_BATCH_GUARD_KV_SHARE,
-        prefill_tokens=settings.PLATFORM_BATCH_GUARD_PREFILL_TOKENS,
-        prefill_beside_interactive=(
-            settings.PLATFORM_BATCH_GUARD_PREFILL_BESIDE_INTERACTIVE
-        ),
-        horizon_s=settings.PLATFORM_BATCH_GUARD_HORIZON_S,
-        backoff_from=settings.PLATFORM_BATCH_GUARD_BACKOFF_FROM,
-        backoff_to=settings.PLATFORM_BATCH_GUARD_BACKOFF_TO,
-    )
-
-
-def scheduler_settings() -> SchedulerSettings:
-    return SchedulerSettings(
-        initial_window=min(
-            settings.PLATFORM_BATCH_INITIAL_WINDOW, settings.PLATFORM_BATCH_MAX_WINDOW
-        ),
-        max_window=settings.PLATFORM_BATCH_MAX_WINDOW,
-        min_observed_s=settings.PLATFORM_BATCH_MIN_OBSERVED_S,
-        rate_window_s=settings.PLATFORM_BATCH_RATE_WINDOW_S,
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -389,12 +362,15 @@ class _Job:
                 self._drain()
                 return Outcome.CONTINUE
             self.escalation = plan.escalation
-            # The forecast's back-off (batches.domain.guard), at either tier.
+            # The forecast's back-off (batches.domain.guard); a job raised for its
+            # deadline keeps the guard's raised_share.
+            raised = plan.escalation is Escalation.STANDARD
             send = guarded_send(
                 plan.send,
                 window=self.pace.window,
                 in_flight=len(self.in_flight),
                 share=self.window_share,
+                floor=self.guard.raised_share if raised else 0.0,
             )
             if send:
                 self._send(self._claim(send, plan.escalation.value))

@@ -722,6 +722,9 @@ try:
     PLATFORM_BATCH_GUARD_BACKOFF_TO = env_float(
         "PLATFORM_BATCH_GUARD_BACKOFF_TO", _GUARD.backoff_to, minimum=0.0
     )
+    PLATFORM_BATCH_GUARD_RAISED_SHARE = env_float(
+        "PLATFORM_BATCH_GUARD_RAISED_SHARE", _GUARD.raised_share, minimum=0.0
+    )
 except EnvError as exc:
     raise ImproperlyConfigured(str(exc)) from None
 

@@ -70,6 +70,11 @@ class BatchGuard:
     slope_s: float = 300.0
     backoff_from: float = 0.45
     backoff_to: float = 0.6
+    # The share of its window a job raised to standard for its deadline keeps
+    # however high the forecast: 0 holds raised jobs back as any other (deadlines
+    # inside the peak miss), 1 exempts them (interactive p95 pays; see
+    # docs/fleet-simulator.md for the measured trade-off).
+    raised_share: float = 0.0
     # The engine priorities the ceilings bind: this rank and below (1: standard
     # and batch, so a batch job raised to standard for its deadline stays in the
     # lane; 2: batch only).
@@ -87,6 +92,8 @@ class BatchGuard:
             raise ValueError("horizon_s, level_s and slope_s must be positive")
         if not 0.0 <= self.backoff_from < self.backoff_to:
             raise ValueError("need 0 <= backoff_from < backoff_to")
+        if not 0.0 <= self.raised_share <= 1.0:
+            raise ValueError("raised_share must be in [0, 1]")
         if self.guarded_rank not in (1, BATCH_RANK):
             raise ValueError(f"guarded_rank is 1 or {BATCH_RANK}")
 
@@ -145,10 +152,15 @@ def batch_window_share(guard: BatchGuard, trend: Trend | None) -> float:
     return min(1.0, max(0.0, (guard.backoff_to - load) / span))
 
 
-def guarded_send(send: int, *, window: int, in_flight: int, share: float) -> int:
+def guarded_send(
+    send: int, *, window: int, in_flight: int, share: float, floor: float = 0.0
+) -> int:
     """Return how many of the ``send`` lines a job's plan wants to send now may go,
     with only ``share`` of its ``window`` allowed in flight (the forecast's
-    back-off; the lines already in flight finish)."""
+    back-off; the lines already in flight finish), but never less than ``floor``
+    of it (``BatchGuard.raised_share`` for a job raised for its deadline: the
+    engine's ceilings on batch KV and prefill still bound its lines)."""
+    share = max(share, floor)
     if share >= 1.0:
         return send
     allowed = math.floor(share * window)

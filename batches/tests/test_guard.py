@@ -10,6 +10,7 @@ from batches.domain.guard import (
     batch_fits_kv,
     batch_prefill_budget,
     batch_window_share,
+    guarded_send,
     pick_preempted,
 )
 from models_registry.domain.warm_nodes import Trend
@@ -69,6 +70,16 @@ def test_batch_window_share_backs_off_before_the_ramp() -> None:
     # Falling: held back by the level now, not the projection.
     falling = Trend(at=0.0, level=0.55, slope=-0.001)
     assert batch_window_share(GUARD, falling) == pytest.approx(0.25)
+
+
+def test_guarded_send_keeps_a_share_of_the_window_and_a_raised_jobs_floor() -> None:
+    assert guarded_send(10, window=20, in_flight=0, share=1.0) == 10
+    assert guarded_send(10, window=20, in_flight=3, share=0.25) == 2  # 5 - 3
+    assert guarded_send(10, window=20, in_flight=6, share=0.25) == 0  # in flight go on
+    assert guarded_send(10, window=20, in_flight=0, share=0.0) == 0
+    # Raised to standard for its deadline: it keeps its floor of the window.
+    assert guarded_send(10, window=20, in_flight=2, share=0.0, floor=0.25) == 3
+    assert guarded_send(10, window=20, in_flight=0, share=0.0, floor=1.0) == 10
 
 
 @pytest.mark.parametrize(

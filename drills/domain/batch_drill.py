@@ -485,13 +485,16 @@ class JobSource:
         if plan.escalation is Escalation.STANDARD and job.escalated_at is None:
             job.escalated_at = now
         job.escalation = plan.escalation
-        # The forecast's back-off, at either tier (a raised job's lines are in the
-        # guard's lane too), as the live runner does.
+        # The forecast's back-off; a job raised for its deadline keeps the guard's
+        # raised_share (its lines stay inside the engine's ceilings), as live.
+        guard = self.scenario.guard
+        raised = guard is not None and plan.escalation is Escalation.STANDARD
         count = guarded_send(
             plan.send,
             window=job.pace.window,
             in_flight=job.in_flight,
             share=self.window_share,
+            floor=guard.raised_share if guard is not None and raised else 0.0,
         )
         for _ in range(count):
             self._next_line += 1

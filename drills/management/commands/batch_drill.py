@@ -136,6 +136,12 @@ class Command(BaseCommand):
             "the pool's capacity in forecast interactive demand (default: "
             "PLATFORM_BATCH_GUARD_BACKOFF_FROM and _TO)",
         )
+        parser.add_argument(
+            "--guard-raised-share",
+            type=float,
+            help="the share of its window a job raised for its deadline keeps under "
+            "the back-off (default: PLATFORM_BATCH_GUARD_RAISED_SHARE)",
+        )
         parser.add_argument("--profile", default="a100-8b")
         parser.add_argument("--seed", type=int, default=0)
         add_result_arguments(parser)
@@ -353,7 +359,7 @@ def _live_scheduler(settings: Any, window: int) -> SchedulerSettings:
 
 def _guard(options: dict[str, Any]) -> BatchGuard:
     """The live guard's settings (the runner's), with the command's overrides."""
-    from batches.runner import guard_settings
+    from batches.knobs import guard_settings
 
     guard = guard_settings()
     if options["guard_kv_share"] is not None:
@@ -368,6 +374,8 @@ def _guard(options: dict[str, Any]) -> BatchGuard:
                 f"--guard-backoff: FROM,TO; got {options['guard_backoff']!r}"
             ) from None
         guard = replace(guard, backoff_from=low, backoff_to=high)
+    if options["guard_raised_share"] is not None:
+        guard = replace(guard, raised_share=options["guard_raised_share"])
     return guard
 
 
@@ -378,7 +386,8 @@ def _guard_text(guard: BatchGuard | None) -> str:
         f"batch guard: KV share {guard.kv_share:g}, {guard.prefill_tokens} batch "
         f"prefill tokens a step ({guard.prefill_beside_interactive} beside an "
         f"interactive prompt), back-off {guard.backoff_from:g}-"
-        f"{guard.backoff_to:g} of capacity {guard.horizon_s:g} s ahead"
+        f"{guard.backoff_to:g} of capacity {guard.horizon_s:g} s ahead (a job "
+        f"raised for its deadline keeps {guard.raised_share:g} of its window)"
     )
 
 
