@@ -23,7 +23,6 @@ from django.utils import timezone
 
 from accounts.models import Team
 from drills.domain.isolation import Sample
-from engine_nodes.models import Replica
 from localrun.processes import (
     database_url,
     serving_replicas,
@@ -38,11 +37,10 @@ from localrun.seeding import (
     TeamSeed,
     VersionSeed,
     digest,
+    remove_scratch_model,
     seed_platform,
 )
 from metering.models import Usage
-from models_registry.models import Model, ModelVersion, Pool
-from rollouts.models import Rollout
 
 logger = logging.getLogger(__name__)
 
@@ -274,19 +272,10 @@ def _register(plan: IsolationPlan, region: str) -> dict[str, str]:
 
 
 def _cleanup(region: str, teams: list[str]) -> None:
-    Replica.objects.filter(region=region).delete()
-    Pool.objects.filter(region=region).delete()
+    remove_scratch_model("iso-chat", region=region)
     if teams:
         Usage.objects.filter(team_id__in=teams).delete()
         Team.objects.filter(pk__in=teams).delete()
-    if not Pool.objects.filter(model_id="iso-chat").exists():
-        Usage.objects.filter(model_id="iso-chat").delete()
-        Rollout.objects.filter(model_id="iso-chat").delete()
-        Model.objects.filter(pk="iso-chat").update(
-            live_version=None, canary_version=None, canary_percent=0.0
-        )
-        ModelVersion.objects.filter(model_id="iso-chat").delete()
-        Model.objects.filter(pk="iso-chat").delete()
 
 
 __all__ = ["IsolationPlan", "run_isolation"]

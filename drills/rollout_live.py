@@ -45,7 +45,6 @@ from django.utils import timezone
 
 from accounts.models import Team
 from control import rollout_guard
-from engine_nodes.models import Replica
 from localrun.processes import (
     database_url,
     serving_replicas,
@@ -60,11 +59,11 @@ from localrun.seeding import (
     TeamSeed,
     VersionSeed,
     digest,
+    remove_scratch_model,
     seed_platform,
 )
 from metering import services as metering
-from metering.models import Usage, VersionFigure
-from models_registry.models import Model, ModelVersion, Pool
+from models_registry.models import Pool
 from rollouts import plans
 from rollouts.models import GuardEvaluation, Rollout
 
@@ -444,16 +443,6 @@ def _register(plan: LiveRolloutPlan, region: str, engine_config: dict[str, Any])
 
 
 def _cleanup(region: str) -> None:
-    Replica.objects.filter(region=region).delete()
-    Pool.objects.filter(region=region).delete()
-    if Pool.objects.filter(model_id=MODEL).exists():
-        return  # another run's
-    Usage.objects.filter(model_id=MODEL).delete()
-    VersionFigure.objects.filter(model_id=MODEL).delete()
-    Rollout.objects.filter(model_id=MODEL).delete()
-    Model.objects.filter(pk=MODEL).update(
-        live_version=None, canary_version=None, canary_percent=0.0
-    )
-    ModelVersion.objects.filter(model_id=MODEL).delete()
-    Model.objects.filter(pk=MODEL).delete()
-    Team.objects.filter(pk=TEAM).delete()
+    remove_scratch_model(MODEL, region=region)
+    if not Pool.objects.filter(model_id=MODEL).exists():
+        Team.objects.filter(pk=TEAM).delete()

@@ -72,11 +72,11 @@ from localrun.seeding import (
     TeamSeed,
     VersionSeed,
     digest,
+    remove_scratch_model,
     seed_platform,
 )
-from metering.models import Usage
 from models_registry import pool_traffic
-from models_registry.models import Model, ModelVersion, Pool
+from models_registry.models import ModelVersion, Pool
 from routing.domain.traffic import trace_lines
 from routing.traffic import read_traffic, stream_key, traffic_salt
 
@@ -553,14 +553,6 @@ def _register(plan: TwinPlan, region: str) -> str:
 
 
 def _cleanup(region: str) -> None:
-    Replica.objects.filter(region=region).delete()
-    Pool.objects.filter(region=region).delete()
-    if Pool.objects.filter(model_id=MODEL).exists():
-        return  # another run's
-    Usage.objects.filter(model_id=MODEL).delete()
-    Model.objects.filter(pk=MODEL).update(
-        live_version=None, canary_version=None, canary_percent=0.0
-    )
-    ModelVersion.objects.filter(model_id=MODEL).delete()
-    Model.objects.filter(pk=MODEL).delete()
-    Team.objects.filter(pk=TEAM).delete()
+    remove_scratch_model(MODEL, region=region)
+    if not Pool.objects.filter(model_id=MODEL).exists():
+        Team.objects.filter(pk=TEAM).delete()

@@ -2,7 +2,7 @@
 
 Public surface: ``PlatformSeed``, ``TeamSeed``, ``AdminTokenSeed``, ``ModelSeed``,
 ``VersionSeed``, ``LimitSeed``, ``SeededPlatform``, ``seed_platform``,
-``VERSION_BODY``, ``version_body``, ``digest``.
+``VERSION_BODY``, ``version_body``, ``digest``, ``remove_scratch_model``.
 
 The one way the platform's rows are written for a run on this machine:
 ``manage.py bootstrap_local`` (``make up``), the end-to-end tests, the live drills
@@ -45,6 +45,7 @@ __all__ = [
     "TeamSeed",
     "VersionSeed",
     "digest",
+    "remove_scratch_model",
     "seed_platform",
     "version_body",
 ]
@@ -187,6 +188,28 @@ def seed_platform(*, seed: PlatformSeed, now: datetime) -> SeededPlatform:
                     guaranteed_share=limit.guaranteed_share,
                 )
     return SeededPlatform(keys=keys, versions=versions, admin_token=admin_token)
+
+
+def remove_scratch_model(model_id: str, *, region: str) -> None:
+    """Remove a live drill's scratch model from ``region`` (its replicas and
+    pools), and the model itself with its versions, usage, figures and rollouts
+    once no other region (another run's) still has a pool of it."""
+    from engine_nodes.models import Replica
+    from metering.models import Usage, VersionFigure
+    from rollouts.models import Rollout
+
+    Replica.objects.filter(region=region).delete()
+    Pool.objects.filter(region=region).delete()
+    if Pool.objects.filter(model_id=model_id).exists():
+        return  # another run's
+    Usage.objects.filter(model_id=model_id).delete()
+    VersionFigure.objects.filter(model_id=model_id).delete()
+    Rollout.objects.filter(model_id=model_id).delete()
+    Model.objects.filter(pk=model_id).update(
+        live_version=None, canary_version=None, canary_percent=0.0
+    )
+    ModelVersion.objects.filter(model_id=model_id).delete()
+    Model.objects.filter(pk=model_id).delete()
 
 
 def _admin_token(seed: AdminTokenSeed, *, now: datetime) -> str:
