@@ -42,6 +42,7 @@ from engine_nodes.domain.liveness import ReplicaState
 from metering.models import Usage
 from models_registry.domain.gates import TRAFFIC_STATUSES
 from models_registry.models import Model, ModelVersion, Pool
+from models_registry.pools import get_pool
 from models_registry.services import get_model
 from rollouts import plans, services
 from rollouts.domain.plan import Decision, RolloutPlan
@@ -298,7 +299,7 @@ def pool_feed(*, model_id: str, version: str, region: str, now: datetime) -> Poo
     Raises:
         NotFound: no such model, or it has no pool of ``version`` in ``region``.
     """
-    autoscaling.get_pool(model_id=model_id, version=version, region=region)
+    get_pool(model_id=model_id, version=version, region=region)
     state = autoscaling.pool_state(model_id=model_id, now=now, region=region)
     pool = next(p for p in state["pools"] if p["version"] == version)
     return {**_pool_row(state, pool), "refreshed_at": now.isoformat()}

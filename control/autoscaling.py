@@ -64,7 +64,7 @@ from django.db import transaction
 from django.db.models import Prefetch
 from django.utils import timezone
 
-from config.errors import InvalidRequest, NotFound
+from config.errors import InvalidRequest
 from engine_nodes import services
 from engine_nodes.domain.liveness import ReplicaState, is_silent
 from engine_nodes.domain.load_shares import (
@@ -91,7 +91,7 @@ from models_registry.domain.scaling import (
     schedule_rule_problems,
 )
 from models_registry.models import SCALING_FIELDS, Pool, PoolSchedule
-from models_registry.services import get_model
+from models_registry.pools import get_pool
 
 logger = logging.getLogger(__name__)
 
@@ -654,24 +654,6 @@ def prune_decisions(*, pool_id: int, keep: int) -> int:
 
 
 # -- reading --------------------------------------------------------------------------
-
-
-def get_pool(
-    *, model_id: str, version: str, region: str, for_update: bool = False
-) -> Pool:
-    """Return the pool of ``model@version`` in ``region`` or raise NotFound."""
-    queryset = Pool.objects.select_related("model", "version")
-    if for_update:
-        queryset = queryset.select_for_update()
-    pool = queryset.filter(
-        model_id=model_id, version__version=version, region=region
-    ).first()
-    if pool is None:
-        get_model(model_id)  # names the model when that is what is missing
-        raise NotFound(
-            f"{model_id}@{version} has no pool in {region!r}", param="region"
-        )
-    return pool
 
 
 def autoscaling_dict(

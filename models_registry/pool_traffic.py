@@ -15,9 +15,8 @@ from typing import TypedDict
 
 from django.db import transaction
 
-from config.errors import NotFound
 from models_registry.models import Pool
-from models_registry.services import get_model
+from models_registry.pools import get_pool
 
 __all__ = ["TrafficOut", "pool_traffic", "set_pool_traffic"]
 
@@ -29,21 +28,6 @@ class TrafficOut(TypedDict):
     version: str
     region: str
     record_traffic_share: float
-
-
-def _pool(model_id: str, version: str, region: str, *, for_update: bool) -> Pool:
-    queryset = Pool.objects.select_related("version")
-    if for_update:
-        queryset = queryset.select_for_update()
-    pool = queryset.filter(
-        model_id=model_id, version__version=version, region=region
-    ).first()
-    if pool is None:
-        get_model(model_id)  # names the model when that is what is missing
-        raise NotFound(
-            f"{model_id}@{version} has no pool in {region!r}", param="region"
-        )
-    return pool
 
 
 def _out(pool: Pool) -> TrafficOut:
@@ -61,7 +45,7 @@ def pool_traffic(*, model_id: str, version: str, region: str) -> TrafficOut:
     Raises:
         NotFound: no such model, or no such pool.
     """
-    return _out(_pool(model_id, version, region, for_update=False))
+    return _out(get_pool(model_id=model_id, version=version, region=region))
 
 
 def set_pool_traffic(
@@ -74,7 +58,9 @@ def set_pool_traffic(
         NotFound: no such model, or no such pool.
     """
     with transaction.atomic():
-        pool = _pool(model_id, version, region, for_update=True)
+        pool = get_pool(
+            model_id=model_id, version=version, region=region, for_update=True
+        )
         pool.record_traffic_share = share
         pool.save(update_fields=["record_traffic_share"])
     return _out(pool)

@@ -25,6 +25,7 @@ from control.api.serializers import (
 )
 from models_registry import pool_traffic
 from models_registry.models import Pool, PoolSchedule
+from models_registry.pools import get_pool
 
 
 class PoolStateView(ControlPlaneView):
@@ -75,7 +76,7 @@ class PoolAutoscalingView(AuditedView):
 
     @extend_schema(responses={200: AutoscalingOutSerializer})
     def get(self, request: Request, model: str, version: str, region: str) -> Response:
-        pool = autoscaling.get_pool(model_id=model, version=version, region=region)
+        pool = get_pool(model_id=model, version=version, region=region)
         return Response(autoscaling.autoscaling_dict(pool))
 
     @extend_schema(
