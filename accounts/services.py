@@ -174,7 +174,7 @@ def set_team_limit(
         # imports none of its modules (tests/test_layering.py).
         registry_models = TeamLimit._meta.get_field("model").related_model
         locked = (
-            registry_models._default_manager.select_for_update()
+            registry_models._default_manager.select_for_update(no_key=True)
             .filter(pk=model_id)
             .first()
         )

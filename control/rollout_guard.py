@@ -338,7 +338,7 @@ class _LiveTick:
         # admin's control, PUT rollout or alias), so none of them deadlocks a tick.
         get_model(guarded.model, for_update=True)
         self.locked = (
-            Rollout.objects.select_for_update()
+            Rollout.objects.select_for_update(no_key=True)
             .filter(
                 pk=self.rollout.pk,
                 decision=Decision.PENDING,

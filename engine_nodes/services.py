@@ -172,6 +172,22 @@ def replica_url(host: str, port: int) -> str:
     return f"http://{host}:{port}"
 
 
+def lock_region_pools(region: str) -> list[Pool]:
+    """Lock ``region``'s pool rows (their versions loaded) for the transaction.
+
+    Only the pool rows, and FOR NO KEY UPDATE: agents serialize on them, while
+    the rows a pass inserts or a rollout writes meanwhile (a replica naming the
+    model, a model naming its canary version) take no lock a pass holds. A lock
+    on the joined versions once deadlocked a rollout's step against a pass.
+    """
+    return list(
+        Pool.objects.select_for_update(no_key=True, of=("self",))
+        .filter(region=region)
+        .select_related("version")
+        .order_by("model_id", "version_id")
+    )
+
+
 def reconcile_pools(
     *,
     region: str,
@@ -202,12 +218,7 @@ def reconcile_pools(
     created: list[Replica] = []
     drained: list[str] = []
     with transaction.atomic():
-        pools = list(
-            Pool.objects.select_for_update()
-            .filter(region=region)
-            .select_related("version")
-            .order_by("model_id", "version_id")
-        )
+        pools = lock_region_pools(region)
         for pool in pools:
             replicas = list(
                 Replica.objects.filter(version=pool.version, region=region).exclude(

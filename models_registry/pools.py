@@ -20,7 +20,7 @@ def get_pool(
     loaded) or raise NotFound."""
     queryset = Pool.objects.select_related("model", "version")
     if for_update:
-        queryset = queryset.select_for_update()
+        queryset = queryset.select_for_update(no_key=True, of=("self",))
     pool = queryset.filter(
         model_id=model_id, version__version=version, region=region
     ).first()

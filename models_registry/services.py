@@ -1,11 +1,9 @@
 """Use-cases for models, versions and pools: what exists, not where traffic goes.
 
-Moving the alias and rollouts is ``rollouts.services``; a pool's live state (its
-replicas and hit rate) is ``engine_nodes.services.pool_state``.
-
-What the API shows is typed here, next to what builds it: ``ModelOut`` (with
-``VersionOut`` and ``PoolSizeOut``), ``GateRunOut``, ``GatesSummary``,
-``GateHistory`` (``models_registry.api.serializers`` draws the same shapes).
+Moving the alias and rollouts: ``rollouts.services``; a pool's live state (its
+replicas, hit rate): ``engine_nodes.services.pool_state``. The API's shapes are
+typed here (``ModelOut``, ``VersionOut``, ``PoolSizeOut``, ``GateRunOut``,
+``GatesSummary``, ``GateHistory``); its serializers draw them.
 """
 
 from __future__ import annotations
@@ -62,9 +60,10 @@ RUN_GATES_TASK = "control.run_gates"
 
 
 def get_model(model_id: str, *, for_update: bool = False) -> Model:
-    """Return the model or raise NotFound."""
-    queryset = Model.objects.select_for_update() if for_update else Model.objects
-    model = queryset.filter(pk=model_id).first()
+    """Return the model or raise NotFound. ``for_update``: FOR NO KEY UPDATE, so
+    rows naming the model (a replica, a rollout) insert while its writers wait."""
+    lock = Model.objects.select_for_update(no_key=True)
+    model = (lock if for_update else Model.objects).filter(pk=model_id).first()
     if model is None:
         raise NotFound(f"no model named {model_id!r}", param="model")
     return model
@@ -474,7 +473,7 @@ def start_gates(version: ModelVersion, *, requested_by: str, now: datetime) -> i
     failed as abandoned first, so it does not block the gates for ever.
     """
     with transaction.atomic():
-        locked = ModelVersion.objects.select_for_update().get(pk=version.pk)
+        locked = ModelVersion.objects.select_for_update(no_key=True).get(pk=version.pk)
         _fail_abandoned(locked, now=now)
         running = gates_running(locked)
         refusal = rerun_refusal(locked.ref, locked.status, running=running)
@@ -572,7 +571,7 @@ def accept_version(
     if not by.strip() or not reason.strip():
         raise InvalidRequest("accepting a version needs who and why", param="reason")
     with transaction.atomic():
-        found = ModelVersion.objects.select_for_update().get(
+        found = ModelVersion.objects.select_for_update(no_key=True).get(
             pk=get_version(model_id, version).pk
         )
         if found.status in {VersionStatus.LIVE, VersionStatus.RETIRED}:

@@ -260,7 +260,7 @@ def begin_step(rollout_id: int, *, now: datetime, percent: float | None = None) 
         # The model first, then the rollout: the order every writer takes.
         model = get_model(model_id, for_update=True)
         rollout = (
-            Rollout.objects.select_for_update()
+            Rollout.objects.select_for_update(no_key=True)
             .filter(pk=rollout_id, decision=Decision.PENDING, step_started_at=None)
             .first()
         )
@@ -324,7 +324,7 @@ def control(model_id: str, action: str, *, by: str, now: datetime) -> Rollout:
     with transaction.atomic():
         get_model(model_id, for_update=True)
         rollout = (
-            Rollout.objects.select_for_update()
+            Rollout.objects.select_for_update(no_key=True)
             .filter(model_id=model_id, decision=Decision.PENDING)
             .first()
         )
@@ -368,7 +368,7 @@ def abort_waiting(rollout_id: int, *, reason: str, now: datetime) -> bool:
     with transaction.atomic():
         get_model(model_id, for_update=True)
         rollout = (
-            Rollout.objects.select_for_update()
+            Rollout.objects.select_for_update(no_key=True)
             .filter(pk=rollout_id, decision=Decision.PENDING, step_started_at=None)
             .first()
         )
