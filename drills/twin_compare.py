@@ -5,7 +5,8 @@ Public surface: ``check_seed``.
 ``check_seed`` runs the live window (``drills.twin_live``), writes its export as
 a JSONL trace, replays it through ``read_trace``/``trace_arrivals`` in the fleet
 simulator configured as the live pool (``drills.domain.twin_check``), and
-compares the two sides' figures.
+compares the two sides' figures: the replicas from the replay whose autoscaler
+decides, the rest from the replay on the live pool's fleet (``followed_fleet``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from drills.domain.twin_check import (
     compare,
     figures_of,
     first_turn_hit_share,
+    followed_fleet,
     replay,
     twin_fleet_config,
 )
@@ -62,6 +64,8 @@ def check_seed(
         encoding="utf-8",
     )
     start_s = window.replica_start_s if window.replica_start_s is not None else 2.0
+    # The trace's clock starts at its first arrival; the live one at the load's.
+    shift = min((s.at for s in window.served), default=0.0)
     config = twin_fleet_config(
         platform_fleet_config(),
         settings=ScalingSettings(**plan.scaling_changes()),
@@ -72,26 +76,47 @@ def check_seed(
         seed=plan.load.seed,
     )
     team = TeamSpec("team-" + salted_id(TEAM, traffic_salt()), guaranteed_share=1.0)
-    predicted_served, predicted_points = replay(
+    scaled_served, predicted_points = replay(
         trace_arrivals(read_trace(path)),
         config,
         window_s=window.window_s,
         teams=[team],
     )
-    # The trace's clock starts at its first arrival; the live one at the load's.
-    shift = min((s.at for s in window.served), default=0.0)
+    followed, events = followed_fleet(
+        config, window.replicas, start_s=start_s, shift_s=shift
+    )
+    predicted_served, _ = replay(
+        trace_arrivals(read_trace(path)),
+        followed,
+        window_s=window.window_s,
+        teams=[team],
+        events=events,
+    )
     predicted_points = [
         ReplicaPoint(p.at + shift, p.serving, p.desired) for p in predicted_points
     ]
     frontend_s = PROFILES[PROFILE].frontend_ms / 1000.0
+    # What the simulator does not model: the gateway (and the client) under the
+    # window's load, as the probes sent during it read it; idle if none answered.
+    overhead_s = (
+        window.gateway_overhead_load_s
+        if window.gateway_overhead_load_s is not None
+        else window.gateway_overhead_s
+    )
     measured = figures_of(window.served, window.replicas, window_s=window.window_s)
     predicted = figures_of(
         predicted_served,
         predicted_points,
         window_s=window.window_s,
-        ttft_offset_s=frontend_s + window.gateway_overhead_s,
+        ttft_offset_s=frontend_s + overhead_s,
     )
     comparison = compare(predicted, measured, tolerance=tolerance)
+    scaled = figures_of(
+        scaled_served,
+        predicted_points,
+        window_s=window.window_s,
+        ttft_offset_s=frontend_s + overhead_s,
+    )
     gateway_mean = (
         sum(t for _, t in window.gateway_tokens_in_flight)
         / len(window.gateway_tokens_in_flight)
@@ -107,11 +132,20 @@ def check_seed(
         "trace_skipped": window.trace_skipped,
         "trace": str(path),
         "window_s": window.window_s,
-        "gateway_overhead_ms": window.gateway_overhead_s * 1000.0,
+        "gateway_overhead_ms": overhead_s * 1000.0,
+        "gateway_overhead_idle_ms": window.gateway_overhead_s * 1000.0,
+        "load_probes": window.load_probes,
         "frontend_ms": frontend_s * 1000.0,
         "replica_start_s": start_s,
         "gateway_tokens_in_flight_mean": gateway_mean,
         "live_first_turn_hit_share": first_turn_hit_share(window.trace),
+        "followed_scale_ups": [[e.at + shift, e.count] for e in events],
+        "autoscaled_twin": {
+            "requests": scaled.requests,
+            "ttft_p95_s": scaled.ttft_p95_s,
+            "hit_rate": scaled.hit_rate,
+            "tokens_in_flight_mean": scaled.tokens_in_flight_mean,
+        },
         "live_sizes": _sizes(window.replicas),
         "twin_sizes": _sizes(predicted_points),
         "decisions": window.decisions,
@@ -119,8 +153,7 @@ def check_seed(
         "series": {
             "live_ttft_s": [s.ttft_s for s in window.served],
             "twin_ttft_s": [
-                s.ttft_s + frontend_s + window.gateway_overhead_s
-                for s in predicted_served
+                s.ttft_s + frontend_s + overhead_s for s in predicted_served
             ],
             "live_replicas": [[p.at, p.serving, p.desired] for p in window.replicas],
             "twin_replicas": [[p.at, p.serving, p.desired] for p in predicted_points],

@@ -14,9 +14,11 @@ cached tokens measured client-side), a thread ticks the platform's own
 autoscaler (``control.autoscaling.autoscale_region``, what Celery beat runs)
 every ``interval_s`` and samples the pool each second: replicas serving (their
 rows), the size asked for (``Pool.desired_replicas``) and the gateway's tokens in
-flight (its live-load share in Redis). Before the load, idle probes measure the
-gateway's own overhead: TTFT through the gateway less TTFT sent straight to a
-replica. Then the window is exported as ``export_traffic`` does
+flight (its live-load share in Redis). Probes measure the gateway's own
+overhead (TTFT through the gateway less TTFT of a like request sent straight to
+a replica, in pairs): before the load, at idle, and a pair a second during it,
+from the load's event loop (what the client adds is in it too); the records of
+the probes during the load leave the trace. Then the window is exported as ``export_traffic`` does
 (``routing.traffic.read_traffic``, ``routing.domain.traffic.trace_lines``), and
 everything it created is removed.
 """
@@ -52,6 +54,7 @@ from drills.domain.twin_check import (
     Served,
     TwinLoad,
     plan_turns,
+    probe_text,
     start_delay_s,
     system_text,
     user_text,
@@ -77,7 +80,8 @@ from localrun.seeding import (
 )
 from models_registry import pool_traffic
 from models_registry.models import ModelVersion, Pool
-from routing.domain.traffic import trace_lines
+from routing.domain.routing_key import routing_key
+from routing.domain.traffic import salted_id, trace_lines
 from routing.traffic import read_traffic, stream_key, traffic_salt
 
 logger = logging.getLogger(__name__)
@@ -98,6 +102,12 @@ _BODY = {
 }
 _PROBES = 30  # pairs measured
 _WARM_PROBES = 5  # pairs dropped first
+# Each probe's prompt, in words: short, so that the probes sent during the load
+# (left out of its trace) add no prefill worth replaying. The gateway's overhead
+# at idle read the same with 180 words (3.0 ms) as with a few (2.4-4.1 ms). The
+# two sides of a pair send different words: neither hits the other's blocks.
+_PROBE_WORDS = 8
+_PROBE_EVERY_S = 1.0  # a pair this often during the load
 
 
 @dataclass(frozen=True)
@@ -140,7 +150,9 @@ class LiveWindow:
     trace: list[dict[str, Any]]
     trace_skipped: int
     window_s: float
-    gateway_overhead_s: float
+    gateway_overhead_s: float  # at idle, before the load
+    gateway_overhead_load_s: float | None  # during it (None: no probe answered)
+    load_probes: int
     replica_start_s: float | None
     wall_s: float
 
@@ -212,11 +224,76 @@ class _Conversations:
             history.append({"role": "assistant", "content": text})
 
 
+@dataclass(frozen=True)
+class _Probe:
+    """Where the overhead probes go: the gateway, and one replica straight."""
+
+    gateway_url: str
+    key: str
+    replica_url: str
+    engine_key: str
+
+    def body(self, i: int, side: str) -> dict[str, Any]:
+        text = probe_text(f"probe {i} {side}", _PROBE_WORDS)
+        messages = [{"role": "user", "content": text}]
+        return {"model": MODEL, "messages": messages, "max_tokens": 1, "stream": True}
+
+    async def pair(self, client: httpx.AsyncClient, i: int) -> float | None:
+        """Return one pair's TTFT through the gateway less straight to the
+        replica (the order alternating with ``i``); None if either failed."""
+
+        async def through() -> float | None:
+            headers = {
+                "Authorization": f"Bearer {self.key}",
+                "x-conversation-id": probe_conversation(i),
+            }
+            url = f"{self.gateway_url}/v1/chat/completions"
+            return (await _stream(client, url, headers, self.body(i, "through")))[0]
+
+        async def direct() -> float | None:
+            headers = {"Authorization": f"Bearer {self.engine_key}"}
+            url = f"{self.replica_url}/v1/chat/completions"
+            return (await _stream(client, url, headers, self.body(i, "direct")))[0]
+
+        try:
+            if i % 2:
+                d, t = await direct(), await through()
+            else:
+                t, d = await through(), await direct()
+        except httpx.HTTPError:
+            return None
+        return None if t is None or d is None else t - d
+
+
+def probe_conversation(i: int) -> str:
+    """The conversation id of probe ``i`` (its records leave the trace)."""
+    return f"twin-probe-{i}"
+
+
+async def _probe_during(
+    probe: _Probe, done: asyncio.Event, *, every_s: float
+) -> tuple[list[float], int]:
+    """Send a probe pair every ``every_s`` until ``done``; return the differences
+    and the number of the first pair not sent."""
+    differences: list[float] = []
+    async with httpx.AsyncClient(timeout=30) as client:
+        i = 0
+        while not done.is_set():  # numbered after the idle probes
+            difference = await probe.pair(client, _WARM_PROBES + _PROBES + i)
+            if difference is not None:
+                differences.append(difference)
+            i += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), timeout=every_s)
+    return differences, _WARM_PROBES + _PROBES + i
+
+
 async def _play(
-    url: str, key: str, load: TwinLoad
-) -> tuple[list[Served], dict[str, int], float, float]:
-    """Play the plan against the gateway; return what was served (times from the
-    first send), how many failed, and the window's start and end (unix)."""
+    url: str, key: str, load: TwinLoad, probe: _Probe
+) -> tuple[list[Served], dict[str, int], float, float, tuple[list[float], int]]:
+    """Play the plan against the gateway while probing its overhead; return what
+    was served (times from the first send), how many failed, the window's start
+    and end (unix) and the probes' differences."""
     turns = plan_turns(load)
     conversations = _Conversations(load)
     served: list[Served] = []
@@ -270,13 +347,20 @@ async def _play(
                     prompt_tokens=int(usage["prompt_tokens"]),
                     cached_tokens=int(details.get("cached_tokens") or 0),
                     max_tokens=turn.max_tokens,
+                    output_tokens=int(usage.get("completion_tokens") or 0),
                 )
             )
 
+        done = asyncio.Event()
+        probing = asyncio.create_task(
+            _probe_during(probe, done, every_s=_PROBE_EVERY_S)
+        )
         await asyncio.gather(*(one(turn) for turn in turns))
+        done.set()
+        probed = await probing
         wall1 = time.time()
     served.sort(key=lambda s: s.at)
-    return served, failed, wall0, wall1
+    return served, failed, wall0, wall1, probed
 
 
 # -- the control loop and the samples ----------------------------------------------------
@@ -338,57 +422,28 @@ class _Pool:
 # -- the gateway's own overhead -------------------------------------------------------
 
 
-def _ttft(url: str, headers: dict[str, str], body: dict[str, Any]) -> float:
-    async def once() -> float:
-        async with httpx.AsyncClient(timeout=30) as client:
-            ttft, _, _, status = await _stream(client, url, headers, body)
-        if status != 200 or ttft is None:
-            raise RuntimeError(f"probe answered {status}")
-        return ttft
-
-    return asyncio.run(once())
-
-
-def measure_overhead(gateway_url: str, key: str, engine_key: str) -> float:
+def measure_overhead(probe: _Probe) -> float:
     """Return the gateway's TTFT overhead at idle: the median, over pairs, of the
-    same one-token request through the gateway less straight to a replica.
+    same-sized one-token request through the gateway less straight to a replica.
 
     The first pairs warm both paths and are dropped; the order within a pair
     alternates, so neither path always runs just after the other. Paired
     differences, not a difference of medians: the shared machine's slow moments
     then cancel within a pair instead of landing on one side.
     """
-    replica = Replica.objects.filter(model_id=MODEL, state="serving").first()
-    if replica is None:
-        raise RuntimeError("no serving replica to probe")
-    differences = []
-    for i in range(_WARM_PROBES + _PROBES):
-        messages = [{"role": "user", "content": f"probe {i} of the gateway"}]
-        body = {"model": MODEL, "messages": messages, "max_tokens": 1, "stream": True}
 
-        def through(body: dict[str, Any] = body, i: int = i) -> float:
-            return _ttft(
-                f"{gateway_url}/v1/chat/completions",
-                {"Authorization": f"Bearer {key}", "x-conversation-id": f"probe-{i}"},
-                body,
-            )
+    async def pairs() -> list[float]:
+        async with httpx.AsyncClient(timeout=30) as client:
+            found = []
+            for i in range(_WARM_PROBES + _PROBES):
+                difference = await probe.pair(client, i)
+                if difference is None:
+                    raise RuntimeError("an idle probe failed")
+                if i >= _WARM_PROBES:
+                    found.append(difference)
+            return found
 
-        def direct(body: dict[str, Any] = body) -> float:
-            return _ttft(
-                f"{replica.url}/v1/chat/completions",
-                {"Authorization": f"Bearer {engine_key}"},
-                body,
-            )
-
-        if i % 2:
-            d = direct()
-            t = through()
-        else:
-            t = through()
-            d = direct()
-        if i >= _WARM_PROBES:
-            differences.append(t - d)
-    return max(0.0, statistics.median(differences))
+    return max(0.0, statistics.median(asyncio.run(pairs())))
 
 
 # -- the run -----------------------------------------------------------------------------
@@ -437,21 +492,31 @@ def run_live_window(
             if agent.popen.poll() is not None:
                 raise RuntimeError(f"the node agent exited:\n{agent.log()}")
             gateway = start_gateway(env, tmp, name="twin-gateway")
-            overhead = measure_overhead(gateway.url, key, engine_key)
+            replica = Replica.objects.filter(model_id=MODEL, state="serving").first()
+            if replica is None:
+                raise RuntimeError("no serving replica to probe")
+            probe = _Probe(gateway.url, key, replica.url, engine_key)
+            overhead = measure_overhead(probe)
             log(f"gateway overhead at idle: {overhead * 1000:.1f} ms (median TTFT)")
             started = timezone.now()
             pool = _Pool(plan, region, prefix)
             pool.start(time.perf_counter())
-            served, failed, since, until = asyncio.run(
-                _play(gateway.url, key, plan.load)
+            served, failed, since, until, (differences, probes) = asyncio.run(
+                _play(gateway.url, key, plan.load, probe)
             )
             pool.stop()
             if pool.errors:
                 raise RuntimeError(f"the autoscaler's loop failed: {pool.errors[0]}")
-            records = _recorded(client, prefix, since, until, expected=len(served))
-            lines, skipped = trace_lines(
-                records, salt=traffic_salt(), stand_in_text=False
+            records = _recorded(
+                client, prefix, since, until, expected=len(served) + len(differences)
             )
+            salt = traffic_salt()
+            probed = {
+                salted_id(routing_key(probe_conversation(i), []), salt)
+                for i in range(probes)
+            }
+            lines, skipped = trace_lines(records, salt=salt, stand_in_text=False)
+            lines = [line for line in lines if line["conversation"] not in probed]
             decisions = [
                 {
                     "at_s": (row.decided_at - started).total_seconds(),
@@ -473,6 +538,10 @@ def run_live_window(
                 trace_skipped=skipped,
                 window_s=until - since,
                 gateway_overhead_s=overhead,
+                gateway_overhead_load_s=(
+                    statistics.median(differences) if differences else None
+                ),
+                load_probes=len(differences),
                 replica_start_s=start_delay_s(pool.points),
                 wall_s=time.monotonic() - wall0,
             )

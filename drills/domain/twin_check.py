@@ -2,8 +2,9 @@
 
 Public surface: ``TwinLoad``, ``PlannedTurn``, ``rate_at``, ``plan_turns``,
 ``system_text``, ``user_text``, ``Served``, ``ReplicaPoint``, ``TwinFigures``,
-``figures_of``, ``first_turn_hit_share``, ``start_delay_s``, ``FigureRow``, ``TwinComparison``, ``compare``, ``GATED``,
-``twin_fleet_config``, ``served_of_fleet``, ``replay``.
+``probe_text``, ``figures_of``, ``first_turn_hit_share``, ``start_delay_s``, ``FigureRow``, ``TwinComparison``, ``compare``, ``GATED``,
+``twin_fleet_config``, ``served_of_fleet``, ``replay``, ``decode_s_per_token``,
+``followed_fleet``.
 
 ``manage.py twin_check`` (``drills.twin_live``) runs a small live window
 (gateway, node agent, simulated replicas, the autoscaler's tick), records it
@@ -20,6 +21,14 @@ and falls back (``rate_at``); an arrival continues an open conversation (its
 history grows by the last answer and a new question) or starts one, whose
 system prompt is one of ``system_prompts`` shared ones (``shared_system_share``)
 or its own.
+
+The twin replays the trace twice. Once as the live pool ran, its own autoscaler
+deciding (``twin_fleet_config``): that replay predicts the replicas the
+autoscaler chose. Once on the fleet the live pool had (``followed_fleet``: the
+live scale-ups, serving when the live replicas did): that one predicts the
+request figures (TTFT, hits, tokens in flight, decode), so that a scale-up a
+few seconds apart on the two sides (a 4 s panic window over a few hundred
+requests) is not read as the engine or the router being wrong.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ from dataclasses import dataclass, field, replace
 from itertools import pairwise
 
 from drills.domain.fleet import FleetSim
-from drills.domain.fleet_config import FleetConfig
+from drills.domain.fleet_config import FleetConfig, FleetEvent
 from drills.domain.fleet_scaling import ColdStart, FleetAutoscaling
 from drills.domain.replica import FleetRequest
 from drills.domain.workload import Arrival, TeamSpec
@@ -200,6 +209,12 @@ def _words(key: str, n: int) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(n))
 
 
+def probe_text(key: str, words: int) -> str:
+    """Return ``words`` words of filler that start with ``key`` (distinct keys
+    share no KV block: no probe hits another's prefix)."""
+    return f"{key} " + _words(key, words)
+
+
 def system_text(load: TwinLoad, turn: PlannedTurn) -> str:
     """Return the system prompt of ``turn``'s conversation (shared or its own)."""
     key = (
@@ -231,6 +246,7 @@ class Served:
     prompt_tokens: int
     cached_tokens: int
     max_tokens: int
+    output_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +270,7 @@ class TwinFigures:
     replicas_mean: float | None
     replicas_peak: int | None
     desired_changes: int
+    decode_s_per_token: float | None = None
 
 
 def figures_of(
@@ -271,6 +288,7 @@ def figures_of(
     averaged over time between the points (each holds until the next).
     ``ttft_offset_s`` is added to every TTFT (the simulator's side: the replica's
     frontend and the gateway's measured overhead, which it does not model).
+    Decode is ``decode_s_per_token``.
     """
     if window_s <= 0:
         raise ValueError("window_s must be positive")
@@ -298,6 +316,7 @@ def figures_of(
         replicas_mean=mean,
         replicas_peak=max(p.serving for p in points) if points else None,
         desired_changes=changes,
+        decode_s_per_token=decode_s_per_token(served),
     )
 
 
@@ -390,6 +409,7 @@ def compare(
         "replicas_mean",
         "replicas_peak",
         "desired_changes",
+        "decode_s_per_token",
     )
     unknown = gates - set(names)
     if unknown:
@@ -457,9 +477,48 @@ def served_of_fleet(requests: Iterable[FleetRequest]) -> list[Served]:
                 prompt_tokens=r.prompt_tokens,
                 cached_tokens=r.cached_tokens,
                 max_tokens=r.max_tokens,
+                output_tokens=r.output_tokens,
             )
         )
     return served
+
+
+def followed_fleet(
+    config: FleetConfig,
+    live: Sequence[ReplicaPoint],
+    *,
+    start_s: float,
+    shift_s: float,
+) -> tuple[FleetConfig, list[FleetEvent]]:
+    """Return ``config`` without its autoscaler, from the live pool's first size,
+    and the events that add a replica where the live one did: each rise in the
+    replicas serving at ``at`` (live clock; the trace's is ``shift_s`` later)
+    becomes an ``add_replica`` that serves then (``start_s`` after it is asked
+    for, as ``config``'s cold start says). A fall is not followed: the live
+    replica drains its streams, and the twin keeps it to the end."""
+    points = sorted(live, key=lambda p: p.at)
+    first = points[0].serving if points else config.replicas
+    events, most = [], first
+    for point in points:
+        if point.serving > most:
+            at = max(0.0, point.at - shift_s - start_s)
+            events.append(FleetEvent(at, "add_replica", count=point.serving - most))
+            most = point.serving
+    followed = replace(
+        config, replicas=max(1, first), autoscaling=None, cold_start_s=start_s
+    )
+    return followed, events
+
+
+def decode_s_per_token(served: Iterable[Served]) -> float | None:
+    """Return the median time per output token after the first (each answer of
+    two tokens or more); None without one."""
+    per_token = [
+        (s.ended_at - s.at - s.ttft_s) / (s.output_tokens - 1)
+        for s in served
+        if s.output_tokens > 1
+    ]
+    return percentile(per_token, 0.50) if per_token else None
 
 
 def replay(
@@ -468,12 +527,13 @@ def replay(
     *,
     window_s: float,
     teams: Iterable[TeamSpec] = (),
+    events: Iterable[FleetEvent] = (),
 ) -> tuple[list[Served], list[ReplicaPoint]]:
     """Replay a trace's arrivals in the fleet simulator (``teams``: the trace's
-    teams with their limits); return the answered requests and the pool's
-    replicas each second (serving, and the size the autoscaler's last tick asked
-    for)."""
-    result = FleetSim(config, arrivals=arrivals, teams=teams).run(
+    teams with their limits; ``events``: ``followed_fleet``'s); return the
+    answered requests and the pool's replicas each second (serving, and the size
+    the autoscaler's last tick asked for)."""
+    result = FleetSim(config, arrivals=arrivals, teams=teams, events=events).run(
         window_s, drain_s=120.0
     )
     ticks = list(result.scaling.ticks) if result.scaling is not None else []

@@ -70,6 +70,12 @@ def test_twin_check_compares_the_replay_with_the_live_window(
     assert failed == (not data["passed"])
     assert seed["series"]["live_ttft_s"] and seed["series"]["twin_ttft_s"]
     assert seed["series"]["live_replicas"] and seed["series"]["twin_replicas"]
+    # The gateway's overhead was probed during the load too, and it is what the
+    # prediction adds; the twin's own autoscaler's replay is reported beside.
+    assert seed["load_probes"] > 0
+    assert seed["gateway_overhead_ms"] >= 0 and seed["gateway_overhead_idle_ms"] >= 0
+    assert seed["autoscaled_twin"]["requests"] > 0
+    assert figures["decode_s_per_token"]["measured"] > 0
     # The exported trace holds no text, and the scratch model is gone.
     lines = Path(seed["trace"]).read_text(encoding="utf-8").splitlines()
     assert len(lines) == seed["trace_requests"]

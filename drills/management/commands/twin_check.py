@@ -7,9 +7,14 @@ autoscaler's tick; ``drills.twin_live``) under a compressed day of conversations
 recorded by the traffic twin and exported; the export replayed in the fleet
 simulator configured as the live pool (``drills.domain.twin_check``, ``drills.twin_compare``); then
 predicted against measured: p95 TTFT, prefix hit rate, mean tokens in flight and
-the replicas the autoscaler chose, with the relative error. The simulator's TTFT
+the replicas the autoscaler chose, with the relative error. The replicas are
+the replay's own autoscaler's; the other figures are the replay's on the fleet
+the live pool had (its scale-ups followed), and the replay with its own
+autoscaler's p95 and hit rate are printed after. The simulator's TTFT
 gets the replica's frontend time (the shared profile's ``frontend_ms``) and the
-gateway's overhead measured at idle in the same run, which it does not model.
+gateway's overhead, which it does not model, as paired probes (through the
+gateway, straight to a replica) read it during the load; their records leave
+the trace.
 Fails when p95 TTFT or the hit rate of any seed is off by more than
 ``--tolerance`` (15%). Traces go to ``--out-dir``.
 """
@@ -36,6 +41,7 @@ _LABELS = {
     "replicas_mean": ("replicas serving (mean)", 1.0, "{:.2f}"),
     "replicas_peak": ("replicas serving (peak)", 1.0, "{:.0f}"),
     "desired_changes": ("autoscaler size changes", 1.0, "{:.0f}"),
+    "decode_s_per_token": ("decode ms per token", 1000.0, "{:.2f}"),
 }
 
 
@@ -143,7 +149,9 @@ def _print(
             f"seed {seed['seed']}: {seed['live_requests']} live requests "
             f"(failed: {seed['live_failed'] or 'none'}), trace {seed['trace_requests']} lines, "
             f"window {seed['window_s']:.0f} s, gateway overhead "
-            f"{seed['gateway_overhead_ms']:.1f} ms + replica frontend "
+            f"{seed['gateway_overhead_ms']:.1f} ms under the load "
+            f"({seed['load_probes']} probes; idle "
+            f"{seed['gateway_overhead_idle_ms']:.1f}) + replica frontend "
             f"{seed['frontend_ms']:.1f} ms added to the prediction, replica start "
             f"{seed['replica_start_s']:.1f} s"
         )
@@ -161,6 +169,12 @@ def _print(
                 f"live hits on first turns (system prompts shared across "
                 f"conversations): {shared:.3f} of prompt tokens"
             )
+        own = seed["autoscaled_twin"]
+        write(
+            f"the twin on its own autoscaler: {own['requests']} requests, p95 TTFT "
+            f"{_cell('ttft_p95_s', own['ttft_p95_s'])} ms, hit rate "
+            f"{_cell('hit_rate', own['hit_rate'])}"
+        )
         write(f"live sizes: {seed['live_sizes']}")
         write(f"twin sizes: {seed['twin_sizes']}")
     write("")

@@ -6,21 +6,26 @@ from itertools import pairwise
 
 import pytest
 
-from drills.domain.fleet_config import FleetConfig
+from drills.domain.fleet import FleetSim
+from drills.domain.fleet_config import FleetConfig, FleetEvent
 from drills.domain.twin_check import (
     ReplicaPoint,
     Served,
     TwinFigures,
     TwinLoad,
     compare,
+    decode_s_per_token,
     figures_of,
     first_turn_hit_share,
+    followed_fleet,
     plan_turns,
+    probe_text,
     rate_at,
     start_delay_s,
     system_text,
     twin_fleet_config,
 )
+from drills.domain.workload import ChatWorkload
 from models_registry.domain.autoscaler import ScalingSettings
 
 
@@ -197,3 +202,76 @@ def test_first_turn_hits_are_the_shared_prefixes_of_a_trace() -> None:
     ]
     assert first_turn_hit_share(lines) == pytest.approx(48 / 400)
     assert first_turn_hit_share([]) is None
+
+
+def test_decode_per_token_is_the_median_after_the_first_token() -> None:
+    """(ended - at - ttft) / (output - 1), median; answers of one token say
+    nothing about decode."""
+
+    def answer(ttft: float, ended: float, output: int) -> Served:
+        return Served(
+            at=10.0,
+            ended_at=10.0 + ended,
+            ttft_s=ttft,
+            prompt_tokens=100,
+            cached_tokens=0,
+            max_tokens=64,
+            output_tokens=output,
+        )
+
+    assert decode_s_per_token(
+        [answer(0.1, 1.1, 101), answer(0.1, 0.6, 51), answer(0.2, 3.2, 101)]
+    ) == pytest.approx(0.01)
+    assert decode_s_per_token([answer(0.1, 0.1, 1), answer(0.1, 0.5, 0)]) is None
+
+
+def test_followed_fleet_adds_replicas_where_the_live_pool_did() -> None:
+    """GIVEN a live pool that served 1 replica, 2 from 40 s, 3 from 70 s, then
+    drained one at 110 s, with replicas serving 2 s after they are asked for,
+    and a trace whose clock starts 0.5 s after the live one
+    THEN the followed fleet starts at 1 replica with no autoscaler, and asks for
+    one replica at 37.5 s and one at 67.5 s (serving when the live ones did, on
+    the trace's clock); the drain is not followed."""
+    live = [
+        ReplicaPoint(0.0, 1, 1),
+        ReplicaPoint(38.0, 1, 2),
+        ReplicaPoint(40.0, 2, 2),
+        ReplicaPoint(70.0, 3, 3),
+        ReplicaPoint(71.0, 3, 3),
+        ReplicaPoint(110.0, 2, 2),
+    ]
+    base = twin_fleet_config(
+        FleetConfig(),
+        settings=ScalingSettings(min_replicas=1, max_replicas=3),
+        replica_tokens_in_flight=1000,
+        profile="a100-8b",
+        interval_s=2.0,
+        start_s=2.0,
+        seed=0,
+    )
+    config, events = followed_fleet(base, live, start_s=2.0, shift_s=0.5)
+    assert (config.replicas, config.autoscaling, config.cold_start_s) == (1, None, 2.0)
+    assert config.admission and config.block_size == base.block_size
+    assert [(e.kind, e.at, e.count) for e in events] == [
+        ("add_replica", pytest.approx(37.5), 1),
+        ("add_replica", pytest.approx(67.5), 1),
+    ]
+
+
+def test_the_followed_fleet_serves_from_the_live_times() -> None:
+    """GIVEN a steady load on the followed fleet of one replica, one more asked
+    for at 20 s with a 2 s start
+    THEN the second replica serves from 22 s on."""
+    config = FleetConfig(replicas=1, block_size=16, cold_start_s=2.0)
+    events = [FleetEvent(20.0, "add_replica")]
+    result = FleetSim(config, ChatWorkload(arrival_rate=1.0), events=events).run(40.0)
+    serving = {round(s.at): s.replicas for s in result.samples}
+    assert serving[21] == 1 and serving[23] == 2
+
+
+def test_probe_text_starts_with_its_key_and_is_as_long_as_asked() -> None:
+    text = probe_text("probe 3 direct", 8)
+    assert text.startswith("probe 3 direct ")
+    assert len(text.split()) == 3 + 8
+    assert text == probe_text("probe 3 direct", 8)
+    assert probe_text("probe 3 through", 8) != text
