@@ -4,7 +4,8 @@ finish: the locks one takes never wait on the other's.
 What deadlocked in CI: the pass locked its region's pools (and, through the
 join, their versions) then inserted a replica naming the model; the step locked
 the model then pointed its canary at a version. Each insert's foreign-key check
-waited on the other's lock.
+waited on the other's lock. PostgreSQL's row locks are what is tested: the
+test skips on another database.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def _in_transaction(
 
 
 def test_an_agent_pass_and_a_rollout_step_do_not_deadlock(
-    chat_v1: ModelVersion,
+    postgres: None, chat_v1: ModelVersion
 ) -> None:
     """GIVEN chat-7b@v1 live and v2 ready, each with a pool in region 'test'
     WHEN an agent's pass holds the region's pool locks and a rollout's step holds
