@@ -103,19 +103,21 @@ def check_seed(
         if window.gateway_overhead_load_s is not None
         else window.gateway_overhead_s
     )
+    # And the replica's own time per request beyond its profile, read at idle.
+    offset_s = frontend_s + overhead_s + window.replica_residual_s
     measured = figures_of(window.served, window.replicas, window_s=window.window_s)
     predicted = figures_of(
         predicted_served,
         predicted_points,
         window_s=window.window_s,
-        ttft_offset_s=frontend_s + overhead_s,
+        ttft_offset_s=offset_s,
     )
     comparison = compare(predicted, measured, tolerance=tolerance)
     scaled = figures_of(
         scaled_served,
         predicted_points,
         window_s=window.window_s,
-        ttft_offset_s=frontend_s + overhead_s,
+        ttft_offset_s=offset_s,
     )
     gateway_mean = (
         sum(t for _, t in window.gateway_tokens_in_flight)
@@ -135,6 +137,7 @@ def check_seed(
         "gateway_overhead_ms": overhead_s * 1000.0,
         "gateway_overhead_idle_ms": window.gateway_overhead_s * 1000.0,
         "load_probes": window.load_probes,
+        "replica_residual_ms": window.replica_residual_s * 1000.0,
         "frontend_ms": frontend_s * 1000.0,
         "replica_start_s": start_s,
         "gateway_tokens_in_flight_mean": gateway_mean,
@@ -152,9 +155,7 @@ def check_seed(
         "wall_s": round(window.wall_s, 1),
         "series": {
             "live_ttft_s": [s.ttft_s for s in window.served],
-            "twin_ttft_s": [
-                s.ttft_s + frontend_s + overhead_s for s in predicted_served
-            ],
+            "twin_ttft_s": [s.ttft_s + offset_s for s in predicted_served],
             "live_replicas": [[p.at, p.serving, p.desired] for p in window.replicas],
             "twin_replicas": [[p.at, p.serving, p.desired] for p in predicted_points],
             "gateway_tokens_in_flight": window.gateway_tokens_in_flight,

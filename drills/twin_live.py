@@ -18,7 +18,9 @@ flight (its live-load share in Redis). Probes measure the gateway's own
 overhead (TTFT through the gateway less TTFT of a like request sent straight to
 a replica, in pairs): before the load, at idle, and a pair a second during it,
 from the load's event loop (what the client adds is in it too); the records of
-the probes during the load leave the trace. Then the window is exported as ``export_traffic`` does
+the probes during the load leave the trace. Idle probes of the load's prompt
+size sent straight to a replica read its time beyond its profile
+(``measure_replica_residual``). Then the window is exported as ``export_traffic`` does
 (``routing.traffic.read_traffic``, ``routing.domain.traffic.trace_lines``), and
 everything it created is removed.
 """
@@ -27,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import secrets
@@ -54,10 +55,17 @@ from drills.domain.twin_check import (
     Served,
     TwinLoad,
     plan_turns,
-    probe_text,
     start_delay_s,
     system_text,
     user_text,
+)
+from drills.twin_probes import (
+    Probe,
+    measure_overhead,
+    measure_replica_residual,
+    probe_conversation,
+    probe_during,
+    stream_chat,
 )
 from engine_nodes.domain.load_shares import sum_pool_load
 from engine_nodes.models import Replica, ScalingDecision
@@ -100,14 +108,6 @@ _BODY = {
     "gpus_per_replica": 1,
     "engine_config": {"sim_profile": PROFILE, "max_model_len": 8192},
 }
-_PROBES = 30  # pairs measured
-_WARM_PROBES = 5  # pairs dropped first
-# Each probe's prompt, in words: short, so that the probes sent during the load
-# (left out of its trace) add no prefill worth replaying. The gateway's overhead
-# at idle read the same with 180 words (3.0 ms) as with a few (2.4-4.1 ms). The
-# two sides of a pair send different words: neither hits the other's blocks.
-_PROBE_WORDS = 8
-_PROBE_EVERY_S = 1.0  # a pair this often during the load
 
 
 @dataclass(frozen=True)
@@ -153,45 +153,12 @@ class LiveWindow:
     gateway_overhead_s: float  # at idle, before the load
     gateway_overhead_load_s: float | None  # during it (None: no probe answered)
     load_probes: int
+    replica_residual_s: float  # beyond the profile, at idle, at the load's prompt
     replica_start_s: float | None
     wall_s: float
 
 
 # -- the load generator ------------------------------------------------------------------
-
-
-async def _stream(
-    client: httpx.AsyncClient,
-    url: str,
-    headers: dict[str, str],
-    body: dict[str, Any],
-) -> tuple[float | None, str, dict[str, Any] | None, int]:
-    """Send one streaming chat; return (TTFT, answer text, usage, status); a
-    refusal's text is its error code."""
-    started = time.perf_counter()
-    ttft: float | None = None
-    parts: list[str] = []
-    usage: dict[str, Any] | None = None
-    async with client.stream("POST", url, json=body, headers=headers) as response:
-        if response.status_code != 200:
-            raw = await response.aread()
-            with contextlib.suppress(ValueError, KeyError, TypeError):
-                code = json.loads(raw)["error"]["code"]
-                return None, str(code), None, response.status_code
-            return None, "", None, response.status_code
-        async for line in response.aiter_lines():
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            for choice in chunk.get("choices") or ():
-                text = (choice.get("delta") or {}).get("content")
-                if text:
-                    if ttft is None:
-                        ttft = time.perf_counter() - started
-                    parts.append(text)
-            if chunk.get("usage"):
-                usage = chunk["usage"]
-    return ttft, "".join(parts), usage, 200
 
 
 class _Conversations:
@@ -224,72 +191,8 @@ class _Conversations:
             history.append({"role": "assistant", "content": text})
 
 
-@dataclass(frozen=True)
-class _Probe:
-    """Where the overhead probes go: the gateway, and one replica straight."""
-
-    gateway_url: str
-    key: str
-    replica_url: str
-    engine_key: str
-
-    def body(self, i: int, side: str) -> dict[str, Any]:
-        text = probe_text(f"probe {i} {side}", _PROBE_WORDS)
-        messages = [{"role": "user", "content": text}]
-        return {"model": MODEL, "messages": messages, "max_tokens": 1, "stream": True}
-
-    async def pair(self, client: httpx.AsyncClient, i: int) -> float | None:
-        """Return one pair's TTFT through the gateway less straight to the
-        replica (the order alternating with ``i``); None if either failed."""
-
-        async def through() -> float | None:
-            headers = {
-                "Authorization": f"Bearer {self.key}",
-                "x-conversation-id": probe_conversation(i),
-            }
-            url = f"{self.gateway_url}/v1/chat/completions"
-            return (await _stream(client, url, headers, self.body(i, "through")))[0]
-
-        async def direct() -> float | None:
-            headers = {"Authorization": f"Bearer {self.engine_key}"}
-            url = f"{self.replica_url}/v1/chat/completions"
-            return (await _stream(client, url, headers, self.body(i, "direct")))[0]
-
-        try:
-            if i % 2:
-                d, t = await direct(), await through()
-            else:
-                t, d = await through(), await direct()
-        except httpx.HTTPError:
-            return None
-        return None if t is None or d is None else t - d
-
-
-def probe_conversation(i: int) -> str:
-    """The conversation id of probe ``i`` (its records leave the trace)."""
-    return f"twin-probe-{i}"
-
-
-async def _probe_during(
-    probe: _Probe, done: asyncio.Event, *, every_s: float
-) -> tuple[list[float], int]:
-    """Send a probe pair every ``every_s`` until ``done``; return the differences
-    and the number of the first pair not sent."""
-    differences: list[float] = []
-    async with httpx.AsyncClient(timeout=30) as client:
-        i = 0
-        while not done.is_set():  # numbered after the idle probes
-            difference = await probe.pair(client, _WARM_PROBES + _PROBES + i)
-            if difference is not None:
-                differences.append(difference)
-            i += 1
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(done.wait(), timeout=every_s)
-    return differences, _WARM_PROBES + _PROBES + i
-
-
 async def _play(
-    url: str, key: str, load: TwinLoad, probe: _Probe
+    url: str, key: str, load: TwinLoad, probe: Probe
 ) -> tuple[list[Served], dict[str, int], float, float, tuple[list[float], int]]:
     """Play the plan against the gateway while probing its overhead; return what
     was served (times from the first send), how many failed, the window's start
@@ -310,7 +213,7 @@ async def _play(
                 messages = conversations.ask(turn)
                 sent = time.perf_counter()
                 try:
-                    ttft, text, usage, status = await _stream(
+                    ttft, text, usage, status = await stream_chat(
                         client,
                         endpoint,
                         {
@@ -352,9 +255,7 @@ async def _play(
             )
 
         done = asyncio.Event()
-        probing = asyncio.create_task(
-            _probe_during(probe, done, every_s=_PROBE_EVERY_S)
-        )
+        probing = asyncio.create_task(probe_during(probe, done))
         await asyncio.gather(*(one(turn) for turn in turns))
         done.set()
         probed = await probing
@@ -419,33 +320,6 @@ class _Pool:
         self.in_flight.append((at, load.tokens_in_flight))
 
 
-# -- the gateway's own overhead -------------------------------------------------------
-
-
-def measure_overhead(probe: _Probe) -> float:
-    """Return the gateway's TTFT overhead at idle: the median, over pairs, of the
-    same-sized one-token request through the gateway less straight to a replica.
-
-    The first pairs warm both paths and are dropped; the order within a pair
-    alternates, so neither path always runs just after the other. Paired
-    differences, not a difference of medians: the shared machine's slow moments
-    then cancel within a pair instead of landing on one side.
-    """
-
-    async def pairs() -> list[float]:
-        async with httpx.AsyncClient(timeout=30) as client:
-            found = []
-            for i in range(_WARM_PROBES + _PROBES):
-                difference = await probe.pair(client, i)
-                if difference is None:
-                    raise RuntimeError("an idle probe failed")
-                if i >= _WARM_PROBES:
-                    found.append(difference)
-            return found
-
-    return max(0.0, statistics.median(asyncio.run(pairs())))
-
-
 # -- the run -----------------------------------------------------------------------------
 
 
@@ -495,9 +369,11 @@ def run_live_window(
             replica = Replica.objects.filter(model_id=MODEL, state="serving").first()
             if replica is None:
                 raise RuntimeError("no serving replica to probe")
-            probe = _Probe(gateway.url, key, replica.url, engine_key)
+            probe = Probe(MODEL, PROFILE, gateway.url, key, replica.url, engine_key)
             overhead = measure_overhead(probe)
             log(f"gateway overhead at idle: {overhead * 1000:.1f} ms (median TTFT)")
+            residual = measure_replica_residual(probe)
+            log(f"replica time beyond its profile: {residual * 1000:.1f} ms")
             started = timezone.now()
             pool = _Pool(plan, region, prefix)
             pool.start(time.perf_counter())
@@ -542,6 +418,7 @@ def run_live_window(
                     statistics.median(differences) if differences else None
                 ),
                 load_probes=len(differences),
+                replica_residual_s=residual,
                 replica_start_s=start_delay_s(pool.points),
                 wall_s=time.monotonic() - wall0,
             )

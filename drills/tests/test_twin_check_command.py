@@ -74,6 +74,7 @@ def test_twin_check_compares_the_replay_with_the_live_window(
     # prediction adds; the twin's own autoscaler's replay is reported beside.
     assert seed["load_probes"] > 0
     assert seed["gateway_overhead_ms"] >= 0 and seed["gateway_overhead_idle_ms"] >= 0
+    assert seed["replica_residual_ms"] >= 0
     assert seed["autoscaled_twin"]["requests"] > 0
     assert figures["decode_s_per_token"]["measured"] > 0
     # The exported trace holds no text, and the scratch model is gone.

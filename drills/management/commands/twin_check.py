@@ -13,8 +13,9 @@ the live pool had (its scale-ups followed), and the replay with its own
 autoscaler's p95 and hit rate are printed after. The simulator's TTFT
 gets the replica's frontend time (the shared profile's ``frontend_ms``) and the
 gateway's overhead, which it does not model, as paired probes (through the
-gateway, straight to a replica) read it during the load; their records leave
-the trace.
+gateway, straight to a replica) read it during the load (their records leave
+the trace), and the replica's own time beyond its profile (idle probes of the
+load's prompt size straight to a replica, less the profile's TTFT for them).
 Fails when p95 TTFT or the hit rate of any seed is off by more than
 ``--tolerance`` (15%). Traces go to ``--out-dir``.
 """
@@ -152,7 +153,8 @@ def _print(
             f"{seed['gateway_overhead_ms']:.1f} ms under the load "
             f"({seed['load_probes']} probes; idle "
             f"{seed['gateway_overhead_idle_ms']:.1f}) + replica frontend "
-            f"{seed['frontend_ms']:.1f} ms added to the prediction, replica start "
+            f"{seed['frontend_ms']:.1f} ms + replica beyond its profile "
+            f"{seed['replica_residual_ms']:.1f} ms added to the prediction, replica start "
             f"{seed['replica_start_s']:.1f} s"
         )
         write(f"{'figure':<26} {'predicted':>10} {'measured':>10} {'error':>8}")
