@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import secrets
 import tempfile
 import time
@@ -24,7 +23,7 @@ from django.utils import timezone
 from accounts.models import Team
 from drills.domain.isolation import Sample
 from localrun.processes import (
-    database_url,
+    drill_env,
     serving_replicas,
     start_agent,
     start_gateway,
@@ -175,16 +174,7 @@ def run_isolation(plan: IsolationPlan) -> list[Sample]:
     region = f"iso-{secrets.token_hex(3)}"
     prefix = f"{settings.REDIS_KEY_PREFIX}-iso-{secrets.token_hex(3)}"
     keys = _register(plan, region)
-    env = dict(os.environ)
-    env.update(
-        DATABASE_URL=database_url(),
-        PLATFORM_REGION=region,
-        PLATFORM_REDIS_PREFIX=prefix,
-        PLATFORM_SNAPSHOT_REFRESH_S="1",
-        PLATFORM_DEFAULT_TOKENS_PER_MINUTE="0",
-        SECRET_KEY=settings.SECRET_KEY,
-    )
-    env.pop("DJANGO_SETTINGS_MODULE", None)
+    env = drill_env(region=region, prefix=prefix, PLATFORM_SNAPSHOT_REFRESH_S="1")
     tmp = Path(tempfile.mkdtemp(prefix="isolation-"))
     agent = start_agent(env, tmp, region=region, node="iso-node", gpus=plan.replicas)
     gateway = None

@@ -27,7 +27,6 @@ ignore. The other scenarios keep the floor.
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 import tempfile
 import threading
@@ -46,7 +45,7 @@ from django.utils import timezone
 from accounts.models import Team
 from control import rollout_guard
 from localrun.processes import (
-    database_url,
+    drill_env,
     serving_replicas,
     start_agent,
     start_gateway,
@@ -247,17 +246,9 @@ def run_live_rollout(scenario: str, plan: LiveRolloutPlan) -> LiveOutcome:
     region = f"ro-{secrets.token_hex(3)}"
     prefix = f"{settings.REDIS_KEY_PREFIX}-ro-{secrets.token_hex(3)}"
     key = _register(plan, region, engine_config)
-    env = dict(os.environ)
-    env.update(
-        DATABASE_URL=database_url(),
-        PLATFORM_REGION=region,
-        PLATFORM_REDIS_PREFIX=prefix,
-        PLATFORM_SNAPSHOT_REFRESH_S="0.5",
-        PLATFORM_FIGURES_BUCKET_S=str(plan.bucket_s),
-        PLATFORM_DEFAULT_TOKENS_PER_MINUTE="0",
-        SECRET_KEY=settings.SECRET_KEY,
+    env = drill_env(
+        region=region, prefix=prefix, PLATFORM_FIGURES_BUCKET_S=str(plan.bucket_s)
     )
-    env.pop("DJANGO_SETTINGS_MODULE", None)
     tmp = Path(tempfile.mkdtemp(prefix="rollout-drill-"))
     agent = start_agent(
         env, tmp, region=region, node="ro-node", gpus=2 * plan.replicas + 1

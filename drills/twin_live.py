@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import secrets
 import statistics
 import tempfile
@@ -70,7 +69,7 @@ from drills.twin_probes import (
 from engine_nodes.domain.load_shares import sum_pool_load
 from engine_nodes.models import Replica, ScalingDecision
 from localrun.processes import (
-    database_url,
+    drill_env,
     serving_replicas,
     start_agent,
     start_gateway,
@@ -334,18 +333,12 @@ def run_live_window(
     prefix = settings.REDIS_KEY_PREFIX
     engine_key = f"engine-{secrets.token_urlsafe(16)}"
     key = _register(plan, region)
-    env = dict(os.environ)
-    env.update(
-        DATABASE_URL=database_url(),
-        PLATFORM_REGION=region,
-        PLATFORM_REDIS_PREFIX=prefix,
-        PLATFORM_SNAPSHOT_REFRESH_S="0.5",
-        PLATFORM_DEFAULT_TOKENS_PER_MINUTE="0",
+    env = drill_env(
+        region=region,
+        prefix=prefix,
         PLATFORM_ENGINE_API_KEY=engine_key,
         PLATFORM_TRAFFIC_FLUSH_S="0.5",
-        SECRET_KEY=settings.SECRET_KEY,
     )
-    env.pop("DJANGO_SETTINGS_MODULE", None)
     tmp = Path(tempfile.mkdtemp(prefix="twin-check-"))
     agent = start_agent(
         env, tmp, region=region, node="twin-node", gpus=plan.max_replicas

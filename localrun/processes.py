@@ -1,7 +1,7 @@
 """Start the platform's processes on this machine and wait on them.
 
 Public surface: ``ROOT``, ``wait_until``, ``free_port``, ``Process``, ``spawn``,
-``server_pgid``, ``is_healthy``, ``database_url``, ``SERVERS``, ``gateway_argv``,
+``server_pgid``, ``is_healthy``, ``database_url``, ``drill_env``, ``SERVERS``, ``gateway_argv``,
 ``start_gateway``, ``agent_argv``, ``start_agent``, ``sim_replica``, ``serving_replicas``,
 ``manage``, ``bootstrap_platform``.
 
@@ -136,6 +136,28 @@ def database_url() -> str:
     host = settings.get("HOST") or "127.0.0.1"
     port = f":{settings['PORT']}" if settings.get("PORT") else ""
     return f"postgresql://{user}{password}@{host}{port}/{settings['NAME']}"
+
+
+def drill_env(*, region: str, prefix: str, **overrides: str) -> dict[str, str]:
+    """Return the environment of a live drill's gateway and agent: this process's
+    environment, database and ``SECRET_KEY``, ``region`` under its own Redis
+    ``prefix``, a 0.5 s snapshot refresh and no default token limit; then
+    ``overrides`` (settings' names). Without ``DJANGO_SETTINGS_MODULE``: each
+    process picks its own."""
+    from django.conf import settings
+
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "PLATFORM_REGION": region,
+        "PLATFORM_REDIS_PREFIX": prefix,
+        "PLATFORM_SNAPSHOT_REFRESH_S": "0.5",
+        "PLATFORM_DEFAULT_TOKENS_PER_MINUTE": "0",
+        "SECRET_KEY": settings.SECRET_KEY,
+        **overrides,
+    }
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    return env
 
 
 def spawn(argv: list[str], env: dict[str, str], log_path: Path, url: str) -> Process:
