@@ -76,8 +76,9 @@ def check_seed(
         seed=plan.load.seed,
     )
     team = TeamSpec("team-" + salted_id(TEAM, traffic_salt()), guaranteed_share=1.0)
+    trace = read_trace(path)  # the export as written, read back once
     scaled_served, predicted_points = replay(
-        trace_arrivals(read_trace(path)),
+        trace_arrivals(trace),
         config,
         window_s=window.window_s,
         teams=[team],
@@ -86,7 +87,7 @@ def check_seed(
         config, window.replicas, start_s=start_s, shift_s=shift
     )
     predicted_served, _ = replay(
-        trace_arrivals(read_trace(path)),
+        trace_arrivals(trace),
         followed,
         window_s=window.window_s,
         teams=[team],

@@ -19,6 +19,7 @@ import contextlib
 import json
 import statistics
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,6 +157,26 @@ async def probe_during(
     return differences, _WARM_PROBES + _PROBES + i
 
 
+def _idle_median(
+    measure: Callable[[httpx.AsyncClient, int], Awaitable[float | None]], what: str
+) -> float:
+    """Return the median of ``measure`` over the idle probes, the first
+    ``_WARM_PROBES`` (which warm the paths) dropped; at least 0."""
+
+    async def values() -> list[float]:
+        found = []
+        async with httpx.AsyncClient(timeout=30) as client:
+            for i in range(_WARM_PROBES + _PROBES):
+                value = await measure(client, i)
+                if value is None:
+                    raise RuntimeError(f"{what} failed")
+                if i >= _WARM_PROBES:
+                    found.append(value)
+        return found
+
+    return max(0.0, statistics.median(asyncio.run(values())))
+
+
 def measure_overhead(probe: Probe) -> float:
     """Return the gateway's TTFT overhead at idle: the median, over pairs, of the
     same-sized one-token request through the gateway less straight to a replica.
@@ -165,19 +186,7 @@ def measure_overhead(probe: Probe) -> float:
     differences, not a difference of medians: the shared machine's slow moments
     then cancel within a pair instead of landing on one side.
     """
-
-    async def pairs() -> list[float]:
-        async with httpx.AsyncClient(timeout=30) as client:
-            found = []
-            for i in range(_WARM_PROBES + _PROBES):
-                difference = await probe.pair(client, i)
-                if difference is None:
-                    raise RuntimeError("an idle probe failed")
-                if i >= _WARM_PROBES:
-                    found.append(difference)
-            return found
-
-    return max(0.0, statistics.median(asyncio.run(pairs())))
+    return _idle_median(probe.pair, "an idle probe")
 
 
 def measure_replica_residual(probe: Probe) -> float:
@@ -187,33 +196,27 @@ def measure_replica_residual(probe: Probe) -> float:
     prefill step of the prompt's tokens). The profile models the GPU's time; a
     simulated replica also spends its process's own on each request."""
     profile = PROFILES[probe.profile]
+    headers = {"Authorization": f"Bearer {probe.engine_key}"}
+    url = f"{probe.replica_url}/v1/chat/completions"
 
-    async def residuals() -> list[float]:
-        found = []
-        headers = {"Authorization": f"Bearer {probe.engine_key}"}
-        url = f"{probe.replica_url}/v1/chat/completions"
-        async with httpx.AsyncClient(timeout=30) as client:
-            for i in range(_WARM_PROBES + _PROBES):
-                text = probe_text(f"residual {i}", _RESIDUAL_WORDS)
-                body = {
-                    "model": probe.model,
-                    "messages": [{"role": "user", "content": text}],
-                    "max_tokens": 1,
-                    "stream": True,
-                    "stream_options": {"include_usage": True},
-                }
-                ttft, _, usage, _ = await stream_chat(client, url, headers, body)
-                if ttft is None or usage is None:
-                    raise RuntimeError("a replica probe failed")
-                step_ms = step_time_ms(
-                    profile,
-                    decode_seqs=0,
-                    kv_tokens=0,
-                    prefill_chunks=[(int(usage["prompt_tokens"]), 0)],
-                )
-                modelled = (profile.frontend_ms + step_ms) / 1000.0
-                if i >= _WARM_PROBES:
-                    found.append(ttft - modelled)
-        return found
+    async def residual(client: httpx.AsyncClient, i: int) -> float | None:
+        text = probe_text(f"residual {i}", _RESIDUAL_WORDS)
+        body = {
+            "model": probe.model,
+            "messages": [{"role": "user", "content": text}],
+            "max_tokens": 1,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        ttft, _, usage, _ = await stream_chat(client, url, headers, body)
+        if ttft is None or usage is None:
+            return None
+        step_ms = step_time_ms(
+            profile,
+            decode_seqs=0,
+            kv_tokens=0,
+            prefill_chunks=[(int(usage["prompt_tokens"]), 0)],
+        )
+        return ttft - (profile.frontend_ms + step_ms) / 1000.0
 
-    return max(0.0, statistics.median(asyncio.run(residuals())))
+    return _idle_median(residual, "a replica probe")
