@@ -407,8 +407,9 @@ def run_live_window(
                 trace_skipped=skipped,
                 window_s=until - since,
                 gateway_overhead_s=overhead,
+                # At least 0, as the idle reading is.
                 gateway_overhead_load_s=(
-                    statistics.median(differences) if differences else None
+                    max(0.0, statistics.median(differences)) if differences else None
                 ),
                 load_probes=len(differences),
                 replica_residual_s=residual,
