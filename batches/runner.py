@@ -348,6 +348,7 @@ class _Job:
                     rate_tokens_s=self.throughput.rate(now),
                     standard_tokens_s=self.standard_tokens_s,
                     done_tokens=self.done_tokens,
+                    standard_share=max(self.window_share, self.guard.raised_share),
                 ),
                 self.pace,
                 now=now,

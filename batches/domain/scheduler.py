@@ -63,7 +63,12 @@ How a job is paced:
    window is full at 64 lines of 10 s makes 3,200 tokens/s whatever its team's
    limit; at the batch tier the rate per line also counts the lines' waits in the
    admission queue, which the standard tier would not have, so it is not used
-   there.
+   there. And no more than the batch guard leaves a raised job
+   (``JobView.standard_share``: the larger of the forecast's back-off and the
+   guard's ``raised_share``, ``batches.domain.guard``): while the guard holds
+   raised jobs back at a peak, the standard tier carries nothing new, and a job
+   that has no rate of its own to show is reported at risk then, not when the
+   peak is over and its deadline with it.
 5. **Expiry**: at the deadline, a job with lines left is expired; what finished is
    kept (the runner writes the partial output and marks the rest expired).
 """
@@ -203,6 +208,9 @@ class JobView:
     rate_tokens_s: float | None  # ``Throughput.rate``: the recent rate
     standard_tokens_s: float  # the team's tokens per minute / 60 (its ceiling)
     done_tokens: int  # tokens of every finished line (the mean rate's, rule 2)
+    # The share of its window the batch guard lets a raised job keep now (rule 4);
+    # 1 without a guard.
+    standard_share: float = 1.0
 
 
 def job_rate(job: JobView, now: float) -> float:
@@ -275,7 +283,9 @@ def plan_job(
         recent = job.rate_tokens_s or 0.0
         if job.escalation is Escalation.STANDARD and recent > 0 and job.in_flight > 0:
             window_rate = recent * settings.max_window / job.in_flight
-        standard_rate = max(rate, min(job.standard_tokens_s, window_rate))
+        standard_rate = max(
+            rate, min(job.standard_tokens_s, window_rate) * job.standard_share
+        )
     need_s = remaining_tokens / standard_rate if standard_rate > 0 else math.inf
     at_risk = need_s > left_s and (observed or left_s < observe_s)
 

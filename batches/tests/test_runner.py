@@ -364,3 +364,37 @@ def test_a_forecast_ramp_holds_new_lines_back_until_it_passes(
     ):
         pass
     assert gateway.calls == Counter({i: 1 for i in range(6)})
+
+
+def test_a_job_the_forecast_holds_back_is_reported_at_risk_at_once(
+    chat_v1: ModelVersion,
+    store: Path,
+    fast: None,
+    settings: Settings,
+    team: Team,
+    chat_model: Model,
+) -> None:
+    """GIVEN the pool's forecast past the back-off (0.8 expected ahead) and a job
+    due within its first verdict WHEN the runner works a slice THEN it sends
+    nothing, is raised, and is reported at risk: the guard leaves a raised job
+    none of its window, so the standard tier cannot finish it either."""
+    settings.PLATFORM_BATCH_GUARD_HORIZON_S = 240.0
+    settings.PLATFORM_BATCH_GUARD_BACKOFF_FROM = 0.45
+    settings.PLATFORM_BATCH_GUARD_BACKOFF_TO = 0.6
+    settings.PLATFORM_BATCH_GUARD_RAISED_SHARE = 0.0
+    capacity = 4 * 110_000.0
+    pool = Pool.objects.create(model_id="chat-7b", version=chat_v1, region="local")
+    pool.autoscaler_state = {
+        "state": {"trend": [0.0, 0.4 * capacity, 0.1 / 60 * capacity, 0, None]},
+        "last": {"signals": {"serving": 4.0, "replica_tokens_in_flight": 110_000}},
+    }
+    pool.save(update_fields=["autoscaler_state"])
+    batch = make_batch(team, 6, window="60s")
+    gateway = Gateway()
+    outcome = runner.run_batch(batch.id, slice_s=0.6, transport=gateway.transport)
+    assert outcome is runner.Outcome.CONTINUE
+    assert gateway.calls == Counter()
+    batch.refresh_from_db()
+    assert batch.priority == "standard"
+    assert batch.at_risk is True and batch.at_risk_since is not None
+    assert "finishes never" in batch.schedule_reason

@@ -187,6 +187,23 @@ def test_at_risk_when_the_jobs_own_window_caps_the_standard_tier() -> None:
     assert batch.escalation is Escalation.STANDARD and not batch.at_risk
 
 
+def test_at_risk_while_the_guard_holds_raised_jobs_back() -> None:
+    # A job submitted into the peak: nothing finished yet, its team may send
+    # 10,000 tokens/s, but the guard's back-off leaves a raised job none of its
+    # window. Nothing can finish it, so it is at risk at its first verdict.
+    held = view(rate_tokens_s=0.0, done_tokens=0, standard_share=0.0)
+    decision = plan(held, now=OBSERVED)
+    assert decision.at_risk and decision.reason.endswith("(no idle capacity seen yet)")
+    assert "finishes never" in decision.reason
+    # The same job with the guard's full window is raised, not at risk.
+    assert not plan(replace(held, standard_share=1.0), now=OBSERVED).at_risk
+    # A tenth of the window: the team's 1,000 tokens/s need 500 s; 9,910 are left.
+    assert not plan(replace(held, standard_share=0.1), now=OBSERVED).at_risk
+    # A job with a measured rate of its own is judged on it, guard or not.
+    going = replace(held, rate_tokens_s=100.0)
+    assert not plan(going, now=OBSERVED).at_risk
+
+
 def test_a_finished_job_sends_nothing_and_is_not_at_risk() -> None:
     decision = plan(view(remaining_lines=0, in_flight=0), now=20_000.0)
     assert decision.send == 0 and not decision.at_risk and not decision.expired

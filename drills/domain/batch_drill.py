@@ -12,10 +12,12 @@ towards 0.28 while interactive p95 TTFT stays within 5% of the run without batch
 and show the deadline policy meeting deadlines that plain idle-only scheduling
 misses." The seed's figures: a chat replica makes 2,500 output tokens/s, 9 M an
 hour: 0.28 USD per million when full, 0.56 when half busy, at 2.50 USD per
-GPU-hour; 12 chat replicas per region.
+GPU-hour; 12 chat replicas per region. The region runs the capacity plan's fleet
+for the seed (``drills.domain.planned_fleet``: 14, prefill counted and a region's
+loss covered), so without batch it is less than half busy.
 
 One region is simulated. The two regions are identical and independent: each runs
-its own 12 replicas for its own half of the traffic, and nothing crosses between
+its own replicas for its own half of the traffic, and nothing crosses between
 them without a failure, so the fleet's cost per token, utilisation and latencies
 are the region's and its GPU-hours and tokens are twice the region's.
 
@@ -24,7 +26,8 @@ The region's interactive traffic is the seed's chat workload (1,200-token prompt
 drill's day (``drills.domain.autoscaling_drill.load_factor``: night, a half-cosine
 rise from 06:00 to 12:00, peak until 16:00, a fall to 22:00), with its night at
 ``night_factor`` of its peak and scaled so that the day's mean is ``mean_load`` of
-the region's full output (12 x 2,500 tokens/s): "each region at half load". The day
+the seed's 12 replicas' full output (``load_replicas`` x 2,500 tokens/s): "each
+region at half load", 15,000 output tokens/s on average, whatever the fleet. The day
 is compressed into ``day_hours`` simulated hours; requests, the scheduler's
 windows and deadlines run in simulated (real-time) seconds.
 
@@ -170,7 +173,10 @@ class BatchScenario:
     (the module docstring; the ``deadline_fcfs`` case runs "fcfs" whatever it is).
     """
 
-    replicas: int = 12
+    # The capacity plan's for the seed (tests check it against the plan).
+    replicas: int = 14
+    # The fleet ``mean_load`` is a share of: the seed's 12 at half load.
+    load_replicas: int = 12
     tokens_per_s: float = 2500.0
     usd_per_gpu_hour: float = 2.5
     mean_load: float = 0.5
@@ -189,7 +195,8 @@ class BatchScenario:
     # The batch guard (``batches.domain.guard``) on the replicas and the jobs'
     # source; None: none (the drill before it).
     guard: BatchGuard | None = None
-    backfill_jobs: int = 10
+    # None: 10 for the seed's 12 replicas, in proportion for more or fewer.
+    backfill_jobs: int | None = None
     backfill_share: float = 0.8
     tight_share: float = 0.5
     settings: SchedulerSettings = field(default_factory=SchedulerSettings)
@@ -200,13 +207,19 @@ class BatchScenario:
     )
 
     def __post_init__(self) -> None:
-        if self.replicas < 1 or self.tokens_per_s <= 0 or self.usd_per_gpu_hour <= 0:
-            raise ValueError("replicas, tokens_per_s and usd_per_gpu_hour: positive")
+        if (
+            min(self.replicas, self.load_replicas) < 1
+            or self.tokens_per_s <= 0
+            or self.usd_per_gpu_hour <= 0
+        ):
+            raise ValueError(
+                "replicas, load_replicas, tokens_per_s and usd_per_gpu_hour: positive"
+            )
         if not 0 < self.mean_load < 1 or not 0 < self.night_factor <= 1:
             raise ValueError("mean_load must be in (0, 1), night_factor in (0, 1]")
         if min(self.day_hours, self.step_s, self.tick_s) <= 0 or self.warmup_s < 0:
             raise ValueError("day_hours, step_s, tick_s positive; warmup_s >= 0")
-        if self.backfill_jobs < 0:
+        if self.backfill_jobs is not None and self.backfill_jobs < 0:
             raise ValueError("backfill_jobs must be >= 0")
         teams = {team.name for team in self.batch_teams}
         for job in self.jobs or ():
@@ -225,8 +238,17 @@ class BatchScenario:
 
     @property
     def full_tokens_s(self) -> float:
-        """The region's output tokens/s when full (the seed's 12 x 2,500)."""
+        """The region's output tokens/s when full (the plan's 14 x 2,500)."""
         return self.replicas * self.tokens_per_s
+
+    @property
+    def backfill_count(self) -> int:
+        """The day-long bulk jobs: ``backfill_jobs``, or 10 for the seed's 12
+        replicas in proportion to the fleet (the idle capacity they fill grows
+        with it)."""
+        if self.backfill_jobs is not None:
+            return self.backfill_jobs
+        return max(1, round(10 * self.replicas / 12))
 
     @property
     def full_usd_per_m(self) -> float:
@@ -257,10 +279,11 @@ class BatchScenario:
 
     def peak_rps(self) -> float:
         """Interactive requests/s at the day's peak: the day's mean output is
-        ``mean_load`` of the region's full output."""
+        ``mean_load`` of ``load_replicas``' full output."""
         factors = [f for at, f in self.factors() if at >= self.warmup_s]
         mean = sum(factors) / len(factors)
-        return self.mean_load * self.full_tokens_s / self.workload.answer_tokens / mean
+        full = self.load_replicas * self.tokens_per_s
+        return self.mean_load * full / self.workload.answer_tokens / mean
 
     def job_list(self) -> tuple[BatchJobSpec, ...]:
         return self.jobs if self.jobs is not None else default_jobs(self)
@@ -273,7 +296,7 @@ def default_jobs(scenario: BatchScenario) -> tuple[BatchJobSpec, ...]:
     window makes about ``max_window`` lines per ``_LINE_S`` (10 s) at any tier, so
     sizes are shares of that:
 
-    - **backfill-N** (analytics, ``backfill_jobs`` of them): the day's bulk work,
+    - **backfill-N** (analytics, ``backfill_count`` of them): the day's bulk work,
       submitted at 00:00 and due at 24:00, each 60% of what its window carries in
       the day: together they keep the idle capacity busy from the night into the
       evening;
@@ -299,7 +322,7 @@ def default_jobs(scenario: BatchScenario) -> tuple[BatchJobSpec, ...]:
             submitted_h=0.0,
             deadline_h=24.0,
         )
-        for i in range(s.backfill_jobs)
+        for i in range(s.backfill_count)
     )
     evals = next((t for t in s.batch_teams if t.name == "evals"), None)
     eval_tokens_s = (evals.tokens_per_minute if evals else 120_000) / 60
@@ -337,6 +360,7 @@ def small_scenario() -> BatchScenario:
     6 + 12 s), two backfill jobs."""
     return BatchScenario(
         replicas=2,
+        load_replicas=2,
         mean_load=0.45,
         day_hours=0.2,
         warmup_s=60.0,
@@ -459,6 +483,7 @@ class JobSource:
     ) -> None:
         spec = job.spec
         assert job.started_at is not None
+        guard = self.scenario.guard
         plan = plan_job(
             JobView(
                 remaining_lines=spec.lines - job.finished,
@@ -470,6 +495,9 @@ class JobSource:
                 rate_tokens_s=job.throughput.rate(now),
                 standard_tokens_s=job.standard_tokens_s,
                 done_tokens=job.tokens,
+                standard_share=(
+                    1.0 if guard is None else max(self.window_share, guard.raised_share)
+                ),
             ),
             job.pace,
             now=now,
@@ -487,7 +515,6 @@ class JobSource:
         job.escalation = plan.escalation
         # The forecast's back-off; a job raised for its deadline keeps the guard's
         # raised_share (its lines stay inside the engine's ceilings), as live.
-        guard = self.scenario.guard
         raised = guard is not None and plan.escalation is Escalation.STANDARD
         count = guarded_send(
             plan.send,
@@ -1032,16 +1059,35 @@ def _checks(outcome: BatchDrillOutcome) -> list[Check]:
         met_idle = {job.name for job in idle.jobs if job.met}
         rescued = sorted(met_here - met_idle)
         lost = sorted(met_idle - met_here)
-        checks.append(
-            Check(
-                "deadline_policy_meets_what_idle_only_misses",
-                bool(rescued) and not lost,
-                f"met with the deadline policy and missed idle-only: "
-                f"{', '.join(rescued) or 'none'}; met idle-only only: "
-                f"{', '.join(lost) or 'none'}; met {deadline.met}/{len(deadline.jobs)}"
-                f" against {idle.met}/{len(idle.jobs)}",
-            )
+        # A guard that holds raised jobs back with the rest (raised_share 0)
+        # leaves escalation nothing to win where idle capacity is short: at the
+        # peak. Then the policy must lose nothing and report its misses early
+        # (the next check); the rescue is shown with a raised share or no guard.
+        holds_raised = s.guard is not None and s.guard.raised_share == 0
+        detail = (
+            f"met with the deadline policy and missed idle-only: "
+            f"{', '.join(rescued) or 'none'}; met idle-only only: "
+            f"{', '.join(lost) or 'none'}; met {deadline.met}/{len(deadline.jobs)}"
+            f" against {idle.met}/{len(idle.jobs)}"
         )
+        if holds_raised:
+            checks.append(
+                Check(
+                    "deadline_policy_loses_nothing_idle_only_meets",
+                    not lost,
+                    detail + " (the guard holds raised jobs at the peak with the "
+                    "rest, raised share 0: a rescue is not required; target: none "
+                    "met idle-only only)",
+                )
+            )
+        else:
+            checks.append(
+                Check(
+                    "deadline_policy_meets_what_idle_only_misses",
+                    bool(rescued) and not lost,
+                    detail,
+                )
+            )
     for case in (deadline, idle):
         if case is None:
             continue

@@ -26,8 +26,11 @@ from drills.domain.batch_drill import (
     small_scenario,
     sweep_ceilings,
 )
+from drills.domain.capacity_plan import Scenario
 from drills.domain.fleet_config import FleetConfig
+from drills.domain.planned_fleet import SEED_NAME, FleetSize
 from drills.domain.replica import SCHEDULING_POLICIES
+from drills.management.fleet_size import planned_fleet_size
 from drills.management.reports import add_result_arguments, write_result
 
 _COLOURS = {
@@ -59,7 +62,10 @@ class Command(BaseCommand):
             help="a scale a test runs in seconds: 2 replicas, the day in 12 minutes",
         )
         parser.add_argument(
-            "--replicas", type=int, help="the region's chat replicas (seed: 12)"
+            "--replicas",
+            type=int,
+            help="the region's chat replicas (default: the capacity plan's for the "
+            "seed, 14)",
         )
         parser.add_argument(
             "--day-hours",
@@ -69,8 +75,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--mean-load",
             type=float,
-            help="the day's mean interactive output, share of the region's full "
-            "2,500 tokens/s a replica (default 0.5: half load)",
+            help="the day's mean interactive output, share of the seed's 12 "
+            "replicas' full 2,500 tokens/s each (default 0.5: half load)",
         )
         parser.add_argument(
             "--night-factor",
@@ -92,7 +98,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--backfill-jobs",
             type=int,
-            help="day-long bulk jobs submitted at midnight (default 10: with 8, every job is done by 21:00 and the day ends at 0.30 USD/M whatever the guard)",
+            help="day-long bulk jobs submitted at midnight (default 10 for 12 "
+            "replicas, in proportion: 12 on the plan's 14)",
         )
         parser.add_argument(
             "--engine-scheduling",
@@ -153,6 +160,12 @@ class Command(BaseCommand):
         from drills.fleet_settings import platform_fleet_config
 
         scenario = small_scenario() if options["small"] else BatchScenario()
+        size = FleetSize(scenario.replicas, "the small scale's", is_planned=False)
+        if not options["small"]:
+            size = planned_fleet_size(
+                Scenario(), SEED_NAME, replicas=options["replicas"]
+            )
+            scenario = replace(scenario, replicas=size.replicas)
         overrides: dict[str, Any] = {
             name: options[name]
             for name in (
@@ -205,9 +218,9 @@ class Command(BaseCommand):
         plot_batch_drill(outcome, plot, title=_title(outcome, config))
         write_result(
             self.stdout,
-            _as_json(outcome, config, timing, plot),
+            _as_json(outcome, config, timing, plot, size),
             options["json"],
-            lambda: self._print(outcome, config, timing, plot),
+            lambda: self._print(outcome, config, timing, plot, size),
         )
         if not outcome.passed:
             failed = [c.name for c in outcome.checks if not c.passed]
@@ -290,15 +303,17 @@ class Command(BaseCommand):
         config: FleetConfig,
         timing: dict[str, float],
         plot: Path,
+        size: FleetSize,
     ) -> None:
         s = outcome.scenario
         w = s.settings
         write = self.stdout.write
         write(
             f"Batch drill (simulated): one region of {s.replicas} x {config.profile} "
-            f"(the other region is identical and independent: same figures, twice "
-            f"the GPU-hours and tokens); interactive chat at {s.mean_load:g} of the "
-            f"region's full {s.full_tokens_s:,.0f} output tokens/s on average over "
+            f"({size.source}; the other region is identical and independent: same "
+            f"figures, twice the GPU-hours and tokens); interactive chat at "
+            f"{s.mean_load:g} of {s.load_replicas} replicas' full "
+            f"{s.load_replicas * s.tokens_per_s:,.0f} output tokens/s on average over "
             f"the day (peak {outcome.peak_rps:.1f} requests/s, night at "
             f"x{s.night_factor:g} of it), 24 h compressed into {s.day_hours:g} h; "
             f"batch ceiling {outcome.batch_ceiling:g}; "
@@ -427,7 +442,7 @@ def _title(outcome: BatchDrillOutcome, config: FleetConfig) -> str:
     s = outcome.scenario
     return (
         f"Batch drill: one region, {s.replicas} x {config.profile}, interactive at "
-        f"{s.mean_load:g} of full on average, batch ceiling {outcome.batch_ceiling:g},"
+        f"{s.mean_load:g} of {s.load_replicas}'s full on average, batch ceiling {outcome.batch_ceiling:g},"
         f" window {s.settings.max_window} (seed {config.seed})"
     )
 
@@ -437,6 +452,7 @@ def _as_json(
     config: FleetConfig,
     timing: dict[str, float],
     plot: Path,
+    size: FleetSize,
 ) -> dict[str, Any]:
     s = outcome.scenario
     w = s.settings
@@ -453,6 +469,8 @@ def _as_json(
             "regions_simulated": 1,
             "regions": 2,
             "replicas": s.replicas,
+            "fleet_source": size.source,
+            "load_replicas": s.load_replicas,
             "profile": config.profile,
             "tokens_per_s": s.tokens_per_s,
             "usd_per_gpu_hour": s.usd_per_gpu_hour,

@@ -43,3 +43,24 @@ def test_at_region_peak_plans_for_the_drills_own_peak() -> None:
     small = at_region_peak(seed.with_values({"regions": 3}), 12.0)
     assert region_peak_rps(small) == pytest.approx(12.0)
     assert fleet_size(small).replicas == fleet_size(at_region_peak(seed, 12.0)).replicas
+
+
+def test_the_batch_drill_runs_the_plans_fleet_under_the_seeds_load() -> None:
+    from dataclasses import replace
+
+    from drills.domain.batch_drill import BatchScenario
+
+    scenario = BatchScenario()
+    assert scenario.replicas == fleet_size(Scenario()).replicas
+    # The interactive day is the seed's half-busy 12, whatever the fleet: more
+    # replicas leave more idle capacity, not more interactive traffic.
+    seed_12 = replace(scenario, replicas=12)
+    assert scenario.peak_rps() == pytest.approx(seed_12.peak_rps())
+    assert scenario.peak_rps() * 300 > 0.5 * 12 * 2500
+    assert replace(scenario, load_replicas=14).peak_rps() > scenario.peak_rps()
+    # The bulk jobs grow with the idle capacity: 10 for 12 replicas.
+    assert seed_12.backfill_count == 10
+    assert scenario.backfill_count == 12
+    assert replace(scenario, backfill_jobs=3).backfill_count == 3
+    with pytest.raises(ValueError, match="load_replicas"):
+        replace(scenario, load_replicas=0)
