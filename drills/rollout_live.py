@@ -282,7 +282,7 @@ def run_live_rollout(scenario: str, plan: LiveRolloutPlan) -> LiveOutcome:
         if gateway is not None:
             gateway.stop()
         agent.stop(grace_s=20)
-        _cleanup(region)
+        remove_scratch_model(MODEL, region=region, team_id=TEAM)
 
 
 def _guard_until_done(
@@ -388,7 +388,7 @@ def _outcome(
 
 
 def _register(plan: LiveRolloutPlan, region: str, engine_config: dict[str, Any]) -> str:
-    _cleanup(region)
+    remove_scratch_model(MODEL, region=region, team_id=TEAM)
     Team.objects.filter(pk=TEAM).delete()
     versions = (
         VersionSeed(
@@ -431,9 +431,3 @@ def _register(plan: LiveRolloutPlan, region: str, engine_config: dict[str, Any])
         now=timezone.now(),
     )
     return dict(seeded.keys)[TEAM]
-
-
-def _cleanup(region: str) -> None:
-    remove_scratch_model(MODEL, region=region)
-    if not Pool.objects.filter(model_id=MODEL).exists():
-        Team.objects.filter(pk=TEAM).delete()

@@ -423,7 +423,7 @@ def run_live_window(
                 gateway.stop()
             agent.stop(grace_s=20)
             client.delete(stream_key(prefix, MODEL))
-            _cleanup(region)
+            remove_scratch_model(MODEL, region=region, team_id=TEAM)
 
 
 def _recorded(
@@ -445,7 +445,7 @@ def _recorded(
 
 
 def _register(plan: TwinPlan, region: str) -> str:
-    _cleanup(region)
+    remove_scratch_model(MODEL, region=region, team_id=TEAM)
     Team.objects.filter(pk=TEAM).delete()
     seeded = seed_platform(
         seed=PlatformSeed(
@@ -490,9 +490,3 @@ def _register(plan: TwinPlan, region: str) -> str:
         model_id=MODEL, version="v1", region=region, share=1.0
     )
     return dict(seeded.keys)[TEAM]
-
-
-def _cleanup(region: str) -> None:
-    remove_scratch_model(MODEL, region=region)
-    if not Pool.objects.filter(model_id=MODEL).exists():
-        Team.objects.filter(pk=TEAM).delete()

@@ -190,10 +190,13 @@ def seed_platform(*, seed: PlatformSeed, now: datetime) -> SeededPlatform:
     return SeededPlatform(keys=keys, versions=versions, admin_token=admin_token)
 
 
-def remove_scratch_model(model_id: str, *, region: str) -> None:
+def remove_scratch_model(
+    model_id: str, *, region: str, team_id: str | None = None
+) -> None:
     """Remove a live drill's scratch model from ``region`` (its replicas and
-    pools), and the model itself with its versions, usage, figures and rollouts
-    once no other region (another run's) still has a pool of it."""
+    pools), and the model itself with its versions, usage, figures and rollouts,
+    and its scratch team ``team_id`` when named, once no other region (another
+    run's) still has a pool of it."""
     from engine_nodes.models import Replica
     from metering.models import Usage, VersionFigure
     from rollouts.models import Rollout
@@ -210,6 +213,8 @@ def remove_scratch_model(model_id: str, *, region: str) -> None:
     )
     ModelVersion.objects.filter(model_id=model_id).delete()
     Model.objects.filter(pk=model_id).delete()
+    if team_id is not None:
+        Team.objects.filter(pk=team_id).delete()
 
 
 def _admin_token(seed: AdminTokenSeed, *, now: datetime) -> str:

@@ -4,10 +4,8 @@ platform's own guard tick deciding (``drills.rollout_live``)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from io import StringIO
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 from django.core.management import call_command
@@ -15,20 +13,9 @@ from django.core.management import call_command
 from models_registry.models import Model
 from rollouts.models import Rollout
 
-if TYPE_CHECKING:
-    from pytest_django import DjangoDbBlocker
-
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 PNG = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.fixture
-def unblocked(
-    django_db_setup: None, django_db_blocker: DjangoDbBlocker, redis_url: str
-) -> Iterator[None]:
-    with django_db_blocker.unblock():
-        yield
 
 
 def test_live_drill_rolls_back_the_broken_version_and_cleans_up(

@@ -4,10 +4,8 @@ processes, recorded, replayed in the fleet simulator, and compared."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from io import StringIO
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 from django.core.management import call_command
@@ -16,20 +14,9 @@ from django.core.management.base import CommandError
 from drills.domain.twin_check import GATED
 from models_registry.models import Model
 
-if TYPE_CHECKING:
-    from pytest_django import DjangoDbBlocker
-
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 PNG = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.fixture
-def unblocked(
-    django_db_setup: None, django_db_blocker: DjangoDbBlocker, redis_url: str
-) -> Iterator[None]:
-    with django_db_blocker.unblock():
-        yield
 
 
 def test_twin_check_compares_the_replay_with_the_live_window(
