@@ -77,6 +77,7 @@ from batches.domain.scheduler import SchedulerSettings
 from drills.domain.autoscaling_drill import pool_settings
 from drills.domain.batch_drill import BatchJobSpec, BatchScenario, JobSource
 from drills.domain.capacity_plan import Plan
+from drills.domain.failover_trace import RegionTrace, ShiftedArrivals
 from drills.domain.fleet import FleetSim
 from drills.domain.fleet_config import FleetConfig, FleetEvent
 from drills.domain.fleet_result import FleetResult
@@ -101,6 +102,7 @@ __all__ = [
     "planned_scenario",
     "run_failover_sim",
     "small_scenario",
+    "with_trace",
 ]
 
 # Each region's teams, in both pools. Weights are shares of the traffic; "chat"'s
@@ -171,6 +173,13 @@ class FailoverScenario:
     )
     teams: tuple[TeamSpec, ...] = FAILOVER_TEAMS
     chat_workload: ChatWorkload = field(default_factory=ChatWorkload)
+    # A recorded trace as the chat pool's traffic (``with_trace``); None: the
+    # chat workload at ``load_share`` of ``peak_rps``.
+    chat_trace: RegionTrace | None = None
+    # The tiers whose TTFT and refusals inside a guarantee the drill measures
+    # (its "interactive" figures): interactive; with a trace, every tier the
+    # trace has but batch (a trace of standard traffic is measured on that).
+    measured_tiers: tuple[str, ...] = (Tier.INTERACTIVE.value,)
 
     def __post_init__(self) -> None:
         if self.peak_rps <= 0 or not 0 < self.load_share <= 1:
@@ -193,6 +202,16 @@ class FailoverScenario:
             raise ValueError("batch_ceiling must be in (0, 1]")
         if self.batch_team.tier != Tier.BATCH.value:
             raise ValueError("the batch team must be in the batch tier")
+        self._check_trace()
+
+    def _check_trace(self) -> None:
+        trace = self.chat_trace
+        if trace is not None and self.warmup_s + self.duration_s > trace.span_s:
+            raise ValueError(
+                f"the trace spans {trace.span_s:.0f} s: the warm-up "
+                f"({self.warmup_s:g} s) and --duration ({self.duration_s:g} s) "
+                "must fit inside it"
+            )
 
     @property
     def window_s(self) -> float:
@@ -272,12 +291,13 @@ class FailoverScenario:
         )
 
     def inside_teams(self) -> frozenset[str]:
-        """Interactive teams whose guarantee covers their share of the traffic."""
+        """Teams of the measured tiers (interactive) whose guarantee covers their
+        share of the traffic."""
         total = sum(team.weight for team in self.teams)
         return frozenset(
             team.name
             for team in self.teams
-            if team.tier == Tier.INTERACTIVE.value
+            if team.tier in self.measured_tiers
             and team.guaranteed_share >= team.weight / total
         )
 
@@ -302,6 +322,34 @@ def planned_scenario(capacity: Plan, **overrides: Any) -> FailoverScenario:
     }
     values.update(overrides)
     return FailoverScenario(**values)
+
+
+def with_trace(scenario: FailoverScenario, trace: RegionTrace) -> FailoverScenario:
+    """Return ``scenario`` with ``trace`` as its chat traffic
+    (``drills.domain.failover_trace``): the traced teams and their guarantees in
+    both pools, and its times fitted inside the trace where they do not fit (a
+    quarter of it, at most the scenario's, warming up; the loss a third of the
+    rest in; the shift at most what is left after detection)."""
+    s = scenario
+    warmup, duration = s.warmup_s, s.duration_s
+    loss_at, shift = s.loss_at_s, s.shift_s
+    if warmup + duration > trace.span_s:
+        warmup = min(warmup, trace.span_s / 4)
+        duration = trace.span_s - warmup
+        loss_at = min(loss_at, duration / 3)
+        shift = min(shift, duration - loss_at - s.window_s)
+    tiers = {team.tier for team in trace.teams} - {Tier.BATCH.value}
+    return replace(
+        s,
+        chat_trace=trace,
+        teams=trace.teams,
+        measured_tiers=tuple(t.value for t in Tier if t.value in tiers),
+        peak_rps=trace.rps,
+        warmup_s=warmup,
+        duration_s=duration,
+        loss_at_s=loss_at,
+        shift_s=max(shift, s.step_s),
+    )
 
 
 def small_scenario() -> FailoverScenario:
@@ -575,6 +623,7 @@ class _Pool:
     workload: ChatWorkload
     cold_start: ColdStart
     batch: bool
+    trace: RegionTrace | None = None
 
 
 def _pools(config: FleetConfig, s: FailoverScenario) -> list[_Pool]:
@@ -586,7 +635,9 @@ def _pools(config: FleetConfig, s: FailoverScenario) -> list[_Pool]:
         batch_ceiling=s.batch_ceiling,
         engine_scheduling="priority",
     )
-    pools = [_Pool("chat", chat, s.chat(), s.chat_cold_start, batch=True)]
+    pools = [
+        _Pool("chat", chat, s.chat(), s.chat_cold_start, batch=True, trace=s.chat_trace)
+    ]
     if s.reasoning_replicas:
         reasoning = replace(
             chat,
@@ -645,13 +696,17 @@ def _job_source(pool: _Pool, s: FailoverScenario) -> JobSource | None:
 
 
 def _run_lost(pool: _Pool, s: FailoverScenario) -> FleetResult:
-    sim = FleetSim(
-        replace(pool.config, seed=pool.config.seed * 2 + 1),
-        pool.workload,
-        events=[
-            FleetEvent(at=s.loss_t, kind="lose_replica", count=pool.config.replicas)
-        ],
-    )
+    config = replace(pool.config, seed=pool.config.seed * 2 + 1)
+    events = [FleetEvent(at=s.loss_t, kind="lose_replica", count=pool.config.replicas)]
+    if pool.trace is not None:
+        sim = FleetSim(
+            config,
+            arrivals=[a for a in pool.trace.lost if a.at < s.detect_t],
+            teams=pool.trace.teams,
+            events=events,
+        )
+    else:
+        sim = FleetSim(config, pool.workload, events=events)
     return sim.run(s.loss_at_s + s.detect_s, warmup_s=s.warmup_s, drain_s=0.0)
 
 
@@ -661,20 +716,26 @@ def _run_survivor(
     config = replace(
         pool.config, seed=pool.config.seed * 2, autoscaling=_autoscaling(pool, s)
     )
-    sources: list[JobSource | ShiftedLoad] = []
+    sources: list[JobSource | ShiftedLoad | ShiftedArrivals] = []
     jobs = _job_source(pool, s)
     if jobs is not None:
         sources.append(jobs)
+    batch_teams = (s.batch_team,) if jobs is not None else ()
+    if pool.trace is not None:
+        if shifted:
+            sources.append(ShiftedArrivals(pool.trace.lost, start_at=s.detect_t))
+        sim = FleetSim(
+            config,
+            arrivals=pool.trace.survivor,
+            teams=(*pool.trace.teams, *batch_teams),
+            sources=sources,
+        )
+        return sim.run(s.duration_s, warmup_s=s.warmup_s, drain_s=60.0), None
     shift = None
     if shifted:
         shift = ShiftedLoad(pool.workload, start_at=s.detect_t, seed=config.seed)
         sources.append(shift)
-    sim = FleetSim(
-        config,
-        pool.workload,
-        teams=(s.batch_team,) if jobs is not None else (),
-        sources=sources,
-    )
+    sim = FleetSim(config, pool.workload, teams=batch_teams, sources=sources)
     return sim.run(s.duration_s, warmup_s=s.warmup_s, drain_s=60.0), shift
 
 
@@ -700,11 +761,13 @@ def _is_user(request: FleetRequest) -> bool:
     return request.tier != Tier.BATCH.value
 
 
-def _ttfts(requests: Sequence[FleetRequest], lo: float, hi: float) -> list[float]:
+def _ttfts(
+    requests: Sequence[FleetRequest], lo: float, hi: float, tiers: Sequence[str]
+) -> list[float]:
     return [
         r.ttft_s
         for r in requests
-        if r.tier == Tier.INTERACTIVE.value
+        if r.tier in tiers
         and r.outcome == "ok"
         and r.ttft_s is not None
         and lo <= r.arrived_at < hi
@@ -756,15 +819,17 @@ def _pool_figures(
     pool: _Pool, lost: FleetResult, survivor: FleetResult, s: FailoverScenario
 ) -> PoolFigures:
     inside = s.inside_teams()
-    before = _ttfts(lost.requests, s.warmup_s, s.loss_t) + _ttfts(
-        survivor.requests, s.warmup_s, s.loss_t
+    before = _ttfts(lost.requests, s.warmup_s, s.loss_t, s.measured_tiers) + _ttfts(
+        survivor.requests, s.warmup_s, s.loss_t, s.measured_tiers
     )
-    shift = _ttfts(survivor.requests, s.detect_t, s.detect_t + s.shift_s)
+    shift = _ttfts(
+        survivor.requests, s.detect_t, s.detect_t + s.shift_s, s.measured_tiers
+    )
     after = [sample.replicas for sample in survivor.samples if sample.at >= s.loss_t]
     shed = [
         r
         for r in survivor.requests
-        if r.tier == Tier.INTERACTIVE.value and r.outcome in ("shed", "rate_limited")
+        if r.tier in s.measured_tiers and r.outcome in ("shed", "rate_limited")
     ]
     limited = {tier.value: 0 for tier in Tier}
     for r in survivor.requests:
@@ -806,9 +871,9 @@ def _series(
     for i in range(steps):
         lo = s.warmup_s + i * s.step_s
         hi = lo + s.step_s
-        ttfts = _ttfts(chat_survivor.requests, lo, hi)
+        ttfts = _ttfts(chat_survivor.requests, lo, hi, s.measured_tiers)
         if lo < s.loss_t:
-            ttfts += _ttfts(chat_lost.requests, lo, hi)
+            ttfts += _ttfts(chat_lost.requests, lo, hi, s.measured_tiers)
         points.append(
             SeriesPoint(
                 at=lo - s.loss_t,
@@ -904,7 +969,11 @@ def _scenario_dict(
             pool.name: {
                 "replicas": pool.config.replicas,
                 "profile": pool.config.profile,
-                "rps_per_region": pool.workload.arrival_rate,
+                "rps_per_region": (
+                    pool.workload.arrival_rate
+                    if pool.trace is None
+                    else len(pool.trace.survivor) / pool.trace.span_s
+                ),
                 "replica_tokens_in_flight": pool.config.replica_tokens_in_flight,
                 "max_replicas": _autoscaling(pool, s).settings.max_replicas,
                 "cold_start_s": pool.cold_start.cold_s,
@@ -923,6 +992,16 @@ def _scenario_dict(
         "batch_jobs": s.batch_jobs,
         "warm_nodes": s.warm_nodes,
         "inside_guarantee_teams": sorted(s.inside_teams()),
+        "measured_tiers": list(s.measured_tiers),
+        "chat_trace": None
+        if s.chat_trace is None
+        else {
+            "requests": s.chat_trace.requests,
+            "span_s": s.chat_trace.span_s,
+            "rps": s.chat_trace.rps,
+            "lost_region_requests": len(s.chat_trace.lost),
+            "teams": len(s.chat_trace.teams),
+        },
         "client_retries": False,
         "seed": runs[0][0].config.seed if runs else 0,
     }

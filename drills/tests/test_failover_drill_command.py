@@ -152,3 +152,44 @@ def test_live_report_renders_through_the_same_table_and_exit_status(
     assert "FAIL errors_stop_within_window" in out
     assert error is not None and "errors_stop_within_window" in str(error)
     assert (tmp_path / "live.png").read_bytes()[:8] == PNG
+
+
+SHIPPED_TRACE = Path(__file__).resolve().parents[2] / (
+    "platform/traces/recorded-generated-chat.jsonl"
+)
+
+
+def test_a_recorded_trace_is_the_chat_traffic(tmp_path: Path) -> None:
+    path = tmp_path / "trace.json"
+    out, error = run(
+        "--sim",
+        "--small",
+        f"--trace={SHIPPED_TRACE}",
+        "--trace-rate-scale=3",
+        f"--json={path}",
+        f"--plot={tmp_path / 'trace.png'}",
+    )
+    assert error is None, (error, out)
+    data = json.loads(path.read_text())
+    trace = data["scenario"]["chat_trace"]
+    lines = sum(1 for line in SHIPPED_TRACE.open() if line.strip())
+    # Three times the conversations, split between the regions.
+    assert trace["requests"] == pytest.approx(3 * lines, rel=0.05)
+    assert 0 < trace["lost_region_requests"] < trace["requests"]
+    # The shipped trace is one standard team's: its figures are measured.
+    assert data["scenario"]["measured_tiers"] == ["standard"]
+    assert len(data["scenario"]["inside_guarantee_teams"]) == 1
+    assert data["interactive_ttft_p95_shift_s"] is not None
+    assert data["failed_by_cause"]["sent_to_lost"] > 0
+    assert "Chat traffic: a recorded trace" in out
+
+
+def test_a_bad_trace_is_a_command_error(tmp_path: Path) -> None:
+    _, error = run("--sim", "--small", f"--trace={tmp_path / 'none.jsonl'}")
+    assert error is not None and "cannot read trace" in str(error)
+    _, error = run(
+        "--sim", "--small", f"--trace={SHIPPED_TRACE}", "--trace-rate-scale=0"
+    )
+    assert error is not None and "--trace-rate-scale" in str(error)
+    _, error = run("--sim", "--small", f"--trace={SHIPPED_TRACE}", "--duration=100000")
+    assert error is not None and "must fit inside it" in str(error)

@@ -24,7 +24,9 @@ from drills.domain.failover_drill import (
     planned_scenario,
     run_failover_sim,
     small_scenario,
+    with_trace,
 )
+from drills.domain.failover_trace import RegionTrace, split_regions
 from drills.management.fleet_size import capacity_scenario
 from drills.management.reports import add_result_arguments, write_result
 
@@ -91,6 +93,20 @@ class Command(BaseCommand):
             type=int,
             help="(--sim) chat replicas a region instead of the plan's",
         )
+        parser.add_argument(
+            "--trace",
+            type=Path,
+            help="(--sim) a recorded trace (export_traffic's JSON lines) as the chat "
+            "pool's traffic: each conversation in one region, the traced teams "
+            "guaranteed their share with a quarter to spare; the window fitted "
+            "inside the trace",
+        )
+        parser.add_argument(
+            "--trace-rate-scale",
+            type=float,
+            default=1.0,
+            help="with --trace: X times the trace's conversations (clones)",
+        )
         parser.add_argument("--seed", type=int, default=0)
         add_result_arguments(parser)
 
@@ -141,11 +157,31 @@ def _run_sim(options: dict[str, Any]) -> FailoverReport:
             if options["small"]
             else planned_scenario(plan(_capacity_scenario(options.get("scenario"))))
         )
-        scenario = replace(scenario, **overrides)
         config = platform_fleet_config(seed=options["seed"], admission=True)
+        if options.get("trace") is not None:
+            trace = _region_trace(options, config.block_size)
+            scenario = with_trace(scenario, trace)
+        scenario = replace(scenario, **overrides)
         return run_failover_sim(config, scenario)
     except ValueError as exc:
         raise CommandError(str(exc)) from None
+
+
+def _region_trace(options: dict[str, Any], block_size: int) -> RegionTrace:
+    """The trace, scaled, as arrivals split between the two regions."""
+    from drills.domain.recorded_trace import scale_trace
+    from drills.domain.workload import check_block_size, read_trace, trace_arrivals
+
+    scale = options["trace_rate_scale"]
+    if not scale > 0:
+        raise ValueError("--trace-rate-scale must be positive")
+    try:
+        trace = scale_trace(read_trace(options["trace"]), scale, seed=options["seed"])
+    except OSError as exc:
+        raise ValueError(f"cannot read trace: {exc}") from None
+    arrivals = list(trace_arrivals(trace))
+    check_block_size(arrivals, block_size)
+    return split_regions(arrivals, seed=options["seed"])
 
 
 def _capacity_scenario(path: Path | None) -> Scenario:
@@ -191,6 +227,18 @@ def print_report(
         f"{sc.get('seed', '-')}; {timing['cpu_s']:g} s of CPU "
         f"({timing['wall_s']:g} s wall)"
     )
+    trace = sc.get("chat_trace")
+    if isinstance(trace, dict):
+        write(
+            f"Chat traffic: a recorded trace, {trace['requests']:,} requests over "
+            f"{trace['span_s']:,.0f} s ({trace['rps']:,.1f} req/s in both regions; "
+            f"{trace['lost_region_requests']:,} in the lost one's conversations), "
+            f"{trace['teams']} traced teams each guaranteed its share with a quarter "
+            f"to spare; the 'interactive' figures are of the tiers "
+            f"{', '.join(map(str, sc.get('measured_tiers') or []))}; window "
+            f"{sc.get('warmup_s', 0):.0f} s of warm-up and "
+            f"{sc.get('duration_s', 0):.0f} s measured"
+        )
     write("")
     stop = report.errors_stop_s
     causes = report.failed_by_cause
