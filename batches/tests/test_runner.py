@@ -325,6 +325,30 @@ def test_a_slice_starts_from_the_tokens_its_finished_lines_made(
     assert gateway.calls == Counter({2: 1, 3: 1})
 
 
+def forecast_pool(
+    version: ModelVersion, settings: Settings
+) -> Callable[[float, float], None]:
+    """Create the chat pool of 4 replicas with the guard backing off from 0.45 to
+    0.6 over a 240 s horizon; return a setter of the autoscaler's trend of its
+    demand (level and slope per second, shares of its capacity)."""
+    settings.PLATFORM_BATCH_GUARD_HORIZON_S = 240.0
+    settings.PLATFORM_BATCH_GUARD_BACKOFF_FROM = 0.45
+    settings.PLATFORM_BATCH_GUARD_BACKOFF_TO = 0.6
+    capacity = 4 * 110_000.0
+    pool = Pool.objects.create(model_id="chat-7b", version=version, region="local")
+
+    def trend(level: float, slope_per_s: float) -> None:
+        pool.autoscaler_state = {
+            "state": {
+                "trend": [0.0, level * capacity, slope_per_s * capacity, 0, None]
+            },
+            "last": {"signals": {"serving": 4.0, "replica_tokens_in_flight": 110_000}},
+        }
+        pool.save(update_fields=["autoscaler_state"])
+
+    return trend
+
+
 def test_a_forecast_ramp_holds_new_lines_back_until_it_passes(
     chat_v1: ModelVersion,  # registered before ``store`` moves the storage root
     store: Path,
@@ -336,21 +360,7 @@ def test_a_forecast_ramp_holds_new_lines_back_until_it_passes(
     """GIVEN the autoscaler's trend of the pool at 0.4 of its capacity and rising
     0.1 a minute (0.8 expected 4 minutes ahead) WHEN the runner works a slice THEN
     it sends no line; once the trend is flat at 0.2 every line runs."""
-    settings.PLATFORM_BATCH_GUARD_HORIZON_S = 240.0
-    settings.PLATFORM_BATCH_GUARD_BACKOFF_FROM = 0.45
-    settings.PLATFORM_BATCH_GUARD_BACKOFF_TO = 0.6
-    capacity = 4 * 110_000.0
-    pool = Pool.objects.create(model_id="chat-7b", version=chat_v1, region="local")
-
-    def trend(level: float, slope_per_s: float) -> None:
-        pool.autoscaler_state = {
-            "state": {
-                "trend": [0.0, level * capacity, slope_per_s * capacity, 0, None]
-            },
-            "last": {"signals": {"serving": 4.0, "replica_tokens_in_flight": 110_000}},
-        }
-        pool.save(update_fields=["autoscaler_state"])
-
+    trend = forecast_pool(chat_v1, settings)
     trend(0.4, 0.1 / 60)
     assert services.demand_trend("chat-7b", horizon_s=240.0) is not None
     batch = make_batch(team, 6)
@@ -378,17 +388,8 @@ def test_a_job_the_forecast_holds_back_is_reported_at_risk_at_once(
     due within its first verdict WHEN the runner works a slice THEN it sends
     nothing, is raised, and is reported at risk: the guard leaves a raised job
     none of its window, so the standard tier cannot finish it either."""
-    settings.PLATFORM_BATCH_GUARD_HORIZON_S = 240.0
-    settings.PLATFORM_BATCH_GUARD_BACKOFF_FROM = 0.45
-    settings.PLATFORM_BATCH_GUARD_BACKOFF_TO = 0.6
     settings.PLATFORM_BATCH_GUARD_RAISED_SHARE = 0.0
-    capacity = 4 * 110_000.0
-    pool = Pool.objects.create(model_id="chat-7b", version=chat_v1, region="local")
-    pool.autoscaler_state = {
-        "state": {"trend": [0.0, 0.4 * capacity, 0.1 / 60 * capacity, 0, None]},
-        "last": {"signals": {"serving": 4.0, "replica_tokens_in_flight": 110_000}},
-    }
-    pool.save(update_fields=["autoscaler_state"])
+    forecast_pool(chat_v1, settings)(0.4, 0.1 / 60)
     batch = make_batch(team, 6, window="60s")
     gateway = Gateway()
     outcome = runner.run_batch(batch.id, slice_s=0.6, transport=gateway.transport)
