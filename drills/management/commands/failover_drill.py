@@ -229,13 +229,15 @@ def print_report(
     )
     trace = sc.get("chat_trace")
     if isinstance(trace, dict):
+        tiers = sc.get("measured_tiers")
+        measured = ", ".join(map(str, tiers)) if isinstance(tiers, list) else "-"
         write(
             f"Chat traffic: a recorded trace, {trace['requests']:,} requests over "
             f"{trace['span_s']:,.0f} s ({trace['rps']:,.1f} req/s in both regions; "
             f"{trace['lost_region_requests']:,} in the lost one's conversations), "
             f"{trace['teams']} traced teams each guaranteed its share with a quarter "
             f"to spare; the 'interactive' figures are of the tiers "
-            f"{', '.join(map(str, sc.get('measured_tiers') or []))}; window "
+            f"{measured}; window "
             f"{sc.get('warmup_s', 0):.0f} s of warm-up and "
             f"{sc.get('duration_s', 0):.0f} s measured"
         )
