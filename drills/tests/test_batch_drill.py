@@ -150,6 +150,8 @@ def test_the_table_the_checks_and_the_plot(
     assert plot.read_bytes()[:8] == PNG and data["plot"] == str(plot)
     assert data["cpu_s"] > 0
     assert data["scenario"]["regions_simulated"] == 1
+    assert data["scenario"]["replicas_source"] == "the small scale's 2"
+    assert "the small scale's 2" in text
     assert "the other region is identical and independent" in text
     for name in ("interactive", "deadline", "idle_only", "deadline_fcfs"):
         assert any(line.startswith(name) for line in text.splitlines())
@@ -212,10 +214,13 @@ def test_a_guard_holding_raised_jobs_asks_for_no_rescue_only_no_loss(
         "--cases=interactive,deadline,idle_only",
         "--guard-backoff=0.45,0.6",
         "--guard-raised-share=0",
+        "--replicas=3",
         f"--json={target}",
         f"--plot={tmp_path / 'h.png'}",
     )
     data = json.loads(target.read_text(encoding="utf-8"))
+    assert data["scenario"]["replicas"] == 3
+    assert data["scenario"]["replicas_source"] == "--replicas 3"
     checks = {check["name"]: check for check in data["checks"]}
     assert "deadline_policy_meets_what_idle_only_misses" not in checks
     kept = checks["deadline_policy_loses_nothing_idle_only_meets"]

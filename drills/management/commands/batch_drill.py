@@ -160,8 +160,12 @@ class Command(BaseCommand):
         from drills.fleet_settings import platform_fleet_config
 
         scenario = small_scenario() if options["small"] else BatchScenario()
-        size = FleetSize(scenario.replicas, "the small scale's", is_planned=False)
-        if not options["small"]:
+        n = scenario.replicas
+        size = FleetSize(n, f"the small scale's {n}", is_planned=False)
+        if options["small"] and options["replicas"] is not None:
+            n = options["replicas"]
+            size = FleetSize(n, f"--replicas {n}", is_planned=False)
+        elif not options["small"]:
             size = planned_fleet_size(
                 Scenario(), SEED_NAME, replicas=options["replicas"]
             )
@@ -469,7 +473,7 @@ def _as_json(
             "regions_simulated": 1,
             "regions": 2,
             "replicas": s.replicas,
-            "fleet_source": size.source,
+            "replicas_source": size.source,
             "load_replicas": s.load_replicas,
             "profile": config.profile,
             "tokens_per_s": s.tokens_per_s,
