@@ -237,6 +237,9 @@ def test_bad_options_are_command_errors() -> None:
         call_command("batch_drill", "--small", "--cases=night")
     with pytest.raises(CommandError, match="mean_load"):
         call_command("batch_drill", "--small", "--mean-load=1.5")
+    for flags in (("--small",), ()):
+        with pytest.raises(CommandError, match="replicas"):
+            call_command("batch_drill", *flags, "--replicas=0")
     with pytest.raises(CommandError, match="invalid choice"):
         call_command("batch_drill", "--small", "--engine-scheduling=lifo")
     with pytest.raises(CommandError, match="ceilings must be in"):

@@ -160,20 +160,17 @@ class Command(BaseCommand):
         from drills.fleet_settings import platform_fleet_config
 
         scenario = small_scenario() if options["small"] else BatchScenario()
-        n = scenario.replicas
-        size = FleetSize(n, f"the small scale's {n}", is_planned=False)
-        if options["small"] and options["replicas"] is not None:
-            n = options["replicas"]
-            size = FleetSize(n, f"--replicas {n}", is_planned=False)
-        elif not options["small"]:
+        if options["small"] and options["replicas"] is None:
+            n = scenario.replicas
+            size = FleetSize(n, f"the small scale's {n}", is_planned=False)
+        else:
+            # The flag's, or the capacity plan's for the seed.
             size = planned_fleet_size(
                 Scenario(), SEED_NAME, replicas=options["replicas"]
             )
-            scenario = replace(scenario, replicas=size.replicas)
         overrides: dict[str, Any] = {
             name: options[name]
             for name in (
-                "replicas",
                 "day_hours",
                 "mean_load",
                 "night_factor",
@@ -201,6 +198,7 @@ class Command(BaseCommand):
                 scenario,
                 settings=scheduler,
                 guard=None if options["no_guard"] else _guard(options),
+                replicas=size.replicas,
                 **overrides,
             )
             config = platform_fleet_config(
