@@ -330,6 +330,8 @@ def with_trace(scenario: FailoverScenario, trace: RegionTrace) -> FailoverScenar
     both pools, and its times fitted inside the trace where they do not fit (a
     quarter of it, at most the scenario's, warming up; the loss a third of the
     rest in; the shift at most what is left after detection)."""
+    if trace.span_s <= 0:
+        raise ValueError("the trace spans no time: its requests all arrive at once")
     s = scenario
     warmup, duration = s.warmup_s, s.duration_s
     loss_at, shift = s.loss_at_s, s.shift_s

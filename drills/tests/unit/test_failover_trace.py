@@ -96,6 +96,9 @@ def test_the_window_fits_inside_the_trace() -> None:
     assert s.inside_teams() == {"chat", "assist", "api"}
     with pytest.raises(ValueError, match="must fit inside it"):
         replace(s, duration_s=trace.span_s)
+    instant = split_regions([replace(arrivals()[0], at=0.0)], seed=0)
+    with pytest.raises(ValueError, match="spans no time"):
+        with_trace(small_scenario(), instant)
 
 
 def test_the_lost_regions_conversations_reach_the_survivor_after_detection() -> None:
