@@ -108,4 +108,13 @@ def check_batch_ceiling(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
                 id="routing.E002",
             )
         ]
+    lane = settings.PLATFORM_BATCH_LANE
+    if not 0.0 < lane <= 1.0:
+        return [
+            Error(
+                f"PLATFORM_BATCH_LANE={lane} must be above 0 and at most 1 (the share "
+                "of a pool's capacity the batch tier may hold in flight)",
+                id="routing.E003",
+            )
+        ]
     return []

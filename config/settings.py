@@ -436,6 +436,11 @@ try:
     PLATFORM_BATCH_CEILING = env_float(
         "PLATFORM_BATCH_CEILING", _ADMISSION.batch_ceiling, minimum=0.0
     )
+    # And the batch tier's own tokens in flight stay below this fraction of the
+    # pool's capacity (the batch lane: for engines without per-priority ceilings).
+    PLATFORM_BATCH_LANE = env_float(
+        "PLATFORM_BATCH_LANE", _ADMISSION.batch_lane, minimum=0.0
+    )
     # Below this many tokens in flight no replica counts as overloaded, so light
     # traffic keeps its prefix affinity (about 15% of a 7B replica's capacity).
     PLATFORM_AFFINITY_MIN_BOUND_TOKENS = env_int(

@@ -27,6 +27,7 @@ def platform_fleet_config(**overrides: Any) -> FleetConfig:
         "max_queue": settings.PLATFORM_ADMISSION_MAX_QUEUE,
         "max_wait_s": settings.PLATFORM_ADMISSION_MAX_WAIT_S,
         "batch_ceiling": settings.PLATFORM_BATCH_CEILING,
+        "batch_lane": settings.PLATFORM_BATCH_LANE,
         "retry_ratio": settings.PLATFORM_RETRY_RATIO,
     }
     values.update(overrides)

@@ -28,6 +28,7 @@ from typing import Protocol
 
 from engine_nodes.domain.load_shares import (
     admitted_key,
+    batch_key,
     pool_key,
     queue_depth_key,
     queue_tokens_key,
@@ -47,6 +48,7 @@ from routing.domain.admission_control import (
 )
 from routing.domain.limit_table import Claim
 from routing.domain.snapshot import ConfigSnapshot
+from routing.domain.tiers import Tier
 from routing.limiter_store import LimitStore
 from routing.live import LiveLoad
 from routing.region_limits import RegionLimits
@@ -123,20 +125,30 @@ class LivePoolView:
             capacity=capacity,
             in_flight=live.tokens_in_flight(pool_key(model, version)),
             team_in_flight=teams,
+            batch_in_flight=live.tokens_in_flight(batch_key(model, version)),
         )
 
-    def take(self, model: str, version: str, team: str, tokens: int) -> None:
+    def take(
+        self, model: str, version: str, team: str, tokens: int, tier: Tier
+    ) -> None:
         """Count admitted tokens into the pool and the team's share (this process),
-        and into the pool's cumulative count (an embedding pool's autoscaler
-        measures its input tokens/s by it)."""
+        the batch tier's into the batch lane's, and all into the pool's cumulative
+        count (an embedding pool's autoscaler measures its input tokens/s by it)."""
         self.live.add(pool_key(model, version), tokens)
         self.live.add(team_key(model, version, team), tokens)
         self.live.add(admitted_key(model, version), tokens)
+        if tier == Tier.BATCH:
+            self.live.add(batch_key(model, version), tokens)
 
-    def give_back(self, model: str, version: str, team: str, tokens: int) -> None:
-        """Take an ended request's tokens out of the pool and the team's share."""
+    def give_back(
+        self, model: str, version: str, team: str, tokens: int, tier: Tier
+    ) -> None:
+        """Take an ended request's tokens out of the pool, the team's share and,
+        for the batch tier, the batch lane's."""
         self.live.remove(pool_key(model, version), tokens)
         self.live.remove(team_key(model, version, team), tokens)
+        if tier == Tier.BATCH:
+            self.live.remove(batch_key(model, version), tokens)
 
 
 class LiveAdmission:

@@ -96,6 +96,7 @@ def admission_options() -> AdmissionOptions:
         max_queue=settings.PLATFORM_ADMISSION_MAX_QUEUE,
         max_wait_s=settings.PLATFORM_ADMISSION_MAX_WAIT_S,
         batch_ceiling=settings.PLATFORM_BATCH_CEILING,
+        batch_lane=settings.PLATFORM_BATCH_LANE,
     )
 
 

@@ -113,3 +113,16 @@ def test_batch_ceiling_check_keeps_it_in_the_admission_queues_range(
 
     settings.PLATFORM_BATCH_CEILING = ceiling
     assert [m.id for m in check_batch_ceiling()] == ids
+
+
+@pytest.mark.parametrize(
+    ("lane", "ids"),
+    [(0.0, ["routing.E003"]), (1.2, ["routing.E003"]), (0.2, []), (1.0, [])],
+)
+def test_batch_lane_check_keeps_it_in_the_admission_queues_range(
+    settings: Settings, lane: float, ids: list[str]
+) -> None:
+    from config.checks import check_batch_ceiling
+
+    settings.PLATFORM_BATCH_LANE = lane
+    assert [m.id for m in check_batch_ceiling()] == ids

@@ -49,6 +49,7 @@ class FleetConfig:
     max_queue: int = _DEFAULT_ADMISSION.max_queue
     max_wait_s: float = _DEFAULT_ADMISSION.max_wait_s
     batch_ceiling: float = _DEFAULT_ADMISSION.batch_ceiling
+    batch_lane: float = _DEFAULT_ADMISSION.batch_lane
     retry_ratio: float = 0.1
     retry_min: int = 3
     cold_start_s: float = 0.0
@@ -161,6 +162,7 @@ class FleetConfig:
             max_queue=self.max_queue,
             max_wait_s=self.max_wait_s,
             batch_ceiling=self.batch_ceiling,
+            batch_lane=self.batch_lane,
         )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from drills.domain.replica import FleetReplica
 from models_registry.domain.capacity import CapacityRecord, pool_capacity_tokens
 from routing.domain.admission import PoolState
+from routing.domain.tiers import Tier
 
 __all__ = ["FleetPool"]
 
@@ -34,6 +35,7 @@ class FleetPool:
         self.is_tiered = is_tiered
         self.in_flight = 0
         self.team_in_flight: dict[str, int] = {}
+        self.batch_in_flight = 0
 
     def state(self, model: str, version: str) -> PoolState | None:
         if not self.is_tiered:
@@ -49,12 +51,21 @@ class FleetPool:
             capacity=capacity,
             in_flight=self.in_flight,
             team_in_flight=self.team_in_flight,
+            batch_in_flight=self.batch_in_flight,
         )
 
-    def take(self, model: str, version: str, team: str, tokens: int) -> None:
+    def take(
+        self, model: str, version: str, team: str, tokens: int, tier: Tier
+    ) -> None:
         self.in_flight += tokens
         self.team_in_flight[team] = self.team_in_flight.get(team, 0) + tokens
+        if tier == Tier.BATCH:
+            self.batch_in_flight += tokens
 
-    def give_back(self, model: str, version: str, team: str, tokens: int) -> None:
+    def give_back(
+        self, model: str, version: str, team: str, tokens: int, tier: Tier
+    ) -> None:
         self.in_flight -= tokens
         self.team_in_flight[team] -= tokens
+        if tier == Tier.BATCH:
+            self.batch_in_flight -= tokens

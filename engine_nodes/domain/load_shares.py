@@ -1,7 +1,7 @@
 """The live-load shares gateway processes publish through Redis: key names and sums.
 
 Public surface: ``gateway_load_key``, ``gateways_seen_key``, ``pool_key``,
-``team_key``, ``queue_tokens_key``, ``queue_depth_key``, ``admitted_key``,
+``team_key``, ``batch_key``, ``queue_tokens_key``, ``queue_depth_key``, ``admitted_key``,
 ``prefill_key``, ``PoolLoad``, ``sum_pool_load``, ``sum_replica_tokens``,
 ``pool_admitted``.
 
@@ -10,7 +10,8 @@ as a Redis hash under ``<prefix>:load:<region>:<gateway_id>`` once a second, and
 lists itself in the sorted set ``<prefix>:gateways-seen:<region>``, scored by the
 unix time of its exchange. A share maps keys to integers: a replica id to the
 tokens this process has in flight on it, ``p|model|version`` to the tokens it
-admitted into the pool, ``t|model|version|team`` to a team's part of those, and
+admitted into the pool, ``t|model|version|team`` to a team's part of those,
+``b|model|version`` to the batch tier's part of those (admission's batch lane), and
 ``q|model|version`` / ``qn|model|version`` to the tokens and requests waiting in
 its admission queue for the pool, and ``a|model|version`` to the tokens it has
 admitted into the pool since it started (a count that only grows: the
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 __all__ = [
     "PoolLoad",
     "admitted_key",
+    "batch_key",
     "gateway_load_key",
     "gateways_seen_key",
     "pool_admitted",
@@ -67,6 +69,11 @@ def prefill_key(replica_id: str) -> str:
 def team_key(model: str, version: str, team: str) -> str:
     """Return the share key of a team's admitted tokens in a pool."""
     return f"t|{model}|{version}|{team}"
+
+
+def batch_key(model: str, version: str) -> str:
+    """Return the share key of the batch tier's admitted tokens in a pool."""
+    return f"b|{model}|{version}"
 
 
 def queue_tokens_key(model: str, version: str) -> str:

@@ -32,6 +32,14 @@ traffic inside a guarantee is never shed):
    ``in_flight + tokens <= batch_ceiling * capacity`` and no interactive or
    standard request is queued (rule 4 implies the second part); otherwise it waits
    (``QUEUE``). Batch is never rate limited here; it waits or is shed.
+   The *batch lane* bounds batch on its own, whatever the interactive load:
+   ``batch_in_flight + tokens <= batch_lane * capacity``, where
+   ``batch_in_flight`` is the batch tier's tokens in flight in the pool. It stands
+   in for the per-priority KV and prefill ceilings that real engines lack (vLLM
+   orders by priority but lets a running batch sequence share every step): fewer
+   batch sequences per replica, less batch work in each interactive step. A batch
+   request may always run while no batch is in flight, so a lane narrower than
+   one request never starves the tier.
 6. When the pool is full, an interactive or standard request from a team outside
    its guarantee gets ``RATE_LIMITED`` (429) with a Retry-After and is not
    queued; one inside its guarantee is queued (interactive ahead of standard).
@@ -49,7 +57,7 @@ traffic inside a guarantee is never shed):
    (``now - arrived_at > max_wait_s``), except interactive inside its guarantee,
    then admits from the head of the queue while the head fits: under
    ``capacity`` for interactive and standard, under ``batch_ceiling * capacity``
-   for batch. It stops at the first head that does not fit (strict order, no
+   and inside the batch lane for batch. It stops at the first head that does not fit (strict order, no
    overtaking), and counts the tokens it admits toward ``in_flight`` for the
    heads after them. Team shares are not rechecked in ``pump``.
 9. Retry-After, for 429 and 503 alike, is whole seconds, at least 1:
@@ -133,17 +141,19 @@ class Verdict:
 
 @dataclass(frozen=True, slots=True)
 class PoolState:
-    """Tokens in flight in this pool now (all gateways), in total and per team."""
+    """Tokens in flight in this pool now (all gateways): in total, per team, and
+    the batch tier's part of the total (the batch lane's, rule 5)."""
 
     capacity: int
     in_flight: int
     team_in_flight: Mapping[str, int]
+    batch_in_flight: int = 0
 
     def __post_init__(self) -> None:
         if self.capacity <= 0:
             raise ValueError("capacity must be a positive number of tokens")
-        if self.in_flight < 0:
-            raise ValueError("in_flight must be zero or more")
+        if self.in_flight < 0 or self.batch_in_flight < 0:
+            raise ValueError("in_flight and batch_in_flight must be zero or more")
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +191,7 @@ class AdmissionQueue:
         "_queued_tokens",
         "_team_queued",
         "batch_ceiling",
+        "batch_lane",
         "drain_tokens_per_s",
         "max_queue",
         "max_wait_s",
@@ -192,6 +203,7 @@ class AdmissionQueue:
         max_queue: int = 256,
         max_wait_s: float = 10.0,
         batch_ceiling: float = 1.0,
+        batch_lane: float = 1.0,
         drain_tokens_per_s: float | None = None,
     ) -> None:
         if max_queue < 0:
@@ -200,6 +212,8 @@ class AdmissionQueue:
             raise ValueError("max_wait_s must be zero or more")
         if not 0.0 < batch_ceiling <= 1.0:
             raise ValueError("batch_ceiling must be in (0, 1]")
+        if not 0.0 < batch_lane <= 1.0:
+            raise ValueError("batch_lane must be in (0, 1]")
         if drain_tokens_per_s is not None and not (
             drain_tokens_per_s > 0 and math.isfinite(drain_tokens_per_s)
         ):
@@ -207,6 +221,7 @@ class AdmissionQueue:
         self.max_queue = max_queue
         self.max_wait_s = max_wait_s
         self.batch_ceiling = batch_ceiling
+        self.batch_lane = batch_lane
         self.drain_tokens_per_s = drain_tokens_per_s
         self._classes: tuple[deque[_Entry], ...] = tuple(
             deque() for _ in range(_CLASSES)
@@ -258,7 +273,9 @@ class AdmissionQueue:
         is_full = pool.in_flight + tokens > capacity
         has_ahead = any(self._live[: key + 1])
         if not is_full and not has_ahead:
-            if not is_batch or pool.in_flight + tokens <= self.batch_ceiling * capacity:
+            if not is_batch or self._batch_fits(
+                pool.in_flight, pool.batch_in_flight, tokens, capacity
+            ):
                 return Verdict(Outcome.ADMIT), ()
             reason = "batch_waits_for_idle_capacity"
         elif is_full and not is_batch and not is_inside:
@@ -309,10 +326,10 @@ class AdmissionQueue:
                     )
                 )
         admitted: list[str] = []
-        batch_limit = self.batch_ceiling * capacity
+        batch_in_flight = pool.batch_in_flight
         for key in range(_CLASSES):
             queue = classes[key]
-            limit = capacity if key < _FIRST_BATCH_CLASS else batch_limit
+            is_batch = key >= _FIRST_BATCH_CLASS
             while live[key]:
                 entry = queue[0]
                 if not entry.is_live:
@@ -320,13 +337,19 @@ class AdmissionQueue:
                     self._dead -= 1
                     continue
                 tokens = entry.candidate.tokens
-                if in_flight + tokens > limit:
+                if not (
+                    self._batch_fits(in_flight, batch_in_flight, tokens, capacity)
+                    if is_batch
+                    else in_flight + tokens <= capacity
+                ):
                     # Strict order: a head that does not fit blocks everything
                     # behind it, so small requests cannot starve a large one.
                     return Pumped(tuple(admitted), tuple(shed))
                 queue.popleft()
                 self._forget(entry)
                 in_flight += tokens
+                if is_batch:
+                    batch_in_flight += tokens
                 admitted.append(entry.candidate.request_id)
         return Pumped(tuple(admitted), tuple(shed))
 
@@ -404,6 +427,18 @@ class AdmissionQueue:
             queue.clear()
             queue.extend(kept)
         self._dead = 0
+
+    def _batch_fits(
+        self, in_flight: int, batch_in_flight: int, tokens: int, capacity: int
+    ) -> bool:
+        """Whether a batch request of ``tokens`` fits under the ceiling and in the
+        lane (rule 5); the lane always lets one in while no batch is in flight."""
+        if in_flight + tokens > self.batch_ceiling * capacity:
+            return False
+        return (
+            batch_in_flight == 0
+            or batch_in_flight + tokens <= self.batch_lane * capacity
+        )
 
     def _retry_after(self, in_flight: int, tokens: int, capacity: int) -> int:
         """Whole seconds until the pool could fit ``tokens`` behind the queue (rule 9)."""

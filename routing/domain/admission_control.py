@@ -119,14 +119,17 @@ class AdmissionOptions:
     """The admission queue's bounds, with the platform's defaults.
 
     ``max_queue`` requests may wait per pool and none longer than ``max_wait_s``;
-    batch is admitted only below ``batch_ceiling`` of the pool's capacity.
-    ``PLATFORM_ADMISSION_MAX_QUEUE``, ``PLATFORM_ADMISSION_MAX_WAIT_S`` and
-    ``PLATFORM_BATCH_CEILING`` default to these values, and so does the simulator.
+    batch is admitted only below ``batch_ceiling`` of the pool's capacity, and
+    holds at most ``batch_lane`` of it itself (1: no lane).
+    ``PLATFORM_ADMISSION_MAX_QUEUE``, ``PLATFORM_ADMISSION_MAX_WAIT_S``,
+    ``PLATFORM_BATCH_CEILING`` and ``PLATFORM_BATCH_LANE`` default to these
+    values, and so does the simulator.
     """
 
     max_queue: int = 256
     max_wait_s: float = 10.0
     batch_ceiling: float = 0.9
+    batch_lane: float = 1.0
 
     def __post_init__(self) -> None:
         # The queue checks them too; failing here names the setting at start-up.
@@ -134,6 +137,7 @@ class AdmissionOptions:
             max_queue=self.max_queue,
             max_wait_s=self.max_wait_s,
             batch_ceiling=self.batch_ceiling,
+            batch_lane=self.batch_lane,
         )
 
 
@@ -250,12 +254,18 @@ class PoolView(Protocol):
         """Return the pool's capacity and tokens in flight; None while it has none."""
         ...
 
-    def take(self, model: str, version: str, team: str, tokens: int) -> None:
-        """Count an admitted request's tokens into the pool and its team's share."""
+    def take(
+        self, model: str, version: str, team: str, tokens: int, tier: Tier
+    ) -> None:
+        """Count an admitted request's tokens into the pool and its team's share
+        (and the batch lane's, for the batch tier)."""
         ...
 
-    def give_back(self, model: str, version: str, team: str, tokens: int) -> None:
-        """Take an ended request's tokens out of the pool and its team's share."""
+    def give_back(
+        self, model: str, version: str, team: str, tokens: int, tier: Tier
+    ) -> None:
+        """Take an ended request's tokens out of the pool and its team's share
+        (and the batch lane's, for the batch tier)."""
         ...
 
 
@@ -367,7 +377,7 @@ class AdmissionControl:
         self._held.discard(ticket.admission_id)
         request = ticket.request
         self.view.give_back(
-            request.model, request.version, request.team, ticket.charged
+            request.model, request.version, request.team, ticket.charged, request.tier
         )
         regional = request.regional(ticket.charged)
         return RefundAndRelease(
@@ -393,7 +403,7 @@ class AdmissionControl:
         pumped = queue.pump(state, now)
         for admission_id in pumped.admitted:
             candidate = self._waiting.pop(admission_id)
-            self.view.take(*pool, candidate.team, candidate.tokens)
+            self.view.take(*pool, candidate.team, candidate.tokens, candidate.tier)
             self._woken.add(admission_id)
         for admission_id, _retry_after_s in pumped.shed:
             del self._waiting[admission_id]
@@ -449,7 +459,7 @@ class AdmissionControl:
         state = self.view.state(*pool)
         if state is None:
             # No serving replica: routing answers 503 with Retry-After.
-            self.view.take(*pool, request.team, tokens)
+            self.view.take(*pool, request.team, tokens, request.tier)
             return
         queue = self._queue(pool)
         candidate = Candidate(
@@ -475,7 +485,7 @@ class AdmissionControl:
                 del self._waiting[shed_id]
             yield ShedWaiting(shed)
         if verdict.outcome == Outcome.ADMIT:
-            self.view.take(*pool, request.team, tokens)
+            self.view.take(*pool, request.team, tokens, request.tier)
             return
         if verdict.outcome == Outcome.RATE_LIMITED:
             raise Rejected(
@@ -519,7 +529,7 @@ class AdmissionControl:
             # Admitted by a pump before the cancellation reached it: its tokens
             # were counted into the pool and must come out again.
             self._woken.discard(admission_id)
-            self.view.give_back(*pool, candidate.team, candidate.tokens)
+            self.view.give_back(*pool, candidate.team, candidate.tokens, candidate.tier)
 
     def _queue(self, pool: Pool) -> AdmissionQueue:
         queue = self._queues.get(pool)
@@ -528,6 +538,7 @@ class AdmissionControl:
                 max_queue=self.options.max_queue,
                 max_wait_s=self.options.max_wait_s,
                 batch_ceiling=self.options.batch_ceiling,
+                batch_lane=self.options.batch_lane,
             )
         return queue
 

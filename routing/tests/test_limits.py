@@ -13,6 +13,7 @@ import redis.asyncio
 
 from engine_nodes.domain.load_shares import (
     admitted_key,
+    batch_key,
     queue_depth_key,
     queue_tokens_key,
 )
@@ -60,6 +61,7 @@ def build(
     stores: tuple[Any, Any] | None = None,
     max_queue: int = 256,
     batch_ceiling: float = 1.0,
+    batch_lane: float = 1.0,
 ) -> tuple[LiveAdmission, LiveLoad, Clock]:
     clock = Clock()
     live = LiveLoad(
@@ -69,7 +71,11 @@ def build(
     admission = LiveAdmission(
         control=AdmissionControl(
             FixedPool(live, capacity),
-            AdmissionOptions(max_queue=max_queue, batch_ceiling=batch_ceiling),
+            AdmissionOptions(
+                max_queue=max_queue,
+                batch_ceiling=batch_ceiling,
+                batch_lane=batch_lane,
+            ),
         ),
         limits=buckets.pair(concurrency),
         clock=clock,
@@ -490,5 +496,32 @@ def test_admitted_tokens_count_up_and_never_down_for_the_autoscaler() -> None:
         await admission.release(second, used_tokens=0)
         assert live.tokens_in_flight(pool_key("chat-7b", "v1")) == 0
         assert live.own[counted] == 1_200
+
+    run(scenario())
+
+
+def test_batch_lane_counts_every_gateways_batch_tokens() -> None:
+    """The share's ``b|model|version`` is the batch tier's tokens in flight; the
+    lane (here 200 of 1,000) is judged over this process's and the others'."""
+
+    async def scenario() -> None:
+        admission, live, _ = build(capacity=1_000, batch_lane=0.2)
+        lane = batch_key("chat-7b", "v1")
+        first = await admission.admit(request("a", 100, tier=Tier.BATCH))
+        chat = await admission.admit(request("c", 300, tier=Tier.INTERACTIVE))
+        assert live.own[lane] == 100  # the interactive request is not in the lane
+        live.others[lane] = 60  # another gateway's batch
+        waiting = asyncio.ensure_future(
+            admission.admit(request("b", 100, tier=Tier.BATCH))
+        )
+        await asyncio.sleep(0)
+        assert not waiting.done()  # 100 + 60 + 100 > 200
+        await admission.release(chat, used_tokens=300)
+        assert not waiting.done()  # interactive leaving frees nothing in the lane
+        await admission.release(first, used_tokens=100)
+        second = await asyncio.wait_for(waiting, 1)
+        assert live.own[lane] == 100
+        await admission.release(second, used_tokens=100)
+        assert lane not in live.own
 
     run(scenario())

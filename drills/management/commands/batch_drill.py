@@ -318,9 +318,8 @@ class Command(BaseCommand):
             f"{s.load_replicas * s.tokens_per_s:,.0f} output tokens/s on average over "
             f"the day (peak {outcome.peak_rps:.1f} requests/s, night at "
             f"x{s.night_factor:g} of it), 24 h compressed into {s.day_hours:g} h; "
-            f"batch ceiling {outcome.batch_ceiling:g}; "
-            + _guard_text(s.guard)
-            + "; engine scheduling "
+            f"batch ceiling {outcome.batch_ceiling:g}; batch lane "
+            f"{config.batch_lane:g}; " + _guard_text(s.guard) + "; engine scheduling "
             f"{s.engine_scheduling} (deadline_fcfs: fcfs); scheduler window "
             f"{w.initial_window}-{w.max_window}, judged after "
             f"{w.min_observed_s:g} + {w.rate_window_s:g} s, safety x{w.safety:g}; "
@@ -483,6 +482,7 @@ def _as_json(
             "day_hours": s.day_hours,
             "warmup_s": s.warmup_s,
             "batch_ceiling": outcome.batch_ceiling,
+            "batch_lane": config.batch_lane,
             "engine_scheduling": s.engine_scheduling,
             "ttft_ratio_target": s.ttft_ratio_target,
             "usd_per_m_target": s.usd_per_m_target,

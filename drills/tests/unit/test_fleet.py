@@ -351,3 +351,49 @@ def test_waiting_for_the_owner_delays_routing_by_at_most_the_wait(
     delays = routing_delays(0.2)
     assert max(delays) > 0.0  # some owner was over the bound and was waited for
     assert max(delays) <= 0.2 + 1e-9
+
+
+def _most_at_once(requests: Sequence[Any]) -> int:
+    """The most of ``requests`` routed and not yet ended at any instant."""
+    edges = sorted(
+        [(r.routed_at, 1) for r in requests if r.routed_at is not None]
+        + [(r.finished_at, -1) for r in requests if r.routed_at is not None]
+    )
+    return max(itertools.accumulate(step for _, step in edges))
+
+
+@pytest.mark.parametrize(("lane", "most"), [(1.0, 40), (0.1, 4)])
+def test_the_batch_lane_bounds_the_batch_tiers_streams_in_the_pool(
+    lane: float, most: int
+) -> None:
+    """Forty batch lines of 5,000 tokens arrive at once on two replicas of 100,000
+    tokens: without a lane all run; a lane of 0.1 (20,000 tokens) runs four at a
+    time, the rest waiting in admission, none lost."""
+    team = TeamSpec("bulk", tier="batch", tokens_per_minute=10**9)
+    arrivals = [
+        Arrival(
+            at=1.0,
+            team="bulk",
+            tier="batch",
+            conversation=i,
+            prompt_tokens=200,
+            output_tokens=200,
+            max_tokens=4_800,
+            history_tokens=0,
+            stream_tokens=0,
+        )
+        for i in range(40)
+    ]
+    config = small(
+        replicas=2,
+        admission=True,
+        replica_tokens_in_flight=100_000,
+        batch_ceiling=1.0,
+        batch_lane=lane,
+        max_wait_s=600.0,
+    )
+    result = FleetSim(config, arrivals=arrivals, teams=[team]).run(
+        120.0, warmup_s=0.0, drain_s=600.0
+    )
+    assert [r.outcome for r in result.requests] == ["ok"] * 40
+    assert _most_at_once(result.requests) == most

@@ -44,6 +44,7 @@ class QueueSettings(TypedDict, total=False):
     max_queue: int
     max_wait_s: float
     batch_ceiling: float
+    batch_lane: float
     drain_tokens_per_s: float | None
 
 
@@ -75,6 +76,15 @@ def cand(
 
 def pool(in_flight: int = 0, **team_in_flight: int) -> PoolState:
     return PoolState(capacity=CAP, in_flight=in_flight, team_in_flight=team_in_flight)
+
+
+def batch_pool(in_flight: int, batch_in_flight: int) -> PoolState:
+    return PoolState(
+        capacity=CAP,
+        in_flight=in_flight,
+        team_in_flight={},
+        batch_in_flight=batch_in_flight,
+    )
 
 
 IDLE = pool(0)
@@ -308,6 +318,37 @@ def test_admission_pump_counts_admitted_interactive_toward_the_batch_ceiling() -
     enqueue(queue, cand("i2", INT, tokens=300, at=2.0))
     enqueue(queue, cand("b2", BAT, tokens=100, at=2.0))
     assert queue.pump(pool(200), 3.0) == Pumped(("i2",), ())
+
+
+def test_admission_batch_lane_bounds_batch_whatever_the_interactive_load() -> None:
+    queue = AdmissionQueue(batch_ceiling=1.0, batch_lane=0.2)
+    # 100 batch + 100 fits the lane of 200; 101 more does not, on an idle pool.
+    assert outcome(queue, cand("b1", BAT), batch_pool(100, 100)) is Outcome.ADMIT
+    verdict, _ = queue.offer(cand("b2", BAT, tokens=101), batch_pool(100, 100), 0.0)
+    assert verdict == Verdict(Outcome.QUEUE, reason="batch_waits_for_idle_capacity")
+    # Interactive and standard are not in the lane.
+    assert outcome(queue, cand("s1", STD), batch_pool(900, 200)) is Outcome.ADMIT
+
+
+def test_admission_batch_lane_lets_one_request_in_while_no_batch_runs() -> None:
+    queue = AdmissionQueue(batch_ceiling=0.5, batch_lane=0.05)
+    # 300 tokens is wider than the lane's 50, but no batch is in flight.
+    assert (
+        outcome(queue, cand("b1", BAT, tokens=300), batch_pool(0, 0)) is Outcome.ADMIT
+    )
+    # The ceiling still holds it back on a busy pool.
+    verdict, _ = queue.offer(cand("b2", BAT, tokens=300), batch_pool(300, 0), 0.0)
+    assert verdict.outcome is Outcome.QUEUE
+
+
+def test_admission_pump_counts_its_batch_admissions_toward_the_lane() -> None:
+    queue = AdmissionQueue(batch_lane=0.25)
+    for i in range(4):
+        enqueue(queue, cand(f"b{i}", BAT, tokens=100, at=float(i)))
+    # 50 batch in flight: two more fit under 250, the third would make 350.
+    assert queue.pump(batch_pool(300, 50), 5.0) == Pumped(("b0", "b1"), ())
+    assert ids(queue) == ["b2", "b3"]
+    assert queue.pump(batch_pool(300, 0), 6.0) == Pumped(("b2", "b3"), ())
 
 
 # --- pump -------------------------------------------------------------------------
@@ -761,6 +802,8 @@ def test_admission_request_larger_than_the_pool_is_a_clear_400() -> None:
         {"max_wait_s": -0.1},
         {"batch_ceiling": 0.0},
         {"batch_ceiling": 1.5},
+        {"batch_lane": 0.0},
+        {"batch_lane": 1.01},
         {"drain_tokens_per_s": 0.0},
         {"drain_tokens_per_s": float("inf")},
     ],
@@ -776,9 +819,17 @@ def test_admission_candidate_rejects_invalid_values(kwargs: CandidateValues) -> 
         cand("r", STD, **kwargs)
 
 
-@pytest.mark.parametrize(("capacity", "in_flight"), [(0, 0), (-5, 0), (100, -1)])
+@pytest.mark.parametrize(
+    ("capacity", "in_flight", "batch_in_flight"),
+    [(0, 0, 0), (-5, 0, 0), (100, -1, 0), (100, 0, -1)],
+)
 def test_admission_pool_state_rejects_invalid_values(
-    capacity: int, in_flight: int
+    capacity: int, in_flight: int, batch_in_flight: int
 ) -> None:
     with pytest.raises(ValueError):
-        PoolState(capacity=capacity, in_flight=in_flight, team_in_flight={})
+        PoolState(
+            capacity=capacity,
+            in_flight=in_flight,
+            team_in_flight={},
+            batch_in_flight=batch_in_flight,
+        )

@@ -41,11 +41,15 @@ class Pool:
             return None
         return PoolState(self.capacity, self.in_flight, dict(self.teams))
 
-    def take(self, model: str, version: str, team: str, tokens: int) -> None:
+    def take(
+        self, model: str, version: str, team: str, tokens: int, tier: Tier
+    ) -> None:
         self.in_flight += tokens
         self.teams[team] = self.teams.get(team, 0) + tokens
 
-    def give_back(self, model: str, version: str, team: str, tokens: int) -> None:
+    def give_back(
+        self, model: str, version: str, team: str, tokens: int, tier: Tier
+    ) -> None:
         self.in_flight -= tokens
         self.teams[team] -= tokens
 
