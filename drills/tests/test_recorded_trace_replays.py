@@ -160,3 +160,45 @@ def test_fleet_drills_replay_a_trace_scaled(tmp_path: Path) -> None:
     assert [row[0] for row in rows] == ["plan", "warm"]
     assert rows[0][1] == rows[0][2] == "2"  # the plan's fleet is pinned
     assert all(row[6].endswith("%") and float(row[6][:-1]) > 30 for row in rows)
+
+
+def test_make_recorded_trace_splits_conversations_between_teams(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "teams.jsonl"
+    text = run(
+        "make_recorded_trace",
+        f"--out={out}",
+        "--duration-s=60",
+        "--teams=chat:interactive:3,tools:standard:1",
+    )
+    trace = read_trace(out)
+    tiers = {r.tier for r in trace}
+    assert tiers == {"interactive", "standard"}
+    interactive = sum(r.tier == "interactive" for r in trace)
+    assert 0.6 < interactive / len(trace) < 0.9  # three to one, drawn
+    assert f"interactive {interactive}" in text
+    # Every turn of a conversation is its team's, and a team is one hashed id.
+    by_conversation: dict[str, set[tuple[str, str]]] = {}
+    for r in trace:
+        by_conversation.setdefault(r.conversation, set()).add((r.team, r.tier))
+    assert all(len(teams) == 1 for teams in by_conversation.values())
+    assert len({r.team for r in trace}) == 2
+    assert not {r.team for r in trace} & {"chat", "tools"}  # hashed
+
+
+@pytest.mark.parametrize(
+    ("teams", "message"),
+    [
+        ("chat:vip:1", "not a valid Tier"),
+        ("chat:interactive", "NAME:TIER:WEIGHT"),
+        ("chat:interactive:0", "weight must be positive"),
+        ("a:standard:1,a:batch:1", "each team once"),
+        (":standard:1", "needs a name"),
+    ],
+)
+def test_make_recorded_trace_names_a_bad_team(
+    tmp_path: Path, teams: str, message: str
+) -> None:
+    with pytest.raises(CommandError, match=message):
+        run("make_recorded_trace", f"--out={tmp_path / 't.jsonl'}", f"--teams={teams}")
