@@ -27,7 +27,8 @@ The rules, in the order they apply:
    ``ceil(demand / (target_utilisation x per replica))``, either way; every
    rule below is the same for both kinds.
 2. **Scale up** (``utilisation``): when the short window's average demand (the
-   last ``panic_window_s``, Knative's 6 s) needs more replicas than the pool has
+   samples of the last ``panic_window_s``, Knative's 6 s, one on its start
+   excluded) needs more replicas than the pool has
    (serving plus starting), the pool goes to that many at once, not one per tick.
    Starting replicas count, so a tick never adds again what is still starting.
 3. **The queue is the fast trigger** (``queue``): a queue that persisted through the
@@ -371,7 +372,12 @@ def decide(
         _Sample(now, demand, signals.queue_depth),
         now - settings.stable_window_s,
     )
-    short = [s for s in samples if s.at >= now - settings.panic_window_s]
+    # The short window is (now - panic_window_s, now]: a sample on its start is
+    # older, for the panic as for the queue rule below. Live ticks land a few ms
+    # late each, so a 6-s window of 2-s ticks holds three samples; counting the
+    # one on its start would give the simulator's exact ticks a fourth.
+    short_start = now - settings.panic_window_s + _TOLERANCE
+    short = [s for s in samples if s.at > short_start]
     short_demand = sum(s.demand for s in short) / len(short)
     stable_demand = sum(s.demand for s in samples) / len(samples)
     needed_short = _needed(short_demand, per_replica, settings.target_utilisation)
@@ -390,7 +396,6 @@ def decide(
         panic_until = None
     # The queue persisted through the short window: queued at the last sample at
     # least a short window old, and at every sample since.
-    short_start = now - settings.panic_window_s + _TOLERANCE
     older = [s for s in samples if s.at <= short_start]
     has_queue = bool(older) and all(s.queue_depth > 0 for s in (older[-1], *short))
 

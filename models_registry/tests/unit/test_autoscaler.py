@@ -98,6 +98,22 @@ def test_twice_the_serving_replicas_is_a_panic_that_holds_off_scale_down() -> No
     assert later[-1].reason == Reason.SCALE_DOWN
 
 
+def test_the_panic_window_holds_the_samples_of_its_last_six_seconds_only() -> None:
+    """GIVEN ticks every 2 s on one replica: 0 tokens at 0 s, then 150,000 (a
+    burst) at 2 s, nothing at 4 and 6 s, then 150,000 at 8 s
+    THEN at 8 s the short window is (2, 8]: 6, 4 and 8 s, not the burst at 2 s,
+    whose sample lies on its start (the live ticks, a few ms late each, never
+    hold four; the queue rule counts that sample as older too): 50,000 on
+    average, under the panic's 140,000, and no scale-up."""
+    loads = [(0.0, 0), (2.0, 150_000), (4.0, 0), (6.0, 0), (8.0, 150_000)]
+    decisions, _ = run(
+        WIDE, [signals(t, serving=1, in_flight=load) for t, load in loads]
+    )
+    assert decisions[1].reason == Reason.PANIC  # the burst, alone in its window
+    assert decisions[-1].utilisation == pytest.approx(0.5)
+    assert decisions[-1].desired == decisions[-1].current
+
+
 def test_a_persistent_queue_adds_a_replica_even_when_averages_lag() -> None:
     # In flight just under the target, but requests queue (a large head waits).
     queued = [
