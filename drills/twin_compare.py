@@ -66,36 +66,6 @@ def check_seed(
     start_s = window.replica_start_s if window.replica_start_s is not None else 2.0
     # The trace's clock starts at its first arrival; the live one at the load's.
     shift = min((s.at for s in window.served), default=0.0)
-    config = twin_fleet_config(
-        platform_fleet_config(),
-        settings=ScalingSettings(**plan.scaling_changes()),
-        replica_tokens_in_flight=plan.replica_tokens_in_flight,
-        profile=PROFILE,
-        interval_s=plan.interval_s,
-        start_s=start_s,
-        seed=plan.load.seed,
-    )
-    team = TeamSpec("team-" + salted_id(TEAM, traffic_salt()), guaranteed_share=1.0)
-    trace = read_trace(path)  # the export as written, read back once
-    scaled_served, predicted_points = replay(
-        trace_arrivals(trace),
-        config,
-        window_s=window.window_s,
-        teams=[team],
-    )
-    followed, events = followed_fleet(
-        config, window.replicas, start_s=start_s, shift_s=shift
-    )
-    predicted_served, _ = replay(
-        trace_arrivals(trace),
-        followed,
-        window_s=window.window_s,
-        teams=[team],
-        events=events,
-    )
-    predicted_points = [
-        ReplicaPoint(p.at + shift, p.serving, p.desired) for p in predicted_points
-    ]
     frontend_s = PROFILES[PROFILE].frontend_ms / 1000.0
     # What the simulator does not model: the gateway (and the client) under the
     # window's load, as the probes sent during it read it; idle if none answered.
@@ -105,21 +75,45 @@ def check_seed(
         else window.gateway_overhead_s
     )
     # And the replica's own time per request beyond its profile, read at idle.
+    # The replay holds each request that long between admission and the replica:
+    # its first token comes later and its tokens are in flight longer, as live.
     offset_s = frontend_s + overhead_s + window.replica_residual_s
+    config = twin_fleet_config(
+        platform_fleet_config(),
+        settings=ScalingSettings(**plan.scaling_changes()),
+        replica_tokens_in_flight=plan.replica_tokens_in_flight,
+        profile=PROFILE,
+        interval_s=plan.interval_s,
+        start_s=start_s,
+        seed=plan.load.seed,
+        tick_times=[t - shift for t in window.ticks],
+        route_delay_s=offset_s,
+    )
+    team = TeamSpec("team-" + salted_id(TEAM, traffic_salt()), guaranteed_share=1.0)
+    trace = read_trace(path)  # the export as written, read back once
+    scaled_served, predicted_points, twin_changes = replay(
+        trace_arrivals(trace),
+        config,
+        window_s=window.window_s,
+        teams=[team],
+    )
+    followed, events = followed_fleet(
+        config, window.replicas, start_s=start_s, shift_s=shift
+    )
+    predicted_served, _, _ = replay(
+        trace_arrivals(trace),
+        followed,
+        window_s=window.window_s,
+        teams=[team],
+        events=events,
+    )
+    predicted_points = [
+        ReplicaPoint(p.at + shift, p.serving, p.desired) for p in predicted_points
+    ]
     measured = figures_of(window.served, window.replicas, window_s=window.window_s)
-    predicted = figures_of(
-        predicted_served,
-        predicted_points,
-        window_s=window.window_s,
-        ttft_offset_s=offset_s,
-    )
+    predicted = figures_of(predicted_served, predicted_points, window_s=window.window_s)
     comparison = compare(predicted, measured, tolerance=tolerance)
-    scaled = figures_of(
-        scaled_served,
-        predicted_points,
-        window_s=window.window_s,
-        ttft_offset_s=offset_s,
-    )
+    scaled = figures_of(scaled_served, predicted_points, window_s=window.window_s)
     gateway_mean = (
         sum(t for _, t in window.gateway_tokens_in_flight)
         / len(window.gateway_tokens_in_flight)
@@ -153,10 +147,14 @@ def check_seed(
         "live_sizes": _sizes(window.replicas),
         "twin_sizes": _sizes(predicted_points),
         "decisions": window.decisions,
+        # The twin's own autoscaler's, on the live clock.
+        "twin_decisions": [
+            {**change, "at_s": change["at_s"] + shift} for change in twin_changes
+        ],
         "wall_s": round(window.wall_s, 1),
         "series": {
             "live_ttft_s": [s.ttft_s for s in window.served],
-            "twin_ttft_s": [s.ttft_s + offset_s for s in predicted_served],
+            "twin_ttft_s": [s.ttft_s for s in predicted_served],
             "live_replicas": [[p.at, p.serving, p.desired] for p in window.replicas],
             "twin_replicas": [[p.at, p.serving, p.desired] for p in predicted_points],
             "gateway_tokens_in_flight": window.gateway_tokens_in_flight,

@@ -53,6 +53,7 @@ from drills.domain.twin_check import (
     ReplicaPoint,
     Served,
     TwinLoad,
+    decision_row,
     plan_turns,
     start_delay_s,
     system_text,
@@ -146,6 +147,7 @@ class LiveWindow:
     replicas: list[ReplicaPoint]
     gateway_tokens_in_flight: list[tuple[float, int]]
     decisions: list[dict[str, Any]]
+    ticks: list[float]  # the autoscaler's, on the window's clock
     trace: list[dict[str, Any]]
     trace_skipped: int
     window_s: float
@@ -276,6 +278,8 @@ class _Pool:
         self.prefix = prefix
         self.points: list[ReplicaPoint] = []
         self.in_flight: list[tuple[float, int]] = []
+        # When each autoscaler tick read the pool, on the window's clock.
+        self.ticks: list[float] = []
         self.errors: list[str] = []
         self.clock0 = time.perf_counter()
         self._stop = threading.Event()
@@ -296,6 +300,7 @@ class _Pool:
                 while not self._stop.is_set():
                     now = time.perf_counter()
                     if now >= next_tick:
+                        self.ticks.append(now - self.clock0)
                         autoscale_region(
                             region=self.region, now=timezone.now(), redis_client=client
                         )
@@ -387,12 +392,14 @@ def run_live_window(
             lines, skipped = trace_lines(records, salt=salt, stand_in_text=False)
             lines = [line for line in lines if line["conversation"] not in probed]
             decisions = [
-                {
-                    "at_s": (row.decided_at - started).total_seconds(),
-                    "from": row.from_replicas,
-                    "to": row.to_replicas,
-                    "reason": row.reason,
-                }
+                decision_row(
+                    at_s=(row.decided_at - started).total_seconds(),
+                    current=row.from_replicas,
+                    desired=row.to_replicas,
+                    reason=row.reason,
+                    utilisation=row.utilisation,
+                    signals=row.signals or {},
+                )
                 for row in ScalingDecision.objects.filter(region=region).order_by(
                     "decided_at"
                 )
@@ -403,6 +410,7 @@ def run_live_window(
                 replicas=pool.points,
                 gateway_tokens_in_flight=pool.in_flight,
                 decisions=decisions,
+                ticks=list(pool.ticks),
                 trace=lines,
                 trace_skipped=skipped,
                 window_s=until - since,

@@ -135,7 +135,8 @@ _REFUSED = {400: "too_large", 429: "rate_limited", 503: "shed"}
     _SOURCE_TICK,
     _SOURCE_SENT,
     _ROUTE_AGAIN,
-) = range(11)
+    _ROUTE_FIRST,
+) = range(12)
 # How often a request waiting for its warm replica (``FleetConfig.owner_wait_s``)
 # looks again.
 _OWNER_POLL_S = 0.025
@@ -273,7 +274,7 @@ class FleetSim:
             scaling=self.scaler.log if self.scaler is not None else None,
         )
         if self.scaler is not None:
-            self._push(self.scaler.autoscaling.first_tick_s, _SCALE, None)
+            self._push(self.scaler.autoscaling.start_tick, _SCALE, None)
         for event in self._events:
             self._push(event.at, _SCENARIO, event)
         if self.workload is not None:
@@ -328,7 +329,7 @@ class FleetSim:
             elif kind == _SCALE:
                 assert self.scaler is not None
                 self._on_scale()
-                self._push(at + self.scaler.autoscaling.interval_s, _SCALE, None)
+                self._push(self.scaler.autoscaling.next_tick(at), _SCALE, None)
             elif kind == _DRAIN_END:
                 self._on_drain_deadline(cast(FleetReplica, payload))
             elif kind == _SOURCE_TICK:
@@ -337,6 +338,8 @@ class FleetSim:
                 self._admit(cast(FleetRequest, payload))
             elif kind == _ROUTE_AGAIN:
                 self._route(cast(FleetRequest, payload), first=False)
+            elif kind == _ROUTE_FIRST:
+                self._route(cast(FleetRequest, payload), first=True)
         if not counted:
             result.generated_tokens = self._generated() - generated0
             result.prefill_tokens = self._prefilled() - prefill0
@@ -561,7 +564,12 @@ class FleetSim:
                 effect = steps.send(reply) if error is None else steps.throw(error)
             except StopIteration as done:
                 self._tickets[request.request_id] = done.value
-                self._route(request, first=True)
+                delay = self.config.route_delay_s
+                if delay > 0:
+                    # Admitted now, its tokens counted; at the replica later.
+                    self._push(self.now + delay, _ROUTE_FIRST, request)
+                else:
+                    self._route(request, first=True)
                 return
             except Rejected as refused:
                 self._end(

@@ -84,6 +84,11 @@ class FleetConfig:
     # and prefill tokens per step, preemption by priority; None: none). Needs
     # ``engine_scheduling="priority"`` and the vLLM engine.
     batch_guard: BatchGuard | None = None
+    # Between admission and the replica: the gateway's own work and the engine's
+    # frontend, which the step model does not count. The admitted tokens are
+    # held through it and a first token comes that much later (the twin check
+    # sets it to what the live window measured; 0: none, every drill).
+    route_delay_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -94,10 +99,9 @@ class FleetConfig:
             )
         if self.block_size < 1 or self.sample_s <= 0:
             raise ValueError("block_size and sample_s must be positive")
-        if not 0 <= self.owner_wait_s < float("inf"):
-            raise ValueError("owner_wait_s must be a finite number >= 0")
-        if not 0 <= self.kv_event_delay_s < float("inf"):
-            raise ValueError("kv_event_delay_s must be a finite number >= 0")
+        for name in ("owner_wait_s", "kv_event_delay_s", "route_delay_s"):
+            if not 0 <= getattr(self, name) < float("inf"):
+                raise ValueError(f"{name} must be a finite number >= 0")
         if not 0 <= self.host_offload_gib < float("inf"):
             raise ValueError("host_offload_gib must be a finite number >= 0")
         if self.engine_scheduling not in SCHEDULING_POLICIES:

@@ -49,8 +49,10 @@ machinery would (the agent, the node pool, the bill):
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from drills.domain.capacity_plan import Scenario
 from engine_nodes.domain.liveness import ReplicaState
@@ -129,7 +131,9 @@ class FleetAutoscaling:
     (free GPUs are the budget less the replicas alive); ``drain_deadline_s`` is how
     long a draining replica's streams may run before they end with an error;
     ``first_tick_s`` is the policy's first call (a drill lets a fleet that starts
-    empty, with cold prefix caches, settle first).
+    empty, with cold prefix caches, settle first). ``tick_times``, when given, are
+    the policy's calls instead (a live window's ticks, replayed at their times:
+    the twin check), every ``interval_s`` after the last.
     """
 
     settings: ScalingSettings
@@ -140,12 +144,28 @@ class FleetAutoscaling:
     drain_deadline_s: float = 600.0  # the live PLATFORM_DRAIN_TIMEOUT_S's default
     capacity_is_assumed: bool = False
     first_tick_s: float = 0.0
+    tick_times: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or min(self.drain_deadline_s, self.first_tick_s) < 0:
             raise ValueError(
                 "interval_s must be positive, drain_deadline_s and first_tick_s >= 0"
             )
+        times = self.tick_times
+        if any(t < 0 for t in times) or any(b <= a for a, b in pairwise(times)):
+            raise ValueError("tick_times must be >= 0 and rising")
+
+    def next_tick(self, at: float) -> float:
+        """Return the policy's next call after one at ``at``."""
+        index = bisect_right(self.tick_times, at)
+        if index < len(self.tick_times):
+            return self.tick_times[index]
+        return at + self.interval_s
+
+    @property
+    def start_tick(self) -> float:
+        """Return the policy's first call."""
+        return self.tick_times[0] if self.tick_times else self.first_tick_s
         if self.warm_nodes < 0 or self.gpu_budget < 0:
             raise ValueError("warm_nodes and gpu_budget must be zero or more")
 

@@ -3,8 +3,8 @@
 Public surface: ``TwinLoad``, ``PlannedTurn``, ``rate_at``, ``plan_turns``,
 ``system_text``, ``user_text``, ``Served``, ``ReplicaPoint``, ``TwinFigures``,
 ``probe_text``, ``figures_of``, ``first_turn_hit_share``, ``start_delay_s``, ``FigureRow``, ``TwinComparison``, ``compare``, ``GATED``,
-``twin_fleet_config``, ``served_of_fleet``, ``replay``, ``decode_s_per_token``,
-``followed_fleet``.
+``twin_fleet_config``, ``served_of_fleet``, ``replay``, ``decision_row``,
+``decode_s_per_token``, ``followed_fleet``.
 
 ``manage.py twin_check`` (``drills.twin_live``) runs a small live window
 (gateway, node agent, simulated replicas, the autoscaler's tick), records it
@@ -35,9 +35,10 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
+from typing import Any
 
 from drills.domain.fleet import FleetSim
 from drills.domain.fleet_config import FleetConfig, FleetEvent
@@ -58,6 +59,7 @@ __all__ = [
     "TwinFigures",
     "TwinLoad",
     "compare",
+    "decision_row",
     "figures_of",
     "first_turn_hit_share",
     "plan_turns",
@@ -271,6 +273,7 @@ class TwinFigures:
     replicas_peak: int | None
     desired_changes: int
     decode_s_per_token: float | None = None
+    request_s_mean: float | None = None
 
 
 def figures_of(
@@ -278,7 +281,6 @@ def figures_of(
     replicas: Sequence[ReplicaPoint],
     *,
     window_s: float,
-    ttft_offset_s: float = 0.0,
 ) -> TwinFigures:
     """Return the figures of one side.
 
@@ -286,13 +288,12 @@ def figures_of(
     ``prompt + max_tokens`` (what admission and the autoscaler count) over its
     life, averaged over ``window_s`` (Little's law); replicas serving are
     averaged over time between the points (each holds until the next).
-    ``ttft_offset_s`` is added to every TTFT (the simulator's side: the replica's
-    frontend and the gateway's measured overhead, which it does not model).
-    Decode is ``decode_s_per_token``.
+    Decode is ``decode_s_per_token`` (a median); ``request_s_mean`` is the mean
+    time from arrival to the answer's end, which tokens in flight weigh.
     """
     if window_s <= 0:
         raise ValueError("window_s must be positive")
-    ttfts = [s.ttft_s + ttft_offset_s for s in served]
+    ttfts = [s.ttft_s for s in served]
     prompt = sum(s.prompt_tokens for s in served)
     held = sum(
         (s.prompt_tokens + s.max_tokens) * max(0.0, s.ended_at - s.at) for s in served
@@ -317,6 +318,11 @@ def figures_of(
         replicas_peak=max(p.serving for p in points) if points else None,
         desired_changes=changes,
         decode_s_per_token=decode_s_per_token(served),
+        request_s_mean=(
+            sum(max(0.0, s.ended_at - s.at) for s in served) / len(served)
+            if served
+            else None
+        ),
     )
 
 
@@ -410,6 +416,7 @@ def compare(
         "replicas_peak",
         "desired_changes",
         "decode_s_per_token",
+        "request_s_mean",
     )
     unknown = gates - set(names)
     if unknown:
@@ -440,12 +447,20 @@ def twin_fleet_config(
     interval_s: float,
     start_s: float,
     seed: int,
+    tick_times: Sequence[float] = (),
+    route_delay_s: float = 0.0,
 ) -> FleetConfig:
     """Return ``base`` (the platform's routing and admission settings) set up as
     the live pool runs: the same profile and its KV block, admission on, the same
     autoscaling settings and tick, from ``min_replicas``, and replicas that serve
     ``start_s`` after the decision (the live agent's start of a simulated
-    replica: no node to boot, no weights to pull)."""
+    replica: no node to boot, no weights to pull). ``tick_times`` are the live
+    autoscaler's ticks on the trace's clock (those before it starts dropped): the
+    twin's policy samples the pool when live did, so its decisions differ only
+    by what it sees. On a light pool a scale-up is a 6-s window's mean crossing
+    the target, and moving the ticks by half a second moves it by tens of
+    seconds. ``route_delay_s`` is the live time between admission and the
+    replica that the step model does not count (``FleetConfig.route_delay_s``)."""
     return replace(
         base,
         replicas=settings.min_replicas,
@@ -454,11 +469,13 @@ def twin_fleet_config(
         admission=True,
         replica_tokens_in_flight=replica_tokens_in_flight,
         seed=seed,
+        route_delay_s=route_delay_s,
         autoscaling=FleetAutoscaling(
             settings=settings,
             interval_s=interval_s,
             cold_start=ColdStart(node_start_s=start_s, weights_gb=0.0, warmup_s=0.0),
             gpu_budget=settings.max_replicas,
+            tick_times=tuple(t for t in tick_times if t >= 0),
         ),
     )
 
@@ -528,15 +545,28 @@ def replay(
     window_s: float,
     teams: Iterable[TeamSpec] = (),
     events: Iterable[FleetEvent] = (),
-) -> tuple[list[Served], list[ReplicaPoint]]:
+) -> tuple[list[Served], list[ReplicaPoint], list[dict[str, Any]]]:
     """Replay a trace's arrivals in the fleet simulator (``teams``: the trace's
     teams with their limits; ``events``: ``followed_fleet``'s); return the
-    answered requests and the pool's replicas each second (serving, and the size
-    the autoscaler's last tick asked for)."""
+    answered requests, the pool's replicas each second (serving, and the size
+    the autoscaler's last tick asked for), and the autoscaler's changes of size
+    (``decision_row``; none without an autoscaler)."""
     result = FleetSim(config, arrivals=arrivals, teams=teams, events=events).run(
         window_s, drain_s=120.0
     )
     ticks = list(result.scaling.ticks) if result.scaling is not None else []
+    changes = [
+        decision_row(
+            at_s=tick.decision.at,
+            current=tick.decision.current,
+            desired=tick.decision.desired,
+            reason=tick.decision.reason.value,
+            utilisation=tick.decision.utilisation,
+            signals=tick.decision.signals,
+        )
+        for tick in ticks
+        if tick.decision.changed
+    ]
     points = []
     desired, i = config.replicas, 0
     for sample in result.samples:
@@ -544,4 +574,27 @@ def replay(
             desired = ticks[i].decision.desired
             i += 1
         points.append(ReplicaPoint(sample.at, sample.replicas, desired))
-    return served_of_fleet(result.requests), points
+    return served_of_fleet(result.requests), points, changes
+
+
+def decision_row(
+    *,
+    at_s: float,
+    current: int,
+    desired: int,
+    reason: str,
+    utilisation: float | None,
+    signals: Mapping[str, float],
+) -> dict[str, Any]:
+    """One change of the pool's size, as both sides report it: when, from and to,
+    the policy's reason, and the signals it decided on (utilisation of the short
+    window, the admission and engine queues' requests, tokens in flight)."""
+    return {
+        "at_s": at_s,
+        "from": current,
+        "to": desired,
+        "reason": reason,
+        "utilisation": utilisation,
+        "queue_depth": signals.get("queue_depth"),
+        "tokens_in_flight": signals.get("tokens_in_flight"),
+    }

@@ -63,6 +63,10 @@ def test_twin_check_compares_the_replay_with_the_live_window(
     assert seed["gateway_overhead_ms"] >= 0 and seed["gateway_overhead_idle_ms"] >= 0
     assert seed["replica_residual_ms"] >= 0
     assert seed["autoscaled_twin"]["requests"] > 0
+    # Each side's changes of size carry the policy's reason and its signals.
+    for change in seed["decisions"] + seed["twin_decisions"]:
+        assert change["reason"] and change["from"] != change["to"]
+        assert change["queue_depth"] is not None
     assert figures["decode_s_per_token"]["measured"] > 0
     # The exported trace holds no text, and the scratch model is gone.
     lines = Path(seed["trace"]).read_text(encoding="utf-8").splitlines()

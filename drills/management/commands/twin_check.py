@@ -43,6 +43,7 @@ _LABELS = {
     "replicas_peak": ("replicas serving (peak)", 1.0, "{:.0f}"),
     "desired_changes": ("autoscaler size changes", 1.0, "{:.0f}"),
     "decode_s_per_token": ("decode ms per token", 1000.0, "{:.2f}"),
+    "request_s_mean": ("request s, arrival to end", 1.0, "{:.3f}"),
 }
 
 
@@ -154,7 +155,8 @@ def _print(
             f"({seed['load_probes']} probes; idle "
             f"{seed['gateway_overhead_idle_ms']:.1f}) + replica frontend "
             f"{seed['frontend_ms']:.1f} ms + replica beyond its profile "
-            f"{seed['replica_residual_ms']:.1f} ms added to the prediction, replica start "
+            f"{seed['replica_residual_ms']:.1f} ms held between admission and the "
+            "replica in the replay, replica start "
             f"{seed['replica_start_s']:.1f} s"
         )
         write(f"{'figure':<26} {'predicted':>10} {'measured':>10} {'error':>8}")
@@ -179,6 +181,23 @@ def _print(
         )
         write(f"live sizes: {seed['live_sizes']}")
         write(f"twin sizes: {seed['twin_sizes']}")
+        write(f"live decisions: {_decisions(seed['decisions'])}")
+        write(f"twin decisions: {_decisions(seed['twin_decisions'])}")
     write("")
     write(f"passed: {'yes' if passed else 'NO'}")
     write(f"plot: {plot}")
+
+
+def _decisions(rows: list[dict[str, Any]]) -> str:
+    """Each change of size as 't s a->b reason (utilisation, queued requests)'."""
+
+    def one(row: dict[str, Any]) -> str:
+        utilisation = row["utilisation"]
+        queue = row["queue_depth"]
+        return (
+            f"{row['at_s']:.0f}s {row['from']}->{row['to']} {row['reason']} "
+            f"(u {'-' if utilisation is None else f'{utilisation:.2f}'}, "
+            f"q {'-' if queue is None else f'{queue:.0f}'})"
+        )
+
+    return "; ".join(one(row) for row in rows) or "none"

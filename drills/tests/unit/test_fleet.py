@@ -397,3 +397,37 @@ def test_the_batch_lane_bounds_the_batch_tiers_streams_in_the_pool(
     )
     assert [r.outcome for r in result.requests] == ["ok"] * 40
     assert _most_at_once(result.requests) == most
+
+
+def test_a_route_delay_holds_admitted_tokens_before_the_replica() -> None:
+    """The same requests with 20 ms between admission and the replica: each
+    first token and end come 20 ms later, so the tokens stay in flight longer."""
+
+    def run_with(delay: float) -> list[Any]:
+        config = small(replicas=1, admission=True, route_delay_s=delay)
+        arrivals = [
+            Arrival(
+                at=float(i),
+                team="t",
+                tier="standard",
+                conversation=i,
+                prompt_tokens=100,
+                output_tokens=20,
+                max_tokens=20,
+                history_tokens=0,
+                stream_tokens=0,
+            )
+            for i in range(5)
+        ]
+        result = FleetSim(
+            config, arrivals=arrivals, teams=[TeamSpec("t", guaranteed_share=1.0)]
+        ).run(10.0)
+        return sorted(result.requests, key=lambda r: r.request_id)
+
+    base, delayed = run_with(0.0), run_with(0.02)
+    for a, b in zip(base, delayed, strict=True):
+        assert b.routed_at == pytest.approx(a.routed_at + 0.02)
+        assert b.first_token_at == pytest.approx(a.first_token_at + 0.02)
+        assert b.finished_at == pytest.approx(a.finished_at + 0.02)
+    with pytest.raises(ValueError, match="route_delay_s"):
+        small(route_delay_s=-1.0)

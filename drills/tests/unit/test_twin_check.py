@@ -8,6 +8,7 @@ import pytest
 
 from drills.domain.fleet import FleetSim
 from drills.domain.fleet_config import FleetConfig, FleetEvent
+from drills.domain.fleet_scaling import FleetAutoscaling
 from drills.domain.twin_check import (
     ReplicaPoint,
     Served,
@@ -21,11 +22,12 @@ from drills.domain.twin_check import (
     plan_turns,
     probe_text,
     rate_at,
+    replay,
     start_delay_s,
     system_text,
     twin_fleet_config,
 )
-from drills.domain.workload import ChatWorkload
+from drills.domain.workload import Arrival, ChatWorkload, TeamSpec
 from models_registry.domain.autoscaler import ScalingSettings
 
 
@@ -99,21 +101,23 @@ def test_shared_system_prompts_are_shared_and_own_ones_are_not() -> None:
 def test_figures_count_hits_tokens_in_flight_and_replicas() -> None:
     sides = [served(0.0, 0.1, prompt=100, cached=0), served(2.0, 0.3, 300, 150)]
     points = [ReplicaPoint(0.0, 1, 1), ReplicaPoint(4.0, 2, 2), ReplicaPoint(6.0, 1, 1)]
-    got = figures_of(sides, points, window_s=10.0, ttft_offset_s=0.01)
+    got = figures_of(sides, points, window_s=10.0)
     assert got.requests == 2
     assert got.hit_rate == pytest.approx(150 / 400)
     # (100 + 20) x 1 s + (300 + 20) x 1 s over 10 s
     assert got.tokens_in_flight_mean == pytest.approx(44.0)
+    assert got.request_s_mean == pytest.approx(1.0)  # each lasted 1 s
     # 1 replica for 4 s, 2 for 2 s, 1 for the last 4 s
     assert got.replicas_mean == pytest.approx(12 / 10)
     assert (got.replicas_peak, got.desired_changes) == (2, 2)
-    assert got.ttft_p95_s == pytest.approx(0.31)
+    assert got.ttft_p95_s == pytest.approx(0.3)
 
 
 def test_figures_of_nothing_are_missing_not_zero() -> None:
     got = figures_of([], [], window_s=5.0)
     assert (got.requests, got.ttft_p95_s, got.hit_rate) == (0, None, None)
     assert got.tokens_in_flight_mean is None and got.replicas_mean is None
+    assert got.request_s_mean is None
 
 
 def test_compare_passes_within_tolerance_on_the_gated_figures() -> None:
@@ -275,3 +279,73 @@ def test_probe_text_starts_with_its_key_and_is_as_long_as_asked() -> None:
     assert len(text.split()) == 3 + 8
     assert text == probe_text("probe 3 direct", 8)
     assert probe_text("probe 3 through", 8) != text
+
+
+def test_replay_reports_its_autoscalers_changes_with_their_reasons() -> None:
+    """GIVEN a pool of one replica of 1,000 tokens, autoscaled up to three, and
+    four requests a second of 200 tokens for 30 s
+    THEN its autoscaler grows it, and each change the replay reports says from,
+    to, why, and the signals it saw; the followed fleet (no autoscaler) none."""
+    config = twin_fleet_config(
+        FleetConfig(),
+        settings=ScalingSettings(min_replicas=1, max_replicas=3),
+        replica_tokens_in_flight=1000,
+        profile="a100-8b",
+        interval_s=2.0,
+        start_s=2.0,
+        seed=0,
+    )
+    arrivals = [
+        Arrival(
+            at=i / 4,
+            team="t",
+            tier="standard",
+            conversation=i,
+            prompt_tokens=100,
+            output_tokens=100,
+            max_tokens=100,
+            history_tokens=0,
+            stream_tokens=0,
+        )
+        for i in range(120)
+    ]
+    teams = [TeamSpec("t", guaranteed_share=1.0)]
+    _, points, changes = replay(arrivals, config, window_s=30.0, teams=teams)
+    assert changes and changes[0]["from"] == 1 and changes[0]["to"] > 1
+    assert max(p.desired for p in points) == max(c["to"] for c in changes)
+    for change in changes:
+        assert change["reason"] and change["queue_depth"] is not None
+        assert change["tokens_in_flight"] is not None
+    followed, _ = followed_fleet(config, [], start_s=2.0, shift_s=0.0)
+    assert replay(arrivals, followed, window_s=30.0, teams=teams)[2] == []
+
+
+def test_the_twins_autoscaler_ticks_when_the_live_one_did() -> None:
+    """GIVEN the live ticks at 1.3, 3.35 and 5.4 s on the trace's clock (one
+    before it, at -0.7 s, dropped)
+    THEN the twin's policy is called at those times, and every 2 s after."""
+    ticks = [-0.7, 1.3, 3.35, 5.4]
+    config = twin_fleet_config(
+        FleetConfig(),
+        settings=ScalingSettings(min_replicas=1, max_replicas=3),
+        replica_tokens_in_flight=1000,
+        profile="a100-8b",
+        interval_s=2.0,
+        start_s=2.0,
+        seed=0,
+        tick_times=ticks,
+    )
+    assert config.autoscaling is not None
+    assert config.autoscaling.tick_times == (1.3, 3.35, 5.4)
+    result = FleetSim(config, ChatWorkload(arrival_rate=1.0)).run(10.0)
+    assert result.scaling is not None
+    called = [tick.decision.at for tick in result.scaling.ticks]
+    assert called[:5] == pytest.approx([1.3, 3.35, 5.4, 7.4, 9.4])
+
+
+@pytest.mark.parametrize("ticks", [(-1.0,), (2.0, 2.0), (3.0, 1.0)])
+def test_tick_times_must_be_rising_and_not_negative(
+    ticks: tuple[float, ...],
+) -> None:
+    with pytest.raises(ValueError, match="tick_times"):
+        FleetAutoscaling(ScalingSettings(), tick_times=ticks)
