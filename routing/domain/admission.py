@@ -35,11 +35,12 @@ traffic inside a guarantee is never shed):
    The *batch lane* bounds batch on its own, whatever the interactive load:
    ``batch_in_flight + tokens <= batch_lane * capacity``, where
    ``batch_in_flight`` is the batch tier's tokens in flight in the pool. It stands
-   in for the per-priority KV and prefill ceilings that real engines lack (vLLM
-   orders by priority but lets a running batch sequence share every step): fewer
-   batch sequences per replica, less batch work in each interactive step. A batch
-   request may always run while no batch is in flight, so a lane narrower than
-   one request never starves the tier.
+   in for the per-priority KV ceiling that real engines lack (vLLM orders by
+   priority but lets a running batch sequence share every step): fewer batch
+   sequences per replica. It cannot reach the batch prefill inside an engine
+   step, which is what holds interactive latency (``docs/fleet-simulator.md``,
+   the batch drill on real vLLM). A batch request may always run while no batch
+   is in flight, so a lane narrower than one request never starves the tier.
 6. When the pool is full, an interactive or standard request from a team outside
    its guarantee gets ``RATE_LIMITED`` (429) with a Retry-After and is not
    queued; one inside its guarantee is queued (interactive ahead of standard).
@@ -57,9 +58,10 @@ traffic inside a guarantee is never shed):
    (``now - arrived_at > max_wait_s``), except interactive inside its guarantee,
    then admits from the head of the queue while the head fits: under
    ``capacity`` for interactive and standard, under ``batch_ceiling * capacity``
-   and inside the batch lane for batch. It stops at the first head that does not fit (strict order, no
-   overtaking), and counts the tokens it admits toward ``in_flight`` for the
-   heads after them. Team shares are not rechecked in ``pump``.
+   and inside the batch lane for batch. It stops at the first head that does not
+   fit (strict order, no overtaking), and counts the tokens it admits toward
+   ``in_flight`` (and batch's toward ``batch_in_flight``) for the heads after
+   them. Team shares are not rechecked in ``pump``.
 9. Retry-After, for 429 and 503 alike, is whole seconds, at least 1:
    ``ceil((in_flight + queued_tokens + tokens - capacity) / drain_tokens_per_s)``,
    the time for the pool to drain enough to fit this request behind everything
