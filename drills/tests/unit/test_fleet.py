@@ -353,6 +353,31 @@ def test_waiting_for_the_owner_delays_routing_by_at_most_the_wait(
     assert max(delays) <= 0.2 + 1e-9
 
 
+def first_turn(
+    conversation: int,
+    *,
+    at: float,
+    team: str,
+    tier: str,
+    prompt: int,
+    answer: int,
+    most: int | None = None,
+) -> Arrival:
+    """A conversation's first turn: no history, no shared prefix; ``most`` is
+    its max_tokens (None: the answer's length)."""
+    return Arrival(
+        at=at,
+        team=team,
+        tier=tier,
+        conversation=conversation,
+        prompt_tokens=prompt,
+        output_tokens=answer,
+        max_tokens=answer if most is None else most,
+        history_tokens=0,
+        stream_tokens=0,
+    )
+
+
 def _most_at_once(requests: Sequence[Any]) -> int:
     """The most of ``requests`` routed and not yet ended at any instant."""
     edges = sorted(
@@ -371,16 +396,8 @@ def test_the_batch_lane_bounds_the_batch_tiers_streams_in_the_pool(
     time, the rest waiting in admission, none lost."""
     team = TeamSpec("bulk", tier="batch", tokens_per_minute=10**9)
     arrivals = [
-        Arrival(
-            at=1.0,
-            team="bulk",
-            tier="batch",
-            conversation=i,
-            prompt_tokens=200,
-            output_tokens=200,
-            max_tokens=4_800,
-            history_tokens=0,
-            stream_tokens=0,
+        first_turn(
+            i, at=1.0, team="bulk", tier="batch", prompt=200, answer=200, most=4_800
         )
         for i in range(40)
     ]
@@ -406,17 +423,7 @@ def test_a_route_delay_holds_admitted_tokens_before_the_replica() -> None:
     def run_with(delay: float) -> list[Any]:
         config = small(replicas=1, admission=True, route_delay_s=delay)
         arrivals = [
-            Arrival(
-                at=float(i),
-                team="t",
-                tier="standard",
-                conversation=i,
-                prompt_tokens=100,
-                output_tokens=20,
-                max_tokens=20,
-                history_tokens=0,
-                stream_tokens=0,
-            )
+            first_turn(i, at=float(i), team="t", tier="standard", prompt=100, answer=20)
             for i in range(5)
         ]
         result = FleetSim(

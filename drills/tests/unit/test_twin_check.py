@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import pairwise
 
 import pytest
@@ -39,6 +40,21 @@ def served(at: float, ttft: float, prompt: int = 100, cached: int = 0) -> Served
         prompt_tokens=prompt,
         cached_tokens=cached,
         max_tokens=20,
+    )
+
+
+def live_pool(tick_times: Sequence[float] = ()) -> FleetConfig:
+    """The twin of a live pool of 1-3 replicas of 1,000 tokens, 2-s ticks and
+    2-s starts."""
+    return twin_fleet_config(
+        FleetConfig(),
+        settings=ScalingSettings(min_replicas=1, max_replicas=3),
+        replica_tokens_in_flight=1000,
+        profile="a100-8b",
+        interval_s=2.0,
+        start_s=2.0,
+        seed=0,
+        tick_times=tick_times,
     )
 
 
@@ -244,15 +260,7 @@ def test_followed_fleet_adds_replicas_where_the_live_pool_did() -> None:
         ReplicaPoint(71.0, 3, 3),
         ReplicaPoint(110.0, 2, 2),
     ]
-    base = twin_fleet_config(
-        FleetConfig(),
-        settings=ScalingSettings(min_replicas=1, max_replicas=3),
-        replica_tokens_in_flight=1000,
-        profile="a100-8b",
-        interval_s=2.0,
-        start_s=2.0,
-        seed=0,
-    )
+    base = live_pool()
     config, events = followed_fleet(base, live, start_s=2.0, shift_s=0.5)
     assert (config.replicas, config.autoscaling, config.cold_start_s) == (1, None, 2.0)
     assert config.admission and config.block_size == base.block_size
@@ -286,15 +294,7 @@ def test_replay_reports_its_autoscalers_changes_with_their_reasons() -> None:
     four requests a second of 200 tokens for 30 s
     THEN its autoscaler grows it, and each change the replay reports says from,
     to, why, and the signals it saw; the followed fleet (no autoscaler) none."""
-    config = twin_fleet_config(
-        FleetConfig(),
-        settings=ScalingSettings(min_replicas=1, max_replicas=3),
-        replica_tokens_in_flight=1000,
-        profile="a100-8b",
-        interval_s=2.0,
-        start_s=2.0,
-        seed=0,
-    )
+    config = live_pool()
     arrivals = [
         Arrival(
             at=i / 4,
@@ -325,16 +325,7 @@ def test_the_twins_autoscaler_ticks_when_the_live_one_did() -> None:
     before it, at -0.7 s, dropped)
     THEN the twin's policy is called at those times, and every 2 s after."""
     ticks = [-0.7, 1.3, 3.35, 5.4]
-    config = twin_fleet_config(
-        FleetConfig(),
-        settings=ScalingSettings(min_replicas=1, max_replicas=3),
-        replica_tokens_in_flight=1000,
-        profile="a100-8b",
-        interval_s=2.0,
-        start_s=2.0,
-        seed=0,
-        tick_times=ticks,
-    )
+    config = live_pool(tick_times=ticks)
     assert config.autoscaling is not None
     assert config.autoscaling.tick_times == (1.3, 3.35, 5.4)
     result = FleetSim(config, ChatWorkload(arrival_rate=1.0)).run(10.0)
