@@ -98,23 +98,25 @@ def check_routing_policy(app_configs: Any = None, **kwargs: Any) -> list[CheckMe
 
 @register()
 def check_batch_ceiling(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """Batch must be admissible below some share of the pool: (0, 1]."""
+    """Batch must be admissible below some share of the pool, and its lane some
+    share of it: each in (0, 1]."""
+    errors: list[CheckMessage] = []
     ceiling = settings.PLATFORM_BATCH_CEILING
     if not 0.0 < ceiling <= 1.0:
-        return [
+        errors.append(
             Error(
                 f"PLATFORM_BATCH_CEILING={ceiling} must be above 0 and at most 1 (the "
                 "share of a pool's capacity below which batch requests are admitted)",
                 id="routing.E002",
             )
-        ]
+        )
     lane = settings.PLATFORM_BATCH_LANE
     if not 0.0 < lane <= 1.0:
-        return [
+        errors.append(
             Error(
                 f"PLATFORM_BATCH_LANE={lane} must be above 0 and at most 1 (the share "
                 "of a pool's capacity the batch tier may hold in flight)",
                 id="routing.E003",
             )
-        ]
-    return []
+        )
+    return errors

@@ -126,3 +126,13 @@ def test_batch_lane_check_keeps_it_in_the_admission_queues_range(
 
     settings.PLATFORM_BATCH_LANE = lane
     assert [m.id for m in check_batch_ceiling()] == ids
+
+
+def test_batch_checks_report_a_bad_ceiling_and_a_bad_lane_together(
+    settings: Settings,
+) -> None:
+    from config.checks import check_batch_ceiling
+
+    settings.PLATFORM_BATCH_CEILING = 0.0
+    settings.PLATFORM_BATCH_LANE = 2.0
+    assert [m.id for m in check_batch_ceiling()] == ["routing.E002", "routing.E003"]
