@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +101,17 @@ def check_seed(
     followed, events = followed_fleet(
         config, window.replicas, start_s=start_s, shift_s=shift
     )
+    # Each request on the replica that served it live (the trace's), so the
+    # engine model meets the cache state live met; and, beside it, the twin's
+    # own placement on the same fleet (reported, not gated).
     predicted_served, _, _ = replay(
+        trace_arrivals(trace),
+        replace(followed, follow_placement=True),
+        window_s=window.window_s,
+        teams=[team],
+        events=events,
+    )
+    placed_served, _, _ = replay(
         trace_arrivals(trace),
         followed,
         window_s=window.window_s,
@@ -114,6 +125,7 @@ def check_seed(
     predicted = figures_of(predicted_served, predicted_points, window_s=window.window_s)
     comparison = compare(predicted, measured, tolerance=tolerance)
     scaled = figures_of(scaled_served, predicted_points, window_s=window.window_s)
+    placed = figures_of(placed_served, predicted_points, window_s=window.window_s)
     gateway_mean = (
         sum(t for _, t in window.gateway_tokens_in_flight)
         / len(window.gateway_tokens_in_flight)
@@ -138,6 +150,11 @@ def check_seed(
         "gateway_tokens_in_flight_mean": gateway_mean,
         "live_first_turn_hit_share": first_turn_hit_share(window.trace),
         "followed_scale_ups": [[e.at + shift, e.count] for e in events],
+        "own_placement_twin": {
+            "requests": placed.requests,
+            "ttft_p95_s": placed.ttft_p95_s,
+            "hit_rate": placed.hit_rate,
+        },
         "autoscaled_twin": {
             "requests": scaled.requests,
             "ttft_p95_s": scaled.ttft_p95_s,

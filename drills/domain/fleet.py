@@ -194,6 +194,11 @@ class FleetSim:
         self.teams: dict[str, TeamSpec] = {team.name: team for team in team_list}
         self.replicas: dict[str, FleetReplica] = {}
         self._created: dict[str, float] = {}
+        # ``FleetConfig.follow_placement``: replica ids in order of creation, the
+        # recorded replicas in order of first appearance, and each request's.
+        self._creation_order: list[str] = []
+        self._recorded_order: dict[str, int] = {}
+        self._recorded_replica: dict[int, str] = {}
         self.serving: list[FleetReplica] = []
         self.pool = FleetPool(
             self.serving,
@@ -372,6 +377,7 @@ class FleetSim:
         self.replicas[replica.replica_id] = replica
         # The order of creation: convergence's "newest" among equals.
         self._created[replica.replica_id] = float(index)
+        self._creation_order.append(replica.replica_id)
         return replica
 
     def _serve(self, replica: FleetReplica) -> None:
@@ -508,6 +514,9 @@ class FleetSim:
                 arrival.block_keys, arrival.block_keys_size, self.config.block_size
             ),
         )
+        if self.config.follow_placement and arrival.replica:
+            self._recorded_order.setdefault(arrival.replica, len(self._recorded_order))
+            self._recorded_replica[request.request_id] = arrival.replica
         if self._window[0] <= self.now < self._window[1]:
             assert self._result is not None
             self._result.requests.append(request)
@@ -669,7 +678,11 @@ class FleetSim:
             self._end(request, "no_replica")
             return
         wait_s = self.config.owner_wait_s
-        if wait_s > 0 and decision.skipped_over_bound > 0:
+        if (
+            wait_s > 0
+            and decision.skipped_over_bound > 0
+            and request.request_id not in self._recorded_replica
+        ):
             # Its warm replica is over the bound: wait a little for it to drop
             # under, polling, before going elsewhere (an experiment, not the
             # gateway's behaviour). With ``ring_choices`` 1 a skip is ``n``.
@@ -678,7 +691,7 @@ class FleetSim:
                 self._push(now + _OWNER_POLL_S, _ROUTE_AGAIN, request)
                 return
         self._owner_waits.pop(request.request_id, None)
-        replica = self.replicas[decision.candidates[0]]
+        replica = self._placed(request) or self.replicas[decision.candidates[0]]
         request.routed_at = now
         request.attempts += 1
         if cached is not None:
@@ -688,6 +701,18 @@ class FleetSim:
             )
         replica.add(request)
         self._kick(replica)
+
+    def _placed(self, request: FleetRequest) -> FleetReplica | None:
+        """Return the replica standing for the one that served ``request`` live
+        (``FleetConfig.follow_placement``), if it is serving; once per request."""
+        recorded = self._recorded_replica.pop(request.request_id, None)
+        if recorded is None:
+            return None
+        k = self._recorded_order[recorded]
+        if k >= len(self._creation_order):
+            return None
+        replica = self.replicas[self._creation_order[k]]
+        return replica if replica in self.serving else None
 
     def _give_back(self, request: FleetRequest, *, used: int) -> None:
         """The answer ended: refund the bucket, free the slot and the pool's tokens."""

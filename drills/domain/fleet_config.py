@@ -89,6 +89,15 @@ class FleetConfig:
     # held through it and a first token comes that much later (the twin check
     # sets it to what the live window measured; 0: none, every drill).
     route_delay_s: float = 0.0
+    # Place each request on the replica that served it live (``Arrival.replica``,
+    # a recorded trace's): the k-th replica the trace names, in order of first
+    # appearance, is the k-th one the simulation created. The policy places a
+    # request that names none, or whose replica is not serving. The twin check
+    # sets it: the live ring hashes routing keys and replica names the twin
+    # does not have (the trace's keys are salted), so with the policy's own
+    # placement a different set of conversations moves to a new replica and
+    # misses its cache.
+    follow_placement: bool = False
 
     def __post_init__(self) -> None:
         if self.replicas < 1:

@@ -236,7 +236,8 @@ class Arrival:
     ``history_tokens`` and ``stream_tokens`` count the shared prefix
     (``prefix_tokens`` of prefix ``prefix_group``; -1 and 0: none), which leads
     the prompt. A recorded trace's line has ``block_keys``, the keys of its
-    leading KV blocks of ``block_keys_size`` tokens (``recorded_block_key``).
+    leading KV blocks of ``block_keys_size`` tokens (``recorded_block_key``),
+    and ``replica``, the replica that served it (empty: not recorded).
     """
 
     at: float
@@ -252,6 +253,7 @@ class Arrival:
     prefix_tokens: int = 0
     block_keys: tuple[int, ...] = ()
     block_keys_size: int = 0
+    replica: str = ""
 
 
 # A recorded block's key: 62 bits of its hash under the two top bits of 64, so it
@@ -380,6 +382,7 @@ class TraceRequest:
     block_size: int = 0  # of ``prefix_blocks``; 0: none recorded
     prefix_blocks: tuple[str, ...] = ()
     cached_tokens: int = 0  # the recorded replica's hit (an export's), if any
+    replica: str = ""  # the replica that served it (an export's), if recorded
 
 
 def _trace_line(number: int, raw: dict[str, object]) -> TraceRequest:
@@ -441,6 +444,7 @@ def _trace_line(number: int, raw: dict[str, object]) -> TraceRequest:
         block_size=block_size,
         prefix_blocks=blocks,
         cached_tokens=max(0, whole("cached_tokens", raw.get("cached_tokens", 0))),
+        replica=str(raw.get("replica") or ""),
     )
     if request.t < 0 or request.prompt_tokens < 1 or request.output_tokens < 1:
         raise ValueError(
@@ -557,6 +561,7 @@ def trace_arrivals(trace: Iterable[TraceRequest]) -> Iterator[Arrival]:
             stream_tokens=stream_tokens,
             block_keys=tuple(recorded_block_key(b) for b in blocks),
             block_keys_size=request.block_size,
+            replica=request.replica,
         )
 
 

@@ -58,11 +58,14 @@ def test_twin_check_compares_the_replay_with_the_live_window(
     assert seed["series"]["live_ttft_s"] and seed["series"]["twin_ttft_s"]
     assert seed["series"]["live_replicas"] and seed["series"]["twin_replicas"]
     # The gateway's overhead was probed during the load too, and it is what the
-    # prediction adds; the twin's own autoscaler's replay is reported beside.
+    # prediction adds; the twin's own placement and its own autoscaler's
+    # replays are reported beside.
     assert seed["load_probes"] > 0
     assert seed["gateway_overhead_ms"] >= 0 and seed["gateway_overhead_idle_ms"] >= 0
     assert seed["replica_residual_ms"] >= 0
     assert seed["autoscaled_twin"]["requests"] > 0
+    assert seed["own_placement_twin"]["requests"] > 0
+    assert 0 <= seed["own_placement_twin"]["hit_rate"] <= 1
     # Each side's changes of size carry the policy's reason and its signals.
     for change in seed["decisions"] + seed["twin_decisions"]:
         assert change["reason"] and change["from"] != change["to"]
@@ -72,5 +75,7 @@ def test_twin_check_compares_the_replay_with_the_live_window(
     lines = Path(seed["trace"]).read_text(encoding="utf-8").splitlines()
     assert len(lines) == seed["trace_requests"]
     assert all("prompt" not in json.loads(line) for line in lines)
+    # Every line names the replica that served it: the gated replay follows it.
+    assert all(json.loads(line)["replica"] for line in lines)
     assert plot.read_bytes()[:8] == PNG
     assert not Model.objects.filter(pk="twin-chat").exists()

@@ -9,8 +9,10 @@ simulator configured as the live pool (``drills.domain.twin_check``, ``drills.tw
 predicted against measured: p95 TTFT, prefix hit rate, mean tokens in flight and
 the replicas the autoscaler chose, with the relative error. The replicas are
 the replay's own autoscaler's; the other figures are the replay's on the fleet
-the live pool had (its scale-ups followed), and the replay with its own
-autoscaler's p95 and hit rate are printed after. The simulator's TTFT
+the live pool had (its scale-ups followed) with each request on the replica
+that served it live (the trace's), and the replay placing by its own ring on
+that fleet and the replay with its own autoscaler are printed after (p95 and hit
+rate). The simulator's TTFT
 gets the replica's frontend time (the shared profile's ``frontend_ms``) and the
 gateway's overhead, which it does not model, as paired probes (through the
 gateway, straight to a replica) read it during the load (their records leave
@@ -173,6 +175,12 @@ def _print(
                 f"live hits on first turns (system prompts shared across "
                 f"conversations): {shared:.3f} of prompt tokens"
             )
+        placed = seed["own_placement_twin"]
+        write(
+            f"the twin placing by its own ring: p95 TTFT "
+            f"{_cell('ttft_p95_s', placed['ttft_p95_s'])} ms, hit rate "
+            f"{_cell('hit_rate', placed['hit_rate'])}"
+        )
         own = seed["autoscaled_twin"]
         write(
             f"the twin on its own autoscaler: {own['requests']} requests, p95 TTFT "

@@ -7,6 +7,7 @@ import ast
 import itertools
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -438,3 +439,43 @@ def test_a_route_delay_holds_admitted_tokens_before_the_replica() -> None:
         assert b.finished_at == pytest.approx(a.finished_at + 0.02)
     with pytest.raises(ValueError, match="route_delay_s"):
         small(route_delay_s=-1.0)
+
+
+def test_a_trace_line_s_replica_reaches_its_arrival(tmp_path: Path) -> None:
+    lines = [
+        {"t": 0.0, "prompt_tokens": 50, "max_tokens": 5, "replica": "live-b"},
+        {"t": 1.0, "prompt_tokens": 50, "max_tokens": 5},
+    ]
+    path = tmp_path / "trace.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    assert [a.replica for a in trace_arrivals(read_trace(path))] == ["live-b", ""]
+
+
+def test_followed_placement_puts_each_request_where_it_was_served() -> None:
+    """One conversation recorded on two live replicas in turn, a third named
+    before the simulation has a third replica: followed, the k-th name seen is
+    the k-th replica created, and an unserved one is left to the policy;
+    unfollowed, prefix affinity keeps the conversation on one replica."""
+    recorded = ["live-y", "live-x", "live-y", "live-z", "live-x", "live-y"]
+    arrivals = [
+        replace(
+            first_turn(0, at=float(i), team="t", tier="standard", prompt=80, answer=4),
+            replica=name,
+        )
+        for i, name in enumerate(recorded)
+    ]
+
+    def placed(follow: bool) -> list[str | None]:
+        config = small(replicas=2, follow_placement=follow)
+        result = FleetSim(config, arrivals=arrivals).run(10.0)
+        assert [r.outcome for r in result.requests] == ["ok"] * len(recorded)
+        return [
+            r.replica_id for r in sorted(result.requests, key=lambda r: r.arrived_at)
+        ]
+
+    followed = placed(True)
+    assert followed[:3] + followed[4:] == ["r00", "r01", "r00", "r01", "r00"]
+    unfollowed = placed(False)
+    assert len(set(unfollowed)) == 1
+    # live-z has no third replica to stand for it: the policy's choice.
+    assert followed[3] == unfollowed[3]
