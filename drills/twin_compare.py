@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from drills.domain.twin_check import (
     figures_of,
     first_turn_hit_share,
     followed_fleet,
+    paired_figures,
     replay,
     twin_fleet_config,
 )
@@ -126,6 +127,7 @@ def check_seed(
     comparison = compare(predicted, measured, tolerance=tolerance)
     scaled = figures_of(scaled_served, predicted_points, window_s=window.window_s)
     placed = figures_of(placed_served, predicted_points, window_s=window.window_s)
+    paired = paired_figures(window.served, window.trace, predicted_served)
     gateway_mean = (
         sum(t for _, t in window.gateway_tokens_in_flight)
         / len(window.gateway_tokens_in_flight)
@@ -150,6 +152,8 @@ def check_seed(
         "gateway_tokens_in_flight_mean": gateway_mean,
         "live_first_turn_hit_share": first_turn_hit_share(window.trace),
         "followed_scale_ups": [[e.at + shift, e.count] for e in events],
+        # The gated replay against live, request by request.
+        "paired": asdict(paired),
         "own_placement_twin": {
             "requests": placed.requests,
             "ttft_p95_s": placed.ttft_p95_s,

@@ -36,7 +36,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -252,6 +252,7 @@ async def _play(
                     cached_tokens=int(details.get("cached_tokens") or 0),
                     max_tokens=turn.max_tokens,
                     output_tokens=int(usage.get("completion_tokens") or 0),
+                    conversation=turn.conversation,  # salted once the window ends
                 )
             )
 
@@ -389,6 +390,13 @@ def run_live_window(
                 salted_id(routing_key(probe_conversation(i), []), salt)
                 for i in range(probes)
             }
+            # Named as the trace names them, so each lines up with its line.
+            served = [
+                replace(
+                    s, conversation=salted_id(routing_key(s.conversation, []), salt)
+                )
+                for s in served
+            ]
             lines, skipped = trace_lines(records, salt=salt, stand_in_text=False)
             lines = [line for line in lines if line["conversation"] not in probed]
             decisions = [

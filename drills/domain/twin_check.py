@@ -4,7 +4,7 @@ Public surface: ``TwinLoad``, ``PlannedTurn``, ``rate_at``, ``plan_turns``,
 ``system_text``, ``user_text``, ``Served``, ``ReplicaPoint``, ``TwinFigures``,
 ``probe_text``, ``figures_of``, ``first_turn_hit_share``, ``start_delay_s``, ``FigureRow``, ``TwinComparison``, ``compare``, ``GATED``,
 ``twin_fleet_config``, ``served_of_fleet``, ``replay``, ``decision_row``,
-``decode_s_per_token``, ``followed_fleet``.
+``decode_s_per_token``, ``followed_fleet``, ``PairedFigures``, ``paired_figures``.
 
 ``manage.py twin_check`` (``drills.twin_live``) runs a small live window
 (gateway, node agent, simulated replicas, the autoscaler's tick), records it
@@ -28,7 +28,11 @@ autoscaler chose. Once on the fleet the live pool had (``followed_fleet``: the
 live scale-ups, serving when the live replicas did): that one predicts the
 request figures (TTFT, hits, tokens in flight, decode), so that a scale-up a
 few seconds apart on the two sides (a 4 s panic window over a few hundred
-requests) is not read as the engine or the router being wrong.
+requests) is not read as the engine or the router being wrong. The second
+replay places each request on the replica that served it live, and
+``paired_figures`` lines the two sides up request by request (through the
+trace: a live request is its conversation's k-th line, a replayed one is the
+line of its arrival time).
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from simengine.domain.perf import PROFILES
 __all__ = [
     "GATED",
     "FigureRow",
+    "PairedFigures",
     "PlannedTurn",
     "ReplicaPoint",
     "Served",
@@ -62,6 +67,7 @@ __all__ = [
     "decision_row",
     "figures_of",
     "first_turn_hit_share",
+    "paired_figures",
     "plan_turns",
     "rate_at",
     "replay",
@@ -249,6 +255,8 @@ class Served:
     cached_tokens: int
     max_tokens: int
     output_tokens: int = 0
+    # The conversation as the trace names it (salted); live requests only.
+    conversation: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,6 +351,73 @@ def first_turn_hit_share(lines: Sequence[dict[str, object]]) -> float | None:
             seen.add(line.get("conversation"))
             first += cached
     return first / prompt if prompt else None
+
+
+@dataclass(frozen=True, slots=True)
+class PairedFigures:
+    """The two sides request by request: ``pairs`` lined up, of ``live`` and
+    ``replayed``; those whose cached tokens differ; the replayed TTFT less the
+    live one (median) and the 95th percentile of its size."""
+
+    live: int
+    replayed: int
+    pairs: int
+    hit_differs: int
+    ttft_error_p50_s: float | None
+    ttft_abs_error_p95_s: float | None
+
+
+def paired_figures(
+    live: Sequence[Served],
+    lines: Sequence[Mapping[str, object]],
+    replayed: Sequence[Served],
+) -> PairedFigures:
+    """Line up live requests with the replayed ones through the trace ``lines``.
+
+    A live request (``Served.conversation`` set) is the k-th line of its
+    conversation when it is that conversation's k-th answered request; a replayed
+    one is the line whose ``t`` is its arrival. A pair counts only when both
+    sides have the line's prompt tokens, so a line missing from the recording
+    (or a request missing from the replay) leaves its neighbours unpaired
+    rather than paired wrongly.
+    """
+    by_turn: dict[tuple[str, int], Mapping[str, object]] = {}
+    turns: dict[str, int] = {}
+    for line in sorted(lines, key=lambda line: _number(line.get("t"))):
+        conversation = str(line.get("conversation", ""))
+        k = turns.get(conversation, 0)
+        turns[conversation] = k + 1
+        by_turn[(conversation, k)] = line
+    twins: dict[tuple[float, int], list[Served]] = {}
+    for served in replayed:
+        twins.setdefault((round(served.at, 6), served.prompt_tokens), []).append(served)
+    asked: dict[str, int] = {}
+    pairs: list[tuple[Served, Served]] = []
+    for served in sorted(live, key=lambda s: s.at):
+        k = asked.get(served.conversation, 0)
+        asked[served.conversation] = k + 1
+        recorded = by_turn.get((served.conversation, k))
+        if recorded is None or recorded.get("prompt_tokens") != served.prompt_tokens:
+            continue
+        key = (round(_number(recorded.get("t")), 6), served.prompt_tokens)
+        candidates = twins.get(key)
+        if candidates:
+            pairs.append((served, candidates.pop(0)))
+    errors = [twin.ttft_s - real.ttft_s for real, twin in pairs]
+    return PairedFigures(
+        live=len(live),
+        replayed=len(replayed),
+        pairs=len(pairs),
+        hit_differs=sum(
+            1 for real, twin in pairs if real.cached_tokens != twin.cached_tokens
+        ),
+        ttft_error_p50_s=percentile(errors, 0.5),
+        ttft_abs_error_p95_s=percentile((abs(e) for e in errors), 0.95),
+    )
+
+
+def _number(value: object) -> float:
+    return float(value) if isinstance(value, int | float) else 0.0
 
 
 def start_delay_s(points: Sequence[ReplicaPoint]) -> float | None:

@@ -66,6 +66,12 @@ def test_twin_check_compares_the_replay_with_the_live_window(
     assert seed["autoscaled_twin"]["requests"] > 0
     assert seed["own_placement_twin"]["requests"] > 0
     assert 0 <= seed["own_placement_twin"]["hit_rate"] <= 1
+    # Request by request: live lined up with the replay through the trace.
+    paired = seed["paired"]
+    assert paired["live"] == seed["live_requests"]
+    assert 0 < paired["pairs"] <= paired["live"]
+    assert 0 <= paired["hit_differs"] <= paired["pairs"]
+    assert paired["ttft_abs_error_p95_s"] >= 0
     # Each side's changes of size carry the policy's reason and its signals.
     for change in seed["decisions"] + seed["twin_decisions"]:
         assert change["reason"] and change["from"] != change["to"]

@@ -175,6 +175,13 @@ def _print(
                 f"live hits on first turns (system prompts shared across "
                 f"conversations): {shared:.3f} of prompt tokens"
             )
+        paired = seed["paired"]
+        write(
+            f"request by request: {paired['pairs']} of {paired['live']} live lined "
+            f"up with the replay; hits differ on {paired['hit_differs']}; TTFT "
+            f"replayed less live {_ms(paired['ttft_error_p50_s'])} ms (median), "
+            f"within {_ms(paired['ttft_abs_error_p95_s'])} ms on 95%"
+        )
         placed = seed["own_placement_twin"]
         write(
             f"the twin placing by its own ring: p95 TTFT "
@@ -194,6 +201,10 @@ def _print(
     write("")
     write(f"passed: {'yes' if passed else 'NO'}")
     write(f"plot: {plot}")
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:+.1f}"
 
 
 def _decisions(rows: list[dict[str, Any]]) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from itertools import pairwise
 
 import pytest
@@ -20,6 +21,7 @@ from drills.domain.twin_check import (
     figures_of,
     first_turn_hit_share,
     followed_fleet,
+    paired_figures,
     plan_turns,
     probe_text,
     rate_at,
@@ -340,3 +342,33 @@ def test_tick_times_must_be_rising_and_not_negative(
 ) -> None:
     with pytest.raises(ValueError, match="tick_times"):
         FleetAutoscaling(ScalingSettings(), tick_times=ticks)
+
+
+def test_requests_line_up_through_the_trace_by_turn_and_arrival() -> None:
+    """Live requests pair with replayed ones through their lines: the k-th turn
+    of a conversation, then the line's arrival time; a live turn whose line has
+    another prompt size (a record missing) pairs with nothing."""
+    lines = [
+        {"t": 0.0, "conversation": "a", "prompt_tokens": 100},
+        {"t": 0.5, "conversation": "b", "prompt_tokens": 80},
+        {"t": 2.0, "conversation": "a", "prompt_tokens": 300},
+        {"t": 2.5, "conversation": "b", "prompt_tokens": 90},
+    ]
+    live = [  # on the client's clock, 0.2 s behind the trace's
+        replace(served(0.2, 0.030, 100), conversation="a"),
+        replace(served(0.7, 0.020, 80), conversation="b"),
+        replace(served(2.2, 0.050, 300, cached=96), conversation="a"),
+        replace(served(2.7, 0.025, 95), conversation="b"),  # its line says 90
+    ]
+    replayed = [
+        served(2.5, 0.021, 90),
+        served(0.0, 0.028, 100),
+        served(2.0, 0.046, 300, cached=112),
+        served(0.5, 0.026, 80),
+    ]
+    paired = paired_figures(live, lines, replayed)
+    assert (paired.live, paired.replayed, paired.pairs) == (4, 4, 3)
+    assert paired.hit_differs == 1
+    # Errors -2, +6 and -4 ms: the median and the largest size.
+    assert paired.ttft_error_p50_s == pytest.approx(-0.002)
+    assert paired.ttft_abs_error_p95_s == pytest.approx(0.006)
