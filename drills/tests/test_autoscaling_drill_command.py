@@ -143,7 +143,9 @@ def test_the_plan_fleet_and_peak_default_to_the_capacity_plans(
 
 def test_a_missed_target_says_why_and_exits_non_zero(tmp_path: Path) -> None:
     # Two warm nodes idle all day against a 2-replica fleet: the day cannot save
-    # 25% of GPU-hours.
+    # 25% of GPU-hours. With --json PATH the figures go to the file and the
+    # table is still printed, as every drill does.
+    report = tmp_path / "day.json"
     text, error = run(
         *SMALL,
         "--cases=day",
@@ -151,8 +153,10 @@ def test_a_missed_target_says_why_and_exits_non_zero(tmp_path: Path) -> None:
         "--fixed-replicas=2",
         "--day-hours=0.1",
         f"--plot={tmp_path / 'p.png'}",
+        f"--json={report}",
     )
     assert error is not None and "day_warm_saves_25_percent" in str(error)
+    assert json.loads(report.read_text(encoding="utf-8"))["passed"] is False
     assert "FAIL day_warm_saves_25_percent:" in text
     assert "GPU-hours (warm pool" in text and "against 0.2 for the fixed 2" in text
     assert "Case: day" in text and "GPU-h" in text

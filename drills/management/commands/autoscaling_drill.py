@@ -11,7 +11,6 @@ minutes outside the target and prefix hit rate (no targets are checked)."""
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from pathlib import Path
@@ -38,6 +37,7 @@ from drills.management.fleet_size import (
     capacity_scenario,
     planned_fleet_size,
 )
+from drills.management.reports import add_result_arguments, write_result
 
 
 class Command(BaseCommand):
@@ -124,10 +124,7 @@ class Command(BaseCommand):
         )
         parser.add_argument("--profile", default="a100-8b")
         parser.add_argument("--seed", type=int, default=0)
-        parser.add_argument("--json", action="store_true")
-        parser.add_argument(
-            "--plot", type=Path, help="PNG file (default .local/drills/)"
-        )
+        add_result_arguments(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         if not options["sim"]:
@@ -179,12 +176,12 @@ class Command(BaseCommand):
         cpu_s = time.process_time() - started
         plot = options["plot"] or default_plot_path("autoscaling_drill")
         plot_autoscaling(outcome, plot, title=_title(outcome, config))
-        if options["json"]:
-            self.stdout.write(
-                json.dumps(_as_json(outcome, config, size, cpu_s, plot), indent=2)
-            )
-        else:
-            self._print(outcome, config, size, cpu_s, plot)
+        write_result(
+            self.stdout,
+            _as_json(outcome, config, size, cpu_s, plot),
+            options["json"],
+            lambda: self._print(outcome, config, size, cpu_s, plot),
+        )
         if not outcome.passed:
             failed = [c.name for c in outcome.checks if not c.passed]
             raise CommandError(
