@@ -12,7 +12,8 @@ the replay's own autoscaler's; the other figures are the replay's on the fleet
 the live pool had (its scale-ups followed) with each request on the replica
 that served it live (the trace's), and the replay placing by its own ring on
 that fleet and the replay with its own autoscaler are printed after (p95 and hit
-rate). The simulator's TTFT
+rate), with the gated replay lined up against live request by request
+(``paired_figures``: pairs, hits that differ, the TTFT error). The simulator's TTFT
 gets the replica's frontend time (the shared profile's ``frontend_ms``) and the
 gateway's overhead, which it does not model, as paired probes (through the
 gateway, straight to a replica) read it during the load (their records leave
@@ -180,7 +181,7 @@ def _print(
             f"request by request: {paired['pairs']} of {paired['live']} live lined "
             f"up with the replay; hits differ on {paired['hit_differs']}; TTFT "
             f"replayed less live {_ms(paired['ttft_error_p50_s'])} ms (median), "
-            f"within {_ms(paired['ttft_abs_error_p95_s'])} ms on 95%"
+            f"within {_ms(paired['ttft_abs_error_p95_s'], sign='')} ms on 95%"
         )
         placed = seed["own_placement_twin"]
         write(
@@ -203,8 +204,8 @@ def _print(
     write(f"plot: {plot}")
 
 
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1000:+.1f}"
+def _ms(seconds: float | None, *, sign: str = "+") -> str:
+    return "-" if seconds is None else f"{seconds * 1000:{sign}.1f}"
 
 
 def _decisions(rows: list[dict[str, Any]]) -> str:
