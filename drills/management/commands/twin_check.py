@@ -181,7 +181,7 @@ def _print(
             f"request by request: {paired['pairs']} of {paired['live']} live lined "
             f"up with the replay; hits differ on {paired['hit_differs']}; TTFT "
             f"replayed less live {_ms(paired['ttft_error_p50_s'])} ms (median), "
-            f"within {_ms(paired['ttft_abs_error_p95_s'], sign='')} ms on 95%"
+            f"within {_cell('ttft_p95_s', paired['ttft_abs_error_p95_s'])} ms on 95%"
         )
         placed = seed["own_placement_twin"]
         write(
@@ -204,8 +204,9 @@ def _print(
     write(f"plot: {plot}")
 
 
-def _ms(seconds: float | None, *, sign: str = "+") -> str:
-    return "-" if seconds is None else f"{seconds * 1000:{sign}.1f}"
+def _ms(seconds: float | None) -> str:
+    """A signed difference in ms ("-" for none); sizes go through ``_cell``."""
+    return "-" if seconds is None else f"{seconds * 1000:+.1f}"
 
 
 def _decisions(rows: list[dict[str, Any]]) -> str:
